@@ -1,0 +1,5 @@
+"""`python -m subtask` runs the CLI."""
+
+from subtask.cli import main
+
+main()
