@@ -1,0 +1,531 @@
+"""Every operation, once. The CLI and the MCP server call only this module.
+
+Functions take plain arguments, validate them before changing anything, and return data
+(`Job`, `StartResult`, `WaitResult`, …); they never print. Failures a user can act on raise
+`SubtaskError` with git's exit code.
+
+Invariants:
+- `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
+  the worker is spawned undoes every earlier step: slot, reservation, branch, pins, record, lock.
+- Admission and reservation happen in one critical section: slots lock, then ledger lock.
+- Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash
+  is noticed by the next command and its slot and reservation come back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask import faults, ledger, lifecycle, liveness, records, slots
+from subtask.errors import SubtaskError
+from subtask.gitrepo import Repo, check_worktree_location, is_dirty, open_repo, resolve_commit
+from subtask.model import (
+    MAX_TASK_BYTES,
+    TERMINAL,
+    Attempt,
+    Cost,
+    JobSpec,
+    JobState,
+    new_job_id,
+    now,
+)
+from subtask.records import Job, branch_name
+
+DEPTH_ENV = "SUBTASK_DEPTH"
+
+
+@dataclass
+class StartResult:
+    job: Job
+    position: int  # 0 = running now, n = position in the queue
+
+    @property
+    def state(self) -> str:
+        return "running" if self.position == 0 else "queued"
+
+
+@dataclass
+class WaitResult:
+    jobs: list[Job]
+    timed_out: bool
+
+    @property
+    def all_passed(self) -> bool:
+        return not self.timed_out and all(job_passed(j) for j in self.jobs)
+
+
+@dataclass
+class StartRequest:
+    task: str
+    engine: str | None = None
+    base: str = "HEAD"
+    verify: str | None = None
+    verify_timeout: float | None = None
+    timeout: float | None = None
+    max_usd: float | None = None
+    max_turns: int | None = None
+    model: str | None = None
+    readonly: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def job_passed(job: Job) -> bool:
+    attempt = job.state.current
+    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
+
+
+def repo_at(path: str | os.PathLike | None = None) -> Repo:
+    return open_repo(path)
+
+
+# ---------------------------------------------------------------- validation
+
+def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False):
+    if value is None:
+        if allow_none:
+            return None
+        raise SubtaskError("usage", f"{what} is required")
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise SubtaskError("usage", f"{what} must be a number, not {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != float(value)):
+        raise SubtaskError("usage", f"{what} must be a positive finite {'whole ' if integer else ''}number, not {value!r}")
+    return number
+
+
+def _check_task(task) -> str:
+    if not isinstance(task, str) or not task.strip():
+        raise SubtaskError("usage", "the task is empty: say what the job should do")
+    size = len(task.encode("utf-8", "surrogatepass"))
+    if size > MAX_TASK_BYTES:
+        raise SubtaskError("usage", f"the task is {size:,} bytes; the limit is {MAX_TASK_BYTES:,} (1 MiB)",
+                           hint="put the details in a file in the repository and point the task at it")
+    return task.encode("utf-8", "replace").decode("utf-8")  # lone surrogates become U+FFFD
+
+
+def current_depth() -> int:
+    try:
+        return max(0, int(os.environ.get(DEPTH_ENV, "0")))
+    except ValueError:
+        return 0
+
+
+def _check_depth(repo: Repo) -> int:
+    depth = current_depth()
+    limit = repo.config.integer("maxDepth")
+    if depth >= limit:
+        raise SubtaskError("recursion", f"delegation depth {depth} reached subtask.maxDepth={limit}: "
+                           "a job may not start jobs this deep", hint="git config subtask.maxDepth N (raise it deliberately)")
+    return depth
+
+
+def default_engine(repo: Repo) -> str:
+    configured = repo.config.get("engine")
+    if configured:
+        return configured
+    from subtask.engines import get_engine
+
+    if get_engine("claude", repo.config).probe().usable:
+        return "claude"
+    usable = [p.name for p in engines(repo) if p.usable]
+    raise SubtaskError("usage", "no engine given and claude is not usable here; usable engines: "
+                       + (", ".join(usable) or "none"), hint="git subtask start --engine shell '...'  or  git config subtask.engine shell")
+
+
+def _max_usd(repo: Repo, engine, requested) -> float:
+    if not engine.paid:
+        return 0.0
+    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else requested
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+        raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+    cap = repo.config.number("maxJobUsd")
+    if usd > cap:
+        raise SubtaskError("usage", f"--max-usd {usd:g} is above subtask.maxJobUsd={cap:g}",
+                           hint=f"git config subtask.maxJobUsd {usd:g}")
+    return float(usd)
+
+
+# ---------------------------------------------------------------- start
+
+def start(repo: Repo, request: StartRequest) -> StartResult:
+    """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
+    from subtask.engines import get_engine
+
+    task = _check_task(request.task)
+    engine_name = request.engine or default_engine(repo)
+    engine = get_engine(engine_name, repo.config)
+    verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
+    timeout = _positive(request.timeout, "--timeout")
+    max_turns = _positive(request.max_turns, "--max-turns", integer=True)
+    max_usd = _max_usd(repo, engine, request.max_usd)
+    if request.verify is not None and not request.verify.strip():
+        raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
+    depth = _check_depth(repo)
+    base = resolve_commit(repo, request.base or "HEAD")
+    job_id = new_job_id()
+    worktree = repo.worktree_dir() / job_id
+    check_worktree_location(worktree)
+    created = now()
+    spec = JobSpec(id=job_id, task=task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
+                   branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
+                   repo=str(repo.root), created_at=created, verify=request.verify, verify_timeout=verify_timeout,
+                   timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
+                   model=request.model, readonly=bool(request.readonly), depth=depth)
+    attempt = Attempt(n=1, state="queued", message=task, queued_at=created, cost=Cost(reserved=max_usd),
+                      rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+    job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
+    return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly)
+
+
+def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool) -> StartResult:
+    state_dir = repo.state_dir
+    attempt = job.state.current
+    undo: list = []
+    lock_fd = liveness.acquire(state_dir, job.id)
+    handed: list[slots.HandOff] = []
+    dead: list[dict] = []
+    spawned = False
+    try:
+        undo.append(lambda: _drop_lock(state_dir, job.id, lock_fd))
+        entry = slots.make_entry(job.id, attempt.n, repo.common_dir)
+        with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+            dead = slots.reap_dead(current, state_dir)
+            handed = slots.fill(current, state_dir, repo.config.integer("maxRunning"))
+            position = slots.admit(current, entry, repo.config.integer("maxRunning"))
+            faults.point("after_admit")
+            if paid:
+                with ledger.lock(state_dir):
+                    ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"))
+                faults.point("after_reserve")
+        undo.append(lambda: _unadmit(state_dir, job.id, attempt.n))
+        if paid:
+            undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
+        if new_branch:
+            repo.git.create_branch(job.spec.branch, repo.git[job.spec.base])
+            undo.append(lambda: _delete_branch(repo, job.spec.branch))
+            faults.point("after_branch")
+        if job.state.current.n == 1:
+            records.set_pin(repo, job.id, "base", job.spec.base)
+            undo.append(lambda: records.delete(repo, job.id))
+            records.create(repo, job)
+        faults.point("after_record")
+        if position == 0:
+            faults.point("before_spawn")
+            lifecycle.spawn_worker(repo, job.id, lock_fd)
+            spawned = True
+    except BaseException:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
+        try:
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception:
+                    pass
+            lifecycle.start_handoffs(repo, handed)
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise
+    if spawned:
+        lifecycle.close_fd_keep_lock(lock_fd)
+    else:
+        liveness.release(lock_fd)
+    _settle_dead(repo, dead)
+    lifecycle.start_handoffs(repo, handed)
+    return StartResult(job, position)
+
+
+def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
+    liveness.release(fd)
+    try:
+        liveness.lock_path(state_dir, job_id).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _unadmit(state_dir: Path, job_id: str, attempt_n: int) -> None:
+    with slots.transaction(state_dir) as current:
+        slots.remove(current, job_id, attempt_n)
+
+
+def _delete_branch(repo: Repo, branch: str) -> None:
+    ref = repo.git.references.get(f"refs/heads/{branch}")
+    if ref is not None:
+        records.cas_ref(repo, ref.name, str(ref.target), None)
+
+
+def _settle_dead(repo: Repo, dead: list[dict]) -> None:
+    for entry in dead:
+        target = repo if Path(entry["git_dir"]) == repo.common_dir else lifecycle._try_open(entry["git_dir"])
+        if target is not None:
+            lifecycle.end_attempt(target, entry["job"], entry["attempt"], "failed", reason=lifecycle.WORKER_DIED,
+                                  error_kind="engine", hint="read the worker log: git subtask show <id> --log")
+
+
+def sweep(repo: Repo) -> None:
+    """Notice dead workers (and hand their slots on). Cheap: reads the slots file only."""
+    lifecycle.reconcile(repo)
+
+
+# ---------------------------------------------------------------- reading
+
+def get(repo: Repo, id_or_prefix: str) -> Job:
+    return records.read(repo, records.resolve(repo, id_or_prefix))
+
+
+def queue_position(repo: Repo, job_id: str) -> int | None:
+    return slots.read(repo.state_dir).position(job_id)
+
+
+def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> list[dict]:
+    """Compact entries, newest first. By default landed jobs are hidden (`include_all` shows them)."""
+    if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
+        raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
+    sweep(repo)
+    current = slots.read(repo.state_dir)
+    entries = []
+    for entry in records.list_entries(repo):
+        if not include_all and entry.get("landed") and state is None:
+            continue
+        job_state = entry.get("state")
+        if state == "active" and job_state not in ("queued", "running"):
+            continue
+        if state == "ended" and job_state not in TERMINAL:
+            continue
+        if state not in (None, "active", "ended") and job_state != state:
+            continue
+        entry["position"] = current.position(entry["id"]) if job_state == "queued" else None
+        entries.append(entry)
+        if limit and len(entries) >= limit:
+            break
+    return entries
+
+
+def latest_activity(repo: Repo, job_id: str) -> str | None:
+    """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
+    path = lifecycle.events_file(repo.state_dir, job_id)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4096))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    import json
+
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        text = _activity_text(event)
+        if text:
+            return text[:120]
+    return None
+
+
+def _activity_text(event: dict) -> str | None:
+    kind = event.get("type")
+    if kind == "command":
+        return f"running: {event.get('command')}"
+    if kind == "tool":
+        return f"tool: {event.get('name')}"
+    if kind in ("text", "output"):
+        text = (event.get("text") or "").strip()
+        return text.splitlines()[-1] if text else None
+    if kind == "state":
+        return event.get("state") + (f": {event['command']}" if event.get("command") else "")
+    return None
+
+
+# ---------------------------------------------------------------- wait
+
+def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+         on_tick=None, tick: float = 1.0) -> WaitResult:
+    """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
+
+    `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
+    waiting (the MCP server sends progress notifications from it).
+    """
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    if timeout is not None:
+        timeout = _positive(timeout, "--timeout")
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    ended: queue.Queue[str] = queue.Queue()
+    cancel = threading.Event()
+    for job_id in job_ids:
+        threading.Thread(target=_watch_one, args=(repo.root, job_id, ended, cancel), daemon=True).start()
+    done: set[str] = set()
+    needed = 1 if any_ else len(job_ids)
+    next_tick = started + tick
+    while len(done) < needed:
+        now_ = time.monotonic()
+        if deadline is not None and now_ >= deadline:
+            break
+        if on_tick and now_ >= next_tick:
+            next_tick = now_ + tick
+            on_tick(now_ - started, len(done), len(job_ids),
+                    {j: latest_activity(repo, j) for j in job_ids if j not in done})
+        until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
+        try:
+            done.add(ended.get(timeout=max(0.0, until - now_)))
+        except queue.Empty:
+            pass
+    cancel.set()
+    jobs = [records.read(repo, j) for j in job_ids]
+    timed_out = len(done) < needed
+    return WaitResult(jobs, timed_out)
+
+
+def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
+    """Report `job_id` on `ended` when its current attempt is terminal. Runs in its own thread."""
+    repo = open_repo(repo_root)  # pygit2 objects are not shared across threads
+    state_dir = repo.state_dir
+    while not cancel.is_set():
+        job = records.read(repo, job_id)
+        if job.state.current.terminal:
+            ended.put(job_id)
+            return
+        if liveness.is_held(state_dir, job_id):
+            liveness.wait_released(state_dir, job_id)
+            continue
+        if slots.read(state_dir).position(job_id) is None:
+            lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- stop, cleanup
+
+def stop(repo: Repo, id_or_prefix: str) -> Job:
+    """End a job: drop it from the queue, or end its worker's process groups (TERM, then KILL)."""
+    job_id = records.resolve(repo, id_or_prefix)
+    job = records.read(repo, job_id)
+    attempt = job.state.current
+    if attempt.terminal:
+        raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
+    state_dir = repo.state_dir
+    with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+        was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)
+        if was_queued:
+            slots.remove(current, job_id, attempt.n)
+    if was_queued:
+        lifecycle.end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped while queued",
+                              engine_may_have_spent=False)
+        return records.read(repo, job_id)
+    lifecycle.stop_running(repo, job_id, repo.config.number("stopGrace"))
+    lifecycle.end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped by request")
+    lifecycle.reconcile(repo)
+    return records.read(repo, job_id)
+
+
+def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
+    """Remove a finished job's worktree when it is clean; keep its branch and record."""
+    job = get(repo, id_or_prefix)
+    if not job.state.current.terminal:
+        raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
+                           hint=f"git subtask wait {job.id}")
+    path = Path(job.spec.worktree)
+    if not path.exists():
+        return f"{job.id}: no worktree to remove"
+    if is_dirty(path):
+        raise SubtaskError("dirty", f"{job.id}: the worktree {path} has uncommitted changes; keeping it",
+                           hint=f"commit or discard them (git -C '{path}' status), then: git subtask cleanup {job.id}")
+    if dry_run:
+        return f"{job.id}: would remove worktree {path}"
+    from subtask.gitrepo import git
+
+    git(repo.root, "worktree", "remove", str(path))
+
+    def change(j: Job) -> None:
+        j.state.worktree_removed = True
+
+    records.update(repo, job.id, change)
+    return f"{job.id}: removed worktree {path} (branch {job.spec.branch} and record kept)"
+
+
+def diff_argv(repo: Repo, id_or_prefix: str, stat: bool = False) -> list[str]:
+    job = get(repo, id_or_prefix)
+    head = _head_of(repo, job)
+    return ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), job.spec.base, head]
+
+
+def log_argv(repo: Repo, id_or_prefix: str) -> list[str]:
+    job = get(repo, id_or_prefix)
+    head = _head_of(repo, job)
+    return ["git", "-C", str(repo.root), "log", "--notes=subtask", f"{job.spec.base}..{head}"]
+
+
+def _head_of(repo: Repo, job: Job) -> str:
+    """The job's head: its branch tip while it exists, else the head pin, else its base."""
+    if job.spec.branch:
+        ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+        if ref is not None:
+            return str(ref.target)
+    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    if pin is not None:
+        return str(pin.target)
+    return job.evidence.head if job.evidence else job.spec.base
+
+
+def engines(repo: Repo):
+    """Probe every known engine without spending anything."""
+    from subtask.engines import configured_command_engines, engine_names, get_engine
+
+    config_keys = [entry.name for entry in repo.git.config]
+    names = engine_names(configured_command_engines(config_keys))
+    probes = []
+    for name in names:
+        try:
+            probes.append(get_engine(name, repo.config).probe())
+        except Exception as exc:
+            from subtask.engines.base import Probe
+
+            probes.append(Probe(name, False, None, None, False, "unknown", detail=str(exc)))
+    return probes
+
+
+def evidence_envelope(job: Job) -> dict:
+    """The JSON envelope: what the runner observed, apart from what the engine reported."""
+    attempt = job.state.current
+    evidence = job.evidence.to_dict() if job.evidence else None
+    return {
+        "v": 1,
+        "id": job.id,
+        "engine": job.spec.engine,
+        "model": attempt.model or job.spec.model,
+        "kind": "readonly" if job.spec.readonly else "worktree",
+        "state": attempt.state,
+        "outcome": attempt.outcome,
+        "attempts": len(job.state.attempts),
+        "task": job.spec.task,
+        "git": {
+            "base": job.spec.base,
+            "head": evidence["head"] if evidence else None,
+            "branch": job.spec.branch,
+            "commits": evidence["commits"] if evidence else [],
+            "changed_files": evidence["files"] if evidence else [],
+            "totals": evidence["totals"] if evidence else {},
+            "autocommit": evidence["autocommit"] if evidence else None,
+        },
+        "verification": attempt.verify.to_dict() if attempt.verify else None,
+        "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
+        "summary": job.summary,
+        "cost": attempt.cost.to_dict(),
+        "tokens": attempt.tokens,
+        "session_id": attempt.session_id,
+        "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
+                  if attempt.state == "failed" else None),
+        "landed_in": job.state.landed_in,
+    }

@@ -1,0 +1,250 @@
+"""The `git subtask` command line: parse, call `api`, render. No logic lives here.
+
+One error path: `SubtaskError` becomes `error: <message>` (plus `hint:`) on stderr and git's exit
+code; click usage errors exit 129; anything unexpected is reported in one line (set
+SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
+
+`api` (and with it pygit2) is imported inside the commands, so `--version` and `-h` stay instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+
+from subtask import __version__
+from subtask.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False, default=str))
+
+
+def _repo():
+    from subtask import api
+
+    return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
+
+
+def _job_json(job, position=None) -> dict:
+    return {"v": 1, "id": job.id, "state": job.state.current.state, "position": position,
+            "spec": job.spec.to_dict(), "state_detail": job.state.to_dict(),
+            "evidence": job.evidence.to_dict() if job.evidence else None, "summary": job.summary}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="git-subtask", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Hand coding work to background agents; every job is a worktree, a branch and a record in git.
+
+    Review with plain git: git log --notes=subtask
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("task")
+@click.option("--engine", "-e", help="shell, claude, codex, or a configured command engine (default: git config subtask.engine, else claude)")
+@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch the job starts from")
+@click.option("--verify", help="shell command run in the worktree on the job's final commit; exit 0 = passed")
+@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
+@click.option("--timeout", type=float, help="seconds the engine may run before it is killed")
+@click.option("--max-usd", type=float, help="budget reserved for a paid engine (default: subtask.defaultMaxUsd = 2)")
+@click.option("--max-turns", type=int, help="turn cap for agent engines")
+@click.option("--model", help="model for agent engines")
+@click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
+@click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
+def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, as_json):
+    """Start a job in its own worktree and branch; print its id at once.
+
+    TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
+    standard input.
+    """
+    from subtask import api
+
+    if task == "-":
+        task = sys.stdin.read()
+    result = api.start(_repo(), api.StartRequest(task=task, engine=engine, base=base, verify=verify,
+                                                  verify_timeout=verify_timeout, timeout=timeout, max_usd=max_usd,
+                                                  max_turns=max_turns, model=model, readonly=readonly))
+    job = result.job
+    if as_json:
+        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
+        return
+    where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
+    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
+    click.echo(f"{job.id} {state} · {job.spec.engine} · {where}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--any", "any_", is_flag=True, help="return when the first job ends")
+@click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
+@click.option("--json", "as_json", is_flag=True)
+def wait(ids, any_, timeout, as_json):
+    """Block until the jobs end; print one line per job.
+
+    Exit 0 when every job ended done with verify passed (or no verify); 1 otherwise.
+    """
+    from subtask import api, render
+
+    repo = _repo()
+    result = api.wait(repo, list(ids), timeout=timeout, any_=any_)
+    if as_json:
+        _emit_json({"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
+                    "jobs": [_job_json(j) for j in result.jobs]})
+    else:
+        for job in result.jobs:
+            click.echo(render.one_line(job, api.queue_position(repo, job.id)))
+        if result.timed_out:
+            click.echo(f"timed out after {timeout:g}s", err=True)
+    sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
+
+
+@cli.command("list", context_settings=CONTEXT)
+@click.option("--state", help="queued, running, done, failed, stopped, active or ended")
+@click.option("--all", "include_all", is_flag=True, help="include landed jobs")
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many jobs")
+@click.option("--json", "as_json", is_flag=True)
+def list_(state, include_all, limit, as_json):
+    """One line per job: id, state, verify, age, cost, engine, task (newest first)."""
+    from subtask import api, render
+
+    entries = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
+    if as_json:
+        _emit_json({"v": 1, "jobs": entries})
+        return
+    if entries:
+        click.echo(render.LIST_HEADER)
+    for entry in entries:
+        click.echo(render.list_line(entry, entry.get("position")))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--log", "show_log", is_flag=True, help="print the worker's log too")
+def show(job_id, as_json, show_log):
+    """The record of a job: spec, state, attempts, evidence, summary."""
+    from subtask import api, render
+
+    repo = _repo()
+    job = api.get(repo, job_id)
+    position = api.queue_position(repo, job.id)
+    if as_json:
+        _emit_json(_job_json(job, position))
+        return
+    click.echo(render.show_text(job, position))
+    if show_log:
+        from subtask import lifecycle
+
+        log = lifecycle.logs_dir(repo) / f"{job.id}.log"
+        click.echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--stat", is_flag=True, help="a diffstat instead of the patch")
+def diff(job_id, stat):
+    """git diff base..head of the job (works after its branch is deleted)."""
+    from subtask import api
+
+    sys.exit(subprocess.call(api.diff_argv(_repo(), job_id, stat=stat)))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+def log(job_id):
+    """git log base..head --notes=subtask of the job."""
+    from subtask import api
+
+    sys.exit(subprocess.call(api.log_argv(_repo(), job_id)))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--full", is_flag=True, help="the whole summary, not the first 10 lines")
+@click.option("--evidence", is_flag=True, help="print the evidence envelope as JSON")
+def result(job_id, full, evidence):
+    """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
+    from subtask import api, render
+
+    job = api.get(_repo(), job_id)
+    if evidence:
+        _emit_json(api.evidence_envelope(job))
+    else:
+        click.echo(render.result_text(job, full=full))
+    sys.exit(0 if api.job_passed(job) else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+def stop(job_id):
+    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
+    from subtask import api, render
+
+    click.echo(render.one_line(api.stop(_repo(), job_id)))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
+def cleanup(job_id, dry_run):
+    """Remove a finished job's worktree if it is clean; keep its branch and record."""
+    from subtask import api
+
+    click.echo(api.cleanup(_repo(), job_id, dry_run=dry_run))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def engines(as_json):
+    """The engines: installed, authenticated, version, paid, isolation."""
+    from subtask import api
+
+    probes = api.engines(_repo())
+    if as_json:
+        _emit_json({"v": 1, "engines": [p.__dict__ | {"usable": p.usable} for p in probes]})
+        return
+    for p in probes:
+        auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
+        click.echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
+                   f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI with git's exit codes and one error path."""
+    try:
+        cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    except SubtaskError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:
+        if os.environ.get("SUBTASK_DEBUG"):
+            raise
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
+        sys.exit(EXIT_FATAL)
+    sys.exit(0)

@@ -1,0 +1,127 @@
+"""The engine protocol: what the worker hands an engine, and what it gets back.
+
+An engine runs one attempt of one job inside the job's worktree. It never touches records, notes,
+slots or the ledger: the worker owns those. It reports what happened through `ctx.emit(event)`
+(progress, observed commands) and returns an `Outcome` that keeps the engine's own words (summary,
+claimed status, cost) apart from what the worker later observes in git.
+
+Invariants:
+- `run` never raises for a failure of the agent: it returns an Outcome with `error_kind` set.
+  Exceptions are reserved for bugs; the worker turns them into `failed` with kind `engine`.
+- Every child process runs in its own process group (`subtask.procs.run`) so `stop` and timeouts
+  can end the whole tree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+SUMMARY_MAX_LINES = 10
+
+# Error kinds an engine may report, each with a hint that names a command that exists.
+ERROR_HINTS: dict[str, str] = {
+    "budget": "raise the budget: git subtask reply <id> --max-usd N '...' (or start again with --max-usd)",
+    "max_turns": "continue where it stopped: git subtask reply <id> 'continue'",
+    "auth": "log the engine in (for claude: claude /login, or set ANTHROPIC_API_KEY); check: git subtask engines",
+    "usage_limit": "the plan's usage limit was reached; wait for it to reset, then: git subtask reply <id> 'continue'",
+    "api_error": "the engine's service failed; try again: git subtask reply <id> 'continue'",
+    "timeout": "give it more time: git subtask reply <id> --timeout SECONDS 'continue'",
+    "exit": "read the log: git subtask show <id>",
+    "not_installed": "install the engine, then check: git subtask engines",
+    "engine": "read the worker log: git subtask show <id>",
+    "setup": "fix the worktree setup (git config subtask.setup), then start again",
+    "stopped": "",
+}
+
+
+@dataclass
+class EngineContext:
+    """Everything an engine may use for one attempt."""
+
+    job_id: str
+    attempt: int
+    task: str
+    worktree: Path
+    repo_root: Path
+    git_common_dir: Path
+    env: dict[str, str]
+    emit: Callable[[dict[str, Any]], None]
+    session_id: str | None = None  # set on reply: resume this engine session
+    model: str | None = None
+    max_usd: float | None = None
+    max_turns: int | None = None
+    readonly: bool = False
+    timeout: float | None = None  # seconds for the engine run
+    config: Callable[[str], str | None] = lambda key: None  # git config subtask.* reader
+    on_pid: Callable[[int], None] = lambda pid: None  # report a child's process group
+
+
+@dataclass
+class Outcome:
+    """What an engine says happened. The worker adds what it observes in git."""
+
+    ok: bool
+    summary: str = ""
+    exit_code: int | None = None
+    outcome: str | None = None  # done | partial | blocked, from a final STATUS: line
+    session_id: str | None = None
+    cost_usd: float | None = None  # None = unknown (a paid engine is then charged its reservation)
+    tokens: dict[str, int] | None = None
+    turns: int | None = None
+    model: str | None = None
+    commands: list[dict[str, Any]] = field(default_factory=list)  # {"command": str, "exit": int|None}
+    error_kind: str | None = None
+    error: str | None = None
+
+    @property
+    def hint(self) -> str | None:
+        return ERROR_HINTS.get(self.error_kind) if self.error_kind else None
+
+
+@dataclass
+class Probe:
+    """What can be told about an engine without spending anything."""
+
+    name: str
+    installed: bool
+    authenticated: bool | None  # None = cannot tell without spending
+    version: str | None
+    paid: bool
+    isolation: str
+    detail: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.installed and self.authenticated is not False
+
+
+class Engine(Protocol):
+    name: str
+    paid: bool
+    isolation: str  # what the engine enforces, in words
+
+    def probe(self) -> Probe: ...
+
+    def run(self, ctx: EngineContext) -> Outcome: ...
+
+
+_STATUS_RE = re.compile(r"^\s*\**STATUS\**\s*:\s*\**\s*(done|partial|blocked)\b", re.IGNORECASE)
+
+
+def parse_status(text: str) -> str | None:
+    """The claimed outcome from the last `STATUS: done|partial|blocked` line, if any."""
+    for line in reversed(text.strip().splitlines()):
+        match = _STATUS_RE.match(line)
+        if match:
+            return match.group(1).lower()
+    return None
+
+
+def last_lines(text: str, n: int = SUMMARY_MAX_LINES) -> str:
+    """The last n non-empty lines: an engine's summary when it gives no better one."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-n:])

@@ -1,0 +1,370 @@
+"""The `codex` engine: OpenAI's Codex CLI run headless (`codex exec --json`) in the job's worktree.
+
+What it owns: building the `codex exec` argv (sandbox, writable git dirs, model, prompt with the
+delegation protocol), reading the JSONL event stream codex prints on stdout, and turning it into
+progress events and one `Outcome`. It never touches records, notes or the ledger.
+
+The event stream (one JSON object a line; anything else is ignored and logged):
+    thread.started {thread_id}            -> the session id, used by `codex exec resume <id>`
+    item.started / item.updated / item.completed {item: {id, type, ...}}
+        agent_message {text}              -> text events; the last one is the final message
+        reasoning {text}
+        command_execution {command, aggregated_output, exit_code, status}
+        file_change {changes: [{path, kind}], status}, mcp_tool_call, web_search, todo_list, error
+    turn.completed {usage: {input_tokens, cached_input_tokens, output_tokens}}
+    turn.failed {error: {message}} / error {message}
+
+Invariants:
+- `run` never raises for an agent failure: a missing binary, a bad exit, a failed turn or a
+  timeout come back as an Outcome with `error_kind` set.
+- codex reports tokens, never dollars: `cost_usd` is None (the worker charges the reservation)
+  unless per-million-token prices are configured.
+- The sandbox stays on by default: `workspace-write` with the repository's git dir added as a
+  writable root so the agent can commit; `read-only` for read-only jobs. Only an explicit
+  `subtask.engine.codex.sandbox = danger-full-access` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+
+ConfigReader = Callable[[str], "str | None"]
+
+DELEGATION_PROTOCOL = """
+
+---
+You are working as a delegated background agent. Rules:
+- Work only inside this git worktree (the current directory); do not touch other checkouts.
+- Commit your work on the current branch with `git add` and `git commit` before you finish;
+  do not push, and do not switch branches.
+- End your final message with a summary of at most 10 lines, then a last line that is exactly
+  one of: `STATUS: done`, `STATUS: partial` or `STATUS: blocked`.
+"""
+
+REPLY_REMINDER = """
+
+(As before: commit your work, end with a summary of at most 10 lines and a final
+`STATUS: done|partial|blocked` line.)
+"""
+
+ISOLATION = ("codex sandbox workspace-write: writes limited to the worktree and the repository's"
+             " git dir")
+NOT_FOUND = ("codex not found: install it (npm i -g @openai/codex) or set"
+             " git config subtask.engine.codex.path")
+
+_USAGE_LIMIT_RE = re.compile(
+    r"usage limit|rate limit|rate_limit|too many requests|\b429\b|quota|insufficient_quota", re.I)
+_AUTH_RE = re.compile(
+    r"\b40[13]\b|unauthori[sz]ed|authenticat|\bauth\b|\blog ?in\b|api[ _]key|credential", re.I)
+
+
+def classify_error(message: str) -> str:
+    """An error kind from a codex error message: usage_limit, auth or api_error."""
+    if _USAGE_LIMIT_RE.search(message):
+        return "usage_limit"
+    if _AUTH_RE.search(message):
+        return "auth"
+    return "api_error"
+
+
+def _codex_home(env: Mapping[str, str]) -> Path:
+    home = env.get("CODEX_HOME")
+    return Path(home) if home else Path(env.get("HOME", str(Path.home()))) / ".codex"
+
+
+def _worktree_git_dir(worktree: Path) -> Path | None:
+    """The admin dir (`<common>/worktrees/<id>`) named by a linked worktree's `.git` file."""
+    dot_git = worktree / ".git"
+    try:
+        text = dot_git.read_text(encoding="utf-8").strip() if dot_git.is_file() else ""
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    path = Path(text[len("gitdir:"):].strip())
+    return path if path.is_absolute() else (worktree / path).resolve()
+
+
+class _Stream:
+    """The state read from codex's JSONL stream, plus the progress events it emits."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        self.emit = emit
+        self.session_id: str | None = None
+        self.final_message = ""
+        self.commands: list[dict[str, Any]] = []
+        self.tokens: dict[str, int] | None = None
+        self.turn_failed: str | None = None
+        self.error: str | None = None
+        self.turn_completed = False
+
+    def line(self, line: str) -> None:
+        text = line.strip()
+        if not text:
+            return
+        try:
+            event = json.loads(text)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            # codex keeps stdout JSONL-only, but a wrapper script or a warning may not.
+            self.emit({"type": "log", "stream": "stdout", "text": line})
+            return
+        self.event(event)
+
+    def event(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind in ("thread.started", "thread.resumed"):
+            self.session_id = str(event.get("thread_id") or self.session_id or "") or None
+            self.emit({"type": "session", "session_id": self.session_id})
+        elif kind == "turn.started":
+            self.emit({"type": "turn"})
+        elif kind in ("item.started", "item.updated", "item.completed"):
+            item = event.get("item")
+            if isinstance(item, dict):
+                self.item(kind, item)
+        elif kind == "turn.completed":
+            self.turn_completed = True
+            self.usage(event.get("usage"))
+        elif kind == "turn.failed":
+            self.turn_failed = _message(event.get("error")) or "the turn failed"
+            self.emit({"type": "error", "message": self.turn_failed})
+        elif kind == "error":
+            self.error = _message(event) or "codex reported an error"
+            self.emit({"type": "error", "message": self.error})
+        else:
+            self.emit({"type": "event", "event": kind})
+
+    def item(self, kind: str, item: dict[str, Any]) -> None:
+        item_type = item.get("type") or item.get("item_type")
+        done = kind == "item.completed"
+        if item_type == "agent_message":
+            if done:
+                self.final_message = str(item.get("text") or "")
+                self.emit({"type": "text", "text": self.final_message})
+        elif item_type == "reasoning":
+            if done:
+                self.emit({"type": "reasoning", "text": str(item.get("text") or "")})
+        elif item_type == "command_execution":
+            self.command(item, done)
+        elif item_type == "file_change":
+            if done:
+                changes = [f"{c.get('kind', '?')} {c.get('path', '?')}"
+                           for c in item.get("changes") or [] if isinstance(c, dict)]
+                self.emit({"type": "tool", "tool": "file_change", "changes": changes,
+                           "status": item.get("status")})
+        elif item_type == "mcp_tool_call":
+            if kind == "item.started":
+                self.emit({"type": "tool", "tool": f"mcp:{item.get('server')}/{item.get('tool')}"})
+        elif item_type == "web_search":
+            if kind == "item.started":
+                self.emit({"type": "tool", "tool": "web_search", "query": item.get("query")})
+        elif item_type == "todo_list":
+            self.emit({"type": "plan", "items": item.get("items") or []})
+        elif item_type == "error":
+            # A non-fatal error item: worth showing, not a failure of the attempt.
+            self.emit({"type": "warning", "text": str(item.get("message") or "")})
+
+    def command(self, item: dict[str, Any], done: bool) -> None:
+        command = str(item.get("command") or "")
+        if not done:
+            if item.get("status") in (None, "in_progress"):
+                self.emit({"type": "tool", "tool": "command", "command": command})
+            return
+        exit_code = item.get("exit_code")
+        exit_code = exit_code if isinstance(exit_code, int) else None
+        record = {"command": command, "exit": exit_code}
+        self.commands.append(record)
+        self.emit({"type": "command", **record, "status": item.get("status")})
+
+    def usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        # Usage is per turn; a run has one turn, but add up in case codex ever reports more.
+        tokens = self.tokens or {"input": 0, "cached_input": 0, "output": 0}
+        for ours, theirs in (("input", "input_tokens"), ("cached_input", "cached_input_tokens"),
+                             ("output", "output_tokens")):
+            value = usage.get(theirs)
+            if isinstance(value, int):
+                tokens[ours] += value
+        self.tokens = tokens
+        self.emit({"type": "usage", "tokens": dict(tokens)})
+
+
+def _message(obj: Any) -> str:
+    if isinstance(obj, dict):
+        return str(obj.get("message") or obj.get("error") or "")
+    return str(obj or "")
+
+
+class CodexEngine:
+    name = "codex"
+    paid = True
+    isolation = ISOLATION
+
+    def __init__(self, config: ConfigReader | None = None) -> None:
+        self._config: ConfigReader = config or (lambda key: None)
+
+    # -- finding the binary -------------------------------------------------------------------
+
+    def _binary_name(self, config: ConfigReader, env: Mapping[str, str]) -> str:
+        return config("engine.codex.path") or env.get("SUBTASK_CODEX_BIN") or "codex"
+
+    @staticmethod
+    def _which(name: str, env: Mapping[str, str]) -> str | None:
+        if os.sep in name:
+            return name if os.access(name, os.X_OK) and Path(name).is_file() else None
+        return shutil.which(name, path=env.get("PATH"))
+
+    # -- probe --------------------------------------------------------------------------------
+
+    def probe(self) -> Probe:
+        env = os.environ
+        binary = self._which(self._binary_name(self._config, env), env)
+        version = self._version(binary) if binary else None
+        authenticated = bool(env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY")
+                             or (_codex_home(env) / "auth.json").is_file())
+        detail = "" if binary else NOT_FOUND
+        if binary and not authenticated:
+            detail = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
+        return Probe(self.name, binary is not None, authenticated, version, self.paid,
+                     self.isolation, detail)
+
+    @staticmethod
+    def _version(binary: str) -> str | None:
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                 timeout=5, check=False, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return (out.stdout.strip().splitlines() or [""])[0] or None
+
+    # -- the argv -----------------------------------------------------------------------------
+
+    def build_argv(self, ctx: EngineContext, binary: str) -> list[str]:
+        """`codex exec --json <options> [resume <session>] -- <prompt>`.
+
+        Options go before `resume`: codex's resume subcommand inherits the root options
+        (sandbox, -C, --add-dir, -m), as its TypeScript SDK relies on. `--` keeps a prompt that
+        starts with `-` from being read as a flag.
+        """
+        argv = [binary, "exec", "--json", "--skip-git-repo-check", "-C", str(ctx.worktree)]
+        argv += self._sandbox_args(ctx)
+        if ctx.model:
+            argv += ["-m", ctx.model]
+        if ctx.session_id:
+            argv += ["resume", ctx.session_id, "--", ctx.task + REPLY_REMINDER]
+        else:
+            argv += ["--", ctx.task + DELEGATION_PROTOCOL]
+        return argv
+
+    def _sandbox_args(self, ctx: EngineContext) -> list[str]:
+        if ctx.readonly:
+            return ["--sandbox", "read-only"]
+        mode = (ctx.config("engine.codex.sandbox") or "workspace-write").strip()
+        if mode == "danger-full-access":
+            return ["--dangerously-bypass-approvals-and-sandbox"]
+        if mode == "read-only":
+            return ["--sandbox", "read-only"]
+        args = ["--sandbox", "workspace-write"]
+        # A linked worktree's index, HEAD and logs live under <common>/worktrees/<id>, objects and
+        # refs under <common>: both must be writable or `git commit` fails on index.lock.
+        roots = [Path(ctx.git_common_dir)]
+        admin = _worktree_git_dir(Path(ctx.worktree))
+        if admin is not None and admin not in roots:
+            roots.append(admin)
+        for root in roots:
+            args += ["--add-dir", str(root)]
+        if (ctx.config("engine.codex.network") or "").strip().lower() in ("true", "yes", "on", "1"):
+            args += ["-c", "sandbox_workspace_write.network_access=true"]
+        return args
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self, ctx: EngineContext) -> Outcome:
+        from subtask import procs
+
+        name = self._binary_name(ctx.config, ctx.env)
+        binary = self._which(name, ctx.env)
+        if binary is None:
+            return Outcome(False, error_kind="not_installed", session_id=ctx.session_id,
+                           error=f"{NOT_FOUND} (looked for {name})")
+        stream = _Stream(ctx.emit)
+        stderr: list[str] = []
+
+        def on_stderr(line: str) -> None:
+            stderr.append(line)
+            del stderr[:-50]  # keep only the tail: it explains a bad exit
+            ctx.emit({"type": "log", "stream": "stderr", "text": line})
+
+        result = procs.run(self.build_argv(ctx, binary), cwd=ctx.worktree, env=ctx.env,
+                           timeout=ctx.timeout, on_stdout_line=stream.line,
+                           on_stderr_line=on_stderr, on_start=ctx.on_pid)
+        return self._outcome(ctx, stream, result, stderr)
+
+    def _outcome(self, ctx: EngineContext, stream: _Stream, result: Any,
+                 stderr: list[str]) -> Outcome:
+        outcome = Outcome(
+            ok=True,
+            summary=last_lines(stream.final_message),
+            exit_code=result.exit_code,
+            outcome=parse_status(stream.final_message),
+            session_id=stream.session_id or ctx.session_id,
+            cost_usd=self._cost(ctx, stream.tokens),
+            tokens=stream.tokens,
+            model=ctx.model,
+            commands=stream.commands,
+        )
+        kind, error = self._failure(ctx, stream, result, stderr)
+        if kind:
+            outcome.ok, outcome.error_kind, outcome.error = False, kind, error
+        return outcome
+
+    @staticmethod
+    def _failure(ctx: EngineContext, stream: _Stream, result: Any,
+                 stderr: list[str]) -> tuple[str | None, str | None]:
+        if result.timed_out:
+            return "timeout", f"codex ran past its timeout of {ctx.timeout:g}s"
+        if stream.turn_failed:
+            return classify_error(stream.turn_failed), stream.turn_failed
+        # exit_code None without a timeout means the run was interrupted (stop).
+        unfinished = result.exit_code is None and not stream.turn_completed
+        if result.exit_code not in (0, None) or unfinished:
+            if stream.error:
+                return classify_error(stream.error), stream.error
+            tail = last_lines("\n".join(stderr), 3)
+            detail = f": {tail}" if tail else ""
+            return "exit", f"codex exited with code {result.exit_code}{detail}"
+        if stream.error and not stream.turn_completed:
+            # A fatal stream error that still exited 0: the turn never finished.
+            return classify_error(stream.error), stream.error
+        return None, None
+
+    @staticmethod
+    def _cost(ctx: EngineContext, tokens: dict[str, int] | None) -> float | None:
+        """Dollars from configured prices; None (charge the reservation) when unpriced."""
+        price_in = _float(ctx.config("engine.codex.costPerMTokIn"))
+        price_out = _float(ctx.config("engine.codex.costPerMTokOut"))
+        if tokens is None or price_in is None or price_out is None:
+            return None
+        # cached_input_tokens is a subset of input_tokens (OpenAI usage semantics).
+        price_cached = _float(ctx.config("engine.codex.costPerMTokCachedIn"))
+        cached = tokens.get("cached_input", 0) if price_cached is not None else 0
+        return ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0.0)
+                + tokens.get("output", 0) * price_out) / 1_000_000
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None

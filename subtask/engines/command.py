@@ -1,0 +1,220 @@
+"""The `command` engine: any CLI agent, run from an argv template kept in git config.
+
+    git config subtask.engine.<name>.command '["aider","--yes","--message","{task}"]'
+
+What it owns: reading the template, substituting the placeholders `{task}`, `{task_file}`,
+`{worktree}`, `{model}` (and `{session}` in the optional resume template) inside each argv
+element, running the argv in the worktree, and reading cost and status from its output.
+
+Invariants:
+- Never a shell and never `str.format`: each element is a JSON string whose placeholders are
+  replaced literally in one pass, so a task holding quotes, `$(...)` or `{worktree}` reaches the
+  agent as the exact text, inside a single argv element.
+- `{task_file}` is a private temp file holding the task; it is removed when the run ends.
+- Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
+  unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
+- `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
+  timeout come back as an Outcome with `error_kind` set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+
+ConfigReader = Callable[[str], "str | None"]
+
+_PLACEHOLDER_RE = re.compile(r"\{(task|task_file|worktree|model|session)\}")
+_TRUE = ("true", "yes", "on", "1")
+_KEEP_LINES = 400  # enough output for a 10-line summary and a trailing STATUS line
+
+
+def template_error(name: str, key: str = "command") -> str:
+    return (f"subtask.engine.{name}.{key} must be a JSON list of strings, "
+            'e.g. ["aider","--yes","--message","{task}"]')
+
+
+def parse_template(raw: str | None) -> list[str] | None:
+    """The argv template from its JSON text, or None when missing or not a list of strings."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        return None
+    if not value[0].strip():
+        return None
+    return value
+
+
+def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
+    """Each element with its placeholders replaced, in a single pass.
+
+    One pass matters: replacing `{task}` first and `{worktree}` next would also rewrite a
+    `{worktree}` that the task text itself contains.
+    """
+    return [_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), element)
+            for element in template]
+
+
+def _which(name: str, env: Mapping[str, str]) -> str | None:
+    if os.sep in name:
+        return name if Path(name).is_file() and os.access(name, os.X_OK) else None
+    return shutil.which(name, path=env.get("PATH"))
+
+
+class _Output:
+    """Output lines as events, the stdout tail for the summary, and the last cost match."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], cost_re: re.Pattern[str] | None,
+                 session_re: re.Pattern[str] | None) -> None:
+        self.emit = emit
+        self.cost_re = cost_re
+        self.session_re = session_re
+        self.stdout: list[str] = []
+        self.cost: float | None = None
+        self.session_id: str | None = None
+
+    def on(self, stream: str) -> Callable[[str], None]:
+        def handle(line: str) -> None:
+            if stream == "stdout":
+                self.stdout.append(line)
+                del self.stdout[:-_KEEP_LINES]
+            self.scan(line)
+            self.emit({"type": "output", "stream": stream, "text": line})
+
+        return handle
+
+    def scan(self, line: str) -> None:
+        if self.cost_re is not None:
+            for match in self.cost_re.finditer(line):
+                try:
+                    self.cost = float(match.group(1))
+                except (IndexError, TypeError, ValueError):
+                    pass
+        if self.session_re is not None:
+            match = self.session_re.search(line)
+            if match and match.groups() and match.group(1):
+                self.session_id = match.group(1)
+
+
+class CommandEngine:
+    isolation = "none: runs with your permissions in the job's worktree (cwd only)"
+
+    def __init__(self, name: str, config: ConfigReader) -> None:
+        self.name = name
+        self._config = config
+        self.paid = (config(f"engine.{name}.paid") or "").strip().lower() in _TRUE
+
+    def _key(self, key: str) -> str | None:
+        return self._config(f"engine.{self.name}.{key}")
+
+    def template(self) -> list[str] | None:
+        return parse_template(self._key("command"))
+
+    # -- probe --------------------------------------------------------------------------------
+
+    def probe(self) -> Probe:
+        template = self.template()
+        if template is None:
+            return Probe(self.name, False, None, None, self.paid, self.isolation,
+                         template_error(self.name))
+        found = _which(template[0], os.environ)
+        detail = "" if found else f"{template[0]} not found on PATH"
+        # A generic CLI cannot be asked whether it is logged in without spending.
+        return Probe(self.name, found is not None, None, None, self.paid, self.isolation, detail)
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self, ctx: EngineContext) -> Outcome:
+        template, key = self._choose_template(ctx)
+        if template is None:
+            return Outcome(False, session_id=ctx.session_id, error_kind="engine",
+                           error=template_error(self.name, key))
+        if _which(template[0], ctx.env) is None:
+            return Outcome(False, session_id=ctx.session_id, error_kind="not_installed",
+                           error=f"{template[0]} not found on PATH (engine {self.name})")
+        output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
+                         self._regex(ctx, "sessionPattern"))
+        task_file = self._write_task_file(ctx) if _uses(template, "task_file") else None
+        try:
+            argv = substitute(template, {
+                "task": ctx.task,
+                "task_file": str(task_file or ""),
+                "worktree": str(ctx.worktree),
+                "model": ctx.model or "",
+                "session": ctx.session_id or "",
+            })
+            result = self._spawn(ctx, argv, output)
+        finally:
+            if task_file is not None:
+                task_file.unlink(missing_ok=True)
+        return self._outcome(ctx, result, output)
+
+    def _choose_template(self, ctx: EngineContext) -> tuple[list[str] | None, str]:
+        """The resume template on a reply to a known session, else the command template."""
+        if ctx.session_id and self._key("resumeCommand") is not None:
+            return parse_template(self._key("resumeCommand")), "resumeCommand"
+        return self.template(), "command"
+
+    def _regex(self, ctx: EngineContext, key: str) -> re.Pattern[str] | None:
+        pattern = self._key(key)
+        if not pattern:
+            return None
+        try:
+            return re.compile(pattern)
+        except re.error as exc:
+            ctx.emit({"type": "warning",
+                      "text": f"subtask.engine.{self.name}.{key} is not a valid regex: {exc}"})
+            return None
+
+    @staticmethod
+    def _write_task_file(ctx: EngineContext) -> Path:
+        # A private file outside the worktree, so the agent cannot commit it by accident.
+        fd, path = tempfile.mkstemp(prefix=f"subtask-{ctx.job_id}-", suffix=".md")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(ctx.task)
+        return Path(path)
+
+    @staticmethod
+    def _spawn(ctx: EngineContext, argv: list[str], output: _Output) -> Any:
+        from subtask import procs
+
+        return procs.run(argv, cwd=ctx.worktree, env=ctx.env, timeout=ctx.timeout,
+                         on_stdout_line=output.on("stdout"), on_stderr_line=output.on("stderr"),
+                         on_start=ctx.on_pid)
+
+    def _outcome(self, ctx: EngineContext, result: Any, output: _Output) -> Outcome:
+        text = "\n".join(output.stdout)
+        outcome = Outcome(True, last_lines(text), result.exit_code, outcome=parse_status(text),
+                          session_id=output.session_id or ctx.session_id,
+                          cost_usd=self._cost(output), model=ctx.model)
+        if result.timed_out:
+            outcome.ok, outcome.exit_code, outcome.error_kind = False, None, "timeout"
+            outcome.error = f"{self.name} ran past its timeout of {ctx.timeout:g}s"
+        elif result.exit_code != 0:
+            outcome.ok, outcome.error_kind = False, "exit"
+            outcome.error = f"{self.name} exited with code {result.exit_code}"
+        return outcome
+
+    def _cost(self, output: _Output) -> float | None:
+        if output.cost is not None:
+            return output.cost
+        if self._key("costPattern"):
+            return None  # configured but not found: let the worker charge the reservation
+        return None if self.paid else 0.0
+
+
+def _uses(template: list[str], placeholder: str) -> bool:
+    token = "{" + placeholder + "}"
+    return any(token in element for element in template)

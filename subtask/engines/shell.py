@@ -1,0 +1,61 @@
+"""The `shell` engine: the task is a bash script run in the worktree.
+
+Free and deterministic: the quick start and the test engine. Output lines become events; the
+summary is the last lines of the output; a non-zero exit ends the attempt failed with that code.
+On reply the message is simply another script run in the same worktree.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+
+
+class ShellEngine:
+    name = "shell"
+    paid = False
+    isolation = "none: runs with your permissions in the job's worktree (cwd only)"
+
+    def probe(self) -> Probe:
+        bash = shutil.which("bash")
+        version = None
+        if bash:
+            out = subprocess.run([bash, "--version"], capture_output=True, text=True, check=False)
+            version = (out.stdout.splitlines() or [""])[0] or None
+        return Probe(self.name, bash is not None, True, version, self.paid, self.isolation)
+
+    def run(self, ctx: EngineContext) -> Outcome:
+        from subtask import procs
+
+        output: list[str] = []
+
+        def on_line(stream: str):
+            def emit(line: str) -> None:
+                output.append(line)
+                if len(output) > 2000:
+                    del output[:1000]
+                ctx.emit({"type": "output", "stream": stream, "text": line})
+
+            return emit
+
+        result = procs.run(
+            ["bash", "-c", ctx.task],
+            cwd=ctx.worktree,
+            env=ctx.env,
+            timeout=ctx.timeout,
+            on_stdout_line=on_line("stdout"),
+            on_stderr_line=on_line("stderr"),
+            on_start=ctx.on_pid,
+        )
+        text = "\n".join(output)
+        summary = last_lines(text)
+        commands = [{"command": ctx.task, "exit": result.exit_code}]
+        if result.timed_out:
+            return Outcome(False, summary, None, commands=commands, error_kind="timeout",
+                           error=f"the script ran past its timeout of {ctx.timeout:g}s")
+        if result.exit_code != 0:
+            return Outcome(False, summary, result.exit_code, commands=commands, error_kind="exit",
+                           error=f"the script exited with code {result.exit_code}")
+        return Outcome(True, summary, 0, outcome=parse_status(text), commands=commands)

@@ -1,0 +1,173 @@
+"""Access to the repository: open it from any directory, refs, worktrees, diff statistics.
+
+Reads and ref writes go through pygit2 (no subprocess on the hot path). Porcelain that libgit2
+does not do as git does (`worktree add/remove`, `gc --auto`, `merge`) runs the git binary with
+hooks disabled, because the tool's own git commands must never trigger the user's hooks.
+
+Invariants:
+- The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
+- Worktrees never live below a `.git/` folder: Claude Code refuses to write there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+
+from subtask.config import Config, pygit2_reader
+from subtask.errors import SubtaskError
+
+NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
+EXCLUDE_LINE = "/.subtask/"
+# A fixed identity for commits the tool writes for itself (records, notes).
+TOOL_SIGNATURE = ("git-subtask", "git-subtask@localhost")
+
+
+@dataclass
+class Repo:
+    git: pygit2.Repository
+    root: Path  # the main worktree
+    common_dir: Path
+    config: Config
+
+    @property
+    def state_dir(self) -> Path:
+        configured = self.config.get("stateDir")
+        path = Path(os.path.expanduser(configured)) if configured else self.common_dir / "subtask"
+        if not path.is_absolute():
+            path = self.root / path
+        return path
+
+    def worktree_dir(self) -> Path:
+        configured = self.config.get("worktreeDir")
+        if configured:
+            path = Path(os.path.expanduser(configured))
+            return path if path.is_absolute() else self.root / path
+        return self.root / ".subtask" / "worktrees"
+
+
+def open_repo(path: str | os.PathLike | None = None) -> Repo:
+    """The repository containing `path` (default: the current directory), as git would find it."""
+    start = str(path or os.getcwd())
+    if path is not None and not Path(start).exists():
+        raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
+    found = pygit2.discover_repository(start)
+    if found is None:
+        raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
+                           hint="run it inside a git work tree, or git init")
+    repo = pygit2.Repository(found)
+    if repo.is_bare:
+        raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
+                           hint="clone it first: git clone <bare> <dir>")
+    common = _common_dir(Path(repo.path))
+    root = _main_worktree(common, repo)
+    return Repo(repo, root, common, Config(pygit2_reader(repo)))
+
+
+def _common_dir(git_dir: Path) -> Path:
+    commondir = git_dir / "commondir"
+    if commondir.is_file():
+        target = Path(commondir.read_text().strip())
+        return (git_dir / target).resolve() if not target.is_absolute() else target.resolve()
+    return git_dir.resolve()
+
+
+def _main_worktree(common: Path, repo: pygit2.Repository) -> Path:
+    if common.name == ".git":
+        return common.parent
+    main = pygit2.Repository(str(common))
+    if main.workdir:
+        return Path(main.workdir).resolve()
+    return Path(repo.workdir).resolve()
+
+
+def resolve_commit(repo: Repo, rev: str) -> str:
+    """The commit id `rev` names, or a fatal error."""
+    if not rev or rev.startswith("-") or "\n" in rev:
+        raise SubtaskError("usage", f"not a valid revision: {rev!r}")
+    try:
+        obj = repo.git.revparse_single(rev)
+        commit = obj.peel(pygit2.Commit)
+    except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
+        raise SubtaskError("fatal", f"unknown revision '{rev}': it names no commit in {repo.root}",
+                           hint="git log --oneline -5") from None
+    return str(commit.id)
+
+
+def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run the git binary with hooks disabled; a failure is a fatal error with git's words."""
+    proc = subprocess.run(["git", *NO_HOOKS, "-C", str(repo_root), *args], capture_output=True,
+                          text=True, input=input, timeout=timeout, check=False,
+                          stdin=None if input is not None else subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def ensure_excluded(common_dir: Path) -> None:
+    """Add `/.subtask/` to info/exclude once, so worktrees never show as untracked files."""
+    exclude = common_dir / "info" / "exclude"
+    try:
+        text = exclude.read_text() if exclude.exists() else ""
+    except OSError:
+        return
+    if EXCLUDE_LINE in text.splitlines():
+        return
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a") as fh:
+        fh.write(("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n")
+
+
+def check_worktree_location(path: Path) -> None:
+    if ".git" in path.parts:
+        raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, where Claude Code refuses to write",
+                           hint="git config subtask.worktreeDir <a folder outside .git>")
+
+
+def tool_signature() -> pygit2.Signature:
+    return pygit2.Signature(*TOOL_SIGNATURE)
+
+
+def author_signature(repo: Repo) -> pygit2.Signature:
+    """The user's identity for commits of their work, with a fallback that never fails."""
+    try:
+        return repo.git.default_signature
+    except (KeyError, pygit2.GitError):
+        return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
+
+
+def is_dirty(worktree: Path) -> bool:
+    """Uncommitted changes or untracked files (ignored files do not count)."""
+    proc = git(worktree, "status", "--porcelain", "--untracked-files=normal")
+    return bool(proc.stdout.strip())
+
+
+def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict], dict]:
+    """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
+    commits = []
+    if base != head:
+        walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)
+        walker.hide(base)
+        for commit in walker:
+            commits.append({"sha": str(commit.id), "subject": commit.message.splitlines()[0] if commit.message else ""})
+    files = []
+    added = deleted = 0
+    if base != head:
+        diff = repo.git.diff(repo.git[base], repo.git[head])
+        diff.find_similar()
+        for patch in diff:
+            delta = patch.delta
+            _, plus, minus = patch.line_stats
+            entry = {"path": delta.new_file.path, "status": delta.status_char(), "added": plus, "deleted": minus}
+            if delta.old_file.path != delta.new_file.path:
+                entry["old_path"] = delta.old_file.path
+            files.append(entry)
+            added += plus
+            deleted += minus
+    totals = {"commits": len(commits), "files": len(files), "added": added, "deleted": deleted}
+    return commits, files, totals

@@ -1,0 +1,208 @@
+"""Starting and ending attempts: spawn a worker, settle a dead one, hand slots on.
+
+Shared by `api` (start, stop, reply, every command's recovery sweep) and `worker` (its own end
+and the hand-off to the next queued job), so each of these steps has exactly one implementation.
+
+Invariants:
+- An attempt is ended only through `end_attempt`, which writes its terminal state by
+  compare-and-swap and never overwrites one; the ledger close that goes with it is idempotent.
+  Together they make "charged once" hold however many processes notice a dead worker.
+- A spawned worker inherits its run-lock fd; the spawner closes its copy without unlocking
+  (unlocking would drop the worker's lock too: flock belongs to the shared file description).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from subtask import ledger, liveness, records, slots
+from subtask.gitrepo import Repo, open_repo
+from subtask.records import Job
+from subtask.statefiles import ensure_dir, write_json
+
+WORKER_DIED = "worker died"
+
+
+def logs_dir(repo: Repo) -> Path:
+    return ensure_dir(repo.state_dir / "logs")
+
+
+def pid_file(state_dir: Path, job_id: str) -> Path:
+    return liveness.run_dir(state_dir) / f"{job_id}.pid"
+
+
+def stop_marker(state_dir: Path, job_id: str) -> Path:
+    return liveness.run_dir(state_dir) / f"{job_id}.stop"
+
+
+def events_file(state_dir: Path, job_id: str) -> Path:
+    return liveness.run_dir(state_dir) / f"{job_id}.events.jsonl"
+
+
+def read_pids(state_dir: Path, job_id: str) -> dict:
+    try:
+        data = json.loads(pid_file(state_dir, job_id).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
+    data = read_pids(state_dir, job_id)
+    data.update(pids)
+    data["v"] = 1
+    write_json(pid_file(state_dir, job_id), data)
+
+
+def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
+    """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`."""
+    log = open(logs_dir(repo) / f"{job_id}.log", "ab")
+    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "subtask.worker", job_id, str(repo.root)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(repo.root),
+            env=env, start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
+        )
+    finally:
+        log.close()
+    record_pid(repo.state_dir, job_id, worker=proc.pid)
+    return proc.pid
+
+
+def close_fd_keep_lock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def start_handoffs(repo: Repo, handed: list[slots.HandOff]) -> None:
+    """Spawn workers for attempts that were just given slots (run-locks already held)."""
+    for hand in handed:
+        try:
+            target = repo if Path(hand.entry["git_dir"]) == repo.common_dir else open_repo(Path(hand.entry["git_dir"]))
+            spawn_worker(target, hand.entry["job"], hand.fd)
+        except Exception as exc:  # a broken queued job must not block the rest of the queue
+            print(f"git-subtask: could not start queued job {hand.entry['job']}: {exc}", file=sys.stderr)
+        finally:
+            close_fd_keep_lock(hand.fd)
+
+
+def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: str | None = None,
+                error_kind: str | None = None, hint: str | None = None, engine_may_have_spent: bool | None = None) -> Job | None:
+    """End attempt `attempt_n` of a job that no worker will finish (died, stopped, never spawned).
+
+    Writes the terminal state once, closes the reservation once (whole reservation when the engine
+    may have spent, nothing when it never started) and writes the note. Returns the job if this
+    call ended it, None if it had already ended.
+    """
+    ended: list[Job] = []
+
+    def change(job: Job) -> bool:
+        if not job.state.attempts or job.state.current.n != attempt_n:
+            return False
+        attempt = job.state.current
+        spent = engine_may_have_spent if engine_may_have_spent is not None else attempt.started_at is not None
+        charge = attempt.cost.reserved if (spent and attempt.rid) else 0.0
+        if not attempt.finish(state, reason=reason, error_kind=error_kind, hint=hint):
+            return False
+        if attempt.rid:
+            attempt.cost.charged = charge
+            attempt.cost.billing = "charged" if charge else attempt.cost.billing
+        ended[:] = [job]
+        return True
+
+    try:
+        job = records.update(repo, job_id, change)
+    except Exception:
+        job = None
+    if not ended:
+        return None
+    attempt = job.state.current
+    if attempt.rid:
+        ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
+    from subtask import notes
+
+    notes.write_for_job(repo, job)
+    return job
+
+
+def reconcile(repo: Repo) -> list[str]:
+    """Notice dead workers and idle slots; end their attempts; hand slots on. Returns ended ids."""
+    state_dir = repo.state_dir
+    if not (state_dir / "slots.json").exists() and not (state_dir / "slots.lock").exists():
+        return []
+    max_running = repo.config.integer("maxRunning")
+    with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+        dead = slots.reap_dead(current, state_dir)
+        handed = slots.fill(current, state_dir, max_running)
+    ended = []
+    for entry in dead:
+        target = repo if Path(entry["git_dir"]) == repo.common_dir else _try_open(entry["git_dir"])
+        if target is not None and end_attempt(target, entry["job"], entry["attempt"], "failed",
+                                              reason=WORKER_DIED, error_kind="engine",
+                                              hint="read the worker log: git subtask show <id> --log"):
+            ended.append(entry["job"])
+    start_handoffs(repo, handed)
+    return ended
+
+
+def _try_open(git_dir: str) -> Repo | None:
+    try:
+        return open_repo(Path(git_dir))
+    except Exception:
+        return None
+
+
+def rebuild_slots(repo: Repo) -> slots.Slots:
+    """Slots rebuilt from this repository's records and run-locks (the file was damaged)."""
+    rebuilt = slots.Slots()
+    for entry in records.list_entries(repo):
+        if entry.get("state") not in ("queued", "running"):
+            continue
+        item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir)
+        item["since"] = entry.get("created") or time.time()
+        if entry["state"] == "running" or liveness.is_held(repo.state_dir, entry["id"]):
+            rebuilt.running.append(item)
+        else:
+            rebuilt.queue.append(item)
+    rebuilt.queue.sort(key=lambda e: e["since"])
+    return rebuilt
+
+
+def signal_job(state_dir: Path, job_id: str, sig: int) -> None:
+    """Signal the worker's and the engine's process groups, only while the job's run-lock is held."""
+    if not liveness.is_held(state_dir, job_id):
+        return
+    pids = read_pids(state_dir, job_id)
+    for key in ("engine", "worker"):
+        pgid = pids.get(key)
+        if isinstance(pgid, int) and pgid > 1:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def wait_lock_released(state_dir: Path, job_id: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while liveness.is_held(state_dir, job_id):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def stop_running(repo: Repo, job_id: str, grace: float) -> None:
+    """SIGTERM the job's process groups, SIGKILL after `grace`; returns once the worker is gone."""
+    state_dir = repo.state_dir
+    stop_marker(state_dir, job_id).touch()
+    signal_job(state_dir, job_id, signal.SIGTERM)
+    if not wait_lock_released(state_dir, job_id, grace):
+        signal_job(state_dir, job_id, signal.SIGKILL)
+        wait_lock_released(state_dir, job_id, 10.0)

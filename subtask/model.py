@@ -1,0 +1,228 @@
+"""The job's data: spec, attempts, evidence, and the state machine they obey.
+
+Everything here is a plain dataclass that round-trips through JSON with a `"v"` version field.
+Readers tolerate unknown fields (kept in `extra`, never dropped) and missing ones (defaults).
+
+State machine per attempt: queued -> running -> done | failed | stopped. A terminal state is
+final for its attempt: `Attempt.finish` refuses to overwrite one, so a late writer (a stop racing
+the worker's last write, two processes noticing one dead worker) can never change the outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from subtask.errors import SubtaskError
+
+SCHEMA_VERSION = 1
+JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
+ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
+TERMINAL = ("done", "failed", "stopped")
+ACTIVE = ("queued", "running")
+MAX_TASK_BYTES = 1024 * 1024
+
+
+def new_job_id() -> str:
+    return "st-" + secrets.token_hex(4)
+
+
+def is_job_id(text: str) -> bool:
+    return JOB_ID_RE.fullmatch(text) is not None
+
+
+def check_id_prefix(text: str) -> str:
+    """A job id or a prefix of one, validated before any path or ref is built from it."""
+    if not isinstance(text, str) or ID_PREFIX_RE.fullmatch(text) is None:
+        raise SubtaskError("usage", f"not a job id: {text!r} (ids look like st-1a2b3c4d; a unique prefix is enough)")
+    return text if text.startswith("st-") else "st-" + text
+
+
+def now() -> float:
+    return time.time()
+
+
+class _Record:
+    """JSON round trip that keeps unknown fields instead of dropping them."""
+
+    extra: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"v": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, _Record):
+                value = value.to_dict()
+            elif isinstance(value, list):
+                value = [v.to_dict() if isinstance(v, _Record) else v for v in value]
+            out[f.name] = value
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None):
+        data = dict(data or {})
+        data.pop("v", None)
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        extra = {}
+        for key, value in data.items():
+            if key in known and key != "extra":
+                kwargs[key] = cls._decode(key, value)
+            else:
+                extra[key] = value
+        obj = cls(**kwargs)
+        obj.extra = extra
+        return obj
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        return value
+
+
+@dataclass
+class JobSpec(_Record):
+    """What was asked. Written once at start, never changed."""
+
+    id: str
+    task: str
+    engine: str
+    base_ref: str
+    base: str  # the commit the job started from
+    branch: str | None  # None for read-only jobs
+    worktree: str
+    repo: str  # the main worktree
+    created_at: float
+    verify: str | None = None
+    verify_timeout: float = 600.0
+    timeout: float | None = None
+    max_usd: float | None = None
+    max_turns: int | None = None
+    model: str | None = None
+    readonly: bool = False
+    depth: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifyResult(_Record):
+    command: str
+    exit_code: int | None
+    seconds: float
+    head: str  # the commit verify ran on
+    tree: str
+    passed: bool
+    timed_out: bool = False
+    output_tail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Cost(_Record):
+    reserved: float = 0.0
+    observed: float | None = None  # what the engine reported
+    charged: float | None = None  # what the ledger closed at
+    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt(_Record):
+    n: int
+    state: str  # queued | running | done | failed | stopped
+    message: str  # the task (attempt 1) or the reply message
+    queued_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    reason: str | None = None
+    error_kind: str | None = None
+    hint: str | None = None
+    outcome: str | None = None  # done | partial | blocked, as the engine claimed
+    session_id: str | None = None
+    model: str | None = None
+    turns: int | None = None
+    tokens: dict[str, int] | None = None
+    cost: Cost = field(default_factory=Cost)
+    rid: str | None = None  # ledger reservation id (paid engines)
+    head: str | None = None
+    verify: VerifyResult | None = None
+    timeout: float | None = None
+    max_usd: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "cost":
+            return Cost.from_dict(value)
+        if key == "verify" and value is not None:
+            return VerifyResult.from_dict(value)
+        return value
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def finish(self, state: str, **facts: Any) -> bool:
+        """End this attempt once. Returns False (and changes nothing) if it already ended."""
+        if self.terminal:
+            return False
+        self.state = state
+        self.ended_at = facts.pop("ended_at", None) or now()
+        for key, value in facts.items():
+            setattr(self, key, value)
+        return True
+
+
+@dataclass
+class JobState(_Record):
+    attempts: list[Attempt] = field(default_factory=list)
+    worktree_removed: bool = False
+    landed_in: str | None = None
+    branch_deleted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "attempts":
+            return [Attempt.from_dict(a) for a in value or []]
+        return value
+
+    @property
+    def current(self) -> Attempt:
+        return self.attempts[-1]
+
+    @property
+    def state(self) -> str:
+        return self.current.state if self.attempts else "queued"
+
+
+@dataclass
+class Evidence(_Record):
+    """What the worker observed in git for one attempt, apart from what the engine claimed."""
+
+    id: str
+    attempt: int
+    engine: str
+    state: str
+    base: str
+    head: str
+    branch: str | None
+    commits: list[dict[str, Any]] = field(default_factory=list)  # {sha, subject}
+    files: list[dict[str, Any]] = field(default_factory=list)  # {path, status, added, deleted}
+    totals: dict[str, int] = field(default_factory=dict)  # files, added, deleted, commits
+    autocommit: dict[str, Any] | None = None  # {sha, files} when the worker committed leftovers
+    verification: dict[str, Any] | None = None
+    commands: dict[str, Any] = field(default_factory=dict)  # {seen: [...], tests: [...]}
+    summary: str = ""
+    outcome: str | None = None
+    cost: dict[str, Any] = field(default_factory=dict)
+    tokens: dict[str, int] | None = None
+    model: str | None = None
+    error: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

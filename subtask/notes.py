@@ -1,0 +1,59 @@
+"""The review view: a block per job in `refs/notes/subtask`, derived from the records.
+
+The block stands on the job's final head commit, or on its base when it made no commit, so
+`git log --notes=subtask` shows what was delegated where it landed. Notes are derived data:
+`rebuild` regenerates every block from the records and is idempotent. The writing itself
+(compare-and-swap, fanout, file lock) lives in `notes_store`.
+
+Never set `notes.rewriteRef` for this ref: a "verify passed" must not follow a rebase onto a tree
+that was never tested.
+"""
+
+from __future__ import annotations
+
+from subtask import notes_store, records
+from subtask.gitrepo import Repo
+from subtask.records import Job
+from subtask.render import note_block
+
+
+def lock_path(repo: Repo):
+    return repo.state_dir / "notes.lock"
+
+
+def target_commit(job: Job) -> str:
+    """Where the job's block stands: the head it produced, else its base."""
+    attempt = job.state.current
+    if job.evidence is not None and job.evidence.head:
+        return job.evidence.head
+    return attempt.head or job.spec.base
+
+
+def previous_targets(job: Job) -> set[str]:
+    """Commits where earlier attempts' blocks may stand (the note shows only the latest)."""
+    targets = {job.spec.base}
+    for attempt in job.state.attempts[:-1]:
+        if attempt.head:
+            targets.add(attempt.head)
+    return targets
+
+
+def write_for_job(repo: Repo, job: Job) -> None:
+    target = target_commit(job)
+    notes_store.set_block(repo.git, target, job.id, note_block(job), lock_path(repo))
+    for old in previous_targets(job) - {target}:
+        if job.id in notes_store.read_blocks(repo.git, old):
+            notes_store.remove_block(repo.git, old, job.id, lock_path(repo))
+
+
+def rebuild(repo: Repo) -> int:
+    """Regenerate every job's block from its record; returns how many blocks changed."""
+    items = []
+    for job_id in records.all_ids(repo):
+        try:
+            job = records.read(repo, job_id)
+        except Exception:
+            continue
+        if job.state.attempts and job.state.current.terminal:
+            items.append((target_commit(job), job.id, note_block(job)))
+    return notes_store.set_blocks_bulk(repo.git, items, lock_path(repo)) if items else 0

@@ -1,0 +1,381 @@
+"""Review blocks in git notes at refs/notes/subtask, written without losing anyone's note.
+
+Owns: the ref `refs/notes/subtask`, its notes commits and trees, the text format of a note, and
+the file lock whose path the caller passes in (e.g. `<state_dir>/notes.lock`).
+
+Note format: a note on a commit holds optional human text at the top, then one block per job.
+A block starts with a line `subtask st-xxxxxxxx · ...` and runs until the next line starting with
+`subtask st-` or the end; blocks are separated by one blank line and ordered by job id.
+
+Invariants:
+- Every write is a compare-and-swap: a new notes commit whose parent is the tip we read, and the
+  ref moves only if it still points at that tip (checked under git's own ref lock, the same
+  `refs/notes/subtask.lock` that `git notes` takes). A moved tip or a busy lock means re-read,
+  re-apply, retry with backoff. We never overwrite blind, so a note written meanwhile by another
+  git-subtask process or by a user's `git notes add` is never lost. (The reverse is not in our
+  hands: `git notes add` itself moves the ref without checking the old tip, so a user's run that
+  races ours can drop our latest block; `notes rebuild` puts it back.)
+- Notes are written with git's 2/38 fanout (`ab/cdef...`); notes are read in any layout (flat,
+  2/38, deeper), and every old copy of a commit's note is removed when it is rewritten, so a note
+  first written flat by `git notes add` is replaced, never duplicated.
+- Writing text that is already there creates no notes commit.
+- Note commits carry the fixed signature `git-subtask <git-subtask@localhost>`.
+
+Lock order: the file lock (outer, held for the whole read-modify-write and its retries), then the
+git ref lock (inner, held only for the instant of the swap). The file lock is a leaf: take no other
+git-subtask lock while holding it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import filelock
+import pygit2
+
+from subtask.errors import fatal
+
+NOTES_REF = "refs/notes/subtask"
+NOTES_MESSAGE = "Notes added by git-subtask"
+SIGNATURE_NAME = "git-subtask"
+SIGNATURE_EMAIL = "git-subtask@localhost"
+
+JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
+_BLOCK_START_RE = re.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
+_BLOCK_PREFIX = "subtask st-"
+_HEX_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+_MODE_BLOB = pygit2.enums.FileMode.BLOB
+_MODE_TREE = pygit2.enums.FileMode.TREE
+
+# Retry budget for the compare-and-swap; the file lock makes contention rare, so these are only
+# hit when someone outside git-subtask writes the ref at the same time, or a stale .lock is left.
+_CAS_DEADLINE_S = 30.0
+_BACKOFF_FIRST_S = 0.002
+_BACKOFF_MAX_S = 0.25
+_FILE_LOCK_TIMEOUT_S = 120.0
+
+# commit hex -> new note text, or None to delete the note.
+Edits = dict[str, "str | None"]
+
+
+class _TipMoved(Exception):
+    """Raised inside a ref transaction to abort it without committing."""
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def ensure_ref(repo: pygit2.Repository) -> None:
+    """Create refs/notes/subtask as an empty notes commit if missing; safe to race."""
+    if _tip(repo) is not None:
+        return
+    commit = _commit_tree(repo, repo.TreeBuilder().write(), None)
+    # An empty commit on a missing ref: the same CAS as any write, expecting "absent".
+    # If someone else created the ref first, the swap fails and there is nothing left to do.
+    for delay in _backoff():
+        try:
+            if _swap(repo, None, commit):
+                return
+        except pygit2.GitError:
+            pass  # ref lock busy: another creator is mid-swap
+        if _tip(repo) is not None:
+            return
+        time.sleep(delay)
+
+
+def read_note(repo: pygit2.Repository, commit_oid: str) -> str | None:
+    """The whole note text on `commit_oid`, or None when it has no note."""
+    tip = _tip(repo)
+    if tip is None:
+        return None
+    return _read_text(repo, repo[tip].tree, _hex(repo, commit_oid))
+
+
+def read_blocks(repo: pygit2.Repository, commit_oid: str) -> dict[str, str]:
+    """Job id -> block text (no trailing newline) for the note on `commit_oid`."""
+    text = read_note(repo, commit_oid)
+    return {} if text is None else parse_note(text)[1]
+
+
+def set_block(
+    repo: pygit2.Repository, commit_oid: str, job_id: str, block: str, lock_path: str | os.PathLike
+) -> None:
+    """Add or replace `job_id`'s block on `commit_oid`; other blocks and human text stay."""
+    set_blocks_bulk(repo, [(commit_oid, job_id, block)], lock_path)
+
+
+def remove_block(
+    repo: pygit2.Repository, commit_oid: str, job_id: str, lock_path: str | os.PathLike
+) -> None:
+    """Drop `job_id`'s block from `commit_oid`; the note goes away when nothing remains."""
+    _check_job_id(job_id)
+    target = _hex(repo, commit_oid)
+    _update(repo, lock_path, lambda tree: _plan(repo, tree, {target: {job_id: None}}))
+
+
+def set_blocks_bulk(
+    repo: pygit2.Repository,
+    items: Iterable[tuple[str, str, str]],
+    lock_path: str | os.PathLike,
+) -> int:
+    """Write many (commit, job id, block) in one notes commit; returns how many blocks changed."""
+    wanted: dict[str, dict[str, str | None]] = {}
+    for commit_oid, job_id, block in items:
+        wanted.setdefault(_hex(repo, commit_oid), {})[job_id] = normalize_block(job_id, block)
+    if not wanted:
+        return 0
+    return _update(repo, lock_path, lambda tree: _plan(repo, tree, wanted))
+
+
+# --------------------------------------------------------------------------- note text
+
+
+def parse_note(text: str) -> tuple[str, dict[str, str]]:
+    """Split a note into (human preamble, {job id: block}); a repeated job id keeps the last."""
+    preamble: list[str] = []
+    blocks: dict[str, list[str]] = {}
+    current: list[str] = preamble
+    for line in text.splitlines():
+        match = _BLOCK_START_RE.match(line) if line.startswith(_BLOCK_PREFIX) else None
+        if match:
+            current = blocks[match.group(1)] = []
+        current.append(line)
+    return _strip_lines(preamble), {job: _strip_lines(lines) for job, lines in blocks.items()}
+
+
+def render_note(preamble: str, blocks: dict[str, str]) -> str | None:
+    """Preamble, then blocks by job id, one blank line apart; None when there is nothing."""
+    parts = ([preamble] if preamble else []) + [blocks[job] for job in sorted(blocks)]
+    return "\n\n".join(parts) + "\n" if parts else None
+
+
+def normalize_block(job_id: str, block: str) -> str:
+    """Check a block can be read back as exactly one block for `job_id`; strip trailing space."""
+    _check_job_id(job_id)
+    text = _strip_lines(block.splitlines())
+    match = _BLOCK_START_RE.match(text)
+    if not match or match.group(1) != job_id:
+        raise ValueError(f"block must start with 'subtask {job_id}', got {text[:60]!r}")
+    # A second block header inside would split the block on the next read.
+    if any(line.startswith(_BLOCK_PREFIX) for line in text.splitlines()[1:]):
+        raise ValueError(f"block for {job_id} contains another 'subtask st-' line")
+    return text
+
+
+def _strip_lines(lines: list[str]) -> str:
+    return "\n".join(line.rstrip() for line in lines).strip("\n")
+
+
+def _check_job_id(job_id: str) -> None:
+    if not JOB_ID_RE.fullmatch(job_id):
+        raise ValueError(f"bad job id {job_id!r}: expected st- and 8 hex digits")
+
+
+# --------------------------------------------------------------------------- planning edits
+
+
+def _plan(
+    repo: pygit2.Repository, tree: pygit2.Tree | None, wanted: dict[str, dict[str, str | None]]
+) -> tuple[Edits, int]:
+    """From the notes tree at the tip, the new note texts and the number of blocks changed."""
+    edits: Edits = {}
+    changed = 0
+    for commit_hex, jobs in wanted.items():
+        old_text = _read_text(repo, tree, commit_hex) if tree is not None else None
+        preamble, blocks = parse_note(old_text or "")
+        n = _apply_jobs(blocks, jobs)
+        if n:
+            changed += n
+            edits[commit_hex] = render_note(preamble, blocks)
+    return edits, changed
+
+
+def _apply_jobs(blocks: dict[str, str], jobs: dict[str, str | None]) -> int:
+    """Set (or delete, for None) each job's block in place; count real changes."""
+    changed = 0
+    for job_id, block in jobs.items():
+        if blocks.get(job_id) == block:
+            continue  # same text, or deleting what is absent: idempotent
+        changed += 1
+        if block is None:
+            del blocks[job_id]
+        else:
+            blocks[job_id] = block
+    return changed
+
+
+# --------------------------------------------------------------------------- read-modify-write
+
+
+def _update(
+    repo: pygit2.Repository,
+    lock_path: str | os.PathLike,
+    plan: Callable[[pygit2.Tree | None], tuple[Edits, int]],
+) -> int:
+    """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
+    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
+        for delay in _backoff():
+            tip = _tip(repo)
+            tree = repo[tip].tree if tip is not None else None
+            edits, changed = plan(tree)
+            if not edits:
+                return 0
+            new_tree = _edit_notes_tree(repo, tree, edits)
+            commit = _commit_tree(repo, new_tree, tip)
+            try:
+                if _swap(repo, tip, commit):
+                    return changed
+            except pygit2.GitError:
+                pass  # ref lock busy (a `git notes` run, or a stale .lock): retry
+            time.sleep(delay)
+    raise AssertionError("unreachable: _backoff raises when the deadline passes")
+
+
+def _backoff() -> Iterable[float]:
+    """Jittered exponential delays until the deadline, then a fatal error naming the lock."""
+    deadline = time.monotonic() + _CAS_DEADLINE_S
+    delay = _BACKOFF_FIRST_S
+    while time.monotonic() < deadline:
+        yield delay * random.uniform(0.5, 1.5)  # jitter so racing writers spread out
+        delay = min(delay * 2, _BACKOFF_MAX_S)
+    raise fatal(
+        f"could not update {NOTES_REF}: it kept moving or stayed locked for {_CAS_DEADLINE_S:.0f}s",
+        hint=f"if no git process is running, remove the stale lock: rm .git/{NOTES_REF}.lock",
+    )
+
+
+def _swap(repo: pygit2.Repository, expected: pygit2.Oid | None, new: pygit2.Oid) -> bool:
+    """Point the ref at `new` iff it still points at `expected`; GitError if the lock is busy."""
+    try:
+        with repo.transaction() as txn:
+            txn.lock_ref(NOTES_REF)
+            # Re-read under git's ref lock: nobody (git-subtask or git) can move it now.
+            if _tip(repo) != expected:
+                raise _TipMoved
+            _set_target(txn, new)
+    except _TipMoved:
+        return False
+    return True
+
+
+def _set_target(txn: pygit2.transaction.ReferenceTransaction, new: pygit2.Oid) -> None:
+    reflog_message = f"notes: {NOTES_MESSAGE}"
+    try:
+        txn.set_target(NOTES_REF, new, _signature(), reflog_message)
+    except TypeError:
+        # pygit2 1.21 hands Signature._pointer (bytes) to cffi and fails before touching the ref;
+        # fall back to the repository identity (or libgit2's "unknown") for the reflog line only.
+        txn.set_target(NOTES_REF, new, None, reflog_message)
+
+
+def _tip(repo: pygit2.Repository) -> pygit2.Oid | None:
+    ref = repo.references.get(NOTES_REF)
+    return None if ref is None else ref.target
+
+
+def _commit_tree(
+    repo: pygit2.Repository, tree: pygit2.Oid, parent: pygit2.Oid | None
+) -> pygit2.Oid:
+    """A notes commit on `tree`; no ref is touched here (the swap does that)."""
+    sig = _signature()
+    parents = [] if parent is None else [parent]
+    return repo.create_commit(None, sig, sig, NOTES_MESSAGE + "\n", tree, parents)
+
+
+def _signature() -> pygit2.Signature:
+    # Fixed identity so notes work on machines without user.name; stamped with the current time.
+    return pygit2.Signature(SIGNATURE_NAME, SIGNATURE_EMAIL)
+
+
+def _hex(repo: pygit2.Repository, commit_oid: str | pygit2.Oid) -> str:
+    """Full lowercase hex of a commit; abbreviations and revisions are resolved."""
+    text = str(commit_oid).strip().lower()
+    if _HEX_RE.fullmatch(text):
+        return text
+    return str(repo.revparse_single(str(commit_oid)).peel(pygit2.Commit).id)
+
+
+# --------------------------------------------------------------------------- notes tree
+
+
+def _note_paths(
+    tree: pygit2.Tree, commit_hex: str, prefix: tuple[str, ...] = ()
+) -> list[tuple[str, ...]]:
+    """Every path holding a note for `commit_hex`, in any fanout (git concatenates duplicates)."""
+    done = sum(len(part) for part in prefix)
+    rest = commit_hex[done:]
+    found: list[tuple[str, ...]] = []
+    if rest in tree and tree[rest].type_str == "blob":
+        found.append(prefix + (rest,))
+    fan = rest[:2]
+    if len(rest) > 2 and fan in tree and tree[fan].type_str == "tree":
+        found += _note_paths(tree / fan, commit_hex, prefix + (fan,))
+    return found
+
+
+def _read_text(repo: pygit2.Repository, tree: pygit2.Tree, commit_hex: str) -> str | None:
+    paths = _note_paths(tree, commit_hex)
+    if not paths:
+        return None
+    # Blob bytes, not Note.message: surrogateescape keeps non-UTF-8 notes byte-exact on rewrite.
+    texts = [repo[_entry(tree, path).id].data.decode("utf-8", "surrogateescape") for path in paths]
+    return "\n".join(texts)
+
+
+def _entry(tree: pygit2.Tree, path: tuple[str, ...]) -> pygit2.Object:
+    for part in path[:-1]:
+        tree = tree / part
+    return tree / path[-1]
+
+
+def _edit_notes_tree(repo: pygit2.Repository, tree: pygit2.Tree | None, edits: Edits) -> pygit2.Oid:
+    """Root tree after `edits`; old copies of each note are removed, new ones go to ab/cdef..."""
+    changes: dict[tuple[str, ...], pygit2.Oid | None] = {}
+    for commit_hex, text in edits.items():
+        for path in _note_paths(tree, commit_hex) if tree is not None else []:
+            changes[path] = None
+        if text is not None:
+            blob = repo.create_blob(text.encode("utf-8", "surrogateescape"))
+            changes[(commit_hex[:2], commit_hex[2:])] = blob
+    root = _edit_tree(repo, tree, changes)
+    return root if root is not None else repo.TreeBuilder().write()
+
+
+def _edit_tree(
+    repo: pygit2.Repository,
+    tree: pygit2.Tree | None,
+    changes: dict[tuple[str, ...], pygit2.Oid | None],
+) -> pygit2.Oid | None:
+    """Apply path -> blob (None deletes) below `tree`; only touched subtrees are rewritten.
+
+    Returns None for a tree left empty, so emptied fanout directories disappear as in git.
+    """
+    builder = repo.TreeBuilder(tree) if tree is not None else repo.TreeBuilder()
+    nested: dict[str, dict[tuple[str, ...], pygit2.Oid | None]] = {}
+    for path, blob in changes.items():
+        if len(path) > 1:
+            nested.setdefault(path[0], {})[path[1:]] = blob
+        elif blob is None:
+            _remove(builder, path[0])
+        else:
+            builder.insert(path[0], blob, _MODE_BLOB)
+    for name, sub_changes in nested.items():
+        old = builder.get(name)
+        sub_tree = repo[old.id] if old is not None and old.type_str == "tree" else None
+        sub = _edit_tree(repo, sub_tree, sub_changes)
+        _remove(builder, name)
+        if sub is not None:
+            builder.insert(name, sub, _MODE_TREE)
+    return builder.write() if len(builder) else None
+
+
+def _remove(builder: pygit2.TreeBuilder, name: str) -> None:
+    if builder.get(name) is not None:
+        builder.remove(name)

@@ -1,0 +1,359 @@
+"""Run one child process safely: its own process group, both pipes drained, a hard timeout.
+
+This module owns every fork/exec git-subtask does for engines and scripts, and the signalling of
+the process groups it creates.
+
+Invariants:
+- The child is the leader of a new session (`start_new_session=True`), so its pgid equals its pid
+  and `kill_group(pid)` reaches it and everything it spawned (unless they left the group).
+- Nothing goes through a shell unless argv itself names one (`["sh", "-c", ...]`).
+- stdin is /dev/null unless `stdin_data` is given; a child never waits on our terminal.
+- stdout and stderr are drained concurrently by two reader threads, so a chatty child can never
+  block on a full pipe. Undecodable bytes become U+FFFD; reading never raises on content.
+- `run` is finished when the leader has exited AND stdout reached EOF. stderr only gets a short
+  grace afterwards: a background grandchild that inherited stderr cannot keep `run` waiting.
+- On timeout, or if the calling thread is interrupted, the whole group is sent SIGTERM, then
+  SIGKILL after `kill_grace`. After a normal leader exit, leftover group members are left alone.
+- `kill_group` never signals pgid <= 1 or our own group: `killpg(0)` would signal ourselves.
+- A missing program is exit code 127 and a permission problem 126, as a shell would report;
+  a missing working directory is a `SubtaskError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO
+
+from subtask.errors import SubtaskError
+
+log = logging.getLogger(__name__)
+
+LineCallback = Callable[[str], None]
+
+_READ_CHUNK = 65536
+_POLL_MS = 50  # how often an idle reader checks whether it was told to stop
+_MAX_LINE = 256 * 1024  # a "line" longer than this is delivered in pieces, so memory stays bounded
+_STDERR_GRACE = 0.2  # after leader exit + stdout EOF, how long stderr may still deliver
+_AFTER_KILL_GRACE = 0.2  # after killing the group, how long the pipes may still deliver
+_KILL_POLL = 0.02
+
+
+@dataclass
+class ProcResult:
+    """What a finished `run` reports. `pid` is -1 when nothing could be started."""
+
+    exit_code: int | None  # None if killed by timeout/interrupt before exit; -N for signal N
+    timed_out: bool
+    seconds: float
+    stdout_tail: str  # last tail_bytes of stdout, utf-8 with errors="replace"
+    stderr_tail: str
+    pid: int
+
+
+# -- killing --------------------------------------------------------------------------------------
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the group; False if the group no longer exists (or is not ours to signal)."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _group_exists(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
+def kill_group(pgid: int, grace: float = 2.0, is_alive: Callable[[], bool] | None = None) -> None:
+    """SIGTERM the process group `pgid`, wait up to `grace` seconds, then SIGKILL what is left.
+
+    `is_alive` tells when the group may be considered gone; by default the group is probed with
+    signal 0. A caller that is the leader's parent should pass one that reaps (e.g.
+    `lambda: proc.poll() is None`): an unreaped zombie leader still counts as a group member.
+    """
+    if pgid <= 1 or pgid == os.getpgrp():
+        # killpg(0) / killpg(1) / our own group would hit ourselves or everything.
+        raise ValueError(f"refusing to signal process group {pgid}")
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    alive = is_alive if is_alive is not None else (lambda: _group_exists(pgid))
+    deadline = time.monotonic() + max(grace, 0.0)
+    while alive() and time.monotonic() < deadline:
+        time.sleep(_KILL_POLL)
+    # Even when the leader is gone, members that ignored SIGTERM may remain: SIGKILL the group
+    # unless it is confirmed empty.
+    if _group_exists(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+def _decode_tail(buf: bytes | bytearray, tail_bytes: int) -> str:
+    data = bytes(buf[-tail_bytes:]) if tail_bytes > 0 else b""
+    if len(buf) > len(data):
+        # The cut may fall inside a UTF-8 sequence; drop its orphaned continuation bytes.
+        skip = 0
+        while skip < min(3, len(data)) and 0x80 <= data[skip] <= 0xBF:
+            skip += 1
+        data = data[skip:]
+    return data.decode("utf-8", errors="replace")
+
+
+class _Reader(threading.Thread):
+    """Drains one pipe: keeps a byte tail and hands complete decoded lines to a callback.
+
+    It polls instead of blocking in read() so that `stop()` takes effect even while another
+    process still holds the write end open.
+    """
+
+    def __init__(self, pipe: IO[bytes], on_line: LineCallback | None, tail_bytes: int, name: str):
+        super().__init__(name=name, daemon=True)
+        self._pipe = pipe
+        self._on_line = on_line
+        self._tail_bytes = max(tail_bytes, 0)
+        self._tail = bytearray()
+        self._partial = bytearray()
+        self._stop_event = threading.Event()
+        self.error: BaseException | None = None  # first exception raised by the callback
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def tail(self) -> str:
+        return _decode_tail(self._tail, self._tail_bytes)
+
+    def run(self) -> None:
+        fd = self._pipe.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        try:
+            while not self._stop_event.is_set():
+                if poller.poll(_POLL_MS) and not self._read_once(fd):
+                    return  # EOF
+            # Told to stop: take what is already buffered, without waiting for more.
+            for _ in range(16):
+                if not poller.poll(0) or not self._read_once(fd):
+                    break
+        finally:
+            self._flush_partial()
+            self._pipe.close()
+
+    def _read_once(self, fd: int) -> bool:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self._feed(chunk)
+        return True
+
+    def _feed(self, chunk: bytes) -> None:
+        if self._tail_bytes:
+            self._tail += chunk
+            if len(self._tail) > 2 * self._tail_bytes:  # trim rarely: amortised O(1) per byte
+                del self._tail[: -self._tail_bytes]
+        if self._on_line is None:
+            return
+        # Split only the new chunk, so a long unfinished line is not rescanned on every read.
+        first, *rest = chunk.split(b"\n")
+        self._partial += first
+        if rest:
+            self._emit(bytes(self._partial))
+            self._partial = bytearray(rest.pop())
+            for line in rest:
+                self._emit(line)
+        while len(self._partial) > _MAX_LINE:
+            self._emit(bytes(self._partial[:_MAX_LINE]))
+            del self._partial[:_MAX_LINE]
+
+    def _flush_partial(self) -> None:
+        if self._partial:
+            self._emit(bytes(self._partial))
+            self._partial.clear()
+
+    def _emit(self, line: bytes) -> None:
+        if self._on_line is None:
+            return
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        try:
+            self._on_line(line.decode("utf-8", errors="replace"))
+        except BaseException as exc:
+            # A broken callback must not stop the draining (the child would block on a full
+            # pipe); remember the error, stop calling it, and let run() raise it at the end.
+            self.error = exc
+            self._on_line = None
+            self._partial.clear()
+
+
+def _feed_stdin(pipe: IO[bytes], data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass  # the child did not want (all of) its input; that is its business
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+# -- running --------------------------------------------------------------------------------------
+
+
+def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
+    """What a shell would report for a program it could not execute."""
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    reason = "command not found" if code == 127 else (exc.strerror or str(exc))
+    message = f"{argv[0]}: {reason}\n"
+    return ProcResult(code, False, time.monotonic() - started, "", message, -1)
+
+
+def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        # subprocess reports a failed chdir with the cwd as filename; that is not the
+        # program's fault and no exit code describes it.
+        # (It passes our cwd object through, so compare as paths: str vs Path must not matter.)
+        failed = os.fspath(exc.filename) if exc.filename is not None else None
+        if cwd is not None and failed == os.fspath(cwd) and failed != os.fspath(argv[0]):
+            raise SubtaskError(
+                "fatal",
+                f"cannot run {argv[0]}: working directory {os.fspath(cwd)}: {exc.strerror}",
+                hint="check that the worktree still exists (git worktree list)",
+            ) from exc
+        raise
+
+
+def run(
+    argv: list[str],
+    *,
+    cwd,
+    env: dict | None = None,
+    timeout: float | None = None,
+    on_stdout_line: LineCallback | None = None,
+    on_stderr_line: LineCallback | None = None,
+    tail_bytes: int = 4096,
+    stdin_data: bytes | None = None,
+    on_start: Callable[[int], None] | None = None,
+    kill_grace: float = 2.0,
+) -> ProcResult:
+    """Run argv to completion (or timeout) in its own process group; see the module docstring.
+
+    `env=None` inherits our environment; a dict replaces it entirely. The two line callbacks run
+    on two different reader threads, possibly at the same time. If a callback raises, its
+    stream is still drained, and the exception is re-raised once the child has finished.
+    """
+    if not argv:
+        raise ValueError("run() needs a program to run")
+    started = time.monotonic()
+    try:
+        proc = _start(argv, cwd, env, stdin_data is not None)
+    except OSError as exc:
+        result = _spawn_failure(argv, exc, started)
+        if on_stderr_line is not None:
+            on_stderr_line(result.stderr_tail.rstrip("\n"))
+        return result
+
+    pid = proc.pid
+    assert proc.stdout is not None and proc.stderr is not None
+    out = _Reader(proc.stdout, on_stdout_line, tail_bytes, f"subtask-stdout-{pid}")
+    err = _Reader(proc.stderr, on_stderr_line, tail_bytes, f"subtask-stderr-{pid}")
+
+    def leader_or_group_alive() -> bool:
+        # poll() reaps the leader; after that only other members keep the group alive.
+        return proc.poll() is None or _group_exists(pid)
+
+    try:
+        out.start()
+        err.start()
+        if stdin_data is not None and proc.stdin is not None:
+            # A thread, so a child that never reads its stdin cannot block us on a full pipe.
+            threading.Thread(target=_feed_stdin, args=(proc.stdin, stdin_data),
+                             name=f"subtask-stdin-{pid}", daemon=True).start()
+        if on_start is not None:
+            on_start(pid)
+        exit_code, timed_out = _wait(proc, out, started, timeout)
+        if timed_out:
+            kill_group(pid, kill_grace, leader_or_group_alive)
+            proc.wait()
+            _finish_readers((out, err), _AFTER_KILL_GRACE)
+        else:
+            _finish_readers((err,), _STDERR_GRACE)
+    except BaseException:
+        _abort(proc, kill_grace, leader_or_group_alive, (out, err))
+        raise
+
+    for reader in (out, err):
+        if reader.error is not None:
+            raise reader.error
+    return ProcResult(exit_code, timed_out, time.monotonic() - started, out.tail(), err.tail(), pid)
+
+
+def _wait(proc: subprocess.Popen, out: _Reader, started: float,
+          timeout: float | None) -> tuple[int | None, bool]:
+    """Wait for leader exit, then stdout EOF. Returns (leader exit code or None, timed_out)."""
+    deadline = None if timeout is None else started + timeout
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+    try:
+        code = proc.wait(timeout=remaining())
+    except subprocess.TimeoutExpired:
+        return None, True
+    out.join(remaining())
+    # The leader has exited: its exit code stands even if a group member holds stdout past
+    # the deadline.
+    return code, out.is_alive()
+
+
+def _finish_readers(readers: tuple[_Reader, ...], grace: float) -> None:
+    """Give readers `grace` seconds to reach EOF, then make them stop and wait for them."""
+    deadline = time.monotonic() + grace
+    for reader in readers:
+        reader.join(max(deadline - time.monotonic(), 0.0))
+    for reader in readers:
+        reader.stop()
+    for reader in readers:
+        reader.join()
+
+
+def _abort(proc: subprocess.Popen, grace: float, alive: Callable[[], bool],
+           readers: tuple[_Reader, ...]) -> None:
+    """The calling thread is leaving run() by an exception: leave no group behind."""
+    try:
+        kill_group(proc.pid, grace, alive)
+    except BaseException:
+        # Interrupted again while waiting out the grace: skip straight to SIGKILL.
+        _signal_group(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        for reader in readers:
+            reader.stop()
+    try:
+        proc.wait(timeout=grace + 1.0)
+    except subprocess.TimeoutExpired:
+        log.warning("process %d did not exit after SIGKILL", proc.pid)

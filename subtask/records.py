@@ -1,0 +1,255 @@
+"""The job record: a chain of commits at `refs/subtask/<id>/record`, plus the base/head pins.
+
+Each state change is one commit whose tree holds `spec.json` (immutable), `state.json`,
+`evidence.json` (once there is some), `summary.md` and `events.jsonl` (a redacted tail), and whose
+subject line is the one-line status, so `git log refs/subtask/<id>/record` is the job's history.
+The message body carries one compact JSON line (`LIST_TAG`) that `list` reads without opening
+trees, so listing 10,000 jobs costs one object read each.
+
+Invariants:
+- Every update is a compare-and-swap on the old tip (ref lock + re-check), retried on a race;
+  `update` re-reads and re-applies the change, so no writer's change is lost.
+- Ids are validated (`model.JOB_ID_RE`) before any ref name is built from them.
+- Pins (`base`, `head`) keep evidence commits alive after the branch is deleted or squashed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pygit2
+
+from subtask.errors import SubtaskError
+from subtask.gitrepo import Repo, tool_signature
+from subtask.model import Evidence, JobSpec, JobState, check_id_prefix, is_job_id
+
+PREFIX = "refs/subtask/"
+LIST_TAG = "Subtask-List: "
+EVENTS_TAIL_LINES = 200
+
+
+def record_ref(job_id: str) -> str:
+    return f"{PREFIX}{job_id}/record"
+
+
+def pin_ref(job_id: str, which: str) -> str:
+    return f"{PREFIX}{job_id}/{which}"
+
+
+def branch_name(job_id: str) -> str:
+    return f"subtask/{job_id}"
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    state: JobState
+    evidence: Evidence | None
+    summary: str
+    events_tail: str
+    tip: str | None  # the record commit this was read from
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+def _dumps(obj) -> bytes:
+    # ensure_ascii keeps lone surrogates and odd bytes from breaking the encoder.
+    return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+def _loads(blob: bytes, what: str) -> dict:
+    try:
+        data = json.loads(blob.decode("utf-8", errors="replace"))
+        return data if isinstance(data, dict) else {}
+    except ValueError:
+        warnings.warn(f"damaged {what} in a job record; reading it as empty", stacklevel=3)
+        return {}
+
+
+def status_line(job: Job) -> str:
+    """The one-line status: the record's commit subject and the first line of `list`."""
+    from subtask.render import one_line
+
+    return one_line(job)
+
+
+def list_entry(job: Job) -> dict:
+    """The compact facts `list` needs, stored in the record commit message."""
+    attempt = job.state.current
+    verify = attempt.verify
+    return {
+        "v": 1,
+        "id": job.id,
+        "state": attempt.state,
+        "attempt": attempt.n,
+        "engine": job.spec.engine,
+        "created": job.spec.created_at,
+        "ended": attempt.ended_at,
+        "verify": None if verify is None else ("passed" if verify.passed else "failed"),
+        "cost": attempt.cost.charged if attempt.cost.charged is not None else attempt.cost.observed,
+        "billing": attempt.cost.billing,
+        "task": job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else "",
+        "readonly": job.spec.readonly,
+        "landed": job.state.landed_in,
+        "error_kind": attempt.error_kind,
+    }
+
+
+def _write_commit(repo: Repo, job: Job, parent: str | None) -> str:
+    git = repo.git
+    builder = git.TreeBuilder()
+    builder.insert("spec.json", git.create_blob(_dumps(job.spec.to_dict())), pygit2.GIT_FILEMODE_BLOB)
+    builder.insert("state.json", git.create_blob(_dumps(job.state.to_dict())), pygit2.GIT_FILEMODE_BLOB)
+    if job.evidence is not None:
+        builder.insert("evidence.json", git.create_blob(_dumps(job.evidence.to_dict())), pygit2.GIT_FILEMODE_BLOB)
+    builder.insert("summary.md", git.create_blob(job.summary.encode("utf-8", "replace")), pygit2.GIT_FILEMODE_BLOB)
+    if job.events_tail:
+        builder.insert("events.jsonl", git.create_blob(job.events_tail.encode("utf-8", "replace")), pygit2.GIT_FILEMODE_BLOB)
+    tree = builder.write()
+    message = f"{status_line(job)}\n\n{LIST_TAG}{json.dumps(list_entry(job), ensure_ascii=True)}\n"
+    sig = tool_signature()
+    parents = [pygit2.Oid(hex=parent)] if parent else []
+    return str(git.create_commit(None, sig, sig, message, tree, parents))
+
+
+def cas_ref(repo: Repo, name: str, old: str | None, new: str | None, message: str = "git-subtask") -> bool:
+    """Point `name` at `new` (None deletes it) only if it still points at `old` (None: absent)."""
+    git = repo.git
+
+    class _Moved(Exception):
+        pass
+
+    try:
+        with git.transaction() as txn:
+            txn.lock_ref(name)
+            ref = git.references.get(name)
+            current = str(ref.target) if ref is not None else None
+            if current != old:
+                raise _Moved
+            if new is None:
+                txn.remove(name)
+            else:
+                txn.set_target(name, new, message=message)
+    except _Moved:
+        return False
+    except pygit2.GitError:
+        return False  # another writer holds the ref lock
+    return True
+
+
+def create(repo: Repo, job: Job) -> None:
+    """Write the first record commit; fails if a record with this id already exists."""
+    tip = _write_commit(repo, job, None)
+    if not cas_ref(repo, record_ref(job.id), None, tip, "git-subtask: create"):
+        raise SubtaskError("fatal", f"a record for {job.id} already exists")
+    job.tip = tip
+
+
+def read(repo: Repo, job_id: str) -> Job:
+    ref = repo.git.references.get(record_ref(job_id))
+    if ref is None:
+        raise SubtaskError("not_found", f"no job {job_id} in {repo.root}", hint="git subtask list --all")
+    return read_commit(repo, str(ref.target))
+
+
+def read_commit(repo: Repo, tip: str) -> Job:
+    commit = repo.git[tip]
+    tree = commit.peel(pygit2.Tree)
+
+    def blob(name: str) -> bytes | None:
+        return repo.git[tree[name].id].data if name in tree else None
+
+    spec = JobSpec.from_dict(_loads(blob("spec.json") or b"{}", "spec.json"))
+    state = JobState.from_dict(_loads(blob("state.json") or b"{}", "state.json"))
+    evidence_blob = blob("evidence.json")
+    evidence = Evidence.from_dict(_loads(evidence_blob, "evidence.json")) if evidence_blob else None
+    summary = (blob("summary.md") or b"").decode("utf-8", "replace")
+    events = (blob("events.jsonl") or b"").decode("utf-8", "replace")
+    return Job(spec, state, evidence, summary, events, tip)
+
+
+def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, attempts: int = 200) -> Job:
+    """Apply `change` to the latest record and write it by compare-and-swap, retrying on a race.
+
+    `change` mutates the job in place and returns False to write nothing (e.g. the attempt it
+    wanted to end has already ended). It may run more than once, so it must be a pure function of
+    the job it is given.
+    """
+    for attempt in range(attempts):
+        job = read(repo, job_id)
+        if change(job) is False:
+            return job
+        new_tip = _write_commit(repo, job, job.tip)
+        if cas_ref(repo, record_ref(job_id), job.tip, new_tip):
+            job.tip = new_tip
+            return job
+        time.sleep(min(0.05, 0.001 * (attempt + 1)) * random.random())
+    raise SubtaskError("fatal", f"could not update the record of {job_id}: too much contention")
+
+
+def delete(repo: Repo, job_id: str) -> None:
+    """Remove the record and pins (used only to undo a start that failed before its spawn)."""
+    for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head")):
+        ref = repo.git.references.get(name)
+        if ref is not None:
+            cas_ref(repo, name, str(ref.target), None)
+
+
+def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
+    name = pin_ref(job_id, which)
+    ref = repo.git.references.get(name)
+    old = str(ref.target) if ref is not None else None
+    if old != commit:
+        cas_ref(repo, name, old, commit)
+
+
+def all_ids(repo: Repo) -> list[str]:
+    """Every job id with a record (reads ref names only)."""
+    ids = []
+    for name in repo.git.references:
+        if name.startswith(PREFIX) and name.endswith("/record"):
+            job_id = name[len(PREFIX):-len("/record")]
+            if is_job_id(job_id):
+                ids.append(job_id)
+    return ids
+
+
+def resolve(repo: Repo, text: str) -> str:
+    """The job id a full id or a unique prefix names."""
+    prefix = check_id_prefix(text.strip() if isinstance(text, str) else text)
+    if is_job_id(prefix) and repo.git.references.get(record_ref(prefix)) is not None:
+        return prefix
+    matches = sorted(i for i in all_ids(repo) if i.startswith(prefix))
+    if not matches:
+        raise SubtaskError("not_found", f"no job matches '{text}'", hint="git subtask list --all")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:10]) + (" …" if len(matches) > 10 else "")
+        raise SubtaskError("usage", f"'{text}' is ambiguous: it matches {shown}", hint="give more characters of the id")
+    return matches[0]
+
+
+def list_entries(repo: Repo) -> list[dict]:
+    """The compact list facts of every job, newest first; damaged records are skipped with a warning."""
+    entries = []
+    git = repo.git
+    for name in git.references:
+        if not (name.startswith(PREFIX) and name.endswith("/record")):
+            continue
+        try:
+            message = git[git.references[name].target].message
+            line = next(line for line in message.splitlines() if line.startswith(LIST_TAG))
+            entry = json.loads(line[len(LIST_TAG):])
+        except (StopIteration, ValueError, KeyError) as exc:
+            warnings.warn(f"skipping damaged record {name}: {exc}", stacklevel=2)
+            continue
+        entry["tip"] = str(git.references[name].target)
+        entries.append(entry)
+    entries.sort(key=lambda e: e.get("created") or 0, reverse=True)
+    return entries

@@ -1,0 +1,175 @@
+"""Secret redaction for everything git-subtask stores or shows: logs, events, summaries, notes.
+
+This module owns the list of secret shapes and the single replacement marker `[REDACTED]`.
+
+Invariants:
+- Idempotent: `redact(redact(x)) == redact(x)`; the marker itself matches no pattern.
+- Names survive, values do not: `password=hunter2` becomes `password=[REDACTED]`, quoted values
+  keep their quotes (`"token": "[REDACTED]"`) so redacted JSON text stays JSON where it was.
+- Linear time: every pattern is compiled once at import, anchored on a literal prefix or a
+  word start, and every repetition that could backtrack is bounded.
+- Ordinary text is left alone: git shas, words such as "tokenizer" or "max_tokens", prose that
+  mentions a secret without assigning one.
+- Exact values of secret-looking environment variables (default `os.environ`) are redacted
+  wherever they appear, because no pattern can recognise an arbitrary password.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MARKER = "[REDACTED]"
+
+# -- token shapes: replaced whole ---------------------------------------------------------------
+
+# Word-start guard: the token must not be the tail of a longer identifier.
+_START = r"(?<![A-Za-z0-9_-])"
+_END = r"(?![A-Za-z0-9_-])"
+
+_TOKENS = [
+    # PEM private keys, whole block. The body may not contain "-----", so a BEGIN without an END
+    # stops scanning at the next armor line instead of running on: linear time.
+    re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----(?:[^-]|-(?!----)){0,16384}"
+               r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----"),
+    # A private key cut short (e.g. by a log tail): its BEGIN line and the base64 that follows,
+    # also when newlines are JSON-escaped ("\\n").
+    re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----[A-Za-z0-9+/=\r\n\t \\]{0,16384}"),
+    # Anthropic (sk-ant-...) and OpenAI (sk-..., sk-proj-...) keys.
+    re.compile(_START + r"sk-[A-Za-z0-9_-]{20,}"),
+    # GitHub tokens, classic and fine-grained.
+    re.compile(_START + r"gh[pousr]_[A-Za-z0-9]{20,}" + _END),
+    re.compile(_START + r"github_pat_[A-Za-z0-9_]{20,}"),
+    # AWS access key ids.
+    re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    # Google API keys.
+    re.compile(_START + r"AIza[0-9A-Za-z_-]{35}" + _END),
+    # Slack tokens.
+    re.compile(_START + r"xox[baprs]-[0-9A-Za-z-]{10,}"),
+    # JSON Web Tokens: header.payload.signature, the header being base64 of '{"'.
+    re.compile(_START + r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+]
+
+# Replaced keeping a non-secret prefix (group 1).
+_PREFIXED = [
+    # Slack incoming webhooks: the path is the credential.
+    re.compile(r"(https://hooks\.slack\.com/(?:services|workflows|triggers)/)[A-Za-z0-9_/-]+"),
+    # HTTP bearer tokens.
+    re.compile(r"(?i)(\bbearer[ \t]+)[A-Za-z0-9._~+/=-]{16,}"),
+    # Credentials in URLs: scheme://user:password@host.
+    re.compile(r"(://[^/\s:@]{1,256}:)[^/\s@]{1,256}(?=@)"),
+]
+
+# -- assignments: name kept, value replaced ------------------------------------------------------
+
+# The keyword that ends a secret's name: password, DB_PASSWORD, aws_secret_access_key, x-api-key,
+# spring.datasource.password. Only the keyword and what follows are matched (the rest of the name
+# is kept anyway), so the scan is linear. Requiring the separator right after the keyword keeps
+# "tokenizer", "max_tokens" and "token_count" out.
+_SECRET_KEYWORD = (
+    r"(?:password|passwd|passphrase|token|secret|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|credentials?)"
+)
+_ASSIGNMENT = re.compile(
+    r"(?P<name>" + _SECRET_KEYWORD + r")"
+    r"(?P<sep>[\"']?[ \t]*(?::=|[:=])(?!=)[ \t]*)"  # closing quote of a JSON/YAML key, then = or :
+    r"(?P<value>\"(?:[^\"\\\n]|\\.){0,4096}\"|'[^'\n]{0,4096}'"
+    r"|[\"']?[^\s\"'`,;&)\]}]{1,4096})",  # unquoted, or a quote never closed (a cut-off line)
+    re.IGNORECASE,
+)
+_SECRET_KEY = re.compile(_SECRET_KEYWORD + r"\Z", re.IGNORECASE)  # dict keys, in redact_obj
+# Values that are plainly not secrets: JSON/YAML literals (redacting them would only break the
+# document) and the type in a code annotation such as `password: str`.
+_NOT_A_VALUE = frozenset({"null", "none", "true", "false", "nil", "undefined",
+                          "str", "string", "bytes", "int", "bool"})
+
+
+def _redact_assignment(match: re.Match[str]) -> str:
+    value = match.group("value")
+    if (value.lower() in _NOT_A_VALUE or value.startswith("$")  # $VAR names a secret, isn't one
+            or value.lstrip("\"'").startswith(MARKER[:-1])):  # already redacted: stay idempotent
+        return match.group(0)
+    opening = value[0] if value[0] in "\"'" else ""
+    closing = opening if len(value) >= 2 and value.endswith(opening) else ""
+    return f"{match.group('name')}{match.group('sep')}{opening}{MARKER}{closing}"
+
+
+# -- environment values ---------------------------------------------------------------------------
+
+# AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep.
+_SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)",
+                              re.IGNORECASE)
+_MIN_ENV_VALUE = 8
+
+
+def _secret_env_values(env: Mapping[str, str]) -> frozenset[str]:
+    return frozenset(
+        value for name, value in env.items()
+        if _SECRET_ENV_NAME.search(name) and len(value) >= _MIN_ENV_VALUE
+        and value not in MARKER  # replacing part of the marker would break idempotence
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _env_pattern(values: frozenset[str]) -> re.Pattern[str] | None:
+    if not values:
+        return None
+    # Longest first, so a value containing another is replaced whole.
+    ordered = sorted(values, key=lambda v: (-len(v), v))
+    return re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def _env_redactor(env: Mapping[str, str] | None) -> re.Pattern[str] | None:
+    return _env_pattern(_secret_env_values(os.environ if env is None else env))
+
+
+# -- public API -----------------------------------------------------------------------------------
+
+
+def _redact_with(text: str, env_pattern: re.Pattern[str] | None) -> str:
+    for pattern in _TOKENS:
+        text = pattern.sub(MARKER, text)
+    for pattern in _PREFIXED:
+        text = pattern.sub(lambda m: m.group(1) + MARKER, text)
+    text = _ASSIGNMENT.sub(_redact_assignment, text)
+    if env_pattern is not None:
+        text = env_pattern.sub(MARKER, text)
+    return text
+
+
+def redact(text: str, env: Mapping[str, str] | None = None) -> str:
+    """Return `text` with every recognised secret replaced by `[REDACTED]`."""
+    if not text:
+        return text
+    return _redact_with(text, _env_redactor(env))
+
+
+def redact_obj(obj: Any, env: Mapping[str, str] | None = None) -> Any:
+    """Return a copy of `obj` with every string in it (through dicts, lists, tuples) redacted.
+
+    Dict keys are kept; a string value under a secret-looking key ("password", "api_key") is
+    replaced whole, as `redact` would do to the same pair written as `"password": "..."`.
+    """
+    return _redact_obj(obj, _env_redactor(env))
+
+
+def _redact_obj(obj: Any, env_pattern: re.Pattern[str] | None) -> Any:
+    if isinstance(obj, str):
+        return _redact_with(obj, env_pattern) if obj else obj
+    if isinstance(obj, Mapping):
+        return {key: _redact_item(key, value, env_pattern) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_redact_obj(item, env_pattern) for item in obj]
+    if isinstance(obj, tuple):
+        return tuple(_redact_obj(item, env_pattern) for item in obj)
+    return obj
+
+
+def _redact_item(key: Any, value: Any, env_pattern: re.Pattern[str] | None) -> Any:
+    if (isinstance(key, str) and isinstance(value, str) and value
+            and value.lower() not in _NOT_A_VALUE and _SECRET_KEY.search(key[-64:])):
+        return MARKER
+    return _redact_obj(value, env_pattern)

@@ -1,0 +1,225 @@
+"""The words: one place that turns jobs into the lines people and agents read.
+
+Shared by the record subject, the CLI, the MCP server and the notes, so a job reads the same
+everywhere. Pure functions of data; nothing here touches git or files.
+"""
+
+from __future__ import annotations
+
+import time
+
+from subtask.engines.base import SUMMARY_MAX_LINES
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d"
+
+
+def money(usd: float | None) -> str:
+    return "-" if usd is None else f"${usd:.2f}"
+
+
+def short(sha: str | None) -> str:
+    return (sha or "")[:7]
+
+
+def task_title(task: str, width: int = 60) -> str:
+    line = task.strip().splitlines()[0] if task.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def verify_word(verify) -> str:
+    if verify is None:
+        return "no verify"
+    return "verify passed" if verify.passed else "verify failed"
+
+
+def attempt_cost(attempt) -> float | None:
+    cost = attempt.cost
+    return cost.charged if cost.charged is not None else cost.observed
+
+
+def one_line(job, position: int | None = None) -> str:
+    """`st-1a2b3c4d done · verify passed · $0.00 · 3.2s · shell · echo hi` — the job in one line."""
+    attempt = job.state.current
+    parts = [f"{job.id} {attempt.state}"]
+    if attempt.state == "queued" and position:
+        parts[0] += f" (#{position} in queue)"
+    if attempt.state in ("done", "failed", "stopped"):
+        parts.append(verify_word(attempt.verify))
+        if attempt.error_kind and attempt.state == "failed":
+            parts.append(attempt.error_kind)
+        parts.append(money(attempt_cost(attempt)))
+        if attempt.started_at and attempt.ended_at:
+            parts.append(duration(attempt.ended_at - attempt.started_at))
+    parts.append(job.spec.engine)
+    if attempt.n > 1:
+        parts.append(f"attempt {attempt.n}")
+    parts.append(task_title(job.spec.task))
+    return " · ".join(parts)
+
+
+def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
+    """One row of `list`: id, state, verify, age, cost, task (from the compact list entry)."""
+    now = now or time.time()
+    state = entry.get("state", "?")
+    if state == "queued" and position:
+        state = f"queued#{position}"
+    verify = entry.get("verify") or "-"
+    age = duration(now - (entry.get("created") or now))
+    cost = money(entry.get("cost"))
+    task = task_title(entry.get("task") or "", 50)
+    return f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {entry.get('engine', '?'):<6}  {task}"
+
+
+LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"
+
+
+def summary_lines(text: str, limit: int = SUMMARY_MAX_LINES) -> str:
+    lines = [line.rstrip() for line in (text or "").strip().splitlines()]
+    if len(lines) > limit:
+        lines = lines[:limit - 1] + [f"… ({len(lines) - limit + 1} more lines: git subtask result <id> --full)"]
+    return "\n".join(lines)
+
+
+def changes_line(evidence) -> str:
+    if evidence is None:
+        return "-"
+    totals = evidence.totals or {}
+    text = (f"{totals.get('files', 0)} files, +{totals.get('added', 0)} -{totals.get('deleted', 0)} "
+            f"since {short(evidence.base)}, {totals.get('commits', 0)} commits")
+    if evidence.autocommit:
+        text += f" (worker committed leftovers in {short(evidence.autocommit.get('sha'))})"
+    return text
+
+
+def verify_line(verify) -> str:
+    if verify is None:
+        return "not run"
+    exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
+    return f"{verify.command} -> {exit_text} in {verify.seconds:.1f}s at {short(verify.head)}"
+
+
+def cost_line(attempt) -> str:
+    cost = attempt.cost
+    if cost.billing == "free":
+        return "$0.00 (free engine)"
+    if cost.billing == "charged":
+        return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
+    return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
+
+
+def engine_line(job) -> str:
+    attempt = job.state.current
+    text = job.spec.engine
+    model = attempt.model or job.spec.model
+    if model:
+        text += f" ({model})"
+    if attempt.turns:
+        text += f", {attempt.turns} turns"
+    return text
+
+
+def note_block(job) -> str:
+    """The review block under the job's head commit in `git log --notes=subtask`."""
+    attempt = job.state.current
+    elapsed = (attempt.ended_at - attempt.started_at) if attempt.started_at and attempt.ended_at else None
+    head = f"subtask {job.id} · {attempt.state}"
+    if attempt.outcome:
+        head += f" ({attempt.outcome})"
+    head += f" · {verify_word(attempt.verify)} · {money(attempt_cost(attempt))} · {duration(elapsed)}"
+    lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
+    if attempt.n > 1:
+        lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
+    lines.append(f"verify:  {verify_line(attempt.verify)}")
+    lines.append(f"cost:    {cost_line(attempt)}")
+    lines.append(f"changes: {changes_line(job.evidence)}")
+    if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
+        lines.append(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip())
+    summary = summary_lines(job.summary)
+    if summary:
+        first, *rest = summary.splitlines()
+        lines.append(f"summary: {first}")
+        lines.extend(f"         {line}" for line in rest)
+    lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
+    return "\n".join(lines)
+
+
+def result_text(job, full: bool = False) -> str:
+    """What `result` prints: the one-line status, then the summary (at most 10 lines)."""
+    attempt = job.state.current
+    lines = [one_line(job)]
+    if attempt.state == "failed" and attempt.reason:
+        lines.append(f"error: {attempt.error_kind or 'failed'}: {attempt.reason}")
+        if attempt.hint:
+            lines.append(f"hint: {attempt.hint.replace('<id>', job.id)}")
+    if attempt.verify is not None and not attempt.verify.passed:
+        lines.append(f"verify: {verify_line(attempt.verify)}")
+        tail = attempt.verify.output_tail.strip().splitlines()[-5:]
+        lines.extend("  " + line for line in tail)
+    if job.evidence is not None:
+        lines.append(f"changes: {changes_line(job.evidence)}")
+    text = job.summary.strip() if full else summary_lines(job.summary)
+    if text:
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def show_text(job, position: int | None = None) -> str:
+    """`git subtask show`: the record in words."""
+    spec = job.spec
+    lines = [one_line(job, position), ""]
+    lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
+    lines.append(f"engine:    {engine_line(job)}")
+    lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
+    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}")
+    lines.append(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}")
+    if spec.verify:
+        lines.append(f"verify:    {spec.verify}")
+    if job.state.landed_in:
+        lines.append(f"landed:    in {short(job.state.landed_in)}")
+    for attempt in job.state.attempts:
+        elapsed = (attempt.ended_at - attempt.started_at) if attempt.started_at and attempt.ended_at else None
+        text = f"attempt {attempt.n}: {attempt.state}"
+        if attempt.outcome:
+            text += f" ({attempt.outcome})"
+        text += f" · {duration(elapsed)} · {cost_line(attempt)}"
+        lines.append(text)
+        if attempt.n > 1:
+            lines.append(f"  message: {task_title(attempt.message, 90)}")
+        if attempt.reason:
+            lines.append(f"  reason:  {attempt.error_kind or attempt.state}: {attempt.reason}")
+        if attempt.hint:
+            lines.append(f"  hint:    {attempt.hint.replace('<id>', job.id)}")
+        if attempt.verify:
+            lines.append(f"  verify:  {verify_line(attempt.verify)}")
+        if attempt.session_id:
+            lines.append(f"  session: {attempt.session_id}")
+    evidence = job.evidence
+    if evidence is not None:
+        lines.append(f"changes:   {changes_line(evidence)}")
+        for commit in evidence.commits[:20]:
+            lines.append(f"  {short(commit['sha'])} {commit['subject']}")
+        for entry in evidence.files[:50]:
+            lines.append(f"  {entry['status']} {entry['path']} (+{entry['added']} -{entry['deleted']})")
+    if job.summary.strip():
+        lines.append("summary:")
+        lines.append(_indent(summary_lines(job.summary)))
+    return "\n".join(lines)
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())

@@ -1,0 +1,135 @@
+"""Admission: at most `subtask.maxRunning` workers, a FIFO queue, hand-off, crash recovery.
+
+`slots.json` (guarded by `slots.lock`) lists the running attempts and the queue. It is a cache:
+the truth is the records plus the run-locks, and a damaged file is rebuilt from them.
+
+Invariants:
+- Lock order: slots, then ledger (`ledger.lock`). Nothing slow (git checkout, spawn, network) runs
+  while either is held.
+- An entry is an attempt (`job`, `attempt`), so a stale release by an old attempt's worker never
+  frees the slot of a newer attempt.
+- Whoever frees a slot hands it to the head of the queue in the same critical section and takes
+  that job's run-lock there, so the next job never looks dead and no slot sits idle.
+- A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
+  one that removes the entry under the lock) reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask import liveness
+from subtask.statefiles import file_lock, write_json
+
+SLOTS_FILE = "slots.json"
+
+
+@dataclass
+class Slots:
+    running: list[dict] = field(default_factory=list)
+    queue: list[dict] = field(default_factory=list)
+    damaged: bool = False
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "running": self.running, "queue": self.queue}
+
+    def position(self, job: str) -> int | None:
+        """1-based position in the queue, or None."""
+        for index, entry in enumerate(self.queue):
+            if entry["job"] == job:
+                return index + 1
+        return None
+
+    def is_running(self, job: str, attempt: int | None = None) -> bool:
+        return any(e["job"] == job and (attempt is None or e["attempt"] == attempt) for e in self.running)
+
+
+@dataclass
+class HandOff:
+    """A queued attempt that just got a slot; `fd` holds its run-lock for the worker to inherit."""
+
+    entry: dict
+    fd: int
+
+
+def lock(state_dir: Path):
+    return file_lock(state_dir / "slots.lock")
+
+
+def read(state_dir: Path) -> Slots:
+    """The slots file as it is (no lock); a damaged one reads as empty with `damaged` set."""
+    path = state_dir / SLOTS_FILE
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("running"), list) or not isinstance(data.get("queue"), list):
+            raise ValueError("unexpected shape")
+        running = [e for e in data["running"] if _valid(e)]
+        queue = [e for e in data["queue"] if _valid(e)]
+        return Slots(running, queue)
+    except FileNotFoundError:
+        return Slots()
+    except (ValueError, OSError) as exc:
+        warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
+        return Slots(damaged=True)
+
+
+def _valid(entry) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("job"), str) and isinstance(entry.get("attempt"), int)
+
+
+@contextmanager
+def transaction(state_dir: Path, rebuild: Callable[[], Slots] | None = None) -> Iterator[Slots]:
+    """Hold the slots lock; yield the slots; save them on a clean exit."""
+    with lock(state_dir):
+        slots = read(state_dir)
+        if slots.damaged and rebuild is not None:
+            slots = rebuild()
+        yield slots
+        write_json(state_dir / SLOTS_FILE, slots.to_dict())
+
+
+def make_entry(job: str, attempt: int, git_dir: Path) -> dict:
+    return {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
+
+
+def admit(slots: Slots, entry: dict, max_running: int) -> int:
+    """Take a slot (returns 0) or join the queue (returns the 1-based position). Caller holds the lock."""
+    if len(slots.running) < max_running and not slots.queue:
+        slots.running.append(entry)
+        return 0
+    slots.queue.append(entry)
+    return len(slots.queue)
+
+
+def remove(slots: Slots, job: str, attempt: int) -> bool:
+    """Drop this attempt from running or queue. Caller holds the lock."""
+    before = len(slots.running) + len(slots.queue)
+    slots.running = [e for e in slots.running if not (e["job"] == job and e["attempt"] == attempt)]
+    slots.queue = [e for e in slots.queue if not (e["job"] == job and e["attempt"] == attempt)]
+    return len(slots.running) + len(slots.queue) != before
+
+
+def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
+    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock."""
+    handed = []
+    while slots.queue and len(slots.running) < max_running:
+        entry = slots.queue.pop(0)
+        fd = liveness.acquire(state_dir, entry["job"], block=True)
+        entry["since"] = time.time()
+        slots.running.append(entry)
+        handed.append(HandOff(entry, fd))
+    return handed
+
+
+def reap_dead(slots: Slots, state_dir: Path) -> list[dict]:
+    """Remove running entries whose run-lock nobody holds; returns them. Caller holds the lock."""
+    dead = [e for e in slots.running if not liveness.is_held(state_dir, e["job"])]
+    if dead:
+        slots.running = [e for e in slots.running if e not in dead]
+    return dead

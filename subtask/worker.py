@@ -1,0 +1,325 @@
+"""The detached worker: one process runs a job's attempt from checkout to final record.
+
+`python -m subtask.worker <id> <repo>` is spawned by `start` (or by whoever hands it a slot) with
+its run-lock already held on the inherited fd `SUBTASK_LOCK_FD`. Steps: check the worktree out,
+record `running`, run the engine with events streaming to `<state>/run/<id>.events.jsonl`, commit
+what the engine left uncommitted, compute the evidence from git, run verify on that exact commit,
+close the reservation with the real cost, write the final record, the head pin and the note, then
+free the slot and hand it on. When the next queued job is in the same repository, the worker runs
+it itself (no new process: hand-off costs no start-up).
+
+Invariants:
+- Exactly one terminal state per attempt: the final write goes through `Attempt.finish`, which
+  never overwrites one, by compare-and-swap.
+- The run-lock is released last, after the final record, so a waiter that wakes reads the end.
+- Every text from the engine or verify passes `redact` before it reaches the record, the note or
+  the events file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
+from subtask.engines import get_engine
+from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
+from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
+from subtask.model import Evidence, VerifyResult
+from subtask.records import Job
+from subtask.redact import redact, redact_obj
+from subtask.statefiles import file_lock
+
+VERIFY_TAIL_BYTES = 4096
+DEPTH_ENV = "SUBTASK_DEPTH"
+
+
+class StopRequested(KeyboardInterrupt):
+    """Raised in the worker by SIGTERM (from `stop`); a KeyboardInterrupt so child runners kill their group."""
+
+
+def _on_sigterm(signum, frame):
+    raise StopRequested()
+
+
+class EventSink:
+    """Appends redacted events to the events file and keeps a tail for the record."""
+
+    def __init__(self, path: Path, attempt: int):
+        self.path = path
+        self.attempt = attempt
+        self.tail: list[str] = []
+
+    def __call__(self, event: dict) -> None:
+        event = redact_obj(dict(event))
+        event.setdefault("t", round(time.time(), 3))
+        event.setdefault("attempt", self.attempt)
+        line = json.dumps(event, ensure_ascii=True)
+        with open(self.path, "a") as fh:
+            fh.write(line + "\n")
+        self.tail.append(line)
+        if len(self.tail) > records.EVENTS_TAIL_LINES:
+            del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]
+
+
+def checkout(repo: Repo, job: Job) -> Path:
+    """Create the job's worktree (serialized: concurrent `git worktree add` can fail)."""
+    path = Path(job.spec.worktree)
+    if path.exists() and (path / ".git").exists():
+        return path
+    ensure_excluded(repo.common_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(repo.state_dir / "worktree.lock"):
+        if job.spec.branch:
+            git(repo.root, "worktree", "add", "--quiet", str(path), job.spec.branch)
+        else:
+            git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), job.spec.base)
+    return path
+
+
+def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
+    """Record `running`; None if the attempt already ended (stopped in the spawn gap)."""
+    def change(job: Job) -> bool:
+        attempt = job.state.current
+        if attempt.n != attempt_n or attempt.terminal:
+            return False
+        attempt.state = "running"
+        attempt.started_at = time.time()
+        return True
+
+    job = records.update(repo, job_id, change)
+    return job if job.state.current.state == "running" and job.state.current.n == attempt_n else None
+
+
+def engine_env(job: Job) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
+    env[DEPTH_ENV] = str(job.spec.depth + 1)
+    env["SUBTASK_JOB_ID"] = job.id
+    return env
+
+
+def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome:
+    attempt = job.state.current
+    previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
+    engine = get_engine(job.spec.engine, repo.config)
+    ctx = EngineContext(
+        job_id=job.id, attempt=attempt.n, task=attempt.message, worktree=worktree, repo_root=repo.root,
+        git_common_dir=repo.common_dir, env=engine_env(job), emit=sink,
+        session_id=previous.session_id if previous else None, model=job.spec.model,
+        max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
+        max_turns=job.spec.max_turns, readonly=job.spec.readonly,
+        timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
+        config=repo.config, on_pid=lambda pid: lifecycle.record_pid(repo.state_dir, job.id, engine=pid),
+    )
+    try:
+        return engine.run(ctx)
+    except StopRequested:
+        raise
+    except Exception as exc:
+        traceback.print_exc()
+        return Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
+
+
+def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
+    """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was."""
+    if job.spec.readonly:
+        return None
+    status = git(worktree, "status", "--porcelain", "--untracked-files=all").stdout
+    if not status.strip():
+        return None
+    files = [line[3:] for line in status.splitlines() if line.strip()]
+    git(worktree, "add", "-A")
+    sig = author_signature(repo)
+    message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
+               f"Subtask-Id: {job.id}\n")
+    env = dict(os.environ, GIT_AUTHOR_NAME=sig.name, GIT_AUTHOR_EMAIL=sig.email,
+               GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
+    import subprocess
+
+    subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-C", str(worktree), "commit", "--quiet",
+                    "--no-verify", "-F", "-"], input=message, text=True, env=env, check=True,
+                   capture_output=True)
+    head = git(worktree, "rev-parse", "HEAD").stdout.strip()
+    return {"sha": head, "files": files[:200]}
+
+
+def current_head(repo: Repo, job: Job, worktree: Path) -> str:
+    if job.spec.readonly:
+        return job.spec.base
+    return git(worktree, "rev-parse", "HEAD").stdout.strip()
+
+
+def run_verify(job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
+    if not job.spec.verify:
+        return None
+    from subtask import procs
+
+    tree = git(worktree, "rev-parse", f"{head}^{{tree}}").stdout.strip()
+    result = procs.run(["sh", "-c", job.spec.verify], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+                       tail_bytes=VERIFY_TAIL_BYTES)
+    output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
+    output = redact(output)[-VERIFY_TAIL_BYTES:]
+    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
+                        head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
+                        timed_out=result.timed_out, output_tail=output)
+
+
+def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
+                   verify: VerifyResult | None, state: str) -> Evidence:
+    commits, files, totals = diff_stats(repo, job.spec.base, head)
+    seen = [redact_obj(c) for c in outcome.commands]
+    tests = [c for c in seen if _looks_like_test(c.get("command", ""))]
+    return Evidence(
+        id=job.id, attempt=job.state.current.n, engine=job.spec.engine, state=state, base=job.spec.base,
+        head=head, branch=job.spec.branch, commits=commits, files=files, totals=totals, autocommit=auto,
+        verification=verify.to_dict() if verify else None, commands={"seen": seen[-200:], "tests": tests[-50:]},
+        summary=redact(outcome.summary), outcome=outcome.outcome, tokens=outcome.tokens,
+        model=outcome.model or job.spec.model,
+        error=({"kind": outcome.error_kind, "message": redact(outcome.error or ""), "hint": outcome.hint}
+               if outcome.error_kind else None),
+    )
+
+
+def _looks_like_test(command: str) -> bool:
+    words = ("pytest", "unittest", "npm test", "go test", "cargo test", "make test", "tox", "jest", "vitest")
+    return any(w in command for w in words)
+
+
+def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome, evidence: Evidence | None,
+           verify: VerifyResult | None, head: str | None, sink: EventSink) -> Job:
+    """Write the final record once: state, cost, evidence, summary, events tail."""
+    def change(job: Job) -> bool:
+        attempt = job.state.current
+        if attempt.n != attempt_n or attempt.terminal:
+            return False
+        reason = redact(outcome.error) if outcome.error else None
+        if state == "stopped":
+            reason = reason or "stopped by request"
+        attempt.finish(state, reason=reason, error_kind=outcome.error_kind if state == "failed" else None,
+                       hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
+                       session_id=outcome.session_id or attempt.session_id, model=outcome.model,
+                       turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify)
+        settle_cost(attempt, outcome.cost_usd)
+        if evidence is not None:
+            evidence.state = state
+            evidence.cost = attempt.cost.to_dict()
+            job.evidence = evidence
+        job.summary = redact(outcome.summary or "")
+        job.events_tail = "\n".join(sink.tail) + ("\n" if sink.tail else "")
+        return True
+
+    return records.update(repo, job_id, change)
+
+
+def settle_cost(attempt, observed: float | None) -> None:
+    cost = attempt.cost
+    cost.observed = observed if observed is not None and observed == observed else None
+    if not attempt.rid:
+        cost.billing = "free"
+        cost.charged = 0.0 if observed is None else None
+        return
+    unknown = observed is None or not (0 <= observed < float("inf"))
+    cost.charged = cost.reserved if unknown else min(observed, cost.reserved)
+    cost.billing = "charged" if unknown else "observed"
+
+
+def run_attempt(repo: Repo, job_id: str) -> None:
+    """Run the current attempt of `job_id` to its end. The caller holds the run-lock."""
+    job = records.read(repo, job_id)
+    attempt_n = job.state.current.n
+    if job.state.current.terminal:
+        return
+    state_dir = repo.state_dir
+    if lifecycle.stop_marker(state_dir, job_id).exists():
+        lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped before it started",
+                              engine_may_have_spent=False)
+        return
+    sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    try:
+        worktree = checkout(repo, job)
+    except Exception as exc:
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"could not check out the worktree: {exc}",
+                              error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
+        return
+    job = mark_running(repo, job_id, attempt_n)
+    if job is None:
+        return
+    sink({"type": "state", "state": "running"})
+    stopped = False
+    try:
+        outcome = run_engine(repo, job, worktree, sink)
+    except StopRequested:
+        stopped = True
+        outcome = Outcome(False, error_kind="stopped", error="stopped by request")
+    faults.point("after_engine")
+    stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
+    auto = autocommit(repo, job, worktree)
+    head = current_head(repo, job, worktree)
+    verify = None
+    if not stopped and outcome.ok:
+        sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
+        verify = run_verify(job, worktree, head, engine_env(job))
+        faults.point("after_verify")
+    state = "stopped" if stopped else ("done" if outcome.ok else "failed")
+    evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
+    faults.point("before_final_record")
+    job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
+    attempt = job.state.current
+    if attempt.rid:
+        ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
+    if head != job.spec.base:
+        records.set_pin(repo, job_id, "head", head)
+    notes.write_for_job(repo, job)
+    if job.spec.readonly:
+        git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
+    sink({"type": "state", "state": attempt.state})
+
+
+def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.HandOff]:
+    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+        slots.remove(current, job_id, attempt_n)
+        return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
+
+
+def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
+    """Run this job, then every queued job handed to us in this repository."""
+    while True:
+        lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        attempt_n = records.read(repo, job_id).state.current.n
+        try:
+            run_attempt(repo, job_id)
+        except StopRequested:
+            lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
+        except Exception as exc:
+            traceback.print_exc()
+            lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
+                                  hint=ERROR_HINTS["engine"])
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        handed = release_and_next(repo, job_id, attempt_n)
+        liveness.release(lock_fd)
+        same_repo = [h for h in handed if Path(h.entry["git_dir"]) == repo.common_dir]
+        lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
+        if not same_repo:
+            return
+        job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_id, repo_path = argv[0], argv[1]
+    lock_fd = int(os.environ.pop("SUBTASK_LOCK_FD"))
+    repo = open_repo(repo_path)
+    faults.point("worker_start")
+    serve(repo, job_id, lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

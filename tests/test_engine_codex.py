@@ -1,0 +1,307 @@
+"""The codex engine against a fake `codex` that replays recorded `codex exec --json` events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subtask.engines.base import EngineContext
+from subtask.engines.codex import CodexEngine, classify_error
+
+SESSION = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+
+# A realistic `codex exec --json` run: reasoning, two commands (one failing), a file change,
+# the final agent message and the turn's usage.
+RECORDED = [
+    {"type": "thread.started", "thread_id": SESSION},
+    {"type": "turn.started"},
+    {"type": "item.completed", "item": {"id": "item_0", "type": "reasoning",
+                                        "text": "**Looking at the repository layout**"}},
+    {"type": "item.started", "item": {"id": "item_1", "type": "command_execution",
+                                      "command": "bash -lc ls", "aggregated_output": "",
+                                      "exit_code": None, "status": "in_progress"}},
+    {"type": "item.completed", "item": {"id": "item_1", "type": "command_execution",
+                                        "command": "bash -lc ls", "aggregated_output": "README.md\n",
+                                        "exit_code": 0, "status": "completed"}},
+    {"type": "item.started", "item": {"id": "item_2", "type": "command_execution",
+                                      "command": "bash -lc 'python -m pytest -q'",
+                                      "aggregated_output": "", "exit_code": None,
+                                      "status": "in_progress"}},
+    {"type": "item.completed", "item": {"id": "item_2", "type": "command_execution",
+                                        "command": "bash -lc 'python -m pytest -q'",
+                                        "aggregated_output": "no tests ran\n", "exit_code": 5,
+                                        "status": "failed"}},
+    {"type": "item.completed", "item": {"id": "item_3", "type": "file_change",
+                                        "changes": [{"path": "hello.txt", "kind": "add"}],
+                                        "status": "completed"}},
+    {"type": "item.completed", "item": {"id": "item_4", "type": "agent_message",
+                                        "text": "Added hello.txt with a greeting.\n"
+                                                "Committed as 'Add hello'.\nSTATUS: done"}},
+    {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
+                                         "output_tokens": 122}},
+]
+
+USAGE_LIMIT = [
+    {"type": "thread.started", "thread_id": SESSION},
+    {"type": "turn.started"},
+    {"type": "turn.failed", "error": {"message": "You've hit your usage limit. Upgrade to Pro "
+                                                 "or try again in 2 hours."}},
+]
+
+AUTH = [
+    {"type": "thread.started", "thread_id": SESSION},
+    {"type": "turn.started"},
+    {"type": "error", "message": "unexpected status 401 Unauthorized: Missing bearer or basic "
+                                 "authentication in header"},
+]
+
+FAKE_CODEX = r'''#!{python}
+"""A stand-in for `codex`: records its argv, then replays events by mode."""
+import json, os, subprocess, sys, time
+
+if sys.argv[1:] == ["--version"]:
+    print("codex-cli 0.99.0")
+    sys.exit(0)
+with open(os.environ["FAKE_CODEX_LOG"], "a") as log:
+    log.write(json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd()}}) + "\n")
+mode = os.environ.get("FAKE_CODEX_MODE", "ok")
+events = json.loads(os.environ.get("FAKE_CODEX_EVENTS", "[]"))
+print("WARNING: not json, just a banner", flush=True)
+print("starting", file=sys.stderr, flush=True)
+if mode == "sleep":
+    time.sleep(60)
+if mode == "commit":
+    workdir = sys.argv[sys.argv.index("-C") + 1]
+    with open(os.path.join(workdir, "hello.txt"), "w") as f:
+        f.write("hello\n")
+    subprocess.run(["git", "-C", workdir, "add", "hello.txt"], check=True)
+    subprocess.run(["git", "-C", workdir, "commit", "-q", "-m", "Add hello"], check=True)
+for event in events:
+    print(json.dumps(event), flush=True)
+sys.exit(int(os.environ.get("FAKE_CODEX_EXIT", "0")))
+'''
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> dict[str, Any]:
+    """A real repository with one commit and a linked worktree, plus a fake codex on PATH."""
+    env = dict(os.environ)
+    env.update(GIT_AUTHOR_NAME="Test", GIT_AUTHOR_EMAIL="test@example.com",
+               GIT_COMMITTER_NAME="Test", GIT_COMMITTER_EMAIL="test@example.com",
+               GIT_CONFIG_NOSYSTEM="1", HOME=str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    root = tmp_path / "repo"
+    root.mkdir()
+
+    def git(*args: str, cwd: Path = root) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, env=env, check=True,
+                              capture_output=True, text=True).stdout
+
+    git("init", "-q", "-b", "main")
+    (root / "README.md").write_text("hi\n")
+    git("add", "README.md")
+    git("commit", "-q", "-m", "init")
+    worktree = tmp_path / "wt"
+    git("worktree", "add", "-q", "-b", "subtask/job1", str(worktree))
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "codex"
+    fake.write_text(FAKE_CODEX.format(python=sys.executable))
+    fake.chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["FAKE_CODEX_LOG"] = str(tmp_path / "argv.jsonl")
+    env.pop("SUBTASK_CODEX_BIN", None)
+    return {"root": root, "worktree": worktree, "env": env, "git": git, "tmp": tmp_path,
+            "common": Path(git("rev-parse", "--path-format=absolute", "--git-common-dir").strip())}
+
+
+def make_ctx(repo: dict[str, Any], events: list[dict[str, Any]], *, mode: str = "ok",
+             exit_code: int = 0, config: dict[str, str] | None = None,
+             **kwargs: Any) -> tuple[EngineContext, list[dict[str, Any]]]:
+    env = dict(repo["env"], FAKE_CODEX_MODE=mode, FAKE_CODEX_EVENTS=json.dumps(events),
+               FAKE_CODEX_EXIT=str(exit_code))
+    emitted: list[dict[str, Any]] = []
+    settings = config or {}
+    ctx = EngineContext(job_id="job1", attempt=1, task=kwargs.pop("task", "Add hello.txt"),
+                        worktree=repo["worktree"], repo_root=repo["root"],
+                        git_common_dir=repo["common"], env=env, emit=emitted.append,
+                        config=settings.get, **kwargs)
+    return ctx, emitted
+
+
+def calls(repo: dict[str, Any]) -> list[dict[str, Any]]:
+    log = repo["tmp"] / "argv.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_recorded_run_becomes_an_outcome(repo):
+    ctx, emitted = make_ctx(repo, RECORDED)
+    out = CodexEngine().run(ctx)
+
+    assert out.ok, out.error
+    assert out.exit_code == 0
+    assert out.session_id == SESSION
+    assert out.commands == [{"command": "bash -lc ls", "exit": 0},
+                            {"command": "bash -lc 'python -m pytest -q'", "exit": 5}]
+    assert out.tokens == {"input": 24763, "cached_input": 24448, "output": 122}
+    assert out.summary == "Added hello.txt with a greeting.\nCommitted as 'Add hello'.\nSTATUS: done"
+    assert out.outcome == "done"
+    assert out.cost_usd is None  # codex reports no dollars: the worker charges the reservation
+    assert out.error_kind is None
+
+    types = [e["type"] for e in emitted]
+    assert {"session", "text", "reasoning", "tool", "command", "usage", "log"} <= set(types)
+    assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed"} in emitted
+    assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
+
+
+def test_argv_runs_exec_json_in_a_writable_sandbox(repo):
+    ctx, _ = make_ctx(repo, RECORDED, model="gpt-5-codex")
+    CodexEngine().run(ctx)
+    (call,) = calls(repo)
+    argv = call["argv"]
+
+    assert argv[:2] == ["exec", "--json"]
+    assert argv[argv.index("--sandbox") + 1] == "workspace-write"
+    add_dirs = [argv[i + 1] for i, a in enumerate(argv) if a == "--add-dir"]
+    assert str(repo["common"]) in add_dirs
+    # the linked worktree's own admin dir (index, HEAD) is named too
+    assert str(repo["common"] / "worktrees" / "wt") in add_dirs
+    assert argv[argv.index("-C") + 1] == str(repo["worktree"])
+    assert "--skip-git-repo-check" in argv
+    assert argv[argv.index("-m") + 1] == "gpt-5-codex"
+    assert "resume" not in argv
+    prompt = argv[-1]
+    assert argv[-2] == "--"
+    assert prompt.startswith("Add hello.txt")
+    assert "STATUS: done" in prompt and "commit" in prompt.lower()
+    assert Path(call["cwd"]).resolve() == repo["worktree"].resolve()
+
+
+def test_reply_resumes_the_session(repo):
+    ctx, _ = make_ctx(repo, RECORDED, session_id=SESSION, task="-now add tests")
+    out = CodexEngine().run(ctx)
+    argv = calls(repo)[0]["argv"]
+
+    assert out.ok and out.session_id == SESSION
+    assert argv[:2] == ["exec", "--json"]
+    at = argv.index("resume")
+    assert argv[at + 1] == SESSION
+    assert argv[at + 2] == "--"  # a message starting with '-' stays a prompt
+    assert argv[at + 3].startswith("-now add tests")
+    # sandbox and working dir are root options, given before the subcommand
+    assert argv.index("--sandbox") < at and argv.index("-C") < at
+
+
+def test_readonly_job_uses_a_read_only_sandbox(repo):
+    ctx, _ = make_ctx(repo, RECORDED, readonly=True)
+    CodexEngine().run(ctx)
+    argv = calls(repo)[0]["argv"]
+    assert argv[argv.index("--sandbox") + 1] == "read-only"
+    assert "--add-dir" not in argv
+
+
+def test_usage_limit_turn_failure(repo):
+    ctx, _ = make_ctx(repo, USAGE_LIMIT, exit_code=1)
+    out = CodexEngine().run(ctx)
+    assert not out.ok
+    assert out.error_kind == "usage_limit"
+    assert "usage limit" in out.error
+    assert out.session_id == SESSION
+    assert out.hint and "usage limit" in out.hint
+
+
+def test_auth_error_event(repo):
+    ctx, _ = make_ctx(repo, AUTH, exit_code=1)
+    out = CodexEngine().run(ctx)
+    assert not out.ok
+    assert out.error_kind == "auth"
+    assert "401" in out.error
+
+
+def test_nonzero_exit_without_failure_event(repo):
+    ctx, _ = make_ctx(repo, RECORDED[:2], exit_code=3)
+    out = CodexEngine().run(ctx)
+    assert not out.ok
+    assert out.error_kind == "exit"
+    assert out.exit_code == 3
+    assert "starting" in out.error  # the stderr tail explains the exit
+
+
+def test_fake_codex_can_commit_in_the_worktree(repo):
+    ctx, _ = make_ctx(repo, RECORDED, mode="commit")
+    out = CodexEngine().run(ctx)
+    assert out.ok, out.error
+    log = repo["git"]("log", "--format=%s", "main..subtask/job1")
+    assert log.strip() == "Add hello"
+    assert (repo["worktree"] / "hello.txt").read_text() == "hello\n"
+
+
+def test_timeout(repo):
+    ctx, _ = make_ctx(repo, RECORDED, mode="sleep", timeout=1.0)
+    started = time.monotonic()
+    out = CodexEngine().run(ctx)
+    assert time.monotonic() - started < 20
+    assert not out.ok
+    assert out.error_kind == "timeout"
+
+
+def test_missing_binary_is_an_outcome_not_an_exception(repo):
+    ctx, _ = make_ctx(repo, RECORDED)
+    ctx.env["SUBTASK_CODEX_BIN"] = str(repo["tmp"] / "nowhere" / "codex")
+    out = CodexEngine().run(ctx)
+    assert not out.ok
+    assert out.error_kind == "not_installed"
+    assert "codex not found" in out.error
+
+
+def test_binary_from_git_config(repo):
+    ctx, _ = make_ctx(repo, RECORDED, config={"engine.codex.path": str(repo["tmp"] / "bin" / "codex")})
+    ctx.env["PATH"] = "/nonexistent"
+    assert CodexEngine().run(ctx).ok
+
+
+def test_configured_prices_give_a_cost(repo):
+    prices = {"engine.codex.costPerMTokIn": "1.25", "engine.codex.costPerMTokOut": "10"}
+    ctx, _ = make_ctx(repo, RECORDED, config=prices)
+    out = CodexEngine().run(ctx)
+    assert out.cost_usd == pytest.approx((24763 * 1.25 + 122 * 10) / 1e6)
+
+
+def test_probe(repo, monkeypatch):
+    monkeypatch.setenv("PATH", repo["env"]["PATH"])
+    monkeypatch.delenv("SUBTASK_CODEX_BIN", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("CODEX_API_KEY", raising=False)
+    monkeypatch.setenv("CODEX_HOME", str(repo["tmp"] / "codex-home"))
+    probe = CodexEngine().probe()
+    assert probe.installed and probe.version == "codex-cli 0.99.0"
+    assert probe.authenticated is False and not probe.usable
+    assert probe.paid and "workspace-write" in probe.isolation
+
+    (repo["tmp"] / "codex-home").mkdir()
+    (repo["tmp"] / "codex-home" / "auth.json").write_text("{}")
+    assert CodexEngine().probe().authenticated is True
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert not CodexEngine().probe().installed
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("You've hit your usage limit. Try again in 3 days.", "usage_limit"),
+    ("exceeded retry limit, last status: 429 Too Many Requests", "usage_limit"),
+    ("Rate limit reached for gpt-5 in organization", "usage_limit"),
+    ("unexpected status 401 Unauthorized", "auth"),
+    ("Not logged in. Please run codex login", "auth"),
+    ("stream disconnected before completion: internal server error", "api_error"),
+])
+def test_classify_error(message, kind):
+    assert classify_error(message) == kind
