@@ -223,7 +223,7 @@ def all_ids(repo: Repo) -> list[str]:
 
 def resolve(repo: Repo, text: str) -> str:
     """The job id a full id or a unique prefix names."""
-    prefix = check_id_prefix(text.strip() if isinstance(text, str) else text)
+    prefix = check_id_prefix(text)
     if is_job_id(prefix) and repo.git.references.get(record_ref(prefix)) is not None:
         return prefix
     matches = sorted(i for i in all_ids(repo) if i.startswith(prefix))

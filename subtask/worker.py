@@ -246,6 +246,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"could not check out the worktree: {exc}",
                               error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
         return
+    faults.point("after_checkout")
     job = mark_running(repo, job_id, attempt_n)
     if job is None:
         return

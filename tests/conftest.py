@@ -1,0 +1,146 @@
+"""Shared fixtures: real repositories in temporary folders, the real CLI, and the paid-engine guard.
+
+The guard is autouse: every test runs with the network closed to paid services (API base URLs
+point at a closed local port, proxies at a black hole) and with `claude`/`codex` executables on
+PATH that record any call and fail. A test that reaches a paid engine fails, even in a worker
+subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BIN_DIR = str(Path(sys.executable).parent)
+BLACKHOLE = "http://127.0.0.1:9"
+GUARD_SCRIPT = """#!/bin/sh
+echo "$0 $*" >> "{marker}"
+echo "paid engine called in a test: $0" >&2
+exit 97
+"""
+
+
+@pytest.fixture(autouse=True)
+def paid_engine_guard(tmp_path_factory, monkeypatch, request):
+    guard_dir = tmp_path_factory.mktemp("guard")
+    marker = guard_dir / "paid-calls.log"
+    for name in ("claude", "codex"):
+        exe = guard_dir / name
+        exe.write_text(GUARD_SCRIPT.format(marker=marker))
+        exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{guard_dir}{os.pathsep}{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
+    for var in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY",
+                "CODEX_API_KEY", "SUBTASK_FAULT", "SUBTASK_DEPTH", "SUBTASK_REPO"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", BLACKHOLE)
+    monkeypatch.setenv("OPENAI_BASE_URL", BLACKHOLE)
+    monkeypatch.setenv("HTTPS_PROXY", BLACKHOLE)
+    monkeypatch.setenv("HTTP_PROXY", BLACKHOLE)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    real_connect = socket.socket.connect
+
+    def guarded_connect(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "::1", "localhost"):
+            pytest.fail(f"test tried to reach the network: {address}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    yield
+    if marker.exists():
+        pytest.fail(f"a paid engine was started during the test: {marker.read_text()}")
+
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Test Author",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_COMMITTER_NAME": "Test Author",
+    "GIT_COMMITTER_EMAIL": "author@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated_git(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    return home
+
+
+def git(cwd, *args, check=True) -> str:
+    proc = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr}")
+    return proc.stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in (files or {"README.md": "hello\n"}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial commit")
+    git(path, "config", "subtask.engine", "shell")
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A real git repository with one commit; the default engine is shell."""
+    return make_repo(tmp_path / "repo")
+
+
+class Cli:
+    """Runs the real `git subtask` command in a repository."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
+
+    def __call__(self, *args: str, cwd=None, env=None, input=None, timeout=60) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ, **(env or {}))
+        return subprocess.run(["git", "subtask", *args], cwd=str(cwd or self.cwd), capture_output=True, text=True,
+                              env=full_env, input=input, timeout=timeout, check=False)
+
+    def ok(self, *args: str, **kwargs) -> str:
+        proc = self(*args, **kwargs)
+        assert proc.returncode == 0, f"git subtask {' '.join(args)} exited {proc.returncode}: {proc.stderr}{proc.stdout}"
+        return proc.stdout
+
+    def json(self, *args: str, **kwargs):
+        return json.loads(self.ok(*args, "--json", **kwargs))
+
+    def start(self, task: str, *args: str, **kwargs) -> str:
+        """Start a job; returns its id."""
+        out = self.ok("start", *args, task, **kwargs)
+        return out.split()[0]
+
+
+@pytest.fixture
+def cli(repo) -> Cli:
+    return Cli(repo)
+
+
+def refs(repo: Path, prefix: str = "") -> list[str]:
+    out = git(repo, "for-each-ref", "--format=%(refname)", *([prefix] if prefix else []))
+    return [line for line in out.splitlines() if line]
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

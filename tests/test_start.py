@@ -1,0 +1,184 @@
+"""`git subtask start`: what it creates, and that bad input changes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Cli, git, make_repo, refs, wait_until
+
+
+def snapshot(repo: Path) -> dict:
+    """Everything start could leave behind: refs, worktrees, slots, ledger."""
+    state = Path(git(repo, "rev-parse", "--git-common-dir"))
+    state = (repo / state if not state.is_absolute() else state) / "subtask"
+    slots = (state / "slots.json").read_text() if (state / "slots.json").exists() else ""
+    import json
+
+    running = json.loads(slots)["running"] + json.loads(slots)["queue"] if slots else []
+    return {
+        "refs": sorted(r for r in refs(repo) if "subtask" in r and not r.startswith("refs/notes")),
+        "worktrees": git(repo, "worktree", "list").count("\n"),
+        "slots": running,
+        "ledger": (state / "ledger.jsonl").read_text() if (state / "ledger.jsonl").exists() else "",
+    }
+
+
+def test_start_creates_branch_pin_record_and_worktree(cli, repo):
+    out = cli.ok("start", "--verify", "test -f hello.txt", "echo hi > hello.txt")
+    job_id, state, *_ = out.split()
+    assert state == "running"
+    assert f"branch subtask/{job_id}" in out
+    assert f"refs/heads/subtask/{job_id}" in refs(repo)
+    assert f"refs/subtask/{job_id}/base" in refs(repo)
+    assert f"refs/subtask/{job_id}/record" in refs(repo)
+    cli.ok("wait", job_id)
+    worktree = repo / ".subtask" / "worktrees" / job_id
+    assert (worktree / "hello.txt").read_text() == "hi\n"
+    assert git(repo, "status", "--porcelain") == "", "the worktree folder must be excluded from the main checkout"
+    assert "/.subtask/" in (repo / ".git" / "info" / "exclude").read_text()
+    # the record is a commit chain whose subject is the status
+    subjects = git(repo, "log", "--format=%s", f"refs/subtask/{job_id}/record").splitlines()
+    assert subjects[0].startswith(f"{job_id} done · verify passed")
+    assert any(" queued" in s or " running" in s for s in subjects[1:])
+
+
+def test_start_from_detached_head_and_other_base(cli, repo):
+    git(repo, "commit", "-q", "--allow-empty", "-m", "second")
+    first = git(repo, "rev-parse", "HEAD~1")
+    git(repo, "checkout", "-q", "--detach", "HEAD")
+    job = cli.start("true")
+    cli.ok("wait", job)
+    assert cli.json("show", job)["spec"]["base"] == git(repo, "rev-parse", "HEAD")
+    job2 = cli.start("true", "--base", first)
+    assert cli.json("show", job2)["spec"]["base"] == first
+
+
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["start", "--engine", "nope", "true"], 129, "unknown engine 'nope'"),
+        (["start", ""], 129, "the task is empty"),
+        (["start", "   \n"], 129, "the task is empty"),
+        (["start", "--base", "no-such-branch", "true"], 128, "unknown revision 'no-such-branch'"),
+        (["start", "--verify-timeout", "0", "true"], 129, "--verify-timeout must be a positive finite"),
+        (["start", "--verify-timeout", "inf", "true"], 129, "--verify-timeout must be a positive finite"),
+        (["start", "--verify-timeout", "nan", "true"], 129, "--verify-timeout must be a positive finite"),
+        (["start", "--timeout", "-1", "true"], 129, "--timeout must be a positive finite"),
+        (["start", "--verify-timeout", "abc", "true"], 129, "is not a valid float"),
+        (["start"], 129, "Missing argument"),
+        (["show", "st-../x"], 129, "not a job id"),
+        (["show", "st-1a2b/c"], 129, "not a job id"),
+        (["show", "../etc"], 129, "not a job id"),
+        (["show", "st-1a2b3c4d\n"], 129, "not a job id"),
+        (["show", "st-ffffffff"], 128, "no job matches"),
+        (["nonsense"], 129, "No such command"),
+    ],
+)
+def test_bad_input_gets_a_clear_message_and_git_exit_code_and_changes_nothing(cli, repo, args, code, words):
+    before = snapshot(repo)
+    proc = cli(*args)
+    assert proc.returncode == code, proc.stderr
+    assert words in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert snapshot(repo) == before
+
+
+def test_two_mib_task_is_refused(cli, repo):
+    before = snapshot(repo)
+    proc = cli("start", "-", input="x" * (2 * 1024 * 1024))
+    assert proc.returncode == 129
+    assert "the limit is 1,048,576" in proc.stderr
+    assert snapshot(repo) == before
+
+
+def test_not_a_git_repository(tmp_path):
+    proc = Cli(tmp_path)("start", "true")
+    assert proc.returncode == 128
+    assert "not a git repository" in proc.stderr
+
+
+def test_bare_repository_is_refused(tmp_path, repo):
+    bare = tmp_path / "bare.git"
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    proc = Cli(bare)("start", "--engine", "shell", "true")
+    assert proc.returncode == 128
+    assert "bare repository" in proc.stderr
+    assert refs(bare, "refs/subtask") == []
+
+
+def test_ambiguous_prefix_lists_the_candidates(cli, repo):
+    ids = {cli.start("true") for _ in range(20)}
+    by_first = {}
+    for job in ids:
+        by_first.setdefault(job[:4], []).append(job)
+    prefix = "st-"
+    proc = cli("show", prefix)
+    assert proc.returncode == 129
+    assert "ambiguous" in proc.stderr
+    assert sorted(ids)[0] in proc.stderr
+    unique = sorted(ids)[0][:9]
+    matching = [j for j in ids if j.startswith(unique)]
+    if len(matching) == 1:
+        assert cli.json("show", unique)["id"] == matching[0]
+
+
+def test_repository_path_with_spaces_and_non_ascii(tmp_path):
+    repo = make_repo(tmp_path / "my répo with spaces", {"dossier été/naïve file.txt": "x\n"})
+    cli = Cli(repo)
+    job = cli.start("printf 'é\\n' > 'fichier über.txt'", "--verify", "test -f 'fichier über.txt'")
+    out = cli.ok("wait", job)
+    assert "done · verify passed" in out
+    files = [f["path"] for f in cli.json("show", job)["evidence"]["files"]]
+    assert files == ["fichier über.txt"]
+
+
+def test_missing_verify_binary_fails_verify_with_exit_127(cli, repo):
+    job = cli.start("true", "--verify", "no-such-binary-xyz --flag")
+    proc = cli("wait", job)
+    assert proc.returncode == 1
+    assert "done · verify failed" in proc.stdout
+    verify = cli.json("show", job)["state_detail"]["attempts"][0]["verify"]
+    assert verify["exit_code"] == 127
+    assert "not found" in verify["output_tail"]
+
+
+@pytest.mark.parametrize("point", ["after_admit", "after_branch", "after_record", "before_spawn"])
+def test_failure_at_each_start_step_undoes_every_earlier_step(cli, repo, point, monkeypatch):
+    """An exception at each step (injected in process) leaves nothing behind."""
+    from subtask import api, faults
+
+    before = snapshot(repo)
+
+    def explode(name):
+        if name == point:
+            raise RuntimeError(f"injected at {name}")
+
+    monkeypatch.setattr(faults, "point", explode)
+    monkeypatch.chdir(repo)
+    with pytest.raises(RuntimeError):
+        api.start(api.repo_at(repo), api.StartRequest(task="true", engine="shell"))
+    assert snapshot(repo) == before
+    assert list((Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run").glob("*.lock")) == []
+
+
+@pytest.mark.parametrize("point", ["after_admit", "after_branch", "after_record"])
+def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point):
+    before = snapshot(repo)
+    proc = subprocess.Popen([sys.executable, "-m", "subtask", "start", "--engine", "shell", "true"],
+                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SUBTASK_FAULT_PAUSE=f"{point}:5"))
+    run_dir = Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run"
+    assert wait_until(lambda: run_dir.exists() and list(run_dir.glob("*.lock")), timeout=10)
+    time.sleep(0.3)  # well inside the 5 s pause
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert snapshot(repo) == before
+    assert list(run_dir.glob("*.lock")) == []
