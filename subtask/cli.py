@@ -82,6 +82,30 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.argument("message")
+@click.option("--max-usd", type=float, help="budget for this attempt (default: the job's)")
+@click.option("--timeout", type=float, help="seconds the engine may run this time")
+@click.option("--json", "as_json", is_flag=True)
+def reply(job_id, message, max_usd, timeout, as_json):
+    """Start a new attempt of a finished job in its worktree, resuming the engine's session.
+
+    For the shell engine MESSAGE is another script. Use - to read it from standard input.
+    """
+    from subtask import api
+
+    if message == "-":
+        message = sys.stdin.read()
+    result = api.reply(_repo(), job_id, message, max_usd=max_usd, timeout=timeout)
+    job = result.job
+    if as_json:
+        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
+        return
+    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
+    click.echo(f"{job.id} {state} · attempt {job.state.current.n} · {job.spec.engine}")
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--any", "any_", is_flag=True, help="return when the first job ends")
 @click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")

@@ -15,6 +15,8 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds:.2f}s"
     if seconds < 10:
         return f"{seconds:.1f}s"
     if seconds < 60:
