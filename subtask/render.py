@@ -112,7 +112,7 @@ def verify_line(verify) -> str:
     if verify is None:
         return "not run"
     exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-    return f"{verify.command} -> {exit_text} in {verify.seconds:.1f}s at {short(verify.head)}"
+    return f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}"
 
 
 def cost_line(attempt) -> str:
