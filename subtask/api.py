@@ -365,13 +365,29 @@ def queue_position(repo: Repo, job_id: str) -> int | None:
     return slots.read(repo.state_dir).position(job_id)
 
 
-def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> list[dict]:
-    """Compact entries, newest first. By default landed jobs are hidden (`include_all` shows them)."""
+DEFAULT_LIST_LIMIT = 50
+
+
+@dataclass
+class Listing:
+    jobs: list[dict]
+    more: int  # jobs left out by the limit
+
+
+def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
+    """Compact entries, newest first.
+
+    By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
+    landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
+    """
     if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
     sweep(repo)
     current = slots.read(repo.state_dir)
+    if limit is None and not include_all:
+        limit = DEFAULT_LIST_LIMIT
     entries = []
+    more = 0
     for entry in records.list_entries(repo):
         if not include_all and entry.get("landed") and state is None:
             continue
@@ -383,10 +399,11 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         if state not in (None, "active", "ended") and job_state != state:
             continue
         entry["position"] = current.position(entry["id"]) if job_state == "queued" else None
+        if limit and len(entries) >= limit and job_state in TERMINAL:
+            more += 1
+            continue
         entries.append(entry)
-        if limit and len(entries) >= limit:
-            break
-    return entries
+    return Listing(entries, more)
 
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:

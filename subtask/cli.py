@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import click
 
@@ -132,21 +133,27 @@ def wait(ids, any_, timeout, as_json):
 
 @cli.command("list", context_settings=CONTEXT)
 @click.option("--state", help="queued, running, done, failed, stopped, active or ended")
-@click.option("--all", "include_all", is_flag=True, help="include landed jobs")
-@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many jobs")
+@click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
 @click.option("--json", "as_json", is_flag=True)
 def list_(state, include_all, limit, as_json):
-    """One line per job: id, state, verify, age, cost, engine, task (newest first)."""
+    """One line per job: id, state, verify, age, cost, engine, task (newest first).
+
+    Active jobs always show; finished ones up to the limit; landed ones only with --all.
+    """
     from subtask import api, render
 
-    entries = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
+    listing = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
+    entries = listing.jobs
     if as_json:
-        _emit_json({"v": 1, "jobs": entries})
+        _emit_json({"v": 1, "jobs": entries, "more": listing.more})
         return
     if entries:
-        click.echo(render.LIST_HEADER)
-    for entry in entries:
-        click.echo(render.list_line(entry, entry.get("position")))
+        now = time.time()
+        lines = [render.LIST_HEADER] + [render.list_line(e, e.get("position"), now) for e in entries]
+        click.echo("\n".join(lines))
+    if listing.more:
+        click.echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
 
 
 @cli.command(context_settings=CONTEXT)

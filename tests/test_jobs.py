@@ -51,7 +51,7 @@ def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli):
 
 
 def test_list_show_result_and_json(cli, repo):
-    assert cli.json("list") == {"v": 1, "jobs": []}
+    assert cli.json("list") == {"v": 1, "jobs": [], "more": 0}
     assert cli.ok("list") == ""
     job = cli.start("printf 'line %s\\n' 1 2 3 4 5 6 7 8 9 10 11 12; echo done > out.txt", "--verify", "test -s out.txt")
     cli.ok("wait", job)
