@@ -205,6 +205,7 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
             dead = slots.reap_dead(current, state_dir)
             handed = slots.fill(current, state_dir, repo.config.integer("maxRunning"))
             position = slots.admit(current, entry, repo.config.integer("maxRunning"))
+            attempt.state = "running" if position == 0 else "queued"  # admitted: its worker starts now
             faults.point("after_admit")
             if paid:
                 with ledger.lock(state_dir):
@@ -246,7 +247,8 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
         lifecycle.close_fd_keep_lock(lock_fd)
     else:
         liveness.release(lock_fd)
-    _settle_dead(repo, dead)
+    for entry in dead:
+        lifecycle.settle_dead(repo, entry)
     lifecycle.start_handoffs(repo, handed)
     return StartResult(job, position)
 
@@ -289,14 +291,6 @@ def _delete_branch(repo: Repo, branch: str) -> None:
     ref = repo.git.references.get(f"refs/heads/{branch}")
     if ref is not None:
         records.cas_ref(repo, ref.name, str(ref.target), None)
-
-
-def _settle_dead(repo: Repo, dead: list[dict]) -> None:
-    for entry in dead:
-        target = repo if Path(entry["git_dir"]) == repo.common_dir else lifecycle._try_open(entry["git_dir"])
-        if target is not None:
-            lifecycle.end_attempt(target, entry["job"], entry["attempt"], "failed", reason=lifecycle.WORKER_DIED,
-                                  error_kind="engine", hint="read the worker log: git subtask show <id> --log")
 
 
 def sweep(repo: Repo) -> None:
@@ -467,23 +461,24 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     done: set[str] = set()
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
-    while len(done) < needed:
-        now_ = time.monotonic()
-        if deadline is not None and now_ >= deadline:
-            break
-        if on_tick and now_ >= next_tick:
-            next_tick = now_ + tick
-            on_tick(now_ - started, len(done), len(job_ids),
-                    {j: latest_activity(repo, j) for j in job_ids if j not in done})
-        until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
-        try:
-            done.add(ended.get(timeout=max(0.0, until - now_)))
-        except queue.Empty:
-            pass
-    cancel.set()
+    try:
+        while len(done) < needed:
+            now_ = time.monotonic()
+            if deadline is not None and now_ >= deadline:
+                break
+            if on_tick and now_ >= next_tick:
+                next_tick = now_ + tick
+                on_tick(now_ - started, len(done), len(job_ids),
+                        {j: latest_activity(repo, j) for j in job_ids if j not in done})
+            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
+            try:
+                done.add(ended.get(timeout=max(0.0, until - now_)))
+            except queue.Empty:
+                pass
+    finally:
+        cancel.set()  # watcher threads stop at their next look
     jobs = [records.read(repo, j) for j in job_ids]
-    timed_out = len(done) < needed
-    return WaitResult(jobs, timed_out)
+    return WaitResult(jobs, timed_out=len(done) < needed)
 
 
 def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
@@ -626,3 +621,9 @@ def evidence_envelope(job: Job) -> dict:
                   if attempt.state == "failed" else None),
         "landed_in": job.state.landed_in,
     }
+
+
+def spend(repo: Repo, month: str | None = None):
+    """This month's spend: committed, open reservations, per engine, cap left."""
+    sweep(repo)
+    return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)

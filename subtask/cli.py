@@ -248,6 +248,24 @@ def engines(as_json):
                    f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}")
 
 
+@cli.command(context_settings=CONTEXT)
+@click.option("--month", help="YYYY-MM (default: this month, UTC)")
+@click.option("--json", "as_json", is_flag=True)
+def spend(month, as_json):
+    """Spend of paid engines: committed, open reservations, per engine, cap left."""
+    from subtask import api, render
+
+    summary = api.spend(_repo(), month)
+    if as_json:
+        _emit_json({"v": 1} | summary.to_dict())
+        return
+    click.echo(f"{summary.month}: {render.money(summary.committed_usd)} committed, "
+               f"{render.money(summary.open_usd)} reserved by {len(summary.open_reservations)} open jobs, "
+               f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
+    for engine, amounts in sorted(summary.per_engine.items()):
+        click.echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
     try:

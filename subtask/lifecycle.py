@@ -141,15 +141,44 @@ def reconcile(repo: Repo) -> list[str]:
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         dead = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
-    ended = []
-    for entry in dead:
-        target = repo if Path(entry["git_dir"]) == repo.common_dir else _try_open(entry["git_dir"])
-        if target is not None and end_attempt(target, entry["job"], entry["attempt"], "failed",
-                                              reason=WORKER_DIED, error_kind="engine",
-                                              hint="read the worker log: git subtask show <id> --log"):
-            ended.append(entry["job"])
+    ended = [entry["job"] for entry in dead if settle_dead(repo, entry)]
     start_handoffs(repo, handed)
     return ended
+
+
+def settle_dead(repo: Repo, entry: dict) -> bool:
+    """Settle a slot entry whose worker is gone: end its attempt, close its reservation, drop orphans.
+
+    A job with no record died inside `start` before the record was written: its branch (never
+    committed to: no worker ever ran) and pins go, and its reservation is released.
+    """
+    target = repo if Path(entry["git_dir"]) == repo.common_dir else _try_open(entry["git_dir"])
+    job_id, attempt_n = entry["job"], entry["attempt"]
+    rid = f"{job_id}.{attempt_n}"
+    if target is None:
+        return False
+    try:
+        records.read(target, job_id)
+    except Exception:
+        _drop_orphan_refs(target, job_id)
+        ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
+        return False
+    job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
+                      hint="read the worker log: git subtask show <id> --log")
+    current = records.read(target, job_id).state
+    for attempt in current.attempts:
+        if attempt.n == attempt_n and attempt.rid:
+            charged = attempt.cost.charged if attempt.terminal else None
+            ledger.close(target.state_dir, attempt.rid, charged, reason=WORKER_DIED)
+    return job is not None
+
+
+def _drop_orphan_refs(repo: Repo, job_id: str) -> None:
+    """Remove the branch and pins of a job whose record was never written."""
+    branch = repo.git.references.get(f"refs/heads/{records.branch_name(job_id)}")
+    if branch is not None and sum(1 for _ in branch.log()) <= 1:
+        records.cas_ref(repo, branch.name, str(branch.target), None)
+    records.delete(repo, job_id)
 
 
 def _try_open(git_dir: str) -> Repo | None:

@@ -307,8 +307,9 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
     while True:
         lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
-        attempt_n = records.read(repo, job_id).state.current.n
+        attempt_n = 0
         try:
+            attempt_n = records.read(repo, job_id).state.current.n
             run_attempt(repo, job_id)
         except StopRequested:
             lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
