@@ -76,9 +76,9 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
         return
-    where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
-    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
-    click.echo(f"{job.id} {state} · {job.spec.engine} · {where}")
+    from subtask import render
+
+    click.echo(render.started_line(job, result.position))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -215,6 +215,14 @@ def engines(as_json):
         auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
         click.echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
                    f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}")
+
+
+@cli.command(context_settings=CONTEXT)
+def mcp():
+    """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
+    from subtask import mcp_server  # imports the mcp SDK (~0.6 s): only here, never on other commands
+
+    mcp_server.main()
 
 
 def main(argv: list[str] | None = None) -> None:
