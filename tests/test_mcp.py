@@ -406,3 +406,19 @@ def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
                DISABLE_ERROR_REPORTING="1", CLAUDE_CODE_MAX_RETRIES="0", MCP_TIMEOUT="30000")
     return env
+
+
+# --------------------------------------------------------------------------- entry points
+
+def test_git_subtask_mcp_serves_the_same_tools(repo):
+    async def main():
+        params = StdioServerParameters(command="git", args=["subtask", "mcp"], cwd=str(repo), env=server_env())
+        async with Client(params, mode="legacy") as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    assert anyio.run(main) == TOOLS
+
+
+def test_the_cli_does_not_import_the_mcp_sdk():
+    code = "import sys, subtask.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
+    assert subprocess.run([sys.executable, "-c", code], env=server_env()).returncode == 0
