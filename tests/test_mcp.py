@@ -422,3 +422,18 @@ def test_git_subtask_mcp_serves_the_same_tools(repo):
 def test_the_cli_does_not_import_the_mcp_sdk():
     code = "import sys, subtask.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
     assert subprocess.run([sys.executable, "-c", code], env=server_env()).returncode == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("subtask.api").api, "reply"), reason="api.reply is not in this tree yet")
+def test_reply_continues_a_finished_job(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": "echo one > one.txt"}))
+            await call(client, "wait", {"ids": [job]})
+            answer = await call(client, "reply", {"id": job, "message": "echo two > two.txt"})
+            assert answer.startswith(job)
+            waited = await call(client, "wait", {"ids": [job]})
+            assert waited.startswith(f"{job} done") and "attempt 2" in waited
+            assert "error: " in await call(client, "reply", {"id": "st-00000000", "message": "x"}, ok=False)
+
+    anyio.run(main)
