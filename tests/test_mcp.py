@@ -19,8 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import git, make_repo, refs, wait_until
-
+from conftest import git, make_repo, refs
 from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
