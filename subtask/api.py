@@ -186,6 +186,45 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                              lock_fd=liveness.acquire(repo.state_dir, job.id))
 
 
+_REQUEST_TEXT = ("task", "engine", "base", "verify", "model")
+_REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
+                   "model", "readonly")
+
+
+def request_from_dict(item) -> tuple[str | None, StartRequest]:
+    """(repo, request) from one start_many item: the fields of `start`, plus an optional `repo`."""
+    if not isinstance(item, dict):
+        raise SubtaskError("usage", f"each item must be an object with a task, not {type(item).__name__}")
+    unknown = sorted(set(item) - set(_REQUEST_FIELDS) - {"repo"})
+    if unknown:
+        raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} (known: repo, {', '.join(_REQUEST_FIELDS)})")
+    for key in (*_REQUEST_TEXT, "repo"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise SubtaskError("usage", f"{key} must be a string, not {item[key]!r}")
+    if not isinstance(item.get("readonly", False), bool):
+        raise SubtaskError("usage", f"readonly must be true or false, not {item['readonly']!r}")
+    fields = {k: item[k] for k in _REQUEST_FIELDS if item.get(k) is not None}
+    return item.get("repo"), StartRequest(**{"task": ""} | fields)
+
+
+def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError]:
+    """Start each item in turn; an item that fails is reported in its place and the rest still start.
+
+    Each item is a dict with the fields of `start` and an optional `repo` (a path `repo_for` opens;
+    None = its default), so one call can fan out over several repositories.
+    """
+    if not isinstance(items, list) or not items:
+        raise SubtaskError("usage", "start_many needs at least one task")
+    results: list[StartResult | SubtaskError] = []
+    for item in items:
+        try:
+            path, request = request_from_dict(item)
+            results.append(start(repo_for(path), request))
+        except SubtaskError as exc:
+            results.append(exc)
+    return results
+
+
 def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, lock_fd: int) -> StartResult:
     """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
 

@@ -77,9 +77,9 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
         return
-    where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
-    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
-    click.echo(f"{job.id} {state} · {job.spec.engine} · {where}")
+    from subtask import render
+
+    click.echo(render.started_line(job, result.position))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -264,6 +264,16 @@ def spend(month, as_json):
                f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
     for engine, amounts in sorted(summary.per_engine.items()):
         click.echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
+
+
+@cli.command(context_settings=CONTEXT)
+def mcp():
+    """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
+    from subtask import (
+        mcp_server,  # imports the mcp SDK (~0.6 s): only here, never on other commands
+    )
+
+    mcp_server.main()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -74,6 +74,13 @@ def one_line(job, position: int | None = None) -> str:
     return " · ".join(parts)
 
 
+def started_line(job, position: int) -> str:
+    """What `start` answers: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`."""
+    where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
+    state = "running" if position == 0 else f"queued (#{position} in queue)"
+    return f"{job.id} {state} · {job.spec.engine} · {where}"
+
+
 def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
     """One row of `list`: id, state, verify, age, cost, task (from the compact list entry)."""
     now = now or time.time()

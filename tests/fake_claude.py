@@ -188,6 +188,9 @@ def tool_turn(name: str, tool_input: dict[str, Any], text: str = "") -> dict[str
 class FakeMessagesAPI:
     """A local Anthropic Messages API for the real CLI, scripted with a list of turns.
 
+    A turn is a dict (`text_turn`, `tool_turn`) or a callable taking the request body and
+    returning one, for answers that depend on earlier tool results.
+
     A request belongs to the main conversation when it carries tools and its system prompt holds
     the delegation protocol; its step is the number of assistant messages already in its history,
     so retries and side calls never shift the script. Side calls (titles, quota, token counts,
@@ -195,7 +198,7 @@ class FakeMessagesAPI:
     API error instead. Use as a context manager; `.url`, `.requests`.
     """
 
-    def __init__(self, turns: list[dict[str, Any]], marker: str = MAIN_MARKER,
+    def __init__(self, turns: list[Any], marker: str = MAIN_MARKER,
                  fail_main: tuple[int, dict[str, Any]] | None = None) -> None:
         self.turns = turns
         self.marker = marker
@@ -225,7 +228,10 @@ class FakeMessagesAPI:
         return [r for r in self.requests if self.is_main(r)]
 
     def is_main(self, body: dict[str, Any]) -> bool:
-        return bool(body.get("tools")) and self.marker in _system_text(body.get("system"))
+        """Carries tools, and the marker is in its system prompt or names one of its tools."""
+        tools = body.get("tools") or []
+        return bool(tools) and (self.marker in _system_text(body.get("system"))
+                                or any(t.get("name") == self.marker for t in tools))
 
     def _record(self, path: str, body: dict[str, Any] | None) -> None:
         with self._lock:
@@ -239,7 +245,9 @@ class FakeMessagesAPI:
             return text_turn("ok")
         step = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         if step < len(self.turns):
-            return self.turns[step]
+            turn = self.turns[step]
+            # A callable turn reads the request (e.g. an id from the last tool_result) to answer.
+            return turn(body) if callable(turn) else turn
         return text_turn("Nothing left to do.\nSTATUS: done")
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

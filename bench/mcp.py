@@ -1,0 +1,103 @@
+"""Speed of the MCP server over real stdio: start-up, warm status/list calls, wait's wake-up.
+
+    PYTHONPATH=. python bench/mcp.py [--calls 50]
+
+Prints a table and writes JSON to bench/results/mcp-<time>.json. Targets: warm status and list
+p50 <= 20 ms; wait returns <= 100 ms after its job ends (the peer subtask-mcp 0.5 polls once a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+# This file is named mcp.py: keep its own folder off the path so `import mcp` finds the SDK.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+
+def make_repo(path: Path) -> Path:
+    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x")
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "init"],
+                 ["config", "subtask.engine", "shell"]):
+        subprocess.run(["git", "-C", str(path), *args], check=True, env=env)
+    return path
+
+
+def params(repo: Path) -> StdioServerParameters:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo), env=env)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def timed(client: Client, name: str, args: dict) -> tuple[float, str]:
+    started = time.perf_counter()
+    result = await client.call_tool(name, args)
+    elapsed = (time.perf_counter() - started) * 1000
+    assert not result.is_error, result
+    return elapsed, result.content[0].text
+
+
+async def measure(repo: Path, calls: int) -> dict:
+    figures: dict[str, list[float]] = {"initialize_ms": [], "status_ms": [], "list_ms": [], "wait_wake_ms": []}
+    for _ in range(3):  # start-up: spawn to initialize reply
+        started = time.perf_counter()
+        async with Client(params(repo), mode="legacy"):
+            figures["initialize_ms"].append((time.perf_counter() - started) * 1000)
+    async with Client(params(repo), mode="legacy") as client:
+        for _ in range(3):  # a few finished jobs so list has rows
+            _, line = await timed(client, "start", {"task": "true"})
+            await timed(client, "wait", {"ids": [line.split()[0]]})
+        for _ in range(3):  # warm up
+            await timed(client, "status", {})
+            await timed(client, "list", {})
+        for _ in range(calls):
+            figures["status_ms"].append((await timed(client, "status", {}))[0])
+            figures["list_ms"].append((await timed(client, "list", {}))[0])
+        marker = repo / ".git" / "bench-ended"
+        for _ in range(5):
+            # The job writes the time it ends as its last act; wait's reply is timed against it.
+            _, line = await timed(client, "start", {"task": f"sleep 0.5; python3 -c 'import time; print(time.time())' > {marker}"})
+            await timed(client, "wait", {"ids": [line.split()[0]]})
+            figures["wait_wake_ms"].append((time.time() - float(marker.read_text())) * 1000)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls)
+    rows = {name: {"p50": statistics.median(v), "p90": pct(v, 0.9), "max": max(v), "n": len(v)}
+            for name, v in figures.items()}
+    targets = {"status_ms": 20, "list_ms": 20, "wait_wake_ms": 100}
+    print(f"{'figure':<16}{'p50':>9}{'p90':>9}{'max':>9}{'n':>5}  target")
+    for name, row in rows.items():
+        target = targets.get(name)
+        verdict = "" if target is None else f"<= {target} ms {'ok' if row['p50'] <= target else 'MISSED'}"
+        print(f"{name:<16}{row['p50']:>9.1f}{row['p90']:>9.1f}{row['max']:>9.1f}{row['n']:>5}  {verdict}")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"mcp-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"figures": rows, "raw": figures, "python": sys.version.split()[0]}, indent=2))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

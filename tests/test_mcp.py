@@ -1,0 +1,438 @@
+"""The MCP server: the same jobs for agents, in process and over a real stdio subprocess.
+
+Real repositories, real workers, the real CLI beside it; the slow test drives the server from
+the real Claude Code CLI bundled in claude-agent-sdk, against a fake Messages API on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import git, make_repo, refs
+from mcp import Client, StdioServerParameters
+
+WORKTREE = str(Path(__file__).resolve().parents[1])
+TOOLS = {"start", "start_many", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines"}
+
+
+def server_env() -> dict[str, str]:
+    """The test's environment (paid-engine guard, git identity) plus this tree on PYTHONPATH."""
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=WORKTREE + (os.pathsep + path if path else ""))
+
+
+def stdio_params(repo: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+                                 env=server_env())
+
+
+@asynccontextmanager
+async def connect(how: str, repo: Path):
+    """A connected client: `inproc` (Client(server, mode="legacy")) or `stdio` (a real subprocess)."""
+    if how == "inproc":
+        from subtask.mcp_server import server
+
+        async with Client(server, mode="legacy") as client:
+            yield client
+    else:
+        async with Client(stdio_params(repo), mode="legacy") as client:
+            yield client
+
+
+def text(result) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def call(client, name: str, args: dict[str, Any] | None = None, *, ok: bool = True, **kwargs) -> str:
+    result = await client.call_tool(name, args or {}, **kwargs)
+    assert result.is_error is (not ok), f"{name}({args}) -> {text(result)}"
+    assert result.structured_content is None, f"{name} returned structured content beside its text"
+    return text(result)
+
+
+def job_id_in(line: str) -> str:
+    match = re.search(r"\bst-[0-9a-f]{8}\b", line)
+    assert match, f"no job id in {line!r}"
+    return match.group(0)
+
+
+@pytest.fixture(params=["inproc", "stdio"])
+def how(request, repo, monkeypatch) -> str:
+    monkeypatch.chdir(repo)  # the in-process server's working directory is the default repo
+    return request.param
+
+
+# --------------------------------------------------------------------------- the tools
+
+def test_tools_are_listed_with_annotations(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            assert "start_many" in (client.instructions or "") and "git log --notes=subtask" in client.instructions
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) == TOOLS
+            for name in ("status", "result", "list", "engines", "wait"):
+                assert tools[name].annotations.read_only_hint is True, name
+            for name in ("stop", "cleanup"):
+                assert tools[name].annotations.destructive_hint is True, name
+            for t in tools.values():
+                assert t.output_schema is None, f"{t.name} declares structured output"
+            assert tools["start"].input_schema["required"] == ["task"]
+
+    anyio.run(main)
+
+
+def test_start_then_wait_reports_progress_then_result(repo, how):
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value, total, message):
+        progress.append((value, total, message))
+
+    async def main():
+        async with connect(how, repo) as client:
+            started = await call(client, "start", {"task": "sleep 3; echo hi > hello.txt", "engine": "shell",
+                                                   "verify": "test -f hello.txt"})
+            job = job_id_in(started)
+            assert started.startswith(f"{job} running · shell · branch subtask/{job}")
+            waited = await call(client, "wait", {"ids": [job], "timeout": 60}, progress_callback=on_progress)
+            assert waited.startswith(f"{job} done · verify passed")
+            status = await call(client, "status", {"id": job})
+            assert status.startswith(f"{job} done")
+            result = await call(client, "result", {"id": job})
+            assert result.splitlines()[0] == waited.splitlines()[0]
+            assert "changes: 1 files, +1 -0" in result
+            listing = await call(client, "list", {})
+            assert listing.splitlines()[0].startswith("ID") and job in listing
+            return job
+
+    job = anyio.run(main)
+    assert len(progress) >= 2, progress
+    values = [p[0] for p in progress]
+    assert values == sorted(values) and len(set(values)) == len(values), "progress must increase"
+    assert all(re.match(r"\d+(\.\d)?s: 0 of 1 ended · st-", p[2]) for p in progress), progress
+    assert f"refs/subtask/{job}/record" in refs(repo)
+
+
+def test_evidence_is_a_json_envelope(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": "echo hi > a.txt && git add a.txt && git commit -qm 'Add a'",
+                                                         "verify": "true"}))
+            await call(client, "wait", {"ids": job})
+            return job, json.loads(await call(client, "result", {"id": job, "evidence": True}))
+
+    job, envelope = anyio.run(main)
+    assert envelope["v"] == 1 and envelope["id"] == job and envelope["state"] == "done"
+    assert envelope["git"]["base"] == git(repo, "rev-parse", "HEAD")
+    assert envelope["git"]["head"] == git(repo, "rev-parse", f"subtask/{job}")
+    assert [c["subject"] for c in envelope["git"]["commits"]] == ["Add a"]
+    assert [f["path"] for f in envelope["git"]["changed_files"]] == ["a.txt"]
+    assert envelope["verification"]["passed"] is True
+    assert envelope["cost"]["billing"] == "free"
+
+
+def cli_error(cli, *args: str) -> str:
+    proc = cli(*args)
+    assert proc.returncode != 0
+    return proc.stderr.strip()
+
+
+def test_bad_arguments_are_tool_errors_with_the_cli_words(repo, cli, how, tmp_path):
+    bare = tmp_path / "bare.git"
+    git(tmp_path, "init", "-q", "--bare", str(bare))
+    expected = {
+        "empty task": ("start", {"task": "  "}, cli_error(cli, "start", "  ")),
+        "unknown engine": ("start", {"task": "x", "engine": "nope"}, cli_error(cli, "start", "--engine", "nope", "x")),
+        "unknown id": ("result", {"id": "st-00000000"}, cli_error(cli, "result", "st-00000000")),
+        "stop ended": None,
+        "relative repo": ("start", {"task": "x", "repo": "repo"}, "error: repo must be an absolute path"),
+        "missing repo": ("status", {"repo": str(tmp_path / "nowhere")}, "does not exist"),
+        "not a repo": ("list", {"repo": str(tmp_path)}, "error: not a git repository"),
+        "bare repo": ("start", {"task": "x", "repo": str(bare)}, "is a bare repository"),
+        "bad timeout": ("wait", {"ids": ["st-00000000"], "timeout": -1}, "error: "),
+        "bad state": ("list", {"state": "sleeping"}, cli_error(cli, "list", "--state", "sleeping")),
+    }
+    expected.pop("stop ended")
+
+    async def main():
+        async with connect(how, repo) as client:
+            for what, (tool, args, words) in expected.items():
+                answer = await call(client, tool, args, ok=False)
+                assert words in answer, f"{what}: {answer!r} lacks {words!r}"
+            # still serving after all that
+            assert (await call(client, "list", {})) == "no jobs"
+
+    anyio.run(main)
+
+
+def test_start_many_reports_each_item(repo, tmp_path, how):
+    other = make_repo(tmp_path / "other")
+
+    async def main():
+        async with connect(how, repo) as client:
+            answer = await call(client, "start_many", {"tasks": [
+                {"task": "echo one > one.txt"},
+                {"task": "", "engine": "shell"},
+                {"task": "echo two > two.txt", "repo": str(other)},
+                {"task": "x", "colour": "blue"},
+            ]})
+            lines = answer.splitlines()
+            assert len(lines) == 4
+            assert re.match(r"1\. st-[0-9a-f]{8} running · shell", lines[0])
+            assert lines[1] == "2. error: the task is empty: say what the job should do"
+            assert re.match(r"3\. st-[0-9a-f]{8} running · shell", lines[2])
+            assert lines[3].startswith("4. error: unknown field 'colour'")
+            first, third = job_id_in(lines[0]), job_id_in(lines[2])
+            assert (await call(client, "wait", {"ids": [first]})).startswith(f"{first} done")
+            waited = await call(client, "wait", {"ids": [third], "repo": str(other)})
+            assert waited.startswith(f"{third} done")
+            return third
+
+    third = anyio.run(main)
+    assert git(other, "show", f"subtask/{third}:two.txt") == "two"
+
+
+def test_status_answers_while_a_wait_blocks(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": "sleep 2"}))
+            answers: dict[str, float] = {}
+
+            async def waiter():
+                await call(client, "wait", {"ids": [job]})
+                answers["wait"] = time.monotonic()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(waiter)
+                await anyio.sleep(0.3)
+                status = await call(client, "status", {})
+                answers["status"] = time.monotonic()
+                assert status.startswith(f"{job} running")
+            assert answers["status"] < answers["wait"]
+
+    anyio.run(main)
+
+
+# --------------------------------------------------------------------------- jobs outlive servers
+
+def test_jobs_survive_a_killed_server(repo, cli):
+    """SIGKILL the server in the middle of a wait: the job finishes; a new server reports it."""
+
+    # Start the server by hand so the test owns its pid.
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=server_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    rpc = JsonRpc(proc)
+    rpc.initialize()
+    job = job_id_in(rpc.call_tool("start", {"task": "sleep 2; echo done > out.txt"}))
+    rpc.send_call("wait", {"ids": [job]})  # no reply will come: the server dies first
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+
+    async def second_server():
+        async with Client(stdio_params(repo), mode="legacy") as client:
+            return await call(client, "wait", {"ids": [job], "timeout": 30})
+
+    assert anyio.run(second_server).startswith(f"{job} done")
+    assert git(repo, "show", f"subtask/{job}:out.txt") == "done"
+    assert cli.ok("result", job).startswith(f"{job} done")
+
+
+class JsonRpc:
+    """Just enough JSON-RPC over a server's stdio for a test that must kill the server mid-call."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.next_id = 0
+
+    def send(self, method: str, params: dict | None = None, *, notify: bool = False) -> int:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        if not notify:
+            self.next_id += 1
+            message["id"] = self.next_id
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.next_id
+
+    def reply(self, request_id: int) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "the server closed stdout"
+            message = json.loads(line)
+            if message.get("id") == request_id:
+                assert "result" in message, message
+                return message["result"]
+
+    def initialize(self) -> dict:
+        answer = self.reply(self.send("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                     "clientInfo": {"name": "test", "version": "0"}}))
+        self.send("notifications/initialized", notify=True)
+        return answer
+
+    def send_call(self, name: str, arguments: dict) -> int:
+        return self.send("tools/call", {"name": name, "arguments": arguments})
+
+    def call_tool(self, name: str, arguments: dict) -> str:
+        result = self.reply(self.send_call(name, arguments))
+        assert not result.get("isError"), result
+        assert "structuredContent" not in result, result
+        return result["content"][0]["text"]
+
+
+def test_two_servers_and_the_cli_share_max_running(repo, cli, tmp_path):
+    """Jobs started at once from two servers and the CLI never run more than subtask.maxRunning at a time."""
+    git(repo, "config", "subtask.maxRunning", "2")
+    log = tmp_path / "spans.log"
+    task = f"echo start $(date +%s.%N) >> {log}; sleep 0.6; echo end $(date +%s.%N) >> {log}"
+
+    async def one_server(ids: list[str]):
+        async with Client(stdio_params(repo), mode="legacy") as client:
+            answer = await call(client, "start_many", {"tasks": [{"task": task}] * 3})
+            ids.extend(job_id_in(line) for line in answer.splitlines())
+
+    async def from_cli(ids: list[str]):
+        for _ in range(2):
+            proc = await anyio.run_process(["git", "subtask", "start", task], cwd=str(repo), check=True)
+            ids.append(proc.stdout.decode().split()[0])
+
+    async def main() -> list[str]:
+        ids: list[str] = []
+        async with anyio.create_task_group() as group:
+            group.start_soon(one_server, ids)
+            group.start_soon(one_server, ids)
+            group.start_soon(from_cli, ids)
+        async with Client(stdio_params(repo), mode="legacy") as client:
+            waited = await call(client, "wait", {"ids": ids, "timeout": 60})
+        assert all(" done · " in line for line in waited.splitlines()), waited
+        return ids
+
+    ids = anyio.run(main)
+    assert len(ids) == 8
+    events = sorted((float(t), +1 if kind == "start" else -1)
+                    for kind, t in (line.split() for line in log.read_text().splitlines()))
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert len(events) == 16 and peak <= 2, f"{peak} jobs ran at once"
+
+
+# --------------------------------------------------------------------------- a real client
+
+def _bundled_cli() -> str | None:
+    from subtask.engines.claude import _bundled_cli as find
+
+    return find()
+
+
+@pytest.mark.slow
+def test_claude_code_starts_and_waits_through_the_server(repo, tmp_path, monkeypatch):
+    """The real Claude Code CLI calls start, then wait with the id it read, then quotes the result."""
+    cli = _bundled_cli()
+    if cli is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+    from fake_claude import FakeMessagesAPI, text_turn, tool_turn
+
+    def wait_turn(body: dict) -> dict:
+        return tool_turn("mcp__subtask__wait", {"ids": [job_id_in(last_tool_result(body))], "timeout": 60})
+
+    def final_turn(body: dict) -> dict:
+        return text_turn("The job finished:\n" + last_tool_result(body))
+
+    turns = [tool_turn("mcp__subtask__start", {"task": "echo hi > hello.txt", "engine": "shell"}),
+             wait_turn, final_turn]
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"subtask": {
+        "command": sys.executable, "args": ["-m", "subtask.mcp_server"], "cwd": str(repo),
+        "env": {"PYTHONPATH": WORKTREE, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"],
+                **{k: v for k, v in os.environ.items() if k.startswith("GIT_")}}}}}))
+    with FakeMessagesAPI(turns, marker="mcp__subtask__start") as api:
+        env = claude_env(tmp_path, api.url)
+        proc = subprocess.run([cli, "-p", "Start the job and wait for it.", "--mcp-config", str(config),
+                               "--strict-mcp-config", "--allowedTools", "mcp__subtask__start,mcp__subtask__wait",
+                               "--output-format", "json", "--max-turns", "6"],
+                              cwd=str(repo), env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    reply = json.loads(proc.stdout)["result"]
+    job = job_id_in(reply)
+    assert f"refs/subtask/{job}/record" in refs(repo)
+    assert git(repo, "show", f"subtask/{job}:hello.txt") == "hi"
+    summary = git(repo, "log", "-1", "--format=%s", f"refs/subtask/{job}/record")
+    assert summary.startswith(f"{job} done")
+    assert render_one_line(repo, job) in reply
+
+
+def last_tool_result(body: dict) -> str:
+    """The text of the newest tool_result in a Messages API request's history."""
+    for message in reversed(body.get("messages", [])):
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            continue
+        for block in reversed(content):
+            if block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    return "\n".join(b.get("text", "") for b in inner if b.get("type") == "text")
+                return str(inner or "")
+    raise AssertionError("no tool_result in the request history")
+
+
+def render_one_line(repo: Path, job: str) -> str:
+    from subtask import api, render
+
+    return render.one_line(api.get(api.repo_at(repo), job))
+
+
+def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
+    home, config = tmp_path / "claude-home", tmp_path / "claude-config"
+    home.mkdir(exist_ok=True)
+    config.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update(HOME=str(home), CLAUDE_CONFIG_DIR=str(config), ANTHROPIC_BASE_URL=url,
+               ANTHROPIC_API_KEY="sk-ant-test-fake", ENABLE_TOOL_SEARCH="false",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
+               DISABLE_ERROR_REPORTING="1", CLAUDE_CODE_MAX_RETRIES="0", MCP_TIMEOUT="30000")
+    return env
+
+
+# --------------------------------------------------------------------------- entry points
+
+def test_git_subtask_mcp_serves_the_same_tools(repo):
+    async def main():
+        params = StdioServerParameters(command="git", args=["subtask", "mcp"], cwd=str(repo), env=server_env())
+        async with Client(params, mode="legacy") as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    assert anyio.run(main) == TOOLS
+
+
+def test_the_cli_does_not_import_the_mcp_sdk():
+    code = "import sys, subtask.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
+    assert subprocess.run([sys.executable, "-c", code], env=server_env()).returncode == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("subtask.api").api, "reply"), reason="api.reply is not in this tree yet")
+def test_reply_continues_a_finished_job(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": "echo one > one.txt"}))
+            await call(client, "wait", {"ids": [job]})
+            answer = await call(client, "reply", {"id": job, "message": "echo two > two.txt"})
+            assert answer.startswith(job)
+            waited = await call(client, "wait", {"ids": [job]})
+            assert waited.startswith(f"{job} done") and "attempt 2" in waited
+            assert "error: " in await call(client, "reply", {"id": "st-00000000", "message": "x"}, ok=False)
+
+    anyio.run(main)
