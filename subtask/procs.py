@@ -259,12 +259,17 @@ def run(
     stdin_data: bytes | None = None,
     on_start: Callable[[int], None] | None = None,
     kill_grace: float = 2.0,
+    stdout_grace: float | None = None,
 ) -> ProcResult:
     """Run argv to completion (or timeout) in its own process group; see the module docstring.
 
     `env=None` inherits our environment; a dict replaces it entirely. The two line callbacks run
     on two different reader threads, possibly at the same time. If a callback raises, its
     stream is still drained, and the exception is re-raised once the child has finished.
+
+    `stdout_grace`: once the leader has exited, wait at most this long for stdout to close
+    (a background process the child left behind may hold it forever); None waits until the
+    timeout.
     """
     if not argv:
         raise ValueError("run() needs a program to run")
@@ -295,13 +300,13 @@ def run(
                              name=f"subtask-stdin-{pid}", daemon=True).start()
         if on_start is not None:
             on_start(pid)
-        exit_code, timed_out = _wait(proc, out, started, timeout)
+        exit_code, timed_out = _wait(proc, out, started, timeout, stdout_grace)
         if timed_out:
             kill_group(pid, kill_grace, leader_or_group_alive)
             proc.wait()
             _finish_readers((out, err), _AFTER_KILL_GRACE)
         else:
-            _finish_readers((err,), _STDERR_GRACE)
+            _finish_readers((out, err), _STDERR_GRACE)
     except BaseException:
         _abort(proc, kill_grace, leader_or_group_alive, (out, err))
         raise
@@ -313,7 +318,7 @@ def run(
 
 
 def _wait(proc: subprocess.Popen, out: _Reader, started: float,
-          timeout: float | None) -> tuple[int | None, bool]:
+          timeout: float | None, stdout_grace: float | None = None) -> tuple[int | None, bool]:
     """Wait for leader exit, then stdout EOF. Returns (leader exit code or None, timed_out)."""
     deadline = None if timeout is None else started + timeout
 
@@ -324,7 +329,13 @@ def _wait(proc: subprocess.Popen, out: _Reader, started: float,
         code = proc.wait(timeout=remaining())
     except subprocess.TimeoutExpired:
         return None, True
-    out.join(remaining())
+    left = remaining()
+    if stdout_grace is not None:
+        out.join(stdout_grace if left is None else min(left, stdout_grace))
+        if out.is_alive() and (left is None or left > stdout_grace):
+            return code, False  # a leftover holds stdout: the run is over all the same
+    else:
+        out.join(left)
     # The leader has exited: its exit code stands even if a group member holds stdout past
     # the deadline.
     return code, out.is_alive()

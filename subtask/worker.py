@@ -161,7 +161,7 @@ def run_verify(job: Job, worktree: Path, head: str, env: dict) -> VerifyResult |
 
     tree = git(worktree, "rev-parse", f"{head}^{{tree}}").stdout.strip()
     result = procs.run(["sh", "-c", job.spec.verify], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES)
+                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0)
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
     return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),

@@ -21,6 +21,8 @@ import pytest
 BIN_DIR = str(Path(sys.executable).parent)
 BLACKHOLE = "http://127.0.0.1:9"
 GUARD_SCRIPT = """#!/bin/sh
+# --version is a probe, not a paid call: engines may ask it.
+if [ "$1" = "--version" ]; then echo "guard 0.0.0 (test stand-in)"; exit 0; fi
 echo "$0 $*" >> "{marker}"
 echo "paid engine called in a test: $0" >&2
 exit 97

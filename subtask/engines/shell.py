@@ -12,6 +12,9 @@ import subprocess
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
 
+# A script that leaves a background process holding stdout (`server &`) still ends.
+STDOUT_GRACE = 2.0
+
 
 class ShellEngine:
     name = "shell"
@@ -48,6 +51,7 @@ class ShellEngine:
             on_stdout_line=on_line("stdout"),
             on_stderr_line=on_line("stderr"),
             on_start=ctx.on_pid,
+            stdout_grace=STDOUT_GRACE,
         )
         text = "\n".join(output)
         summary = last_lines(text)

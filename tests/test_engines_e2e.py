@@ -1,0 +1,191 @@
+"""Engines through the whole tool: start -> worker -> record, ledger, note; registry; read-only jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import git, refs
+from fake_claude import (
+    FAKE_SESSION,
+    FakeMessagesAPI,
+    read_record,
+    text_turn,
+    tool_turn,
+    write_fake_cli,
+)
+from test_engine_claude import offline_env
+
+from subtask.engines.claude import _bundled_cli
+
+FAKE_AGENT = """import subprocess, sys
+task = sys.argv[1]
+open("agent.txt", "w").write(task + "\\n")
+subprocess.run(["git", "add", "agent.txt"], check=True)
+subprocess.run(["git", "commit", "-q", "-m", "Agent: " + task[:40]], check=True)
+print("did: " + task)
+if "{cost}":
+    print("cost: ${cost}")
+print("STATUS: done")
+"""
+
+
+def paid_command_engine(repo: Path, name: str = "fakepaid", cost: str = "0.42") -> None:
+    script = repo.parent / f"{name}.py"
+    script.write_text(FAKE_AGENT.replace("{cost}", cost))
+    git(repo, "config", f"subtask.engine.{name}.command", json.dumps([sys.executable, str(script), "{task}"]))
+    git(repo, "config", f"subtask.engine.{name}.paid", "true")
+    git(repo, "config", f"subtask.engine.{name}.costPattern", r"cost: \$([0-9.]+)")
+
+
+def test_engines_lists_every_engine_without_spending(cli, repo):
+    paid_command_engine(repo)
+    data = cli.json("engines")
+    by_name = {e["name"]: e for e in data["engines"]}
+    assert {"shell", "claude", "codex", "command", "fakepaid"} <= set(by_name)
+    assert by_name["shell"]["paid"] is False and by_name["shell"]["usable"] is True
+    assert by_name["claude"]["paid"] is True
+    assert by_name["claude"]["authenticated"] is False  # no key in the test environment
+    assert by_name["fakepaid"]["paid"] is True
+    text = cli.ok("engines")
+    assert "isolation:" in text
+
+
+def test_no_default_engine_is_a_clear_error_listing_usable_engines(cli, repo):
+    git(repo, "config", "--unset", "subtask.engine")
+    proc = cli("start", "true")
+    assert proc.returncode == 129
+    assert "usable engines: shell" in proc.stderr
+    assert "--engine shell" in proc.stderr
+    assert refs(repo, "refs/subtask") == []
+
+
+def test_paid_engine_reserves_then_charges_the_observed_cost(cli, repo):
+    paid_command_engine(repo)
+    job = cli.start("write the agent file", "--engine", "fakepaid", "--max-usd", "3")
+    cli.ok("wait", job)
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["cost"] == {"v": 1, "reserved": 3.0, "observed": 0.42, "charged": 0.42, "billing": "observed"}
+    spend = cli.json("spend")
+    assert spend["committed_usd"] == pytest.approx(0.42) and spend["open_usd"] == 0
+    assert spend["per_engine"]["fakepaid"]["committed"] == pytest.approx(0.42)
+    assert "$0.42" in cli.ok("list")
+    note = git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}")
+    assert "$0.42 observed" in note
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "Agent: write the agent file"
+
+
+def test_unknown_cost_charges_the_whole_reservation(cli, repo):
+    paid_command_engine(repo, "nocost", cost="")
+    job = cli.start("work", "--engine", "nocost", "--max-usd", "1.5")
+    cli.ok("wait", job)
+    cost = cli.json("show", job)["state_detail"]["attempts"][0]["cost"]
+    assert cost["charged"] == 1.5 and cost["billing"] == "charged"
+    assert cli.json("spend")["committed_usd"] == pytest.approx(1.5)
+    assert "charged (cost unknown" in git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}")
+
+
+def test_monthly_cap_refuses_a_start_and_changes_nothing(cli, repo):
+    paid_command_engine(repo)
+    git(repo, "config", "subtask.monthlyCapUsd", "5")
+    first = cli.start("one", "--engine", "fakepaid", "--max-usd", "4")
+    before = refs(repo)
+    proc = cli("start", "two", "--engine", "fakepaid", "--max-usd", "4")
+    assert proc.returncode == 1
+    assert "monthly cap" in proc.stderr and "git subtask spend" in proc.stderr
+    assert refs(repo) == before
+    proc = cli("start", "three", "--engine", "fakepaid", "--max-usd", "25")
+    assert proc.returncode == 129 and "subtask.maxJobUsd" in proc.stderr
+    cli.ok("wait", first)
+
+
+def test_claude_job_through_the_sdk_records_cost_session_and_resumes_on_reply(cli, repo, tmp_path):
+    fake = write_fake_cli(tmp_path / "claude-cli", "success")
+    env = {"SUBTASK_CLAUDE_CLI": str(fake)}
+    job = cli.start("check the tree", "--engine", "claude", "--max-usd", "1", env=env)
+    cli.ok("wait", job, env=env)
+    shown = cli.json("show", job)
+    attempt = shown["state_detail"]["attempts"][0]
+    assert attempt["session_id"] == FAKE_SESSION
+    assert attempt["outcome"] == "done"
+    assert attempt["cost"]["observed"] == pytest.approx(0.0123) and attempt["cost"]["billing"] == "observed"
+    seen = [c["command"] for c in shown["evidence"]["commands"]["seen"]]
+    assert seen == ["git status", "make test"]
+    assert cli.json("spend")["committed_usd"] == pytest.approx(0.0123)
+    argv = read_record(fake)["argv"]
+    assert "--max-budget-usd" in argv and "acceptEdits" in argv
+    cli.ok("reply", job, "now fix it", env=env)
+    cli.ok("wait", job, env=env)
+    assert f"--resume={FAKE_SESSION}" in read_record(fake)["argv"]
+    assert [a["n"] for a in cli.json("show", job)["state_detail"]["attempts"]] == [1, 2]
+
+
+def test_claude_error_result_becomes_an_error_kind_with_a_real_hint(cli, repo, tmp_path):
+    fake = write_fake_cli(tmp_path / "claude-cli", "budget")
+    env = {"SUBTASK_CLAUDE_CLI": str(fake)}
+    job = cli.start("spend it all", "--engine", "claude", "--max-usd", "0.5", env=env)
+    assert cli("wait", job).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "failed" and attempt["error_kind"] == "budget"
+    assert "git subtask reply" in attempt["hint"]
+    assert attempt["cost"]["charged"] == pytest.approx(0.5)  # 0.51 observed, capped at the reservation
+
+
+@pytest.mark.slow
+def test_real_claude_code_cli_does_a_job_end_to_end(cli, repo, tmp_path, monkeypatch):
+    if _bundled_cli() is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+    worktree_of = {}
+
+    def write_turn(body):
+        return tool_turn("Write", {"file_path": str(worktree_of["path"] / "hello.txt"), "content": "hello\n"})
+
+    turns = [
+        write_turn,
+        tool_turn("Bash", {"command": 'git add hello.txt && git commit -m "Add hello"', "description": "commit"}),
+        text_turn("Wrote hello.txt and committed it.\nSTATUS: done"),
+    ]
+    with FakeMessagesAPI(turns) as api:
+        env = offline_env(tmp_path, api.url)
+        env.pop("SUBTASK_CLAUDE_CLI", None)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        out = cli.ok("start", "--engine", "claude", "--max-usd", "1", "--timeout", "120",
+                     "write hello.txt and commit it", env=env)
+        job = out.split()[0]
+        worktree_of["path"] = repo / ".subtask" / "worktrees" / job
+        cli.ok("wait", job, env=env, timeout=180)
+    shown = cli.json("show", job)
+    assert shown["state"] == "done"
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "Add hello"
+    assert git(repo, "show", f"subtask/{job}:hello.txt") == "hello"
+    attempt = shown["state_detail"]["attempts"][0]
+    assert attempt["cost"]["billing"] == "observed" and attempt["cost"]["observed"] >= 0
+    assert "Wrote hello.txt" in git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}")
+
+
+def test_readonly_job_has_no_branch_and_leaves_no_worktree(cli, repo):
+    job = cli.start("ls > listing.txt; echo looked", "--readonly")
+    cli.ok("wait", job)
+    assert f"refs/heads/subtask/{job}" not in refs(repo)
+    assert f"refs/subtask/{job}/record" in refs(repo)
+    assert not (repo / ".subtask" / "worktrees" / job).exists()
+    assert "(read-only" in cli.ok("show", job)
+    note = git(repo, "notes", "--ref=subtask", "show", "HEAD")
+    assert f"subtask {job} · done" in note and "looked" in note
+    assert git(repo, "worktree", "list").count("\n") == 0
+
+
+def test_a_background_process_holding_stdout_does_not_hang_the_job(cli):
+    job = cli.start("sleep 60 & echo started")
+    t0 = time.monotonic()
+    cli.ok("wait", job, timeout=30)
+    assert time.monotonic() - t0 < 20
+
+
+def test_a_megabyte_on_stderr_does_not_deadlock(cli):
+    job = cli.start("head -c 1048576 /dev/zero | tr '\\\\0' x >&2; echo fine")
+    assert "done" in cli.ok("wait", job, timeout=60)
+    assert "fine" in cli.ok("result", job)
