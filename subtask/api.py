@@ -439,6 +439,17 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     return Listing(entries, more)
 
 
+def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None]]:
+    """(job, queue position, latest activity) for one job, or for every active job."""
+    if id_or_prefix is not None:
+        jobs = [get(repo, id_or_prefix)]
+    else:
+        jobs = [records.read(repo, entry["id"]) for entry in list_jobs(repo, state="active").jobs]
+    current = slots.read(repo.state_dir)
+    return [(job, current.position(job.id),
+             None if job.state.current.terminal else latest_activity(repo, job.id)) for job in jobs]
+
+
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
     path = lifecycle.events_file(repo.state_dir, job_id)

@@ -157,6 +157,62 @@ def list_(state, include_all, limit, as_json):
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id, as_json):
+    """What a job (default: every active job) is doing now: state, queue position, latest activity."""
+    from subtask import api, render
+
+    rows = api.status(_repo(), job_id)
+    if as_json:
+        _emit_json({"v": 1, "jobs": [{"id": job.id, "state": job.state.current.state, "position": position,
+                                      "activity": activity, "line": render.status_line(job, position, activity)}
+                                     for job, position, activity in rows]})
+        return
+    for row in rows:
+        click.echo(render.status_line(*row))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--timeout", type=float, help="stop watching after this many seconds (exit 1)")
+def watch(ids, timeout):
+    """Show live progress of jobs until they end: elapsed, state, latest activity per job.
+
+    On a terminal the lines redraw in place; otherwise a line is printed whenever one changes.
+    Exit codes as for wait.
+    """
+    from subtask import api, render
+
+    repo = _repo()
+    live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+    shown: dict[str, str] = {}
+    drawn = [0]
+
+    def draw(elapsed, ended, total, activities):
+        lines = []
+        for job, position, activity in (api.status(repo, i)[0] for i in ids):
+            lines.append(f"[{render.duration(elapsed)}] {render.status_line(job, position, activity)}")
+        if live:
+            click.echo(("\x1b[F" * drawn[0]) + "\n".join("\x1b[K" + line for line in lines))
+            drawn[0] = len(lines)
+        else:
+            for line, job_id in zip(lines, ids, strict=False):
+                body = line.split("] ", 1)[1]
+                if shown.get(job_id) != body:
+                    shown[job_id] = body
+                    click.echo(line)
+
+    draw(0.0, 0, len(ids), {})
+    result = api.wait(repo, list(ids), timeout=timeout, on_tick=draw, tick=0.5 if live else 1.0)
+    if live:
+        click.echo("\x1b[F" * drawn[0], nl=False)
+    for job in result.jobs:
+        click.echo(("\x1b[K" if live else "") + render.one_line(job))
+    sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--log", "show_log", is_flag=True, help="print the worker's log too")
@@ -274,6 +330,61 @@ def mcp():
     )
 
     mcp_server.main()
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--strict", is_flag=True, help="exit 1 on warnings too")
+def doctor(as_json, strict):
+    """Check git, the repository, hooks, notes, state files, slots, worktrees and engines.
+
+    Exit 1 when a check fails (or warns, with --strict).
+    """
+    from subtask import doctor as doctor_mod
+
+    report = doctor_mod.run(os.environ.get("SUBTASK_REPO") or None)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        for check in report.checks:
+            click.echo(f"{marks[check.status]}  {check.name:<10} {check.message}")
+            for step in check.remediation:
+                click.echo(f"      {'':<10} -> {step}")
+    failed = report.status == "fail" or (strict and report.status == "warn")
+    sys.exit(EXIT_NEGATIVE if failed else 0)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the completion script for SHELL (commands, options and job ids).
+
+    \b
+    bash: git subtask completion bash > ~/.local/share/bash-completion/completions/git-subtask
+    zsh:  git subtask completion zsh > "${fpath[1]}/_git-subtask"
+    fish: git subtask completion fish > ~/.config/fish/completions/git-subtask.fish
+    """
+    from subtask.completion import SCRIPTS
+
+    click.echo(SCRIPTS[shell], nl=False)
+
+
+@cli.command("__complete", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+def complete_words(words):
+    """Completion candidates for the words typed so far (used by the completion scripts)."""
+    from subtask.completion import candidates
+
+    def job_ids():
+        try:
+            from subtask import records
+
+            return sorted(records.all_ids(_repo()))
+        except Exception:
+            return []
+
+    click.echo("\n".join(candidates(cli, list(words), job_ids)))
 
 
 def main(argv: list[str] | None = None) -> None:

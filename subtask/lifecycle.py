@@ -24,7 +24,7 @@ from pathlib import Path
 from subtask import ledger, liveness, records, slots
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
-from subtask.statefiles import ensure_dir, write_json
+from subtask.statefiles import ensure_dir, open_private, write_json
 
 WORKER_DIED = "worker died"
 
@@ -62,7 +62,7 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
 
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`."""
-    log = open(logs_dir(repo) / f"{job_id}.log", "ab")
+    log = os.fdopen(open_private(logs_dir(repo) / f"{job_id}.log"), "ab")
     env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
     try:
         proc = subprocess.Popen(

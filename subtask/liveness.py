@@ -16,11 +16,11 @@ import fcntl
 import os
 from pathlib import Path
 
+from subtask.statefiles import ensure_dir
+
 
 def run_dir(state_dir: Path) -> Path:
-    path = state_dir / "run"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    return ensure_dir(state_dir / "run")
 
 
 def lock_path(state_dir: Path, job_id: str) -> Path:

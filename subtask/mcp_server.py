@@ -211,15 +211,6 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
 # ---------------------------------------------------------------- reading
 
-def _status_line(repo: api.Repo, job: Any) -> str:
-    line = render.one_line(job, api.queue_position(repo, job.id))
-    if not job.state.current.terminal:
-        activity = api.latest_activity(repo, job.id)
-        if activity:
-            line += f" · now: {activity}"
-    return line
-
-
 @tool("status", read_only=True, title="Job status")
 async def status(id: str | None = None, repo: str | None = None) -> str:
     """One job's status in one line (queue position, latest activity); without id: every active job.
@@ -228,13 +219,8 @@ async def status(id: str | None = None, repo: str | None = None) -> str:
     """
 
     def run() -> str:
-        where = open_repo(repo)
-        if id is not None:
-            return _status_line(where, api.get(where, id))
-        entries = api.list_jobs(where, state="active").jobs
-        if not entries:
-            return "no active jobs"
-        return "\n".join(_status_line(where, api.get(where, entry["id"])) for entry in entries)
+        rows = api.status(open_repo(repo), id)
+        return "\n".join(render.status_line(*row) for row in rows) if rows else "no active jobs"
 
     return await _call(run)
 

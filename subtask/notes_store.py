@@ -220,7 +220,7 @@ def _update(
 ) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
+    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
         for delay in _backoff():
             tip = _tip(repo)
             tree = repo[tip].tree if tip is not None else None

@@ -81,6 +81,12 @@ def started_line(job, position: int) -> str:
     return f"{job.id} {state} · {job.spec.engine} · {where}"
 
 
+def status_line(job, position: int | None = None, activity: str | None = None) -> str:
+    """One job now: its one-line status, plus what it is doing when it is still active."""
+    line = one_line(job, position)
+    return f"{line} · now: {activity}" if activity else line
+
+
 def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
     """One row of `list`: id, state, verify, age, cost, task (from the compact list entry)."""
     now = now or time.time()

@@ -13,8 +13,21 @@ from pathlib import Path
 
 
 def ensure_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Make `path` (and any missing parents) private folders; existing folders are left alone."""
+    if not path.is_dir():
+        if not path.parent.is_dir():
+            ensure_dir(path.parent)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
     return path
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+    """An fd on a 0600 file (created if missing), in a private folder."""
+    ensure_dir(path.parent)
+    return os.open(path, flags, 0o600)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

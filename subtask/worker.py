@@ -33,7 +33,7 @@ from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded,
 from subtask.model import Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import redact, redact_obj
-from subtask.statefiles import file_lock
+from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
 DEPTH_ENV = "SUBTASK_DEPTH"
@@ -60,8 +60,11 @@ class EventSink:
         event.setdefault("t", round(time.time(), 3))
         event.setdefault("attempt", self.attempt)
         line = json.dumps(event, ensure_ascii=True)
-        with open(self.path, "a") as fh:
-            fh.write(line + "\n")
+        fd = open_private(self.path)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
         self.tail.append(line)
         if len(self.tail) > records.EVENTS_TAIL_LINES:
             del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]

@@ -1,0 +1,176 @@
+"""`git subtask doctor`: what is installed and configured, and what to do about what is not.
+
+Every check returns a `Check` with a status (ok, warn, fail), a message, and remediation steps
+that name real commands. Nothing here changes anything or spends anything: engines are probed
+without a paid call, slots are read without reconciling them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+ORDER = {"ok": 0, "warn": 1, "fail": 2}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    message: str
+    remediation: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+
+    @property
+    def status(self) -> str:
+        return max((c.status for c in self.checks), key=ORDER.__getitem__, default="ok")
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "status": self.status, "checks": [asdict(c) for c in self.checks]}
+
+
+def run(path: str | os.PathLike | None = None) -> Report:
+    checks = [check_git(), check_libgit2()]
+    try:
+        from subtask.gitrepo import open_repo
+
+        repo = open_repo(path)
+    except Exception as exc:
+        message = getattr(exc, "message", str(exc))
+        checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
+        return Report(checks)
+    checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
+    for check in (check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines):
+        try:
+            checks.append(check(repo))
+        except Exception as exc:  # a broken check must not hide the others
+            checks.append(Check(check.__name__.removeprefix("check_"), "warn", f"could not check: {exc}"))
+    return Report(checks)
+
+
+def check_git() -> Check:
+    try:
+        out = subprocess.run(["git", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return Check("git", "fail", "git is not on PATH", ["install git (2.25 or newer)"])
+    version = tuple(int(p) for p in out.split()[2].split(".")[:2] if p.isdigit())
+    if version < (2, 25):
+        return Check("git", "warn", f"{out}: older than 2.25; worktree commands may misbehave", ["upgrade git"])
+    return Check("git", "ok", out)
+
+
+def check_libgit2() -> Check:
+    import pygit2
+
+    return Check("libgit2", "ok", f"libgit2 {pygit2.LIBGIT2_VERSION} (pygit2 {pygit2.__version__})")
+
+
+def hooks_dir(repo) -> Path:
+    # Without the hooks-off switch: with it, git would answer /dev/null.
+    out = subprocess.run(["git", "-C", str(repo.root), "rev-parse", "--git-path", "hooks"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    path = Path(out)
+    return path if path.is_absolute() else repo.root / path
+
+
+def check_hooks(repo) -> Check:
+    hook = hooks_dir(repo) / "post-merge"
+    if hook.exists() and "subtask" in hook.read_text(errors="replace"):
+        return Check("hooks", "ok", f"post-merge hook installed at {hook}")
+    return Check("hooks", "warn", "the post-merge hook is not installed: landed jobs are cleaned up lazily only",
+                 ["git subtask hooks install"])
+
+
+def check_notes_config(repo) -> Check:
+    cfg = repo.git.config
+    rewrite = [entry.value for entry in cfg.get_multivar("notes.rewriteRef")] if _has(cfg, "notes.rewriteRef") else []
+    if any(r in ("refs/notes/subtask", "refs/notes/*") for r in rewrite):
+        return Check("notes", "fail", "notes.rewriteRef copies subtask notes onto rebased commits, so a "
+                     "'verify passed' would stand on a tree that was never tested",
+                     ["git config --unset-all notes.rewriteRef 'refs/notes/(subtask|\\*)'"])
+    if not _has(cfg, "notes.subtask.mergeStrategy"):
+        return Check("notes", "warn", "notes.subtask.mergeStrategy is not set: pulling teammates' notes may conflict",
+                     ["git subtask init"])
+    return Check("notes", "ok", f"notes.subtask.mergeStrategy = {cfg['notes.subtask.mergeStrategy']}")
+
+
+def _has(cfg, key: str) -> bool:
+    try:
+        cfg[key]
+        return True
+    except KeyError:
+        return False
+    except ValueError:  # a multivar
+        return True
+
+
+def check_state_dir(repo) -> Check:
+    state = repo.state_dir
+    if not state.exists():
+        return Check("state", "ok", f"{state} does not exist yet (made on the first job)")
+    loose = []
+    for path in [state, *state.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            loose.append(f"{path.relative_to(state.parent)} ({oct(mode)})")
+    if loose:
+        return Check("state", "warn", f"{len(loose)} state files readable by others: {', '.join(loose[:3])}",
+                     [f"chmod -R go-rwx '{state}'"])
+    return Check("state", "ok", f"{state} (private)")
+
+
+def check_slots(repo) -> Check:
+    from subtask import liveness, slots
+
+    current = slots.read(repo.state_dir)
+    if current.damaged:
+        return Check("slots", "warn", "slots.json is damaged; the next command rebuilds it", ["git subtask list"])
+    stale = [e["job"] for e in current.running if not liveness.is_held(repo.state_dir, e["job"])]
+    if stale:
+        return Check("slots", "warn", f"{len(stale)} slots held by dead workers: {', '.join(stale)}",
+                     ["git subtask list   # reclaims them and ends those jobs"])
+    return Check("slots", "ok", f"{len(current.running)} running, {len(current.queue)} queued")
+
+
+def check_worktrees(repo) -> Check:
+    from subtask import records
+
+    root = repo.worktree_dir()
+    ids = set(records.all_ids(repo))
+    listed = subprocess.run(["git", "-C", str(repo.root), "worktree", "list", "--porcelain"],
+                            capture_output=True, text=True, check=False).stdout
+    registered = {line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")}
+    prunable = listed.count("\nprunable")
+    orphans = [p.name for p in root.iterdir() if p.is_dir() and (p.name not in ids or str(p) not in registered)] \
+        if root.exists() else []
+    problems, steps = [], []
+    if orphans:
+        problems.append(f"{len(orphans)} folders in {root} belong to no job or no registered worktree: {', '.join(orphans[:5])}")
+        steps.append(f"look at them, then remove what you do not need (rm -r '{root}/<name>')")
+    if prunable:
+        problems.append(f"{prunable} worktree entries point at missing folders")
+        steps.append("git worktree prune")
+    if problems:
+        return Check("worktrees", "warn", "; ".join(problems), steps)
+    return Check("worktrees", "ok", f"{sum(1 for p in registered if p.startswith(str(root)))} job worktrees")
+
+
+def check_engines(repo) -> Check:
+    from subtask import api
+
+    probes = api.engines(repo)
+    usable = [p.name for p in probes if p.usable]
+    default = repo.config.get("engine")
+    summary = ", ".join(f"{p.name}{'' if p.usable else ' (unusable)'}" for p in probes)
+    if default and default not in usable:
+        return Check("engines", "warn", f"the default engine {default} is not usable; engines: {summary}",
+                     ["git subtask engines", f"git config subtask.engine {usable[0] if usable else 'shell'}"])
+    return Check("engines", "ok", summary)
