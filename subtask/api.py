@@ -183,14 +183,19 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     attempt = Attempt(n=1, state="queued", message=task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
-    return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly)
+    return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly,
+                             lock_fd=liveness.acquire(repo.state_dir, job.id))
 
 
-def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool) -> StartResult:
+def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, lock_fd: int) -> StartResult:
+    """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
+
+    For attempt 1 the record is created; for a reply the new attempt is appended to it, by
+    compare-and-swap on an ended attempt, so concurrent replies add exactly one.
+    """
     state_dir = repo.state_dir
     attempt = job.state.current
     undo: list = []
-    lock_fd = liveness.acquire(state_dir, job.id)
     handed: list[slots.HandOff] = []
     dead: list[dict] = []
     spawned = False
@@ -214,10 +219,13 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool) -> 
             repo.git.create_branch(job.spec.branch, repo.git[job.spec.base])
             undo.append(lambda: _delete_branch(repo, job.spec.branch))
             faults.point("after_branch")
-        if job.state.current.n == 1:
+        if attempt.n == 1:
             records.set_pin(repo, job.id, "base", job.spec.base)
             undo.append(lambda: records.delete(repo, job.id))
             records.create(repo, job)
+        else:
+            _append_attempt(repo, job.id, attempt)
+            undo.append(lambda: _drop_attempt(repo, job.id, attempt.n))
         faults.point("after_record")
         if position == 0:
             faults.point("before_spawn")
@@ -242,6 +250,27 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool) -> 
     _settle_dead(repo, dead)
     lifecycle.start_handoffs(repo, handed)
     return StartResult(job, position)
+
+
+def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
+    def change(job: Job) -> bool:
+        if job.state.current.n != attempt.n - 1 or not job.state.current.terminal:
+            raise SubtaskError("not_finished", f"{job_id} changed meanwhile: attempt {job.state.current.n} is "
+                               f"{job.state.current.state}", hint=f"git subtask wait {job_id}")
+        job.state.attempts.append(attempt)
+        return True
+
+    records.update(repo, job_id, change)
+
+
+def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:
+    def change(job: Job) -> bool:
+        if job.state.current.n != n or job.state.current.state != "queued":
+            return False
+        job.state.attempts.pop()
+        return True
+
+    records.update(repo, job_id, change)
 
 
 def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
@@ -276,6 +305,57 @@ def sweep(repo: Repo) -> None:
     lifecycle.reconcile(repo)
 
 
+# ---------------------------------------------------------------- reply
+
+REPLY_LOCK_WAIT = 3.0
+
+
+def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None = None,
+          timeout: float | None = None) -> StartResult:
+    """A new attempt of a finished job in the same worktree, resuming the engine's session."""
+    from subtask.engines import get_engine
+
+    message = _check_task(message)
+    job_id = records.resolve(repo, id_or_prefix)
+    job = records.read(repo, job_id)
+    previous = job.state.current
+    if not previous.terminal:
+        raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
+                           hint=f"git subtask wait {job_id}")
+    engine = get_engine(job.spec.engine, repo.config)
+    usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
+    timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
+    _check_depth(repo)
+    lock_fd = _acquire_for_reply(repo, job_id)
+    n = previous.n + 1
+    attempt = Attempt(n=n, state="queued", message=message, queued_at=now(), cost=Cost(reserved=usd),
+                      rid=f"{job_id}.{n}" if engine.paid else None, timeout=timeout,
+                      max_usd=usd if engine.paid else None, session_id=None)
+    job.state.attempts.append(attempt)
+    try:
+        fresh = records.read(repo, job_id)
+        if fresh.state.current.n != previous.n:
+            raise SubtaskError("not_finished", f"another reply already started attempt {fresh.state.current.n} of {job_id}",
+                               hint=f"git subtask wait {job_id}")
+    except BaseException:
+        liveness.release(lock_fd)
+        raise
+    return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd)
+
+
+def _acquire_for_reply(repo: Repo, job_id: str) -> int:
+    """The job's run-lock, once its previous worker has let go; busy means another reply has it."""
+    deadline = time.monotonic() + REPLY_LOCK_WAIT
+    while True:
+        fd = liveness.acquire(repo.state_dir, job_id, block=False)
+        if fd is not None:
+            return fd
+        if time.monotonic() >= deadline:
+            raise SubtaskError("not_finished", f"{job_id} is busy: another reply or its worker holds it",
+                               hint=f"git subtask wait {job_id}")
+        time.sleep(0.02)
+
+
 # ---------------------------------------------------------------- reading
 
 def get(repo: Repo, id_or_prefix: str) -> Job:
@@ -286,8 +366,21 @@ def queue_position(repo: Repo, job_id: str) -> int | None:
     return slots.read(repo.state_dir).position(job_id)
 
 
-def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> list[dict]:
-    """Compact entries, newest first. By default landed jobs are hidden (`include_all` shows them)."""
+DEFAULT_LIST_LIMIT = 50
+
+
+@dataclass
+class Listing:
+    jobs: list[dict]
+    more: int  # jobs left out by the limit
+
+
+def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
+    """Compact entries, newest first.
+
+    By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
+    landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
+    """
     if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
     sweep(repo)
@@ -295,7 +388,10 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
 
     landing.maybe_sweep(repo)
     current = slots.read(repo.state_dir)
+    if limit is None and not include_all:
+        limit = DEFAULT_LIST_LIMIT
     entries = []
+    more = 0
     for entry in records.list_entries(repo):
         if not include_all and entry.get("landed") and state is None:
             continue
@@ -307,10 +403,11 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         if state not in (None, "active", "ended") and job_state != state:
             continue
         entry["position"] = current.position(entry["id"]) if job_state == "queued" else None
+        if limit and len(entries) >= limit and job_state in TERMINAL:
+            more += 1
+            continue
         entries.append(entry)
-        if limit and len(entries) >= limit:
-            break
-    return entries
+    return Listing(entries, more)
 
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:

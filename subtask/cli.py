@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import click
 
@@ -82,6 +83,30 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.argument("message")
+@click.option("--max-usd", type=float, help="budget for this attempt (default: the job's)")
+@click.option("--timeout", type=float, help="seconds the engine may run this time")
+@click.option("--json", "as_json", is_flag=True)
+def reply(job_id, message, max_usd, timeout, as_json):
+    """Start a new attempt of a finished job in its worktree, resuming the engine's session.
+
+    For the shell engine MESSAGE is another script. Use - to read it from standard input.
+    """
+    from subtask import api
+
+    if message == "-":
+        message = sys.stdin.read()
+    result = api.reply(_repo(), job_id, message, max_usd=max_usd, timeout=timeout)
+    job = result.job
+    if as_json:
+        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
+        return
+    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
+    click.echo(f"{job.id} {state} · attempt {job.state.current.n} · {job.spec.engine}")
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--any", "any_", is_flag=True, help="return when the first job ends")
 @click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
@@ -108,21 +133,27 @@ def wait(ids, any_, timeout, as_json):
 
 @cli.command("list", context_settings=CONTEXT)
 @click.option("--state", help="queued, running, done, failed, stopped, active or ended")
-@click.option("--all", "include_all", is_flag=True, help="include landed jobs")
-@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many jobs")
+@click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
 @click.option("--json", "as_json", is_flag=True)
 def list_(state, include_all, limit, as_json):
-    """One line per job: id, state, verify, age, cost, engine, task (newest first)."""
+    """One line per job: id, state, verify, age, cost, engine, task (newest first).
+
+    Active jobs always show; finished ones up to the limit; landed ones only with --all.
+    """
     from subtask import api, render
 
-    entries = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
+    listing = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
+    entries = listing.jobs
     if as_json:
-        _emit_json({"v": 1, "jobs": entries})
+        _emit_json({"v": 1, "jobs": entries, "more": listing.more})
         return
     if entries:
-        click.echo(render.LIST_HEADER)
-    for entry in entries:
-        click.echo(render.list_line(entry, entry.get("position")))
+        now = time.time()
+        lines = [render.LIST_HEADER] + [render.list_line(e, e.get("position"), now) for e in entries]
+        click.echo("\n".join(lines))
+    if listing.more:
+        click.echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
 
 
 @cli.command(context_settings=CONTEXT)

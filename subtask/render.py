@@ -15,6 +15,8 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds:.2f}s"
     if seconds < 10:
         return f"{seconds:.1f}s"
     if seconds < 60:
@@ -111,7 +113,7 @@ def verify_line(verify) -> str:
     if verify is None:
         return "not run"
     exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-    return f"{verify.command} -> {exit_text} in {verify.seconds:.1f}s at {short(verify.head)}"
+    return f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}"
 
 
 def cost_line(attempt) -> str:

@@ -341,6 +341,20 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
     sink({"type": "state", "state": attempt.state})
+    pack_refs_when_many(repo)
+
+
+PACK_REFS_OVER = 1000
+
+
+def pack_refs_when_many(repo: Repo) -> None:
+    """Pack refs once many job refs are loose: listing 10,000 loose refs costs ~0.2 s more."""
+    try:
+        loose = sum(1 for _ in os.scandir(repo.common_dir / "refs" / "subtask"))
+    except OSError:
+        return
+    if loose > PACK_REFS_OVER:
+        git(repo.root, "pack-refs", "--all", check=False)
 
 
 def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.HandOff]:

@@ -1,0 +1,255 @@
+"""A job's life through the real CLI: wait, list, show, result, diff, stop, cleanup, queue, death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import git, wait_until
+
+
+def state_dir(repo: Path) -> Path:
+    return Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask"
+
+
+def test_wait_exit_codes_follow_the_outcome(cli):
+    ok = cli.start("true")
+    failing_script = cli.start("exit 3")
+    failing_verify = cli.start("true", "--verify", "false")
+    assert cli("wait", ok).returncode == 0
+    proc = cli("wait", failing_script)
+    assert proc.returncode == 1
+    assert "failed" in proc.stdout and "exit" in proc.stdout
+    assert cli("wait", failing_verify).returncode == 1
+    both = cli("wait", ok, failing_verify)
+    assert both.returncode == 1
+    assert len(both.stdout.splitlines()) == 2
+    shown = cli.json("show", failing_script)["state_detail"]["attempts"][0]
+    assert shown["error_kind"] == "exit"
+    assert "exited with code 3" in shown["reason"]
+
+
+def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli):
+    slow = cli.start("sleep 5")
+    fast = cli.start("true")
+    t0 = time.monotonic()
+    proc = cli("wait", "--any", slow, fast)
+    assert time.monotonic() - t0 < 4
+    assert proc.returncode == 1  # the slow one has not ended
+    assert f"{fast} done" in proc.stdout
+    t0 = time.monotonic()
+    proc = cli("wait", "--timeout", "0.5", slow)
+    assert proc.returncode == 1
+    assert time.monotonic() - t0 < 4
+    assert "timed out" in proc.stderr
+    cli.ok("stop", slow)
+
+
+def test_list_show_result_and_json(cli, repo):
+    assert cli.json("list") == {"v": 1, "jobs": [], "more": 0}
+    assert cli.ok("list") == ""
+    job = cli.start("printf 'line %s\\n' 1 2 3 4 5 6 7 8 9 10 11 12; echo done > out.txt", "--verify", "test -s out.txt")
+    cli.ok("wait", job)
+    rows = cli.ok("list").splitlines()
+    assert rows[0].startswith("ID")
+    assert rows[1].startswith(job) and "done" in rows[1] and "passed" in rows[1] and "$0.00" in rows[1]
+    listed = cli.json("list")["jobs"]
+    assert [j["id"] for j in listed] == [job]
+    assert listed[0]["state"] == "done" and listed[0]["verify"] == "passed"
+    shown = cli.json("show", job)
+    assert shown["evidence"]["files"] == [{"path": "out.txt", "status": "A", "added": 1, "deleted": 0}]
+    assert shown["evidence"]["autocommit"]["files"] == ["out.txt"]
+    assert shown["evidence"]["verification"]["head"] == shown["evidence"]["head"]
+    result = cli.ok("result", job)
+    assert result.splitlines()[0].startswith(f"{job} done · verify passed")
+    assert "line 12" in result
+    assert len(result.splitlines()) <= 12
+    envelope = json.loads(cli.ok("result", job, "--evidence"))
+    assert envelope["v"] == 1 and envelope["state"] == "done"
+    assert envelope["git"]["changed_files"][0]["path"] == "out.txt"
+    assert envelope["verification"]["passed"] is True
+    stat = cli.ok("diff", job, "--stat")
+    assert "out.txt" in stat and "1 insertion" in stat
+    # the autocommit carries the Subtask-Id trailer
+    body = git(repo, "log", "-1", "--format=%B", f"subtask/{job}")
+    assert f"Subtask-Id: {job}" in body
+
+
+def test_list_filters_by_state(cli):
+    done = cli.start("true")
+    failed = cli.start("false")
+    cli("wait", done, failed)
+    assert [j["id"] for j in cli.json("list", "--state", "failed")["jobs"]] == [failed]
+    assert [j["id"] for j in cli.json("list", "--state", "done")["jobs"]] == [done]
+    proc = cli("list", "--state", "bogus")
+    assert proc.returncode == 129
+
+
+def test_note_stands_under_the_head_commit_and_two_jobs_on_one_commit_both_show(cli, repo):
+    one = cli.start("true")  # no commit: its note goes on the base
+    two = cli.start("true")
+    cli.ok("wait", one, two)
+    note = git(repo, "notes", "--ref=subtask", "show", "HEAD")
+    assert f"subtask {one} · done" in note and f"subtask {two} · done" in note
+    writer = cli.start("echo x > x.txt")
+    cli.ok("wait", writer)
+    head = git(repo, "rev-parse", f"subtask/{writer}")
+    log = git(repo, "log", "--notes=subtask", "-1", f"subtask/{writer}")
+    assert f"subtask {writer} · done · no verify" in log
+    assert git(repo, "rev-parse", f"refs/subtask/{writer}/head") == head
+
+
+def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo):
+    marker = repo / "child.pid"
+    job = cli.start(f"sh -c 'trap \"\" TERM; echo $$ > {marker}; sleep 60' & wait")
+    assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=10)
+    child = int(marker.read_text())
+    out = cli.ok("stop", job, env={"GIT_CONFIG_PARAMETERS": "'subtask.stopgrace=1'"})
+    assert f"{job} stopped" in out
+    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], timeout=5)
+    record = git(repo, "log", "--format=%s", f"refs/subtask/{job}/record")
+    assert sum(1 for line in record.splitlines() if " stopped" in line or " failed" in line) == 1
+    assert cli("stop", job).returncode == 1  # already ended: a negative answer
+    assert json.loads((state_dir(repo) / "slots.json").read_text())["running"] == []
+
+
+def test_max_running_queues_and_hands_off_in_order(cli, repo):
+    git(repo, "config", "subtask.maxRunning", "1")
+    log = repo.parent / "order.log"
+    ids = []
+    for n in range(3):
+        out = cli.ok("start", f"echo start {n} >> '{log}'; sleep 0.3; echo end {n} >> '{log}'")
+        ids.append(out.split()[0])
+        assert ("running" in out) == (n == 0)
+        if n:
+            assert f"queued (#{n} in queue)" in out
+    listing = cli.ok("list")
+    assert "queued#" in listing
+    cli.ok("wait", *ids)
+    lines = log.read_text().split("\n")
+    assert [l for l in lines if l] == ["start 0", "end 0", "start 1", "end 1", "start 2", "end 2"]
+
+
+def test_stop_on_a_queued_job_removes_it_from_the_queue(cli, repo):
+    git(repo, "config", "subtask.maxRunning", "1")
+    running = cli.start("sleep 2")
+    queued = cli.start("echo never > never.txt")
+    assert cli.json("show", queued)["position"] == 1
+    out = cli.ok("stop", queued)
+    assert f"{queued} stopped" in out
+    cli.ok("wait", running)
+    assert not (repo / ".subtask" / "worktrees" / queued / "never.txt").exists()
+    slots = json.loads((state_dir(repo) / "slots.json").read_text())
+    assert slots == {"v": 1, "running": [], "queue": []}
+
+
+def test_killed_worker_is_noticed_by_the_next_command(cli, repo):
+    job = cli.start("sleep 60")
+    pid_file = state_dir(repo) / "run" / f"{job}.pid"
+    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=10)
+    pids = json.loads(pid_file.read_text())
+    os.kill(pids["worker"], signal.SIGKILL)
+    os.killpg(pids["engine"], signal.SIGKILL)
+    time.sleep(0.1)
+    rows = cli.json("list")["jobs"]
+    assert rows[0]["state"] == "failed"
+    shown = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert shown["reason"] == "worker died"
+    assert json.loads((state_dir(repo) / "slots.json").read_text())["running"] == []
+
+
+def test_wait_notices_a_dead_worker(cli, repo):
+    job = cli.start("sleep 60")
+    pid_file = state_dir(repo) / "run" / f"{job}.pid"
+    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=10)
+    waiter = subprocess.Popen(["git", "subtask", "wait", job], cwd=repo, stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    pids = json.loads(pid_file.read_text())
+    os.kill(pids["worker"], signal.SIGKILL)
+    os.killpg(pids["engine"], signal.SIGKILL)
+    out, _ = waiter.communicate(timeout=10)
+    assert waiter.returncode == 1
+    assert f"{job} failed" in out
+
+
+def test_cleanup_removes_a_clean_worktree_and_keeps_a_dirty_one(cli, repo):
+    job = cli.start("echo x > x.txt")
+    cli.ok("wait", job)
+    worktree = repo / ".subtask" / "worktrees" / job
+    (worktree / "scratch.txt").write_text("uncommitted work\n")
+    proc = cli("cleanup", job)
+    assert proc.returncode == 1
+    assert "uncommitted changes" in proc.stderr
+    assert (worktree / "scratch.txt").exists()
+    (worktree / "scratch.txt").unlink()
+    assert "would remove" in cli.ok("cleanup", job, "--dry-run")
+    assert worktree.exists()
+    out = cli.ok("cleanup", job)
+    assert "removed worktree" in out
+    assert not worktree.exists()
+    assert git(repo, "rev-parse", f"subtask/{job}")  # branch kept
+    assert "x.txt" in cli.ok("diff", job, "--stat")
+    running = cli.start("sleep 5")
+    assert cli("cleanup", running).returncode == 1
+    cli.ok("stop", running)
+
+
+def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo):
+    job = cli.start("echo one > a.txt")
+    cli.ok("wait", job)
+    running = cli.start("sleep 5")
+    assert cli("reply", running, "true").returncode == 1  # only finished jobs
+    cli.ok("stop", running)
+    procs = [subprocess.Popen(["git", "subtask", "reply", job, "echo two >> a.txt"], cwd=repo,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=30), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 1, 1, 1], results
+    cli.ok("wait", job)
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["n"] for a in attempts] == [1, 2]
+    assert (repo / ".subtask" / "worktrees" / job / "a.txt").read_text() == "one\ntwo\n"
+    note = git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}")
+    assert "attempt: 2" in note
+
+
+def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo):
+    key = "sk-ant-api03-" + "A" * 40
+    secrets_file = repo.parent / "secrets.txt"
+    secrets_file.write_text(f"using {key}\npassword=hunter2hunter2\n")
+    job = cli.start(f"cat '{secrets_file}'; cat '{secrets_file}' >&2", "--verify", f"cat '{secrets_file}'; false")
+    cli("wait", job)
+    everything = cli.ok("show", job, "--json") + cli("result", job).stdout + git(repo, "notes", "--ref=subtask", "show", "HEAD")
+    everything += (state_dir(repo) / "run" / f"{job}.events.jsonl").read_text()
+    assert key not in everything and "hunter2hunter2" not in everything
+    assert "[REDACTED]" in everything
+
+
+def test_verify_timeout_kills_the_verify_process_group(cli, repo):
+    job = cli.start("true", "--verify", "sleep 30", "--verify-timeout", "0.5")
+    t0 = time.monotonic()
+    assert cli("wait", job).returncode == 1
+    assert time.monotonic() - t0 < 10
+    verify = cli.json("show", job)["state_detail"]["attempts"][0]["verify"]
+    assert verify["timed_out"] is True and verify["passed"] is False
+
+
+def test_engine_timeout_ends_the_job_failed_with_kind_timeout(cli):
+    job = cli.start("sleep 30", "--timeout", "0.5")
+    assert cli("wait", job).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "failed" and attempt["error_kind"] == "timeout"
+    assert "reply" in attempt["hint"]
+
+
+@pytest.mark.parametrize("engine_output", [b"\xff\xfe broken utf-8 \xc3\x28\n", "\ud800".encode("utf-8", "surrogatepass")])
+def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, engine_output):
+    script = repo.parent / "emit.py"
+    script.write_bytes(b"import sys; sys.stdout.buffer.write(" + repr(engine_output).encode() + b")")
+    job = cli.start(f"python3 '{script}'")
+    cli.ok("wait", job)
+    assert "\ufffd" in cli.ok("result", job)
