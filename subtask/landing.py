@@ -121,6 +121,14 @@ class PatchIds:
             self.dirty = True
         return self.cache[sha] or None
 
+    def of_range(self, base: str, head: str) -> str | None:
+        """The patch-id of the combined diff base..head (what a squash merge commits)."""
+        key = f"{base}..{head}"
+        if key not in self.cache:
+            self.cache[key] = _patch_id(self.repo.git.diff(base, head))
+            self.dirty = True
+        return self.cache[key] or None
+
     def save(self) -> None:
         if self.dirty:
             write_json(self.path, self.cache)
@@ -130,44 +138,67 @@ def _patch_id(diff: pygit2.Diff) -> str:
     return "" if len(diff) == 0 else str(diff.patchid)
 
 
-def upstream_patch_ids(repo: Repo, target: Target, bases: list[str], pids: PatchIds) -> dict[str, str]:
-    """patch-id -> upstream commit, for the commits of the target after the oldest common base."""
-    if not bases:
-        return {}
-    oids = [pygit2.Oid(hex=b) for b in dict.fromkeys(bases)]
-    stop = oids[0] if len(oids) == 1 else repo.git.merge_base_octopus(oids)
-    walker = repo.git.walk(target.sha, pygit2.enums.SortMode.TOPOLOGICAL)
-    if stop is not None:
-        walker.hide(stop)
-    found: dict[str, str] = {}
-    for n, commit in enumerate(walker):
-        if n >= MAX_UPSTREAM_COMMITS:
-            break
-        pid = pids.of_commit(commit)
-        if pid:
-            found.setdefault(pid, str(commit.id))
-    return found
+class Upstream:
+    """The target's commits since the oldest base of the jobs in question: one walk serves every job.
+
+    Reachability is membership in that set (a job head descends from its base, so if the target
+    reaches it the walk meets it), which avoids one `descendant_of` graph search per job.
+    """
+
+    def __init__(self, repo: Repo, target: Target, bases: list[str], pids: PatchIds):
+        self.repo, self.target, self.pids = repo, target, pids
+        self.commits: list[pygit2.Commit] = []
+        self.complete = True
+        oids = [pygit2.Oid(hex=b) for b in dict.fromkeys(bases)]
+        stop = None if not oids else oids[0] if len(oids) == 1 else repo.git.merge_base_octopus(oids)
+        walker = repo.git.walk(target.sha, pygit2.enums.SortMode.TOPOLOGICAL)
+        if stop is not None:
+            walker.hide(stop)
+        for commit in walker:
+            if len(self.commits) >= MAX_UPSTREAM_COMMITS:
+                self.complete = False
+                break
+            self.commits.append(commit)
+        self.shas = {str(c.id) for c in self.commits}
+        self._patch_ids: dict[str, str] | None = None
+
+    def reaches(self, head: str) -> bool:
+        if head == self.target.sha or head in self.shas:
+            return True
+        return not self.complete and self.repo.git.descendant_of(self.target.sha, head)
+
+    @property
+    def patch_ids(self) -> dict[str, str]:
+        """patch-id -> the newest upstream commit with it (computed on first need, cached on disk)."""
+        if self._patch_ids is None:
+            self._patch_ids = {}
+            for commit in self.commits:
+                pid = self.pids.of_commit(commit)
+                if pid:
+                    self._patch_ids.setdefault(pid, str(commit.id))
+        return self._patch_ids
 
 
-def landed_in(repo: Repo, base: str, head: str, target: Target, upstream: dict[str, str], pids: PatchIds) -> str | None:
+def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | None:
     """The target commit that carries the job's work, or None while it has not landed."""
     if head == base:
         return None  # nothing to land
-    if head == target.sha or repo.git.descendant_of(target.sha, head):
-        return _merge_point(repo, head, target.sha)
-    combined = _patch_id(repo.git.diff(base, head))
-    if combined and combined in upstream:
-        return upstream[combined]  # squash merge
+    if upstream.reaches(head):
+        return _merge_point(repo, head, upstream.target.sha)
+    ids = upstream.patch_ids
+    combined = upstream.pids.of_range(base, head)
+    if combined and combined in ids:
+        return ids[combined]  # squash merge
     walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)
     walker.hide(base)
     hits = []
     for commit in walker:
-        pid = pids.of_commit(commit)
+        pid = upstream.pids.of_commit(commit)
         if pid is None:
             continue
-        if pid not in upstream:
+        if pid not in ids:
             return None
-        hits.append(upstream[pid])
+        hits.append(ids[pid])
     return hits[0] if hits else None  # rebase merge / cherry-picks: the newest copy
 
 
@@ -315,11 +346,10 @@ def cleanup_merged(repo: Repo, dry_run: bool = False) -> Sweep:
         return sweep
     pids = PatchIds(repo)
     heads = {job.id: job_head(repo, job) for job in jobs}
-    unreachable = [j for j in jobs if not (heads[j.id] == target.sha or repo.git.descendant_of(target.sha, heads[j.id]))]
-    upstream = upstream_patch_ids(repo, target, [j.spec.base for j in unreachable], pids) if unreachable else {}
+    upstream = Upstream(repo, target, [j.spec.base for j in jobs], pids)
     checked_out = None
     for job in jobs:
-        landed = landed_in(repo, job.spec.base, heads[job.id], target, upstream, pids)
+        landed = landed_in(repo, job.spec.base, heads[job.id], upstream)
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
