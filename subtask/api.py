@@ -543,6 +543,12 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if is_dirty(path):
         raise SubtaskError("dirty", f"{job.id}: the worktree {path} has uncommitted changes; keeping it",
                            hint=f"commit or discard them (git -C '{path}' status), then: git subtask cleanup {job.id}")
+    from subtask import landing
+
+    ok, why = landing.worktree_removable(repo, job, landing.keepers(repo, job, landing.land_target(repo)))
+    if not ok:
+        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {why}",
+                           hint=f"put those commits on a branch (git -C '{path}' branch <name>), then: git subtask cleanup {job.id}")
     if dry_run:
         return f"{job.id}: would remove worktree {path}"
     from subtask.gitrepo import git

@@ -264,7 +264,7 @@ def checked_out_branches(repo: Repo) -> set[str]:
     return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("branch ")}
 
 
-def _keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
+def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
     keep = [job_head(repo, job), job.spec.base]
     pin = repo.git.references.get(records.pin_ref(job.id, "head"))
     if pin is not None:
@@ -281,7 +281,7 @@ def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target |
     removed = False
     path = Path(job.spec.worktree)
     if path.exists():
-        ok, why = worktree_removable(repo, job, _keepers(repo, job, target))
+        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
         if ok:
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
             if not dry_run:
@@ -526,7 +526,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
     target = land_target(repo)
     for job in _old_finished(repo, cutoff):
         path = Path(job.spec.worktree)
-        ok, why = worktree_removable(repo, job, _keepers(repo, job, target))
+        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
         if not ok:
             sweep.kept.append(job.id)
             sweep.lines.append(f"{job.id}: kept worktree: {why}")

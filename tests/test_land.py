@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
@@ -307,3 +305,15 @@ def test_setup_command_runs_before_the_engine_and_its_failure_fails_the_job(cli,
     assert "exited 3" in attempt["reason"] and "installing" in attempt["reason"]
     assert "A" * 40 not in attempt["reason"], "setup output is redacted"
     assert not (worktree(repo, bad) / "never.txt").exists()
+
+
+def test_cleanup_keeps_a_worktree_whose_detached_head_holds_commits_no_branch_keeps(cli, repo):
+    job = done_job(cli)
+    wt = worktree(repo, job)
+    git(wt, "checkout", "-q", "--detach")
+    git(wt, "commit", "-q", "--allow-empty", "-m", "only here")
+    proc = cli("cleanup", job)
+    assert proc.returncode == 1 and "no branch keeps" in proc.stderr, proc.stderr
+    assert wt.exists()
+    git(repo, "merge", "-q", f"subtask/{job}")
+    assert "kept worktree" in cli.ok("cleanup", "--merged") and wt.exists()
