@@ -169,6 +169,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     depth = _check_depth(repo)
+    ensure_notes_config(repo)
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -416,6 +417,9 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
     sweep(repo)
+    from subtask import landing
+
+    landing.maybe_sweep(repo)
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
@@ -584,6 +588,12 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if is_dirty(path):
         raise SubtaskError("dirty", f"{job.id}: the worktree {path} has uncommitted changes; keeping it",
                            hint=f"commit or discard them (git -C '{path}' status), then: git subtask cleanup {job.id}")
+    from subtask import landing
+
+    ok, why = landing.worktree_removable(repo, job, landing.keepers(repo, job, landing.land_target(repo)))
+    if not ok:
+        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {why}",
+                           hint=f"put those commits on a branch (git -C '{path}' branch <name>), then: git subtask cleanup {job.id}")
     if dry_run:
         return f"{job.id}: would remove worktree {path}"
     from subtask.gitrepo import git
@@ -610,15 +620,10 @@ def log_argv(repo: Repo, id_or_prefix: str) -> list[str]:
 
 
 def _head_of(repo: Repo, job: Job) -> str:
-    """The job's head: its branch tip while it exists, else the head pin, else its base."""
-    if job.spec.branch:
-        ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
-        if ref is not None:
-            return str(ref.target)
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
-    if pin is not None:
-        return str(pin.target)
-    return job.evidence.head if job.evidence else job.spec.base
+    """The job's head: its branch tip while it exists, else the head pin (so review works after landing)."""
+    from subtask.landing import job_head
+
+    return job_head(repo, job)
 
 
 def engines(repo: Repo):
@@ -677,3 +682,89 @@ def spend(repo: Repo, month: str | None = None):
     """This month's spend: committed, open reservations, per engine, cap left."""
     sweep(repo)
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
+
+
+# ---------------------------------------------------------------- notes, landing, hooks, sync
+
+NOTES_MERGE_STRATEGY = "union"
+
+
+def ensure_notes_config(repo: Repo) -> list[str]:
+    """First use: `notes.subtask.mergeStrategy` (a user's own choice is kept). Returns what changed.
+
+    `union`, not `cat_sort_uniq`: a block is several lines in a fixed order, and cat_sort_uniq sorts
+    the lines of both notes together, which interleaves two jobs' blocks and moves each header
+    away from its lines (measured). `union` keeps every block whole; a block present on both sides
+    in two versions is read back as one (the block parser keeps the last per job id) and
+    `git subtask notes rebuild` rewrites it from the record. `notes.rewriteRef` is never set: a
+    "verify passed" must not follow a rebase onto a tree that was never tested.
+    """
+    try:
+        repo.git.config["notes.subtask.mergeStrategy"]
+        return []
+    except KeyError:
+        pass
+    from subtask.gitrepo import git
+
+    git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY)
+    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"]
+
+
+def init(repo: Repo, display: bool = False) -> list[str]:
+    """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
+    from subtask import notes_store
+    from subtask.gitrepo import ensure_excluded, git
+
+    changed = ensure_notes_config(repo)
+    notes_store.ensure_ref(repo.git)
+    ensure_excluded(repo.common_dir)
+    if display:
+        shown = git(repo.root, "config", "--get-all", "notes.displayRef", check=False).stdout.split()
+        if notes_store.NOTES_REF not in shown:
+            git(repo.root, "config", "--local", "--add", "notes.displayRef", notes_store.NOTES_REF)
+            changed.append(f"notes.displayRef += {notes_store.NOTES_REF} (plain git log shows the review notes)")
+    return changed
+
+
+def notes_rebuild(repo: Repo) -> int:
+    """Regenerate every job's note block from its record; idempotent. Returns blocks changed."""
+    from subtask import notes
+
+    return notes.rebuild(repo)
+
+
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False):
+    from subtask import landing
+
+    return landing.merge(repo, id_or_prefix, mode=mode, force=force)
+
+
+def cleanup_merged(repo: Repo, dry_run: bool = False):
+    from subtask import landing
+
+    return landing.cleanup_merged(repo, dry_run=dry_run)
+
+
+def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
+    from subtask import landing
+
+    sweep(repo)
+    return landing.gc(repo, dry_run=dry_run, older_than=older_than)
+
+
+def hooks(repo: Repo, action: str):
+    from subtask import hooks as hooks_mod
+
+    return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
+
+
+def push(repo: Repo, remote: str = "origin", branches: bool = False):
+    from subtask import sync
+
+    return sync.push(repo, remote, branches=branches)
+
+
+def pull(repo: Repo, remote: str = "origin"):
+    from subtask import sync
+
+    return sync.pull(repo, remote)

@@ -279,13 +279,142 @@ def stop(job_id):
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="[ID]", required=False)
+@click.option("--merged", is_flag=True, help="every job that landed: record it, remove its clean worktree, delete its branch")
 @click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
-def cleanup(job_id, dry_run):
-    """Remove a finished job's worktree if it is clean; keep its branch and record."""
+@click.option("--quiet", "-q", is_flag=True, help="print nothing (for the post-merge hook)")
+def cleanup(job_id, merged, dry_run, quiet):
+    """Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job.
+
+    Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
+    work is in the current branch (merged, fast-forwarded, squashed or rebased) and
+    subtask.deleteLandedBranches is true (the default).
+    """
     from subtask import api
 
-    click.echo(api.cleanup(_repo(), job_id, dry_run=dry_run))
+    if merged == bool(job_id):
+        raise click.UsageError("give a job ID or --merged (not both)")
+    repo = _repo()
+    lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
+    if not quiet:
+        for line in lines:
+            click.echo(line)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--squash", "mode", flag_value="squash", help="one new commit on the current branch")
+@click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
+@click.option("--ff-only", "mode", flag_value="ff-only", help="only a fast-forward")
+@click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
+def merge(job_id, mode, force):
+    """Merge a finished job into the current branch, then clean up after it.
+
+    Refuses (exit 1, with the reason) when the job has not finished, its verify failed, or its
+    branch moved after the commit verify tested, unless --force; never touches a dirty worktree;
+    a conflict is aborted and the conflicting files listed.
+    """
+    from subtask import api
+
+    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force)
+    for line in result.lines:
+        click.echo(line)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
+@click.option("--older-than", default="30d", show_default=True, help="age of finished jobs whose clean worktrees go (30d, 12h, 2w)")
+def gc(dry_run, older_than):
+    """Clean up landed jobs, remove clean worktrees of old finished jobs, prune, git gc --auto.
+
+    Never touches running jobs, dirty worktrees or unmerged branches; records stay (they are the history).
+    """
+    from subtask import api
+
+    for line in api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines:
+        click.echo(line)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
+def init(display):
+    """Set the repository up for git-subtask (notes merge strategy, notes ref; optional display)."""
+    from subtask import api
+
+    changed = api.init(_repo(), display=display)
+    for line in changed or ["already set up"]:
+        click.echo(line)
+
+
+@cli.group(context_settings=CONTEXT)
+def notes():
+    """The review notes in refs/notes/subtask."""
+
+
+@notes.command("rebuild", context_settings=CONTEXT)
+def notes_rebuild():
+    """Regenerate every job's note block from its record (idempotent)."""
+    from subtask import api
+
+    click.echo(f"{api.notes_rebuild(_repo())} block(s) changed")
+
+
+@cli.group(context_settings=CONTEXT)
+def hooks():
+    """The post-merge hook that cleans up after landed jobs."""
+
+
+def _hooks(action: str) -> None:
+    from subtask import api
+
+    result = api.hooks(_repo(), action)
+    for line in result.lines:
+        click.echo(line)
+    if action == "status" and not result.installed:
+        sys.exit(EXIT_NEGATIVE)
+
+
+@hooks.command("install", context_settings=CONTEXT)
+def hooks_install():
+    """Install the post-merge hook (an existing hook is kept and called first)."""
+    _hooks("install")
+
+
+@hooks.command("uninstall", context_settings=CONTEXT)
+def hooks_uninstall():
+    """Remove the hook and restore exactly what was there."""
+    _hooks("uninstall")
+
+
+@hooks.command("status", context_settings=CONTEXT)
+def hooks_status():
+    """Is the hook installed? (exit 1 if not)"""
+    _hooks("status")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("remote", default="origin")
+@click.option("--branches", is_flag=True, help="push the job branches too")
+def push(remote, branches):
+    """Push job records and review notes to REMOTE, never forced; exit 1 if something differs there."""
+    from subtask import api
+
+    result = api.push(_repo(), remote, branches=branches)
+    for line in result.lines or ["everything up to date"]:
+        click.echo(line)
+    sys.exit(0 if result.ok else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("remote", default="origin")
+def pull(remote):
+    """Fetch teammates' job records and notes from REMOTE; a local record is never overwritten."""
+    from subtask import api
+
+    result = api.pull(_repo(), remote)
+    for line in result.lines or ["everything up to date"]:
+        click.echo(line)
+    sys.exit(0 if result.ok else EXIT_NEGATIVE)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -20,6 +20,8 @@ DEFAULTS: dict[str, str] = {
     "verifyTimeout": "600",
     "deleteLandedBranches": "true",
     "stopGrace": "5",
+    "sweepInterval": "30",  # seconds between lazy landed-job sweeps inside other commands
+    "setupTimeout": "600",  # seconds `subtask.setup` may run in a new worktree
 }
 
 

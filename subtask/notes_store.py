@@ -379,3 +379,86 @@ def _edit_tree(
 def _remove(builder: pygit2.TreeBuilder, name: str) -> None:
     if builder.get(name) is not None:
         builder.remove(name)
+
+
+# --------------------------------------------------------------------------- merging a remote's notes
+
+
+def merge_ref(
+    repo: pygit2.Repository,
+    other: str | pygit2.Oid,
+    lock_path: str | os.PathLike,
+    prefer_local: Callable[[str], bool] = lambda job_id: True,
+) -> str:
+    """Merge the notes commit `other` (e.g. a fetched remote's) into refs/notes/subtask, block by block.
+
+    No note and no block is dropped: notes on different commits are united; on the same commit the
+    blocks are united by job id, a job present on both sides in two versions keeps the local one
+    when `prefer_local(job_id)` (we hold its record and can rebuild it) else the other's, and
+    differing human text is kept from both. The result is a merge commit with both tips as parents,
+    so pushing it afterwards is a fast-forward. Returns "up to date", "fast-forward" or "merged".
+    """
+    other_oid = pygit2.Oid(hex=str(other))
+    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
+        for delay in _backoff():
+            tip = _tip(repo)
+            if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):
+                return "up to date"
+            if tip is None or repo.descendant_of(other_oid, tip):
+                new, how = other_oid, "fast-forward"
+            else:
+                new, how = _merge_commit(repo, tip, other_oid, prefer_local), "merged"
+            try:
+                if _swap(repo, tip, new):
+                    return how
+            except pygit2.GitError:
+                pass
+            time.sleep(delay)
+    raise AssertionError("unreachable: _backoff raises when the deadline passes")
+
+
+def _merge_commit(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,
+                  prefer_local: Callable[[str], bool]) -> pygit2.Oid:
+    local_tree, other_tree = repo[tip].tree, repo[other].tree
+    local_notes, other_notes = _all_notes(repo, local_tree), _all_notes(repo, other_tree)
+    edits: Edits = {}
+    for commit_hex, other_blob in other_notes.items():
+        local_blob = local_notes.get(commit_hex)
+        if local_blob == other_blob:
+            continue
+        other_text = _read_text(repo, other_tree, commit_hex) or ""
+        if local_blob is None:
+            edits[commit_hex] = other_text
+            continue
+        local_text = _read_text(repo, local_tree, commit_hex) or ""
+        merged = _merge_text(local_text, other_text, prefer_local)
+        if merged != local_text:
+            edits[commit_hex] = merged
+    tree = _edit_notes_tree(repo, local_tree, edits) if edits else local_tree.id
+    sig = _signature()
+    return repo.create_commit(None, sig, sig, "Notes merged by git-subtask\n", tree, [tip, other])
+
+
+def _merge_text(local: str, other: str, prefer_local: Callable[[str], bool]) -> str | None:
+    local_pre, local_blocks = parse_note(local)
+    other_pre, other_blocks = parse_note(other)
+    blocks = dict(local_blocks)
+    for job_id, block in other_blocks.items():
+        if job_id not in blocks or (blocks[job_id] != block and not prefer_local(job_id)):
+            blocks[job_id] = block
+    pre_lines = local_pre.splitlines()
+    pre_lines += [line for line in other_pre.splitlines() if line not in pre_lines]
+    return render_note("\n".join(pre_lines).strip("\n"), blocks)
+
+
+def _all_notes(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> dict[str, pygit2.Oid]:
+    """commit hex -> note blob id, over any fanout."""
+    found: dict[str, pygit2.Oid] = {}
+    for entry in tree:
+        name = prefix + entry.name
+        if entry.type_str == "tree":
+            found.update(_all_notes(repo, repo[entry.id], name))
+        elif _HEX_RE.fullmatch(name):
+            found[name] = entry.id
+    return found

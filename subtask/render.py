@@ -114,8 +114,9 @@ def changes_line(evidence) -> str:
     if evidence is None:
         return "-"
     totals = evidence.totals or {}
-    text = (f"{totals.get('files', 0)} files, +{totals.get('added', 0)} -{totals.get('deleted', 0)} "
-            f"since {short(evidence.base)}, {totals.get('commits', 0)} commits")
+    files, commits = totals.get('files', 0), totals.get('commits', 0)
+    text = (f"{files} file{'' if files == 1 else 's'}, +{totals.get('added', 0)} -{totals.get('deleted', 0)} "
+            f"since {short(evidence.base)}, {commits} commit{'' if commits == 1 else 's'}")
     if evidence.autocommit:
         text += f" (worker committed leftovers in {short(evidence.autocommit.get('sha'))})"
     return text
@@ -169,6 +170,8 @@ def note_block(job) -> str:
         first, *rest = summary.splitlines()
         lines.append(f"summary: {first}")
         lines.extend(f"         {line}" for line in rest)
+    if job.state.landed_in:
+        lines.append(f"landed:  in {short(job.state.landed_in)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return "\n".join(lines)
 
@@ -200,7 +203,7 @@ def show_text(job, position: int | None = None) -> str:
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
-    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}")
+    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
     lines.append(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}")
     if spec.verify:
         lines.append(f"verify:    {spec.verify}")

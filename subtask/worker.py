@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -83,6 +84,58 @@ def checkout(repo: Repo, job: Job) -> Path:
         else:
             git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), job.spec.base)
     return path
+
+
+WORKTREE_INCLUDE = ".worktreeinclude"
+SETUP_TAIL_BYTES = 2048
+
+
+def copy_included(repo: Repo, worktree: Path) -> list[str]:
+    """Copy the untracked/ignored files `.worktreeinclude` names (gitignore syntax, e.g. `.env`).
+
+    The convention Claude Code uses: a fresh worktree lacks the files git does not track, so it
+    cannot run. Only files that exist in the main worktree and that git ignores there are copied:
+    an untracked file git does not ignore would be swept into the job's branch by the autocommit
+    (a `.env` committed is a leaked secret), so it is skipped. Never over a file already in the new
+    worktree, and never from the job worktrees themselves.
+    """
+    listing = repo.root / WORKTREE_INCLUDE
+    if not listing.is_file():
+        return []
+    out = git(repo.root, "ls-files", "-z", "--others", "--ignored", f"--exclude-from={listing}", check=False).stdout
+    skip = [p for p in (repo.worktree_dir(), repo.root / ".subtask") if p.is_relative_to(repo.root)]
+    wanted = [rel for rel in out.split("\0") if rel and not any((repo.root / rel).is_relative_to(f) for f in skip)]
+    if not wanted:
+        return []
+    ignored = git(repo.root, "check-ignore", "-z", "--stdin", input="\0".join(wanted) + "\0", check=False).stdout
+    copied = []
+    for rel in filter(None, ignored.split("\0")):
+        source = repo.root / rel
+        if not (source.is_file() or source.is_symlink()):
+            continue
+        dest = worktree / rel
+        if dest.exists() or dest.is_symlink():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest, follow_symlinks=False)
+        copied.append(rel)
+    return copied
+
+
+def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
+    """Run `git config subtask.setup` in the new worktree; the failure reason, or None when it passed."""
+    command = repo.config.get("setup")
+    if not command or not command.strip():
+        return None
+    from subtask import procs
+
+    result = procs.run(["sh", "-c", command], cwd=worktree, env=engine_env(job),
+                       timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES)
+    if result.exit_code == 0 and not result.timed_out:
+        return None
+    output = (result.stdout_tail + "\n" + result.stderr_tail).strip()
+    ending = "timed out" if result.timed_out else f"exited {result.exit_code}"
+    return redact(f"setup command ({command}) {ending}" + (f": {output[-SETUP_TAIL_BYTES:]}" if output else ""))
 
 
 def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
@@ -244,9 +297,17 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
     try:
+        fresh = not Path(job.spec.worktree).exists()
         worktree = checkout(repo, job)
+        if fresh:
+            copy_included(repo, worktree)
+            failure = run_setup(repo, job, worktree)
+            if failure:
+                lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=failure, error_kind="setup",
+                                      hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
+                return
     except Exception as exc:
-        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"could not check out the worktree: {exc}",
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"could not set up the worktree: {exc}"),
                               error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
         return
     faults.point("after_checkout")

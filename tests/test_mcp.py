@@ -110,7 +110,7 @@ def test_start_then_wait_reports_progress_then_result(repo, how):
             assert status.startswith(f"{job} done")
             result = await call(client, "result", {"id": job})
             assert result.splitlines()[0] == waited.splitlines()[0]
-            assert "changes: 1 files, +1 -0" in result
+            assert "changes: 1 file, +1 -0" in result
             listing = await call(client, "list", {})
             assert listing.splitlines()[0].startswith("ID") and job in listing
             return job

@@ -1,0 +1,552 @@
+"""Landing delegated work: merge a job, notice jobs that landed by any route, clean up after them, gc.
+
+A finished job has *landed* when its head is reachable from the land target (the current branch,
+or `git config subtask.landTarget`), or when its work is already upstream as patches: the job's
+combined diff has the patch-id of an upstream commit (squash merge), or every non-merge commit of
+base..head has the patch-id of one (rebase merge, cherry-pick). Patch-ids come from libgit2
+(`Diff.patchid`, the same value as `git patch-id --stable`) and are cached by commit id, since a
+commit's patch-id never changes.
+
+Invariants:
+- Nothing unmerged is ever deleted. A job branch is deleted only when it has landed, by a
+  compare-and-swap on the exact tip that was found landed (so a commit added meanwhile keeps it),
+  never while a worktree has it checked out.
+- A worktree is removed only when it is clean (no changes, no untracked files) and its HEAD is a
+  commit the branch, the pins or the target keep alive; `git worktree remove` without `--force`
+  re-checks cleanliness itself.
+- Only this clone's jobs (spec.repo is this repository) are landed or cleaned here: a record
+  pulled from a teammate is theirs to update, so records never diverge by our sweep.
+- `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
+  or `git reset --merge` for a squash), leaving the worktree as it was.
+- Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
+  branch_deleted) to them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pygit2
+
+from subtask import notes, records
+from subtask.errors import SubtaskError
+from subtask.gitrepo import Repo, git, is_dirty
+from subtask.records import Job
+from subtask.statefiles import write_json
+
+SWEEP_STAMP = "land-sweep.json"
+PATCH_ID_CACHE = "patch-ids.json"
+# Upstream commits examined per sweep: bounds the first sweep of an old repository; jobs whose
+# base is further back than this are still found when merged (reachability), not when squashed.
+MAX_UPSTREAM_COMMITS = 5000
+# First-parent steps walked to name the merge commit that brought a job in.
+MAX_FIRST_PARENT_STEPS = 1000
+MERGE_MODES = ("merge", "squash", "no-ff", "ff-only")
+
+
+@dataclass
+class Target:
+    name: str  # branch name, or the commit id when HEAD is detached
+    sha: str
+
+
+@dataclass
+class Sweep:
+    """What a cleanup/gc pass did (or would do, on a dry run), one line per action."""
+
+    lines: list[str] = field(default_factory=list)
+    landed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- the land target
+
+def land_target(repo: Repo) -> Target | None:
+    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main worktree)."""
+    configured = repo.config.get("landTarget")
+    if configured:
+        try:
+            return Target(configured, str(repo.git.revparse_single(configured).peel(pygit2.Commit).id))
+        except (KeyError, ValueError, pygit2.GitError):
+            raise SubtaskError("fatal", f"git config subtask.landTarget names no commit: {configured!r}",
+                               hint="git config subtask.landTarget main") from None
+    for candidate in (repo.git, _main_repo(repo)):
+        target = _branch_target(candidate)
+        if target is not None:
+            return target
+    try:
+        return Target(str(repo.git.head.target), str(repo.git.head.target))
+    except (pygit2.GitError, KeyError):
+        return None  # unborn HEAD: nothing can have landed
+
+
+def _main_repo(repo: Repo) -> pygit2.Repository:
+    return pygit2.Repository(str(repo.root))
+
+
+def _branch_target(git_repo: pygit2.Repository) -> Target | None:
+    # A job branch is never a target: a job based on another would make it look landed.
+    if git_repo.head_is_detached or git_repo.head_is_unborn:
+        return None
+    name = git_repo.head.shorthand
+    if name.startswith("subtask/"):
+        return None
+    return Target(name, str(git_repo.head.target))
+
+
+# ---------------------------------------------------------------- landed?
+
+class PatchIds:
+    """Patch-ids of commits, cached on disk by commit id."""
+
+    def __init__(self, repo: Repo):
+        self.repo = repo
+        self.path = repo.state_dir / PATCH_ID_CACHE
+        try:
+            self.cache: dict[str, str] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.cache = {}
+        self.dirty = False
+
+    def of_commit(self, commit: pygit2.Commit) -> str | None:
+        sha = str(commit.id)
+        if sha not in self.cache:
+            if len(commit.parents) != 1:
+                return None  # merges and roots have no patch of their own (as in git cherry)
+            self.cache[sha] = _patch_id(self.repo.git.diff(commit.parents[0], commit))
+            self.dirty = True
+        return self.cache[sha] or None
+
+    def of_range(self, base: str, head: str) -> str | None:
+        """The patch-id of the combined diff base..head (what a squash merge commits)."""
+        key = f"{base}..{head}"
+        if key not in self.cache:
+            self.cache[key] = _patch_id(self.repo.git.diff(base, head))
+            self.dirty = True
+        return self.cache[key] or None
+
+    def save(self) -> None:
+        if self.dirty:
+            write_json(self.path, self.cache)
+
+
+def _patch_id(diff: pygit2.Diff) -> str:
+    return "" if len(diff) == 0 else str(diff.patchid)
+
+
+class Upstream:
+    """The target's commits since the oldest base of the jobs in question: one walk serves every job.
+
+    Reachability is membership in that set (a job head descends from its base, so if the target
+    reaches it the walk meets it), which avoids one `descendant_of` graph search per job.
+    """
+
+    def __init__(self, repo: Repo, target: Target, bases: list[str], pids: PatchIds):
+        self.repo, self.target, self.pids = repo, target, pids
+        self.commits: list[pygit2.Commit] = []
+        self.complete = True
+        oids = [pygit2.Oid(hex=b) for b in dict.fromkeys(bases)]
+        stop = None if not oids else oids[0] if len(oids) == 1 else repo.git.merge_base_octopus(oids)
+        walker = repo.git.walk(target.sha, pygit2.enums.SortMode.TOPOLOGICAL)
+        if stop is not None:
+            walker.hide(stop)
+        for commit in walker:
+            if len(self.commits) >= MAX_UPSTREAM_COMMITS:
+                self.complete = False
+                break
+            self.commits.append(commit)
+        self.shas = {str(c.id) for c in self.commits}
+        self._patch_ids: dict[str, str] | None = None
+
+    def reaches(self, head: str) -> bool:
+        if head == self.target.sha or head in self.shas:
+            return True
+        return not self.complete and self.repo.git.descendant_of(self.target.sha, head)
+
+    @property
+    def patch_ids(self) -> dict[str, str]:
+        """patch-id -> the newest upstream commit with it (computed on first need, cached on disk)."""
+        if self._patch_ids is None:
+            self._patch_ids = {}
+            for commit in self.commits:
+                pid = self.pids.of_commit(commit)
+                if pid:
+                    self._patch_ids.setdefault(pid, str(commit.id))
+        return self._patch_ids
+
+
+def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | None:
+    """The target commit that carries the job's work, or None while it has not landed."""
+    if head == base:
+        return None  # nothing to land
+    if upstream.reaches(head):
+        return _merge_point(repo, head, upstream.target.sha)
+    ids = upstream.patch_ids
+    combined = upstream.pids.of_range(base, head)
+    if combined and combined in ids:
+        return ids[combined]  # squash merge
+    walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)
+    walker.hide(base)
+    hits = []
+    for commit in walker:
+        pid = upstream.pids.of_commit(commit)
+        if pid is None:
+            continue
+        if pid not in ids:
+            return None
+        hits.append(ids[pid])
+    return hits[0] if hits else None  # rebase merge / cherry-picks: the newest copy
+
+
+def _merge_point(repo: Repo, head: str, target: str) -> str:
+    """The first-parent commit of the target that brought `head` in (the head itself for a fast-forward)."""
+    current = repo.git[target]
+    last = str(current.id)
+    for _ in range(MAX_FIRST_PARENT_STEPS):
+        sha = str(current.id)
+        if sha == head:
+            return sha
+        if not repo.git.descendant_of(sha, head):
+            return last
+        last = sha
+        if not current.parents:
+            return last
+        current = current.parents[0]
+    return last
+
+
+def job_head(repo: Repo, job: Job) -> str:
+    """The job's head: its branch tip while it exists, else the head pin, else its base."""
+    if job.spec.branch:
+        ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+        if ref is not None:
+            return str(ref.target)
+    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    if pin is not None:
+        return str(pin.target)
+    return job.evidence.head if job.evidence else job.spec.base
+
+
+# ---------------------------------------------------------------- cleaning one job
+
+def owns(repo: Repo, job: Job) -> bool:
+    """Was the job made in this clone? (Pulled records name another clone's worktree.)"""
+    try:
+        return Path(job.spec.repo).resolve() == repo.root.resolve()
+    except OSError:
+        return False
+
+
+def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str]:
+    """(True, "") when the job's worktree can go without losing anything; else (False, why)."""
+    path = Path(job.spec.worktree)
+    if not path.exists():
+        return False, "no worktree"
+    if not owns(repo, job):
+        return False, "the worktree belongs to another clone"
+    if is_dirty(path):
+        return False, f"worktree {path} has uncommitted changes or untracked files"
+    proc = git(path, "rev-parse", "HEAD", check=False)
+    head = proc.stdout.strip()
+    if proc.returncode != 0:
+        return False, f"worktree {path} is not a readable git worktree"
+    if not any(k == head or repo.git.descendant_of(k, head) for k in keepers if k):
+        return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps"
+    return True, ""
+
+
+def checked_out_branches(repo: Repo) -> set[str]:
+    out = git(repo.root, "worktree", "list", "--porcelain", check=False).stdout
+    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("branch ")}
+
+
+def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
+    keep = [job_head(repo, job), job.spec.base]
+    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    if pin is not None:
+        keep.append(str(pin.target))
+    if target is not None:
+        keep.append(target.sha)
+    return keep
+
+
+def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
+                  dry_run: bool = False, checked_out: set[str] | None = None) -> list[str]:
+    """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch."""
+    lines = [f"{job.id}: landed in {landed[:7]}"]
+    removed = False
+    path = Path(job.spec.worktree)
+    if path.exists():
+        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+        if ok:
+            lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
+            if not dry_run:
+                removed = git(repo.root, "worktree", "remove", str(path), check=False).returncode == 0
+        else:
+            lines.append(f"{job.id}: kept worktree: {why}")
+    deleted = False
+    branch = job.spec.branch
+    ref = repo.git.references.get(f"refs/heads/{branch}") if branch else None
+    if ref is not None and repo.config.flag("deleteLandedBranches"):
+        checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
+        if f"refs/heads/{branch}" in checked_out and not (removed or dry_run):
+            lines.append(f"{job.id}: kept branch {branch}: it is checked out in a worktree")
+        elif str(ref.target) != head:
+            lines.append(f"{job.id}: kept branch {branch}: it moved after the landed check")
+        elif dry_run:
+            lines.append(f"{job.id}: would delete branch {branch} (was {head[:7]})")
+        else:
+            deleted = records.cas_ref(repo, ref.name, head, None, "git-subtask: landed")
+            lines.append(f"{job.id}: deleted branch {branch} (was {head[:7]})" if deleted
+                         else f"{job.id}: kept branch {branch}: it moved")
+    if not dry_run:
+        _record_landed(repo, job.id, landed, removed, deleted)
+    return lines
+
+
+def _record_landed(repo: Repo, job_id: str, landed: str, removed: bool, deleted: bool) -> None:
+    def change(j: Job) -> bool:
+        before = (j.state.landed_in, j.state.worktree_removed, j.state.branch_deleted)
+        j.state.landed_in = j.state.landed_in or landed
+        j.state.worktree_removed = j.state.worktree_removed or removed
+        j.state.branch_deleted = j.state.branch_deleted or deleted
+        return before != (j.state.landed_in, j.state.worktree_removed, j.state.branch_deleted)
+
+    job = records.update(repo, job_id, change)
+    notes.write_for_job(repo, job)
+
+
+# ---------------------------------------------------------------- cleanup --merged
+
+def candidates(repo: Repo) -> list[Job]:
+    """This clone's finished, not-yet-landed writing jobs (the only ones a sweep looks at)."""
+    jobs = []
+    for entry in records.list_entries(repo):
+        if entry.get("landed") or entry.get("readonly") or entry.get("state") not in ("done", "failed", "stopped"):
+            continue
+        try:
+            job = records.read_commit(repo, entry["tip"])
+        except Exception:
+            continue
+        if job.spec.branch and owns(repo, job):
+            jobs.append(job)
+    return jobs
+
+
+def cleanup_merged(repo: Repo, dry_run: bool = False) -> Sweep:
+    """Find every landed job, record it, remove its clean worktree, delete its landed branch."""
+    sweep = Sweep()
+    target = land_target(repo)
+    jobs = candidates(repo)
+    if target is None or not jobs:
+        return sweep
+    pids = PatchIds(repo)
+    heads = {job.id: job_head(repo, job) for job in jobs}
+    upstream = Upstream(repo, target, [j.spec.base for j in jobs], pids)
+    checked_out = None
+    for job in jobs:
+        landed = landed_in(repo, job.spec.base, heads[job.id], upstream)
+        if landed is None:
+            continue
+        checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
+        sweep.landed.append(job.id)
+        sweep.lines += finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out)
+    pids.save()
+    return sweep
+
+
+def maybe_sweep(repo: Repo) -> None:
+    """The lazy sweep inside other commands: at most once every subtask.sweepInterval seconds.
+
+    Hooks do not run on rebase, fetch or server-side merges, so landed jobs are noticed here. A
+    failure must never break the command that hosts the sweep.
+    """
+    try:
+        interval = repo.config.number("sweepInterval")
+        stamp = repo.state_dir / SWEEP_STAMP
+        try:
+            last = json.loads(stamp.read_text()).get("t", 0)
+        except (OSError, ValueError, AttributeError):
+            last = 0
+        now = time.time()
+        if now - last < interval:
+            return
+        write_json(stamp, {"v": 1, "t": now})  # first, so concurrent commands skip
+        cleanup_merged(repo)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------- merge
+
+@dataclass
+class MergeResult:
+    job: Job
+    mode: str
+    commit: str
+    into: str
+    lines: list[str]
+
+
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False) -> MergeResult:
+    """Merge a finished, verified job into the current branch, then clean up after it."""
+    if mode not in MERGE_MODES:
+        raise SubtaskError("usage", f"unknown merge mode {mode!r} ({', '.join(MERGE_MODES)})")
+    job = records.read(repo, records.resolve(repo, id_or_prefix))
+    head = _check_mergeable(repo, job, force)
+    workdir = Path(repo.git.workdir)
+    into = _check_into(repo, job, workdir)
+    _check_clean(workdir)
+    message = _merge_message(job, mode)
+    args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "ff-only": ["--ff-only"], "squash": ["--squash"]}[mode]
+    proc = git(workdir, "merge", "--no-edit", *args, "-m", message, head, check=False)
+    if proc.returncode != 0:
+        _abort(workdir, job, mode, into, proc)
+    if mode == "squash":
+        _commit_squash(workdir, job, message, into)
+    commit = git(workdir, "rev-parse", "HEAD").stdout.strip()
+    landed = head if mode in ("merge", "ff-only") and commit == head else commit
+    target = Target(into, commit)
+    lines = [f"{job.id}: merged into {into} ({mode}) as {commit[:7]}"]
+    lines += finish_landed(repo, job, head, landed, target)[1:]
+    return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
+
+
+def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
+    attempt = job.state.current
+    if not job.spec.branch:
+        raise SubtaskError("negative", f"{job.id} is a read-only job: it has no branch to merge")
+    if not attempt.terminal:
+        raise SubtaskError("not_finished", f"{job.id} is {attempt.state}: it has not finished",
+                           hint=f"git subtask wait {job.id}")
+    if job.state.landed_in:
+        raise SubtaskError("negative", f"{job.id} already landed in {job.state.landed_in[:7]}")
+    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+    if ref is None:
+        raise SubtaskError("fatal", f"the branch {job.spec.branch} of {job.id} is gone",
+                           hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
+    head = str(ref.target)
+    if force:
+        return head
+    if attempt.state != "done":
+        raise SubtaskError("not_finished", f"{job.id} ended {attempt.state}, not done: not merging it",
+                           hint=f"git subtask show {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    verify = attempt.verify
+    if verify is not None and not verify.passed:
+        raise SubtaskError("negative", f"{job.id}: verify failed ({verify.command} -> exit {verify.exit_code}): not merging it",
+                           hint=f"git subtask result {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    if verify is not None and head != verify.head:
+        raise SubtaskError("negative", f"{job.id}: its branch moved to {head[:7]} after verify tested {verify.head[:7]}: "
+                           "the merged tree would be untested",
+                           hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    return head
+
+
+def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
+    if repo.git.head_is_unborn:
+        raise SubtaskError("fatal", "the current branch has no commits yet")
+    if repo.git.head_is_detached:
+        return str(repo.git.head.target)[:7]
+    name = repo.git.head.shorthand
+    if name == job.spec.branch:
+        raise SubtaskError("usage", f"the current branch is the job's own branch {name}",
+                           hint="check out the branch to merge into, e.g. git switch main")
+    return name
+
+
+def _check_clean(workdir: Path) -> None:
+    # Tracked changes only: git itself refuses (changing nothing) when an untracked file would be overwritten.
+    status = git(workdir, "status", "--porcelain", "--untracked-files=no").stdout
+    if status.strip():
+        files = [line[3:] for line in status.splitlines()][:10]
+        raise SubtaskError("dirty", f"the worktree {workdir} has uncommitted changes ({', '.join(files)}): "
+                           "not merging into it (your work is never stashed)",
+                           hint="commit or stash them yourself, then merge again")
+
+
+def _merge_message(job: Job, mode: str) -> str:
+    from subtask.render import summary_lines, task_title
+
+    title = task_title(job.spec.task, 60)
+    if mode == "squash":
+        body = summary_lines(job.summary)
+        return f"{title}\n\n" + (f"{body}\n\n" if body else "") + f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
+    return f"Merge subtask {job.id}: {title}\n\nSubtask-Id: {job.id}\n"
+
+
+def _abort(workdir: Path, job: Job, mode: str, into: str, proc) -> None:
+    conflicts = git(workdir, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split("\n")
+    conflicts = [c for c in conflicts if c]
+    if conflicts:
+        git(workdir, *(["reset", "--merge"] if mode == "squash" else ["merge", "--abort"]), check=False)
+        raise SubtaskError("conflict", f"merging {job.id} into {into} conflicts in: {', '.join(conflicts)}; "
+                           "the merge was aborted and nothing changed",
+                           hint=f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
+                                f"  (or merge by hand: git merge {job.spec.branch})")
+    words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    reason = " ".join(words[-3:]) if words else f"git merge exited {proc.returncode}"
+    hint = "use --no-ff or plain merge, or rebase the job" if mode == "ff-only" else None
+    raise SubtaskError("negative", f"git merge of {job.id} into {into} did not happen: {reason}", hint=hint)
+
+
+def _commit_squash(workdir: Path, job: Job, message: str, into: str) -> None:
+    staged = git(workdir, "diff", "--cached", "--quiet", check=False).returncode
+    if staged == 0:
+        git(workdir, "reset", "--merge", check=False)
+        raise SubtaskError("negative", f"{job.id}: its changes are already in {into}; nothing to squash")
+    proc = git(workdir, "commit", "--quiet", "--no-verify", "-F", "-", input=message, check=False)
+    if proc.returncode != 0:
+        git(workdir, "reset", "--merge", check=False)
+        raise SubtaskError("fatal", f"could not commit the squash of {job.id}: {proc.stderr.strip()}",
+                           hint="set your identity: git config user.name ...; git config user.email ...")
+
+
+# ---------------------------------------------------------------- gc
+
+_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
+
+
+def parse_age(text: str) -> float:
+    """"30d", "12h", "90m", "45s", "2w" (a bare number means days) -> seconds."""
+    match = _AGE_RE.match(text or "")
+    if not match:
+        raise SubtaskError("usage", f"--older-than must look like 30d, 12h, 90m or 2w, not {text!r}")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2)]
+
+
+def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
+    """Land what has landed, remove clean worktrees of old finished jobs, prune, `git gc --auto`."""
+    cutoff = time.time() - parse_age(older_than)
+    sweep = cleanup_merged(repo, dry_run=dry_run)
+    target = land_target(repo)
+    for job in _old_finished(repo, cutoff):
+        path = Path(job.spec.worktree)
+        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+        if not ok:
+            sweep.kept.append(job.id)
+            sweep.lines.append(f"{job.id}: kept worktree: {why}")
+            continue
+        sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
+        if not dry_run and git(repo.root, "worktree", "remove", str(path), check=False).returncode == 0:
+            records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
+    pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
+    sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
+    if not dry_run:
+        git(repo.root, "gc", "--auto", "--quiet", check=False)
+    return sweep
+
+
+def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
+    jobs = []
+    for entry in records.list_entries(repo):
+        if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
+            continue
+        job = records.read_commit(repo, entry["tip"])
+        if owns(repo, job) and Path(job.spec.worktree).exists():
+            jobs.append(job)
+    return jobs
