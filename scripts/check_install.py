@@ -78,6 +78,7 @@ def check(tmp: Path) -> None:
             raise CheckFailed(f"the wheel installed no {script} console script")
     version = run(["git", "subtask", "--version"], env=env, what="git subtask --version")
     print(version)
+    check_manual(venv, env)
     repo.mkdir()
     run(["git", "init", "-q", "-b", "main"], cwd=repo, env=env, what="git init")
     run(["git", "commit", "-q", "--allow-empty", "-m", "init"], cwd=repo, env=env, what="git commit")
@@ -88,6 +89,26 @@ def check(tmp: Path) -> None:
     client.write_text(CLIENT)
     print(run([venv / "bin" / "python", client, venv / "bin" / "subtask-mcp", repo], cwd=tmp, env=env,
               what="the MCP stdio session with subtask-mcp"))
+
+
+def check_manual(venv: Path, env: dict) -> None:
+    """`git subtask --help` makes git open git-subtask(1): the wheel must put it where man looks."""
+    page = venv / "share" / "man" / "man1" / "git-subtask.1"
+    if not page.exists():
+        raise CheckFailed(f"the wheel installed no manual page at {page}")
+    if not (venv / "share" / "doc" / "git-subtask" / "git-subtask.html").exists():
+        raise CheckFailed("the wheel installed no HTML manual")
+    if shutil.which("man") is None:
+        print("man is not installed here: skipping `git subtask --help`")
+        return
+    shown = run(["git", "subtask", "--help"], env=dict(env, MANPAGER="cat", PAGER="cat", MANWIDTH="100"),
+                what="git subtask --help")
+    if "git subtask start" not in shown:
+        raise CheckFailed(f"git subtask --help did not show the manual page:\n{shown[:500]}")
+    print("git subtask --help: the manual page opens")
+    usage = run(["git", "subtask", "-h"], env=env, what="git subtask -h")
+    if "Usage:" not in usage:
+        raise CheckFailed("git subtask -h printed no usage")
 
 
 def main() -> int:

@@ -33,6 +33,15 @@ def _repo():
     return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
 
 
+def _emit_lines(lines: list[str], as_json: bool, **facts) -> None:
+    """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`."""
+    if as_json:
+        _emit_json({"v": 1, **facts, "lines": lines})
+    else:
+        for line in lines:
+            click.echo(line)
+
+
 def _job_json(job, position=None) -> dict:
     return {"v": 1, "id": job.id, "state": job.state.current.state, "position": position,
             "spec": job.spec.to_dict(), "state_detail": job.state.to_dict(),
@@ -256,7 +265,7 @@ def log(job_id):
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
 @click.option("--full", is_flag=True, help="the whole summary, not the first 10 lines")
-@click.option("--evidence", is_flag=True, help="print the evidence envelope as JSON")
+@click.option("--evidence", "--json", "evidence", is_flag=True, help="print the evidence envelope as JSON")
 def result(job_id, full, evidence):
     """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
     from subtask import api, render
@@ -283,7 +292,8 @@ def stop(job_id):
 @click.option("--merged", is_flag=True, help="every job that landed: record it, remove its clean worktree, delete its branch")
 @click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
 @click.option("--quiet", "-q", is_flag=True, help="print nothing (for the post-merge hook)")
-def cleanup(job_id, merged, dry_run, quiet):
+@click.option("--json", "as_json", is_flag=True)
+def cleanup(job_id, merged, dry_run, quiet, as_json):
     """Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job.
 
     Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
@@ -297,8 +307,7 @@ def cleanup(job_id, merged, dry_run, quiet):
     repo = _repo()
     lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
     if not quiet:
-        for line in lines:
-            click.echo(line)
+        _emit_lines(lines, as_json, dry_run=dry_run)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -324,15 +333,15 @@ def merge(job_id, mode, force):
 @cli.command(context_settings=CONTEXT)
 @click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
 @click.option("--older-than", default="30d", show_default=True, help="age of finished jobs whose clean worktrees go (30d, 12h, 2w)")
-def gc(dry_run, older_than):
+@click.option("--json", "as_json", is_flag=True)
+def gc(dry_run, older_than, as_json):
     """Clean up landed jobs, remove clean worktrees of old finished jobs, prune, git gc --auto.
 
     Never touches running jobs, dirty worktrees or unmerged branches; records stay (they are the history).
     """
     from subtask import api
 
-    for line in api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines:
-        click.echo(line)
+    _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json, dry_run=dry_run)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -364,12 +373,11 @@ def hooks():
     """The post-merge hook that cleans up after landed jobs."""
 
 
-def _hooks(action: str) -> None:
+def _hooks(action: str, as_json: bool = False) -> None:
     from subtask import api
 
     result = api.hooks(_repo(), action)
-    for line in result.lines:
-        click.echo(line)
+    _emit_lines(result.lines, as_json, installed=result.installed)
     if action == "status" and not result.installed:
         sys.exit(EXIT_NEGATIVE)
 
@@ -387,9 +395,10 @@ def hooks_uninstall():
 
 
 @hooks.command("status", context_settings=CONTEXT)
-def hooks_status():
+@click.option("--json", "as_json", is_flag=True)
+def hooks_status(as_json):
     """Is the hook installed? (exit 1 if not)"""
-    _hooks("status")
+    _hooks("status", as_json)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -91,7 +91,7 @@ def check_hooks(repo) -> Check:
 
 def check_notes_config(repo) -> Check:
     cfg = repo.git.config
-    rewrite = [entry.value for entry in cfg.get_multivar("notes.rewriteRef")] if _has(cfg, "notes.rewriteRef") else []
+    rewrite = list(cfg.get_multivar("notes.rewriteRef")) if _has(cfg, "notes.rewriteRef") else []
     if any(r in ("refs/notes/subtask", "refs/notes/*") for r in rewrite):
         return Check("notes", "fail", "notes.rewriteRef copies subtask notes onto rebased commits, so a "
                      "'verify passed' would stand on a tree that was never tested",
