@@ -1,0 +1,410 @@
+"""Issue 8: git-subtask side by side with subtask-mcp 0.5 (PyPI), in one run on this machine.
+
+    PYTHONPATH=. python bench/peer.py [--runs 7] [--history 5000] [--peer-venv DIR]
+
+Installs `subtask-mcp==0.5.0` into its own temporary virtual environment (python -m venv + pip),
+gives it its own HOME (a temp folder: it never sees real user data), and gives both tools the
+same engine: a fake `kimi` executable on PATH (bench/peer.py writes it) that runs the first line
+of its prompt as a bash script in the job's worktree, prints one stream-json assistant message and
+exits 0. The peer drives it through its built-in `kimi` adapter (`kimi --output-format stream-json
+-m MODEL -p PROMPT`); we drive the very same file through a `command` engine
+(`subtask.engine.kimi.command = ["kimi","--output-format","stream-json","-p","{task}"]`).
+
+Both tools work on the same generated repository (bench/common.make_repo, 2,000 files), copied
+once with `cp -a` so each has its own but byte-identical copy (same commit ids). Samples of the
+two tools are interleaved (ours, peer, ours, peer, ...) so both see the same machine load. Every
+figure is a median; each ratio is ours / peer (lower is better for us).
+
+Figures:
+- cli_start: CLI start of a writing job (worktree + branch), process spawn to exit. The peer runs
+  `git worktree add` inside start; we create the branch in start and check the worktree out in
+  the worker, so our start does less of the job's set-up (e2e_recorded counts all of it).
+- e2e_cli: `start` then the tool's own CLI `wait` (returns with the result line), wall clock.
+- e2e_recorded: `start` to the terminal state written by the tool itself (its own timestamp:
+  our last events-file entry, the peer's `end` event in progress.jsonl): no wait mechanism in it.
+- mcp_wait: over MCP on a warm server, from the engine's exit (the job's task writes the time as
+  its last act) to `wait`'s reply. The job sleeps 0.5 s + (i + 0.5)/runs s, so the peer's
+  1-second poll is met at evenly spread phases rather than always at the same one.
+- start_many10: `start_many` with 10 jobs over MCP (the peer has start_many too: it loops over
+  its start) and then wait_all10: one `wait` for all 10. Both tools are allowed 10 running jobs
+  (the peer refuses jobs beyond its limit, 4 by default; we would queue them).
+  start_many10+wait is the sum, per sample: the peer checks worktrees out inside start, we
+  check them out in the workers, so only the sum compares the same work.
+- cli_start_history: cli_start again after 5,000 finished jobs were added to each tool's history
+  (ours: bench/records_scale.fill_history + pack-refs, as the worker does; the peer: 5,000 job
+  folders cloned from a real finished job of its own, the format it writes).
+- mcp_initialize: spawn of the MCP server to the `initialize` reply (mcp SDK client, stdio).
+
+Writes bench/results/peer.json. Targets: every ratio <= 1.0; mcp_wait <= 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+# `import mcp` must find the SDK, not bench/mcp.py: keep bench off sys.path while importing it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+import anyio  # noqa: E402
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+sys.path.append(str(BENCH))
+from common import make_repo, median_ms, save  # noqa: E402
+from records_scale import fill_history  # noqa: E402
+
+PEER_VERSION = "0.5.0"
+FINAL = {"done", "failed", "stopped"}
+TEMPLATE = '["kimi","--output-format","stream-json","-p","{task}"]'
+
+FAKE_KIMI = r"""#!/bin/bash
+# A fake `kimi` for bench/peer.py: runs the first line of its prompt as a bash script in the
+# current directory, prints one stream-json assistant message (its summary) and exits 0.
+case "$1" in
+  --version) echo "kimi, version 2.1.1 (fake for bench/peer.py)"; exit 0 ;;
+  --help) echo "usage: kimi [--output-format FORMAT] [-m MODEL] [-S|--session ID] [-c] [-p|--prompt TEXT]"; exit 0 ;;
+esac
+prompt=""
+while [ $# -gt 0 ]; do
+  case "$1" in -p|--prompt) prompt="$2"; shift 2 ;; *) shift ;; esac
+done
+bash -c "${prompt%%$'\n'*}" >&2 || exit $?
+echo '{"role":"assistant","content":"## Summary\n- fake kimi ran the task"}'
+"""
+
+
+def run(argv: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{argv} -> {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ------------------------------------------------------------------ the two tools
+
+
+class Ours:
+    name = "ours"
+
+    def __init__(self, repo: Path, fakebin: Path) -> None:
+        self.repo = repo
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SUBTASK_")}
+        self.env.update(PYTHONPATH=str(ROOT), PATH=f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+        exe = Path(sys.executable).parent / "git-subtask"
+        self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "subtask"]
+        # pip compiled the peer's modules at install time; our tree runs from source, and this
+        # machine may set PYTHONDONTWRITEBYTECODE. Compile ours too, or every CLI, worker and
+        # server process of ours pays ~100 ms of compiling that an installed copy never pays.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "subtask")], check=True,
+                       env={k: v for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE"})
+        for key, value in (("subtask.engine", "kimi"), ("subtask.engine.kimi.command", TEMPLATE),
+                           ("subtask.maxRunning", "10")):
+            run(["git", "config", key, value], repo, self.env)
+        self.events = repo / ".git" / "subtask" / "run"
+
+    def start(self, task: str = "true") -> str:
+        out = run([*self.cli, "start", "--engine", "kimi", task], self.repo, self.env).stdout
+        return out.split()[0]
+
+    def wait_cli(self, job: str) -> str:
+        return run([*self.cli, "wait", "--timeout", "120", job], self.repo, self.env, check=False).stdout
+
+    def until_done(self, job: str) -> None:
+        self.wait_cli(job)
+
+    def recorded_at(self, job: str) -> float:
+        """The tool's own timestamp of the terminal state: the last line of the events file."""
+        for line in reversed((self.events / f"{job}.events.jsonl").read_text().splitlines()):
+            event = json.loads(line)
+            if event.get("type") == "state" and event.get("state") in FINAL:
+                return event["t"]
+        raise RuntimeError(f"{job}: no terminal event")
+
+    def params(self) -> StdioServerParameters:
+        return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"],
+                                     cwd=str(self.repo), env=self.env)
+
+    def start_args(self, task: str) -> dict:
+        return {"task": task, "engine": "kimi"}
+
+    def wait_args(self, ids: list[str]) -> dict:
+        return {"ids": ids, "timeout": 120}
+
+    def fill(self, count: int) -> None:
+        fill_history(self.repo, count)
+        run(["git", "pack-refs", "--all"], self.repo, self.env)  # what the worker does past 1,000 loose refs
+
+
+class Peer:
+    name = "peer"
+
+    def __init__(self, repo: Path, venv: Path, home: Path, fakebin: Path) -> None:
+        self.repo, self.venv, self.home = repo, venv, home
+        # Nothing of ours may leak in: the peer's import package is also called `subtask`.
+        drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+        self.env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SUBTASK_", "KIMI_", "XDG_"))}
+        self.env.update(HOME=str(home), PATH=f"{fakebin}{os.pathsep}{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                        SUBTASK_MAX_RUNNING="10")
+        self.cli = [str(venv / "bin" / "subtask")]
+        self.jobs = home / ".local" / "share" / "subtask" / "jobs"
+
+    def start(self, task: str = "true") -> str:
+        out = run([*self.cli, "start", "--engine", "kimi", "--repo", str(self.repo), task], self.repo, self.env).stdout
+        if " started " not in out:
+            raise RuntimeError(f"peer start refused: {out}")
+        return out.split()[0]
+
+    def wait_cli(self, job: str) -> str:
+        return run([*self.cli, "wait", "--timeout", "120", job], self.repo, self.env, check=False).stdout
+
+    def until_done(self, job: str, timeout: float = 120) -> None:
+        """Read its status.json every 10 ms (cheaper than its 1 s polling CLI wait, between samples)."""
+        path = self.jobs / job / "status.json"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(path.read_text()).get("state") in FINAL:
+                    return
+            time.sleep(0.01)
+        raise RuntimeError(f"peer job {job} did not end")
+
+    def recorded_at(self, job: str) -> float:
+        for line in reversed((self.jobs / job / "progress.jsonl").read_text().splitlines()):
+            event = json.loads(line)
+            if event.get("phase") == "end" and event.get("state") in FINAL:
+                return event["ts"]
+        raise RuntimeError(f"{job}: no end event")
+
+    def params(self, sdk: bool = False) -> StdioServerParameters:
+        exe = self.venv / "bin" / ("subtask-mcp-fastmcp" if sdk else "subtask-mcp")
+        return StdioServerParameters(command=str(exe), args=[], cwd=str(self.repo), env=self.env)
+
+    def start_args(self, task: str) -> dict:
+        return {"task": task, "engine": "kimi", "repo": str(self.repo)}
+
+    def wait_args(self, ids: list[str]) -> dict:
+        return {"ids": ids, "timeout": 120}
+
+    def fill(self, count: int) -> None:
+        """`count` finished job folders, cloned file for file from a real finished job of the peer."""
+        model_id = self.start("true")
+        self.until_done(model_id)
+        model = self.jobs / model_id
+        files = {p.name: p.read_text() for p in model.iterdir() if p.is_file()}
+        now = time.time()
+        for n in range(count):
+            job_id = "st-" + os.urandom(5).hex()
+            folder = self.jobs / job_id
+            (folder / "tmp").mkdir(parents=True)
+            created = now - 86400 - n
+            for name, text in files.items():
+                text = text.replace(model_id, job_id)
+                if name == "spec.json":
+                    spec = json.loads(text)
+                    spec.update(created=created, task=spec["task"].replace("true", f"historic task {n}", 1))
+                    text = json.dumps(spec, ensure_ascii=False, indent=1)
+                elif name == "status.json":
+                    status = json.loads(text)
+                    status["updated"] = created + 1
+                    for attempt in status.get("attempts", []):
+                        attempt.update(created=created, started=created, ended=created + 1)
+                    text = json.dumps(status, ensure_ascii=False, indent=1)
+                (folder / name).write_text(text)
+            os.utime(folder, (created, created))
+
+
+def make_peer_venv(where: Path) -> tuple[Path, float]:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    f"subtask-mcp=={PEER_VERSION}"], check=True, stderr=subprocess.DEVNULL)
+    return where, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------ measurements (interleaved)
+
+
+def cli_start(tools, runs: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {t.name: [] for t in tools}
+    for _ in range(runs):
+        for tool in tools:
+            t0 = time.perf_counter()
+            job = tool.start("true")
+            out[tool.name].append(time.perf_counter() - t0)
+            tool.until_done(job)
+    return out
+
+
+def end_to_end(tools, runs: int) -> tuple[dict, dict]:
+    cli: dict[str, list[float]] = {t.name: [] for t in tools}
+    recorded: dict[str, list[float]] = {t.name: [] for t in tools}
+    for _ in range(runs):
+        for tool in tools:
+            wall0, t0 = time.time(), time.perf_counter()
+            job = tool.start("true")
+            tool.wait_cli(job)
+            cli[tool.name].append(time.perf_counter() - t0)
+            recorded[tool.name].append(tool.recorded_at(job) - wall0)
+    return cli, recorded
+
+
+async def call(client: Client, name: str, args: dict) -> str:
+    result = await client.call_tool(name, args)
+    text = "\n".join(block.text for block in result.content if block.type == "text")
+    if result.is_error:
+        raise RuntimeError(f"{name}({args}) -> {text}")
+    return text
+
+
+def ids_in(text: str) -> list[str]:
+    return [word for word in text.replace(".", " ").split() if word.startswith("st-")]
+
+
+async def mcp_figures(tools, runs: int, scratch: Path) -> dict[str, dict[str, list[float]]]:
+    figures = {key: {t.name: [] for t in tools} for key in ("mcp_wait", "start_many10", "wait_all10")}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {t.name: await stack.enter_async_context(Client(t.params(), mode="legacy")) for t in tools}
+        for tool in tools:  # warm up: one job each, so the first sample pays no first-call costs
+            ids = ids_in(await call(clients[tool.name], "start", tool.start_args("true")))
+            await call(clients[tool.name], "wait", tool.wait_args(ids[:1]))
+        for n in range(runs):
+            sleep = 0.5 + (n + 0.5) / runs
+            for tool in tools:
+                marker = scratch / f"{tool.name}-ended"
+                marker.unlink(missing_ok=True)
+                task = f"sleep {sleep:.3f}; date +%s.%N > {marker}"
+                ids = ids_in(await call(clients[tool.name], "start", tool.start_args(task)))
+                await call(clients[tool.name], "wait", tool.wait_args(ids[:1]))
+                figures["mcp_wait"][tool.name].append(time.time() - float(marker.read_text()))
+        for _ in range(runs):
+            for tool in tools:
+                t0 = time.perf_counter()
+                text = await call(clients[tool.name], "start_many", {"tasks": [tool.start_args("true")] * 10})
+                t1 = time.perf_counter()
+                ids = ids_in(text)
+                if len(ids) != 10:
+                    raise RuntimeError(f"{tool.name} start_many started {len(ids)} of 10:\n{text}")
+                await call(clients[tool.name], "wait", tool.wait_args(ids))
+                t2 = time.perf_counter()
+                figures["start_many10"][tool.name].append(t1 - t0)
+                figures["wait_all10"][tool.name].append(t2 - t1)
+    return figures
+
+
+async def initialize(params: dict[str, StdioServerParameters], runs: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in params}
+    for name, p in params.items():  # one unmeasured start each: pyc files and page cache warm
+        async with Client(p, mode="legacy"):
+            pass
+    for _ in range(runs):
+        for name, p in params.items():
+            t0 = time.perf_counter()
+            async with Client(p, mode="legacy"):
+                out[name].append(time.perf_counter() - t0)
+    return out
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--history", type=int, default=5000)
+    parser.add_argument("--peer-venv", type=Path, help="reuse a venv that has subtask-mcp==0.5.0 (else a temp one)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
+    args = parser.parse_args()
+    if args.runs < 5:
+        parser.error("--runs must be at least 5")
+    tmp = Path(tempfile.mkdtemp(prefix="subtask-peer-bench-"))
+    load_before = loadavg()
+    try:
+        if args.peer_venv:
+            venv, install_s = args.peer_venv, 0.0
+        else:
+            venv, install_s = make_peer_venv(tmp / "peer-venv")
+        version = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                  "import importlib.metadata as m; print(m.version('subtask-mcp'))"],
+                                 capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout.strip()
+        assert version == PEER_VERSION, f"peer venv has subtask-mcp {version!r}, not {PEER_VERSION}"
+        fakebin = tmp / "bin"
+        fakebin.mkdir()
+        (fakebin / "kimi").write_text(FAKE_KIMI)
+        (fakebin / "kimi").chmod(0o755)
+        (tmp / "peer-home").mkdir()
+        repo_ours = make_repo(tmp / "repo-ours")
+        subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-peer")], check=True)
+        ours = Ours(repo_ours, fakebin)
+        peer = Peer(tmp / "repo-peer", venv, tmp / "peer-home", fakebin)
+        tools = [ours, peer]
+        for tool in tools:  # warm up the CLI of each (pyc, page cache) before any sample
+            tool.until_done(tool.start("true"))
+
+        samples: dict[str, dict[str, list[float]]] = {}
+        print("cli start ...", flush=True)
+        samples["cli_start"] = cli_start(tools, args.runs)
+        print("end to end ...", flush=True)
+        samples["e2e_cli"], samples["e2e_recorded"] = end_to_end(tools, args.runs)
+        print("mcp wait, start_many ...", flush=True)
+        samples.update(anyio.run(mcp_figures, tools, args.runs, tmp))
+        print("mcp initialize ...", flush=True)
+        init = anyio.run(initialize, {"ours": ours.params(), "peer": peer.params(),
+                                      "peer_sdk": peer.params(sdk=True)}, args.runs)
+        samples["mcp_initialize"] = {"ours": init["ours"], "peer": init["peer"]}
+        samples["start_many10+wait"] = {t: [a + b for a, b in zip(samples["start_many10"][t], samples["wait_all10"][t])]
+                                        for t in ("ours", "peer")}
+        print(f"filling {args.history} finished jobs into each history ...", flush=True)
+        t0 = time.perf_counter()
+        ours.fill(args.history)
+        fill_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        peer.fill(args.history)
+        fill_peer = time.perf_counter() - t0
+        samples["cli_start_history"] = cli_start(tools, args.runs)
+    finally:
+        if args.keep:
+            print("kept", tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    targets = {"mcp_wait": 0.1}
+    rows = {}
+    for key, by_tool in samples.items():
+        a, b = median_ms(by_tool["ours"]), median_ms(by_tool["peer"])
+        rows[key] = {"ours_ms": a, "peer_ms": b, "ratio": round(a / b, 2), "target": targets.get(key, 1.0)}
+    info = {
+        "peer_sdk_server_initialize_ms": median_ms(init["peer_sdk"]),
+        "history_growth_ours": round(rows["cli_start_history"]["ours_ms"] / rows["cli_start"]["ours_ms"], 2),
+        "history_growth_peer": round(rows["cli_start_history"]["peer_ms"] / rows["cli_start"]["peer_ms"], 2),
+        "fill_history_s": {"ours": round(fill_ours, 1), "peer": round(fill_peer, 1)},
+        "peer_install_s": round(install_s, 1),
+        "load_before": load_before, "load_after": loadavg(),
+    }
+    print(f"\n{'figure':<20}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}  target")
+    for key, row in rows.items():
+        verdict = "ok" if row["ratio"] <= row["target"] else "MISSED"
+        print(f"{key:<20}{row['ours_ms']:>10}{row['peer_ms']:>10}{row['ratio']:>8}  <= {row['target']} {verdict}")
+    for key, value in info.items():
+        print(f"{key}: {value}")
+    path = save("peer", {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
+                         "figures": rows, "info": info,
+                         "raw_ms": {k: {t: [round(s * 1000, 1) for s in v] for t, v in d.items()}
+                                    for k, d in samples.items()}})
+    print("saved", path)
+
+
+if __name__ == "__main__":
+    main()
