@@ -37,8 +37,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from subtask.errors import SubtaskError
 
 LEDGER_NAME = "ledger.jsonl"
@@ -129,12 +127,16 @@ def lock_path(state_dir: Path) -> Path:
 
 # One FileLock per lock path per process: the same instance is reentrant in one thread, so a
 # caller holding lock() may call summary()/reserve_locked() without deadlocking on its own flock.
-_locks: dict[str, filelock.FileLock] = {}
+# filelock is imported on first use: free jobs never touch the ledger, and the import costs ~20 ms
+# on every CLI call and worker start.
+_locks: dict[str, Any] = {}
 _locks_guard = threading.Lock()
 
 
-def lock(state_dir: Path) -> filelock.FileLock:
-    """The ledger lock. Use this instance (not a fresh FileLock) so nesting stays reentrant."""
+def lock(state_dir: Path):
+    """The ledger lock (a `filelock.FileLock`). Use this instance so nesting stays reentrant."""
+    import filelock
+
     _ensure_state_dir(Path(state_dir))
     key = os.path.abspath(lock_path(state_dir))
     with _locks_guard:
@@ -147,6 +149,8 @@ def lock(state_dir: Path) -> filelock.FileLock:
 
 @contextmanager
 def _held(state_dir: Path) -> Iterator[None]:
+    import filelock
+
     lk = lock(state_dir)
     try:
         lk.acquire()
