@@ -63,6 +63,9 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`."""
     log = open(logs_dir(repo) / f"{job_id}.log", "ab")
+    # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
+    # signal groups whose ids may belong to unrelated processes by now.
+    pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
     env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
     try:
         proc = subprocess.Popen(
@@ -163,8 +166,12 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         _drop_orphan_refs(target, job_id)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
-    job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
-                      hint="read the worker log: git subtask show <id> --log")
+    if stop_marker(target.state_dir, job_id).exists():
+        # `stop` killed it (or it died while being stopped): that is the end the user asked for.
+        job = end_attempt(target, job_id, attempt_n, "stopped", reason="stopped by request")
+    else:
+        job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
+                          hint="read the worker log: git subtask show <id> --log")
     current = records.read(target, job_id).state
     for attempt in current.attempts:
         if attempt.n == attempt_n and attempt.rid:

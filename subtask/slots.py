@@ -34,7 +34,7 @@ SLOTS_FILE = "slots.json"
 class Slots:
     running: list[dict] = field(default_factory=list)
     queue: list[dict] = field(default_factory=list)
-    damaged: bool = False
+    damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
     def to_dict(self) -> dict:
         return {"v": 1, "running": self.running, "queue": self.queue}
@@ -73,7 +73,9 @@ def read(state_dir: Path) -> Slots:
         queue = [e for e in data["queue"] if _valid(e)]
         return Slots(running, queue)
     except FileNotFoundError:
-        return Slots()
+        # Missing while the lock file exists means it was deleted, not never made: a running job
+        # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
+        return Slots(damaged=(state_dir / "slots.lock").exists())
     except (ValueError, OSError) as exc:
         warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
         return Slots(damaged=True)
@@ -84,14 +86,23 @@ def _valid(entry) -> bool:
 
 
 @contextmanager
-def transaction(state_dir: Path, rebuild: Callable[[], Slots] | None = None) -> Iterator[Slots]:
-    """Hold the slots lock; yield the slots; save them on a clean exit."""
+def transaction(state_dir: Path, rebuild: Callable[[], Slots]) -> Iterator[Slots]:
+    """Hold the slots lock; yield the slots; save them on a clean exit.
+
+    `rebuild` (records + run-locks) replaces a damaged or deleted file; it is required, because
+    reading a damaged file as empty and saving that would forget every running job.
+    """
     with lock(state_dir):
         slots = read(state_dir)
-        if slots.damaged and rebuild is not None:
+        if slots.damaged:
             slots = rebuild()
         yield slots
-        write_json(state_dir / SLOTS_FILE, slots.to_dict())
+        save(state_dir, slots)
+
+
+def save(state_dir: Path, slots: Slots) -> None:
+    """Write the slots file now. Caller holds the lock (the transaction saves again at its end)."""
+    write_json(state_dir / SLOTS_FILE, slots.to_dict())
 
 
 def make_entry(job: str, attempt: int, git_dir: Path) -> dict:
@@ -116,15 +127,34 @@ def remove(slots: Slots, job: str, attempt: int) -> bool:
 
 
 def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
-    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock."""
+    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock.
+
+    Stops at a queue head whose run-lock is busy: its starter is still writing its branch and
+    record, and fills the slot itself when it lets go. Never blocks on that lock here: the starter
+    may need the slots lock to undo a failed start (a deadlock), and skipping the head would break
+    the FIFO order.
+    """
     handed = []
     while slots.queue and len(slots.running) < max_running:
+        fd = _try_lock(state_dir, slots.queue[0]["job"])
+        if fd is None:
+            break
         entry = slots.queue.pop(0)
-        fd = liveness.acquire(state_dir, entry["job"], block=True)
         entry["since"] = time.time()
         slots.running.append(entry)
         handed.append(HandOff(entry, fd))
     return handed
+
+
+def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
+    # A liveness probe holds a shared lock for microseconds; a starter holds it for many
+    # milliseconds. A few quick tries tell the two apart.
+    for _ in range(tries):
+        fd = liveness.acquire(state_dir, job, block=False)
+        if fd is not None:
+            return fd
+        time.sleep(0.002)
+    return None
 
 
 def reap_dead(slots: Slots, state_dir: Path) -> list[dict]:
