@@ -60,6 +60,7 @@ class EventSink:
         event = redact_obj(dict(event))
         event.setdefault("t", round(time.time(), 3))
         event.setdefault("attempt", self.attempt)
+        event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
         line = json.dumps(event, ensure_ascii=True)
         with open(self.path, "a") as fh:
             fh.write(line + "\n")
