@@ -7,7 +7,8 @@ Functions take plain arguments, validate them before changing anything, and retu
 Invariants:
 - `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
   the worker is spawned undoes every earlier step: slot, reservation, branch, pins, record, lock.
-- Admission and reservation happen in one critical section: slots lock, then ledger lock.
+- Admission and reservation happen in one critical section: slots lock, then ledger lock; the
+  slot entry is saved before the money is reserved, so no crash leaves a reservation unfindable.
 - Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash
   is noticed by the next command and its slot and reservation come back.
 """

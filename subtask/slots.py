@@ -9,7 +9,9 @@ Invariants:
 - An entry is an attempt (`job`, `attempt`), so a stale release by an old attempt's worker never
   frees the slot of a newer attempt.
 - Whoever frees a slot hands it to the head of the queue in the same critical section and takes
-  that job's run-lock there, so the next job never looks dead and no slot sits idle.
+  that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
+  still being written by its starter, which fills free slots itself when it lets go.
+- A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
   one that removes the entry under the lock) reports it.
 """
