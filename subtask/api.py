@@ -236,7 +236,7 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     attempt = job.state.current
     undo: list = [lambda: _drop_lock(state_dir, job.id, lock_fd)]
     handed: list[slots.HandOff] = []
-    dead: list[dict] = []
+    dead: list[slots.HandOff] = []
     spawned = False
     try:
         position, dead, handed = _admit(repo, job, paid)
@@ -280,7 +280,7 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     return StartResult(job, position)
 
 
-def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[dict], list[slots.HandOff]]:
+def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[slots.HandOff], list[slots.HandOff]]:
     """The one critical section: reap, fill, admit or queue, reserve. Returns (position, dead, handed).
 
     The slot entry is saved before the money is reserved, so a crash between the two leaves a slot
@@ -314,12 +314,11 @@ def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[dict], list[slot
     return position, dead, handed
 
 
-def _after_admission(repo: Repo, admission: tuple[list[dict], list[slots.HandOff]]) -> None:
+def _after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots.HandOff]]) -> None:
     """Settle the dead workers the admission reaped and spawn the workers it handed slots to."""
     dead, handed = admission
-    for entry in dead:
-        lifecycle.settle_dead(repo, entry)
     lifecycle.start_handoffs(repo, handed)
+    lifecycle.settle_reaped(repo, dead)
 
 
 def _fill_after_queueing(repo: Repo) -> list[slots.HandOff]:

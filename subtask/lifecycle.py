@@ -142,11 +142,37 @@ def reconcile(repo: Repo) -> list[str]:
         return []
     max_running = repo.config.integer("maxRunning")
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
-        dead = slots.reap_dead(current, state_dir)
+        reaped = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
-    ended = [entry["job"] for entry in dead if settle_dead(repo, entry)]
+    start_handoffs(repo, handed)
+    return settle_reaped(repo, reaped)
+
+
+def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
+    """Settle reaped dead entries (we hold their run-locks), then free their slots and hand them on."""
+    if not reaped:
+        return []
+    ended = []
+    handed: list[slots.HandOff] = []
+    try:
+        ended = [r.entry["job"] for r in reaped if _settle_quietly(repo, r.entry)]
+        with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+            for r in reaped:
+                slots.remove(current, r.entry["job"], r.entry["attempt"])
+            handed = slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
+    finally:
+        for r in reaped:
+            liveness.release(r.fd)
     start_handoffs(repo, handed)
     return ended
+
+
+def _settle_quietly(repo: Repo, entry: dict) -> bool:
+    try:
+        return settle_dead(repo, entry)
+    except Exception as exc:  # one broken job must not keep the others' slots
+        print(f"git-subtask: could not settle {entry['job']}: {exc}", file=sys.stderr)
+        return False
 
 
 def settle_dead(repo: Repo, entry: dict) -> bool:

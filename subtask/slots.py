@@ -13,7 +13,7 @@ Invariants:
   still being written by its starter, which fills free slots itself when it lets go.
 - A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
-  one that removes the entry under the lock) reports it.
+  one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
 """
 
 from __future__ import annotations
@@ -159,9 +159,17 @@ def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
     return None
 
 
-def reap_dead(slots: Slots, state_dir: Path) -> list[dict]:
-    """Remove running entries whose run-lock nobody holds; returns them. Caller holds the lock."""
-    dead = [e for e in slots.running if not liveness.is_held(state_dir, e["job"])]
-    if dead:
-        slots.running = [e for e in slots.running if e not in dead]
-    return dead
+def reap_dead(slots: Slots, state_dir: Path) -> list[HandOff]:
+    """Take the run-lock of each running entry nobody holds (its worker is dead). Caller holds the lock.
+
+    The entries stay in the file until they are settled (`lifecycle.settle_reaped`): the taken
+    run-lock tells every other process that someone is settling them, and if the settler itself
+    crashes the lock goes with it and the next command reaps them again, so a dead worker's money
+    is never forgotten between "removed from the slots" and "settled".
+    """
+    reaped = []
+    for entry in slots.running:
+        fd = liveness.acquire(state_dir, entry["job"], block=False)
+        if fd is not None:
+            reaped.append(HandOff(entry, fd))
+    return reaped
