@@ -246,7 +246,11 @@ def test_twelve_starts_at_once_never_run_more_than_two(cli, repo, tmp_path):
     assert peak <= 2, events
     started = [job for _, kind, job in events if kind == "start"]
     admitted = [r["job"] for r in ledger_rows(repo) if r["op"] == "reserve"]  # reserved in the critical section
-    assert sorted(started) == sorted(ids) and started == admitted
+    assert sorted(started) == sorted(ids) == sorted(admitted)
+    # FIFO: two slots may be handed out at nearly the same moment, so neighbours can swap when
+    # their engines start; a job admitted two or more places later never starts first.
+    late = [(a, b) for i, a in enumerate(admitted) for b in admitted[i + 2:] if started.index(b) < started.index(a)]
+    assert not late, (admitted, started)
     check_books(cli, repo)
 
 
