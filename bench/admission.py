@@ -55,7 +55,7 @@ def analyse(state: Path, ids: list[str]) -> dict:
     for span in sorted(spans):
         by_worker.setdefault(span[2], []).append(span)
     for runs in by_worker.values():
-        latencies += [nxt[0] - prev[1] for prev, nxt in zip(runs, runs[1:])]
+        latencies += [nxt[0] - prev[1] for prev, nxt in zip(runs, runs[1:], strict=False)]
     points = sorted([(s[0], 1) for s in spans] + [(s[1], -1) for s in spans])
     level = peak = 0
     for _, step in points:

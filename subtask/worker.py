@@ -28,8 +28,8 @@ from pathlib import Path
 
 from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
 from subtask.engines import get_engine
-from subtask.errors import SubtaskError
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
+from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
 from subtask.model import Evidence, VerifyResult
 from subtask.records import Job

@@ -87,7 +87,7 @@ def test_a_crash_at_any_step_leaks_no_slot_no_money_and_no_work(cli, repo):
     for point in START_POINTS:
         assert results[point][0] == 99, (point, results[point])
     started = {point: results[point][1].split()[0] for point in WORKER_POINTS}
-    for point, job in started.items():
+    for point in started:
         assert results[point][0] == 0, (point, results[point])
     # wait notices each dead worker through its run-lock
     assert cli("wait", *started.values(), timeout=60).returncode == 1
