@@ -7,7 +7,8 @@ Functions take plain arguments, validate them before changing anything, and retu
 Invariants:
 - `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
   the worker is spawned undoes every earlier step: slot, reservation, branch, pins, record, lock.
-- Admission and reservation happen in one critical section: slots lock, then ledger lock.
+- Admission and reservation happen in one critical section: slots lock, then ledger lock; the
+  slot entry is saved before the money is reserved, so no crash leaves a reservation unfindable.
 - Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash
   is noticed by the next command and its slot and reservation come back.
 """
@@ -234,25 +235,13 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     """
     state_dir = repo.state_dir
     attempt = job.state.current
-    undo: list = []
+    undo: list = [lambda: _drop_lock(state_dir, job.id, lock_fd)]
     handed: list[slots.HandOff] = []
-    dead: list[dict] = []
+    dead: list[slots.HandOff] = []
     spawned = False
     try:
-        undo.append(lambda: _drop_lock(state_dir, job.id, lock_fd))
-        entry = slots.make_entry(job.id, attempt.n, repo.common_dir)
-        with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-            dead = slots.reap_dead(current, state_dir)
-            handed = slots.fill(current, state_dir, repo.config.integer("maxRunning"))
-            position = slots.admit(current, entry, repo.config.integer("maxRunning"))
-            attempt.state = "running" if position == 0 else "queued"  # admitted: its worker starts now
-            faults.point("after_admit")
-            if paid:
-                with ledger.lock(state_dir):
-                    ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"))
-                faults.point("after_reserve")
-        undo.append(lambda: _unadmit(state_dir, job.id, attempt.n))
+        position, dead, handed = _admit(repo, job, paid)
+        undo.append(lambda: _unadmit(repo, job.id, attempt.n))
         if paid:
             undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
         if new_branch:
@@ -271,7 +260,7 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
             faults.point("before_spawn")
             lifecycle.spawn_worker(repo, job.id, lock_fd)
             spawned = True
-    except BaseException:
+    except BaseException as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
         try:
             for step in reversed(undo):
@@ -279,7 +268,7 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
                     step()
                 except Exception:
                     pass
-            lifecycle.start_handoffs(repo, handed)
+            _after_admission(repo, getattr(exc, "admission", (dead, handed)))
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         raise
@@ -287,10 +276,60 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
         lifecycle.close_fd_keep_lock(lock_fd)
     else:
         liveness.release(lock_fd)
-    for entry in dead:
-        lifecycle.settle_dead(repo, entry)
-    lifecycle.start_handoffs(repo, handed)
+        handed += _fill_after_queueing(repo)
+    _after_admission(repo, (dead, handed))
     return StartResult(job, position)
+
+
+def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[slots.HandOff], list[slots.HandOff]]:
+    """The one critical section: reap, fill, admit or queue, reserve. Returns (position, dead, handed).
+
+    The slot entry is saved before the money is reserved, so a crash between the two leaves a slot
+    entry that recovery settles, never a reservation nobody knows about. A refusal (or any error)
+    takes the entry back out but keeps what the reap and fill did; the error then carries them
+    as `admission`, for the caller to settle and hand on.
+    """
+    state_dir = repo.state_dir
+    attempt = job.state.current
+    max_running = repo.config.integer("maxRunning")
+    failure: BaseException | None = None
+    with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+        dead = slots.reap_dead(current, state_dir)
+        handed = slots.fill(current, state_dir, max_running)
+        position = slots.admit(current, slots.make_entry(job.id, attempt.n, repo.common_dir), max_running)
+        attempt.state = "running" if position == 0 else "queued"  # admitted: its worker starts now
+        try:
+            faults.point("after_admit")
+            if paid:
+                slots.save(state_dir, current)
+                with ledger.lock(state_dir):
+                    ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"))
+                faults.point("after_reserve")
+        except BaseException as exc:
+            slots.remove(current, job.id, attempt.n)
+            failure = exc
+    if failure is not None:
+        failure.admission = (dead, handed)  # type: ignore[attr-defined]
+        raise failure
+    return position, dead, handed
+
+
+def _after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots.HandOff]]) -> None:
+    """Settle the dead workers the admission reaped and spawn the workers it handed slots to."""
+    dead, handed = admission
+    lifecycle.start_handoffs(repo, handed)
+    lifecycle.settle_reaped(repo, dead)
+
+
+def _fill_after_queueing(repo: Repo) -> list[slots.HandOff]:
+    """A queued job's starter fills free slots once it lets go of its run-lock.
+
+    While it was writing the branch and record it held that lock, and `slots.fill` stops at a busy
+    queue head; a slot freed meanwhile would otherwise sit idle until the next command.
+    """
+    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+        return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
 
 
 def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
@@ -322,8 +361,8 @@ def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
         pass
 
 
-def _unadmit(state_dir: Path, job_id: str, attempt_n: int) -> None:
-    with slots.transaction(state_dir) as current:
+def _unadmit(repo: Repo, job_id: str, attempt_n: int) -> None:
+    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         slots.remove(current, job_id, attempt_n)
 
 
@@ -373,6 +412,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     except BaseException:
         liveness.release(lock_fd)
         raise
+    # The stop of an earlier attempt must not end this one before it starts.
+    lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
     return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd)
 
 

@@ -63,6 +63,9 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`."""
     log = os.fdopen(open_private(logs_dir(repo) / f"{job_id}.log"), "ab")
+    # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
+    # signal groups whose ids may belong to unrelated processes by now.
+    pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
     env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
     try:
         proc = subprocess.Popen(
@@ -139,11 +142,37 @@ def reconcile(repo: Repo) -> list[str]:
         return []
     max_running = repo.config.integer("maxRunning")
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
-        dead = slots.reap_dead(current, state_dir)
+        reaped = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
-    ended = [entry["job"] for entry in dead if settle_dead(repo, entry)]
+    start_handoffs(repo, handed)
+    return settle_reaped(repo, reaped)
+
+
+def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
+    """Settle reaped dead entries (we hold their run-locks), then free their slots and hand them on."""
+    if not reaped:
+        return []
+    ended = []
+    handed: list[slots.HandOff] = []
+    try:
+        ended = [r.entry["job"] for r in reaped if _settle_quietly(repo, r.entry)]
+        with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+            for r in reaped:
+                slots.remove(current, r.entry["job"], r.entry["attempt"])
+            handed = slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
+    finally:
+        for r in reaped:
+            liveness.release(r.fd)
     start_handoffs(repo, handed)
     return ended
+
+
+def _settle_quietly(repo: Repo, entry: dict) -> bool:
+    try:
+        return settle_dead(repo, entry)
+    except Exception as exc:  # one broken job must not keep the others' slots
+        print(f"git-subtask: could not settle {entry['job']}: {exc}", file=sys.stderr)
+        return False
 
 
 def settle_dead(repo: Repo, entry: dict) -> bool:
@@ -163,8 +192,12 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         _drop_orphan_refs(target, job_id)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
-    job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
-                      hint="read the worker log: git subtask show <id> --log")
+    if stop_marker(target.state_dir, job_id).exists():
+        # `stop` killed it (or it died while being stopped): that is the end the user asked for.
+        job = end_attempt(target, job_id, attempt_n, "stopped", reason="stopped by request")
+    else:
+        job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
+                          hint="read the worker log: git subtask show <id> --log")
     current = records.read(target, job_id).state
     for attempt in current.attempts:
         if attempt.n == attempt_n and attempt.rid:

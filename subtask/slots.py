@@ -9,9 +9,11 @@ Invariants:
 - An entry is an attempt (`job`, `attempt`), so a stale release by an old attempt's worker never
   frees the slot of a newer attempt.
 - Whoever frees a slot hands it to the head of the queue in the same critical section and takes
-  that job's run-lock there, so the next job never looks dead and no slot sits idle.
+  that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
+  still being written by its starter, which fills free slots itself when it lets go.
+- A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
-  one that removes the entry under the lock) reports it.
+  one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ SLOTS_FILE = "slots.json"
 class Slots:
     running: list[dict] = field(default_factory=list)
     queue: list[dict] = field(default_factory=list)
-    damaged: bool = False
+    damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
     def to_dict(self) -> dict:
         return {"v": 1, "running": self.running, "queue": self.queue}
@@ -73,7 +75,9 @@ def read(state_dir: Path) -> Slots:
         queue = [e for e in data["queue"] if _valid(e)]
         return Slots(running, queue)
     except FileNotFoundError:
-        return Slots()
+        # Missing while the lock file exists means it was deleted, not never made: a running job
+        # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
+        return Slots(damaged=(state_dir / "slots.lock").exists())
     except (ValueError, OSError) as exc:
         warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
         return Slots(damaged=True)
@@ -84,14 +88,23 @@ def _valid(entry) -> bool:
 
 
 @contextmanager
-def transaction(state_dir: Path, rebuild: Callable[[], Slots] | None = None) -> Iterator[Slots]:
-    """Hold the slots lock; yield the slots; save them on a clean exit."""
+def transaction(state_dir: Path, rebuild: Callable[[], Slots]) -> Iterator[Slots]:
+    """Hold the slots lock; yield the slots; save them on a clean exit.
+
+    `rebuild` (records + run-locks) replaces a damaged or deleted file; it is required, because
+    reading a damaged file as empty and saving that would forget every running job.
+    """
     with lock(state_dir):
         slots = read(state_dir)
-        if slots.damaged and rebuild is not None:
+        if slots.damaged:
             slots = rebuild()
         yield slots
-        write_json(state_dir / SLOTS_FILE, slots.to_dict())
+        save(state_dir, slots)
+
+
+def save(state_dir: Path, slots: Slots) -> None:
+    """Write the slots file now. Caller holds the lock (the transaction saves again at its end)."""
+    write_json(state_dir / SLOTS_FILE, slots.to_dict())
 
 
 def make_entry(job: str, attempt: int, git_dir: Path) -> dict:
@@ -116,20 +129,47 @@ def remove(slots: Slots, job: str, attempt: int) -> bool:
 
 
 def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
-    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock."""
+    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock.
+
+    Stops at a queue head whose run-lock is busy: its starter is still writing its branch and
+    record, and fills the slot itself when it lets go. Never blocks on that lock here: the starter
+    may need the slots lock to undo a failed start (a deadlock), and skipping the head would break
+    the FIFO order.
+    """
     handed = []
     while slots.queue and len(slots.running) < max_running:
+        fd = _try_lock(state_dir, slots.queue[0]["job"])
+        if fd is None:
+            break
         entry = slots.queue.pop(0)
-        fd = liveness.acquire(state_dir, entry["job"], block=True)
         entry["since"] = time.time()
         slots.running.append(entry)
         handed.append(HandOff(entry, fd))
     return handed
 
 
-def reap_dead(slots: Slots, state_dir: Path) -> list[dict]:
-    """Remove running entries whose run-lock nobody holds; returns them. Caller holds the lock."""
-    dead = [e for e in slots.running if not liveness.is_held(state_dir, e["job"])]
-    if dead:
-        slots.running = [e for e in slots.running if e not in dead]
-    return dead
+def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
+    # A liveness probe holds a shared lock for microseconds; a starter holds it for many
+    # milliseconds. A few quick tries tell the two apart.
+    for _ in range(tries):
+        fd = liveness.acquire(state_dir, job, block=False)
+        if fd is not None:
+            return fd
+        time.sleep(0.002)
+    return None
+
+
+def reap_dead(slots: Slots, state_dir: Path) -> list[HandOff]:
+    """Take the run-lock of each running entry nobody holds (its worker is dead). Caller holds the lock.
+
+    The entries stay in the file until they are settled (`lifecycle.settle_reaped`): the taken
+    run-lock tells every other process that someone is settling them, and if the settler itself
+    crashes the lock goes with it and the next command reaps them again, so a dead worker's money
+    is never forgotten between "removed from the slots" and "settled".
+    """
+    reaped = []
+    for entry in slots.running:
+        fd = liveness.acquire(state_dir, entry["job"], block=False)
+        if fd is not None:
+            reaped.append(HandOff(entry, fd))
+    return reaped

@@ -30,6 +30,7 @@ from pathlib import Path
 from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
+from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
 from subtask.model import Evidence, VerifyResult
 from subtask.records import Job
@@ -60,6 +61,7 @@ class EventSink:
         event = redact_obj(dict(event))
         event.setdefault("t", round(time.time(), 3))
         event.setdefault("attempt", self.attempt)
+        event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
         line = json.dumps(event, ensure_ascii=True)
         fd = open_private(self.path)
         try:
@@ -371,16 +373,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
     while True:
         lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
-        attempt_n = 0
-        try:
-            attempt_n = records.read(repo, job_id).state.current.n
-            run_attempt(repo, job_id)
-        except StopRequested:
-            lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
-        except Exception as exc:
-            traceback.print_exc()
-            lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
-                                  hint=ERROR_HINTS["engine"])
+        attempt_n = _run_current(repo, job_id)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         handed = release_and_next(repo, job_id, attempt_n)
         liveness.release(lock_fd)
@@ -389,6 +382,26 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
+
+
+def _run_current(repo: Repo, job_id: str) -> int:
+    """Run the job's current attempt, ending it whatever happens; returns the attempt number."""
+    try:
+        attempt_n = records.read(repo, job_id).state.current.n
+    except SubtaskError:
+        # Its `start` crashed after queueing it, before writing its record: nothing of it ran.
+        # Release its reservation and drop its branch; the caller frees the slot.
+        lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
+        return 1
+    try:
+        run_attempt(repo, job_id)
+    except StopRequested:
+        lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
+    except Exception as exc:
+        traceback.print_exc()
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
+                              hint=ERROR_HINTS["engine"])
+    return attempt_n
 
 
 def main(argv: list[str] | None = None) -> int:

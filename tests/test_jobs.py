@@ -206,7 +206,9 @@ def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo):
     running = cli.start("sleep 5")
     assert cli("reply", running, "true").returncode == 1  # only finished jobs
     cli.ok("stop", running)
-    procs = [subprocess.Popen(["git", "subtask", "reply", job, "sleep 3; echo two >> a.txt"], cwd=repo,
+    # The new attempt outlives every racer's start-up (slow on a loaded machine): a reply that
+    # arrived after it had ended would rightly start attempt 3.
+    procs = [subprocess.Popen(["git", "subtask", "reply", job, "sleep 2; echo two >> a.txt"], cwd=repo,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     results = [(p.wait(timeout=30), p.stdout.read(), p.stderr.read()) for p in procs]
     assert sorted(code for code, _, _ in results) == [0, 1, 1, 1], results

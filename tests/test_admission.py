@@ -1,0 +1,275 @@
+"""Admission and spend under crashes, concurrency and bad input (issue 4).
+
+Every test here ends by checking the books: the jobs `list` shows as active are exactly the ones
+in slots.json, no reservation is open for an ended job, and the money `spend` shows as committed
+is what the records say was charged. Paid work goes through a real `command` engine (the fake
+agent in fake_agent.py), so the ledger matters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import git, refs, wait_until
+
+FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
+
+
+def state_dir(repo: Path) -> Path:
+    return Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask"
+
+
+def use_paid_engine(repo: Path, **config: str) -> None:
+    """The fake paid agent as engine `fakepaid`, the default engine of `repo`."""
+    settings = {
+        "subtask.engine.fakepaid.command": json.dumps([sys.executable, str(FAKE_AGENT), "{task}"]),
+        "subtask.engine.fakepaid.paid": "true",
+        "subtask.engine.fakepaid.costPattern": r"cost: \$([0-9.]+)",
+        "subtask.engine": "fakepaid",
+        **{f"subtask.{k}": v for k, v in config.items()},
+    }
+    for key, value in settings.items():
+        git(repo, "config", key, value)
+
+
+def slot_entries(repo: Path) -> dict[str, list[str]]:
+    path = state_dir(repo) / "slots.json"
+    data = json.loads(path.read_text()) if path.exists() else {"running": [], "queue": []}
+    return {"running": [e["job"] for e in data["running"]], "queue": [e["job"] for e in data["queue"]]}
+
+
+def ledger_rows(repo: Path) -> list[dict]:
+    path = state_dir(repo) / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def check_books(cli, repo: Path) -> dict[str, dict]:
+    """`list`, `spend` and the slots agree after one command; returns the jobs by id."""
+    jobs = {j["id"]: j for j in cli.json("list", "--all")["jobs"]}
+    active = {i for i, j in jobs.items() if j["state"] in ("queued", "running")}
+    entries = slot_entries(repo)
+    assert set(entries["running"]) | set(entries["queue"]) == active, (entries, jobs)
+    spend = cli.json("spend")
+    assert {r["job"] for r in spend["open_reservations"]} <= active, spend
+    closes = [r for r in ledger_rows(repo) if r["op"] == "close"]
+    assert len({r["rid"] for r in closes}) == len(closes), f"a reservation was closed twice: {closes}"
+    charged = 0.0
+    for job_id in jobs:
+        for attempt in cli.json("show", job_id)["state_detail"]["attempts"]:
+            if attempt.get("rid") and attempt["state"] in ("done", "failed", "stopped"):
+                charged += attempt["cost"]["charged"] or 0.0
+    assert spend["committed_usd"] == pytest.approx(charged), (spend, jobs)
+    return jobs
+
+
+# ---------------------------------------------------------------- crashes at every step
+
+START_POINTS = ["after_admit", "after_reserve", "after_branch", "after_record", "before_spawn"]
+WORKER_POINTS = ["worker_start", "after_checkout", "after_engine", "after_verify", "before_final_record"]
+ENGINE_RAN = {"after_engine", "after_verify", "before_final_record"}
+
+
+def test_a_crash_at_any_step_leaks_no_slot_no_money_and_no_work(cli, repo):
+    """SUBTASK_FAULT at each of the ten points, all at once; one `list` afterwards settles it all."""
+    use_paid_engine(repo, maxRunning="20")
+    procs = {point: subprocess.Popen(
+        ["git", "subtask", "start", "--max-usd", "3", "--verify", "true", f"point={point} file={point}.txt cost=0.42"],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, SUBTASK_FAULT=point)) for point in START_POINTS + WORKER_POINTS}
+    results = {point: (p.wait(timeout=60), p.stdout.read()) for point, p in procs.items()}
+    for point in START_POINTS:
+        assert results[point][0] == 99, (point, results[point])
+    started = {point: results[point][1].split()[0] for point in WORKER_POINTS}
+    for point in started:
+        assert results[point][0] == 0, (point, results[point])
+    # wait notices each dead worker through its run-lock
+    assert cli("wait", *started.values(), timeout=60).returncode == 1
+    jobs = check_books(cli, repo)
+    by_point = {j["task"].split()[0].removeprefix("point="): j for j in jobs.values()}
+    # no record yet: nothing may remain, not even a branch or a pin
+    for point in ("after_admit", "after_reserve", "after_branch"):
+        assert point not in by_point
+    # the record existed but no worker ever ran it
+    for point in ("after_record", "before_spawn"):
+        assert by_point[point]["state"] == "failed", point
+    for point in WORKER_POINTS:
+        job = by_point[point]
+        assert job["state"] == "failed", point
+        attempt = cli.json("show", job["id"])["state_detail"]["attempts"][0]
+        assert attempt["reason"] == "worker died", point
+        # the engine may have spent: the whole reservation; it never started: nothing
+        assert attempt["cost"]["charged"] == (3.0 if point in ENGINE_RAN else 0.0), point
+        worktree = repo / ".subtask" / "worktrees" / job["id"]
+        assert worktree.exists() == (point != "worker_start"), point
+        if point in ENGINE_RAN:  # the agent's commit and its worktree survive the crash
+            assert (worktree / f"{point}.txt").exists(), point
+            assert git(repo, "log", "--format=%s", "-1", f"subtask/{job['id']}") == f"agent wrote {point}.txt"
+    job_refs = {r.split("/")[2] for r in refs(repo, "refs/subtask")} | {r.split("/")[3] for r in refs(repo, "refs/heads/subtask")}
+    assert job_refs == {j["id"] for j in jobs.values()}, "orphan refs were left behind"
+    assert cli.json("spend")["committed_usd"] == pytest.approx(9.0)
+
+
+def test_a_start_refused_over_the_cap_changes_nothing(cli, repo):
+    use_paid_engine(repo, monthlyCapUsd="5")
+    proc = cli("start", "--max-usd", "7", "file=x.txt")
+    assert proc.returncode == 1, proc.stderr
+    assert "error: reserving $7.00" in proc.stderr and "monthly cap" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [r for r in refs(repo) if "subtask" in r] == []
+    assert slot_entries(repo) == {"running": [], "queue": []}
+    assert ledger_rows(repo) == []
+    assert list((state_dir(repo) / "run").glob("*.lock")) == []
+    check_books(cli, repo)
+
+
+# ---------------------------------------------------------------- death noticed by many at once
+
+def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo):
+    use_paid_engine(repo)
+    job = cli.start("sleep=60", "--max-usd", "2")
+    pid_file = state_dir(repo) / "run" / f"{job}.pid"
+    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=20)
+    pids = json.loads(pid_file.read_text())
+    os.kill(pids["worker"], signal.SIGKILL)
+    os.killpg(pids["engine"], signal.SIGKILL)
+    listers = [subprocess.Popen(["git", "subtask", "list", "--json"], cwd=repo, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(5)]
+    for lister in listers:
+        out, err = lister.communicate(timeout=60)
+        assert lister.returncode == 0 and "Traceback" not in err, err
+        assert json.loads(out)["jobs"][0]["state"] == "failed"
+    closes = [r for r in ledger_rows(repo) if r["op"] == "close"]
+    assert [(r["rid"], r["usd_charged"]) for r in closes] == [(f"{job}.1", 2.0)]
+    subjects = git(repo, "log", "--format=%s", f"refs/subtask/{job}/record").splitlines()
+    assert sum(" failed" in s for s in subjects) == 1, subjects
+    check_books(cli, repo)
+
+
+# ---------------------------------------------------------------- a damaged slots file
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_slots_file_is_rebuilt_without_forgetting_the_running_job(cli, repo, damage):
+    git(repo, "config", "subtask.maxRunning", "1")
+    running = cli.start("sleep 30")
+    path = state_dir(repo) / "slots.json"
+    if damage == "corrupt":
+        path.write_text('{"v": 1, "running": [{"job": ')
+    else:
+        path.unlink()
+    out = cli.ok("start", "true")
+    assert "queued (#1 in queue)" in out, "the rebuilt slots forgot the running job"
+    queued = out.split()[0]
+    assert slot_entries(repo) == {"running": [running], "queue": [queued]}
+    cli.ok("stop", running)
+    cli.ok("wait", queued)
+    check_books(cli, repo)
+
+
+# ---------------------------------------------------------------- stop
+
+def test_stop_in_the_spawn_gap_and_of_a_queued_job_releases_their_money_once(cli, repo):
+    use_paid_engine(repo, maxRunning="1")
+    gap = cli.start("file=gap.txt cost=0.5", "--max-usd", "1", env={"SUBTASK_FAULT_PAUSE": "worker_start:3"})
+    queued = cli.start("file=queued.txt", "--max-usd", "1")
+    assert cli.json("show", queued)["position"] == 1
+    assert f"{queued} stopped" in cli.ok("stop", queued)
+    t0 = time.monotonic()
+    assert f"{gap} stopped" in cli.ok("stop", gap)
+    assert time.monotonic() - t0 < 3, "stop waited for the paused worker instead of ending it"
+    for job in (gap, queued):
+        subjects = git(repo, "log", "--format=%s", f"refs/subtask/{job}/record").splitlines()
+        assert sum(" stopped" in s or " failed" in s or " done" in s for s in subjects) == 1, subjects
+    assert not (repo / ".subtask" / "worktrees" / gap / "gap.txt").exists()
+    closes = sorted((r["rid"], r["usd_charged"]) for r in ledger_rows(repo) if r["op"] == "close")
+    assert closes == sorted([(f"{gap}.1", 0.0), (f"{queued}.1", 0.0)])
+    check_books(cli, repo)
+    # a stopped job can be replied to: the old stop request must not end the new attempt
+    cli.ok("reply", gap, "file=gap.txt cost=0.5")
+    assert cli("wait", gap).returncode == 0
+    assert cli.json("spend")["committed_usd"] == pytest.approx(0.5)
+    check_books(cli, repo)
+
+
+# ---------------------------------------------------------------- recursion guard
+
+def test_a_job_may_start_a_job_one_level_down_but_not_past_max_depth(cli, repo):
+    nested = "git subtask start --engine shell 'true'; echo rc=$?"
+    allowed = cli.start(nested)
+    cli.ok("wait", allowed)
+    out = cli.ok("result", allowed)
+    assert "rc=0" in out and "running" in out
+    git(repo, "config", "subtask.maxDepth", "1")
+    refused = cli.start(nested)
+    cli.ok("wait", refused)
+    out = cli.ok("result", refused)
+    assert "rc=1" in out and "delegation depth 1 reached subtask.maxDepth=1" in out
+    proc = cli("start", "true", env={"SUBTASK_DEPTH": "1"})
+    assert proc.returncode == 1 and "maxDepth" in proc.stderr
+    assert len(cli.json("list")["jobs"]) == 3  # two top-level jobs, one nested
+    check_books(cli, repo)
+
+
+# ---------------------------------------------------------------- stress
+
+def barrier_argv(barrier: Path, argv: list[str]) -> list[str]:
+    """Run `argv` once `barrier` exists, so every process starts at the same moment."""
+    return ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.01; done; exec "$@"', str(barrier), *argv]
+
+
+@pytest.mark.stress
+def test_twelve_starts_at_once_never_run_more_than_two(cli, repo, tmp_path):
+    use_paid_engine(repo, maxRunning="2")
+    log = tmp_path / "times.log"
+    barrier = tmp_path / "go"
+    procs = [subprocess.Popen(barrier_argv(barrier, ["git", "subtask", "start", "--max-usd", "0", f"sleep=0.3 file=f{n} log={log}"]),
+                              cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(12)]
+    time.sleep(0.5)
+    barrier.touch()
+    ids = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        ids.append(out.split()[0])
+    assert cli("wait", *ids, timeout=90).returncode == 0
+    events = sorted((float(t), kind, job) for kind, job, t in (line.split() for line in log.read_text().splitlines()))
+    overlap = peak = 0
+    for _, kind, _ in events:
+        overlap += 1 if kind == "start" else -1
+        peak = max(peak, overlap)
+    assert peak <= 2, events
+    started = [job for _, kind, job in events if kind == "start"]
+    admitted = [r["job"] for r in ledger_rows(repo) if r["op"] == "reserve"]  # reserved in the critical section
+    assert sorted(started) == sorted(ids) == sorted(admitted)
+    # FIFO: two slots may be handed out at nearly the same moment, so neighbours can swap when
+    # their engines start; a job admitted two or more places later never starts first.
+    late = [(a, b) for i, a in enumerate(admitted) for b in admitted[i + 2:] if started.index(b) < started.index(a)]
+    assert not late, (admitted, started)
+    check_books(cli, repo)
+
+
+@pytest.mark.stress
+def test_eight_processes_racing_for_the_cap_get_exactly_seven_reservations(cli, repo, tmp_path):
+    use_paid_engine(repo, monthlyCapUsd="50", maxJobUsd="7", maxRunning="8")
+    barrier = tmp_path / "go"
+    loop = 'for n in 1 2 3; do git subtask start --max-usd 7 "file=$n-$$"; echo "rc=$?"; done'
+    procs = [subprocess.Popen(barrier_argv(barrier, ["sh", "-c", loop]), cwd=repo, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    time.sleep(0.5)
+    barrier.touch()
+    outputs = [p.communicate(timeout=90) for p in procs]
+    codes = [line for out, _ in outputs for line in out.splitlines() if line.startswith("rc=")]
+    assert sorted(codes) == ["rc=0"] * 7 + ["rc=1"] * 17, outputs
+    assert sum(err.count("would exceed the monthly cap") for _, err in outputs) == 17
+    ids = [line.split()[0] for out, _ in outputs for line in out.splitlines() if line.startswith("st-")]
+    assert len(ids) == 7 and len(refs(repo, "refs/heads/subtask")) == 7
+    cli("wait", *ids, timeout=90)
+    spend = cli.json("spend")
+    assert spend["committed_usd"] == pytest.approx(49.0) and spend["open_usd"] == 0
+    check_books(cli, repo)
