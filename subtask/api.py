@@ -170,7 +170,6 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     depth = _check_depth(repo)
-    ensure_notes_config(repo)
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -747,8 +746,9 @@ def ensure_notes_config(repo: Repo) -> list[str]:
         pass
     from subtask.gitrepo import git
 
-    git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY)
-    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"]
+    # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
+    written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
+    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []
 
 
 def init(repo: Repo, display: bool = False) -> list[str]:

@@ -342,6 +342,9 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
     if head != job.spec.base:
         records.set_pin(repo, job_id, "head", head)
+    from subtask.api import ensure_notes_config
+
+    ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
     notes.write_for_job(repo, job)
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
