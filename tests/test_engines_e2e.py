@@ -97,7 +97,7 @@ def test_monthly_cap_refuses_a_start_and_changes_nothing(cli, repo):
         return [r for r in refs(repo) if first not in r and not r.startswith("refs/notes/")]
 
     before = others()
-    proc = cli("start", "two", "--engine", "fakepaid", "--max-usd", "4")
+    proc = cli("start", "two", "--engine", "fakepaid", "--max-usd", "4.7")  # over the cap whether or not one has ended
     assert proc.returncode == 1
     assert "monthly cap" in proc.stderr and "git subtask spend" in proc.stderr
     assert others() == before
