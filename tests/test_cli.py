@@ -134,7 +134,7 @@ def test_watch_prints_plain_lines_until_the_jobs_end(cli):
 
 def test_status_shows_queue_position_and_activity(cli, repo):
     git(repo, "config", "subtask.maxRunning", "1")
-    first = cli.start("echo busy; sleep 3")
+    first = cli.start("echo busy; sleep 60")
     second = cli.start("true")
     out = cli.ok("status")
     assert f"{first} running" in out and f"{second} queued (#1 in queue)" in out

@@ -35,17 +35,17 @@ def test_wait_exit_codes_follow_the_outcome(cli):
 
 
 def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli):
-    slow = cli.start("sleep 5")
+    slow = cli.start("sleep 60")
     fast = cli.start("true")
     t0 = time.monotonic()
     proc = cli("wait", "--any", slow, fast)
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 30
     assert proc.returncode == 1  # the slow one has not ended
     assert f"{fast} done" in proc.stdout
     t0 = time.monotonic()
     proc = cli("wait", "--timeout", "0.5", slow)
     assert proc.returncode == 1
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 30
     assert "timed out" in proc.stderr
     cli.ok("stop", slow)
 
@@ -122,15 +122,18 @@ def test_max_running_queues_and_hands_off_in_order(cli, repo):
     git(repo, "config", "subtask.maxRunning", "1")
     log = repo.parent / "order.log"
     ids = []
+    go = repo.parent / "go"
     for n in range(3):
-        pause = 2 if n == 0 else 0.2  # the first holds the slot while we look at the queue
-        out = cli.ok("start", f"echo start {n} >> '{log}'; sleep {pause}; echo end {n} >> '{log}'")
+        # the first holds the slot until we have looked at the queue
+        hold = f"while [ ! -e '{go}' ]; do sleep 0.05; done" if n == 0 else "sleep 0.1"
+        out = cli.ok("start", f"echo start {n} >> '{log}'; {hold}; echo end {n} >> '{log}'")
         ids.append(out.split()[0])
         assert ("running" in out) == (n == 0)
         if n:
             assert f"queued (#{n} in queue)" in out
     listing = cli.ok("list")
     assert "queued#" in listing
+    go.touch()
     cli.ok("wait", *ids)
     lines = log.read_text().split("\n")
     assert [line for line in lines if line] == ["start 0", "end 0", "start 1", "end 1", "start 2", "end 2"]
@@ -138,12 +141,12 @@ def test_max_running_queues_and_hands_off_in_order(cli, repo):
 
 def test_stop_on_a_queued_job_removes_it_from_the_queue(cli, repo):
     git(repo, "config", "subtask.maxRunning", "1")
-    running = cli.start("sleep 2")
+    running = cli.start("sleep 60")
     queued = cli.start("echo never > never.txt")
     assert cli.json("show", queued)["position"] == 1
     out = cli.ok("stop", queued)
     assert f"{queued} stopped" in out
-    cli.ok("wait", running)
+    cli.ok("stop", running)
     assert not (repo / ".subtask" / "worktrees" / queued / "never.txt").exists()
     slots = json.loads((state_dir(repo) / "slots.json").read_text())
     assert slots == {"v": 1, "running": [], "queue": []}
