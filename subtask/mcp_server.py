@@ -25,7 +25,8 @@ Invariants:
   the protocol uses private duplicates (close-on-exec) that no child or stray print can reach.
 - A client that closes stdin before the SDK is up, with nothing asked of it but what the front
   end answered, gets a server that exits at once instead of after loading the SDK.
-- SUBTASK_MCP_FRONT=0 skips all of this: the SDK's own `MCPServer.run("stdio")`.
+- SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
+  own `MCPServer.run("stdio")`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ import json
 import os
 import queue
 import sys
-import threading
-from typing import Any
+import threading  # no `typing` (2-3 ms): annotations stay strings, and `object` serves for Any
 
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
 # Distributions whose versions shape the cached replies (pydantic generates the input schemas).
@@ -45,7 +45,7 @@ SHAPED_BY = ("mcp", "mcp_types", "pydantic", "pydantic_core")
 OBJECT_CAPABILITIES = ("experimental", "sampling", "elicitation", "roots", "extensions", "tasks")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """`from subtask.mcp_server import server` still gives the MCPServer (loading the SDK then)."""
     if name == "server":
         from subtask.mcp_tools import server
@@ -89,14 +89,14 @@ def load_cache() -> dict | None:
 
 # ---------------------------------------------------------------- reading messages
 
-def parse(line: bytes) -> Any:
+def parse(line: bytes) -> object:
     try:
         return json.loads(line)
     except ValueError:  # UnicodeDecodeError included
         return None
 
 
-def is_plain_initialize(message: Any) -> bool:
+def is_plain_initialize(message: object) -> bool:
     """An initialize the SDK is sure to accept: the front end may answer it for the SDK."""
     if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0" and message.get("method") == "initialize"):
         return False
@@ -107,14 +107,16 @@ def is_plain_initialize(message: Any) -> bool:
     return (isinstance(params.get("protocolVersion"), str) and isinstance(capabilities, dict)
             and all(isinstance(capabilities.get(k, {}), dict) for k in OBJECT_CAPABILITIES)
             and isinstance(client, dict) and isinstance(client.get("name"), str)
-            and isinstance(client.get("version"), str))
+            and isinstance(client.get("version"), str)
+            and all(isinstance(client.get(k, ""), str) for k in ("title", "description", "websiteUrl"))
+            and isinstance(client.get("icons", []), list))
 
 
-def is_notification(message: Any) -> bool:
+def is_notification(message: object) -> bool:
     return isinstance(message, dict) and "method" in message and "id" not in message
 
 
-def reply_line(ident: Any, result: dict) -> bytes:
+def reply_line(ident: int | str, result: dict) -> bytes:
     """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8)."""
     body = {"jsonrpc": "2.0", "id": ident, "result": result}
     return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
@@ -163,7 +165,7 @@ class Front:
         self.cache = cache
         self.lines: queue.Queue[bytes | None] = queue.Queue()  # None: end of input
         self.replies: dict[str, dict] | None = None  # cached results for the session's version
-        self.drop: tuple[Any, bytes] | None = None  # (id, our reply) of the initialize we answered
+        self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
 
@@ -197,9 +199,10 @@ class Front:
         """Answer a list request from the cache; note whether the SDK will owe a reply otherwise."""
         message = parse(line)
         if self.replies is not None and isinstance(message, dict) and message.get("jsonrpc") == "2.0":
-            result = self.replies.get(message.get("method"))
-            ident = message.get("id")
-            if (result is not None and message.get("method") != "initialize" and message.get("params") in (None, {})
+            method, ident = message.get("method"), message.get("id")
+            result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
+            # Only params-less lists: a cursor, or a 2026 `_meta` envelope, is the SDK's to judge.
+            if (result is not None and message.get("params") in (None, {})
                     and not isinstance(ident, bool) and isinstance(ident, int | str)):
                 self.wire.write(reply_line(ident, result))
                 return True
@@ -272,20 +275,28 @@ def serve_sdk(front: Front) -> None:
     anyio.run(serve, SdkInput(front), SdkOutput(front))
 
 
+def serve_plain() -> None:
+    """The SDK's own stdio path, untouched."""
+    from subtask.mcp_tools import server
+
+    server.run("stdio")
+
+
+def claim_wire() -> Wire | None:
+    if os.environ.get("SUBTASK_MCP_FRONT") == "0" or os.name != "posix":
+        return None
+    try:
+        return Wire()
+    except OSError:  # no usable fd 0 or 1 to move: the SDK's transport copes with that
+        return None
+
+
 def main() -> None:
     """Serve on stdio until the client closes the pipe."""
     try:
-        if os.environ.get("SUBTASK_MCP_FRONT") == "0":
-            from subtask.mcp_tools import server
-
-            server.run("stdio")
-            return
-        try:
-            wire = Wire()
-        except OSError:  # no usable fd 0 or 1 to move: let the SDK's transport deal with them
-            from subtask.mcp_tools import server
-
-            server.run("stdio")
+        wire = claim_wire()
+        if wire is None:
+            serve_plain()
             return
         front = Front(wire, load_cache())
         front.open(wire.read_line())
