@@ -2,8 +2,8 @@
 
 Owns the stdio pipes and the first second of a session. Clients (Claude Code and others) spawn
 the server when a session starts and send `initialize`, `notifications/initialized` and
-`tools/list` at once; importing the mcp SDK and building the tools takes ~0.5 s. So this module
-answers those from subtask/mcp_cache.json (the SDK's own replies, recorded by
+`tools/list` at once; importing the mcp SDK, pygit2 and building the tools takes ~0.65 s. So this
+module answers those from subtask/mcp_cache.json (the SDK's own replies, recorded by
 `subtask.mcp_tools.describe`) with the standard library alone, and loads the SDK meanwhile, in
 the same process. The server is still `subtask.mcp_tools.server` (MCPServer): every tool call,
 progress notification and error comes from the SDK.
