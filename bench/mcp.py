@@ -1,6 +1,17 @@
 """Speed of the MCP server over real stdio: start-up, warm status/list calls, wait's wake-up.
 
-    PYTHONPATH=. python bench/mcp.py [--calls 50]
+    PYTHONPATH=. python bench/mcp.py [--calls 50] [--starts 7] [--startup-only] [--plain]
+
+Start-up figures, each from the spawn of the server process (mcp SDK client, stdio):
+- initialize_ms: to the `initialize` reply (the client's enter: it also sends notifications/initialized).
+- init_closed_ms: initialize, then close stdin and wait for the server to exit: what bench/peer.py
+  calls mcp_initialize (the SDK client's `async with Client(...): pass`).
+- tools_list_ms: to the `tools/list` reply, sent right after initialize (as Claude Code does).
+- first_call_ms: to the reply of a first `tools/call` (status), sent right after tools/list.
+Each is measured with the fast front end (the default) and with SUBTASK_MCP_FRONT=0 (the plain
+SDK path), samples interleaved; `plain_` figures are the latter. The warm figures (status, list,
+wait's wake-up) use one server: the default path, or the plain one with --plain (--starts 0
+skips the start-up figures).
 
 Prints a table and writes JSON to bench/results/mcp-<time>.json. Targets: warm status and list
 p50 <= 20 ms; wait returns <= 100 ms after its job ends (the peer subtask-mcp 0.5 polls once a second).
@@ -35,8 +46,8 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def params(repo: Path) -> StdioServerParameters:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def params(repo: Path, **extra_env: str) -> StdioServerParameters:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
     return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo), env=env)
 
 
@@ -53,13 +64,37 @@ async def timed(client: Client, name: str, args: dict) -> tuple[float, str]:
     return elapsed, result.content[0].text
 
 
-async def measure(repo: Path, calls: int) -> dict:
-    figures: dict[str, list[float]] = {"initialize_ms": [], "status_ms": [], "list_ms": [], "wait_wake_ms": []}
-    for _ in range(3):  # start-up: spawn to initialize reply
-        started = time.perf_counter()
-        async with Client(params(repo), mode="legacy"):
-            figures["initialize_ms"].append((time.perf_counter() - started) * 1000)
-    async with Client(params(repo), mode="legacy") as client:
+STARTUP = ("initialize_ms", "init_closed_ms", "tools_list_ms", "first_call_ms")
+
+
+async def startup(repo: Path, starts: int) -> dict[str, list[float]]:
+    """Start-up figures, fast front end and plain SDK path interleaved; one unmeasured start each."""
+    figures: dict[str, list[float]] = {f"{prefix}{name}": [] for prefix in ("", "plain_") for name in STARTUP}
+    for n in range(starts + 1):
+        for prefix, env in (("", {}), ("plain_", {"SUBTASK_MCP_FRONT": "0"})):
+            ms = lambda since: (time.perf_counter() - since) * 1000  # noqa: E731
+            started = time.perf_counter()
+            async with Client(params(repo, **env), mode="legacy"):
+                initialized = ms(started)
+            closed = ms(started)
+            started = time.perf_counter()
+            async with Client(params(repo, **env), mode="legacy") as client:
+                await client.list_tools()
+                listed = ms(started)
+                await timed(client, "status", {})
+                called = ms(started)
+            if n:  # the first round warms pyc files and the page cache
+                for name, value in zip(STARTUP, (initialized, closed, listed, called), strict=True):
+                    figures[prefix + name].append(value)
+    return figures
+
+
+async def measure(repo: Path, calls: int, starts: int, startup_only: bool, plain: bool) -> dict:
+    figures = await startup(repo, starts) if starts else {}
+    if startup_only:
+        return figures
+    figures.update({"status_ms": [], "list_ms": [], "wait_wake_ms": []})
+    async with Client(params(repo, **({"SUBTASK_MCP_FRONT": "0"} if plain else {})), mode="legacy") as client:
         for _ in range(3):  # a few finished jobs so list has rows
             _, line = await timed(client, "start", {"task": "true"})
             await timed(client, "wait", {"ids": [line.split()[0]]})
@@ -81,21 +116,25 @@ async def measure(repo: Path, calls: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--starts", type=int, default=7)
+    parser.add_argument("--startup-only", action="store_true", help="only the start-up figures")
+    parser.add_argument("--plain", action="store_true", help="warm figures on the plain SDK path (SUBTASK_MCP_FRONT=0)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls)
+        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls, args.starts, args.startup_only, args.plain)
     rows = {name: {"p50": statistics.median(v), "p90": pct(v, 0.9), "max": max(v), "n": len(v)}
             for name, v in figures.items()}
     targets = {"status_ms": 20, "list_ms": 20, "wait_wake_ms": 100}
-    print(f"{'figure':<16}{'p50':>9}{'p90':>9}{'max':>9}{'n':>5}  target")
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'figure':<20}{'p50':>9}{'p90':>9}{'max':>9}{'n':>5}  target")
     for name, row in rows.items():
         target = targets.get(name)
         verdict = "" if target is None else f"<= {target} ms {'ok' if row['p50'] <= target else 'MISSED'}"
-        print(f"{name:<16}{row['p50']:>9.1f}{row['p90']:>9.1f}{row['max']:>9.1f}{row['n']:>5}  {verdict}")
+        print(f"{name:<20}{row['p50']:>9.1f}{row['p90']:>9.1f}{row['max']:>9.1f}{row['n']:>5}  {verdict}")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"mcp-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"figures": rows, "raw": figures, "python": sys.version.split()[0]}, indent=2))
+    path.write_text(json.dumps({"figures": rows, "raw": figures, "loadavg": os.getloadavg(), "python": sys.version.split()[0]}, indent=2))
     print(f"wrote {path.relative_to(ROOT)}")
 
 

@@ -1,6 +1,6 @@
 """Issue 8: git-subtask side by side with subtask-mcp 0.5 (PyPI), in one run on this machine.
 
-    PYTHONPATH=. python bench/peer.py [--runs 7] [--history 5000] [--peer-venv DIR]
+    PYTHONPATH=. python bench/peer.py [--runs 7] [--history 5000] [--peer-venv DIR] [--initialize-only]
 
 Installs `subtask-mcp==0.5.0` into its own temporary virtual environment (python -m venv + pip),
 gives it its own HOME (a temp folder: it never sees real user data), and gives both tools the
@@ -306,7 +306,7 @@ async def mcp_figures(tools, runs: int, scratch: Path) -> dict[str, dict[str, li
 
 async def initialize(params: dict[str, StdioServerParameters], runs: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in params}
-    for name, p in params.items():  # one unmeasured start each: pyc files and page cache warm
+    for p in params.values():  # one unmeasured start each: pyc files and page cache warm
         async with Client(p, mode="legacy"):
             pass
     for _ in range(runs):
@@ -315,6 +315,17 @@ async def initialize(params: dict[str, StdioServerParameters], runs: int) -> dic
             async with Client(p, mode="legacy"):
                 out[name].append(time.perf_counter() - t0)
     return out
+
+
+def initialize_only(ours: Ours, peer: Peer, runs: int) -> None:
+    plain = ours.params()
+    plain = StdioServerParameters(command=plain.command, args=plain.args, cwd=plain.cwd,
+                                  env={**plain.env, "SUBTASK_MCP_FRONT": "0"})
+    init = anyio.run(initialize, {"ours": ours.params(), "peer": peer.params(), "peer_sdk": peer.params(sdk=True),
+                                  "ours_plain": plain}, runs)
+    for name, values in init.items():
+        print(f"mcp_initialize {name:<11}{median_ms(values):>8} ms")
+    print(f"ratio ours/peer {median_ms(init['ours']) / median_ms(init['peer']):.2f}; load {loadavg()}")
 
 
 # ------------------------------------------------------------------ main
@@ -326,6 +337,8 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=5000)
     parser.add_argument("--peer-venv", type=Path, help="reuse a venv that has subtask-mcp==0.5.0 (else a temp one)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
+    parser.add_argument("--initialize-only", action="store_true",
+                        help="only mcp_initialize (plus ours with SUBTASK_MCP_FRONT=0); prints, saves nothing")
     args = parser.parse_args()
     if args.runs < 5:
         parser.error("--runs must be at least 5")
@@ -345,10 +358,13 @@ def main() -> None:
         (fakebin / "kimi").write_text(FAKE_KIMI)
         (fakebin / "kimi").chmod(0o755)
         (tmp / "peer-home").mkdir()
-        repo_ours = make_repo(tmp / "repo-ours")
+        repo_ours = make_repo(tmp / "repo-ours", files=50 if args.initialize_only else 2000)
         subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-peer")], check=True)
         ours = Ours(repo_ours, fakebin)
         peer = Peer(tmp / "repo-peer", venv, tmp / "peer-home", fakebin)
+        if args.initialize_only:
+            initialize_only(ours, peer, args.runs)
+            return
         tools = [ours, peer]
         for tool in tools:  # warm up the CLI of each (pyc, page cache) before any sample
             tool.until_done(tool.start("true"))
@@ -364,7 +380,7 @@ def main() -> None:
         init = anyio.run(initialize, {"ours": ours.params(), "peer": peer.params(),
                                       "peer_sdk": peer.params(sdk=True)}, args.runs)
         samples["mcp_initialize"] = {"ours": init["ours"], "peer": init["peer"]}
-        samples["start_many10+wait"] = {t: [a + b for a, b in zip(samples["start_many10"][t], samples["wait_all10"][t])]
+        samples["start_many10+wait"] = {t: [a + b for a, b in zip(samples["start_many10"][t], samples["wait_all10"][t], strict=True)]
                                         for t in ("ours", "peer")}
         print(f"filling {args.history} finished jobs into each history ...", flush=True)
         t0 = time.perf_counter()

@@ -464,7 +464,7 @@ def spend(month, as_json):
 def mcp():
     """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
     from subtask import (
-        mcp_server,  # imports the mcp SDK (~0.6 s): only here, never on other commands
+        mcp_server,  # loads the mcp SDK (~0.6 s) once it has answered initialize: only here
     )
 
     mcp_server.main()

@@ -1,317 +1,310 @@
-"""The MCP face: the same jobs as `git subtask`, as tools for agents, over stdio.
+"""The MCP server's process: `subtask-mcp`, `git subtask mcp`, `python -m subtask.mcp_server`.
 
-Owns only the protocol: each tool parses its arguments, calls `subtask.api` in a worker thread
-and renders compact text with `subtask.render`. No job logic lives here.
+Owns the stdio pipes and the first second of a session. Clients (Claude Code and others) spawn
+the server when a session starts and send `initialize`, `notifications/initialized` and
+`tools/list` at once; importing the mcp SDK, pygit2 and building the tools takes ~0.65 s. So this
+module answers those from subtask/mcp_cache.json (the SDK's own replies, recorded by
+`subtask.mcp_tools.describe`) with the standard library alone, and loads the SDK meanwhile, in
+the same process. The server is still `subtask.mcp_tools.server` (MCPServer): every tool call,
+progress notification and error comes from the SDK.
 
 Invariants:
-- Nothing but protocol on stdout. Nothing here prints; workers log to files (lifecycle.spawn_worker),
-  and the SDK logs to stderr.
-- A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
-- The tools an agent reads (start, start_many, wait, status, result, list, ...) return text only:
-  Claude Code shows a model the structured part instead of the text when both are present, so
-  every tool is registered with `structured_output=False`.
-- Blocking calls (git, flocks, `api.wait`) run in worker threads, so one long `wait` never stalls
-  other requests; `wait` sends progress from the event loop about once a second.
-- Jobs outlive the server: workers are detached (own session), so a server that dies leaves them
-  running, and any later server or the CLI reads their records.
+- Standard library only until the first `initialize` is answered (or found unanswerable).
+- The front end answers at most: the first line, when it is a plain `initialize` and the cache
+  was made with the installed SDK; and, until the SDK reads its first line, list requests
+  without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
+  SDK does: the client's version if the SDK handshakes with it, else the SDK's latest.
+- The SDK sees every line read, in order, except the list requests the front end answered; so
+  its session is initialized by the very `initialize` the client sent. Its own reply to that
+  request is dropped (and reported on stderr if it differs from the cached one). JSON-RPC lets
+  replies of different ids arrive in any order.
+- Anything unexpected (first line not an initialize, cache missing or made with another SDK)
+  means the front end answers nothing: the SDK gets every byte read so far, as if it had read
+  them itself.
+- Nothing but protocol on stdout: while serving, fd 0 reads /dev/null and fd 1 writes to stderr;
+  the protocol uses private duplicates (close-on-exec) that no child or stray print can reach.
+- A client that closes stdin before the SDK is up, with nothing asked of it but what the front
+  end answered, gets a server that exits at once instead of after loading the SDK.
+- SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
+  own `MCPServer.run("stdio")`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import queue
 import sys
-import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+import threading  # no `typing` (2-3 ms): annotations stay strings, and `object` serves for Any
 
-import anyio
-import anyio.from_thread
-import anyio.to_thread
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
-
-from subtask import __version__, api, render
-from subtask.errors import SubtaskError
-
-INSTRUCTIONS = """\
-git-subtask hands coding work to background workers. Each job gets its own git worktree and branch
-(subtask/<id>) and runs while you do other things; its record and review note live in git.
-
-The pattern:
-1. start_many with every independent task at once (or start for one). Each returns its job id at
-   once; jobs beyond subtask.maxRunning wait in a queue.
-2. One wait with all the ids. It blocks until they end and reports progress meanwhile. Never poll
-   status in a loop: wait is cheaper and returns the moment a job ends.
-3. result <id> for a job's summary (evidence=true for the JSON evidence: commits, files, verify).
-4. Review the work with plain git: git log --notes=subtask, git diff <base>...subtask/<id>.
-   Merge what you keep; cleanup <id> removes a finished job's worktree.
-
-For the shell engine the task is a bash script. `verify` is a shell command run on the job's final
-commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
-working directory)."""
-
-PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
-ACTIVITY_WIDTH = 60
-
-server = MCPServer("subtask", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
+# Distributions whose versions shape the cached replies (pydantic generates the input schemas).
+SHAPED_BY = ("mcp", "mcp_types", "pydantic", "pydantic_core")
+# Capabilities whose value the SDK validates as an object: anything else could make it refuse an
+# initialize the front end had accepted, so such a request is left to the SDK.
+OBJECT_CAPABILITIES = ("experimental", "sampling", "elicitation", "roots", "extensions", "tasks")
 
 
-# ---------------------------------------------------------------- plumbing
+def __getattr__(name: str) -> object:
+    """`from subtask.mcp_server import server` still gives the MCPServer (loading the SDK then)."""
+    if name == "server":
+        from subtask.mcp_tools import server
 
-def _error_text(exc: SubtaskError) -> str:
-    return f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
-
-
-def _tool_error(text: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-
-
-def tool(name: str, *, read_only: bool = False, destructive: bool = False, title: str | None = None):
-    """Register `fn` as a text-only tool whose SubtaskErrors become tool errors with the CLI's words."""
-
-    def decorate(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> str | CallToolResult:
-            try:
-                return await fn(*args, **kwargs)
-            except SubtaskError as exc:
-                return _tool_error(_error_text(exc))
-            except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
-                if os.environ.get("SUBTASK_DEBUG"):
-                    import traceback
-
-                    traceback.print_exc(file=sys.stderr)
-                return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
-
-        annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
-                                      idempotentHint=read_only or None, openWorldHint=False)
-        server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
-        return fn
-
-    return decorate
+        return server
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_repo(path: str | None) -> api.Repo:
-    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
-    if path is None or path == "":
-        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
-    if not os.path.isabs(path):
-        raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
-                           hint="give the full path, e.g. /home/me/project, or leave repo out for "
-                                f"the server's directory ({os.getcwd()})")
-    return api.repo_at(path)
+# ---------------------------------------------------------------- the cache
 
+def installed_versions() -> dict[str, str] | None:
+    """The installed versions of SHAPED_BY, from the dist-info folders beside the `mcp` package.
 
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking api call in a worker thread, so the event loop keeps serving other requests."""
-    return await anyio.to_thread.run_sync(fn, *args)
-
-
-def _id_list(ids: list[str] | str) -> list[str]:
-    return [ids] if isinstance(ids, str) else list(ids)
-
-
-# ---------------------------------------------------------------- starting
-
-@tool("start", title="Start a job")
-async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: str | None = None,
-                verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
-                model: str | None = None, readonly: bool = False, timeout: float | None = None) -> str:
-    """Start one background job in its own worktree and branch; returns its id at once.
-
-    task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
-    codex or a configured command engine (default: git config subtask.engine, else claude).
-    verify: shell command run on the job's final commit, exit 0 = verified. timeout: seconds the
-    engine may run. readonly: no branch; the engine only reads. Then call wait with the id.
+    No importlib.metadata: it costs ~30 ms, as much as the rest of the front end.
     """
-    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
-                               max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly)
+    from importlib.util import find_spec
 
-    def run() -> str:
-        result = api.start(open_repo(repo), request)
-        return render.started_line(result.job, result.position)
-
-    return await _call(run)
-
-
-@tool("start_many", title="Start several jobs")
-async def start_many(tasks: list[dict[str, Any]]) -> str:
-    """Start several jobs in one call; one line per item, in order: its id and state, or its error.
-
-    Each item has the fields of start: {"task": ..., "engine": ..., "verify": ..., "repo": ..., ...}.
-    An item that fails does not stop the others. Then call wait once with all the ids.
-    """
-
-    def run() -> str:
-        lines = []
-        for n, result in enumerate(api.start_many(tasks, repo_for=open_repo), 1):
-            if isinstance(result, SubtaskError):
-                lines.append(f"{n}. error: {result.message}" + (f" (hint: {result.hint})" if result.hint else ""))
-            else:
-                lines.append(f"{n}. {render.started_line(result.job, result.position)}")
-        return "\n".join(lines)
-
-    return await _call(run)
+    spec = find_spec("mcp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = os.path.dirname(next(iter(spec.submodule_search_locations)))
+    found = {}
+    for entry in os.listdir(site):
+        name, _, rest = entry.partition("-")
+        if rest.endswith(".dist-info") and name in SHAPED_BY:
+            found[name] = rest[: -len(".dist-info")]
+    return found if len(found) == len(SHAPED_BY) else None
 
 
-# ---------------------------------------------------------------- waiting
-
-def _progress_message(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> str:
-    parts = [f"{render.duration(elapsed)}: {ended} of {total} ended"]
-    for job_id, activity in activities.items():
-        text = (activity or "waiting").replace("\n", " ")
-        if len(text) > ACTIVITY_WIDTH:
-            text = text[: ACTIVITY_WIDTH - 1] + "…"
-        parts.append(f"{job_id} {text}")
-    return " · ".join(parts)
-
-
-class _Abandoned(Exception):
-    """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
-
-
-@tool("wait", read_only=True, title="Wait for jobs")
-async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
-               repo: str | None = None) -> str:
-    """Block until the jobs end (any=true: until the first one ends); one line per job.
-
-    Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
-    activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
-    """
-    job_ids = _id_list(ids)
-    first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
-    gone = threading.Event()
-
-    def on_tick(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> None:
-        if gone.is_set():
-            raise _Abandoned
-        message = _progress_message(elapsed, ended, total, activities)
-        try:  # progress is a courtesy: a failed send never ends the wait
-            anyio.from_thread.run(ctx.report_progress, round(elapsed, 1), float(timeout), message)
-        except Exception:
-            pass
-
-    def run() -> str:
-        where = open_repo(repo)
-        result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
-        lines = [render.one_line(job, api.queue_position(where, job.id)) for job in result.jobs]
-        if result.timed_out:
-            still = sum(1 for job in result.jobs if not job.state.current.terminal)
-            lines.append(f"timed out after {timeout:g}s; {still} still running (they continue): call wait again")
-        return "\n".join(lines)
-
+def load_cache() -> dict | None:
+    """The cached replies, or None when they may not be what the installed SDK would say."""
     try:
-        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-    except anyio.get_cancelled_exc_class():
-        gone.set()  # the thread ends at its next tick instead of waiting out the timeout
-        raise
+        with open(CACHE, "rb") as f:
+            cache = json.load(f)
+        if cache["sdk"] != installed_versions():
+            return None
+        return cache
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
-# ---------------------------------------------------------------- reading
+# ---------------------------------------------------------------- reading messages
 
-@tool("status", read_only=True, title="Job status")
-async def status(id: str | None = None, repo: str | None = None) -> str:
-    """One job's status in one line (queue position, latest activity); without id: every active job.
-
-    Do not poll this to wait for jobs: call wait, which returns the moment they end.
-    """
-
-    def run() -> str:
-        rows = api.status(open_repo(repo), id)
-        return "\n".join(render.status_line(*row) for row in rows) if rows else "no active jobs"
-
-    return await _call(run)
+def parse(line: bytes) -> object:
+    try:
+        return json.loads(line)
+    except ValueError:  # UnicodeDecodeError included
+        return None
 
 
-@tool("result", read_only=True, title="Job result")
-async def result(id: str, full: bool = False, evidence: bool = False, repo: str | None = None) -> str:
-    """A job's one-line status and summary (at most 10 lines; full=true for all of it).
-
-    evidence=true returns the evidence envelope as JSON instead: what the runner observed (git base,
-    head, commits, changed files, verification, commands, cost), apart from what the engine claimed.
-    """
-
-    def run() -> str:
-        job = api.get(open_repo(repo), id)
-        if evidence:
-            return json.dumps(api.evidence_envelope(job), ensure_ascii=False, default=str)
-        return render.result_text(job, full=full)
-
-    return await _call(run)
-
-
-@tool("list", read_only=True, title="List jobs")
-async def list_jobs(state: str | None = None, limit: int = 20, repo: str | None = None) -> str:
-    """One line per job, newest first: id, state, verify, age, cost, engine, task.
-
-    state: queued, running, done, failed, stopped, active or ended. Landed jobs are hidden.
-    """
-
-    def run() -> str:
-        listing = api.list_jobs(open_repo(repo), state=state, limit=limit)
-        if not listing.jobs:
-            return "no jobs" + (f" in state {state}" if state else "")
-        more = [f"({listing.more} older jobs not shown: list with a larger limit)"] if listing.more else []
-        return "\n".join([render.LIST_HEADER, *(render.list_line(e, e.get("position")) for e in listing.jobs), *more])
-
-    return await _call(run)
+def is_plain_initialize(message: object) -> bool:
+    """An initialize the SDK is sure to accept: the front end may answer it for the SDK."""
+    if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0" and message.get("method") == "initialize"):
+        return False
+    ident, params = message.get("id"), message.get("params")
+    if isinstance(ident, bool) or not isinstance(ident, int | str) or not isinstance(params, dict):
+        return False
+    client, capabilities = params.get("clientInfo"), params.get("capabilities")
+    return (isinstance(params.get("protocolVersion"), str) and isinstance(capabilities, dict)
+            and all(isinstance(capabilities.get(k, {}), dict) for k in OBJECT_CAPABILITIES)
+            and isinstance(client, dict) and isinstance(client.get("name"), str)
+            and isinstance(client.get("version"), str)
+            and all(isinstance(client.get(k, ""), str) for k in ("title", "description", "websiteUrl"))
+            and isinstance(client.get("icons", []), list))
 
 
-@tool("engines", read_only=True, title="Engines")
-async def engines(repo: str | None = None) -> str:
-    """The engines a job can use: installed, authenticated, paid or free, version, isolation."""
-
-    def run() -> str:
-        lines = []
-        for p in api.engines(open_repo(repo)):
-            auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
-            lines.append(f"{p.name}: installed={'yes' if p.installed else 'no'} auth={auth} "
-                         f"{'paid' if p.paid else 'free'} {p.version or '-'} · isolation: {p.isolation}")
-        return "\n".join(lines)
-
-    return await _call(run)
+def is_notification(message: object) -> bool:
+    return isinstance(message, dict) and "method" in message and "id" not in message
 
 
-# ---------------------------------------------------------------- changing
-
-@tool("reply", title="Reply to a job")
-async def reply(id: str, message: str, repo: str | None = None) -> str:
-    """Continue a finished job with a follow-up message (a new attempt on the same branch and session).
-
-    Returns at once, like start; then call wait with the id.
-    """
-
-    def run() -> str:
-        if not hasattr(api, "reply"):  # the core operation lands separately; say so plainly until then
-            raise SubtaskError("fatal", "reply is not available in this version of git-subtask",
-                               hint="start a new job with the follow-up as its task")
-        answer = api.reply(open_repo(repo), id, message)
-        job, position = (answer.job, answer.position) if hasattr(answer, "position") else (answer, 0)
-        return render.started_line(job, position or 0)
-
-    return await _call(run)
+def reply_line(ident: int | str, result: dict) -> bytes:
+    """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8)."""
+    body = {"jsonrpc": "2.0", "id": ident, "result": result}
+    return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-@tool("stop", destructive=True, title="Stop a job")
-async def stop(id: str, repo: str | None = None) -> str:
-    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so far stays."""
-    return await _call(lambda: render.one_line(api.stop(open_repo(repo), id)))
+# ---------------------------------------------------------------- the pipes
+
+def _private_dup(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
 
 
-@tool("cleanup", destructive=True, title="Remove a job's worktree")
-async def cleanup(id: str, repo: str | None = None) -> str:
-    """Remove a finished job's worktree when it is clean; its branch, record and note are kept."""
-    return await _call(lambda: api.cleanup(open_repo(repo), id))
+class Wire:
+    """The client's pipes, moved off fd 0 and 1 so that only the protocol can use them."""
+
+    def __init__(self) -> None:
+        self.reader = os.fdopen(_private_dup(0), "rb")
+        self.out = _private_dup(1)
+        self.lock = threading.Lock()  # the front end and the SDK's writer share the pipe
+        # Divert the standard descriptors as the SDK's stdio transport does: children read EOF,
+        # and a stray print lands on stderr, not in the middle of a JSON-RPC frame.
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(2, 1)
+
+    def read_line(self) -> bytes:
+        """One line from the client, b"" at end of input."""
+        return self.reader.readline()
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.out, view):]
+
+
+# ---------------------------------------------------------------- the front end
+
+class Front:
+    """Answers what it can from the cache and queues every other line for the SDK."""
+
+    def __init__(self, wire: Wire, cache: dict | None) -> None:
+        self.wire = wire
+        self.cache = cache
+        self.lines: queue.Queue[bytes | None] = queue.Queue()  # None: end of input
+        self.replies: dict[str, dict] | None = None  # cached results for the session's version
+        self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
+        self.sdk_reading = False
+        self.owed = True  # a queued line may need an answer from the SDK
+
+    def open(self, first: bytes) -> None:
+        """Handle the first line: answer it if it is a plain initialize, and queue it for the SDK."""
+        message = parse(first) if self.cache else None
+        if first and is_plain_initialize(message):
+            version = message["params"]["protocolVersion"]
+            results = self.cache["results"]
+            self.replies = results.get(version) or results[self.cache["latest"]]
+            answer = reply_line(message["id"], self.replies["initialize"])
+            self.drop = (message["id"], answer)
+            self.owed = False
+            self.wire.write(answer)
+        self.lines.put(first or None)
+
+    def read_rest(self) -> None:
+        """The reader thread: every further line, until end of input."""
+        while line := self.wire.read_line():
+            if not self.sdk_reading and self._answered(line):
+                continue
+            self.lines.put(line)
+        self.lines.put(None)
+        if not self.sdk_reading and not self.owed:
+            # The client is gone and asked nothing the SDK must answer: don't make it wait for
+            # the SDK's import. No tool ran, so nothing is left half done.
+            sys.stderr.flush()
+            os._exit(0)
+
+    def _answered(self, line: bytes) -> bool:
+        """Answer a list request from the cache; note whether the SDK will owe a reply otherwise."""
+        message = parse(line)
+        if self.replies is not None and isinstance(message, dict) and message.get("jsonrpc") == "2.0":
+            method, ident = message.get("method"), message.get("id")
+            result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
+            # Only params-less lists: a cursor, or a 2026 `_meta` envelope, is the SDK's to judge.
+            if (result is not None and message.get("params") in (None, {})
+                    and not isinstance(ident, bool) and isinstance(ident, int | str)):
+                self.wire.write(reply_line(ident, result))
+                return True
+        if not is_notification(message):
+            self.owed = True
+        return False
+
+    def from_sdk(self, text: str) -> None:
+        """Write one of the SDK's lines to the client, except its reply to our initialize."""
+        if self.drop is not None:
+            message = parse(text.encode())
+            if isinstance(message, dict) and "method" not in message and message.get("id") == self.drop[0]:
+                ours = json.loads(self.drop[1])
+                self.drop = None
+                if message != ours:
+                    print("subtask-mcp: the SDK's initialize reply differs from the one sent from "
+                          "subtask/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
+                          f"  sent: {json.dumps(ours)}\n  sdk:  {text.strip()}", file=sys.stderr)
+                return
+        self.wire.write(text.encode())
+
+
+class SdkInput:
+    """The SDK's stdin: the queued lines, as an async iterator of str."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    def __aiter__(self) -> SdkInput:
+        return self
+
+    async def __anext__(self) -> str:
+        import anyio.to_thread
+
+        self.front.sdk_reading = True  # from here on the SDK answers everything
+        try:
+            line = self.front.lines.get_nowait()
+        except queue.Empty:
+            line = await anyio.to_thread.run_sync(self.front.lines.get)
+        if line is None:
+            self.front.lines.put(None)  # end of input stays the end
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
+class SdkOutput:
+    """The SDK's stdout: each line through `Front.from_sdk`, in a worker thread as the SDK's own
+    stdout does (a client that stops reading must not stall the event loop)."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    async def write(self, text: str) -> None:
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self.front.from_sdk, text)
+
+    async def flush(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------- entry point
 
+def serve_sdk(front: Front) -> None:
+    """Load the SDK and the tools, then serve every queued and further line with them."""
+    import anyio
+
+    from subtask.mcp_tools import serve
+
+    anyio.run(serve, SdkInput(front), SdkOutput(front))
+
+
+def serve_plain() -> None:
+    """The SDK's own stdio path, untouched."""
+    from subtask.mcp_tools import server
+
+    server.run("stdio")
+
+
+def claim_wire() -> Wire | None:
+    if os.environ.get("SUBTASK_MCP_FRONT") == "0" or os.name != "posix":
+        return None
+    try:
+        return Wire()
+    except OSError:  # no usable fd 0 or 1 to move: the SDK's transport copes with that
+        return None
+
+
 def main() -> None:
     """Serve on stdio until the client closes the pipe."""
     try:
-        server.run("stdio")
+        wire = claim_wire()
+        if wire is None:
+            serve_plain()
+            return
+        front = Front(wire, load_cache())
+        front.open(wire.read_line())
+        threading.Thread(target=front.read_rest, name="subtask-mcp-reader", daemon=True).start()
+        try:
+            serve_sdk(front)
+        finally:
+            front.lines.put(None)  # frees a worker thread still waiting for a line, so the process can exit
     except KeyboardInterrupt:
         pass
 

@@ -436,3 +436,165 @@ def test_reply_continues_a_finished_job(repo, how):
             assert "error: " in await call(client, "reply", {"id": "st-00000000", "message": "x"}, ok=False)
 
     anyio.run(main)
+
+
+# --------------------------------------------------------------------------- the fast start (subtask.mcp_server)
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {"roots": {"listChanged": True}},
+                         "clientInfo": {"name": "test", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def initialize(version: str, ident: int | str = 1) -> dict:
+    return {**INITIALIZE, "id": ident, "params": {**INITIALIZE["params"], "protocolVersion": version}}
+
+
+def request(ident: int | str, method: str, params: dict | None = None) -> dict:
+    return {"jsonrpc": "2.0", "id": ident, "method": method, **({"params": params} if params is not None else {})}
+
+
+class Session:
+    """A server subprocess driven line by line: raw bytes in, raw lines out."""
+
+    def __init__(self, repo: Path, *, front: bool = True):
+        env = dict(server_env(), SUBTASK_MCP_FRONT="1" if front else "0")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.seen: list[bytes] = []
+
+    def send(self, *messages: dict | bytes) -> None:
+        data = b"".join(m if isinstance(m, bytes) else (json.dumps(m) + "\n").encode() for m in messages)
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def reply(self, ident: int | str) -> bytes:
+        """The raw line answering `ident` (notifications read on the way are kept in `seen`)."""
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
+            self.seen.append(line)
+            message = json.loads(line)
+            if "method" not in message and message.get("id") == ident:
+                return line
+
+    def close(self) -> str:
+        """Close stdin, wait for the exit; its stderr."""
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+        rest = self.proc.stdout.read()
+        assert rest == b"", f"more on stdout after the last reply: {rest[:200]!r}"
+        return self.proc.stderr.read().decode()
+
+
+def test_the_cached_description_is_what_the_sdk_says():
+    """subtask/mcp_cache.json must be the SDK's replies now: regenerate it with scripts/mcp_cache.py."""
+    from subtask import mcp_server
+    from subtask.mcp_tools import describe
+
+    with open(mcp_server.CACHE, encoding="utf-8") as f:
+        assert json.load(f) == describe(), "stale subtask/mcp_cache.json: run python scripts/mcp_cache.py"
+    assert mcp_server.load_cache() is not None, "the cache was made with other mcp/pydantic versions"
+
+
+def test_the_front_end_loads_no_sdk():
+    code = ("import sys, subtask.mcp_server as m; m.load_cache(); "
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'mcp', 'mcp_types', 'pydantic', 'anyio', 'pygit2'}))")
+    proc = subprocess.run([sys.executable, "-c", code], env=server_env(), capture_output=True, text=True)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2099-01-01"])
+def test_front_end_replies_are_the_sdks_byte_for_byte(repo, version):
+    """initialize (the client's version, or the SDK's latest) and tools/list, as the plain SDK path sends them."""
+    lists = [request(2, "tools/list"), request("p", "prompts/list", {}), request(4, "resources/list")]
+    answers = {}
+    for front in (True, False):
+        session = Session(repo, front=front)
+        session.send(initialize(version, "init"), INITIALIZED, *lists)
+        answers[front] = [session.reply(i) for i in ("init", 2, "p", 4)]
+        stderr = session.close()
+        assert "differs" not in stderr, stderr
+    assert answers[True] == answers[False]
+    assert json.loads(answers[True][0])["result"]["protocolVersion"] == (version if version < "2099" else "2025-11-25")
+    assert {t["name"] for t in json.loads(answers[True][1])["result"]["tools"]} == TOOLS
+
+
+class FakeWire:
+    def __init__(self):
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
+    from subtask import mcp_server
+
+    wire = FakeWire()
+    front = mcp_server.Front(wire, mcp_server.load_cache())
+    front.open((json.dumps(INITIALIZE) + "\n").encode())
+    assert json.loads(wire.written[0])["result"]["protocolVersion"] == "2025-06-18"
+    assert front.lines.get_nowait() == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
+    front.from_sdk(wire.written[0].decode())  # the SDK's identical reply: dropped silently
+    front.from_sdk('{"jsonrpc":"2.0","id":1,"result":{}}\n')  # a later reply with the same id passes
+    assert len(wire.written) == 2 and capsys.readouterr().err == ""
+
+    wire = FakeWire()
+    front = mcp_server.Front(wire, mcp_server.load_cache())
+    front.open((json.dumps(INITIALIZE) + "\n").encode())
+    front.from_sdk('{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no"}}\n')
+    assert len(wire.written) == 1 and "differs from the one sent" in capsys.readouterr().err
+
+
+def test_a_call_sent_with_initialize_is_served_by_the_sdk_with_progress(repo):
+    """Everything at once, before the SDK is loaded: the call waits for the SDK; wait still sends progress."""
+    session = Session(repo)
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/list"),
+                 request(3, "tools/call", {"name": "start", "arguments": {"task": "sleep 1.5", "engine": "shell"}}))
+    assert json.loads(session.reply(1))["result"]["serverInfo"]["name"] == "subtask"
+    assert len(json.loads(session.reply(2))["result"]["tools"]) == len(TOOLS)
+    started = json.loads(session.reply(3))["result"]
+    assert not started.get("isError"), started
+    job = job_id_in(started["content"][0]["text"])
+    session.send(request(4, "tools/call", {"name": "wait", "arguments": {"ids": [job]}, "_meta": {"progressToken": "w"}}))
+    waited = json.loads(session.reply(4))["result"]
+    assert waited["content"][0]["text"].startswith(f"{job} done"), waited
+    progress = [json.loads(line) for line in session.seen if b'"notifications/progress"' in line]
+    assert progress and all(p["params"]["progressToken"] == "w" for p in progress), session.seen
+    assert "differs" not in session.close()
+
+
+REFUSED_INITIALIZE = {**INITIALIZE, "params": {"protocolVersion": "2025-06-18"}}  # no clientInfo
+
+
+@pytest.mark.parametrize("first, answered", [
+    (request("ping", "ping"), ["ping"]),  # a request before initialize
+    (b"this is not json\n", []),          # garbage
+    (REFUSED_INITIALIZE, [1]),            # an initialize the SDK refuses
+], ids=["ping", "garbage", "refused-initialize"])
+def test_anything_unexpected_first_goes_to_the_sdk_as_is(repo, first, answered):
+    """The front end answers nothing: every reply is the plain SDK path's, byte for byte."""
+    replies = {}
+    for front in (True, False):
+        session = Session(repo, front=front)
+        session.send(first)
+        head = [session.reply(ident) for ident in answered]
+        session.send(initialize("2025-06-18", "init"), INITIALIZED, request(2, "tools/list"))
+        replies[front] = [*head, session.reply("init"), session.reply(2)]
+        session.close()
+    assert replies[True] == replies[False]
+    assert "result" in json.loads(replies[True][-1])
+
+
+def test_a_client_that_leaves_after_initialize_does_not_wait_for_the_sdk(repo):
+    """initialize, initialized, close: the front end exits at once; the plain path loads the SDK first."""
+    took = {}
+    for front in (True, False):
+        session = Session(repo, front=front)
+        session.send(INITIALIZE, INITIALIZED)
+        session.reply(1)
+        session.close()
+        took[front] = time.monotonic() - session.started
+    assert took[True] < took[False], took

@@ -1,0 +1,382 @@
+"""The MCP face: the same jobs as `git subtask`, as tools for agents, on the mcp SDK's MCPServer.
+
+Owns only the protocol: each tool parses its arguments, calls `subtask.api` in a worker thread
+and renders compact text with `subtask.render`. No job logic lives here. The process entry point
+(and its fast start) is `subtask.mcp_server`; `serve` runs this server over the line streams it
+hands over, and `describe` produces the cached replies it answers with before the SDK is loaded.
+
+Invariants:
+- Nothing but protocol on stdout. Nothing here prints; workers log to files (lifecycle.spawn_worker),
+  and the SDK logs to stderr.
+- A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
+- The tools an agent reads (start, start_many, wait, status, result, list, ...) return text only:
+  Claude Code shows a model the structured part instead of the text when both are present, so
+  every tool is registered with `structured_output=False`.
+- Blocking calls (git, flocks, `api.wait`) run in worker threads, so one long `wait` never stalls
+  other requests; `wait` sends progress from the event loop about once a second.
+- Jobs outlive the server: workers are detached (own session), so a server that dies leaves them
+  running, and any later server or the CLI reads their records.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+
+from subtask import __version__, api, render
+from subtask.errors import SubtaskError
+
+INSTRUCTIONS = """\
+git-subtask hands coding work to background workers. Each job gets its own git worktree and branch
+(subtask/<id>) and runs while you do other things; its record and review note live in git.
+
+The pattern:
+1. start_many with every independent task at once (or start for one). Each returns its job id at
+   once; jobs beyond subtask.maxRunning wait in a queue.
+2. One wait with all the ids. It blocks until they end and reports progress meanwhile. Never poll
+   status in a loop: wait is cheaper and returns the moment a job ends.
+3. result <id> for a job's summary (evidence=true for the JSON evidence: commits, files, verify).
+4. Review the work with plain git: git log --notes=subtask, git diff <base>...subtask/<id>.
+   Merge what you keep; cleanup <id> removes a finished job's worktree.
+
+For the shell engine the task is a bash script. `verify` is a shell command run on the job's final
+commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
+working directory)."""
+
+PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
+ACTIVITY_WIDTH = 60
+
+server = MCPServer("subtask", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+
+
+# ---------------------------------------------------------------- plumbing
+
+def _error_text(exc: SubtaskError) -> str:
+    return f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+
+
+def _tool_error(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def tool(name: str, *, read_only: bool = False, destructive: bool = False, title: str | None = None):
+    """Register `fn` as a text-only tool whose SubtaskErrors become tool errors with the CLI's words."""
+
+    def decorate(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> str | CallToolResult:
+            try:
+                return await fn(*args, **kwargs)
+            except SubtaskError as exc:
+                return _tool_error(_error_text(exc))
+            except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
+                if os.environ.get("SUBTASK_DEBUG"):
+                    import traceback
+
+                    traceback.print_exc(file=sys.stderr)
+                return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
+
+        annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
+                                      idempotentHint=read_only or None, openWorldHint=False)
+        server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
+        return fn
+
+    return decorate
+
+
+def open_repo(path: str | None) -> api.Repo:
+    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
+    if path is None or path == "":
+        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
+    if not os.path.isabs(path):
+        raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
+                           hint="give the full path, e.g. /home/me/project, or leave repo out for "
+                                f"the server's directory ({os.getcwd()})")
+    return api.repo_at(path)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking api call in a worker thread, so the event loop keeps serving other requests."""
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+def _id_list(ids: list[str] | str) -> list[str]:
+    return [ids] if isinstance(ids, str) else list(ids)
+
+
+# ---------------------------------------------------------------- starting
+
+@tool("start", title="Start a job")
+async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: str | None = None,
+                verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
+                model: str | None = None, readonly: bool = False, timeout: float | None = None) -> str:
+    """Start one background job in its own worktree and branch; returns its id at once.
+
+    task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
+    codex or a configured command engine (default: git config subtask.engine, else claude).
+    verify: shell command run on the job's final commit, exit 0 = verified. timeout: seconds the
+    engine may run. readonly: no branch; the engine only reads. Then call wait with the id.
+    """
+    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
+                               max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly)
+
+    def run() -> str:
+        result = api.start(open_repo(repo), request)
+        return render.started_line(result.job, result.position)
+
+    return await _call(run)
+
+
+@tool("start_many", title="Start several jobs")
+async def start_many(tasks: list[dict[str, Any]]) -> str:
+    """Start several jobs in one call; one line per item, in order: its id and state, or its error.
+
+    Each item has the fields of start: {"task": ..., "engine": ..., "verify": ..., "repo": ..., ...}.
+    An item that fails does not stop the others. Then call wait once with all the ids.
+    """
+
+    def run() -> str:
+        lines = []
+        for n, result in enumerate(api.start_many(tasks, repo_for=open_repo), 1):
+            if isinstance(result, SubtaskError):
+                lines.append(f"{n}. error: {result.message}" + (f" (hint: {result.hint})" if result.hint else ""))
+            else:
+                lines.append(f"{n}. {render.started_line(result.job, result.position)}")
+        return "\n".join(lines)
+
+    return await _call(run)
+
+
+# ---------------------------------------------------------------- waiting
+
+def _progress_message(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> str:
+    parts = [f"{render.duration(elapsed)}: {ended} of {total} ended"]
+    for job_id, activity in activities.items():
+        text = (activity or "waiting").replace("\n", " ")
+        if len(text) > ACTIVITY_WIDTH:
+            text = text[: ACTIVITY_WIDTH - 1] + "…"
+        parts.append(f"{job_id} {text}")
+    return " · ".join(parts)
+
+
+class _Abandoned(Exception):
+    """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
+
+
+@tool("wait", read_only=True, title="Wait for jobs")
+async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
+               repo: str | None = None) -> str:
+    """Block until the jobs end (any=true: until the first one ends); one line per job.
+
+    Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
+    activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
+    """
+    job_ids = _id_list(ids)
+    first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
+    gone = threading.Event()
+
+    def on_tick(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> None:
+        if gone.is_set():
+            raise _Abandoned
+        message = _progress_message(elapsed, ended, total, activities)
+        try:  # progress is a courtesy: a failed send never ends the wait
+            anyio.from_thread.run(ctx.report_progress, round(elapsed, 1), float(timeout), message)
+        except Exception:
+            pass
+
+    def run() -> str:
+        where = open_repo(repo)
+        result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
+        lines = [render.one_line(job, api.queue_position(where, job.id)) for job in result.jobs]
+        if result.timed_out:
+            still = sum(1 for job in result.jobs if not job.state.current.terminal)
+            lines.append(f"timed out after {timeout:g}s; {still} still running (they continue): call wait again")
+        return "\n".join(lines)
+
+    try:
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        gone.set()  # the thread ends at its next tick instead of waiting out the timeout
+        raise
+
+
+# ---------------------------------------------------------------- reading
+
+@tool("status", read_only=True, title="Job status")
+async def status(id: str | None = None, repo: str | None = None) -> str:
+    """One job's status in one line (queue position, latest activity); without id: every active job.
+
+    Do not poll this to wait for jobs: call wait, which returns the moment they end.
+    """
+
+    def run() -> str:
+        rows = api.status(open_repo(repo), id)
+        return "\n".join(render.status_line(*row) for row in rows) if rows else "no active jobs"
+
+    return await _call(run)
+
+
+@tool("result", read_only=True, title="Job result")
+async def result(id: str, full: bool = False, evidence: bool = False, repo: str | None = None) -> str:
+    """A job's one-line status and summary (at most 10 lines; full=true for all of it).
+
+    evidence=true returns the evidence envelope as JSON instead: what the runner observed (git base,
+    head, commits, changed files, verification, commands, cost), apart from what the engine claimed.
+    """
+
+    def run() -> str:
+        job = api.get(open_repo(repo), id)
+        if evidence:
+            return json.dumps(api.evidence_envelope(job), ensure_ascii=False, default=str)
+        return render.result_text(job, full=full)
+
+    return await _call(run)
+
+
+@tool("list", read_only=True, title="List jobs")
+async def list_jobs(state: str | None = None, limit: int = 20, repo: str | None = None) -> str:
+    """One line per job, newest first: id, state, verify, age, cost, engine, task.
+
+    state: queued, running, done, failed, stopped, active or ended. Landed jobs are hidden.
+    """
+
+    def run() -> str:
+        listing = api.list_jobs(open_repo(repo), state=state, limit=limit)
+        if not listing.jobs:
+            return "no jobs" + (f" in state {state}" if state else "")
+        more = [f"({listing.more} older jobs not shown: list with a larger limit)"] if listing.more else []
+        return "\n".join([render.LIST_HEADER, *(render.list_line(e, e.get("position")) for e in listing.jobs), *more])
+
+    return await _call(run)
+
+
+@tool("engines", read_only=True, title="Engines")
+async def engines(repo: str | None = None) -> str:
+    """The engines a job can use: installed, authenticated, paid or free, version, isolation."""
+
+    def run() -> str:
+        lines = []
+        for p in api.engines(open_repo(repo)):
+            auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
+            lines.append(f"{p.name}: installed={'yes' if p.installed else 'no'} auth={auth} "
+                         f"{'paid' if p.paid else 'free'} {p.version or '-'} · isolation: {p.isolation}")
+        return "\n".join(lines)
+
+    return await _call(run)
+
+
+# ---------------------------------------------------------------- changing
+
+@tool("reply", title="Reply to a job")
+async def reply(id: str, message: str, repo: str | None = None) -> str:
+    """Continue a finished job with a follow-up message (a new attempt on the same branch and session).
+
+    Returns at once, like start; then call wait with the id.
+    """
+
+    def run() -> str:
+        if not hasattr(api, "reply"):  # the core operation lands separately; say so plainly until then
+            raise SubtaskError("fatal", "reply is not available in this version of git-subtask",
+                               hint="start a new job with the follow-up as its task")
+        answer = api.reply(open_repo(repo), id, message)
+        job, position = (answer.job, answer.position) if hasattr(answer, "position") else (answer, 0)
+        return render.started_line(job, position or 0)
+
+    return await _call(run)
+
+
+@tool("stop", destructive=True, title="Stop a job")
+async def stop(id: str, repo: str | None = None) -> str:
+    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so far stays."""
+    return await _call(lambda: render.one_line(api.stop(open_repo(repo), id)))
+
+
+@tool("cleanup", destructive=True, title="Remove a job's worktree")
+async def cleanup(id: str, repo: str | None = None) -> str:
+    """Remove a finished job's worktree when it is clean; its branch, record and note are kept."""
+    return await _call(lambda: api.cleanup(open_repo(repo), id))
+
+
+# ---------------------------------------------------------------- serving and describing
+
+async def serve(stdin: Any, stdout: Any) -> None:
+    """`MCPServer.run_stdio_async` over the given line streams instead of fd 0 and 1.
+
+    stdin: async-iterable of JSON-RPC lines; stdout: has async `write(str)` and `flush()`. The
+    front end (subtask.mcp_server) owns the real pipes, so it hands the SDK's stdio transport
+    explicit streams; the rest is exactly what run_stdio_async does.
+    """
+    from mcp.server.stdio import stdio_server
+
+    lowlevel = server._lowlevel_server  # what run_stdio_async (and the SDK's own Client) uses
+    async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+class _Replies:
+    """A stdout for `serve` that keeps the JSON replies and signals when all expected ids have one."""
+
+    def __init__(self, ids: set[Any]) -> None:
+        self.by_id: dict[Any, dict] = {}
+        self.ids = ids
+        self.complete = anyio.Event()
+
+    async def write(self, line: str) -> None:
+        message = json.loads(line)
+        if "method" not in message and message.get("id") in self.ids:
+            self.by_id[message["id"]] = message
+            if len(self.by_id) == len(self.ids):
+                self.complete.set()
+
+    async def flush(self) -> None:
+        pass
+
+
+async def _converse(messages: list[dict]) -> dict[Any, dict]:
+    """Run the real server over in-memory lines; its reply to each request, by id."""
+    send, receive = anyio.create_memory_object_stream[str](len(messages) + 1)
+    replies = _Replies({m["id"] for m in messages if "id" in m})
+    async with anyio.create_task_group() as group:
+        group.start_soon(serve, receive, replies)
+        for message in messages:
+            await send.send(json.dumps(message) + "\n")
+        with anyio.fail_after(30):
+            await replies.complete.wait()
+        await send.aclose()  # end of input: the server ends
+    return replies.by_id
+
+
+LIST_METHODS = ("tools/list", "prompts/list", "resources/list", "resources/templates/list")
+
+
+def describe() -> dict:
+    """What subtask/mcp_cache.json holds: the SDK's own replies to `initialize` and to each list
+    request it serves (no cursor), for every protocol version it negotiates through `initialize`."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+    from subtask import mcp_server
+
+    results: dict[str, dict[str, Any]] = {}
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        replies = anyio.run(_converse, [
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": version, "capabilities": {},
+                        "clientInfo": {"name": "subtask-describe", "version": "0"}}},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            *({"jsonrpc": "2.0", "id": n, "method": method} for n, method in enumerate(LIST_METHODS, 1)),
+        ])
+        methods = ("initialize", *LIST_METHODS)
+        # A method the server does not serve answers an error: the front end leaves it to the SDK.
+        results[version] = {methods[n]: reply["result"] for n, reply in sorted(replies.items()) if "result" in reply}
+    return {"sdk": mcp_server.installed_versions(), "latest": LATEST_HANDSHAKE_VERSION, "results": results}
