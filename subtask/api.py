@@ -459,13 +459,15 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     sweep(repo)
     from subtask import landing
 
-    landing.maybe_sweep(repo)
+    listed = records.list_entries(repo)
+    if landing.maybe_sweep(repo, listed):
+        listed = records.list_entries(repo)  # the sweep marked some jobs landed
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
     entries = []
     more = 0
-    for entry in records.list_entries(repo):
+    for entry in listed:
         if not include_all and entry.get("landed") and state is None:
             continue
         job_state = entry.get("state")

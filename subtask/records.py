@@ -99,6 +99,7 @@ def list_entry(job: Job) -> dict:
         "readonly": job.spec.readonly,
         "landed": job.state.landed_in,
         "error_kind": attempt.error_kind,
+        "base": job.spec.base,
     }
 
 
