@@ -259,3 +259,16 @@ def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, engine_output
     job = cli.start(f"python3 '{script}'")
     cli.ok("wait", job)
     assert "\ufffd" in cli.ok("result", job)
+
+
+def test_list_survives_a_damaged_cache_and_sees_every_change(cli, repo):
+    job = cli.start("true")
+    cli.ok("wait", job)
+    assert cli.json("list")["jobs"][0]["state"] == "done"
+    for cache in state_dir(repo).glob("list-cache-*.json"):
+        cache.write_text("{not json")
+    assert [j["id"] for j in cli.json("list")["jobs"]] == [job]
+    other = cli.start("exit 1")
+    cli("wait", other)
+    states = {j["id"]: j["state"] for j in cli.json("list")["jobs"]}
+    assert states == {job: "done", other: "failed"}
