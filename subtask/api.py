@@ -28,6 +28,7 @@ from subtask import faults, ledger, lifecycle, liveness, records, slots
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, check_worktree_location, is_dirty, open_repo, resolve_commit
 from subtask.model import (
+    DEPTH_ENV,
     MAX_TASK_BYTES,
     TERMINAL,
     Attempt,
@@ -38,8 +39,6 @@ from subtask.model import (
     now,
 )
 from subtask.records import Job, branch_name
-
-DEPTH_ENV = "SUBTASK_DEPTH"
 
 
 @dataclass
@@ -95,8 +94,8 @@ def _positive(value, what: str, *, allow_none: bool = True, integer: bool = Fals
         raise SubtaskError("usage", f"{what} is required")
     try:
         number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        raise SubtaskError("usage", f"{what} must be a number, not {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise SubtaskError("usage", f"{what} must be a positive finite number, not {value!r}") from None
     if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != float(value)):
         raise SubtaskError("usage", f"{what} must be a positive finite {'whole ' if integer else ''}number, not {value!r}")
     return number

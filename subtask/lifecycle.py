@@ -110,7 +110,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         if not job.state.attempts or job.state.current.n != attempt_n:
             return False
         attempt = job.state.current
-        spent = engine_may_have_spent if engine_may_have_spent is not None else attempt.started_at is not None
+        spent = engine_may_have_spent if engine_may_have_spent is not None else attempt.engine_started_at is not None
         charge = attempt.cost.reserved if (spent and attempt.rid) else 0.0
         if not attempt.finish(state, reason=reason, error_kind=error_kind, hint=hint):
             return False

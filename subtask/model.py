@@ -25,6 +25,7 @@ ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
 TERMINAL = ("done", "failed", "stopped")
 ACTIVE = ("queued", "running")
 MAX_TASK_BYTES = 1024 * 1024
+DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation depth + 1
 
 
 def new_job_id() -> str:
@@ -138,7 +139,8 @@ class Attempt(_Record):
     state: str  # queued | running | done | failed | stopped
     message: str  # the task (attempt 1) or the reply message
     queued_at: float
-    started_at: float | None = None
+    started_at: float | None = None  # a worker took the attempt (its slot, then its checkout)
+    engine_started_at: float | None = None  # the engine was started: from here it may have spent
     ended_at: float | None = None
     reason: str | None = None
     error_kind: str | None = None

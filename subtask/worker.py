@@ -32,13 +32,12 @@ from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
-from subtask.model import Evidence, VerifyResult
+from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import redact, redact_obj
 from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
-DEPTH_ENV = "SUBTASK_DEPTH"
 
 
 class StopRequested(KeyboardInterrupt):
@@ -140,18 +139,36 @@ def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
     return redact(f"setup command ({command}) {ending}" + (f": {output[-SETUP_TAIL_BYTES:]}" if output else ""))
 
 
-def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
-    """Record `running`; None if the attempt already ended (stopped in the spawn gap)."""
+def _update_attempt(repo: Repo, job_id: str, attempt_n: int, apply) -> Job | None:
+    """Apply `apply(attempt)` to attempt `attempt_n` unless it has ended; None if it has."""
     def change(job: Job) -> bool:
         attempt = job.state.current
         if attempt.n != attempt_n or attempt.terminal:
             return False
-        attempt.state = "running"
-        attempt.started_at = time.time()
+        apply(attempt)
         return True
 
     job = records.update(repo, job_id, change)
-    return job if job.state.current.state == "running" and job.state.current.n == attempt_n else None
+    current = job.state.current
+    return job if current.n == attempt_n and not current.terminal else None
+
+
+def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
+    """Record `running` as soon as the worker takes the attempt (before its checkout), so the
+    hand-off shows at once; None if the attempt already ended (stopped in the spawn gap)."""
+    def apply(attempt) -> None:
+        attempt.state = "running"
+        attempt.started_at = time.time()
+
+    return _update_attempt(repo, job_id, attempt_n, apply)
+
+
+def mark_engine_started(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
+    """Record that the engine starts: from here on a dead worker's engine may have spent money."""
+    def apply(attempt) -> None:
+        attempt.engine_started_at = time.time()
+
+    return _update_attempt(repo, job_id, attempt_n, apply)
 
 
 def engine_env(job: Job) -> dict[str, str]:
@@ -298,6 +315,10 @@ def run_attempt(repo: Repo, job_id: str) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    job = mark_running(repo, job_id, attempt_n)
+    if job is None:
+        return
+    sink({"type": "state", "state": "running"})
     try:
         fresh = not Path(job.spec.worktree).exists()
         worktree = checkout(repo, job)
@@ -313,10 +334,9 @@ def run_attempt(repo: Repo, job_id: str) -> None:
                               error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
         return
     faults.point("after_checkout")
-    job = mark_running(repo, job_id, attempt_n)
+    job = mark_engine_started(repo, job_id, attempt_n)
     if job is None:
         return
-    sink({"type": "state", "state": "running"})
     stopped = False
     try:
         outcome = run_engine(repo, job, worktree, sink)
