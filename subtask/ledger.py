@@ -138,11 +138,13 @@ def lock(state_dir: Path):
     import filelock
 
     _ensure_state_dir(Path(state_dir))
-    key = os.path.abspath(lock_path(state_dir))
+    # Keyed by pid too: filelock refuses an instance inherited across a fork (the worker is
+    # forked from the CLI), so a forked child builds its own.
+    key = f"{os.getpid()}:{os.path.abspath(lock_path(state_dir))}"
     with _locks_guard:
         lk = _locks.get(key)
         if lk is None:
-            lk = filelock.FileLock(key, timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+            lk = filelock.FileLock(os.path.abspath(lock_path(state_dir)), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
             _locks[key] = lk
         return lk
 

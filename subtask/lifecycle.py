@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,23 +61,68 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
     write_json(pid_file(state_dir, job_id), data)
 
 
+SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
+
+
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
-    """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`."""
-    log = os.fdopen(open_private(logs_dir(repo) / f"{job_id}.log"), "ab")
+    """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`.
+
+    A single-threaded caller (the CLI) forks: the child already has every module imported, which
+    saves the worker's ~0.1 s of interpreter start-up and imports. A caller with other threads
+    (the MCP server, `wait`'s watchers) starts a fresh interpreter instead, because a fork copies
+    only the calling thread and a lock another thread held would stay locked in the child.
+    """
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
     pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
-    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
+    log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "subtask.worker", job_id, str(repo.root)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(repo.root),
-            env=env, start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
-        )
+        spawn = _fork_worker if _may_fork() else _exec_worker
+        pid = spawn(repo, job_id, lock_fd, log_fd)
     finally:
-        log.close()
-    record_pid(repo.state_dir, job_id, worker=proc.pid)
+        os.close(log_fd)
+    record_pid(repo.state_dir, job_id, worker=pid)
+    return pid
+
+
+def _may_fork() -> bool:
+    return os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def _exec_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
+    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "subtask.worker", job_id, str(repo.root)],
+        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, cwd=str(repo.root),
+        env=env, start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
+    )
     return proc.pid
+
+
+def _fork_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
+    sys.stdout.flush()  # or the child would write the parent's buffered output a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the child: detach like the exec path does, then run the worker in this interpreter
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.chdir(repo.root)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        from subtask import worker
+
+        code = worker.run_detached(job_id, repo.root, lock_fd)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never return into the caller's code, nor run its exit handlers
 
 
 def close_fd_keep_lock(fd: int | None) -> None:

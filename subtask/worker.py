@@ -219,22 +219,26 @@ def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
     subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-C", str(worktree), "commit", "--quiet",
                     "--no-verify", "-F", "-"], input=message, text=True, env=env, check=True,
                    capture_output=True)
-    head = git(worktree, "rev-parse", "HEAD").stdout.strip()
-    return {"sha": head, "files": files[:200]}
+    return {"sha": worktree_head(worktree), "files": files[:200]}
+
+
+def worktree_head(worktree: Path) -> str:
+    """The commit a worktree has checked out (pygit2: no subprocess on the worker's end path)."""
+    import pygit2
+
+    return str(pygit2.Repository(str(worktree)).head.target)
 
 
 def current_head(repo: Repo, job: Job, worktree: Path) -> str:
-    if job.spec.readonly:
-        return job.spec.base
-    return git(worktree, "rev-parse", "HEAD").stdout.strip()
+    return job.spec.base if job.spec.readonly else worktree_head(worktree)
 
 
-def run_verify(job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
+def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
     if not job.spec.verify:
         return None
     from subtask import procs
 
-    tree = git(worktree, "rev-parse", f"{head}^{{tree}}").stdout.strip()
+    tree = str(repo.git[head].tree_id)
     result = procs.run(["sh", "-c", job.spec.verify], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
                        tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0)
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
@@ -351,7 +355,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        verify = run_verify(job, worktree, head, engine_env(job))
+        verify = run_verify(repo, job, worktree, head, engine_env(job))
         faults.point("after_verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
@@ -427,14 +431,17 @@ def _run_current(repo: Repo, job_id: str) -> int:
     return attempt_n
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    job_id, repo_path = argv[0], argv[1]
-    lock_fd = int(os.environ.pop("SUBTASK_LOCK_FD"))
-    repo = open_repo(repo_path)
+def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
+    """The worker's life, in a forked child or a fresh interpreter (`main`)."""
+    repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
     faults.point("worker_start")
     serve(repo, job_id, lock_fd)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return run_detached(argv[0], argv[1], int(os.environ.pop("SUBTASK_LOCK_FD")))
 
 
 if __name__ == "__main__":
