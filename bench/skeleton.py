@@ -22,15 +22,16 @@ from records_scale import fill_history  # noqa: E402
 ST = subtask_cmd()
 
 
-def worktree_add(repo: Path, runs: int) -> list[float]:
+def worktree_add(repo: Path, runs: int, tag: str = "") -> list[float]:
     samples = []
     for n in range(runs):
-        path = repo.parent / f"wt-{n}"
+        name = f"bench-{tag}{n}"
+        path = repo.parent / name
         t0 = time.perf_counter()
-        sh("git", "worktree", "add", "-q", "-b", f"bench-{n}", str(path), "HEAD", cwd=repo)
+        sh("git", "worktree", "add", "-q", "-b", name, str(path), "HEAD", cwd=repo)
         samples.append(time.perf_counter() - t0)
         sh("git", "worktree", "remove", "--force", str(path), cwd=repo)
-        sh("git", "branch", "-D", f"bench-{n}", cwd=repo)
+        sh("git", "branch", "-D", name, cwd=repo)
     return samples
 
 
@@ -80,6 +81,21 @@ def wake_latency(repo: Path, runs: int) -> list[float]:
     return samples
 
 
+def interleaved(repo: Path, runs: int) -> dict[str, list[float]]:
+    """a, b and start->wait measured in turns, so a slow moment of the disk hits all three alike."""
+    out: dict[str, list[float]] = {"a": [], "b": [], "e2e": [], "e2e_minus_a": []}
+    for n in range(runs):
+        a = worktree_add(repo, 1, tag=f"i{n}")[0]
+        b, job = start_once(repo)
+        wait_for(repo, job)
+        e2e = start_to_wait(repo, 1)[0]
+        out["a"].append(a)
+        out["b"].append(b)
+        out["e2e"].append(e2e)
+        out["e2e_minus_a"].append(e2e - a)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
@@ -88,29 +104,31 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="subtask-bench-"))
     try:
         repo = make_repo(tmp / "repo")
-        a = worktree_add(repo, args.runs)
-        b = start_samples(repo, args.runs)
-        end_to_end = start_to_wait(repo, args.runs)
+        worktree_add(repo, 1, tag="warm")  # page cache warm for everyone
+        turns = interleaved(repo, args.runs)
         wake = wake_latency(repo, args.runs)
         list_small = [time_cmd(repo, "list") for _ in range(args.runs)]
+        b_small = start_samples(repo, args.runs)
         fill_history(repo, args.history)
         sh("git", "pack-refs", "--all", cwd=repo)  # what the worker does once job refs pile up
+        time_cmd(repo, "list")  # the first list after a fill builds the list cache
         list_big = [time_cmd(repo, "list") for _ in range(args.runs)]
         b_big = start_samples(repo, args.runs)
-        a_again = worktree_add(repo, args.runs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    ratios = [b / a for a, b in zip(turns["a"], turns["b"], strict=True)]
     rows = {
-        "a_worktree_add_ms": median_ms(a + a_again),
-        "b_start_ms": median_ms(b),
-        "b_over_a": round(median_ms(b) / median_ms(a + a_again), 2),
-        "start_to_wait_ms": median_ms(end_to_end),
-        "start_to_wait_minus_a_ms": round(median_ms(end_to_end) - median_ms(a + a_again), 1),
+        "a_worktree_add_ms": median_ms(turns["a"]),
+        "b_start_ms": median_ms(turns["b"]),
+        "b_over_a": round(sorted(ratios)[len(ratios) // 2], 2),
+        "start_to_wait_ms": median_ms(turns["e2e"]),
+        "start_to_wait_minus_a_ms": median_ms(turns["e2e_minus_a"]),
         "wait_wake_latency_ms": median_ms(wake),
         "list_no_history_ms": median_ms(list_small),
         f"list_{args.history}_records_ms": median_ms(list_big),
+        "start_no_history_ms": median_ms(b_small),
         f"start_{args.history}_records_ms": median_ms(b_big),
-        "start_history_ratio": round(median_ms(b_big) / median_ms(b), 2),
+        "start_history_ratio": round(median_ms(b_big) / median_ms(b_small), 2),
     }
     targets = {"b_over_a": "<= 1.3", "start_to_wait_minus_a_ms": "<= 400", "wait_wake_latency_ms": "<= 50",
                f"list_{args.history}_records_ms": "<= 300", "start_history_ratio": "<= 1.10"}
