@@ -218,9 +218,10 @@ class Front:
                 ours = json.loads(self.drop[1])
                 self.drop = None
                 if message != ours:
-                    print("subtask-mcp: the SDK's initialize reply differs from the one sent from "
-                          "subtask/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
-                          f"  sent: {json.dumps(ours)}\n  sdk:  {text.strip()}", file=sys.stderr)
+                    # stderr only: stdout is the protocol channel
+                    sys.stderr.write("subtask-mcp: the SDK's initialize reply differs from the one sent from "
+                                     "subtask/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
+                                     f"  sent: {json.dumps(ours)}\n  sdk:  {text.strip()}\n")
                 return
         self.wire.write(text.encode())
 
