@@ -21,7 +21,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from subtask import faults, ledger, lifecycle, liveness, records, slots
@@ -73,7 +73,6 @@ class StartRequest:
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def job_passed(job: Job) -> bool:

@@ -7,7 +7,6 @@ error with the same words. Exit codes follow git: 1 a defined negative answer, 1
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_NEGATIVE = 1
 EXIT_FATAL = 128
 EXIT_USAGE = 129
@@ -39,10 +38,6 @@ class SubtaskError(Exception):
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "message": self.message, "hint": self.hint, "exit_code": self.exit_code}
-
-
-def usage(message: str, hint: str | None = None) -> SubtaskError:
-    return SubtaskError("usage", message, hint)
 
 
 def fatal(message: str, hint: str | None = None) -> SubtaskError:

@@ -23,7 +23,6 @@ SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
 ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
 TERMINAL = ("done", "failed", "stopped")
-ACTIVE = ("queued", "running")
 MAX_TASK_BYTES = 1024 * 1024
 DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation depth + 1
 

@@ -48,9 +48,6 @@ class Slots:
                 return index + 1
         return None
 
-    def is_running(self, job: str, attempt: int | None = None) -> bool:
-        return any(e["job"] == job and (attempt is None or e["attempt"] == attempt) for e in self.running)
-
 
 @dataclass
 class HandOff:
