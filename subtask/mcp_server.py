@@ -27,6 +27,9 @@ Invariants:
   end answered, gets a server that exits at once instead of after loading the SDK.
 - SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
   own `MCPServer.run("stdio")`.
+- The workers' fork server (`subtask.zygote`) is forked while the process has only its main
+  thread: after the first reply, before the reader thread (or before the SDK, without the front
+  end). Its fork costs ~1 ms; its imports run in its own process, beside the SDK's.
 """
 
 from __future__ import annotations
@@ -283,6 +286,16 @@ def serve_plain() -> None:
     server.run("stdio")
 
 
+def start_zygote() -> None:
+    """Fork the workers' fork server while this process has one thread (see subtask.zygote)."""
+    from subtask import zygote
+
+    try:
+        zygote.start()
+    except OSError as exc:  # workers start as fresh interpreters then
+        sys.stderr.write(f"subtask-mcp: no worker fork server: {exc}\n")
+
+
 def claim_wire() -> Wire | None:
     if os.environ.get("SUBTASK_MCP_FRONT") == "0" or os.name != "posix":
         return None
@@ -297,10 +310,12 @@ def main() -> None:
     try:
         wire = claim_wire()
         if wire is None:
+            start_zygote()
             serve_plain()
             return
         front = Front(wire, load_cache())
         front.open(wire.read_line())
+        start_zygote()  # after the first reply, before the reader thread: still single-threaded
         threading.Thread(target=front.read_rest, name="subtask-mcp-reader", daemon=True).start()
         try:
             serve_sdk(front)
