@@ -29,7 +29,8 @@ Invariants:
   own `MCPServer.run("stdio")`.
 - The workers' fork server (`subtask.zygote`) is forked while the process has only its main
   thread: after the first reply, before the reader thread (or before the SDK, without the front
-  end). Its fork costs ~1 ms; its imports run in its own process, beside the SDK's.
+  end). Its fork costs ~1 ms; it imports the worker's modules only once the SDK is loaded (or at
+  the first spawn), so they do not compete with the SDK's import for CPU at start-up.
 """
 
 from __future__ import annotations
@@ -276,6 +277,7 @@ def serve_sdk(front: Front) -> None:
 
     from subtask.mcp_tools import serve
 
+    preload_zygote()
     anyio.run(serve, SdkInput(front), SdkOutput(front))
 
 
@@ -283,6 +285,7 @@ def serve_plain() -> None:
     """The SDK's own stdio path, untouched."""
     from subtask.mcp_tools import server
 
+    preload_zygote()
     server.run("stdio")
 
 
@@ -294,6 +297,14 @@ def start_zygote() -> None:
         zygote.start()
     except OSError as exc:  # workers start as fresh interpreters then
         sys.stderr.write(f"subtask-mcp: no worker fork server: {exc}\n")
+
+
+def preload_zygote() -> None:
+    """The SDK is loaded: now the zygote may import the worker's modules without delaying it."""
+    from subtask import zygote
+
+    if (z := zygote.current()) is not None:
+        z.preload()
 
 
 def claim_wire() -> Wire | None:

@@ -3,7 +3,9 @@
 A process with threads may not fork a worker (a fork copies only the calling thread; a lock
 another thread held stays locked in the child), so it used to exec `python -m subtask.worker`,
 ~0.1-0.15 s of CPU per job. `start` forks a zygote while the caller is still single-threaded;
-the zygote imports what a worker needs, then serves spawn requests on an inherited socketpair
+the zygote imports what a worker needs when asked (the MCP server asks once the SDK is loaded,
+so the two imports do not compete for CPU at start-up; the first spawn asks at the latest), and
+serves spawn requests on an inherited socketpair
 (SOCK_SEQPACKET: one message per request, no framing). A request is JSON (job id, repository,
 the caller's environment) with three fds (SCM_RIGHTS): the run-lock, the job's log and the read
 end of a "go" pipe. The zygote forks a child per request and replies with its pid; the child
@@ -39,7 +41,8 @@ import socket
 import sys
 import threading
 
-TIMEOUT = 2.0  # seconds for the zygote to be ready, and again for its reply
+READY_TIMEOUT = 5.0  # seconds for the zygote's imports (a loaded machine may be slow)
+TIMEOUT = 2.0  # seconds for its reply to a spawn request
 MAX_REQUEST = 1 << 20
 ENV = "SUBTASK_ZYGOTE"  # "0": never start one
 PR_SET_PDEATHSIG = 1
@@ -59,6 +62,7 @@ class Zygote:
         self.pid = pid
         self.owner = os.getpid()
         self.lock = threading.Lock()
+        self.preloading = False  # b"preload" sent: b"ready" will follow once the imports are done
         self.ready = False
         self.retired = False
 
@@ -71,11 +75,13 @@ class Zygote:
             go_r, go_w = os.pipe()  # both close-on-exec; the zygote receives a copy of go_r
             try:
                 try:
-                    self.sock.settimeout(TIMEOUT)
                     if not self.ready:
+                        self.sock.settimeout(READY_TIMEOUT)
+                        self._preload()
                         if self.sock.recv(16) != b"ready":
                             raise ZygoteError("no ready message")
                         self.ready = True
+                    self.sock.settimeout(TIMEOUT)
                     socket.send_fds(self.sock, [payload], [lock_fd, log_fd, go_r])
                     os.close(go_r)
                     go_r = -1
@@ -92,6 +98,21 @@ class Zygote:
                 if go_r >= 0:
                     os.close(go_r)
                 os.close(go_w)  # a child that never got its byte reads EOF and exits
+
+    def preload(self) -> None:
+        """Have the zygote import the worker's modules now (it does at the latest on the first spawn)."""
+        with self.lock:
+            if not self.retired:
+                try:
+                    self.sock.settimeout(TIMEOUT)
+                    self._preload()
+                except OSError:
+                    self.retire()
+
+    def _preload(self) -> None:
+        if not self.preloading:
+            self.preloading = True
+            self.sock.send(b"preload")
 
     def retire(self) -> None:
         self.retired = True
@@ -151,8 +172,7 @@ def _serve(sock: socket.socket, parent: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the server; EOF ends us
     signal.signal(signal.SIGCHLD, _reap)
     sock.settimeout(None)
-    _preload()
-    sock.send(b"ready")
+    preloaded = False
     while True:
         try:
             msg, fds, flags, _ = socket.recv_fds(sock, MAX_REQUEST, 3)
@@ -162,6 +182,12 @@ def _serve(sock: socket.socket, parent: int) -> int:
             return 0
         if not msg and not fds:
             return 0  # the parent is gone
+        if not preloaded:  # the first message, whatever it is: the parent is waiting for "ready"
+            _preload()
+            preloaded = True
+            sock.send(b"ready")
+        if msg == b"preload" and not fds:
+            continue
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
                 raise ValueError("malformed request")

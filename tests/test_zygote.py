@@ -115,7 +115,7 @@ def test_a_dead_zygote_means_fresh_interpreters(repo):
         assert server.wait(job).startswith(f"{job} done")
     finally:
         stderr = server.close()
-    assert stderr.count("fork server failed") == 1, stderr
+    assert stderr.count("fork server failed") <= 1, stderr  # 0 when the preload found it gone
 
 
 def test_the_zygote_dies_with_its_server(repo):
