@@ -13,6 +13,11 @@ SDK path), samples interleaved; `plain_` figures are the latter. The warm figure
 wait's wake-up) use one server: the default path, or the plain one with --plain (--starts 0
 skips the start-up figures).
 
+Spawn figures (--spawns N rounds, 0 skips them): on a warm server, start_many10_ms is `start_many`
+of 10 `true` jobs and all10_ms that plus one `wait` for all 10; `exec_` figures are the same with
+SUBTASK_ZYGOTE=0 (every worker a fresh interpreter instead of a fork of the zygote), one server
+of each kind, rounds interleaved.
+
 Prints a table and writes JSON to bench/results/mcp-<time>.json. Targets: warm status and list
 p50 <= 20 ms; wait returns <= 100 ms after its job ends (the peer subtask-mcp 0.5 polls once a second).
 """
@@ -41,7 +46,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 def make_repo(path: Path) -> Path:
     env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x")
     for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "init"],
-                 ["config", "subtask.engine", "shell"]):
+                 ["config", "subtask.engine", "shell"], ["config", "subtask.maxRunning", "10"]):
         subprocess.run(["git", "-C", str(path), *args], check=True, env=env)
     return path
 
@@ -89,10 +94,31 @@ async def startup(repo: Path, starts: int) -> dict[str, list[float]]:
     return figures
 
 
-async def measure(repo: Path, calls: int, starts: int, startup_only: bool, plain: bool) -> dict:
+async def spawns(repo: Path, rounds: int) -> dict[str, list[float]]:
+    """start_many of 10 trivial jobs, then one wait for all: zygote forks vs fresh interpreters."""
+    figures: dict[str, list[float]] = {f"{p}{n}": [] for p in ("", "exec_") for n in ("start_many10_ms", "all10_ms")}
+    async with Client(params(repo), mode="legacy") as zygote, \
+            Client(params(repo, SUBTASK_ZYGOTE="0"), mode="legacy") as plain:
+        for n in range(rounds + 1):
+            for prefix, client in (("", zygote), ("exec_", plain)):
+                started = time.perf_counter()
+                ms, text = await timed(client, "start_many", {"tasks": [{"task": "true"}] * 10})
+                ids = [line.split()[1] for line in text.splitlines()]
+                assert len(ids) == 10, text
+                await timed(client, "wait", {"ids": ids, "timeout": 120})
+                total = (time.perf_counter() - started) * 1000
+                if n:  # the first round warms up
+                    figures[prefix + "start_many10_ms"].append(ms)
+                    figures[prefix + "all10_ms"].append(total)
+    return figures
+
+
+async def measure(repo: Path, calls: int, starts: int, startup_only: bool, plain: bool, rounds: int = 0) -> dict:
     figures = await startup(repo, starts) if starts else {}
     if startup_only:
         return figures
+    if rounds:
+        figures.update(await spawns(repo, rounds))
     figures.update({"status_ms": [], "list_ms": [], "wait_wake_ms": []})
     async with Client(params(repo, **({"SUBTASK_MCP_FRONT": "0"} if plain else {})), mode="legacy") as client:
         for _ in range(3):  # a few finished jobs so list has rows
@@ -118,10 +144,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--starts", type=int, default=7)
     parser.add_argument("--startup-only", action="store_true", help="only the start-up figures")
+    parser.add_argument("--spawns", type=int, default=5, help="rounds of start_many10 + wait, zygote vs exec")
     parser.add_argument("--plain", action="store_true", help="warm figures on the plain SDK path (SUBTASK_MCP_FRONT=0)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls, args.starts, args.startup_only, args.plain)
+        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls, args.starts, args.startup_only, args.plain, args.spawns)
     rows = {name: {"p50": statistics.median(v), "p90": pct(v, 0.9), "max": max(v), "n": len(v)}
             for name, v in figures.items()}
     targets = {"status_ms": 20, "list_ms": 20, "wait_wake_ms": 100}

@@ -69,15 +69,17 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
 
     A single-threaded caller (the CLI) forks: the child already has every module imported, which
     saves the worker's ~0.1 s of interpreter start-up and imports. A caller with other threads
-    (the MCP server, `wait`'s watchers) starts a fresh interpreter instead, because a fork copies
-    only the calling thread and a lock another thread held would stay locked in the child.
+    (the MCP server, `wait`'s watchers) must not fork, because a fork copies only the calling
+    thread and a lock another thread held would stay locked in the child: it asks its zygote (a
+    fork server it started while single-threaded, `subtask.zygote`) when it has one, and starts a
+    fresh interpreter otherwise, or when the zygote fails in any way.
     """
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
     pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
     log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
     try:
-        spawn = _fork_worker if _may_fork() else _exec_worker
+        spawn = _fork_worker if _may_fork() else _zygote_or_exec_worker
         pid = spawn(repo, job_id, lock_fd, log_fd)
     finally:
         os.close(log_fd)
@@ -87,6 +89,19 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
 
 def _may_fork() -> bool:
     return os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def _zygote_or_exec_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
+    from subtask import zygote
+
+    server = zygote.current() if os.environ.get(SPAWN_ENV) != "exec" else None
+    if server is not None:
+        try:
+            return server.spawn(job_id, repo.root, lock_fd, log_fd)
+        except Exception as exc:  # the zygote's worker will not run: this one must
+            print(f"git-subtask: the worker fork server failed ({exc}); starting {job_id} "
+                  "as a fresh interpreter", file=sys.stderr)
+    return _exec_worker(repo, job_id, lock_fd, log_fd)
 
 
 def _exec_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:

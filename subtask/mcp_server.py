@@ -27,6 +27,10 @@ Invariants:
   end answered, gets a server that exits at once instead of after loading the SDK.
 - SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
   own `MCPServer.run("stdio")`.
+- The workers' fork server (`subtask.zygote`) is forked while the process has only its main
+  thread: after the first reply, before the reader thread (or before the SDK, without the front
+  end). Its fork costs ~1 ms; it imports the worker's modules only once the SDK is loaded (or at
+  the first spawn), so they do not compete with the SDK's import for CPU at start-up.
 """
 
 from __future__ import annotations
@@ -273,6 +277,7 @@ def serve_sdk(front: Front) -> None:
 
     from subtask.mcp_tools import serve
 
+    preload_zygote()
     anyio.run(serve, SdkInput(front), SdkOutput(front))
 
 
@@ -280,7 +285,26 @@ def serve_plain() -> None:
     """The SDK's own stdio path, untouched."""
     from subtask.mcp_tools import server
 
+    preload_zygote()
     server.run("stdio")
+
+
+def start_zygote() -> None:
+    """Fork the workers' fork server while this process has one thread (see subtask.zygote)."""
+    from subtask import zygote
+
+    try:
+        zygote.start()
+    except OSError as exc:  # workers start as fresh interpreters then
+        sys.stderr.write(f"subtask-mcp: no worker fork server: {exc}\n")
+
+
+def preload_zygote() -> None:
+    """The SDK is loaded: now the zygote may import the worker's modules without delaying it."""
+    from subtask import zygote
+
+    if (z := zygote.current()) is not None:
+        z.preload()
 
 
 def claim_wire() -> Wire | None:
@@ -297,10 +321,12 @@ def main() -> None:
     try:
         wire = claim_wire()
         if wire is None:
+            start_zygote()
             serve_plain()
             return
         front = Front(wire, load_cache())
         front.open(wire.read_line())
+        start_zygote()  # after the first reply, before the reader thread: still single-threaded
         threading.Thread(target=front.read_rest, name="subtask-mcp-reader", daemon=True).start()
         try:
             serve_sdk(front)
