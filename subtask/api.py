@@ -26,7 +26,14 @@ from pathlib import Path
 
 from subtask import faults, ledger, lifecycle, liveness, records, slots
 from subtask.errors import SubtaskError
-from subtask.gitrepo import Repo, check_worktree_location, is_dirty, open_repo, resolve_commit
+from subtask.gitrepo import (
+    Repo,
+    check_worktree_location,
+    ensure_excluded,
+    git,
+    open_repo,
+    resolve_commit,
+)
 from subtask.model import (
     DEPTH_ENV,
     MAX_TASK_BYTES,
@@ -625,25 +632,17 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     path = Path(job.spec.worktree)
     if not path.exists():
         return f"{job.id}: no worktree to remove"
-    if is_dirty(path):
-        raise SubtaskError("dirty", f"{job.id}: the worktree {path} has uncommitted changes; keeping it",
-                           hint=f"commit or discard them (git -C '{path}' status), then: git subtask cleanup {job.id}")
     from subtask import landing
 
     ok, why = landing.worktree_removable(repo, job, landing.keepers(repo, job, landing.land_target(repo)))
     if not ok:
         raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {why}",
-                           hint=f"put those commits on a branch (git -C '{path}' branch <name>), then: git subtask cleanup {job.id}")
+                           hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
+                                f"status), then: git subtask cleanup {job.id}")
     if dry_run:
         return f"{job.id}: would remove worktree {path}"
-    from subtask.gitrepo import git
-
-    git(repo.root, "worktree", "remove", str(path))
-
-    def change(j: Job) -> None:
-        j.state.worktree_removed = True
-
-    records.update(repo, job.id, change)
+    if not landing.remove_worktree(repo, job):
+        raise SubtaskError("fatal", f"{job.id}: git worktree remove {path} failed", hint="git worktree list")
     return f"{job.id}: removed worktree {path} (branch {job.spec.branch} and record kept)"
 
 
@@ -744,8 +743,6 @@ def ensure_notes_config(repo: Repo) -> list[str]:
         return []
     except KeyError:
         pass
-    from subtask.gitrepo import git
-
     # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
     written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
     return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []
@@ -754,7 +751,6 @@ def ensure_notes_config(repo: Repo) -> list[str]:
 def init(repo: Repo, display: bool = False) -> list[str]:
     """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
     from subtask import notes_store
-    from subtask.gitrepo import ensure_excluded, git
 
     changed = ensure_notes_config(repo)
     notes_store.ensure_ref(repo.git)

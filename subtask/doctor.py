@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 SCHEMA_VERSION = 1
 ORDER = {"ok": 0, "warn": 1, "fail": 2}
@@ -73,18 +72,12 @@ def check_libgit2() -> Check:
     return Check("libgit2", "ok", f"libgit2 {pygit2.LIBGIT2_VERSION} (pygit2 {pygit2.__version__})")
 
 
-def hooks_dir(repo) -> Path:
-    # Without the hooks-off switch: with it, git would answer /dev/null.
-    out = subprocess.run(["git", "-C", str(repo.root), "rev-parse", "--git-path", "hooks"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-    path = Path(out)
-    return path if path.is_absolute() else repo.root / path
-
-
 def check_hooks(repo) -> Check:
-    hook = hooks_dir(repo) / "post-merge"
-    if hook.exists() and "subtask" in hook.read_text(errors="replace"):
-        return Check("hooks", "ok", f"post-merge hook installed at {hook}")
+    from subtask import hooks
+
+    state = hooks.status(repo)
+    if state.installed:
+        return Check("hooks", "ok", f"post-merge hook installed at {state.path}")
     return Check("hooks", "warn", "the post-merge hook is not installed: landed jobs are cleaned up lazily only",
                  ["git subtask hooks install"])
 

@@ -99,10 +99,10 @@ def resolve_commit(repo: Repo, rev: str) -> str:
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
+        timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the git binary with hooks disabled; a failure is a fatal error with git's words."""
     proc = subprocess.run(["git", *NO_HOOKS, "-C", str(repo_root), *args], capture_output=True,
-                          text=True, input=input, timeout=timeout, check=False,
+                          text=True, input=input, timeout=timeout, check=False, env=env,
                           stdin=None if input is not None else subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")

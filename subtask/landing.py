@@ -259,6 +259,14 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     return True, ""
 
 
+def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
+    """`git worktree remove` (never forced: git refuses a dirty one too); say so in the record."""
+    removed = git(repo.root, "worktree", "remove", job.spec.worktree, check=False).returncode == 0
+    if removed and record:
+        records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
+    return removed
+
+
 def checked_out_branches(repo: Repo) -> set[str]:
     out = git(repo.root, "worktree", "list", "--porcelain", check=False).stdout
     return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("branch ")}
@@ -285,7 +293,7 @@ def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target |
         if ok:
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
             if not dry_run:
-                removed = git(repo.root, "worktree", "remove", str(path), check=False).returncode == 0
+                removed = remove_worktree(repo, job, record=False)  # recorded with the landing below
         else:
             lines.append(f"{job.id}: kept worktree: {why}")
     deleted = False
@@ -556,8 +564,8 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
             sweep.lines.append(f"{job.id}: kept worktree: {why}")
             continue
         sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
-        if not dry_run and git(repo.root, "worktree", "remove", str(path), check=False).returncode == 0:
-            records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
+        if not dry_run:
+            remove_worktree(repo, job)
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:

@@ -149,8 +149,7 @@ def start_handoffs(repo: Repo, handed: list[slots.HandOff]) -> None:
     """Spawn workers for attempts that were just given slots (run-locks already held)."""
     for hand in handed:
         try:
-            target = repo if Path(hand.entry["git_dir"]) == repo.common_dir else open_repo(Path(hand.entry["git_dir"]))
-            spawn_worker(target, hand.entry["job"], hand.fd)
+            spawn_worker(repo_of(repo, hand.entry, strict=True), hand.entry["job"], hand.fd)
         except Exception as exc:  # a broken queued job must not block the rest of the queue
             print(f"git-subtask: could not start queued job {hand.entry['job']}: {exc}", file=sys.stderr)
         finally:
@@ -242,7 +241,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     A job with no record died inside `start` before the record was written: its branch (never
     committed to: no worker ever ran) and pins go, and its reservation is released.
     """
-    target = repo if Path(entry["git_dir"]) == repo.common_dir else _try_open(entry["git_dir"])
+    target = repo_of(repo, entry)
     job_id, attempt_n = entry["job"], entry["attempt"]
     rid = f"{job_id}.{attempt_n}"
     if target is None:
@@ -275,10 +274,21 @@ def _drop_orphan_refs(repo: Repo, job_id: str) -> None:
     records.delete(repo, job_id)
 
 
-def _try_open(git_dir: str) -> Repo | None:
+def in_repo(repo: Repo, entry: dict) -> bool:
+    """Does this slot entry belong to `repo`? (A shared stateDir holds several repositories' jobs.)"""
+    return Path(entry["git_dir"]) == repo.common_dir
+
+
+def repo_of(repo: Repo, entry: dict, strict: bool = False) -> Repo | None:
+    """The repository of a slot entry: `repo` itself, or the other one it names (None if that one
+    is gone, unless `strict`)."""
+    if in_repo(repo, entry):
+        return repo
     try:
-        return open_repo(Path(git_dir))
+        return open_repo(Path(entry["git_dir"]))
     except Exception:
+        if strict:
+            raise
         return None
 
 

@@ -214,11 +214,7 @@ def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
                f"Subtask-Id: {job.id}\n")
     env = dict(os.environ, GIT_AUTHOR_NAME=sig.name, GIT_AUTHOR_EMAIL=sig.email,
                GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
-    import subprocess
-
-    subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-C", str(worktree), "commit", "--quiet",
-                    "--no-verify", "-F", "-"], input=message, text=True, env=env, check=True,
-                   capture_output=True)
+    git(worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
     return {"sha": worktree_head(worktree), "files": files[:200]}
 
 
@@ -404,7 +400,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         handed = release_and_next(repo, job_id, attempt_n)
         liveness.release(lock_fd)
-        same_repo = [h for h in handed if Path(h.entry["git_dir"]) == repo.common_dir]
+        same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if not same_repo:
             return
