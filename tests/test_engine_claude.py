@@ -21,9 +21,8 @@ from fake_claude import (
     write_fake_cli,
 )
 
-from subtask.engines.base import EngineContext, Outcome
+from subtask.engines.base import DELEGATION_PROTOCOL, EngineContext, Outcome
 from subtask.engines.claude import (
-    DELEGATION_PROTOCOL,
     ClaudeEngine,
     _bundled_cli,
     _exit_status,

@@ -109,6 +109,25 @@ class Engine(Protocol):
     def run(self, ctx: EngineContext) -> Outcome: ...
 
 
+DELEGATION_PROTOCOL = """\
+You are a background worker on job {job_id}, started by git-subtask; nobody is watching live.
+Work only inside this worktree: {worktree}. Do not touch files outside it.
+Commit your work with clear messages as you go (git add, git commit). Do not push, and do not
+switch branches.
+End your final message with a summary of at most 10 lines, then a final line exactly:
+STATUS: done|partial|blocked
+(done = the task is complete; partial = some is left; blocked = you cannot go on without help)."""
+
+READONLY_PROTOCOL = ("\nThis job is read-only: change no files and make no commits "
+                     "(this overrides the commit instruction above).")
+
+
+def delegation_protocol(ctx: EngineContext) -> str:
+    """What every agent engine tells its agent: where to work, to commit, how to end."""
+    text = DELEGATION_PROTOCOL.format(job_id=ctx.job_id, worktree=ctx.worktree)
+    return text + READONLY_PROTOCOL if ctx.readonly else text
+
+
 _STATUS_RE = re.compile(r"^\s*\**STATUS\**\s*:\s*\**\s*(done|partial|blocked)\b", re.IGNORECASE)
 
 

@@ -28,18 +28,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.engines.base import (
+    EngineContext,
+    Outcome,
+    Probe,
+    delegation_protocol,
+    last_lines,
+    parse_status,
+)
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
 CLI_CONFIG = "engine.claude.cliPath"
-
-DELEGATION_PROTOCOL = """\
-You are a background worker on job {job_id}, started by git-subtask; nobody is watching live.
-Work only inside this worktree: {worktree}. Do not touch files outside it.
-Commit your work with clear messages as you go (git add, git commit). Do not push.
-End your final message with a summary of at most 10 lines, then a final line exactly:
-STATUS: done|partial|blocked
-(done = the task is complete; partial = some is left; blocked = you cannot go on without help)."""
 
 # Tools a normal job may use without a prompt. Anything else would ask, and with no one to answer
 # the SDK denies it.
@@ -152,10 +151,7 @@ def build_options(ctx: EngineContext, stderr: Any = None) -> Any:
     """The ClaudeAgentOptions for one attempt (imports the SDK)."""
     from claude_agent_sdk import ClaudeAgentOptions
 
-    protocol = DELEGATION_PROTOCOL.format(job_id=ctx.job_id, worktree=ctx.worktree)
-    if ctx.readonly:
-        protocol += ("\nThis job is read-only: change no files and make no commits "
-                     "(this overrides the commit instruction above).")
+    protocol = delegation_protocol(ctx)
     tools = _tool_policy(ctx.readonly)
     return ClaudeAgentOptions(
         cwd=str(ctx.worktree),

@@ -35,20 +35,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.engines.base import (
+    EngineContext,
+    Outcome,
+    Probe,
+    delegation_protocol,
+    last_lines,
+    parse_status,
+)
 
 ConfigReader = Callable[[str], "str | None"]
-
-DELEGATION_PROTOCOL = """
-
----
-You are working as a delegated background agent. Rules:
-- Work only inside this git worktree (the current directory); do not touch other checkouts.
-- Commit your work on the current branch with `git add` and `git commit` before you finish;
-  do not push, and do not switch branches.
-- End your final message with a summary of at most 10 lines, then a last line that is exactly
-  one of: `STATUS: done`, `STATUS: partial` or `STATUS: blocked`.
-"""
 
 REPLY_REMINDER = """
 
@@ -264,7 +260,7 @@ class CodexEngine:
         if ctx.session_id:
             argv += ["resume", ctx.session_id, "--", ctx.task + REPLY_REMINDER]
         else:
-            argv += ["--", ctx.task + DELEGATION_PROTOCOL]
+            argv += ["--", ctx.task + "\n\n---\n" + delegation_protocol(ctx)]
         return argv
 
     def _sandbox_args(self, ctx: EngineContext) -> list[str]:
