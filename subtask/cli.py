@@ -102,7 +102,7 @@ def reply(job_id, message, max_usd, timeout, as_json):
 
     For the shell engine MESSAGE is another script. Use - to read it from standard input.
     """
-    from subtask import api
+    from subtask import api, render
 
     if message == "-":
         message = sys.stdin.read()
@@ -111,8 +111,7 @@ def reply(job_id, message, max_usd, timeout, as_json):
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
         return
-    state = "running" if result.position == 0 else f"queued (#{result.position} in queue)"
-    click.echo(f"{job.id} {state} · attempt {job.state.current.n} · {job.spec.engine}")
+    click.echo(render.started_line(job, result.position))
 
 
 @cli.command(context_settings=CONTEXT)

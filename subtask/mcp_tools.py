@@ -286,12 +286,8 @@ async def reply(id: str, message: str, repo: str | None = None) -> str:
     """
 
     def run() -> str:
-        if not hasattr(api, "reply"):  # the core operation lands separately; say so plainly until then
-            raise SubtaskError("fatal", "reply is not available in this version of git-subtask",
-                               hint="start a new job with the follow-up as its task")
         answer = api.reply(open_repo(repo), id, message)
-        job, position = (answer.job, answer.position) if hasattr(answer, "position") else (answer, 0)
-        return render.started_line(job, position or 0)
+        return render.started_line(answer.job, answer.position)
 
     return await _call(run)
 

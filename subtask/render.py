@@ -75,10 +75,12 @@ def one_line(job, position: int | None = None) -> str:
 
 
 def started_line(job, position: int) -> str:
-    """What `start` answers: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`."""
+    """What `start` and `reply` answer: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`
+    (`· attempt N` for a reply)."""
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
     state = "running" if position == 0 else f"queued (#{position} in queue)"
-    return f"{job.id} {state} · {job.spec.engine} · {where}"
+    attempt = job.state.current.n
+    return f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else "")
 
 
 def status_line(job, position: int | None = None, activity: str | None = None) -> str:
