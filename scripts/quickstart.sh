@@ -10,7 +10,10 @@ git init -q -b main "$scratch"
 cd "$scratch"
 git -c user.name=Demo -c user.email=demo@example.com commit -q --allow-empty -m "initial commit"
 echo "\$ git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt'"
-job=$(git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt' | tee /dev/stderr | cut -d' ' -f1)
+# Capture, then print: `tee /dev/stderr` would truncate stderr when it is a file.
+started=$(git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt')
+echo "$started"
+job=${started%% *}
 echo "\$ git subtask wait $job"
 git subtask wait "$job"
 echo "\$ git subtask list"

@@ -526,6 +526,9 @@ def complete_words(words):
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
+    from subtask import manpage
+
+    manpage.ensure_installed(cli)
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

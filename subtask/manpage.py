@@ -8,7 +8,10 @@ script. A test regenerates the page and compares, so the manual never drifts fro
 from __future__ import annotations
 
 import html
+import os
 import re
+import sys
+from pathlib import Path
 
 import click
 
@@ -140,3 +143,31 @@ def to_html(group: click.Group) -> str:
     parts.extend(f"<dt>{c}</dt><dd>{esc(m)}</dd>" for c, m in EXIT_STATUS)
     parts.append("</dl></body></html>\n")
     return "\n".join(parts)
+
+
+def installed_page_path() -> Path | None:
+    """Where `man` looks for our page beside the running console script, if we own that prefix.
+
+    man finds `<bin>/../share/man` of every PATH entry. A wheel install puts the page there; an
+    editable install (`pip install -e`) installs no data files, so `git subtask --help` would
+    answer "No manual entry". Only a script in `sys.prefix/bin` (a venv or a prefix pip wrote)
+    counts: we never write next to a script we did not install.
+    """
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is None or not script.is_absolute() or script.parent != Path(sys.prefix) / "bin":
+        return None
+    return Path(sys.prefix) / "share" / "man" / "man1" / "git-subtask.1"
+
+
+def ensure_installed(group: click.Group) -> None:
+    """Write the man page where `man` finds it when it is missing (one stat when it is there)."""
+    path = installed_page_path()
+    if path is None or path.exists():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(roff(group))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only prefix: `git subtask -h` still works

@@ -38,6 +38,30 @@ def test_the_man_page_renders_and_names_every_command(tmp_path):
         assert f"git subtask {name}" in page.stdout
 
 
+def test_git_subtask_help_finds_the_man_page_whatever_the_install(cli, tmp_path):
+    """`git subtask --help` is git running `man git-subtask`: an editable install ships no data
+    files, so the CLI puts the page beside its console script the first time it runs."""
+    import shutil
+    import sys
+
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed")
+    cli.ok("--version")
+    env = {"MANPAGER": "cat", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "MANWIDTH": "200"}
+    page = subprocess.run(["git", "subtask", "--help"], cwd=cli.cwd, capture_output=True, text=True,
+                          env=env, check=False)
+    assert page.returncode == 0, page.stderr
+    assert "git subtask start" in page.stdout
+
+
+def test_ctrl_c_while_the_cli_loads_exits_130_without_a_traceback(cli, tmp_path):
+    # A click that is interrupted while importing stands for a Ctrl-C during start-up.
+    (tmp_path / "click.py").write_text("raise KeyboardInterrupt\n")
+    proc = cli("list", env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("args, code", [
     (["nonsense"], 129), (["start"], 129), (["wait"], 129), (["list", "--bogus"], 129),
     (["show", "st-ffffffff"], 128), (["completion", "tcsh"], 129),
