@@ -82,6 +82,9 @@ class StartRequest:
     readonly: bool = False
 
 
+QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
+
+
 def job_passed(job: Job) -> bool:
     attempt = job.state.current
     return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
@@ -147,16 +150,23 @@ def default_engine(repo: Repo) -> str:
 
 
 def _max_usd(repo: Repo, engine, requested) -> float:
-    if not engine.paid:
-        return 0.0
-    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else requested
-    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, (int, float))
+                                  or not math.isfinite(requested) or requested < 0):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+    if requested is None and not engine.paid:
+        return 0.0
+    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else float(requested)
     cap = repo.config.number("maxJobUsd")
     if usd > cap:
-        raise SubtaskError("usage", f"--max-usd {usd:g} is above subtask.maxJobUsd={cap:g}",
-                           hint=f"git config subtask.maxJobUsd {usd:g}")
-    return float(usd)
+        raise SubtaskError("usage", f"--max-usd {_usd(usd)} is above subtask.maxJobUsd={_usd(cap)}",
+                           hint=f"git config subtask.maxJobUsd {_usd(usd)}")
+    return usd if engine.paid else 0.0
+
+
+def _usd(amount: float) -> str:
+    """An amount as a person types it: 1000000000, 2.5 (never 1e+09)."""
+    return f"{amount:.2f}".rstrip("0").rstrip(".")
 
 
 # ---------------------------------------------------------------- start
@@ -586,6 +596,7 @@ def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threadi
     """Report `job_id` on `ended` when its current attempt is terminal. Runs in its own thread."""
     repo = open_repo(repo_root)  # pygit2 objects are not shared across threads
     state_dir = repo.state_dir
+    next_fill = 0.0
     while not cancel.is_set():
         job = records.read(repo, job_id)
         if job.state.current.terminal:
@@ -596,6 +607,11 @@ def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threadi
             continue
         if slots.read(state_dir).position(job_id) is None:
             lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+        elif time.monotonic() >= next_fill:
+            # Queued: fill idle slots now and then, with the settings as they are now (a fixed
+            # maxRunning must take effect without another command).
+            next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
+            lifecycle.reconcile(open_repo(repo_root))
         time.sleep(0.02)
 
 

@@ -8,21 +8,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from subtask.errors import SubtaskError
 
-DEFAULTS: dict[str, str] = {
-    "maxRunning": "4",
-    "maxDepth": "2",
-    "monthlyCapUsd": "100",
-    "defaultMaxUsd": "2",
-    "maxJobUsd": "20",
-    "verifyTimeout": "600",
-    "deleteLandedBranches": "true",
-    "stopGrace": "5",
-    "sweepInterval": "30",  # seconds between lazy landed-job sweeps inside other commands
-    "setupTimeout": "600",  # seconds `subtask.setup` may run in a new worktree
+@dataclass(frozen=True)
+class Setting:
+    """A numeric or boolean `subtask.*` key: its default and what values make sense."""
+
+    default: str
+    kind: str  # "int" | "number" | "flag"
+    minimum: float = 0.0
+    meaning: str = ""
+
+
+SETTINGS: dict[str, Setting] = {
+    "maxRunning": Setting("4", "int", 1, "workers at once"),
+    "maxDepth": Setting("2", "int", 1, "how deep jobs may start jobs"),
+    "monthlyCapUsd": Setting("100", "number", 0, "monthly spend cap in USD"),
+    "defaultMaxUsd": Setting("2", "number", 0, "a paid job's budget in USD"),
+    "maxJobUsd": Setting("20", "number", 0, "the largest budget one job may reserve"),
+    "verifyTimeout": Setting("600", "number", 1, "seconds verify may run"),
+    "deleteLandedBranches": Setting("true", "flag"),
+    "stopGrace": Setting("5", "number", 0, "seconds between SIGTERM and SIGKILL on stop"),
+    "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
+    "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
 }
+DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
+FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 class Config:
@@ -39,14 +52,9 @@ class Config:
         return self.get(key)
 
     def number(self, key: str) -> float:
-        raw = self.get(key)
-        try:
-            value = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise SubtaskError("fatal", f"git config subtask.{key} is not a number: {raw!r}",
-                               hint=f"git config subtask.{key} {DEFAULTS.get(key, 'N')}") from None
-        if not math.isfinite(value) or value < 0:
-            raise SubtaskError("fatal", f"git config subtask.{key} must be a finite number >= 0, not {raw!r}")
+        value, problem = self._checked(key)
+        if problem:
+            raise SubtaskError("fatal", problem, hint=fix_hint(key))
         return value
 
     def integer(self, key: str) -> int:
@@ -54,6 +62,39 @@ class Config:
 
     def flag(self, key: str) -> bool:
         return (self.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(message, fix) for every known `subtask.*` setting whose value would be refused at use."""
+        found = []
+        for key, setting in SETTINGS.items():
+            if setting.kind == "flag":
+                raw = self.get(key) or ""
+                if raw.strip().lower() not in FLAG_WORDS:
+                    found.append((f"git config subtask.{key} is not true or false: {raw!r}", fix_hint(key)))
+                continue
+            problem = self._checked(key)[1]
+            if problem:
+                found.append((problem, fix_hint(key)))
+        return found
+
+    def _checked(self, key: str) -> tuple[float, str | None]:
+        raw = self.get(key)
+        setting = SETTINGS.get(key, Setting("", "number"))
+        try:
+            value = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return 0.0, f"git config subtask.{key} is not a number: {raw!r}"
+        if not math.isfinite(value) or value < setting.minimum:
+            return 0.0, f"git config subtask.{key} must be a finite number >= {setting.minimum:g}, not {raw!r}"
+        if setting.kind == "int" and value != int(value):
+            return 0.0, f"git config subtask.{key} must be a whole number, not {raw!r}"
+        return value, None
+
+
+def fix_hint(key: str) -> str:
+    setting = SETTINGS.get(key)
+    what = f" ({setting.meaning})" if setting and setting.meaning else ""
+    return f"git config subtask.{key} {DEFAULTS.get(key, 'N')}{what}"
 
 
 def pygit2_reader(repo) -> Callable[[str], str | None]:

@@ -47,7 +47,7 @@ def run(path: str | os.PathLike | None = None) -> Report:
         checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
-    for check in (check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines):
+    for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -70,6 +70,14 @@ def check_libgit2() -> Check:
     import pygit2
 
     return Check("libgit2", "ok", f"libgit2 {pygit2.LIBGIT2_VERSION} (pygit2 {pygit2.__version__})")
+
+
+def check_settings(repo) -> Check:
+    problems = repo.config.problems()
+    if problems:
+        return Check("settings", "fail", "; ".join(message for message, _ in problems),
+                     [fix for _, fix in problems])
+    return Check("settings", "ok", "every subtask.* setting is valid")
 
 
 def check_hooks(repo) -> Check:

@@ -272,3 +272,19 @@ def test_list_survives_a_damaged_cache_and_sees_every_change(cli, repo):
     cli("wait", other)
     states = {j["id"]: j["state"] for j in cli.json("list")["jobs"]}
     assert states == {job: "done", other: "failed"}
+
+
+def test_wait_on_a_queued_job_sees_a_raised_max_running_without_another_command(cli, repo):
+    git(repo, "config", "subtask.maxRunning", "1")
+    go = repo.parent / "go"
+    holder = cli.start(f"while [ ! -e '{go}' ]; do sleep 0.05; done")
+    try:
+        queued = cli.start("echo ran > ran.txt")
+        assert cli.json("show", queued)["position"] == 1
+        git(repo, "config", "subtask.maxRunning", "2")
+        proc = cli("wait", queued, "--timeout", "30")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert cli.json("show", holder)["state"] == "running"  # the slot was not handed on: it was new
+    finally:
+        go.touch()
+        cli("wait", holder, "--timeout", "30")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -182,3 +183,30 @@ def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point):
     assert "Traceback" not in err
     assert snapshot(repo) == before
     assert list(run_dir.glob("*.lock")) == []
+
+
+@pytest.mark.parametrize("amount", ["-5", "nan", "inf", "1e9"])
+def test_a_bad_budget_is_refused_for_a_free_engine_too(cli, repo, amount):
+    proc = cli("start", "--engine", "shell", "--max-usd", amount, "true")
+    assert proc.returncode == 129, proc.stderr
+    assert "--max-usd" in proc.stderr and "Traceback" not in proc.stderr
+    assert "e+" not in proc.stderr, "hints name amounts as a person types them"
+    assert refs(repo, "refs/subtask/") == []
+
+
+@pytest.mark.parametrize("key, value", [("maxRunning", "0"), ("maxRunning", "1.5"), ("maxRunning", "abc"),
+                                        ("monthlyCapUsd", "abc"), ("maxDepth", "-1"),
+                                        ("deleteLandedBranches", "maybe")])
+def test_an_invalid_setting_is_refused_at_use_and_reported_by_doctor(cli, repo, key, value):
+    git(repo, "config", f"subtask.{key}", value)
+    report = json.loads(cli("doctor", "--json").stdout)
+    settings = next(c for c in report["checks"] if c["name"] == "settings")
+    assert settings["status"] == "fail" and f"subtask.{key}" in settings["message"]
+    assert any(f"git config subtask.{key}" in step for step in settings["remediation"])
+    if key == "deleteLandedBranches":
+        return
+    proc = cli("spend") if key == "monthlyCapUsd" else cli("start", "true")
+    assert proc.returncode == 128 and f"subtask.{key}" in proc.stderr, proc.stderr
+    assert f"hint: git config subtask.{key}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert refs(repo, "refs/subtask/") == []
