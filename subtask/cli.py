@@ -318,9 +318,11 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
 def merge(job_id, mode, force):
     """Merge a finished job into the current branch, then clean up after it.
 
-    Refuses (exit 1, with the reason) when the job has not finished, its verify failed, or its
-    branch moved after the commit verify tested, unless --force; never touches a dirty worktree;
-    a conflict is aborted and the conflicting files listed.
+    Merges a job that ended done and whose verify passed; a job started without --verify merges
+    on done alone (nothing was checked: say --verify to gate it). Refuses (exit 1, with the
+    reason) when the job has not finished or did not end done, its verify failed, or its branch
+    moved after the commit verify tested, unless --force; never touches a dirty worktree; a
+    conflict is aborted and the conflicting files listed.
     """
     from subtask import api
 
