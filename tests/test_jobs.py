@@ -288,3 +288,11 @@ def test_wait_on_a_queued_job_sees_a_raised_max_running_without_another_command(
     finally:
         go.touch()
         cli("wait", holder, "--timeout", "30")
+
+
+def test_a_shell_job_that_timed_out_is_hinted_a_script_not_continue(cli):
+    job = cli.start("sleep 30", "--timeout", "0.5")
+    cli("wait", job, "--timeout", "30")
+    shown = cli.ok("show", job)
+    assert f"git subtask reply {job} --timeout SECONDS 'SCRIPT'" in shown, shown
+    assert "'continue'" not in shown

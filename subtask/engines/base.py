@@ -76,9 +76,12 @@ class Outcome:
     commands: list[dict[str, Any]] = field(default_factory=list)  # {"command": str, "exit": int|None}
     error_kind: str | None = None
     error: str | None = None
+    error_hint: str | None = None  # the engine's own next step, where the generic one is wrong for it
 
     @property
     def hint(self) -> str | None:
+        if self.error_hint:
+            return self.error_hint
         return ERROR_HINTS.get(self.error_kind) if self.error_kind else None
 
 

@@ -14,6 +14,8 @@ from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, pars
 
 # A script that leaves a background process holding stdout (`server &`) still ends.
 STDOUT_GRACE = 2.0
+# A reply to a shell job is another script, so "reply 'continue'" would run `continue`.
+TIMEOUT_HINT = "run what is left with more time: git subtask reply <id> --timeout SECONDS 'SCRIPT'"
 
 
 class ShellEngine:
@@ -58,7 +60,8 @@ class ShellEngine:
         commands = [{"command": ctx.task, "exit": result.exit_code}]
         if result.timed_out:
             return Outcome(False, summary, None, commands=commands, error_kind="timeout",
-                           error=f"the script ran past its timeout of {ctx.timeout:g}s")
+                           error=f"the script ran past its timeout of {ctx.timeout:g}s",
+                           error_hint=TIMEOUT_HINT)
         if result.exit_code != 0:
             return Outcome(False, summary, result.exit_code, commands=commands, error_kind="exit",
                            error=f"the script exited with code {result.exit_code}")
