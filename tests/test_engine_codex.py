@@ -161,6 +161,10 @@ def test_recorded_run_becomes_an_outcome(repo):
     assert {"session", "text", "reasoning", "tool", "command", "usage", "log"} <= set(types)
     assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
+    from subtask.api import _activity_text  # what `status` and MCP progress show
+
+    tools = [_activity_text(e) for e in emitted if e["type"] == "tool"]
+    assert tools and all(t and "None" not in t for t in tools), tools
 
 
 def test_argv_runs_exec_json_in_a_writable_sandbox(repo):

@@ -156,14 +156,14 @@ class _Stream:
             if done:
                 changes = [f"{c.get('kind', '?')} {c.get('path', '?')}"
                            for c in item.get("changes") or [] if isinstance(c, dict)]
-                self.emit({"type": "tool", "tool": "file_change", "changes": changes,
+                self.emit({"type": "tool", "name": "file_change", "changes": changes,
                            "status": item.get("status")})
         elif item_type == "mcp_tool_call":
             if kind == "item.started":
-                self.emit({"type": "tool", "tool": f"mcp:{item.get('server')}/{item.get('tool')}"})
+                self.emit({"type": "tool", "name": f"mcp:{item.get('server')}/{item.get('tool')}"})
         elif item_type == "web_search":
             if kind == "item.started":
-                self.emit({"type": "tool", "tool": "web_search", "query": item.get("query")})
+                self.emit({"type": "tool", "name": "web_search", "query": item.get("query")})
         elif item_type == "todo_list":
             self.emit({"type": "plan", "items": item.get("items") or []})
         elif item_type == "error":
@@ -174,7 +174,7 @@ class _Stream:
         command = str(item.get("command") or "")
         if not done:
             if item.get("status") in (None, "in_progress"):
-                self.emit({"type": "tool", "tool": "command", "command": command})
+                self.emit({"type": "tool", "name": "command", "command": command})
             return
         exit_code = item.get("exit_code")
         exit_code = exit_code if isinstance(exit_code, int) else None
