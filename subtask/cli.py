@@ -528,8 +528,12 @@ def complete_words(words):
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
+    import warnings
+
     from subtask import manpage
 
+    # Warnings (a damaged file skipped) are messages to a person, not Python diagnostics.
+    warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {message}\n"
     manpage.ensure_installed(cli)
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)

@@ -334,7 +334,7 @@ def wait_lock_released(state_dir: Path, job_id: str, timeout: float) -> bool:
 def stop_running(repo: Repo, job_id: str, grace: float) -> None:
     """SIGTERM the job's process groups, SIGKILL after `grace`; returns once the worker is gone."""
     state_dir = repo.state_dir
-    stop_marker(state_dir, job_id).touch()
+    stop_marker(state_dir, job_id).touch(mode=0o600)
     signal_job(state_dir, job_id, signal.SIGTERM)
     if not wait_lock_released(state_dir, job_id, grace):
         signal_job(state_dir, job_id, signal.SIGKILL)

@@ -163,8 +163,12 @@ def test_a_damaged_slots_file_is_rebuilt_without_forgetting_the_running_job(cli,
         path.write_text('{"v": 1, "running": [{"job": ')
     else:
         path.unlink()
-    out = cli.ok("start", "true")
+    proc = cli("start", "true")
+    out = proc.stdout
     assert "queued (#1 in queue)" in out, "the rebuilt slots forgot the running job"
+    if damage == "corrupt":  # said to a person, not as a Python diagnostic
+        assert proc.stderr.startswith("warning: ") and "slots.json is damaged" in proc.stderr, proc.stderr
+        assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr
     queued = out.split()[0]
     assert slot_entries(repo) == {"running": [running], "queue": [queued]}
     cli.ok("stop", running)

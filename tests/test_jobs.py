@@ -116,6 +116,8 @@ def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo):
     assert sum(1 for line in record.splitlines() if " stopped" in line or " failed" in line) == 1
     assert cli("stop", job).returncode == 1  # already ended: a negative answer
     assert json.loads((state_dir(repo) / "slots.json").read_text())["running"] == []
+    checks = {c["name"]: c for c in json.loads(cli("doctor", "--json").stdout)["checks"]}
+    assert checks["state"]["status"] == "ok", checks["state"]  # the stop request was written 0600
 
 
 def test_max_running_queues_and_hands_off_in_order(cli, repo):
