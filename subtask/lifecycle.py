@@ -184,6 +184,9 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         job = records.update(repo, job_id, change)
     except Exception:
         job = None
+    from subtask import privatetext
+
+    privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
     if not ended:
         return None
     attempt = job.state.current

@@ -13,7 +13,10 @@ Invariants:
   never overwrites one, by compare-and-swap.
 - The run-lock is released last, after the final record, so a waiter that wakes reads the end.
 - Every text from the engine or verify passes `redact` before it reaches the record, the note or
-  the events file.
+  the events file; streamed text (events with a `stream`, child output, verify output) through
+  one `StreamRedactor` per stream, so a key printed over many lines is redacted whole.
+- The engine and verify get the task and the verify command as written (`privatetext`), while
+  the record only ever holds them redacted; that private copy goes when the attempt ends.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
+from subtask import faults, ledger, lifecycle, liveness, notes, privatetext, records, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
-from subtask.redact import redact, redact_obj
+from subtask.redact import StreamRedactor, redact, redact_obj
 from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
@@ -55,9 +58,17 @@ class EventSink:
         self.path = path
         self.attempt = attempt
         self.tail: list[str] = []
+        self._streams: dict[tuple, StreamRedactor] = {}
 
     def __call__(self, event: dict) -> None:
-        event = redact_obj(dict(event))
+        event = dict(event)
+        if isinstance(event.get("stream"), str) and isinstance(event.get("text"), str):
+            redactor = self._streams.setdefault((event.get("type"), event["stream"]), StreamRedactor())
+            text = redactor.line(event["text"])
+            if text is None:
+                return  # inside a private key block: nothing of it is kept
+            event["text"] = text
+        event = redact_obj(event)
         event.setdefault("t", round(time.time(), 3))
         event.setdefault("attempt", self.attempt)
         event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
@@ -131,7 +142,7 @@ def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
     from subtask import procs
 
     result = procs.run(["sh", "-c", command], cwd=worktree, env=engine_env(job),
-                       timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES)
+                       timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES, redact=True)
     if result.exit_code == 0 and not result.timed_out:
         return None
     output = (result.stdout_tail + "\n" + result.stderr_tail).strip()
@@ -183,7 +194,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
     previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
     engine = get_engine(job.spec.engine, repo.config)
     ctx = EngineContext(
-        job_id=job.id, attempt=attempt.n, task=attempt.message, worktree=worktree, repo_root=repo.root,
+        job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
+        worktree=worktree, repo_root=repo.root,
         git_common_dir=repo.common_dir, env=engine_env(job), emit=sink,
         session_id=previous.session_id if previous else None, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
@@ -235,8 +247,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
     from subtask import procs
 
     tree = str(repo.git[head].tree_id)
-    result = procs.run(["sh", "-c", job.spec.verify], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0)
+    command = privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
+    result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True)
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
     return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
@@ -357,6 +370,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     faults.point("before_final_record")
     job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
+    privatetext.discard(state_dir, job_id, attempt_n)
     attempt = job.state.current
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
