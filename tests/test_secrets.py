@@ -139,3 +139,29 @@ def test_readonly_jobs_redact_their_task_too(cli, repo):
     job = cli.start(f"echo 'aws {AWS}'", "--readonly")
     cli.ok("wait", job)
     assert everything_in_git(repo) == []
+
+
+LONG_BODY = [f"Zk{i:04d}" + "Q2hhcmFjdGVycyBvZiBhIGtleSBib2R5IGxpbmUgdGhhdCBuZXZlciBlbmRz"[:58] for i in range(80)]
+
+
+def long_key_script() -> str:
+    """A key that never ends: BEGIN, then far more body lines than a summary or a tail holds."""
+    body = "\\n".join(LONG_BODY)
+    return f"printf '%s\\n' '-----BEGIN EC PRIVATE ''KEY-----'; printf '{body}\\n'"
+
+
+def test_a_key_open_until_the_stream_ends_leaves_no_body_line_in_summary_or_events(cli, repo):
+    job = cli.start(long_key_script())
+    cli.ok("wait", job)
+    record = cli.json("show", job)
+    events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text()
+    for text in (record["summary"], events, cli.ok("result", job, "--full")):
+        assert not any(line[:6] in text for line in LONG_BODY), text
+
+
+def test_verify_output_with_an_unended_key_keeps_no_body_line_in_its_tail(cli, repo):
+    job = cli.start("true", "--verify", long_key_script())
+    cli.ok("wait", job)
+    tail = cli.json("show", job)["state_detail"]["attempts"][0]["verify"]["output_tail"]
+    assert "[REDACTED]" in tail
+    assert not any(line[:6] in tail for line in LONG_BODY), tail
