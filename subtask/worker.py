@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -109,7 +110,9 @@ def copy_included(repo: Repo, worktree: Path) -> list[str]:
     cannot run. Only files that exist in the main worktree and that git ignores there are copied:
     an untracked file git does not ignore would be swept into the job's branch by the autocommit
     (a `.env` committed is a leaked secret), so it is skipped. Never over a file already in the new
-    worktree, and never from the job worktrees themselves.
+    worktree, and never from the job worktrees themselves. Never through a symlink: the job's
+    base decides what the worktree holds, and a `conf -> /elsewhere` there would carry the copy
+    out of the worktree (`copy_into`).
     """
     listing = repo.root / WORKTREE_INCLUDE
     if not listing.is_file():
@@ -125,13 +128,56 @@ def copy_included(repo: Repo, worktree: Path) -> list[str]:
         source = repo.root / rel
         if not (source.is_file() or source.is_symlink()):
             continue
-        dest = worktree / rel
-        if dest.exists() or dest.is_symlink():
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest, follow_symlinks=False)
-        copied.append(rel)
+        try:
+            if copy_into(worktree, rel, source, repo.root):
+                copied.append(rel)
+        except OSError as exc:
+            print(f"git-subtask: not copying {rel!r} into the worktree: {exc}", file=sys.stderr)
     return copied
+
+
+def copy_into(root: Path, rel: str, source: Path, source_root: Path) -> bool:
+    """Copy `source` to `root/rel` without following a symlink anywhere below `root`; False if
+    something is already there. Each folder is opened (or made) from its parent's fd with
+    O_NOFOLLOW, the file is created O_EXCL|O_NOFOLLOW with the source's mode: a symlink in
+    the way is an error (ELOOP/ENOTDIR), never a path out of the worktree."""
+    *folders, name = Path(rel).parts
+    nofollow_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, folder in enumerate(folders):
+            if folder in ("", ".", ".."):
+                raise OSError(f"unexpected path component {folder!r}")
+            try:
+                os.mkdir(folder, mode=stat.S_IMODE(os.stat(source_root.joinpath(*folders[:depth + 1])).st_mode),
+                         dir_fd=fd)
+            except FileExistsError:
+                pass
+            parent, fd = fd, os.open(folder, nofollow_dir, dir_fd=fd)
+            os.close(parent)
+        return _copy_file(fd, name, source)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(dir_fd: int, name: str, source: Path) -> bool:
+    info = os.lstat(source)
+    try:
+        if stat.S_ISLNK(info.st_mode):  # the user's own link, made as a link: nothing is followed
+            os.symlink(os.readlink(source), name, dir_fd=dir_fd)
+            return True
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(info.st_mode), dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(out, stat.S_IMODE(info.st_mode))  # exactly the source's mode, whatever the umask
+        with open(source, "rb") as src, os.fdopen(out, "wb", closefd=False) as dst:
+            shutil.copyfileobj(src, dst)
+        os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(out)
+    return True
 
 
 def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
