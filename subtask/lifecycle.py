@@ -165,6 +165,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     call ended it, None if it had already ended.
     """
     ended: list[Job] = []
+    if reason:
+        from subtask.redact import redact
+
+        reason = redact(reason)  # e.g. an exception's words, which may quote what the job held
 
     def change(job: Job) -> bool:
         if not job.state.attempts or job.state.current.n != attempt_n:

@@ -170,7 +170,7 @@ def _progress_message(elapsed: float, ended: int, total: int, activities: dict[s
         if len(text) > ACTIVITY_WIDTH:
             text = text[: ACTIVITY_WIDTH - 1] + "…"
         parts.append(f"{job_id} {text}")
-    return " · ".join(parts)
+    return render.safe_line(" · ".join(parts))
 
 
 class _Abandoned(Exception):
