@@ -9,6 +9,9 @@ Invariants:
   the worker is spawned undoes every earlier step: slot, reservation, branch, pins, record, lock.
 - Admission and reservation happen in one critical section: slots lock, then ledger lock; the
   slot entry is saved before the money is reserved, so no crash leaves a reservation unfindable.
+- What a caller writes reaches git only through `redact`: the task, a reply's message and the
+  verify command are recorded redacted, and kept as written (for the engine) only in the state
+  folder for the life of the attempt (`privatetext`).
 - Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash
   is noticed by the next command and its slot and reservation come back.
 """
@@ -24,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, records, slots
+from subtask import faults, ledger, lifecycle, liveness, privatetext, records, slots
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -46,6 +49,7 @@ from subtask.model import (
     now,
 )
 from subtask.records import Job, branch_name
+from subtask.redact import redact
 
 
 @dataclass
@@ -190,16 +194,19 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
     created = now()
-    spec = JobSpec(id=job_id, task=task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
+    stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
+    spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
-                   repo=str(repo.root), created_at=created, verify=request.verify, verify_timeout=verify_timeout,
+                   repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=request.model, readonly=bool(request.readonly), depth=depth)
-    attempt = Attempt(n=1, state="queued", message=task, queued_at=created, cost=Cost(reserved=max_usd),
+    attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
+    as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
+                  "stored_verify": stored_verify}
     return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly,
-                             lock_fd=liveness.acquire(repo.state_dir, job.id))
+                             lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
 
 
 _REQUEST_TEXT = ("task", "engine", "base", "verify", "model")
@@ -241,7 +248,8 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
     return results
 
 
-def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, lock_fd: int) -> StartResult:
+def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, lock_fd: int,
+                      as_written: dict) -> StartResult:
     """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
 
     For attempt 1 the record is created; for a reply the new attempt is appended to it, by
@@ -254,6 +262,8 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     dead: list[slots.HandOff] = []
     spawned = False
     try:
+        if privatetext.keep(state_dir, job.id, attempt.n, **as_written):
+            undo.append(lambda: privatetext.discard(state_dir, job.id, attempt.n))
         position, dead, handed = _admit(repo, job, paid)
         undo.append(lambda: _unadmit(repo, job.id, attempt.n))
         if paid:
@@ -414,7 +424,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     _check_depth(repo)
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
-    attempt = Attempt(n=n, state="queued", message=message, queued_at=now(), cost=Cost(reserved=usd),
+    stored = redact(message)
+    attempt = Attempt(n=n, state="queued", message=stored, queued_at=now(), cost=Cost(reserved=usd),
                       rid=f"{job_id}.{n}" if engine.paid else None, timeout=timeout,
                       max_usd=usd if engine.paid else None, session_id=None)
     job.state.attempts.append(attempt)
@@ -428,7 +439,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
-    return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd)
+    return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd,
+                             as_written={"message": message, "stored_message": stored})
 
 
 def _acquire_for_reply(repo: Repo, job_id: str) -> int:

@@ -1,5 +1,8 @@
 """The `git subtask` command line: parse, call `api`, render. No logic lives here.
 
+Every text printed goes through `echo` (control characters made visible, `render.safe`) or
+`_emit_json` (exact values, escaped); the only raw escape sequences are `watch`'s own redraws.
+
 One error path: `SubtaskError` becomes `error: <message>` (plus `hint:`) on stderr and git's exit
 code; click usage errors exit 129; anything unexpected is reported in one line (set
 SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
@@ -9,7 +12,6 @@ SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,8 +25,18 @@ from subtask.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
+    """Print text for a person: control characters made visible (`render.safe`), since jobs carry
+    text from models and teammates; the faces print nothing any other way (JSON: `_emit_json`)."""
+    from subtask.render import safe
+
+    click.echo(safe(str(text)), err=err, nl=nl)
+
+
 def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False, default=str))
+    from subtask.render import json_text
+
+    click.echo(json_text(obj, indent=2, sort_keys=False, default=str))
 
 
 def _repo():
@@ -39,7 +51,7 @@ def _emit_lines(lines: list[str], as_json: bool, **facts) -> None:
         _emit_json({"v": 1, **facts, "lines": lines})
     else:
         for line in lines:
-            click.echo(line)
+            echo(line)
 
 
 def _job_json(job, position=None) -> dict:
@@ -88,7 +100,7 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
         return
     from subtask import render
 
-    click.echo(render.started_line(job, result.position))
+    echo(render.started_line(job, result.position))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -111,7 +123,7 @@ def reply(job_id, message, max_usd, timeout, as_json):
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
         return
-    click.echo(render.started_line(job, result.position))
+    echo(render.started_line(job, result.position))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -133,9 +145,9 @@ def wait(ids, any_, timeout, as_json):
                     "jobs": [_job_json(j) for j in result.jobs]})
     else:
         for job in result.jobs:
-            click.echo(render.one_line(job, api.queue_position(repo, job.id)))
+            echo(render.one_line(job, api.queue_position(repo, job.id)))
         if result.timed_out:
-            click.echo(f"timed out after {timeout:g}s", err=True)
+            echo(f"timed out after {timeout:g}s", err=True)
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
 
 
@@ -159,9 +171,9 @@ def list_(state, include_all, limit, as_json):
     if entries:
         now = time.time()
         lines = [render.LIST_HEADER] + [render.list_line(e, e.get("position"), now) for e in entries]
-        click.echo("\n".join(lines))
+        echo("\n".join(lines))
     if listing.more:
-        click.echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
+        echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -178,7 +190,7 @@ def status(job_id, as_json):
                                      for job, position, activity in rows]})
         return
     for row in rows:
-        click.echo(render.status_line(*row))
+        echo(render.status_line(*row))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -209,7 +221,7 @@ def watch(ids, timeout):
                 body = line.split("] ", 1)[1]
                 if shown.get(job_id) != body:
                     shown[job_id] = body
-                    click.echo(line)
+                    echo(line)
 
     draw(0.0, 0, len(ids), {})
     result = api.wait(repo, list(ids), timeout=timeout, on_tick=draw, tick=0.5 if live else 1.0)
@@ -234,12 +246,12 @@ def show(job_id, as_json, show_log):
     if as_json:
         _emit_json(_job_json(job, position))
         return
-    click.echo(render.show_text(job, position))
+    echo(render.show_text(job, position))
     if show_log:
         from subtask import lifecycle
 
         log = lifecycle.logs_dir(repo) / f"{job.id}.log"
-        click.echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
+        echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -273,7 +285,7 @@ def result(job_id, full, evidence):
     if evidence:
         _emit_json(api.evidence_envelope(job))
     else:
-        click.echo(render.result_text(job, full=full))
+        echo(render.result_text(job, full=full))
     sys.exit(0 if api.job_passed(job) else EXIT_NEGATIVE)
 
 
@@ -283,7 +295,7 @@ def stop(job_id):
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
     from subtask import api, render
 
-    click.echo(render.one_line(api.stop(_repo(), job_id)))
+    echo(render.one_line(api.stop(_repo(), job_id)))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -328,7 +340,7 @@ def merge(job_id, mode, force):
 
     result = api.merge(_repo(), job_id, mode=mode or "merge", force=force)
     for line in result.lines:
-        click.echo(line)
+        echo(line)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -353,7 +365,7 @@ def init(display):
 
     changed = api.init(_repo(), display=display)
     for line in changed or ["already set up"]:
-        click.echo(line)
+        echo(line)
 
 
 @cli.group(context_settings=CONTEXT)
@@ -366,7 +378,7 @@ def notes_rebuild():
     """Regenerate every job's note block from its record (idempotent)."""
     from subtask import api
 
-    click.echo(f"{api.notes_rebuild(_repo())} block(s) changed")
+    echo(f"{api.notes_rebuild(_repo())} block(s) changed")
 
 
 @cli.group(context_settings=CONTEXT)
@@ -411,7 +423,7 @@ def push(remote, branches):
 
     result = api.push(_repo(), remote, branches=branches)
     for line in result.lines or ["everything up to date"]:
-        click.echo(line)
+        echo(line)
     sys.exit(0 if result.ok else EXIT_NEGATIVE)
 
 
@@ -423,7 +435,7 @@ def pull(remote):
 
     result = api.pull(_repo(), remote)
     for line in result.lines or ["everything up to date"]:
-        click.echo(line)
+        echo(line)
     sys.exit(0 if result.ok else EXIT_NEGATIVE)
 
 
@@ -439,7 +451,7 @@ def engines(as_json):
         return
     for p in probes:
         auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
-        click.echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
+        echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
                    f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}")
 
 
@@ -454,11 +466,11 @@ def spend(month, as_json):
     if as_json:
         _emit_json({"v": 1} | summary.to_dict())
         return
-    click.echo(f"{summary.month}: {render.money(summary.committed_usd)} committed, "
+    echo(f"{summary.month}: {render.money(summary.committed_usd)} committed, "
                f"{render.money(summary.open_usd)} reserved by {len(summary.open_reservations)} open jobs, "
                f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
     for engine, amounts in sorted(summary.per_engine.items()):
-        click.echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
+        echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -487,9 +499,9 @@ def doctor(as_json, strict):
     else:
         marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
         for check in report.checks:
-            click.echo(f"{marks[check.status]}  {check.name:<10} {check.message}")
+            echo(f"{marks[check.status]}  {check.name:<10} {check.message}")
             for step in check.remediation:
-                click.echo(f"      {'':<10} -> {step}")
+                echo(f"      {'':<10} -> {step}")
     failed = report.status == "fail" or (strict and report.status == "warn")
     sys.exit(EXIT_NEGATIVE if failed else 0)
 
@@ -523,7 +535,7 @@ def complete_words(words):
         except Exception:
             return []
 
-    click.echo("\n".join(candidates(cli, list(words), job_ids)))
+    echo("\n".join(candidates(cli, list(words), job_ids)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -538,21 +550,21 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
         sys.exit(EXIT_USAGE)
     except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        echo(f"error: {exc.format_message()}", err=True)
         if exc.ctx is not None:
-            click.echo(exc.ctx.get_usage(), err=True)
+            echo(exc.ctx.get_usage(), err=True)
         sys.exit(EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(130)
     except SubtaskError as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        echo(f"error: {exc.message}", err=True)
         if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
+            echo(f"hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -561,6 +573,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("SUBTASK_DEBUG"):
             raise
-        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
+        echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
         sys.exit(EXIT_FATAL)
     sys.exit(0)

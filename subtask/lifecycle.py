@@ -165,6 +165,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     call ended it, None if it had already ended.
     """
     ended: list[Job] = []
+    if reason:
+        from subtask.redact import redact
+
+        reason = redact(reason)  # e.g. an exception's words, which may quote what the job held
 
     def change(job: Job) -> bool:
         if not job.state.attempts or job.state.current.n != attempt_n:
@@ -184,6 +188,9 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         job = records.update(repo, job_id, change)
     except Exception:
         job = None
+    from subtask import privatetext
+
+    privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
     if not ended:
         return None
     attempt = job.state.current

@@ -25,6 +25,8 @@ Invariants:
   the protocol uses private duplicates (close-on-exec) that no child or stray print can reach.
 - A client that closes stdin before the SDK is up, with nothing asked of it but what the front
   end answered, gets a server that exits at once instead of after loading the SDK.
+- A line that is not JSON at all gets JSON-RPC's parse error (-32700, id null) from the front
+  end, and the SDK never sees it (the SDK would drop it in silence, leaving the client waiting).
 - SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
   own `MCPServer.run("stdio")`.
 - The workers' fork server (`subtask.zygote`) is forked while the process has only its main
@@ -98,6 +100,22 @@ def parse(line: bytes) -> object:
         return json.loads(line)
     except ValueError:  # UnicodeDecodeError included
         return None
+
+
+PARSE_ERROR = -32700
+
+
+def parse_error_line(line: bytes) -> bytes | None:
+    """The parse-error reply a line that is not JSON deserves; None for JSON (or a blank line)."""
+    if not line.strip():
+        return None
+    try:
+        json.loads(line)
+        return None
+    except ValueError as exc:  # UnicodeDecodeError included
+        body = {"jsonrpc": "2.0", "id": None,
+                "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"[:200]}}
+        return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
 def is_plain_initialize(message: object) -> bool:
@@ -175,6 +193,8 @@ class Front:
 
     def open(self, first: bytes) -> None:
         """Handle the first line: answer it if it is a plain initialize, and queue it for the SDK."""
+        if self._malformed(first):
+            return
         message = parse(first) if self.cache else None
         if first and is_plain_initialize(message):
             version = message["params"]["protocolVersion"]
@@ -189,7 +209,7 @@ class Front:
     def read_rest(self) -> None:
         """The reader thread: every further line, until end of input."""
         while line := self.wire.read_line():
-            if not self.sdk_reading and self._answered(line):
+            if self._malformed(line) or (not self.sdk_reading and self._answered(line)):
                 continue
             self.lines.put(line)
         self.lines.put(None)
@@ -198,6 +218,13 @@ class Front:
             # the SDK's import. No tool ran, so nothing is left half done.
             sys.stderr.flush()
             os._exit(0)
+
+    def _malformed(self, line: bytes) -> bool:
+        """Answer a line that is not JSON with a parse error; True if it was one."""
+        error = parse_error_line(line)
+        if error is not None:
+            self.wire.write(error)
+        return error is not None
 
     def _answered(self, line: bytes) -> bool:
         """Answer a list request from the cache; note whether the SDK will owe a reply otherwise."""

@@ -8,6 +8,9 @@ hands over, and `describe` produces the cached replies it answers with before th
 Invariants:
 - Nothing but protocol on stdout. Nothing here prints; workers log to files (lifecycle.spawn_worker),
   and the SDK logs to stderr.
+- Every text a tool returns, errors included, passes `render.safe` (in `tool`): an agent's user
+  reads it too, and a job's text may come from a model or a teammate. JSON text is
+  `render.json_text`: exact values, escaped.
 - A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
 - The tools an agent reads (start, start_many, wait, status, result, list, ...) return text only:
   Claude Code shows a model the structured part instead of the text when both are present, so
@@ -67,7 +70,7 @@ def _error_text(exc: SubtaskError) -> str:
 
 
 def _tool_error(text: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=render.safe(text))], is_error=True)
 
 
 def tool(name: str, *, read_only: bool = False, destructive: bool = False, title: str | None = None):
@@ -77,7 +80,7 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> str | CallToolResult:
             try:
-                return await fn(*args, **kwargs)
+                return render.safe(await fn(*args, **kwargs))
             except SubtaskError as exc:
                 return _tool_error(_error_text(exc))
             except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
@@ -167,7 +170,7 @@ def _progress_message(elapsed: float, ended: int, total: int, activities: dict[s
         if len(text) > ACTIVITY_WIDTH:
             text = text[: ACTIVITY_WIDTH - 1] + "…"
         parts.append(f"{job_id} {text}")
-    return " · ".join(parts)
+    return render.safe_line(" · ".join(parts))
 
 
 class _Abandoned(Exception):
@@ -238,7 +241,7 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: str 
     def run() -> str:
         job = api.get(open_repo(repo), id)
         if evidence:
-            return json.dumps(api.evidence_envelope(job), ensure_ascii=False, default=str)
+            return render.json_text(api.evidence_envelope(job), default=str)
         return render.result_text(job, full=full)
 
     return await _call(run)

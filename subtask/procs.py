@@ -15,6 +15,9 @@ Invariants:
 - On timeout, or if the calling thread is interrupted, the whole group is sent SIGTERM, then
   SIGKILL after `kill_grace`. After a normal leader exit, leftover group members are left alone.
 - `kill_group` never signals pgid <= 1 or our own group: `killpg(0)` would signal ourselves.
+- With `redact=True` both streams pass a `redact.StreamRedactor` before anything else sees them:
+  the line callbacks and the tails get redacted text only (a key block printed over many lines
+  and reads is redacted whole), so no caller can store what a child printed raw.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
   a missing working directory is a `SubtaskError`.
 """
@@ -117,8 +120,17 @@ class _Reader(threading.Thread):
     process still holds the write end open.
     """
 
-    def __init__(self, pipe: IO[bytes], on_line: LineCallback | None, tail_bytes: int, name: str):
+    def __init__(self, pipe: IO[bytes], on_line: LineCallback | None, tail_bytes: int, name: str,
+                 redact: bool = False):
         super().__init__(name=name, daemon=True)
+        self._redactor = None
+        if redact:
+            import codecs
+
+            from subtask.redact import StreamRedactor
+
+            self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self._redactor = StreamRedactor()
         self._pipe = pipe
         self._on_line = on_line
         self._tail_bytes = max(tail_bytes, 0)
@@ -146,6 +158,8 @@ class _Reader(threading.Thread):
                 if not poller.poll(0) or not self._read_once(fd):
                     break
         finally:
+            if self._redactor is not None:
+                self._feed_redacted(self._decoder.decode(b"", final=True), end=True)
             self._flush_partial()
             self._pipe.close()
 
@@ -156,8 +170,17 @@ class _Reader(threading.Thread):
             return False
         if not chunk:
             return False
-        self._feed(chunk)
+        if self._redactor is not None:
+            self._feed_redacted(self._decoder.decode(chunk))
+        else:
+            self._feed(chunk)
         return True
+
+    def _feed_redacted(self, text: str, end: bool = False) -> None:
+        """Only what the redactor releases reaches the tail and the line callback."""
+        out = self._redactor.feed(text) + (self._redactor.close() if end else "")
+        if out:
+            self._feed(out.encode("utf-8", "surrogatepass"))
 
     def _feed(self, chunk: bytes) -> None:
         if self._tail_bytes:
@@ -260,6 +283,7 @@ def run(
     on_start: Callable[[int], None] | None = None,
     kill_grace: float = 2.0,
     stdout_grace: float | None = None,
+    redact: bool = False,
 ) -> ProcResult:
     """Run argv to completion (or timeout) in its own process group; see the module docstring.
 
@@ -270,6 +294,9 @@ def run(
     `stdout_grace`: once the leader has exited, wait at most this long for stdout to close
     (a background process the child left behind may hold it forever); None waits until the
     timeout.
+
+    `redact`: both streams are redacted (statefully, see the module docstring) before the
+    callbacks and the tails see them.
     """
     if not argv:
         raise ValueError("run() needs a program to run")
@@ -284,8 +311,8 @@ def run(
 
     pid = proc.pid
     assert proc.stdout is not None and proc.stderr is not None
-    out = _Reader(proc.stdout, on_stdout_line, tail_bytes, f"subtask-stdout-{pid}")
-    err = _Reader(proc.stderr, on_stderr_line, tail_bytes, f"subtask-stderr-{pid}")
+    out = _Reader(proc.stdout, on_stdout_line, tail_bytes, f"subtask-stdout-{pid}", redact)
+    err = _Reader(proc.stderr, on_stderr_line, tail_bytes, f"subtask-stderr-{pid}", redact)
 
     def leader_or_group_alive() -> bool:
         # poll() reaps the leader; after that only other members keep the group alive.

@@ -53,6 +53,12 @@ _TOKENS = [
     re.compile(_START + r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
 ]
 
+# The armor lines of a private key, for the stream state and for a block cut off at its start.
+_PEM_BEGIN = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PEM_END = re.compile(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----")
+# A line of a key's body: base64, or an RFC 1421 header (Proc-Type, DEK-Info), or blank.
+_PEM_BODY_LINE = re.compile(r"[ \t]*(?:[A-Za-z0-9+/=]{1,256}|Proc-Type:[^\n]{0,200}|DEK-Info:[^\n]{0,200})?[ \t\r]*")
+
 # Replaced keeping a non-secret prefix (group 1).
 _PREFIXED = [
     # Slack incoming webhooks: the path is the credential.
@@ -132,12 +138,35 @@ def _env_redactor(env: Mapping[str, str] | None) -> re.Pattern[str] | None:
 def _redact_with(text: str, env_pattern: re.Pattern[str] | None) -> str:
     for pattern in _TOKENS:
         text = pattern.sub(MARKER, text)
+    if "-----END" in text:
+        text = _redact_orphan_ends(text)
     for pattern in _PREFIXED:
         text = pattern.sub(lambda m: m.group(1) + MARKER, text)
     text = _ASSIGNMENT.sub(_redact_assignment, text)
     if env_pattern is not None:
         text = env_pattern.sub(MARKER, text)
     return text
+
+
+def _redact_orphan_ends(text: str) -> str:
+    """A key whose BEGIN line was cut off (a tail that starts inside it): the body lines right
+    above its END line go with it. Each walk back stops at the previous END: linear time."""
+    out = []
+    done = 0  # text[:done] is settled
+    for match in _PEM_END.finditer(text):
+        start = match.start()
+        line_start = max(text.rfind("\n", done, start) + 1, done)
+        if not text[line_start:start].strip():
+            start = line_start
+            while start > done:
+                above = max(text.rfind("\n", done, start - 1) + 1, done)
+                if not _PEM_BODY_LINE.fullmatch(text, above, start - 1):
+                    break
+                start = above
+        out += [text[done:start], MARKER]
+        done = match.end()
+    out.append(text[done:])
+    return "".join(out)
 
 
 def redact(text: str, env: Mapping[str, str] | None = None) -> str:
@@ -173,3 +202,94 @@ def _redact_item(key: Any, value: Any, env_pattern: re.Pattern[str] | None) -> A
             and value.lower() not in _NOT_A_VALUE and _SECRET_KEY.search(key[-64:])):
         return MARKER
     return _redact_obj(value, env_pattern)
+
+
+# -- streams --------------------------------------------------------------------------------------
+
+
+class StreamRedactor:
+    """Redacts one text stream (a child's stdout, a verify run) fed in arbitrary chunks.
+
+    Stateless `redact` sees one piece at a time, so a private key printed line by line would
+    lose only its BEGIN line. This keeps the state between pieces:
+    - a key block open since a BEGIN line stays redacted until its END line, or the stream's end
+      (its body lines are dropped, the block reads as one `[REDACTED]` line);
+    - an unfinished line is held back until its newline, so a token split across two reads is
+      seen whole; a line longer than `hold` is released in pieces, each cut where no secret
+      pattern matches across it, keeping `overlap` characters back.
+    `feed` returns the redacted text that is safe to release now; `close` returns the rest.
+    Concatenated, the output equals `redact` of the whole stream wherever no key block is open.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, hold: int = 65536, overlap: int = 8192):
+        self._env_pattern = _env_redactor(env)
+        self._hold = hold
+        self._overlap = min(overlap, hold // 2)
+        self._pending = ""
+        self._in_key = False
+
+    def feed(self, text: str) -> str:
+        if not text:
+            return ""
+        self._pending += text
+        end = self._pending.rfind("\n") + 1  # complete lines are released at once
+        if end == 0 and len(self._pending) <= self._hold:
+            return ""
+        if len(self._pending) - end > self._hold:
+            end = self._safe_cut(self._pending, len(self._pending) - self._overlap, end)
+        ready, self._pending = self._pending[:end], self._pending[end:]
+        return self._release(ready)
+
+    def close(self) -> str:
+        rest, self._pending = self._pending, ""
+        out = self._release(rest) if rest else ""
+        self._in_key = False
+        return out
+
+    def line(self, text: str) -> str | None:
+        """One complete line in; its redacted text out, or None when it lies inside a key block."""
+        out = self.feed(text + "\n")
+        if not out:
+            return None
+        return out[:-1] if out.endswith("\n") else out
+
+    def _release(self, text: str) -> str:
+        if self._in_key:
+            end = _PEM_END.search(text)
+            if end is None:
+                return ""  # still inside the key: nothing of it leaves
+            self._in_key = False
+            text = text[end.end():]
+            text = text[1:] if text.startswith("\n") else text[2:] if text.startswith("\r\n") else text
+            if not text:
+                return ""
+        opened = self._open_key(text)
+        if opened is not None:
+            self._in_key = True
+            return _redact_with(text[:opened], self._env_pattern) + MARKER + "\n"
+        return _redact_with(text, self._env_pattern)
+
+    @staticmethod
+    def _open_key(text: str) -> int | None:
+        """Where a key block begins that this text does not close, if one does."""
+        last = None
+        for match in _PEM_BEGIN.finditer(text):
+            last = match
+        if last is None or _PEM_END.search(text, last.end()):
+            return None
+        return last.start()
+
+    def _safe_cut(self, text: str, cut: int, floor: int) -> int:
+        """A cut at or before `cut` that no secret pattern matches across (never below `floor`)."""
+        patterns = [*_TOKENS, *_PREFIXED, _ASSIGNMENT, *([self._env_pattern] if self._env_pattern else [])]
+        window_start = max(floor, cut - 2 * self._overlap)
+        moved = True
+        while moved and cut > floor:
+            moved = False
+            for pattern in patterns:
+                for match in pattern.finditer(text, window_start, min(len(text), cut + self._overlap)):
+                    if match.start() < cut < match.end():
+                        cut, moved = match.start(), True
+        if cut <= floor:  # one secret-shaped run fills the whole window: release it all, redacted
+            return len(text)
+        return cut

@@ -2,13 +2,54 @@
 
 Shared by the record subject, the CLI, the MCP server and the notes, so a job reads the same
 everywhere. Pure functions of data; nothing here touches git or files.
+
+Invariants:
+- Every text shown to a person goes through `safe` (done by each renderer here on what it
+  returns, and by the CLI and MCP faces on everything else they print): a task, a summary, a
+  file name or a reason may come from a model or a teammate's pushed record, and a raw escape
+  sequence in it would retitle, clear or rewrite the reader's terminal (`git log
+  --notes=subtask` prints notes raw). JSON output keeps the exact value, escaped (`json_text`).
+- A field that must stay on its line (a reason, a verify command, a file name) goes through
+  `safe_line`, so it cannot start a line of its own, e.g. a forged `subtask st-…` note header.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 from subtask.engines.base import SUMMARY_MAX_LINES
+
+# C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
+# isolates (and the line/paragraph separators some terminals break lines at).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n\t]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code == 0x0A:
+        return "\\n"
+    if code == 0x09:
+        return "\\t"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: str) -> str:
+    """`text` with every control character made visible (`\\x1b`, `\\u202e`); newlines and tabs kept."""
+    return _UNSAFE.sub(_visible, text) if text else text
+
+
+def safe_line(text: str) -> str:
+    """Like `safe`, and newlines and tabs shown as `\\n`, `\\t`: the text stays on its line."""
+    return _UNSAFE_LINE.sub(_visible, text) if text else text
+
+
+def json_text(obj, **options) -> str:
+    """JSON with the exact values, and no raw control character for a terminal to obey: json
+    escapes C0 itself; C1 and bidi characters, legal raw in JSON, are escaped too."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **options))
 
 
 def duration(seconds: float | None) -> str:
@@ -71,7 +112,7 @@ def one_line(job, position: int | None = None) -> str:
     if attempt.n > 1:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
-    return " · ".join(parts)
+    return safe_line(" · ".join(parts))
 
 
 def started_line(job, position: int) -> str:
@@ -80,13 +121,13 @@ def started_line(job, position: int) -> str:
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
     state = "running" if position == 0 else f"queued (#{position} in queue)"
     attempt = job.state.current.n
-    return f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else "")
+    return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
 def status_line(job, position: int | None = None, activity: str | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active."""
     line = one_line(job, position)
-    return f"{line} · now: {activity}" if activity else line
+    return safe_line(f"{line} · now: {activity}") if activity else line
 
 
 def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
@@ -99,7 +140,8 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
-    return f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {entry.get('engine', '?'):<6}  {task}"
+    return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
+                     f"{entry.get('engine', '?'):<6}  {task}")
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"
@@ -128,7 +170,7 @@ def verify_line(verify) -> str:
     if verify is None:
         return "not run"
     exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-    return f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}"
+    return safe_line(f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}")
 
 
 def cost_line(attempt) -> str:
@@ -166,7 +208,7 @@ def note_block(job) -> str:
     lines.append(f"cost:    {cost_line(attempt)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
-        lines.append(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip())
+        lines.append(safe_line(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip()))
     summary = summary_lines(job.summary)
     if summary:
         first, *rest = summary.splitlines()
@@ -175,7 +217,7 @@ def note_block(job) -> str:
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
-    return "\n".join(lines)
+    return safe("\n".join(lines))
 
 
 def result_text(job, full: bool = False) -> str:
@@ -183,9 +225,9 @@ def result_text(job, full: bool = False) -> str:
     attempt = job.state.current
     lines = [one_line(job)]
     if attempt.state == "failed" and attempt.reason:
-        lines.append(f"error: {attempt.error_kind or 'failed'}: {attempt.reason}")
+        lines.append(safe_line(f"error: {attempt.error_kind or 'failed'}: {attempt.reason}"))
         if attempt.hint:
-            lines.append(f"hint: {attempt.hint.replace('<id>', job.id)}")
+            lines.append(safe_line(f"hint: {attempt.hint.replace('<id>', job.id)}"))
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
         tail = attempt.verify.output_tail.strip().splitlines()[-5:]
@@ -195,7 +237,7 @@ def result_text(job, full: bool = False) -> str:
     text = job.summary.strip() if full else summary_lines(job.summary)
     if text:
         lines.append(text)
-    return "\n".join(lines)
+    return safe("\n".join(lines))
 
 
 def show_text(job, position: int | None = None) -> str:
@@ -206,9 +248,9 @@ def show_text(job, position: int | None = None) -> str:
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
-    lines.append(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}")
+    lines.append(safe_line(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}"))
     if spec.verify:
-        lines.append(f"verify:    {spec.verify}")
+        lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:
         lines.append(f"landed:    in {short(job.state.landed_in)}")
     for attempt in job.state.attempts:
@@ -221,24 +263,24 @@ def show_text(job, position: int | None = None) -> str:
         if attempt.n > 1:
             lines.append(f"  message: {task_title(attempt.message, 90)}")
         if attempt.reason:
-            lines.append(f"  reason:  {attempt.error_kind or attempt.state}: {attempt.reason}")
+            lines.append(safe_line(f"  reason:  {attempt.error_kind or attempt.state}: {attempt.reason}"))
         if attempt.hint:
-            lines.append(f"  hint:    {attempt.hint.replace('<id>', job.id)}")
+            lines.append(safe_line(f"  hint:    {attempt.hint.replace('<id>', job.id)}"))
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
         if attempt.session_id:
-            lines.append(f"  session: {attempt.session_id}")
+            lines.append(safe_line(f"  session: {attempt.session_id}"))
     evidence = job.evidence
     if evidence is not None:
         lines.append(f"changes:   {changes_line(evidence)}")
         for commit in evidence.commits[:20]:
-            lines.append(f"  {short(commit['sha'])} {commit['subject']}")
+            lines.append(safe_line(f"  {short(commit['sha'])} {commit['subject']}"))
         for entry in evidence.files[:50]:
-            lines.append(f"  {entry['status']} {entry['path']} (+{entry['added']} -{entry['deleted']})")
+            lines.append(safe_line(f"  {entry['status']} {entry['path']} (+{entry['added']} -{entry['deleted']})"))
     if job.summary.strip():
         lines.append("summary:")
         lines.append(_indent(summary_lines(job.summary)))
-    return "\n".join(lines)
+    return safe("\n".join(lines))
 
 
 def _indent(text: str, prefix: str = "  ") -> str:

@@ -13,7 +13,10 @@ Invariants:
   never overwrites one, by compare-and-swap.
 - The run-lock is released last, after the final record, so a waiter that wakes reads the end.
 - Every text from the engine or verify passes `redact` before it reaches the record, the note or
-  the events file.
+  the events file; streamed text (events with a `stream`, child output, verify output) through
+  one `StreamRedactor` per stream, so a key printed over many lines is redacted whole.
+- The engine and verify get the task and the verify command as written (`privatetext`), while
+  the record only ever holds them redacted; that private copy goes when the attempt ends.
 """
 
 from __future__ import annotations
@@ -22,19 +25,20 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
+from subtask import faults, ledger, lifecycle, liveness, notes, privatetext, records, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
-from subtask.redact import redact, redact_obj
+from subtask.redact import StreamRedactor, redact, redact_obj
 from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
@@ -55,9 +59,17 @@ class EventSink:
         self.path = path
         self.attempt = attempt
         self.tail: list[str] = []
+        self._streams: dict[tuple, StreamRedactor] = {}
 
     def __call__(self, event: dict) -> None:
-        event = redact_obj(dict(event))
+        event = dict(event)
+        if isinstance(event.get("stream"), str) and isinstance(event.get("text"), str):
+            redactor = self._streams.setdefault((event.get("type"), event["stream"]), StreamRedactor())
+            text = redactor.line(event["text"])
+            if text is None:
+                return  # inside a private key block: nothing of it is kept
+            event["text"] = text
+        event = redact_obj(event)
         event.setdefault("t", round(time.time(), 3))
         event.setdefault("attempt", self.attempt)
         event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
@@ -98,7 +110,9 @@ def copy_included(repo: Repo, worktree: Path) -> list[str]:
     cannot run. Only files that exist in the main worktree and that git ignores there are copied:
     an untracked file git does not ignore would be swept into the job's branch by the autocommit
     (a `.env` committed is a leaked secret), so it is skipped. Never over a file already in the new
-    worktree, and never from the job worktrees themselves.
+    worktree, and never from the job worktrees themselves. Never through a symlink: the job's
+    base decides what the worktree holds, and a `conf -> /elsewhere` there would carry the copy
+    out of the worktree (`copy_into`).
     """
     listing = repo.root / WORKTREE_INCLUDE
     if not listing.is_file():
@@ -114,13 +128,56 @@ def copy_included(repo: Repo, worktree: Path) -> list[str]:
         source = repo.root / rel
         if not (source.is_file() or source.is_symlink()):
             continue
-        dest = worktree / rel
-        if dest.exists() or dest.is_symlink():
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest, follow_symlinks=False)
-        copied.append(rel)
+        try:
+            if copy_into(worktree, rel, source, repo.root):
+                copied.append(rel)
+        except OSError as exc:
+            print(f"git-subtask: not copying {rel!r} into the worktree: {exc}", file=sys.stderr)
     return copied
+
+
+def copy_into(root: Path, rel: str, source: Path, source_root: Path) -> bool:
+    """Copy `source` to `root/rel` without following a symlink anywhere below `root`; False if
+    something is already there. Each folder is opened (or made) from its parent's fd with
+    O_NOFOLLOW, the file is created O_EXCL|O_NOFOLLOW with the source's mode: a symlink in
+    the way is an error (ELOOP/ENOTDIR), never a path out of the worktree."""
+    *folders, name = Path(rel).parts
+    nofollow_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, folder in enumerate(folders):
+            if folder in ("", ".", ".."):
+                raise OSError(f"unexpected path component {folder!r}")
+            try:
+                os.mkdir(folder, mode=stat.S_IMODE(os.stat(source_root.joinpath(*folders[:depth + 1])).st_mode),
+                         dir_fd=fd)
+            except FileExistsError:
+                pass
+            parent, fd = fd, os.open(folder, nofollow_dir, dir_fd=fd)
+            os.close(parent)
+        return _copy_file(fd, name, source)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(dir_fd: int, name: str, source: Path) -> bool:
+    info = os.lstat(source)
+    try:
+        if stat.S_ISLNK(info.st_mode):  # the user's own link, made as a link: nothing is followed
+            os.symlink(os.readlink(source), name, dir_fd=dir_fd)
+            return True
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(info.st_mode), dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(out, stat.S_IMODE(info.st_mode))  # exactly the source's mode, whatever the umask
+        with open(source, "rb") as src, os.fdopen(out, "wb", closefd=False) as dst:
+            shutil.copyfileobj(src, dst)
+        os.utime(out, ns=(info.st_atime_ns, info.st_mtime_ns))
+    finally:
+        os.close(out)
+    return True
 
 
 def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
@@ -131,7 +188,7 @@ def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
     from subtask import procs
 
     result = procs.run(["sh", "-c", command], cwd=worktree, env=engine_env(job),
-                       timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES)
+                       timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES, redact=True)
     if result.exit_code == 0 and not result.timed_out:
         return None
     output = (result.stdout_tail + "\n" + result.stderr_tail).strip()
@@ -183,7 +240,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
     previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
     engine = get_engine(job.spec.engine, repo.config)
     ctx = EngineContext(
-        job_id=job.id, attempt=attempt.n, task=attempt.message, worktree=worktree, repo_root=repo.root,
+        job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
+        worktree=worktree, repo_root=repo.root,
         git_common_dir=repo.common_dir, env=engine_env(job), emit=sink,
         session_id=previous.session_id if previous else None, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
@@ -235,8 +293,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
     from subtask import procs
 
     tree = str(repo.git[head].tree_id)
-    result = procs.run(["sh", "-c", job.spec.verify], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0)
+    command = privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
+    result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True)
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
     return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
@@ -247,6 +306,7 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
                    verify: VerifyResult | None, state: str) -> Evidence:
     commits, files, totals = diff_stats(repo, job.spec.base, head)
+    commits, files, auto = redact_obj(commits), redact_obj(files), redact_obj(auto)  # the engine named them
     seen = [redact_obj(c) for c in outcome.commands]
     tests = [c for c in seen if _looks_like_test(c.get("command", ""))]
     return Evidence(
@@ -357,6 +417,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     faults.point("before_final_record")
     job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
+    privatetext.discard(state_dir, job_id, attempt_n)
     attempt = job.state.current
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)

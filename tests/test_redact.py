@@ -273,3 +273,65 @@ def test_redact_obj_scalars_pass_through():
     assert redact_obj(7, NO_ENV) == 7
     assert redact_obj(None, NO_ENV) is None
     assert redact_obj("nothing here", NO_ENV) == "nothing here"
+
+
+# -- streams: StreamRedactor -----------------------------------------------------------------------
+
+from subtask.redact import StreamRedactor  # noqa: E402
+
+PEM_LINES = ["-----BEGIN RSA PRIVATE KEY-----",
+             "MIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgHcTz6sE2I2yPB",
+             "aFDrBz9vFqU4yBBkJ2NAYOQVRd0c3Kks8dXH0Zcmw9Bq1e+GZPIM9fDL3jN0wZ==",
+             "-----END RSA PRIVATE KEY-----"]
+PEM_BODY = ("MIIEowIBAAKCAQEA0Z3VS5JJ", "aFDrBz9vFqU4yBBkJ2NA")
+
+
+def stream(chunks, **kwargs) -> str:
+    redactor = StreamRedactor(NO_ENV, **kwargs)
+    return "".join(redactor.feed(chunk) for chunk in chunks) + redactor.close()
+
+
+def test_a_key_printed_line_by_line_stays_redacted_until_its_end_line():
+    redactor = StreamRedactor(NO_ENV)
+    shown = [redactor.line(line) for line in ["before", *PEM_LINES, "after"]]
+    assert shown == ["before", MARKER, None, None, None, "after"]
+
+
+def test_a_key_that_never_ends_is_redacted_to_the_end_of_the_stream():
+    out = stream([line + "\n" for line in ["before", *PEM_LINES[:3], "more output", "and more"]])
+    assert out == f"before\n{MARKER}\n"
+    assert not any(body in out for body in PEM_BODY)
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 64, 4096])
+def test_any_chunking_gives_the_same_redacted_stream(size):
+    text = "\n".join(["start", *PEM_LINES, f"key {ANTHROPIC} and {fake('ghp_')}", "password=hunter2 x",
+                      f"id {AWS_KEY_ID} {JWT}", "end"]) + "\n"
+    whole = stream([text])
+    assert stream([text[i:i + size] for i in range(0, len(text), size)]) == whole
+    for secret in (*PEM_BODY, ANTHROPIC, fake("ghp_"), "hunter2", AWS_KEY_ID, JWT):
+        assert secret not in whole
+    assert whole.startswith("start\n") and whole.endswith("end\n")
+
+
+def test_a_token_split_across_two_reads_is_caught():
+    half = len(ANTHROPIC) // 2
+    assert stream([f"using {ANTHROPIC[:half]}", f"{ANTHROPIC[half:]} now\n"]) == f"using {MARKER} now\n"
+
+
+def test_a_very_long_line_is_released_in_pieces_without_cutting_a_secret():
+    filler = "x " * 3000
+    text = filler + ANTHROPIC + " " + filler + "password=hunter2 " + filler  # no newline at all
+    redactor = StreamRedactor(NO_ENV, hold=1000, overlap=200)
+    pieces = [redactor.feed(text[i:i + 97]) for i in range(0, len(text), 97)]
+    out = "".join(pieces) + redactor.close()
+    assert sum(1 for p in pieces if p) > 5, "released as it goes, not all at the end"
+    assert ANTHROPIC not in out and "hunter2" not in out
+    assert out == redact(text, NO_ENV)
+
+
+def test_a_tail_cut_inside_a_key_loses_its_body_lines():
+    tail = "\n".join(PEM_LINES[1:]) + "\nnext step ok"
+    out = redact(tail, NO_ENV)
+    assert out == f"{MARKER}\nnext step ok"
+    assert redact(out, NO_ENV) == out

@@ -36,6 +36,7 @@ from subtask.engines.base import (
     last_lines,
     parse_status,
 )
+from subtask.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
 CLI_CONFIG = "engine.claude.cliPath"
@@ -280,6 +281,7 @@ class _Attempt:
         self.timed_out = False
         self.pid: int | None = None
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._stderr_redactor = StreamRedactor()  # free text: a key may span its lines
 
     async def main(self) -> Outcome:
         import anyio
@@ -296,13 +298,18 @@ class _Attempt:
         from claude_agent_sdk import query
 
         try:
-            options = build_options(self.ctx, stderr=self.stderr_tail.append)
+            options = build_options(self.ctx, stderr=self._on_stderr)
             transport = _make_transport(self.ctx.task, options, self._on_spawn)
             async for message in query(prompt=self.ctx.task, options=options,
                                        transport=transport):
                 self._on_message(message)
         except Exception as exc:  # every SDK failure becomes an error kind, never a raise
             self.error = exc
+
+    def _on_stderr(self, line: str) -> None:
+        line = self._stderr_redactor.line(line)
+        if line is not None:
+            self.stderr_tail.append(line)
 
     def _on_spawn(self, pid: int) -> None:
         self.pid = pid

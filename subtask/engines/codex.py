@@ -43,6 +43,7 @@ from subtask.engines.base import (
     last_lines,
     parse_status,
 )
+from subtask.redact import StreamRedactor
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -296,8 +297,14 @@ class CodexEngine:
                            error=f"{NOT_FOUND} (looked for {name})")
         stream = _Stream(ctx.emit)
         stderr: list[str] = []
+        # stdout is JSON events, each whole: redacted one by one where they are stored. stderr
+        # is free text, where a key may span lines.
+        stderr_redactor = StreamRedactor()
 
         def on_stderr(line: str) -> None:
+            line = stderr_redactor.line(line)
+            if line is None:
+                return
             stderr.append(line)
             del stderr[:-50]  # keep only the tail: it explains a bad exit
             ctx.emit({"type": "log", "stream": "stderr", "text": line})

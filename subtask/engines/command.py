@@ -192,7 +192,7 @@ class CommandEngine:
 
         return procs.run(argv, cwd=ctx.worktree, env=ctx.env, timeout=ctx.timeout,
                          on_stdout_line=output.on("stdout"), on_stderr_line=output.on("stderr"),
-                         on_start=ctx.on_pid)
+                         on_start=ctx.on_pid, redact=True)
 
     def _outcome(self, ctx: EngineContext, result: Any, output: _Output) -> Outcome:
         text = "\n".join(output.stdout)

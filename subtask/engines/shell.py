@@ -54,6 +54,7 @@ class ShellEngine:
             on_stderr_line=on_line("stderr"),
             on_start=ctx.on_pid,
             stdout_grace=STDOUT_GRACE,
+            redact=True,  # the summary and every event are built from redacted lines
         )
         text = "\n".join(output)
         summary = last_lines(text)
