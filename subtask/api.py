@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, records, slots
+from subtask import faults, jobenv, ledger, lifecycle, liveness, records, slots
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -244,6 +244,9 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     dead: list[slots.HandOff] = []
     spawned = False
     try:
+        # Before the admission: whoever is later handed this job's slot runs it with this.
+        jobenv.save(state_dir, job.id)
+        undo.append(lambda: jobenv.drop(state_dir, job.id))
         position, dead, handed = _admit(repo, job, paid)
         undo.append(lambda: _unadmit(repo, job.id, attempt.n))
         if paid:

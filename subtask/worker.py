@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, notes, records, slots
+from subtask import faults, jobenv, ledger, lifecycle, liveness, notes, records, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
@@ -397,6 +397,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
         attempt_n = _run_current(repo, job_id)
+        jobenv.drop(repo.state_dir, job_id)  # the attempt ended; a reply keeps its own
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         handed = release_and_next(repo, job_id, attempt_n)
         liveness.release(lock_fd)
@@ -405,6 +406,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
+        jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
 
 
 def _run_current(repo: Repo, job_id: str) -> int:
@@ -430,6 +432,7 @@ def _run_current(repo: Repo, job_id: str) -> int:
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
+    jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
     serve(repo, job_id, lock_fd)
     return 0
