@@ -106,7 +106,8 @@ class JobSpec(_Record):
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
-    depth: int = 0
+    depth: int = 0  # delegation depth: 0 for a person's job, parent's depth + 1 for a job's job
+    parent: str | None = None  # the job this one was started from inside (it lends its slot)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

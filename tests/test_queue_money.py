@@ -99,13 +99,37 @@ def test_a_job_waiting_on_its_child_lends_it_its_slot_under_max_running_one(cli,
     check_books(cli, repo)
 
 
+def test_a_running_job_lends_its_slot_to_one_child_at_a_time_and_the_count_never_grows(tmp_path):
+    from subtask import slots
+
+    current = slots.Slots()
+    entry = lambda job, parent=None: slots.make_entry(job, 1, tmp_path, parent=parent)  # noqa: E731
+    assert slots.admit(current, entry("P"), 1) == 0
+    assert slots.admit(current, entry("other"), 1) == 1  # a top-level job queues behind P
+    assert slots.admit(current, entry("C1", "P"), 1) == 0  # P's child runs in P's slot
+    assert slots.admit(current, entry("C2", "P"), 1) == 2  # one child at a time
+    assert slots.admit(current, entry("G", "C1"), 1) == 0  # C1 lends its slot to its own child
+    assert slots.taken(current) == 1 and len(current.running) == 3
+    slots.remove(current, "C1", 1)  # G takes C1's place: the slot P lent
+    assert {e["job"]: e.get("slot_of") for e in current.running} == {"P": None, "G": "P"}
+    assert [h.entry["job"] for h in slots.fill(current, tmp_path, 1)] == []  # P's slot is lent to G
+    slots.remove(current, "G", 1)
+    handed = slots.fill(current, tmp_path, 1)
+    assert [h.entry["job"] for h in handed] == ["C2"]  # the lent slot goes to P's next child
+    for h in handed:
+        os.close(h.fd)
+    slots.remove(current, "P", 1)  # C2 keeps P's own slot: still one taken, "other" still waits
+    assert [e["job"] for e in current.running] == ["C2"] and slots.taken(current) == 1
+    assert [h.entry["job"] for h in slots.fill(current, tmp_path, 1)] == []
+
+
 @pytest.mark.parametrize("where", ["worktree", "main-repo"])
 def test_unsetting_subtask_depth_inside_a_job_does_not_escape_max_depth(cli, repo, where):
     git(repo, "config", "subtask.maxDepth", "1")
-    # From the job's worktree (its cwd tells), or from elsewhere pointed at the main repository
-    # (its process group tells): with SUBTASK_DEPTH and SUBTASK_JOB_ID both removed.
+    # SUBTASK_DEPTH and SUBTASK_JOB_ID both removed. From the job's worktree in a new session (only
+    # its cwd tells), or from elsewhere pointed at the main repository (its process group tells).
     unset = "env -u SUBTASK_DEPTH -u SUBTASK_JOB_ID"
-    command = (f"{unset} git subtask start --engine shell true" if where == "worktree"
+    command = (f"setsid -w {unset} git subtask start --engine shell true" if where == "worktree"
                else f"cd / && {unset} git -C '{repo}' subtask start --engine shell true")
     job = cli.start(f"{command}; echo rc=$?")
     cli.ok("wait", job, timeout=60)
