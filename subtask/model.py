@@ -129,7 +129,7 @@ class Cost(_Record):
     reserved: float = 0.0
     observed: float | None = None  # what the engine reported
     charged: float | None = None  # what the ledger closed at
-    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation)
+    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation) | not_started
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -182,6 +182,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
     attempt = job.state.current
     previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
     engine = get_engine(job.spec.engine, repo.config)
+    launched: list[int] = []  # a process of the engine started: from here it may have spent
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=attempt.message, worktree=worktree, repo_root=repo.root,
         git_common_dir=repo.common_dir, env=engine_env(job), emit=sink,
@@ -189,15 +190,18 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config, on_pid=lambda pid: lifecycle.record_pid(repo.state_dir, job.id, engine=pid),
+        config=repo.config, on_pid=lambda pid: (launched.append(pid), lifecycle.record_pid(repo.state_dir, job.id, engine=pid)),
+        on_launch=lambda pid: launched.append(pid),
     )
     try:
-        return engine.run(ctx)
+        outcome = engine.run(ctx)
     except StopRequested:
         raise
     except Exception as exc:
         traceback.print_exc()
-        return Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
+        outcome = Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
+    outcome.launched = bool(launched)
+    return outcome
 
 
 def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
@@ -279,7 +283,7 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
                        hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
                        turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify)
-        settle_cost(attempt, outcome.cost_usd)
+        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched)
         if evidence is not None:
             evidence.state = state
             evidence.cost = attempt.cost.to_dict()
@@ -291,9 +295,14 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
     return records.update(repo, job_id, change)
 
 
-def settle_cost(attempt, observed: float | None) -> None:
+def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> None:
     cost = attempt.cost
     cost.observed = observed if observed is not None and observed == observed else None
+    if attempt.rid and not launched:
+        # Not installed, or failed to launch: no process of the engine ever ran, nothing was spent.
+        cost.charged, cost.billing = 0.0, "not_started"
+        attempt.engine_started_at = None
+        return
     if not attempt.rid:
         cost.billing = "free"
         cost.charged = 0.0 if observed is None else None

@@ -58,6 +58,9 @@ class EngineContext:
     timeout: float | None = None  # seconds for the engine run
     config: Callable[[str], str | None] = lambda key: None  # git config subtask.* reader
     on_pid: Callable[[int], None] = lambda pid: None  # report a child's process group
+    # Report that a process of the engine exists (on_pid says so too): an engine that never got
+    # this far (not installed, failed to launch) spent nothing and is charged nothing.
+    on_launch: Callable[[int], None] = lambda pid: None
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Outcome:
     commands: list[dict[str, Any]] = field(default_factory=list)  # {"command": str, "exit": int|None}
     error_kind: str | None = None
     error: str | None = None
+    launched: bool = True  # set by the worker: False when no process of the engine ever started
 
     @property
     def hint(self) -> str | None:
