@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import faults, jobenv, ledger, lifecycle, liveness, records, slots
+from subtask import books, faults, jobenv, ledger, lifecycle, liveness, records, slots
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -251,6 +251,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     attempt = Attempt(n=1, state="queued", message=task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
+    if engine.paid:
+        _sync_ledger(repo)
     return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly,
                              lock_fd=liveness.acquire(repo.state_dir, job.id))
 
@@ -374,8 +376,10 @@ def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[slots.HandOff], 
             if paid:
                 slots.save(state_dir, current)
                 with ledger.lock(state_dir):
+                    # Dated when queued: the record alone then tells the reservation's month.
                     ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"))
+                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"),
+                                          now=books.reserved_at(attempt.queued_at))
                 faults.point("after_reserve")
         except BaseException as exc:
             slots.remove(current, job.id, attempt.n)
@@ -485,6 +489,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    if engine.paid:
+        _sync_ledger(repo)
     return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd)
 
 
@@ -784,10 +790,24 @@ def evidence_envelope(job: Job) -> dict:
     }
 
 
-def spend(repo: Repo, month: str | None = None):
-    """This month's spend: committed, open reservations, per engine, cap left."""
+def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
+    """This month's spend: committed, open reservations, per engine, cap left.
+
+    `all_clones`: the spend of every clone whose records are here (pulled), from the records only.
+    """
+    if month is not None:
+        ledger.check_month(month)
     sweep(repo)
+    if all_clones:
+        return books.team_spend(repo, month)
+    _sync_ledger(repo)
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
+
+
+def _sync_ledger(repo: Repo) -> None:
+    """The ledger is a cache of the records: restore it from them when it lacks this repository's
+    mark (a lost state directory), before any lock is taken (reading records is slow)."""
+    books.sync_ledger(repo)
 
 
 # ---------------------------------------------------------------- notes, landing, hooks, sync

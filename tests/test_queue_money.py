@@ -230,7 +230,8 @@ def test_spend_all_clones_reports_the_teams_spend_from_records(tmp_path):
         team = c.json("spend", "--all-clones")
         assert team["committed_usd"] == pytest.approx(3.25), team
         assert sorted(team["clones"].values(), key=lambda v: v["committed"]) == [
-            {"committed": pytest.approx(1.25), "jobs": 1}, {"committed": pytest.approx(2), "jobs": 1}]
+            {"committed": pytest.approx(1.25), "open": 0.0, "jobs": 1},
+            {"committed": pytest.approx(2), "open": 0.0, "jobs": 1}]
 
 
 def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, repo, tmp_path):
