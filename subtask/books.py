@@ -163,7 +163,22 @@ def sync_ledger(repo: Repo) -> int:
     if ledger.has_mark(repo.state_dir, mark):
         return 0
     own = [c for c in record_charges(repo) if is_own(repo, c)]
-    return ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])
+    added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])
+    _close_ended_meanwhile(repo, [c for c in own if c.charged is None])
+    return added
+
+
+def _close_ended_meanwhile(repo: Repo, running: list[Charge]) -> None:
+    """A job that ended after its record was read found no reservation to close (the ledger was
+    lost) and closed nothing; its final record came first, so read it again and close it now."""
+    for charge in running:
+        try:
+            job = records.read(repo, charge.job)
+        except Exception:
+            continue
+        for attempt in job.state.attempts:
+            if attempt.rid == charge.rid and attempt.terminal:
+                ledger.close(repo.state_dir, charge.rid, attempt.cost.charged, reason="restored from the record")
 
 
 def team_spend(repo: Repo, month: str | None = None) -> TeamSpend:
