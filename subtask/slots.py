@@ -12,6 +12,9 @@ Invariants:
   that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
   still being written by its starter, which fills free slots itself when it lets go.
 - A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
+- A running job lends its slot to one of its own children at a time (`slot_of`, see `admit`): a
+  lent slot does not count against maxRunning, so a parent waiting on its child never deadlocks,
+  and the child takes the lender's place if the lender ends first, so `taken` never grows.
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
   one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
 """

@@ -14,6 +14,8 @@ Invariants:
 - The run-lock is released last, after the final record, so a waiter that wakes reads the end.
 - Every text from the engine or verify passes `redact` before it reaches the record, the note or
   the events file.
+- Each job runs with its starter's kept environment (`jobenv.adopt`), never with that of the
+  worker that was handed its slot.
 """
 
 from __future__ import annotations
