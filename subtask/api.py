@@ -309,11 +309,12 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
     dead: list[slots.HandOff] = []
     spawned = False
     try:
-        # Before the admission: whoever is later handed this job's slot runs it with this.
-        jobenv.save(state_dir, job.id)
-        undo.append(lambda: jobenv.drop(state_dir, job.id))
         position, dead, handed = _admit(repo, job, paid)
         undo.append(lambda: _unadmit(repo, job.id, attempt.n))
+        # Once the slot entry is on disk (whoever settles a crash from here drops it too), and
+        # before anyone can be handed the job (we hold its run-lock): whoever runs it uses this.
+        jobenv.save(state_dir, job.id)
+        undo.append(lambda: jobenv.drop(state_dir, job.id))
         if paid:
             undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
         if new_branch:

@@ -10,10 +10,11 @@ before it runs the job: the engine, setup, verify and the worker's own git calls
 Invariants:
 - Never in git and never readable by others: the file may hold secrets (API keys, tokens); it is
   written atomically, 0600, in the 0700 state directory.
-- One file per job, for its current attempt: written before the attempt can be admitted (the
-  starter holds the run-lock, so no one can be handed the job before the file exists), removed
-  when the attempt ends (by the worker before it lets go of the run-lock, or by whoever ends an
-  attempt no worker will finish), so a later reply writes its own.
+- One file per job, for its current attempt: written right after the admission saved the slot
+  entry, while the starter still holds the run-lock (so no one can be handed the job before the
+  file exists, and a crash from there on is settled by someone who drops it); removed when the
+  attempt ends (by the worker before it lets go of the run-lock, or by whoever ends an attempt no
+  worker will finish), so a later reply writes its own.
 - A job without a file (written by an older version) runs with the environment of whoever runs
   it, as before.
 """

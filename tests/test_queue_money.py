@@ -316,3 +316,26 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
     books.sync_ledger(handle)
     spend = ledger.summary(handle.state_dir, 100.0)
     assert (spend.committed_usd, spend.open_usd) == (pytest.approx(0.5), 0.0), spend
+
+
+def test_a_crash_at_any_step_leaves_no_kept_environment(cli, repo):
+    """The kept environment (it may hold secrets) goes with its attempt, whatever step crashed."""
+    import subprocess
+
+    from test_admission import START_POINTS, WORKER_POINTS
+
+    use_paid_engine(repo, maxRunning="20")
+    procs = [subprocess.Popen(["git", "subtask", "start", "--max-usd", "1", f"file={point}.txt"], cwd=repo,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, SUBTASK_FAULT=point, SECRET_TOKEN="s3cr3t-77"))
+             for point in START_POINTS + WORKER_POINTS]
+    started = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        if proc.returncode == 0:
+            started.append(out.split()[0])
+    assert len(started) == len(WORKER_POINTS)
+    cli("wait", *started, timeout=60)
+    cli.ok("list")
+    assert env_files(repo) == []
+    check_books(cli, repo)
