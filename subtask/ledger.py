@@ -542,5 +542,8 @@ def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: dat
                                "usd_charged": min(float(c["charged"]), float(c["reserved"])),
                                "observed": None, "month": month, "at": at, "reason": "restored from the record"})
                 added += 1
-        _append(path, {"v": ROW_VERSION, "op": "mark", "of": of, "at": at})
+        if added or path.exists():
+            # No ledger and nothing to restore: leave no file (a refused start changes nothing);
+            # the next look at the records is cheap, and finds the same nothing or real rows.
+            _append(path, {"v": ROW_VERSION, "op": "mark", "of": of, "at": at})
     return added
