@@ -177,6 +177,8 @@ def cost_line(attempt) -> str:
     cost = attempt.cost
     if cost.billing == "free":
         return "$0.00 (free engine)"
+    if cost.billing == "not_started":
+        return "$0.00 (the engine never started: nothing spent)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
