@@ -42,7 +42,7 @@ from subtask.gitrepo import Repo, git
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
 BRANCHES_SPEC = "refs/heads/subtask/*:refs/heads/subtask/*"
 NOTES_SPEC = f"{notes_store.NOTES_REF}:{notes_store.NOTES_REF}"
-PUSH_ROUNDS = 6  # first push + retries of what the remote refused (notes raced, ref lock busy)
+PUSH_ROUNDS = 10  # first push + retries of what the remote refused (notes raced, ref lock busy)
 FETCH_ROUNDS = 3  # ls-remote + fetch again when the remote moved in between
 CAS_RETRIES = 50
 FETCH_CHUNK = 200  # ref names per fetch command line
@@ -114,8 +114,13 @@ def remote_tips(repo: Repo, remote: str, patterns: list[str]) -> dict[str, str]:
 
 
 def _fetch_objects(repo: Repo, remote: str, tips: dict[str, str]) -> None:
-    """Fetch what these remote refs point at, writing no ref at all (no FETCH_HEAD, no tracking ref)."""
-    missing = [name for name, oid in sorted(tips.items()) if not _has_object(repo, oid)]
+    """Fetch what these remote refs point at, writing no ref at all (no FETCH_HEAD, no tracking ref).
+
+    Every tip that differs from our ref of that name is fetched, even when its object is already
+    here: another fetch may be writing those objects one by one right now, and only a finished
+    fetch (git checks connectivity before it skips work) says the whole history is here.
+    """
+    missing = [name for name, oid in sorted(tips.items()) if _local_tip(repo, name) != oid]
     for i in range(0, len(missing), FETCH_CHUNK):
         proc = git(repo.root, "fetch", "--no-tags", "--no-write-fetch-head", "--refmap=", remote,
                    *missing[i:i + FETCH_CHUNK], check=False, timeout=300)

