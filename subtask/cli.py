@@ -524,8 +524,16 @@ def complete_words(words):
     click.echo("\n".join(candidates(cli, list(words), job_ids)))
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (a damaged record skipped) read like git's: `warning: ...`, no file and line."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
+    import warnings
+
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

@@ -209,7 +209,7 @@ def test_syncs_at_once_in_one_clone_all_succeed(team):
         for trial in range(RACE_TRIALS):
             procs = [subprocess.Popen(["git", "subtask", *args], cwd=a, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True) for args in commands]
-            for args, proc in zip(commands, procs):
+            for args, proc in zip(commands, procs, strict=True):
                 out, err = proc.communicate(timeout=60)
                 if proc.returncode != 0:
                     failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
