@@ -5,10 +5,11 @@ reports it, and nothing deletes the damaged ref (it is what there is to inspect)
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
-from conftest import git
+from conftest import git, wait_until
 
 DAMAGE = ("blob", "unrelated-commit", "garbage-json", "wrong-types", "missing-object")
 
@@ -82,12 +83,21 @@ def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli,
     assert ((repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)) == damaged_tip
 
 
+def blocked_on_run_lock(repo, job_id: str) -> bool:
+    """Is some process blocked on a shared flock of the job's run-lock (a watcher of `wait`)?"""
+    inode = (repo / ".git" / "subtask" / "run" / f"{job_id}.lock").stat().st_ino
+    with open("/proc/locks") as fh:
+        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks to see the waiter blocked")
 def test_wait_returns_when_a_record_is_damaged_while_it_waits(repo, cli):
     gate = repo.parent / "go"
     job_id = cli.start(f"while [ ! -e '{gate}' ]; do sleep 0.05; done")
     waiter = subprocess.Popen(["git", "subtask", "wait", job_id], cwd=repo, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
+        assert wait_until(lambda: blocked_on_run_lock(repo, job_id), timeout=20)  # past its first look
         damage(repo, job_id, "blob")
         gate.touch()
         out, err = waiter.communicate(timeout=30)
