@@ -76,13 +76,20 @@ def _check_remote(repo: Repo, remote: str) -> None:
 # ---------------------------------------------------------------- comparing with the remote
 
 def compare(repo: Repo, ours: str | None, theirs: str) -> str:
-    """How our copy of a ref relates to the remote's (whose objects are here)."""
+    """How our copy of a ref relates to the remote's (whose objects are here).
+
+    A side that is no commit (a damaged ref: a blob, a missing object) has no history to compare,
+    so it counts as diverged: kept as it is, reported, never overwritten.
+    """
     if ours == theirs:
         return SAME
-    if ours is None or repo.git.descendant_of(theirs, ours):
-        return THEIRS_NEWER
-    if repo.git.descendant_of(ours, theirs):
-        return OURS_NEWER
+    try:
+        if ours is None or repo.git.descendant_of(theirs, ours):
+            return THEIRS_NEWER
+        if repo.git.descendant_of(ours, theirs):
+            return OURS_NEWER
+    except (KeyError, ValueError, pygit2.GitError):
+        pass
     return DIVERGED
 
 

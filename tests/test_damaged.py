@@ -76,6 +76,14 @@ def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli,
     doctor = cli("doctor")
     assert doctor.returncode == 1 and victim in doctor.stdout and "damaged" in doctor.stdout, doctor.stdout
     assert f"git log {ref}" in doctor.stdout
+    # sharing goes on too: a damaged ref here is kept and reported, never a crash
+    remote = repo.parent / "remote.git"
+    git(repo.parent, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    for args in (("push",), ("pull",), ("push",)):
+        proc = cli(*args)
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, \
+            (args, proc.stdout, proc.stderr)
     # the sweeps and gc go on without it, and nothing removes what there is to inspect
     for args in (("cleanup", "--merged"), ("gc", "--older-than", "0s"), ("notes", "rebuild"), ("spend",)):
         proc = cli(*args)
