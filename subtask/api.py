@@ -24,6 +24,7 @@ import queue
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -591,7 +592,12 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
     if id_or_prefix is not None:
         jobs = [get(repo, id_or_prefix)]
     else:
-        jobs = [records.read(repo, entry["id"]) for entry in list_jobs(repo, state="active").jobs]
+        jobs = []
+        for entry in list_jobs(repo, state="active").jobs:
+            try:
+                jobs.append(records.read(repo, entry["id"]))
+            except records.DamagedRecord as exc:  # the others still show
+                warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
     current = slots.read(repo.state_dir)
     return [(job, current.position(job.id),
              None if job.state.current.terminal else latest_activity(repo, job.id)) for job in jobs]
@@ -649,9 +655,11 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     if timeout is not None:
         timeout = _positive(timeout, "--timeout")
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
+    for job_id in job_ids:
+        records.read(repo, job_id)  # a damaged record is named now, not waited on
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-    ended: queue.Queue[str] = queue.Queue()
+    ended: queue.Queue[tuple[str, BaseException | None]] = queue.Queue()
     cancel = threading.Event()
     for job_id in job_ids:
         threading.Thread(target=_watch_one, args=(repo.root, job_id, ended, cancel), daemon=True).start()
@@ -669,9 +677,12 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
             until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
             try:
-                done.add(ended.get(timeout=max(0.0, until - now_)))
+                job_id, failure = ended.get(timeout=max(0.0, until - now_))
             except queue.Empty:
-                pass
+                continue
+            if failure is not None:
+                raise failure  # its watcher could not read it: say why, never wait on
+            done.add(job_id)
     finally:
         cancel.set()  # watcher threads stop at their next look
     jobs = [records.read(repo, j) for j in job_ids]
@@ -679,14 +690,25 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
 
 
 def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
-    """Report `job_id` on `ended` when its current attempt is terminal. Runs in its own thread."""
+    """Report (`job_id`, None) on `ended` when its current attempt is terminal. Runs in its own thread.
+
+    Any failure (a record damaged while we wait) is reported as (`job_id`, error) rather than
+    ending the thread silently, because `wait` would then wait for a report that never comes.
+    """
+    try:
+        _watch_until_ended(repo_root, job_id, ended, cancel)
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
+        ended.put((job_id, exc))
+
+
+def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
     repo = open_repo(repo_root)  # pygit2 objects are not shared across threads
     state_dir = repo.state_dir
     next_fill = 0.0
     while not cancel.is_set():
         job = records.read(repo, job_id)
         if job.state.current.terminal:
-            ended.put(job_id)
+            ended.put((job_id, None))
             return
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)

@@ -418,7 +418,7 @@ def hooks_status(as_json):
 @click.argument("remote", default="origin")
 @click.option("--branches", is_flag=True, help="push the job branches too")
 def push(remote, branches):
-    """Push job records and review notes to REMOTE, never forced; exit 1 if something differs there."""
+    """Push job records and review notes to REMOTE, never forced; exit 1 if a record diverged there (an older or newer copy is no divergence)."""
     from subtask import api
 
     result = api.push(_repo(), remote, branches=branches)
@@ -547,14 +547,18 @@ def complete_words(words):
     echo("\n".join(candidates(cli, list(words), job_ids)))
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (a damaged record skipped) read like git's: `warning: ...`, no file and line."""
+    echo(f"warning: {message}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
     import warnings
 
     from subtask import manpage
 
-    # Warnings (a damaged file skipped) are messages to a person, not Python diagnostics.
-    warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {message}\n"
+    warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)

@@ -47,7 +47,8 @@ def run(path: str | os.PathLike | None = None) -> Report:
         checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
-    for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines):
+    for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_records, check_slots,
+                  check_worktrees, check_engines):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -126,6 +127,25 @@ def check_state_dir(repo) -> Check:
         return Check("state", "warn", f"{len(loose)} state files readable by others: {', '.join(loose[:3])}",
                      [f"chmod -R go-rwx '{state}'"])
     return Check("state", "ok", f"{state} (private)")
+
+
+def check_records(repo) -> Check:
+    """Every record ref holds a readable job record (reads each one: doctor is rare, so thorough)."""
+    from subtask import records
+
+    ids = records.all_ids(repo)
+    damaged = []
+    for job_id in sorted(ids):
+        try:
+            records.read(repo, job_id)
+        except records.DamagedRecord as exc:
+            damaged.append(exc)
+    if not damaged:
+        return Check("records", "ok", f"{len(ids)} job records readable")
+    shown = "; ".join(f"{exc.job_id}: {exc.why}" for exc in damaged[:5]) + (" …" if len(damaged) > 5 else "")
+    steps = [f"git log {records.record_ref(exc.job_id)}   # {exc.job_id}: find a good record commit" for exc in damaged[:5]]
+    steps.append("git update-ref refs/subtask/<id>/record <good commit>   # or drop the job: git update-ref -d ...")
+    return Check("records", "fail", f"{len(damaged)} damaged job records (commands on them exit 128): {shown}", steps)
 
 
 def check_slots(repo) -> Check:

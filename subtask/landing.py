@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,7 +341,7 @@ def candidates(repo: Repo, entries: list[dict] | None = None) -> list[Job]:
         if not _may_have_commits(entry, tips):
             continue
         try:
-            job = records.read_commit(repo, entry["tip"])
+            job = records.read_commit(repo, entry["tip"], entry["id"])
         except Exception:
             continue
         if job.spec.branch and owns(repo, job):
@@ -578,7 +579,11 @@ def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
     for entry in records.list_entries(repo):
         if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
-        job = records.read_commit(repo, entry["tip"])
+        try:
+            job = records.read_commit(repo, entry["tip"], entry["id"])
+        except records.DamagedRecord as exc:  # left for the user to inspect; the rest are collected
+            warnings.warn(f"{exc.message}; gc leaves it alone", stacklevel=2)
+            continue
         if owns(repo, job) and Path(job.spec.worktree).exists():
             jobs.append(job)
     return jobs

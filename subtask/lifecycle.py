@@ -256,6 +256,10 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         return False
     try:
         records.read(target, job_id)
+    except records.DamagedRecord:
+        # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
+        ledger.close(target.state_dir, rid, None, reason="record damaged")
+        raise
     except Exception:
         _drop_orphan_refs(target, job_id)
         jobenv.drop(target.state_dir, job_id)

@@ -11,6 +11,12 @@ Invariants:
   `update` re-reads and re-applies the change, so no writer's change is lost.
 - Ids are validated (`model.JOB_ID_RE`) before any ref name is built from them.
 - Pins (`base`, `head`) keep evidence commits alive after the branch is deleted or squashed.
+- Never hand out a `Job` read from a record that is not one (the ref points at a blob, at a commit
+  of some other history, at a missing object, or at a tree whose spec.json/state.json does not
+  parse into a job), because every command would then fail in its own way (a TypeError, a `wait`
+  whose watcher died and that never returned). `read` raises `DamagedRecord` (a `SubtaskError`,
+  exit 128) that names the ref and how to inspect it; listing skips such a record with a warning
+  that says the same. Nothing here deletes a damaged ref: it is what there is to inspect.
 """
 
 from __future__ import annotations
@@ -23,14 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pygit2
+from pygit2.enums import ReferenceType
 
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, tool_signature
-from subtask.model import Evidence, JobSpec, JobState, check_id_prefix, is_job_id
+from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
 
 PREFIX = "refs/subtask/"
 LIST_TAG = "Subtask-List: "
 EVENTS_TAIL_LINES = 200
+ATTEMPT_STATES = ("queued", "running", *TERMINAL)
 
 
 def record_ref(job_id: str) -> str:
@@ -64,13 +72,32 @@ def _dumps(obj) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
 
+class DamagedRecord(SubtaskError):
+    """A record ref that does not hold a readable job record."""
+
+    def __init__(self, job_id: str, why: str):
+        ref = record_ref(job_id)
+        super().__init__("damaged", f"the record of {job_id} is damaged: {why}", hint=inspect_hint(job_id))
+        self.job_id = job_id
+        self.why = why
+        self.ref = ref
+
+
+def inspect_hint(job_id: str) -> str:
+    ref = record_ref(job_id)
+    return (f"inspect it: git cat-file -t {ref}; git log {ref} (point it back at a good record commit: "
+            f"git update-ref {ref} <commit>)")
+
+
 def _loads(blob: bytes, what: str) -> dict:
+    """A JSON object from a record file; raises ValueError (with `what` in it) when it is not one."""
     try:
         data = json.loads(blob.decode("utf-8", errors="replace"))
-        return data if isinstance(data, dict) else {}
     except ValueError:
-        warnings.warn(f"damaged {what} in a job record; reading it as empty", stacklevel=3)
-        return {}
+        raise ValueError(f"{what} is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return data
 
 
 def status_line(job: Job) -> str:
@@ -154,26 +181,100 @@ def create(repo: Repo, job: Job) -> None:
 
 
 def read(repo: Repo, job_id: str) -> Job:
+    """The job at the tip of its record; `DamagedRecord` when the ref holds something else."""
     ref = repo.git.references.get(record_ref(job_id))
     if ref is None:
         raise SubtaskError("not_found", f"no job {job_id} in {repo.root}", hint="git subtask list --all")
-    return read_commit(repo, str(ref.target))
+    if ref.type != ReferenceType.DIRECT:
+        raise DamagedRecord(job_id, f"{ref.name} is a symbolic ref to {ref.target}")
+    return read_commit(repo, str(ref.target), job_id)
 
 
-def read_commit(repo: Repo, tip: str) -> Job:
-    commit = repo.git[tip]
-    tree = commit.peel(pygit2.Tree)
+def read_commit(repo: Repo, tip: str, job_id: str | None = None) -> Job:
+    """The job a record commit holds. Every way it can fail is a `DamagedRecord` naming the job.
+
+    `job_id` is the id the ref names (None: whichever job the commit says it is); a record whose
+    spec belongs to another job is damaged too.
+    """
+    try:
+        job = _parse_commit(repo, tip)
+    except _NotARecord as exc:
+        raise DamagedRecord(job_id or "?", f"{record_ref(job_id or '?')} -> {tip[:12]}: {exc}") from None
+    if job_id is not None and job.spec.id != job_id:
+        raise DamagedRecord(job_id, f"{record_ref(job_id)} -> {tip[:12]} holds the record of {job.spec.id}")
+    return job
+
+
+class _NotARecord(Exception):
+    pass
+
+
+_SPEC_TYPES = {"id": str, "task": str, "engine": str, "base": str, "created_at": (int, float)}
+_ATTEMPT_TYPES = {"n": int, "state": str, "queued_at": (int, float)}
+
+
+def _parse_commit(repo: Repo, tip: str) -> Job:
+    try:
+        obj = repo.git.get(tip)
+    except (ValueError, pygit2.GitError) as exc:
+        raise _NotARecord(f"cannot read the object ({exc})") from None
+    if obj is None:
+        raise _NotARecord("the object is missing from the repository")
+    if not isinstance(obj, pygit2.Commit):
+        raise _NotARecord(f"a {obj.type_str}, not a commit")
+    try:
+        tree = obj.tree
+    except (pygit2.GitError, KeyError) as exc:
+        raise _NotARecord(f"its tree cannot be read ({exc})") from None
+    missing = [name for name in ("spec.json", "state.json") if name not in tree]
+    if missing:
+        raise _NotARecord(f"a commit without {' or '.join(missing)} (not a job record: {obj.message.splitlines()[0][:60]!r})"
+                          if obj.message else f"a commit without {' or '.join(missing)}")
 
     def blob(name: str) -> bytes | None:
-        return repo.git[tree[name].id].data if name in tree else None
+        if name not in tree:
+            return None
+        entry = repo.git.get(tree[name].id)
+        if not isinstance(entry, pygit2.Blob):
+            raise _NotARecord(f"{name} is not a file")
+        return entry.data
 
-    spec = JobSpec.from_dict(_loads(blob("spec.json") or b"{}", "spec.json"))
-    state = JobState.from_dict(_loads(blob("state.json") or b"{}", "state.json"))
-    evidence_blob = blob("evidence.json")
-    evidence = Evidence.from_dict(_loads(evidence_blob, "evidence.json")) if evidence_blob else None
+    try:
+        spec_data, state_data = _loads(blob("spec.json"), "spec.json"), _loads(blob("state.json"), "state.json")
+        _check_types(spec_data, _SPEC_TYPES, "spec.json")
+        attempts = state_data.get("attempts")
+        if not isinstance(attempts, list) or not attempts:
+            raise ValueError("state.json has no attempts")
+        for attempt in attempts:
+            _check_types(attempt, _ATTEMPT_TYPES, "an attempt in state.json")
+            if attempt["state"] not in ATTEMPT_STATES:
+                raise ValueError(f"state.json has an attempt in an unknown state {attempt['state']!r}")
+        spec = JobSpec.from_dict(spec_data)
+        state = JobState.from_dict(state_data)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise _NotARecord(str(exc)) from None
     summary = (blob("summary.md") or b"").decode("utf-8", "replace")
     events = (blob("events.jsonl") or b"").decode("utf-8", "replace")
-    return Job(spec, state, evidence, summary, events, tip)
+    return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip)
+
+
+def _check_types(data, types: dict, what: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    for key, kind in types.items():
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+            raise ValueError(f"{what} has no valid {key!r}")
+
+
+def _evidence(data: bytes | None, job_id: str) -> Evidence | None:
+    """Evidence is a report, not the job: a damaged one reads as none, with a warning."""
+    if data is None:
+        return None
+    try:
+        return Evidence.from_dict(_loads(data, "evidence.json"))
+    except (ValueError, TypeError) as exc:
+        warnings.warn(f"{job_id}: damaged evidence.json in its record ({exc}); reading it as none", stacklevel=4)
+        return None
 
 
 def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, attempts: int = 200) -> Job:
@@ -253,21 +354,20 @@ def list_entries(repo: Repo) -> list[dict]:
     cached = _read_list_cache(repo)
     fresh: dict[str, dict] = {}
     git = repo.git
-    tag = LIST_TAG.encode()
     for ref in git.references.iterator():
         name = ref.name
         if not (name.startswith(PREFIX) and name.endswith("/record")):
+            continue
+        job_id = name[len(PREFIX):-len("/record")]
+        if not is_job_id(job_id):
             continue
         tip = str(ref.target)
         entry = cached.get(tip)
         if entry is None:
             try:
-                message = git.get(ref.target).raw_message
-                start = message.index(tag) + len(tag)
-                end = message.find(b"\n", start)
-                entry = json.loads(message[start:end if end >= 0 else None])
-            except (AttributeError, ValueError) as exc:
-                warnings.warn(f"skipping damaged record {name}: {exc}", stacklevel=2)
+                entry = _list_line(git, ref, job_id)
+            except ValueError as exc:
+                warnings.warn(f"{job_id}: skipping its damaged record ({exc}); {inspect_hint(job_id)}", stacklevel=2)
                 continue
         fresh[tip] = entry
     if fresh.keys() != cached.keys():
@@ -275,6 +375,30 @@ def list_entries(repo: Repo) -> list[dict]:
     entries = [dict(entry, tip=tip) for tip, entry in fresh.items()]
     entries.sort(key=lambda e: e.get("created") or 0, reverse=True)
     return entries
+
+
+def _list_line(git: pygit2.Repository, ref: pygit2.Reference, job_id: str) -> dict:
+    """The `Subtask-List` entry of a record tip; ValueError saying what is wrong when there is none."""
+    if ref.type != ReferenceType.DIRECT:
+        raise ValueError(f"a symbolic ref to {ref.target}")
+    try:
+        commit = git.get(ref.target)
+    except (ValueError, pygit2.GitError) as exc:
+        raise ValueError(f"cannot read {ref.target} ({exc})") from None
+    if commit is None:
+        raise ValueError(f"{str(ref.target)[:12]} is missing from the repository")
+    if not isinstance(commit, pygit2.Commit):
+        raise ValueError(f"{str(ref.target)[:12]} is a {commit.type_str}, not a commit")
+    message = commit.raw_message
+    start = message.find(LIST_TAG.encode())
+    if start < 0:
+        raise ValueError(f"{str(ref.target)[:12]} is not a record commit (no {LIST_TAG.strip()} line)")
+    start += len(LIST_TAG)
+    end = message.find(b"\n", start)
+    entry = json.loads(message[start:end if end >= 0 else None])  # a ValueError names the damage
+    if not isinstance(entry, dict) or entry.get("id") != job_id:
+        raise ValueError(f"{str(ref.target)[:12]} has a list line for another job or none")
+    return entry
 
 
 def _read_list_cache(repo: Repo) -> dict[str, dict]:

@@ -3,20 +3,37 @@
 What travels: `refs/subtask/*` (records and pins), `refs/notes/subtask` (review blocks), and with
 `push --branches` the job branches `refs/heads/subtask/*`.
 
+How: `pull` asks the remote for its tips (`ls-remote`), fetches the objects it lacks without
+writing any ref (`fetch --refmap= <names>`: no FETCH_HEAD, no tracking ref), then compares each
+ref here with the remote's copy and moves ours only forward, by compare-and-swap. `push` pushes
+without force; for each ref the remote refuses it fetches the remote's copy and compares the same
+way. The comparison (`compare`) has four answers: the same, the remote's is newer (a descendant of
+ours: an older copy here, which `pull` fast-forwards and `push` leaves alone), ours is newer (a
+descendant of the remote's: `push` shares it, `pull` keeps it), or diverged (neither descends from
+the other: the only real conflict, reported, nothing overwritten on either side).
+
 Invariants:
-- Never a forced refspec, in either direction. A record that differs on both sides is not a
-  fast-forward, so git refuses it and it stays as it is here (reported, not overwritten); the
-  remote's copy stays on the remote.
-- The remote's notes are fetched into `refs/notes/remotes/<remote>/subtask` (deleted first, so the
-  fetch creates it and needs no force), merged block by block into ours (`notes_store.merge_ref`,
-  no block lost), and pushed again as a fast-forward. A forced `+refs/notes/*` would silently drop
-  unpushed notes, and `receive.denyNonFastForwards` would not stop it (it guards refs/heads/ only).
+- Never a forced refspec, in either direction, and never a local ref moved except forward (CAS on
+  the value compared), because a forced ref drops unpushed records and notes, and
+  `receive.denyNonFastForwards` would not stop it (it guards refs/heads/ only).
+- Never call an older copy a divergence: only two chains that fork are one.
+- Never share a fixed scratch ref between syncs (the old `refs/notes/remotes/<remote>/subtask`),
+  because two syncs in one clone deleted and re-created it under each other (measured: a push
+  read it back as gone and crashed). The remote's notes are merged from the object id `ls-remote`
+  named, block by block (`notes_store.merge_ref`, no block lost), and pushed again as a fast-forward.
+- Any pair of syncs may run at once in one clone (and with a running job writing its record):
+  every local write is a CAS that re-compares on a race, and a push the remote refused for a
+  transient reason (its ref lock was busy) is retried.
 """
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from dataclasses import dataclass, field
+
+import pygit2
 
 from subtask import notes, notes_store, records
 from subtask.errors import SubtaskError
@@ -25,8 +42,12 @@ from subtask.gitrepo import Repo, git
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
 BRANCHES_SPEC = "refs/heads/subtask/*:refs/heads/subtask/*"
 NOTES_SPEC = f"{notes_store.NOTES_REF}:{notes_store.NOTES_REF}"
-NOTES_RACE_RETRIES = 5
-_REJECTED_FETCH_RE = re.compile(r"^\s*!\s+\[[^\]]*\]\s+(\S+)\s+->\s+(\S+)")
+PUSH_ROUNDS = 10  # first push + retries of what the remote refused (notes raced, ref lock busy)
+FETCH_ROUNDS = 3  # ls-remote + fetch again when the remote moved in between
+CAS_RETRIES = 50
+FETCH_CHUNK = 200  # ref names per fetch command line
+
+SAME, THEIRS_NEWER, OURS_NEWER, DIVERGED = "same", "theirs newer", "ours newer", "diverged"
 
 
 @dataclass
@@ -34,7 +55,9 @@ class SyncResult:
     remote: str
     new_jobs: list[str] = field(default_factory=list)  # pull: jobs that arrived
     updated: list[str] = field(default_factory=list)  # refs that moved
-    kept_local: list[str] = field(default_factory=list)  # refs that differ on both sides: not overwritten
+    kept_local: list[str] = field(default_factory=list)  # refs that diverged (or could not be synced)
+    older_here: list[str] = field(default_factory=list)  # push: the remote has a newer copy (not a conflict)
+    ahead_here: list[str] = field(default_factory=list)  # pull: ours is newer (push shares it)
     notes: str = ""
     lines: list[str] = field(default_factory=list)
 
@@ -43,15 +66,93 @@ class SyncResult:
         return not self.kept_local
 
 
-def tracking_ref(remote: str) -> str:
-    return f"refs/notes/remotes/{remote}/subtask"
-
-
 def _check_remote(repo: Repo, remote: str) -> None:
     if not remote or remote.startswith("-") or not re.fullmatch(r"[A-Za-z0-9._/-]+", remote) or ".." in remote:
         raise SubtaskError("usage", f"not a remote name: {remote!r}")
     if git(repo.root, "remote", "get-url", remote, check=False).returncode != 0:
         raise SubtaskError("usage", f"no remote named '{remote}'", hint=f"git remote add {remote} <url>")
+
+
+# ---------------------------------------------------------------- comparing with the remote
+
+def compare(repo: Repo, ours: str | None, theirs: str) -> str:
+    """How our copy of a ref relates to the remote's (whose objects are here).
+
+    A side that is no commit (a damaged ref: a blob, a missing object) has no history to compare,
+    so it counts as diverged: kept as it is, reported, never overwritten.
+    """
+    if ours == theirs:
+        return SAME
+    try:
+        if ours is None or repo.git.descendant_of(theirs, ours):
+            return THEIRS_NEWER
+        if repo.git.descendant_of(ours, theirs):
+            return OURS_NEWER
+    except (KeyError, ValueError, pygit2.GitError):
+        pass
+    return DIVERGED
+
+
+def _local_tip(repo: Repo, name: str) -> str | None:
+    ref = repo.git.references.get(name)
+    return str(ref.target) if ref is not None else None
+
+
+def _has_object(repo: Repo, oid: str) -> bool:
+    try:
+        return oid in repo.git
+    except (ValueError, pygit2.GitError):
+        return False
+
+
+def remote_tips(repo: Repo, remote: str, patterns: list[str]) -> dict[str, str]:
+    """{ref: oid} on the remote for these patterns (ls-remote matches tails: keep exact prefixes)."""
+    proc = git(repo.root, "ls-remote", remote, *patterns, check=False, timeout=300)
+    if proc.returncode != 0:
+        raise SubtaskError("fatal", f"git ls-remote {remote} failed: {proc.stderr.strip()}")
+    wanted = tuple(p[:-1] if p.endswith("*") else p for p in patterns)
+    tips = {}
+    for line in proc.stdout.splitlines():
+        oid, _, name = line.partition("\t")
+        exact_or_under = any(name == w or (w.endswith("/") and name.startswith(w)) for w in wanted)
+        if exact_or_under and pygit2.reference_is_valid_name(name) and re.fullmatch(r"[0-9a-f]{40,64}", oid):
+            tips[name] = oid
+    return tips
+
+
+def _fetch_objects(repo: Repo, remote: str, tips: dict[str, str]) -> None:
+    """Fetch what these remote refs point at, writing no ref at all (no FETCH_HEAD, no tracking ref).
+
+    Every tip that differs from our ref of that name is fetched, even when its object is already
+    here: another fetch may be writing those objects one by one right now, and only a finished
+    fetch (git checks connectivity before it skips work) says the whole history is here.
+    """
+    missing = [name for name, oid in sorted(tips.items()) if _local_tip(repo, name) != oid]
+    for i in range(0, len(missing), FETCH_CHUNK):
+        proc = git(repo.root, "fetch", "--no-tags", "--no-write-fetch-head", "--refmap=", remote,
+                   *missing[i:i + FETCH_CHUNK], check=False, timeout=300)
+        if proc.returncode != 0:
+            raise SubtaskError("fatal", f"git fetch from {remote} failed: {proc.stderr.strip()}")
+
+
+def _fetched_tips(repo: Repo, remote: str, patterns: list[str]) -> dict[str, str]:
+    """The remote's tips, with their objects here. Asks again if the remote moved in between."""
+    for _ in range(FETCH_ROUNDS):
+        tips = remote_tips(repo, remote, patterns)
+        try:
+            _fetch_objects(repo, remote, tips)
+        except SubtaskError:
+            continue  # e.g. a ref deleted on the remote after ls-remote named it
+        if all(_has_object(repo, oid) for oid in tips.values()):
+            return tips
+    tips = remote_tips(repo, remote, patterns)
+    _fetch_objects(repo, remote, tips)  # the last try reports its own error
+    return {name: oid for name, oid in tips.items() if _has_object(repo, oid)}
+
+
+def _merge_notes(repo: Repo, theirs: str) -> str:
+    ids = set(records.all_ids(repo))
+    return notes_store.merge_ref(repo.git, theirs, notes.lock_path(repo), prefer_local=lambda j: j in ids)
 
 
 # ---------------------------------------------------------------- push
@@ -62,26 +163,28 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False) -> SyncResu
     notes_store.ensure_ref(repo.git)
     result = SyncResult(remote)
     specs = [RECORDS_SPEC, NOTES_SPEC] + ([BRANCHES_SPEC] if branches else [])
-    rejected = _push(repo, remote, specs, result)
-    for _ in range(NOTES_RACE_RETRIES):
-        if notes_store.NOTES_REF not in rejected:
+    refused: dict[str, str] = {}
+    for round_ in range(PUSH_ROUNDS):
+        refused = _push(repo, remote, specs, result)
+        if not refused:
             break
-        # Someone pushed notes meanwhile: take theirs in beside ours, then push the merge (a fast-forward).
-        rejected.discard(notes_store.NOTES_REF)
-        result.notes = _fetch_and_merge_notes(repo, remote)
-        result.lines.append(f"notes: the remote had notes we lacked: {result.notes}")
-        rejected |= _push(repo, remote, [NOTES_SPEC], result)
-    result.kept_local = sorted(rejected)
-    for ref in result.kept_local:
-        result.lines.append(f"not pushed: {ref} differs on {remote} (never forced; "
-                            f"compare: git log {ref} and git ls-remote {remote} {ref})")
+        retry = _settle_refused(repo, remote, refused, result)
+        refused = {ref: why for ref, why in refused.items() if ref in retry}
+        if not retry:
+            break
+        specs = [f"{ref}:{ref}" for ref in sorted(retry)]
+        time.sleep(0.05 * (round_ + 1) * random.random())  # a busy remote ref lock: let the other push finish
+    result.kept_local += sorted(set(refused) - set(result.kept_local))
+    for ref in sorted(refused):
+        result.lines.append(f"not pushed: {ref}: {remote} refused it {refused[ref]} "
+                            f"(never forced; compare: git log {ref} and git ls-remote {remote} {ref})")
     return result
 
 
-def _push(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> set[str]:
-    """Run one push; returns the destination refs the remote rejected."""
+def _push(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> dict[str, str]:
+    """Run one push; returns the destination refs the remote refused, with git's reason."""
     proc = git(repo.root, "push", "--porcelain", remote, *specs, check=False, timeout=300)
-    rejected: set[str] = set()
+    refused: dict[str, str] = {}
     seen_status = False
     for line in proc.stdout.splitlines():
         parts = line.split("\t")
@@ -90,44 +193,66 @@ def _push(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> set[
         seen_status = True
         flag, dest = parts[0], parts[1].split(":", 1)[1]
         if flag == "!":
-            rejected.add(dest)
+            refused[dest] = parts[2].strip()
         elif flag in (" ", "*"):
             result.updated.append(dest)
             result.lines.append(f"pushed {dest}")
     if proc.returncode != 0 and not seen_status:
         raise SubtaskError("fatal", f"git push to {remote} failed: {proc.stderr.strip()}")
-    return rejected
+    return refused
+
+
+def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: SyncResult) -> set[str]:
+    """Look at what the remote refused; returns the refs worth pushing again.
+
+    The notes: theirs merged into ours, then pushed again (a fast-forward). A record, pin or branch
+    where the remote's copy is newer: nothing of ours is missing there (an older copy here is not a
+    divergence). Ours newer: the remote moved or its ref lock was busy; push again. Diverged: kept.
+    """
+    tips = _fetched_tips(repo, remote, sorted(refused))
+    retry = set()
+    for ref in sorted(refused):
+        theirs = tips.get(ref)
+        if theirs is None:
+            retry.add(ref)  # the remote has no such ref: a creation that lost a lock race
+            continue
+        if ref == notes_store.NOTES_REF:
+            result.notes = _merge_notes(repo, theirs)
+            result.lines.append(f"notes: the remote had notes we lacked: {result.notes}")
+            retry.add(ref)
+            continue
+        relation = compare(repo, _local_tip(repo, ref), theirs)
+        if relation == SAME:
+            continue  # another push put the same commit there meanwhile
+        if relation == THEIRS_NEWER:
+            result.older_here.append(ref)
+            how = "git subtask pull takes it" if ref.startswith(records.PREFIX) else f"git fetch {remote} to see it"
+            result.lines.append(f"{remote} has a newer copy of {ref}: ours is older, nothing to push ({how})")
+        elif relation == OURS_NEWER:
+            retry.add(ref)
+        else:
+            result.kept_local.append(ref)
+            result.lines.append(f"not pushed: {ref} diverged from {remote}'s copy (never forced; "
+                                f"compare: git log {ref} and git ls-remote {remote} {ref})")
+    return retry
 
 
 # ---------------------------------------------------------------- pull
 
 def pull(repo: Repo, remote: str = "origin") -> SyncResult:
-    """Fetch records of teammates' jobs (never overwriting ours) and merge their notes into ours."""
+    """Take teammates' records and newer copies (never overwriting ours) and merge their notes into ours."""
     _check_remote(repo, remote)
     result = SyncResult(remote)
-    before = {name: str(repo.git.references[name].target) for name in repo.git.references if name.startswith(records.PREFIX)}
-    remote_has_notes = bool(git(repo.root, "ls-remote", remote, notes_store.NOTES_REF, check=False, timeout=300).stdout.strip())
-    specs = [RECORDS_SPEC]
-    tracking = tracking_ref(remote)
-    if remote_has_notes:
-        _delete_ref(repo, tracking)
-        specs.append(f"{notes_store.NOTES_REF}:{tracking}")
-    proc = git(repo.root, "fetch", "--no-tags", "--no-write-fetch-head", remote, *specs, check=False, timeout=300)
-    for line in proc.stderr.splitlines():
-        match = _REJECTED_FETCH_RE.match(line)
-        if match:
-            result.kept_local.append(match.group(2))
-    if proc.returncode != 0 and not result.kept_local:
-        raise SubtaskError("fatal", f"git fetch from {remote} failed: {proc.stderr.strip()}")
-    after = {name: str(repo.git.references[name].target) for name in repo.git.references if name.startswith(records.PREFIX)}
-    result.updated = sorted(n for n, t in after.items() if before.get(n) not in (None, t))
-    result.new_jobs = sorted({n[len(records.PREFIX):-len("/record")] for n in after
-                              if n.endswith("/record") and n not in before})
+    tips = _fetched_tips(repo, remote, [f"{records.PREFIX}*", notes_store.NOTES_REF])
+    for ref, theirs in sorted(tips.items()):
+        if ref.startswith(records.PREFIX):
+            _take(repo, ref, theirs, result)
     result.lines += [f"new job {j}" for j in result.new_jobs]
     result.lines += [f"updated {ref} (fast-forward)" for ref in result.updated]
-    result.lines += [f"kept local: {ref} differs on {remote}; ours was not overwritten" for ref in result.kept_local]
-    if remote_has_notes and repo.git.references.get(tracking) is not None:
-        result.notes = _merge_tracking(repo, tracking)
+    result.lines += [f"kept local: {ref} diverged from {remote}'s copy; ours was not overwritten "
+                     f"(compare: git log {ref} and git ls-remote {remote} {ref})" for ref in result.kept_local]
+    if notes_store.NOTES_REF in tips:
+        result.notes = _merge_notes(repo, tips[notes_store.NOTES_REF])
         result.lines.append(f"notes: {result.notes}")
     changed = notes.rebuild(repo)
     if changed:
@@ -135,20 +260,24 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
     return result
 
 
-def _fetch_and_merge_notes(repo: Repo, remote: str) -> str:
-    tracking = tracking_ref(remote)
-    _delete_ref(repo, tracking)
-    git(repo.root, "fetch", "--no-tags", "--no-write-fetch-head", remote, f"{notes_store.NOTES_REF}:{tracking}", timeout=300)
-    return _merge_tracking(repo, tracking)
-
-
-def _merge_tracking(repo: Repo, tracking: str) -> str:
-    ref = repo.git.references.get(tracking)
-    ids = set(records.all_ids(repo))
-    return notes_store.merge_ref(repo.git, str(ref.target), notes.lock_path(repo), prefer_local=lambda j: j in ids)
-
-
-def _delete_ref(repo: Repo, name: str) -> None:
-    ref = repo.git.references.get(name)
-    if ref is not None:
-        records.cas_ref(repo, name, str(ref.target), None)
+def _take(repo: Repo, ref: str, theirs: str, result: SyncResult) -> None:
+    """Move our copy of `ref` forward to the remote's when it is newer, by CAS (re-compared on a race)."""
+    for attempt in range(CAS_RETRIES):
+        ours = _local_tip(repo, ref)
+        relation = compare(repo, ours, theirs)
+        if relation == SAME:
+            return
+        if relation == OURS_NEWER:
+            result.ahead_here.append(ref)
+            return
+        if relation == DIVERGED:
+            result.kept_local.append(ref)
+            return
+        if records.cas_ref(repo, ref, ours, theirs, "git-subtask: pull (fast-forward)"):
+            if ours is not None:
+                result.updated.append(ref)
+            elif ref.endswith("/record"):
+                result.new_jobs.append(ref[len(records.PREFIX):-len("/record")])
+            return
+        time.sleep(0.002 * (attempt + 1) * random.random())  # a worker or another pull moved it: look again
+    result.kept_local.append(ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ def team(tmp_path):
     seed = make_repo(tmp_path / "seed")
     remote = tmp_path / "remote.git"
     git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
+    git(remote, "config", "core.logAllRefUpdates", "always")  # a bare repository keeps no reflog by default
     clones = []
     for name in ("a", "b"):
         path = tmp_path / name
@@ -28,6 +30,21 @@ def job(cli, script="true") -> str:
     job_id = cli.start(script)
     cli.ok("wait", job_id)
     return job_id
+
+
+def assert_only_fast_forwards(remote):
+    """Every update the remote ever took was a fast-forward: each logged new value descends from the old."""
+    logs = list((remote / "logs" / "refs").rglob("*"))
+    updates = 0
+    for log in (p for p in logs if p.is_file()):
+        for line in log.read_text().splitlines():
+            old, new = line.split()[:2]
+            if set(old) == {"0"} or set(new) == {"0"}:
+                continue
+            updates += 1
+            forced = subprocess.run(["git", "-C", str(remote), "merge-base", "--is-ancestor", old, new]).returncode
+            assert forced == 0, f"{log.relative_to(remote)}: {old} -> {new} was a forced update"
+    return updates
 
 
 def record_ids(path) -> set[str]:
@@ -55,7 +72,7 @@ def test_jobs_from_both_clones_appear_in_both_and_no_note_is_lost(team):
     # the remote holds both blocks too, and every push was a fast-forward (no forced update)
     remote_note = git(remote, "notes", "--ref=subtask", "show", git(a, "rev-parse", "HEAD"))
     assert f"subtask {ja} ·" in remote_note and f"subtask {jb} ·" in remote_note
-    assert "forced" not in git(remote, "reflog", "show", "refs/notes/subtask", check=False)
+    assert assert_only_fast_forwards(remote) >= 1  # b's merged notes went on top of a's
     # pulled jobs read like our own
     assert cli_b.json("show", ja2)["evidence"]["totals"]["commits"] == 1
     assert "a.txt" in cli_b.ok("diff", ja2, "--stat")
@@ -83,6 +100,7 @@ def test_a_record_that_differs_locally_is_never_overwritten(team):
     pushed = cli_b("push")
     assert pushed.returncode == 1 and f"not pushed: refs/subtask/{shared}/record" in pushed.stdout
     assert git(remote, "rev-parse", f"refs/subtask/{shared}/record") == git(a, "rev-parse", f"refs/subtask/{shared}/record")
+    assert_only_fast_forwards(remote)
 
 
 def test_a_merge_made_in_another_clone_is_noticed_after_a_pull(team):
@@ -104,3 +122,130 @@ def test_push_and_pull_need_a_real_remote(team):
     proc = cli_a("push", "nowhere")
     assert proc.returncode == 129 and "no remote named 'nowhere'" in proc.stderr
     assert cli_a("pull", "--upload-pack=evil").returncode == 129
+
+
+# ---------------------------------------------------------------- races and older copies
+
+UPDATE_RECORD = (
+    "import os, sys, time; from subtask import api, records\n"
+    "repo, job_id, until = api.repo_at(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
+    "i = 0\n"
+    "while True:\n"
+    "    i += 1\n"
+    "    records.update(repo, job_id, lambda j: j.state.extra.__setitem__('mark', i))\n"
+    "    if not until or os.path.exists(until):\n"
+    "        break\n"
+    "    time.sleep(0.005)\n"
+    "print(i)\n"
+)
+
+
+def update_record(path, job_id, until=None):
+    """Add a fact to a record (what a reply, a landing or a running worker does to it).
+
+    With `until` (a path), keep adding facts until that file exists, in the background."""
+    args = [sys.executable, "-c", UPDATE_RECORD, str(path), job_id, str(until or "")]
+    if until:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subprocess.run(args, check=True)
+
+
+def test_an_older_copy_of_a_record_is_not_a_divergence(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    theirs = job(cli_a)
+    mine = job(cli_b)
+    cli_a.ok("push")
+    cli_b.ok("push")
+    cli_b.ok("pull")
+    update_record(a, theirs)  # a moves its record on (a landing, a reply); b holds the older copy
+    update_record(b, mine)  # and b moves its own record on: b is ahead of the remote there
+    cli_a.ok("push")
+    pushed = cli_b("push")
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert "not pushed" not in pushed.stdout and f"pushed refs/subtask/{mine}/record" in pushed.stdout
+    assert git(remote, "rev-parse", f"refs/subtask/{theirs}/record") == git(a, "rev-parse", f"refs/subtask/{theirs}/record")
+    update_record(b, mine)  # ahead again: a pull must not call that a divergence either
+    pulled = cli_b("pull")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert "kept local" not in pulled.stdout
+    assert f"updated refs/subtask/{theirs}/record (fast-forward)" in pulled.stdout, pulled.stdout
+    assert git(b, "rev-parse", f"refs/subtask/{theirs}/record") == git(a, "rev-parse", f"refs/subtask/{theirs}/record")
+    assert cli_b.json("show", theirs)["state_detail"]["mark"] == 1
+    assert_only_fast_forwards(remote)
+
+
+TEAMMATE = """
+n=0
+while [ ! -e "$1" ]; do
+  n=$((n+1))
+  git fetch -q origin +refs/notes/subtask:refs/notes/subtask 2>/dev/null
+  git notes --ref=subtask add -f -m "teammate note $n" HEAD && git push -q origin refs/notes/subtask 2>/dev/null
+  sleep 0.2
+done
+"""
+
+
+def teammate_moving_notes(path, until):
+    """A teammate who keeps adding a note and pushing it, so every push and pull has notes to merge."""
+    return subprocess.Popen(["sh", "-c", TEAMMATE, "teammate", str(until)], cwd=path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+RACE_TRIALS = int(os.environ.get("RACE_TRIALS", "10"))
+PULL_TRIALS = 4
+
+
+@pytest.mark.stress
+def test_syncs_at_once_in_one_clone_all_succeed(team):
+    """Every pair at once (push/pull, pull/pull, push/push) while a teammate keeps moving the notes."""
+    remote, ((a, cli_a), (b, cli_b)) = team
+    job(cli_a)
+    cli_a.ok("push")
+    commands = [("push",), ("pull",), ("push",), ("pull",)]
+    failures = []
+    stop = b.parent / "teammate-stop"
+    teammate = teammate_moving_notes(b, stop)
+    try:
+        for trial in range(RACE_TRIALS):
+            procs = [subprocess.Popen(["git", "subtask", *args], cwd=a, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for args in commands]
+            for args, proc in zip(commands, procs, strict=True):
+                out, err = proc.communicate(timeout=60)
+                if proc.returncode != 0:
+                    failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
+    finally:
+        stop.touch()
+        teammate.wait(timeout=30)
+    assert not failures, f"{len(failures)} of {len(commands) * RACE_TRIALS} commands failed:\n" + "\n".join(failures)
+    cli_a.ok("pull")
+    last = git(remote, "notes", "--ref=subtask", "show", "HEAD").splitlines()[0]
+    assert last.startswith("teammate note") and last in git(a, "notes", "--ref=subtask", "show", "HEAD")
+    cli_a.ok("push")
+    assert git(remote, "rev-parse", "refs/notes/subtask") == git(a, "rev-parse", "refs/notes/subtask")
+    assert_only_fast_forwards(remote)
+
+
+@pytest.mark.stress
+def test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_update(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    mine = job(cli_a)
+    theirs = job(cli_b)
+    cli_a.ok("push")
+    cli_b.ok("push")
+    stop = a.parent / "stop-writing"
+    writer = update_record(a, mine, until=stop)  # a "running" job writing its record, fast
+    failures = []
+    try:
+        for trial in range(PULL_TRIALS):
+            update_record(b, theirs)
+            cli_b.ok("push")
+            pulled = cli_a("pull")
+            if pulled.returncode != 0:
+                failures.append(f"trial {trial}: pull exited {pulled.returncode}: {pulled.stderr.strip()} {pulled.stdout.strip()}")
+    finally:
+        stop.touch()
+        out, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert not failures, f"{len(failures)} of {PULL_TRIALS} pulls failed:\n" + "\n".join(failures)
+    assert cli_a.json("show", mine)["state_detail"]["mark"] == int(out)  # the pulls lost no update
+    assert git(a, "rev-parse", f"refs/subtask/{theirs}/record") == git(b, "rev-parse", f"refs/subtask/{theirs}/record")

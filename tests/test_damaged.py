@@ -1,0 +1,132 @@
+"""Damaged records: a record ref pointing at a blob, at an unrelated commit, at a commit with garbage
+JSON, or at an object that is not there. Every command on that job says it is damaged and how to
+inspect it (exit 128, no traceback), `wait` returns, `list` and the other jobs carry on, doctor
+reports it, and nothing deletes the damaged ref (it is what there is to inspect)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from conftest import git, wait_until
+
+DAMAGE = ("blob", "unrelated-commit", "garbage-json", "wrong-types", "missing-object")
+
+
+def damage(repo, job_id: str, kind: str) -> None:
+    ref = f"refs/subtask/{job_id}/record"
+
+    def obj(text: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=text,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    def commit_with(spec: str, state: str, list_line: str) -> str:
+        listing = f"100644 blob {obj(spec)}\tspec.json\n100644 blob {obj(state)}\tstate.json\n"
+        tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        return git(repo, "commit-tree", tree, "-m", f"damaged\n\nSubtask-List: {list_line}\n")
+
+    if kind == "blob":
+        git(repo, "update-ref", ref, obj("not a commit\n"))
+    elif kind == "unrelated-commit":
+        git(repo, "update-ref", ref, "HEAD")
+    elif kind == "garbage-json":
+        git(repo, "update-ref", ref, commit_with("{not json", "[1, 2", "{torn"))
+    elif kind == "wrong-types":  # a list line that looks right, so only the files are wrong
+        git(repo, "update-ref", ref, commit_with('{"id": 7, "task": null}', '{"attempts": "many"}',
+                                                 f'{{"v": 1, "id": "{job_id}", "state": "done"}}'))
+    elif kind == "missing-object":
+        (repo / ".git" / ref).write_text("1234567890123456789012345678901234567890\n")
+
+
+def assert_names_the_damage(proc, job_id: str, what: str):
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 128, f"{what}: exit {proc.returncode}: {out}"
+    assert f"{job_id}" in proc.stderr and "damaged" in proc.stderr, f"{what}: {out}"
+    assert f"git log refs/subtask/{job_id}/record" in proc.stderr, f"{what}: no way to inspect it named: {out}"
+    assert "unexpected" not in out and "Traceback" not in out, f"{what}: {out}"
+
+
+@pytest.fixture
+def two_jobs(repo, cli):
+    healthy = cli.start("true")
+    victim = cli.start("echo v > v.txt && git add v.txt && git commit -qm v")
+    cli.ok("wait", healthy, victim)
+    return healthy, victim
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli, two_jobs, kind):
+    healthy, victim = two_jobs
+    damage(repo, victim, kind)
+    ref = f"refs/subtask/{victim}/record"
+    damaged_tip = (repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)
+    for args in (("show", victim), ("show", victim, "--json"), ("result", victim), ("status", victim),
+                 ("diff", victim), ("log", victim), ("merge", victim), ("reply", victim, "again"),
+                 ("stop", victim), ("cleanup", victim), ("wait", victim), ("wait", healthy, victim),
+                 ("wait", "--any", victim)):
+        assert_names_the_damage(cli(*args, timeout=30), victim, " ".join(args))
+    listed = cli("list")
+    assert listed.returncode == 0 and healthy in listed.stdout and "Traceback" not in listed.stderr, listed
+    if kind != "wrong-types":  # list reads only the list line (one object per job): damage there is warned about
+        assert victim in listed.stderr and "damaged" in listed.stderr, listed.stderr
+        assert victim not in listed.stdout
+    assert cli.json("show", healthy)["state"] == "done"
+    doctor = cli("doctor")
+    assert doctor.returncode == 1 and victim in doctor.stdout and "damaged" in doctor.stdout, doctor.stdout
+    assert f"git log {ref}" in doctor.stdout
+    # sharing goes on too: a damaged ref here is kept and reported, never a crash
+    remote = repo.parent / "remote.git"
+    git(repo.parent, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    for args in (("push",), ("pull",), ("push",)):
+        proc = cli(*args)
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, \
+            (args, proc.stdout, proc.stderr)
+    # the sweeps and gc go on without it, and nothing removes what there is to inspect
+    for args in (("cleanup", "--merged"), ("gc", "--older-than", "0s"), ("notes", "rebuild"), ("spend",)):
+        proc = cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stdout, proc.stderr)
+    assert ((repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)) == damaged_tip
+
+
+def blocked_on_run_lock(repo, job_id: str) -> bool:
+    """Is some process blocked on a shared flock of the job's run-lock (a watcher of `wait`)?"""
+    inode = (repo / ".git" / "subtask" / "run" / f"{job_id}.lock").stat().st_ino
+    with open("/proc/locks") as fh:
+        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks to see the waiter blocked")
+def test_wait_returns_when_a_record_is_damaged_while_it_waits(repo, cli):
+    gate = repo.parent / "go"
+    job_id = cli.start(f"while [ ! -e '{gate}' ]; do sleep 0.05; done")
+    waiter = subprocess.Popen(["git", "subtask", "wait", job_id], cwd=repo, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: blocked_on_run_lock(repo, job_id), timeout=20)  # past its first look
+        damage(repo, job_id, "blob")
+        gate.touch()
+        out, err = waiter.communicate(timeout=30)
+    finally:
+        gate.touch()
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 128 and job_id in err and "damaged" in err, (out, err)
+    assert "Traceback" not in err and "unexpected" not in err, err
+
+
+def test_a_dead_workers_damaged_record_is_kept_and_its_slot_freed(repo, cli):
+    git(repo, "config", "subtask.maxRunning", "1")
+    crashed = cli("start", "true", env={"SUBTASK_FAULT": "after_record"})  # a slot entry, a record, no worker
+    assert crashed.returncode == 99
+    job_id = git(repo, "for-each-ref", "--format=%(refname)", "refs/subtask/").split("/")[2]
+    damage(repo, job_id, "unrelated-commit")
+    listed = cli("list")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert job_id in listed.stderr and "damaged" in listed.stderr, listed.stderr
+    assert git(repo, "rev-parse", f"refs/subtask/{job_id}/record") == git(repo, "rev-parse", "HEAD")  # kept
+    assert f"refs/subtask/{job_id}/base" in git(repo, "for-each-ref", "refs/subtask/")
+    other = cli.start("true")  # the dead worker's slot came back
+    assert cli.json("wait", other, "--timeout", "20")["jobs"][0]["state"] == "done"
