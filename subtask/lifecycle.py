@@ -7,6 +7,9 @@ Invariants:
 - An attempt is ended only through `end_attempt`, which writes its terminal state by
   compare-and-swap and never overwrites one; the ledger close that goes with it is idempotent.
   Together they make "charged once" hold however many processes notice a dead worker.
+- A dead worker's engine process group is killed (`end_orphaned_engine`) before its attempt is
+  settled and its slot freed, and only when the recorded group provably is that engine's (the
+  leader's start time is recorded with its pid).
 - A spawned worker inherits its run-lock fd; the spawner closes its copy without unlocking
   (unlocking would drop the worker's lock too: flock belongs to the shared file description).
 """
@@ -59,6 +62,30 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
     data.update(pids)
     data["v"] = 1
     write_json(pid_file(state_dir, job_id), data)
+
+
+def reset_pids(state_dir: Path, job_id: str, worker: int) -> None:
+    """Start a new attempt's pid file with only its worker: no earlier engine group may be signalled."""
+    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker})
+
+
+def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
+    """Remember the engine's process group and its leader's start time (which proves, later, that
+    a process with that pid is still the leader and not a reused pid)."""
+    from subtask import procs
+
+    record_pid(state_dir, job_id, engine=pid, engine_started=procs.start_time(pid))
+
+
+def end_orphaned_engine(state_dir: Path, job_id: str) -> None:
+    """End the engine process group a dead worker left behind. The caller holds the job's
+    run-lock, so no live worker owns that group; the recorded start time guards against reuse."""
+    from subtask import procs
+
+    pids = read_pids(state_dir, job_id)
+    pgid, started = pids.get("engine"), pids.get("engine_started")
+    if isinstance(pgid, int) and pgid > 1:
+        procs.kill_orphaned_group(pgid, started if isinstance(started, int) else None)
 
 
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
@@ -246,6 +273,9 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     rid = f"{job_id}.{attempt_n}"
     if target is None:
         return False
+    # The engine dies before the attempt is settled and its slot freed: a dead worker's engine
+    # must not run on beside the job that gets the slot, nor commit after the job is recorded.
+    end_orphaned_engine(target.state_dir, job_id)
     try:
         records.read(target, job_id)
     except Exception:

@@ -189,7 +189,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config, on_pid=lambda pid: lifecycle.record_pid(repo.state_dir, job.id, engine=pid),
+        config=repo.config, on_pid=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid),
     )
     try:
         return engine.run(ctx)
@@ -394,7 +394,7 @@ def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.Hand
 def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
     """Run this job, then every queued job handed to us in this repository."""
     while True:
-        lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
+        lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
         attempt_n = _run_current(repo, job_id)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

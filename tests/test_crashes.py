@@ -1,0 +1,183 @@
+"""Dead workers and half-written records: what a kill -9 or a stale lock leaves, and who repairs it.
+
+Every job here is held by a file the test creates (never a sleep), and every test releases what it
+holds in a `finally`, so a failing test leaves no worker or engine running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import git, wait_until
+
+
+def state_dir(repo: Path) -> Path:
+    return Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask"
+
+
+def pids_of(repo: Path, job: str) -> dict:
+    path = state_dir(repo) / "run" / f"{job}.pid"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def live_members(pgid: int) -> list[int]:
+    """Pids in process group `pgid` that are not zombies (read from /proc)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+def kill_group_quietly(pgid: int | None) -> None:
+    if pgid and pgid > 1:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+HOLD = "while [ ! -e '{go}' ]; do sleep 0.05; done"
+
+
+def use_sh_command_engine(repo: Path) -> None:
+    """A `command` engine that runs its task with sh (no shell engine code involved)."""
+    git(repo, "config", "subtask.engine.sh.command", json.dumps(["sh", "-c", "{task}"]))
+
+
+# ---------------------------------------------------------------- item 4: an engine never outlives its worker
+
+@pytest.mark.parametrize("engine", ["shell", "command"])
+def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, engine):
+    """maxRunning=1; kill -9 A's worker while A's engine waits on a file: A's whole engine group
+    is gone by the time the next command has settled A, so B never runs beside it and A's commit
+    never lands after A was recorded failed."""
+    git(repo, "config", "subtask.maxRunning", "1")
+    if engine == "command":
+        use_sh_command_engine(repo)
+    go = repo.parent / "go"
+    grandchild = repo.parent / "grandchild.pid"
+    # A background member of the engine's group, so "the leader died" is not enough.
+    task = (f"(trap '' TERM; echo $$ > '{grandchild}'; exec sleep 60) & "
+            f"{HOLD.format(go=go)}; echo A > fa; git add fa; git commit -qm A")
+    args = ["--engine", "sh"] if engine == "command" else []
+    a = cli.start(task, *args)
+    engine_pgid = None
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, a) and grandchild.exists()
+                          and grandchild.read_text().strip(), timeout=20)
+        pids = pids_of(repo, a)
+        engine_pgid = pids["engine"]
+        os.kill(pids["worker"], signal.SIGKILL)
+        # The parent-death signal ends the engine's leader with no command run at all.
+        assert wait_until(lambda: not alive(engine_pgid), timeout=5), "the engine outlived its worker"
+        rows = {r["id"]: r for r in cli.json("list")["jobs"]}
+        assert rows[a]["state"] == "failed"
+        # ... and the command that settled A ended the rest of its group before freeing the slot.
+        assert live_members(engine_pgid) == [], "a member of the dead worker's engine group still runs"
+        go.touch()
+        b = cli.start("echo B > fb")
+        assert cli("wait", b, timeout=30).returncode == 0
+        time.sleep(0.3)
+        log = git(repo, "log", "--format=%s", f"subtask/{a}")
+        assert "A" not in log.splitlines(), "A's engine committed after A was recorded failed"
+        assert cli("stop", a).returncode == 1
+    finally:
+        go.touch()
+        kill_group_quietly(engine_pgid)
+
+
+def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
+    """A recorded engine pgid that now names an unrelated process (pid reuse) is left alone."""
+    go = repo.parent / "go"
+    a = cli.start(HOLD.format(go=go))
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, a), timeout=20)
+        pids = pids_of(repo, a)
+        os.kill(pids["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not alive(pids["engine"]), timeout=5)
+        # Pretend the engine's pid was reused by `stranger`: the record says pgid X, X is alive.
+        path = state_dir(repo) / "run" / f"{a}.pid"
+        recorded = json.loads(path.read_text())
+        recorded["engine"] = stranger.pid
+        path.write_text(json.dumps(recorded))
+        assert cli.json("list")["jobs"][0]["state"] == "failed"
+        assert stranger.poll() is None, "the reaper killed a process group that was not the engine's"
+    finally:
+        go.touch()
+        stranger.kill()
+        stranger.wait()
+
+
+SPAWN_AND_DIE = r"""
+import os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from subtask import procs
+mode, marker = sys.argv[2], sys.argv[3]
+
+def spawn():
+    if mode == "procs":
+        procs.run(["sh", "-c", f"echo $$ > {marker}; exec sleep 60"], cwd=".", timeout=120)
+    else:  # the path the claude engine takes: the SDK's anyio.open_process, wrapped
+        import anyio
+        from subtask.engines import claude
+        async def main():
+            token = claude._NEW_SESSION.set(True)
+            try:
+                proc = await claude._AnyioWithSession(anyio).open_process(
+                    ["sh", "-c", f"echo $$ > {marker}; exec sleep 60"])
+            finally:
+                claude._NEW_SESSION.reset(token)
+            await proc.wait()
+        anyio.run(main)
+
+spawn()
+"""
+
+
+@pytest.mark.parametrize("mode", ["procs", "claude_transport"])
+def test_an_engine_child_dies_with_the_process_that_spawned_it(tmp_path, mode):
+    """The child setup (PR_SET_PDEATHSIG) on both spawn paths engines use: procs.run (shell,
+    command, codex) and the claude SDK transport's open_process."""
+    marker = tmp_path / "child.pid"
+    src = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen([sys.executable, "-c", SPAWN_AND_DIE, src, mode, str(marker)])
+    child = None
+    try:
+        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=20)
+        child = int(marker.read_text())
+        assert alive(child)
+        parent.kill()
+        parent.wait()
+        assert wait_until(lambda: not alive(child), timeout=5), "the child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            kill_group_quietly(child)
