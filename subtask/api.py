@@ -596,6 +596,7 @@ def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threadi
             continue
         if slots.read(state_dir).position(job_id) is None:
             lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+            lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         time.sleep(0.02)
 
 

@@ -22,6 +22,7 @@ DEFAULTS: dict[str, str] = {
     "stopGrace": "5",
     "sweepInterval": "30",  # seconds between lazy landed-job sweeps inside other commands
     "setupTimeout": "600",  # seconds `subtask.setup` may run in a new worktree
+    "refLockStale": "10",  # seconds after which a record's ref lock is a dead writer's leftover
 }
 
 

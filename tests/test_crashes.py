@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import git, wait_until
 
+from subtask import liveness
+
 
 def state_dir(repo: Path) -> Path:
     return Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask"
@@ -181,3 +183,118 @@ def test_an_engine_child_dies_with_the_process_that_spawned_it(tmp_path, mode):
         parent.wait()
         if child:
             kill_group_quietly(child)
+
+
+# ---------------------------------------------------------------- item 5: a kill right after the final record
+
+def doctor_check(cli, name: str) -> dict:
+    return next(c for c in json.loads(cli("doctor", "--json").stdout)["checks"] if c["name"] == name)
+
+
+def test_a_kill_right_after_the_final_record_loses_no_pin_and_no_note(cli, repo):
+    """The worker dies between its final record and its note: the head pin is already there (it
+    is written first), doctor names the missing note, the next command writes it, and after a
+    squash merge and `git gc --prune=now` the job's commit is still in the repository."""
+    job = cli.start("echo x > x.txt; git add x.txt; git commit -qm 'job commit'",
+                    env={"SUBTASK_FAULT": "after_final_record"})
+    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=20)
+    assert cli.json("show", job)["state"] == "done"
+    head = git(repo, "rev-parse", f"subtask/{job}")
+    assert git(repo, "rev-parse", "--verify", "-q", f"refs/subtask/{job}/head", check=False) == head, \
+        "the head pin must be written no later than the terminal record"
+    check = doctor_check(cli, "records")
+    assert check["status"] == "warn" and job in check["message"], check
+    cli.ok("list")  # any command repairs it
+    assert f"subtask {job}" in git(repo, "notes", "--ref=subtask", "show", head)
+    assert doctor_check(cli, "records")["status"] == "ok"
+    cli.ok("list")  # idempotent: a second repair changes nothing
+    assert git(repo, "notes", "--ref=subtask", "show", head).count(f"subtask {job}") == 1
+    cli.ok("merge", "--squash", job)
+    git(repo, "gc", "--prune=now", "--quiet")
+    assert git(repo, "cat-file", "-t", head) == "commit", "the job's commit was lost"
+    assert head[:7] in cli.ok("show", job)
+
+
+# ---------------------------------------------------------------- item 6: a stale record.lock
+
+def record_lock(repo: Path, job: str) -> Path:
+    return (repo / git(repo, "rev-parse", "--git-common-dir")).resolve() / "refs" / "subtask" / job / "record.lock"
+
+
+def age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_stale_record_lock_left_while_a_job_runs_does_not_stop_it_ending(cli, repo):
+    """What a kill -9 inside a ref update leaves: the worker waits the lock out, removes it once it
+    is stale, and records its successful end (not `failed`, not `running` forever)."""
+    git(repo, "config", "subtask.refLockStale", "1")
+    go = repo.parent / "go"
+    job = cli.start(f"{HOLD.format(go=go)}; echo ok")
+    lock = record_lock(repo, job)
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        lock.touch()
+        go.touch()
+        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert cli.json("show", job)["state"] == "done"
+        assert not lock.exists()
+        assert "Traceback" not in (state_dir(repo) / "logs" / f"{job}.log").read_text()
+    finally:
+        go.touch()
+        lock.unlink(missing_ok=True)
+
+
+def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_settled(cli, repo):
+    """The worker dies while its record's ref lock is held. The next command cannot settle it yet
+    (the lock is young): it keeps the slot. Once the lock is stale, the next command removes it and
+    settles the job, `wait` returns, doctor reported what was wrong meanwhile."""
+    git(repo, "config", "subtask.maxRunning", "1")
+    go = repo.parent / "go"
+    job = cli.start(HOLD.format(go=go))
+    lock = record_lock(repo, job)
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        lock.touch()
+        os.kill(pids_of(repo, job)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=10)
+        listed = cli("list")
+        assert "Traceback" not in listed.stderr
+        assert cli.json("show", job)["state"] == "running"
+        slots = json.loads((state_dir(repo) / "slots.json").read_text())
+        assert [e["job"] for e in slots["running"]] == [job], "the slot was freed before the record was settled"
+        queued = cli.start("echo next")
+        assert cli.json("show", queued)["position"] == 1
+        age(lock, 60)
+        check = doctor_check(cli, "records")
+        assert check["status"] == "warn" and "stale ref lock" in check["message"], check
+        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        assert waited.returncode == 1 and f"{job} failed" in waited.stdout, waited.stdout + waited.stderr
+        assert not lock.exists()
+        assert cli("wait", queued, "--timeout", "20", timeout=40).returncode == 0
+        assert doctor_check(cli, "records")["status"] == "ok"
+    finally:
+        go.touch()
+        lock.unlink(missing_ok=True)
+
+
+def test_wait_settles_a_running_record_that_no_slot_and_no_worker_holds(cli, repo):
+    """A record left `running` with no slot entry and no run-lock (what the old "could not settle
+    yet freed the slot" left): `wait` settles it instead of waiting forever, doctor names it."""
+    go = repo.parent / "go"
+    job = cli.start(HOLD.format(go=go))
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        pids = pids_of(repo, job)
+        os.kill(pids["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=10)
+        (state_dir(repo) / "slots.json").write_text(json.dumps({"v": 1, "running": [], "queue": []}))
+        check = doctor_check(cli, "records")
+        assert check["status"] == "warn" and job in check["message"] and "no live worker" in check["message"], check
+        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        assert waited.returncode == 1 and f"{job} failed" in waited.stdout, waited.stdout + waited.stderr
+        assert live_members(pids["engine"]) == []
+    finally:
+        go.touch()
