@@ -298,3 +298,79 @@ def test_wait_settles_a_running_record_that_no_slot_and_no_worker_holds(cli, rep
         assert live_members(pids["engine"]) == []
     finally:
         go.touch()
+
+
+# ---------------------------------------------------------------- test gaps: stop's group kill, the record's CAS
+
+def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tmp_path):
+    """`lifecycle.stop_running` against a worker and an engine that both ignore SIGTERM (so no
+    worker cleanup can stand in for it): after the grace, every member of the engine's group is
+    gone, not only the pid recorded for it."""
+    from subtask import lifecycle
+    from subtask.gitrepo import open_repo
+
+    handle = open_repo(repo)
+    job = "st-0000abcd"
+    member_file = tmp_path / "member.pid"
+    fd = liveness.acquire(handle.state_dir, job)
+    worker = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 60"], pass_fds=(fd,),
+                              start_new_session=True)
+    liveness.disown(fd)
+    os.close(fd)  # the fake worker holds the run-lock now (closing is not unlocking)
+    engine = subprocess.Popen(["sh", "-c", f"trap '' TERM; sleep 60 & echo $! > '{member_file}'; wait"],
+                              start_new_session=True)
+    member = None
+    try:
+        assert wait_until(lambda: member_file.exists() and member_file.read_text().strip(), timeout=10)
+        member = int(member_file.read_text())
+        lifecycle.record_pid(handle.state_dir, job, worker=worker.pid, engine=engine.pid)
+        assert liveness.is_held(handle.state_dir, job)
+        lifecycle.stop_running(handle, job, grace=0.3)
+        assert not liveness.is_held(handle.state_dir, job)
+        assert wait_until(lambda: not alive(member), timeout=5), "stop left a member of the engine's group running"
+    finally:
+        for proc in (worker, engine):
+            kill_group_quietly(proc.pid)
+            proc.wait()
+        if member:
+            try:
+                os.kill(member, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+RACE_UPDATES = r"""
+import sys, time
+from pathlib import Path
+from subtask import records
+from subtask.gitrepo import open_repo
+repo, job, tag, n, go = open_repo(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
+while not go.exists():
+    time.sleep(0.005)
+for i in range(n):
+    records.update(repo, job, lambda j, i=i: setattr(j, "summary", j.summary + f"{tag}-{i}\n"))
+"""
+
+
+@pytest.mark.stress
+def test_concurrent_record_updates_lose_nothing(cli, repo, tmp_path):
+    """Four processes append to one record 25 times each, all at once: every change is there once
+    (an update written without its compare-and-swap loses some)."""
+    job = cli.start("true")
+    cli.ok("wait", job)
+    go = tmp_path / "go"
+    writers = [subprocess.Popen([sys.executable, "-c", RACE_UPDATES, str(repo), job, f"w{n}", "25", str(go)],
+                                stderr=subprocess.PIPE, text=True) for n in range(4)]
+    try:
+        time.sleep(0.3)  # let every writer reach the barrier; it only widens the race
+        go.touch()
+        for writer in writers:
+            assert writer.wait(timeout=60) == 0, writer.stderr.read()
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait()
+    summary = git(repo, "show", f"refs/subtask/{job}/record:summary.md")
+    lines = [line for line in summary.splitlines() if line.startswith("w")]
+    expected = {f"w{n}-{i}" for n in range(4) for i in range(25)}
+    assert len(lines) == len(expected) and set(lines) == expected, f"{len(expected - set(lines))} updates were lost"
