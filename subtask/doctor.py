@@ -154,7 +154,7 @@ def check_records(repo) -> Check:
                 orphaned.append(job_id)
         elif _maybe_incomplete(repo, entry):
             job = records.read(repo, job_id)
-            if lifecycle.missing_after_end(repo, job):
+            if landing.owns(repo, job) and lifecycle.missing_after_end(repo, job):
                 incomplete.append(job_id)
     problems, steps = [], []
     if incomplete:
