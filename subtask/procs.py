@@ -12,6 +12,8 @@ Invariants:
   thread that lives as long as the worker (its main thread). It reaches the leader only; the
   rest of the group is ended by whoever settles the dead worker (`lifecycle`, from `run/<id>.pid`).
 - `child_setup` is the one place for code that must run in the child before exec.
+- SIGTERM and SIGINT handlers are held back while Popen runs, so an interrupt can never land
+  after the fork but before we know the child's pid; it is raised right after, and ends the child.
 - Nothing goes through a shell unless argv itself names one (`["sh", "-c", ...]`).
 - stdin is /dev/null unless `stdin_data` is given; a child never waits on our terminal.
 - stdout and stderr are drained concurrently by two reader threads, so a chatty child can never
@@ -68,6 +70,33 @@ class ProcResult:
 # -- the child, between fork and exec --------------------------------------------------------------
 
 _PR_SET_PDEATHSIG = 1
+# Held back while Popen runs: an interrupt (stop's SIGTERM is one in the worker) raised inside
+# Popen, after the fork, would lose the child's pid and leave the child running unseen.
+_DEFERRED = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Deferred:
+    """Python-level handlers of `_DEFERRED` replaced by a recorder (main thread only: only there
+    do signals raise), until `deliver()` restores them and re-sends what arrived meanwhile."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, object] = {}
+        self.pending: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _DEFERRED:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                self.saved[sig] = handler
+                signal.signal(sig, lambda signum, frame: self.pending.append(signum))
+
+    def deliver(self) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        self.saved = {}
+        for sig in dict.fromkeys(self.pending):
+            os.kill(os.getpid(), sig)  # its handler runs now, where the caller can clean up
+        self.pending = []
 
 
 def _load_prctl():
@@ -373,13 +402,18 @@ def run(
     if not argv:
         raise ValueError("run() needs a program to run")
     started = time.monotonic()
+    deferred = _Deferred()
     try:
         proc = _start(argv, cwd, env, stdin_data is not None)
     except OSError as exc:
+        deferred.deliver()
         result = _spawn_failure(argv, exc, started)
         if on_stderr_line is not None:
             on_stderr_line(result.stderr_tail.rstrip("\n"))
         return result
+    except BaseException:
+        deferred.deliver()
+        raise
 
     pid = proc.pid
     assert proc.stdout is not None and proc.stderr is not None
@@ -391,6 +425,7 @@ def run(
         return proc.poll() is None or _group_exists(pid)
 
     try:
+        deferred.deliver()  # an interrupt that came during the spawn is raised here: _abort ends the child
         out.start()
         err.start()
         if stdin_data is not None and proc.stdin is not None:

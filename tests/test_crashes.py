@@ -374,3 +374,45 @@ def test_concurrent_record_updates_lose_nothing(cli, repo, tmp_path):
     lines = [line for line in summary.splitlines() if line.startswith("w")]
     expected = {f"w{n}-{i}" for n in range(4) for i in range(25)}
     assert len(lines) == len(expected) and set(lines) == expected, f"{len(expected - set(lines))} updates were lost"
+
+
+INTERRUPTED_SPAWN = r"""
+import os, signal, sys, threading, time
+from subtask import procs
+marker = sys.argv[1]
+real_setup = procs.child_setup_for
+
+def slow_setup(parent_pid):
+    setup = real_setup(parent_pid)
+    def child():
+        setup()
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(1.0)  # the parent is still inside Popen, waiting for the exec
+    return child
+
+procs.child_setup_for = slow_setup
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    procs.run(["sh", "-c", "exec sleep 60"], cwd=".", timeout=120, kill_grace=0.5)
+except KeyboardInterrupt:
+    pass
+time.sleep(2.5)  # stay alive: the parent-death signal must not be what ends the child
+"""
+
+
+def test_an_interrupt_during_the_spawn_never_loses_the_child(tmp_path):
+    """`stop` (SIGTERM, a KeyboardInterrupt in the worker) landing while `subprocess.Popen` is still
+    waiting for the child's exec: the child is ended with its group, not left running unseen."""
+    marker = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", INTERRUPTED_SPAWN, str(marker)])
+    child = None
+    try:
+        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=20)
+        child = int(marker.read_text())
+        assert wait_until(lambda: not alive(child), timeout=2.0), "the interrupted spawn left its child running"
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            kill_group_quietly(child)
