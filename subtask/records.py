@@ -153,9 +153,9 @@ def _cas(repo: Repo, name: str, old: str | None, new: str | None, message: str) 
     return "ok"
 
 
-# A ref lock is held for the instant of one update. Older than this, its writer is gone (a kill -9
-# inside a ref update leaves it): `subtask.refLockStale` seconds.
-LOCK_WAIT = 2.0  # how long an update waits for a young ref lock before it gives up
+# A ref lock is held for the instant of one update; one older than `subtask.refLockStale` seconds
+# was left by a writer that died inside its update (kill -9).
+LOCK_WAIT = 2.0  # how long an update waits by default for a young ref lock before it gives up
 
 
 def ref_lock_path(repo: Repo, name: str):
