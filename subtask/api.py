@@ -715,6 +715,7 @@ def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel:
             continue
         if slots.read(state_dir).position(job_id) is None:
             lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+            lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         elif time.monotonic() >= next_fill:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
             # maxRunning must take effect without another command).

@@ -34,6 +34,7 @@ SETTINGS: dict[str, Setting] = {
     "stopGrace": Setting("5", "number", 0, "seconds between SIGTERM and SIGKILL on stop"),
     "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
     "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
+    "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
 }
 DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")

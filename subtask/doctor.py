@@ -47,8 +47,8 @@ def run(path: str | os.PathLike | None = None) -> Report:
         checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
-    for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_records, check_slots,
-                  check_worktrees, check_engines):
+    for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
+                  check_records, check_slots, check_worktrees, check_engines):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -129,7 +129,7 @@ def check_state_dir(repo) -> Check:
     return Check("state", "ok", f"{state} (private)")
 
 
-def check_records(repo) -> Check:
+def check_damaged_records(repo) -> Check:
     """Every record ref holds a readable job record (reads each one: doctor is rare, so thorough)."""
     from subtask import records
 
@@ -141,11 +141,11 @@ def check_records(repo) -> Check:
         except records.DamagedRecord as exc:
             damaged.append(exc)
     if not damaged:
-        return Check("records", "ok", f"{len(ids)} job records readable")
+        return Check("damaged records", "ok", f"{len(ids)} job records readable")
     shown = "; ".join(f"{exc.job_id}: {exc.why}" for exc in damaged[:5]) + (" …" if len(damaged) > 5 else "")
     steps = [f"git log {records.record_ref(exc.job_id)}   # {exc.job_id}: find a good record commit" for exc in damaged[:5]]
     steps.append("git update-ref refs/subtask/<id>/record <good commit>   # or drop the job: git update-ref -d ...")
-    return Check("records", "fail", f"{len(damaged)} damaged job records (commands on them exit 128): {shown}", steps)
+    return Check("damaged records", "fail", f"{len(damaged)} damaged job records (commands on them exit 128): {shown}", steps)
 
 
 def check_slots(repo) -> Check:
@@ -159,6 +159,71 @@ def check_slots(repo) -> Check:
         return Check("slots", "warn", f"{len(stale)} slots held by dead workers: {', '.join(stale)}",
                      ["git subtask list   # reclaims them and ends those jobs"])
     return Check("slots", "ok", f"{len(current.running)} running, {len(current.queue)} queued")
+
+
+def check_records(repo) -> Check:
+    """Records a dead process left half-done: a finished job without its head pin or note, a job
+    recorded running or queued that no worker, starter or queue holds, a stale ref lock."""
+    from subtask import records, slots
+
+    queued = {e["job"] for e in slots.read(repo.state_dir).queue}
+    incomplete, orphaned, locked = [], [], []
+    for entry in records.list_entries(repo):
+        try:
+            _look_for_half_written(repo, entry, queued, incomplete, orphaned, locked)
+        except records.DamagedRecord:
+            continue  # "damaged records" names it
+    problems, steps = [], []
+    if incomplete:
+        problems.append(f"{len(incomplete)} finished jobs lack their head pin or note (a worker died "
+                        f"after its final record): {', '.join(incomplete[:5])}")
+        steps += ["git subtask list   # completes a job whose slot its dead worker still holds",
+                  "git subtask notes rebuild   # rewrites every note",
+                  "git update-ref refs/subtask/<id>/head <head commit from git subtask show <id>>"]
+    if orphaned:
+        problems.append(f"{len(orphaned)} jobs are recorded running or queued with no live worker: "
+                        f"{', '.join(orphaned[:5])}")
+        steps.append("git subtask wait <id>   # settles a job whose worker is gone")
+    if locked:
+        problems.append(f"{len(locked)} records have a stale ref lock (a writer died): {', '.join(locked[:5])}")
+        steps.append("git subtask list   # removes a stale lock once no worker of that job lives")
+    if problems:
+        return Check("records", "warn", "; ".join(problems), steps)
+    return Check("records", "ok", "no half-written records")
+
+
+def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orphaned: list, locked: list) -> None:
+    from subtask import landing, lifecycle, liveness, records
+
+    job_id = entry["id"]
+    age = records.ref_lock_age(repo, records.record_ref(job_id))
+    if age is not None and age >= repo.config.number("refLockStale"):
+        locked.append(job_id)
+    if entry.get("state") in ("queued", "running"):
+        if job_id in queued or liveness.is_held(repo.state_dir, job_id):
+            return
+        job = records.read(repo, job_id)
+        if landing.owns(repo, job) and not job.state.current.terminal:
+            orphaned.append(job_id)
+    elif _maybe_incomplete(repo, entry):
+        job = records.read(repo, job_id)
+        if landing.owns(repo, job) and lifecycle.missing_after_end(repo, job):
+            incomplete.append(job_id)
+
+
+def _maybe_incomplete(repo, entry: dict) -> bool:
+    """A cheap first look (refs and one note read, no record read): could this finished job lack
+    its pin or note? False only when the pin (or, with none, the base) carries the job's block."""
+    from subtask import notes_store, records
+
+    pin = repo.git.references.get(records.pin_ref(entry["id"], "head"))
+    target = str(pin.target) if pin is not None else entry.get("base")
+    if not target:
+        return True
+    try:
+        return entry["id"] not in notes_store.read_blocks(repo.git, target)
+    except Exception:
+        return True
 
 
 def check_worktrees(repo) -> Check:

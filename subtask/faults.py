@@ -5,7 +5,8 @@
 or stop a process at exactly that step.
 
 Points: after_admit, after_reserve, after_branch, after_record, before_spawn (start);
-worker_start, after_checkout, after_engine, after_verify, before_final_record (worker).
+worker_start, after_checkout, after_engine, after_verify, before_final_record,
+after_final_record (worker).
 """
 
 from __future__ import annotations

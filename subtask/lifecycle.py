@@ -7,6 +7,9 @@ Invariants:
 - An attempt is ended only through `end_attempt`, which writes its terminal state by
   compare-and-swap and never overwrites one; the ledger close that goes with it is idempotent.
   Together they make "charged once" hold however many processes notice a dead worker.
+- A dead worker's engine process group is killed (`end_orphaned_engine`) before its attempt is
+  settled and its slot freed, and only when the recorded group provably is that engine's (the
+  leader's start time is recorded with its pid).
 - A spawned worker inherits its run-lock fd; the spawner closes its copy without unlocking
   (unlocking would drop the worker's lock too: flock belongs to the shared file description).
 """
@@ -59,6 +62,30 @@ def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
     data.update(pids)
     data["v"] = 1
     write_json(pid_file(state_dir, job_id), data)
+
+
+def reset_pids(state_dir: Path, job_id: str, worker: int) -> None:
+    """Start a new attempt's pid file with only its worker: no earlier engine group may be signalled."""
+    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker})
+
+
+def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
+    """Remember the engine's process group and its leader's start time (which proves, later, that
+    a process with that pid is still the leader and not a reused pid)."""
+    from subtask import procs
+
+    record_pid(state_dir, job_id, engine=pid, engine_started=procs.start_time(pid))
+
+
+def end_orphaned_engine(state_dir: Path, job_id: str) -> None:
+    """End the engine process group a dead worker left behind. The caller holds the job's
+    run-lock, so no live worker owns that group; the recorded start time guards against reuse."""
+    from subtask import procs
+
+    pids = read_pids(state_dir, job_id)
+    pgid, started = pids.get("engine"), pids.get("engine_started")
+    if isinstance(pgid, int) and pgid > 1:
+        procs.kill_orphaned_group(pgid, started if isinstance(started, int) else None)
 
 
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
@@ -142,6 +169,7 @@ def _fork_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
 
 def close_fd_keep_lock(fd: int | None) -> None:
     if fd is not None:
+        liveness.disown(fd)
         os.close(fd)
 
 
@@ -184,10 +212,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         ended[:] = [job]
         return True
 
-    try:
-        job = records.update(repo, job_id, change)
-    except Exception:
-        job = None
+    job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-settled
     from subtask import privatetext
 
     privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
@@ -217,49 +242,63 @@ def reconcile(repo: Repo) -> list[str]:
 
 
 def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
-    """Settle reaped dead entries (we hold their run-locks), then free their slots and hand them on."""
+    """Settle reaped dead entries (we hold their run-locks), then free their slots and hand them on.
+
+    An entry whose record could not be written keeps its slot: the next command reaps it again,
+    so a slot is never freed before its job's record is settled.
+    """
     if not reaped:
         return []
-    ended = []
     handed: list[slots.HandOff] = []
     try:
-        ended = [r.entry["job"] for r in reaped if _settle_quietly(repo, r.entry)]
+        outcomes = [_settle_quietly(repo, r.entry) for r in reaped]
         with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
-            for r in reaped:
-                slots.remove(current, r.entry["job"], r.entry["attempt"])
+            for r, outcome in zip(reaped, outcomes, strict=True):
+                if outcome is not None:
+                    slots.remove(current, r.entry["job"], r.entry["attempt"])
             handed = slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
     finally:
         for r in reaped:
             liveness.release(r.fd)
     start_handoffs(repo, handed)
-    return ended
+    return [r.entry["job"] for r, outcome in zip(reaped, outcomes, strict=True) if outcome]
 
 
-def _settle_quietly(repo: Repo, entry: dict) -> bool:
+def _settle_quietly(repo: Repo, entry: dict) -> bool | None:
+    """`settle_dead`, or None when it could not be settled (one broken job must not keep the
+    others' slots; its own slot stays until a later command settles it)."""
     try:
         return settle_dead(repo, entry)
-    except Exception as exc:  # one broken job must not keep the others' slots
-        print(f"git-subtask: could not settle {entry['job']}: {exc}", file=sys.stderr)
-        return False
+    except Exception as exc:
+        print(f"git-subtask: could not settle {entry['job']} yet (its slot is kept; the next command "
+              f"retries): {exc}", file=sys.stderr)
+        return None
 
 
 def settle_dead(repo: Repo, entry: dict) -> bool:
     """Settle a slot entry whose worker is gone: end its attempt, close its reservation, drop orphans.
 
-    A job with no record died inside `start` before the record was written: its branch (never
-    committed to: no worker ever ran) and pins go, and its reservation is released.
+    Returns True when this call ended the attempt. Raises when the record cannot be written (the
+    caller keeps the slot). A job with no record died inside `start` before the record was
+    written: its branch (never committed to: no worker ever ran) and pins go, and its reservation
+    is released. A job whose worker died after its final record gets its pin and note completed.
     """
     target = repo_of(repo, entry)
     job_id, attempt_n = entry["job"], entry["attempt"]
     rid = f"{job_id}.{attempt_n}"
     if target is None:
         return False
+    # The engine dies before the attempt is settled and its slot freed: a dead worker's engine
+    # must not run on beside the job that gets the slot, nor commit after the job is recorded.
+    end_orphaned_engine(target.state_dir, job_id)
     try:
         records.read(target, job_id)
-    except records.DamagedRecord:
+    except records.DamagedRecord as exc:
         # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
+        # Nothing more can be written to it, so it is settled as far as it can be: the slot goes.
         ledger.close(target.state_dir, rid, None, reason="record damaged")
-        raise
+        print(f"git-subtask: {exc.message}; its slot is freed and its reservation charged", file=sys.stderr)
+        return False
     except Exception:
         _drop_orphan_refs(target, job_id)
         jobenv.drop(target.state_dir, job_id)
@@ -271,12 +310,72 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     else:
         job = end_attempt(target, job_id, attempt_n, "failed", reason=WORKER_DIED, error_kind="engine",
                           hint="read the worker log: git subtask show <id> --log")
-    current = records.read(target, job_id).state
-    for attempt in current.attempts:
+    latest = records.read(target, job_id)
+    if job is None:
+        complete_ended(target, latest)
+    for attempt in latest.state.attempts:
         if attempt.n == attempt_n and attempt.rid:
             charged = attempt.cost.charged if attempt.terminal else None
             ledger.close(target.state_dir, attempt.rid, charged, reason=WORKER_DIED)
     return job is not None
+
+
+def missing_after_end(repo: Repo, job: Job) -> list[str]:
+    """What a finished job's record promises but is not there: "head pin", "note" (a writer was
+    killed after the final record). Empty for a job that has not ended."""
+    from subtask import notes, notes_store
+    from subtask.render import note_block
+
+    if not job.state.attempts or not job.state.current.terminal:
+        return []
+    missing = []
+    head = pinned_head(job)
+    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    if head and head != job.spec.base and (pin is None or str(pin.target) != head):
+        missing.append("head pin")
+    block = notes_store.normalize_block(job.id, note_block(job))
+    if notes_store.read_blocks(repo.git, notes.target_commit(job)).get(job.id) != block:
+        missing.append("note")
+    return missing
+
+
+def settle_orphan(repo: Repo, job_id: str) -> bool:
+    """Settle a job recorded queued or running that no slot entry, starter or worker holds (its
+    slot was freed without its record being settled). True if this call ended it."""
+    fd = liveness.acquire(repo.state_dir, job_id, block=False)
+    if fd is None:
+        return False  # a worker or starter holds it: not an orphan
+    try:
+        with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+            listed = any(e["job"] == job_id for e in current.running + current.queue)
+        if listed:
+            return False  # the sweep (a running entry) or a hand-off (a queued one) owns it
+        job = records.read(repo, job_id)
+        if job.state.current.terminal or Path(job.spec.repo).resolve() != repo.root.resolve():
+            return False  # ended, or a teammate's record pulled from another clone
+        return bool(_settle_quietly(repo, slots.make_entry(job_id, job.state.current.n, repo.common_dir)))
+    finally:
+        liveness.release(fd)
+
+
+def complete_ended(repo: Repo, job: Job) -> list[str]:
+    """Write the head pin and the note of a finished job where they are missing. Idempotent and
+    cheap when nothing is missing; returns what it wrote."""
+    from subtask import notes
+
+    missing = missing_after_end(repo, job)
+    if "head pin" in missing:
+        records.set_pin(repo, job.id, "head", pinned_head(job))
+    if "note" in missing:
+        notes.write_for_job(repo, job)
+    return missing
+
+
+def pinned_head(job: Job) -> str | None:
+    """The head commit a finished job's `head` pin must keep alive (None: it made none)."""
+    if job.evidence is not None and job.evidence.head:
+        return job.evidence.head
+    return job.state.current.head
 
 
 def _drop_orphan_refs(repo: Repo, job_id: str) -> None:

@@ -27,6 +27,24 @@ def lock_path(state_dir: Path, job_id: str) -> Path:
     return run_dir(state_dir) / f"{job_id}.lock"
 
 
+_owned: dict[int, str] = {}  # fd -> job id: the run-locks this process holds (or inherited)
+
+
+def adopt(job_id: str, fd: int) -> None:
+    """Note that this process holds `job_id`'s run-lock on `fd` (inherited from its spawner)."""
+    _owned[fd] = job_id
+
+
+def owns(job_id: str) -> bool:
+    """Does this process hold `job_id`'s run-lock? (A probe cannot tell: it sees the lock held.)"""
+    return job_id in _owned.values()
+
+
+def disown(fd: int | None) -> None:
+    """Forget `fd` without unlocking it (it was handed to a worker, which keeps the lock)."""
+    _owned.pop(fd, None)
+
+
 def acquire(state_dir: Path, job_id: str, *, block: bool = True) -> int | None:
     """Open and exclusively lock the job's run-lock; returns the fd (inheritable), or None if held."""
     fd = os.open(lock_path(state_dir, job_id), os.O_RDWR | os.O_CREAT, 0o600)
@@ -36,12 +54,14 @@ def acquire(state_dir: Path, job_id: str, *, block: bool = True) -> int | None:
         os.close(fd)
         return None
     os.set_inheritable(fd, True)
+    _owned[fd] = job_id
     return fd
 
 
 def release(fd: int | None) -> None:
     if fd is None:
         return
+    _owned.pop(fd, None)
     try:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:

@@ -6,6 +6,14 @@ the process groups it creates.
 Invariants:
 - The child is the leader of a new session (`start_new_session=True`), so its pgid equals its pid
   and `kill_group(pid)` reaches it and everything it spawned (unless they left the group).
+- The child never outlives the process that spawned it: `child_setup` (run in the child between
+  fork and exec) sets PR_SET_PDEATHSIG to SIGKILL, and exits at once if that parent is already
+  gone. Linux sends it when the *thread* that forked dies, so children are spawned only from a
+  thread that lives as long as the worker (its main thread). It reaches the leader only; the
+  rest of the group is ended by whoever settles the dead worker (`lifecycle`, from `run/<id>.pid`).
+- `child_setup` is the one place for code that must run in the child before exec.
+- SIGTERM and SIGINT handlers are held back while Popen runs, so an interrupt can never land
+  after the fork but before we know the child's pid; it is raised right after, and ends the child.
 - Nothing goes through a shell unless argv itself names one (`["sh", "-c", ...]`).
 - stdin is /dev/null unless `stdin_data` is given; a child never waits on our terminal.
 - stdout and stderr are drained concurrently by two reader threads, so a chatty child can never
@@ -29,6 +37,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +68,66 @@ class ProcResult:
     stdout_tail: str  # last tail_bytes of stdout, utf-8 with errors="replace"
     stderr_tail: str
     pid: int
+
+
+# -- the child, between fork and exec --------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+# Held back while Popen runs: an interrupt (stop's SIGTERM is one in the worker) raised inside
+# Popen, after the fork, would lose the child's pid and leave the child running unseen.
+_DEFERRED = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Deferred:
+    """Python-level handlers of `_DEFERRED` replaced by a recorder (main thread only: only there
+    do signals raise), until `deliver()` restores them and re-sends what arrived meanwhile."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, object] = {}
+        self.pending: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _DEFERRED:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                self.saved[sig] = handler
+                signal.signal(sig, lambda signum, frame: self.pending.append(signum))
+
+    def deliver(self) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        self.saved = {}
+        for sig in dict.fromkeys(self.pending):
+            os.kill(os.getpid(), sig)  # its handler runs now, where the caller can clean up
+        self.pending = []
+
+
+def _load_prctl():
+    """libc's prctl, resolved now: the child, between fork and exec, must not load libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+def child_setup_for(parent_pid: int) -> Callable[[], None]:
+    """The `preexec_fn` for a child of `parent_pid` (the calling process). Keep it small and
+    async-signal-safe in spirit: it runs in the forked child of a possibly threaded parent."""
+
+    def child_setup() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent_pid:
+                os._exit(128 + signal.SIGKILL)  # the parent died before the signal was armed
+
+    return child_setup
 
 
 # -- killing --------------------------------------------------------------------------------------
@@ -97,6 +166,64 @@ def kill_group(pgid: int, grace: float = 2.0, is_alive: Callable[[], bool] | Non
     # unless it is confirmed empty.
     if _group_exists(pgid):
         _signal_group(pgid, signal.SIGKILL)
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, from /proc), or None if unknown or gone.
+
+    Together with the pid it names one process for good: a reused pid has a later start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _live_members(pgid: int) -> bool:
+    """Does group `pgid` still have a member that is not a zombie? (A zombie stays in its group
+    until someone reaps it, and signal 0 still reaches it.)"""
+    if not _group_exists(pgid):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: the group exists, so count it as alive
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
+            return True
+    return False
+
+
+def kill_orphaned_group(pgid: int, leader_started: int | None, wait: float = 2.0) -> bool:
+    """SIGKILL a process group whose owner (a dead worker) recorded it as (`pgid`, leader start
+    time), and wait up to `wait` seconds until no member is left. True if it was signalled.
+
+    Proof that the group is still the recorded one, never a reused id: while any member of group
+    P lives, the kernel allocates pid P to no new process, so a group P without a process P is
+    the old group; a process P that exists must have the recorded start time.
+    """
+    if pgid <= 1 or pgid == os.getpgrp() or not _group_exists(pgid):
+        return False
+    if not os.path.isdir("/proc/self"):
+        return False  # no way to prove which process a pid names now: never guess
+    leader = start_time(pgid)
+    leader_present = leader is not None or os.path.exists(f"/proc/{pgid}")
+    if leader_present and (leader_started is None or leader != leader_started):
+        return False  # a process named pgid exists and is not provably the recorded leader
+    _signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(_KILL_POLL)
+    return True
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -255,6 +382,7 @@ def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subproce
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=child_setup_for(os.getpid()),
         )
     except OSError as exc:
         # subprocess reports a failed chdir with the cwd as filename; that is not the
@@ -301,13 +429,18 @@ def run(
     if not argv:
         raise ValueError("run() needs a program to run")
     started = time.monotonic()
+    deferred = _Deferred()
     try:
         proc = _start(argv, cwd, env, stdin_data is not None)
     except OSError as exc:
+        deferred.deliver()
         result = _spawn_failure(argv, exc, started)
         if on_stderr_line is not None:
             on_stderr_line(result.stderr_tail.rstrip("\n"))
         return result
+    except BaseException:
+        deferred.deliver()
+        raise
 
     pid = proc.pid
     assert proc.stdout is not None and proc.stderr is not None
@@ -319,6 +452,7 @@ def run(
         return proc.poll() is None or _group_exists(pid)
 
     try:
+        deferred.deliver()  # an interrupt that came during the spawn is raised here: _abort ends the child
         out.start()
         err.start()
         if stdin_data is not None and proc.stdin is not None:

@@ -4,7 +4,7 @@
 its run-lock already held on the inherited fd `SUBTASK_LOCK_FD`. Steps: check the worktree out,
 record `running`, run the engine with events streaming to `<state>/run/<id>.events.jsonl`, commit
 what the engine left uncommitted, compute the evidence from git, run verify on that exact commit,
-close the reservation with the real cost, write the final record, the head pin and the note, then
+close the reservation with the real cost, write the head pin, the final record and the note, then
 free the slot and hand it on. When the next queued job is in the same repository, the worker runs
 it itself (no new process: hand-off costs no start-up).
 
@@ -12,6 +12,8 @@ Invariants:
 - Exactly one terminal state per attempt: the final write goes through `Attempt.finish`, which
   never overwrites one, by compare-and-swap.
 - The run-lock is released last, after the final record, so a waiter that wakes reads the end.
+- The head pin is written before the final record; a worker killed after the record and before
+  its note leaves its slot entry, and whoever reaps it completes the note (`lifecycle`).
 - Every text from the engine or verify passes `redact` before it reaches the record, the note or
   the events file; streamed text (events with a `stream`, child output, verify output) through
   one `StreamRedactor` per stream, so a key printed over many lines is redacted whole.
@@ -207,7 +209,7 @@ def _update_attempt(repo: Repo, job_id: str, attempt_n: int, apply) -> Job | Non
         apply(attempt)
         return True
 
-    job = records.update(repo, job_id, change)
+    job = records.update(repo, job_id, change, lock_wait=owner_lock_wait(repo))
     current = job.state.current
     return job if current.n == attempt_n and not current.terminal else None
 
@@ -250,7 +252,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config, on_pid=lambda pid: (launched.append(pid), lifecycle.record_pid(repo.state_dir, job.id, engine=pid)),
+        config=repo.config,
+        on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
     )
     try:
@@ -354,7 +357,13 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
         job.events_tail = "\n".join(sink.tail) + ("\n" if sink.tail else "")
         return True
 
-    return records.update(repo, job_id, change)
+    return records.update(repo, job_id, change, lock_wait=owner_lock_wait(repo))
+
+
+def owner_lock_wait(repo: Repo) -> float:
+    """The worker waits out a held record lock until it is stale and removed: its own writes must
+    not fail (a done job recorded failed) because some writer died holding that lock."""
+    return repo.config.number("refLockStale") + 2 * records.LOCK_WAIT
 
 
 def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> None:
@@ -427,13 +436,16 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     faults.point("before_final_record")
+    if head != job.spec.base:
+        # Before the terminal record, never after: a worker killed in between must not leave a
+        # finished job whose commits nothing keeps alive once its branch is squashed away.
+        records.set_pin(repo, job_id, "head", head)
     job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
     privatetext.discard(state_dir, job_id, attempt_n)
+    faults.point("after_final_record")
     attempt = job.state.current
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
-    if head != job.spec.base:
-        records.set_pin(repo, job_id, "head", head)
     from subtask.api import ensure_notes_config
 
     ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
@@ -466,7 +478,8 @@ def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.Hand
 def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
     """Run this job, then every queued job handed to us in this repository."""
     while True:
-        lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
+        liveness.adopt(job_id, lock_fd)
+        lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
         attempt_n = _run_current(repo, job_id)
         jobenv.drop(repo.state_dir, job_id)  # the attempt ended; a reply keeps its own

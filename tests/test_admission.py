@@ -180,7 +180,7 @@ def test_a_damaged_slots_file_is_rebuilt_without_forgetting_the_running_job(cli,
 
 def test_stop_in_the_spawn_gap_and_of_a_queued_job_releases_their_money_once(cli, repo):
     use_paid_engine(repo, maxRunning="1")
-    gap = cli.start("file=gap.txt cost=0.5", "--max-usd", "1", env={"SUBTASK_FAULT_PAUSE": "worker_start:3"})
+    gap = cli.start("file=gap.txt cost=0.5", "--max-usd", "1", env={"SUBTASK_FAULT_PAUSE": "worker_start:20"})  # stop ends it long before
     queued = cli.start("file=queued.txt", "--max-usd", "1")
     assert cli.json("show", queued)["position"] == 1
     assert f"{queued} stopped" in cli.ok("stop", queued)

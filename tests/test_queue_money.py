@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import Cli, git, make_repo
+from conftest import Cli, git, make_repo, wait_until
 from test_admission import check_books, ledger_rows, state_dir, use_paid_engine
 
 HOLD = 'while [ ! -e "{release}" ]; do sleep 0.02; done'
@@ -255,6 +255,8 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
     first = cli.start(HOLD.format(release=release), env={"AWS_PROFILE": "prod-7f3a"})
     second = cli.start(f'echo "$AWS_PROFILE" > {out}/b', env={"AWS_PROFILE": "dev-9c1e"})
     sdir = open_repo(repo).state_dir
+    # The engine is recorded once the worker started it: wait for that, not for a guess of time.
+    assert wait_until(lambda: "engine" in lifecycle.read_pids(sdir, first), timeout=60)
     pids = lifecycle.read_pids(sdir, first)
     try:
         for key in ("engine", "worker"):

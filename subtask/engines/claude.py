@@ -200,9 +200,31 @@ class _AnyioWithSession:
         return getattr(self._anyio, name)
 
     async def open_process(self, *args: Any, **kwargs: Any) -> Any:
-        if _NEW_SESSION.get():
-            kwargs.setdefault("start_new_session", True)
-        return await self._anyio.open_process(*args, **kwargs)
+        if not _NEW_SESSION.get():
+            return await self._anyio.open_process(*args, **kwargs)
+        kwargs.setdefault("start_new_session", True)
+        return await _open_process_with_child_setup(self._anyio, *args, **kwargs)
+
+
+async def _open_process_with_child_setup(anyio_module: Any, command: Any, **kwargs: Any) -> Any:
+    """`anyio.open_process` plus `procs.child_setup_for` in the child (the CLI dies with the
+    worker), which anyio's public signature cannot pass: its backend hands extra keywords on to
+    `subprocess.Popen`. The call runs on the event loop's thread, the worker's main thread."""
+    from subtask import procs
+
+    try:
+        from anyio._core._eventloop import get_async_backend
+    except ImportError:
+        return await anyio_module.open_process(command, **kwargs)
+    for key in ("user", "group", "extra_groups"):
+        if kwargs.get(key, 0) is None:
+            del kwargs[key]  # as the public open_process does: None means "leave it"
+    if kwargs.get("umask", 0) < 0:
+        del kwargs["umask"]
+    for key, default in (("stdin", -1), ("stdout", -1), ("stderr", -1)):
+        kwargs.setdefault(key, default)
+    return await get_async_backend().open_process(command, preexec_fn=procs.child_setup_for(os.getpid()),
+                                                  **kwargs)
 
 
 def _install_session_hook() -> bool:
