@@ -634,15 +634,20 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
         return f"{job.id}: no worktree to remove"
     from subtask import landing
 
-    ok, why = landing.worktree_removable(repo, job, landing.keepers(repo, job, landing.land_target(repo)))
-    if not ok:
-        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {why}",
+    removal = landing.remove_clean_worktree(repo, job, landing.land_target(repo), dry_run=dry_run)
+    if removal.kind == "missing":
+        return f"{job.id}: no worktree to remove"
+    if removal.kind == "busy":
+        raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
+                           hint=f"git subtask wait {job.id}")
+    if removal.kind == "failed":
+        raise SubtaskError("fatal", f"{job.id}: {removal.why}", hint="git worktree list")
+    if removal.kind == "kept":
+        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
                                 f"status), then: git subtask cleanup {job.id}")
     if dry_run:
         return f"{job.id}: would remove worktree {path}"
-    if not landing.remove_worktree(repo, job):
-        raise SubtaskError("fatal", f"{job.id}: git worktree remove {path} failed", hint="git worktree list")
     return f"{job.id}: removed worktree {path} (branch {job.spec.branch} and record kept)"
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, refs
+from conftest import git, refs, wait_until
 
 COMMIT = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
 
@@ -317,3 +320,114 @@ def test_cleanup_keeps_a_worktree_whose_detached_head_holds_commits_no_branch_ke
     assert wt.exists()
     git(repo, "merge", "-q", f"subtask/{job}")
     assert "kept worktree" in cli.ok("cleanup", "--merged") and wt.exists()
+
+
+# ---------------------------------------------------------------- races and hostile records (issues 11, 12)
+
+def _start_all(repo: Path, tasks: list[str], at_once: int = 4) -> list[str]:
+    """Start many jobs, a few CLI starts at a time (each start is ~0.3 s of CPU)."""
+    ids = []
+    for i in range(0, len(tasks), at_once):
+        procs = [subprocess.Popen(["git", "subtask", "start", task], cwd=repo, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for task in tasks[i:i + at_once]]
+        for proc in procs:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            ids.append(out.split()[0])
+    return ids
+
+
+def _landed(repo: Path, job: str) -> bool:
+    """Read from the record with git alone (a `show --json` costs ~0.3 s of interpreter start-up)."""
+    return bool(json.loads(git(repo, "show", f"refs/subtask/{job}/record:state.json")).get("landed_in"))
+
+
+@pytest.mark.stress
+def test_two_merges_at_once_into_one_worktree_are_serialized(cli, repo):
+    """Issue 11.1: `merge --squash A & merge --no-ff B` broke the main worktree in 2 of 15 trials."""
+    git(repo, "config", "subtask.maxRunning", "8")
+    trials = 20
+    tasks = [COMMIT.format(name=f"f{side}{n}", text=side) for n in range(trials) for side in "ab"]
+    ids = _start_all(repo, tasks)
+    cli("wait", *ids, timeout=120)
+    broken = []
+    for n in range(trials):
+        a, b = ids[2 * n], ids[2 * n + 1]
+        procs = [subprocess.Popen(["git", "subtask", "merge", mode, job], cwd=repo, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for mode, job in (("--squash", a), ("--no-ff", b))]
+        results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+        status = git(repo, "status", "--porcelain")
+        problems = [f"status {status!r}"] if status else []
+        for (rc, err), job, name in zip(results, (a, b), (f"fa{n}", f"fb{n}"), strict=True):
+            in_head = git(repo, "ls-tree", "--name-only", "HEAD", name) == name
+            if "Traceback" in err or "identity" in err:
+                problems.append(f"{job}: {err.strip()}")
+            if rc == 0 and not (in_head and _landed(repo, job)):
+                problems.append(f"{job}: merge said ok but {name} in HEAD={in_head}")
+            if rc != 0 and (in_head or (repo / name).exists()):
+                problems.append(f"{job}: refused but {name} is there: {err.strip()}")
+        if problems:
+            broken.append((n, problems))
+            git(repo, "reset", "-q", "--hard")  # the next trial starts clean
+            git(repo, "clean", "-fq")
+    assert not broken, f"{len(broken)} of {trials} trials broke the worktree: {broken}"
+
+
+def test_a_squash_whose_commit_fails_leaves_the_worktree_as_it_was(cli, repo, monkeypatch):
+    job = done_job(cli)
+    before = git(repo, "rev-parse", "HEAD")
+    for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(var)
+    git(repo, "config", "user.useConfigOnly", "true")
+    proc = cli("merge", "--squash", job)
+    assert proc.returncode == 128 and "identity" in proc.stderr, proc.stderr
+    assert git(repo, "rev-parse", "HEAD") == before
+    assert git(repo, "status", "--porcelain") == "" and not (repo / "f.txt").exists()
+    assert not _landed(repo, job) and f"refs/heads/subtask/{job}" in refs(repo)
+
+
+def _hold_env(gate: Path) -> dict:
+    return dict(os.environ, SUBTASK_FAULT_HOLD=f"before_worktree_removal:{gate}")
+
+
+@pytest.mark.parametrize("command", ["gc", "cleanup --merged", "cleanup"])
+def test_no_cleanup_removes_the_worktree_of_a_reply_that_started_meanwhile(cli, repo, tmp_path, command):
+    """Issue 11.2: gc listed a finished job, a reply started it again, gc removed its worktree."""
+    job = done_job(cli)
+    if command == "cleanup --merged":
+        git(repo, "merge", "-q", f"subtask/{job}")
+    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup --merged": ["cleanup", "--merged"],
+            "cleanup": ["cleanup", job]}[command]
+    gate, go = tmp_path / "gate", tmp_path / "go"
+    sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        cli.ok("reply", job, f"until [ -e {go} ]; do sleep 0.05; done; " + COMMIT.format(name="g.txt", text="g"))
+        assert wait_until(lambda: state(cli, job)["attempts"][-1].get("engine_started_at"), timeout=30)
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        assert worktree(repo, job).exists(), f"{command} removed the worktree of a running job: {out}{err}"
+        assert f"refs/heads/subtask/{job}" in refs(repo)
+    finally:
+        gate.touch()
+        go.touch()
+        sweeper.wait(timeout=60)
+    cli.ok("wait", job)
+    assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
+
+
+@pytest.mark.stress
+def test_two_gcs_at_once_never_abort(cli, repo):
+    """Issue 11.3: one of two concurrent gc aborted with "cannot change to …/worktrees/st-…"."""
+    git(repo, "config", "subtask.maxRunning", "8")
+    for trial in range(3):
+        jobs = _start_all(repo, [COMMIT.format(name=f"g{trial}-{n}", text=n) for n in range(8)])
+        cli("wait", *jobs, timeout=120)
+        procs = [subprocess.Popen(["git", "subtask", "gc", "--older-than", "0s"], cwd=repo, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read()) for p in procs]
+        for rc, out, err in results:
+            assert rc == 0 and not err.strip(), (trial, rc, out, err)
+        assert not any(worktree(repo, j).exists() for j in jobs)
