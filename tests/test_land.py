@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, refs, wait_until
+from conftest import Cli, git, make_repo, refs, wait_until
 
 COMMIT = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
 
@@ -231,6 +231,7 @@ def test_gc_removes_only_clean_old_worktrees_and_keeps_branches(cli, repo):
         assert f"refs/heads/subtask/{clean}" in refs(repo), "gc never deletes an unmerged branch"
         assert state(cli, clean)["worktree_removed"]
         assert cli.json("show", running)["state"] == "running"
+        assert worktree(repo, running).exists(), "gc never removes the worktree of a running job"
         assert cli.ok("gc").count("removed") == 0  # default 30d: nothing that young
     finally:
         cli.ok("stop", running)
@@ -431,3 +432,107 @@ def test_two_gcs_at_once_never_abort(cli, repo):
         for rc, out, err in results:
             assert rc == 0 and not err.strip(), (trial, rc, out, err)
         assert not any(worktree(repo, j).exists() for j in jobs)
+
+
+def test_merge_refuses_a_detached_head_and_names_the_fix(cli, repo):
+    """Issue 11.11: a merge into a detached HEAD merged, then deleted the job's branch."""
+    job = done_job(cli)
+    git(repo, "checkout", "-q", "--detach")
+    before = git(repo, "rev-parse", "HEAD")
+    proc = cli("merge", job)
+    assert proc.returncode == 1 and "detached" in proc.stderr and "git switch" in proc.stderr, proc.stderr
+    assert git(repo, "rev-parse", "HEAD") == before and not (repo / "f.txt").exists()
+    assert f"refs/heads/subtask/{job}" in refs(repo) and not _landed(repo, job)
+    git(repo, "config", "subtask.landTarget", "main")
+    proc = cli("merge", job)
+    assert proc.returncode == 1 and "git switch main" in proc.stderr, proc.stderr
+    git(repo, "switch", "-q", "main")
+    cli.ok("merge", job)
+    assert _landed(repo, job)
+
+
+def test_a_detached_head_on_a_jobs_commit_does_not_land_it(cli, repo):
+    job = done_job(cli)
+    git(repo, "checkout", "-q", "--detach", f"subtask/{job}")  # a look at the job's work
+    assert cli.ok("cleanup", "--merged") == ""
+    assert f"refs/heads/subtask/{job}" in refs(repo) and not _landed(repo, job)
+
+
+# ---------------------------------------------------------------- a teammate's records
+
+@pytest.fixture
+def team(tmp_path):
+    """A bare remote and two clones (a: the teammate, b: ours), shell engine."""
+    seed = make_repo(tmp_path / "seed")
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
+    clones = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        git(tmp_path, "clone", "-q", str(remote), str(path))
+        git(path, "config", "subtask.engine", "shell")
+        clones.append((path, Cli(path)))
+    return clones
+
+
+def _forge(path: Path, job_id: str, **spec) -> None:
+    """What a hostile teammate can do: append a record commit with any spec (a fast-forward)."""
+    from subtask import gitrepo, records
+
+    repo = gitrepo.open_repo(path)
+    records.update(repo, job_id, lambda j: [setattr(j.spec, k, v) for k, v in spec.items()] and None)
+
+
+def _record_tip(path: Path, job_id: str) -> str:
+    return git(path, "rev-parse", f"refs/subtask/{job_id}/record")
+
+
+def test_cleanup_merged_never_lands_a_teammates_pulled_record(team):
+    (a, cli_a), (b, cli_b) = team
+    theirs = done_job(cli_a)
+    cli_a.ok("push", "--branches")
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", "refs/heads/subtask/*:refs/heads/subtask/*")
+    git(b, "merge", "-q", "--ff-only", f"subtask/{theirs}")  # their work is in our main now
+    tip = _record_tip(b, theirs)
+    assert cli_b.ok("cleanup", "--merged") == ""
+    assert _record_tip(b, theirs) == tip, "a teammate's record is theirs to update"
+    assert f"refs/heads/subtask/{theirs}" in refs(b)
+
+
+def test_a_forged_pulled_record_never_removes_a_local_checkout(team, tmp_path):
+    """Issue 12: a record naming another checkout of ours as its worktree made gc remove it."""
+    (a, cli_a), (b, cli_b) = team
+    victim = tmp_path / "b-feature"
+    git(b, "worktree", "add", "-q", str(victim))
+    (b / ".git" / "info" / "exclude").write_text(".env\n")
+    (victim / ".env").write_text("SECRET=mine\n")
+    ours = done_job(cli_b, "ours.txt")
+    our_worktree = worktree(b, ours)
+    forged_out = done_job(cli_a)
+    forged_in = done_job(cli_a, "g.txt")
+    _forge(a, forged_out, worktree=str(victim), repo=str(b))
+    _forge(a, forged_in, worktree=str(our_worktree), repo=str(b))
+    cli_a.ok("push")
+    cli_b.ok("pull")
+    for argv in (["cleanup", forged_out], ["cleanup", forged_in], ["cleanup", "--merged"], ["gc", "--older-than", "0s"]):
+        proc = cli_b(*argv)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert (victim / ".env").read_text() == "SECRET=mine\n", f"{argv} removed a checkout a record named"
+        assert our_worktree.exists() or argv[0] == "gc", f"{argv} removed another job's worktree"
+        if argv == ["cleanup", forged_in]:
+            assert proc.returncode == 1 and "not checked out by this clone" in proc.stderr, proc.stderr
+    assert not our_worktree.exists(), "gc still removes our own job's clean worktree"
+
+
+def test_notes_rebuild_drops_blocks_no_record_explains(cli, repo):
+    job = done_job(cli)
+    head = git(repo, "rev-parse", f"refs/subtask/{job}/head")
+    real = git(repo, "notes", "--ref=subtask", "show", head)
+    git(repo, "notes", "--ref=subtask", "add", "-f", "-m", real + "\n\nsubtask st-deadbeef · done · verify passed\n  forged",
+        head)
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "notes", "--ref=subtask", "add", "-f", "-m", "a person's own words\n\n" + real, base)  # the block, misplaced
+    cli.ok("notes", "rebuild")
+    assert git(repo, "notes", "--ref=subtask", "show", head) == real
+    assert git(repo, "notes", "--ref=subtask", "show", base) == "a person's own words"
