@@ -8,7 +8,8 @@ exactly that step without depending on timing.
 
 Points: after_admit, after_reserve, after_branch, after_record, before_spawn (start);
 worker_start, after_checkout, after_engine, after_verify, before_final_record (worker);
-before_worktree_removal (cleanup, cleanup --merged, the sweep, gc: before each job's re-check).
+before_worktree_removal, after_removal_recheck (cleanup, cleanup --merged, the sweep, gc: before
+each job's re-check under its run-lock, and after it with the lock held).
 """
 
 from __future__ import annotations

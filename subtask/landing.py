@@ -302,6 +302,7 @@ def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | Non
         except Exception:
             fresh = None  # damaged meanwhile: touch nothing
         unchanged = fresh is not None and fresh.state.current.terminal and fresh.state.current.n == job.state.current.n
+        faults.point("after_removal_recheck")
         yield fresh if unchanged else None
     finally:
         if fd is not None:

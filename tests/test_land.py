@@ -387,8 +387,8 @@ def test_a_squash_whose_commit_fails_leaves_the_worktree_as_it_was(cli, repo, mo
     assert not _landed(repo, job) and f"refs/heads/subtask/{job}" in refs(repo)
 
 
-def _hold_env(gate: Path) -> dict:
-    return dict(os.environ, SUBTASK_FAULT_HOLD=f"before_worktree_removal:{gate}")
+def _hold_env(gate: Path, point: str = "before_worktree_removal") -> dict:
+    return dict(os.environ, SUBTASK_FAULT_HOLD=f"{point}:{gate}")
 
 
 @pytest.mark.parametrize("command", ["gc", "cleanup --merged", "cleanup"])
@@ -417,6 +417,35 @@ def test_no_cleanup_removes_the_worktree_of_a_reply_that_started_meanwhile(cli, 
         sweeper.wait(timeout=60)
     cli.ok("wait", job)
     assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
+
+
+@pytest.mark.parametrize("command", ["gc", "cleanup --merged"])
+def test_a_reply_cannot_start_while_a_cleanup_holds_the_job(cli, repo, tmp_path, command):
+    """The run-lock, not only the re-read record: a reply arriving after the re-check must wait."""
+    job = done_job(cli)
+    if command == "cleanup --merged":
+        git(repo, "merge", "-q", f"subtask/{job}")
+    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup --merged": ["cleanup", "--merged"]}[command]
+    gate, go = tmp_path / "gate", tmp_path / "go"
+    sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate, "after_removal_recheck"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        replied = cli("reply", job, f"until [ -e {go} ]; do sleep 0.05; done; " + COMMIT.format(name="g.txt", text="g"))
+        if replied.returncode == 0:  # accepted: then its worker must keep its worktree
+            assert wait_until(lambda: state(cli, job)["attempts"][-1].get("engine_started_at"), timeout=30)
+        else:
+            assert "busy" in replied.stderr, replied.stderr
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        if replied.returncode == 0:
+            assert worktree(repo, job).exists(), f"{command} removed the worktree of a running reply: {out}{err}"
+    finally:
+        gate.touch()
+        go.touch()
+        sweeper.wait(timeout=60)
+    cli("wait", job)
 
 
 @pytest.mark.stress
