@@ -448,6 +448,29 @@ def test_a_reply_cannot_start_while_a_cleanup_holds_the_job(cli, repo, tmp_path,
     cli("wait", job)
 
 
+def test_cleanup_merged_leaves_a_job_whose_reply_is_queued(cli, repo, tmp_path):
+    """A queued reply has no run-lock holder: only the re-read record shows the job is busy."""
+    job = done_job(cli)
+    git(repo, "merge", "-q", f"subtask/{job}")
+    git(repo, "config", "subtask.maxRunning", "1")
+    gate, go = tmp_path / "gate", tmp_path / "go"
+    blocker = cli.start(f"until [ -e {go} ]; do sleep 0.05; done")
+    sweeper = subprocess.Popen(["git", "subtask", "cleanup", "--merged"], cwd=repo, env=_hold_env(gate),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        assert "queued" in cli.ok("reply", job, COMMIT.format(name="g.txt", text="g"))
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert not _landed(repo, job) and f"refs/heads/subtask/{job}" in refs(repo), out + err
+    finally:
+        gate.touch()
+        go.touch()
+        sweeper.wait(timeout=60)
+    cli.ok("wait", job, blocker)
+    assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}")
+
+
 @pytest.mark.stress
 def test_two_gcs_at_once_never_abort(cli, repo):
     """Issue 11.3: one of two concurrent gc aborted with "cannot change to …/worktrees/st-…"."""
