@@ -20,6 +20,13 @@ Invariants:
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
   branch_deleted) to them.
+- Merges into one worktree are serialized (`index_lock`, keyed by the worktree's own git dir) and
+  hold the job's run-lock; a failed merge resets to the HEAD read under that lock, never when
+  HEAD has moved. A detached HEAD is never merged into, nor a land target.
+- Nothing is removed (worktree, branch) unless the job's run-lock is ours and the record re-read
+  under it shows the same, ended attempt (`quiet_job`); a busy job is left for a later pass.
+- A worktree is removed only when this clone's worker made it for this job
+  (`worktrees.created_here`): a record's paths are data, never authority.
 """
 
 from __future__ import annotations
