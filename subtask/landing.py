@@ -560,15 +560,19 @@ def index_lock(repo: Repo, workdir: Path) -> Iterator[None]:
     state dir. git's `index.lock` alone does not serialize a merge: `merge --squash` then
     `commit` are two git runs, and another merge between them commits or resets the wrong index.
     """
-    key = hashlib.sha1(str(Path(repo.git.path).resolve()).encode()).hexdigest()[:16]
     import filelock
 
+    key = hashlib.sha1(str(Path(repo.git.path).resolve()).encode()).hexdigest()[:16]
+    lock = file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT)
     try:
-        with file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT):
-            yield
+        lock.acquire()
     except filelock.Timeout:
         raise SubtaskError("negative", f"another git-subtask merge into {workdir} has not finished after "
                            f"{INDEX_LOCK_WAIT:.0f} s: not merging now", hint="try again once it is done") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextmanager
