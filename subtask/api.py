@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, records, slots
+from subtask import faults, ledger, lifecycle, liveness, records, slots, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -402,6 +402,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
     _check_depth(repo)
+    worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     attempt = Attempt(n=n, state="queued", message=message, queued_at=now(), cost=Cost(reserved=usd),

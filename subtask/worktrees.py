@@ -12,6 +12,8 @@ Invariants:
   repository, and its admin folder's marker names exactly this job.
 - Worktrees made before the marker existed carry none: they are kept (removed by hand with
   `git worktree remove`), never guessed at.
+- Never run a job's engine in a path outside the worktree folder, or in a worktree marked for
+  another job (`check_runnable`, before a reply), because the path comes from the record.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
 
 MARKER = "subtask-job"
@@ -81,3 +84,21 @@ def why_not_ours(repo: Repo, job_id: str, path: Path) -> str:
         return f"{path} is not a worktree of this repository"
     return (f"{path} was not checked out by this clone for {job_id} (no ownership marker; "
             f"remove it by hand if it is yours: git worktree remove '{path}')")
+
+
+def check_runnable(repo: Repo, job_id: str, path: Path) -> None:
+    """Refuse to start an attempt whose recorded worktree is not this clone's to run in."""
+    if not under_worktree_folder(repo, path) or path.name != job_id:
+        raise SubtaskError("negative", f"{job_id}: its record names the worktree {path}, not {job_id} in this "
+                           f"clone's worktree folder {repo.worktree_dir()}: not running anything there",
+                           hint="a record pulled from a teammate is theirs to reply to")
+    if not path.exists():
+        return
+    admin = admin_dir(repo, path)
+    try:
+        marked = (admin / MARKER).read_text().strip() if admin is not None else None
+    except OSError:
+        marked = None  # made before markers existed
+    if admin is None or (marked is not None and marked != job_id):
+        raise SubtaskError("negative", f"{job_id}: {path} is not this job's worktree: not running anything there",
+                           hint="git worktree list")
