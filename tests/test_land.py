@@ -479,7 +479,7 @@ def test_cleanup_merged_leaves_a_job_whose_reply_is_queued(cli, repo, tmp_path):
 def test_two_gcs_at_once_never_abort(cli, repo):
     """Issue 11.3: one of two concurrent gc aborted with "cannot change to …/worktrees/st-…"."""
     git(repo, "config", "subtask.maxRunning", "8")
-    for trial in range(2):  # 3 of 10 such trials failed before the fix
+    for trial in range(3):  # 3 of 10 such trials failed before the fix
         jobs = _start_all(repo, [COMMIT.format(name=f"g{trial}-{n}", text=n) for n in range(8)])
         cli("wait", *jobs, timeout=120)
         procs = [subprocess.Popen(["git", "subtask", "gc", "--older-than", "0s"], cwd=repo, stdout=subprocess.PIPE,
