@@ -28,7 +28,18 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import books, faults, jobenv, ledger, lifecycle, liveness, privatetext, records, slots
+from subtask import (
+    books,
+    faults,
+    jobenv,
+    ledger,
+    lifecycle,
+    liveness,
+    privatetext,
+    records,
+    slots,
+    worktrees,
+)
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -495,6 +506,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
     _check_depth(repo)
+    worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -759,15 +771,20 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
         return f"{job.id}: no worktree to remove"
     from subtask import landing
 
-    ok, why = landing.worktree_removable(repo, job, landing.keepers(repo, job, landing.land_target(repo)))
-    if not ok:
-        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {why}",
+    removal = landing.remove_clean_worktree(repo, job, landing.land_target(repo), dry_run=dry_run)
+    if removal.kind == "missing":
+        return f"{job.id}: no worktree to remove"
+    if removal.kind == "busy":
+        raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
+                           hint=f"git subtask wait {job.id}")
+    if removal.kind == "failed":
+        raise SubtaskError("fatal", f"{job.id}: {removal.why}", hint="git worktree list")
+    if removal.kind == "kept":
+        raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
                                 f"status), then: git subtask cleanup {job.id}")
     if dry_run:
         return f"{job.id}: would remove worktree {path}"
-    if not landing.remove_worktree(repo, job):
-        raise SubtaskError("fatal", f"{job.id}: git worktree remove {path} failed", hint="git worktree list")
     return f"{job.id}: removed worktree {path} (branch {job.spec.branch} and record kept)"
 
 

@@ -2,11 +2,14 @@
 
 `SUBTASK_FAULT=<point>` exits abruptly there (`os._exit`, skipping every cleanup, as a crash or
 `kill -9` would). `SUBTASK_FAULT_PAUSE=<point>:<seconds>` sleeps there, so a test can interrupt
-or stop a process at exactly that step.
+or stop a process at exactly that step. `SUBTASK_FAULT_HOLD=<point>:<path>` creates
+`<path>.reached` there and waits until `<path>` exists, so a test can run another command at
+exactly that step without depending on timing.
 
 Points: after_admit, after_reserve, after_branch, after_record, before_spawn (start);
 worker_start, after_checkout, after_engine, after_verify, before_final_record,
-after_final_record (worker).
+after_final_record (worker); before_worktree_removal, after_removal_recheck (cleanup, cleanup
+--merged, the sweep, gc: before each job's re-check under its run-lock, and after it with the lock held).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import time
 
 FAULT_ENV = "SUBTASK_FAULT"
 PAUSE_ENV = "SUBTASK_FAULT_PAUSE"
+HOLD_ENV = "SUBTASK_FAULT_HOLD"
+HOLD_LIMIT_S = 60.0
 FAULT_EXIT = 99
 
 
@@ -25,3 +30,17 @@ def point(name: str) -> None:
     pause = os.environ.get(PAUSE_ENV)
     if pause and pause.rpartition(":")[0] == name:
         time.sleep(float(pause.rpartition(":")[2]))
+    _hold(name)
+
+
+def _hold(name: str) -> None:
+    """Wait at `name` until the test creates the gate file (bounded: a test that dies frees us)."""
+    hold = os.environ.get(HOLD_ENV)
+    if not hold or hold.partition(":")[0] != name:
+        return
+    gate = hold.partition(":")[2]
+    with open(f"{gate}.reached", "a"):
+        pass
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)

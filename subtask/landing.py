@@ -20,24 +20,34 @@ Invariants:
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
   branch_deleted) to them.
+- Merges into one worktree are serialized (`index_lock`, keyed by the worktree's own git dir) and
+  hold the job's run-lock; a failed merge resets to the HEAD read under that lock, never when
+  HEAD has moved. A detached HEAD is never merged into, nor a land target.
+- Nothing is removed (worktree, branch) unless the job's run-lock is ours and the record re-read
+  under it shows the same, ended attempt (`quiet_job`); a busy job is left for a later pass.
+- A worktree is removed only when this clone's worker made it for this job
+  (`worktrees.created_here`): a record's paths are data, never authority.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pygit2
 
-from subtask import notes, records
+from subtask import faults, liveness, notes, records, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git, is_dirty
 from subtask.records import Job
-from subtask.statefiles import write_json
+from subtask.statefiles import file_lock, write_json
 
 SWEEP_STAMP = "land-sweep.json"
 PATCH_ID_CACHE = "patch-ids.json"
@@ -79,10 +89,9 @@ def land_target(repo: Repo) -> Target | None:
         target = _branch_target(candidate)
         if target is not None:
             return target
-    try:
-        return Target(str(repo.git.head.target), str(repo.git.head.target))
-    except (pygit2.GitError, KeyError):
-        return None  # unborn HEAD: nothing can have landed
+    # Detached (or unborn) everywhere: no branch keeps anything, so nothing counts as landed; a
+    # job checked out detached for a look must not have its branch deleted by the sweep.
+    return None
 
 
 def _main_repo(repo: Repo) -> pygit2.Repository:
@@ -243,13 +252,22 @@ def owns(repo: Repo, job: Job) -> bool:
 
 
 def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str]:
-    """(True, "") when the job's worktree can go without losing anything; else (False, why)."""
+    """(True, "") when the job's worktree can go without losing anything; else (False, why).
+
+    Call it under the job's run-lock (`quiet_job`), so no worker starts in it meanwhile.
+    """
     path = Path(job.spec.worktree)
     if not path.exists():
         return False, "no worktree"
     if not owns(repo, job):
         return False, "the worktree belongs to another clone"
-    if is_dirty(path):
+    if not worktrees.created_here(repo, job.id, path):
+        return False, worktrees.why_not_ours(repo, job.id, path)
+    try:
+        dirty = is_dirty(path)
+    except SubtaskError:
+        return False, f"worktree {path} is not a readable git worktree"
+    if dirty:
         return False, f"worktree {path} has uncommitted changes or untracked files"
     proc = git(path, "rev-parse", "HEAD", check=False)
     head = proc.stdout.strip()
@@ -268,6 +286,60 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     return removed
 
 
+BUSY = "a worker or a reply holds the job (or it changed since it was listed): left for a later pass"
+
+
+@contextmanager
+def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | None]:
+    """The job's fresh record while its run-lock is ours; None when it is busy or changed.
+
+    A worker holds the run-lock for its whole life and `reply` takes it before it appends its
+    attempt, so while we hold it no worker can start in the job's worktree or on its branch.
+    None when someone else holds it, when the current attempt has not ended, or when the record
+    has a newer attempt than the `job` the caller looked at (a reply ran meanwhile: its commits
+    were never examined). `held`: the caller already holds the run-lock (merge).
+    """
+    faults.point("before_worktree_removal")
+    fd = None if held else liveness.acquire(repo.state_dir, job.id, block=False)
+    if fd is None and not held:
+        yield None
+        return
+    try:
+        try:
+            fresh = records.read(repo, job.id)
+        except Exception:
+            fresh = None  # damaged meanwhile: touch nothing
+        unchanged = fresh is not None and fresh.state.current.terminal and fresh.state.current.n == job.state.current.n
+        faults.point("after_removal_recheck")
+        yield fresh if unchanged else None
+    finally:
+        if fd is not None:
+            liveness.release(fd)
+
+
+@dataclass
+class Removal:
+    kind: str  # "removed" (or would be, on a dry run), "missing", "busy", "kept", "failed"
+    why: str = ""
+
+
+def remove_clean_worktree(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = False) -> Removal:
+    """Remove the job's worktree when that loses nothing, re-checked under its run-lock (cleanup, gc)."""
+    with quiet_job(repo, job) as fresh:
+        if fresh is None:
+            return Removal("busy", BUSY)
+        if not Path(fresh.spec.worktree).exists():
+            return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
+        ok, why = worktree_removable(repo, fresh, keepers(repo, fresh, target))
+        if not ok:
+            return Removal("kept", why)
+        if dry_run:
+            return Removal("removed")
+        if not remove_worktree(repo, fresh):
+            return Removal("failed", f"git worktree remove {fresh.spec.worktree} failed")
+        return Removal("removed")
+
+
 def checked_out_branches(repo: Repo) -> set[str]:
     out = git(repo.root, "worktree", "list", "--porcelain", check=False).stdout
     return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("branch ")}
@@ -284,8 +356,20 @@ def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
 
 
 def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
-                  dry_run: bool = False, checked_out: set[str] | None = None) -> list[str]:
-    """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch."""
+                  dry_run: bool = False, checked_out: set[str] | None = None, held: bool = False) -> list[str] | None:
+    """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch.
+
+    All of it under the job's run-lock (`quiet_job`); None when the job is busy or changed, and
+    then nothing was done (a later pass sees it again).
+    """
+    with quiet_job(repo, job, held=held) as fresh:
+        if fresh is None:
+            return None
+        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out)
+
+
+def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
+                   dry_run: bool, checked_out: set[str] | None) -> list[str]:
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
@@ -386,8 +470,13 @@ def cleanup_merged(repo: Repo, dry_run: bool = False, entries: list[dict] | None
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
+        lines = finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out)
+        if lines is None:
+            sweep.kept.append(job.id)
+            sweep.lines.append(f"{job.id}: skipped: {BUSY}")
+            continue
         sweep.landed.append(job.id)
-        sweep.lines += finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out)
+        sweep.lines += lines
     pids.save()
     return sweep
 
@@ -426,27 +515,84 @@ class MergeResult:
 
 
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False) -> MergeResult:
-    """Merge a finished, verified job into the current branch, then clean up after it."""
+    """Merge a finished, verified job into the current branch, then clean up after it.
+
+    Serialized per target worktree (`index_lock`) and holding the job's run-lock, so two merges
+    never interleave in one index and no reply starts on the job meanwhile.
+    """
     if mode not in MERGE_MODES:
         raise SubtaskError("usage", f"unknown merge mode {mode!r} ({', '.join(MERGE_MODES)})")
-    job = records.read(repo, records.resolve(repo, id_or_prefix))
-    head = _check_mergeable(repo, job, force)
+    job_id = records.resolve(repo, id_or_prefix)
+    _check_mergeable(repo, records.read(repo, job_id), force)  # refuse at once, not after the locks
     workdir = Path(repo.git.workdir)
+    with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
+        return _merge_locked(repo, records.read(repo, job_id), workdir, mode, force)
+
+
+def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -> MergeResult:
+    head = _check_mergeable(repo, job, force)
     into = _check_into(repo, job, workdir)
     _check_clean(workdir)
+    before = _head_of_worktree(workdir)
     message = _merge_message(job, mode)
     args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "ff-only": ["--ff-only"], "squash": ["--squash"]}[mode]
     proc = git(workdir, "merge", "--no-edit", *args, "-m", message, head, check=False)
     if proc.returncode != 0:
-        _abort(workdir, job, mode, into, proc)
+        _abort(workdir, job, mode, into, proc, before)
     if mode == "squash":
-        _commit_squash(workdir, job, message, into)
-    commit = git(workdir, "rev-parse", "HEAD").stdout.strip()
+        _commit_squash(workdir, job, message, into, before)
+    commit = _head_of_worktree(workdir)
     landed = head if mode in ("merge", "ff-only") and commit == head else commit
     target = Target(into, commit)
     lines = [f"{job.id}: merged into {into} ({mode}) as {commit[:7]}"]
-    lines += finish_landed(repo, job, head, landed, target)[1:]
+    lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
+
+
+INDEX_LOCK_WAIT = 120.0
+MERGE_RUN_LOCK_WAIT = 3.0
+
+
+@contextmanager
+def index_lock(repo: Repo, workdir: Path) -> Iterator[None]:
+    """Exclusive right to write one worktree's index and HEAD, among git-subtask commands.
+
+    Keyed by that worktree's own git dir (each worktree has its own index and HEAD), kept in the
+    state dir. git's `index.lock` alone does not serialize a merge: `merge --squash` then
+    `commit` are two git runs, and another merge between them commits or resets the wrong index.
+    """
+    import filelock
+
+    key = hashlib.sha1(str(Path(repo.git.path).resolve()).encode()).hexdigest()[:16]
+    lock = file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise SubtaskError("negative", f"another git-subtask merge into {workdir} has not finished after "
+                           f"{INDEX_LOCK_WAIT:.0f} s: not merging now", hint="try again once it is done") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
+def _run_lock_for_merge(repo: Repo, job_id: str) -> Iterator[None]:
+    """The job's run-lock for the whole merge; a gc or cleanup holds it only briefly, so wait a little."""
+    deadline = time.monotonic() + MERGE_RUN_LOCK_WAIT
+    while (fd := liveness.acquire(repo.state_dir, job_id, block=False)) is None:
+        if time.monotonic() >= deadline:
+            raise SubtaskError("not_finished", f"{job_id} is busy: its worker or a reply holds it",
+                               hint=f"git subtask wait {job_id}")
+        time.sleep(0.02)
+    try:
+        yield
+    finally:
+        liveness.release(fd)
+
+
+def _head_of_worktree(workdir: Path) -> str:
+    return git(workdir, "rev-parse", "HEAD").stdout.strip()
 
 
 def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
@@ -483,7 +629,13 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
     if repo.git.head_is_unborn:
         raise SubtaskError("fatal", "the current branch has no commits yet")
     if repo.git.head_is_detached:
-        return str(repo.git.head.target)[:7]
+        # A merge into a detached HEAD is kept by no branch, yet the job's branch would be deleted
+        # as landed: after `git switch main` the work would hang on the pin alone.
+        configured = repo.config.get("landTarget")
+        fix = f"git switch {configured}" if configured else "git switch <branch>  (e.g. git switch main)"
+        raise SubtaskError("negative", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
+                           "into a commit no branch keeps",
+                           hint=f"{fix}, then: git subtask merge {job.id}")
     name = repo.git.head.shorthand
     if name == job.spec.branch:
         raise SubtaskError("usage", f"the current branch is the job's own branch {name}",
@@ -511,11 +663,11 @@ def _merge_message(job: Job, mode: str) -> str:
     return f"Merge subtask {job.id}: {title}\n\nSubtask-Id: {job.id}\n"
 
 
-def _abort(workdir: Path, job: Job, mode: str, into: str, proc) -> None:
+def _abort(workdir: Path, job: Job, mode: str, into: str, proc, before: str) -> None:
     conflicts = git(workdir, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split("\n")
     conflicts = [c for c in conflicts if c]
+    _restore(workdir, before)
     if conflicts:
-        git(workdir, *(["reset", "--merge"] if mode == "squash" else ["merge", "--abort"]), check=False)
         raise SubtaskError("conflict", f"merging {job.id} into {into} conflicts in: {', '.join(conflicts)}; "
                            "the merge was aborted and nothing changed",
                            hint=f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
@@ -526,16 +678,28 @@ def _abort(workdir: Path, job: Job, mode: str, into: str, proc) -> None:
     raise SubtaskError("negative", f"git merge of {job.id} into {into} did not happen: {reason}", hint=hint)
 
 
-def _commit_squash(workdir: Path, job: Job, message: str, into: str) -> None:
+def _restore(workdir: Path, before: str) -> None:
+    """Put the worktree back as it was before our merge: its tracked files were clean, so index
+    and files equal `before`. Never when HEAD moved (someone else committed: keep their work)."""
+    if git(workdir, "rev-parse", "HEAD", check=False).stdout.strip() == before:
+        git(workdir, "reset", "--quiet", "--merge", before, check=False)
+
+
+_IDENTITY_RE = re.compile(r"who you are|ident|auto-detect|no (?:name|email) was given", re.IGNORECASE)
+
+
+def _commit_squash(workdir: Path, job: Job, message: str, into: str, before: str) -> None:
     staged = git(workdir, "diff", "--cached", "--quiet", check=False).returncode
     if staged == 0:
-        git(workdir, "reset", "--merge", check=False)
+        _restore(workdir, before)
         raise SubtaskError("negative", f"{job.id}: its changes are already in {into}; nothing to squash")
     proc = git(workdir, "commit", "--quiet", "--no-verify", "-F", "-", input=message, check=False)
     if proc.returncode != 0:
-        git(workdir, "reset", "--merge", check=False)
-        raise SubtaskError("fatal", f"could not commit the squash of {job.id}: {proc.stderr.strip()}",
-                           hint="set your identity: git config user.name ...; git config user.email ...")
+        _restore(workdir, before)
+        words = proc.stderr.strip() or proc.stdout.strip()
+        hint = ("set your identity: git config user.name ...; git config user.email ..." if _IDENTITY_RE.search(words)
+                else None)
+        raise SubtaskError("fatal", f"could not commit the squash of {job.id} (nothing changed): {words}", hint=hint)
 
 
 # ---------------------------------------------------------------- gc
@@ -559,14 +723,14 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
     target = land_target(repo)
     for job in _old_finished(repo, cutoff):
         path = Path(job.spec.worktree)
-        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
-        if not ok:
+        removal = remove_clean_worktree(repo, job, target, dry_run=dry_run)
+        if removal.kind == "removed":
+            sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
+        elif removal.kind == "missing":
+            sweep.lines.append(f"{job.id}: worktree already removed")
+        else:
             sweep.kept.append(job.id)
-            sweep.lines.append(f"{job.id}: kept worktree: {why}")
-            continue
-        sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
-        if not dry_run:
-            remove_worktree(repo, job)
+            sweep.lines.append(f"{job.id}: kept worktree: {removal.why}")
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:

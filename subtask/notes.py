@@ -2,7 +2,8 @@
 
 The block stands on the job's final head commit, or on its base when it made no commit, so
 `git log --notes=subtask` shows what was delegated where it landed. Notes are derived data:
-`rebuild` regenerates every block from the records and is idempotent. The writing itself
+`rebuild` regenerates every block from the records and is idempotent, and drops every block no
+record explains: a note's block is data, a record is its only authority. The writing itself
 (compare-and-swap, fanout, file lock) lives in `notes_store`.
 
 Never set `notes.rewriteRef` for this ref: a "verify passed" must not follow a rebase onto a tree
@@ -47,13 +48,27 @@ def write_for_job(repo: Repo, job: Job) -> None:
 
 
 def rebuild(repo: Repo) -> int:
-    """Regenerate every job's block from its record; returns how many blocks changed."""
+    """Regenerate every job's block from its record, and drop every block no record explains
+    (a forged or stale block pulled from a remote, a block left on a commit the job no longer
+    stands on). Human text in a note stays. Returns how many blocks changed."""
     items = []
+    places: dict[str, set[str] | None] = {}  # job id -> commits its blocks may stand on (None: any)
     for job_id in records.all_ids(repo):
         try:
             job = records.read(repo, job_id)
         except Exception:
+            places[job_id] = None  # a damaged record: keep its blocks, they may be all that is left
             continue
         if job.state.attempts and job.state.current.terminal:
             items.append((target_commit(job), job.id, note_block(job)))
-    return notes_store.set_blocks_bulk(repo.git, items, lock_path(repo)) if items else 0
+            places[job_id] = {target_commit(job)}
+        else:  # running again: its earlier block stays until the worker rewrites it
+            places[job_id] = {target_commit(job)} | previous_targets(job)
+
+    def explained(commit: str, job_id: str) -> bool:
+        if job_id not in places:
+            return False
+        allowed = places[job_id]
+        return allowed is None or commit in allowed
+
+    return notes_store.rewrite_blocks(repo.git, items, explained, lock_path(repo))

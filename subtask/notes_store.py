@@ -133,6 +133,29 @@ def set_blocks_bulk(
     return _update(repo, lock_path, lambda tree: _plan(repo, tree, wanted))
 
 
+def rewrite_blocks(
+    repo: pygit2.Repository,
+    items: Iterable[tuple[str, str, str]],
+    keep: Callable[[str, str], bool],
+    lock_path: str | os.PathLike,
+) -> int:
+    """Like `set_blocks_bulk`, and in the same notes commit drop every other block for which
+    `keep(commit hex, job id)` is false (human text stays). Returns how many blocks changed."""
+    wanted: dict[str, dict[str, str | None]] = {}
+    for commit_oid, job_id, block in items:
+        wanted.setdefault(_hex(repo, commit_oid), {})[job_id] = normalize_block(job_id, block)
+
+    def plan(tree: pygit2.Tree | None) -> tuple[Edits, int]:
+        edits = {commit: dict(jobs) for commit, jobs in wanted.items()}
+        for commit_hex in _all_notes(repo, tree) if tree is not None else {}:
+            for job_id in parse_note(_read_text(repo, tree, commit_hex) or "")[1]:
+                if job_id not in edits.get(commit_hex, {}) and not keep(commit_hex, job_id):
+                    edits.setdefault(commit_hex, {})[job_id] = None
+        return _plan(repo, tree, edits)
+
+    return _update(repo, lock_path, plan)
+
+
 # --------------------------------------------------------------------------- note text
 
 

@@ -35,7 +35,18 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, jobenv, ledger, lifecycle, liveness, notes, privatetext, records, slots
+from subtask import (
+    faults,
+    jobenv,
+    ledger,
+    lifecycle,
+    liveness,
+    notes,
+    privatetext,
+    records,
+    slots,
+    worktrees,
+)
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
@@ -100,6 +111,7 @@ def checkout(repo: Repo, job: Job) -> Path:
             git(repo.root, "worktree", "add", "--quiet", str(path), job.spec.branch)
         else:
             git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), job.spec.base)
+    worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
     return path
 
 
