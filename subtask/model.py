@@ -107,6 +107,8 @@ class JobSpec(_Record):
     model: str | None = None
     readonly: bool = False
     depth: int = 0
+    isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
+    isolation_source: str = ""  # flag | config | default (a default that fell back says why)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -226,4 +228,6 @@ class Evidence(_Record):
     tokens: dict[str, int] | None = None
     model: str | None = None
     error: dict[str, Any] | None = None
+    isolation: dict[str, Any] | None = None  # {mode, enforced_by, writable, missing, refused}
+    main_worktree: dict[str, Any] | None = None  # {changed, paths}: `git status` before vs after the run
     extra: dict[str, Any] = field(default_factory=dict)

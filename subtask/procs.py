@@ -15,6 +15,7 @@ Invariants:
 - On timeout, or if the calling thread is interrupted, the whole group is sent SIGTERM, then
   SIGKILL after `kill_grace`. After a normal leader exit, leftover group members are left alone.
 - `kill_group` never signals pgid <= 1 or our own group: `killpg(0)` would signal ourselves.
+- While a job's isolation is active (`isolation.confined`), every child is confined before exec.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
   a missing working directory is a `SubtaskError`.
 """
@@ -221,6 +222,16 @@ def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
     return ProcResult(code, False, time.monotonic() - started, "", message, -1)
 
 
+# -- confinement: subtask/isolation.py owns the policy; procs only asks for the child's hook -------
+
+
+def _confinement_hook() -> Callable[[], None] | None:
+    """The pre-exec hook confining this child (Landlock), or None when no job isolation is active."""
+    from subtask import isolation
+
+    return isolation.child_hook()
+
+
 def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subprocess.Popen:
     try:
         return subprocess.Popen(
@@ -232,6 +243,7 @@ def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subproce
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_confinement_hook(),
         )
     except OSError as exc:
         # subprocess reports a failed chdir with the cwd as filename; that is not the

@@ -19,7 +19,9 @@ STDOUT_GRACE = 2.0
 class ShellEngine:
     name = "shell"
     paid = False
-    isolation = "none: runs with your permissions in the job's worktree (cwd only)"
+    isolation = "none of its own: git-subtask confines it (see confinement)"
+    confinable = True  # every process it starts goes through procs.run
+    default_isolation = "worktree"
 
     def probe(self) -> Probe:
         bash = shutil.which("bash")
