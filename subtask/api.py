@@ -727,6 +727,9 @@ def evidence_envelope(job: Job) -> dict:
             "autocommit": evidence["autocommit"] if evidence else None,
         },
         "verification": attempt.verify.to_dict() if attempt.verify else None,
+        "isolation": {"mode": job.spec.isolation, "source": job.spec.isolation_source}
+        | ((evidence or {}).get("isolation") or {}),
+        "main_worktree": (evidence or {}).get("main_worktree"),
         "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
         "summary": job.summary,
         "cost": attempt.cost.to_dict(),

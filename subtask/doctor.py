@@ -47,7 +47,8 @@ def run(path: str | os.PathLike | None = None) -> Report:
         checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
-    for check in (check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines):
+    for check in (check_hooks, check_notes_config, check_state_dir, check_slots, check_worktrees, check_engines,
+                  check_isolation):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -167,3 +168,20 @@ def check_engines(repo) -> Check:
         return Check("engines", "warn", f"the default engine {default} is not usable; engines: {summary}",
                      ["git subtask engines", f"git config subtask.engine {usable[0] if usable else 'shell'}"])
     return Check("engines", "ok", summary)
+
+
+def check_isolation(repo) -> Check:
+    """What confinement each engine gets here, and what `subtask.isolation` asks for."""
+    from subtask import api, isolation
+
+    state = isolation.support()
+    per_engine = "; ".join(f"{p.name}: {p.confinement}" for p in api.engines(repo) if p.confinement)
+    asked = repo.config.get("isolation")
+    if not state.available:
+        steps = ["use a kernel with Landlock (Linux 6.2+, CONFIG_SECURITY_LANDLOCK, landlock in lsm=)"]
+        if asked and asked.strip().lower() != "none":
+            return Check("isolation", "fail", f"subtask.isolation={asked} cannot be enforced: {state.reason}; "
+                         "every start that asks for it is refused", steps + ["git config subtask.isolation none"])
+        return Check("isolation", "warn", f"engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
+    where = f"subtask.isolation={asked}" if asked else "engine defaults"
+    return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")

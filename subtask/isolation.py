@@ -226,9 +226,12 @@ def describe(engine, readonly: bool = False) -> str:
     """What an engine gets here by default, in words, for `engines` and `doctor`."""
     mode = resolve(engine, readonly=readonly, flag=None, configured=None)
     if mode.mode == "none":
-        why = mode.note or ("it is not started through git-subtask; its own sandbox applies"
-                            if not engine_confinable(engine) else "its default")
-        return f"none ({why})"
+        if mode.note:
+            return f"none ({mode.note})"
+        if not engine_confinable(engine):
+            return "none (not started through git-subtask, so it cannot be confined; its own sandbox applies)"
+        extra = f"--isolation worktree|readonly on request ({support().describe()})" if support().available else support().reason
+        return f"none by default (its own sandbox applies); {extra}"
     return f"{mode.mode} by default ({support().describe()})"
 
 

@@ -109,7 +109,7 @@ class _Output:
 
 
 class CommandEngine:
-    isolation = "none of its own: git-subtask confines it (see confinement)"
+    isolation = "none of its own (git-subtask confines it where it can: see confinement)"
     confinable = True  # every process it starts goes through procs.run
     default_isolation = "worktree"  # an agent that needs its config dir: git config --add subtask.isolation.writable
 

@@ -19,7 +19,7 @@ STDOUT_GRACE = 2.0
 class ShellEngine:
     name = "shell"
     paid = False
-    isolation = "none of its own: git-subtask confines it (see confinement)"
+    isolation = "none of its own (git-subtask confines it where it can: see confinement)"
     confinable = True  # every process it starts goes through procs.run
     default_isolation = "worktree"
 
