@@ -190,7 +190,7 @@ def note_block(job) -> str:
     lines.append(f"changes: {changes_line(job.evidence)}")
     confinement = isolation_line(job.evidence)
     if confinement:
-        lines.append(f"isolation: {confinement}")
+        lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip())
     summary = summary_lines(job.summary)
@@ -270,8 +270,13 @@ def show_text(job, position: int | None = None) -> str:
         if confinement:
             lines.append(f"confinement: {confinement}")
             iso = evidence.isolation or {}
-            for grant in iso.get("writable", []):
-                lines.append(f"  writable: {grant.get('path')} ({grant.get('why')})")
+            grants = iso.get("writable", [])
+            for grant in grants:
+                if grant.get("why") != "device":
+                    lines.append(f"  writable: {grant.get('path')} ({grant.get('why')})")
+            devices = [g.get("path") for g in grants if g.get("why") == "device"]
+            if devices:
+                lines.append(f"  writable devices: {', '.join(devices)}")
             for path in iso.get("missing", []):
                 lines.append(f"  not granted (missing): {path}")
             for line in iso.get("refused", []):

@@ -30,9 +30,9 @@ def hostile_script(repo: Path, decoy: Path) -> str:
         f"rm -f '{decoy}'; echo rm-decoy=$?",
         f"rm -f '{repo}/README.md'; echo rm-main=$?",
         'echo pwned > "$HOME/pwned"; echo home=$?',
+        "echo work > job.txt && git add job.txt && git commit -q -m 'job commit'; echo commit=$?",
         "git update-ref refs/heads/main HEAD; echo update-ref=$?",
         "git branch -f feature HEAD; echo branch=$?",
-        "echo work > job.txt && git add job.txt && git commit -q -m 'job commit'; echo commit=$?",
         'echo t > "$TMPDIR/t"; echo tmp=$?',
         "true",
     ])
@@ -42,14 +42,15 @@ def hostile_script(repo: Path, decoy: Path) -> str:
 def hostile(repo, tmp_path, isolated_git):
     decoy = tmp_path / "decoy.txt"
     decoy.write_text("keep me\n")
-    git(repo, "branch", "feature")
-    # an empty commit, so `update-ref main HEAD` and `branch -f feature HEAD` would move them
+    git(repo, "branch", "feature")  # the job commits first, so moving main or feature to its HEAD would show
     return decoy, isolated_git, hostile_script(repo, decoy)
 
 
-def outputs(cli, job: str) -> dict[str, str]:
-    out = cli.ok("result", job, "--full")
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line and " " not in line)
+def outputs(repo: Path, job: str) -> dict[str, str]:
+    """The `name=exit` lines the job printed, from its events file."""
+    events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text().splitlines()
+    lines = [e["text"] for e in map(json.loads, events) if e.get("type") == "output"]
+    return dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
 
 
 def evidence(cli, job: str) -> dict:
@@ -62,7 +63,7 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     main_before, feature_before = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feature")
     job = cli.start(script + "\ngit commit --allow-empty -q -m second; echo second=$?")
     cli.ok("wait", job)
-    said = outputs(cli, job)
+    said = outputs(repo, job)
     assert said["rm-decoy"] != "0" and said["rm-main"] != "0" and said["home"] != "0"
     assert said["update-ref"] != "0" and said["branch"] != "0"
     assert said["commit"] == "0" and said["second"] == "0" and said["tmp"] == "0"
@@ -79,7 +80,7 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     envelope = json.loads(cli.ok("result", job, "--evidence"))
     assert envelope["isolation"]["mode"] == "worktree" and envelope["isolation"]["refused"] == iso["refused"]
     note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
-    assert "isolation: worktree (Landlock ABI" in note and "refused" in note and "main worktree unchanged" in note
+    assert "sandbox: worktree (Landlock ABI" in note and "refused" in note and "main worktree unchanged" in note
     events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text()
     assert '"type": "isolation"' in events and "decoy.txt" in events
 
@@ -90,7 +91,7 @@ def test_the_same_job_unconfined_does_it_all_and_the_evidence_says_so(cli, repo,
     main_before = git(repo, "rev-parse", "main")
     job = cli.start(script, "--isolation", "none")
     cli.ok("wait", job)
-    said = outputs(cli, job)
+    said = outputs(repo, job)
     assert said["rm-decoy"] == said["rm-main"] == said["home"] == said["update-ref"] == said["commit"] == "0"
     assert not decoy.exists() and not (repo / "README.md").exists() and (home / "pwned").exists()
     assert git(repo, "rev-parse", "main") != main_before
@@ -107,7 +108,7 @@ def test_a_readonly_job_can_write_only_its_temp_dir(cli, repo, tmp_path):
     job = cli.start("echo x > f.txt; echo write=$?; git commit --allow-empty -q -m no; echo commit=$?; "
                     'echo t > "$TMPDIR/t"; echo tmp=$?', "--readonly")
     cli.ok("wait", job)
-    said = outputs(cli, job)
+    said = outputs(repo, job)
     assert said["write"] != "0" and said["commit"] != "0" and said["tmp"] == "0"
     ev = evidence(cli, job)
     assert ev["isolation"]["mode"] == "readonly" and ev["isolation"]["refused"]
@@ -123,7 +124,7 @@ def test_configured_writable_paths_are_granted_and_listed(cli, repo, tmp_path):
     git(repo, "config", "--add", "subtask.isolation.writable", str(tmp_path / "absent"))
     job = cli.start(f"echo built > '{cache}/artifact'; echo cache=$?")
     cli.ok("wait", job)
-    assert outputs(cli, job)["cache"] == "0" and (cache / "artifact").read_text() == "built\n"
+    assert outputs(repo, job)["cache"] == "0" and (cache / "artifact").read_text() == "built\n"
     iso = evidence(cli, job)["isolation"]
     assert {"path": str(cache), "why": "subtask.isolation.writable"} in iso["writable"]
     assert iso["missing"] == [str(tmp_path / "absent")]
