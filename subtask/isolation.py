@@ -87,12 +87,19 @@ OBJECTS = MAKE_REG | MAKE_DIR | WRITE_FILE | REMOVE_FILE | REFER  # add objects 
 REF_FILES = MAKE_REG | WRITE_FILE | REMOVE_FILE | TRUNCATE  # <ref>.lock, then rename onto <ref>
 DEVICE = WRITE_FILE | TRUNCATE
 
+# Not /dev/pts or /dev/ptmx: a job could write to your open terminals (grant them if tests need ptys).
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")
-DEVICE_DIRS = ("/dev/pts", "/dev/shm")
+DEVICE_DIRS = ("/dev/shm",)
+
+
+SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox (the worker, your editor)
+SCOPED_ABI = 6
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # the ABI-1 prefix; the kernel accepts it
+    # Below ABI 6 only the first field is passed (the kernel accepts a shorter, older struct).
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -257,6 +264,7 @@ class Policy:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "enforced_by": support().describe(),
+                "signals": "only inside the sandbox" if support().abi >= SCOPED_ABI else "not scoped",
                 "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
 
 
@@ -341,9 +349,11 @@ def build_ruleset(policy: Policy) -> int:
     if not state.available:
         raise IsolationError(f"isolation {policy.mode} cannot be enforced: {state.reason}")
     handled = _handled(state.abi)
-    attr = _RulesetAttr(handled)
+    scoped = state.abi >= SCOPED_ABI
+    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL if scoped else 0)
+    size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
     try:
-        fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+        fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     except OSError as exc:
         raise IsolationError(f"landlock_create_ruleset: {exc.strerror}") from exc
     try:

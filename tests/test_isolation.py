@@ -34,6 +34,7 @@ def hostile_script(repo: Path, decoy: Path) -> str:
         "git update-ref refs/heads/main HEAD; echo update-ref=$?",
         "git branch -f feature HEAD; echo branch=$?",
         'echo t > "$TMPDIR/t"; echo tmp=$?',
+        "kill -0 $PPID; echo signal-worker=$?",
         "true",
     ])
 
@@ -67,6 +68,8 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     assert said["rm-decoy"] != "0" and said["rm-main"] != "0" and said["home"] != "0"
     assert said["update-ref"] != "0" and said["branch"] != "0"
     assert said["commit"] == "0" and said["second"] == "0" and said["tmp"] == "0"
+    if LANDLOCK.abi >= isolation.SCOPED_ABI:
+        assert said["signal-worker"] != "0"  # its parent, the worker, is outside the sandbox
     assert decoy.read_text() == "keep me\n" and (repo / "README.md").exists() and not (home / "pwned").exists()
     assert git(repo, "rev-parse", "main") == main_before and git(repo, "rev-parse", "feature") == feature_before
     assert git(repo, "log", "--format=%s", f"subtask/{job}").splitlines()[:2] == ["second", "job commit"]
@@ -93,6 +96,7 @@ def test_the_same_job_unconfined_does_it_all_and_the_evidence_says_so(cli, repo,
     cli.ok("wait", job)
     said = outputs(repo, job)
     assert said["rm-decoy"] == said["rm-main"] == said["home"] == said["update-ref"] == said["commit"] == "0"
+    assert said["signal-worker"] == "0"
     assert not decoy.exists() and not (repo / "README.md").exists() and (home / "pwned").exists()
     assert git(repo, "rev-parse", "main") != main_before
     ev = evidence(cli, job)
