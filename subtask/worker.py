@@ -465,6 +465,9 @@ def pack_refs_when_many(repo: Repo) -> None:
         return
     if loose > PACK_REFS_OVER:
         git(repo.root, "pack-refs", "--all", check=False)
+        # Packing prunes the emptied refs/heads/subtask/; a confined job still running could not
+        # create it again (only the folder itself is granted), so its next commit would fail.
+        (repo.common_dir / "refs" / "heads" / "subtask").mkdir(parents=True, exist_ok=True)
 
 
 def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.HandOff]:
