@@ -280,13 +280,14 @@ def worktree_admin_dir(worktree: Path) -> Path | None:
     return path if path.is_absolute() else (worktree / path).resolve()
 
 
-def configured_writable(repo_git) -> list[str]:
-    """`git config --get-all subtask.isolation.writable`, `~` expanded."""
+def configured_writable(repo_git, root: Path) -> list[str]:
+    """`git config --get-all subtask.isolation.writable`: `~` and `$VARS` expanded, relative to `root`."""
     try:
         values = list(repo_git.config.get_multivar(WRITABLE_KEY))
     except (KeyError, ValueError):
         return []
-    return [os.path.expanduser(os.path.expandvars(v.strip())) for v in values if v.strip()]
+    paths = [os.path.expanduser(os.path.expandvars(v.strip())) for v in values if v.strip()]
+    return [os.path.normpath(os.path.join(root, p)) for p in paths]
 
 
 def engine_paths(engine, env: dict) -> list[str]:

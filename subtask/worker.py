@@ -261,7 +261,7 @@ class Confinement:
         try:
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
-                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git),
+                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
                 engine_extra=isolation.engine_paths(engine, self.env))
             self.ruleset = isolation.Ruleset(self.policy)
         except BaseException:

@@ -137,6 +137,18 @@ def test_configured_writable_paths_are_granted_and_listed(cli, repo, tmp_path):
 
 
 @needs_landlock
+def test_a_reply_runs_confined_like_the_first_attempt(cli, repo, tmp_path):
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("keep me\n")
+    job = cli.start("echo first > first.txt")
+    cli.ok("wait", job)
+    cli.ok("reply", job, f"rm -f '{decoy}'; echo rm=$?")
+    cli.ok("wait", job)
+    assert decoy.exists() and outputs(repo, job)["rm"] != "0"
+    assert evidence(cli, job)["attempt"] == 2 and evidence(cli, job)["isolation"]["refused"]
+
+
+@needs_landlock
 def test_verify_runs_confined_too(cli, repo, tmp_path):
     outside = tmp_path / "verify-wrote"
     job = cli.start("true", "--verify", f"touch '{outside}'")
