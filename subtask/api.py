@@ -694,7 +694,7 @@ def engines(repo: Repo):
         try:
             engine = get_engine(name, repo.config)
             probe = engine.probe()
-            probe.confinement = isolation.describe(engine)
+            probe.confinement = isolation.describe(engine, repo.config.get("isolation"))
             probes.append(probe)
         except Exception as exc:
             from subtask.engines.base import Probe

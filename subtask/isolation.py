@@ -183,12 +183,6 @@ class Choice:
     source: str  # flag | config | default
     note: str = ""  # why a default fell back to none
 
-    def to_dict(self) -> dict:
-        out = {"mode": self.mode, "source": self.source}
-        if self.note:
-            out["note"] = self.note
-        return out
-
 
 def check_mode(value: str | None, where: str) -> str | None:
     if value is None:
@@ -229,9 +223,14 @@ def _require(engine, mode: str, source: str) -> None:
                            hint="git subtask doctor; or run unconfined on purpose: --isolation none")
 
 
-def describe(engine, readonly: bool = False) -> str:
-    """What an engine gets here by default, in words, for `engines` and `doctor`."""
-    mode = resolve(engine, readonly=readonly, flag=None, configured=None)
+def describe(engine, configured: str | None = None) -> str:
+    """What an engine gets here when nothing is passed to `start`, in words, for `engines` and `doctor`."""
+    try:
+        mode = resolve(engine, readonly=False, flag=None, configured=configured)
+    except SubtaskError as exc:
+        return f"every start refused: {exc.message}"
+    if mode.source == "config":
+        return f"{mode.mode} (git config subtask.isolation)" + (f" ({support().describe()})" if mode.mode != "none" else "")
     if mode.mode == "none":
         if mode.note:
             return f"none ({mode.note})"

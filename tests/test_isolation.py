@@ -215,6 +215,11 @@ def test_engines_and_doctor_say_what_each_engine_gets_here(cli, repo):
     doctor = json.loads(cli.ok("doctor", "--json"))
     check = next(c for c in doctor["checks"] if c["name"] == "isolation")
     assert "shell: " in check["message"] and "claude: none" in check["message"]
+    git(repo, "config", "subtask.isolation", "worktree")
+    probes = {p["name"]: p for p in cli.json("engines")["engines"]}
+    assert probes["claude"]["confinement"].startswith("every start refused: the claude engine cannot be confined")
+    if LANDLOCK.available:
+        assert probes["shell"]["confinement"].startswith("worktree (git config subtask.isolation)")
 
 
 @needs_landlock
