@@ -175,7 +175,9 @@ def check_isolation(repo) -> Check:
     from subtask import api, isolation
 
     state = isolation.support()
-    per_engine = "; ".join(f"{p.name}: {p.confinement}" for p in api.engines(repo) if p.confinement)
+    probes = [p for p in api.engines(repo) if p.confinement]
+    per_engine = "; ".join(f"{p.name}: {p.confinement}" for p in probes)
+    refused = [p.name for p in probes if p.confinement.startswith("every start refused")]
     asked = repo.config.get("isolation")
     if not state.available:
         steps = ["use a kernel with Landlock (Linux 6.2+, CONFIG_SECURITY_LANDLOCK, landlock in lsm=)"]
@@ -184,4 +186,8 @@ def check_isolation(repo) -> Check:
                          "every start that asks for it is refused", steps + ["git config subtask.isolation none"])
         return Check("isolation", "warn", f"engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
     where = f"subtask.isolation={asked}" if asked else "engine defaults"
+    if refused:
+        return Check("isolation", "warn", f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
+                     [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
+                      "git config --unset subtask.isolation  (engine defaults)"])
     return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")

@@ -220,6 +220,8 @@ def test_engines_and_doctor_say_what_each_engine_gets_here(cli, repo):
     assert probes["claude"]["confinement"].startswith("every start refused: the claude engine cannot be confined")
     if LANDLOCK.available:
         assert probes["shell"]["confinement"].startswith("worktree (git config subtask.isolation)")
+        check = next(c for c in json.loads(cli.ok("doctor", "--json"))["checks"] if c["name"] == "isolation")
+        assert check["status"] == "warn" and "refuses every claude job" in check["message"]
 
 
 @needs_landlock
