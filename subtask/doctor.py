@@ -184,7 +184,9 @@ def check_isolation(repo) -> Check:
         if asked and asked.strip().lower() != "none":
             return Check("isolation", "fail", f"subtask.isolation={asked} cannot be enforced: {state.reason}; "
                          "every start that asks for it is refused", steps + ["git config subtask.isolation none"])
-        return Check("isolation", "warn", f"engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
+        # A note, not a warning: the default falls back by design, and a kernel is not a setting
+        # `doctor --strict` should fail on.
+        return Check("isolation", "ok", f"note: engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
     where = f"subtask.isolation={asked}" if asked else "engine defaults"
     if refused:
         return Check("isolation", "warn", f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
