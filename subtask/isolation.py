@@ -437,6 +437,38 @@ def child_hook() -> Callable[[], None] | None:
     return restrict_self
 
 
+def active() -> bool:
+    return _active_fd is not None
+
+
+def confined_argv(argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
+    """For spawners that take no pre-exec hook (the claude SDK's anyio): argv run through a
+    launcher that confines itself with the active ruleset and execs argv, and the fd to pass."""
+    fd = _active_fd
+    if fd is None:
+        return argv, ()
+    return [sys.executable, "-m", "subtask.isolation", str(fd), "--", *argv], (fd,)
+
+
+def _launch(args: list[str]) -> int:
+    """`python -m subtask.isolation FD -- PROGRAM ARG...`: confine this process, then exec."""
+    if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
+        print("usage: python -m subtask.isolation RULESET_FD -- PROGRAM [ARG...]", file=sys.stderr)
+        return 129
+    fd = int(args[0])
+    if (_libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0)) != 0
+            or _libc.syscall(ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0)) != 0):
+        sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
+        return 126
+    os.close(fd)
+    try:
+        os.execvp(args[2], args[2:])
+    except OSError as exc:
+        sys.stderr.write(f"{args[2]}: {exc.strerror}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+
 # -- what the run's output tells about refused writes ---------------------------------------------
 
 _REFUSED_RE = re.compile(r"permission denied|operation not permitted|EACCES|EPERM", re.IGNORECASE)
@@ -446,3 +478,7 @@ MAX_REFUSED = 20
 def looks_refused(text: str) -> bool:
     """An output line that reports a refused access (how a confined write fails)."""
     return bool(_REFUSED_RE.search(text or ""))
+
+
+if __name__ == "__main__":
+    sys.exit(_launch(sys.argv[1:]))
