@@ -176,7 +176,7 @@ def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
 
 def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
     for args, env in ((["--isolation", "worktree"], NO_LANDLOCK), (["--readonly", "--isolation", "readonly"], NO_LANDLOCK),
-                      (["--engine", "claude", "--isolation", "worktree"], {})):
+                      (["--engine", "claude", "--isolation", "worktree"], NO_LANDLOCK)):
         proc = cli("start", *args, "true", env=env)
         assert proc.returncode == 128, proc.stderr
         assert "cannot be" in proc.stderr and "Traceback" not in proc.stderr
@@ -184,6 +184,21 @@ def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
     proc = cli("start", "true", env=NO_LANDLOCK)
     assert proc.returncode == 128 and "git config subtask.isolation worktree cannot be enforced" in proc.stderr
     assert refs(repo, "refs/subtask") == [] and refs(repo, "refs/heads/subtask") == []
+
+
+def test_an_engine_that_cannot_be_confined_is_refused_and_said_so():
+    """A third-party engine that does not declare `confinable` (its processes may bypass procs.run)."""
+    from subtask.errors import SubtaskError
+
+    class Plugin:
+        name = "plugin"
+
+    with pytest.raises(SubtaskError) as refused:
+        isolation.resolve(Plugin(), readonly=False, flag="worktree", configured=None)
+    assert refused.value.exit_code == 128 and "cannot be confined by git-subtask" in refused.value.message
+    assert isolation.resolve(Plugin(), readonly=False, flag=None, configured=None).mode == "none"
+    assert isolation.describe(Plugin()).startswith("none (not started through git-subtask")
+    assert isolation.describe(Plugin(), "worktree").startswith("every start refused")
 
 
 def test_bad_isolation_values_are_usage_errors(cli, repo):
@@ -210,18 +225,18 @@ def test_engines_and_doctor_say_what_each_engine_gets_here(cli, repo):
     if LANDLOCK.available:
         assert probes["shell"]["confinement"].startswith("worktree by default (Landlock ABI")
         assert probes["command"]["confinement"].startswith("worktree by default")
-    assert probes["claude"]["confinement"].startswith("none (not started through git-subtask")
+    assert probes["claude"]["confinement"].startswith("none by default (its own sandbox applies)")
     assert probes["codex"]["confinement"].startswith("none by default")
     doctor = json.loads(cli.ok("doctor", "--json"))
     check = next(c for c in doctor["checks"] if c["name"] == "isolation")
     assert "shell: " in check["message"] and "claude: none" in check["message"]
     git(repo, "config", "subtask.isolation", "worktree")
     probes = {p["name"]: p for p in cli.json("engines")["engines"]}
-    assert probes["claude"]["confinement"].startswith("every start refused: the claude engine cannot be confined")
     if LANDLOCK.available:
         assert probes["shell"]["confinement"].startswith("worktree (git config subtask.isolation)")
-        check = next(c for c in json.loads(cli.ok("doctor", "--json"))["checks"] if c["name"] == "isolation")
-        assert check["status"] == "warn" and "refuses every claude job" in check["message"]
+        assert probes["claude"]["confinement"].startswith("worktree (git config subtask.isolation)")
+    else:
+        assert probes["shell"]["confinement"].startswith("every start refused")
 
 
 @needs_landlock

@@ -75,12 +75,16 @@ class ClaudeEngine:
 
     @staticmethod
     def writable_paths(env: Mapping[str, str]) -> list[Path]:
-        """Claude Code's config and session folder, and its state file in $HOME."""
+        """Claude Code's config and session folder (made if missing: a confined CLI could not, and
+        `reply` resumes from its sessions there), and its state file in $HOME."""
         config = env.get("CLAUDE_CONFIG_DIR")
         if config:
-            return [Path(config)]
-        home = Path(env.get("HOME", str(Path.home())))
-        return [home / ".claude", home / ".claude.json"]
+            folder, files = Path(config), []
+        else:
+            home = Path(env.get("HOME", str(Path.home())))
+            folder, files = home / ".claude", [home / ".claude.json"]
+        folder.mkdir(parents=True, exist_ok=True)
+        return [folder, *files]
 
     def probe(self) -> Probe:
         cli = _find_cli(None)
