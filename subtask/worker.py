@@ -262,7 +262,7 @@ class Confinement:
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
-                engine_extra=isolation.engine_paths(engine, self.env))
+                engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
             self.ruleset = isolation.Ruleset(self.policy)
         except BaseException:
             if self.tmpdir:
