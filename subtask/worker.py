@@ -299,9 +299,10 @@ class Confinement:
 
 
 def main_worktree_status(repo: Repo) -> list[str]:
-    """`git status --porcelain` of the main worktree, without taking its index lock."""
-    out = git(repo.root, "--no-optional-locks", "status", "--porcelain", "-z", check=False).stdout
-    return [entry for entry in out.split("\0") if entry]
+    """`git status --porcelain` of the main worktree, without taking its index lock. Lines, not -z:
+    git quotes odd paths (control characters too), and a rename stays one entry."""
+    out = git(repo.root, "--no-optional-locks", "status", "--porcelain", check=False).stdout
+    return [line for line in out.splitlines() if line.strip()]
 
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
