@@ -143,7 +143,8 @@ def check_worktrees(repo) -> Check:
                             capture_output=True, text=True, check=False).stdout
     registered = {line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")}
     prunable = listed.count("\nprunable")
-    orphans = [p.name for p in root.iterdir() if p.is_dir() and (p.name not in ids or str(p) not in registered)] \
+    orphans = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+               and (p.name not in ids or str(p) not in registered)] \
         if root.exists() else []
     problems, steps = [], []
     if orphans:

@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -252,7 +251,7 @@ class Confinement:
     def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink):
         self.repo, self.job, self.sink = repo, job, sink
         self.refused: list[str] = []
-        self.tmpdir = tempfile.mkdtemp(prefix=f"subtask-{job.id}-") if job.spec.isolation != "none" else None
+        self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
         engine = get_engine(job.spec.engine, repo.config)
         self.env = engine_env(job)
         if self.tmpdir:
@@ -296,6 +295,19 @@ class Confinement:
         self.ruleset.close()
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+TMP_FOLDER = ".tmp"  # under the worktree folder: beside the job worktrees, outside .git and /tmp
+
+
+def private_tmpdir(repo: Repo, job_id: str) -> str:
+    """A fresh 0700 temp dir for the job's engine (`<worktreeDir>/.tmp/<id>`). One a killed worker
+    left behind is replaced here, so a crash leaks at most one empty folder per job, in the repo."""
+    path = repo.worktree_dir() / TMP_FOLDER / job_id
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.mkdir(mode=0o700)
+    return str(path)
 
 
 def main_worktree_status(repo: Repo) -> list[str]:

@@ -77,6 +77,8 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     assert iso["mode"] == "worktree" and iso["source"] == "default"
     writable = {g["path"] for g in iso["writable"]}
     assert str(repo / ".subtask" / "worktrees" / job) in writable and str(repo) not in writable
+    tmpdir = repo / ".subtask" / "worktrees" / ".tmp" / job
+    assert str(tmpdir) in writable and not tmpdir.exists()  # private to the job, gone after it
     refused = "\n".join(iso["refused"])
     assert str(decoy) in refused and "README.md" in refused and "pwned" in refused and "refs/heads/main" in refused
     assert evidence(cli, job)["main_worktree"] == {"changed": False, "paths": []}
