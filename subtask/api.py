@@ -97,6 +97,7 @@ class StartRequest:
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
+    isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
 
 
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
@@ -263,6 +264,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     delegated = _check_depth(repo)
     parent = delegated.parent
+    choice = _isolation(repo, engine, request)
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -274,7 +276,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                    repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
-                   parent=parent.id if parent is not None else None)
+                   parent=parent.id if parent is not None else None,
+                   isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""))
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -286,9 +289,22 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                              lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
 
 
-_REQUEST_TEXT = ("task", "engine", "base", "verify", "model")
+def _isolation(repo: Repo, engine, request: StartRequest):
+    """The confinement the job's engine gets; what was asked and cannot be enforced is refused."""
+    from subtask import isolation
+
+    confined_as = os.environ.get(isolation.ACTIVE_ENV, "none")
+    if confined_as != "none":
+        # Landlock is inherited: a job started from here could write none of its records.
+        raise SubtaskError("fatal", f"this process runs confined (isolation {confined_as}), so it cannot start jobs",
+                           hint="start the job that delegates with --isolation none")
+    return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
+                             configured=repo.config.get("isolation"))
+
+
+_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation")
 _REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly")
+                   "model", "readonly", "isolation")
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
@@ -813,10 +829,15 @@ def engines(repo: Repo):
 
     config_keys = [entry.name for entry in repo.git.config]
     names = engine_names(configured_command_engines(config_keys))
+    from subtask import isolation
+
     probes = []
     for name in names:
         try:
-            probes.append(get_engine(name, repo.config).probe())
+            engine = get_engine(name, repo.config)
+            probe = engine.probe()
+            probe.confinement = isolation.describe(engine, repo.config.get("isolation"))
+            probes.append(probe)
         except Exception as exc:
             from subtask.engines.base import Probe
 
@@ -848,6 +869,9 @@ def evidence_envelope(job: Job) -> dict:
             "autocommit": evidence["autocommit"] if evidence else None,
         },
         "verification": attempt.verify.to_dict() if attempt.verify else None,
+        "isolation": {"mode": job.spec.isolation, "source": job.spec.isolation_source}
+        | ((evidence or {}).get("isolation") or {}),
+        "main_worktree": (evidence or {}).get("main_worktree"),
         "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
         "summary": job.summary,
         "cost": attempt.cost.to_dict(),

@@ -80,8 +80,10 @@ def cli() -> None:
 @click.option("--max-turns", type=int, help="turn cap for agent engines")
 @click.option("--model", help="model for agent engines")
 @click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
+@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what the engine may write, kernel-enforced "
+              "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, as_json):
+def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, as_json):
     """Start a job in its own worktree and branch; print its id at once.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
@@ -93,7 +95,8 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
         task = sys.stdin.read()
     result = api.start(_repo(), api.StartRequest(task=task, engine=engine, base=base, verify=verify,
                                                   verify_timeout=verify_timeout, timeout=timeout, max_usd=max_usd,
-                                                  max_turns=max_turns, model=model, readonly=readonly))
+                                                  max_turns=max_turns, model=model, readonly=readonly,
+                                                  isolation=isolation))
     job = result.job
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
@@ -452,7 +455,8 @@ def engines(as_json):
     for p in probes:
         auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
         echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
-                   f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}")
+             f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}"
+             + (f"\n         confinement here: {p.confinement}" if p.confinement else ""))
 
 
 @cli.command(context_settings=CONTEXT)

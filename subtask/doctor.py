@@ -48,7 +48,7 @@ def run(path: str | os.PathLike | None = None) -> Report:
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
     for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
-                  check_records, check_slots, check_worktrees, check_engines):
+                  check_records, check_slots, check_worktrees, check_engines, check_isolation):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -235,7 +235,8 @@ def check_worktrees(repo) -> Check:
                             capture_output=True, text=True, check=False).stdout
     registered = {line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")}
     prunable = listed.count("\nprunable")
-    orphans = [p.name for p in root.iterdir() if p.is_dir() and (p.name not in ids or str(p) not in registered)] \
+    orphans = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+               and (p.name not in ids or str(p) not in registered)] \
         if root.exists() else []
     problems, steps = [], []
     if orphans:
@@ -260,3 +261,28 @@ def check_engines(repo) -> Check:
         return Check("engines", "warn", f"the default engine {default} is not usable; engines: {summary}",
                      ["git subtask engines", f"git config subtask.engine {usable[0] if usable else 'shell'}"])
     return Check("engines", "ok", summary)
+
+
+def check_isolation(repo) -> Check:
+    """What confinement each engine gets here, and what `subtask.isolation` asks for."""
+    from subtask import api, isolation
+
+    state = isolation.support()
+    probes = [p for p in api.engines(repo) if p.confinement]
+    per_engine = "; ".join(f"{p.name}: {p.confinement}" for p in probes)
+    refused = [p.name for p in probes if p.confinement.startswith("every start refused")]
+    asked = repo.config.get("isolation")
+    if not state.available:
+        steps = ["use a kernel with Landlock (Linux 6.2+, CONFIG_SECURITY_LANDLOCK, landlock in lsm=)"]
+        if asked and asked.strip().lower() != "none":
+            return Check("isolation", "fail", f"subtask.isolation={asked} cannot be enforced: {state.reason}; "
+                         "every start that asks for it is refused", steps + ["git config subtask.isolation none"])
+        # A note, not a warning: the default falls back by design, and a kernel is not a setting
+        # `doctor --strict` should fail on.
+        return Check("isolation", "ok", f"note: engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
+    where = f"subtask.isolation={asked}" if asked else "engine defaults"
+    if refused:
+        return Check("isolation", "warn", f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
+                     [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
+                      "git config --unset subtask.isolation  (engine defaults)"])
+    return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")

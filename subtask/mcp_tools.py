@@ -123,16 +123,19 @@ def _id_list(ids: list[str] | str) -> list[str]:
 @tool("start", title="Start a job")
 async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: str | None = None,
                 verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
-                model: str | None = None, readonly: bool = False, timeout: float | None = None) -> str:
+                model: str | None = None, readonly: bool = False, timeout: float | None = None,
+                isolation: str | None = None) -> str:
     """Start one background job in its own worktree and branch; returns its id at once.
 
     task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
     codex or a configured command engine (default: git config subtask.engine, else claude).
     verify: shell command run on the job's final commit, exit 0 = verified. timeout: seconds the
-    engine may run. readonly: no branch; the engine only reads. Then call wait with the id.
+    engine may run. readonly: no branch; the engine only reads. isolation: none, worktree or
+    readonly (what the engine may write; default: the engine's). Then call wait with the id.
     """
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
-                               max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly)
+                               max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly,
+                               isolation=isolation)
 
     def run() -> str:
         result = api.start(open_repo(repo), request)

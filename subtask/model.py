@@ -108,6 +108,8 @@ class JobSpec(_Record):
     readonly: bool = False
     depth: int = 0  # delegation depth: 0 for a person's job, parent's depth + 1 for a job's job
     parent: str | None = None  # the job this one was started from inside (it lends its slot)
+    isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
+    isolation_source: str = ""  # flag | config | default (a default that fell back says why)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -227,4 +229,6 @@ class Evidence(_Record):
     tokens: dict[str, int] | None = None
     model: str | None = None
     error: dict[str, Any] | None = None
+    isolation: dict[str, Any] | None = None  # {mode, enforced_by, writable, missing, refused}
+    main_worktree: dict[str, Any] | None = None  # {changed, paths}: `git status` before vs after the run
     extra: dict[str, Any] = field(default_factory=dict)

@@ -26,6 +26,7 @@ Invariants:
 - With `redact=True` both streams pass a `redact.StreamRedactor` before anything else sees them:
   the line callbacks and the tails get redacted text only (a key block printed over many lines
   and reads is redacted whole), so no caller can store what a child printed raw.
+- While a job's isolation is active (`isolation.confined`), every child is confined before exec.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
   a missing working directory is a `SubtaskError`.
 """
@@ -371,6 +372,30 @@ def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
     return ProcResult(code, False, time.monotonic() - started, "", message, -1)
 
 
+# -- confinement: subtask/isolation.py owns the policy; procs only asks for the child's hook -------
+
+
+def _child_setup():
+    """What every child runs before exec: die with its spawner, then (in a job) its confinement."""
+    setup = child_setup_for(os.getpid())
+    confine = _confinement_hook()
+    if confine is None:
+        return setup
+
+    def setup_and_confine() -> None:
+        setup()
+        confine()
+
+    return setup_and_confine
+
+
+def _confinement_hook() -> Callable[[], None] | None:
+    """The pre-exec hook confining this child (Landlock), or None when no job isolation is active."""
+    from subtask import isolation
+
+    return isolation.child_hook()
+
+
 def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subprocess.Popen:
     try:
         return subprocess.Popen(
@@ -382,7 +407,7 @@ def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subproce
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=child_setup_for(os.getpid()),
+            preexec_fn=_child_setup(),
         )
     except OSError as exc:
         # subprocess reports a failed chdir with the cwd as filename; that is not the

@@ -166,6 +166,29 @@ def changes_line(evidence) -> str:
     return text
 
 
+def isolation_line(evidence) -> str | None:
+    """What confined the engine, what it refused, and whether the main worktree changed meanwhile."""
+    iso = getattr(evidence, "isolation", None) if evidence is not None else None
+    main = getattr(evidence, "main_worktree", None) if evidence is not None else None
+    if not iso and not main:
+        return None  # recorded before isolation existed
+    parts = []
+    if iso:
+        mode = iso.get("mode", "none")
+        parts.append(mode if mode == "none" else f"{mode} ({iso.get('enforced_by', '?')})")
+        refused = iso.get("refused") or []
+        if refused:
+            parts.append(f"{len(refused)} refused access{'' if len(refused) == 1 else 'es'} in the output")
+    if main is not None:
+        if main.get("changed"):
+            paths = main.get("paths") or []
+            parts.append("main worktree CHANGED while the job ran (by the job or someone else): "
+                         + ", ".join(paths[:5]) + (" …" if len(paths) > 5 else ""))
+        else:
+            parts.append("main worktree unchanged")
+    return " · ".join(parts)
+
+
 def verify_line(verify) -> str:
     if verify is None:
         return "not run"
@@ -209,6 +232,9 @@ def note_block(job) -> str:
     lines.append(f"verify:  {verify_line(attempt.verify)}")
     lines.append(f"cost:    {cost_line(attempt)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
+    confinement = isolation_line(job.evidence)
+    if confinement:
+        lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(safe_line(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip()))
     summary = summary_lines(job.summary)
@@ -236,6 +262,10 @@ def result_text(job, full: bool = False) -> str:
         lines.extend("  " + line for line in tail)
     if job.evidence is not None:
         lines.append(f"changes: {changes_line(job.evidence)}")
+        refused = (job.evidence.isolation or {}).get("refused") or []
+        if refused:
+            lines.append(f"isolation {job.evidence.isolation.get('mode')} refused (see git subtask show {job.id}):")
+            lines.extend("  " + line for line in refused[:3])
     text = job.summary.strip() if full else summary_lines(job.summary)
     if text:
         lines.append(text)
@@ -251,6 +281,7 @@ def show_text(job, position: int | None = None) -> str:
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
     lines.append(safe_line(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}"))
+    lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:
@@ -279,6 +310,21 @@ def show_text(job, position: int | None = None) -> str:
             lines.append(safe_line(f"  {short(commit['sha'])} {commit['subject']}"))
         for entry in evidence.files[:50]:
             lines.append(safe_line(f"  {entry['status']} {entry['path']} (+{entry['added']} -{entry['deleted']})"))
+        confinement = isolation_line(evidence)
+        if confinement:
+            lines.append(safe_line(f"confinement: {confinement}"))
+            iso = evidence.isolation or {}
+            grants = iso.get("writable", [])
+            for grant in grants:
+                if grant.get("why") != "device":
+                    lines.append(safe_line(f"  writable: {grant.get('path')} ({grant.get('why')})"))
+            devices = [g.get("path") for g in grants if g.get("why") == "device"]
+            if devices:
+                lines.append(safe_line(f"  writable devices: {', '.join(devices)}"))
+            for path in iso.get("missing", []):
+                lines.append(safe_line(f"  not granted (missing): {path}"))
+            for line in iso.get("refused", []):
+                lines.append(safe_line(f"  refused: {line}"))
     if job.summary.strip():
         lines.append("summary:")
         lines.append(_indent(summary_lines(job.summary)))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from subtask import (
     faults,
+    isolation,
     jobenv,
     ledger,
     lifecycle,
@@ -251,7 +252,7 @@ def engine_env(job: Job) -> dict[str, str]:
     return env
 
 
-def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome:
+def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = None) -> Outcome:
     attempt = job.state.current
     previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
     engine = get_engine(job.spec.engine, repo.config)
@@ -259,7 +260,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
-        git_common_dir=repo.common_dir, env=engine_env(job), emit=sink,
+        git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job), emit=sink,
         session_id=previous.session_id if previous else None, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
@@ -322,6 +323,79 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
     return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
                         head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
                         timed_out=result.timed_out, output_tail=output)
+
+
+class Confinement:
+    """One attempt's isolation: the policy, its private temp dir, the refused writes its output reported,
+    and whether the main worktree changed while the job ran (`git status` before and after)."""
+
+    def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink):
+        self.repo, self.job, self.sink = repo, job, sink
+        self.refused: list[str] = []
+        self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
+        engine = get_engine(job.spec.engine, repo.config)
+        self.env = engine_env(job)
+        if self.tmpdir:
+            self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+            self.env[isolation.ACTIVE_ENV] = job.spec.isolation
+        try:
+            self.policy = isolation.build_policy(
+                job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
+                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
+                engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
+            self.ruleset = isolation.Ruleset(self.policy)
+        except BaseException:
+            if self.tmpdir:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
+        self.status_before = main_worktree_status(repo)
+
+    def watch(self, event: dict) -> None:
+        """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
+        self.sink(event)
+        if self.policy.mode != "none" and event.get("type") in ("output", "log"):
+            self.note_refused(str(event.get("text", "")))
+
+    def note_refused(self, text: str) -> None:
+        if not isolation.looks_refused(text) or len(self.refused) >= isolation.MAX_REFUSED:
+            return
+        line = redact(text.strip())[:300]
+        self.refused.append(line)
+        self.sink({"type": "isolation", "mode": self.policy.mode, "refused": line})
+
+    def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
+        if verify is not None and self.policy.mode != "none":
+            for line in verify.output_tail.splitlines():
+                self.note_refused(line)
+        after = main_worktree_status(self.repo)
+        changed = sorted(set(self.status_before) ^ set(after))
+        main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
+        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+
+    def close(self) -> None:
+        self.ruleset.close()
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+TMP_FOLDER = ".tmp"  # under the worktree folder: beside the job worktrees, outside .git and /tmp
+
+
+def private_tmpdir(repo: Repo, job_id: str) -> str:
+    """A fresh 0700 temp dir for the job's engine (`<worktreeDir>/.tmp/<id>`). One a killed worker
+    left behind is replaced here, so a crash leaks at most one empty folder per job, in the repo."""
+    path = repo.worktree_dir() / TMP_FOLDER / job_id
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.mkdir(mode=0o700)
+    return str(path)
+
+
+def main_worktree_status(repo: Repo) -> list[str]:
+    """`git status --porcelain` of the main worktree, without taking its index lock. Lines, not -z:
+    git quotes odd paths (control characters too), and a rename stays one entry."""
+    out = git(repo.root, "--no-optional-locks", "status", "--porcelain", check=False).stdout
+    return [line for line in out.splitlines() if line.strip()]
 
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
@@ -426,12 +500,32 @@ def run_attempt(repo: Repo, job_id: str) -> None:
                               error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
         return
     faults.point("after_checkout")
+    try:
+        confinement = Confinement(repo, job, worktree, sink)
+    except (isolation.IsolationError, OSError) as exc:
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
+                              error_kind="isolation", hint=ERROR_HINTS["isolation"], engine_may_have_spent=False)
+        return
+    try:
+        _run_confined(repo, job_id, attempt_n, worktree, sink, confinement)
+    finally:
+        confinement.close()
+
+
+def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink: EventSink,
+                  confinement: Confinement) -> None:
+    """From the engine's start to the final record; the engine and verify run under `confinement`."""
+    state_dir = repo.state_dir
     job = mark_engine_started(repo, job_id, attempt_n)
     if job is None:
         return
+    if confinement.policy.mode != "none":
+        sink({"type": "isolation", "mode": confinement.policy.mode,
+              "writable": [g.path for g in confinement.policy.grants]})
     stopped = False
     try:
-        outcome = run_engine(repo, job, worktree, sink)
+        with isolation.confined(confinement.ruleset):
+            outcome = run_engine(repo, job, worktree, confinement.watch, confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -443,10 +537,12 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        verify = run_verify(repo, job, worktree, head, engine_env(job))
+        with isolation.confined(confinement.ruleset):
+            verify = run_verify(repo, job, worktree, head, confinement.env)
         faults.point("after_verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
+    evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
     faults.point("before_final_record")
     if head != job.spec.base:
         # Before the terminal record, never after: a worker killed in between must not leave a
@@ -479,6 +575,9 @@ def pack_refs_when_many(repo: Repo) -> None:
         return
     if loose > PACK_REFS_OVER:
         git(repo.root, "pack-refs", "--all", check=False)
+        # Packing prunes the emptied refs/heads/subtask/; a confined job still running could not
+        # create it again (only the folder itself is granted), so its next commit would fail.
+        (repo.common_dir / "refs" / "heads" / "subtask").mkdir(parents=True, exist_ok=True)
 
 
 def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.HandOff]:

@@ -114,6 +114,19 @@ def repo(tmp_path) -> Path:
     return make_repo(tmp_path / "repo")
 
 
+@pytest.fixture
+def control_dir(repo, tmp_path) -> Path:
+    """A folder outside the repository that jobs may write, for markers and logs a test reads.
+
+    Shell and command jobs run confined to their worktree by default (subtask/isolation.py); this
+    grants the folder the way a user grants ~/.cache: `git config --add subtask.isolation.writable`.
+    """
+    path = tmp_path / "control"
+    path.mkdir()
+    git(repo, "config", "--add", "subtask.isolation.writable", str(path))
+    return path
+
+
 class Cli:
     """Runs the real `git subtask` command in a repository."""
 

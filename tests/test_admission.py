@@ -205,6 +205,10 @@ def test_stop_in_the_spawn_gap_and_of_a_queued_job_releases_their_money_once(cli
 
 def test_a_job_may_start_a_job_one_level_down_but_not_past_max_depth(cli, repo):
     nested = "git subtask start --engine shell 'true'; echo rc=$?"
+    confined = cli.start(nested)  # a confined job cannot write the records of the jobs it would start
+    cli("wait", confined)
+    assert "runs confined (isolation worktree), so it cannot start jobs" in cli.ok("result", confined)
+    git(repo, "config", "subtask.isolation", "none")  # delegation needs an unconfined parent
     allowed = cli.start(nested)
     cli.ok("wait", allowed)
     out = cli.ok("result", allowed)
@@ -216,7 +220,7 @@ def test_a_job_may_start_a_job_one_level_down_but_not_past_max_depth(cli, repo):
     assert "rc=1" in out and "delegation depth 1 reached subtask.maxDepth=1" in out
     proc = cli("start", "true", env={"SUBTASK_DEPTH": "1"})
     assert proc.returncode == 1 and "maxDepth" in proc.stderr
-    assert len(cli.json("list")["jobs"]) == 3  # two top-level jobs, one nested
+    assert len(cli.json("list")["jobs"]) == 4  # three top-level jobs, one nested
     check_books(cli, repo)
 
 
@@ -228,9 +232,9 @@ def barrier_argv(barrier: Path, argv: list[str]) -> list[str]:
 
 
 @pytest.mark.stress
-def test_twelve_starts_at_once_never_run_more_than_two(cli, repo, tmp_path):
+def test_twelve_starts_at_once_never_run_more_than_two(cli, repo, tmp_path, control_dir):
     use_paid_engine(repo, maxRunning="2")
-    log = tmp_path / "times.log"
+    log = control_dir / "times.log"
     barrier = tmp_path / "go"
     procs = [subprocess.Popen(barrier_argv(barrier, ["git", "subtask", "start", "--max-usd", "0", f"sleep=0.3 file=f{n} log={log}"]),
                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(12)]

@@ -309,3 +309,34 @@ def test_probe(repo, monkeypatch):
 ])
 def test_classify_error(message, kind):
     assert classify_error(message) == kind
+
+
+def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo):
+    """On request (`--isolation worktree`) codex runs confined: its home stays writable, its
+    commit lands, and a write outside is refused. (Its default stays `none`: its own sandbox.)"""
+    from subtask import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    codex_home = repo["tmp"] / "home" / ".codex"
+    codex_home.mkdir()
+    ctx, _ = make_ctx(repo, RECORDED, mode="commit")
+    ctx.env["FAKE_CODEX_LOG"] = str(codex_home / "argv.jsonl")  # it writes only where it may
+    tmpdir = repo["tmp"] / "job-tmp"
+    tmpdir.mkdir()
+    policy = isolation.build_policy("worktree", worktree=repo["worktree"], common_dir=repo["common"],
+                                    has_branch=True, tmpdir=str(tmpdir), extra=[],
+                                    engine_extra=isolation.engine_paths(CodexEngine(), ctx.env))
+    assert str(codex_home) in [g.path for g in policy.grants]
+    ruleset = isolation.Ruleset(policy)
+    try:
+        with isolation.confined(ruleset):
+            out = CodexEngine().run(ctx)
+            outside = subprocess.run(["touch", str(repo["root"] / "outside.txt")], capture_output=True,
+                                     preexec_fn=isolation.child_hook())
+    finally:
+        ruleset.close()
+    assert out.ok, out.error
+    assert repo["git"]("log", "--format=%s", "main..subtask/job1").strip() == "Add hello"
+    assert (codex_home / "argv.jsonl").exists()
+    assert outside.returncode != 0 and not (repo["root"] / "outside.txt").exists()

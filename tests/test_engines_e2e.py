@@ -170,6 +170,47 @@ def test_real_claude_code_cli_does_a_job_end_to_end(cli, repo, tmp_path, monkeyp
     assert "Wrote hello.txt" in git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}")
 
 
+@pytest.mark.slow
+def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch):
+    """`--isolation worktree` with the real bundled CLI against the fake Messages API: it writes
+    and commits in its worktree; a Bash write outside is refused; the record says worktree."""
+    from subtask import isolation
+
+    if _bundled_cli() is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    outside = tmp_path / "outside.txt"
+    worktree_of = {}
+
+    def write_turn(body):
+        return tool_turn("Write", {"file_path": str(worktree_of["path"] / "hello.txt"), "content": "hello\n"})
+
+    turns = [
+        write_turn,
+        tool_turn("Bash", {"command": f"echo x > '{outside}'", "description": "write outside"}),
+        tool_turn("Bash", {"command": 'git add hello.txt && git commit -m "Add hello"', "description": "commit"}),
+        text_turn("Wrote hello.txt and committed it.\nSTATUS: done"),
+    ]
+    with FakeMessagesAPI(turns) as api:
+        env = offline_env(tmp_path, api.url)
+        env.pop("SUBTASK_CLAUDE_CLI", None)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        out = cli.ok("start", "--engine", "claude", "--isolation", "worktree", "--max-usd", "1",
+                     "--timeout", "120", "write hello.txt and commit it", env=env)
+        job = out.split()[0]
+        worktree_of["path"] = repo / ".subtask" / "worktrees" / job
+        cli.ok("wait", job, env=env, timeout=180)
+    shown = cli.json("show", job)
+    assert shown["state"] == "done", shown["state_detail"]
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "Add hello"
+    assert not outside.exists()
+    assert shown["evidence"]["isolation"]["mode"] == "worktree"
+    assert str(tmp_path / "claude-config") in [g["path"] for g in shown["evidence"]["isolation"]["writable"]]
+    commands = {c["command"]: c["exit"] for c in shown["evidence"]["commands"]["seen"]}
+    assert commands[f"echo x > '{outside}'"] not in (0, None)
+
+
 def test_readonly_job_has_no_branch_and_leaves_no_worktree(cli, repo):
     job = cli.start("ls > listing.txt; echo looked", "--readonly")
     cli.ok("wait", job)

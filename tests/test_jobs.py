@@ -104,8 +104,8 @@ def test_note_stands_under_the_head_commit_and_two_jobs_on_one_commit_both_show(
     assert git(repo, "rev-parse", f"refs/subtask/{writer}/head") == head
 
 
-def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo):
-    marker = repo / "child.pid"
+def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo, control_dir):
+    marker = control_dir / "child.pid"
     job = cli.start(f"sh -c 'trap \"\" TERM; echo $$ > {marker}; sleep 60' & wait")
     assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=10)
     child = int(marker.read_text())
@@ -120,11 +120,11 @@ def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo):
     assert checks["state"]["status"] == "ok", checks["state"]  # the stop request was written 0600
 
 
-def test_max_running_queues_and_hands_off_in_order(cli, repo):
+def test_max_running_queues_and_hands_off_in_order(cli, repo, control_dir):
     git(repo, "config", "subtask.maxRunning", "1")
-    log = repo.parent / "order.log"
+    log = control_dir / "order.log"
     ids = []
-    go = repo.parent / "go"
+    go = control_dir / "go"
     for n in range(3):
         # the first holds the slot until we have looked at the queue
         hold = f"while [ ! -e '{go}' ]; do sleep 0.05; done" if n == 0 else "sleep 0.1"

@@ -291,10 +291,10 @@ class JsonRpc:
         return result["content"][0]["text"]
 
 
-def test_two_servers_and_the_cli_share_max_running(repo, cli, tmp_path):
+def test_two_servers_and_the_cli_share_max_running(repo, cli, tmp_path, control_dir):
     """Jobs started at once from two servers and the CLI never run more than subtask.maxRunning at a time."""
     git(repo, "config", "subtask.maxRunning", "2")
-    log = tmp_path / "spans.log"
+    log = control_dir / "spans.log"
     task = f"echo start $(date +%s.%N) >> {log}; sleep 0.6; echo end $(date +%s.%N) >> {log}"
 
     async def one_server(ids: list[str]):

@@ -34,6 +34,7 @@ ERROR_HINTS: dict[str, str] = {
     "not_installed": "install the engine, then check: git subtask engines",
     "engine": "read the worker log: git subtask show <id>",
     "setup": "fix the worktree setup (git config subtask.setup), then start again",
+    "isolation": "check what this machine can enforce: git subtask doctor; or start again with --isolation none",
     "stopped": "",
 }
 
@@ -100,6 +101,7 @@ class Probe:
     paid: bool
     isolation: str
     detail: str = ""
+    confinement: str = ""  # what git-subtask's isolation gives it here by default (api.engines fills it)
 
     @property
     def usable(self) -> bool:

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,21 @@ class ClaudeEngine:
     paid = True
     isolation = ("tools limited by permission mode acceptEdits and an allow-list; "
                  "cwd is the worktree (not a sandbox)")
+    confinable = True  # on request: the CLI is started through git-subtask's isolation launcher
+    default_isolation = "none"
+
+    @staticmethod
+    def writable_paths(env: Mapping[str, str]) -> list[Path]:
+        """Claude Code's config and session folder (made if missing: a confined CLI could not, and
+        `reply` resumes from its sessions there), and its state file in $HOME."""
+        config = env.get("CLAUDE_CONFIG_DIR")
+        if config:
+            folder, files = Path(config), []
+        else:
+            home = Path(env.get("HOME", str(Path.home())))
+            folder, files = home / ".claude", [home / ".claude.json"]
+        folder.mkdir(parents=True, exist_ok=True)
+        return [folder, *files]
 
     def probe(self) -> Probe:
         cli = _find_cli(None)
@@ -203,6 +219,7 @@ class _AnyioWithSession:
         if not _NEW_SESSION.get():
             return await self._anyio.open_process(*args, **kwargs)
         kwargs.setdefault("start_new_session", True)
+        args, kwargs = _confined(args, kwargs)
         return await _open_process_with_child_setup(self._anyio, *args, **kwargs)
 
 
@@ -225,6 +242,17 @@ async def _open_process_with_child_setup(anyio_module: Any, command: Any, **kwar
         kwargs.setdefault(key, default)
     return await get_async_backend().open_process(command, preexec_fn=procs.child_setup_for(os.getpid()),
                                                   **kwargs)
+
+
+def _confined(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The CLI's command through git-subtask's isolation launcher while a job's isolation is active."""
+    from subtask import isolation
+
+    command = kwargs.pop("command", None) if not args else args[0]
+    command, keep = isolation.confined_argv(list(command))
+    if keep:
+        kwargs["pass_fds"] = tuple(kwargs.get("pass_fds", ())) + keep
+    return (command, *args[1:]), kwargs
 
 
 def _install_session_hook() -> bool:
@@ -264,6 +292,12 @@ def _make_transport(prompt: str, options: Any, on_spawn: Any) -> Any | None:
                 on_spawn(process.pid)
 
     return _SessionTransport(prompt=prompt, options=options)
+
+
+def _isolation_active() -> bool:
+    from subtask import isolation
+
+    return isolation.active()
 
 
 def _own_group(pid: int) -> bool:
@@ -322,6 +356,10 @@ class _Attempt:
         try:
             options = build_options(self.ctx, stderr=self._on_stderr)
             transport = _make_transport(self.ctx.task, options, self._on_spawn)
+            if transport is None and _isolation_active():
+                # Only our transport starts the CLI through the isolation launcher: never unconfined.
+                raise RuntimeError("isolation is on, but this claude-agent-sdk cannot be confined "
+                                   "(its transport differs); start with --isolation none")
             async for message in query(prompt=self.ctx.task, options=options,
                                        transport=transport):
                 self._on_message(message)

@@ -207,6 +207,13 @@ class CodexEngine:
     name = "codex"
     paid = True
     isolation = ISOLATION
+    confinable = True  # runs through procs.run; default stays none: its own sandbox applies
+    default_isolation = "none"
+
+    @staticmethod
+    def writable_paths(env: Mapping[str, str]) -> list[Path]:
+        """Codex keeps sessions and logs in its home; under --isolation it must stay writable."""
+        return [_codex_home(env)]
 
     def __init__(self, config: ConfigReader | None = None) -> None:
         self._config: ConfigReader = config or (lambda key: None)

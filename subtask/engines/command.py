@@ -109,7 +109,9 @@ class _Output:
 
 
 class CommandEngine:
-    isolation = "none: runs with your permissions in the job's worktree (cwd only)"
+    isolation = "none of its own (git-subtask confines it where it can: see confinement)"
+    confinable = True  # every process it starts goes through procs.run
+    default_isolation = "worktree"  # an agent that needs its config dir: git config --add subtask.isolation.writable
 
     def __init__(self, name: str, config: ConfigReader) -> None:
         self.name = name

@@ -21,7 +21,9 @@ TIMEOUT_HINT = "run what is left with more time: git subtask reply <id> --timeou
 class ShellEngine:
     name = "shell"
     paid = False
-    isolation = "none: runs with your permissions in the job's worktree (cwd only)"
+    isolation = "none of its own (git-subtask confines it where it can: see confinement)"
+    confinable = True  # every process it starts goes through procs.run
+    default_isolation = "worktree"
 
     def probe(self) -> Probe:
         bash = shutil.which("bash")

@@ -1,0 +1,252 @@
+"""Confinement of engines (subtask/isolation.py): what a job may write, enforced by Landlock.
+
+The hostile job below tries what a model-written script might: delete a file outside its worktree
+and one in the main checkout, write to $HOME, move `main` and another branch, and commit. Under
+the default `worktree` isolation only its own work and commit go through, and the record says
+what was refused; with `--isolation none` it all happens, and the evidence says the main worktree
+changed. The Landlock tests are skipped (with the reason) on a kernel without Landlock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subtask import isolation, procs
+from tests.conftest import git, refs
+
+LANDLOCK = isolation.support()
+needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
+NO_LANDLOCK = {isolation.ABI_ENV: "0"}
+
+
+def hostile_script(repo: Path, decoy: Path) -> str:
+    return "\n".join([
+        f"rm -f '{decoy}'; echo rm-decoy=$?",
+        f"rm -f '{repo}/README.md'; echo rm-main=$?",
+        'echo pwned > "$HOME/pwned"; echo home=$?',
+        "echo work > job.txt && git add job.txt && git commit -q -m 'job commit'; echo commit=$?",
+        "git update-ref refs/heads/main HEAD; echo update-ref=$?",
+        "git branch -f feature HEAD; echo branch=$?",
+        'echo t > "$TMPDIR/t"; echo tmp=$?',
+        "kill -0 $PPID; echo signal-worker=$?",
+        "true",
+    ])
+
+
+@pytest.fixture
+def hostile(repo, tmp_path, isolated_git):
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("keep me\n")
+    git(repo, "branch", "feature")  # the job commits first, so moving main or feature to its HEAD would show
+    return decoy, isolated_git, hostile_script(repo, decoy)
+
+
+def outputs(repo: Path, job: str) -> dict[str, str]:
+    """The `name=exit` lines the job printed, from its events file."""
+    events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text().splitlines()
+    lines = [e["text"] for e in map(json.loads, events) if e.get("type") == "output"]
+    return dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
+
+
+def evidence(cli, job: str) -> dict:
+    return cli.json("show", job)["evidence"]
+
+
+@needs_landlock
+def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hostile):
+    decoy, home, script = hostile
+    main_before, feature_before = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feature")
+    job = cli.start(script + "\ngit commit --allow-empty -q -m second; echo second=$?")
+    cli.ok("wait", job)
+    said = outputs(repo, job)
+    assert said["rm-decoy"] != "0" and said["rm-main"] != "0" and said["home"] != "0"
+    assert said["update-ref"] != "0" and said["branch"] != "0"
+    assert said["commit"] == "0" and said["second"] == "0" and said["tmp"] == "0"
+    if LANDLOCK.abi >= isolation.SCOPED_ABI:
+        assert said["signal-worker"] != "0"  # its parent, the worker, is outside the sandbox
+    assert decoy.read_text() == "keep me\n" and (repo / "README.md").exists() and not (home / "pwned").exists()
+    assert git(repo, "rev-parse", "main") == main_before and git(repo, "rev-parse", "feature") == feature_before
+    assert git(repo, "log", "--format=%s", f"subtask/{job}").splitlines()[:2] == ["second", "job commit"]
+    iso = evidence(cli, job)["isolation"]
+    assert iso["mode"] == "worktree" and iso["source"] == "default"
+    writable = {g["path"] for g in iso["writable"]}
+    assert str(repo / ".subtask" / "worktrees" / job) in writable and str(repo) not in writable
+    tmpdir = repo / ".subtask" / "worktrees" / ".tmp" / job
+    assert str(tmpdir) in writable and not tmpdir.exists()  # private to the job, gone after it
+    refused = "\n".join(iso["refused"])
+    assert str(decoy) in refused and "README.md" in refused and "pwned" in refused and "refs/heads/main" in refused
+    assert evidence(cli, job)["main_worktree"] == {"changed": False, "paths": []}
+    envelope = json.loads(cli.ok("result", job, "--evidence"))
+    assert envelope["isolation"]["mode"] == "worktree" and envelope["isolation"]["refused"] == iso["refused"]
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert "sandbox: worktree (Landlock ABI" in note and "refused" in note and "main worktree unchanged" in note
+    events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text()
+    assert '"type": "isolation"' in events and "decoy.txt" in events
+
+
+@needs_landlock
+def test_the_same_job_unconfined_does_it_all_and_the_evidence_says_so(cli, repo, hostile):
+    decoy, home, script = hostile
+    main_before = git(repo, "rev-parse", "main")
+    job = cli.start(script, "--isolation", "none")
+    cli.ok("wait", job)
+    said = outputs(repo, job)
+    assert said["rm-decoy"] == said["rm-main"] == said["home"] == said["update-ref"] == said["commit"] == "0"
+    assert said["signal-worker"] == "0"
+    assert not decoy.exists() and not (repo / "README.md").exists() and (home / "pwned").exists()
+    assert git(repo, "rev-parse", "main") != main_before
+    ev = evidence(cli, job)
+    assert ev["isolation"]["mode"] == "none" and ev["isolation"]["source"] == "flag"
+    assert ev["main_worktree"]["changed"] is True and "README.md" in ev["main_worktree"]["paths"]
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert "main worktree CHANGED while the job ran" in note and "README.md" in note
+    assert "main worktree CHANGED" in cli.ok("show", job)
+
+
+@needs_landlock
+def test_a_readonly_job_can_write_only_its_temp_dir(cli, repo, tmp_path):
+    job = cli.start("echo x > f.txt; echo write=$?; git commit --allow-empty -q -m no; echo commit=$?; "
+                    'echo t > "$TMPDIR/t"; echo tmp=$?', "--readonly")
+    cli.ok("wait", job)
+    said = outputs(repo, job)
+    assert said["write"] != "0" and said["commit"] != "0" and said["tmp"] == "0"
+    ev = evidence(cli, job)
+    assert ev["isolation"]["mode"] == "readonly" and ev["isolation"]["refused"]
+    assert not any("worktree" in g["why"] or g["why"].startswith("git") for g in ev["isolation"]["writable"])
+    assert refs(repo, "refs/heads/subtask") == []
+
+
+@needs_landlock
+def test_configured_writable_paths_are_granted_and_listed(cli, repo, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    git(repo, "config", "--add", "subtask.isolation.writable", str(cache))
+    git(repo, "config", "--add", "subtask.isolation.writable", str(tmp_path / "absent"))
+    job = cli.start(f"echo built > '{cache}/artifact'; echo cache=$?")
+    cli.ok("wait", job)
+    assert outputs(repo, job)["cache"] == "0" and (cache / "artifact").read_text() == "built\n"
+    iso = evidence(cli, job)["isolation"]
+    assert {"path": str(cache), "why": "subtask.isolation.writable"} in iso["writable"]
+    assert iso["missing"] == [str(tmp_path / "absent")]
+    show = cli.ok("show", job)
+    assert f"writable: {cache} (subtask.isolation.writable)" in show and "not granted (missing)" in show
+
+
+@needs_landlock
+def test_a_reply_runs_confined_like_the_first_attempt(cli, repo, tmp_path):
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("keep me\n")
+    job = cli.start("echo first > first.txt")
+    cli.ok("wait", job)
+    cli.ok("reply", job, f"rm -f '{decoy}'; echo rm=$?")
+    cli.ok("wait", job)
+    assert decoy.exists() and outputs(repo, job)["rm"] != "0"
+    assert evidence(cli, job)["attempt"] == 2 and evidence(cli, job)["isolation"]["refused"]
+
+
+@needs_landlock
+def test_verify_runs_confined_too(cli, repo, tmp_path):
+    outside = tmp_path / "verify-wrote"
+    job = cli.start("true", "--verify", f"touch '{outside}'")
+    cli("wait", job)
+    assert not outside.exists()
+    ev = evidence(cli, job)
+    assert ev["verification"]["passed"] is False
+    assert any("verify-wrote" in line for line in ev["isolation"]["refused"])
+
+
+@needs_landlock
+def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
+    """The pre-exec hook fails closed: a bad ruleset means exit 126, not an unconfined exec."""
+    marker = tmp_path / "ran"
+    fd = os.open(os.devnull, os.O_RDONLY)  # not a ruleset: landlock_restrict_self refuses it
+    isolation._active_fd = fd
+    try:
+        result = procs.run(["sh", "-c", f"touch '{marker}'"], cwd=tmp_path)
+    finally:
+        isolation._active_fd = None
+        os.close(fd)
+    assert result.exit_code == 126 and "could not confine" in result.stderr_tail
+    assert not marker.exists()
+
+
+def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
+    for args, env in ((["--isolation", "worktree"], NO_LANDLOCK), (["--readonly", "--isolation", "readonly"], NO_LANDLOCK),
+                      (["--engine", "claude", "--isolation", "worktree"], NO_LANDLOCK)):
+        proc = cli("start", *args, "true", env=env)
+        assert proc.returncode == 128, proc.stderr
+        assert "cannot be" in proc.stderr and "Traceback" not in proc.stderr
+    git(repo, "config", "subtask.isolation", "worktree")
+    proc = cli("start", "true", env=NO_LANDLOCK)
+    assert proc.returncode == 128 and "git config subtask.isolation worktree cannot be enforced" in proc.stderr
+    assert refs(repo, "refs/subtask") == [] and refs(repo, "refs/heads/subtask") == []
+
+
+def test_an_engine_that_cannot_be_confined_is_refused_and_said_so():
+    """A third-party engine that does not declare `confinable` (its processes may bypass procs.run)."""
+    from subtask.errors import SubtaskError
+
+    class Plugin:
+        name = "plugin"
+
+    with pytest.raises(SubtaskError) as refused:
+        isolation.resolve(Plugin(), readonly=False, flag="worktree", configured=None)
+    assert refused.value.exit_code == 128 and "cannot be confined by git-subtask" in refused.value.message
+    assert isolation.resolve(Plugin(), readonly=False, flag=None, configured=None).mode == "none"
+    assert isolation.describe(Plugin()).startswith("none (not started through git-subtask")
+    assert isolation.describe(Plugin(), "worktree").startswith("every start refused")
+
+
+def test_bad_isolation_values_are_usage_errors(cli, repo):
+    proc = cli("start", "--isolation", "sandbox", "true")
+    assert proc.returncode == 129 and "--isolation must be one of none, worktree, readonly" in proc.stderr
+    git(repo, "config", "subtask.isolation", "bogus")
+    proc = cli("start", "true")
+    assert proc.returncode == 128 and "subtask.isolation must be one of" in proc.stderr
+    assert refs(repo, "refs/subtask") == []
+
+
+def test_without_landlock_the_default_falls_back_to_none_and_says_why(cli, repo):
+    job = cli.start("echo hi", env=NO_LANDLOCK)
+    cli.ok("wait", job)
+    spec = cli.json("show", job)["spec"]
+    assert spec["isolation"] == "none" and spec["isolation_source"].startswith("default: worktree isolation unavailable")
+    doctor = json.loads(cli.ok("doctor", "--json", env=NO_LANDLOCK))
+    check = next(c for c in doctor["checks"] if c["name"] == "isolation")
+    assert check["status"] == "ok" and check["message"].startswith("note: engines run unconfined")
+
+
+def test_engines_and_doctor_say_what_each_engine_gets_here(cli, repo):
+    probes = {p["name"]: p for p in cli.json("engines")["engines"]}
+    if LANDLOCK.available:
+        assert probes["shell"]["confinement"].startswith("worktree by default (Landlock ABI")
+        assert probes["command"]["confinement"].startswith("worktree by default")
+    assert probes["claude"]["confinement"].startswith("none by default (its own sandbox applies)")
+    assert probes["codex"]["confinement"].startswith("none by default")
+    doctor = json.loads(cli.ok("doctor", "--json"))
+    check = next(c for c in doctor["checks"] if c["name"] == "isolation")
+    assert "shell: " in check["message"] and "claude: none" in check["message"]
+    git(repo, "config", "subtask.isolation", "worktree")
+    probes = {p["name"]: p for p in cli.json("engines")["engines"]}
+    if LANDLOCK.available:
+        assert probes["shell"]["confinement"].startswith("worktree (git config subtask.isolation)")
+        assert probes["claude"]["confinement"].startswith("worktree (git config subtask.isolation)")
+    else:
+        assert probes["shell"]["confinement"].startswith("every start refused")
+
+
+@needs_landlock
+@pytest.mark.slow
+def test_bench_isolation_runs(tmp_path):
+    """bench/isolation.py prints the cost of isolation on a trivial shell job (one round, quick)."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "bench" / "isolation.py"), "--runs", "1", "--no-save"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "isolation none" in proc.stdout and "isolation worktree" in proc.stdout
