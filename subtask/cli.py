@@ -73,7 +73,7 @@ def cli() -> None:
 @click.argument("task")
 @click.option("--engine", "-e", help="shell, claude, codex, or a configured command engine (default: git config subtask.engine, else claude)")
 @click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch the job starts from")
-@click.option("--verify", help="shell command run in the worktree on the job's final commit; exit 0 = passed")
+@click.option("--verify", help="command run with sh -c (POSIX sh, not bash) in the worktree on the job's final commit; exit 0 = passed")
 @click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
 @click.option("--timeout", type=float, help="seconds the engine may run before it is killed")
 @click.option("--max-usd", type=float, help="budget reserved for a paid engine (default: subtask.defaultMaxUsd = 2)")
@@ -145,7 +145,7 @@ def wait(ids, any_, timeout, as_json):
                     "jobs": [_job_json(j) for j in result.jobs]})
     else:
         for job in result.jobs:
-            echo(render.one_line(job, api.queue_position(repo, job.id)))
+            echo(render.ended_lines(job, api.queue_position(repo, job.id)))
         if result.timed_out:
             echo(f"timed out after {timeout:g}s", err=True)
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)

@@ -115,6 +115,11 @@ def one_line(job, position: int | None = None) -> str:
     return safe_line(" · ".join(parts))
 
 
+def ended_lines(job, position: int | None = None) -> str:
+    """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
+    return "\n".join([one_line(job, position), *verify_tail(job.state.current.verify)])
+
+
 def started_line(job, position: int) -> str:
     """What `start` and `reply` answer: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`
     (`· attempt N` for a reply)."""
@@ -171,6 +176,18 @@ def verify_line(verify) -> str:
         return "not run"
     exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
     return safe_line(f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}")
+
+
+VERIFY_TAIL_LINES = 5
+
+
+def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> list[str]:
+    """The last lines verify printed when it did not pass (its reason: `sh: 1: [[: not found`),
+    each kept on its own line; nothing when it passed."""
+    if verify is None or verify.passed:
+        return []
+    tail = [line for line in (verify.output_tail or "").strip().splitlines() if line.strip()][-limit:]
+    return [prefix + safe_line(line.rstrip()) for line in tail]
 
 
 def cost_line(attempt) -> str:
@@ -230,8 +247,7 @@ def result_text(job, full: bool = False) -> str:
             lines.append(safe_line(f"hint: {attempt.hint.replace('<id>', job.id)}"))
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
-        tail = attempt.verify.output_tail.strip().splitlines()[-5:]
-        lines.extend("  " + line for line in tail)
+        lines.extend(verify_tail(attempt.verify))
     if job.evidence is not None:
         lines.append(f"changes: {changes_line(job.evidence)}")
     text = job.summary.strip() if full else summary_lines(job.summary)
@@ -268,6 +284,7 @@ def show_text(job, position: int | None = None) -> str:
             lines.append(safe_line(f"  hint:    {attempt.hint.replace('<id>', job.id)}"))
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
+            lines.extend(verify_tail(attempt.verify, prefix="    "))
         if attempt.session_id:
             lines.append(safe_line(f"  session: {attempt.session_id}"))
     evidence = job.evidence

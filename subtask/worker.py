@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, notes, privatetext, records, slots
+from subtask import faults, ledger, lifecycle, liveness, notes, privatetext, records, render, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
@@ -248,6 +248,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
         config=repo.config, on_pid=lambda pid: lifecycle.record_pid(repo.state_dir, job.id, engine=pid),
+        state_dir=repo.state_dir,
     )
     try:
         return engine.run(ctx)
@@ -485,7 +486,37 @@ def _run_current(repo: Repo, job_id: str) -> int:
         traceback.print_exc()
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
                               hint=ERROR_HINTS["engine"])
+    log_end(repo, job_id, attempt_n)
     return attempt_n
+
+
+LOG_TAIL_LINES = 10
+
+
+def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
+    """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
+    the hints send people to that log. Only recorded (redacted) text is written."""
+    try:
+        job = records.read(repo, job_id)
+    except SubtaskError:
+        return
+    attempt = job.state.current
+    if attempt.n != attempt_n:
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    lines = [f"{stamp} {job_id} attempt {attempt_n} {attempt.state}"
+             + (f" ({attempt.error_kind})" if attempt.error_kind else "")
+             + (f": {attempt.reason}" if attempt.reason else "")]
+    if attempt.hint:
+        lines.append(f"  hint: {attempt.hint.replace('<id>', job_id)}")
+    if attempt.state != "done" and job.summary:
+        lines.append("  last output:")
+        lines += ["    " + line for line in job.summary.splitlines()[-LOG_TAIL_LINES:]]
+    verify = attempt.verify
+    if verify is not None and not verify.passed:
+        lines.append(f"  verify failed: {verify.command} (exit {verify.exit_code})")
+        lines += render.verify_tail(verify, prefix="    ")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:

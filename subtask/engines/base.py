@@ -58,6 +58,15 @@ class EngineContext:
     timeout: float | None = None  # seconds for the engine run
     config: Callable[[str], str | None] = lambda key: None  # git config subtask.* reader
     on_pid: Callable[[int], None] = lambda pid: None  # report a child's process group
+    state_dir: Path | None = None  # <git-common-dir>/subtask unless subtask.stateDir says otherwise
+
+    def task_file(self) -> Path:
+        """The task in a private file for this attempt (`privatetext.task_file`): an argv element
+        holds at most 128 KiB, a task up to 1 MiB. Removed when the attempt ends."""
+        from subtask import privatetext
+
+        state_dir = self.state_dir or self.git_common_dir / "subtask"
+        return privatetext.task_file(state_dir, self.job_id, self.attempt, self.task)
 
 
 @dataclass

@@ -10,7 +10,9 @@ Invariants:
 - Never a shell and never `str.format`: each element is a JSON string whose placeholders are
   replaced literally in one pass, so a task holding quotes, `$(...)` or `{worktree}` reaches the
   agent as the exact text, inside a single argv element.
-- `{task_file}` is a private temp file holding the task; it is removed when the run ends.
+- `{task_file}` is the attempt's private task file (`ctx.task_file()`: 0600, in the state
+  folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
+  Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
 - Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
   unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
@@ -23,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,7 @@ class CommandEngine:
                            error=f"{template[0]} not found on PATH (engine {self.name})")
         output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
                          self._regex(ctx, "sessionPattern"))
-        task_file = self._write_task_file(ctx) if _uses(template, "task_file") else None
+        task_file = ctx.task_file() if _uses(template, "task_file") else None
         try:
             argv = substitute(template, {
                 "task": ctx.task,
@@ -177,14 +178,6 @@ class CommandEngine:
             ctx.emit({"type": "warning",
                       "text": f"subtask.engine.{self.name}.{key} is not a valid regex: {exc}"})
             return None
-
-    @staticmethod
-    def _write_task_file(ctx: EngineContext) -> Path:
-        # A private file outside the worktree, so the agent cannot commit it by accident.
-        fd, path = tempfile.mkstemp(prefix=f"subtask-{ctx.job_id}-", suffix=".md")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(ctx.task)
-        return Path(path)
 
     @staticmethod
     def _spawn(ctx: EngineContext, argv: list[str], output: _Output) -> Any:

@@ -1,0 +1,79 @@
+"""Issue 13, "a first hour without surprises": what a new user saw, each held by a test."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+from conftest import git
+
+STATE = Path(".git") / "subtask"
+
+
+def _state(repo: Path) -> Path:
+    return repo / STATE
+
+
+def _result(cli, job: str) -> dict:
+    """The job's result as JSON (`result` exits 1 for a job that did not pass)."""
+    return json.loads(cli("result", job, "--json").stdout)
+
+
+# -- 9: a task up to the documented 1 MiB reaches the engine; the worker log says why it failed --
+
+
+def test_a_600_kib_shell_task_runs(cli, repo):
+    task = "echo start\n" + ("# " + "x" * 1022 + "\n") * 600 + "echo the end\n"
+    assert len(task.encode()) > 600 * 1024
+    job = cli.start("-", input=task)
+    cli("wait", job)
+    data = _result(cli, job)
+    assert data["state"] == "done", data
+    assert "the end" in data["summary"]
+    assert not list((_state(repo) / "run").glob(f"{job}.*.task"))  # gone with the attempt
+
+
+def test_a_command_engine_task_file_is_private_in_the_state_dir_and_goes_with_the_attempt(cli, repo, tmp_path):
+    probe = tmp_path / "seen.json"
+    script = ("import json,os,stat,sys; p=sys.argv[1]; "
+              f"json.dump({{'path': p, 'mode': stat.S_IMODE(os.stat(p).st_mode), 'size': os.path.getsize(p)}}, "
+              f"open({str(probe)!r}, 'w'))")
+    git(repo, "config", "subtask.engine.catfile.command", json.dumps([sys.executable, "-c", script, "{task_file}"]))
+    task = "y" * (600 * 1024)
+    job = cli.start("-", "--engine", "catfile", input=task)
+    cli("wait", job)
+    assert _result(cli, job)["state"] == "done"
+    seen = json.loads(probe.read_text())
+    path = Path(seen["path"])
+    assert path.parent.resolve() == (_state(repo) / "run").resolve()
+    assert seen["mode"] == stat.S_IRUSR | stat.S_IWUSR
+    assert seen["size"] == len(task)
+    assert not path.exists()
+
+
+def test_the_worker_log_says_why_an_attempt_failed(cli, repo):
+    job = cli.start("echo doing; exit 3")
+    cli("wait", job)
+    log = (_state(repo) / "logs" / f"{job}.log").read_text()
+    assert "failed" in log and "exited with code 3" in log, log
+    shown = cli.ok("show", job, "--log")
+    assert "exited with code 3" in shown.split("worker log:")[1]
+
+
+# -- 5: a failed verify says why wherever the job is shown ---------------------------------------
+
+
+def test_a_failed_verify_shows_its_last_output_lines_in_show_result_and_wait(cli):
+    job = cli.start("echo ok", "--verify", "echo first; echo \"$(printf 'bad\\033[2Jterm')\"; [[ 1 == 2 ]]")
+    waited = cli("wait", job)
+    assert waited.returncode == 1
+    for out in (waited.stdout, cli("result", job).stdout, cli.ok("show", job)):
+        assert "verify failed" in out
+        assert "[[: not found" in out, out  # sh's own words, not just "verify failed"
+        assert "\x1b" not in out and "bad\\x1b[2Jterm" in out  # made terminal-safe
+
+
+def test_verify_help_says_it_runs_with_sh(cli):
+    assert "sh -c" in " ".join(cli.ok("start", "--help").split())
