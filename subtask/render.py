@@ -191,12 +191,33 @@ def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> l
 
 
 def cost_line(attempt) -> str:
+    """The attempt's money in words: a paid attempt (it has a reservation id) is never "free"."""
     cost = attempt.cost
+    if attempt.rid and not attempt.terminal:
+        return f"{money(cost.reserved)} reserved"
     if cost.billing == "free":
-        return "$0.00 (free engine)"
+        return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
+
+
+_TOKEN_WORDS = (("input", "in"), ("cached_input", "cached in"), ("cache_read", "cache read"),
+                ("cache_creation", "cache write"), ("output", "out"))
+
+
+def tokens_text(tokens) -> str:
+    """`12,345 in, 1,000 cached in, 567 out`, or "" when the engine reported none."""
+    if not isinstance(tokens, dict) or not tokens:
+        return ""
+    known = dict(_TOKEN_WORDS)
+    keys = [key for key, _ in _TOKEN_WORDS if key in tokens] + sorted(k for k in tokens if k not in known)
+    parts = []
+    for key in keys:
+        value = tokens[key]
+        if isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{value:,} {known.get(key, key)}")
+    return safe_line(", ".join(parts))
 
 
 def engine_line(job) -> str:
@@ -223,6 +244,8 @@ def note_block(job) -> str:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
     lines.append(f"cost:    {cost_line(attempt)}")
+    if tokens_text(attempt.tokens):
+        lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(safe_line(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip()))
@@ -285,6 +308,8 @@ def show_text(job, position: int | None = None) -> str:
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
             lines.extend(verify_tail(attempt.verify, prefix="    "))
+        if tokens_text(attempt.tokens):
+            lines.append(f"  tokens:  {tokens_text(attempt.tokens)}")
         if attempt.session_id:
             lines.append(safe_line(f"  session: {attempt.session_id}"))
     evidence = job.evidence

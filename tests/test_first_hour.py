@@ -7,7 +7,7 @@ import stat
 import sys
 from pathlib import Path
 
-from conftest import git
+from conftest import git, wait_until
 
 STATE = Path(".git") / "subtask"
 
@@ -77,3 +77,46 @@ def test_a_failed_verify_shows_its_last_output_lines_in_show_result_and_wait(cli
 
 def test_verify_help_says_it_runs_with_sh(cli):
     assert "sh -c" in " ".join(cli.ok("start", "--help").split())
+
+
+# -- 10: a running paid job shows its reservation; tokens show when known -----------------------
+
+HELD_AGENT = """import os, sys, time
+open(sys.argv[1] + ".started", "w").close()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("STATUS: done")
+"""
+
+
+def test_a_running_paid_job_shows_its_reservation_not_free(cli, repo, tmp_path):
+    script = tmp_path / "held.py"
+    script.write_text(HELD_AGENT)
+    release = tmp_path / "release"
+    git(repo, "config", "subtask.engine.heldpaid.command", json.dumps([sys.executable, str(script), str(release)]))
+    git(repo, "config", "subtask.engine.heldpaid.paid", "true")
+    job = cli.start("hold", "--engine", "heldpaid", "--max-usd", "2")
+    try:
+        assert wait_until(lambda: Path(f"{release}.started").exists())
+        shown = cli.ok("show", job)
+        assert "$2.00 reserved" in shown, shown
+        assert "free engine" not in shown
+    finally:
+        release.touch()
+        cli("wait", job)
+    assert "free engine" not in cli.ok("show", job)
+
+
+def test_tokens_show_in_show_and_the_note(cli, repo, tmp_path):
+    from fake_claude import write_fake_cli
+
+    fake = write_fake_cli(tmp_path / "claude-cli", "success")
+    env = {"SUBTASK_CLAUDE_CLI": str(fake), "ANTHROPIC_API_KEY": "sk-ant-test-fake"}
+    job = cli.start("check the tree", "--engine", "claude", "--max-usd", "1", env=env)
+    cli.ok("wait", job, env=env)
+    tokens = cli.json("show", job)["state_detail"]["attempts"][0]["tokens"]
+    assert tokens and tokens["input"] == 100
+    shown = cli.ok("show", job)
+    assert "tokens:" in shown and "100 in" in shown and "50 out" in shown, shown
+    note = git(repo, "notes", "--ref=subtask", "show", cli.json("show", job)["evidence"]["head"])
+    assert "100 in" in note and "50 out" in note, note
