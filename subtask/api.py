@@ -24,7 +24,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import faults, ledger, lifecycle, liveness, privatetext, records, slots
@@ -473,6 +473,8 @@ DEFAULT_LIST_LIMIT = 50
 class Listing:
     jobs: list[dict]
     more: int  # jobs left out by the limit
+    swept: list[str] = field(default_factory=list)  # lines: what this call's lazy sweep did
+    hidden: int = 0  # landed jobs left out (shown with include_all)
 
 
 def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
@@ -487,15 +489,20 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     from subtask import landing
 
     listed = records.list_entries(repo)
+    swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
+        before = {e["id"] for e in listed if e.get("landed")}
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
+        swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
     entries = []
     more = 0
+    hidden = 0
     for entry in listed:
         if not include_all and entry.get("landed") and state is None:
+            hidden += 1
             continue
         job_state = entry.get("state")
         if state == "active" and job_state not in ("queued", "running"):
@@ -509,7 +516,29 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             more += 1
             continue
         entries.append(entry)
-    return Listing(entries, more)
+    return Listing(entries, more, swept, hidden)
+
+
+def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
+    """One line saying what the lazy sweep did for the jobs it found landed (their branches and
+    clean worktrees removed), so `list` does not remove a person's branches silently."""
+    if not landed_ids:
+        return []
+    removed = []
+    for job_id in landed_ids:
+        try:
+            state = records.read(repo, job_id).state
+        except SubtaskError:
+            continue
+        what = [word for word, gone in (("branch", state.branch_deleted), ("worktree", state.worktree_removed)) if gone]
+        removed.append(f"{job_id}" + (f" ({' and '.join(what)} removed)" if what else ""))
+    jobs = "job" if len(landed_ids) == 1 else "jobs"
+    return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
+
+
+def worktree_present(job: Job) -> bool:
+    """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
+    return Path(job.spec.worktree).is_dir()
 
 
 def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None]]:

@@ -248,7 +248,7 @@ def note_block(job) -> str:
         lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
-        lines.append(safe_line(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip()))
+        lines.append(safe_line(f"error:   {reason_text(attempt)}".rstrip(": ")))
     summary = summary_lines(job.summary)
     if summary:
         first, *rest = summary.splitlines()
@@ -265,7 +265,7 @@ def result_text(job, full: bool = False) -> str:
     attempt = job.state.current
     lines = [one_line(job)]
     if attempt.state == "failed" and attempt.reason:
-        lines.append(safe_line(f"error: {attempt.error_kind or 'failed'}: {attempt.reason}"))
+        lines.append(safe_line(f"error: {reason_text(attempt)}"))
         if attempt.hint:
             lines.append(safe_line(f"hint: {attempt.hint.replace('<id>', job.id)}"))
     if attempt.verify is not None and not attempt.verify.passed:
@@ -279,15 +279,33 @@ def result_text(job, full: bool = False) -> str:
     return safe("\n".join(lines))
 
 
-def show_text(job, position: int | None = None) -> str:
-    """`git subtask show`: the record in words."""
+def worktree_note(job, present: bool | None) -> str:
+    """What `show` adds after the worktree path: ` (removed)` when it is not on disk (cleaned up,
+    or a read-only job's, which goes when the job ends), ` (not created yet)` for a queued job."""
+    if present or (present is None and not job.state.worktree_removed):
+        return ""
+    if job.state.current.state == "queued" and not job.state.worktree_removed:
+        return " (not created yet)"
+    return " (removed)"
+
+
+def reason_text(attempt) -> str:
+    """`failed: exit: the script exited with code 3` reads `exit: the script…`; a reason that
+    already says its state (`stopped by request`) is not prefixed again."""
+    label = attempt.error_kind or attempt.state
+    reason = attempt.reason or ""
+    return reason if reason.lower().startswith(label.lower()) else f"{label}: {reason}"
+
+
+def show_text(job, position: int | None = None, worktree_present: bool | None = None) -> str:
+    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk)."""
     spec = job.spec
     lines = [one_line(job, position), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
-    lines.append(safe_line(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}"))
+    lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:
@@ -302,7 +320,7 @@ def show_text(job, position: int | None = None) -> str:
         if attempt.n > 1:
             lines.append(f"  message: {task_title(attempt.message, 90)}")
         if attempt.reason:
-            lines.append(safe_line(f"  reason:  {attempt.error_kind or attempt.state}: {attempt.reason}"))
+            lines.append(safe_line(f"  reason:  {reason_text(attempt)}"))
         if attempt.hint:
             lines.append(safe_line(f"  hint:    {attempt.hint.replace('<id>', job.id)}"))
         if attempt.verify:

@@ -335,7 +335,9 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
             return False
         reason = redact(outcome.error) if outcome.error else None
         if state == "stopped":
-            reason = reason or "stopped by request"
+            # `stop` may kill the engine's group before the worker's SIGTERM lands: the engine
+            # then says "exited with code -15", which is the stop, not a reason of its own.
+            reason = "stopped by request"
         attempt.finish(state, reason=reason, error_kind=outcome.error_kind if state == "failed" else None,
                        hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,

@@ -120,3 +120,59 @@ def test_tokens_show_in_show_and_the_note(cli, repo, tmp_path):
     assert "tokens:" in shown and "100 in" in shown and "50 out" in shown, shown
     note = git(repo, "notes", "--ref=subtask", "show", cli.json("show", job)["evidence"]["head"])
     assert "100 in" in note and "50 out" in note, note
+
+
+# -- 12: words ---------------------------------------------------------------------------------
+
+TTY = {"SUBTASK_TTY": "1"}  # what the CLI says only on a terminal, said off one for the test
+
+
+def test_a_stopped_job_reason_does_not_stutter(cli, tmp_path):
+    release = tmp_path / "release"
+    job = cli.start(f"touch {tmp_path}/started; while [ ! -e {release} ]; do sleep 0.02; done")
+    try:
+        assert wait_until(lambda: (tmp_path / "started").exists())
+        cli.ok("stop", job)
+    finally:
+        release.touch()
+    cli("wait", job)
+    shown = cli.ok("show", job)
+    assert "stopped: stopped" not in shown, shown
+    assert "reason:  stopped by request" in shown
+
+
+def test_empty_list_status_gc_and_cleanup_say_so_on_a_terminal_only(cli):
+    for args in (["list"], ["status"], ["gc"], ["cleanup", "--merged"]):
+        assert cli.ok(*args) == "", args  # a pipe or a script gets nothing, as before
+        said = cli.ok(*args, env=TTY)
+        assert len(said.splitlines()) == 1 and said.strip(), (args, said)
+    assert "no jobs" in cli.ok("list", env=TTY)
+    assert "no active jobs" in cli.ok("status", env=TTY)
+    assert cli.json("list")["jobs"] == []  # JSON is unchanged
+
+
+def test_show_says_a_missing_worktree_is_removed(cli, repo):
+    job = cli.start("true", "--readonly")
+    cli.ok("wait", job)
+    worktree = cli.json("show", job)["spec"]["worktree"]
+    assert not Path(worktree).exists()
+    assert f"worktree:  {worktree} (removed)" in cli.ok("show", job)
+    kept = cli.start("true")
+    cli.ok("wait", kept)
+    assert "(removed)" not in cli.ok("show", kept)
+
+
+def test_list_says_on_a_terminal_what_its_lazy_sweep_removed(cli, repo):
+    git(repo, "config", "subtask.sweepInterval", "0")
+    job = cli.start("echo work > work.txt")
+    cli.ok("wait", job)
+    git(repo, "merge", "-q", "--no-edit", f"subtask/{job}")
+    listed = cli("list", env=TTY)
+    assert listed.returncode == 0
+    assert job in listed.stderr and "landed" in listed.stderr and len(listed.stderr.splitlines()) == 1, listed.stderr
+    assert not git(repo, "branch", "--list", f"subtask/{job}")
+    # off a terminal the sweep stays quiet
+    other = cli.start("echo more > more.txt")
+    cli.ok("wait", other)
+    git(repo, "merge", "-q", "--no-edit", f"subtask/{other}")
+    assert cli("list").stderr == ""
