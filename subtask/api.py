@@ -145,12 +145,24 @@ def default_engine(repo: Repo) -> str:
     if configured:
         return configured
     from subtask.engines import get_engine
+    from subtask.engines.base import preflight
 
-    if get_engine("claude", repo.config).probe().usable:
+    if preflight(get_engine("claude", repo.config)) is None:  # cheap: no `claude --version`
         return "claude"
     usable = [p.name for p in engines(repo) if p.usable]
     raise SubtaskError("usage", "no engine given and claude is not usable here; usable engines: "
                        + (", ".join(usable) or "none"), hint="git subtask start --engine shell '...'  or  git config subtask.engine shell")
+
+
+def _check_engine_can_run(engine) -> None:
+    """Refuse a job its engine cannot run (no credentials, not installed) before anything changes,
+    instead of accepting one that fails or hangs retrying; cheap (`preflight`: no subprocess)."""
+    from subtask.engines.base import preflight
+
+    refusal = preflight(engine)
+    if refusal:
+        raise SubtaskError("engine", f"the {engine.name} engine cannot run here: {refusal}",
+                           hint="check every engine: git subtask engines")
 
 
 def _max_usd(repo: Repo, engine, requested) -> float:
@@ -182,6 +194,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     task = _check_task(request.task)
     engine_name = request.engine or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
+    _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
     timeout = _positive(request.timeout, "--timeout")
     max_turns = _positive(request.max_turns, "--max-turns", integer=True)
@@ -419,6 +432,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
     engine = get_engine(job.spec.engine, repo.config)
+    _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
     _check_depth(repo)

@@ -176,3 +176,48 @@ def test_list_says_on_a_terminal_what_its_lazy_sweep_removed(cli, repo):
     cli.ok("wait", other)
     git(repo, "merge", "-q", "--no-edit", f"subtask/{other}")
     assert cli("list").stderr == ""
+
+
+# -- 14: start refuses an engine that cannot authenticate, quickly, and changes nothing ---------
+
+
+def test_start_refuses_an_engine_that_cannot_authenticate_and_changes_nothing(cli, repo, tmp_path):
+    from conftest import refs
+
+    # conftest puts stand-in `claude`/`codex` executables on PATH and removes every credential
+    for engine, word in (("codex", "codex login"), ("claude", "claude /login")):
+        proc = cli("start", "--engine", engine, "do it", env={"CODEX_HOME": str(tmp_path / "no-codex-home")})
+        assert proc.returncode == 128, (engine, proc.stderr)
+        assert "not logged in" in proc.stderr or "cannot authenticate" in proc.stderr, proc.stderr
+        assert word in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert refs(repo, "refs/subtask") == [] and not git(repo, "branch", "--list", "subtask/*")
+
+
+def test_start_accepts_an_engine_with_credentials(cli, repo, tmp_path):
+    from fake_claude import write_fake_cli
+
+    fake = write_fake_cli(tmp_path / "claude-cli", "success")
+    env = {"SUBTASK_CLAUDE_CLI": str(fake), "ANTHROPIC_API_KEY": "sk-ant-test-fake"}
+    job = cli.start("check", "--engine", "claude", env=env)
+    cli.ok("wait", job, env=env)
+
+
+def test_preflight_runs_no_subprocess(monkeypatch, tmp_path):
+    import subprocess
+
+    from subtask.engines.claude import ClaudeEngine
+    from subtask.engines.codex import CodexEngine
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError(f"preflight started a process: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path))
+    assert "claude /login" in ClaudeEngine().preflight()
+    assert "codex login" in CodexEngine(lambda key: None).preflight()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-fake")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-fake")
+    assert ClaudeEngine().preflight() is None
+    assert CodexEngine(lambda key: None).preflight() is None

@@ -118,7 +118,19 @@ class Engine(Protocol):
 
     def probe(self) -> Probe: ...
 
+    def preflight(self) -> str | None:
+        """Why a job on this engine cannot run here (not installed, no credentials), with the fix;
+        None when it may. Cheap: no subprocess, no network (`start` asks it every time); `probe`
+        is the full check. Optional: an engine without it is never refused."""
+        ...
+
     def run(self, ctx: EngineContext) -> Outcome: ...
+
+
+def preflight(engine: Engine) -> str | None:
+    """The engine's refusal, if it has a preflight and it refuses."""
+    check = getattr(engine, "preflight", None)
+    return check() if callable(check) else None
 
 
 DELEGATION_PROTOCOL = """\
