@@ -221,3 +221,47 @@ def test_preflight_runs_no_subprocess(monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-fake")
     assert ClaudeEngine().preflight() is None
     assert CodexEngine(lambda key: None).preflight() is None
+
+
+# -- 15: the aider example: the session cost, and a summary without edit-block markers ---------
+
+AIDER_OUTPUT = """Aider v0.86.1
+Tokens: 2.3k sent, 110 received. Cost: $0.0068 message, $0.0068 session.
+utils.py
+<<<<<<< SEARCH
+def add(a, b):
+=======
+def add(a: int, b: int) -> int:
+>>>>>>> REPLACE
+Applied edit to utils.py
+Tokens: 3.1k sent, 95 received. Cost: $0.0081 message, $0.0149 session.
+Added type hints to utils.py.
+"""
+
+
+def _documented_aider(key: str) -> str:
+    doc = (Path(__file__).parent.parent / "docs" / "engines.md").read_text()
+    line = next(ln for ln in doc.splitlines() if f"subtask.engine.aider.{key} " in ln)
+    return line.split(f"subtask.engine.aider.{key} ", 1)[1].split("'")[1]
+
+
+def test_the_documented_aider_cost_pattern_takes_the_session_total():
+    import re
+
+    pattern = re.compile(_documented_aider("costPattern"))
+    matches = [float(m.group(1)) for line in AIDER_OUTPUT.splitlines() for m in pattern.finditer(line)]
+    assert matches[-1] == 0.0149
+    command = json.loads(_documented_aider("command"))
+    assert "--no-gitignore" in command
+
+
+def test_a_command_engine_summary_skips_edit_block_markers(cli, repo, tmp_path):
+    script = tmp_path / "aiderish.py"
+    script.write_text(f"import sys\nsys.stdout.write({AIDER_OUTPUT!r})\n")
+    git(repo, "config", "subtask.engine.aiderish.command", json.dumps([sys.executable, str(script)]))
+    job = cli.start("add type hints", "--engine", "aiderish")
+    cli.ok("wait", job)
+    summary = _result(cli, job)["summary"]
+    assert "Added type hints to utils.py." in summary
+    for marker in ("<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"):
+        assert marker not in summary, summary

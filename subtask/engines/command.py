@@ -13,6 +13,7 @@ Invariants:
 - `{task_file}` is the attempt's private task file (`ctx.task_file()`: 0600, in the state
   folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
   Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
+- The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
 - Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
   unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
@@ -189,7 +190,7 @@ class CommandEngine:
 
     def _outcome(self, ctx: EngineContext, result: Any, output: _Output) -> Outcome:
         text = "\n".join(output.stdout)
-        outcome = Outcome(True, last_lines(text), result.exit_code, outcome=parse_status(text),
+        outcome = Outcome(True, last_lines(without_edit_blocks(text)), result.exit_code, outcome=parse_status(text),
                           session_id=output.session_id or ctx.session_id,
                           cost_usd=self._cost(output), model=ctx.model)
         if result.timed_out:
@@ -206,6 +207,30 @@ class CommandEngine:
         if self._key("costPattern"):
             return None  # configured but not found: let the worker charge the reservation
         return None if self.paid else 0.0
+
+
+_BLOCK_START = re.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")
+_BLOCK_MIDDLE = re.compile(r"^={7}\s*$")
+_BLOCK_END = re.compile(r"^>{7} (REPLACE|UPDATED)\s*$")
+
+
+def without_edit_blocks(text: str) -> str:
+    """The output without the search/replace edit blocks agents print (aider's `<<<<<<< SEARCH`
+    … `=======` … `>>>>>>> REPLACE`): a block is code, not a summary. A whole block goes; a marker
+    whose block is cut off (the output tail starts inside one) goes alone."""
+    lines = text.splitlines()
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if _BLOCK_START.match(lines[i]):
+            end = next((j for j in range(i + 1, len(lines)) if _BLOCK_END.match(lines[j])), None)
+            if end is not None:
+                i = end + 1
+                continue
+        if not (_BLOCK_START.match(lines[i]) or _BLOCK_MIDDLE.match(lines[i]) or _BLOCK_END.match(lines[i])):
+            kept.append(lines[i])
+        i += 1
+    return "\n".join(kept)
 
 
 def _uses(template: list[str], placeholder: str) -> bool:
