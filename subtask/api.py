@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, privatetext, records, slots
+from subtask import books, faults, jobenv, ledger, lifecycle, liveness, privatetext, records, slots
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     Repo,
@@ -45,6 +45,7 @@ from subtask.model import (
     Cost,
     JobSpec,
     JobState,
+    is_job_id,
     new_job_id,
     now,
 )
@@ -125,19 +126,79 @@ def _check_task(task) -> str:
 
 
 def current_depth() -> int:
+    """The delegation depth SUBTASK_DEPTH claims (a worker exports its job's depth + 1)."""
     try:
         return max(0, int(os.environ.get(DEPTH_ENV, "0")))
     except ValueError:
         return 0
 
 
-def _check_depth(repo: Repo) -> int:
+@dataclass
+class Delegation:
+    depth: int
+    parent: Job | None  # the running job this command runs inside, when one is known
+
+
+def delegation(repo: Repo) -> Delegation:
+    """How deep this command delegates, known from where it runs, not only from the environment.
+
+    The environment can be edited (`env -u SUBTASK_DEPTH`), so the job the command runs inside is
+    also found from its working directory (a job's worktree knows its job) and from its process
+    group (an engine's children share the group the worker recorded for it). The depth is the
+    deepest of what each says.
+    """
+    parent = _job_of_cwd(repo) or _job_of_env(repo) or _job_of_process_group(repo)
     depth = current_depth()
+    if parent is not None:
+        depth = max(depth, parent.spec.depth + 1)
+    return Delegation(depth, parent)
+
+
+def _job_of_cwd(repo: Repo) -> Job | None:
+    workdir = repo.git.workdir
+    if not workdir:
+        return None
+    here = Path(workdir).resolve()
+    if here == repo.root.resolve() or not is_job_id(here.name):
+        return None
+    job = _job_or_none(repo, here.name)
+    return job if job is not None and Path(job.spec.worktree).resolve() == here else None
+
+
+def _job_of_env(repo: Repo) -> Job | None:
+    job_id = os.environ.get("SUBTASK_JOB_ID", "")
+    return _job_or_none(repo, job_id) if is_job_id(job_id) else None
+
+
+def _job_of_process_group(repo: Repo) -> Job | None:
+    """The running job whose engine's process group this process is in."""
+    try:
+        group = os.getpgrp()
+    except OSError:
+        return None
+    for entry in slots.read(repo.state_dir).running:
+        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") == group:
+            return _job_or_none(repo, entry["job"])
+    return None
+
+
+def _job_or_none(repo: Repo, job_id: str) -> Job | None:
+    """The job if it is running now: a person in a finished job's worktree delegates nothing."""
+    try:
+        job = records.read(repo, job_id)
+    except Exception:  # not ours, gone, or damaged: it tells us nothing
+        return None
+    return None if job.state.current.terminal else job
+
+
+def _check_depth(repo: Repo) -> Delegation:
+    found = delegation(repo)
     limit = repo.config.integer("maxDepth")
-    if depth >= limit:
-        raise SubtaskError("recursion", f"delegation depth {depth} reached subtask.maxDepth={limit}: "
+    if found.depth >= limit:
+        inside = f" (inside job {found.parent.id})" if found.parent is not None else ""
+        raise SubtaskError("recursion", f"delegation depth {found.depth} reached subtask.maxDepth={limit}{inside}: "
                            "a job may not start jobs this deep", hint="git config subtask.maxDepth N (raise it deliberately)")
-    return depth
+    return found
 
 
 def default_engine(repo: Repo) -> str:
@@ -201,7 +262,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     max_usd = _max_usd(repo, engine, request.max_usd)
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
-    depth = _check_depth(repo)
+    delegated = _check_depth(repo)
+    parent = delegated.parent
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -212,12 +274,15 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
                    repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
-                   model=request.model, readonly=bool(request.readonly), depth=depth)
+                   model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
+                   parent=parent.id if parent is not None else None)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
+    if engine.paid:
+        _sync_ledger(repo)
     return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly,
                              lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
 
@@ -279,6 +344,10 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
             undo.append(lambda: privatetext.discard(state_dir, job.id, attempt.n))
         position, dead, handed = _admit(repo, job, paid)
         undo.append(lambda: _unadmit(repo, job.id, attempt.n))
+        # Once the slot entry is on disk (whoever settles a crash from here drops it too), and
+        # before anyone can be handed the job (we hold its run-lock): whoever runs it uses this.
+        jobenv.save(state_dir, job.id)
+        undo.append(lambda: jobenv.drop(state_dir, job.id))
         if paid:
             undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
         if new_branch:
@@ -333,15 +402,18 @@ def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[slots.HandOff], 
     with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         dead = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
-        position = slots.admit(current, slots.make_entry(job.id, attempt.n, repo.common_dir), max_running)
+        entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent)
+        position = slots.admit(current, entry, max_running)
         attempt.state = "running" if position == 0 else "queued"  # admitted: its worker starts now
         try:
             faults.point("after_admit")
             if paid:
                 slots.save(state_dir, current)
                 with ledger.lock(state_dir):
+                    # Dated when queued: the record alone then tells the reservation's month.
                     ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"))
+                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"),
+                                          now=books.reserved_at(attempt.queued_at))
                 faults.point("after_reserve")
         except BaseException as exc:
             slots.remove(current, job.id, attempt.n)
@@ -453,6 +525,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    if engine.paid:
+        _sync_ledger(repo)
     return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd,
                              as_written={"message": message, "stored_message": stored})
 
@@ -788,10 +862,24 @@ def evidence_envelope(job: Job) -> dict:
     }
 
 
-def spend(repo: Repo, month: str | None = None):
-    """This month's spend: committed, open reservations, per engine, cap left."""
+def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
+    """This month's spend: committed, open reservations, per engine, cap left.
+
+    `all_clones`: the spend of every clone whose records are here (pulled), from the records only.
+    """
+    if month is not None:
+        ledger.check_month(month)
     sweep(repo)
+    if all_clones:
+        return books.team_spend(repo, month)
+    _sync_ledger(repo)
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
+
+
+def _sync_ledger(repo: Repo) -> None:
+    """The ledger is a cache of the records: restore it from them when it lacks this repository's
+    mark (a lost state directory), before any lock is taken (reading records is slow)."""
+    books.sync_ledger(repo)
 
 
 # ---------------------------------------------------------------- notes, landing, hooks, sync

@@ -492,18 +492,27 @@ def engines(as_json):
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--month", help="YYYY-MM (default: this month, UTC)")
+@click.option("--all-clones", "all_clones", is_flag=True,
+              help="the spend of every clone whose records were pulled here, from the records only")
 @click.option("--json", "as_json", is_flag=True)
-def spend(month, as_json):
+def spend(month, all_clones, as_json):
     """Spend of paid engines: committed, open reservations, per engine, cap left."""
     from subtask import api, render
 
-    summary = api.spend(_repo(), month)
+    summary = api.spend(_repo(), month, all_clones=all_clones)
     if as_json:
         _emit_json({"v": 1} | summary.to_dict())
         return
+    if all_clones:
+        echo(f"{summary.month}, every clone (from the records): {render.money(summary.committed_usd)} "
+             f"committed, {render.money(summary.open_usd)} reserved by running jobs")
+        for clone, amounts in summary.clones.items():
+            echo(f"  {clone}  {render.money(amounts['committed'])} committed  "
+                 f"{render.money(amounts['open'])} open  ({amounts['jobs']} jobs)")
+        return
     echo(f"{summary.month}: {render.money(summary.committed_usd)} committed, "
-               f"{render.money(summary.open_usd)} reserved by {len(summary.open_reservations)} open jobs, "
-               f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
+         f"{render.money(summary.open_usd)} reserved by {len(summary.open_reservations)} open jobs, "
+         f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
     for engine, amounts in sorted(summary.per_engine.items()):
         echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
 

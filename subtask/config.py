@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from subtask.errors import SubtaskError
 
+
 @dataclass(frozen=True)
 class Setting:
     """A numeric or boolean `subtask.*` key: its default and what values make sense."""

@@ -16,6 +16,10 @@ Invariants:
 - For the current month, committed + open never exceeds the cap after a reservation is granted
   (up to a nano-dollar tolerance for float noise).
 - Files are 0600, the state directory 0700 when this module creates it.
+- The ledger is a cache of what the records in git hold, plus the open reservations: a `mark` row
+  (`{"op": "mark", "of": <git dir>}`) says this repository's records are in it; without it,
+  `subtask.books.sync_ledger` restores their rows (`restore`), so a lost state directory never
+  resets the month's committed spend to $0.
 
 Lock order: the admission critical section takes the slots lock, then `lock(state_dir)`; this
 module takes only the ledger lock and never another lock while holding it. Nothing slow (no
@@ -209,7 +213,7 @@ def _fmt_usd(x: float) -> str:
     return "$" + (cents if abs(float(cents) - x) < 1e-12 else f"{x:.6f}".rstrip("0"))
 
 
-def _check_month(month: str) -> str:
+def check_month(month: str) -> str:
     if not isinstance(month, str) or not _MONTH_RE.match(month):
         raise SubtaskError("usage", f"month must look like YYYY-MM, not {month!r}")
     return month
@@ -251,8 +255,12 @@ def _parse_close(row: dict[str, Any]) -> _Close | None:
     return _Close(rid=rid, usd_charged=float(charged), month=month)
 
 
+def _parse_mark(row: dict[str, Any]) -> str | None:
+    return "mark" if isinstance(row.get("of"), str) else None
+
+
 def _parse_line(raw: bytes) -> Reservation | _Close | str:
-    """A parsed row, or "bad" / "future" naming why it is skipped."""
+    """A parsed row, or "bad" / "future" naming why it is skipped ("mark" for a mark row)."""
     try:
         row = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -261,7 +269,8 @@ def _parse_line(raw: bytes) -> Reservation | _Close | str:
         return "bad"
     if row.get("v") != ROW_VERSION:
         return "future"
-    parsed = {"reserve": _parse_reserve, "close": _parse_close}.get(row.get("op"), lambda _r: None)(row)
+    parsed = {"reserve": _parse_reserve, "close": _parse_close, "mark": _parse_mark}.get(
+        row.get("op"), lambda _r: None)(row)
     return "bad" if parsed is None else parsed
 
 
@@ -277,6 +286,8 @@ def _read_state(path: Path) -> _State:
         if not raw.strip():
             continue
         parsed = _parse_line(raw)
+        if parsed == "mark":
+            continue
         if isinstance(parsed, str):
             skipped[parsed] += 1
             first_skipped = first_skipped or lineno
@@ -449,7 +460,7 @@ def summary(
     state_dir = Path(state_dir)
     if not _is_money(cap_usd):
         raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
-    month = _check_month(month) if month is not None else _month_of(_utc(now))
+    month = check_month(month) if month is not None else _month_of(_utc(now))
     with _held(state_dir):
         state = _read_state(ledger_path(state_dir))
     committed, open_usd = state.committed(month), state.open_usd(month)
@@ -484,3 +495,55 @@ def open_reservations(state_dir: Path) -> list[Reservation]:
     state_dir = Path(state_dir)
     with _held(state_dir):
         return _read_state(ledger_path(state_dir)).open()
+
+
+# ---------------------------------------------------------------- restoring from the records
+
+def _mark_needle(of: str) -> bytes:
+    return b'"op":"mark","of":' + json.dumps(of).encode()
+
+
+def has_mark(state_dir: Path, of: str) -> bool:
+    """Does the ledger say the records of `of` are in it? A byte scan, no lock: rows are appended
+    whole, and a missed mark only costs an idempotent `restore`."""
+    try:
+        return _mark_needle(of) in ledger_path(state_dir).read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: datetime | None = None) -> int:
+    """Append the rows the ledger lacks for these paid attempts (from the records), then the mark.
+
+    Each charge: rid, job, attempt, engine, month, reserved, charged (None: not ended). A missing
+    reservation is reserved again (a running job's money stays counted; its close still lands);
+    an ended attempt's missing close is closed at what its record says it was charged. Rows the
+    ledger already has are kept as they are. Returns the rows added.
+    """
+    state_dir = Path(state_dir)
+    at = _utc(now).isoformat()
+    added = 0
+    with _held(state_dir):
+        path = ledger_path(state_dir)
+        if _mark_needle(of) in (path.read_bytes() if path.exists() else b""):
+            return 0  # another process restored it meanwhile
+        state = _read_state(path)
+        for c in charges:
+            rid, month = c["rid"], c["month"]
+            if not (_is_money(c["reserved"]) and isinstance(month, str) and _MONTH_RE.match(month)):
+                continue
+            if rid not in state.reservations:
+                _append(path, {"v": ROW_VERSION, "op": "reserve", "rid": rid, "job": c["job"],
+                               "attempt": c["attempt"], "engine": c["engine"], "usd": float(c["reserved"]),
+                               "month": month, "at": at, "from": "record"})
+                added += 1
+            if c["charged"] is not None and rid not in state.closes and _is_money(c["charged"]):
+                _append(path, {"v": ROW_VERSION, "op": "close", "rid": rid,
+                               "usd_charged": min(float(c["charged"]), float(c["reserved"])),
+                               "observed": None, "month": month, "at": at, "reason": "restored from the record"})
+                added += 1
+        if added or path.exists():
+            # No ledger and nothing to restore: leave no file (a refused start changes nothing);
+            # the next look at the records is cheap, and finds the same nothing or real rows.
+            _append(path, {"v": ROW_VERSION, "op": "mark", "of": of, "at": at})
+    return added

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from subtask import ledger, liveness, records, slots
+from subtask import jobenv, ledger, liveness, records, slots
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
@@ -196,6 +196,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     attempt = job.state.current
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
+    jobenv.drop(repo.state_dir, job_id)  # issue 11 item 8: the starter's environment ends with the attempt
     from subtask import notes
 
     notes.write_for_job(repo, job)
@@ -257,6 +258,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         records.read(target, job_id)
     except Exception:
         _drop_orphan_refs(target, job_id)
+        jobenv.drop(target.state_dir, job_id)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
     if stop_marker(target.state_dir, job_id).exists():

@@ -106,7 +106,8 @@ class JobSpec(_Record):
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
-    depth: int = 0
+    depth: int = 0  # delegation depth: 0 for a person's job, parent's depth + 1 for a job's job
+    parent: str | None = None  # the job this one was started from inside (it lends its slot)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,7 +129,7 @@ class Cost(_Record):
     reserved: float = 0.0
     observed: float | None = None  # what the engine reported
     charged: float | None = None  # what the ledger closed at
-    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation)
+    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation) | not_started
     extra: dict[str, Any] = field(default_factory=dict)
 
 

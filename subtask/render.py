@@ -197,6 +197,8 @@ def cost_line(attempt) -> str:
         return f"{money(cost.reserved)} reserved"
     if cost.billing == "free":
         return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
+    if cost.billing == "not_started":
+        return "$0.00 (the engine never started: nothing spent)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"

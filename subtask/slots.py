@@ -12,6 +12,9 @@ Invariants:
   that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
   still being written by its starter, which fills free slots itself when it lets go.
 - A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
+- A running job lends its slot to one of its own children at a time (`slot_of`, see `admit`): a
+  lent slot does not count against maxRunning, so a parent waiting on its child never deadlocks,
+  and the child takes the lender's place if the lender ends first, so `taken` never grows.
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
   one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
 """
@@ -104,13 +107,41 @@ def save(state_dir: Path, slots: Slots) -> None:
     write_json(state_dir / SLOTS_FILE, slots.to_dict())
 
 
-def make_entry(job: str, attempt: int, git_dir: Path) -> dict:
-    return {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
+def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None) -> dict:
+    entry = {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
+    if parent:
+        entry["parent"] = parent  # started from inside this running job: it may lend its slot
+    return entry
+
+
+# Lent slots (issue 11 item 9). A job that starts a child and waits for it would deadlock under
+# maxRunning=1: the child queues behind the slot its parent holds. So a running job lends its slot
+# to one of its own children at a time: the child runs "in" the parent's slot (`slot_of`) and does
+# not count against maxRunning. Its other children queue for that lent slot or a free one. When
+# the lender ends first, the child keeps the slot (it takes the lender's own place), so the count
+# of taken slots never grows past maxRunning, and at most maxDepth + 1 engines share one slot.
+
+
+def taken(slots: Slots) -> int:
+    """Slots counted against maxRunning: running entries not in a slot lent by their parent."""
+    return sum(1 for e in slots.running if not e.get("slot_of"))
+
+
+def _lender(slots: Slots, entry: dict) -> str | None:
+    """The parent that can lend `entry` its slot now: running, and not lending it already."""
+    parent = entry.get("parent")
+    if not parent or not any(e["job"] == parent for e in slots.running):
+        return None
+    return None if any(e.get("slot_of") == parent for e in slots.running) else parent
 
 
 def admit(slots: Slots, entry: dict, max_running: int) -> int:
     """Take a slot (returns 0) or join the queue (returns the 1-based position). Caller holds the lock."""
-    if len(slots.running) < max_running and not slots.queue:
+    lender = _lender(slots, entry)
+    if lender is not None:
+        slots.running.append(dict(entry, slot_of=lender))
+        return 0
+    if taken(slots) < max_running and not slots.queue:
         slots.running.append(entry)
         return 0
     slots.queue.append(entry)
@@ -118,10 +149,19 @@ def admit(slots: Slots, entry: dict, max_running: int) -> int:
 
 
 def remove(slots: Slots, job: str, attempt: int) -> bool:
-    """Drop this attempt from running or queue. Caller holds the lock."""
+    """Drop this attempt from running or queue; a child in its lent slot takes its place. Caller holds the lock."""
     before = len(slots.running) + len(slots.queue)
+    gone = [e for e in slots.running if e["job"] == job and e["attempt"] == attempt]
     slots.running = [e for e in slots.running if not (e["job"] == job and e["attempt"] == attempt)]
     slots.queue = [e for e in slots.queue if not (e["job"] == job and e["attempt"] == attempt)]
+    for lender in gone:
+        for borrower in slots.running:
+            if borrower.get("slot_of") == job:
+                # The lender's own place passes on: a normal slot, or the one its own parent lent it.
+                if lender.get("slot_of"):
+                    borrower["slot_of"] = lender["slot_of"]
+                else:
+                    borrower.pop("slot_of")
     return len(slots.running) + len(slots.queue) != before
 
 
@@ -134,12 +174,25 @@ def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
     the FIFO order.
     """
     handed = []
-    while slots.queue and len(slots.running) < max_running:
+    while slots.queue and taken(slots) < max_running:
         fd = _try_lock(state_dir, slots.queue[0]["job"])
         if fd is None:
             break
         entry = slots.queue.pop(0)
         entry["since"] = time.time()
+        slots.running.append(entry)
+        handed.append(HandOff(entry, fd))
+    # Children waiting for the slot their running parent lends (out of FIFO order: that slot is
+    # their parent's, not the queue's). A busy one is skipped: its starter fills when it lets go.
+    for entry in list(slots.queue):
+        lender = _lender(slots, entry)
+        if lender is None:
+            continue
+        fd = _try_lock(state_dir, entry["job"])
+        if fd is None:
+            continue
+        slots.queue.remove(entry)
+        entry.update(since=time.time(), slot_of=lender)
         slots.running.append(entry)
         handed.append(HandOff(entry, fd))
     return handed

@@ -17,6 +17,8 @@ Invariants:
   one `StreamRedactor` per stream, so a key printed over many lines is redacted whole.
 - The engine and verify get the task and the verify command as written (`privatetext`), while
   the record only ever holds them redacted; that private copy goes when the attempt ends.
+- Each job runs with its starter's kept environment (`jobenv.adopt`), never with that of the
+  worker that was handed its slot.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, ledger, lifecycle, liveness, notes, privatetext, records, render, slots
+from subtask import faults, jobenv, ledger, lifecycle, liveness, notes, privatetext, records, render, slots
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
@@ -239,6 +241,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
     attempt = job.state.current
     previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
     engine = get_engine(job.spec.engine, repo.config)
+    launched: list[int] = []  # a process of the engine started: from here it may have spent
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
@@ -247,16 +250,19 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink: EventSink) -> Outcome
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config, on_pid=lambda pid: lifecycle.record_pid(repo.state_dir, job.id, engine=pid),
+        config=repo.config, on_pid=lambda pid: (launched.append(pid), lifecycle.record_pid(repo.state_dir, job.id, engine=pid)),
+        on_launch=lambda pid: launched.append(pid),
         state_dir=repo.state_dir,
     )
     try:
-        return engine.run(ctx)
+        outcome = engine.run(ctx)
     except StopRequested:
         raise
     except Exception as exc:
         traceback.print_exc()
-        return Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
+        outcome = Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
+    outcome.launched = bool(launched)
+    return outcome
 
 
 def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
@@ -342,7 +348,7 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
                        hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
                        turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify)
-        settle_cost(attempt, outcome.cost_usd)
+        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched)
         if evidence is not None:
             evidence.state = state
             evidence.cost = attempt.cost.to_dict()
@@ -354,9 +360,14 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
     return records.update(repo, job_id, change)
 
 
-def settle_cost(attempt, observed: float | None) -> None:
+def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> None:
     cost = attempt.cost
     cost.observed = observed if observed is not None and observed == observed else None
+    if attempt.rid and not launched:
+        # Not installed, or failed to launch: no process of the engine ever ran, nothing was spent.
+        cost.charged, cost.billing = 0.0, "not_started"
+        attempt.engine_started_at = None
+        return
     if not attempt.rid:
         cost.billing = "free"
         cost.charged = 0.0 if observed is None else None
@@ -461,6 +472,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         lifecycle.record_pid(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
         attempt_n = _run_current(repo, job_id)
+        jobenv.drop(repo.state_dir, job_id)  # the attempt ended; a reply keeps its own
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         handed = release_and_next(repo, job_id, attempt_n)
         liveness.release(lock_fd)
@@ -469,6 +481,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
+        jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
 
 
 def _run_current(repo: Repo, job_id: str) -> int:
@@ -524,6 +537,7 @@ def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
+    jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
     serve(repo, job_id, lock_fd)
     return 0

@@ -58,6 +58,9 @@ class EngineContext:
     timeout: float | None = None  # seconds for the engine run
     config: Callable[[str], str | None] = lambda key: None  # git config subtask.* reader
     on_pid: Callable[[int], None] = lambda pid: None  # report a child's process group
+    # Report that a process of the engine exists (on_pid says so too): an engine that never got
+    # this far (not installed, failed to launch) spent nothing and is charged nothing.
+    on_launch: Callable[[int], None] = lambda pid: None
     state_dir: Path | None = None  # <git-common-dir>/subtask unless subtask.stateDir says otherwise
 
     def task_file(self) -> Path:
@@ -86,6 +89,7 @@ class Outcome:
     error_kind: str | None = None
     error: str | None = None
     error_hint: str | None = None  # the engine's own next step, where the generic one is wrong for it
+    launched: bool = True  # set by the worker: False when no process of the engine ever started
 
     @property
     def hint(self) -> str | None:

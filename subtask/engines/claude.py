@@ -322,6 +322,7 @@ class _Attempt:
 
     def _on_spawn(self, pid: int) -> None:
         self.pid = pid
+        self.ctx.on_launch(pid)
         if _own_group(pid):
             self.ctx.on_pid(pid)
 
