@@ -33,7 +33,18 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask import faults, jobenv, ledger, lifecycle, liveness, notes, privatetext, records, render, slots
+from subtask import (
+    faults,
+    jobenv,
+    ledger,
+    lifecycle,
+    liveness,
+    notes,
+    privatetext,
+    records,
+    render,
+    slots,
+)
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
