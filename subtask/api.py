@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import (
@@ -219,12 +219,24 @@ def default_engine(repo: Repo) -> str:
     if configured:
         return configured
     from subtask.engines import get_engine
+    from subtask.engines.base import preflight
 
-    if get_engine("claude", repo.config).probe().usable:
+    if preflight(get_engine("claude", repo.config)) is None:  # cheap: no `claude --version`
         return "claude"
     usable = [p.name for p in engines(repo) if p.usable]
     raise SubtaskError("usage", "no engine given and claude is not usable here; usable engines: "
                        + (", ".join(usable) or "none"), hint="git subtask start --engine shell '...'  or  git config subtask.engine shell")
+
+
+def _check_engine_can_run(engine) -> None:
+    """Refuse a job its engine cannot run (no credentials, not installed) before anything changes,
+    instead of accepting one that fails or hangs retrying; cheap (`preflight`: no subprocess)."""
+    from subtask.engines.base import preflight
+
+    refusal = preflight(engine)
+    if refusal:
+        raise SubtaskError("engine", f"the {engine.name} engine cannot run here: {refusal}",
+                           hint="check every engine: git subtask engines")
 
 
 def _max_usd(repo: Repo, engine, requested) -> float:
@@ -256,6 +268,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     task = _check_task(request.task)
     engine_name = request.engine or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
+    _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
     timeout = _positive(request.timeout, "--timeout")
     max_turns = _positive(request.max_turns, "--max-turns", integer=True)
@@ -519,6 +532,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
     engine = get_engine(job.spec.engine, repo.config)
+    _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
     _check_depth(repo)
@@ -576,6 +590,8 @@ DEFAULT_LIST_LIMIT = 50
 class Listing:
     jobs: list[dict]
     more: int  # jobs left out by the limit
+    swept: list[str] = field(default_factory=list)  # lines: what this call's lazy sweep did
+    hidden: int = 0  # landed jobs left out (shown with include_all)
 
 
 def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
@@ -590,15 +606,20 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     from subtask import landing
 
     listed = records.list_entries(repo)
+    swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
+        before = {e["id"] for e in listed if e.get("landed")}
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
+        swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
     entries = []
     more = 0
+    hidden = 0
     for entry in listed:
         if not include_all and entry.get("landed") and state is None:
+            hidden += 1
             continue
         job_state = entry.get("state")
         if state == "active" and job_state not in ("queued", "running"):
@@ -612,7 +633,29 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             more += 1
             continue
         entries.append(entry)
-    return Listing(entries, more)
+    return Listing(entries, more, swept, hidden)
+
+
+def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
+    """One line saying what the lazy sweep did for the jobs it found landed (their branches and
+    clean worktrees removed), so `list` does not remove a person's branches silently."""
+    if not landed_ids:
+        return []
+    removed = []
+    for job_id in landed_ids:
+        try:
+            state = records.read(repo, job_id).state
+        except SubtaskError:
+            continue
+        what = [word for word, gone in (("branch", state.branch_deleted), ("worktree", state.worktree_removed)) if gone]
+        removed.append(f"{job_id}" + (f" ({' and '.join(what)} removed)" if what else ""))
+    jobs = "job" if len(landed_ids) == 1 else "jobs"
+    return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
+
+
+def worktree_present(job: Job) -> bool:
+    """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
+    return Path(job.spec.worktree).is_dir()
 
 
 def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None]]:

@@ -45,13 +45,37 @@ def _repo():
     return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
 
 
-def _emit_lines(lines: list[str], as_json: bool, **facts) -> None:
-    """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`."""
+TTY_ENV = "SUBTASK_TTY"  # "1": treat stdout and stderr as a terminal (tests cannot easily give one)
+
+
+def on_terminal(stream=None) -> bool:
+    """Whether a person reads `stream` (default stdout). Words only a person needs ("no jobs",
+    what a sweep removed) go to a terminal only: a script piping the output sees what it always saw."""
+    if os.environ.get(TTY_ENV) == "1":
+        return True
+    stream = stream or sys.stdout
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say_nothing(text: str) -> None:
+    """The one line a command prints on a terminal when it has nothing to show."""
+    if on_terminal():
+        echo(text)
+
+
+def _emit_lines(lines: list[str], as_json: bool, nothing: str | None = None, **facts) -> None:
+    """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`;
+    `nothing` is said on a terminal when there is no line."""
     if as_json:
         _emit_json({"v": 1, **facts, "lines": lines})
     else:
         for line in lines:
             echo(line)
+        if not lines and nothing:
+            _say_nothing(nothing)
 
 
 def _job_json(job, position=None) -> dict:
@@ -73,7 +97,7 @@ def cli() -> None:
 @click.argument("task")
 @click.option("--engine", "-e", help="shell, claude, codex, or a configured command engine (default: git config subtask.engine, else claude)")
 @click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch the job starts from")
-@click.option("--verify", help="shell command run in the worktree on the job's final commit; exit 0 = passed")
+@click.option("--verify", help="command run with sh -c (POSIX sh, not bash) in the worktree on the job's final commit; exit 0 = passed")
 @click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
 @click.option("--timeout", type=float, help="seconds the engine may run before it is killed")
 @click.option("--max-usd", type=float, help="budget reserved for a paid engine (default: subtask.defaultMaxUsd = 2)")
@@ -148,7 +172,7 @@ def wait(ids, any_, timeout, as_json):
                     "jobs": [_job_json(j) for j in result.jobs]})
     else:
         for job in result.jobs:
-            echo(render.one_line(job, api.queue_position(repo, job.id)))
+            echo(render.ended_lines(job, api.queue_position(repo, job.id)))
         if result.timed_out:
             echo(f"timed out after {timeout:g}s", err=True)
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
@@ -175,6 +199,13 @@ def list_(state, include_all, limit, as_json):
         now = time.time()
         lines = [render.LIST_HEADER] + [render.list_line(e, e.get("position"), now) for e in entries]
         echo("\n".join(lines))
+    elif not listing.more:
+        _say_nothing(f"no {state} jobs" if state else
+                     f"no jobs to show ({listing.hidden} landed: git subtask list --all)" if listing.hidden else
+                     "no jobs yet (start one: git subtask start '...')")
+    if listing.swept and on_terminal(sys.stderr):
+        for line in listing.swept:
+            echo(line, err=True)
     if listing.more:
         echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
 
@@ -194,6 +225,8 @@ def status(job_id, as_json):
         return
     for row in rows:
         echo(render.status_line(*row))
+    if not rows:
+        _say_nothing("no active jobs")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -249,7 +282,7 @@ def show(job_id, as_json, show_log):
     if as_json:
         _emit_json(_job_json(job, position))
         return
-    echo(render.show_text(job, position))
+    echo(render.show_text(job, position, worktree_present=api.worktree_present(job)))
     if show_log:
         from subtask import lifecycle
 
@@ -321,7 +354,8 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
     repo = _repo()
     lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
     if not quiet:
-        _emit_lines(lines, as_json, dry_run=dry_run)
+        _emit_lines(lines, as_json, nothing="nothing to clean up: no landed jobs left anything" if merged else None,
+                    dry_run=dry_run)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -357,7 +391,8 @@ def gc(dry_run, older_than, as_json):
     """
     from subtask import api
 
-    _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json, dry_run=dry_run)
+    _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json,
+                nothing="nothing to collect", dry_run=dry_run)
 
 
 @cli.command(context_settings=CONTEXT)

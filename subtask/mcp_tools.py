@@ -53,8 +53,8 @@ The pattern:
 4. Review the work with plain git: git log --notes=subtask, git diff <base>...subtask/<id>.
    Merge what you keep; cleanup <id> removes a finished job's worktree.
 
-For the shell engine the task is a bash script. `verify` is a shell command run on the job's final
-commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
+For the shell engine the task is a bash script. `verify` is a command run with `sh -c` (POSIX sh,
+not bash) on the job's final commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
 working directory)."""
 
 PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
@@ -129,9 +129,10 @@ async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: 
 
     task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
     codex or a configured command engine (default: git config subtask.engine, else claude).
-    verify: shell command run on the job's final commit, exit 0 = verified. timeout: seconds the
-    engine may run. readonly: no branch; the engine only reads. isolation: none, worktree or
-    readonly (what the engine may write; default: the engine's). Then call wait with the id.
+    verify: command run with sh -c (POSIX sh) on the job's final commit, exit 0 = verified.
+    timeout: seconds the engine may run. readonly: no branch; the engine only reads. isolation:
+    none, worktree or readonly (what the engine may write; default: the engine's). Then call wait
+    with the id.
     """
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
                                max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly,
@@ -204,7 +205,7 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
     def run() -> str:
         where = open_repo(repo)
         result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
-        lines = [render.one_line(job, api.queue_position(where, job.id)) for job in result.jobs]
+        lines = [render.ended_lines(job, api.queue_position(where, job.id)) for job in result.jobs]
         if result.timed_out:
             still = sum(1 for job in result.jobs if not job.state.current.terminal)
             lines.append(f"timed out after {timeout:g}s; {still} still running (they continue): call wait again")

@@ -7,11 +7,18 @@ The engine and verify must still get what was written: when redaction changed so
 text as written is kept in `<state>/run/<id>.<attempt>.private.json`, and the worker reads it
 from there.
 
+The same folder holds the task file an engine is handed instead of an argv element
+(`task_file`, `<state>/run/<id>.<attempt>.task`): one argv element is capped at 128 KiB by the
+kernel (MAX_ARG_STRLEN), and the documented task limit is 1 MiB, so the shell engine runs the
+task from that file and a command engine's `{task_file}` points at it.
+
 Invariants:
 - Never in git, never shown: a 0600 file in the 0700 state folder, written atomically.
 - It lives exactly as long as its attempt: written before the attempt can be admitted (so any
   worker handed it finds it), removed when the attempt ends (the worker's final record,
   `lifecycle.end_attempt`, or the undo of a start that failed).
+- The task file is the same kind of file with the same life: written by the engine that needs it,
+  removed with the attempt (`discard`), and by that engine once its run ends.
 - A missing or damaged file means the record's (redacted) text is used: a job never fails for it.
 """
 
@@ -21,7 +28,7 @@ import json
 from pathlib import Path
 
 from subtask.liveness import run_dir
-from subtask.statefiles import write_json
+from subtask.statefiles import write_atomic, write_json
 
 
 def path(state_dir: Path, job_id: str, attempt: int) -> Path:
@@ -62,5 +69,17 @@ def verify(state_dir: Path, job_id: str, attempt_n: int, recorded: str | None) -
     return text if isinstance(text, str) else recorded
 
 
+def task_file_path(state_dir: Path, job_id: str, attempt: int) -> Path:
+    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.task"
+
+
+def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
+    """The task as given to the engine, in a private file (0600) beside the repository."""
+    target = task_file_path(state_dir, job_id, attempt)
+    write_atomic(target, text.encode("utf-8", "surrogateescape"), durable=False)
+    return target
+
+
 def discard(state_dir: Path, job_id: str, attempt: int) -> None:
     path(state_dir, job_id, attempt).unlink(missing_ok=True)
+    task_file_path(state_dir, job_id, attempt).unlink(missing_ok=True)

@@ -115,6 +115,11 @@ def one_line(job, position: int | None = None) -> str:
     return safe_line(" · ".join(parts))
 
 
+def ended_lines(job, position: int | None = None) -> str:
+    """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
+    return "\n".join([one_line(job, position), *verify_tail(job.state.current.verify)])
+
+
 def started_line(job, position: int) -> str:
     """What `start` and `reply` answer: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`
     (`· attempt N` for a reply)."""
@@ -196,15 +201,48 @@ def verify_line(verify) -> str:
     return safe_line(f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}")
 
 
+VERIFY_TAIL_LINES = 5
+
+
+def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> list[str]:
+    """The last lines verify printed when it did not pass (its reason: `sh: 1: [[: not found`),
+    each kept on its own line; nothing when it passed."""
+    if verify is None or verify.passed:
+        return []
+    tail = [line for line in (verify.output_tail or "").strip().splitlines() if line.strip()][-limit:]
+    return [prefix + safe_line(line.rstrip()) for line in tail]
+
+
 def cost_line(attempt) -> str:
+    """The attempt's money in words: a paid attempt (it has a reservation id) is never "free"."""
     cost = attempt.cost
+    if attempt.rid and not attempt.terminal:
+        return f"{money(cost.reserved)} reserved"
     if cost.billing == "free":
-        return "$0.00 (free engine)"
+        return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
     if cost.billing == "not_started":
         return "$0.00 (the engine never started: nothing spent)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
+
+
+_TOKEN_WORDS = (("input", "in"), ("cached_input", "cached in"), ("cache_read", "cache read"),
+                ("cache_creation", "cache write"), ("output", "out"))
+
+
+def tokens_text(tokens) -> str:
+    """`12,345 in, 1,000 cached in, 567 out`, or "" when the engine reported none."""
+    if not isinstance(tokens, dict) or not tokens:
+        return ""
+    known = dict(_TOKEN_WORDS)
+    keys = [key for key, _ in _TOKEN_WORDS if key in tokens] + sorted(k for k in tokens if k not in known)
+    parts = []
+    for key in keys:
+        value = tokens[key]
+        if isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{value:,} {known.get(key, key)}")
+    return safe_line(", ".join(parts))
 
 
 def engine_line(job) -> str:
@@ -231,12 +269,14 @@ def note_block(job) -> str:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
     lines.append(f"cost:    {cost_line(attempt)}")
+    if tokens_text(attempt.tokens):
+        lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
     confinement = isolation_line(job.evidence)
     if confinement:
         lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
-        lines.append(safe_line(f"error:   {attempt.error_kind or 'failed'}: {attempt.reason or ''}".rstrip()))
+        lines.append(safe_line(f"error:   {reason_text(attempt)}".rstrip(": ")))
     summary = summary_lines(job.summary)
     if summary:
         first, *rest = summary.splitlines()
@@ -253,13 +293,12 @@ def result_text(job, full: bool = False) -> str:
     attempt = job.state.current
     lines = [one_line(job)]
     if attempt.state == "failed" and attempt.reason:
-        lines.append(safe_line(f"error: {attempt.error_kind or 'failed'}: {attempt.reason}"))
+        lines.append(safe_line(f"error: {reason_text(attempt)}"))
         if attempt.hint:
             lines.append(safe_line(f"hint: {attempt.hint.replace('<id>', job.id)}"))
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
-        tail = attempt.verify.output_tail.strip().splitlines()[-5:]
-        lines.extend("  " + line for line in tail)
+        lines.extend(verify_tail(attempt.verify))
     if job.evidence is not None:
         lines.append(f"changes: {changes_line(job.evidence)}")
         refused = (job.evidence.isolation or {}).get("refused") or []
@@ -272,15 +311,33 @@ def result_text(job, full: bool = False) -> str:
     return safe("\n".join(lines))
 
 
-def show_text(job, position: int | None = None) -> str:
-    """`git subtask show`: the record in words."""
+def worktree_note(job, present: bool | None) -> str:
+    """What `show` adds after the worktree path: ` (removed)` when it is not on disk (cleaned up,
+    or a read-only job's, which goes when the job ends), ` (not created yet)` for a queued job."""
+    if present or (present is None and not job.state.worktree_removed):
+        return ""
+    if job.state.current.state == "queued" and not job.state.worktree_removed:
+        return " (not created yet)"
+    return " (removed)"
+
+
+def reason_text(attempt) -> str:
+    """`failed: exit: the script exited with code 3` reads `exit: the script…`; a reason that
+    already says its state (`stopped by request`) is not prefixed again."""
+    label = attempt.error_kind or attempt.state
+    reason = attempt.reason or ""
+    return reason if reason.lower().startswith(label.lower()) else f"{label}: {reason}"
+
+
+def show_text(job, position: int | None = None, worktree_present: bool | None = None) -> str:
+    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk)."""
     spec = job.spec
     lines = [one_line(job, position), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
-    lines.append(safe_line(f"worktree:  {spec.worktree}{' (removed)' if job.state.worktree_removed else ''}"))
+    lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
     lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))
@@ -296,11 +353,14 @@ def show_text(job, position: int | None = None) -> str:
         if attempt.n > 1:
             lines.append(f"  message: {task_title(attempt.message, 90)}")
         if attempt.reason:
-            lines.append(safe_line(f"  reason:  {attempt.error_kind or attempt.state}: {attempt.reason}"))
+            lines.append(safe_line(f"  reason:  {reason_text(attempt)}"))
         if attempt.hint:
             lines.append(safe_line(f"  hint:    {attempt.hint.replace('<id>', job.id)}"))
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
+            lines.extend(verify_tail(attempt.verify, prefix="    "))
+        if tokens_text(attempt.tokens):
+            lines.append(f"  tokens:  {tokens_text(attempt.tokens)}")
         if attempt.session_id:
             lines.append(safe_line(f"  session: {attempt.session_id}"))
     evidence = job.evidence

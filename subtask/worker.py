@@ -45,6 +45,7 @@ from subtask import (
     notes,
     privatetext,
     records,
+    render,
     slots,
     worktrees,
 )
@@ -268,6 +269,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         config=repo.config,
         on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
+        state_dir=repo.state_dir,
     )
     try:
         outcome = engine.run(ctx)
@@ -429,7 +431,9 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
             return False
         reason = redact(outcome.error) if outcome.error else None
         if state == "stopped":
-            reason = reason or "stopped by request"
+            # `stop` may kill the engine's group before the worker's SIGTERM lands: the engine
+            # then says "exited with code -15", which is the stop, not a reason of its own.
+            reason = "stopped by request"
         attempt.finish(state, reason=reason, error_kind=outcome.error_kind if state == "failed" else None,
                        hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
@@ -622,7 +626,37 @@ def _run_current(repo: Repo, job_id: str) -> int:
         traceback.print_exc()
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
                               hint=ERROR_HINTS["engine"])
+    log_end(repo, job_id, attempt_n)
     return attempt_n
+
+
+LOG_TAIL_LINES = 10
+
+
+def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
+    """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
+    the hints send people to that log. Only recorded (redacted) text is written."""
+    try:
+        job = records.read(repo, job_id)
+    except SubtaskError:
+        return
+    attempt = job.state.current
+    if attempt.n != attempt_n:
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    lines = [f"{stamp} {job_id} attempt {attempt_n} {attempt.state}"
+             + (f" ({attempt.error_kind})" if attempt.error_kind else "")
+             + (f": {attempt.reason}" if attempt.reason else "")]
+    if attempt.hint:
+        lines.append(f"  hint: {attempt.hint.replace('<id>', job_id)}")
+    if attempt.state != "done" and job.summary:
+        lines.append("  last output:")
+        lines += ["    " + line for line in job.summary.splitlines()[-LOG_TAIL_LINES:]]
+    verify = attempt.verify
+    if verify is not None and not verify.passed:
+        lines.append(f"  verify failed: {verify.command} (exit {verify.exit_code})")
+        lines += render.verify_tail(verify, prefix="    ")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:

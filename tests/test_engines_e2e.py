@@ -33,6 +33,10 @@ print("STATUS: done")
 """
 
 
+# `start` refuses an engine with no credentials (preflight); the fake CLI never uses them.
+FAKE_CREDENTIALS = {"ANTHROPIC_API_KEY": "sk-ant-test-fake"}
+
+
 def paid_command_engine(repo: Path, name: str = "fakepaid", cost: str = "0.42") -> None:
     script = repo.parent / f"{name}.py"
     script.write_text(FAKE_AGENT.replace("{cost}", cost))
@@ -108,7 +112,7 @@ def test_monthly_cap_refuses_a_start_and_changes_nothing(cli, repo):
 
 def test_claude_job_through_the_sdk_records_cost_session_and_resumes_on_reply(cli, repo, tmp_path):
     fake = write_fake_cli(tmp_path / "claude-cli", "success")
-    env = {"SUBTASK_CLAUDE_CLI": str(fake)}
+    env = {"SUBTASK_CLAUDE_CLI": str(fake), **FAKE_CREDENTIALS}
     job = cli.start("check the tree", "--engine", "claude", "--max-usd", "1", env=env)
     cli.ok("wait", job, env=env)
     shown = cli.json("show", job)
@@ -129,7 +133,7 @@ def test_claude_job_through_the_sdk_records_cost_session_and_resumes_on_reply(cl
 
 def test_claude_error_result_becomes_an_error_kind_with_a_real_hint(cli, repo, tmp_path):
     fake = write_fake_cli(tmp_path / "claude-cli", "budget")
-    env = {"SUBTASK_CLAUDE_CLI": str(fake)}
+    env = {"SUBTASK_CLAUDE_CLI": str(fake), **FAKE_CREDENTIALS}
     job = cli.start("spend it all", "--engine", "claude", "--max-usd", "0.5", env=env)
     assert cli("wait", job).returncode == 1
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]

@@ -148,11 +148,26 @@ def _path_without_guards() -> str:
                            if p and not (Path(p) / "codex").exists() and not (Path(p) / "claude").exists())
 
 
-def test_a_paid_engine_that_is_not_installed_is_charged_nothing(cli, repo):
+def test_a_paid_engine_that_is_not_installed_is_charged_nothing(cli, repo, tmp_path):
     path = _path_without_guards()
     assert shutil.which("codex", path=path) is None
-    job = cli.start("x", "--engine", "codex", "--max-usd", "5", env={"PATH": path})
-    cli("wait", job, timeout=60)
+    # `start` refuses an engine that is not installed (preflight), so the binary goes after the
+    # start, while the job waits in the queue behind a held one: it is missing when the job runs.
+    git(repo, "config", "subtask.maxRunning", "1")
+    release = tmp_path / "release"
+    holder = cli.start(f"while [ ! -e {release} ]; do sleep 0.02; done")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "codex").write_text("#!/bin/sh\nexit 97\n")
+    (bin_dir / "codex").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{path}", "OPENAI_API_KEY": "sk-test-fake"}
+    try:
+        job = cli.start("x", "--engine", "codex", "--max-usd", "5", env=env)
+        assert cli.json("show", job)["position"] == 1
+        (bin_dir / "codex").unlink()
+    finally:
+        release.touch()
+    cli("wait", holder, job, timeout=60)
     attempt = cli.json("show", job)["state_detail"]["attempts"][-1]
     assert attempt["state"] == "failed" and attempt["error_kind"] == "not_installed", attempt
     assert attempt["cost"]["charged"] == 0.0, attempt

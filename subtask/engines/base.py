@@ -62,6 +62,15 @@ class EngineContext:
     # Report that a process of the engine exists (on_pid says so too): an engine that never got
     # this far (not installed, failed to launch) spent nothing and is charged nothing.
     on_launch: Callable[[int], None] = lambda pid: None
+    state_dir: Path | None = None  # <git-common-dir>/subtask unless subtask.stateDir says otherwise
+
+    def task_file(self) -> Path:
+        """The task in a private file for this attempt (`privatetext.task_file`): an argv element
+        holds at most 128 KiB, a task up to 1 MiB. Removed when the attempt ends."""
+        from subtask import privatetext
+
+        state_dir = self.state_dir or self.git_common_dir / "subtask"
+        return privatetext.task_file(state_dir, self.job_id, self.attempt, self.task)
 
 
 @dataclass
@@ -115,7 +124,19 @@ class Engine(Protocol):
 
     def probe(self) -> Probe: ...
 
+    def preflight(self) -> str | None:
+        """Why a job on this engine cannot run here (not installed, no credentials), with the fix;
+        None when it may. Cheap: no subprocess, no network (`start` asks it every time); `probe`
+        is the full check. Optional: an engine without it is never refused."""
+        ...
+
     def run(self, ctx: EngineContext) -> Outcome: ...
+
+
+def preflight(engine: Engine) -> str | None:
+    """The engine's refusal, if it has a preflight and it refuses."""
+    check = getattr(engine, "preflight", None)
+    return check() if callable(check) else None
 
 
 DELEGATION_PROTOCOL = """\

@@ -96,6 +96,15 @@ class ClaudeEngine:
         return Probe(self.name, True, authenticated, _cli_version(cli), self.paid,
                      self.isolation, detail=f"cli: {cli}; auth: {how}")
 
+    def preflight(self) -> str | None:
+        """No CLI, or no credentials: told from files and the environment only (no `--version`)."""
+        if _find_cli(None) is None:
+            return "no Claude Code CLI: pip install claude-agent-sdk (bundles it)"
+        authenticated, how = _auth_state()
+        if not authenticated:
+            return f"not logged in: {how}"
+        return None
+
     def run(self, ctx: EngineContext) -> Outcome:
         try:
             import anyio

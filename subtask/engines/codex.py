@@ -73,6 +73,14 @@ def classify_error(message: str) -> str:
     return "api_error"
 
 
+NOT_LOGGED_IN = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
+
+
+def _has_credentials(env: Mapping[str, str]) -> bool:
+    """An API key in the environment or codex's own login file (no call to the service)."""
+    return bool(env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY") or (_codex_home(env) / "auth.json").is_file())
+
+
 def _codex_home(env: Mapping[str, str]) -> Path:
     home = env.get("CODEX_HOME")
     return Path(home) if home else Path(env.get("HOME", str(Path.home()))) / ".codex"
@@ -235,13 +243,19 @@ class CodexEngine:
         env = os.environ
         binary = self._which(self._binary_name(self._config, env), env)
         version = self._version(binary) if binary else None
-        authenticated = bool(env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY")
-                             or (_codex_home(env) / "auth.json").is_file())
+        authenticated = _has_credentials(env)
         detail = "" if binary else NOT_FOUND
         if binary and not authenticated:
-            detail = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
+            detail = NOT_LOGGED_IN
         return Probe(self.name, binary is not None, authenticated, version, self.paid,
                      self.isolation, detail)
+
+    def preflight(self) -> str | None:
+        """The probe without `codex --version`: the binary on PATH and credentials present."""
+        env = os.environ
+        if self._which(self._binary_name(self._config, env), env) is None:
+            return NOT_FOUND
+        return None if _has_credentials(env) else NOT_LOGGED_IN
 
     @staticmethod
     def _version(binary: str) -> str | None:

@@ -10,7 +10,10 @@ Invariants:
 - Never a shell and never `str.format`: each element is a JSON string whose placeholders are
   replaced literally in one pass, so a task holding quotes, `$(...)` or `{worktree}` reaches the
   agent as the exact text, inside a single argv element.
-- `{task_file}` is a private temp file holding the task; it is removed when the run ends.
+- `{task_file}` is the attempt's private task file (`ctx.task_file()`: 0600, in the state
+  folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
+  Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
+- The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
 - Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
   unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
@@ -23,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -148,7 +150,7 @@ class CommandEngine:
                            error=f"{template[0]} not found on PATH (engine {self.name})")
         output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
                          self._regex(ctx, "sessionPattern"))
-        task_file = self._write_task_file(ctx) if _uses(template, "task_file") else None
+        task_file = ctx.task_file() if _uses(template, "task_file") else None
         try:
             argv = substitute(template, {
                 "task": ctx.task,
@@ -181,14 +183,6 @@ class CommandEngine:
             return None
 
     @staticmethod
-    def _write_task_file(ctx: EngineContext) -> Path:
-        # A private file outside the worktree, so the agent cannot commit it by accident.
-        fd, path = tempfile.mkstemp(prefix=f"subtask-{ctx.job_id}-", suffix=".md")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(ctx.task)
-        return Path(path)
-
-    @staticmethod
     def _spawn(ctx: EngineContext, argv: list[str], output: _Output) -> Any:
         from subtask import procs
 
@@ -198,7 +192,7 @@ class CommandEngine:
 
     def _outcome(self, ctx: EngineContext, result: Any, output: _Output) -> Outcome:
         text = "\n".join(output.stdout)
-        outcome = Outcome(True, last_lines(text), result.exit_code, outcome=parse_status(text),
+        outcome = Outcome(True, last_lines(without_edit_blocks(text)), result.exit_code, outcome=parse_status(text),
                           session_id=output.session_id or ctx.session_id,
                           cost_usd=self._cost(output), model=ctx.model)
         if result.timed_out:
@@ -215,6 +209,30 @@ class CommandEngine:
         if self._key("costPattern"):
             return None  # configured but not found: let the worker charge the reservation
         return None if self.paid else 0.0
+
+
+_BLOCK_START = re.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")
+_BLOCK_MIDDLE = re.compile(r"^={7}\s*$")
+_BLOCK_END = re.compile(r"^>{7} (REPLACE|UPDATED)\s*$")
+
+
+def without_edit_blocks(text: str) -> str:
+    """The output without the search/replace edit blocks agents print (aider's `<<<<<<< SEARCH`
+    … `=======` … `>>>>>>> REPLACE`): a block is code, not a summary. A whole block goes; a marker
+    whose block is cut off (the output tail starts inside one) goes alone."""
+    lines = text.splitlines()
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if _BLOCK_START.match(lines[i]):
+            end = next((j for j in range(i + 1, len(lines)) if _BLOCK_END.match(lines[j])), None)
+            if end is not None:
+                i = end + 1
+                continue
+        if not (_BLOCK_START.match(lines[i]) or _BLOCK_MIDDLE.match(lines[i]) or _BLOCK_END.match(lines[i])):
+            kept.append(lines[i])
+        i += 1
+    return "\n".join(kept)
 
 
 def _uses(template: list[str], placeholder: str) -> bool:

@@ -1,5 +1,8 @@
 """The `shell` engine: the task is a bash script run in the worktree.
 
+The script is run from a private file (`ctx.task_file()`, `bash FILE`), never as `bash -c TASK`:
+the kernel caps one argv element at 128 KiB, the task limit is 1 MiB.
+
 Free and deterministic: the quick start and the test engine. Output lines become events; the
 summary is the last lines of the output; a non-zero exit ends the attempt failed with that code.
 On reply the message is simply another script run in the same worktree.
@@ -47,17 +50,22 @@ class ShellEngine:
 
             return emit
 
-        result = procs.run(
-            ["bash", "-c", ctx.task],
-            cwd=ctx.worktree,
-            env=ctx.env,
-            timeout=ctx.timeout,
-            on_stdout_line=on_line("stdout"),
-            on_stderr_line=on_line("stderr"),
-            on_start=ctx.on_pid,
-            stdout_grace=STDOUT_GRACE,
-            redact=True,  # the summary and every event are built from redacted lines
-        )
+        # From a file, not `bash -c TASK`: one argv element holds at most 128 KiB.
+        task_file = ctx.task_file()
+        try:
+            result = procs.run(
+                ["bash", str(task_file)],
+                cwd=ctx.worktree,
+                env=ctx.env,
+                timeout=ctx.timeout,
+                on_stdout_line=on_line("stdout"),
+                on_stderr_line=on_line("stderr"),
+                on_start=ctx.on_pid,
+                stdout_grace=STDOUT_GRACE,
+                redact=True,  # the summary and every event are built from redacted lines
+            )
+        finally:
+            task_file.unlink(missing_ok=True)
         text = "\n".join(output)
         summary = last_lines(text)
         commands = [{"command": ctx.task, "exit": result.exit_code}]
