@@ -114,6 +114,13 @@ def repo(tmp_path) -> Path:
     return make_repo(tmp_path / "repo")
 
 
+def grant_writable(path: Path) -> Path:
+    """Let confined jobs write `path` (a folder outside their worktree that a test reads), in this
+    test's own global git config (HOME is a fresh folder per test), for every repository."""
+    subprocess.run(["git", "config", "--global", "--add", "subtask.isolation.writable", str(path)], check=True)
+    return path
+
+
 @pytest.fixture
 def control_dir(repo, tmp_path) -> Path:
     """A folder outside the repository that jobs may write, for markers and logs a test reads.

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git, wait_until
+from conftest import git, grant_writable, wait_until
 
 from subtask import liveness
 
@@ -83,7 +83,9 @@ def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, 
     if engine == "command":
         use_sh_command_engine(repo)
     go = repo.parent / "go"
-    grandchild = repo.parent / "grandchild.pid"
+    control = repo.parent / "control"
+    control.mkdir()
+    grandchild = grant_writable(control) / "grandchild.pid"
     # A background member of the engine's group, so "the leader died" is not enough.
     task = (f"(trap '' TERM; echo $$ > '{grandchild}'; exec sleep 60) & "
             f"{HOLD.format(go=go)}; echo A > fa; git add fa; git commit -qm A")

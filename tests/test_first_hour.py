@@ -7,7 +7,7 @@ import stat
 import sys
 from pathlib import Path
 
-from conftest import git, wait_until
+from conftest import git, grant_writable, wait_until
 
 STATE = Path(".git") / "subtask"
 
@@ -35,8 +35,8 @@ def test_a_600_kib_shell_task_runs(cli, repo):
     assert not list((_state(repo) / "run").glob(f"{job}.*.task"))  # gone with the attempt
 
 
-def test_a_command_engine_task_file_is_private_in_the_state_dir_and_goes_with_the_attempt(cli, repo, tmp_path):
-    probe = tmp_path / "seen.json"
+def test_a_command_engine_task_file_is_private_in_the_state_dir_and_goes_with_the_attempt(cli, repo, control_dir):
+    probe = control_dir / "seen.json"
     script = ("import json,os,stat,sys; p=sys.argv[1]; "
               f"json.dump({{'path': p, 'mode': stat.S_IMODE(os.stat(p).st_mode), 'size': os.path.getsize(p)}}, "
               f"open({str(probe)!r}, 'w'))")
@@ -106,10 +106,10 @@ print("STATUS: done")
 """
 
 
-def test_a_running_paid_job_shows_its_reservation_not_free(cli, repo, tmp_path):
+def test_a_running_paid_job_shows_its_reservation_not_free(cli, repo, tmp_path, control_dir):
     script = tmp_path / "held.py"
     script.write_text(HELD_AGENT)
-    release = tmp_path / "release"
+    release = control_dir / "release"  # the agent writes release.started beside it
     git(repo, "config", "subtask.engine.heldpaid.command", json.dumps([sys.executable, str(script), str(release)]))
     git(repo, "config", "subtask.engine.heldpaid.paid", "true")
     job = cli.start("hold", "--engine", "heldpaid", "--max-usd", "2")
@@ -145,6 +145,7 @@ TTY = {"SUBTASK_TTY": "1"}  # what the CLI says only on a terminal, said off one
 
 
 def test_a_stopped_job_reason_does_not_stutter(cli, tmp_path):
+    grant_writable(tmp_path)  # the job marks that it started beside the repository
     release = tmp_path / "release"
     job = cli.start(f"touch {tmp_path}/started; while [ ! -e {release} ]; do sleep 0.02; done")
     try:

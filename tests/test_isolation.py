@@ -178,7 +178,8 @@ def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
 
 def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
     for args, env in ((["--isolation", "worktree"], NO_LANDLOCK), (["--readonly", "--isolation", "readonly"], NO_LANDLOCK),
-                      (["--engine", "claude", "--isolation", "worktree"], NO_LANDLOCK)):
+                      (["--engine", "claude", "--isolation", "worktree"],
+                       dict(NO_LANDLOCK, ANTHROPIC_API_KEY="sk-ant-fake-for-preflight"))):
         proc = cli("start", *args, "true", env=env)
         assert proc.returncode == 128, proc.stderr
         assert "cannot be" in proc.stderr and "Traceback" not in proc.stderr

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import Cli, git, make_repo, wait_until
+from conftest import Cli, git, grant_writable, make_repo, wait_until
 from test_admission import check_books, ledger_rows, state_dir, use_paid_engine
 
 HOLD = 'while [ ! -e "{release}" ]; do sleep 0.02; done'
@@ -34,6 +34,7 @@ def test_a_queued_job_runs_with_the_environment_of_its_own_start(cli, repo, tmp_
     release = tmp_path / "release"
     out = tmp_path / "out"
     out.mkdir()
+    grant_writable(out)
     try:
         first = cli.start(f'echo "$AWS_PROFILE" > {out}/a; {HOLD.format(release=release)}',
                           env={"AWS_PROFILE": "prod-7f3a"})
@@ -65,6 +66,7 @@ def test_a_job_handed_a_slot_from_another_repository_keeps_its_environment(tmp_p
     release = tmp_path / "release"
     out = tmp_path / "out"
     out.mkdir()
+    grant_writable(out)
     env = {"SUBTASK_SPAWN": "exec"} if spawn == "exec" else {}
     try:
         first = Cli(one).start(f'echo "$AWS_PROFILE" > {out}/a; {HOLD.format(release=release)}',
@@ -87,7 +89,7 @@ def test_a_job_waiting_on_its_child_lends_it_its_slot_under_max_running_one(cli,
     git(repo, "config", "subtask.maxRunning", "1")
     nested = ("child=$(git subtask start --engine shell 'echo child-ran' | cut -d' ' -f1); "
               "git subtask wait --timeout 8 \"$child\"; echo wait-rc=$?")
-    parent = cli.start(nested)
+    parent = cli.start(nested, "--isolation", "none")  # a confined job may not start jobs
     cli.ok("wait", "--timeout", "30", parent, timeout=60)
     out = cli.ok("result", parent)
     assert "wait-rc=0" in out, out
@@ -266,6 +268,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
     git(repo, "config", "subtask.maxRunning", "1")
     out = tmp_path / "out"
     out.mkdir()
+    grant_writable(out)
     release = tmp_path / "release"
     first = cli.start(HOLD.format(release=release), env={"AWS_PROFILE": "prod-7f3a"})
     second = cli.start(f'echo "$AWS_PROFILE" > {out}/b', env={"AWS_PROFILE": "dev-9c1e"})

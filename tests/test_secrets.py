@@ -11,7 +11,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from conftest import git, wait_until
+from conftest import git, grant_writable, wait_until
 
 PEM_BODY = ["MIIEowIBAAKCAQEAzQ7Xk3bVq9TnYw2Lr8pHsE4mJ6cRfUa1oBgK0iDtZyxWv5N",
             "Hs4Ue7Qx0Pn2Wm9Tb6Kc1Jd8Lf3Ga5Rz0Yv7Xp2Sq9Nw4Mt6Bk1Ch8Dj3Ef5Gi7",
@@ -53,7 +53,7 @@ def everything_in_git(repo: Path) -> list[str]:
 
 def test_a_job_carrying_six_secret_formats_leaves_none_in_git_or_any_output(cli, repo, tmp_path):
     """Task, output, verify output and summary each hold the six formats: zero hits anywhere."""
-    outside = tmp_path / "outside"
+    outside = grant_writable(tmp_path / "outside")
     outside.mkdir()
     (outside / "verify-input.txt").write_text(SIX + "\n")
     task = heredoc(outside / "engine-saw.txt") + heredoc()  # the engine's copy, then its output
@@ -96,6 +96,7 @@ def test_a_key_split_across_reads_of_one_line_is_still_caught(cli, repo):
 
 
 def test_the_task_as_written_is_private_for_the_life_of_the_job_only(cli, repo, tmp_path):
+    grant_writable(tmp_path)  # the job writes what it saw beside the repository
     release = tmp_path / "release"
     seen = tmp_path / "seen.txt"
     task = f"echo '{GHP} password={PASSWORD}' > '{seen}'\nwhile [ ! -e '{release}' ]; do sleep 0.05; done"
@@ -116,6 +117,7 @@ def test_the_task_as_written_is_private_for_the_life_of_the_job_only(cli, repo, 
 
 
 def test_a_reply_is_stored_redacted_and_run_as_written(cli, repo, tmp_path):
+    grant_writable(tmp_path)  # the job writes what it saw beside the repository
     seen = tmp_path / "reply-saw.txt"
     job = cli.start("true")
     cli.ok("wait", job)
