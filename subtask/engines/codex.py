@@ -43,6 +43,7 @@ from subtask.engines.base import (
     last_lines,
     parse_status,
 )
+from subtask.isolation import worktree_admin_dir
 from subtask.redact import StreamRedactor
 
 ConfigReader = Callable[[str], "str | None"]
@@ -84,19 +85,6 @@ def _has_credentials(env: Mapping[str, str]) -> bool:
 def _codex_home(env: Mapping[str, str]) -> Path:
     home = env.get("CODEX_HOME")
     return Path(home) if home else Path(env.get("HOME", str(Path.home()))) / ".codex"
-
-
-def _worktree_git_dir(worktree: Path) -> Path | None:
-    """The admin dir (`<common>/worktrees/<id>`) named by a linked worktree's `.git` file."""
-    dot_git = worktree / ".git"
-    try:
-        text = dot_git.read_text(encoding="utf-8").strip() if dot_git.is_file() else ""
-    except OSError:
-        return None
-    if not text.startswith("gitdir:"):
-        return None
-    path = Path(text[len("gitdir:"):].strip())
-    return path if path.is_absolute() else (worktree / path).resolve()
 
 
 class _Stream:
@@ -297,7 +285,7 @@ class CodexEngine:
         # A linked worktree's index, HEAD and logs live under <common>/worktrees/<id>, objects and
         # refs under <common>: both must be writable or `git commit` fails on index.lock.
         roots = [Path(ctx.git_common_dir)]
-        admin = _worktree_git_dir(Path(ctx.worktree))
+        admin = worktree_admin_dir(Path(ctx.worktree))
         if admin is not None and admin not in roots:
             roots.append(admin)
         for root in roots:
