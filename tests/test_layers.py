@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import wait_until
+
 PACKAGE = Path(__file__).resolve().parent.parent / "subtask"
 
 # Top first. A module may import modules of its own layer or of a lower one, never a higher one.
@@ -129,3 +132,24 @@ def test_importing_the_cli_loads_no_sdk_and_no_pygit2():
                           cwd=str(PACKAGE.parent))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"import subtask.cli loaded: {proc.stdout.strip()}"
+
+
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_the_cli_still_forks_its_worker_now_that_the_worker_main_is_handed_in(cli, repo, tmp_path, spawn):
+    """The CLI hands `spawn` its worker main: a worker it starts is a fork of itself (the CLI's
+    argv), not a fresh `python -m subtask.worker`, unless SUBTASK_SPAWN=exec asks for one."""
+    from subtask import lifecycle
+    from subtask.gitrepo import open_repo
+
+    release = tmp_path / "release"
+    env = {"SUBTASK_SPAWN": "exec"} if spawn == "exec" else {}
+    job = cli.start(f'while [ ! -e "{release}" ]; do sleep 0.02; done', env=env)
+    try:
+        sdir = open_repo(repo).state_dir
+        assert wait_until(lambda: "engine" in lifecycle.read_pids(sdir, job), timeout=60)
+        worker = lifecycle.read_pids(sdir, job)["worker"]
+        argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+        assert (b"subtask.worker" in argv) == (spawn == "exec"), argv
+    finally:
+        release.touch()
+    cli.ok("wait", job, timeout=60)
