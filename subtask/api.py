@@ -948,34 +948,11 @@ def _sync_ledger(repo: Repo) -> None:
 
 # ---------------------------------------------------------------- notes, landing, hooks, sync
 
-NOTES_MERGE_STRATEGY = "union"
-
-
-def ensure_notes_config(repo: Repo) -> list[str]:
-    """First use: `notes.subtask.mergeStrategy` (a user's own choice is kept). Returns what changed.
-
-    `union`, not `cat_sort_uniq`: a block is several lines in a fixed order, and cat_sort_uniq sorts
-    the lines of both notes together, which interleaves two jobs' blocks and moves each header
-    away from its lines (measured). `union` keeps every block whole; a block present on both sides
-    in two versions is read back as one (the block parser keeps the last per job id) and
-    `git subtask notes rebuild` rewrites it from the record. `notes.rewriteRef` is never set: a
-    "verify passed" must not follow a rebase onto a tree that was never tested.
-    """
-    try:
-        repo.git.config["notes.subtask.mergeStrategy"]
-        return []
-    except KeyError:
-        pass
-    # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
-    written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
-    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []
-
-
 def init(repo: Repo, display: bool = False) -> list[str]:
     """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
-    from subtask import notes_store
+    from subtask import notes, notes_store
 
-    changed = ensure_notes_config(repo)
+    changed = notes.ensure_notes_config(repo)
     notes_store.ensure_ref(repo.git)
     ensure_excluded(repo.common_dir)
     if display:

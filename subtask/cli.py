@@ -591,12 +591,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     echo(f"warning: {message}", err=True)
 
 
+def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
+    """A worker in a child forked from this process (`subtask.spawn`): imported only there."""
+    from subtask import worker
+
+    return worker.run_detached(job_id, root, lock_fd)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
     import warnings
 
-    from subtask import manpage
+    from subtask import manpage, spawn
 
+    spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
     warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
     try:

@@ -19,13 +19,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from subtask import jobenv, ledger, liveness, records, slots
+from subtask import jobenv, ledger, liveness, records, slots, spawn
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
@@ -88,83 +86,22 @@ def end_orphaned_engine(state_dir: Path, job_id: str) -> None:
         procs.kill_orphaned_group(pgid, started if isinstance(started, int) else None)
 
 
-SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
-
-
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """Start the detached worker for `job_id`; it inherits the run-lock held on `lock_fd`.
 
-    A single-threaded caller (the CLI) forks: the child already has every module imported, which
-    saves the worker's ~0.1 s of interpreter start-up and imports. A caller with other threads
-    (the MCP server, `wait`'s watchers) must not fork, because a fork copies only the calling
-    thread and a lock another thread held would stay locked in the child: it asks its zygote (a
-    fork server it started while single-threaded, `subtask.zygote`) when it has one, and starts a
-    fresh interpreter otherwise, or when the zygote fails in any way.
+    How (fork, fork server or exec) is `subtask.spawn`'s: this module sits below the worker and
+    never imports it.
     """
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
     pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
     log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
     try:
-        spawn = _fork_worker if _may_fork() else _zygote_or_exec_worker
-        pid = spawn(repo, job_id, lock_fd, log_fd)
+        pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd)
     finally:
         os.close(log_fd)
     record_pid(repo.state_dir, job_id, worker=pid)
     return pid
-
-
-def _may_fork() -> bool:
-    return os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork") and threading.active_count() == 1
-
-
-def _zygote_or_exec_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
-    from subtask import zygote
-
-    server = zygote.current() if os.environ.get(SPAWN_ENV) != "exec" else None
-    if server is not None:
-        try:
-            return server.spawn(job_id, repo.root, lock_fd, log_fd)
-        except Exception as exc:  # the zygote's worker will not run: this one must
-            print(f"git-subtask: the worker fork server failed ({exc}); starting {job_id} "
-                  "as a fresh interpreter", file=sys.stderr)
-    return _exec_worker(repo, job_id, lock_fd, log_fd)
-
-
-def _exec_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
-    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "subtask.worker", job_id, str(repo.root)],
-        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, cwd=str(repo.root),
-        env=env, start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
-    )
-    return proc.pid
-
-
-def _fork_worker(repo: Repo, job_id: str, lock_fd: int, log_fd: int) -> int:
-    sys.stdout.flush()  # or the child would write the parent's buffered output a second time
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:  # the child: detach like the exec path does, then run the worker in this interpreter
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.chdir(repo.root)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from subtask import worker
-
-        code = worker.run_detached(job_id, repo.root, lock_fd)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(code)  # never return into the caller's code, nor run its exit handlers
 
 
 def close_fd_keep_lock(fd: int | None) -> None:

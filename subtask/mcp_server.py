@@ -43,9 +43,9 @@ import queue
 import sys
 import threading  # no `typing` (2-3 ms): annotations stay strings, and `object` serves for Any
 
+from subtask.mcp_versions import installed_versions
+
 CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
-# Distributions whose versions shape the cached replies (pydantic generates the input schemas).
-SHAPED_BY = ("mcp", "mcp_types", "pydantic", "pydantic_core")
 # Capabilities whose value the SDK validates as an object: anything else could make it refuse an
 # initialize the front end had accepted, so such a request is left to the SDK.
 OBJECT_CAPABILITIES = ("experimental", "sampling", "elicitation", "roots", "extensions", "tasks")
@@ -61,25 +61,6 @@ def __getattr__(name: str) -> object:
 
 
 # ---------------------------------------------------------------- the cache
-
-def installed_versions() -> dict[str, str] | None:
-    """The installed versions of SHAPED_BY, from the dist-info folders beside the `mcp` package.
-
-    No importlib.metadata: it costs ~30 ms, as much as the rest of the front end.
-    """
-    from importlib.util import find_spec
-
-    spec = find_spec("mcp")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    site = os.path.dirname(next(iter(spec.submodule_search_locations)))
-    found = {}
-    for entry in os.listdir(site):
-        name, _, rest = entry.partition("-")
-        if rest.endswith(".dist-info") and name in SHAPED_BY:
-            found[name] = rest[: -len(".dist-info")]
-    return found if len(found) == len(SHAPED_BY) else None
-
 
 def load_cache() -> dict | None:
     """The cached replies, or None when they may not be what the installed SDK would say."""

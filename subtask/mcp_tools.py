@@ -368,7 +368,7 @@ def describe() -> dict:
     request it serves (no cursor), for every protocol version it negotiates through `initialize`."""
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
-    from subtask import mcp_server
+    from subtask.mcp_versions import installed_versions
 
     results: dict[str, dict[str, Any]] = {}
     for version in HANDSHAKE_PROTOCOL_VERSIONS:
@@ -382,4 +382,4 @@ def describe() -> dict:
         methods = ("initialize", *LIST_METHODS)
         # A method the server does not serve answers an error: the front end leaves it to the SDK.
         results[version] = {methods[n]: reply["result"] for n, reply in sorted(replies.items()) if "result" in reply}
-    return {"sdk": mcp_server.installed_versions(), "latest": LATEST_HANDSHAKE_VERSION, "results": results}
+    return {"sdk": installed_versions(), "latest": LATEST_HANDSHAKE_VERSION, "results": results}

@@ -13,7 +13,7 @@ that was never tested.
 from __future__ import annotations
 
 from subtask import notes_store, records
-from subtask.gitrepo import Repo
+from subtask.gitrepo import Repo, git
 from subtask.records import Job
 from subtask.render import note_block
 
@@ -72,3 +72,26 @@ def rebuild(repo: Repo) -> int:
         return allowed is None or commit in allowed
 
     return notes_store.rewrite_blocks(repo.git, items, explained, lock_path(repo))
+
+
+NOTES_MERGE_STRATEGY = "union"
+
+
+def ensure_notes_config(repo: Repo) -> list[str]:
+    """First use: `notes.subtask.mergeStrategy` (a user's own choice is kept). Returns what changed.
+
+    `union`, not `cat_sort_uniq`: a block is several lines in a fixed order, and cat_sort_uniq sorts
+    the lines of both notes together, which interleaves two jobs' blocks and moves each header
+    away from its lines (measured). `union` keeps every block whole; a block present on both sides
+    in two versions is read back as one (the block parser keeps the last per job id) and
+    `git subtask notes rebuild` rewrites it from the record. `notes.rewriteRef` is never set: a
+    "verify passed" must not follow a rebase onto a tree that was never tested.
+    """
+    try:
+        repo.git.config["notes.subtask.mergeStrategy"]
+        return []
+    except KeyError:
+        pass
+    # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
+    written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
+    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []

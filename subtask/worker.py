@@ -47,6 +47,7 @@ from subtask import (
     records,
     render,
     slots,
+    spawn,
     worktrees,
 )
 from subtask.engines import get_engine
@@ -558,9 +559,7 @@ def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink:
     attempt = job.state.current
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
-    from subtask.api import ensure_notes_config
-
-    ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
+    notes.ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
     notes.write_for_job(repo, job)
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
@@ -661,6 +660,7 @@ def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
 
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
+    spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
     repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")

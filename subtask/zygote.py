@@ -9,7 +9,7 @@ serves spawn requests on an inherited socketpair
 (SOCK_SEQPACKET: one message per request, no framing). A request is JSON (job id, repository,
 the caller's environment) with three fds (SCM_RIGHTS): the run-lock, the job's log and the read
 end of a "go" pipe. The zygote forks a child per request and replies with its pid; the child
-detaches like `lifecycle._fork_worker`'s and waits for one byte on the go pipe before it runs the
+detaches like `spawn._fork_worker`'s and waits for one byte on the go pipe before it runs the
 worker. The caller writes that byte only once it has the pid, so the caller alone decides whether
 the zygote's worker runs: a caller that gave up (timeout, error) closes the pipe, the child reads
 EOF and exits without touching the job, and the caller's fallback exec is then the only worker.
@@ -25,11 +25,17 @@ Invariants:
 - The zygote closes its copies of the run-lock and log fds without unlocking.
 - The worker runs with the caller's environment at request time (applied in the child), as an
   exec'd worker would: SUBTASK_FAULT, SUBTASK_DEPTH and the rest behave alike on both paths.
-- Any failure makes the caller start a fresh interpreter instead (`lifecycle.spawn_worker`); a
+- Any failure makes the caller start a fresh interpreter instead (`spawn.start_worker`); a
   failure that may leave the socket out of step (timeout, send or receive error) retires the
   zygote for good. A job never fails to start because of the zygote.
 
-Standard library only at module level: the MCP front end imports this before the SDK.
+Layer: just above `worker` (the MCP server starts it; `api` never imports it). It preloads the
+worker and what the worker imports, not `api`: a worker uses only the layers below it, so `api`
+in a worker's memory would be import time spent for nothing. It registers itself with
+`subtask.spawn` (`use_fork_server`), which sits below the worker and so may not import it.
+
+Standard library only at module level (and `subtask.spawn`, which is too): the MCP front end
+imports this before the SDK.
 """
 
 from __future__ import annotations
@@ -41,14 +47,13 @@ import socket
 import sys
 import threading
 
+from subtask import spawn
+
 READY_TIMEOUT = 5.0  # seconds for the zygote's imports (a loaded machine may be slow)
 TIMEOUT = 2.0  # seconds for its reply to a spawn request
 MAX_REQUEST = 1 << 20
 ENV = "SUBTASK_ZYGOTE"  # "0": never start one
 PR_SET_PDEATHSIG = 1
-
-_current: Zygote | None = None
-
 
 class ZygoteError(Exception):
     pass
@@ -128,15 +133,11 @@ class Zygote:
 
 def current() -> Zygote | None:
     """This process's zygote, if it started one and has not retired it."""
-    z = _current
-    if z is None or z.retired or z.owner != os.getpid():
-        return None
-    return z
+    return spawn.fork_server()
 
 
 def start() -> Zygote | None:
     """Fork the zygote and register it for this process. Call only while single-threaded."""
-    global _current
     if (os.name != "posix" or not hasattr(socket, "send_fds") or os.environ.get(ENV) == "0"
             or os.environ.get("SUBTASK_SPAWN") == "exec"
             or threading.active_count() != 1 or threading.current_thread() is not threading.main_thread()):
@@ -160,8 +161,9 @@ def start() -> Zygote | None:
         finally:
             os._exit(code)
     theirs.close()
-    _current = Zygote(ours, pid)
-    return _current
+    z = Zygote(ours, pid)
+    spawn.use_fork_server(z)  # handed down: `spawn` sits below the worker and never imports this
+    return z
 
 
 # ---------------------------------------------------------------- the zygote
@@ -256,12 +258,12 @@ def _preload() -> None:
 
     import pygit2  # noqa: F401
 
-    from subtask import api, procs, worker  # noqa: F401
+    from subtask import procs, worker  # noqa: F401
     from subtask.engines import command, shell  # noqa: F401
 
 
 def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
-    """The worker: wait for the go byte, detach as `lifecycle._fork_worker` does, run the job."""
+    """The worker: wait for the go byte, detach as `spawn._fork_worker` does, run the job."""
     code = 1
     try:
         lock_fd, log_fd, go_fd = fds
