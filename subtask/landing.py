@@ -534,7 +534,7 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
     into = _check_into(repo, job, workdir)
     _check_clean(workdir)
     before = _head_of_worktree(workdir)
-    message = _merge_message(job, mode)
+    message = _merge_message(repo, job, head, mode)
     args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "ff-only": ["--ff-only"], "squash": ["--squash"]}[mode]
     proc = git(workdir, "merge", "--no-edit", *args, "-m", message, head, check=False)
     if proc.returncode != 0:
@@ -542,9 +542,16 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
     if mode == "squash":
         _commit_squash(workdir, job, message, into, before)
     commit = _head_of_worktree(workdir)
-    landed = head if mode in ("merge", "ff-only") and commit == head else commit
+    how = merge_kind(mode, before, commit, head)
+    landed = head if how == "fast-forward" else commit
+    if how == "already":
+        # The target already had the job's head (git said "Already up to date"): nothing merged,
+        # but the work is in the target, so it has landed where the target first carried it.
+        landed = _merge_point(repo, head, commit)
+        lines = [f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
+    else:
+        lines = [f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
     target = Target(into, commit)
-    lines = [f"{job.id}: merged into {into} ({mode}) as {commit[:7]}"]
     lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
 
@@ -595,6 +602,16 @@ def _head_of_worktree(workdir: Path) -> str:
     return git(workdir, "rev-parse", "HEAD").stdout.strip()
 
 
+def merge_kind(mode: str, before: str, after: str, head: str) -> str:
+    """What a successful `git merge` did: "fast-forward", "already" (HEAD unmoved), or the mode
+    ("merge", "no-ff", "squash") when it made a commit; the words `merge` prints."""
+    if after == before:
+        return "already"
+    if mode in ("merge", "ff-only") and after == head:
+        return "fast-forward"
+    return mode
+
+
 def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
     attempt = job.state.current
     if not job.spec.branch:
@@ -609,8 +626,24 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
         raise SubtaskError("fatal", f"the branch {job.spec.branch} of {job.id} is gone",
                            hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
     head = str(ref.target)
-    if force:
-        return head
+    if not force:
+        _check_gate(job, head)
+    _check_has_commits(repo, job, head)
+    return head
+
+
+def _check_has_commits(repo: Repo, job: Job, head: str) -> None:
+    if head == job.spec.base or repo.git.descendant_of(job.spec.base, head):
+        # Not even --force: merging the base would be "Already up to date" dressed as a merge, and
+        # recording it landed would claim work that never existed.
+        raise SubtaskError("negative", f"nothing to merge: {job.id} made no commits (its branch is at its base "
+                           f"{job.spec.base[:7]})",
+                           hint=f"git subtask show {job.id}   (remove its empty branch: git subtask cleanup {job.id})")
+
+
+def _check_gate(job: Job, head: str) -> None:
+    """Done, verify passed on this exact head (what --force skips)."""
+    attempt = job.state.current
     if attempt.state != "done":
         raise SubtaskError("not_finished", f"{job.id} ended {attempt.state}, not done: not merging it",
                            hint=f"git subtask show {job.id}   (merge anyway: git subtask merge --force {job.id})")
@@ -622,7 +655,6 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
         raise SubtaskError("negative", f"{job.id}: its branch moved to {head[:7]} after verify tested {verify.head[:7]}: "
                            "the merged tree would be untested",
                            hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
-    return head
 
 
 def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
@@ -653,14 +685,36 @@ def _check_clean(workdir: Path) -> None:
                            hint="commit or stash them yourself, then merge again")
 
 
-def _merge_message(job: Job, mode: str) -> str:
-    from subtask.render import summary_lines, task_title
+def _merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
+    from subtask.render import task_title
 
-    title = task_title(job.spec.task, 60)
     if mode == "squash":
-        body = summary_lines(job.summary)
-        return f"{title}\n\n" + (f"{body}\n\n" if body else "") + f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
-    return f"Merge subtask {job.id}: {title}\n\nSubtask-Id: {job.id}\n"
+        return _squash_message(repo, job, head)
+    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\nSubtask-Id: {job.id}\n"
+
+
+def _squash_message(repo: Repo, job: Job, head: str) -> str:
+    """One commit's message stays its own; several are named by the job's summary (else its task)
+    and listed, oldest first, so the squash says what it holds."""
+    from subtask.render import task_title
+
+    commits = _commits_since_base(repo, job.spec.base, head)
+    trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
+    if len(commits) == 1:
+        subject, _, body = commits[0].message.strip().partition("\n")
+        body = body.strip()
+        return f"{subject.strip()}\n\n" + (f"{body}\n\n" if body else "") + trailer
+    summary = (job.summary or "").strip()
+    title = task_title(summary, 72) if summary else task_title(job.spec.task, 60)
+    listed = "\n".join(f"- {c.message.strip().splitlines()[0] if c.message.strip() else str(c.id)[:7]}"
+                        for c in commits)
+    return f"{title}\n\n" + (f"{listed}\n\n" if listed else "") + trailer
+
+
+def _commits_since_base(repo: Repo, base: str, head: str) -> list[pygit2.Commit]:
+    walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
+    walker.hide(base)
+    return [c for c in walker if len(c.parents) <= 1]  # merges inside the job say nothing of their own
 
 
 def _abort(workdir: Path, job: Job, mode: str, into: str, proc, before: str) -> None:
