@@ -325,19 +325,78 @@ class Removal:
 
 def remove_clean_worktree(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = False) -> Removal:
     """Remove the job's worktree when that loses nothing, re-checked under its run-lock (cleanup, gc)."""
+    return clean_job(repo, job, target, dry_run=dry_run, branches=False)[0]
+
+
+EMPTY_BRANCH = "no commits beyond its base"
+
+
+def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = False,
+              branches: bool = True) -> tuple[Removal, Removal]:
+    """(worktree, branch): remove the job's clean worktree, then its branch when it has no
+    commits beyond its base (`branches`), both under one hold of its run-lock (cleanup ID, gc).
+
+    A stopped or failed job that made no commit leaves a branch at its base that no landing
+    ever removes; deleting it loses nothing (the base pin and the record stay).
+    """
     with quiet_job(repo, job) as fresh:
         if fresh is None:
-            return Removal("busy", BUSY)
-        if not Path(fresh.spec.worktree).exists():
-            return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
-        ok, why = worktree_removable(repo, fresh, keepers(repo, fresh, target))
-        if not ok:
-            return Removal("kept", why)
-        if dry_run:
-            return Removal("removed")
-        if not remove_worktree(repo, fresh):
-            return Removal("failed", f"git worktree remove {fresh.spec.worktree} failed")
+            return Removal("busy", BUSY), Removal("busy", BUSY)
+        tree = _remove_worktree_locked(repo, fresh, target, dry_run)
+        branch = _remove_empty_branch_locked(repo, fresh, dry_run, worktree_goes=tree.kind == "removed") \
+            if branches else Removal("missing")
+        return tree, branch
+
+
+def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run: bool) -> Removal:
+    if not Path(job.spec.worktree).exists():
+        return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
+    ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+    if not ok:
+        return Removal("kept", why)
+    if dry_run:
         return Removal("removed")
+    if not remove_worktree(repo, job):
+        return Removal("failed", f"git worktree remove {job.spec.worktree} failed")
+    return Removal("removed")
+
+
+def empty_branch_tip(repo: Repo, job: Job) -> str | None:
+    """The tip of the job's branch when base..tip holds no commit (at its base, or behind it)."""
+    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}") if job.spec.branch else None
+    if ref is None:
+        return None
+    tip = str(ref.target)
+    return tip if tip == job.spec.base or repo.git.descendant_of(job.spec.base, tip) else None
+
+
+def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
+    """Under the job's run-lock: delete its branch by compare-and-swap on the exact empty tip seen,
+    so a commit made meanwhile (by hand, in another worktree) keeps it."""
+    branch = job.spec.branch
+    if not branch or repo.git.references.get(f"refs/heads/{branch}") is None:
+        return Removal("missing")
+    tip = empty_branch_tip(repo, job)
+    if tip is None:
+        return Removal("missing", "it has commits beyond its base")  # never ours to delete; not news
+    # On a dry run the job's own worktree is still there but would be gone by now.
+    if f"refs/heads/{branch}" in checked_out_branches(repo) and not (worktree_goes and dry_run):
+        return Removal("kept", "it is checked out in a worktree")
+    if dry_run:
+        return Removal("removed")
+    if not records.cas_ref(repo, f"refs/heads/{branch}", tip, None, f"git-subtask: {EMPTY_BRANCH}"):
+        return Removal("kept", "it moved")
+    records.update(repo, job.id, lambda j: setattr(j.state, "branch_deleted", True))
+    return Removal("removed")
+
+
+def branch_line(job: Job, removal: Removal, dry_run: bool) -> str | None:
+    """The line cleanup and gc print for an empty branch (nothing for one with commits)."""
+    if removal.kind == "removed":
+        return f"{job.id}: {'would delete' if dry_run else 'deleted'} branch {job.spec.branch} ({EMPTY_BRANCH})"
+    if removal.kind == "kept":
+        return f"{job.id}: kept branch {job.spec.branch}: {removal.why}"
+    return None
 
 
 def checked_out_branches(repo: Repo) -> set[str]:
@@ -777,14 +836,21 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
     target = land_target(repo)
     for job in _old_finished(repo, cutoff):
         path = Path(job.spec.worktree)
-        removal = remove_clean_worktree(repo, job, target, dry_run=dry_run)
+        had_worktree = path.exists()
+        removal, branch = clean_job(repo, job, target, dry_run=dry_run)
+        branch_goes = branch.kind == "removed"
         if removal.kind == "removed":
-            sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
+            sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
+                               + ("" if branch_goes else " (branch kept)"))
         elif removal.kind == "missing":
-            sweep.lines.append(f"{job.id}: worktree already removed")
+            if had_worktree:
+                sweep.lines.append(f"{job.id}: worktree already removed")
         else:
             sweep.kept.append(job.id)
             sweep.lines.append(f"{job.id}: kept worktree: {removal.why}")
+        line = branch_line(job, branch, dry_run) if removal.kind != "busy" else None
+        if line:
+            sweep.lines.append(line)
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:
@@ -793,15 +859,18 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
 
 
 def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
+    """This clone's jobs that ended before `cutoff` and still have a worktree or an empty branch."""
     jobs = []
+    tips = _job_ref_tips(repo)
     for entry in records.list_entries(repo):
         if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
+        branch_at_base = tips.get(f"refs/heads/{records.branch_name(entry['id'])}") == entry.get("base")
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except records.DamagedRecord as exc:  # left for the user to inspect; the rest are collected
             warnings.warn(f"{exc.message}; gc leaves it alone", stacklevel=2)
             continue
-        if owns(repo, job) and Path(job.spec.worktree).exists():
+        if owns(repo, job) and (Path(job.spec.worktree).exists() or branch_at_base):
             jobs.append(job)
     return jobs

@@ -671,8 +671,10 @@ def test_cleanup_and_gc_remove_branches_with_no_commits_beyond_their_base(cli, r
         for job in (failed, stopped):
             assert f"refs/subtask/{job}/record" in have and f"refs/subtask/{job}/base" in have, "record and pins stay"
             assert "no commits beyond its base" in cli.ok("show", job)
-        listed = {e["id"]: e["state"] for e in cli.json("list", "--all")}
+        listed = {e["id"]: e["state"] for e in cli.json("list", "--all")["jobs"]}
         assert listed[failed] == "failed" and listed[stopped] == "stopped", listed
+        rows = cli.ok("list", "--all")
+        assert failed in rows and stopped in rows, rows
         # a reply to such a job gets its branch back, at its base
         again = cli.ok("reply", failed, COMMIT.format(name="r.txt", text="r"))
         assert again.startswith(failed)
