@@ -384,6 +384,7 @@ def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree
         return Removal("kept", "it is checked out in a worktree")
     if dry_run:
         return Removal("removed")
+    faults.point("before_empty_branch_delete")
     if not records.cas_ref(repo, f"refs/heads/{branch}", tip, None, f"git-subtask: {EMPTY_BRANCH}"):
         return Removal("kept", "it moved")
     records.update(repo, job.id, lambda j: setattr(j.state, "branch_deleted", True))

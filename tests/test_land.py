@@ -683,3 +683,51 @@ def test_cleanup_and_gc_remove_branches_with_no_commits_beyond_their_base(cli, r
     finally:
         hold.touch()
         cli("wait", running)
+
+
+@pytest.mark.parametrize("command", ["gc", "cleanup"])
+def test_no_cleanup_deletes_the_empty_branch_of_a_reply_that_started_meanwhile(cli, repo, tmp_path, command):
+    """The empty branch a gc listed is the one a reply just started on: the run-lock keeps it."""
+    job = cli.start("echo nothing yet")
+    cli.ok("wait", job)
+    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup": ["cleanup", job]}[command]
+    gate, go = tmp_path / "gate", tmp_path / "go"
+    sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        cli.ok("reply", job, f"until [ -e {go} ]; do sleep 0.05; done; " + COMMIT.format(name="g.txt", text="g"))
+        assert wait_until(lambda: state(cli, job)["attempts"][-1].get("engine_started_at"), timeout=30)
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        assert f"refs/heads/subtask/{job}" in refs(repo), f"{command} deleted the branch of a running job: {out}{err}"
+    finally:
+        gate.touch()
+        go.touch()
+        sweeper.wait(timeout=60)
+    cli.ok("wait", job)
+    assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
+
+
+def test_an_empty_branch_that_gets_a_commit_while_gc_decides_is_kept(cli, repo, tmp_path):
+    """Deleted by compare-and-swap on the empty tip gc saw: a commit made meanwhile keeps the branch."""
+    job = cli.start("echo nothing yet")
+    cli.ok("wait", job)
+    gate = tmp_path / "gate"
+    sweeper = subprocess.Popen(["git", "subtask", "gc", "--older-than", "0s"], cwd=repo,
+                               env=_hold_env(gate, "before_empty_branch_delete"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        base = git(repo, "rev-parse", f"subtask/{job}")
+        work = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-m", "work made meanwhile")
+        git(repo, "update-ref", f"refs/heads/subtask/{job}", work, base)
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        assert f"kept branch subtask/{job}: it moved" in out, out + err
+        assert git(repo, "rev-parse", f"subtask/{job}") == work
+    finally:
+        gate.touch()
+        sweeper.wait(timeout=60)
