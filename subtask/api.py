@@ -298,7 +298,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                   "stored_verify": stored_verify}
     if engine.paid:
         _sync_ledger(repo)
-    return _admit_and_launch(repo, job, engine.paid, new_branch=not request.readonly,
+    return _admit_and_launch(repo, job, engine.paid, branch_at=None if request.readonly else job.spec.base,
                              lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
 
 
@@ -354,7 +354,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
     return results
 
 
-def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, lock_fd: int,
+def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None, lock_fd: int,
                       as_written: dict) -> StartResult:
     """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
 
@@ -378,8 +378,8 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, new_branch: bool, loc
         undo.append(lambda: jobenv.drop(state_dir, job.id))
         if paid:
             undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
-        if new_branch:
-            repo.git.create_branch(job.spec.branch, repo.git[job.spec.base])
+        if branch_at is not None:  # the job's branch is created (start) or restored (reply) here
+            repo.git.create_branch(job.spec.branch, repo.git[branch_at])
             undo.append(lambda: _delete_branch(repo, job.spec.branch))
             faults.point("after_branch")
         if attempt.n == 1:
@@ -475,6 +475,8 @@ def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
             raise SubtaskError("not_finished", f"{job_id} changed meanwhile: attempt {job.state.current.n} is "
                                f"{job.state.current.state}", hint=f"git subtask wait {job_id}")
         job.state.attempts.append(attempt)
+        if job.state.branch_deleted and repo.git.references.get(f"refs/heads/{job.spec.branch}") is not None:
+            job.state.branch_deleted = False  # restored for this reply
         return True
 
     records.update(repo, job_id, change)
@@ -556,7 +558,14 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
     if engine.paid:
         _sync_ledger(repo)
-    return _admit_and_launch(repo, job, engine.paid, new_branch=False, lock_fd=lock_fd,
+    # A branch that cleanup or gc deleted (no commits beyond its base, or landed) comes back where
+    # the job's work ends, so the reply continues from it.
+    branch_at = None
+    if job.spec.branch and repo.git.references.get(f"refs/heads/{job.spec.branch}") is None:
+        from subtask import landing
+
+        branch_at = landing.job_head(repo, job)
+    return _admit_and_launch(repo, job, engine.paid, branch_at=branch_at, lock_fd=lock_fd,
                              as_written={"message": message, "stored_message": stored})
 
 
@@ -820,19 +829,16 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
 
 
 def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
-    """Remove a finished job's worktree when it is clean; keep its branch and record."""
+    """Remove a finished job's worktree when it is clean, and its branch when it has no commits
+    beyond its base; keep a branch with commits, and the record and pins always."""
     job = get(repo, id_or_prefix)
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    path = Path(job.spec.worktree)
-    if not path.exists():
-        return f"{job.id}: no worktree to remove"
     from subtask import landing
 
-    removal = landing.remove_clean_worktree(repo, job, landing.land_target(repo), dry_run=dry_run)
-    if removal.kind == "missing":
-        return f"{job.id}: no worktree to remove"
+    path = Path(job.spec.worktree)
+    removal, branch = landing.clean_job(repo, job, landing.land_target(repo), dry_run=dry_run)
     if removal.kind == "busy":
         raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"git subtask wait {job.id}")
@@ -842,9 +848,15 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
         raise SubtaskError("dirty", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
                                 f"status), then: git subtask cleanup {job.id}")
-    if dry_run:
-        return f"{job.id}: would remove worktree {path}"
-    return f"{job.id}: removed worktree {path} (branch {job.spec.branch} and record kept)"
+    words = "would remove" if dry_run else "removed"
+    tree = f"{words} worktree {path}" if removal.kind == "removed" else "no worktree to remove"
+    if branch.kind == "removed":
+        gone = "would delete" if dry_run else "deleted"
+        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing.EMPTY_BRANCH}; record kept)"
+    if removal.kind != "removed" or dry_run:
+        return f"{job.id}: {tree}"
+    kept = f"branch {job.spec.branch} and record kept" if job.spec.branch else "record kept"
+    return f"{job.id}: {tree} ({kept})"
 
 
 def diff_argv(repo: Repo, id_or_prefix: str, stat: bool = False) -> list[str]:

@@ -345,7 +345,9 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
 
     Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
     work is in the current branch (merged, fast-forwarded, squashed or rebased) and
-    subtask.deleteLandedBranches is true (the default).
+    subtask.deleteLandedBranches is true (the default). `cleanup ID` also deletes the job's
+    branch when it has no commits beyond its base (a job stopped or failed before committing);
+    the record and pins stay, and a reply recreates the branch.
     """
     from subtask import api
 
@@ -371,7 +373,10 @@ def merge(job_id, mode, force):
     on done alone (nothing was checked: say --verify to gate it). Refuses (exit 1, with the
     reason) when the job has not finished or did not end done, its verify failed, or its branch
     moved after the commit verify tested, unless --force; never touches a dirty worktree; a
-    conflict is aborted and the conflicting files listed.
+    conflict is aborted and the conflicting files listed. A job with no commits beyond its base
+    has nothing to merge: exit 1, even with --force. Says "(fast-forward)" when it fast-forwarded;
+    a squash commit takes the job's commit subject (one commit), or its summary's first line and
+    the list of its commits (several).
     """
     from subtask import api
 
@@ -387,7 +392,9 @@ def merge(job_id, mode, force):
 def gc(dry_run, older_than, as_json):
     """Clean up landed jobs, remove clean worktrees of old finished jobs, prune, git gc --auto.
 
-    Never touches running jobs, dirty worktrees or unmerged branches; records stay (they are the history).
+    Also deletes an old finished job's branch that has no commits beyond its base (stopped or
+    failed before committing). Never touches running jobs, dirty worktrees or branches with
+    unmerged commits; records and pins stay (they are the history).
     """
     from subtask import api
 

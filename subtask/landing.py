@@ -325,19 +325,79 @@ class Removal:
 
 def remove_clean_worktree(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = False) -> Removal:
     """Remove the job's worktree when that loses nothing, re-checked under its run-lock (cleanup, gc)."""
+    return clean_job(repo, job, target, dry_run=dry_run, branches=False)[0]
+
+
+EMPTY_BRANCH = "no commits beyond its base"
+
+
+def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = False,
+              branches: bool = True) -> tuple[Removal, Removal]:
+    """(worktree, branch): remove the job's clean worktree, then its branch when it has no
+    commits beyond its base (`branches`), both under one hold of its run-lock (cleanup ID, gc).
+
+    A stopped or failed job that made no commit leaves a branch at its base that no landing
+    ever removes; deleting it loses nothing (the base pin and the record stay).
+    """
     with quiet_job(repo, job) as fresh:
         if fresh is None:
-            return Removal("busy", BUSY)
-        if not Path(fresh.spec.worktree).exists():
-            return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
-        ok, why = worktree_removable(repo, fresh, keepers(repo, fresh, target))
-        if not ok:
-            return Removal("kept", why)
-        if dry_run:
-            return Removal("removed")
-        if not remove_worktree(repo, fresh):
-            return Removal("failed", f"git worktree remove {fresh.spec.worktree} failed")
+            return Removal("busy", BUSY), Removal("busy", BUSY)
+        tree = _remove_worktree_locked(repo, fresh, target, dry_run)
+        branch = _remove_empty_branch_locked(repo, fresh, dry_run, worktree_goes=tree.kind == "removed") \
+            if branches else Removal("missing")
+        return tree, branch
+
+
+def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run: bool) -> Removal:
+    if not Path(job.spec.worktree).exists():
+        return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
+    ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+    if not ok:
+        return Removal("kept", why)
+    if dry_run:
         return Removal("removed")
+    if not remove_worktree(repo, job):
+        return Removal("failed", f"git worktree remove {job.spec.worktree} failed")
+    return Removal("removed")
+
+
+def empty_branch_tip(repo: Repo, job: Job) -> str | None:
+    """The tip of the job's branch when base..tip holds no commit (at its base, or behind it)."""
+    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}") if job.spec.branch else None
+    if ref is None:
+        return None
+    tip = str(ref.target)
+    return tip if tip == job.spec.base or repo.git.descendant_of(job.spec.base, tip) else None
+
+
+def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
+    """Under the job's run-lock: delete its branch by compare-and-swap on the exact empty tip seen,
+    so a commit made meanwhile (by hand, in another worktree) keeps it."""
+    branch = job.spec.branch
+    if not branch or repo.git.references.get(f"refs/heads/{branch}") is None:
+        return Removal("missing")
+    tip = empty_branch_tip(repo, job)
+    if tip is None:
+        return Removal("missing", "it has commits beyond its base")  # never ours to delete; not news
+    # On a dry run the job's own worktree is still there but would be gone by now.
+    if f"refs/heads/{branch}" in checked_out_branches(repo) and not (worktree_goes and dry_run):
+        return Removal("kept", "it is checked out in a worktree")
+    if dry_run:
+        return Removal("removed")
+    faults.point("before_empty_branch_delete")
+    if not records.cas_ref(repo, f"refs/heads/{branch}", tip, None, f"git-subtask: {EMPTY_BRANCH}"):
+        return Removal("kept", "it moved")
+    records.update(repo, job.id, lambda j: setattr(j.state, "branch_deleted", True))
+    return Removal("removed")
+
+
+def branch_line(job: Job, removal: Removal, dry_run: bool) -> str | None:
+    """The line cleanup and gc print for an empty branch (nothing for one with commits)."""
+    if removal.kind == "removed":
+        return f"{job.id}: {'would delete' if dry_run else 'deleted'} branch {job.spec.branch} ({EMPTY_BRANCH})"
+    if removal.kind == "kept":
+        return f"{job.id}: kept branch {job.spec.branch}: {removal.why}"
+    return None
 
 
 def checked_out_branches(repo: Repo) -> set[str]:
@@ -534,7 +594,7 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
     into = _check_into(repo, job, workdir)
     _check_clean(workdir)
     before = _head_of_worktree(workdir)
-    message = _merge_message(job, mode)
+    message = _merge_message(repo, job, head, mode)
     args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "ff-only": ["--ff-only"], "squash": ["--squash"]}[mode]
     proc = git(workdir, "merge", "--no-edit", *args, "-m", message, head, check=False)
     if proc.returncode != 0:
@@ -542,9 +602,16 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
     if mode == "squash":
         _commit_squash(workdir, job, message, into, before)
     commit = _head_of_worktree(workdir)
-    landed = head if mode in ("merge", "ff-only") and commit == head else commit
+    how = merge_kind(mode, before, commit, head)
+    landed = head if how == "fast-forward" else commit
+    if how == "already":
+        # The target already had the job's head (git said "Already up to date"): nothing merged,
+        # but the work is in the target, so it has landed where the target first carried it.
+        landed = _merge_point(repo, head, commit)
+        lines = [f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
+    else:
+        lines = [f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
     target = Target(into, commit)
-    lines = [f"{job.id}: merged into {into} ({mode}) as {commit[:7]}"]
     lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
 
@@ -595,6 +662,16 @@ def _head_of_worktree(workdir: Path) -> str:
     return git(workdir, "rev-parse", "HEAD").stdout.strip()
 
 
+def merge_kind(mode: str, before: str, after: str, head: str) -> str:
+    """What a successful `git merge` did: "fast-forward", "already" (HEAD unmoved), or the mode
+    ("merge", "no-ff", "squash") when it made a commit; the words `merge` prints."""
+    if after == before:
+        return "already"
+    if mode in ("merge", "ff-only") and after == head:
+        return "fast-forward"
+    return mode
+
+
 def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
     attempt = job.state.current
     if not job.spec.branch:
@@ -609,8 +686,24 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
         raise SubtaskError("fatal", f"the branch {job.spec.branch} of {job.id} is gone",
                            hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
     head = str(ref.target)
-    if force:
-        return head
+    if not force:
+        _check_gate(job, head)
+    _check_has_commits(repo, job, head)
+    return head
+
+
+def _check_has_commits(repo: Repo, job: Job, head: str) -> None:
+    if head == job.spec.base or repo.git.descendant_of(job.spec.base, head):
+        # Not even --force: merging the base would be "Already up to date" dressed as a merge, and
+        # recording it landed would claim work that never existed.
+        raise SubtaskError("negative", f"nothing to merge: {job.id} made no commits (its branch is at its base "
+                           f"{job.spec.base[:7]})",
+                           hint=f"git subtask show {job.id}   (remove its empty branch: git subtask cleanup {job.id})")
+
+
+def _check_gate(job: Job, head: str) -> None:
+    """Done, verify passed on this exact head (what --force skips)."""
+    attempt = job.state.current
     if attempt.state != "done":
         raise SubtaskError("not_finished", f"{job.id} ended {attempt.state}, not done: not merging it",
                            hint=f"git subtask show {job.id}   (merge anyway: git subtask merge --force {job.id})")
@@ -622,7 +715,6 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
         raise SubtaskError("negative", f"{job.id}: its branch moved to {head[:7]} after verify tested {verify.head[:7]}: "
                            "the merged tree would be untested",
                            hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
-    return head
 
 
 def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
@@ -653,14 +745,36 @@ def _check_clean(workdir: Path) -> None:
                            hint="commit or stash them yourself, then merge again")
 
 
-def _merge_message(job: Job, mode: str) -> str:
-    from subtask.render import summary_lines, task_title
+def _merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
+    from subtask.render import task_title
 
-    title = task_title(job.spec.task, 60)
     if mode == "squash":
-        body = summary_lines(job.summary)
-        return f"{title}\n\n" + (f"{body}\n\n" if body else "") + f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
-    return f"Merge subtask {job.id}: {title}\n\nSubtask-Id: {job.id}\n"
+        return _squash_message(repo, job, head)
+    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\nSubtask-Id: {job.id}\n"
+
+
+def _squash_message(repo: Repo, job: Job, head: str) -> str:
+    """One commit's message stays its own; several are named by the job's summary (else its task)
+    and listed, oldest first, so the squash says what it holds."""
+    from subtask.render import task_title
+
+    commits = _commits_since_base(repo, job.spec.base, head)
+    trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
+    if len(commits) == 1:
+        subject, _, body = commits[0].message.strip().partition("\n")
+        body = body.strip()
+        return f"{subject.strip()}\n\n" + (f"{body}\n\n" if body else "") + trailer
+    summary = (job.summary or "").strip()
+    title = task_title(summary, 72) if summary else task_title(job.spec.task, 60)
+    listed = "\n".join(f"- {c.message.strip().splitlines()[0] if c.message.strip() else str(c.id)[:7]}"
+                        for c in commits)
+    return f"{title}\n\n" + (f"{listed}\n\n" if listed else "") + trailer
+
+
+def _commits_since_base(repo: Repo, base: str, head: str) -> list[pygit2.Commit]:
+    walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
+    walker.hide(base)
+    return [c for c in walker if len(c.parents) <= 1]  # merges inside the job say nothing of their own
 
 
 def _abort(workdir: Path, job: Job, mode: str, into: str, proc, before: str) -> None:
@@ -723,14 +837,21 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
     target = land_target(repo)
     for job in _old_finished(repo, cutoff):
         path = Path(job.spec.worktree)
-        removal = remove_clean_worktree(repo, job, target, dry_run=dry_run)
+        had_worktree = path.exists()
+        removal, branch = clean_job(repo, job, target, dry_run=dry_run)
+        branch_goes = branch.kind == "removed"
         if removal.kind == "removed":
-            sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path} (branch kept)")
+            sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
+                               + ("" if branch_goes else " (branch kept)"))
         elif removal.kind == "missing":
-            sweep.lines.append(f"{job.id}: worktree already removed")
+            if had_worktree:
+                sweep.lines.append(f"{job.id}: worktree already removed")
         else:
             sweep.kept.append(job.id)
             sweep.lines.append(f"{job.id}: kept worktree: {removal.why}")
+        line = branch_line(job, branch, dry_run) if removal.kind != "busy" else None
+        if line:
+            sweep.lines.append(line)
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:
@@ -739,15 +860,18 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
 
 
 def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
+    """This clone's jobs that ended before `cutoff` and still have a worktree or an empty branch."""
     jobs = []
+    tips = _job_ref_tips(repo)
     for entry in records.list_entries(repo):
         if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
+        branch_at_base = tips.get(f"refs/heads/{records.branch_name(entry['id'])}") == entry.get("base")
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except records.DamagedRecord as exc:  # left for the user to inspect; the rest are collected
             warnings.warn(f"{exc.message}; gc leaves it alone", stacklevel=2)
             continue
-        if owns(repo, job) and Path(job.spec.worktree).exists():
+        if owns(repo, job) and (Path(job.spec.worktree).exists() or branch_at_base):
             jobs.append(job)
     return jobs

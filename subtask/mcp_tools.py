@@ -307,7 +307,7 @@ async def stop(id: str, repo: str | None = None) -> str:
 
 @tool("cleanup", destructive=True, title="Remove a job's worktree")
 async def cleanup(id: str, repo: str | None = None) -> str:
-    """Remove a finished job's worktree when it is clean; its branch, record and note are kept."""
+    """Remove a finished job's worktree when it is clean, and its branch when it has no commits beyond its base; a branch with commits, the record and the note are kept."""
     return await _call(lambda: api.cleanup(open_repo(repo), id))
 
 

@@ -321,6 +321,13 @@ def worktree_note(job, present: bool | None) -> str:
     return " (removed)"
 
 
+def branch_note(job) -> str:
+    """What `show` adds after the branch name once cleanup, gc or a landing deleted it."""
+    if not job.state.branch_deleted:
+        return ""
+    return " (deleted after landing)" if job.state.landed_in else " (deleted: no commits beyond its base)"
+
+
 def reason_text(attempt) -> str:
     """`failed: exit: the script exited with code 3` reads `exit: the script…`; a reason that
     already says its state (`stopped by request`) is not prefixed again."""
@@ -336,7 +343,7 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
-    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{' (deleted after landing)' if job.state.branch_deleted else ''}")
+    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{branch_note(job)}")
     lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
     lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if spec.verify:

@@ -596,3 +596,138 @@ def test_notes_rebuild_drops_blocks_no_record_explains(cli, repo):
     cli.ok("notes", "rebuild")
     assert git(repo, "notes", "--ref=subtask", "show", head) == real
     assert git(repo, "notes", "--ref=subtask", "show", base) == "a person's own words"
+
+
+# ---------------------------------------------------------------- the words merge says
+
+def test_merge_says_fast_forward_when_it_fast_forwarded_and_merge_when_it_merged(cli, repo):
+    job = done_job(cli, "f.txt")
+    out = cli.ok("merge", job)
+    assert f"{job}: merged into main (fast-forward) as" in out and "(merge)" not in out, out
+    ff_only = done_job(cli, "g.txt")
+    assert "(fast-forward)" in cli.ok("merge", "--ff-only", ff_only)
+    merged = done_job(cli, "h.txt")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    out = cli.ok("merge", merged)
+    assert f"{merged}: merged into main (merge) as" in out, out
+    assert len(git(repo, "log", "-1", "--format=%P").split()) == 2
+
+
+def test_merge_of_a_job_with_no_commits_says_nothing_to_merge_and_changes_nothing(cli, repo):
+    job = cli.start("echo looked around")
+    cli.ok("wait", job)
+    before = git(repo, "rev-parse", "HEAD")
+    for args in ([], ["--squash"], ["--force"]):
+        proc = cli("merge", *args, job)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "nothing to merge" in proc.stderr and "made no commits" in proc.stderr, proc.stderr
+        assert "merged" not in proc.stdout and "Traceback" not in proc.stderr
+    assert git(repo, "rev-parse", "HEAD") == before
+    assert state(cli, job)["landed_in"] is None, "no merge happened: the job is not recorded as landed"
+    assert f"refs/heads/subtask/{job}" in refs(repo)
+
+
+def test_a_squash_commit_takes_the_jobs_own_commit_subject(cli, repo):
+    job = done_job(cli, "f.txt", "x")
+    cli.ok("merge", "--squash", job)
+    assert git(repo, "log", "-1", "--format=%s") == "add f.txt"
+    body = git(repo, "log", "-1", "--format=%B")
+    assert f"Subtask-Id: {job}" in body and f"Squashed from subtask {job}" in body
+
+
+def test_a_squash_of_several_commits_lists_their_subjects(cli, repo):
+    job = cli.start(COMMIT.format(name="a.txt", text="a") + " && " + COMMIT.format(name="b.txt", text="b")
+                    + " && echo 'Added a and b'")
+    cli.ok("wait", job)
+    cli.ok("merge", "--squash", job)
+    assert git(repo, "log", "-1", "--format=%s") == "Added a and b"
+    body = git(repo, "log", "-1", "--format=%b")
+    assert "- add a.txt\n- add b.txt" in body, body
+    assert f"Subtask-Id: {job}" in body
+
+
+# ---------------------------------------------------------------- branches with no commits
+
+def test_cleanup_and_gc_remove_branches_with_no_commits_beyond_their_base(cli, repo, tmp_path):
+    failed = cli.start("echo nothing done && false")
+    cli("wait", failed)
+    hold = tmp_path / "hold"
+    stopped = cli.start(f"while [ ! -e {hold} ]; do sleep 0.05; done")
+    cli.ok("stop", stopped)
+    kept = done_job(cli, "k.txt")  # commits beyond its base: never removed
+    running = cli.start(f"while [ ! -e {hold} ]; do sleep 0.05; done")  # at its base, but a worker holds it
+    try:
+        out = cli.ok("cleanup", failed)
+        assert f"{failed}: removed worktree" in out and f"deleted branch subtask/{failed}" in out, out
+        assert f"refs/heads/subtask/{failed}" not in refs(repo)
+        assert "would delete branch" in cli.ok("gc", "--dry-run", "--older-than", "0s")
+        assert f"refs/heads/subtask/{stopped}" in refs(repo)
+        out = cli.ok("gc", "--older-than", "0s")
+        assert f"{stopped}: deleted branch subtask/{stopped} (no commits beyond its base)" in out, out
+        have = refs(repo)
+        assert f"refs/heads/subtask/{stopped}" not in have
+        assert f"refs/heads/subtask/{kept}" in have, "a branch with commits is never removed"
+        assert f"refs/heads/subtask/{running}" in have, "never while a worker holds the job"
+        for job in (failed, stopped):
+            assert f"refs/subtask/{job}/record" in have and f"refs/subtask/{job}/base" in have, "record and pins stay"
+            assert "no commits beyond its base" in cli.ok("show", job)
+        listed = {e["id"]: e["state"] for e in cli.json("list", "--all")["jobs"]}
+        assert listed[failed] == "failed" and listed[stopped] == "stopped", listed
+        rows = cli.ok("list", "--all")
+        assert failed in rows and stopped in rows, rows
+        # a reply to such a job gets its branch back, at its base
+        again = cli.ok("reply", failed, COMMIT.format(name="r.txt", text="r"))
+        assert again.startswith(failed)
+        cli.ok("wait", failed)
+        assert git(repo, "log", "-1", "--format=%s", f"subtask/{failed}") == "add r.txt"
+    finally:
+        hold.touch()
+        cli("wait", running)
+
+
+@pytest.mark.parametrize("command", ["gc", "cleanup"])
+def test_no_cleanup_deletes_the_empty_branch_of_a_reply_that_started_meanwhile(cli, repo, tmp_path, command):
+    """The empty branch a gc listed is the one a reply just started on: the run-lock keeps it."""
+    job = cli.start("echo nothing yet")
+    cli.ok("wait", job)
+    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup": ["cleanup", job]}[command]
+    gate, go = tmp_path / "gate", tmp_path / "go"
+    sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        cli.ok("reply", job, f"until [ -e {go} ]; do sleep 0.05; done; " + COMMIT.format(name="g.txt", text="g"))
+        assert wait_until(lambda: state(cli, job)["attempts"][-1].get("engine_started_at"), timeout=30)
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        assert f"refs/heads/subtask/{job}" in refs(repo), f"{command} deleted the branch of a running job: {out}{err}"
+    finally:
+        gate.touch()
+        go.touch()
+        sweeper.wait(timeout=60)
+    cli.ok("wait", job)
+    assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
+
+
+def test_an_empty_branch_that_gets_a_commit_while_gc_decides_is_kept(cli, repo, tmp_path):
+    """Deleted by compare-and-swap on the empty tip gc saw: a commit made meanwhile keeps the branch."""
+    job = cli.start("echo nothing yet")
+    cli.ok("wait", job)
+    gate = tmp_path / "gate"
+    sweeper = subprocess.Popen(["git", "subtask", "gc", "--older-than", "0s"], cwd=repo,
+                               env=_hold_env(gate, "before_empty_branch_delete"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
+        base = git(repo, "rev-parse", f"subtask/{job}")
+        work = git(repo, "commit-tree", f"{base}^{{tree}}", "-p", base, "-m", "work made meanwhile")
+        git(repo, "update-ref", f"refs/heads/subtask/{job}", work, base)
+        gate.touch()
+        out, err = sweeper.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        assert f"kept branch subtask/{job}: it moved" in out, out + err
+        assert git(repo, "rev-parse", f"subtask/{job}") == work
+    finally:
+        gate.touch()
+        sweeper.wait(timeout=60)
