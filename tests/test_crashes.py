@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import git, grant_writable, wait_until
 
-from subtask import liveness
+from subtask import liveness, procs
 
 
 def state_dir(repo: Path) -> Path:
@@ -119,11 +119,14 @@ def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, 
 def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
     """A recorded engine pgid that now names an unrelated process (pid reuse) is left alone."""
     go = repo.parent / "go"
-    a = cli.start(HOLD.format(go=go))
+    # The stranger starts before the job, so its start time (in clock ticks of 10 ms) is provably
+    # not the engine's: started together, they can share a tick, and then it passes for the engine.
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        assert wait_until(lambda: "engine" in pids_of(repo, a), timeout=20)
+        a = cli.start(HOLD.format(go=go))
+        assert wait_until(lambda: "engine" in pids_of(repo, a), timeout=30)
         pids = pids_of(repo, a)
+        assert procs.start_time(stranger.pid) != pids["engine_started"]
         os.kill(pids["worker"], signal.SIGKILL)
         assert wait_until(lambda: not alive(pids["engine"]), timeout=30)
         # Pretend the engine's pid was reused by `stranger`: the record says pgid X, X is alive.
@@ -390,11 +393,16 @@ def slow_setup(parent_pid):
         setup()
         with open(marker, "w") as f:
             f.write(str(os.getpid()))
-        time.sleep(1.0)  # the parent is still inside Popen, waiting for the exec
+        time.sleep(2.0)  # the parent is interrupted inside Popen, waiting for this exec; the stop is deferred till then
     return child
 
+def interrupt_once_the_child_exists():  # an event, not a delay: a loaded machine may take any time to fork
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
 procs.child_setup_for = slow_setup
-threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+threading.Thread(target=interrupt_once_the_child_exists, daemon=True).start()
 try:
     procs.run(["sh", "-c", "exec sleep 60"], cwd=".", timeout=120, kill_grace=0.5)
 except KeyboardInterrupt:

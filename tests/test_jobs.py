@@ -246,7 +246,7 @@ def test_verify_timeout_kills_the_verify_process_group(cli, repo):
     job = cli.start("true", "--verify", "sleep 30", "--verify-timeout", "0.5")
     t0 = time.monotonic()
     assert cli("wait", job).returncode == 1
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 25  # the verify would sleep 30 s: below that, however loaded the machine
     verify = cli.json("show", job)["state_detail"]["attempts"][0]["verify"]
     assert verify["timed_out"] is True and verify["passed"] is False
 
