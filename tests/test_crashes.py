@@ -177,7 +177,7 @@ def test_an_engine_child_dies_with_the_process_that_spawned_it(tmp_path, mode):
     parent = subprocess.Popen([sys.executable, "-c", SPAWN_AND_DIE, src, mode, str(marker)])
     child = None
     try:
-        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=20)
+        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=60)
         child = int(marker.read_text())
         assert alive(child)
         parent.kill()
@@ -202,7 +202,7 @@ def test_a_kill_right_after_the_final_record_loses_no_pin_and_no_note(cli, repo)
     squash merge and `git gc --prune=now` the job's commit is still in the repository."""
     job = cli.start("echo x > x.txt; git add x.txt; git commit -qm 'job commit'",
                     env={"SUBTASK_FAULT": "after_final_record"})
-    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=20)
+    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60)
     assert cli.json("show", job)["state"] == "done"
     head = git(repo, "rev-parse", f"subtask/{job}")
     assert git(repo, "rev-parse", "--verify", "-q", f"refs/subtask/{job}/head", check=False) == head, \
@@ -239,7 +239,7 @@ def test_a_stale_record_lock_left_while_a_job_runs_does_not_stop_it_ending(cli, 
     job = cli.start(f"{HOLD.format(go=go)}; echo ok")
     lock = record_lock(repo, job)
     try:
-        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=60)
         lock.touch()
         go.touch()
         waited = cli("wait", job, "--timeout", "20", timeout=40)
@@ -261,7 +261,7 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
     job = cli.start(HOLD.format(go=go))
     lock = record_lock(repo, job)
     try:
-        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=60)
         lock.touch()
         os.kill(pids_of(repo, job)["worker"], signal.SIGKILL)
         assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=30)
@@ -291,7 +291,7 @@ def test_wait_settles_a_running_record_that_no_slot_and_no_worker_holds(cli, rep
     go = repo.parent / "go"
     job = cli.start(HOLD.format(go=go))
     try:
-        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=20)
+        assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=60)
         pids = pids_of(repo, job)
         os.kill(pids["worker"], signal.SIGKILL)
         assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=30)
@@ -418,7 +418,7 @@ def test_an_interrupt_during_the_spawn_never_loses_the_child(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", INTERRUPTED_SPAWN, str(marker)])
     child = None
     try:
-        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=20)
+        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=60)
         child = int(marker.read_text())
         assert wait_until(lambda: not alive(child), timeout=30), "the interrupted spawn left its child running"
     finally:

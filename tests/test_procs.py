@@ -21,7 +21,7 @@ def py(code: str) -> list[str]:
     return [PY, "-c", code]
 
 
-def wait_group_gone(pgid: int, within: float = 5.0) -> bool:
+def wait_group_gone(pgid: int, within: float = 30.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:

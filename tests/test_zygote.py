@@ -132,14 +132,14 @@ def test_a_dead_zygote_means_fresh_interpreters(repo):
 def test_the_zygote_dies_with_its_server(repo, tmp_path):
     server = Server(repo)
     server.close()
-    assert wait_until(lambda: not alive(server.zygote), timeout=20)
+    assert wait_until(lambda: not alive(server.zygote), timeout=60)
     server = Server(repo)
     gate = tmp_path / "gate"  # the worker's job runs until the test has seen it outlive both
     try:
         job, worker = server.start(held(gate, "echo x > out.txt"))
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(timeout=20)
-        assert wait_until(lambda: not alive(server.zygote), timeout=20)
+        assert wait_until(lambda: not alive(server.zygote), timeout=60)
         assert alive(worker), "the worker must outlive the server and its zygote"
     finally:
         gate.touch()
