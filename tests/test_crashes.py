@@ -402,6 +402,9 @@ def interrupt_once_the_child_exists():  # an event, not a delay: a loaded machin
     os.kill(os.getpid(), signal.SIGINT)
 
 procs.child_setup_for = slow_setup
+# Python leaves SIGINT ignored when it starts with it ignored (a background job of a shell without
+# job control, as some CI runners start us): Ctrl-C must raise KeyboardInterrupt here.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 threading.Thread(target=interrupt_once_the_child_exists, daemon=True).start()
 try:
     procs.run(["sh", "-c", "exec sleep 60"], cwd=".", timeout=120, kill_grace=0.5)
