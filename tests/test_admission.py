@@ -146,10 +146,15 @@ def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo)
     assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60)
     listers = [subprocess.Popen(["git", "subtask", "list", "--json"], cwd=repo, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(5)]
+    seen = []
     for lister in listers:
         out, err = lister.communicate(timeout=60)
         assert lister.returncode == 0 and "Traceback" not in err, err
-        assert json.loads(out)["jobs"][0]["state"] == "failed"
+        seen.append(json.loads(out)["jobs"][0]["state"])
+    # The lister that settles the job holds its run-lock meanwhile; one that looks then finds the
+    # lock held and the record not yet written, so it may still say "running" (never anything else).
+    assert "failed" in seen and set(seen) <= {"failed", "running"}, seen
+    assert cli.json("list")["jobs"][0]["state"] == "failed"
     closes = [r for r in ledger_rows(repo) if r["op"] == "close"]
     assert [(r["rid"], r["usd_charged"]) for r in closes] == [(f"{job}.1", 2.0)]
     subjects = git(repo, "log", "--format=%s", f"refs/subtask/{job}/record").splitlines()
