@@ -169,7 +169,9 @@ def refs(repo: Path, prefix: str = "") -> list[str]:
     return [line for line in out.splitlines() if line]
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> bool:
+    """True once `predicate()` is; False after `timeout` (generous: a loaded machine is slow, and a
+    passing test waits no longer for it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,32 @@ def test_doctor_outside_a_repository_fails_with_a_remedy(tmp_path):
     assert repo_check["status"] == "fail" and "git init" in repo_check["remediation"]
 
 
-def test_watch_prints_plain_lines_until_the_jobs_end(cli):
-    job = cli.start("echo one; sleep 1.5; echo two")
-    proc = cli("watch", job)
-    assert proc.returncode == 0
-    lines = proc.stdout.splitlines()
-    assert "\x1b[" not in proc.stdout  # not a terminal: no cursor movement
+def test_watch_prints_plain_lines_until_the_jobs_end(cli, tmp_path):
+    gate = tmp_path / "gate"  # the job runs until the test has seen watch print its activity
+    job = cli.start(f"echo one; while [ ! -e '{gate}' ]; do sleep 0.05; done; echo two")
+    watcher = subprocess.Popen(["git", "subtask", "watch", job], cwd=cli.cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, watcher.kill)  # a watch that never prints "now:" fails, not hangs
+    watchdog.start()
+    try:
+        lines = []
+        for line in watcher.stdout:  # watch flushes each line; this blocks until the next one
+            lines.append(line.rstrip("\n"))
+            if "now:" in line:
+                break
+        assert lines and "now:" in lines[-1], lines
+        gate.touch()
+        rest, err = watcher.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        gate.touch()
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate()
+    assert watcher.returncode == 0, err
+    output = "\n".join(lines) + "\n" + rest
+    assert "\x1b[" not in output  # not a terminal: no cursor movement
+    lines = output.splitlines()
     assert lines[-1].startswith(f"{job} done")
     assert any("now:" in line for line in lines[:-1])
 

@@ -105,7 +105,7 @@ def test_wait_returns_when_a_record_is_damaged_while_it_waits(repo, cli):
     waiter = subprocess.Popen(["git", "subtask", "wait", job_id], cwd=repo, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: blocked_on_run_lock(repo, job_id), timeout=20)  # past its first look
+        assert wait_until(lambda: blocked_on_run_lock(repo, job_id), timeout=60)  # past its first look
         damage(repo, job_id, "blob")
         gate.touch()
         out, err = waiter.communicate(timeout=30)

@@ -82,7 +82,7 @@ def test_ff_only_refuses_when_main_moved(cli, repo):
 
 
 def test_merge_refuses_a_job_that_has_not_finished(cli, repo):
-    job = cli.start("sleep 20")
+    job = cli.start("sleep 600")  # stopped right after the merge it must outlast
     proc = cli("merge", job)
     cli.ok("stop", job)
     assert proc.returncode == 1 and "has not finished" in proc.stderr, proc.stderr
@@ -221,7 +221,7 @@ def test_gc_removes_only_clean_old_worktrees_and_keeps_branches(cli, repo):
     clean = done_job(cli, "a.txt")
     dirty = done_job(cli, "b.txt")
     (worktree(repo, dirty) / "b.txt").write_text("edited by hand\n")
-    running = cli.start("sleep 20")
+    running = cli.start("sleep 600")  # must still run after several commands on a loaded machine; stopped below
     try:
         assert "would remove" in cli.ok("gc", "--dry-run", "--older-than", "0s")
         assert worktree(repo, clean).exists()

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -92,15 +93,23 @@ def test_tools_are_listed_with_annotations(repo, how):
     anyio.run(main)
 
 
-def test_start_then_wait_reports_progress_then_result(repo, how):
+def held(gate: Path, then: str) -> str:
+    """A shell task that runs `then` once the test creates `gate`: the job runs until an event."""
+    return f"while [ ! -e '{gate}' ]; do sleep 0.02; done; {then}"
+
+
+def test_start_then_wait_reports_progress_then_result(repo, how, tmp_path):
     progress: list[tuple[float, float | None, str | None]] = []
+    gate = tmp_path / "gate"  # the job ends once wait has sent two progress notifications
 
     async def on_progress(value, total, message):
         progress.append((value, total, message))
+        if len(progress) >= 2:
+            gate.touch()
 
     async def main():
         async with connect(how, repo) as client:
-            started = await call(client, "start", {"task": "sleep 3; echo hi > hello.txt", "engine": "shell",
+            started = await call(client, "start", {"task": held(gate, "echo hi > hello.txt"), "engine": "shell",
                                                    "verify": "test -f hello.txt"})
             job = job_id_in(started)
             assert started.startswith(f"{job} running · shell · branch subtask/{job}")
@@ -115,7 +124,10 @@ def test_start_then_wait_reports_progress_then_result(repo, how):
             assert listing.splitlines()[0].startswith("ID") and job in listing
             return job
 
-    job = anyio.run(main)
+    try:
+        job = anyio.run(main)
+    finally:
+        gate.touch()
     assert len(progress) >= 2, progress
     values = [p[0] for p in progress]
     assert values == sorted(values) and len(set(values)) == len(values), "progress must increase"
@@ -202,10 +214,12 @@ def test_start_many_reports_each_item(repo, tmp_path, how):
     assert git(other, "show", f"subtask/{third}:two.txt") == "two"
 
 
-def test_status_answers_while_a_wait_blocks(repo, how):
+def test_status_answers_while_a_wait_blocks(repo, how, tmp_path):
+    gate = tmp_path / "gate"  # the job runs until status has answered: wait cannot end before
+
     async def main():
         async with connect(how, repo) as client:
-            job = job_id_in(await call(client, "start", {"task": "sleep 2"}))
+            job = job_id_in(await call(client, "start", {"task": held(gate, "true")}))
             answers: dict[str, float] = {}
 
             async def waiter():
@@ -217,27 +231,35 @@ def test_status_answers_while_a_wait_blocks(repo, how):
                 await anyio.sleep(0.3)
                 status = await call(client, "status", {})
                 answers["status"] = time.monotonic()
+                gate.touch()
                 assert status.startswith(f"{job} running")
             assert answers["status"] < answers["wait"]
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    finally:
+        gate.touch()
 
 
 # --------------------------------------------------------------------------- jobs outlive servers
 
-def test_jobs_survive_a_killed_server(repo, cli):
+def test_jobs_survive_a_killed_server(repo, cli, tmp_path):
     """SIGKILL the server in the middle of a wait: the job finishes; a new server reports it."""
+    gate = tmp_path / "gate"  # the job runs until its server is dead
 
     # Start the server by hand so the test owns its pid.
     proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=server_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     rpc = JsonRpc(proc)
     rpc.initialize()
-    job = job_id_in(rpc.call_tool("start", {"task": "sleep 2; echo done > out.txt"}))
-    rpc.send_call("wait", {"ids": [job]})  # no reply will come: the server dies first
-    time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5)
+    try:
+        job = job_id_in(rpc.call_tool("start", {"task": held(gate, "echo done > out.txt")}))
+        rpc.send_call("wait", {"ids": [job]})  # no reply will come: the server dies first
+        time.sleep(0.5)  # the wait is probably being served; the job runs on whether or not
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+    finally:
+        gate.touch()
 
     async def second_server():
         async with Client(stdio_params(repo), mode="legacy") as client:
@@ -479,6 +501,15 @@ class Session:
             if "method" not in message and message.get("id") == ident:
                 return line
 
+    def read_until(self, marker: bytes) -> bytes:
+        """The next line containing `marker` (every line read on the way is kept in `seen`)."""
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
+            self.seen.append(line)
+            if marker in line:
+                return line
+
     def close(self) -> str:
         """Close stdin, wait for the exit; its stderr."""
         self.proc.stdin.close()
@@ -548,17 +579,25 @@ def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
     assert len(wire.written) == 1 and "differs from the one sent" in capsys.readouterr().err
 
 
-def test_a_call_sent_with_initialize_is_served_by_the_sdk_with_progress(repo):
+def test_a_call_sent_with_initialize_is_served_by_the_sdk_with_progress(repo, tmp_path):
     """Everything at once, before the SDK is loaded: the call waits for the SDK; wait still sends progress."""
+    gate = tmp_path / "gate"  # the job runs until wait has sent a progress notification
     session = Session(repo)
     session.send(INITIALIZE, INITIALIZED, request(2, "tools/list"),
-                 request(3, "tools/call", {"name": "start", "arguments": {"task": "sleep 1.5", "engine": "shell"}}))
+                 request(3, "tools/call", {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
     assert json.loads(session.reply(1))["result"]["serverInfo"]["name"] == "subtask"
     assert len(json.loads(session.reply(2))["result"]["tools"]) == len(TOOLS)
     started = json.loads(session.reply(3))["result"]
     assert not started.get("isError"), started
     job = job_id_in(started["content"][0]["text"])
     session.send(request(4, "tools/call", {"name": "wait", "arguments": {"ids": [job]}, "_meta": {"progressToken": "w"}}))
+    watchdog = threading.Timer(60, gate.touch)  # no progress ever: the job ends and the test fails
+    watchdog.start()
+    try:
+        session.read_until(b'"notifications/progress"')
+    finally:
+        watchdog.cancel()
+        gate.touch()
     waited = json.loads(session.reply(4))["result"]
     assert waited["content"][0]["text"].startswith(f"{job} done"), waited
     progress = [json.loads(line) for line in session.seen if b'"notifications/progress"' in line]

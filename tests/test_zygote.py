@@ -67,39 +67,50 @@ class Server:
         return self.proc.stderr.read().decode()
 
 
-def test_the_server_starts_workers_through_its_zygote(repo):
+def held(gate: Path, then: str) -> str:
+    """A shell task that runs `then` once the test creates `gate` (its worker is alive till then)."""
+    return f"while [ ! -e '{gate}' ]; do sleep 0.02; done; {then}"
+
+
+def test_the_server_starts_workers_through_its_zygote(repo, tmp_path):
     server = Server(repo)
+    gate = tmp_path / "gate"
     try:
         jobs = []
         for n in range(3):
-            job, worker = server.start(f"sleep 0.5; echo {n} > out.txt")
+            job, worker = server.start(held(gate, f"echo {n} > out.txt"))
             assert ppid(worker) == server.zygote, "the worker was not forked by the zygote"
             jobs.append(job)
+        gate.touch()
         for n, job in enumerate(jobs):
             assert server.wait(job).startswith(f"{job} done")
             assert git(repo, "show", f"subtask/{job}:out.txt") == str(n)
         assert wait_until(lambda: children(server.zygote) == []), "the zygote did not reap its workers"
     finally:
+        gate.touch()
         stderr = server.close()
     assert "fork server failed" not in stderr, stderr
 
 
-def test_the_worker_holds_the_run_lock_alone(repo):
+def test_the_worker_holds_the_run_lock_alone(repo, tmp_path):
     """The server and the zygote close their copies without unlocking; wait wakes when the worker ends."""
     server = Server(repo)
+    gate = tmp_path / "gate"
     try:
-        job, worker = server.start("sleep 1.5; echo x > out.txt")
+        job, worker = server.start(held(gate, "echo x > out.txt"))
         state_dir = open_repo(repo).state_dir
         lock = str(liveness.lock_path(state_dir, job))
         assert liveness.is_held(state_dir, job)
         for pid in (server.proc.pid, server.zygote):
             fds = os.listdir(f"/proc/{pid}/fd")
             assert lock not in {os.path.realpath(f"/proc/{pid}/fd/{fd}") for fd in fds}, pid
+        gate.touch()
         began = time.monotonic()
         assert server.wait(job).startswith(f"{job} done")
-        assert time.monotonic() - began < 10
+        assert time.monotonic() - began < 30  # a leaked lock copy would hold wait to its 60 s timeout
         assert not liveness.is_held(state_dir, job)
     finally:
+        gate.touch()
         server.close()
 
 
@@ -118,16 +129,20 @@ def test_a_dead_zygote_means_fresh_interpreters(repo):
     assert stderr.count("fork server failed") <= 1, stderr  # 0 when the preload found it gone
 
 
-def test_the_zygote_dies_with_its_server(repo):
+def test_the_zygote_dies_with_its_server(repo, tmp_path):
     server = Server(repo)
     server.close()
-    assert wait_until(lambda: not alive(server.zygote), timeout=5)
+    assert wait_until(lambda: not alive(server.zygote), timeout=60)
     server = Server(repo)
-    job, worker = server.start("sleep 1; echo x > out.txt")
-    os.kill(server.proc.pid, signal.SIGKILL)
-    server.proc.wait(timeout=5)
-    assert wait_until(lambda: not alive(server.zygote), timeout=5)
-    assert alive(worker), "the worker must outlive the server and its zygote"
+    gate = tmp_path / "gate"  # the worker's job runs until the test has seen it outlive both
+    try:
+        job, worker = server.start(held(gate, "echo x > out.txt"))
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=20)
+        assert wait_until(lambda: not alive(server.zygote), timeout=60)
+        assert alive(worker), "the worker must outlive the server and its zygote"
+    finally:
+        gate.touch()
     liveness.wait_released(open_repo(repo).state_dir, job)
     assert git(repo, "show", f"subtask/{job}:out.txt") == "x"
 
