@@ -623,8 +623,13 @@ def _run_current(repo: Repo, job_id: str) -> int:
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
     except Exception as exc:
         traceback.print_exc()
-        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}", error_kind="engine",
-                              hint=ERROR_HINTS["engine"])
+        if lifecycle.stop_marker(repo.state_dir, job_id).exists():
+            # Stopped mid-wrap-up (a killed git leaves a broken index.lock behind): the end is
+            # the one the user asked for, and the error stays in this log.
+            lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
+        else:
+            lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}",
+                                  error_kind="engine", hint=ERROR_HINTS["engine"])
     log_end(repo, job_id, attempt_n)
     return attempt_n
 

@@ -303,3 +303,17 @@ def test_a_shell_job_that_timed_out_is_hinted_a_script_not_continue(cli):
     shown = cli.ok("show", job)
     assert f"git subtask reply {job} --timeout SECONDS 'SCRIPT'" in shown, shown
     assert "'continue'" not in shown
+
+
+def test_a_stop_whose_wrap_up_fails_still_ends_stopped(cli, repo):
+    """A stop under load can kill the worker's own git mid-write: the attempt ends as asked
+    (stopped), not `failed` with a worker error. The job stands for that: it asks for its own
+    stop and leaves an index git cannot read, so the worker's wrap-up (`git status`) fails."""
+    stop_file = state_dir(repo) / "run"
+    task = (f"touch '{stop_file}'/$SUBTASK_JOB_ID.stop; "
+            "echo garbage > \"$(git rev-parse --git-dir)/index\"; echo new > new.txt")
+    job = cli.start(task, "--isolation", "none")
+    cli("wait", job, "--timeout", "60")
+    shown = cli.json("show", job)
+    assert shown["state"] == "stopped", shown["state_detail"]
+    assert shown["state_detail"]["attempts"][-1]["reason"] == "stopped by request"
