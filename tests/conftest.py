@@ -108,6 +108,23 @@ def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
     return path
 
 
+def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
+    """A bare remote and two clones of it (a: the teammate, b: ours), each set up for the shell
+    engine. The remote keeps a reflog (a bare repository does not by default), so a test can see
+    how each of its refs moved."""
+    seed = make_repo(tmp_path / "seed")
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
+    git(remote, "config", "core.logAllRefUpdates", "always")
+    clones = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        git(tmp_path, "clone", "-q", str(remote), str(path))
+        git(path, "config", "subtask.engine", "shell")
+        clones.append((path, Cli(path)))
+    return remote, clones
+
+
 @pytest.fixture
 def repo(tmp_path) -> Path:
     """A real git repository with one commit; the default engine is shell."""

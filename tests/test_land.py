@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Cli, git, make_repo, refs, wait_until
+from conftest import git, make_team, refs, wait_until
 
 COMMIT = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
 
@@ -395,14 +395,9 @@ def _hold_env(gate: Path, point: str = "before_worktree_removal") -> dict:
     return dict(os.environ, SUBTASK_FAULT_HOLD=f"{point}:{gate}")
 
 
-@pytest.mark.parametrize("command", ["gc", "cleanup --merged", "cleanup"])
-def test_no_cleanup_removes_the_worktree_of_a_reply_that_started_meanwhile(cli, repo, tmp_path, command):
-    """Issue 11.2: gc listed a finished job, a reply started it again, gc removed its worktree."""
-    job = done_job(cli)
-    if command == "cleanup --merged":
-        git(repo, "merge", "-q", f"subtask/{job}")
-    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup --merged": ["cleanup", "--merged"],
-            "cleanup": ["cleanup", job]}[command]
+def _sweep_while_a_reply_starts(cli, repo, tmp_path, job: str, argv: list[str]):
+    """Hold `git subtask ARGV` at its removal point, start a reply of `job` (held until `go`
+    exists), then let the command go on. Returns (out, err, go); the caller touches `go`."""
     gate, go = tmp_path / "gate", tmp_path / "go"
     sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -413,12 +408,31 @@ def test_no_cleanup_removes_the_worktree_of_a_reply_that_started_meanwhile(cli, 
         gate.touch()
         out, err = sweeper.communicate(timeout=60)
         assert "Traceback" not in err, err
+        return out, err, go
+    except BaseException:
+        go.touch()
+        raise
+    finally:
+        gate.touch()
+        if sweeper.poll() is None:
+            sweeper.kill()
+        sweeper.wait(timeout=60)
+
+
+@pytest.mark.parametrize("command", ["gc", "cleanup --merged", "cleanup"])
+def test_no_cleanup_removes_the_worktree_of_a_reply_that_started_meanwhile(cli, repo, tmp_path, command):
+    """Issue 11.2: gc listed a finished job, a reply started it again, gc removed its worktree."""
+    job = done_job(cli)
+    if command == "cleanup --merged":
+        git(repo, "merge", "-q", f"subtask/{job}")
+    argv = {"gc": ["gc", "--older-than", "0s"], "cleanup --merged": ["cleanup", "--merged"],
+            "cleanup": ["cleanup", job]}[command]
+    out, err, go = _sweep_while_a_reply_starts(cli, repo, tmp_path, job, argv)
+    try:
         assert worktree(repo, job).exists(), f"{command} removed the worktree of a running job: {out}{err}"
         assert f"refs/heads/subtask/{job}" in refs(repo)
     finally:
-        gate.touch()
         go.touch()
-        sweeper.wait(timeout=60)
     cli.ok("wait", job)
     assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
 
@@ -519,16 +533,7 @@ def test_a_detached_head_on_a_jobs_commit_does_not_land_it(cli, repo):
 @pytest.fixture
 def team(tmp_path):
     """A bare remote and two clones (a: the teammate, b: ours), shell engine."""
-    seed = make_repo(tmp_path / "seed")
-    remote = tmp_path / "remote.git"
-    git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
-    clones = []
-    for name in ("a", "b"):
-        path = tmp_path / name
-        git(tmp_path, "clone", "-q", str(remote), str(path))
-        git(path, "config", "subtask.engine", "shell")
-        clones.append((path, Cli(path)))
-    return clones
+    return make_team(tmp_path)[1]
 
 
 def _forge(path: Path, job_id: str, **spec) -> None:
@@ -691,21 +696,11 @@ def test_no_cleanup_deletes_the_empty_branch_of_a_reply_that_started_meanwhile(c
     job = cli.start("echo nothing yet")
     cli.ok("wait", job)
     argv = {"gc": ["gc", "--older-than", "0s"], "cleanup": ["cleanup", job]}[command]
-    gate, go = tmp_path / "gate", tmp_path / "go"
-    sweeper = subprocess.Popen(["git", "subtask", *argv], cwd=repo, env=_hold_env(gate),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err, go = _sweep_while_a_reply_starts(cli, repo, tmp_path, job, argv)
     try:
-        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=30), sweeper.communicate()
-        cli.ok("reply", job, f"until [ -e {go} ]; do sleep 0.05; done; " + COMMIT.format(name="g.txt", text="g"))
-        assert wait_until(lambda: state(cli, job)["attempts"][-1].get("engine_started_at"), timeout=30)
-        gate.touch()
-        out, err = sweeper.communicate(timeout=60)
-        assert "Traceback" not in err, err
         assert f"refs/heads/subtask/{job}" in refs(repo), f"{command} deleted the branch of a running job: {out}{err}"
     finally:
-        gate.touch()
         go.touch()
-        sweeper.wait(timeout=60)
     cli.ok("wait", job)
     assert "add g.txt" in git(repo, "log", "--format=%s", f"subtask/{job}"), "the reply's commit was made"
 

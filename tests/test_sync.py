@@ -7,23 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Cli, git, make_repo, refs
+from conftest import git, make_team, refs
 
 
 @pytest.fixture
 def team(tmp_path):
     """A bare remote and two clones of it (a and b), each set up for the shell engine."""
-    seed = make_repo(tmp_path / "seed")
-    remote = tmp_path / "remote.git"
-    git(tmp_path, "clone", "-q", "--bare", str(seed), str(remote))
-    git(remote, "config", "core.logAllRefUpdates", "always")  # a bare repository keeps no reflog by default
-    clones = []
-    for name in ("a", "b"):
-        path = tmp_path / name
-        git(tmp_path, "clone", "-q", str(remote), str(path))
-        git(path, "config", "subtask.engine", "shell")
-        clones.append((path, Cli(path)))
-    return remote, clones
+    return make_team(tmp_path)
 
 
 def job(cli, script="true") -> str:
