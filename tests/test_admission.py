@@ -133,6 +133,32 @@ def test_a_start_refused_over_the_cap_changes_nothing(cli, repo):
 
 # ---------------------------------------------------------------- death noticed by many at once
 
+def lock_holders(repo, job: str) -> str:
+    """Who holds `job`'s run-lock, from /proc/locks (for a failure message: seen once beside a
+    CPU hog, the lock outlived a SIGKILLed worker and engine group)."""
+    lock = state_dir(repo) / "run" / f"{job}.lock"
+    try:
+        inode = os.stat(lock).st_ino
+        rows = [line for line in Path("/proc/locks").read_text().splitlines() if f":{inode} " in line]
+    except OSError as exc:
+        return f"cannot tell: {exc}"
+    holders = []
+    for row in rows:
+        pid = row.split()[4]
+        try:
+            holders.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
+        except OSError:
+            holders.append(f"{pid}: gone")
+    return f"run-lock of {job} still held: {rows} {holders}; pids {lifecycle_pids(repo, job)}"
+
+
+def lifecycle_pids(repo, job: str) -> str:
+    try:
+        return (state_dir(repo) / "run" / f"{job}.pid").read_text()
+    except OSError:
+        return "no pid file"
+
+
 def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo):
     use_paid_engine(repo)
     job = cli.start("sleep=60", "--max-usd", "2")
@@ -143,7 +169,7 @@ def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo)
     os.killpg(pids["engine"], signal.SIGKILL)
     # kill() returns before the worker is gone; the commands below must find it dead, so wait
     # for the kernel to release its run-lock (the event "dead"), not for some time to pass
-    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60)
+    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60), lock_holders(repo, job)
     listers = [subprocess.Popen(["git", "subtask", "list", "--json"], cwd=repo, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(5)]
     seen = []
