@@ -368,12 +368,12 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None
     dead: list[slots.HandOff] = []
     spawned = False
     try:
-        if privatetext.keep(state_dir, job.id, attempt.n, **as_written):
-            undo.append(lambda: privatetext.discard(state_dir, job.id, attempt.n))
         position, dead, handed = _admit(repo, job, paid)
         undo.append(lambda: _unadmit(repo, job.id, attempt.n))
-        # Once the slot entry is on disk (whoever settles a crash from here drops it too), and
-        # before anyone can be handed the job (we hold its run-lock): whoever runs it uses this.
+        # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
+        # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
+        if privatetext.keep(state_dir, job.id, attempt.n, **as_written):
+            undo.append(lambda: privatetext.discard(state_dir, job.id, attempt.n))
         jobenv.save(state_dir, job.id)
         undo.append(lambda: jobenv.drop(state_dir, job.id))
         if paid:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from subtask import jobenv, ledger, liveness, records, slots, spawn
+from subtask import jobenv, ledger, liveness, privatetext, records, slots, spawn
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
@@ -150,8 +150,6 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         return True
 
     job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-settled
-    from subtask import privatetext
-
     privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
     if not ended:
         return None
@@ -239,6 +237,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     except Exception:
         _drop_orphan_refs(target, job_id)
         jobenv.drop(target.state_dir, job_id)
+        privatetext.discard(target.state_dir, job_id, attempt_n)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
     if stop_marker(target.state_dir, job_id).exists():

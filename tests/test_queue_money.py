@@ -339,13 +339,14 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
 
 
 def test_a_crash_at_any_step_leaves_no_kept_environment(cli, repo):
-    """The kept environment (it may hold secrets) goes with its attempt, whatever step crashed."""
+    """The kept environment and the task as written (both may hold secrets) go with their
+    attempt, whatever step crashed."""
     import subprocess
 
     from test_admission import START_POINTS, WORKER_POINTS
 
     use_paid_engine(repo, maxRunning="20")
-    procs = [subprocess.Popen(["git", "subtask", "start", "--max-usd", "1", f"file={point}.txt"], cwd=repo,
+    procs = [subprocess.Popen(["git", "subtask", "start", "--max-usd", "1", f"file={point}.txt password=hunter2"], cwd=repo,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, SUBTASK_FAULT=point, SECRET_TOKEN="s3cr3t-77"))
              for point in START_POINTS + WORKER_POINTS]
@@ -358,4 +359,6 @@ def test_a_crash_at_any_step_leaves_no_kept_environment(cli, repo):
     cli("wait", *started, timeout=60)
     cli.ok("list")
     assert env_files(repo) == []
+    run = Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run"
+    assert sorted(p.name for p in run.glob("*.private.json")) == []
     check_books(cli, repo)
