@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from subtask import jobenv, ledger, liveness, privatetext, records, slots, spawn
+from subtask import faults, jobenv, ledger, liveness, privatetext, records, slots, spawn
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
@@ -47,24 +47,46 @@ def events_file(state_dir: Path, job_id: str) -> Path:
     return liveness.run_dir(state_dir) / f"{job_id}.events.jsonl"
 
 
-def read_pids(state_dir: Path, job_id: str) -> dict:
+def engine_file(state_dir: Path, job_id: str) -> Path:
+    return liveness.run_dir(state_dir) / f"{job_id}.engine"
+
+
+def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(pid_file(state_dir, job_id).read_text())
+        data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
+def read_pids(state_dir: Path, job_id: str) -> dict:
+    """The attempt's worker pid (`<id>.pid`) and engine group (`<id>.engine`), merged."""
+    return {**_read_json(pid_file(state_dir, job_id)), **_read_json(engine_file(state_dir, job_id))}
+
+
 def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
-    data = read_pids(state_dir, job_id)
-    data.update(pids)
-    data["v"] = 1
-    write_json(pid_file(state_dir, job_id), data)
+    """Write the worker's pid and the engine's group each to its own file. One file per writer:
+    the starter records the worker it forked while that worker may already be recording its
+    engine, and a read-modify-write of one shared file dropped the engine's entry."""
+    engine = {key: value for key, value in pids.items() if key.startswith("engine")}
+    worker = {key: value for key, value in pids.items() if key not in engine}
+    if worker:
+        data = _read_json(pid_file(state_dir, job_id))
+        faults.point("recording_worker_pid")
+        write_json(pid_file(state_dir, job_id), {**data, **worker, "v": 1})
+    if engine:
+        write_json(engine_file(state_dir, job_id), {"v": 1, **engine})
 
 
 def reset_pids(state_dir: Path, job_id: str, worker: int) -> None:
-    """Start a new attempt's pid file with only its worker: no earlier engine group may be signalled."""
-    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker})
+    """Start a new attempt's pids with only its worker: no earlier engine group may be signalled."""
+    engine_file(state_dir, job_id).unlink(missing_ok=True)
+    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker})  # replaced, never missing
+
+
+def remove_pids(state_dir: Path, job_id: str) -> None:
+    engine_file(state_dir, job_id).unlink(missing_ok=True)
+    pid_file(state_dir, job_id).unlink(missing_ok=True)
 
 
 def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
@@ -94,7 +116,7 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
-    pid_file(repo.state_dir, job_id).unlink(missing_ok=True)
+    remove_pids(repo.state_dir, job_id)
     log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
     try:
         pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd)

@@ -186,6 +186,30 @@ def refs(repo: Path, prefix: str = "") -> list[str]:
     return [line for line in out.splitlines() if line]
 
 
+def running_pids(repo: Path, job: str, timeout: float = 60.0) -> dict:
+    """The running job's worker pid and engine group, once both are recorded."""
+    from subtask import lifecycle
+    from subtask.gitrepo import open_repo
+
+    sdir = open_repo(repo).state_dir
+    assert wait_until(lambda: {"worker", "engine"} <= lifecycle.read_pids(sdir, job).keys(), timeout=timeout), \
+        f"{job}'s worker and engine were never both recorded: {lifecycle.read_pids(sdir, job)}"
+    return lifecycle.read_pids(sdir, job)
+
+
+def kill_worker_and_engine(repo: Path, job: str) -> None:
+    """SIGKILL a running job's worker and its engine group, and return once the kernel has
+    released the worker's run-lock (kill returns before the process is gone)."""
+    from subtask import liveness
+    from subtask.gitrepo import open_repo
+
+    pids = running_pids(repo, job)
+    os.kill(pids["worker"], 9)
+    os.killpg(pids["engine"], 9)
+    sdir = open_repo(repo).state_dir
+    assert wait_until(lambda: not liveness.is_held(sdir, job), timeout=60), f"{job}'s run-lock outlived its worker"
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> bool:
     """True once `predicate()` is; False after `timeout` (generous: a loaded machine is slow, and a
     passing test waits no longer for it)."""

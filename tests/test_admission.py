@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import git, refs, wait_until
+from conftest import git, kill_worker_and_engine, refs, wait_until
 
-from subtask import faults, liveness
+from subtask import faults
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 
@@ -133,43 +132,10 @@ def test_a_start_refused_over_the_cap_changes_nothing(cli, repo):
 
 # ---------------------------------------------------------------- death noticed by many at once
 
-def lock_holders(repo, job: str) -> str:
-    """Who holds `job`'s run-lock, from /proc/locks (for a failure message: seen once beside a
-    CPU hog, the lock outlived a SIGKILLed worker and engine group)."""
-    lock = state_dir(repo) / "run" / f"{job}.lock"
-    try:
-        inode = os.stat(lock).st_ino
-        rows = [line for line in Path("/proc/locks").read_text().splitlines() if f":{inode} " in line]
-    except OSError as exc:
-        return f"cannot tell: {exc}"
-    holders = []
-    for row in rows:
-        pid = row.split()[4]
-        try:
-            holders.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
-        except OSError:
-            holders.append(f"{pid}: gone")
-    return f"run-lock of {job} still held: {rows} {holders}; pids {lifecycle_pids(repo, job)}"
-
-
-def lifecycle_pids(repo, job: str) -> str:
-    try:
-        return (state_dir(repo) / "run" / f"{job}.pid").read_text()
-    except OSError:
-        return "no pid file"
-
-
 def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo):
     use_paid_engine(repo)
     job = cli.start("sleep=60", "--max-usd", "2")
-    pid_file = state_dir(repo) / "run" / f"{job}.pid"
-    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=60)
-    pids = json.loads(pid_file.read_text())
-    os.kill(pids["worker"], signal.SIGKILL)
-    os.killpg(pids["engine"], signal.SIGKILL)
-    # kill() returns before the worker is gone; the commands below must find it dead, so wait
-    # for the kernel to release its run-lock (the event "dead"), not for some time to pass
-    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60), lock_holders(repo, job)
+    kill_worker_and_engine(repo, job)  # returns once the kernel has released its run-lock
     listers = [subprocess.Popen(["git", "subtask", "list", "--json"], cwd=repo, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(5)]
     seen = []

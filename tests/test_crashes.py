@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import git, grant_writable, wait_until
 
-from subtask import liveness, procs
+from subtask import lifecycle, liveness, procs
+from subtask.gitrepo import open_repo
 
 
 def state_dir(repo: Path) -> Path:
@@ -25,11 +26,7 @@ def state_dir(repo: Path) -> Path:
 
 
 def pids_of(repo: Path, job: str) -> dict:
-    path = state_dir(repo) / "run" / f"{job}.pid"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    return lifecycle.read_pids(state_dir(repo), job)
 
 
 def live_members(pgid: int) -> list[int]:
@@ -130,7 +127,7 @@ def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
         os.kill(pids["worker"], signal.SIGKILL)
         assert wait_until(lambda: not alive(pids["engine"]), timeout=30)
         # Pretend the engine's pid was reused by `stranger`: the record says pgid X, X is alive.
-        path = state_dir(repo) / "run" / f"{a}.pid"
+        path = lifecycle.engine_file(state_dir(repo), a)
         recorded = json.loads(path.read_text())
         recorded["engine"] = stranger.pid
         path.write_text(json.dumps(recorded))
@@ -429,3 +426,32 @@ def test_an_interrupt_during_the_spawn_never_loses_the_child(tmp_path):
         parent.wait()
         if child:
             kill_group_quietly(child)
+
+
+def test_the_starter_recording_its_worker_never_drops_the_engine_the_worker_recorded(cli, repo, tmp_path):
+    """Seen beside a CPU hog: the starter read the pid file, the worker then recorded its engine,
+    and the starter's write of the worker's pid dropped it, so `stop` and the reaper of a dead
+    worker could no longer find the engine's process group."""
+    gate = tmp_path / "gate"  # the starter waits, having read the pid file, until this exists
+    sdir = open_repo(repo).state_dir
+    starter = subprocess.Popen(["git", "subtask", "start", "sleep 60"], cwd=repo, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "SUBTASK_FAULT_HOLD": f"recording_worker_pid:{gate}"})
+    job = None
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60), starter.stderr
+        job = next(sdir.joinpath("run").glob("*.lock")).stem
+        assert wait_until(lambda: "engine" in lifecycle.read_pids(sdir, job), timeout=60)
+        engine = lifecycle.read_pids(sdir, job)["engine"]
+        gate.touch()
+        out, err = starter.communicate(timeout=60)
+        assert starter.returncode == 0, err
+        assert lifecycle.read_pids(sdir, job).get("engine") == engine, "the engine's pid was lost"
+        cli.ok("stop", job)
+        assert wait_until(lambda: not procs._group_exists(engine), timeout=30), "stop left the engine running"
+    finally:
+        gate.touch()
+        if starter.poll() is None:
+            starter.kill()
+        if job:
+            cli("stop", job)

@@ -7,7 +7,7 @@ import stat
 import sys
 from pathlib import Path
 
-from conftest import git, grant_writable, wait_until
+from conftest import git, grant_writable, kill_worker_and_engine, running_pids, wait_until
 
 STATE = Path(".git") / "subtask"
 
@@ -54,19 +54,14 @@ def test_a_command_engine_task_file_is_private_in_the_state_dir_and_goes_with_th
 
 
 def test_the_task_file_of_a_killed_worker_goes_when_its_attempt_is_ended(cli, repo):
-    import os
-    import signal
 
     job = cli.start("sleep 60")
     run = _state(repo) / "run"
-    pid_file = run / f"{job}.pid"
-    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text())
+    running_pids(repo, job)
     task_file = run / f"{job}.1.task"
     assert task_file.exists() and stat.S_IMODE(task_file.stat().st_mode) == 0o600
-    pids = json.loads(pid_file.read_text())
-    os.kill(pids["worker"], signal.SIGKILL)
-    os.killpg(pids["engine"], signal.SIGKILL)
-    assert wait_until(lambda: cli.json("list")["jobs"][0]["state"] == "failed")
+    kill_worker_and_engine(repo, job)
+    assert cli.json("list")["jobs"][0]["state"] == "failed"
     assert not task_file.exists()  # the next command ended the attempt, and its words with it
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import git, wait_until
+from conftest import git, kill_worker_and_engine, running_pids, wait_until
 
 
 def state_dir(repo: Path) -> Path:
@@ -156,12 +154,7 @@ def test_stop_on_a_queued_job_removes_it_from_the_queue(cli, repo):
 
 def test_killed_worker_is_noticed_by_the_next_command(cli, repo):
     job = cli.start("sleep 60")
-    pid_file = state_dir(repo) / "run" / f"{job}.pid"
-    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=30)
-    pids = json.loads(pid_file.read_text())
-    os.kill(pids["worker"], signal.SIGKILL)
-    os.killpg(pids["engine"], signal.SIGKILL)
-    time.sleep(0.1)
+    kill_worker_and_engine(repo, job)
     rows = cli.json("list")["jobs"]
     assert rows[0]["state"] == "failed"
     shown = cli.json("show", job)["state_detail"]["attempts"][0]
@@ -171,13 +164,9 @@ def test_killed_worker_is_noticed_by_the_next_command(cli, repo):
 
 def test_wait_notices_a_dead_worker(cli, repo):
     job = cli.start("sleep 60")
-    pid_file = state_dir(repo) / "run" / f"{job}.pid"
-    assert wait_until(lambda: pid_file.exists() and "engine" in pid_file.read_text(), timeout=30)
+    running_pids(repo, job)
     waiter = subprocess.Popen(["git", "subtask", "wait", job], cwd=repo, stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
-    pids = json.loads(pid_file.read_text())
-    os.kill(pids["worker"], signal.SIGKILL)
-    os.killpg(pids["engine"], signal.SIGKILL)
+    kill_worker_and_engine(repo, job)
     out, _ = waiter.communicate(timeout=10)
     assert waiter.returncode == 1
     assert f"{job} failed" in out
