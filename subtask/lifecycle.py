@@ -90,8 +90,8 @@ def remove_pids(state_dir: Path, job_id: str) -> None:
 
 
 def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
-    """Remember the engine's process group and its leader's start time (which proves, later, that
-    a process with that pid is still the leader and not a reused pid)."""
+    """Remember the attempt's child group (the engine's, then verify's) and its leader's start
+    time (which proves, later, that a process with that pid is still the leader, not a reused pid)."""
     from subtask import procs
 
     record_pid(state_dir, job_id, engine=pid, engine_started=procs.start_time(pid))

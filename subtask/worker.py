@@ -319,8 +319,10 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 
     tree = str(repo.git[head].tree_id)
     command = privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
+    # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
     result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True)
+                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
+                       on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
     return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),

@@ -113,6 +113,31 @@ def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, 
         kill_group_quietly(engine_pgid)
 
 
+def test_a_killed_workers_verify_group_ends_when_the_job_is_settled(cli, repo):
+    """kill -9 the worker while verify runs: the parent-death signal ends verify's leader only;
+    the command that settles the job ends the rest of verify's process group (a test server a
+    suite started, say) as it does the engine's."""
+    go = repo.parent / "go"
+    control = repo.parent / "control"
+    control.mkdir()
+    member_file = grant_writable(control) / "member.pid"
+    verify = (f"(trap '' TERM; sh -c 'echo $$ > {member_file}; exec sleep 60') & "
+              f"{HOLD.format(go=go)}")
+    a = cli.start("echo A > fa", "--verify", verify)
+    member = None
+    try:
+        assert wait_until(lambda: member_file.exists() and member_file.read_text().strip(), timeout=30)
+        member = int(member_file.read_text())
+        os.kill(pids_of(repo, a)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not liveness.is_held(state_dir(repo), a), timeout=60)
+        assert cli.json("list")["jobs"][0]["state"] == "failed"
+        assert not alive(member), "a member of the dead worker's verify group still runs"
+    finally:
+        go.touch()
+        if member and alive(member):
+            os.kill(member, signal.SIGKILL)
+
+
 def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
     """A recorded engine pgid that now names an unrelated process (pid reuse) is left alone."""
     go = repo.parent / "go"
