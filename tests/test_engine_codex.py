@@ -70,7 +70,7 @@ if sys.argv[1:] == ["--version"]:
     print("codex-cli 0.99.0")
     sys.exit(0)
 with open(os.environ["FAKE_CODEX_LOG"], "a") as log:
-    log.write(json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd()}}) + "\n")
+    log.write(json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "stdin": sys.stdin.read()}}) + "\n")
 mode = os.environ.get("FAKE_CODEX_MODE", "ok")
 events = json.loads(os.environ.get("FAKE_CODEX_EVENTS", "[]"))
 print("WARNING: not json, just a banner", flush=True)
@@ -142,6 +142,22 @@ def calls(repo: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def prompt_of(call: dict[str, Any]) -> str:
+    """The prompt codex was given: read from stdin when its argument is `-`, as codex does."""
+    argv = call["argv"]
+    assert argv[-2] == "--"  # a prompt starting with '-' stays a prompt
+    return call["stdin"] if argv[-1] == "-" else argv[-1]
+
+
+def test_a_task_beyond_the_argument_limit_reaches_codex_whole(repo):
+    """One argv string may hold at most 128 KiB (MAX_ARG_STRLEN); the documented task limit is 1 MiB."""
+    task = "Add hello.txt\n" + "x" * (300 * 1024)
+    ctx, _ = make_ctx(repo, RECORDED, task=task)
+    out = CodexEngine().run(ctx)
+    assert out.ok, out.error
+    assert prompt_of(calls(repo)[0]).startswith(task)
+
+
 def test_recorded_run_becomes_an_outcome(repo):
     ctx, emitted = make_ctx(repo, RECORDED)
     out = CodexEngine().run(ctx)
@@ -183,8 +199,7 @@ def test_argv_runs_exec_json_in_a_writable_sandbox(repo):
     assert "--skip-git-repo-check" in argv
     assert argv[argv.index("-m") + 1] == "gpt-5-codex"
     assert "resume" not in argv
-    prompt = argv[-1]
-    assert argv[-2] == "--"
+    prompt = prompt_of(call)
     assert prompt.startswith("Add hello.txt")
     assert "STATUS: done" in prompt and "commit" in prompt.lower()
     assert Path(call["cwd"]).resolve() == repo["worktree"].resolve()
@@ -200,7 +215,7 @@ def test_reply_resumes_the_session(repo):
     at = argv.index("resume")
     assert argv[at + 1] == SESSION
     assert argv[at + 2] == "--"  # a message starting with '-' stays a prompt
-    assert argv[at + 3].startswith("-now add tests")
+    assert prompt_of(calls(repo)[0]).startswith("-now add tests")
     # sandbox and working dir are root options, given before the subcommand
     assert argv.index("--sandbox") < at and argv.index("-C") < at
 

@@ -257,21 +257,26 @@ class CodexEngine:
     # -- the argv -----------------------------------------------------------------------------
 
     def build_argv(self, ctx: EngineContext, binary: str) -> list[str]:
-        """`codex exec --json <options> [resume <session>] -- <prompt>`.
+        """`codex exec --json <options> [resume <session>] -- -`: the prompt (`prompt`) on stdin.
 
         Options go before `resume`: codex's resume subcommand inherits the root options
-        (sandbox, -C, --add-dir, -m), as its TypeScript SDK relies on. `--` keeps a prompt that
-        starts with `-` from being read as a flag.
+        (sandbox, -C, --add-dir, -m), as its TypeScript SDK relies on. `-` reads the prompt
+        from stdin (both `exec` and `exec resume` take it), because one argument may hold at
+        most 128 KiB and a task may be up to 1 MiB.
         """
         argv = [binary, "exec", "--json", "--skip-git-repo-check", "-C", str(ctx.worktree)]
         argv += self._sandbox_args(ctx)
         if ctx.model:
             argv += ["-m", ctx.model]
         if ctx.session_id:
-            argv += ["resume", ctx.session_id, "--", ctx.task + REPLY_REMINDER]
-        else:
-            argv += ["--", ctx.task + "\n\n---\n" + delegation_protocol(ctx)]
-        return argv
+            argv += ["resume", ctx.session_id]
+        return argv + ["--", "-"]
+
+    @staticmethod
+    def prompt(ctx: EngineContext) -> str:
+        if ctx.session_id:
+            return ctx.task + REPLY_REMINDER
+        return ctx.task + "\n\n---\n" + delegation_protocol(ctx)
 
     def _sandbox_args(self, ctx: EngineContext) -> list[str]:
         if ctx.readonly:
@@ -319,6 +324,7 @@ class CodexEngine:
             ctx.emit({"type": "log", "stream": "stderr", "text": line})
 
         result = procs.run(self.build_argv(ctx, binary), cwd=ctx.worktree, env=ctx.env,
+                           stdin_data=self.prompt(ctx).encode(),
                            timeout=ctx.timeout, on_stdout_line=stream.line,
                            on_stderr_line=on_stderr, on_start=ctx.on_pid)
         return self._outcome(ctx, stream, result, stderr)
