@@ -279,6 +279,9 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
     (the lock is young): it keeps the slot. Once the lock is stale, the next command removes it and
     settles the job, `wait` returns, doctor reported what was wrong meanwhile."""
     git(repo, "config", "subtask.maxRunning", "1")
+    # "young" for as long as the test needs it (a loaded machine took >10 s, the default); the
+    # test then ages the lock past this on purpose
+    git(repo, "config", "subtask.refLockStale", "3600")
     go = repo.parent / "go"
     job = cli.start(HOLD.format(go=go))
     lock = record_lock(repo, job)
@@ -294,7 +297,7 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
         assert [e["job"] for e in slots["running"]] == [job], "the slot was freed before the record was settled"
         queued = cli.start("echo next")
         assert cli.json("show", queued)["position"] == 1
-        age(lock, 60)
+        age(lock, 7200)
         check = doctor_check(cli, "records")
         assert check["status"] == "warn" and "stale ref lock" in check["message"], check
         waited = cli("wait", job, "--timeout", "20", timeout=40)
