@@ -264,7 +264,7 @@ def test_a_stale_record_lock_left_while_a_job_runs_does_not_stop_it_ending(cli, 
         assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=60)
         lock.touch()
         go.touch()
-        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        waited = cli("wait", job, "--timeout", "60", timeout=120)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         assert cli.json("show", job)["state"] == "done"
         assert not lock.exists()
@@ -300,10 +300,10 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
         age(lock, 7200)
         check = doctor_check(cli, "records")
         assert check["status"] == "warn" and "stale ref lock" in check["message"], check
-        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        waited = cli("wait", job, "--timeout", "60", timeout=120)
         assert waited.returncode == 1 and f"{job} failed" in waited.stdout, waited.stdout + waited.stderr
         assert not lock.exists()
-        assert cli("wait", queued, "--timeout", "20", timeout=40).returncode == 0
+        assert cli("wait", queued, "--timeout", "60", timeout=120).returncode == 0
         assert doctor_check(cli, "records")["status"] == "ok"
     finally:
         go.touch()
@@ -323,7 +323,7 @@ def test_wait_settles_a_running_record_that_no_slot_and_no_worker_holds(cli, rep
         (state_dir(repo) / "slots.json").write_text(json.dumps({"v": 1, "running": [], "queue": []}))
         check = doctor_check(cli, "records")
         assert check["status"] == "warn" and job in check["message"] and "no live worker" in check["message"], check
-        waited = cli("wait", job, "--timeout", "20", timeout=40)
+        waited = cli("wait", job, "--timeout", "60", timeout=120)
         assert waited.returncode == 1 and f"{job} failed" in waited.stdout, waited.stdout + waited.stderr
         assert live_members(pids["engine"]) == []
     finally:

@@ -129,4 +129,4 @@ def test_a_dead_workers_damaged_record_is_kept_and_its_slot_freed(repo, cli):
     assert git(repo, "rev-parse", f"refs/subtask/{job_id}/record") == git(repo, "rev-parse", "HEAD")  # kept
     assert f"refs/subtask/{job_id}/base" in git(repo, "for-each-ref", "refs/subtask/")
     other = cli.start("true")  # the dead worker's slot came back
-    assert cli.json("wait", other, "--timeout", "20")["jobs"][0]["state"] == "done"
+    assert cli.json("wait", other, "--timeout", "60")["jobs"][0]["state"] == "done"
