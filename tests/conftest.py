@@ -210,7 +210,7 @@ def kill_worker_and_engine(repo: Path, job: str) -> None:
     assert wait_until(lambda: not liveness.is_held(sdir, job), timeout=60), f"{job}'s run-lock outlived its worker"
 
 
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> bool:
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> bool:
     """True once `predicate()` is; False after `timeout` (generous: a loaded machine is slow, and a
     passing test waits no longer for it)."""
     deadline = time.monotonic() + timeout

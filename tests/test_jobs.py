@@ -167,7 +167,7 @@ def test_wait_notices_a_dead_worker(cli, repo):
     running_pids(repo, job)
     waiter = subprocess.Popen(["git", "subtask", "wait", job], cwd=repo, stdout=subprocess.PIPE, text=True)
     kill_worker_and_engine(repo, job)
-    out, _ = waiter.communicate(timeout=10)
+    out, _ = waiter.communicate(timeout=60)
     assert waiter.returncode == 1
     assert f"{job} failed" in out
 
