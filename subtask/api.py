@@ -475,10 +475,16 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     """Block until every member of the groups has ended, then settle each group (exit 0: a passing pick)."""
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
-    ids = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
+    pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
+    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
     timed_out = False
-    if ids:
-        timed_out = wait(repo, ids, timeout=timeout, on_tick=on_tick, tick=tick).timed_out
+    while pending and not timed_out:
+        # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick).timed_out
+        for group in found:
+            groups.settle(repo, group.id)
+        pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
     settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
     return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import pygit2
 
-from subtask import lifecycle, liveness, records, render
+from subtask import faults, lifecycle, liveness, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, tool_signature
 from subtask.model import _Record, now
@@ -344,6 +344,7 @@ def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
             stop_rest(repo, group, jobs)
             jobs = members(repo, group)
         if all(map(_ended, jobs.values())):
+            faults.point("before_group_decide")
             group = _decide_once(repo, gid)
     if group.terminal:
         complete(repo, group, wait_for_workers=wait_for_workers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -63,10 +64,14 @@ def test_a_group_picks_the_smaller_passing_member_and_merge_lands_it_keeping_the
     assert all(m in unfolded for m in members)
     compared = cli.ok("compare", gid)
     assert f"== {small} .. {big}" in compared and "big.txt" in compared
+    # A commit made on a member's branch after it ended is kept: its head pin does not keep it.
+    git(cli.json("show", big)["spec"]["worktree"], "commit", "-q", "--allow-empty", "-m", "by hand, later")
     # merge lands the pick through the ordinary gate and supersedes the others.
     merged = cli.ok("merge", gid)
     assert f"{small}: merged into main" in merged, merged
     assert (repo / "small.txt").exists() and not (repo / "big.txt").exists()
+    assert f"refs/heads/subtask/{big}" in refs(repo) and "not kept by its head pin" in merged
+    git(repo, "branch", "-D", f"subtask/{big}")
     for other in (big, broken):
         head = git(repo, "rev-parse", f"refs/subtask/{other}/head")
         assert git(repo, "cat-file", "-t", head) == "commit"  # kept by the head pin
@@ -82,7 +87,7 @@ def test_first_pass_stops_the_rest_and_releases_their_money(cli, repo, tmp_path)
     try:
         gid, members = started_group(cli.ok("start", "--best-of", "3", "--first-pass", "--max-usd", "2",
                                             f"cost=0.5 hold={never} hold_member=2", "--verify", "test -s work.txt"))
-        assert cli("wait", gid, timeout=90).returncode == 0
+        assert cli("wait", "--timeout", "40", gid, timeout=90).returncode == 0
     finally:
         never.touch()
     first, running, queued = members
@@ -122,6 +127,7 @@ def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_no
     before = refs(repo)
     refused = cli("start", "--best-of", "3", "--max-usd", "2", "cost=1", "--verify", "true")
     assert refused.returncode == 1, refused.stderr
+    assert [r for r in ledger_rows(repo) if r["op"] != "mark"] == [] and refs(repo) == before
     assert "monthly cap" in refused.stderr and "$5.00 is left" in refused.stderr and "room for 2 of 3" in refused.stderr
     bad = [
         (["--best-of", "1"], "from 2 to 8"), (["--best-of", "9"], "from 2 to 8"),
@@ -135,7 +141,7 @@ def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_no
     no_verify = cli("start", "--best-of", "2", "true")
     assert no_verify.returncode == 129 and "--verify" in no_verify.stderr
     assert refs(repo) == before
-    assert ledger_rows(repo) == [] or all(r["op"] == "mark" for r in ledger_rows(repo))
+    assert [r for r in ledger_rows(repo) if r["op"] != "mark"] == []
     assert slot_entries(repo) == {"running": [], "queue": []}
     run = state_dir(repo) / "run"
     assert not run.exists() or list(run.iterdir()) == []
@@ -191,3 +197,30 @@ def test_mcp_starts_a_group_and_answers_its_ranking(repo, monkeypatch):
     for text in (waited, result):
         assert text.startswith(f"{gid} picked") and "rank" in text and "pick: st-" in text, text
         assert len(text.splitlines()) <= 10
+
+
+@pytest.mark.stress
+def test_settles_racing_at_the_last_member_decide_once_and_judge_once(cli, repo, tmp_path):
+    """The last member's worker and three `show`s reach the decision together: one decides (the
+    judge runs once per passing member), the others read its pick; one terminal commit."""
+    judged = tmp_path / "judged"
+    gates = [tmp_path / f"gate-{n}" for n in range(4)]
+    hold = lambda gate: {"SUBTASK_FAULT_HOLD": f"before_group_decide:{gate}"}  # noqa: E731
+    racers = []
+    try:
+        gid, members = started_group(cli.ok("start", "--best-of", "2", "true", "--verify", "true", "--judge",
+                                            f'echo "$SUBTASK_JOB_ID" >> {judged}; echo 1', env=hold(gates[0])))
+        assert wait_until(lambda: Path(f"{gates[0]}.reached").exists(), timeout=60)
+        for gate in gates[1:]:
+            racers.append(subprocess.Popen(["git", "subtask", "show", gid], cwd=repo, env=dict(os.environ, **hold(gate)),
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        assert wait_until(lambda: all(Path(f"{g}.reached").exists() for g in gates), timeout=60)
+    finally:
+        for gate in gates:
+            gate.touch()
+    for racer in racers:
+        assert racer.wait(timeout=60) == 0, racer.stderr.read()
+    assert cli("wait", gid).returncode == 0
+    assert sorted(judged.read_text().split()) == sorted(members)  # judged once each
+    subjects = git(repo, "log", "--format=%s", f"refs/subtask/groups/{gid}/record").splitlines()
+    assert sum(" picked " in s for s in subjects) == 1, subjects
