@@ -416,6 +416,8 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
         raise SubtaskError("usage", f"unknown --pick {how.pick!r} ({', '.join(groups.RULES)})")
     if how.judge is not None and (how.pick is not None or not how.judge.strip()):
         raise SubtaskError("usage", "--judge needs a command, and takes the place of --pick (give one of them)")
+    if how.first_pass and (how.pick is not None or how.judge is not None):
+        raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: it takes no --pick or --judge")
     if request.readonly:
         raise SubtaskError("usage", "--best-of makes no sense with --readonly: read-only jobs change nothing to pick from")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
@@ -449,7 +451,7 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
         groups.keep_judge(repo, gid, how.judge)
         groups.create(repo, group)
 
-    results = _launch_all(repo, launches, what=f"the {n} members of group {gid}", then_record=write_group,
+    results = _launch_all(repo, launches, what=f"the {n} attempts of this group", then_record=write_group,
                           undo_record=lambda: groups.delete(repo, gid))
     return GroupStart(group, results)
 

@@ -97,8 +97,9 @@ class Group(_Record):
 
     @property
     def rule_text(self) -> str:
-        return ("first to pass, then " if self.first_pass else "") + (
-            f"judge {render.task_title(self.judge or '', 40)}" if self.rule == "judge" else self.rule)
+        if self.first_pass:
+            return "first to pass"
+        return f"judge {render.task_title(self.judge or '', 40)}" if self.rule == "judge" else self.rule
 
 
 # ---------------------------------------------------------------- the record

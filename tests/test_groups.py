@@ -133,7 +133,7 @@ def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_no
         (["--best-of", "1"], "from 2 to 8"), (["--best-of", "9"], "from 2 to 8"),
         (["--best-of", "2", "--engine", "shell,nosuch"], "unknown engine 'nosuch'"),
         (["--best-of", "2", "--pick", "cheapest", "--judge", "echo 1"], "--judge"),
-        (["--pick", "smallest"], "--best-of"),
+        (["--pick", "smallest"], "--best-of"), (["--best-of", "2", "--first-pass", "--judge", "echo 1"], "--first-pass"),
     ]
     for args, words in bad:
         proc = cli("start", *args, "true", "--verify", "true")
