@@ -369,7 +369,7 @@ def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> 
             slots.remove(current, job_id, attempt.n)
     if was_queued:
         end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped while queued" if reason == "stopped by request"
-                    else reason, engine_may_have_spent=False)
+                    else f"{reason}, while queued", engine_may_have_spent=False)
         return True
     stop_running(repo, job_id, repo.config.number("stopGrace"))
     end_attempt(repo, job_id, attempt.n, "stopped", reason=reason)

@@ -97,6 +97,7 @@ def test_first_pass_stops_the_rest_and_releases_their_money(cli, repo, tmp_path)
     assert jobs[first]["state"] == "done" and jobs[first]["cost"]["charged"] == pytest.approx(0.5)
     assert jobs[running]["state"] == jobs[queued]["state"] == "stopped"
     assert jobs[queued]["cost"]["charged"] == 0.0  # never started: its reservation released
+    assert jobs[queued]["reason"].endswith("while queued"), jobs[queued]  # stopped before it was handed a slot
     spend = cli.json("spend")
     assert spend["open_usd"] == 0.0 and spend["open_reservations"] == []
     # What was spent, exactly: the winner's reported cost plus the stopped running member's whole
@@ -224,3 +225,18 @@ def test_settles_racing_at_the_last_member_decide_once_and_judge_once(cli, repo,
     assert sorted(judged.read_text().split()) == sorted(members)  # judged once each
     subjects = git(repo, "log", "--format=%s", f"refs/subtask/groups/{gid}/record").splitlines()
     assert sum(" picked " in s for s in subjects) == 1, subjects
+
+
+def test_a_group_start_killed_after_its_records_ends_its_members_failed_and_no_pick(cli, repo):
+    """Killed inside start after the records (`SUBTASK_FAULT=after_record`): the next command ends
+    the members failed, charged nothing (their engines never started), and the group has no pick."""
+    use_paid_engine(repo)
+    crashed = cli("start", "--best-of", "3", "cost=0.1", "--verify", "true", env={"SUBTASK_FAULT": "after_record"})
+    assert crashed.returncode == 99, crashed.stderr
+    jobs = check_books(cli, repo)
+    assert len(jobs) == 3 and {j["state"] for j in jobs.values()} == {"failed"}
+    gid = refs(repo, "refs/subtask/groups/")[0].split("/")[3]
+    assert cli("wait", gid).returncode == 1
+    assert group_json(cli, gid)["state"] == "no_pick"
+    spend = cli.json("spend")
+    assert spend["committed_usd"] == 0.0 and spend["open_usd"] == 0.0
