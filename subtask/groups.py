@@ -132,9 +132,11 @@ def create(repo: Repo, group: Group) -> None:
 
 
 def delete(repo: Repo, gid: str) -> None:
+    """Undo a group's start: its record and its kept judge go."""
     ref = repo.git.references.get(group_ref(gid))
     if ref is not None:
         records.cas_ref(repo, ref.name, str(ref.target), None)
+    _judge_file(repo, gid).unlink(missing_ok=True)
 
 
 def read(repo: Repo, gid: str) -> tuple[Group, str]:
@@ -446,12 +448,17 @@ def settle_listed(repo: Repo, entries: list[dict]) -> None:
         if entry.get("group"):
             by_group.setdefault(entry["group"], []).append(entry)
     for gid, listed in by_group.items():
-        if all(e.get("state") in ("done", "failed", "stopped") for e in listed):
-            try:
-                if not read(repo, gid)[0].terminal or any(not e.get("placed") for e in listed):
-                    settle(repo, gid)
-            except SubtaskError:
-                continue
+        ended = all(e.get("state") in ("done", "failed", "stopped") for e in listed)
+        one_passed = any(e.get("state") == "done" and e.get("verify") == "passed" for e in listed)
+        if not (ended or one_passed):
+            continue
+        try:
+            group = read(repo, gid)[0]
+            if (ended and (not group.terminal or any(not e.get("placed") for e in listed))) or \
+                    (one_passed and group.first_pass and not group.terminal):
+                settle(repo, gid)  # a first pass whose winner's worker died before it stopped the rest
+        except SubtaskError:
+            continue
 
 
 # ---------------------------------------------------------------- stop, merge, compare
