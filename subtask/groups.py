@@ -251,7 +251,13 @@ def member_row(index: int, job_id: str, job: Job | None) -> dict[str, Any]:
             "engine": job.spec.engine, "model": attempt.model or job.spec.model, "added": added,
             "deleted": deleted, "lines": added + deleted, "cost": render.attempt_cost(attempt),
             "seconds": None if seconds is None else round(seconds, 3), "ended_at": attempt.ended_at,
-            "note": attempt.reason if attempt.state != "done" else None}
+            "note": attempt.reason if attempt.state != "done" else _verify_note(attempt.verify)}
+
+
+def _verify_note(verify) -> str | None:
+    if verify is None or verify.passed:
+        return None
+    return "verify timed out" if verify.timed_out else f"verify exited with code {verify.exit_code}"
 
 
 def rank(rows: list[dict[str, Any]], rule: str, first_pass: bool = False) -> list[dict[str, Any]]:
