@@ -56,7 +56,7 @@ def test_a_group_picks_the_smaller_passing_member_and_merge_lands_it_keeping_the
     assert len(git(repo, "rev-list", f"refs/subtask/groups/{gid}/record").split()) >= 2
     # Every member's note says its rank and the pick.
     assert "rank 1 of 3 · the pick" in note_of(repo, small)
-    assert f"rank 3 of 3 · pick {small}" in note_of(repo, broken)
+    assert f"rank 3 of 3 (verify exited with code 1) · pick {small}" in note_of(repo, broken)
     # list folds the group to one line; --all unfolds its members under it.
     listed = cli.ok("list").splitlines()
     assert len(listed) == 2 and listed[1].startswith(gid) and broken not in listed[1], listed
