@@ -22,6 +22,7 @@ import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -263,6 +264,23 @@ def _usd(amount: float) -> str:
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
     """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
+    prepared = _prepare(repo, request)
+    if prepared.paid:
+        _sync_ledger(repo)
+    return _admit_and_launch(repo, prepared.job, prepared.paid,
+                             branch_at=None if request.readonly else prepared.job.spec.base,
+                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id), as_written=prepared.as_written)
+
+
+@dataclass
+class _Prepared:
+    job: Job
+    paid: bool
+    as_written: dict
+
+
+def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
+    """The job a start request makes, validated; nothing is changed yet."""
     from subtask.engines import get_engine
 
     task = _check_task(request.task)
@@ -290,16 +308,14 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
-                   isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""))
+                   isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
+                   group=group, member=member)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    if engine.paid:
-        _sync_ledger(repo)
-    return _admit_and_launch(repo, job, engine.paid, branch_at=None if request.readonly else job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
+    return _Prepared(job, engine.paid, as_written)
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -354,6 +370,157 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
     return results
 
 
+# ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
+
+def _groups():
+    from subtask import groups
+
+    return groups
+
+
+@dataclass
+class GroupRequest:
+    best_of: int
+    engines: list[str] | None = None  # cycled over the members (None: the request's engine)
+    models: list[str] | None = None  # cycled likewise
+    pick: str | None = None  # smallest (default) | cheapest | fastest
+    judge: str | None = None  # a command run per passing member; its last line is its score
+    first_pass: bool = False
+
+
+@dataclass
+class GroupStart:
+    group: object  # groups.Group
+    members: list[StartResult]
+
+
+def _names(values, what: str) -> list[str] | None:
+    """A list of names from a list or a comma-separated string; None when none is given."""
+    if values is None:
+        return None
+    items = values.split(",") if isinstance(values, str) else list(values)
+    if not all(isinstance(v, str) for v in items) or not all(v.strip() for v in items):
+        raise SubtaskError("usage", f"{what} must be names separated by commas, not {values!r}")
+    return [v.strip() for v in items] or None
+
+
+def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupStart:
+    """Start a best-of-N group: N ordinary jobs at one task and base, admitted and reserved all or
+    none, and the group record that names them (the pick is `groups.settle`'s)."""
+    groups = _groups()
+    n = how.best_of
+    if isinstance(n, bool) or not isinstance(n, int) or not groups.MIN_MEMBERS <= n <= groups.MAX_MEMBERS:
+        raise SubtaskError("usage", f"--best-of must be a whole number from {groups.MIN_MEMBERS} to "
+                           f"{groups.MAX_MEMBERS}, not {n!r}")
+    if how.pick is not None and how.pick not in groups.RULES:
+        raise SubtaskError("usage", f"unknown --pick {how.pick!r} ({', '.join(groups.RULES)})")
+    if how.judge is not None and (how.pick is not None or not how.judge.strip()):
+        raise SubtaskError("usage", "--judge needs a command, and takes the place of --pick (give one of them)")
+    if how.first_pass and (how.pick is not None or how.judge is not None):
+        raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: it takes no --pick or --judge")
+    if request.readonly:
+        raise SubtaskError("usage", "--best-of makes no sense with --readonly: read-only jobs change nothing to pick from")
+    verify = request.verify if request.verify is not None else repo.config.get("verify")
+    if not verify or not verify.strip():
+        raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
+                           "choose by", hint="git subtask start --best-of 3 --verify 'pytest -q' '...'")
+    engines = _names(how.engines, "--engine") or [request.engine or default_engine(repo)]
+    models = _names(how.models, "--model") or [request.model]
+    base = resolve_commit(repo, request.base or "HEAD")  # one base for every member
+    gid = groups.new_group_id()
+    prepared = [_prepare(repo, StartRequest(**{**request.__dict__, "engine": engines[k % len(engines)],
+                                               "model": models[k % len(models)], "verify": verify, "base": base}),
+                         group=gid, member=k + 1) for k in range(n)]
+    if any(p.paid for p in prepared):
+        _sync_ledger(repo)
+    first = prepared[0].job.spec
+    group = groups.Group(id=gid, task=first.task, base=base, verify=first.verify or "", created_at=first.created_at,
+                         members=[p.job.id for p in prepared], engines=[p.job.spec.engine for p in prepared],
+                         models=[p.job.spec.model for p in prepared], rule="judge" if how.judge else how.pick or "smallest",
+                         judge=redact(how.judge) if how.judge else None, first_pass=bool(how.first_pass))
+    launches = []
+    try:
+        for p in prepared:
+            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id), p.as_written))
+    except BaseException:
+        for launch in launches:
+            _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
+        raise
+
+    def write_group() -> None:
+        groups.keep_judge(repo, gid, how.judge)
+        groups.create(repo, group)
+
+    results = _launch_all(repo, launches, what=f"the {n} attempts of this group", then_record=write_group,
+                          undo_record=lambda: groups.delete(repo, gid))
+    return GroupStart(group, results)
+
+
+def get_group(repo: Repo, gid_or_prefix: str):
+    """The group, settled if every member has ended (whoever looks first decides it)."""
+    sweep(repo)
+    return _groups().settle(repo, _groups().resolve(repo, gid_or_prefix))
+
+
+@dataclass
+class GroupWait:
+    groups: list  # groups.Group, settled where their members ended
+    timed_out: bool
+
+    @property
+    def all_picked(self) -> bool:
+        return not self.timed_out and all(g.state == "picked" for g in self.groups)
+
+
+def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,
+                tick: float = 1.0) -> GroupWait:
+    """Block until every member of the groups has ended, then settle each group (exit 0: a passing pick)."""
+    groups = _groups()
+    found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
+    pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
+    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    timed_out = False
+    while pending and not timed_out:
+        # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick).timed_out
+        for group in found:
+            groups.settle(repo, group.id)
+        pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
+    settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
+
+
+def stop_group(repo: Repo, gid_or_prefix: str):
+    return _groups().stop(repo, _groups().resolve(repo, gid_or_prefix))
+
+
+def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False):
+    """Merge the group's pick (the ordinary gate), supersede the rest. Returns (group, lines)."""
+    return _groups().merge(repo, _groups().resolve(repo, gid_or_prefix), mode=mode, force=force)
+
+
+def compare_argvs(repo: Repo, gid_or_prefix: str, stat: bool = True) -> list[tuple[str, list[str]]]:
+    """(title, git diff argv) for every pair of the group's members: their heads against each other."""
+    groups = _groups()
+    group, _tip = groups.read(repo, groups.resolve(repo, gid_or_prefix))
+    return [(f"{a} .. {b}", ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), head_a, head_b])
+            for a, head_a, b, head_b in groups.compare_pairs(repo, group)]
+
+
+def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
+    """The groups of the listed jobs (settling those whose members have all ended), by id."""
+    groups = _groups()
+    groups.settle_listed(repo, entries)
+    found = {}
+    for gid in dict.fromkeys(e["group"] for e in entries if e.get("group")):
+        try:
+            found[gid] = groups.read(repo, gid)[0]
+        except SubtaskError:
+            continue  # a member whose group record is missing lists as an ordinary job
+    return found
+
+
 def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None, lock_fd: int,
                       as_written: dict) -> StartResult:
     """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
@@ -361,41 +528,78 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None
     For attempt 1 the record is created; for a reply the new attempt is appended to it, by
     compare-and-swap on an ended attempt, so concurrent replies add exactly one.
     """
+    return _launch_all(repo, [_Launch(job, paid, branch_at, lock_fd, as_written)])[0]
+
+
+@dataclass
+class _Launch:
+    job: Job
+    paid: bool
+    branch_at: str | None
+    lock_fd: int
+    as_written: dict
+
+
+def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
+                then_record=None, undo_record=None) -> list[StartResult]:
+    """`_admit_and_launch` for one job or a group's members, all or nothing until the first spawn.
+
+    The members are admitted and their money reserved in one critical section (`what` names them
+    in a refusal); `then_record` writes the group's record once every member's record is there
+    (so nobody ever reads a group whose members do not exist yet). A member whose worker cannot
+    be spawned after another's was is left to the sweep, which ends it failed ("worker died").
+    """
     state_dir = repo.state_dir
-    attempt = job.state.current
-    undo: list = [lambda: _drop_lock(state_dir, job.id, lock_fd)]
+    undo: list = [lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd) for launch in launches]
     handed: list[slots.HandOff] = []
     dead: list[slots.HandOff] = []
-    spawned = False
+    spawned: list[_Launch] = []
+    unspawned: list[_Launch] = []
     try:
-        position, dead, handed = _admit(repo, job, paid)
-        undo.append(lambda: _unadmit(repo, job.id, attempt.n))
-        # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
-        # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
-        if privatetext.keep(state_dir, job.id, attempt.n, **as_written):
-            undo.append(lambda: privatetext.discard(state_dir, job.id, attempt.n))
-        jobenv.save(state_dir, job.id)
-        undo.append(lambda: jobenv.drop(state_dir, job.id))
-        if paid:
-            undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
-        if branch_at is not None:  # the job's branch is created (start) or restored (reply) here
-            repo.git.create_branch(job.spec.branch, repo.git[branch_at])
-            undo.append(lambda: _delete_branch(repo, job.spec.branch))
-            faults.point("after_branch")
-        if attempt.n == 1:
-            records.set_pin(repo, job.id, "base", job.spec.base)
-            undo.append(lambda: records.delete(repo, job.id))
-            records.create(repo, job)
-        else:
-            _append_attempt(repo, job.id, attempt)
-            undo.append(lambda: _drop_attempt(repo, job.id, attempt.n))
+        positions, dead, handed = _admit(repo, launches, what)
+        for launch in launches:
+            job, attempt = launch.job, launch.job.state.current
+            undo.append(lambda job=job, attempt=attempt: _unadmit(repo, job.id, attempt.n))
+            # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
+            # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
+            if privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written):
+                undo.append(lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n))
+            jobenv.save(state_dir, job.id)
+            undo.append(lambda job=job: jobenv.drop(state_dir, job.id))
+            if launch.paid:
+                undo.append(lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
+        for launch in launches:
+            job, attempt = launch.job, launch.job.state.current
+            if launch.branch_at is not None:  # the job's branch is created (start) or restored (reply) here
+                repo.git.create_branch(job.spec.branch, repo.git[launch.branch_at])
+                undo.append(lambda job=job: _delete_branch(repo, job.spec.branch))
+                faults.point("after_branch")
+            if attempt.n == 1:
+                records.set_pin(repo, job.id, "base", job.spec.base)
+                undo.append(lambda job=job: records.delete(repo, job.id))
+                records.create(repo, job)
+            else:
+                _append_attempt(repo, job.id, attempt)
+                undo.append(lambda job=job, attempt=attempt: _drop_attempt(repo, job.id, attempt.n))
+        if then_record is not None:
+            then_record()
+            undo.append(undo_record)
         faults.point("after_record")
-        if position == 0:
-            faults.point("before_spawn")
-            lifecycle.spawn_worker(repo, job.id, lock_fd)
-            spawned = True
+        for launch, position in zip(launches, positions, strict=True):
+            if position != 0:
+                continue
+            try:
+                faults.point("before_spawn")
+                lifecycle.spawn_worker(repo, launch.job.id, launch.lock_fd)
+                spawned.append(launch)
+            except Exception as exc:
+                if not spawned:
+                    raise  # nothing runs yet: undo it all
+                print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
+                unspawned.append(launch)
     except BaseException as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
         try:
             for step in reversed(undo):
                 try:
@@ -404,52 +608,75 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None
                     pass
             _after_admission(repo, getattr(exc, "admission", (dead, handed)))
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         raise
-    if spawned:
-        lifecycle.close_fd_keep_lock(lock_fd)
-    else:
-        liveness.release(lock_fd)
+    queued = False
+    for launch, position in zip(launches, positions, strict=True):
+        if launch in spawned:
+            lifecycle.close_fd_keep_lock(launch.lock_fd)
+        else:
+            liveness.release(launch.lock_fd)  # queued; or not spawned: its entry is now a dead worker's
+            queued = queued or position != 0
+    if queued:
         handed += _fill_after_queueing(repo)
     _after_admission(repo, (dead, handed))
-    return StartResult(job, position)
+    if unspawned:
+        lifecycle.reconcile(repo)
+    return [StartResult(launch.job, position) for launch, position in zip(launches, positions, strict=True)]
 
 
-def _admit(repo: Repo, job: Job, paid: bool) -> tuple[int, list[slots.HandOff], list[slots.HandOff]]:
-    """The one critical section: reap, fill, admit or queue, reserve. Returns (position, dead, handed).
+def _admit(repo: Repo, launches: list[_Launch], what: str | None = None
+           ) -> tuple[list[int], list[slots.HandOff], list[slots.HandOff]]:
+    """The one critical section: reap, fill, admit or queue, reserve. Returns (positions, dead, handed).
 
-    The slot entry is saved before the money is reserved, so a crash between the two leaves a slot
-    entry that recovery settles, never a reservation nobody knows about. A refusal (or any error)
-    takes the entry back out but keeps what the reap and fill did; the error then carries them
-    as `admission`, for the caller to settle and hand on.
+    The slot entries are saved before the money is reserved, so a crash between the two leaves a
+    slot entry that recovery settles, never a reservation nobody knows about. Several launches (a
+    group) are reserved all or none: the cap is checked for their sum before any row is written.
+    A refusal (or any error) takes the entries back out but keeps what the reap and fill did; the
+    error then carries them as `admission`, for the caller to settle and hand on.
     """
     state_dir = repo.state_dir
-    attempt = job.state.current
     max_running = repo.config.integer("maxRunning")
     failure: BaseException | None = None
+    reserved: list[str] = []
     with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         dead = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
-        entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent)
-        position = slots.admit(current, entry, max_running)
-        attempt.state = "running" if position == 0 else "queued"  # admitted: its worker starts now
+        positions = []
+        for launch in launches:
+            job, attempt = launch.job, launch.job.state.current
+            entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent)
+            positions.append(slots.admit(current, entry, max_running))
+            attempt.state = "running" if positions[-1] == 0 else "queued"  # admitted: its worker starts now
         try:
             faults.point("after_admit")
+            paid = [launch for launch in launches if launch.paid]
             if paid:
                 slots.save(state_dir, current)
+                cap = repo.config.number("monthlyCapUsd")
                 with ledger.lock(state_dir):
-                    # Dated when queued: the record alone then tells the reservation's month.
-                    ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                          usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"),
-                                          now=books.reserved_at(attempt.queued_at))
+                    if len(launches) > 1:
+                        ledger.check_fits_locked(state_dir, [p.job.state.current.cost.reserved for p in paid], cap,
+                                                 what=what or f"{len(paid)} jobs")
+                    for launch in paid:
+                        job, attempt = launch.job, launch.job.state.current
+                        # Dated when queued: the record alone then tells the reservation's month.
+                        ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                              usd=attempt.cost.reserved, cap_usd=cap,
+                                              now=books.reserved_at(attempt.queued_at))
+                        reserved.append(attempt.rid)
                 faults.point("after_reserve")
         except BaseException as exc:
-            slots.remove(current, job.id, attempt.n)
+            for launch in launches:
+                slots.remove(current, launch.job.id, launch.job.state.current.n)
             failure = exc
     if failure is not None:
+        for rid in reserved:  # a group whose later reservation failed: none of it stays reserved
+            ledger.close(state_dir, rid, 0.0, reason="start undone")
         failure.admission = (dead, handed)  # type: ignore[attr-defined]
         raise failure
-    return position, dead, handed
+    return positions, dead, handed
 
 
 def _after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots.HandOff]]) -> None:
@@ -813,19 +1040,11 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
-    state_dir = repo.state_dir
-    with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)
-        if was_queued:
-            slots.remove(current, job_id, attempt.n)
-    if was_queued:
-        lifecycle.end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped while queued",
-                              engine_may_have_spent=False)
-        return records.read(repo, job_id)
-    lifecycle.stop_running(repo, job_id, repo.config.number("stopGrace"))
-    lifecycle.end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped by request")
-    lifecycle.reconcile(repo)
-    return records.read(repo, job_id)
+    lifecycle.stop_job(repo, job_id)
+    job = records.read(repo, job_id)
+    if job.spec.group:  # a member stopped by hand may be the last one its group waited for
+        _groups().after_member_ended(repo, job)
+    return job
 
 
 def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:

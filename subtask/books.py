@@ -34,6 +34,7 @@ from pathlib import Path
 
 from subtask import ledger, records
 from subtask.gitrepo import Repo
+from subtask.model import is_job_id
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def record_charges(repo: Repo) -> list[Charge]:
         name = ref.name
         if not (name.startswith(records.PREFIX) and name.endswith("/record")):
             continue
+        if not is_job_id(name[len(records.PREFIX):-len("/record")]):
+            continue  # a group's record (refs/subtask/groups/<gid>/record) holds no spend
         try:
             tip = str(ref.target)
             rows = cached.get(tip)

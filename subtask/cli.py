@@ -106,21 +106,37 @@ def cli() -> None:
 @click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
 @click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what the engine may write, kernel-enforced "
               "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
+@click.option("--best-of", "best_of", type=int, metavar="N",
+              help="start a group of N attempts (2-8) and pick the best by --verify; --engine and --model "
+                   "then take comma-separated lists, cycled over the attempts")
+@click.option("--pick", type=click.Choice(["smallest", "cheapest", "fastest"]),
+              help="with --best-of: how passing attempts rank (default smallest: fewest changed lines)")
+@click.option("--judge", metavar="CMD", help="with --best-of: a command run in each passing attempt's worktree; "
+              "its last line is a number, higher is better")
+@click.option("--first-pass", "first_pass", is_flag=True,
+              help="with --best-of: the first attempt to pass verify wins; the rest are stopped")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, as_json):
+def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation,
+          best_of, pick, judge, first_pass, as_json):
     """Start a job in its own worktree and branch; print its id at once.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
-    standard input.
+    standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
     """
     from subtask import api
 
     if task == "-":
         task = sys.stdin.read()
-    result = api.start(_repo(), api.StartRequest(task=task, engine=engine, base=base, verify=verify,
-                                                  verify_timeout=verify_timeout, timeout=timeout, max_usd=max_usd,
-                                                  max_turns=max_turns, model=model, readonly=readonly,
-                                                  isolation=isolation))
+    if best_of is None and (pick or judge or first_pass):
+        raise click.UsageError("--pick, --judge and --first-pass go with --best-of N")
+    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
+                               timeout=timeout, max_usd=max_usd, max_turns=max_turns, model=model,
+                               readonly=readonly, isolation=isolation)
+    if best_of is not None:
+        _start_group(request, api.GroupRequest(best_of=best_of, engines=engine, models=model, pick=pick,
+                                               judge=judge, first_pass=first_pass), as_json)
+        return
+    result = api.start(_repo(), request)
     job = result.job
     if as_json:
         _emit_json(_job_json(job, result.position or None) | {"state": result.state})
@@ -128,6 +144,27 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
     from subtask import render
 
     echo(render.started_line(job, result.position))
+
+
+def _start_group(request, how, as_json: bool) -> None:
+    from subtask import api, render
+
+    request.engine = request.model = None  # the lists are in `how`
+    started = api.start_group(_repo(), request, how)
+    group = started.group
+    if as_json:
+        _emit_json({"v": 1, "group": group.id, "members": [_job_json(r.job, r.position or None) | {"state": r.state}
+                                                            for r in started.members]})
+        return
+    echo(f"{group.id} started: {len(started.members)} attempts · rule {group.rule_text} · verify {group.verify}")
+    for result in started.members:
+        echo("  " + render.started_line(result.job, result.position))
+
+
+def _is_group(text: str) -> bool:
+    from subtask.groups import is_group_ref
+
+    return is_group_ref(text)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -166,6 +203,9 @@ def wait(ids, any_, timeout, as_json):
     from subtask import api, render
 
     repo = _repo()
+    if any(_is_group(i) for i in ids):
+        _wait_groups(repo, ids, timeout, as_json)
+        return
     result = api.wait(repo, list(ids), timeout=timeout, any_=any_)
     if as_json:
         _emit_json({"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
@@ -176,6 +216,24 @@ def wait(ids, any_, timeout, as_json):
         if result.timed_out:
             echo(f"timed out after {timeout:g}s", err=True)
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
+
+
+def _wait_groups(repo, ids, timeout, as_json) -> None:
+    """`wait GID…`: every member's end, then each group's table; exit 0 when each has a passing pick."""
+    from subtask import api, groups
+
+    if not all(_is_group(i) for i in ids):
+        raise click.UsageError("wait takes job ids or group ids, not both")
+    result = api.wait_groups(repo, list(ids), timeout=timeout)
+    if as_json:
+        _emit_json({"v": 1, "timed_out": result.timed_out, "picked": result.all_picked,
+                    "groups": [g.to_dict() for g in result.groups]})
+    else:
+        for group in result.groups:
+            echo(groups.result_text(repo, group))
+        if result.timed_out:
+            echo(f"timed out after {timeout:g}s", err=True)
+    sys.exit(0 if result.all_picked else EXIT_NEGATIVE)
 
 
 @cli.command("list", context_settings=CONTEXT)
@@ -193,11 +251,13 @@ def list_(state, include_all, limit, as_json):
     listing = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
     entries = listing.jobs
     if as_json:
-        _emit_json({"v": 1, "jobs": entries, "more": listing.more})
+        found = api.list_groups(_repo(), entries)
+        _emit_json({"v": 1, "jobs": entries, "more": listing.more}
+                   | ({"groups": [g.to_dict() for g in found.values()]} if found else {}))
         return
     if entries:
         now = time.time()
-        lines = [render.LIST_HEADER] + [render.list_line(e, e.get("position"), now) for e in entries]
+        lines = [render.LIST_HEADER] + _folded_lines(api.list_groups(_repo(), entries), entries, include_all, now)
         echo("\n".join(lines))
     elif not listing.more:
         _say_nothing(f"no {state} jobs" if state else
@@ -208,6 +268,25 @@ def list_(state, include_all, limit, as_json):
             echo(line, err=True)
     if listing.more:
         echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
+
+
+def _folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
+    """List rows with each group's members folded under one group line (`--all`: shown under it)."""
+    from subtask import groups, render
+
+    lines, shown = [], set()
+    for entry in entries:
+        gid = entry.get("group")
+        if gid not in found_groups:
+            lines.append(render.list_line(entry, entry.get("position"), now))
+            continue
+        if gid in shown:
+            continue
+        shown.add(gid)
+        lines.append(groups.list_line(found_groups[gid]))
+        if unfold:
+            lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
+    return lines
 
 
 @cli.command(context_settings=CONTEXT)
@@ -277,6 +356,15 @@ def show(job_id, as_json, show_log):
     from subtask import api, render
 
     repo = _repo()
+    if _is_group(job_id):
+        from subtask import groups
+
+        group = api.get_group(repo, job_id)
+        if as_json:
+            _emit_json(group.to_dict() | {"rows": groups.table_rows(repo, group)})
+        else:
+            echo(groups.show_text(repo, group))
+        return
     job = api.get(repo, job_id)
     position = api.queue_position(repo, job.id)
     if as_json:
@@ -317,6 +405,16 @@ def result(job_id, full, evidence):
     """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
     from subtask import api, render
 
+    if _is_group(job_id):
+        from subtask import groups
+
+        repo = _repo()
+        group = api.get_group(repo, job_id)
+        if evidence:
+            _emit_json(group.to_dict())
+        else:
+            echo(groups.result_text(repo, group))
+        sys.exit(0 if group.state == "picked" else EXIT_NEGATIVE)
     job = api.get(_repo(), job_id)
     if evidence:
         _emit_json(api.evidence_envelope(job))
@@ -331,6 +429,12 @@ def stop(job_id):
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
     from subtask import api, render
 
+    if _is_group(job_id):
+        from subtask import groups
+
+        repo = _repo()
+        echo(groups.show_text(repo, api.stop_group(repo, job_id)))
+        return
     echo(render.one_line(api.stop(_repo(), job_id)))
 
 
@@ -380,9 +484,35 @@ def merge(job_id, mode, force):
     """
     from subtask import api
 
+    if _is_group(job_id):
+        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force)
+        for line in lines:
+            echo(line)
+        return
     result = api.merge(_repo(), job_id, mode=mode or "merge", force=force)
     for line in result.lines:
         echo(line)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("group_id", metavar="GID")
+@click.option("--patch", "-p", is_flag=True, help="the full diffs instead of --stat")
+def compare(group_id, patch):
+    """The diffs between a best-of-N group's members: git diff between their heads, every pair.
+
+    The pick (or the first member) comes first; --stat by default.
+    """
+    from subtask import api
+
+    if not _is_group(group_id):
+        raise click.UsageError(f"compare takes a group id (sg-...), not {group_id!r}")
+    pairs = api.compare_argvs(_repo(), group_id, stat=not patch)
+    code = 0
+    for title, argv in pairs:
+        echo(f"== {title}")
+        sys.stdout.flush()
+        code = max(code, subprocess.call(argv))
+    sys.exit(code)
 
 
 @cli.command(context_settings=CONTEXT)

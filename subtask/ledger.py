@@ -393,6 +393,35 @@ def reserve_locked(
     return res
 
 
+def check_fits_locked(state_dir: Path, amounts: list[float], cap_usd: float, *, what: str,
+                      now: datetime | None = None) -> None:
+    """Refuse, before any row is written, reservations that together would break the cap.
+
+    A best-of-N group reserves all its members' money or none: reserving them one by one would
+    leave the first ones' rows behind when a later one is refused. The caller holds
+    `lock(state_dir)` and then reserves each with `reserve_locked`, which re-checks.
+    """
+    state_dir = Path(state_dir)
+    if not lock(state_dir).is_locked:
+        raise RuntimeError("check_fits_locked called without holding ledger.lock(state_dir)")
+    month = _month_of(_utc(now))
+    state = _read_state(ledger_path(state_dir))
+    total = math.fsum(float(a) for a in amounts)
+    committed, open_usd = state.committed(month), state.open_usd(month)
+    if math.fsum([committed, open_usd, total]) <= float(cap_usd) + _TOLERANCE_USD:
+        return
+    left = max(0.0, float(cap_usd) - math.fsum([committed, open_usd]))
+    each = max(amounts) if amounts else 0.0
+    fits = int((left + _TOLERANCE_USD) // each) if each > 0 else len(amounts)
+    raise SubtaskError(
+        "budget",
+        f"reserving {_fmt_usd(total)} for {what} would exceed the monthly cap for {month}: "
+        f"{_fmt_usd(committed)} committed + {_fmt_usd(open_usd)} open + {_fmt_usd(total)} requested "
+        f"> {_fmt_usd(cap_usd)}; {_fmt_usd(left)} is left under the cap (room for {fits} of {len(amounts)})",
+        hint=_SPEND_HINT,
+    )
+
+
 def _refuse_over_cap(rid: str, month: str, state: _State, usd: float, cap: float) -> None:
     committed, open_usd = state.committed(month), state.open_usd(month)
     if math.fsum([committed, open_usd, usd]) <= cap + _TOLERANCE_USD:

@@ -378,6 +378,27 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
     return rebuilt
 
 
+def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> bool:
+    """End a job's current attempt `stopped`: drop it from the queue, or end its worker's process
+    groups (TERM, then KILL). False when it had already ended."""
+    attempt = records.read(repo, job_id).state.current
+    if attempt.terminal:
+        return False
+    state_dir = repo.state_dir
+    with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+        was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)
+        if was_queued:
+            slots.remove(current, job_id, attempt.n)
+    if was_queued:
+        end_attempt(repo, job_id, attempt.n, "stopped", reason="stopped while queued" if reason == "stopped by request"
+                    else f"{reason}, while queued", engine_may_have_spent=False)
+        return True
+    stop_running(repo, job_id, repo.config.number("stopGrace"))
+    end_attempt(repo, job_id, attempt.n, "stopped", reason=reason)
+    reconcile(repo)
+    return True
+
+
 def signal_job(state_dir: Path, job_id: str, sig: int) -> None:
     """Signal the worker's and the engine's process groups, only while the job's run-lock is held."""
     if not liveness.is_held(state_dir, job_id):

@@ -37,7 +37,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-from subtask import __version__, api, render
+from subtask import __version__, api, groups, render
 from subtask.errors import SubtaskError
 
 INSTRUCTIONS = """\
@@ -124,7 +124,8 @@ def _id_list(ids: list[str] | str) -> list[str]:
 async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: str | None = None,
                 verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
                 model: str | None = None, readonly: bool = False, timeout: float | None = None,
-                isolation: str | None = None) -> str:
+                isolation: str | None = None, best_of: int | None = None, engines: list[str] | str | None = None,
+                pick: str | None = None, judge: str | None = None, first_pass: bool = False) -> str:
     """Start one background job in its own worktree and branch; returns its id at once.
 
     task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
@@ -133,12 +134,26 @@ async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: 
     timeout: seconds the engine may run. readonly: no branch; the engine only reads. isolation:
     none, worktree or readonly (what the engine may write; default: the engine's). Then call wait
     with the id.
+    best_of: N (2-8) attempts at the task as a group (needs verify); engines: a list cycled over
+    them; pick: smallest (default), cheapest or fastest; judge: a command whose last line scores
+    each passing attempt (higher wins); first_pass: the first to pass wins. Returns the group id
+    (sg-...): wait and result take it and answer the ranking and the pick.
     """
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
                                max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly,
                                isolation=isolation)
 
     def run() -> str:
+        if best_of is not None:
+            how = api.GroupRequest(best_of=best_of, engines=engines or engine, models=model, pick=pick,
+                                   judge=judge, first_pass=first_pass)
+            request.engine = request.model = None
+            started = api.start_group(open_repo(repo), request, how)
+            return "\n".join([f"{started.group.id} started: {len(started.members)} attempts · rule "
+                              f"{started.group.rule_text} (wait {started.group.id} for the pick)",
+                              *(render.started_line(r.job, r.position) for r in started.members)])
+        if engines is not None or pick is not None or judge is not None or first_pass:
+            raise SubtaskError("usage", "engines, pick, judge and first_pass go with best_of")
         result = api.start(open_repo(repo), request)
         return render.started_line(result.job, result.position)
 
@@ -188,6 +203,7 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
     activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
+    A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
     """
     job_ids = _id_list(ids)
     first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
@@ -204,6 +220,12 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     def run() -> str:
         where = open_repo(repo)
+        if [i for i in job_ids if groups.is_group_ref(i)]:  # (`any` is the parameter here)
+            waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
+            lines = [groups.result_text(where, group) for group in waited.groups]
+            if waited.timed_out:
+                lines.append(f"timed out after {timeout:g}s; the attempts continue: call wait again")
+            return "\n\n".join(lines)
         result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
         lines = [render.ended_lines(job, api.queue_position(where, job.id)) for job in result.jobs]
         if result.timed_out:
@@ -240,9 +262,14 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: str 
 
     evidence=true returns the evidence envelope as JSON instead: what the runner observed (git base,
     head, commits, changed files, verification, commands, cost), apart from what the engine claimed.
+    A best-of group id (sg-...): the ranking table and the pick's summary.
     """
 
     def run() -> str:
+        if groups.is_group_ref(id):
+            where = open_repo(repo)
+            group = api.get_group(where, id)
+            return render.json_text(group.to_dict(), default=str) if evidence else groups.result_text(where, group)
         job = api.get(open_repo(repo), id)
         if evidence:
             return render.json_text(api.evidence_envelope(job), default=str)

@@ -110,6 +110,8 @@ class JobSpec(_Record):
     parent: str | None = None  # the job this one was started from inside (it lends its slot)
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
+    group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
+    member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -189,6 +191,7 @@ class JobState(_Record):
     worktree_removed: bool = False
     landed_in: str | None = None
     branch_deleted: bool = False
+    group_place: dict[str, Any] | None = None  # a group member's rank, the pick, superseded (groups.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

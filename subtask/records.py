@@ -130,6 +130,7 @@ def list_entry(job: Job) -> dict:
         "landed": job.state.landed_in,
         "error_kind": attempt.error_kind,
         "base": job.spec.base,
+        **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
     }
 
 

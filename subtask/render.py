@@ -284,8 +284,22 @@ def note_block(job) -> str:
         lines.extend(f"         {line}" for line in rest)
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
+    if job.state.group_place:
+        lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def group_place_line(place: dict) -> str:
+    """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`."""
+    if place.get("pick"):
+        outcome = "the pick" if place.get("pick") == place.get("member") else f"pick {place['pick']}"
+    else:
+        outcome = f"no pick ({place.get('state')})"
+    rank = f"rank {place['rank']} of {place.get('of')}" if place.get("rank") else f"{place.get('of')} members"
+    why = f" ({place['note']})" if place.get("note") else ""
+    return safe_line(f"{place.get('group')} · {rank}{why} · {outcome} · rule {place.get('rule')}"
+                     + (" · superseded" if place.get("superseded") else ""))
 
 
 def result_text(job, full: bool = False) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from subtask import (
     faults,
+    groups,
     isolation,
     jobenv,
     ledger,
@@ -251,6 +252,8 @@ def engine_env(job: Job) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
     env[DEPTH_ENV] = str(job.spec.depth + 1)
     env["SUBTASK_JOB_ID"] = job.id
+    if job.spec.group:  # a best-of-N member: its task may tell the attempts apart
+        env["SUBTASK_GROUP_ID"], env["SUBTASK_GROUP_MEMBER"] = job.spec.group, str(job.spec.member or 0)
     return env
 
 
@@ -600,14 +603,28 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         attempt_n = _run_current(repo, job_id)
         jobenv.drop(repo.state_dir, job_id)  # the attempt ended; a reply keeps its own
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        member = _group_member(repo, job_id)
+        if member is not None:  # first pass: the rest stop before our slot is handed to one of them
+            groups.after_member_ended(repo, member, first_pass_only=True)
         handed = release_and_next(repo, job_id, attempt_n)
         liveness.release(lock_fd)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
+        if member is not None:  # our note is written and our run-lock released: settle the group
+            groups.after_member_ended(repo, member)
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
+
+
+def _group_member(repo: Repo, job_id: str) -> Job | None:
+    """The job if it is a member of a best-of-N group (its record says so)."""
+    try:
+        job = records.read(repo, job_id)
+    except SubtaskError:
+        return None
+    return job if job.spec.group else None
 
 
 def _run_current(repo: Repo, job_id: str) -> int:

@@ -2,7 +2,7 @@
 
 The task is `key=value` words: `file=NAME` (default work.txt), `sleep=SECONDS`, `cost=USD` (print
 `cost: $USD`; without it the cost is unknown and the worker charges the whole reservation) and
-`hold=PATH` (wait until PATH exists) and `log=PATH` (append `start|end <job> <time>` lines, for overlap and order checks).
+`hold=PATH` (wait until PATH exists; with `hold_member=K` only in member K of a best-of group) and `log=PATH` (append `start|end <job> <time>` lines, for overlap and order checks).
 """
 
 import os
@@ -21,7 +21,9 @@ def log(what: str) -> None:
 
 
 log("start")
-while "hold" in words and not os.path.exists(words["hold"]):
+held = "hold" in words and words.get("hold_member", os.environ.get("SUBTASK_GROUP_MEMBER")) == \
+    os.environ.get("SUBTASK_GROUP_MEMBER")
+while held and not os.path.exists(words["hold"]):
     time.sleep(0.02)
 time.sleep(float(words.get("sleep", 0)))
 name = words.get("file", "work.txt")
