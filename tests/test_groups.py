@@ -6,7 +6,6 @@ Members tell themselves apart by SUBTASK_GROUP_MEMBER (1..N), so one task does d
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import git, refs, wait_until
+from conftest import git, refs, running_pids, wait_until
 from test_admission import check_books, ledger_rows, slot_entries, state_dir, use_paid_engine
 
 # Member 1 breaks verify, member 2 writes 10 lines, member 3 one line.
@@ -157,9 +156,7 @@ def test_a_member_killed_mid_run_and_a_group_stopped_midway(cli, repo, tmp_path)
     try:
         gid, members = started_group(cli.ok("start", "--best-of", "3", task, "--verify", "true"))
         victim = members[1]
-        pid_file = state_dir(repo) / "run" / f"{victim}.pid"
-        assert wait_until(lambda: "engine" in (json.loads(pid_file.read_text()) if pid_file.exists() else {}))
-        os.kill(json.loads(pid_file.read_text())["worker"], signal.SIGKILL)
+        os.kill(running_pids(repo, victim)["worker"], signal.SIGKILL)
         assert cli("wait", gid, timeout=90).returncode == 0
         shown = group_json(cli, gid)
         assert shown["pick"] == members[0] and shown["table"][-1]["member"] == victim, shown["table"]
