@@ -23,7 +23,9 @@ Invariants:
   named, block by block (`notes_store.merge_ref`, no block lost), and pushed again as a fast-forward.
 - Any pair of syncs may run at once in one clone (and with a running job writing its record):
   every local write is a CAS that re-compares on a race, and a push the remote refused for a
-  transient reason (its ref lock was busy) is retried.
+  passing reason (the ref moved, its lock was busy) is retried with growing, jittered back-off
+  for up to `PUSH_PATIENCE_S`; a refusal for any other reason (a hook declined it) is reported
+  at once, never retried.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ from subtask.gitrepo import Repo, git
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
 BRANCHES_SPEC = "refs/heads/subtask/*:refs/heads/subtask/*"
 NOTES_SPEC = f"{notes_store.NOTES_REF}:{notes_store.NOTES_REF}"
-PUSH_ROUNDS = 10  # first push + retries of what the remote refused (notes raced, ref lock busy)
+PUSH_PATIENCE_S = 60.0  # retries of what the remote refused for a passing reason, for at most this
+# A refusal worth retrying: another push moved the ref, or held its lock, in between (git's words).
+TRANSIENT_REFUSAL = re.compile(r"fetch first|non-fast-forward|failed to update ref|failed to lock|"
+                               r"cannot lock ref|incorrect old value|stale info")
 FETCH_ROUNDS = 3  # ls-remote + fetch again when the remote moved in between
 CAS_RETRIES = 50
 FETCH_CHUNK = 200  # ref names per fetch command line
@@ -163,17 +168,20 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False) -> SyncResu
     notes_store.ensure_ref(repo.git)
     result = SyncResult(remote)
     specs = [RECORDS_SPEC, NOTES_SPEC] + ([BRANCHES_SPEC] if branches else [])
-    refused: dict[str, str] = {}
-    for round_ in range(PUSH_ROUNDS):
+    deadline = time.monotonic() + PUSH_PATIENCE_S
+    round_ = 0
+    while True:
         refused = _push(repo, remote, specs, result)
-        if not refused:
-            break
-        retry = _settle_refused(repo, remote, refused, result)
-        refused = {ref: why for ref, why in refused.items() if ref in retry}
-        if not retry:
+        passing = {ref: why for ref, why in refused.items() if TRANSIENT_REFUSAL.search(why)}
+        retry = _settle_refused(repo, remote, passing, result) if passing else set()
+        refused = {ref: why for ref, why in refused.items() if ref in retry or ref not in passing}
+        if not retry or time.monotonic() >= deadline:
             break
         specs = [f"{ref}:{ref}" for ref in sorted(retry)]
-        time.sleep(0.05 * (round_ + 1) * random.random())  # a busy remote ref lock: let the other push finish
+        # Others pushing the same refs (a teammate's notes, another push from this clone): back
+        # off with jitter, longer each round, so a loaded machine's slow round still gets a turn.
+        round_ += 1
+        time.sleep(min(1.0, 0.05 * 2 ** round_) * random.random())
     result.kept_local += sorted(set(refused) - set(result.kept_local))
     for ref in sorted(refused):
         result.lines.append(f"not pushed: {ref}: {remote} refused it {refused[ref]} "

@@ -239,3 +239,18 @@ def test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_updat
     assert not failures, f"{len(failures)} of {PULL_TRIALS} pulls failed:\n" + "\n".join(failures)
     assert cli_a.json("show", mine)["state_detail"]["mark"] == int(out)  # the pulls lost no update
     assert git(a, "rev-parse", f"refs/subtask/{theirs}/record") == git(b, "rev-parse", f"refs/subtask/{theirs}/record")
+
+
+def test_a_push_the_remote_declines_is_reported_at_once_not_retried(team):
+    """A hook that declines is not a race: reported once, with git's reason, and nothing retried
+    (retries, with patience, are only for refusals that pass: a moved ref, a busy ref lock)."""
+    remote, ((a, cli_a), _) = team
+    job(cli_a)
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../attempts\"\necho 'no pushes today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    proc = cli_a("push")
+    assert proc.returncode == 1 and "not pushed" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (remote / "attempts").read_text().count("pushed") == 1, "a declined push was retried"
+    assert git(remote, "for-each-ref", "refs/subtask/", "refs/notes/") == ""
