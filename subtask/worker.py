@@ -104,19 +104,35 @@ class EventSink:
 
 
 def checkout(repo: Repo, job: Job) -> Path:
-    """Create the job's worktree (serialized: concurrent `git worktree add` can fail)."""
+    """Create the job's worktree. Only its registration is serialized (concurrent `git worktree
+    add` can fail): the files are written after the lock is released, so the checkouts of jobs
+    that start together run in parallel instead of one after another."""
     path = Path(job.spec.worktree)
-    if path.exists() and (path / ".git").exists():
-        return path
-    ensure_excluded(repo.common_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(repo.state_dir / "worktree.lock"):
-        if job.spec.branch:
-            git(repo.root, "worktree", "add", "--quiet", str(path), job.spec.branch)
-        else:
-            git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), job.spec.base)
-    worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+    if not (path.exists() and (path / ".git").exists()):
+        ensure_excluded(repo.common_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
+        with file_lock(repo.state_dir / "worktree.lock"):
+            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
+        worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+    faults.point("before_files_checkout")
+    check_files_out(repo, path)
     return path
+
+
+def check_files_out(repo: Repo, path: Path) -> None:
+    """Write the files of a worktree registered without them, unless that was done: git writes
+    the worktree's index last, once every file is written, so no index means not (or not all)
+    written, also when a worker died in the middle; then it is done again from the start.
+    Never skipped: the engine would run in an empty folder and the autocommit would record the
+    deletion of every file."""
+    admin = worktrees.admin_dir(repo, path)
+    if admin is None or (admin / "index").exists():
+        return
+    # A worker killed while writing leaves git's lock behind; no one else touches this worktree
+    # before its index exists (the job's run-lock is ours).
+    (admin / "index.lock").unlink(missing_ok=True)
+    git(path, "read-tree", "--reset", "-u", "HEAD")  # what `worktree add` does, minus the ref writes
 
 
 WORKTREE_INCLUDE = ".worktreeinclude"
