@@ -1,7 +1,7 @@
 """The spend ledger: every dollar a job may spend is reserved here before it runs and settled after.
 
 Owns `<state_dir>/ledger.jsonl` (append-only JSON lines, one row per reservation or close) and
-`<state_dir>/ledger.lock` (a `filelock.FileLock` that serialises every read-decide-append).
+`<state_dir>/ledger.lock` (a `statefiles.FileLock` that serialises every read-decide-append).
 
 Invariants:
 - A row is written with exactly one `os.write` on an `O_APPEND` descriptor, so rows never
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from subtask.errors import SubtaskError
+from subtask.statefiles import FileLock, LockTimeout
 
 LEDGER_NAME = "ledger.jsonl"
 LOCK_NAME = "ledger.lock"
@@ -131,36 +132,29 @@ def lock_path(state_dir: Path) -> Path:
 
 # One FileLock per lock path per process: the same instance is reentrant in one thread, so a
 # caller holding lock() may call summary()/reserve_locked() without deadlocking on its own flock.
-# filelock is imported on first use: free jobs never touch the ledger, and the import costs ~20 ms
-# on every CLI call and worker start.
 _locks: dict[str, Any] = {}
 _locks_guard = threading.Lock()
 
 
-def lock(state_dir: Path):
-    """The ledger lock (a `filelock.FileLock`). Use this instance so nesting stays reentrant."""
-    import filelock
-
+def lock(state_dir: Path) -> FileLock:
+    """The ledger lock (a `statefiles.FileLock`). Use this instance so nesting stays reentrant."""
     _ensure_state_dir(Path(state_dir))
-    # Keyed by pid too: filelock refuses an instance inherited across a fork (the worker is
-    # forked from the CLI), so a forked child builds its own.
+    # Keyed by pid too: a child forked while the parent held it must not count itself a holder.
     key = f"{os.getpid()}:{os.path.abspath(lock_path(state_dir))}"
     with _locks_guard:
         lk = _locks.get(key)
         if lk is None:
-            lk = filelock.FileLock(os.path.abspath(lock_path(state_dir)), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+            lk = FileLock(os.path.abspath(lock_path(state_dir)), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
             _locks[key] = lk
         return lk
 
 
 @contextmanager
 def _held(state_dir: Path) -> Iterator[None]:
-    import filelock
-
     lk = lock(state_dir)
     try:
         lk.acquire()
-    except filelock.Timeout:
+    except LockTimeout:
         raise SubtaskError(
             "fatal",
             f"the spend ledger in {state_dir} stayed locked for {LOCK_TIMEOUT_S:.0f}s",

@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import filelock
 import pygit2
 
 from subtask.errors import fatal
+from subtask.statefiles import FileLock
 
 NOTES_REF = "refs/notes/subtask"
 NOTES_MESSAGE = "Notes added by git-subtask"
@@ -243,7 +243,7 @@ def _update(
 ) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
+    with FileLock(lock_path, timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
         for delay in _backoff():
             tip = _tip(repo)
             tree = repo[tip].tree if tip is not None else None
@@ -423,7 +423,7 @@ def merge_ref(
     """
     other_oid = pygit2.Oid(hex=str(other))
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
+    with FileLock(lock_path, timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
             tip = _tip(repo)
             if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):
