@@ -62,7 +62,7 @@ import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 sys.path.append(str(BENCH))
-from common import make_repo, median_ms, save  # noqa: E402
+from common import make_repo, make_wheel_venv, median_ms, save  # noqa: E402
 from records_scale import fill_history  # noqa: E402
 
 PEER_VERSION = "0.5.0"
@@ -259,30 +259,6 @@ class Limit:
         return self.ended[job]
 
 
-def make_wheel_venv(where: Path) -> Path:
-    """Ours installed as users get it: a wheel of this checkout in a fresh venv (no editable
-    import hook, modules compiled by pip), its dependencies taken from the running venv."""
-    import site
-    import sysconfig
-
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    wheels = where / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "-w", str(wheels), str(ROOT)], check=True, stderr=subprocess.DEVNULL)
-    target = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip())
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                    *map(str, wheels.glob("*.whl"))], check=True, env=env, stderr=subprocess.DEVNULL)
-    deps = sysconfig.get_paths()["purelib"] if not site.getsitepackages() else site.getsitepackages()[0]
-    (target / "zz-deps.pth").write_text(deps + "\n")  # a plain path line: no import hook runs
-    # `pip install --target` writes no console scripts: the same entry point, written by hand.
-    script = where / "bin" / "git-subtask"
-    script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom subtask.entry import main\nsys.exit(main())\n")
-    script.chmod(0o755)
-    return where
-
-
 def make_peer_venv(where: Path) -> tuple[Path, float]:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
@@ -328,7 +304,8 @@ def phase_breakdown(phases_file: Path, started: dict[str, float]) -> dict[str, f
     """Median ms of each phase of ours over the e2e jobs, from the worker's own marks: a phase is
     the time from the previous mark to its own (`spawn`: the CLI's start to the worker taking the job)."""
     per_phase: dict[str, list[float]] = {}
-    for line in phases_file.read_text().splitlines():
+    lines = phases_file.read_text().splitlines() if phases_file.exists() else []  # none before issue 14
+    for line in lines:
         entry = json.loads(line)
         if entry["job"] not in started:
             continue
