@@ -323,8 +323,8 @@ def print_phases(breakdown: dict[str, float]) -> None:
         print(f"  {name:<22}{ms:>8}")
 
 
-def e2e_only(ours: Ours, peer: Peer | None, limit: Limit, runs: int) -> None:
-    tools = [t for t in (ours, peer, limit) if t is not None]
+def e2e_only(ours: Ours, peer: Peer | None, limit: Limit, runs: int, before: Ours | None = None) -> None:
+    tools = [t for t in (ours, before, peer, limit) if t is not None]
     for tool in tools:  # warm up: pyc, page cache
         limit.job("true") if tool is limit else tool.until_done(tool.start("true"))
     load0 = loadavg()
@@ -424,6 +424,8 @@ def main() -> None:
     parser.add_argument("--wheel", action="store_true",
                         help="run ours from a wheel of this checkout in a temp venv (as users install it)")
     parser.add_argument("--files", type=int, default=2000, help="files in the generated repository")
+    parser.add_argument("--before", type=Path, help="with --e2e-only: another tree of git-subtask (e.g. `git archive`"
+                                                    " of main) run as a fourth tool, `before`, in the same rounds")
     args = parser.parse_args()
     if args.runs < 5:
         parser.error("--runs must be at least 5")
@@ -456,7 +458,12 @@ def main() -> None:
             initialize_only(ours, peer, args.runs)
             return
         if args.e2e_only:
-            e2e_only(ours, peer, limit, args.runs)
+            before = None
+            if args.before:
+                subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-before")], check=True)
+                before = Ours(tmp / "repo-before", fakebin, make_wheel_venv(tmp / "before-venv", args.before.resolve()))
+                before.name = "before"
+            e2e_only(ours, peer, limit, args.runs, before)
             return
         tools = [ours, peer]
         for tool in tools:  # warm up the CLI of each (pyc, page cache) before any sample

@@ -244,3 +244,22 @@ def test_checkouts_run_outside_the_worktree_lock_and_a_half_done_one_is_complete
         changed = git(repo, "diff", "--name-status", f"main..subtask/{job}").splitlines()
         assert changed == [f"A\t{name}"], (job, changed)
         assert git(repo / ".subtask" / "worktrees" / job, "status", "--porcelain") == ""
+
+
+def test_the_worker_writes_its_phase_marks_only_when_asked(cli, repo, tmp_path):
+    """bench/peer.py's per-phase breakdown (issue 14) reads these marks; without SUBTASK_PHASES
+    nothing is written."""
+    marks_file = tmp_path / "phases.jsonl"
+    job = cli.start("echo x > x.txt", env={"SUBTASK_PHASES": str(marks_file)})
+    assert cli("wait", job).returncode == 0
+    quiet = cli.start("true")
+    assert cli("wait", quiet).returncode == 0
+    [line] = marks_file.read_text().splitlines()
+    entry = json.loads(line)
+    names = [name for name, _ in entry["marks"]]
+    assert (entry["v"], entry["job"], entry["attempt"]) == (1, job, 1)
+    assert names[0] == "worker_start" and names[-1] == "run_lock_released"
+    for phase in ("checkout", "engine", "autocommit", "evidence", "pins", "record", "note", "slot_hand_off"):
+        assert phase in names
+    times = [at for _, at in entry["marks"]]
+    assert times == sorted(times)
