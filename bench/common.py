@@ -82,7 +82,8 @@ def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
     deps = sysconfig.get_paths()["purelib"] if not site.getsitepackages() else site.getsitepackages()[0]
     (target / "zz-deps.pth").write_text(deps + "\n")  # a plain path line: no import hook runs
     # `pip install --target` writes no console scripts: the same entry point, written by hand.
-    script = where / "bin" / "git-subtask"
-    script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom subtask.entry import main\nsys.exit(main())\n")
-    script.chmod(0o755)
+    for name, module in (("git-subtask", "subtask.entry"), ("subtask-mcp", "subtask.mcp_server")):
+        script = where / "bin" / name
+        script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+        script.chmod(0o755)
     return where

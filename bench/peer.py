@@ -142,6 +142,9 @@ class Ours:
         raise RuntimeError(f"{job}: no terminal event")
 
     def params(self) -> StdioServerParameters:
+        script = Path(self.python).parent / "subtask-mcp"  # the console script, as clients start it
+        if self.python != sys.executable and script.exists():
+            return StdioServerParameters(command=str(script), args=[], cwd=str(self.repo), env=self.env)
         return StdioServerParameters(command=self.python, args=["-m", "subtask.mcp_server"],
                                      cwd=str(self.repo), env=self.env)
 
