@@ -116,8 +116,9 @@ class Ours:
         # server process of ours pays ~100 ms of compiling that an installed copy never pays.
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "subtask")], check=True,
                        env={k: v for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE"})
+        # The scratch folder (mcp_wait's marker files) may be written by our confined jobs.
         for key, value in (("subtask.engine", "kimi"), ("subtask.engine.kimi.command", TEMPLATE),
-                           ("subtask.maxRunning", "10")):
+                           ("subtask.maxRunning", "10"), ("subtask.isolation.writable", str(repo.parent))):
             run(["git", "config", key, value], repo, self.env)
         self.events = repo / ".git" / "subtask" / "run"
         self.phases = repo.parent / "phases.jsonl"  # the worker's own phase marks (subtask/phases.py)
