@@ -62,3 +62,28 @@ def save(name: str, data: dict) -> Path:
 def subtask_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "git-subtask"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "subtask"]
+
+
+def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
+    """Ours installed as users get it: a wheel of this checkout in a fresh venv (no editable
+    import hook, modules compiled by pip), its dependencies taken from the running venv."""
+    import site
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    wheels = where / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "-w", str(wheels), str(tree or Path(__file__).resolve().parents[1])], check=True, stderr=subprocess.DEVNULL)
+    target = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    *map(str, wheels.glob("*.whl"))], check=True, env=env, stderr=subprocess.DEVNULL)
+    deps = sysconfig.get_paths()["purelib"] if not site.getsitepackages() else site.getsitepackages()[0]
+    (target / "zz-deps.pth").write_text(deps + "\n")  # a plain path line: no import hook runs
+    # `pip install --target` writes no console scripts: the same entry point, written by hand.
+    for name, module in (("git-subtask", "subtask.entry"), ("subtask-mcp", "subtask.mcp_server")):
+        script = where / "bin" / name
+        script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+        script.chmod(0o755)
+    return where

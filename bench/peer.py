@@ -35,7 +35,10 @@ Figures:
   folders cloned from a real finished job of its own, the format it writes).
 - mcp_initialize: spawn of the MCP server to the `initialize` reply (mcp SDK client, stdio).
 
-Writes bench/results/peer.json. Targets: every ratio <= 1.0; mcp_wait <= 0.1.
+Writes bench/results/peer.json. Targets: every ratio <= 1.0; mcp_wait <= 0.1; e2e_* <= 0.85 (and
+<= 1.5 x the limit: bench/limit.sh, the same job by bare git, in the same interleaved run);
+start_many10+wait <= 0.5. `--e2e-only` runs only the e2e figures (ours, peer, limit) and the
+per-phase breakdown of our jobs from the worker's own marks (SUBTASK_PHASES, subtask/phases.py).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 sys.path.append(str(BENCH))
-from common import make_repo, median_ms, save  # noqa: E402
+from common import make_repo, make_wheel_venv, median_ms, save  # noqa: E402
 from records_scale import fill_history  # noqa: E402
 
 PEER_VERSION = "0.5.0"
@@ -99,21 +102,27 @@ def loadavg() -> list[float]:
 class Ours:
     name = "ours"
 
-    def __init__(self, repo: Path, fakebin: Path) -> None:
+    def __init__(self, repo: Path, fakebin: Path, wheel_venv: Path | None = None) -> None:
         self.repo = repo
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SUBTASK_")}
-        self.env.update(PYTHONPATH=str(ROOT), PATH=f"{fakebin}{os.pathsep}{os.environ['PATH']}")
-        exe = Path(sys.executable).parent / "git-subtask"
-        self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "subtask"]
+        self.env.update(PATH=f"{fakebin}{os.pathsep}{os.environ['PATH']}")
+        if wheel_venv is None:
+            self.env["PYTHONPATH"] = str(ROOT)
+        self.python = str(wheel_venv / "bin" / "python") if wheel_venv else sys.executable
+        exe = Path(self.python).parent / "git-subtask"
+        self.cli = [str(exe)] if exe.exists() else [self.python, "-m", "subtask"]
         # pip compiled the peer's modules at install time; our tree runs from source, and this
         # machine may set PYTHONDONTWRITEBYTECODE. Compile ours too, or every CLI, worker and
         # server process of ours pays ~100 ms of compiling that an installed copy never pays.
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "subtask")], check=True,
                        env={k: v for k, v in self.env.items() if k != "PYTHONDONTWRITEBYTECODE"})
+        # The scratch folder (mcp_wait's marker files) may be written by our confined jobs.
         for key, value in (("subtask.engine", "kimi"), ("subtask.engine.kimi.command", TEMPLATE),
-                           ("subtask.maxRunning", "10")):
+                           ("subtask.maxRunning", "10"), ("subtask.isolation.writable", str(repo.parent))):
             run(["git", "config", key, value], repo, self.env)
         self.events = repo / ".git" / "subtask" / "run"
+        self.phases = repo.parent / "phases.jsonl"  # the worker's own phase marks (subtask/phases.py)
+        self.env["SUBTASK_PHASES"] = str(self.phases)
 
     def start(self, task: str = "true") -> str:
         out = run([*self.cli, "start", "--engine", "kimi", task], self.repo, self.env).stdout
@@ -134,7 +143,10 @@ class Ours:
         raise RuntimeError(f"{job}: no terminal event")
 
     def params(self) -> StdioServerParameters:
-        return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"],
+        script = Path(self.python).parent / "subtask-mcp"  # the console script, as clients start it
+        if self.python != sys.executable and script.exists():
+            return StdioServerParameters(command=str(script), args=[], cwd=str(self.repo), env=self.env)
+        return StdioServerParameters(command=self.python, args=["-m", "subtask.mcp_server"],
                                      cwd=str(self.repo), env=self.env)
 
     def start_args(self, task: str) -> dict:
@@ -226,6 +238,31 @@ class Peer:
             os.utime(folder, (created, created))
 
 
+class Limit:
+    """The same job by bare git commands (bench/limit.sh): what git-subtask is measured against."""
+    name = "limit"
+
+    def __init__(self, repo: Path, fakebin: Path) -> None:
+        self.repo = repo
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SUBTASK_")}
+        self.env["PATH"] = f"{fakebin}{os.pathsep}{os.environ['PATH']}"
+        run(["git", "config", "user.name", "bench"], repo, self.env)
+        run(["git", "config", "user.email", "bench@example.com"], repo, self.env)
+        self.count = 0
+        self.ended: dict[str, float] = {}
+
+    def job(self, task: str = "true") -> str:
+        """The whole job; the script prints its own timestamp of the note written."""
+        self.count += 1
+        job = f"l{self.count:04d}"
+        out = run(["bash", str(BENCH / "limit.sh"), str(self.repo), job, task], self.repo, self.env).stdout
+        self.ended[job] = float(out.split()[-1])
+        return job
+
+    def recorded_at(self, job: str) -> float:
+        return self.ended[job]
+
+
 def make_peer_venv(where: Path) -> tuple[Path, float]:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
@@ -248,17 +285,63 @@ def cli_start(tools, runs: int) -> dict[str, list[float]]:
     return out
 
 
-def end_to_end(tools, runs: int) -> tuple[dict, dict]:
+def end_to_end(tools, runs: int, started: dict | None = None) -> tuple[dict, dict]:
+    """e2e_cli and e2e_recorded, interleaved; `started` collects (job, wall time of its start) of ours."""
     cli: dict[str, list[float]] = {t.name: [] for t in tools}
     recorded: dict[str, list[float]] = {t.name: [] for t in tools}
     for _ in range(runs):
         for tool in tools:
             wall0, t0 = time.time(), time.perf_counter()
-            job = tool.start("true")
-            tool.wait_cli(job)
+            if isinstance(tool, Limit):
+                job = tool.job("true")
+            else:
+                job = tool.start("true")
+                tool.wait_cli(job)
             cli[tool.name].append(time.perf_counter() - t0)
             recorded[tool.name].append(tool.recorded_at(job) - wall0)
+            if started is not None and tool.name == "ours":
+                started[job] = wall0
     return cli, recorded
+
+
+def phase_breakdown(phases_file: Path, started: dict[str, float]) -> dict[str, float]:
+    """Median ms of each phase of ours over the e2e jobs, from the worker's own marks: a phase is
+    the time from the previous mark to its own (`spawn`: the CLI's start to the worker taking the job)."""
+    per_phase: dict[str, list[float]] = {}
+    lines = phases_file.read_text().splitlines() if phases_file.exists() else []  # none before issue 14
+    for line in lines:
+        entry = json.loads(line)
+        if entry["job"] not in started:
+            continue
+        previous = started[entry["job"]]
+        for name, at in [["spawn", entry["marks"][0][1]], *entry["marks"][1:]]:
+            per_phase.setdefault(name, []).append(at - previous)
+            previous = at
+        per_phase.setdefault("total", []).append(entry["marks"][-1][1] - started[entry["job"]])
+    return {name: median_ms(values) for name, values in per_phase.items()}
+
+
+def print_phases(breakdown: dict[str, float]) -> None:
+    print("\nphases of one job (ours, median ms of the e2e jobs, from the worker's marks):")
+    for name, ms in breakdown.items():
+        print(f"  {name:<22}{ms:>8}")
+
+
+def e2e_only(ours: Ours, peer: Peer | None, limit: Limit, runs: int, before: Ours | None = None) -> None:
+    tools = [t for t in (ours, before, peer, limit) if t is not None]
+    for tool in tools:  # warm up: pyc, page cache
+        limit.job("true") if tool is limit else tool.until_done(tool.start("true"))
+    load0 = loadavg()
+    started: dict[str, float] = {}
+    e2e_cli, e2e_recorded = end_to_end(tools, runs, started)
+    print(f"load {load0} -> {loadavg()}")
+    for key, by_tool in (("e2e_cli", e2e_cli), ("e2e_recorded", e2e_recorded)):
+        cells = "  ".join(f"{t.name} {median_ms(by_tool[t.name])}" for t in tools)
+        ratios = f"ours/limit {median_ms(by_tool['ours']) / median_ms(by_tool['limit']):.2f}"
+        if peer is not None:
+            ratios += f"  ours/peer {median_ms(by_tool['ours']) / median_ms(by_tool['peer']):.2f}"
+        print(f"{key:<14}{cells}   {ratios}")
+    print_phases(phase_breakdown(ours.phases, started))
 
 
 async def call(client: Client, name: str, args: dict) -> str:
@@ -339,31 +422,52 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
     parser.add_argument("--initialize-only", action="store_true",
                         help="only mcp_initialize (plus ours with SUBTASK_MCP_FRONT=0); prints, saves nothing")
+    parser.add_argument("--e2e-only", action="store_true",
+                        help="only e2e_cli and e2e_recorded (ours, peer, limit) and ours' phases; prints, saves nothing")
+    parser.add_argument("--no-peer", action="store_true", help="with --e2e-only: ours and the limit only")
+    parser.add_argument("--wheel", action="store_true",
+                        help="run ours from a wheel of this checkout in a temp venv (as users install it)")
+    parser.add_argument("--files", type=int, default=2000, help="files in the generated repository")
+    parser.add_argument("--before", type=Path, help="with --e2e-only: another tree of git-subtask (e.g. `git archive`"
+                                                    " of main) run as a fourth tool, `before`, in the same rounds")
     args = parser.parse_args()
     if args.runs < 5:
         parser.error("--runs must be at least 5")
     tmp = Path(tempfile.mkdtemp(prefix="subtask-peer-bench-"))
     load_before = loadavg()
     try:
-        if args.peer_venv:
+        if args.e2e_only and args.no_peer:
+            venv, install_s = None, 0.0
+        elif args.peer_venv:
             venv, install_s = args.peer_venv, 0.0
         else:
             venv, install_s = make_peer_venv(tmp / "peer-venv")
-        version = subprocess.run([str(venv / "bin" / "python"), "-c",
-                                  "import importlib.metadata as m; print(m.version('subtask-mcp'))"],
-                                 capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout.strip()
-        assert version == PEER_VERSION, f"peer venv has subtask-mcp {version!r}, not {PEER_VERSION}"
+        if venv is not None:
+            version = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                      "import importlib.metadata as m; print(m.version('subtask-mcp'))"],
+                                     capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout.strip()
+            assert version == PEER_VERSION, f"peer venv has subtask-mcp {version!r}, not {PEER_VERSION}"
         fakebin = tmp / "bin"
         fakebin.mkdir()
         (fakebin / "kimi").write_text(FAKE_KIMI)
         (fakebin / "kimi").chmod(0o755)
         (tmp / "peer-home").mkdir()
-        repo_ours = make_repo(tmp / "repo-ours", files=50 if args.initialize_only else 2000)
+        repo_ours = make_repo(tmp / "repo-ours", files=50 if args.initialize_only else args.files)
         subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-peer")], check=True)
-        ours = Ours(repo_ours, fakebin)
-        peer = Peer(tmp / "repo-peer", venv, tmp / "peer-home", fakebin)
+        subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-limit")], check=True)
+        ours = Ours(repo_ours, fakebin, make_wheel_venv(tmp / "ours-venv") if args.wheel else None)
+        peer = Peer(tmp / "repo-peer", venv, tmp / "peer-home", fakebin) if venv is not None else None
+        limit = Limit(tmp / "repo-limit", fakebin)
         if args.initialize_only:
             initialize_only(ours, peer, args.runs)
+            return
+        if args.e2e_only:
+            before = None
+            if args.before:
+                subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-before")], check=True)
+                before = Ours(tmp / "repo-before", fakebin, make_wheel_venv(tmp / "before-venv", args.before.resolve()))
+                before.name = "before"
+            e2e_only(ours, peer, limit, args.runs, before)
             return
         tools = [ours, peer]
         for tool in tools:  # warm up the CLI of each (pyc, page cache) before any sample
@@ -373,7 +477,10 @@ def main() -> None:
         print("cli start ...", flush=True)
         samples["cli_start"] = cli_start(tools, args.runs)
         print("end to end ...", flush=True)
-        samples["e2e_cli"], samples["e2e_recorded"] = end_to_end(tools, args.runs)
+        limit.job("true")  # warm up
+        started: dict[str, float] = {}
+        samples["e2e_cli"], samples["e2e_recorded"] = end_to_end([*tools, limit], args.runs, started)
+        breakdown = phase_breakdown(ours.phases, started)
         print("mcp wait, start_many ...", flush=True)
         samples.update(anyio.run(mcp_figures, tools, args.runs, tmp))
         print("mcp initialize ...", flush=True)
@@ -396,11 +503,14 @@ def main() -> None:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    targets = {"mcp_wait": 0.1}
+    targets = {"mcp_wait": 0.1, "e2e_cli": 0.85, "e2e_recorded": 0.85, "start_many10+wait": 0.5}
     rows = {}
     for key, by_tool in samples.items():
         a, b = median_ms(by_tool["ours"]), median_ms(by_tool["peer"])
         rows[key] = {"ours_ms": a, "peer_ms": b, "ratio": round(a / b, 2), "target": targets.get(key, 1.0)}
+        if "limit" in by_tool:
+            rows[key]["limit_ms"] = median_ms(by_tool["limit"])
+            rows[key]["ours_per_limit"] = round(a / rows[key]["limit_ms"], 2)
     info = {
         "peer_sdk_server_initialize_ms": median_ms(init["peer_sdk"]),
         "history_growth_ours": round(rows["cli_start_history"]["ours_ms"] / rows["cli_start"]["ours_ms"], 2),
@@ -412,11 +522,13 @@ def main() -> None:
     print(f"\n{'figure':<20}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}  target")
     for key, row in rows.items():
         verdict = "ok" if row["ratio"] <= row["target"] else "MISSED"
-        print(f"{key:<20}{row['ours_ms']:>10}{row['peer_ms']:>10}{row['ratio']:>8}  <= {row['target']} {verdict}")
+        limit_cell = f"   limit {row['limit_ms']} ms, ours/limit {row['ours_per_limit']}" if "limit_ms" in row else ""
+        print(f"{key:<20}{row['ours_ms']:>10}{row['peer_ms']:>10}{row['ratio']:>8}  <= {row['target']} {verdict}{limit_cell}")
+    print_phases(breakdown)
     for key, value in info.items():
         print(f"{key}: {value}")
     path = save("peer", {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
-                         "figures": rows, "info": info,
+                         "figures": rows, "info": info, "phases_ms": breakdown,
                          "raw_ms": {k: {t: [round(s * 1000, 1) for s in v] for t, v in d.items()}
                                     for k, d in samples.items()}})
     print("saved", path)

@@ -13,7 +13,6 @@ SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
@@ -383,6 +382,8 @@ def show(job_id, as_json, show_log):
 @click.option("--stat", is_flag=True, help="a diffstat instead of the patch")
 def diff(job_id, stat):
     """git diff base..head of the job (works after its branch is deleted)."""
+    import subprocess
+
     from subtask import api
 
     sys.exit(subprocess.call(api.diff_argv(_repo(), job_id, stat=stat)))
@@ -392,6 +393,8 @@ def diff(job_id, stat):
 @click.argument("job_id", metavar="ID")
 def log(job_id):
     """git log base..head --notes=subtask of the job."""
+    import subprocess
+
     from subtask import api
 
     sys.exit(subprocess.call(api.log_argv(_repo(), job_id)))

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from subtask import faults, jobenv, ledger, liveness, privatetext, records, slots, spawn
@@ -190,12 +191,28 @@ def reconcile(repo: Repo) -> list[str]:
     state_dir = repo.state_dir
     if not (state_dir / "slots.json").exists() and not (state_dir / "slots.lock").exists():
         return []
+    if nothing_to_reconcile(state_dir):
+        return []
     max_running = repo.config.integer("maxRunning")
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         reaped = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
     start_handoffs(repo, handed)
     return settle_reaped(repo, reaped)
+
+
+def nothing_to_reconcile(state_dir: Path) -> bool:
+    """True when a look without the slots lock finds nothing for `reconcile` to do: the file is
+    whole, nothing is queued, and every running entry's run-lock is held (its worker lives, or
+    someone is settling it). Reading commands then neither take the lock nor rewrite the file.
+    Skipping is the same as a reconcile that ran just before this look: a worker that dies after
+    it is found by the next command, as it would have been after a locked pass."""
+    with warnings.catch_warnings():  # a damaged file is said once, by the locked pass that rebuilds it
+        warnings.simplefilter("ignore")
+        current = slots.read(state_dir)
+    if current.damaged or current.queue:
+        return False
+    return all(liveness.is_held(state_dir, entry["job"]) for entry in current.running)
 
 
 def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:

@@ -7,7 +7,6 @@ script. A test regenerates the page and compares, so the manual never drifts fro
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import sys
@@ -122,6 +121,8 @@ def roff(group: click.Group) -> str:
 
 
 def to_html(group: click.Group) -> str:
+    import html  # only when writing the page: the CLI imports this module on every start
+
     esc = html.escape
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>git-subtask(1) — git-subtask {__version__}</title>",

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import filelock
 import pygit2
 
 from subtask.errors import fatal
@@ -243,6 +242,8 @@ def _update(
 ) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    import filelock  # here, not at the top: ~20 ms, and most commands never write a note
+
     with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
         for delay in _backoff():
             tip = _tip(repo)
@@ -423,7 +424,9 @@ def merge_ref(
     """
     other_oid = pygit2.Oid(hex=str(other))
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
+    import filelock
+
+    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
         for delay in _backoff():
             tip = _tip(repo)
             if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):

@@ -44,6 +44,7 @@ from subtask import (
     lifecycle,
     liveness,
     notes,
+    phases,
     privatetext,
     records,
     render,
@@ -104,19 +105,35 @@ class EventSink:
 
 
 def checkout(repo: Repo, job: Job) -> Path:
-    """Create the job's worktree (serialized: concurrent `git worktree add` can fail)."""
+    """Create the job's worktree. Only its registration is serialized (concurrent `git worktree
+    add` can fail): the files are written after the lock is released, so the checkouts of jobs
+    that start together run in parallel instead of one after another."""
     path = Path(job.spec.worktree)
-    if path.exists() and (path / ".git").exists():
-        return path
-    ensure_excluded(repo.common_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(repo.state_dir / "worktree.lock"):
-        if job.spec.branch:
-            git(repo.root, "worktree", "add", "--quiet", str(path), job.spec.branch)
-        else:
-            git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), job.spec.base)
-    worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+    if not (path.exists() and (path / ".git").exists()):
+        ensure_excluded(repo.common_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
+        with file_lock(repo.state_dir / "worktree.lock"):
+            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
+        worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+    faults.point("before_files_checkout")
+    check_files_out(repo, path)
     return path
+
+
+def check_files_out(repo: Repo, path: Path) -> None:
+    """Write the files of a worktree registered without them, unless that was done: git writes
+    the worktree's index last, once every file is written, so no index means not (or not all)
+    written, also when a worker died in the middle; then it is done again from the start.
+    Never skipped: the engine would run in an empty folder and the autocommit would record the
+    deletion of every file."""
+    admin = worktrees.admin_dir(repo, path)
+    if admin is None or (admin / "index").exists():
+        return
+    # A worker killed while writing leaves git's lock behind; no one else touches this worktree
+    # before its index exists (the job's run-lock is ours).
+    (admin / "index.lock").unlink(missing_ok=True)
+    git(path, "read-tree", "--reset", "-u", "HEAD")  # what `worktree add` does, minus the ref writes
 
 
 WORKTREE_INCLUDE = ".worktreeinclude"
@@ -495,9 +512,11 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     if job is None:
         return
     sink({"type": "state", "state": "running"})
+    phases.mark("record_running")
     try:
         fresh = not Path(job.spec.worktree).exists()
         worktree = checkout(repo, job)
+        phases.mark("checkout")
         if fresh:
             copy_included(repo, worktree)
             failure = run_setup(repo, job, worktree)
@@ -505,6 +524,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
                 lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=failure, error_kind="setup",
                                       hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
                 return
+            phases.mark("setup")
     except Exception as exc:
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"could not set up the worktree: {exc}"),
                               error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
@@ -516,6 +536,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
                               error_kind="isolation", hint=ERROR_HINTS["isolation"], engine_may_have_spent=False)
         return
+    phases.mark("confinement")
     try:
         _run_confined(repo, job_id, attempt_n, worktree, sink, confinement)
     finally:
@@ -529,6 +550,7 @@ def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink:
     job = mark_engine_started(repo, job_id, attempt_n)
     if job is None:
         return
+    phases.mark("record_engine_started")
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
               "writable": [g.path for g in confinement.policy.grants]})
@@ -539,36 +561,45 @@ def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink:
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
+    phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     auto = autocommit(repo, job, worktree)
     head = current_head(repo, job, worktree)
+    phases.mark("autocommit")
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         with isolation.confined(confinement.ruleset):
             verify = run_verify(repo, job, worktree, head, confinement.env)
         faults.point("after_verify")
+    phases.mark("verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
+    phases.mark("evidence")
     faults.point("before_final_record")
     if head != job.spec.base:
         # Before the terminal record, never after: a worker killed in between must not leave a
         # finished job whose commits nothing keeps alive once its branch is squashed away.
         records.set_pin(repo, job_id, "head", head)
+    phases.mark("pins")
     job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
     privatetext.discard(state_dir, job_id, attempt_n)
+    phases.mark("record")
     faults.point("after_final_record")
     attempt = job.state.current
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
+    phases.mark("ledger")
     notes.ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
     notes.write_for_job(repo, job)
+    phases.mark("note")
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
     sink({"type": "state", "state": attempt.state})
+    phases.mark("terminal_event")
     pack_refs_when_many(repo)
 
 
@@ -594,9 +625,11 @@ def release_and_next(repo: Repo, job_id: str, attempt_n: int) -> list[slots.Hand
         return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
 
 
-def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
+def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None) -> None:
     """Run this job, then every queued job handed to us in this repository."""
     while True:
+        phases.begin(started_at)
+        started_at = None
         liveness.adopt(job_id, lock_fd)
         lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
@@ -606,8 +639,12 @@ def serve(repo: Repo, job_id: str, lock_fd: int) -> None:
         member = _group_member(repo, job_id)
         if member is not None:  # first pass: the rest stop before our slot is handed to one of them
             groups.after_member_ended(repo, member, first_pass_only=True)
+        phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
+        phases.mark("slot_hand_off")
         liveness.release(lock_fd)
+        phases.mark("run_lock_released")
+        phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: settle the group
@@ -684,11 +721,12 @@ def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
 
 def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
+    started_at = time.time()
     spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
     repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
-    serve(repo, job_id, lock_fd)
+    serve(repo, job_id, lock_fd, started_at)
     return 0
 
 

@@ -290,3 +290,27 @@ def test_eight_processes_racing_for_the_cap_get_exactly_seven_reservations(cli, 
     spend = cli.json("spend")
     assert spend["committed_usd"] == pytest.approx(49.0) and spend["open_usd"] == 0
     check_books(cli, repo)
+
+
+def test_reading_commands_leave_the_slots_alone_while_nothing_needs_reconciling(cli, repo, tmp_path):
+    """Issue 14: `list` and `status` reconcile (reap dead workers, fill slots) only when a look
+    without the lock finds something to do; with one live job they neither lock nor rewrite the
+    slots file. A dead worker is still reaped by the next reading command."""
+    slots_file = repo / ".git" / "subtask" / "slots.json"
+    gate = tmp_path / "gate"
+    try:
+        live = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"worker_start:{gate}"})
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        before = os.stat(slots_file)
+        cli.ok("list")
+        cli.ok("status")
+        after = os.stat(slots_file)
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "a read rewrote slots.json"
+    finally:
+        gate.touch()
+    assert cli("wait", live).returncode == 0
+    dead = cli.start("true", env={"SUBTASK_FAULT": "worker_start"})  # its worker dies at once
+    assert wait_until(lambda: not liveness.is_held(repo / ".git" / "subtask", dead), timeout=60)
+    cli.ok("list")  # reaps it
+    assert slot_entries(repo) == {"running": [], "queue": []}
+    assert "failed" in cli.ok("status", dead)

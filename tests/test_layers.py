@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("storage", {"subtask.records", "subtask.notes", "subtask.notes_store", "subtask.slots", "subtask.ledger",
                  "subtask.liveness", "subtask.statefiles", "subtask.jobenv", "subtask.privatetext",
                  "subtask.worktrees", "subtask.gitrepo", "subtask.render", "subtask.engines.base"}),
-    ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults"}),
+    ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
+              "subtask.phases"}),
 ]
 
 

@@ -210,3 +210,56 @@ def test_an_invalid_setting_is_refused_at_use_and_reported_by_doctor(cli, repo, 
     assert f"hint: git config subtask.{key}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert refs(repo, "refs/subtask/") == []
+
+
+@pytest.mark.stress
+def test_checkouts_run_outside_the_worktree_lock_and_a_half_done_one_is_completed(cli, repo, tmp_path):
+    """Issue 14: only the worktree's registration is serialized, so one job writing its files
+    never holds up another's checkout; a worker killed between registration and its files leaves
+    a worktree that the next attempt checks out, rather than running in an empty folder (whose
+    autocommit would record every file deleted)."""
+    import fcntl
+
+    lock_path = repo / ".git" / "subtask" / "worktree.lock"
+    gate = tmp_path / "gate"
+    try:
+        held = cli.start("echo a > a.txt", env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60), "never reached the file checkout"
+        fd = os.open(lock_path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free while that job's files are written
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        other = cli.start("echo b > b.txt")
+        assert cli("wait", other).returncode == 0  # not held up by the held job's checkout
+    finally:
+        gate.touch()
+    assert cli("wait", held).returncode == 0
+    crashed = cli.start("echo c > c.txt", env={"SUBTASK_FAULT": "before_files_checkout"})
+    assert cli("wait", crashed).returncode != 0  # its worker died: the attempt is settled failed
+    cli.ok("reply", crashed, "echo c > c.txt")
+    assert cli("wait", crashed).returncode == 0
+    for job, name in ((held, "a.txt"), (other, "b.txt"), (crashed, "c.txt")):
+        changed = git(repo, "diff", "--name-status", f"main..subtask/{job}").splitlines()
+        assert changed == [f"A\t{name}"], (job, changed)
+        assert git(repo / ".subtask" / "worktrees" / job, "status", "--porcelain") == ""
+
+
+def test_the_worker_writes_its_phase_marks_only_when_asked(cli, repo, tmp_path):
+    """bench/peer.py's per-phase breakdown (issue 14) reads these marks; without SUBTASK_PHASES
+    nothing is written."""
+    marks_file = tmp_path / "phases.jsonl"
+    job = cli.start("echo x > x.txt", env={"SUBTASK_PHASES": str(marks_file)})
+    assert cli("wait", job).returncode == 0
+    quiet = cli.start("true")
+    assert cli("wait", quiet).returncode == 0
+    [line] = marks_file.read_text().splitlines()
+    entry = json.loads(line)
+    names = [name for name, _ in entry["marks"]]
+    assert (entry["v"], entry["job"], entry["attempt"]) == (1, job, 1)
+    assert names[0] == "worker_start" and names[-1] == "run_lock_released"
+    for phase in ("checkout", "engine", "autocommit", "evidence", "pins", "record", "note", "slot_hand_off"):
+        assert phase in names
+    times = [at for _, at in entry["marks"]]
+    assert times == sorted(times)

@@ -1,0 +1,45 @@
+"""Where a worker's time goes: wall-clock marks of one attempt's phases, for bench/peer.py (issue 14).
+
+The worker calls `mark(name)` as each phase ends. Nothing is written, and marking costs one
+list append, unless `SUBTASK_PHASES` names a file: then `flush` appends one JSON line per
+attempt, `{"v": 1, "job": ID, "attempt": N, "pid": P, "marks": [[name, unix time], ...]}`, after
+the run-lock is released (the last mark). Only the benchmarks set it; nothing reads it back.
+
+Invariant: never fails the worker: a file that cannot be written is skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+PHASES_ENV = "SUBTASK_PHASES"
+
+_marks: list[list] = []
+
+
+def begin(at: float | None = None) -> None:
+    """Start a new attempt's marks (the first mark is the worker taking the job)."""
+    _marks.clear()
+    mark("worker_start", at)
+
+
+def mark(name: str, at: float | None = None) -> None:
+    _marks.append([name, round(time.time() if at is None else at, 6)])
+
+
+def flush(job_id: str, attempt: int) -> None:
+    path = os.environ.get(PHASES_ENV)
+    if not path or not _marks:
+        return
+    line = json.dumps({"v": 1, "job": job_id, "attempt": attempt, "pid": os.getpid(), "marks": list(_marks)})
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    _marks.clear()
