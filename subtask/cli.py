@@ -510,6 +510,8 @@ def compare(group_id, patch):
     if not _is_group(group_id):
         raise click.UsageError(f"compare takes a group id (sg-...), not {group_id!r}")
     pairs = api.compare_argvs(_repo(), group_id, stat=not patch)
+    import subprocess  # here, as for diff and log: no other command needs it
+
     code = 0
     for title, argv in pairs:
         echo(f"== {title}")
