@@ -30,6 +30,7 @@ from pathlib import Path
 
 from subtask import (
     books,
+    executors,
     faults,
     jobenv,
     ledger,
@@ -69,10 +70,11 @@ from subtask.redact import redact
 class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
+    on: str = "local"  # where it runs: local, or ray (queued in the cluster until a slot is free there)
 
     @property
     def state(self) -> str:
-        return "running" if self.position == 0 else "queued"
+        return "running" if self.position == 0 and self.on == "local" else "queued"
 
 
 @dataclass
@@ -98,6 +100,7 @@ class StartRequest:
     model: str | None = None
     readonly: bool = False
     isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
+    on: str | None = None  # local | ray; None = git config subtask.executor, else local
 
 
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
@@ -266,6 +269,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     from subtask.engines import get_engine
 
     task = _check_task(request.task)
+    on = executors.choose(repo.config, request.on)
     engine_name = request.engine or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
     _check_engine_can_run(engine)
@@ -296,10 +300,23 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
+    if on == "ray":
+        return _start_on_ray(repo, job, engine.paid)
     if engine.paid:
         _sync_ledger(repo)
     return _admit_and_launch(repo, job, engine.paid, branch_at=None if request.readonly else job.spec.base,
                              lock_fd=liveness.acquire(repo.state_dir, job.id), as_written=as_written)
+
+
+def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
+    """Submit the job to the Ray cluster (`subtask/executors/ray.py`): checked first (Ray, its
+    address, a dry-run push to the remote), then branch, pin, record, reservation, push, submit.
+    The task as written stays here: nodes run it as recorded (redacted)."""
+    from subtask.executors import ray as ray_executor
+
+    where = ray_executor.target(repo, job.id, job.spec.base)
+    ray_executor.prepare(job, where)
+    return StartResult(ray_executor.start(repo, job, paid, where), 0, on="ray")
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -315,9 +332,9 @@ def _isolation(repo: Repo, engine, request: StartRequest):
                              configured=repo.config.get("isolation"))
 
 
-_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation")
+_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")
 _REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly", "isolation")
+                   "model", "readonly", "isolation", "on")
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
@@ -533,6 +550,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
+    if executors.runs_remotely(job):
+        raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
+                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
@@ -615,6 +635,8 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     from subtask import landing
 
     listed = records.list_entries(repo)
+    if _settle_on_ray(repo, listed):
+        listed = records.list_entries(repo)
     swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
         before = {e["id"] for e in listed if e.get("landed")}
@@ -643,6 +665,16 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             continue
         entries.append(entry)
     return Listing(entries, more, swept, hidden)
+
+
+def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:
+    """Bring home the active Ray jobs Ray says ended (one status request each; none: no import)."""
+    active = [e for e in listed if e.get("on") == "ray" and e.get("state") in ("queued", "running")]
+    if not active:
+        return []
+    from subtask.executors import ray as ray_executor
+
+    return ray_executor.settle_active(repo, active)
 
 
 def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
@@ -790,6 +822,11 @@ def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel:
         if job.state.current.terminal:
             ended.put((job_id, None))
             return
+        if executors.runs_remotely(job):
+            from subtask.executors import ray as ray_executor
+
+            ray_executor.watch(repo, job_id, cancel)  # Ray's status, at most once a second
+            continue
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)
             continue
@@ -813,6 +850,10 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
+    if executors.runs_remotely(job):
+        from subtask.executors import ray as ray_executor
+
+        return ray_executor.stop(repo, job_id)
     state_dir = repo.state_dir
     with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)
@@ -1016,4 +1057,25 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False):
 def pull(repo: Repo, remote: str = "origin"):
     from subtask import sync
 
-    return sync.pull(repo, remote)
+    result = sync.pull(repo, remote)
+    arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
+    _bring_home_from_ray(repo, arrived + result.new_jobs)
+    return result
+
+
+def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
+    """Ray jobs of this clone whose final record a pull brought: their branch, reservation, note."""
+    for job_id in job_ids:
+        try:
+            job = records.read(repo, job_id)
+        except SubtaskError:
+            continue
+        if executors.runs_remotely(job) and job.state.current.terminal and Path(job.spec.repo).resolve() == repo.root.resolve():
+            from subtask import sync
+            from subtask.executors import ray as ray_executor
+
+            try:
+                sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
+            except SubtaskError as exc:
+                warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
+            ray_executor.bring_home(repo, records.read(repo, job_id))

@@ -106,8 +106,10 @@ def cli() -> None:
 @click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
 @click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what the engine may write, kernel-enforced "
               "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
+@click.option("--on", "on", metavar="EXECUTOR", help="local or ray: where the job runs (default: git config subtask.executor, "
+              "else local; ray: a node of the cluster at subtask.ray.address, results back through subtask.remote)")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, as_json):
+def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on, as_json):
     """Start a job in its own worktree and branch; print its id at once.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
@@ -120,10 +122,10 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
     result = api.start(_repo(), api.StartRequest(task=task, engine=engine, base=base, verify=verify,
                                                   verify_timeout=verify_timeout, timeout=timeout, max_usd=max_usd,
                                                   max_turns=max_turns, model=model, readonly=readonly,
-                                                  isolation=isolation))
+                                                  isolation=isolation, on=on))
     job = result.job
     if as_json:
-        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
+        _emit_json(_job_json(job, result.position or None) | {"state": result.state, "on": result.on})
         return
     from subtask import render
 
@@ -574,6 +576,17 @@ def completion(shell):
     from subtask.completion import SCRIPTS
 
     click.echo(SCRIPTS[shell], nl=False)
+
+
+@cli.command("run-remote", hidden=True, context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--remote", "url", required=True, help="the URL this node fetches the job from and pushes it to")
+@click.option("--attempt", type=int, required=True, help="the attempt the Ray job was submitted for")
+def run_remote(job_id, url, attempt):
+    """On a cluster node: fetch the job, run its worker, push its results (the Ray job's entrypoint)."""
+    from subtask.executors import remote
+
+    sys.exit(remote.run(job_id, url, attempt))
 
 
 @cli.command("__complete", hidden=True, context_settings={"ignore_unknown_options": True})

@@ -19,6 +19,7 @@ import json
 import re
 import time
 
+from subtask.executors import placement, ray_job_id
 from subtask.engines.base import SUMMARY_MAX_LINES
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
@@ -125,6 +126,8 @@ def started_line(job, position: int) -> str:
     (`· attempt N` for a reply)."""
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
     state = "running" if position == 0 else f"queued (#{position} in queue)"
+    if placement(job.spec) is not None:
+        state = f"submitted to ray as {ray_job_id(job.state.current)}"
     attempt = job.state.current.n
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 

@@ -102,9 +102,17 @@ class EventSink:
             del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]
 
 
+def worktree_path(repo: Repo, job: Job) -> Path:
+    """Where the job's worktree is on this machine: the recorded path, except for a job a cluster
+    node runs (`spec.executor`), which gets one in the node's own cache (`subtask/executors/remote.py`)."""
+    if isinstance(job.spec.extra.get("executor"), dict):
+        return repo.worktree_dir() / job.id
+    return Path(job.spec.worktree)
+
+
 def checkout(repo: Repo, job: Job) -> Path:
     """Create the job's worktree (serialized: concurrent `git worktree add` can fail)."""
-    path = Path(job.spec.worktree)
+    path = worktree_path(repo, job)
     if path.exists() and (path / ".git").exists():
         return path
     ensure_excluded(repo.common_dir)
@@ -491,7 +499,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         return
     sink({"type": "state", "state": "running"})
     try:
-        fresh = not Path(job.spec.worktree).exists()
+        fresh = not worktree_path(repo, job).exists()
         worktree = checkout(repo, job)
         if fresh:
             copy_included(repo, worktree)
