@@ -19,8 +19,8 @@ import json
 import re
 import time
 
-from subtask.executors import placement, ray_job_id
 from subtask.engines.base import SUMMARY_MAX_LINES
+from subtask.executors import placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).

@@ -125,6 +125,17 @@ def _kill_all(grace: float = 5.0) -> None:
             time.sleep(0.1)
 
 
+def _wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listened on {port} within {timeout:g}s")
+
+
 def _wait_for_dashboard(port: int, timeout: float) -> None:
     import urllib.request
 
@@ -175,11 +186,12 @@ def keeper(base: Path) -> int:
                           *_node_args(head_temp, {"subtask_slot": 2})],
                          stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
                          env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-head")))
-        _wait_for_dashboard(dashboard, 120)
+        _wait_for_port(gcs, 120)  # the second node joins while the head's dashboard starts
         subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs}",
                           *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})],
                          stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
                          env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-node2")))
+        _wait_for_dashboard(dashboard, 120)
         _wait_for_nodes(ray, f"http://127.0.0.1:{dashboard}", 2, 120)
         print(json.dumps({"status": READY, "address": f"http://127.0.0.1:{dashboard}",
                           "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
