@@ -17,6 +17,7 @@ Writes bench/results/ray_scale.json.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -92,7 +93,9 @@ def run_jobs(clone: Path, count: int, on: str) -> dict:
     submitted = time.perf_counter() - first
     proc = sh(*ST, "wait", *ids, cwd=clone, check=False)
     total = time.perf_counter() - first
-    done = sh(*ST, "list", "--state", "done", "--all", cwd=clone).stdout.count(" done ")
+    listed = json.loads(sh(*ST, "list", "--all", "--json", cwd=clone).stdout)
+    rows = listed["jobs"] if isinstance(listed, dict) else listed
+    done = sum(1 for row in rows if row.get("id") in ids and row.get("state") == "done")
     return {"jobs": count, "done": done, "wait_exit": proc.returncode,
             "start_latency_ms": {"median": round(statistics.median(latencies) * 1000),
                                  "p90": round(sorted(latencies)[int(0.9 * (count - 1))] * 1000),

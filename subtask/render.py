@@ -347,7 +347,14 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{branch_note(job)}")
-    lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
+    where = placement(spec)
+    if where is None:
+        lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
+    else:  # a node's worktree, in its own cache: nothing of it is here
+        node = job.state.current.extra.get("node") or {}
+        lines.append(safe_line(f"ran on:    ray {where.get('address')} as {ray_job_id(job.state.current)}"
+                               + (f" · node {node.get('host')}: {node.get('mirror')}" if isinstance(node, dict) and node else
+                                  " · no node has claimed it yet")))
     lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))

@@ -71,6 +71,19 @@ def _dump(client, job_ids: list[str]) -> str:
     return "\n".join(out)
 
 
+def _processes_of(job_ids: list[str]) -> list[str]:
+    """Command lines of live processes that belong to these jobs (entrypoint, worker, engine)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(j in argv for j in job_ids) and "pytest" not in argv:
+            found.append(argv)
+    return found
+
+
 def _start_all(cli: Cli, tasks: list[str]) -> list[str]:
     """Start the jobs at once (each start waits on Ray and the remote; in turn they add up)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +121,12 @@ def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(clust
         assert len(set(seen.values())) == 2, "both nodes ran jobs"
         slots = ours / ".git" / "subtask" / "slots.json"
         assert not slots.exists() or json.loads(slots.read_text()).get("running", []) == [], "no local slot is held"
+        # a damaged slots.json is rebuilt from the records: a Ray job is no dead local worker
+        slots.parent.mkdir(exist_ok=True)
+        slots.write_text("{")
+        cli.ok("list")
+        assert json.loads(slots.read_text())["running"] == [] and json.loads(slots.read_text())["queue"] == []
+        assert all(_record(ours, j)["state"] in ("queued", "running") for j in jobs)
 
         # -- stop a job Ray holds PENDING
         queued = cli.start(_gated(gate, "queued"))
@@ -141,6 +160,7 @@ def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(clust
         assert "job0.txt" in cli.ok("diff", jobs[0], "--stat")
         assert jobs[0] in cli.ok("log", jobs[0])
         assert cli.ok("result", jobs[0]).startswith(jobs[0])
+        assert "ran on:    ray" in cli.ok("show", jobs[0])
         cli.ok("merge", jobs[0])
         assert (ours / "job0.txt").read_text().strip() == "job0"
 
@@ -163,6 +183,8 @@ def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(clust
         node2 = {client.get_job_info(f"subtask-{j}-1").driver_node_id for j in doomed}
         assert len(node2) == 1 and client.get_job_info(f"subtask-{survivor}-1").driver_node_id not in node2
         assert cluster.kill_raylet("node2")
+        # nothing of theirs runs on: not the entrypoint, not the worker, not the engine
+        assert wait_until(lambda: not _processes_of(doomed), timeout=60, interval=0.2), _processes_of(doomed)
         lost = cli("wait", *doomed, timeout=RAY_WAIT)
         assert lost.returncode == 1, lost.stdout + lost.stderr
         for job in doomed:

@@ -50,6 +50,7 @@ STATUS_INTERVAL = 1.0  # seconds between status requests for one job (the promis
 GIT_FALLBACK_INTERVAL = 5.0  # while Ray cannot be reached, look in git for a pushed end this often
 STOP_WAIT = 60.0  # seconds `stop` waits for Ray to say the job ended (Ray: SIGTERM, 3 s, SIGKILL)
 CONNECT_TIMEOUT = 5.0
+STOP_PUSH_SECONDS = 15  # after the engine's stop grace: the worker's last record and the node's push
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 LOG_TAIL_LINES = 6
 # What each engine needs on a node, passed when set here (credentials, the CLI's location).
@@ -205,6 +206,7 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             liveness.release(lock_fd)
+            liveness.lock_path(state_dir, job.id).unlink(missing_ok=True)
         raise
     liveness.release(lock_fd)
     return job
@@ -239,12 +241,15 @@ def _delete_local(repo: Repo, ref: str) -> None:
 
 
 def runtime_env(repo: Repo, job: Job) -> dict:
-    """Only what the engine needs (its credentials when set here) and what subtask.ray.env names."""
+    """Only what the engine needs (its credentials when set here) and what subtask.ray.env names,
+    plus how long Ray's stop waits after its SIGTERM before it SIGKILLs (Ray's default, 3 s, may
+    not leave the worker time to record `stopped` and the node time to push it)."""
     names = list(ENGINE_ENV.get(job.spec.engine, ()))
     for entry in repo.git.config.get_multivar("subtask.ray.env"):
         names += [n for n in re.split(r"[\s,]+", entry) if n]
     env = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
-    return {"env_vars": env} if env else {}
+    env["RAY_JOB_STOP_WAIT_TIME_S"] = str(int(repo.config.number("stopGrace")) + STOP_PUSH_SECONDS)
+    return {"env_vars": env}
 
 
 def entrypoint(repo: Repo, job: Job, where: Target) -> str:
@@ -464,20 +469,50 @@ def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
 
 
 def watch(repo: Repo, job_id: str, cancel: threading.Event) -> None:
-    """Until the job has ended here (or `cancel`): ask Ray at most once a second and settle at its
-    end; while Ray cannot be reached, look in git for the node's final push every few seconds."""
+    """Until the job has ended here (or `cancel`): ask Ray at most once a second, woken early
+    when Ray closes the job's log stream (it does when the job ends), and settle at its end;
+    while Ray cannot be reached, look in git for the node's final push every few seconds."""
     next_git = 0.0
+    job = records.read(repo, job_id)
+    ended = _end_of(job)
     while not cancel.is_set():
         job = records.read(repo, job_id)
         if job.state.current.terminal:
             return
+        asked = time.monotonic()
         state = ray_state(job)
-        if state.status is not None or time.monotonic() >= next_git:
+        if state.status is not None or asked >= next_git:
             if state.status is None:
-                next_git = time.monotonic() + GIT_FALLBACK_INTERVAL
+                next_git = asked + GIT_FALLBACK_INTERVAL
             if settle(repo, job_id, state=state):
                 return
-        cancel.wait(STATUS_INTERVAL)
+        if ended.is_set():  # the stream closed and the job has not ended: no more early wake
+            ended = threading.Event()
+        ended.wait(STATUS_INTERVAL)
+        time.sleep(max(0.0, STATUS_INTERVAL - (time.monotonic() - asked)) if not ended.is_set() else 0.0)
+
+
+def _end_of(job: Job) -> threading.Event:
+    """An event set when Ray's log stream of the job's Ray job closes (Ray closes it when the job
+    ends). Any failure to follow it leaves the event unset: `watch` then asks once a second."""
+    ended = threading.Event()
+    where, submission = placement(job.spec), ray_job_id(job.state.current)
+
+    def follow() -> None:
+        import asyncio
+
+        async def tail() -> None:
+            async for _ in client(where["address"]).tail_job_logs(submission):
+                pass
+
+        try:
+            asyncio.run(tail())
+        except Exception:
+            return
+        ended.set()
+
+    threading.Thread(target=follow, daemon=True, name=f"ray-end-{job.id}").start()
+    return ended
 
 
 def stop(repo: Repo, job_id: str) -> Job:
