@@ -8,7 +8,8 @@ second node `subtask_slot: 2`, so 4 jobs at once, like `maxRunning=4` here) and 
 - `--jobs` trivial shell jobs (`echo n > f`) started one after the other, local executor vs the
   cluster: each `start`'s latency (the command's wall time) and the total from the first start
   to the last job brought home (`wait`);
-- `--queued` jobs the same way (most of them wait: PENDING in Ray, queued in slots.json here).
+- `--queued` jobs started by `--submitters` processes at once, so that most of them wait
+  (PENDING in Ray, queued in slots.json here).
 On one machine the cluster cannot win: every Ray job starts a supervisor process and a fresh
 worker, and the results travel through the remote. The point is the overhead, honestly.
 Writes bench/results/ray_scale.json.
@@ -82,21 +83,28 @@ def team(base: Path) -> tuple[Path, Path]:
     return remote, clone
 
 
-def run_jobs(clone: Path, count: int, on: str) -> dict:
+def run_jobs(clone: Path, count: int, on: str, submitters: int = 1) -> dict:
+    """`count` jobs started by `submitters` threads at once (each `start` a process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     latencies, ids = [], []
-    first = time.perf_counter()
-    for n in range(count):
+
+    def one(n: int) -> None:
         t0 = time.perf_counter()
         out = sh(*ST, "start", "--on", on, f"echo {n} > f{n}.txt", cwd=clone).stdout
         latencies.append(time.perf_counter() - t0)
         ids.append(out.split()[0])
+
+    first = time.perf_counter()
+    with ThreadPoolExecutor(submitters) as pool:
+        list(pool.map(one, range(count)))
     submitted = time.perf_counter() - first
     proc = sh(*ST, "wait", *ids, cwd=clone, check=False)
     total = time.perf_counter() - first
     listed = json.loads(sh(*ST, "list", "--all", "--json", cwd=clone).stdout)
     rows = listed["jobs"] if isinstance(listed, dict) else listed
     done = sum(1 for row in rows if row.get("id") in ids and row.get("state") == "done")
-    return {"jobs": count, "done": done, "wait_exit": proc.returncode,
+    return {"jobs": count, "submitters": submitters, "done": done, "wait_exit": proc.returncode,
             "start_latency_ms": {"median": round(statistics.median(latencies) * 1000),
                                  "p90": round(sorted(latencies)[int(0.9 * (count - 1))] * 1000),
                                  "max": round(max(latencies) * 1000)},
@@ -108,6 +116,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--queued", type=int, default=100)
+    parser.add_argument("--submitters", type=int, default=8, help="processes starting the queued jobs at once")
+    parser.add_argument("--skip-trivial", action="store_true")
     args = parser.parse_args()
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     t0 = time.perf_counter()
@@ -121,19 +131,20 @@ def main() -> int:
             remote, clone = team(Path(tmp))
             sh("git", "config", "subtask.maxRunning", "4", cwd=clone)
             sh("git", "config", "subtask.ray.address", cluster.address, cwd=clone)
-            for label, count in (("trivial", args.jobs), ("queued", args.queued)):
+            for label, count, submitters in (("trivial", 0 if args.skip_trivial else args.jobs, 1),
+                                             ("queued", args.queued, args.submitters)):
                 if not count:
                     continue
-                results[f"{label}_local"] = run_jobs(clone, count, "local")
+                results[f"{label}_local"] = run_jobs(clone, count, "local", submitters)
                 print(label, "local", results[f"{label}_local"], flush=True)
                 with PeakMemory(cluster.proc.pid) as memory:
-                    results[f"{label}_ray"] = run_jobs(clone, count, "ray")
+                    results[f"{label}_ray"] = run_jobs(clone, count, "ray", submitters)
                 results[f"{label}_ray"]["cluster_peak_pss_mb"] = memory.peak
                 print(label, "ray", results[f"{label}_ray"], flush=True)
     finally:
         cluster.stop()
     results["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
-    print(save("ray_scale", results))
+    print(save("ray_scale" + ("_queued" if args.skip_trivial else ""), results))
     return 0
 
 
