@@ -157,6 +157,10 @@ def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(clust
             assert git(ours, "rev-parse", f"refs/subtask/{job}/head") == head
             assert git(ours, "rev-parse", f"refs/subtask/{job}/base") == base
             assert job in git(ours, "notes", "--ref=subtask", "show", head)
+        # the nodes worked in their own cache folders and dropped each job's worktree once pushed
+        assert {m.parent.parent.name for m in cluster.base.glob("cache-*/*/mirror")} == {"cache-head", "cache-node2"}
+        assert not [
+            w for w in cluster.base.glob("cache-*/*/worktrees/st-*") if w.name in jobs]
         assert "job0.txt" in cli.ok("diff", jobs[0], "--stat")
         assert jobs[0] in cli.ok("log", jobs[0])
         assert cli.ok("result", jobs[0]).startswith(jobs[0])

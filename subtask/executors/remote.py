@@ -10,7 +10,8 @@ The entrypoint of the Ray job `start --on ray` submits. On the node it:
    the death of the node take it down with the entrypoint;
 4. streams the job's events (the redacted `events.jsonl`) to stdout: Ray's job log;
 5. pushes the branch, record chain, pins and note (notes merged on a race), never forced, once
-   when the job starts (so home sees `running`) and at the end.
+   when the job starts (so home sees `running`) and at the end; then removes the job's worktree
+   (all of it is on the remote; the mirror keeps the objects for the next job).
 
 Exit 0 when the job's terminal record is on the remote (whatever the job's own outcome: a failed
 job is recorded failed by git, not by Ray); non-zero when it is not, so Ray says FAILED and home
@@ -179,4 +180,15 @@ def _push_end(repo: Repo, url: str, job_id: str) -> int:
         print(f"error: the final record of {job_id} could not be pushed to {url}", file=sys.stderr, flush=True)
         return 1
     print(json.dumps({"v": 1, "subtask": job_id, "attempt": attempt.n, "state": attempt.state}), flush=True)
+    _drop_worktree(repo, job_id)
     return 0
+
+
+def _drop_worktree(repo: Repo, job_id: str) -> None:
+    """Everything of the job is on the remote now: its worktree on this node is only disk used
+    (a reply to a job run on Ray is not supported). Only the worktree this node made for it."""
+    from subtask import worktrees
+
+    path = repo.worktree_dir() / job_id
+    if path.is_dir() and worktrees.created_here(repo, job_id, path):
+        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
