@@ -31,6 +31,7 @@ from pathlib import Path
 
 from subtask import (
     books,
+    executors,
     faults,
     jobenv,
     ledger,
@@ -70,10 +71,11 @@ from subtask.redact import redact
 class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
+    on: str = "local"  # where it runs: local, or ray (queued in the cluster until a slot is free there)
 
     @property
     def state(self) -> str:
-        return "running" if self.position == 0 else "queued"
+        return "running" if self.position == 0 and self.on == "local" else "queued"
 
 
 @dataclass
@@ -99,6 +101,7 @@ class StartRequest:
     model: str | None = None
     readonly: bool = False
     isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
+    on: str | None = None  # local | ray; None = git config subtask.executor, else local
 
 
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
@@ -265,6 +268,8 @@ def _usd(amount: float) -> str:
 def start(repo: Repo, request: StartRequest) -> StartResult:
     """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
     prepared = _prepare(repo, request)
+    if prepared.on == "ray":
+        return _start_on_ray(repo, prepared.job, prepared.paid)
     if prepared.paid:
         _sync_ledger(repo)
     return _admit_and_launch(repo, prepared.job, prepared.paid,
@@ -277,6 +282,7 @@ class _Prepared:
     job: Job
     paid: bool
     as_written: dict
+    on: str = "local"  # the executor: "local" or "ray"
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -284,6 +290,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     from subtask.engines import get_engine
 
     task = _check_task(request.task)
+    on = executors.choose(repo.config, request.on)
     engine_name = request.engine or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
     _check_engine_can_run(engine)
@@ -315,7 +322,18 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written)
+    return _Prepared(job, engine.paid, as_written, on)
+
+
+def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
+    """Submit the job to the Ray cluster (`subtask/executors/ray.py`): checked first (Ray, its
+    address, a dry-run push to the remote), then branch, pin, record, reservation, push, submit.
+    The task as written stays here: nodes run it as recorded (redacted)."""
+    from subtask.executors import ray as ray_executor
+
+    where = ray_executor.target(repo, job.id, job.spec.base)
+    ray_executor.prepare(job, where)
+    return StartResult(ray_executor.start(repo, job, paid, where), 0, on="ray")
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -331,9 +349,9 @@ def _isolation(repo: Repo, engine, request: StartRequest):
                              configured=repo.config.get("isolation"))
 
 
-_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation")
+_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")
 _REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly", "isolation")
+                   "model", "readonly", "isolation", "on")
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
@@ -420,6 +438,9 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
         raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: it takes no --pick or --judge")
     if request.readonly:
         raise SubtaskError("usage", "--best-of makes no sense with --readonly: read-only jobs change nothing to pick from")
+    if executors.choose(repo.config, request.on) != "local":
+        raise SubtaskError("usage", "--best-of runs its attempts here: a group on a Ray cluster is not supported yet",
+                           hint="git subtask start --on local --best-of N ...")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -760,6 +781,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
+    if executors.runs_remotely(job):
+        raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
+                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
@@ -842,6 +866,8 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     from subtask import landing
 
     listed = records.list_entries(repo)
+    if _settle_on_ray(repo, listed):
+        listed = records.list_entries(repo)
     swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
         before = {e["id"] for e in listed if e.get("landed")}
@@ -870,6 +896,16 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             continue
         entries.append(entry)
     return Listing(entries, more, swept, hidden)
+
+
+def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:
+    """Bring home the active Ray jobs Ray says ended (one status request each; none: no import)."""
+    active = [e for e in listed if e.get("on") == "ray" and e.get("state") in ("queued", "running")]
+    if not active:
+        return []
+    from subtask.executors import ray as ray_executor
+
+    return ray_executor.settle_active(repo, active)
 
 
 def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
@@ -1017,6 +1053,11 @@ def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel:
         if job.state.current.terminal:
             ended.put((job_id, None))
             return
+        if executors.runs_remotely(job):
+            from subtask.executors import ray as ray_executor
+
+            ray_executor.watch(repo, job_id, cancel)  # Ray's status, at most once a second
+            continue
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)
             continue
@@ -1040,6 +1081,10 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
+    if executors.runs_remotely(job):
+        from subtask.executors import ray as ray_executor
+
+        return ray_executor.stop(repo, job_id)
     lifecycle.stop_job(repo, job_id)
     job = records.read(repo, job_id)
     if job.spec.group:  # a member stopped by hand may be the last one its group waited for
@@ -1235,4 +1280,25 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False):
 def pull(repo: Repo, remote: str = "origin"):
     from subtask import sync
 
-    return sync.pull(repo, remote)
+    result = sync.pull(repo, remote)
+    arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
+    _bring_home_from_ray(repo, arrived + result.new_jobs)
+    return result
+
+
+def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
+    """Ray jobs of this clone whose final record a pull brought: their branch, reservation, note."""
+    for job_id in job_ids:
+        try:
+            job = records.read(repo, job_id)
+        except SubtaskError:
+            continue
+        if executors.runs_remotely(job) and job.state.current.terminal and Path(job.spec.repo).resolve() == repo.root.resolve():
+            from subtask import sync
+            from subtask.executors import ray as ray_executor
+
+            try:
+                sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
+            except SubtaskError as exc:
+                warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
+            ray_executor.bring_home(repo, records.read(repo, job_id))

@@ -105,6 +105,8 @@ def cli() -> None:
 @click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
 @click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what the engine may write, kernel-enforced "
               "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
+@click.option("--on", "on", metavar="EXECUTOR", help="local or ray: where the job runs (default: git config subtask.executor, "
+              "else local; ray: a node of the cluster at subtask.ray.address, results back through subtask.remote)")
 @click.option("--best-of", "best_of", type=int, metavar="N",
               help="start a group of N attempts (2-8) and pick the best by --verify; --engine and --model "
                    "then take comma-separated lists, cycled over the attempts")
@@ -115,7 +117,7 @@ def cli() -> None:
 @click.option("--first-pass", "first_pass", is_flag=True,
               help="with --best-of: the first attempt to pass verify wins; the rest are stopped")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation,
+def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on,
           best_of, pick, judge, first_pass, as_json):
     """Start a job in its own worktree and branch; print its id at once.
 
@@ -130,7 +132,7 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
         raise click.UsageError("--pick, --judge and --first-pass go with --best-of N")
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
                                timeout=timeout, max_usd=max_usd, max_turns=max_turns, model=model,
-                               readonly=readonly, isolation=isolation)
+                               readonly=readonly, isolation=isolation, on=on)
     if best_of is not None:
         _start_group(request, api.GroupRequest(best_of=best_of, engines=engine, models=model, pick=pick,
                                                judge=judge, first_pass=first_pass), as_json)
@@ -138,7 +140,7 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
     result = api.start(_repo(), request)
     job = result.job
     if as_json:
-        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
+        _emit_json(_job_json(job, result.position or None) | {"state": result.state, "on": result.on})
         return
     from subtask import render
 
@@ -709,6 +711,17 @@ def completion(shell):
     from subtask.completion import SCRIPTS
 
     click.echo(SCRIPTS[shell], nl=False)
+
+
+@cli.command("run-remote", hidden=True, context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--remote", "url", required=True, help="the URL this node fetches the job from and pushes it to")
+@click.option("--attempt", type=int, required=True, help="the attempt the Ray job was submitted for")
+def run_remote(job_id, url, attempt):
+    """On a cluster node: fetch the job, run its worker, push its results (the Ray job's entrypoint)."""
+    from subtask.executors import remote
+
+    sys.exit(remote.run(job_id, url, attempt))
 
 
 @cli.command("__complete", hidden=True, context_settings={"ignore_unknown_options": True})

@@ -383,8 +383,8 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
     """Slots rebuilt from this repository's records and run-locks (the file was damaged)."""
     rebuilt = slots.Slots()
     for entry in records.list_entries(repo):
-        if entry.get("state") not in ("queued", "running"):
-            continue
+        if entry.get("state") not in ("queued", "running") or entry.get("on") == "ray":
+            continue  # a job a cluster runs holds no local slot (subtask/executors)
         item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir)
         item["since"] = entry.get("created") or time.time()
         if entry["state"] == "running" or liveness.is_held(repo.state_dir, entry["id"]):

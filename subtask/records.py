@@ -131,6 +131,7 @@ def list_entry(job: Job) -> dict:
         "error_kind": attempt.error_kind,
         "base": job.spec.base,
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
+        **({"on": "ray"} if isinstance(job.spec.extra.get("executor"), dict) else {}),  # runs on a cluster
     }
 
 
@@ -149,6 +150,11 @@ def _write_commit(repo: Repo, job: Job, parent: str | None) -> str:
     sig = tool_signature()
     parents = [pygit2.Oid(hex=parent)] if parent else []
     return str(git.create_commit(None, sig, sig, message, tree, parents))
+
+
+def write_commit(repo: Repo, job: Job, parent: str | None) -> str:
+    """A record commit for `job` on `parent`, moving no ref (the Ray executor pushes it first)."""
+    return _write_commit(repo, job, parent)
 
 
 def cas_ref(repo: Repo, name: str, old: str | None, new: str | None, message: str = "git-subtask") -> bool:

@@ -20,6 +20,7 @@ import re
 import time
 
 from subtask.engines.base import SUMMARY_MAX_LINES
+from subtask.executors import placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
@@ -125,6 +126,8 @@ def started_line(job, position: int) -> str:
     (`· attempt N` for a reply)."""
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
     state = "running" if position == 0 else f"queued (#{position} in queue)"
+    if placement(job.spec) is not None:
+        state = f"submitted to ray as {ray_job_id(job.state.current)}"
     attempt = job.state.current.n
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
@@ -358,7 +361,14 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
     lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{branch_note(job)}")
-    lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
+    where = placement(spec)
+    if where is None:
+        lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))
+    else:  # a node's worktree, in its own cache: nothing of it is here
+        node = job.state.current.extra.get("node") or {}
+        lines.append(safe_line(f"ran on:    ray {where.get('address')} as {ray_job_id(job.state.current)}"
+                               + (f" · node {node.get('host')}: {node.get('mirror')}" if isinstance(node, dict) and node else
+                                  " · no node has claimed it yet")))
     lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))

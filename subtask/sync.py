@@ -168,6 +168,11 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False) -> SyncResu
     notes_store.ensure_ref(repo.git)
     result = SyncResult(remote)
     specs = [RECORDS_SPEC, NOTES_SPEC] + ([BRANCHES_SPEC] if branches else [])
+    return _push_settled(repo, remote, specs, result)
+
+
+def _push_settled(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> SyncResult:
+    """Push `specs` (never forced); settle what the remote refused and push that again."""
     deadline = time.monotonic() + PUSH_PATIENCE_S
     round_ = 0
     while True:
@@ -243,6 +248,38 @@ def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: Sy
             result.lines.append(f"not pushed: {ref} diverged from {remote}'s copy (never forced; "
                                 f"compare: git log {ref} and git ls-remote {remote} {ref})")
     return retry
+
+
+# ---------------------------------------------------------------- one job (the Ray executor)
+
+def job_refs(job_id: str) -> list[str]:
+    """The refs that make one job: its branch, record, pins; with the notes, what a node fetches
+    and pushes for it (`subtask/executors`)."""
+    return [f"refs/heads/{records.branch_name(job_id)}", records.record_ref(job_id),
+            records.pin_ref(job_id, "base"), records.pin_ref(job_id, "head")]
+
+
+def push_job(repo: Repo, remote: str, job_id: str, notes: bool = True) -> SyncResult:
+    """Push one job's refs that exist here, and the notes (merged on a race), never forced.
+    `remote` may be a URL: a cluster node has no remote names of ours."""
+    specs = [f"{ref}:{ref}" for ref in job_refs(job_id) if _local_tip(repo, ref) is not None]
+    if notes:
+        notes_store.ensure_ref(repo.git)
+        specs.append(NOTES_SPEC)
+    return _push_settled(repo, remote, specs, SyncResult(remote))
+
+
+def fetch_job(repo: Repo, remote: str, job_id: str) -> SyncResult:
+    """Take one job's refs from the remote where the remote's copy is newer (fast-forward by CAS,
+    never overwriting ours), and merge the remote's notes into ours."""
+    result = SyncResult(remote)
+    tips = _fetched_tips(repo, remote, [*job_refs(job_id), notes_store.NOTES_REF])
+    for ref, theirs in sorted(tips.items()):
+        if ref != notes_store.NOTES_REF:
+            _take(repo, ref, theirs, result)
+    if notes_store.NOTES_REF in tips:
+        result.notes = _merge_notes(repo, tips[notes_store.NOTES_REF])
+    return result
 
 
 # ---------------------------------------------------------------- pull

@@ -104,11 +104,19 @@ class EventSink:
             del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]
 
 
+def worktree_path(repo: Repo, job: Job) -> Path:
+    """Where the job's worktree is on this machine: the recorded path, except for a job a cluster
+    node runs (`spec.executor`), which gets one in the node's own cache (`subtask/executors/remote.py`)."""
+    if isinstance(job.spec.extra.get("executor"), dict):
+        return repo.worktree_dir() / job.id
+    return Path(job.spec.worktree)
+
+
 def checkout(repo: Repo, job: Job) -> Path:
     """Create the job's worktree. Only its registration is serialized (concurrent `git worktree
     add` can fail): the files are written after the lock is released, so the checkouts of jobs
     that start together run in parallel instead of one after another."""
-    path = Path(job.spec.worktree)
+    path = worktree_path(repo, job)
     if not (path.exists() and (path / ".git").exists()):
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -514,7 +522,7 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     sink({"type": "state", "state": "running"})
     phases.mark("record_running")
     try:
-        fresh = not Path(job.spec.worktree).exists()
+        fresh = not worktree_path(repo, job).exists()
         worktree = checkout(repo, job)
         phases.mark("checkout")
         if fresh:

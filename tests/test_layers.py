@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("api", {"subtask.api"}),
     ("worker", {"subtask.worker", "subtask.zygote"}),
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
-                    "subtask.groups"}),
+                    "subtask.groups", "subtask.executors.ray", "subtask.executors.remote"}),
     ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.engines",
                   "subtask.engines.claude", "subtask.engines.codex", "subtask.engines.command",
                   "subtask.engines.shell"}),
@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "subtask.liveness", "subtask.statefiles", "subtask.jobenv", "subtask.privatetext",
                  "subtask.worktrees", "subtask.gitrepo", "subtask.render", "subtask.engines.base"}),
     ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
-              "subtask.phases"}),
+              "subtask.phases", "subtask.executors"}),
 ]
 
 
@@ -128,7 +128,7 @@ def test_the_worker_imports_nothing_of_api_or_the_faces():
 
 def test_importing_the_cli_loads_no_sdk_and_no_pygit2():
     code = ("import sys, subtask.cli\n"
-            "heavy = ('mcp', 'mcp_types', 'claude_agent_sdk', 'pygit2', 'anyio', 'pydantic')\n"
+            "heavy = ('mcp', 'mcp_types', 'claude_agent_sdk', 'pygit2', 'anyio', 'pydantic', 'ray')\n"
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=str(PACKAGE.parent))

@@ -1,0 +1,547 @@
+"""The Ray executor, home side: submit a job to a Ray cluster, follow it, bring its results home.
+
+A job is only refs, so git carries it both ways and Ray only schedules: `start` validates and
+reserves money here as for a local job, creates the branch, base pin and record, pushes them to
+`subtask.remote` (never forced) and submits a Ray job (Job Submission API) whose entrypoint is
+`git-subtask run-remote <id>` (`subtask/executors/remote.py`) with one `subtask_slot` custom
+resource: the cluster's slots bound how many run at once, and Ray queues the rest as PENDING (no
+local slot is held). The node pushes the branch, record chain, pins and note back; `wait`, `list`,
+`stop` and `pull` fetch them (`settle`).
+
+Invariants:
+- Never import Ray outside this module, and only when a job runs on Ray, because `import ray`
+  costs about a second and the CLI's hot path must not pay it.
+- Nothing changes before the input is valid: Ray importable, the address answering, the remote
+  accepting a dry-run push of the job's branch. A failure (or Ctrl-C) before the submission
+  returns undoes every step, the refs pushed to the remote included (deleted with a lease on
+  the exact commit pushed, never forced over anything else).
+- The record is created before the money is reserved, and the starter holds the job's run-lock
+  until the submission returned: a crash in between leaves a record that `settle` (which passes
+  over a job whose run-lock is held) ends as failed when Ray has no such job, charged nothing.
+- Never write the record of a job a node runs while Ray says it runs, because the node's record
+  chain must arrive as a fast-forward; home writes it only after Ray says the job ended and the
+  node's last push was fetched (a node lost before its push: failed with Ray's reason).
+- At most one status request per second per job while waiting.
+- `runtime_env` carries only the environment variables the job's engine needs (its credentials,
+  when set here) and the ones `git config subtask.ray.env` names; never this whole environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from subtask import books, ledger, lifecycle, liveness, records, sync
+from subtask.errors import SubtaskError
+from subtask.executors import placement, ray_job_id
+from subtask.gitrepo import Repo, git
+from subtask.records import Job
+
+RESOURCE = "subtask_slot"
+STATUS_INTERVAL = 1.0  # seconds between status requests for one job (the promise: at most 1/s)
+GIT_FALLBACK_INTERVAL = 5.0  # while Ray cannot be reached, look in git for a pushed end this often
+STOP_WAIT = 60.0  # seconds `stop` waits for Ray to say the job ended (Ray: SIGTERM, 3 s, SIGKILL)
+CONNECT_TIMEOUT = 5.0
+STOP_PUSH_SECONDS = 15  # after the engine's stop grace: the worker's last record and the node's push
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+LOG_TAIL_LINES = 6
+# What each engine needs on a node, passed when set here (credentials, the CLI's location).
+ENGINE_ENV = {
+    "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_BASE_URL",
+               "ANTHROPIC_MODEL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX"),
+    "codex": ("OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_BASE_URL"),
+}
+
+
+@dataclass
+class Target:
+    address: str  # the Ray dashboard / job server, http://head:8265
+    remote: str  # the remote's name here (subtask.remote)
+    url: str  # what nodes fetch from and push to
+
+    def to_dict(self) -> dict:
+        return {"kind": "ray", "address": self.address, "remote": self.remote, "url": self.url}
+
+
+# ---------------------------------------------------------------- reaching Ray
+
+def _ray_client_class():
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as exc:
+        raise SubtaskError("fatal", f"the ray executor needs Ray, which is not installed here ({exc})",
+                           hint="pip install 'git-subtask[ray]'   (or run here: git config subtask.executor local)") from None
+    return JobSubmissionClient
+
+
+_clients: dict[tuple[int, str], object] = {}
+
+
+def client(address: str):
+    """A job client for `address` (one per thread: `wait` watches jobs from several)."""
+    key = (threading.get_ident(), address)
+    if key in _clients:
+        return _clients[key]
+    cls = _ray_client_class()
+    _check_reachable(address)
+    hidden = {k: os.environ.pop(k) for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS") if k in os.environ}
+    try:  # Ray lets RAY_ADDRESS override the address given; ours is the configured one
+        made = cls(address)
+    except Exception as exc:
+        raise _unreachable(address, exc) from None
+    finally:
+        os.environ.update(hidden)
+    _clients[key] = made
+    return made
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse an address nothing answers on within a few seconds (Ray's client would hang)."""
+    parsed = urlparse(address if "://" in address else f"http://{address}")
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 8265)
+        with socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_TIMEOUT):
+            pass
+    except (OSError, ValueError) as exc:
+        raise _unreachable(address, exc) from None
+
+
+def _unreachable(address: str, exc: BaseException) -> SubtaskError:
+    words = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return SubtaskError("fatal", f"cannot reach the Ray cluster at {address}: {words}",
+                        hint=f"ray status --address {address}   or   git config subtask.ray.address http://<head>:8265")
+
+
+def configured_address(repo: Repo) -> str:
+    address = (repo.config.get("ray.address") or os.environ.get("RAY_ADDRESS") or "").strip()
+    if not address:
+        raise SubtaskError("usage", "no Ray cluster to run on: neither git config subtask.ray.address nor RAY_ADDRESS is set",
+                           hint="git config subtask.ray.address http://<head>:8265")
+    return address
+
+
+# ---------------------------------------------------------------- start
+
+def target(repo: Repo, job_id: str, base: str) -> Target:
+    """Check everything a Ray start needs, changing nothing: Ray, the address, the remote."""
+    address = configured_address(repo)
+    remote = (repo.config.get("remote") or "origin").strip()
+    proc = git(repo.root, "remote", "get-url", "--", remote, check=False) if re.fullmatch(r"[A-Za-z0-9._/-]+", remote) else None
+    if proc is None or proc.returncode != 0:
+        raise SubtaskError("usage", f"no remote named {remote!r} for the cluster's nodes to fetch from and push to",
+                           hint=f"git remote add {remote} <url>   or   git config subtask.remote <name>")
+    url = _absolute_url(repo, proc.stdout.strip())
+    _ray_client_class()
+    _check_pushable(repo, remote, url, job_id, base)
+    client(address)
+    return Target(address, remote, url)
+
+
+def _absolute_url(repo: Repo, url: str) -> str:
+    """A remote path relative to this clone means nothing on a node: make it absolute."""
+    if "://" in url or re.match(r"^[^/]+:", url):
+        return url
+    return str((repo.root / os.path.expanduser(url)).resolve())
+
+
+def _check_pushable(repo: Repo, remote: str, url: str, job_id: str, base: str) -> None:
+    """A dry-run push of the job's branch: a remote that refuses pushes is refused here, not on a node."""
+    proc = git(repo.root, "push", "--dry-run", "--porcelain", url, f"{base}:refs/heads/{records.branch_name(job_id)}",
+               check=False, timeout=120)
+    if proc.returncode != 0 or "\t" not in proc.stdout or any(line.startswith("!") for line in proc.stdout.splitlines()):
+        why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise SubtaskError("fatal", f"the cluster's nodes could not push to {remote} ({url}): a dry-run push was refused: "
+                           f"{why[-1] if why else 'no answer'}",
+                           hint=f"git push --dry-run {remote} HEAD:refs/heads/subtask/probe   "
+                                "(or pick another: git config subtask.remote <name>)")
+
+
+def prepare(job: Job, where: Target) -> None:
+    """Say in the job's record where it runs and which Ray job runs its attempt."""
+    job.spec.extra["executor"] = where.to_dict()
+    attempt = job.state.current
+    attempt.extra["ray_job"] = f"subtask-{job.id}-{attempt.n}"
+
+
+def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
+    """Create branch, base pin and record, reserve, push, submit; undo it all on any failure."""
+    state_dir = repo.state_dir
+    attempt = job.state.current
+    lock_fd = liveness.acquire(state_dir, job.id)  # settle passes over a job whose start is under way
+    undo: list = []
+    pushed: dict[str, str] = {}
+    try:
+        if job.spec.branch:
+            repo.git.create_branch(job.spec.branch, repo.git[job.spec.base])
+            undo.append(lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
+        records.set_pin(repo, job.id, "base", job.spec.base)
+        undo.append(lambda: records.delete(repo, job.id))
+        records.create(repo, job)
+        if paid:
+            books.sync_ledger(repo)
+            with ledger.lock(state_dir):
+                ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                      usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"),
+                                      now=books.reserved_at(attempt.queued_at))
+            undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
+        pushed = _push_start(repo, where, job.id)
+        undo.append(lambda: _unpush(repo, where.url, pushed))
+        _submit(repo, job, where)
+    except BaseException:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
+        try:
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception:
+                    pass
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            liveness.release(lock_fd)
+            liveness.lock_path(state_dir, job.id).unlink(missing_ok=True)
+        raise
+    liveness.release(lock_fd)
+    return job
+
+
+def _push_start(repo: Repo, where: Target, job_id: str) -> dict[str, str]:
+    """Push the new job's refs (no notes yet); {ref: commit} of what the remote took."""
+    refs = [ref for ref in sync.job_refs(job_id) if repo.git.references.get(ref) is not None]
+    proc = git(repo.root, "push", "--porcelain", where.url, *[f"{ref}:{ref}" for ref in refs], check=False, timeout=300)
+    taken = {line.split("\t")[1].split(":", 1)[1] for line in proc.stdout.splitlines()
+             if line[:1] in ("*", " ", "=") and "\t" in line and ":" in line.split("\t")[1]}
+    if proc.returncode != 0 or set(refs) - taken:
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        pushed = {ref: str(repo.git.references[ref].target) for ref in taken}
+        _unpush(repo, where.url, pushed)
+        raise SubtaskError("fatal", f"could not push {job_id} to {where.remote}: {lines[-1] if lines else 'refused'}",
+                           hint=f"git push --dry-run {where.remote} HEAD:refs/heads/subtask/probe")
+    return {ref: str(repo.git.references[ref].target) for ref in refs}
+
+
+def _unpush(repo: Repo, url: str, pushed: dict[str, str]) -> None:
+    """Delete refs this start pushed, each only while it is still the commit we pushed (a lease)."""
+    if pushed:
+        git(repo.root, "push", "--porcelain", *[f"--force-with-lease={ref}:{oid}" for ref, oid in pushed.items()],
+            url, *[f":{ref}" for ref in pushed], check=False, timeout=120)
+
+
+def _delete_local(repo: Repo, ref: str) -> None:
+    found = repo.git.references.get(ref)
+    if found is not None:
+        records.cas_ref(repo, ref, str(found.target), None)
+
+
+def runtime_env(repo: Repo, job: Job) -> dict:
+    """Only what the engine needs (its credentials when set here) and what subtask.ray.env names,
+    plus how long Ray's stop waits after its SIGTERM before it SIGKILLs (Ray's default, 3 s, may
+    not leave the worker time to record `stopped` and the node time to push it)."""
+    names = list(ENGINE_ENV.get(job.spec.engine, ()))
+    for entry in repo.git.config.get_multivar("subtask.ray.env"):
+        names += [n for n in re.split(r"[\s,]+", entry) if n]
+    env = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
+    env["RAY_JOB_STOP_WAIT_TIME_S"] = str(int(repo.config.number("stopGrace")) + STOP_PUSH_SECONDS)
+    return {"env_vars": env}
+
+
+def entrypoint(repo: Repo, job: Job, where: Target) -> str:
+    command = repo.config.get("ray.command") or "git-subtask"
+    return (f"exec {command} run-remote {shlex.quote(job.id)} --attempt {job.state.current.n} "
+            f"--remote {shlex.quote(where.url)}")
+
+
+def _resources(repo: Repo) -> dict[str, float]:
+    """One subtask_slot, plus what `git config subtask.ray.resources` adds (JSON, e.g. {"gpu_box": 1})."""
+    import json
+
+    wanted: dict[str, float] = {RESOURCE: 1.0}
+    raw = repo.config.get("ray.resources")
+    if raw:
+        try:
+            extra = json.loads(raw)
+            assert isinstance(extra, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in extra.values())
+        except (ValueError, AssertionError):
+            raise SubtaskError("usage", f"git config subtask.ray.resources is not a JSON object of amounts: {raw!r}",
+                               hint="git config subtask.ray.resources '{\"gpu_box\": 1}'") from None
+        wanted.update({str(k): float(v) for k, v in extra.items()})
+    return wanted
+
+
+def _submit(repo: Repo, job: Job, where: Target) -> None:
+    submission = ray_job_id(job.state.current)
+    try:
+        client(where.address).submit_job(
+            entrypoint=entrypoint(repo, job, where), submission_id=submission,
+            entrypoint_num_cpus=0, entrypoint_resources=_resources(repo), runtime_env=runtime_env(repo, job),
+            metadata={"subtask_job": job.id, "subtask_attempt": str(job.state.current.n)})
+    except SubtaskError:
+        raise
+    except Exception as exc:
+        raise SubtaskError("fatal", f"the Ray cluster at {where.address} refused job {job.id}: {_first_line(exc)}",
+                           hint=f"ray job list --address {where.address}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
+    """End a queued attempt that no node has claimed: the stopped record is pushed first (a
+    fast-forward of the queued one, never forced) and only then written here; False when the
+    remote refused it (a node claimed the attempt first: Ray's stop ends it there)."""
+    from subtask import jobenv, notes, privatetext
+
+    fd = liveness.acquire(repo.state_dir, job_id, block=False)
+    if fd is None:
+        return False
+    try:
+        job = records.read(repo, job_id)
+        attempt = job.state.current
+        if attempt.terminal:
+            return True
+        if attempt.extra.get("node"):
+            return False
+        old = job.tip
+        attempt.finish("stopped", reason="stopped while queued")
+        if attempt.rid:
+            attempt.cost.charged = 0.0
+        new = records.write_commit(repo, job, old)
+        ref = records.record_ref(job_id)
+        proc = git(repo.root, "push", "--porcelain", url, f"{new}:{ref}", check=False, timeout=120)
+        if proc.returncode != 0 or not any(line[:1] in ("*", " ") and f":{ref}\t" in line for line in proc.stdout.splitlines()):
+            return False
+        if not records.cas_ref(repo, ref, old, new):
+            return False  # cannot happen while we hold the run-lock; the remote's copy arrives by fetch
+        privatetext.discard(repo.state_dir, job_id, attempt.n)
+        if attempt.rid:
+            ledger.close(repo.state_dir, attempt.rid, 0.0, reason="stopped while queued")
+        jobenv.drop(repo.state_dir, job_id)
+        notes.write_for_job(repo, records.read(repo, job_id))
+        return True
+    finally:
+        liveness.release(fd)
+
+
+# ---------------------------------------------------------------- following a job, bringing it home
+
+@dataclass
+class RayState:
+    status: str | None  # PENDING RUNNING SUCCEEDED FAILED STOPPED, "MISSING", or None: Ray not reached
+    message: str = ""
+    ran: bool = False  # an entrypoint was placed on a node (so the engine may have spent)
+
+
+def ray_state(job: Job) -> RayState:
+    where = placement(job.spec)
+    submission = ray_job_id(job.state.current)
+    if where is None or submission is None:
+        return RayState("MISSING", "the record names no Ray job")
+    try:
+        info = client(where["address"]).get_job_info(submission)
+    except SubtaskError as exc:
+        return RayState(None, exc.message)
+    except Exception as exc:
+        text = _first_line(exc)
+        if "does not exist" in text or "not found" in text.lower():
+            return RayState("MISSING", f"Ray has no job {submission}")
+        return RayState(None, text)
+    status = str(getattr(info.status, "value", info.status))
+    return RayState(status, (info.message or "").strip(), ran=bool(getattr(info, "driver_node_id", None)))
+
+
+def log_tail(job: Job) -> str:
+    """The last lines of the Ray job's log (the node's words on why it ended), redacted."""
+    from subtask.redact import redact
+
+    where = placement(job.spec)
+    try:
+        text = client(where["address"]).get_job_logs(ray_job_id(job.state.current))
+    except Exception:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("{")]
+    return redact("\n".join(lines[-LOG_TAIL_LINES:]))
+
+
+def settle(repo: Repo, job_id: str, *, state: RayState | None = None) -> bool:
+    """Bring a Ray job home once Ray says it ended; True when its attempt is now ended here.
+
+    Fetches the node's refs; when no terminal record came, ends the attempt here with Ray's
+    reason (stopped when Ray stopped it). Passes over a job whose run-lock is held (its start is
+    under way, or another command is settling it).
+    """
+    job = records.read(repo, job_id)
+    if job.state.current.terminal:
+        return True
+    fd = liveness.acquire(repo.state_dir, job_id, block=False)
+    if fd is None:
+        return False
+    try:
+        state = state or ray_state(job)
+        if state.status is None:  # Ray not reached (this machine offline?): what git already has
+            return _fetch_home(repo, job_id, quiet=True)
+        if state.status == "RUNNING" and job.state.current.state == "queued":
+            _fetch_home(repo, job_id, quiet=True)  # the node pushes `running` once it starts
+        if state.status not in TERMINAL and state.status != "MISSING":
+            return False
+        if _fetch_home(repo, job_id, quiet=state.status == "MISSING"):
+            return True
+        _end_here(repo, records.read(repo, job_id), state)
+        return True
+    finally:
+        liveness.release(fd)
+
+
+def _fetch_home(repo: Repo, job_id: str, quiet: bool = False) -> bool:
+    """Fetch the job's refs from its remote; True when the record that came is terminal (then
+    the reservation is closed with its cost, and a missing note or pin written here)."""
+    job = records.read(repo, job_id)
+    where = placement(job.spec)
+    try:
+        sync.fetch_job(repo, where["url"], job_id)
+    except SubtaskError as exc:
+        if not quiet:
+            warnings.warn(f"{job_id}: could not fetch its results from {where['remote']}: {exc.message}", stacklevel=2)
+        return False
+    job = records.read(repo, job_id)
+    if not job.state.current.terminal:
+        return False
+    bring_home(repo, job)
+    return True
+
+
+def bring_home(repo: Repo, job: Job) -> None:
+    """A Ray job whose terminal record arrived: close its reservation with the recorded cost,
+    complete its head pin and note here (idempotent)."""
+    attempt = job.state.current
+    if attempt.rid:
+        ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=f"{attempt.state} on ray")
+    lifecycle.complete_ended(repo, job)
+
+
+def _end_here(repo: Repo, job: Job, state: RayState) -> None:
+    """Ray ended the job and no terminal record came: end it here, charged by the usual rule
+    (whole reservation when the engine may have started: it was placed on a node)."""
+    attempt = job.state.current
+    spent = attempt.engine_started_at is not None or state.ran or bool(attempt.extra.get("node"))
+    if state.status == "STOPPED":
+        reason = "stopped by request" if state.ran else "stopped while queued"
+        lifecycle.end_attempt(repo, job.id, attempt.n, "stopped", reason=reason, engine_may_have_spent=spent)
+        return
+    tail = log_tail(job) if state.status != "MISSING" else ""
+    what = {"MISSING": "Ray lost it (the cluster restarted, or its start was interrupted before it was submitted)",
+            "SUCCEEDED": "its node ended without pushing a final record"}.get(state.status, f"Ray: {state.message or state.status}")
+    reason = f"the Ray job {ray_job_id(attempt)} failed: {what}" + (f"; last log lines: {tail}" if tail else "")
+    lifecycle.end_attempt(repo, job.id, attempt.n, "failed", reason=reason[:2000], error_kind="engine",
+                          hint=f"ray job logs {ray_job_id(attempt)} --address {placement(job.spec)['address']}",
+                          engine_may_have_spent=spent)
+
+
+def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
+    """Settle every active Ray job among list entries (one status request each); ids ended.
+    An unreachable cluster is a warning, never a failed command."""
+    ended, unreached = [], set()
+    for entry in entries:
+        try:
+            job = records.read(repo, entry["id"])
+            where = placement(job.spec)
+            if where is None or where["address"] in unreached:
+                continue
+            state = ray_state(job)
+            if state.status is None:
+                unreached.add(where["address"])
+                warnings.warn(f"could not ask the Ray cluster at {where['address']} about its jobs ({state.message}); "
+                              "git subtask wait or pull brings them home", stacklevel=2)
+                continue
+            if settle(repo, job.id, state=state):
+                ended.append(job.id)
+        except records.DamagedRecord:
+            continue
+    return ended
+
+
+def watch(repo: Repo, job_id: str, cancel: threading.Event) -> None:
+    """Until the job has ended here (or `cancel`): ask Ray at most once a second, woken early
+    when Ray closes the job's log stream (it does when the job ends), and settle at its end;
+    while Ray cannot be reached, look in git for the node's final push every few seconds."""
+    next_git = 0.0
+    job = records.read(repo, job_id)
+    ended = _end_of(job)
+    while not cancel.is_set():
+        job = records.read(repo, job_id)
+        if job.state.current.terminal:
+            return
+        asked = time.monotonic()
+        state = ray_state(job)
+        if state.status is not None or asked >= next_git:
+            if state.status is None:
+                next_git = asked + GIT_FALLBACK_INTERVAL
+            if settle(repo, job_id, state=state):
+                return
+        if ended.is_set():  # the stream closed and the job has not ended: no more early wake
+            ended = threading.Event()
+        ended.wait(STATUS_INTERVAL)
+        time.sleep(max(0.0, STATUS_INTERVAL - (time.monotonic() - asked)) if not ended.is_set() else 0.0)
+
+
+def _end_of(job: Job) -> threading.Event:
+    """An event set when Ray's log stream of the job's Ray job closes (Ray closes it when the job
+    ends). Any failure to follow it leaves the event unset: `watch` then asks once a second."""
+    ended = threading.Event()
+    where, submission = placement(job.spec), ray_job_id(job.state.current)
+
+    def follow() -> None:
+        import asyncio
+
+        async def tail() -> None:
+            async for _ in client(where["address"]).tail_job_logs(submission):
+                pass
+
+        try:
+            asyncio.run(tail())
+        except Exception:
+            return
+        ended.set()
+
+    threading.Thread(target=follow, daemon=True, name=f"ray-end-{job.id}").start()
+    return ended
+
+
+def stop(repo: Repo, job_id: str) -> Job:
+    """Stop the Ray job (queued or running), wait for Ray to say it ended, then settle it."""
+    job = records.read(repo, job_id)
+    where = placement(job.spec)
+    submission = ray_job_id(job.state.current)
+    try:
+        client(where["address"]).stop_job(submission)
+    except SubtaskError:
+        raise
+    except Exception as exc:
+        if "does not exist" not in _first_line(exc):
+            raise SubtaskError("fatal", f"could not stop the Ray job {submission}: {_first_line(exc)}",
+                               hint=f"ray job stop {submission} --address {where['address']}") from None
+    # Ray delivers a stop to a PENDING job only once a slot frees up for it: a job no node has
+    # claimed yet ends here and now, if the remote takes our end before a node's claim.
+    if not ray_state(job).ran and _stop_unclaimed(repo, job_id, where["url"]):
+        return records.read(repo, job_id)
+    deadline = time.monotonic() + STOP_WAIT
+    while time.monotonic() < deadline:
+        state = ray_state(job)
+        if state.status in TERMINAL or state.status == "MISSING":
+            break
+        time.sleep(STATUS_INTERVAL)
+    else:
+        raise SubtaskError("fatal", f"Ray did not end {submission} within {STOP_WAIT:g}s",
+                           hint=f"ray job status {submission} --address {where['address']}")
+    deadline = time.monotonic() + 10
+    while not settle(repo, job_id, state=state) and time.monotonic() < deadline:
+        time.sleep(0.05)  # another command holds its run-lock while it settles it
+    return records.read(repo, job_id)

@@ -1,0 +1,264 @@
+"""A local two-node Ray cluster for the tests and the bench, that never outlives its user.
+
+`Cluster.start(base)` runs this file as a *keeper* process (`python tests/raycluster.py`): it
+makes itself a child subreaper (PR_SET_CHILD_SUBREAPER), so every process Ray daemonizes (GCS,
+raylets, dashboard, workers, job supervisors, entrypoints and their watchers) stays its
+descendant; it starts the head (`subtask_slot: 2`) and a second node (`subtask_slot: 2` plus
+`subtask_node2`) with `ray start --block`, each with its own temp dir and free ports (outside
+Ray's default worker range, so another run on this machine cannot clash), and then reads
+commands on stdin:
+
+- `kill-raylet node2`: SIGKILL that node's raylet (a node lost mid-job).
+- `stop` or end of input: SIGTERM every descendant, SIGKILL what is left after a grace, exit.
+
+End of input is the safety net: when the test process dies, its end of the pipe closes and the
+keeper takes the whole cluster down with it. Never `ray stop`, which would kill every Ray on the
+machine (another engineer's run too).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+READY = "ready"
+
+
+# ---------------------------------------------------------------- the keeper (its own process)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_block(size: int = 60) -> int:
+    """The first port of `size` consecutive ports that bind now, above Ray's 10002-19999."""
+    import random
+
+    for _ in range(200):
+        first = random.randrange(20000, 60000 - size)
+        try:
+            for port in (first, first + size // 2, first + size - 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+def _node_args(temp: Path, resources: dict) -> list[str]:
+    workers = _free_block()
+    return [
+        "--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--num-cpus=2",
+        f"--resources={json.dumps(resources)}", f"--node-manager-port={_free_port()}",
+        f"--object-manager-port={_free_port()}", f"--min-worker-port={workers}",
+        f"--max-worker-port={workers + 59}", f"--metrics-export-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}", "--object-store-memory=80000000",
+        "--disable-usage-stats", "--block",
+    ]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _kill_all(grace: float = 5.0) -> None:
+    me = os.getpid()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _descendants(me):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 10)
+        while time.monotonic() < deadline:
+            _reap()
+            if not _descendants(me):
+                return
+            time.sleep(0.1)
+
+
+def _wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listened on {port} within {timeout:g}s")
+
+
+def _wait_for_dashboard(port: int, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the Ray dashboard did not answer on {port} within {timeout:g}s")
+
+
+def _wait_for_nodes(ray: str, address: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run([ray, "list", "nodes", f"--address={address}", "--format=json"],
+                             capture_output=True, text=True, check=False).stdout
+        try:
+            alive = [n for n in json.loads(out) if n.get("state") == "ALIVE"]
+        except ValueError:
+            alive = []
+        if len(alive) >= count:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} Ray nodes were not alive within {timeout:g}s")
+
+
+def keeper(base: Path) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal.signal(signal.SIGTERM, lambda *_: (_kill_all(), os._exit(0)))
+    ray = str(Path(sys.executable).parent / "ray")
+    gcs, dashboard = _free_port(), _free_port()
+    head_temp, node2_temp = base / "h", base / "n2"
+    # Each node works in its own cache folder (SUBTASK_RAY_CACHE); the console scripts of this
+    # interpreter come first on PATH, as on a node where git-subtask is installed.
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    logs = open(base / "cluster.log", "ab")
+    try:
+        subprocess.Popen([ray, "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+                          f"--dashboard-port={dashboard}", "--include-dashboard=true",
+                          f"--ray-client-server-port={_free_port()}",
+                          *_node_args(head_temp, {"subtask_slot": 2})],
+                         stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
+                         env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-head")))
+        _wait_for_port(gcs, 120)  # the second node joins while the head's dashboard starts
+        subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs}",
+                          *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})],
+                         stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
+                         env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-node2")))
+        _wait_for_dashboard(dashboard, 120)
+        _wait_for_nodes(ray, f"http://127.0.0.1:{dashboard}", 2, 120)
+        print(json.dumps({"status": READY, "address": f"http://127.0.0.1:{dashboard}",
+                          "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
+        for line in sys.stdin:
+            word = line.split()
+            if word[:1] == ["kill-raylet"]:
+                temp = str(node2_temp if word[1:] == ["node2"] else head_temp)
+                killed = [pid for pid in _descendants(os.getpid())
+                          if "raylet" in _cmdline(pid).split(" ")[0] and temp in _cmdline(pid)]
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+                print(json.dumps({"killed": killed}), flush=True)
+            elif word[:1] == ["stop"]:
+                break
+            _reap()
+    except Exception as exc:  # say why on stdout, for the test to show
+        print(json.dumps({"status": "error", "error": str(exc)}), flush=True)
+    finally:
+        _kill_all()
+    return 0
+
+
+# ---------------------------------------------------------------- the client (the test's side)
+
+class Cluster:
+    """The test's handle on a keeper: its address, kill a node's raylet, stop."""
+
+    def __init__(self, proc: subprocess.Popen, base: Path, info: dict):
+        self.proc, self.base, self.info = proc, base, info
+        self.address: str = info["address"]
+
+    @classmethod
+    def start(cls, env: dict | None = None) -> Cluster:
+        """Start a keeper and its two nodes (`env`: the nodes' environment, default this one's)."""
+        base = Path(tempfile.mkdtemp(prefix="strt", dir="/tmp"))  # short: Ray's unix socket paths
+        proc = subprocess.Popen([sys.executable, __file__, str(base)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
+        line = proc.stdout.readline()
+        info = json.loads(line) if line.strip() else {"status": "error", "error": "the keeper exited"}
+        if info.get("status") != READY:
+            cluster = cls(proc, base, {"address": ""})
+            log = (base / "cluster.log").read_text(errors="replace")[-3000:] if (base / "cluster.log").exists() else ""
+            cluster.stop()
+            raise RuntimeError(f"the Ray cluster did not start: {info.get('error')}\n{log}")
+        return cls(proc, base, info)
+
+    def kill_raylet(self, node: str = "node2") -> list[int]:
+        self.proc.stdin.write(f"kill-raylet {node}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["killed"]
+
+    def stop(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.stdin.write("stop\n")
+                    self.proc.stdin.close()
+                except (BrokenPipeError, ValueError):
+                    pass
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(keeper(Path(sys.argv[1])))
