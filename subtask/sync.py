@@ -292,7 +292,9 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
     for ref, theirs in sorted(tips.items()):
         if ref.startswith(records.PREFIX):
             _take(repo, ref, theirs, result)
-    result.lines += [f"new job {j}" for j in result.new_jobs]
+    # a group's record (refs/subtask/groups/<gid>/record) arrives as "groups/<gid>"
+    result.lines += [f"new group {j.partition('/')[2]}" if j.startswith("groups/") else f"new job {j}"
+                     for j in result.new_jobs]
     result.lines += [f"updated {ref} (fast-forward)" for ref in result.updated]
     result.lines += [f"kept local: {ref} diverged from {remote}'s copy; ours was not overwritten "
                      f"(compare: git log {ref} and git ls-remote {remote} {ref})" for ref in result.kept_local]

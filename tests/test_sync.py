@@ -254,3 +254,13 @@ def test_a_push_the_remote_declines_is_reported_at_once_not_retried(team):
     assert "Traceback" not in proc.stderr
     assert (remote / "attempts").read_text().count("pushed") == 1, "a declined push was retried"
     assert git(remote, "for-each-ref", "refs/subtask/", "refs/notes/") == ""
+
+
+def test_a_pulled_group_arrives_as_a_group_and_shows_in_the_other_clone(team):
+    _, ((a, cli_a), (b, cli_b)) = team
+    gid = cli_a.ok("start", "--best-of", "2", "true", "--verify", "true").split()[0]
+    cli_a.ok("wait", gid)
+    cli_a.ok("push")
+    pulled = cli_b.ok("pull")
+    assert f"new group {gid}" in pulled and "new job groups/" not in pulled, pulled
+    assert cli_b.json("show", gid)["pick"], "the pulled group has no pick in the other clone"
