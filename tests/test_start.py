@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -169,16 +168,21 @@ def test_failure_at_each_start_step_undoes_every_earlier_step(cli, repo, point, 
 
 
 @pytest.mark.parametrize("point", ["after_admit", "after_branch", "after_record"])
-def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point):
+def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point, tmp_path):
     before = snapshot(repo)
+    gate = tmp_path / "gate"  # start waits at `point` until this exists: Ctrl-C lands there, whatever the load
     proc = subprocess.Popen([sys.executable, "-m", "subtask", "start", "--engine", "shell", "true"],
                             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, SUBTASK_FAULT_PAUSE=f"{point}:5"))
+                            env=dict(os.environ, SUBTASK_FAULT_HOLD=f"{point}:{gate}"))
     run_dir = Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run"
-    assert wait_until(lambda: run_dir.exists() and list(run_dir.glob("*.lock")), timeout=30)
-    time.sleep(0.3)  # well inside the 5 s pause
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60), "start never reached " + point
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert snapshot(repo) == before
