@@ -48,34 +48,43 @@ def assert_names_the_damage(proc, job_id: str, what: str):
     assert "unexpected" not in out and "Traceback" not in out, f"{what}: {out}"
 
 
-@pytest.fixture
-def two_jobs(repo, cli):
+def record_tip(repo, job_id: str, kind: str) -> str:
+    ref = f"refs/subtask/{job_id}/record"
+    return (repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)
+
+
+COMMANDS = (("show", "{v}"), ("show", "{v}", "--json"), ("result", "{v}"), ("status", "{v}"), ("diff", "{v}"),
+            ("log", "{v}"), ("merge", "{v}"), ("reply", "{v}", "again"), ("stop", "{v}"), ("cleanup", "{v}"),
+            ("wait", "{v}"), ("wait", "{healthy}", "{v}"), ("wait", "--any", "{v}"))
+
+
+def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli):
+    """One repository holds a record of each kind of damage: every command meets each kind (one
+    kind per command, in turn, and `show` every kind), and the healthy job carries on."""
     healthy = cli.start("true")
-    victim = cli.start("echo v > v.txt && git add v.txt && git commit -qm v")
-    cli.ok("wait", healthy, victim)
-    return healthy, victim
-
-
-@pytest.mark.parametrize("kind", DAMAGE)
-def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli, two_jobs, kind):
-    healthy, victim = two_jobs
-    damage(repo, victim, kind)
-    ref = f"refs/subtask/{victim}/record"
-    damaged_tip = (repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)
-    for args in (("show", victim), ("show", victim, "--json"), ("result", victim), ("status", victim),
-                 ("diff", victim), ("log", victim), ("merge", victim), ("reply", victim, "again"),
-                 ("stop", victim), ("cleanup", victim), ("wait", victim), ("wait", healthy, victim),
-                 ("wait", "--any", victim)):
-        assert_names_the_damage(cli(*args, timeout=30), victim, " ".join(args))
+    victims = {kind: cli.start(f"echo {i} > v{i}.txt && git add v{i}.txt && git commit -qm v{i}")
+               for i, kind in enumerate(DAMAGE)}
+    cli.ok("wait", healthy, *victims.values())
+    for kind, victim in victims.items():
+        damage(repo, victim, kind)
+    tips = {kind: record_tip(repo, victim, kind) for kind, victim in victims.items()}
+    runs = [(args, DAMAGE[i % len(DAMAGE)]) for i, args in enumerate(COMMANDS)]
+    runs += [(("show", "{v}"), kind) for kind in DAMAGE]
+    for args, kind in runs:
+        victim = victims[kind]
+        argv = [a.format(v=victim, healthy=healthy) for a in args]
+        assert_names_the_damage(cli(*argv, timeout=30), victim, f"{' '.join(argv)} ({kind})")
     listed = cli("list")
     assert listed.returncode == 0 and healthy in listed.stdout and "Traceback" not in listed.stderr, listed
-    if kind != "wrong-types":  # list reads only the list line (one object per job): damage there is warned about
-        assert victim in listed.stderr and "damaged" in listed.stderr, listed.stderr
-        assert victim not in listed.stdout
+    for kind, victim in victims.items():
+        if kind != "wrong-types":  # list reads only the list line (one object per job): damage there is warned about
+            assert victim in listed.stderr and "damaged" in listed.stderr, (kind, listed.stderr)
+            assert victim not in listed.stdout, kind
     assert cli.json("show", healthy)["state"] == "done"
     doctor = cli("doctor")
-    assert doctor.returncode == 1 and victim in doctor.stdout and "damaged" in doctor.stdout, doctor.stdout
-    assert f"git log {ref}" in doctor.stdout
+    assert doctor.returncode == 1 and "damaged" in doctor.stdout, doctor.stdout
+    for kind, victim in victims.items():
+        assert f"git log refs/subtask/{victim}/record" in doctor.stdout, (kind, doctor.stdout)
     # sharing goes on too: a damaged ref here is kept and reported, never a crash
     remote = repo.parent / "remote.git"
     git(repo.parent, "init", "-q", "--bare", str(remote))
@@ -88,7 +97,7 @@ def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli,
     for args in (("cleanup", "--merged"), ("gc", "--older-than", "0s"), ("notes", "rebuild"), ("spend",)):
         proc = cli(*args)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stdout, proc.stderr)
-    assert ((repo / ".git" / ref).read_text() if kind == "missing-object" else git(repo, "rev-parse", ref)) == damaged_tip
+    assert {kind: record_tip(repo, victim, kind) for kind, victim in victims.items()} == tips
 
 
 def blocked_on_run_lock(repo, job_id: str) -> bool:
