@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -42,7 +41,7 @@ from subtask import (
     slots,
     worktrees,
 )
-from subtask.errors import SubtaskError
+from subtask.errors import SubtaskError, undo_uninterrupted
 from subtask.gitrepo import (
     Repo,
     check_worktree_location,
@@ -619,18 +618,8 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                 print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
                 unspawned.append(launch)
     except BaseException as exc:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
-        try:
-            for step in reversed(undo):
-                try:
-                    step()
-                except Exception:
-                    pass
-            _after_admission(repo, getattr(exc, "admission", (dead, handed)))
-        finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+        admission = getattr(exc, "admission", (dead, handed))
+        undo_uninterrupted(undo, then=lambda: _after_admission(repo, admission))
         raise
     queued = False
     for launch, position in zip(launches, positions, strict=True):

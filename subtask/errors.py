@@ -42,3 +42,27 @@ class SubtaskError(Exception):
 
 def fatal(message: str, hint: str | None = None) -> SubtaskError:
     return SubtaskError("fatal", message, hint)
+
+
+def undo_uninterrupted(steps: list, then=None) -> None:
+    """Undo a half-done operation: run `steps` last first, each one's failure ignored (the rest
+    must still run), then `then`. A second Ctrl-C must not interrupt the undo, so SIGINT is held
+    off meanwhile, in the main thread only (the only one that may set handlers: the MCP server
+    runs operations in other threads)."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for step in reversed(steps):
+            try:
+                step()
+            except Exception:
+                pass
+        if then is not None:
+            then()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import socket
 import threading
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from subtask import books, ledger, lifecycle, liveness, records, sync
-from subtask.errors import SubtaskError
+from subtask.errors import SubtaskError, undo_uninterrupted
 from subtask.executors import placement, ray_job_id
 from subtask.gitrepo import Repo, git
 from subtask.records import Job
@@ -196,15 +195,9 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
         undo.append(lambda: _unpush(repo, where.url, pushed))
         _submit(repo, job, where)
     except BaseException:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the undo
         try:
-            for step in reversed(undo):
-                try:
-                    step()
-                except Exception:
-                    pass
+            undo_uninterrupted(undo)
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             liveness.release(lock_fd)
             liveness.lock_path(state_dir, job.id).unlink(missing_ok=True)
         raise
