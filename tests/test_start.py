@@ -175,7 +175,11 @@ def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point, tmp_path):
     with open(err_file, "w") as err_out:  # a file, not a pipe: nothing a child kept open can hold up the wait
         proc = subprocess.Popen([sys.executable, "-m", "subtask", "start", "--engine", "shell", "true"],
                                 cwd=repo, stdout=subprocess.DEVNULL, stderr=err_out,
-                                env=dict(os.environ, SUBTASK_FAULT_HOLD=f"{point}:{gate}"))
+                                env=dict(os.environ, SUBTASK_FAULT_HOLD=f"{point}:{gate}"),
+                                # Ctrl-C must reach it even when the suite runs with SIGINT ignored,
+                                # which children inherit (seen: a background job of a shell without job
+                                # control, SigIgn 0x7 in /proc/<pid>/status)
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run_dir = Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run"
     try:
         assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60), "start never reached " + point
