@@ -825,6 +825,12 @@ def _acquire_for_reply(repo: Repo, job_id: str) -> int:
 # ---------------------------------------------------------------- reading
 
 def get(repo: Repo, id_or_prefix: str) -> Job:
+    if is_job_id(id_or_prefix):  # a whole id: one ref lookup, not resolve's and then read's
+        try:
+            return records.read(repo, id_or_prefix)
+        except SubtaskError as exc:
+            if exc.kind != "not_found":
+                raise
     return records.read(repo, records.resolve(repo, id_or_prefix))
 
 

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from subtask import ledger, records
 from subtask.gitrepo import Repo
-from subtask.model import is_job_id
 
 
 @dataclass(frozen=True)
@@ -79,19 +78,14 @@ def record_charges(repo: Repo) -> list[Charge]:
     """Every paid attempt of every record here (this clone's and pulled ones)."""
     cached = _read_cache(repo)
     fresh: dict[str, list[dict]] = {}
-    for ref in repo.git.references.iterator():
-        name = ref.name
-        if not (name.startswith(records.PREFIX) and name.endswith("/record")):
-            continue
-        if not is_job_id(name[len(records.PREFIX):-len("/record")]):
-            continue  # a group's record (refs/subtask/groups/<gid>/record) holds no spend
+    for _, ref in records.record_refs(repo):
         try:
-            tip = str(ref.target)
+            tip = ref.target
             rows = cached.get(tip)
             if rows is None:
                 rows = _charges_of(records.read_commit(repo, tip))
         except Exception as exc:  # a damaged record must not hide the others' spend
-            warnings.warn(f"skipping damaged record {name} in the spend: {exc}", stacklevel=2)
+            warnings.warn(f"skipping damaged record {ref.name} in the spend: {exc}", stacklevel=2)
             continue
         fresh[tip] = rows
     if fresh.keys() != cached.keys():

@@ -163,7 +163,7 @@ def _start_group(request, how, as_json: bool) -> None:
 
 
 def _is_group(text: str) -> bool:
-    from subtask.groups import is_group_ref
+    from subtask.model import is_group_ref
 
     return is_group_ref(text)
 

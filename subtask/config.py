@@ -1,7 +1,8 @@
 """Settings from `git config subtask.*`, with their defaults in one place.
 
-Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). Reading goes through
-pygit2's config snapshot, so it costs no subprocess.
+Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). The repository's
+`subtask.*` settings are read once, by one `git config` process, when the first is asked for (git's
+own reading: includes, conditional includes, worktree config, GIT_CONFIG_* in the environment).
 """
 
 from __future__ import annotations
@@ -99,14 +100,35 @@ def fix_hint(key: str) -> str:
     return f"git config subtask.{key} {DEFAULTS.get(key, 'N')}{what}"
 
 
-def pygit2_reader(repo) -> Callable[[str], str | None]:
-    """A reader over the repository's config (system, global, local, worktree)."""
-    cfg = repo.config
+def git_config_reader(git_dir) -> Callable[[str], str | None]:
+    """A reader over every `subtask.*` setting git sees from `git_dir` (the last value of a key wins,
+    as in `git config --get`); read on the first call."""
+    values: dict[str, str] | None = None
 
     def read(key: str) -> str | None:
-        try:
-            return cfg[key]
-        except (KeyError, ValueError):
-            return None
+        nonlocal values
+        if values is None:
+            values = _subtask_settings(git_dir)
+        return values.get(_canonical(key))
 
     return read
+
+
+def _subtask_settings(git_dir) -> dict[str, str]:
+    import subprocess
+
+    proc = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--get-regexp", r"^subtask\."],
+                          capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    values = {}
+    for item in proc.stdout.decode("utf-8", "surrogateescape").split("\0"):
+        key, _, value = item.partition("\n")
+        if key:
+            values[key] = value
+    return values
+
+
+def _canonical(key: str) -> str:
+    """A key as git prints it: section and name lower-cased, a subsection as written."""
+    section, _, rest = key.partition(".")
+    middle, _, name = rest.rpartition(".")
+    return ".".join(part for part in (section.lower(), middle, name.lower()) if part)

@@ -1,8 +1,11 @@
 """Access to the repository: open it from any directory, refs, worktrees, diff statistics.
 
-Reads and ref writes go through pygit2 (no subprocess on the hot path). Porcelain that libgit2
-does not do as git does (`worktree add/remove`, `gc --auto`, `merge`) runs the git binary with
-hooks disabled, because the tool's own git commands must never trigger the user's hooks.
+The repository is found by `git rev-parse` and its `subtask.*` settings read by `git config`
+(one process each, ~2 ms), and pygit2 is imported only when a command first needs it
+(`Repo.git`): a reading command reads refs and objects through `Repo.objects` (subtask/gitread.py)
+and never pays the library's import. Writes go through pygit2. Porcelain that libgit2 does not do
+as git does (`worktree add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled,
+because the tool's own git commands must never trigger the user's hooks.
 
 Invariants:
 - The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
@@ -13,13 +16,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pygit2
-
-from subtask.config import Config, pygit2_reader
+from subtask.config import Config, git_config_reader
 from subtask.errors import SubtaskError
+
+if TYPE_CHECKING:
+    import pygit2
+
+    from subtask.gitread import GitObjects, Pygit2Objects
 
 NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
 EXCLUDE_LINE = "/.subtask/"
@@ -29,10 +37,29 @@ TOOL_SIGNATURE = ("git-subtask", "git-subtask@localhost")
 
 @dataclass
 class Repo:
-    git: pygit2.Repository
+    git_dir: Path  # this worktree's git dir (the main one's, or .git/worktrees/<name>)
     root: Path  # the main worktree
     common_dir: Path
     config: Config
+    _git: pygit2.Repository | None = field(default=None, repr=False)
+
+    @property
+    def git(self) -> pygit2.Repository:
+        """The pygit2 repository, opened (and the library imported, ~60 ms) on first use."""
+        if self._git is None:
+            import pygit2
+
+            self._git = pygit2.Repository(str(self.git_dir))
+        return self._git
+
+    @property
+    def objects(self) -> GitObjects | Pygit2Objects:
+        """Refs and objects to read: in-process once pygit2 is loaded, through git before."""
+        from subtask import gitread
+
+        if self._git is not None or sys.modules.get("pygit2") is not None:
+            return gitread.Pygit2Objects(self.git)
+        return gitread.GitObjects(self.git_dir)
 
     @property
     def state_dir(self) -> Path:
@@ -51,42 +78,41 @@ class Repo:
 
 
 def open_repo(path: str | os.PathLike | None = None) -> Repo:
-    """The repository containing `path` (default: the current directory), as git would find it."""
+    """The repository containing `path` (default: the current directory), found as git finds it
+    (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2."""
     start = str(path or os.getcwd())
     if path is not None and not Path(start).exists():
         raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
-    found = pygit2.discover_repository(start)
-    if found is None:
-        raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
-                           hint="run it inside a git work tree, or git init")
-    repo = pygit2.Repository(found)
-    if repo.is_bare:
+    proc = subprocess.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir",
+                           "--is-bare-repository"], capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) != 3:
+        why = proc.stderr.strip().removeprefix("fatal: ")
+        if "not a git repository" in why or not why:
+            raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
+                               hint="run it inside a git work tree, or git init")
+        raise SubtaskError("fatal", f"cannot open the repository at {start}: {why}")
+    git_dir, common, bare = Path(lines[0]), Path(lines[1]).resolve(), lines[2] == "true"
+    if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    common = _common_dir(Path(repo.path))
-    root = _main_worktree(common, repo)
-    return Repo(repo, root, common, Config(pygit2_reader(repo)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(git_config_reader(git_dir)))
 
 
-def _common_dir(git_dir: Path) -> Path:
-    commondir = git_dir / "commondir"
-    if commondir.is_file():
-        target = Path(commondir.read_text().strip())
-        return (git_dir / target).resolve() if not target.is_absolute() else target.resolve()
-    return git_dir.resolve()
-
-
-def _main_worktree(common: Path, repo: pygit2.Repository) -> Path:
+def _main_worktree(common: Path, start: str) -> Path:
     if common.name == ".git":
         return common.parent
-    main = pygit2.Repository(str(common))
-    if main.workdir:
-        return Path(main.workdir).resolve()
-    return Path(repo.workdir).resolve()
+    # A separate git dir (`git init --separate-git-dir`, core.worktree): git knows no main
+    # worktree for it (its `worktree list` names the git dir), so the worktree we are in is the root.
+    top = subprocess.run(["git", "-C", start, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, check=False).stdout.strip()
+    return Path(top).resolve() if top else common.parent
 
 
 def resolve_commit(repo: Repo, rev: str) -> str:
     """The commit id `rev` names, or a fatal error."""
+    import pygit2
+
     if not rev or rev.startswith("-") or "\n" in rev:
         raise SubtaskError("usage", f"not a valid revision: {rev!r}")
     try:
@@ -130,11 +156,15 @@ def check_worktree_location(path: Path) -> None:
 
 
 def tool_signature() -> pygit2.Signature:
+    import pygit2
+
     return pygit2.Signature(*TOOL_SIGNATURE)
 
 
 def author_signature(repo: Repo) -> pygit2.Signature:
     """The user's identity for commits of their work, with a fallback that never fails."""
+    import pygit2
+
     try:
         return repo.git.default_signature
     except (KeyError, pygit2.GitError):
@@ -149,6 +179,8 @@ def is_dirty(worktree: Path) -> bool:
 
 def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict], dict]:
     """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
+    import pygit2
+
     commits = []
     if base != head:
         walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)

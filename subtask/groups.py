@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pygit2
-
 from subtask import faults, lifecycle, liveness, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, tool_signature
@@ -59,11 +57,6 @@ SETTLE_LOCK_WAIT = 3600.0  # a settle holds the lock while judges run (each boun
 
 def new_group_id() -> str:
     return "sg-" + secrets.token_hex(4)
-
-
-def is_group_ref(text: str) -> bool:
-    """Does `text` name a group (an id or a prefix of one), rather than a job?"""
-    return isinstance(text, str) and text.startswith("sg-")
 
 
 def group_ref(gid: str) -> str:
@@ -117,6 +110,8 @@ def status_line(group: Group) -> str:
 
 
 def _write_commit(repo: Repo, group: Group, parent: str | None) -> str:
+    import pygit2
+
     git = repo.git
     builder = git.TreeBuilder()
     data = (json.dumps(group.to_dict(), indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
@@ -141,18 +136,18 @@ def delete(repo: Repo, gid: str) -> None:
 
 def read(repo: Repo, gid: str) -> tuple[Group, str]:
     """(group, record tip); a record that is not one raises (exit 128) naming how to inspect it."""
-    ref = repo.git.references.get(group_ref(gid))
+    ref = repo.objects.ref(group_ref(gid))
     if ref is None:
         raise SubtaskError("not_found", f"no group {gid} in {repo.root}", hint="git subtask list")
-    tip = str(ref.target)
+    tip = ref.target
     try:
-        commit = repo.git.get(tip)
-        blob = repo.git.get(commit.tree["group.json"].id)
-        data = json.loads(blob.data.decode("utf-8", "replace"))
-        group = Group.from_dict(data)
+        found = None if ref.symbolic else repo.objects.read([f"{tip}:group.json"])[0]
+        if found is None or found[0] != "blob":
+            raise ValueError(f"{group_ref(gid)} holds no group.json")
+        group = Group.from_dict(json.loads(found[1].decode("utf-8", "replace")))
         if group.id != gid or not isinstance(group.members, list):
             raise ValueError("it names another group")
-    except (AttributeError, KeyError, TypeError, ValueError, pygit2.GitError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise SubtaskError("damaged", f"the record of group {gid} is damaged: {exc}",
                            hint=f"inspect it: git log {group_ref(gid)}") from None
     return group, tip
@@ -172,9 +167,9 @@ def update(repo: Repo, gid: str, change) -> Group:
 
 def all_ids(repo: Repo) -> list[str]:
     ids = []
-    for name in repo.git.references:
-        if name.startswith(GROUPS_PREFIX) and name.endswith("/record"):
-            gid = name[len(GROUPS_PREFIX):-len("/record")]
+    for ref in repo.objects.refs(GROUPS_PREFIX):
+        if ref.name.endswith("/record"):
+            gid = ref.name[len(GROUPS_PREFIX):-len("/record")]
             if GROUP_ID_RE.fullmatch(gid):
                 ids.append(gid)
     return ids

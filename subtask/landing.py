@@ -40,14 +40,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pygit2
+from typing import TYPE_CHECKING
 
 from subtask import faults, liveness, notes, records, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git, is_dirty
 from subtask.records import Job
 from subtask.statefiles import file_lock, write_json
+
+if TYPE_CHECKING:
+    import pygit2
 
 SWEEP_STAMP = "land-sweep.json"
 PATCH_ID_CACHE = "patch-ids.json"
@@ -78,6 +80,8 @@ class Sweep:
 
 def land_target(repo: Repo) -> Target | None:
     """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main worktree)."""
+    import pygit2
+
     configured = repo.config.get("landTarget")
     if configured:
         try:
@@ -95,6 +99,8 @@ def land_target(repo: Repo) -> Target | None:
 
 
 def _main_repo(repo: Repo) -> pygit2.Repository:
+    import pygit2
+
     return pygit2.Repository(str(repo.root))
 
 
@@ -156,6 +162,8 @@ class Upstream:
     """
 
     def __init__(self, repo: Repo, target: Target, bases: list[str], pids: PatchIds):
+        import pygit2
+
         self.repo, self.target, self.pids = repo, target, pids
         self.commits: list[pygit2.Commit] = []
         self.complete = True
@@ -191,6 +199,8 @@ class Upstream:
 
 def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | None:
     """The target commit that carries the job's work, or None while it has not landed."""
+    import pygit2
+
     if head == base:
         return None  # nothing to land
     if upstream.reaches(head):
@@ -772,6 +782,8 @@ def _squash_message(repo: Repo, job: Job, head: str) -> str:
 
 
 def _commits_since_base(repo: Repo, base: str, head: str) -> list[pygit2.Commit]:
+    import pygit2
+
     walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
     walker.hide(base)
     return [c for c in walker if len(c.parents) <= 1]  # merges inside the job say nothing of their own

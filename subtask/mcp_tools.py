@@ -39,6 +39,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from subtask import __version__, api, groups, render
 from subtask.errors import SubtaskError
+from subtask.model import is_group_ref
 
 INSTRUCTIONS = """\
 git-subtask hands coding work to background workers. Each job gets its own git worktree and branch
@@ -220,7 +221,7 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     def run() -> str:
         where = open_repo(repo)
-        if [i for i in job_ids if groups.is_group_ref(i)]:  # (`any` is the parameter here)
+        if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
             waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
             lines = [groups.result_text(where, group) for group in waited.groups]
             if waited.timed_out:
@@ -266,7 +267,7 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: str 
     """
 
     def run() -> str:
-        if groups.is_group_ref(id):
+        if is_group_ref(id):
             where = open_repo(repo)
             group = api.get_group(where, id)
             return render.json_text(group.to_dict(), default=str) if evidence else groups.result_text(where, group)

@@ -35,6 +35,11 @@ def is_job_id(text: str) -> bool:
     return JOB_ID_RE.fullmatch(text) is not None
 
 
+def is_group_ref(text: str) -> bool:
+    """Does `text` name a best-of-N group (an id or a prefix of one), rather than a job?"""
+    return isinstance(text, str) and text.startswith("sg-")
+
+
 def check_id_prefix(text: str) -> str:
     """A job id or a prefix of one, validated before any path or ref is built from it."""
     if not isinstance(text, str) or ID_PREFIX_RE.fullmatch(text) is None:

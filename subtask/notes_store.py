@@ -34,10 +34,12 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-import pygit2
+from typing import TYPE_CHECKING
 
 from subtask.errors import fatal
+
+if TYPE_CHECKING:
+    import pygit2
 
 NOTES_REF = "refs/notes/subtask"
 NOTES_MESSAGE = "Notes added by git-subtask"
@@ -49,8 +51,10 @@ _BLOCK_START_RE = re.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
 _BLOCK_PREFIX = "subtask st-"
 _HEX_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
-_MODE_BLOB = pygit2.enums.FileMode.BLOB
-_MODE_TREE = pygit2.enums.FileMode.TREE
+# pygit2.enums.FileMode.BLOB / TREE, as numbers: every function here is handed a pygit2 repository,
+# so the library is loaded by whoever calls; importing this module must not load it.
+_MODE_BLOB = 0o100644
+_MODE_TREE = 0o040000
 
 # Retry budget for the compare-and-swap; the file lock makes contention rare, so these are only
 # hit when someone outside git-subtask writes the ref at the same time, or a stale .lock is left.
@@ -72,6 +76,8 @@ class _TipMoved(Exception):
 
 def ensure_ref(repo: pygit2.Repository) -> None:
     """Create refs/notes/subtask as an empty notes commit if missing; safe to race."""
+    import pygit2
+
     if _tip(repo) is not None:
         return
     commit = _commit_tree(repo, repo.TreeBuilder().write(), None)
@@ -241,6 +247,8 @@ def _update(
     plan: Callable[[pygit2.Tree | None], tuple[Edits, int]],
 ) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
+    import pygit2
+
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
     import filelock  # here, not at the top: ~20 ms, and most commands never write a note
 
@@ -314,12 +322,16 @@ def _commit_tree(
 
 
 def _signature() -> pygit2.Signature:
+    import pygit2
+
     # Fixed identity so notes work on machines without user.name; stamped with the current time.
     return pygit2.Signature(SIGNATURE_NAME, SIGNATURE_EMAIL)
 
 
 def _hex(repo: pygit2.Repository, commit_oid: str | pygit2.Oid) -> str:
     """Full lowercase hex of a commit; abbreviations and revisions are resolved."""
+    import pygit2
+
     text = str(commit_oid).strip().lower()
     if _HEX_RE.fullmatch(text):
         return text
@@ -422,6 +434,8 @@ def merge_ref(
     differing human text is kept from both. The result is a merge commit with both tips as parents,
     so pushing it afterwards is a fast-forward. Returns "up to date", "fast-forward" or "merged".
     """
+    import pygit2
+
     other_oid = pygit2.Oid(hex=str(other))
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
     import filelock

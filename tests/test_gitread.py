@@ -1,0 +1,102 @@
+"""Reading without pygit2 (subtask/gitread.py): reading commands go through the git binary, which
+answers exactly as the in-process pygit2 reader does, and finds the repository as git does."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pygit2
+import pytest
+from conftest import git
+
+from subtask import gitread
+from subtask.gitrepo import open_repo
+from subtask.records import record_ref
+
+
+def hash_object(repo, text: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=text, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_both_readers_answer_every_question_alike(repo, cli):
+    job = cli.start("mkdir -p sub && echo hi > sub/f.txt && git add sub && git commit -qm sub")
+    cli.ok("wait", job)
+    tip = git(repo, "rev-parse", record_ref(job))
+    head = git(repo, "rev-parse", f"refs/heads/subtask/{job}")
+    blob = hash_object(repo, "not a commit\n")
+    git(repo, "update-ref", "refs/subtask/st-0000000b/record", blob)
+    git(repo, "symbolic-ref", "refs/subtask/st-0000000c/record", record_ref(job))
+    git(repo, "symbolic-ref", "refs/subtask/st-0000000d/record", "refs/heads/nowhere")  # dangling
+    (repo / ".git/refs/subtask/st-0000000e").mkdir()
+    (repo / ".git/refs/subtask/st-0000000e/record").write_text("12" * 20 + "\n")  # a missing object
+    readers = {"git": gitread.GitObjects(repo / ".git"), "pygit2": gitread.Pygit2Objects(pygit2.Repository(str(repo)))}
+    specs = [tip, f"{tip}:spec.json", f"{tip}:nothere.json", blob, f"{blob}:spec.json", "12" * 20,
+             f"{head}:sub", f"{head}:sub/f.txt", "HEAD", f"{tip}:spec.json\n{tip}", ""]
+    answers = {name: (r.refs("refs/subtask/"), [r.ref(n) for n in (record_ref(job), "refs/subtask/st-0000000c/record",
+                                                                     "refs/subtask/st-0000000d/record", "refs/nope")],
+                      r.read(specs))
+               for name, r in readers.items()}
+    assert answers["git"] == answers["pygit2"]
+    refs, single, read = answers["git"]
+    by_name = {ref.name: ref for ref in refs}
+    assert by_name[record_ref(job)] == gitread.Ref(record_ref(job), tip)
+    assert by_name["refs/subtask/st-0000000b/record"].target == blob
+    assert by_name["refs/subtask/st-0000000c/record"] == gitread.Ref("refs/subtask/st-0000000c/record", record_ref(job), True)
+    assert "refs/subtask/st-0000000d/record" not in by_name and single[2] is None and single[3] is None
+    assert by_name["refs/subtask/st-0000000e/record"].target == "12" * 20
+    kinds = [None if answer is None else answer[0] for answer in read]
+    assert kinds == ["commit", "blob", None, "blob", None, None, "tree", "blob", None, None, None]
+    assert job.encode() in read[1][1] and read[7][1] == b"hi\n" and read[3][1] == b"not a commit\n"
+
+
+def ages(text: str) -> str:
+    """Output with its durations blanked (a job's age moves between two runs), and its padding."""
+    return " ".join(re.sub(r"\b\d+(\.\d+)?(ms|s|m|h|d)\b|\d+m\d+s|\d+\.\d+", "T", text).split())
+
+
+@pytest.fixture
+def no_pygit2(tmp_path):
+    """An environment in which importing pygit2 fails, as a guard on what a command loads."""
+    site = tmp_path / "no-pygit2"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['pygit2'] = None  # import pygit2 -> ImportError\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def test_reading_commands_never_import_pygit2(repo, cli, no_pygit2):
+    """Half of a reading command's time was pygit2's import: list, status, show, result, wait and
+    spend read through git, and say the same as they do with it."""
+    job = cli.start("echo one > one.txt")
+    cli.ok("wait", job)
+    cli.ok("list")  # the first list of a repository sweeps for landed jobs, which may use pygit2
+    for args in (("list",), ("list", "--all"), ("status",), ("status", job), ("show", job), ("show", job[:6]),
+                 ("show", job, "--json"), ("result", job), ("wait", job), ("spend",)):
+        guarded = cli(*args, env=no_pygit2)
+        assert guarded.returncode == 0 and "Traceback" not in guarded.stderr, (args, guarded.stderr)
+        plain = cli(*args)
+        assert ages(guarded.stdout) == ages(plain.stdout), args
+    assert job in cli.ok("show", job, env=no_pygit2) and "done" in cli.ok("list", env=no_pygit2)
+    missing = cli("show", "st-00000000", env=no_pygit2)
+    assert missing.returncode == 128 and "no job" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_the_repository_is_found_as_git_finds_it(tmp_path):
+    main = tmp_path / "work"
+    git(tmp_path, "init", "-q", "--separate-git-dir", str(tmp_path / "store.git"), str(main))
+    git(main, "commit", "-q", "--allow-empty", "-m", "x")
+    (main / "deep" / "er").mkdir(parents=True)
+    found = open_repo(main / "deep" / "er")
+    assert (found.root, found.common_dir) == (main.resolve(), (tmp_path / "store.git").resolve())
+    plain = tmp_path / "plain"
+    git(tmp_path, "init", "-q", str(plain))
+    git(plain, "commit", "-q", "--allow-empty", "-m", "x")
+    git(plain, "worktree", "add", "-q", str(tmp_path / "linked"))
+    linked = open_repo(tmp_path / "linked")
+    assert linked.root == plain.resolve() and linked.git_dir != linked.common_dir
+    git(plain, "config", "subtask.maxRunning", "3")
+    git(main, "config", "subtask.Ray.Address", "auto")
+    assert linked.config.get("maxRunning") == "3" and linked.config.get("maxrunning") == "3"
+    # git folds the case of the section and the name, never of a subsection
+    assert open_repo(main).config.get("Ray.ADDRESS") == "auto" and open_repo(main).config.get("ray.address") is None
