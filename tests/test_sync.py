@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import git, make_team, refs
 
+from subtask import sync
+
 
 @pytest.fixture
 def team(tmp_path):
@@ -165,47 +167,59 @@ def test_an_older_copy_of_a_record_is_not_a_divergence(team):
 
 
 TEAMMATE = """
-n=0
-while [ ! -e "$1" ]; do
+n=$2
+while [ "$n" -lt "$3" ]; do
   n=$((n+1))
   git fetch -q origin +refs/notes/subtask:refs/notes/subtask 2>/dev/null
   git notes --ref=subtask add -f -m "teammate note $n" HEAD && git push -q origin refs/notes/subtask 2>/dev/null
-  sleep 0.2
 done
 """
+TEAMMATE_PUSHES = 3  # per trial: contention the test bounds, so every push has a round it can win
 
 
-def teammate_moving_notes(path, until):
-    """A teammate who keeps adding a note and pushing it, so every push and pull has notes to merge."""
-    return subprocess.Popen(["sh", "-c", TEAMMATE, "teammate", str(until)], cwd=path,
+def teammate_moving_notes(path, trial: int):
+    """A teammate who adds a note and pushes it, TEAMMATE_PUSHES times in a row, so every push and
+    pull of the trial has notes to merge. Bounded: against a teammate who never stops, no push that
+    is never forced can be sure of a turn (it would report what it kept, exit 1, after its patience)."""
+    first = trial * TEAMMATE_PUSHES
+    return subprocess.Popen(["sh", "-c", TEAMMATE, "teammate", str(first), str(first + TEAMMATE_PUSHES)], cwd=path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 RACE_TRIALS = int(os.environ.get("RACE_TRIALS", "10"))
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Its output once it exits; one still running at `timeout` is killed and says so (with what
+    it had printed), instead of the test's traceback hiding what the command was doing."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return out, f"still running after {timeout:.0f}s, killed; it had printed: {err}"
+
+
 PULL_TRIALS = 4
 
 
 @pytest.mark.stress
 def test_syncs_at_once_in_one_clone_all_succeed(team):
-    """Every pair at once (push/pull, pull/pull, push/push) while a teammate keeps moving the notes."""
+    """Every pair at once (push/pull, pull/pull, push/push) while a teammate moves the notes."""
     remote, ((a, cli_a), (b, cli_b)) = team
     job(cli_a)
     cli_a.ok("push")
     commands = [("push",), ("pull",), ("push",), ("pull",)]
     failures = []
-    stop = b.parent / "teammate-stop"
-    teammate = teammate_moving_notes(b, stop)
-    try:
-        for trial in range(RACE_TRIALS):
-            procs = [subprocess.Popen(["git", "subtask", *args], cwd=a, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for args in commands]
-            for args, proc in zip(commands, procs, strict=True):
-                out, err = proc.communicate(timeout=60)
-                if proc.returncode != 0:
-                    failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
-    finally:
-        stop.touch()
-        teammate.wait(timeout=30)
+    for trial in range(RACE_TRIALS):
+        teammate = teammate_moving_notes(b, trial)
+        procs = [subprocess.Popen(["git", "subtask", *args], cwd=a, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for args in commands]
+        for args, proc in zip(commands, procs, strict=True):
+            out, err = finish(proc, timeout=sync.PUSH_PATIENCE_S + 60)  # past push's own patience
+            if proc.returncode != 0:
+                failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
+        finish(teammate, timeout=60)
     assert not failures, f"{len(failures)} of {len(commands) * RACE_TRIALS} commands failed:\n" + "\n".join(failures)
     cli_a.ok("pull")
     last = git(remote, "notes", "--ref=subtask", "show", "HEAD").splitlines()[0]
