@@ -167,19 +167,20 @@ def test_an_older_copy_of_a_record_is_not_a_divergence(team):
 
 
 TEAMMATE = """
-n=$2
-while [ "$n" -lt "$3" ]; do
+n=$1
+while [ "$n" -lt "$2" ]; do
   n=$((n+1))
-  git fetch -q origin +refs/notes/subtask:refs/notes/subtask 2>/dev/null
-  git notes --ref=subtask add -f -m "teammate note $n" HEAD && git push -q origin refs/notes/subtask 2>/dev/null
+  until git fetch -q origin +refs/notes/subtask:refs/notes/subtask 2>/dev/null &&
+        git notes --ref=subtask add -f -m "teammate note $n" HEAD && git push -q origin refs/notes/subtask 2>/dev/null
+  do :; done
 done
 """
 TEAMMATE_PUSHES = 3  # per trial: contention the test bounds, so every push has a round it can win
 
 
 def teammate_moving_notes(path, trial: int):
-    """A teammate who adds a note and pushes it, TEAMMATE_PUSHES times in a row, so every push and
-    pull of the trial has notes to merge. Bounded: against a teammate who never stops, no push that
+    """A teammate who adds a note and pushes it (again until the push lands), TEAMMATE_PUSHES times
+    in a row, so every push and pull of the trial has notes to merge. Bounded: against a teammate who never stops, no push that
     is never forced can be sure of a turn (it would report what it kept, exit 1, after its patience)."""
     first = trial * TEAMMATE_PUSHES
     return subprocess.Popen(["sh", "-c", TEAMMATE, "teammate", str(first), str(first + TEAMMATE_PUSHES)], cwd=path,
@@ -207,7 +208,7 @@ PULL_TRIALS = 4
 def test_syncs_at_once_in_one_clone_all_succeed(team):
     """Every pair at once (push/pull, pull/pull, push/push) while a teammate moves the notes."""
     remote, ((a, cli_a), (b, cli_b)) = team
-    job(cli_a)
+    first = job(cli_a)
     cli_a.ok("push")
     commands = [("push",), ("pull",), ("push",), ("pull",)]
     failures = []
@@ -221,10 +222,14 @@ def test_syncs_at_once_in_one_clone_all_succeed(team):
                 failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
         finish(teammate, timeout=60)
     assert not failures, f"{len(failures)} of {len(commands) * RACE_TRIALS} commands failed:\n" + "\n".join(failures)
-    cli_a.ok("pull")
-    last = git(remote, "notes", "--ref=subtask", "show", "HEAD").splitlines()[0]
-    assert last.startswith("teammate note") and last in git(a, "notes", "--ref=subtask", "show", "HEAD")
+    # Then one more note of theirs and a new block of ours on the same commit: a real merge, and
+    # nothing of either side lost (the teammate's `notes add -f` had dropped our blocks from theirs).
+    finish(teammate_moving_notes(b, RACE_TRIALS), timeout=60)
+    second = job(cli_a)
     cli_a.ok("push")
+    note = git(remote, "notes", "--ref=subtask", "show", "HEAD")
+    assert f"teammate note {(RACE_TRIALS + 1) * TEAMMATE_PUSHES}" in note, note
+    assert f"subtask {first}" in note and f"subtask {second}" in note, note
     assert git(remote, "rev-parse", "refs/notes/subtask") == git(a, "rev-parse", "refs/notes/subtask")
     assert_only_fast_forwards(remote)
 
