@@ -187,7 +187,10 @@ def _serve(sock: socket.socket, parent: int) -> int:
         if not preloaded:  # the first message, whatever it is: the parent is waiting for "ready"
             _preload()
             preloaded = True
-            sock.send(b"ready")
+            try:
+                sock.send(b"ready")
+            except OSError:
+                return 0  # the parent left while we loaded: nobody to serve
         if msg == b"preload" and not fds:
             continue
         try:

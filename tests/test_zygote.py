@@ -184,3 +184,22 @@ def test_the_worker_runs_with_the_callers_environment_at_request_time(repo, cli)
     cli("list")  # settles the dead worker
     detail = cli.json("show", job)["state_detail"]["attempts"][0]
     assert detail["reason"] == "worker died"  # SUBTASK_FAULT=worker_start reached the worker
+
+
+def test_a_zygote_whose_server_left_while_it_preloaded_exits_quietly(repo):
+    """The server asked for the preload and went away before the zygote said "ready" (a client
+    that closed it at once): the zygote's reply finds no one there, and it exits 0 without a
+    traceback on the server's stderr."""
+    script = textwrap.dedent("""
+        import os
+        from subtask import zygote
+        z = zygote.start()
+        z.preload()   # the zygote starts importing what a worker needs
+        z.retire()    # and its server closes the socket before the zygote can say ready
+        _, status = os.waitpid(z.pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=str(repo), env=server_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
