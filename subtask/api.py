@@ -825,7 +825,7 @@ def _acquire_for_reply(repo: Repo, job_id: str) -> int:
 # ---------------------------------------------------------------- reading
 
 def get(repo: Repo, id_or_prefix: str) -> Job:
-    if is_job_id(id_or_prefix):  # a whole id: one ref lookup, not resolve's and then read's
+    if isinstance(id_or_prefix, str) and is_job_id(id_or_prefix):  # a whole id: one ref lookup, not two
         try:
             return records.read(repo, id_or_prefix)
         except SubtaskError as exc:

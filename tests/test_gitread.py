@@ -100,3 +100,17 @@ def test_the_repository_is_found_as_git_finds_it(tmp_path):
     assert linked.config.get("maxRunning") == "3" and linked.config.get("maxrunning") == "3"
     # git folds the case of the section and the name, never of a subsection
     assert open_repo(main).config.get("Ray.ADDRESS") == "auto" and open_repo(main).config.get("ray.address") is None
+
+
+def test_a_job_looked_up_by_anything_but_an_id_is_a_usage_error(repo, cli):
+    from subtask import api
+    from subtask.errors import SubtaskError
+
+    job = cli.start("true")
+    cli.ok("wait", job)
+    found = open_repo(repo)
+    assert api.get(found, job).id == job and api.get(found, job[:5]).id == job
+    for bad in (5, None, "st-zz", "st-00000000"):
+        with pytest.raises(SubtaskError) as caught:
+            api.get(found, bad)
+        assert caught.value.kind in ("usage", "not_found"), (bad, caught.value.kind)
