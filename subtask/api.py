@@ -764,8 +764,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     from subtask.engines import get_engine
 
     message = _check_task(message)
-    job_id = records.resolve(repo, id_or_prefix)
-    job = records.read(repo, job_id)
+    job = get(repo, id_or_prefix)
+    job_id = job.id
     previous = job.state.current
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
@@ -1071,8 +1071,8 @@ def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel:
 
 def stop(repo: Repo, id_or_prefix: str) -> Job:
     """End a job: drop it from the queue, or end its worker's process groups (TERM, then KILL)."""
-    job_id = records.resolve(repo, id_or_prefix)
-    job = records.read(repo, job_id)
+    job = get(repo, id_or_prefix)
+    job_id = job.id
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
