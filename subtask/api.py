@@ -171,10 +171,10 @@ def delegation(repo: Repo) -> Delegation:
 
 
 def _job_of_cwd(repo: Repo) -> Job | None:
-    workdir = repo.git.workdir
-    if not workdir:
+    workdir = repo.workdir()
+    if workdir is None:
         return None
-    here = Path(workdir).resolve()
+    here = workdir.resolve()
     if here == repo.root.resolve() or not is_job_id(here.name):
         return None
     job = _job_or_none(repo, here.name)
@@ -591,7 +591,7 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
             if launch.branch_at is not None:  # the job's branch is created (start) or restored (reply) here
-                repo.git.create_branch(job.spec.branch, repo.git[launch.branch_at])
+                records.create_branch(repo, job.spec.branch, launch.branch_at)
                 undo.append(lambda job=job: _delete_branch(repo, job.spec.branch))
                 faults.point("after_branch")
             if attempt.n == 1:
@@ -743,9 +743,9 @@ def _unadmit(repo: Repo, job_id: str, attempt_n: int) -> None:
 
 
 def _delete_branch(repo: Repo, branch: str) -> None:
-    ref = repo.git.references.get(f"refs/heads/{branch}")
+    ref = repo.objects.ref(f"refs/heads/{branch}")
     if ref is not None:
-        records.cas_ref(repo, ref.name, str(ref.target), None)
+        records.cas_ref(repo, ref.name, ref.target, None)
 
 
 def sweep(repo: Repo) -> None:

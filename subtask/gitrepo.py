@@ -2,10 +2,12 @@
 
 The repository is found by `git rev-parse` and its `subtask.*` settings read by `git config`
 (one process each, ~2 ms), and pygit2 is imported only when a command first needs it
-(`Repo.git`): a reading command reads refs and objects through `Repo.objects` (subtask/gitread.py)
-and never pays the library's import. Writes go through pygit2. Porcelain that libgit2 does not do
-as git does (`worktree add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled,
-because the tool's own git commands must never trigger the user's hooks.
+(`Repo.git`): records, pins and branches are read and written through `Repo.objects`
+(subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
+pay the library's import; the worker imports it in a background thread while git writes its
+checkout (`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
+add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
+git commands must never trigger the user's hooks.
 
 Invariants:
 - The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,12 +30,10 @@ from subtask.errors import SubtaskError
 if TYPE_CHECKING:
     import pygit2
 
-    from subtask.gitread import GitObjects, Pygit2Objects
+    from subtask.gitobjects import GitObjects, Pygit2Objects
 
 NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
 EXCLUDE_LINE = "/.subtask/"
-# A fixed identity for commits the tool writes for itself (records, notes).
-TOOL_SIGNATURE = ("git-subtask", "git-subtask@localhost")
 
 
 @dataclass
@@ -54,12 +55,22 @@ class Repo:
 
     @property
     def objects(self) -> GitObjects | Pygit2Objects:
-        """Refs and objects to read: in-process once pygit2 is loaded, through git before."""
-        from subtask import gitread
+        """Refs and objects to read and write: in-process once pygit2 is loaded, through git before."""
+        from subtask import gitobjects
 
-        if self._git is not None or sys.modules.get("pygit2") is not None:
-            return gitread.Pygit2Objects(self.git)
-        return gitread.GitObjects(self.git_dir)
+        if self._git is not None or pygit2_ready():
+            return gitobjects.Pygit2Objects(self.git)
+        return gitobjects.GitObjects(self.git_dir)
+
+    def workdir(self) -> Path | None:
+        """The top of the worktree this repository was opened in (as pygit2's `workdir`)."""
+        if self.git_dir.resolve() == self.common_dir:
+            return self.root
+        try:  # a linked worktree's git dir names its `.git` file in `gitdir`
+            dot_git = Path((self.git_dir / "gitdir").read_text().strip())
+        except OSError:
+            return None
+        return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
 
     @property
     def state_dir(self) -> Path:
@@ -99,6 +110,39 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     return Repo(git_dir, _main_worktree(common, start), common, Config(git_config_reader(git_dir)))
 
 
+_preload: threading.Thread | None = None
+
+
+def preload_pygit2() -> None:
+    """Import pygit2 in a background thread, for a process that will need it after a long wait
+    on git (the worker, during its checkout); until it is loaded, `Repo.objects` asks git."""
+    global _preload
+    if _preload is not None or sys.modules.get("pygit2") is not None:
+        return
+
+    def load() -> None:
+        try:
+            import pygit2  # noqa: F401
+        except ImportError:
+            pass  # `Repo.git` raises it again where it is needed, with its words
+
+    _preload = threading.Thread(target=load, name="subtask-preload-pygit2", daemon=True)
+    _preload.start()
+
+
+def pygit2_ready() -> bool:
+    """pygit2 is imported, and no thread of ours is still importing it."""
+    if _preload is not None and _preload.is_alive():
+        return False
+    return sys.modules.get("pygit2") is not None
+
+
+def finish_preload() -> None:
+    """Wait for `preload_pygit2`: before this process forks, or confines a child it starts."""
+    if _preload is not None:
+        _preload.join()
+
+
 def _main_worktree(common: Path, start: str) -> Path:
     if common.name == ".git":
         return common.parent
@@ -111,17 +155,13 @@ def _main_worktree(common: Path, start: str) -> Path:
 
 def resolve_commit(repo: Repo, rev: str) -> str:
     """The commit id `rev` names, or a fatal error."""
-    import pygit2
-
     if not rev or rev.startswith("-") or "\n" in rev:
         raise SubtaskError("usage", f"not a valid revision: {rev!r}")
-    try:
-        obj = repo.git.revparse_single(rev)
-        commit = obj.peel(pygit2.Commit)
-    except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
+    commit = repo.objects.commit_of(rev)
+    if commit is None:
         raise SubtaskError("fatal", f"unknown revision '{rev}': it names no commit in {repo.root}",
-                           hint="git log --oneline -5") from None
-    return str(commit.id)
+                           hint="git log --oneline -5")
+    return commit
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
@@ -153,12 +193,6 @@ def check_worktree_location(path: Path) -> None:
     if ".git" in path.parts:
         raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, where Claude Code refuses to write",
                            hint="git config subtask.worktreeDir <a folder outside .git>")
-
-
-def tool_signature() -> pygit2.Signature:
-    import pygit2
-
-    return pygit2.Signature(*TOOL_SIGNATURE)
 
 
 def author_signature(repo: Repo) -> pygit2.Signature:

@@ -40,7 +40,7 @@ from typing import Any
 
 from subtask import faults, lifecycle, liveness, records, render
 from subtask.errors import SubtaskError
-from subtask.gitrepo import Repo, tool_signature
+from subtask.gitrepo import Repo
 from subtask.model import _Record, now
 from subtask.records import Job
 from subtask.redact import redact
@@ -110,15 +110,8 @@ def status_line(group: Group) -> str:
 
 
 def _write_commit(repo: Repo, group: Group, parent: str | None) -> str:
-    import pygit2
-
-    git = repo.git
-    builder = git.TreeBuilder()
     data = (json.dumps(group.to_dict(), indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
-    builder.insert("group.json", git.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
-    sig = tool_signature()
-    parents = [pygit2.Oid(hex=parent)] if parent else []
-    return str(git.create_commit(None, sig, sig, status_line(group) + "\n", builder.write(), parents))
+    return repo.objects.write_commit([("group.json", data)], status_line(group) + "\n", [parent] if parent else [])
 
 
 def create(repo: Repo, group: Group) -> None:
@@ -128,9 +121,9 @@ def create(repo: Repo, group: Group) -> None:
 
 def delete(repo: Repo, gid: str) -> None:
     """Undo a group's start: its record and its kept judge go."""
-    ref = repo.git.references.get(group_ref(gid))
+    ref = repo.objects.ref(group_ref(gid))
     if ref is not None:
-        records.cas_ref(repo, ref.name, str(ref.target), None)
+        records.cas_ref(repo, ref.name, ref.target, None)
     _judge_file(repo, gid).unlink(missing_ok=True)
 
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subtask.errors import SubtaskError
-from subtask.gitread import Ref, commit_message
-from subtask.gitrepo import Repo, tool_signature
+from subtask.gitobjects import Ref, commit_message
+from subtask.gitrepo import Repo
 from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
 
 PREFIX = "refs/subtask/"
@@ -134,22 +134,14 @@ def list_entry(job: Job) -> dict:
 
 
 def _write_commit(repo: Repo, job: Job, parent: str | None) -> str:
-    import pygit2
-
-    git = repo.git
-    builder = git.TreeBuilder()
-    builder.insert("spec.json", git.create_blob(_dumps(job.spec.to_dict())), pygit2.GIT_FILEMODE_BLOB)
-    builder.insert("state.json", git.create_blob(_dumps(job.state.to_dict())), pygit2.GIT_FILEMODE_BLOB)
+    files = [("spec.json", _dumps(job.spec.to_dict())), ("state.json", _dumps(job.state.to_dict()))]
     if job.evidence is not None:
-        builder.insert("evidence.json", git.create_blob(_dumps(job.evidence.to_dict())), pygit2.GIT_FILEMODE_BLOB)
-    builder.insert("summary.md", git.create_blob(job.summary.encode("utf-8", "replace")), pygit2.GIT_FILEMODE_BLOB)
+        files.append(("evidence.json", _dumps(job.evidence.to_dict())))
+    files.append(("summary.md", job.summary.encode("utf-8", "replace")))
     if job.events_tail:
-        builder.insert("events.jsonl", git.create_blob(job.events_tail.encode("utf-8", "replace")), pygit2.GIT_FILEMODE_BLOB)
-    tree = builder.write()
+        files.append(("events.jsonl", job.events_tail.encode("utf-8", "replace")))
     message = f"{status_line(job)}\n\n{LIST_TAG}{json.dumps(list_entry(job), ensure_ascii=True)}\n"
-    sig = tool_signature()
-    parents = [pygit2.Oid(hex=parent)] if parent else []
-    return str(git.create_commit(None, sig, sig, message, tree, parents))
+    return repo.objects.write_commit(files, message, [parent] if parent else [])
 
 
 def write_commit(repo: Repo, job: Job, parent: str | None) -> str:
@@ -164,29 +156,7 @@ def cas_ref(repo: Repo, name: str, old: str | None, new: str | None, message: st
 
 def _cas(repo: Repo, name: str, old: str | None, new: str | None, message: str) -> str:
     """`cas_ref`, saying why it did not write: "ok", "moved" (not at `old`) or "locked"."""
-    import pygit2
-
-    git = repo.git
-
-    class _Moved(Exception):
-        pass
-
-    try:
-        with git.transaction() as txn:
-            txn.lock_ref(name)
-            ref = git.references.get(name)
-            current = str(ref.target) if ref is not None else None
-            if current != old:
-                raise _Moved
-            if new is None:
-                txn.remove(name)
-            else:
-                txn.set_target(name, new, message=message)
-    except _Moved:
-        return "moved"
-    except pygit2.GitError:
-        return "locked"  # another writer holds the ref lock (or a dead one left it)
-    return "ok"
+    return repo.objects.update_refs([(name, old, new)], message)
 
 
 # A ref lock is held for the instant of one update; one older than `subtask.refLockStale` seconds
@@ -378,15 +348,23 @@ def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, att
 def delete(repo: Repo, job_id: str) -> None:
     """Remove the record and pins (used only to undo a start that failed before its spawn)."""
     for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head")):
-        ref = repo.git.references.get(name)
+        ref = repo.objects.ref(name)
         if ref is not None:
-            cas_ref(repo, name, str(ref.target), None)
+            cas_ref(repo, name, ref.target, None)
+
+
+def create_branch(repo: Repo, branch: str, commit: str) -> None:
+    """Create `refs/heads/<branch>` at `commit`; a fatal error if it exists or is being written."""
+    outcome = _cas(repo, f"refs/heads/{branch}", None, commit, f"branch: Created from {commit}")
+    if outcome != "ok":
+        why = "already exists" if outcome == "moved" else "is locked by another git process"
+        raise SubtaskError("fatal", f"cannot create the branch {branch}: it {why}", hint=f"git branch --list {branch}")
 
 
 def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
     name = pin_ref(job_id, which)
-    ref = repo.git.references.get(name)
-    old = str(ref.target) if ref is not None else None
+    ref = repo.objects.ref(name)
+    old = ref.target if ref is not None else None
     if old != commit:
         cas_ref(repo, name, old, commit)
 

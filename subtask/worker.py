@@ -55,7 +55,16 @@ from subtask import (
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
-from subtask.gitrepo import Repo, author_signature, diff_stats, ensure_excluded, git, open_repo
+from subtask.gitrepo import (
+    Repo,
+    author_signature,
+    diff_stats,
+    ensure_excluded,
+    finish_preload,
+    git,
+    open_repo,
+    preload_pygit2,
+)
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import StreamRedactor, redact, redact_obj
@@ -523,7 +532,9 @@ def run_attempt(repo: Repo, job_id: str) -> None:
     phases.mark("record_running")
     try:
         fresh = not worktree_path(repo, job).exists()
+        preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
         worktree = checkout(repo, job)
+        finish_preload()  # before any confined child: fork only from a single-threaded process
         phases.mark("checkout")
         if fresh:
             copy_included(repo, worktree)
@@ -654,6 +665,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
+        finish_preload()  # an attempt that ended before its checkout may still be loading pygit2
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: settle the group
             groups.after_member_ended(repo, member)

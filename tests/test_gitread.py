@@ -1,4 +1,4 @@
-"""Reading without pygit2 (subtask/gitread.py): reading commands go through the git binary, which
+"""Reading without pygit2 (subtask/gitobjects.py): reading commands go through the git binary, which
 answers exactly as the in-process pygit2 reader does, and finds the repository as git does."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pygit2
 import pytest
 from conftest import git
 
-from subtask import gitread
+from subtask import gitobjects
 from subtask.gitrepo import open_repo
 from subtask.records import record_ref
 
@@ -31,7 +31,7 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     git(repo, "symbolic-ref", "refs/subtask/st-0000000d/record", "refs/heads/nowhere")  # dangling
     (repo / ".git/refs/subtask/st-0000000e").mkdir()
     (repo / ".git/refs/subtask/st-0000000e/record").write_text("12" * 20 + "\n")  # a missing object
-    readers = {"git": gitread.GitObjects(repo / ".git"), "pygit2": gitread.Pygit2Objects(pygit2.Repository(str(repo)))}
+    readers = {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
     specs = [tip, f"{tip}:spec.json", f"{tip}:nothere.json", blob, f"{blob}:spec.json", "12" * 20,
              f"{head}:sub", f"{head}:sub/f.txt", "HEAD", f"{tip}:spec.json\n{tip}", ""]
     answers = {name: (r.refs("refs/subtask/"), [r.ref(n) for n in (record_ref(job), "refs/subtask/st-0000000c/record",
@@ -41,9 +41,9 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     assert answers["git"] == answers["pygit2"]
     refs, single, read = answers["git"]
     by_name = {ref.name: ref for ref in refs}
-    assert by_name[record_ref(job)] == gitread.Ref(record_ref(job), tip)
+    assert by_name[record_ref(job)] == gitobjects.Ref(record_ref(job), tip)
     assert by_name["refs/subtask/st-0000000b/record"].target == blob
-    assert by_name["refs/subtask/st-0000000c/record"] == gitread.Ref("refs/subtask/st-0000000c/record", record_ref(job), True)
+    assert by_name["refs/subtask/st-0000000c/record"] == gitobjects.Ref("refs/subtask/st-0000000c/record", record_ref(job), True)
     assert "refs/subtask/st-0000000d/record" not in by_name and single[2] is None and single[3] is None
     assert by_name["refs/subtask/st-0000000e/record"].target == "12" * 20
     kinds = [None if answer is None else answer[0] for answer in read]

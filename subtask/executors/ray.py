@@ -179,7 +179,7 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     pushed: dict[str, str] = {}
     try:
         if job.spec.branch:
-            repo.git.create_branch(job.spec.branch, repo.git[job.spec.base])
+            records.create_branch(repo, job.spec.branch, job.spec.base)
             undo.append(lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
         records.set_pin(repo, job.id, "base", job.spec.base)
         undo.append(lambda: records.delete(repo, job.id))
