@@ -121,7 +121,7 @@ class Ours:
                            ("subtask.maxRunning", "10"), ("subtask.isolation.writable", str(repo.parent))):
             run(["git", "config", key, value], repo, self.env)
         self.events = repo / ".git" / "subtask" / "run"
-        self.phases = repo.parent / "phases.jsonl"  # the worker's own phase marks (subtask/phases.py)
+        self.phases = repo.parent / f"phases-{repo.name}.jsonl"  # the worker's own phase marks (subtask/phases.py)
         self.env["SUBTASK_PHASES"] = str(self.phases)
 
     def start(self, task: str = "true") -> str:
@@ -299,7 +299,7 @@ def end_to_end(tools, runs: int, started: dict | None = None) -> tuple[dict, dic
                 tool.wait_cli(job)
             cli[tool.name].append(time.perf_counter() - t0)
             recorded[tool.name].append(tool.recorded_at(job) - wall0)
-            if started is not None and tool.name == "ours":
+            if started is not None and isinstance(tool, Ours):
                 started[job] = wall0
     return cli, recorded
 
@@ -321,10 +321,11 @@ def phase_breakdown(phases_file: Path, started: dict[str, float]) -> dict[str, f
     return {name: median_ms(values) for name, values in per_phase.items()}
 
 
-def print_phases(breakdown: dict[str, float]) -> None:
-    print("\nphases of one job (ours, median ms of the e2e jobs, from the worker's marks):")
+def print_phases(breakdown: dict[str, float], before: dict[str, float] | None = None) -> None:
+    print("\nphases of one job (median ms of the e2e jobs, from the worker's marks):")
+    print(f"  {'':<22}{'ours':>8}" + (f"{'before':>8}" if before is not None else ""))
     for name, ms in breakdown.items():
-        print(f"  {name:<22}{ms:>8}")
+        print(f"  {name:<22}{ms:>8}" + (f"{before.get(name, ''):>8}" if before is not None else ""))
 
 
 def e2e_only(ours: Ours, peer: Peer | None, limit: Limit, runs: int, before: Ours | None = None) -> None:
@@ -341,7 +342,8 @@ def e2e_only(ours: Ours, peer: Peer | None, limit: Limit, runs: int, before: Our
         if peer is not None:
             ratios += f"  ours/peer {median_ms(by_tool['ours']) / median_ms(by_tool['peer']):.2f}"
         print(f"{key:<14}{cells}   {ratios}")
-    print_phases(phase_breakdown(ours.phases, started))
+    print_phases(phase_breakdown(ours.phases, started),
+                 phase_breakdown(before.phases, started) if before is not None else None)
 
 
 async def call(client: Client, name: str, args: dict) -> str:

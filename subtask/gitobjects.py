@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,6 +101,8 @@ class GitObjects:
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None) -> str:
+        import tempfile  # only a writing command pays its import (shutil, random)
+
         with tempfile.TemporaryDirectory(prefix="subtask-blobs-") as tmp:
             paths = []
             for i, (_, data) in enumerate(files):

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import time
 import traceback
@@ -56,6 +57,7 @@ from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
+    NO_HOOKS,
     Repo,
     author_signature,
     diff_stats,
@@ -121,10 +123,11 @@ def worktree_path(repo: Repo, job: Job) -> Path:
     return Path(job.spec.worktree)
 
 
-def checkout(repo: Repo, job: Job) -> Path:
-    """Create the job's worktree. Only its registration is serialized (concurrent `git worktree
-    add` can fail): the files are written after the lock is released, so the checkouts of jobs
-    that start together run in parallel instead of one after another."""
+def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
+    """Create the job's worktree; git goes on writing its files while the caller records that
+    the job runs. Only the registration is serialized (concurrent `git worktree add` can fail):
+    the files are written after the lock is released, so the checkouts of jobs that start
+    together run in parallel instead of one after another."""
     path = worktree_path(repo, job)
     if not (path.exists() and (path / ".git").exists()):
         ensure_excluded(repo.common_dir)
@@ -134,23 +137,38 @@ def checkout(repo: Repo, job: Job) -> Path:
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
         worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
     faults.point("before_files_checkout")
-    check_files_out(repo, path)
-    return path
+    return path, FilesCheckout.start(repo, path)
 
 
-def check_files_out(repo: Repo, path: Path) -> None:
-    """Write the files of a worktree registered without them, unless that was done: git writes
-    the worktree's index last, once every file is written, so no index means not (or not all)
-    written, also when a worker died in the middle; then it is done again from the start.
+class FilesCheckout:
+    """git writing the files of a worktree registered without them, unless that was done: git
+    writes the worktree's index last, once every file is written, so no index means not (or not
+    all) written, also when a worker died in the middle; then it is done again from the start.
     Never skipped: the engine would run in an empty folder and the autocommit would record the
-    deletion of every file."""
-    admin = worktrees.admin_dir(repo, path)
-    if admin is None or (admin / "index").exists():
-        return
-    # A worker killed while writing leaves git's lock behind; no one else touches this worktree
-    # before its index exists (the job's run-lock is ours).
-    (admin / "index.lock").unlink(missing_ok=True)
-    git(path, "read-tree", "--reset", "-u", "HEAD")  # what `worktree add` does, minus the ref writes
+    deletion of every file. `finish` must follow `start`, whatever happens in between: no git
+    process is left running."""
+
+    def __init__(self, proc: subprocess.Popen | None):
+        self.proc = proc
+
+    @classmethod
+    def start(cls, repo: Repo, path: Path) -> FilesCheckout:
+        admin = worktrees.admin_dir(repo, path)
+        if admin is None or (admin / "index").exists():
+            return cls(None)
+        # A worker killed while writing leaves git's lock behind; no one else touches this worktree
+        # before its index exists (the job's run-lock is ours).
+        (admin / "index.lock").unlink(missing_ok=True)
+        # What `worktree add` does, minus the ref writes.
+        return cls(subprocess.Popen(["git", *NO_HOOKS, "-C", str(path), "read-tree", "--reset", "-u", "HEAD"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+    def finish(self) -> str | None:
+        """Wait for git; what went wrong, or None."""
+        if self.proc is None:
+            return None
+        _, err = self.proc.communicate()
+        return None if self.proc.returncode == 0 else f"git read-tree failed: {err.decode(errors='replace').strip()}"
 
 
 WORKTREE_INCLUDE = ".worktreeinclude"
@@ -265,8 +283,8 @@ def _update_attempt(repo: Repo, job_id: str, attempt_n: int, apply) -> Job | Non
 
 
 def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
-    """Record `running` as soon as the worker takes the attempt (before its checkout), so the
-    hand-off shows at once; None if the attempt already ended (stopped in the spawn gap)."""
+    """Record `running` as soon as the worker takes the attempt (while git writes its checkout),
+    so the hand-off shows at once; None if the attempt already ended (stopped in the spawn gap)."""
     def apply(attempt) -> None:
         attempt.state = "running"
         attempt.started_at = time.time()
@@ -371,8 +389,9 @@ class Confinement:
     """One attempt's isolation: the policy, its private temp dir, the refused writes its output reported,
     and whether the main worktree changed while the job ran (`git status` before and after)."""
 
-    def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink):
+    def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
+        self.before, self.after = before, None
         self.refused: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
         engine = get_engine(job.spec.engine, repo.config)
@@ -390,7 +409,6 @@ class Confinement:
             if self.tmpdir:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
-        self.status_before = main_worktree_status(repo)
 
     def watch(self, event: dict) -> None:
         """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
@@ -405,17 +423,26 @@ class Confinement:
         self.refused.append(line)
         self.sink({"type": "isolation", "mode": self.policy.mode, "refused": line})
 
+    def look_after(self) -> None:
+        """Take the main worktree's status once nothing confined runs any more (the engine, or
+        verify), in the background: the autocommit and the evidence need not wait for it."""
+        if self.after is None:
+            self.after = MainWorktreeStatus(self.repo)
+
     def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
         if verify is not None and self.policy.mode != "none":
             for line in verify.output_tail.splitlines():
                 self.note_refused(line)
-        after = main_worktree_status(self.repo)
-        changed = sorted(set(self.status_before) ^ set(after))
+        self.look_after()
+        changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
         return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
 
     def close(self) -> None:
         self.ruleset.close()
+        for status in (self.before, self.after):
+            if status is not None:
+                status.lines()  # no git process is left behind, whatever ended the attempt
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -433,11 +460,22 @@ def private_tmpdir(repo: Repo, job_id: str) -> str:
     return str(path)
 
 
-def main_worktree_status(repo: Repo) -> list[str]:
-    """`git status --porcelain` of the main worktree, without taking its index lock. Lines, not -z:
-    git quotes odd paths (control characters too), and a rename stays one entry."""
-    out = git(repo.root, "--no-optional-locks", "status", "--porcelain", check=False).stdout
-    return [line for line in out.splitlines() if line.strip()]
+class MainWorktreeStatus:
+    """`git status --porcelain` of the main worktree, without taking its index lock, run in the
+    background from its start until `lines` is first asked (the worker's own work overlaps it).
+    Lines, not -z: git quotes odd paths (control characters too), and a rename stays one entry."""
+
+    def __init__(self, repo: Repo):
+        self._lines: list[str] | None = None
+        self._proc = subprocess.Popen(["git", *NO_HOOKS, "-C", str(repo.root), "--no-optional-locks", "status",
+                                       "--porcelain"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True)
+
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            out, _ = self._proc.communicate()
+            self._lines = [line for line in out.splitlines() if line.strip()]
+        return self._lines
 
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
@@ -513,10 +551,9 @@ def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> No
     cost.billing = "charged" if unknown else "observed"
 
 
-def run_attempt(repo: Repo, job_id: str) -> None:
-    """Run the current attempt of `job_id` to its end. The caller holds the run-lock."""
-    job = records.read(repo, job_id)
-    attempt_n = job.state.current.n
+def run_attempt(repo: Repo, job: Job) -> None:
+    """Run the current attempt of `job` (as just read) to its end. The caller holds the run-lock."""
+    job_id, attempt_n = job.id, job.state.current.n
     if job.state.current.terminal:
         return
     state_dir = repo.state_dir
@@ -525,33 +562,17 @@ def run_attempt(repo: Repo, job_id: str) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
-    job = mark_running(repo, job_id, attempt_n)
-    if job is None:
+    preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
+    set_up = _set_up_worktree(repo, job, sink)
+    if set_up is None:
         return
-    sink({"type": "state", "state": "running"})
-    phases.mark("record_running")
+    job, worktree, main_before = set_up
     try:
-        fresh = not worktree_path(repo, job).exists()
-        preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
-        worktree = checkout(repo, job)
-        finish_preload()  # before any confined child: fork only from a single-threaded process
-        phases.mark("checkout")
-        if fresh:
-            copy_included(repo, worktree)
-            failure = run_setup(repo, job, worktree)
-            if failure:
-                lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=failure, error_kind="setup",
-                                      hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
-                return
-            phases.mark("setup")
-    except Exception as exc:
-        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"could not set up the worktree: {exc}"),
-                              error_kind="setup", hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
-        return
-    faults.point("after_checkout")
-    try:
-        confinement = Confinement(repo, job, worktree, sink)
-    except (isolation.IsolationError, OSError) as exc:
+        confinement = Confinement(repo, job, worktree, sink, main_before)
+    except BaseException as exc:
+        main_before.lines()  # no git process is left behind
+        if not isinstance(exc, (isolation.IsolationError, OSError)):
+            raise
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
                               error_kind="isolation", hint=ERROR_HINTS["isolation"], engine_may_have_spent=False)
         return
@@ -560,6 +581,65 @@ def run_attempt(repo: Repo, job_id: str) -> None:
         _run_confined(repo, job_id, attempt_n, worktree, sink, confinement)
     finally:
         confinement.close()
+
+
+def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, MainWorktreeStatus] | None:
+    """Check the worktree out, recording `running` meanwhile, and run the setup of a new one;
+    None when the attempt ended here (stopped in the spawn gap, or its setup failed). The main
+    worktree's status is taken meanwhile too (once the job's own folder is registered and
+    excluded: it then shows alike before and after the engine)."""
+    job_id, attempt_n = job.id, job.state.current.n
+    try:
+        fresh = not worktree_path(repo, job).exists()
+        worktree, files = begin_checkout(repo, job)
+    except Exception as exc:
+        _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {exc}"))
+        return None
+    main_before = MainWorktreeStatus(repo)
+    ready = None
+    try:
+        ready = _finish_checkout(repo, job, sink, fresh, worktree, files)
+    finally:
+        if not ready:
+            main_before.lines()  # no git process is left behind
+    return (ready, worktree, main_before) if ready else None
+
+
+def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktree: Path,
+                     files: FilesCheckout) -> Job | None:
+    job_id, attempt_n = job.id, job.state.current.n
+    running = None
+    try:  # recorded while git writes the files: off the job's critical path
+        running = mark_running(repo, job_id, attempt_n)
+        if running is not None:
+            sink({"type": "state", "state": "running"})
+        phases.mark("record_running")
+    finally:
+        unwritten = files.finish()
+    if running is None:
+        return None
+    finish_preload()  # before any confined child: fork only from a single-threaded process
+    if unwritten:
+        _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {unwritten}"))
+        return None
+    phases.mark("checkout")
+    if fresh:
+        try:
+            copy_included(repo, worktree)
+            failure = run_setup(repo, running, worktree)
+        except Exception as exc:
+            failure = redact(f"could not set up the worktree: {exc}")
+        if failure:
+            _setup_failed(repo, job_id, attempt_n, failure)
+            return None
+        phases.mark("setup")
+    faults.point("after_checkout")
+    return running
+
+
+def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
+    lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=reason, error_kind="setup",
+                          hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
 
 
 def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink: EventSink,
@@ -584,6 +664,8 @@ def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink:
     faults.point("after_engine")
     stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
+    if stopped or not outcome.ok or not job.spec.verify:
+        confinement.look_after()  # nothing confined runs any more
     auto = autocommit(repo, job, worktree)
     head = current_head(repo, job, worktree)
     phases.mark("autocommit")
@@ -687,14 +769,15 @@ def _group_member(repo: Repo, job_id: str) -> Job | None:
 def _run_current(repo: Repo, job_id: str) -> int:
     """Run the job's current attempt, ending it whatever happens; returns the attempt number."""
     try:
-        attempt_n = records.read(repo, job_id).state.current.n
+        job = records.read(repo, job_id)
     except SubtaskError:
         # Its `start` crashed after queueing it, before writing its record: nothing of it ran.
         # Release its reservation and drop its branch; the caller frees the slot.
         lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
         return 1
+    attempt_n = job.state.current.n
     try:
-        run_attempt(repo, job_id)
+        run_attempt(repo, job)
     except StopRequested:
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
     except Exception as exc:

@@ -90,6 +90,21 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     assert '"type": "isolation"' in events and "decoy.txt" in events
 
 
+def test_the_main_worktree_is_compared_after_verify_as_well_as_after_the_engine(cli, repo):
+    """The status after the job is taken in the background once nothing of the job runs any more:
+    after verify when there is one, else right after the engine (the autocommit meanwhile). One
+    job after another, so that each sees only its own change."""
+    def run(task: str, *args: str) -> dict:
+        job = cli.start(task, "--isolation", "none", *args)
+        cli.ok("wait", job)
+        return evidence(cli, job)["main_worktree"]
+
+    assert run(f"echo e > {repo}/from-engine.txt; echo w > mine.txt") == {"changed": True, "paths": ["from-engine.txt"]}
+    by_verify = run("echo w > mine.txt", "--verify", f"echo v > {repo}/from-verify.txt")
+    assert by_verify == {"changed": True, "paths": ["from-verify.txt"]}
+    assert run("echo w > mine.txt", "--verify", "true") == {"changed": False, "paths": []}
+
+
 @needs_landlock
 def test_the_same_job_unconfined_does_it_all_and_the_evidence_says_so(cli, repo, hostile):
     decoy, home, script = hostile
