@@ -282,19 +282,28 @@ def _update_attempt(repo: Repo, job_id: str, attempt_n: int, apply) -> Job | Non
     return job if current.n == attempt_n and not current.terminal else None
 
 
-def mark_running(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
-    """Record `running` as soon as the worker takes the attempt (while git writes its checkout),
-    so the hand-off shows at once; None if the attempt already ended (stopped in the spawn gap)."""
+def mark_running(repo: Repo, job: Job) -> Job | None:
+    """Record `running` as soon as the worker takes a handed-on attempt (while git writes its
+    checkout), so the hand-off shows at once; None if the attempt already ended (stopped in the
+    spawn gap). An attempt its starter admitted reads `running` already: the time it was taken is
+    kept in `job` and recorded with the engine's start, one record write fewer before the engine."""
+    taken = time.time()
+    attempt = job.state.current
+    if attempt.state == "running":
+        attempt.started_at = taken
+        return job
+
     def apply(attempt) -> None:
         attempt.state = "running"
-        attempt.started_at = time.time()
+        attempt.started_at = taken
 
-    return _update_attempt(repo, job_id, attempt_n, apply)
+    return _update_attempt(repo, job.id, attempt.n, apply)
 
 
-def mark_engine_started(repo: Repo, job_id: str, attempt_n: int) -> Job | None:
+def mark_engine_started(repo: Repo, job_id: str, attempt_n: int, taken_at: float | None) -> Job | None:
     """Record that the engine starts: from here on a dead worker's engine may have spent money."""
     def apply(attempt) -> None:
+        attempt.started_at = attempt.started_at or taken_at
         attempt.engine_started_at = time.time()
 
     return _update_attempt(repo, job_id, attempt_n, apply)
@@ -562,7 +571,6 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
-    preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
@@ -578,7 +586,7 @@ def run_attempt(repo: Repo, job: Job) -> None:
         return
     phases.mark("confinement")
     try:
-        _run_confined(repo, job_id, attempt_n, worktree, sink, confinement)
+        _run_confined(repo, job, worktree, sink, confinement)
     finally:
         confinement.close()
 
@@ -610,10 +618,11 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
     job_id, attempt_n = job.id, job.state.current.n
     running = None
     try:  # recorded while git writes the files: off the job's critical path
-        running = mark_running(repo, job_id, attempt_n)
+        running = mark_running(repo, job)
         if running is not None:
             sink({"type": "state", "state": "running"})
         phases.mark("record_running")
+        preload_pygit2()  # while git goes on writing: the rest of the attempt writes through it
     finally:
         unwritten = files.finish()
     if running is None:
@@ -642,11 +651,11 @@ def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
                           hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
 
 
-def _run_confined(repo: Repo, job_id: str, attempt_n: int, worktree: Path, sink: EventSink,
-                  confinement: Confinement) -> None:
+def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confinement: Confinement) -> None:
     """From the engine's start to the final record; the engine and verify run under `confinement`."""
     state_dir = repo.state_dir
-    job = mark_engine_started(repo, job_id, attempt_n)
+    job_id, attempt_n = job.id, job.state.current.n
+    job = mark_engine_started(repo, job_id, attempt_n, job.state.current.started_at)
     if job is None:
         return
     phases.mark("record_engine_started")

@@ -274,3 +274,18 @@ def test_the_worker_writes_its_phase_marks_only_when_asked(cli, repo, tmp_path):
         assert phase in names
     times = [at for _, at in entry["marks"]]
     assert times == sorted(times)
+
+
+def test_each_attempt_records_when_its_worker_took_it(cli, repo, control_dir):
+    """A started job's worker writes nothing before its engine starts (its starter recorded it
+    running), yet the time it took the job is recorded, as for one handed a slot from the queue."""
+    git(repo, "config", "subtask.maxRunning", "1")
+    gate = control_dir / "gate"
+    first = cli.start(f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    queued = cli.start("true")
+    assert json.loads(cli.ok("show", queued, "--json"))["state"] == "queued"
+    gate.touch()
+    cli.ok("wait", first, queued)
+    for job in (first, queued):
+        attempt = json.loads(cli.ok("show", job, "--json"))["state_detail"]["attempts"][-1]
+        assert attempt["queued_at"] <= attempt["started_at"] <= attempt["engine_started_at"] <= attempt["ended_at"], attempt
