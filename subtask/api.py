@@ -993,15 +993,14 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     if timeout is not None:
         timeout = _positive(timeout, "--timeout")
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
-    for job_id in job_ids:
-        records.read(repo, job_id)  # a damaged record is named now, not waited on
+    first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-    ended: queue.Queue[tuple[str, BaseException | None]] = queue.Queue()
+    ended: queue.Queue[tuple[str, Job | BaseException]] = queue.Queue()
     cancel = threading.Event()
-    for job_id in job_ids:
-        threading.Thread(target=_watch_one, args=(repo.root, job_id, ended, cancel), daemon=True).start()
-    done: set[str] = set()
+    for job in first_read:
+        threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
+    done: dict[str, Job] = {}
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
     try:
@@ -1015,40 +1014,42 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
             until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
             try:
-                job_id, failure = ended.get(timeout=max(0.0, until - now_))
+                job_id, seen = ended.get(timeout=max(0.0, until - now_))
             except queue.Empty:
                 continue
-            if failure is not None:
-                raise failure  # its watcher could not read it: say why, never wait on
-            done.add(job_id)
+            if isinstance(seen, BaseException):
+                raise seen  # its watcher could not read it: say why, never wait on
+            done[job_id] = seen
     finally:
         cancel.set()  # watcher threads stop at their next look
-    jobs = [records.read(repo, j) for j in job_ids]
+    jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
     return WaitResult(jobs, timed_out=len(done) < needed)
 
 
-def _watch_one(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
-    """Report (`job_id`, None) on `ended` when its current attempt is terminal. Runs in its own thread.
+def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
+    """Report (its id, the job) on `ended` when `job`'s current attempt is terminal (as read, or
+    once read again). Runs in its own thread.
 
     Any failure (a record damaged while we wait) is reported as (`job_id`, error) rather than
     ending the thread silently, because `wait` would then wait for a report that never comes.
     """
     try:
-        _watch_until_ended(repo_root, job_id, ended, cancel)
+        _watch_until_ended(repo, job, ended, cancel)
     except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-        ended.put((job_id, exc))
+        ended.put((job.id, exc))
 
 
-def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel: threading.Event) -> None:
-    repo = open_repo(repo_root)  # pygit2 objects are not shared across threads
-    state_dir = repo.state_dir
+def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
+    state_dir, job_id = repo.state_dir, job.id
     next_fill = 0.0
+    latest: Job | None = job  # as `wait` read it; read again at each later look
     while not cancel.is_set():
-        job = records.read(repo, job_id)
-        if job.state.current.terminal:
-            ended.put((job_id, None))
+        latest = latest or records.read(repo, job_id)
+        if latest.state.current.terminal:
+            ended.put((job_id, latest))
             return
-        if executors.runs_remotely(job):
+        remote, latest = executors.runs_remotely(latest), None
+        if remote:
             from subtask.executors import ray as ray_executor
 
             ray_executor.watch(repo, job_id, cancel)  # Ray's status, at most once a second
@@ -1063,7 +1064,7 @@ def _watch_until_ended(repo_root: Path, job_id: str, ended: queue.Queue, cancel:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
             # maxRunning must take effect without another command).
             next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-            lifecycle.reconcile(open_repo(repo_root))
+            lifecycle.reconcile(open_repo(repo.root))
         time.sleep(0.02)
 
 

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,6 +61,11 @@ class Repo:
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git)
         return gitobjects.GitObjects(self.git_dir)
+
+    def for_thread(self) -> Repo:
+        """This repository for another thread: the same paths and settings, its own pygit2 handle
+        (pygit2 objects are never shared across threads), so no git process finds it again."""
+        return replace(self, _git=None)
 
     def workdir(self) -> Path | None:
         """The top of the worktree this repository was opened in (as pygit2's `workdir`)."""
