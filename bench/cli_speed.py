@@ -30,14 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_repo, make_wheel_venv, save  # noqa: E402
+from common import loadavg, make_repo, make_wheel_venv, save  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 READS = ("list", "status", "show", "result")
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 CPU: dict[str, list[float]] = {}  # command -> CPU seconds (user + sys, with the git it waited for)

@@ -87,3 +87,16 @@ def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
         script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
         script.chmod(0o755)
     return where
+
+
+def loadavg() -> list[float]:
+    """The load averages, and the share of the last 10 s some task waited on the disk
+    (`/proc/pressure/io`), which moves every figure that writes a checkout."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    try:
+        some = Path("/proc/pressure/io").read_text().splitlines()[0]
+        load.append(f"io {float(some.split()[1].split('=')[1]):.0f}%")
+    except (OSError, IndexError, ValueError):
+        pass
+    return load
+

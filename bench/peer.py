@@ -62,7 +62,7 @@ import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 sys.path.append(str(BENCH))
-from common import make_repo, make_wheel_venv, median_ms, save  # noqa: E402
+from common import loadavg, make_repo, make_wheel_venv, median_ms, save  # noqa: E402
 from records_scale import fill_history  # noqa: E402
 
 PEER_VERSION = "0.5.0"
@@ -90,10 +90,6 @@ def run(argv: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess
     if check and done.returncode != 0:
         raise RuntimeError(f"{argv} -> {done.returncode}\n{done.stdout}\n{done.stderr}")
     return done
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # ------------------------------------------------------------------ the two tools
