@@ -571,6 +571,7 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
@@ -622,7 +623,6 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
         if running is not None:
             sink({"type": "state", "state": "running"})
         phases.mark("record_running")
-        preload_pygit2()  # while git goes on writing: the rest of the attempt writes through it
     finally:
         unwritten = files.finish()
     if running is None:
