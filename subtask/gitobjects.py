@@ -65,7 +65,7 @@ def commit_message(raw: bytes) -> bytes:
 
 
 class GitObjects:
-    """Refs and objects through the git binary: two small processes instead of a library import."""
+    """Refs and objects through the git binary: a few small processes instead of a library import."""
 
     def __init__(self, git_dir: Path):
         self._base = ["git", "--git-dir", str(git_dir)]
@@ -97,7 +97,8 @@ class GitObjects:
     def commit_of(self, rev: str) -> str | None:
         proc = subprocess.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
                               capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-        return proc.stdout.strip() or None if proc.returncode == 0 else None
+        commit = proc.stdout.strip()
+        return commit if proc.returncode == 0 and commit else None
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None) -> str:
