@@ -5,7 +5,8 @@
 A generated repository of 20 files with 6 finished shell jobs. Interleaved rounds (one sample of
 every command per round, so a slow moment of the machine hits all alike); p50 of each:
 `python -c pass`, `git subtask --version`, `list`, `status`, `show ID`, `result ID`, `spend`;
-and a trivial job end to end, start + wait + cleanup (`--engine shell true`), against the same
+and a trivial job end to end, start + wait + cleanup (`--engine shell true`, with `start` alone
+until its prompt comes back), against the same
 job by bare git commands (bench/limit.sh with `true` as the engine, then `git worktree remove`
 and `git branch -D`). Then the import profile of `git subtask list` (`python -X importtime`):
 the slowest modules by cumulative time, and which of them the command needs.
@@ -100,12 +101,19 @@ class Side:
         return subprocess.run([*self.cli, *args], cwd=self.repo, env=self.env, capture_output=True, text=True,
                               check=True).stdout
 
-    def job(self) -> float:
+    def job(self) -> tuple[float, float]:
+        """Seconds of start + wait + cleanup of `true`, and of its start alone (the prompt back;
+        its CPU, with the git it waited for but not the worker it forked, to CPU["<label> start"])."""
         t0 = time.perf_counter()
-        started = self.run("start", "--engine", "shell", "true").split()[0]
+        proc = subprocess.Popen([*self.cli, "start", "--engine", "shell", "true"], cwd=self.repo, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        started = proc.stdout.read().split()[0]
+        _, _, usage = os.wait4(proc.pid, 0)
+        start_seconds = time.perf_counter() - t0
+        CPU.setdefault(f"{self.label} start", []).append(usage.ru_utime + usage.ru_stime)
         self.run("wait", started)
         self.run("cleanup", started)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, start_seconds
 
 
 def side(label: str, tree: Path, tmp: Path, base_env: dict, wheel: bool, repo: Path, jobs: int) -> Side:
@@ -153,7 +161,7 @@ def main() -> None:
         for s in sides:  # warm: pyc, page cache
             for argv in s.commands.values():
                 timed(argv, s.repo, s.env)
-        names = [*sides[0].commands, "start+wait+cleanup"]
+        names = [*sides[0].commands, "start", "start+wait+cleanup"]
         samples = {s.label: {name: [] for name in names} for s in sides}
         samples["bare git"] = {"start+wait+cleanup": []}
         load0 = loadavg()
@@ -162,7 +170,9 @@ def main() -> None:
                 for s in sides:
                     samples[s.label][name].append(timed(s.commands[name], s.repo, s.env, f"{s.label} {name}"))
             for s in sides:
-                samples[s.label]["start+wait+cleanup"].append(s.job())
+                whole, start = s.job()
+                samples[s.label]["start+wait+cleanup"].append(whole)
+                samples[s.label]["start"].append(start)
             samples["bare git"]["start+wait+cleanup"].append(bare_job(bare, n, env))
         load1 = loadavg()
         profiles = {s.label: import_profile(s.python, s.repo, s.env) for s in sides}
