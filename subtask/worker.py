@@ -571,7 +571,6 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
-    preload_pygit2()  # while git writes the checkout: the rest of the attempt writes through it
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
@@ -623,6 +622,10 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
         if running is not None:
             sink({"type": "state", "state": "running"})
         phases.mark("record_running")
+        # While git writes the files, on the core it leaves free: the rest of the attempt writes
+        # through pygit2. Not sooner: its import holds the GIL, which the steps above need between
+        # their git processes.
+        preload_pygit2()
     finally:
         unwritten = files.finish()
     if running is None:
