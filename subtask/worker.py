@@ -628,9 +628,9 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
         preload_pygit2()
     finally:
         unwritten = files.finish()
+        finish_preload()  # whatever happened: fork or confine only from a single-threaded process
     if running is None:
         return None
-    finish_preload()  # before any confined child: fork only from a single-threaded process
     if unwritten:
         _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {unwritten}"))
         return None
@@ -759,7 +759,6 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
-        finish_preload()  # an attempt that ended before its checkout may still be loading pygit2
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: settle the group
             groups.after_member_ended(repo, member)

@@ -1,6 +1,6 @@
 """Writing without pygit2 (subtask/gitobjects.py's writers): `start` writes its branch, pins and record
 through the git binary, byte for byte what the in-process pygit2 writer writes, with the same
-compare-and-swap answers; the worker loads pygit2 while its checkout runs."""
+compare-and-swap answers."""
 
 from __future__ import annotations
 
