@@ -1,7 +1,10 @@
-"""The console script `git-subtask`: load the CLI so that Ctrl-C while loading exits 130 quietly.
+"""The console script `git-subtask`: the warm command server if there is one, else the CLI here.
 
-The script's own `from subtask.cli import main` would print a traceback for a Ctrl-C that lands
-while click and the commands are still being imported; this module imports nothing heavy itself.
+`subtask.cmdclient` hands the call to this user's command server (its imports already done) and
+relays its exit status; with no server it starts one for the next call and returns None, and the
+CLI runs in this process. Ctrl-C while the CLI is still being imported exits 130 quietly (the
+script's own `from subtask.cli import main` would print a traceback); this module imports
+nothing heavy itself.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import sys
 
 def main() -> None:
     try:
+        from subtask import cmdclient
+
+        code = cmdclient.run(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
         from subtask.cli import main as cli_main
     except KeyboardInterrupt:
         sys.exit(130)

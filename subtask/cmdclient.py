@@ -1,0 +1,183 @@
+"""The console script's fast path: hand the command to this user's warm command server.
+
+Every `git subtask` call used to pay for a fresh interpreter that imports click, pygit2 and our
+modules (~0.1-0.15 s of CPU) before it did any work. A per-user server (`subtask.cmdserver`)
+keeps those imported; the console script connects to it, sends its argv, environment, cwd and
+umask with its stdin, stdout and stderr (SCM_RIGHTS), and the server forks a fresh child of its
+pristine state that runs the command as this process would have, on this process's own fds. This
+process forwards the signals it gets to that child and exits with the child's exit status.
+
+When there is no server (the first call, after an upgrade, after it idled out), this module
+starts one in the background and the command runs in this process as before: a call never waits
+for a server, and never depends on one.
+
+Invariants:
+- Never run a command twice: before the server replies with the child's pid, nothing of the
+  command has run, and any failure runs it here instead; after it, this process only relays.
+- Never hand a command to a server built from other code: the socket's name is a digest of this
+  interpreter, its import path and every file of the package (size and mtime), and the server
+  refuses a request whose full fingerprint is not its own (an edit in an editable install, an
+  upgrade, another venv each get their own server).
+- Never from inside a job: a confined engine (SUBTASK_ISOLATION) runs its commands here, in its
+  sandbox; the server also refuses peers that run with no_new_privs (see `subtask.cmdserver`).
+- Only a folder this user owns, mode 0700, holds the socket: another user cannot plant one.
+- Standard library only, and little of it: this runs before anything else in every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+PROTOCOL = 1
+ENV = "SUBTASK_SERVER"  # "0" (or off/false/no): never use or start a command server
+DIR_ENV = "SUBTASK_SERVER_DIR"  # where the sockets live (tests); default $XDG_RUNTIME_DIR or /tmp
+IDLE_ENV = "SUBTASK_SERVER_IDLE"  # seconds a server waits for a call before it exits
+LAUNCH_ENV = "SUBTASK_SERVER_LAUNCH"  # to a new server: its socket, the client's sys.path and fingerprint
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGWINCH)
+MAX_REPLY = 4096
+
+
+def fingerprint() -> str:
+    """What the server's code must match: this interpreter, its import path and the package files."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    parts = [str(PROTOCOL), sys.executable, sys.version, repr(sys.flags), os.pathsep.join(sys.path), package]
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".json")):
+                st = os.stat(os.path.join(folder, name))
+                parts.append(f"{folder[len(package):]}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def server_dir() -> str | None:
+    """This user's socket folder, made 0700 if missing; None when it is not safely ours."""
+    base = os.environ.get(DIR_ENV) or os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    path = os.path.join(base, f"git-subtask-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def socket_path(folder: str, print_: str) -> str:
+    import zlib
+
+    return os.path.join(folder, f"{zlib.crc32(print_.encode()):08x}.sock")
+
+
+def enabled() -> bool:
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    if os.environ.get("SUBTASK_ISOLATION", "none") != "none":
+        return False  # a confined job: its command must run inside its sandbox
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds") and hasattr(os, "pidfd_open")
+
+
+def run(argv: list[str]) -> int | None:
+    """Run `argv` through the warm server: its exit code, or None to run it in this process."""
+    if not enabled():
+        return None
+    folder = server_dir()
+    if folder is None:
+        return None
+    print_ = fingerprint()
+    path = socket_path(folder, print_)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        start_server(path, print_)
+        return None
+    except OSError:
+        sock.close()
+        return None
+    with sock:
+        pid = _hand_over(sock, argv, print_)
+        if pid is None:
+            return None
+        return _relay(sock, pid)
+
+
+def _hand_over(sock: socket.socket, argv: list[str], print_: str) -> int | None:
+    """Send the request; the child's pid once the server has forked it, or None (nothing ran)."""
+    try:
+        cwd = os.getcwd()
+        mask = os.umask(0o022)
+        os.umask(mask)
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+        request = {"v": PROTOCOL, "fingerprint": print_, "argv": argv, "cwd": cwd, "umask": mask,
+                   "env": dict(os.environ), "stdio": [_stream_info(s) for s in (sys.stdin, sys.stdout, sys.stderr)]}
+        socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+        reply = json.loads(sock.recv(MAX_REPLY) or b"{}")
+    except (OSError, ValueError):
+        return None
+    pid = reply.get("pid")
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _stream_info(stream) -> list:
+    return [getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict"]
+
+
+def _relay(sock: socket.socket, pid: int) -> int:
+    """Forward signals to the command's child until the server reports how it ended."""
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    while True:
+        try:
+            data = sock.recv(MAX_REPLY)
+            break
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+            break
+    try:
+        status = json.loads(data or b"{}")
+    except ValueError:
+        status = {}
+    if "exit" in status:
+        return int(status["exit"])
+    if "signal" in status:  # die of it as the command did, so a shell or a test sees the same
+        signum = int(status["signal"])
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return 128 + signum
+    print("git-subtask: error: the command server went away before the command ended", file=sys.stderr)
+    return 128
+
+
+def start_server(path: str, print_: str) -> None:
+    """Start a server for this code in the background; the current call does not wait for it."""
+    import subprocess
+
+    env = dict(os.environ, **{LAUNCH_ENV: json.dumps({"path": path, "sys_path": sys.path, "fingerprint": print_})})
+    try:
+        subprocess.Popen([sys.executable, "-m", "subtask.cmdserver"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         close_fds=True, cwd="/", env=env)
+    except OSError:
+        pass
