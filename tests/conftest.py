@@ -29,6 +29,42 @@ def pytest_configure(config):
     import subtask
 
     compileall.compile_dir(str(Path(subtask.__file__).parent), quiet=1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def command_servers(tmp_path_factory):
+    """The warm command servers this session's CLI calls start live in a folder of the session's
+    own, and are stopped at its end: no server outlives the suite, none is shared with the user's."""
+    folder = tmp_path_factory.mktemp("servers")
+    previous = os.environ.get("SUBTASK_SERVER_DIR")
+    os.environ["SUBTASK_SERVER_DIR"] = str(folder)
+    yield folder
+    stop_command_servers(folder)
+    if previous is None:
+        os.environ.pop("SUBTASK_SERVER_DIR", None)
+    else:
+        os.environ["SUBTASK_SERVER_DIR"] = previous
+
+
+def command_server_pids(folder: Path) -> list[int]:
+    pids = []
+    for lock in folder.glob("*/*.sock.lock"):
+        try:
+            pids.append(int(lock.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+def stop_command_servers(folder: Path) -> None:
+    import signal
+
+    for pid in command_server_pids(folder):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
 BLACKHOLE = "http://127.0.0.1:9"
 GUARD_SCRIPT = """#!/bin/sh
 # --version is a probe, not a paid call: engines may ask it.

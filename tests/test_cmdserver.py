@@ -1,0 +1,181 @@
+"""The warm command server (subtask/cmdserver.py, subtask/cmdclient.py): a served call behaves as
+an in-process one (output, exit codes, environment, signals), and the server refuses what it must."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import command_server_pids, grant_writable, wait_until
+from subtask import cmdclient
+
+CONSOLE = str(Path(sys.executable).parent / "git-subtask")
+
+
+def server_folder() -> Path:
+    return Path(os.environ["SUBTASK_SERVER_DIR"])
+
+
+def warm_server(cli) -> int:
+    """This code's server, started by a first call if none runs yet; its pid once it listens."""
+    cli.ok("--version")
+    folder = server_folder()
+    assert wait_until(lambda: command_server_pids(folder) and list(folder.glob("*/*.sock")), timeout=60), \
+        "no command server came up"
+    return command_server_pids(folder)[0]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_a_served_call_runs_in_the_servers_fork_and_answers_as_an_in_process_one(cli, repo, tmp_path):
+    warm_server(cli)
+    out = grant_writable(tmp_path / "out")
+    out.mkdir()
+    job = cli.start(f"tr '\\0' ' ' < /proc/$PPID/cmdline > {out}/worker-argv")
+    cli.ok("wait", job)
+    assert "subtask.cmdserver" in (out / "worker-argv").read_text(), "the worker was not forked by the server"
+    cold = {"SUBTASK_SERVER": "0"}
+    for argv in (["show", job], ["show", "st-00000000"], ["--bogus"], ["wait"], ["result", job]):
+        served, in_process = cli(*argv), cli(*argv, env=cold)
+        assert (served.returncode, served.stdout, served.stderr) == \
+            (in_process.returncode, in_process.stdout, in_process.stderr), argv
+    assert cli("show", "st-00000000").returncode == 128
+    assert cli("--bogus").returncode == 129
+
+
+def test_the_served_command_has_the_callers_environment_home_and_cwd(cli, repo, tmp_path):
+    warm_server(cli)
+    out = grant_writable(tmp_path / "out")  # in this test's own HOME: the server started in another's
+    out.mkdir()
+    (repo / "sub").mkdir()
+    job = cli.start(f'echo "$PROBE" > {out}/probe', cwd=repo / "sub", env={"PROBE": "from the caller"})
+    cli.ok("wait", job)
+    assert (out / "probe").read_text() == "from the caller\n"
+
+
+def test_ctrl_c_reaches_the_served_command_and_it_exits_130(cli, repo, tmp_path):
+    server = warm_server(cli)
+    gate = tmp_path / "gate"
+    job = cli.start(f'while [ ! -e "{gate}" ]; do sleep 0.02; done')
+    waiter = subprocess.Popen([CONSOLE, "wait", job], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: any(children(s) for s in children(server))), "the wait was not served"
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(timeout=60) == 130
+        assert wait_until(lambda: not any(children(s) for s in children(server)))
+    finally:
+        waiter.kill()
+        gate.touch()
+    cli.ok("wait", job)
+
+
+def test_a_killed_caller_takes_its_served_command_with_it(cli, repo, tmp_path):
+    server = warm_server(cli)
+    gate = tmp_path / "gate"
+    job = cli.start(f'while [ ! -e "{gate}" ]; do sleep 0.02; done')
+    waiter = subprocess.Popen([CONSOLE, "wait", job], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: any(children(s) for s in children(server))), "the wait was not served"
+        commands = [c for s in children(server) for c in children(s)]
+        waiter.kill()
+        waiter.wait(timeout=60)
+        assert wait_until(lambda: not any(Path(f"/proc/{c}").exists() for c in commands)), \
+            "the served wait outlived its caller"
+    finally:
+        gate.touch()
+    cli.ok("wait", job)
+
+
+NO_NEW_PRIVS_CLIENT = """
+import ctypes, json, socket, sys
+from subtask import cmdclient
+ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, as every confined engine has it
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+sock.connect(sys.argv[1])
+request = {"v": cmdclient.PROTOCOL, "fingerprint": cmdclient.fingerprint(), "argv": ["--version"],
+           "cwd": "/", "umask": 18, "env": {}, "stdio": [["utf-8", "strict"]] * 3}
+socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+print(sock.recv(4096).decode())
+"""
+
+
+def test_a_process_with_no_new_privs_is_refused_as_a_confined_job_would_be(cli, repo):
+    warm_server(cli)
+    [path] = server_folder().glob("*/*.sock")
+    proc = subprocess.run([sys.executable, "-c", NO_NEW_PRIVS_CLIENT, str(path)], capture_output=True, text=True,
+                          timeout=60, cwd=str(Path(cmdclient.__file__).parent.parent))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"refused": "a confined process"}
+
+
+def test_a_confined_job_that_hides_its_confinement_still_runs_its_commands_in_its_sandbox(cli, repo, tmp_path):
+    warm_server(cli)
+    out = grant_writable(tmp_path / "out")
+    out.mkdir()
+    job = cli.start(f'env -u SUBTASK_ISOLATION git subtask start "echo escaped" > {out}/nested 2>&1; '
+                    f'echo $? > {out}/rc', "--isolation", "worktree")
+    cli.ok("wait", job)
+    assert (out / "rc").read_text().strip() != "0", (out / "nested").read_text()
+    assert [j["id"] for j in cli.json("list")["jobs"]] == [job], "the confined job started a job outside its sandbox"
+
+
+def test_the_fingerprint_changes_with_any_file_of_the_package(tmp_path, monkeypatch):
+    package = tmp_path / "subtask"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(cmdclient, "__file__", str(package / "cmdclient.py"))
+    before = cmdclient.fingerprint()
+    (package / "a.py").write_text("x = 2\n")
+    assert cmdclient.fingerprint() != before
+    os.utime(package / "a.py", ns=(1, 1))
+    touched = cmdclient.fingerprint()
+    os.utime(package / "a.py", ns=(2, 2))
+    assert cmdclient.fingerprint() != touched
+
+
+def test_an_idle_server_exits_and_the_next_call_runs_in_process(cli, repo, tmp_path):
+    folder = tmp_path / "own-servers"
+    folder.mkdir()
+    env = {"SUBTASK_SERVER_DIR": str(folder), "SUBTASK_SERVER_IDLE": "0.2"}
+    assert cli("--version", env=env).returncode == 0
+    locks = lambda: [p for p in folder.glob("*/*.sock.lock") if p.read_text().strip()]  # noqa: E731
+    assert wait_until(locks, timeout=60), "no server started"
+    pid = int(locks()[0].read_text())
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=60), "the idle server did not exit"
+    assert not list(folder.glob("*/*.sock")), "the idle server left its socket behind"
+    assert cli("list", env=env).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_subtask_server_0_never_starts_a_server(cli, repo, tmp_path, value):
+    folder = tmp_path / "own-servers"
+    folder.mkdir()
+    for _ in range(2):
+        cli.ok("list", env={"SUBTASK_SERVER_DIR": str(folder), "SUBTASK_SERVER": value})
+    assert not list(folder.rglob("*.sock*"))
+
+
+def test_a_socket_folder_another_user_could_write_is_not_used(cli, repo, tmp_path):
+    folder = tmp_path / "shared"
+    (folder / f"git-subtask-{os.getuid()}").mkdir(parents=True, mode=0o777)
+    os.chmod(folder / f"git-subtask-{os.getuid()}", 0o777)
+    cli.ok("list", env={"SUBTASK_SERVER_DIR": str(folder)})
+    assert not list(folder.rglob("*.sock*"))
+
