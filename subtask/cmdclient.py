@@ -40,6 +40,7 @@ LAUNCH_ENV = "SUBTASK_SERVER_LAUNCH"  # to a new server: its socket, the client'
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH)
 MAX_REPLY = 4096
+MAX_SOCKET_PATH = 84
 
 
 def fingerprint() -> str:
@@ -97,6 +98,8 @@ def run(argv: list[str]) -> int | None:
         return None
     print_ = fingerprint()
     path = socket_path(folder, print_)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        return None  # a socket address holds 107 bytes, and the server binds a longer temp name first
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.connect(path)

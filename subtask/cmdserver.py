@@ -63,10 +63,13 @@ def main() -> int:
         return 0  # another server has this socket, or is starting
     _preload()
     listener = _bind(path)
+    inode = os.stat(path).st_ino
     try:
-        _serve(listener, lock_fd, path, print_, _idle_seconds())
+        _serve(listener, lock_fd, path, inode, print_, _idle_seconds())
     finally:
-        _unlink_if_ours(listener, path)
+        if _inode(path) == inode:  # not a newer server's socket
+            os.unlink(path)
+        listener.close()
     return 0
 
 
@@ -114,24 +117,14 @@ def _bind(path: str) -> socket.socket:
     return listener
 
 
-def _unlink_if_ours(listener: socket.socket, path: str) -> None:
+def _inode(path: str) -> int | None:
     try:
-        if _same_file(path, listener):
-            os.unlink(path)
+        return os.stat(path).st_ino
     except OSError:
-        pass
-    listener.close()
+        return None
 
 
-def _same_file(path: str, listener: socket.socket) -> bool:
-    try:
-        return os.stat(path).st_ino == os.fstat(listener.fileno()).st_ino
-    except OSError:
-        return False
-
-
-def _serve(listener: socket.socket, lock_fd: int, path: str, print_: str, idle: float) -> None:
-    inode = os.stat(path).st_ino
+def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_: str, idle: float) -> None:
     last_call = time.monotonic()
     while True:
         _reap()
@@ -161,12 +154,7 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, print_: str, idle: 
 
 
 def _still_current(path: str, inode: int, print_: str) -> bool:
-    try:
-        if os.stat(path).st_ino != inode:
-            return False
-    except OSError:
-        return False
-    return cmdclient.fingerprint() == print_
+    return _inode(path) == inode and cmdclient.fingerprint() == print_
 
 
 def _reap() -> None:

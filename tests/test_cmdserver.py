@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -29,6 +31,14 @@ def warm_server(cli) -> int:
     assert wait_until(lambda: command_server_pids(folder) and list(folder.glob("*/*.sock")), timeout=60), \
         "no command server came up"
     return command_server_pids(folder)[0]
+
+
+@pytest.fixture
+def short_folder():
+    """A folder for sockets with a short path: pytest's own under xdist are too long for one."""
+    folder = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def children(pid: int) -> list[int]:
@@ -150,9 +160,8 @@ def test_the_fingerprint_changes_with_any_file_of_the_package(tmp_path, monkeypa
     assert cmdclient.fingerprint() != touched
 
 
-def test_an_idle_server_exits_and_the_next_call_runs_in_process(cli, repo, tmp_path):
-    folder = tmp_path / "own-servers"
-    folder.mkdir()
+def test_an_idle_server_exits_and_the_next_call_runs_in_process(cli, repo, short_folder):
+    folder = short_folder
     env = {"SUBTASK_SERVER_DIR": str(folder), "SUBTASK_SERVER_IDLE": "0.2"}
     assert cli("--version", env=env).returncode == 0
     locks = lambda: [p for p in folder.glob("*/*.sock.lock") if p.read_text().strip()]  # noqa: E731
