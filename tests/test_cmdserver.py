@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import command_server_pids, grant_writable, wait_until
+
 from subtask import cmdclient
 
 CONSOLE = str(Path(sys.executable).parent / "git-subtask")
