@@ -192,9 +192,8 @@ def _session(conn: socket.socket) -> None:
 def _receive(conn: socket.socket) -> tuple[dict | None, list[int]]:
     """The request and the caller's three fds, or (None, []) after telling the caller no."""
     msg, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
-    reason = _refusal(conn, msg, fds, flags)
+    request, reason = _check(conn, msg, fds, flags)
     if reason is None:
-        request = json.loads(msg)
         return request, fds
     for fd in fds:
         os.close(fd)
@@ -202,23 +201,24 @@ def _receive(conn: socket.socket) -> tuple[dict | None, list[int]]:
     return None, []
 
 
-def _refusal(conn: socket.socket, msg: bytes, fds: list[int], flags: int) -> str | None:
+def _check(conn: socket.socket, msg: bytes, fds: list[int], flags: int) -> tuple[dict | None, str | None]:
+    """(the request, None), or (None, why it is refused)."""
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     if uid != os.getuid():
-        return "another user"
+        return None, "another user"
     if _no_new_privs(str(pid)):
-        return "a confined process"
+        return None, "a confined process"
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
-        return "a malformed request"
+        return None, "a malformed request"
     try:
         request = json.loads(msg)
     except ValueError:
-        return "a malformed request"
+        return None, "a malformed request"
     if not isinstance(request, dict) or request.get("v") != cmdclient.PROTOCOL:
-        return "another protocol"
+        return None, "another protocol"
     if request.get("fingerprint") != cmdclient.fingerprint():
-        return "other code"
-    return None
+        return None, "other code"
+    return request, None
 
 
 def _no_new_privs(pid: str) -> bool:
