@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,37 +81,37 @@ def test_the_served_command_has_the_callers_environment_home_and_cwd(cli, repo, 
     assert (out / "probe").read_text() == "from the caller\n"
 
 
-def test_ctrl_c_reaches_the_served_command_and_it_exits_130(cli, repo, tmp_path):
+@contextmanager
+def served_wait(cli, repo, tmp_path):
+    """A `wait` on a job held by a gate file, served by the warm server: (the caller, the server's pid)."""
     server = warm_server(cli)
     gate = tmp_path / "gate"
     job = cli.start(f'while [ ! -e "{gate}" ]; do sleep 0.02; done')
     waiter = subprocess.Popen([CONSOLE, "wait", job], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert wait_until(lambda: any(children(s) for s in children(server))), "the wait was not served"
-        waiter.send_signal(signal.SIGINT)
-        assert waiter.wait(timeout=60) == 130
-        assert wait_until(lambda: not any(children(s) for s in children(server)))
+        yield waiter, server
     finally:
         waiter.kill()
+        waiter.wait(timeout=60)
         gate.touch()
     cli.ok("wait", job)
 
 
+def test_ctrl_c_reaches_the_served_command_and_it_exits_130(cli, repo, tmp_path):
+    with served_wait(cli, repo, tmp_path) as (waiter, server):
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(timeout=60) == 130
+        assert wait_until(lambda: not any(children(s) for s in children(server)))
+
+
 def test_a_killed_caller_takes_its_served_command_with_it(cli, repo, tmp_path):
-    server = warm_server(cli)
-    gate = tmp_path / "gate"
-    job = cli.start(f'while [ ! -e "{gate}" ]; do sleep 0.02; done')
-    waiter = subprocess.Popen([CONSOLE, "wait", job], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert wait_until(lambda: any(children(s) for s in children(server))), "the wait was not served"
+    with served_wait(cli, repo, tmp_path) as (waiter, server):
         commands = [c for s in children(server) for c in children(s)]
         waiter.kill()
         waiter.wait(timeout=60)
         assert wait_until(lambda: not any(Path(f"/proc/{c}").exists() for c in commands)), \
             "the served wait outlived its caller"
-    finally:
-        gate.touch()
-    cli.ok("wait", job)
 
 
 NO_NEW_PRIVS_CLIENT = """
