@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,13 +66,26 @@ def clean_env(venv: Path | None = None) -> dict:
 
 
 def check(tmp: Path) -> None:
+    """The wheel's commands, served and in-process: its command servers live in `tmp`, stopped at the end."""
+    try:
+        check_commands(tmp)
+    finally:
+        for lock in tmp.glob("servers/*/*.sock.lock"):
+            try:
+                os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError, IndexError):
+                pass
+
+
+def check_commands(tmp: Path) -> None:
     dist, venv, repo = tmp / "dist", tmp / "venv", tmp / "repo"
     run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT], env=clean_env(), what="building the wheel")
     wheels = list(dist.glob("git_subtask-*.whl"))
     if len(wheels) != 1:
         raise CheckFailed(f"expected one wheel in {dist}, found {[w.name for w in wheels]}")
     run([sys.executable, "-m", "venv", venv], env=clean_env(), what="creating the virtual environment")
-    env = clean_env(venv)
+    env = dict(clean_env(venv), SUBTASK_SERVER_DIR=str(tmp / "servers"))
+    (tmp / "servers").mkdir()
     run([venv / "bin" / "pip", "install", "--quiet", wheels[0]], env=env, what="installing the wheel")
     for script in ("git-subtask", "subtask-mcp"):
         if not (venv / "bin" / script).exists():
@@ -85,6 +99,11 @@ def check(tmp: Path) -> None:
     job = run(["git", "subtask", "start", "--engine", "shell", "echo hi > hi.txt"], cwd=repo, env=env,
               what="git subtask start").split()[0]
     print(run(["git", "subtask", "wait", "--timeout", "60", job], cwd=repo, env=env, what="git subtask wait"))
+    served = run(["git", "subtask", "show", job], cwd=repo, env=env, what="git subtask show (served)")
+    in_process = run(["git", "subtask", "show", job], cwd=repo, env=dict(env, SUBTASK_SERVER="0"),
+                     what="git subtask show (in-process)")
+    if served != in_process:
+        raise CheckFailed(f"a served call answered otherwise than an in-process one:\n{served}\n---\n{in_process}")
     client = tmp / "client.py"
     client.write_text(CLIENT)
     print(run([venv / "bin" / "python", client, venv / "bin" / "subtask-mcp", repo], cwd=tmp, env=env,
