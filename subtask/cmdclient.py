@@ -41,6 +41,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
              signal.SIGWINCH)
 MAX_REPLY = 4096
 MAX_SOCKET_PATH = 84
+HANDOVER_TIMEOUT = 10.0  # seconds for the server to take a call before it runs here instead
+TIMEOUT_ENV = "SUBTASK_SERVER_TIMEOUT"
 
 
 def fingerprint() -> str:
@@ -114,11 +116,19 @@ def run(argv: list[str]) -> int | None:
         pid = _hand_over(sock, argv, print_)
         if pid is None:
             return None
+        if pid < 0:  # it may have run: never run it a second time here
+            print("git-subtask: error: the command server went away as the command started", file=sys.stderr)
+            return 128
         return _relay(sock, pid)
 
 
 def _hand_over(sock: socket.socket, argv: list[str], print_: str) -> int | None:
-    """Send the request; the child's pid once the server has forked it, or None (nothing ran)."""
+    """Send the request; the child's pid once the server has forked it, or None (nothing ran).
+
+    The server forks the command only after our "go" (with our stdin, stdout and stderr), and we send
+    it only while we still wait:
+    a server too slow to answer (stopped, swapped out) is given up on, and the call runs here once.
+    """
     try:
         cwd = os.getcwd()
         mask = os.umask(0o022)
@@ -127,12 +137,28 @@ def _hand_over(sock: socket.socket, argv: list[str], print_: str) -> int | None:
             os.fstat(fd)
         request = {"v": PROTOCOL, "fingerprint": print_, "argv": argv, "cwd": cwd, "umask": mask,
                    "env": dict(os.environ), "stdio": [_stream_info(s) for s in (sys.stdin, sys.stdout, sys.stderr)]}
-        socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
-        reply = json.loads(sock.recv(MAX_REPLY) or b"{}")
-    except (OSError, ValueError):
+        sock.settimeout(_timeout())
+        sock.send(json.dumps(request).encode())
+        if json.loads(sock.recv(MAX_REPLY) or b"{}").get("ready") is not True:
+            return None
+        sock.settimeout(None)
+        # Our fds travel only now: sent to a server that never reads them, they would stay open in
+        # its socket's queue, and whoever reads our stdout would wait for its end.
+        socket.send_fds(sock, [b"go"], [0, 1, 2])
+    except (OSError, ValueError, AttributeError):
         return None
-    pid = reply.get("pid")
-    return pid if isinstance(pid, int) and pid > 0 else None
+    try:
+        pid = json.loads(sock.recv(MAX_REPLY) or b"{}").get("pid")
+    except (OSError, ValueError, AttributeError):
+        pid = None
+    return pid if isinstance(pid, int) and pid > 0 else -1  # -1: "go" was sent, the server went away
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, HANDOVER_TIMEOUT))
+    except ValueError:
+        return HANDOVER_TIMEOUT
 
 
 def _stream_info(stream) -> list:

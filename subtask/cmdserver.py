@@ -4,8 +4,8 @@
 finds no server, and hands later calls to it. The server imports what the CLI and a worker use
 (click, pygit2, our modules), then listens on a SOCK_SEQPACKET socket in the user's 0700
 folder. Each connection gets a *session*, a fork of the server that receives the request (argv,
-environment, cwd, umask and the caller's stdin/stdout/stderr over SCM_RIGHTS), forks the
-*command child*, replies with its pid, and then waits for either end: when the child exits it
+environment, cwd, umask), answers "ready", takes the caller's "go" with its stdin/stdout/stderr
+(SCM_RIGHTS), forks the *command child*, replies with its pid, and then waits for either end: when the child exits it
 sends the exit status (or the signal that killed it); when the caller goes away (killed, so the
 socket closes) it SIGKILLs the child, as the caller's own death would have ended an in-process
 command.
@@ -174,9 +174,13 @@ def _session(conn: socket.socket) -> None:
     try:
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        request, fds = _receive(conn)
+        request = _receive(conn)
         if request is None:
             return
+        _send(conn, {"ready": True})
+        fds = _go(conn)
+        if fds is None:
+            return  # the caller gave up waiting and runs the command itself
         pid = os.fork()
         if pid == 0:
             _command(conn, request, fds)  # never returns
@@ -189,27 +193,31 @@ def _session(conn: socket.socket) -> None:
         os._exit(code)
 
 
-def _receive(conn: socket.socket) -> tuple[dict | None, list[int]]:
-    """The request and the caller's three fds, or (None, []) after telling the caller no."""
-    msg, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
-    request, reason = _check(conn, msg, fds, flags)
-    if reason is None:
-        return request, fds
+def _receive(conn: socket.socket) -> dict | None:
+    """The request, or None after telling the caller no."""
+    request, reason = _check(conn, conn.recv(MAX_REQUEST))
+    if reason is not None:
+        _send(conn, {"refused": reason})
+    return request
+
+
+def _go(conn: socket.socket) -> list[int] | None:
+    """The caller's "go" with its stdin, stdout and stderr; None when it gave up or sent otherwise."""
+    msg, fds, flags, _ = socket.recv_fds(conn, 16, 3)
+    if msg == b"go" and len(fds) == 3 and not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        return fds
     for fd in fds:
         os.close(fd)
-    _send(conn, {"refused": reason})
-    return None, []
+    return None
 
 
-def _check(conn: socket.socket, msg: bytes, fds: list[int], flags: int) -> tuple[dict | None, str | None]:
+def _check(conn: socket.socket, msg: bytes) -> tuple[dict | None, str | None]:
     """(the request, None), or (None, why it is refused)."""
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     if uid != os.getuid():
         return None, "another user"
     if _no_new_privs(str(pid)):
         return None, "a confined process"
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
-        return None, "a malformed request"
     try:
         request = json.loads(msg)
     except ValueError:

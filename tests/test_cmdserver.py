@@ -122,7 +122,7 @@ sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 sock.connect(sys.argv[1])
 request = {"v": cmdclient.PROTOCOL, "fingerprint": cmdclient.fingerprint(), "argv": ["--version"],
            "cwd": "/", "umask": 18, "env": {}, "stdio": [["utf-8", "strict"]] * 3}
-socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+sock.send(json.dumps(request).encode())
 print(sock.recv(4096).decode())
 """
 
@@ -189,3 +189,17 @@ def test_a_socket_folder_another_user_could_write_is_not_used(cli, repo, tmp_pat
     cli.ok("list", env={"SUBTASK_SERVER_DIR": str(folder)})
     assert not list(folder.rglob("*.sock*"))
 
+
+
+def test_a_stopped_server_is_given_up_on_and_the_command_runs_once_here(cli, repo):
+    server = warm_server(cli)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        job = cli.start("true", env={"SUBTASK_SERVER_TIMEOUT": "0.3"})
+    finally:
+        os.kill(server, signal.SIGCONT)
+    cli.ok("wait", job)  # served: the server has taken the given-up call's connection before this one
+    live = lambda: [s for s in children(server) if Path(f"/proc/{s}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]  # noqa: E731
+    assert wait_until(lambda: not live()), "a session still runs"
+    assert [j["id"] for j in cli.json("list", env={"SUBTASK_SERVER": "0"})["jobs"]] == [job], \
+        "the given-up call ran in the server as well"
