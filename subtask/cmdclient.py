@@ -12,8 +12,9 @@ starts one in the background and the command runs in this process as before: a c
 for a server, and never depends on one.
 
 Invariants:
-- Never run a command twice: before the server replies with the child's pid, nothing of the
-  command has run, and any failure runs it here instead; after it, this process only relays.
+- Never run a command twice: the server forks it only on our "go" (which carries our stdio), and
+  we send that only while we still wait for it (10 s, SUBTASK_SERVER_TIMEOUT); any failure before
+  the "go" runs the command here instead, and after it this process only relays.
 - Never hand a command to a server built from other code: the socket's name is a digest of this
   interpreter, its import path and every file of the package (size and mtime), and the server
   refuses a request whose full fingerprint is not its own (an edit in an editable install, an

@@ -298,6 +298,9 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
         release.touch()
     cli.ok("wait", second, timeout=60)
     assert (out / "b").read_text().strip() == "dev-9c1e"
+    # `wait` returns once the terminal state is recorded; the worker drops the kept environment
+    # just after that, so look once it has let go of the job.
+    liveness.wait_released(sdir, second)
     assert env_files(repo) == []
 
 
