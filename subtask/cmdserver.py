@@ -42,7 +42,7 @@ import struct
 import sys
 import time
 
-from subtask import cmdclient
+from subtask import cmdclient, zygote
 
 IDLE_SECONDS = 900.0
 TICK_SECONDS = 10.0  # how often an idle server checks its code, its socket and its idle time
@@ -127,7 +127,7 @@ def _inode(path: str) -> int | None:
 def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_: str, idle: float) -> None:
     last_call = time.monotonic()
     while True:
-        _reap()
+        zygote.reap_children()
         left = last_call + idle - time.monotonic()
         if left <= 0:
             return
@@ -155,16 +155,6 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
 
 def _still_current(path: str, inode: int, print_: str) -> bool:
     return _inode(path) == inode and cmdclient.fingerprint() == print_
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 # -- a session: one call ---------------------------------------------------------------------------

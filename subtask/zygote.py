@@ -246,6 +246,11 @@ def _die_with(parent: int) -> None:
 
 
 def _reap(signum: int, frame: object) -> None:
+    reap_children()
+
+
+def reap_children() -> None:
+    """Collect every child that has exited, without waiting for any other (also the command server's)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
