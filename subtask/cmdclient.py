@@ -22,24 +22,32 @@ Invariants:
 - Never from inside a job: a confined engine (SUBTASK_ISOLATION) runs its commands here, in its
   sandbox; the server also refuses peers that run with no_new_privs (see `subtask.cmdserver`).
 - Only a folder this user owns, mode 0700, holds the socket: another user cannot plant one.
-- Standard library only, and little of it: this runs before anything else in every call.
+- Standard library only, and little of it: this runs before anything else in every call, so it
+  uses the C modules `_socket`, `_signal` and `_json` directly; `socket`, `signal` and `json`
+  would import `enum` and `re` (~10 ms, as long as Python's own start). Requests are JSON (written
+  here by `to_json`); the server's replies are one word and a number or a reason (`ready`,
+  `refused WHY`, `pid N`, `exit N`, `signal N`).
 """
 
 from __future__ import annotations
 
-import json
+import _signal
+import _socket
 import os
-import signal
-import socket
 import sys
 
-PROTOCOL = 1
+try:
+    from _json import encode_basestring_ascii as _quote
+except ImportError:  # not CPython: the module's own, with its imports
+    from json.encoder import encode_basestring_ascii as _quote
+
+PROTOCOL = 2
 ENV = "SUBTASK_SERVER"  # "0" (or off/false/no): never use or start a command server
 DIR_ENV = "SUBTASK_SERVER_DIR"  # where the sockets live (tests); default $XDG_RUNTIME_DIR or /tmp
 IDLE_ENV = "SUBTASK_SERVER_IDLE"  # seconds a server waits for a call before it exits
 LAUNCH_ENV = "SUBTASK_SERVER_LAUNCH"  # to a new server: its socket, the client's sys.path and fingerprint
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-             signal.SIGWINCH)
+FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2,
+             _signal.SIGWINCH)
 MAX_REPLY = 4096
 MAX_SOCKET_PATH = 84
 HANDOVER_TIMEOUT = 10.0  # seconds for the server to take a call before it runs here instead
@@ -89,7 +97,28 @@ def enabled() -> bool:
         return False
     if os.environ.get("SUBTASK_ISOLATION", "none") != "none":
         return False  # a confined job: its command must run inside its sandbox
-    return sys.platform.startswith("linux") and hasattr(socket, "send_fds") and hasattr(os, "pidfd_open")
+    return sys.platform.startswith("linux") and hasattr(_socket.socket, "sendmsg") and hasattr(os, "pidfd_open")
+
+
+def to_json(value: object) -> str:
+    """JSON of the request's strings, ints, lists and dicts (as `json.dumps` writes them, ASCII)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(to_json, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_quote(str(k))}: {to_json(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"not a request value: {value!r}")
+
+
+def reply(data: bytes) -> tuple[str, str]:
+    """A server's reply as (word, rest): ("pid", "123"); ("", "") for nothing or garbage."""
+    word, _, rest = data.decode("ascii", "replace").partition(" ")
+    return word, rest
 
 
 def run(argv: list[str]) -> int | None:
@@ -103,7 +132,7 @@ def run(argv: list[str]) -> int | None:
     path = socket_path(folder, print_)
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         return None  # a socket address holds 107 bytes, and the server binds a longer temp name first
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -113,7 +142,7 @@ def run(argv: list[str]) -> int | None:
     except OSError:
         sock.close()
         return None
-    with sock:
+    try:
         pid = _hand_over(sock, argv, print_)
         if pid is None:
             return None
@@ -121,9 +150,11 @@ def run(argv: list[str]) -> int | None:
             print("git-subtask: error: the command server went away as the command started", file=sys.stderr)
             return 128
         return _relay(sock, pid)
+    finally:
+        sock.close()
 
 
-def _hand_over(sock: socket.socket, argv: list[str], print_: str) -> int | None:
+def _hand_over(sock: _socket.socket, argv: list[str], print_: str) -> int | None:
     """Send the request; the child's pid once the server has forked it, or None (nothing ran).
 
     The server forks the command only after our "go" (with our stdin, stdout and stderr), and we send
@@ -139,20 +170,21 @@ def _hand_over(sock: socket.socket, argv: list[str], print_: str) -> int | None:
         request = {"v": PROTOCOL, "fingerprint": print_, "argv": argv, "cwd": cwd, "umask": mask,
                    "env": dict(os.environ), "stdio": [_stream_info(s) for s in (sys.stdin, sys.stdout, sys.stderr)]}
         sock.settimeout(_timeout())
-        sock.send(json.dumps(request).encode())
-        if json.loads(sock.recv(MAX_REPLY) or b"{}").get("ready") is not True:
+        sock.send(to_json(request).encode())
+        if reply(sock.recv(MAX_REPLY))[0] != "ready":
             return None
         sock.settimeout(None)
         # Our fds travel only now: sent to a server that never reads them, they would stay open in
         # its socket's queue, and whoever reads our stdout would wait for its end.
-        socket.send_fds(sock, [b"go"], [0, 1, 2])
-    except (OSError, ValueError, AttributeError):
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int array, as socket.send_fds
+        sock.sendmsg([b"go"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except (OSError, ValueError, TypeError):
         return None
     try:
-        pid = json.loads(sock.recv(MAX_REPLY) or b"{}").get("pid")
-    except (OSError, ValueError, AttributeError):
-        pid = None
-    return pid if isinstance(pid, int) and pid > 0 else -1  # -1: "go" was sent, the server went away
+        word, pid = reply(sock.recv(MAX_REPLY))
+    except OSError:
+        word, pid = "", ""
+    return int(pid) if word == "pid" and pid.isdigit() and int(pid) > 0 else -1  # -1: "go" went, the server went away
 
 
 def _timeout() -> float:
@@ -166,7 +198,7 @@ def _stream_info(stream) -> list:
     return [getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict"]
 
 
-def _relay(sock: socket.socket, pid: int) -> int:
+def _relay(sock: _socket.socket, pid: int) -> int:
     """Forward signals to the command's child until the server reports how it ended."""
     def forward(signum, frame):
         try:
@@ -175,7 +207,7 @@ def _relay(sock: socket.socket, pid: int) -> int:
             pass
 
     for signum in FORWARDED:
-        signal.signal(signum, forward)
+        _signal.signal(signum, forward)
     while True:
         try:
             data = sock.recv(MAX_REPLY)
@@ -185,15 +217,12 @@ def _relay(sock: socket.socket, pid: int) -> int:
         except OSError:
             data = b""
             break
-    try:
-        status = json.loads(data or b"{}")
-    except ValueError:
-        status = {}
-    if "exit" in status:
-        return int(status["exit"])
-    if "signal" in status:  # die of it as the command did, so a shell or a test sees the same
-        signum = int(status["signal"])
-        signal.signal(signum, signal.SIG_DFL)
+    word, number = reply(data)
+    if word == "exit" and number.lstrip("-").isdigit():
+        return int(number)
+    if word == "signal" and number.isdigit():  # die of it as the command did, so a shell or a test sees the same
+        signum = int(number)
+        _signal.signal(signum, _signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return 128 + signum
     print("git-subtask: error: the command server went away before the command ended", file=sys.stderr)
@@ -204,7 +233,7 @@ def start_server(path: str, print_: str) -> None:
     """Start a server for this code in the background; the current call does not wait for it."""
     import subprocess
 
-    env = dict(os.environ, **{LAUNCH_ENV: json.dumps({"path": path, "sys_path": sys.path, "fingerprint": print_})})
+    env = dict(os.environ, **{LAUNCH_ENV: to_json({"path": path, "sys_path": sys.path, "fingerprint": print_})})
     try:
         subprocess.Popen([sys.executable, "-m", "subtask.cmdserver"], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

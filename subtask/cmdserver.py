@@ -167,7 +167,7 @@ def _session(conn: socket.socket) -> None:
         request = _receive(conn)
         if request is None:
             return
-        _send(conn, {"ready": True})
+        _send(conn, b"ready")
         fds = _go(conn)
         if fds is None:
             return  # the caller gave up waiting and runs the command itself
@@ -187,7 +187,7 @@ def _receive(conn: socket.socket) -> dict | None:
     """The request, or None after telling the caller no."""
     request, reason = _check(conn, conn.recv(MAX_REQUEST))
     if reason is not None:
-        _send(conn, {"refused": reason})
+        _send(conn, b"refused " + reason.encode())
     return request
 
 
@@ -231,9 +231,10 @@ def _no_new_privs(pid: str) -> bool:
     return True
 
 
-def _send(conn: socket.socket, message: dict) -> None:
+def _send(conn: socket.socket, message: bytes) -> None:
+    """One reply, in the words `subtask.cmdclient.reply` reads."""
     try:
-        conn.send(json.dumps(message).encode())
+        conn.send(message)
     except OSError:
         pass
 
@@ -241,7 +242,7 @@ def _send(conn: socket.socket, message: dict) -> None:
 def _watch(conn: socket.socket, pid: int) -> None:
     """Relay the child's end to the caller; kill the child if the caller goes first."""
     pidfd = os.pidfd_open(pid)
-    _send(conn, {"pid": pid})
+    _send(conn, b"pid %d" % pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     poller.register(conn.fileno(), select.POLLIN | select.POLLHUP)
@@ -250,9 +251,9 @@ def _watch(conn: socket.socket, pid: int) -> None:
         if pidfd in events:
             _, status = os.waitpid(pid, 0)
             if os.WIFSIGNALED(status):
-                _send(conn, {"signal": os.WTERMSIG(status)})
+                _send(conn, b"signal %d" % os.WTERMSIG(status))
             else:
-                _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                _send(conn, b"exit %d" % os.waitstatus_to_exitcode(status))
             return
         if conn.fileno() in events:  # the caller never writes after its request: it is gone
             os.kill(pid, signal.SIGKILL)
