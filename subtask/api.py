@@ -373,15 +373,23 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
     """Start each item in turn; an item that fails is reported in its place and the rest still start.
 
     Each item is a dict with the fields of `start` and an optional `repo` (a path `repo_for` opens;
-    None = its default), so one call can fan out over several repositories.
+    None = its default), so one call can fan out over several repositories. Each repository is
+    opened once per call (finding it and reading its settings are two git processes).
     """
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
+    opened: dict[str | None, Repo] = {}
+
+    def repo_of(path: str | None) -> Repo:
+        if path not in opened:
+            opened[path] = repo_for(path)
+        return opened[path]
+
     results: list[StartResult | SubtaskError] = []
     for item in items:
         try:
             path, request = request_from_dict(item)
-            results.append(start(repo_for(path), request))
+            results.append(start(repo_of(path), request))
         except SubtaskError as exc:
             results.append(exc)
     return results

@@ -63,8 +63,8 @@ class Repo:
         return gitobjects.GitObjects(self.git_dir)
 
     def for_thread(self) -> Repo:
-        """This repository for another thread: the same paths and settings, its own pygit2 handle
-        (pygit2 objects are never shared across threads), so no git process finds it again."""
+        """This repository for another thread or a forked child: the same paths and settings, its
+        own pygit2 handle (pygit2 objects are never shared), so no git process finds it again."""
         return replace(self, _git=None)
 
     def workdir(self) -> Path | None:

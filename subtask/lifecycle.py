@@ -120,7 +120,7 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     remove_pids(repo.state_dir, job_id)
     log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
     try:
-        pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd)
+        pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd, repo)
     finally:
         os.close(log_fd)
     record_pid(repo.state_dir, job_id, worker=pid)

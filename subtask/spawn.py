@@ -30,7 +30,8 @@ from pathlib import Path
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
 EXEC_ENTRY = "subtask.worker"  # `python -m subtask.worker JOB ROOT`, the run-lock in SUBTASK_LOCK_FD
 
-WorkerMain = Callable[[str, str, int], int]  # (job id, repository root, run-lock fd) -> exit code
+# (job id, repository: its root, or in a forked child the caller's open Repo, run-lock fd) -> exit code
+WorkerMain = Callable[[str, object, int], int]
 
 _worker_main: WorkerMain | None = None
 _fork_server = None  # a subtask.zygote.Zygote (not imported: the zygote sits above the worker)
@@ -55,16 +56,19 @@ def fork_server():
     return server
 
 
-def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
+def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object = None) -> int:
     """Start the detached worker for `job_id` in `root`, its output on `log_fd`; its pid.
 
     A single-threaded caller that was handed a worker main forks: the child already has every
-    module imported, which saves the worker's ~0.1 s of interpreter start-up and imports. A caller
-    with other threads (the MCP server, `wait`'s watchers) asks its fork server when it has one,
-    and starts a fresh interpreter otherwise, or when the fork server fails in any way.
+    module imported, which saves the worker's ~0.1 s of interpreter start-up and imports, and it
+    gets `repo` (the caller's open repository, if given) rather than the root, so it need not ask
+    git again what the caller found out. A caller with other threads (the MCP server, `wait`'s
+    watchers) asks its fork server when it has one, and starts a fresh interpreter otherwise, or
+    when the fork server fails in any way.
     """
-    spawn = _fork_worker if _may_fork() else _zygote_or_exec_worker
-    return spawn(root, job_id, lock_fd, log_fd)
+    if _may_fork():
+        return _fork_worker(root, job_id, lock_fd, log_fd, repo)
+    return _zygote_or_exec_worker(root, job_id, lock_fd, log_fd)
 
 
 def _may_fork() -> bool:
@@ -93,7 +97,7 @@ def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
     return proc.pid
 
 
-def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
+def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
     main = _worker_main
     assert main is not None  # _may_fork checked
     sys.stdout.flush()  # or the child would write the parent's buffered output a second time
@@ -110,7 +114,7 @@ def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
         os.dup2(log_fd, 2)
         os.chdir(root)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        code = main(job_id, str(root), lock_fd)
+        code = main(job_id, str(root) if repo is None else repo, lock_fd)
     except BaseException:
         import traceback
 

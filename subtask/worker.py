@@ -837,11 +837,22 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     started_at = time.time()
     spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
-    repo = open_repo(repo_path)  # our own repository handle, never one shared with a parent
+    repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
     serve(repo, job_id, lock_fd, started_at)
     return 0
+
+
+def own_repo(handed) -> Repo:
+    """The worker's repository handle, never one shared with a parent: a copy of the forking
+    caller's `Repo` when it was opened at the main worktree (the paths and settings git gave it),
+    else found anew from the root (a linked worktree's settings may be its own)."""
+    if isinstance(handed, Repo):
+        if handed.git_dir.resolve() == handed.common_dir:
+            return handed.for_thread()
+        handed = handed.root
+    return open_repo(handed)
 
 
 def main(argv: list[str] | None = None) -> int:

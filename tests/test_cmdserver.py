@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import command_server_pids, grant_writable, wait_until
+from conftest import command_server_pids, grant_writable, stop_command_servers, wait_until
 
 from subtask import cmdclient
 
@@ -122,16 +122,20 @@ print(code, sorted(set(sys.modules) - before), file=sys.stderr)
 """
 
 
-def test_a_served_call_imports_almost_nothing_before_it_hands_over(cli, repo):
+def test_a_served_call_imports_almost_nothing_before_it_hands_over(cli, repo, short_folder):
     """What every call pays: json, re, enum, socket and signal cost ~10 ms, as much as Python's own start."""
     runs = []
+    env = dict(os.environ, SUBTASK_SERVER_DIR=str(short_folder))
 
     def served():  # `python -c` has an import path of its own, so a server of its own: the first call starts it
-        runs.append(subprocess.run([sys.executable, "-c", LEAN_CLIENT], cwd=repo, capture_output=True, text=True,
-                                   timeout=60))
+        runs.append(subprocess.run([sys.executable, "-c", LEAN_CLIENT], cwd=repo, env=env, capture_output=True,
+                                   text=True, timeout=60))
         return not runs[-1].stderr.startswith("None ")
 
-    assert wait_until(served, timeout=60), "no server came up for the client"
+    try:
+        assert wait_until(served, timeout=60), "no server came up for the client"
+    finally:
+        stop_command_servers(short_folder)
     proc = runs[-1]
     code, imported = proc.stderr.split(" ", 1)
     assert (code, proc.stdout) == ("0", "git-subtask 0.1.0\n"), proc.stderr
