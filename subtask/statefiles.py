@@ -1,7 +1,8 @@
 """Small helpers for the bookkeeping files beside the repository: atomic, private writes.
 
-Every file is written to a temp file in the same folder, fsynced, then `os.replace`d, so a
-reader sees the old file or the new one, never half of one. Files are 0600, folders 0700.
+Every file is written to a temp file in the same folder, fsynced (but caches and pid files),
+then `os.replace`d, so a reader sees the old file or the new one, never half of one. Files are
+0600, folders 0700.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         raise
 
 
-def write_json(path: Path, obj) -> None:
-    write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode())
+def write_json(path: Path, obj, *, durable: bool = True) -> None:
+    write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode(), durable=durable)
 
 
 def file_lock(path: Path, timeout: float = 60.0):
