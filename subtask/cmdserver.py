@@ -8,7 +8,9 @@ environment, cwd, umask), answers "ready", takes the caller's "go" with its stdi
 (SCM_RIGHTS), forks the *command child*, replies with its pid, and then waits for either end: when the child exits it
 sends the exit status (or the signal that killed it); when the caller goes away (killed, so the
 socket closes) it SIGKILLs the child, as the caller's own death would have ended an in-process
-command.
+command. The session is forked before its call comes (a fork of the server costs ~3 ms): one
+*spare* waits in `accept`, tells the server through a pipe when it has taken a call, and the
+server forks the next spare meanwhile.
 
 The command child becomes the caller as far as the command can tell: fds 0-2 are the caller's,
 `os.environ` is the caller's (time zone, locale and libgit2's config search path re-read from it),
@@ -28,10 +30,14 @@ Invariants:
   the call must not hold the listening socket or the server's lock.
 - One server per socket: it holds an exclusive flock on `<socket>.lock` (its pid inside) for its
   whole life, and binds only once it has the lock.
+- A spare never outlives its server (PR_SET_PDEATHSIG until it has taken a call): it holds the
+  listening socket, and would serve calls for a server that is gone. A session that has taken
+  its call lives on without the server, as its caller expects.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -46,6 +52,7 @@ from subtask import cmdclient, zygote
 
 IDLE_SECONDS = 900.0
 TICK_SECONDS = 10.0  # how often an idle server checks its code, its socket and its idle time
+SPARE_RETRY_SECONDS = 1.0  # the least time between forks of spares that die without a call
 MAX_REQUEST = 1 << 22  # an environment can be large
 
 
@@ -125,32 +132,76 @@ def _inode(path: str) -> int | None:
 
 
 def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_: str, idle: float) -> None:
+    """Keep one spare session waiting for a call; exit when idle or no longer current (the spare
+    then dies with us)."""
+    taken_r, taken_w = os.pipe()
+    server_fds = (listener.fileno(), lock_fd, taken_r, taken_w)
     last_call = time.monotonic()
+    spare = None  # the pidfd of the session waiting in accept
+    not_before = 0.0  # no spare before this (monotonic) time
     while True:
         zygote.reap_children()
-        left = last_call + idle - time.monotonic()
+        now = time.monotonic()
+        if spare is None and now >= not_before:
+            spare = _fork_spare(listener, server_fds, taken_w)  # None if fork failed: calls wait in the backlog
+            not_before = now + SPARE_RETRY_SECONDS
+        left = last_call + idle - now
         if left <= 0:
             return
-        ready, _, _ = select.select([listener], [], [], min(TICK_SECONDS, left))
+        wait = min(TICK_SECONDS, left, SPARE_RETRY_SECONDS if spare is None else TICK_SECONDS)
+        ready, _, _ = select.select([taken_r] + ([spare] if spare is not None else []), [], [], wait)
         if not ready:
             if not _still_current(path, inode, print_):
                 return
             continue
+        if taken_r in ready:
+            os.read(taken_r, 64)
+            last_call = time.monotonic()
+            not_before = 0.0
+        # It took a call, or died without one (then the next waits out SPARE_RETRY_SECONDS since its
+        # fork, so a spare that cannot live does not make us fork in a loop).
+        os.close(spare)
+        spare = None
+
+
+def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: int) -> int | None:
+    server = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid:
+        return os.pidfd_open(pid)
+    code = 0
+    try:
+        _die_with_parent(signal.SIGKILL)
+        if os.getppid() != server:
+            return  # it died before we could follow it
+        conn = _accept(listener)
+        os.write(taken_w, b"t")
+        _die_with_parent(0)  # from here on, a call depends on us
+        listener.close()
+        for fd in server_fds[1:]:
+            os.close(fd)
+        _session(conn)  # never returns
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _accept(listener: socket.socket) -> socket.socket:
+    while True:
         try:
-            conn, _ = listener.accept()
-        except OSError:
+            return listener.accept()[0]
+        except ConnectionAbortedError:  # a caller that gave up before we took it
             continue
-        last_call = time.monotonic()
-        try:
-            pid = os.fork()
-        except OSError:
-            conn.close()  # the caller reads end of input before any pid: it runs the command itself
-            continue
-        if pid == 0:
-            listener.close()
-            os.close(lock_fd)
-            _session(conn)  # never returns
-        conn.close()
+
+
+def _die_with_parent(signum: int) -> None:
+    """PR_SET_PDEATHSIG: `signum` when the server exits (0: never)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _still_current(path: str, inode: int, print_: str) -> bool:

@@ -228,7 +228,26 @@ def test_a_stopped_server_is_given_up_on_and_the_command_runs_once_here(cli, rep
     finally:
         os.kill(server, signal.SIGCONT)
     cli.ok("wait", job)  # served: the server has taken the given-up call's connection before this one
-    live = lambda: [s for s in children(server) if Path(f"/proc/{s}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]  # noqa: E731
-    assert wait_until(lambda: not live()), "a session still runs"
+    assert wait_until(lambda: len([s for s in children(server) if alive(s)]) == 1), \
+        "a session still runs beside the spare"
     assert [j["id"] for j in cli.json("list", env={"SUBTASK_SERVER": "0"})["jobs"]] == [job], \
         "the given-up call ran in the server as well"
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_next_session_is_forked_before_the_call_and_dies_with_its_server(cli, repo):
+    server = warm_server(cli)
+    assert wait_until(lambda: [s for s in children(server) if alive(s)]), "no session waits for the next call"
+    [spare] = [s for s in children(server) if alive(s)]
+    os.kill(spare, signal.SIGKILL)  # a spare that dies is replaced: calls never queue behind a dead one
+    assert wait_until(lambda: [s for s in children(server) if alive(s) and s != spare]), "the spare was not replaced"
+    [spare] = [s for s in children(server) if alive(s)]
+    os.kill(server, signal.SIGKILL)
+    assert wait_until(lambda: not alive(spare)), "the spare outlived its server, holding the socket"
+    cli.ok("list")  # and the next call is not left waiting on the dead server's socket
