@@ -661,6 +661,9 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     job = mark_engine_started(repo, job_id, attempt_n, job.state.current.started_at)
     if job is None:
         return
+    # The main worktree as it was before the engine, whole: a status still running into the
+    # engine's first writes would see them "before" as well, and their change would go unseen.
+    confinement.before.lines()
     phases.mark("record_engine_started")
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,

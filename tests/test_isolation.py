@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,31 @@ def test_the_main_worktree_is_compared_after_verify_as_well_as_after_the_engine(
     by_verify = run("echo w > mine.txt", "--verify", f"echo v > {repo}/from-verify.txt")
     assert by_verify == {"changed": True, "paths": ["from-verify.txt"]}
     assert run("echo w > mine.txt", "--verify", "true") == {"changed": False, "paths": []}
+
+
+SLOW_STATUS_GIT = """#!/bin/sh
+# The main worktree's status (`--no-optional-locks status`) waits for the gate, 3 s at most.
+case "$*" in *--no-optional-locks*status*)
+  n=0; while [ ! -e "{gate}" ] && [ $n -lt 150 ]; do sleep 0.02; n=$((n+1)); done;;
+esac
+exec {git} "$@"
+"""
+
+
+def test_the_main_worktree_is_snapshotted_before_the_engine_can_change_it(cli, repo, tmp_path):
+    """A slow status of the main worktree must not run on into the engine: what the engine wrote
+    would be in the 'before' snapshot too, and its change would go unseen."""
+    shim, gate = tmp_path / "shim", tmp_path / "engine-wrote"
+    shim.mkdir()
+    (shim / "git").write_text(SLOW_STATUS_GIT.format(gate=gate, git=shutil.which("git")))
+    (shim / "git").chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+    console = str(Path(sys.executable).parent / "git-subtask")  # `git subtask` puts git's own git first
+    task = f"echo e > {repo}/from-engine.txt; touch {gate}"
+    job = subprocess.run([console, "start", "--isolation", "none", task], cwd=repo, env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.split()[0]
+    cli.ok("wait", job)
+    assert evidence(cli, job)["main_worktree"] == {"changed": True, "paths": ["from-engine.txt"]}
 
 
 @needs_landlock
