@@ -135,7 +135,6 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
     """Keep one spare session waiting for a call; exit when idle or no longer current (the spare
     then dies with us)."""
     taken_r, taken_w = os.pipe()
-    server_fds = (listener.fileno(), lock_fd, taken_r, taken_w)
     last_call = time.monotonic()
     spare = None  # the pidfd of the session waiting in accept
     not_before = 0.0  # no spare before this (monotonic) time
@@ -143,7 +142,7 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
         zygote.reap_children()
         now = time.monotonic()
         if spare is None and now >= not_before:
-            spare = _fork_spare(listener, server_fds, taken_w)  # None if fork failed: calls wait in the backlog
+            spare = _fork_spare(listener, (lock_fd, taken_r), taken_w)  # None if fork failed: calls wait in the backlog
             not_before = now + SPARE_RETRY_SECONDS
         left = last_call + idle - now
         if left <= 0:
@@ -165,6 +164,8 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
 
 
 def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: int) -> int | None:
+    """Fork the next session: it waits for a call, writes a byte to `taken_w` when it has one,
+    and closes the listener, `server_fds` and the pipe before it serves it. Its pidfd, or None."""
     server = os.getpid()
     try:
         pid = os.fork()
@@ -181,7 +182,7 @@ def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: i
         os.write(taken_w, b"t")
         _die_with_parent(0)  # from here on, a call depends on us
         listener.close()
-        for fd in server_fds[1:]:
+        for fd in (*server_fds, taken_w):
             os.close(fd)
         _session(conn)  # never returns
     except BaseException:

@@ -60,10 +60,6 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-# A power cut ends every process these files name, and a lost or empty file is read as no pids.
-PIDS_DURABLE = False
-
-
 def read_pids(state_dir: Path, job_id: str) -> dict:
     """The attempt's worker pid (`<id>.pid`) and engine group (`<id>.engine`), merged."""
     return {**_read_json(pid_file(state_dir, job_id)), **_read_json(engine_file(state_dir, job_id))}
@@ -72,22 +68,23 @@ def read_pids(state_dir: Path, job_id: str) -> dict:
 def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
     """Write the worker's pid and the engine's group each to its own file. One file per writer:
     the starter records the worker it forked while that worker may already be recording its
-    engine, and a read-modify-write of one shared file dropped the engine's entry. Not fsynced
-    (PIDS_DURABLE): they name live processes, which a crash that could lose the write ends too."""
+    engine, and a read-modify-write of one shared file dropped the engine's entry. Neither is
+    fsynced: they name live processes, which a crash that could lose the write ends too (a lost
+    or empty file reads as no pids)."""
     engine = {key: value for key, value in pids.items() if key.startswith("engine")}
     worker = {key: value for key, value in pids.items() if key not in engine}
     if worker:
         data = _read_json(pid_file(state_dir, job_id))
         faults.point("recording_worker_pid")
-        write_json(pid_file(state_dir, job_id), {**data, **worker, "v": 1}, durable=PIDS_DURABLE)
+        write_json(pid_file(state_dir, job_id), {**data, **worker, "v": 1}, durable=False)
     if engine:
-        write_json(engine_file(state_dir, job_id), {"v": 1, **engine}, durable=PIDS_DURABLE)
+        write_json(engine_file(state_dir, job_id), {"v": 1, **engine}, durable=False)
 
 
 def reset_pids(state_dir: Path, job_id: str, worker: int) -> None:
     """Start a new attempt's pids with only its worker: no earlier engine group may be signalled."""
     engine_file(state_dir, job_id).unlink(missing_ok=True)
-    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker}, durable=PIDS_DURABLE)  # replaced, never missing
+    write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker}, durable=False)  # replaced, never missing
 
 
 def remove_pids(state_dir: Path, job_id: str) -> None:
