@@ -154,6 +154,17 @@ def run(argv: list[str]) -> int | None:
         sock.close()
 
 
+def exit_now(code: int) -> None:
+    """Exit with a served command's status, skipping the interpreter's teardown (~2 ms): this
+    process holds nothing to clean up, only its own messages to flush."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
 def _hand_over(sock: _socket.socket, argv: list[str], print_: str) -> int | None:
     """Send the request; the child's pid once the server has forked it, or None (nothing ran).
 

@@ -142,7 +142,7 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
         zygote.reap_children()
         now = time.monotonic()
         if spare is None and now >= not_before:
-            spare = _fork_spare(listener, (lock_fd, taken_r), taken_w)  # None if fork failed: calls wait in the backlog
+            spare = _fork_spare(listener, (lock_fd, taken_r), taken_w, print_)  # None if fork failed: calls wait in the backlog
             not_before = now + SPARE_RETRY_SECONDS
         left = last_call + idle - now
         if left <= 0:
@@ -163,7 +163,7 @@ def _serve(listener: socket.socket, lock_fd: int, path: str, inode: int, print_:
         spare = None
 
 
-def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: int) -> int | None:
+def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: int, print_: str) -> int | None:
     """Fork the next session: it waits for a call, writes a byte to `taken_w` when it has one,
     and closes the listener, `server_fds` and the pipe before it serves it. Its pidfd, or None."""
     server = os.getpid()
@@ -184,7 +184,7 @@ def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: i
         listener.close()
         for fd in (*server_fds, taken_w):
             os.close(fd)
-        _session(conn)  # never returns
+        _session(conn, print_)  # never returns
     except BaseException:
         code = 1
     finally:
@@ -211,12 +211,12 @@ def _still_current(path: str, inode: int, print_: str) -> bool:
 
 # -- a session: one call ---------------------------------------------------------------------------
 
-def _session(conn: socket.socket) -> None:
+def _session(conn: socket.socket, print_: str) -> None:
     code = 0
     try:
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        request = _receive(conn)
+        request = _receive(conn, print_)
         if request is None:
             return
         _send(conn, b"ready")
@@ -235,9 +235,9 @@ def _session(conn: socket.socket) -> None:
         os._exit(code)
 
 
-def _receive(conn: socket.socket) -> dict | None:
+def _receive(conn: socket.socket, print_: str) -> dict | None:
     """The request, or None after telling the caller no."""
-    request, reason = _check(conn, conn.recv(MAX_REQUEST))
+    request, reason = _check(conn, conn.recv(MAX_REQUEST), print_)
     if reason is not None:
         _send(conn, b"refused " + reason.encode())
     return request
@@ -253,8 +253,9 @@ def _go(conn: socket.socket) -> list[int] | None:
     return None
 
 
-def _check(conn: socket.socket, msg: bytes) -> tuple[dict | None, str | None]:
-    """(the request, None), or (None, why it is refused)."""
+def _check(conn: socket.socket, msg: bytes, print_: str) -> tuple[dict | None, str | None]:
+    """(the request, None), or (None, why it is refused). `print_` is the fingerprint of the code
+    this server loaded (not of the files now: they may have changed since)."""
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     if uid != os.getuid():
         return None, "another user"
@@ -266,7 +267,7 @@ def _check(conn: socket.socket, msg: bytes) -> tuple[dict | None, str | None]:
         return None, "a malformed request"
     if not isinstance(request, dict) or request.get("v") != cmdclient.PROTOCOL:
         return None, "another protocol"
-    if request.get("fingerprint") != cmdclient.fingerprint():
+    if request.get("fingerprint") != print_:
         return None, "other code"
     return request, None
 

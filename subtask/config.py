@@ -100,27 +100,35 @@ def fix_hint(key: str) -> str:
     return f"git config subtask.{key} {DEFAULTS.get(key, 'N')}{what}"
 
 
-def git_config_reader(git_dir) -> Callable[[str], str | None]:
+def git_config_reader(git_dir, settings: dict[str, str] | None = None) -> Callable[[str], str | None]:
     """A reader over every `subtask.*` setting git sees from `git_dir` (the last value of a key wins,
-    as in `git config --get`); read on the first call."""
-    values: dict[str, str] | None = None
+    as in `git config --get`): `settings` when they were read already, else read on the first call."""
+    values = settings
 
     def read(key: str) -> str | None:
         nonlocal values
         if values is None:
-            values = _subtask_settings(git_dir)
+            values = parse_settings(read_settings(["--git-dir", str(git_dir)]))
         return values.get(_canonical(key))
 
     return read
 
 
-def _subtask_settings(git_dir) -> dict[str, str]:
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^subtask\.")
+
+
+def read_settings(where: list[str]) -> bytes:
+    """`git <where> config -z --get-regexp ^subtask\\.`'s output."""
     import subprocess
 
-    proc = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--get-regexp", r"^subtask\."],
-                          capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(["git", *where, *SETTINGS_ARGS], capture_output=True, stdin=subprocess.DEVNULL,
+                          check=False).stdout
+
+
+def parse_settings(out: bytes) -> dict[str, str]:
+    """`git config -z --get-regexp` output as {key: last value}."""
     values = {}
-    for item in proc.stdout.decode("utf-8", "surrogateescape").split("\0"):
+    for item in out.decode("utf-8", "surrogateescape").split("\0"):
         key, _, value = item.partition("\n")
         if key:
             values[key] = value

@@ -18,7 +18,7 @@ def main() -> None:
 
         code = cmdclient.run(sys.argv[1:])
         if code is not None:
-            sys.exit(code)
+            cmdclient.exit_now(code)
         from subtask.cli import main as cli_main
     except KeyboardInterrupt:
         sys.exit(130)

@@ -1,7 +1,7 @@
 """Access to the repository: open it from any directory, refs, worktrees, diff statistics.
 
 The repository is found by `git rev-parse` and its `subtask.*` settings read by `git config`
-(one process each, ~2 ms), and pygit2 is imported only when a command first needs it
+(one process each, ~2 ms, run side by side), and pygit2 is imported only when a command first needs it
 (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
 pay the library's import; the worker imports it in a background thread while git writes its
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.config import Config, git_config_reader
+from subtask.config import SETTINGS_ARGS, Config, git_config_reader, parse_settings
 from subtask.errors import SubtaskError
 
 if TYPE_CHECKING:
@@ -99,8 +99,16 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     start = str(path or os.getcwd())
     if path is not None and not Path(start).exists():
         raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
-    proc = subprocess.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir",
-                           "--is-bare-repository"], capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    # The settings are read beside the search, by a git that finds the same git dir: one git
+    # process's time instead of two, one after the other.
+    settings = subprocess.Popen(["git", "-C", start, *SETTINGS_ARGS], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir",
+                               "--git-common-dir", "--is-bare-repository"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, check=False)
+    finally:
+        values = parse_settings(settings.communicate()[0])
     lines = proc.stdout.splitlines()
     if proc.returncode != 0 or len(lines) != 3:
         why = proc.stderr.strip().removeprefix("fatal: ")
@@ -112,7 +120,7 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    return Repo(git_dir, _main_worktree(common, start), common, Config(git_config_reader(git_dir)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(git_config_reader(git_dir, values)))
 
 
 _preload: threading.Thread | None = None
