@@ -93,10 +93,10 @@ def test_the_repository_is_found_as_git_finds_it(tmp_path):
     git(tmp_path, "init", "-q", str(plain))
     git(plain, "commit", "-q", "--allow-empty", "-m", "x")
     git(plain, "worktree", "add", "-q", str(tmp_path / "linked"))
-    linked = open_repo(tmp_path / "linked")
-    assert linked.root == plain.resolve() and linked.git_dir != linked.common_dir
     git(plain, "config", "subtask.maxRunning", "3")
     git(main, "config", "subtask.Ray.Address", "auto")
+    linked = open_repo(tmp_path / "linked")  # the settings are read as it is found
+    assert linked.root == plain.resolve() and linked.git_dir != linked.common_dir
     assert linked.config.get("maxRunning") == "3" and linked.config.get("maxrunning") == "3"
     # git folds the case of the section and the name, never of a subsection
     assert open_repo(main).config.get("Ray.ADDRESS") == "auto" and open_repo(main).config.get("ray.address") is None
