@@ -54,6 +54,10 @@ class Config:
     def __call__(self, key: str) -> str | None:
         return self.get(key)
 
+    def settings(self) -> dict[str, str] | None:
+        """Every setting as git gave them (None when they do not come from git)."""
+        return self._read.all() if isinstance(self._read, GitSettings) else None
+
     def number(self, key: str) -> float:
         value, problem = self._checked(key)
         if problem:
@@ -100,18 +104,20 @@ def fix_hint(key: str) -> str:
     return f"git config subtask.{key} {DEFAULTS.get(key, 'N')}{what}"
 
 
-def git_config_reader(git_dir, settings: dict[str, str] | None = None) -> Callable[[str], str | None]:
-    """A reader over every `subtask.*` setting git sees from `git_dir` (the last value of a key wins,
-    as in `git config --get`): `settings` when they were read already, else read on the first call."""
-    values = settings
+class GitSettings:
+    """A reader over every `subtask.*` setting git sees from `git_dir` (the last value of a key
+    wins, as in `git config --get`): `values` when they were read already, else read on first use."""
 
-    def read(key: str) -> str | None:
-        nonlocal values
-        if values is None:
-            values = parse_settings(read_settings(["--git-dir", str(git_dir)]))
-        return values.get(_canonical(key))
+    def __init__(self, git_dir, values: dict[str, str] | None = None):
+        self._git_dir, self._values = git_dir, values
 
-    return read
+    def __call__(self, key: str) -> str | None:
+        return self.all().get(_canonical(key))
+
+    def all(self) -> dict[str, str]:
+        if self._values is None:
+            self._values = parse_settings(read_settings(["--git-dir", str(self._git_dir)]))
+        return self._values
 
 
 SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^subtask\.")

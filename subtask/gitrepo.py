@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.config import SETTINGS_ARGS, Config, git_config_reader, parse_settings
+from subtask.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.errors import SubtaskError
 
 if TYPE_CHECKING:
@@ -61,6 +61,21 @@ class Repo:
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git)
         return gitobjects.GitObjects(self.git_dir)
+
+    def handover(self) -> dict | None:
+        """This repository for a worker forked from another process (JSON, `from_handover`): the
+        paths and settings git gave us; None unless opened at the main worktree (a linked
+        worktree's settings may be its own) and read through git."""
+        settings = self.config.settings()
+        if settings is None or self.git_dir.resolve() != self.common_dir:
+            return None
+        return {"v": 1, "git_dir": str(self.git_dir), "root": str(self.root), "common_dir": str(self.common_dir),
+                "settings": settings}
+
+    @classmethod
+    def from_handover(cls, data: dict) -> Repo:
+        return cls(Path(data["git_dir"]), Path(data["root"]), Path(data["common_dir"]),
+                   Config(GitSettings(data["git_dir"], dict(data["settings"]))))
 
     def for_thread(self) -> Repo:
         """This repository for another thread or a forked child: the same paths and settings, its
@@ -120,7 +135,7 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    return Repo(git_dir, _main_worktree(common, start), common, Config(git_config_reader(git_dir, values)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(git_dir, values)))
 
 
 _preload: threading.Thread | None = None

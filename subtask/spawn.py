@@ -68,7 +68,7 @@ def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
     """
     if _may_fork():
         return _fork_worker(root, job_id, lock_fd, log_fd, repo)
-    return _zygote_or_exec_worker(root, job_id, lock_fd, log_fd)
+    return _zygote_or_exec_worker(root, job_id, lock_fd, log_fd, repo)
 
 
 def _may_fork() -> bool:
@@ -76,11 +76,11 @@ def _may_fork() -> bool:
             and threading.active_count() == 1)
 
 
-def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
+def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
     server = fork_server() if os.environ.get(SPAWN_ENV) != "exec" else None
     if server is not None:
         try:
-            return server.spawn(job_id, root, lock_fd, log_fd)
+            return server.spawn(job_id, root, lock_fd, log_fd, repo)
         except Exception as exc:  # the zygote's worker will not run: this one must
             print(f"git-subtask: the worker fork server failed ({exc}); starting {job_id} "
                   "as a fresh interpreter", file=sys.stderr)

@@ -848,11 +848,14 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
 
 
 def own_repo(handed) -> Repo:
-    """The worker's repository handle, never one shared with a parent: a copy of the forking
-    caller's `Repo` when it was opened at the main worktree (the paths and settings git gave it),
-    else found anew from the root (a linked worktree's settings may be its own)."""
+    """The worker's repository handle, never one shared with a parent: rebuilt from what the
+    starter found (its `Repo` in a forked child, its `handover()` through the zygote) when it was
+    opened at the main worktree, else found anew from the root (a linked worktree's settings
+    may be its own)."""
+    if isinstance(handed, dict):
+        return Repo.from_handover(handed)
     if isinstance(handed, Repo):
-        if handed.git_dir.resolve() == handed.common_dir:
+        if handed.handover() is not None:
             return handed.for_thread()
         handed = handed.root
     return open_repo(handed)

@@ -71,12 +71,15 @@ class Zygote:
         self.ready = False
         self.retired = False
 
-    def spawn(self, job_id: str, root: object, lock_fd: int, log_fd: int) -> int:
-        """Have the zygote fork the worker; its pid. Raises on any failure (the worker then never runs)."""
+    def spawn(self, job_id: str, root: object, lock_fd: int, log_fd: int, repo: object = None) -> int:
+        """Have the zygote fork the worker; its pid. Raises on any failure (the worker then never runs).
+        `repo`, the caller's open `Repo`, goes with the request as its `handover()`."""
         with self.lock:
             if self.retired:
                 raise ZygoteError("retired")
-            payload = json.dumps({"job": job_id, "root": str(root), "env": dict(os.environ)}).encode()
+            handover = repo.handover() if repo is not None else None  # type: ignore[attr-defined]
+            payload = json.dumps({"job": job_id, "root": str(root), "env": dict(os.environ),
+                                  "repo": handover}).encode()
             go_r, go_w = os.pipe()  # both close-on-exec; the zygote receives a copy of go_r
             try:
                 try:
@@ -293,7 +296,7 @@ def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os.chdir(request["root"])
         from subtask import worker
 
-        code = worker.run_detached(request["job"], request["root"], lock_fd)
+        code = worker.run_detached(request["job"], request.get("repo") or request["root"], lock_fd)
     except BaseException:
         import traceback
 

@@ -66,3 +66,26 @@ def test_start_many_opens_each_repository_once(repo, tmp_path, monkeypatch):
     assert sorted(opened) == sorted([str(repo), str(other)])
     for result in results:
         api.wait(api.repo_at(result.job.spec.repo), [result.job.id], timeout=60)
+
+
+def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew(repo, tmp_path, git_log):
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from test_mcp import server_env
+
+    out = grant_writable(tmp_path / "out")
+    out.mkdir()
+
+    async def main() -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+                                       env=server_env())
+        async with Client(params, mode="legacy") as client:
+            started = await client.call_tool("start", {"task": f"echo $PPID > {out}/worker", "engine": "shell"})
+            job = started.content[0].text.split()[0]
+            await client.call_tool("wait", {"ids": [job], "timeout": 60})
+
+    anyio.run(main)
+    worker = int((out / "worker").read_text())
+    assert calls(git_log, FIND_REPO), "the shim saw no git call: the test measures nothing"
+    assert calls(git_log, FIND_REPO, by=worker) == []
+    assert calls(git_log, READ_SETTINGS, by=worker) == []
