@@ -241,13 +241,22 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_the_next_session_is_forked_before_the_call_and_dies_with_its_server(cli, repo):
-    server = warm_server(cli)
-    assert wait_until(lambda: [s for s in children(server) if alive(s)]), "no session waits for the next call"
-    [spare] = [s for s in children(server) if alive(s)]
-    os.kill(spare, signal.SIGKILL)  # a spare that dies is replaced: calls never queue behind a dead one
-    assert wait_until(lambda: [s for s in children(server) if alive(s) and s != spare]), "the spare was not replaced"
-    [spare] = [s for s in children(server) if alive(s)]
-    os.kill(server, signal.SIGKILL)
-    assert wait_until(lambda: not alive(spare)), "the spare outlived its server, holding the socket"
-    cli.ok("list")  # and the next call is not left waiting on the dead server's socket
+def test_the_next_session_is_forked_before_the_call_and_dies_with_its_server(cli, repo, short_folder):
+    env = {"SUBTASK_SERVER_DIR": str(short_folder)}  # a server of its own: no other test's sessions beside it
+    servers = lambda: command_server_pids(short_folder)  # noqa: E731
+    try:
+        cli.ok("--version", env=env)
+        assert wait_until(lambda: servers() and list(short_folder.glob("*/*.sock"))), "no server came up"
+        [server] = servers()
+        live = lambda: [s for s in children(server) if alive(s)]  # noqa: E731
+        assert wait_until(lambda: len(live()) == 1), f"not one session waiting for the next call: {live()}"
+        [spare] = live()
+        os.kill(spare, signal.SIGKILL)  # a spare that dies is replaced: calls never queue behind a dead one
+        assert wait_until(lambda: len(live()) == 1 and live() != [spare]), "the spare was not replaced"
+        [spare] = live()
+        os.kill(server, signal.SIGKILL)
+        assert wait_until(lambda: not alive(spare)), "the spare outlived its server, holding the socket"
+        # The next call is not left waiting on the dead server's socket; the server it starts idles out.
+        cli.ok("list", env={**env, "SUBTASK_SERVER_IDLE": "1"})
+    finally:
+        stop_command_servers(short_folder)
