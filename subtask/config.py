@@ -105,30 +105,20 @@ def fix_hint(key: str) -> str:
 
 
 class GitSettings:
-    """A reader over every `subtask.*` setting git sees from `git_dir` (the last value of a key
-    wins, as in `git config --get`): `values` when they were read already, else read on first use."""
+    """A reader over every `subtask.*` setting git gave (`SETTINGS_ARGS`, `parse_settings`; the
+    last value of a key wins, as in `git config --get`)."""
 
-    def __init__(self, git_dir, values: dict[str, str] | None = None):
-        self._git_dir, self._values = git_dir, values
+    def __init__(self, values: dict[str, str]):
+        self._values = values
 
     def __call__(self, key: str) -> str | None:
-        return self.all().get(_canonical(key))
+        return self._values.get(_canonical(key))
 
     def all(self) -> dict[str, str]:
-        if self._values is None:
-            self._values = parse_settings(read_settings(["--git-dir", str(self._git_dir)]))
         return self._values
 
 
 SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^subtask\.")
-
-
-def read_settings(where: list[str]) -> bytes:
-    """`git <where> config -z --get-regexp ^subtask\\.`'s output."""
-    import subprocess
-
-    return subprocess.run(["git", *where, *SETTINGS_ARGS], capture_output=True, stdin=subprocess.DEVNULL,
-                          check=False).stdout
 
 
 def parse_settings(out: bytes) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Access to the repository: open it from any directory, refs, worktrees, diff statistics.
 
 The repository is found by `git rev-parse` and its `subtask.*` settings read by `git config`
-(one process each, ~2 ms, run side by side), and pygit2 is imported only when a command first needs it
-(`Repo.git`): records, pins and branches are read and written through `Repo.objects`
+(one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
+it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
 pay the library's import; the worker imports it in a background thread while git writes its
 checkout (`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
@@ -75,7 +75,7 @@ class Repo:
     @classmethod
     def from_handover(cls, data: dict) -> Repo:
         return cls(Path(data["git_dir"]), Path(data["root"]), Path(data["common_dir"]),
-                   Config(GitSettings(data["git_dir"], dict(data["settings"]))))
+                   Config(GitSettings(dict(data["settings"]))))
 
     def for_thread(self) -> Repo:
         """This repository for another thread or a forked child: the same paths and settings, its
@@ -135,7 +135,7 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(git_dir, values)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)))
 
 
 _preload: threading.Thread | None = None
