@@ -301,7 +301,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
     # `wait` returns once the terminal state is recorded; the worker drops the kept environment
     # just after that, so look once it has let go of the job.
     liveness.wait_released(sdir, second)
-    assert env_files(repo) == []
+    assert env_files(repo) == [], f"A (killed) is {first}, B (handed A's slot) is {second}"
 
 
 def test_the_spend_in_the_records_is_read_once_per_record_tip(cli, repo, monkeypatch):
