@@ -432,7 +432,10 @@ def merge_ref(
     blocks are united by job id, a job present on both sides in two versions keeps the local one
     when `prefer_local(job_id)` (we hold its record and can rebuild it) else the other's, and
     differing human text is kept from both. The result is a merge commit with both tips as parents,
-    so pushing it afterwards is a fast-forward. Returns "up to date", "fast-forward" or "merged".
+    so pushing it afterwards is a fast-forward. `other` descending from ours is taken as it is
+    (a fast-forward) unless it lacks a block of a job `prefer_local` names (a teammate's
+    `git notes add -f` replaced the note): then it is merged too, its version of a block winning.
+    Returns "up to date", "fast-forward" or "merged".
     """
     import pygit2
 
@@ -445,10 +448,16 @@ def merge_ref(
             tip = _tip(repo)
             if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):
                 return "up to date"
-            if tip is None or repo.descendant_of(other_oid, tip):
+            if tip is None:
                 new, how = other_oid, "fast-forward"
-            else:
+            elif not repo.descendant_of(other_oid, tip):
                 new, how = _merge_commit(repo, tip, other_oid, prefer_local), "merged"
+            elif _drops_blocks(repo, tip, other_oid, prefer_local):
+                # Newer than ours, but rewritten there (`git notes add -f`) without blocks of jobs
+                # we hold: those come back; where both sides have a block, the newer one's stays.
+                new, how = _merge_commit(repo, tip, other_oid, lambda job_id: False), "merged"
+            else:
+                new, how = other_oid, "fast-forward"
             try:
                 if _swap(repo, tip, new):
                     return how
@@ -456,6 +465,22 @@ def merge_ref(
                 pass
             time.sleep(delay)
     raise AssertionError("unreachable: _backoff raises when the deadline passes")
+
+
+def _drops_blocks(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,
+                  ours_to_keep: Callable[[str], bool]) -> bool:
+    """Does some note of `tip` hold a block of a job `ours_to_keep` names that the same commit's
+    note in `other` lacks?"""
+    local_tree, other_tree = repo[tip].tree, repo[other].tree
+    other_notes = _all_notes(repo, other_tree)
+    for commit_hex, local_blob in _all_notes(repo, local_tree).items():
+        if other_notes.get(commit_hex) == local_blob:
+            continue
+        ours = parse_note(_read_text(repo, local_tree, commit_hex) or "")[1]
+        theirs = parse_note(_read_text(repo, other_tree, commit_hex) or "")[1] if commit_hex in other_notes else {}
+        if any(ours_to_keep(job_id) for job_id in set(ours) - set(theirs)):
+            return True
+    return False
 
 
 def _merge_commit(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,

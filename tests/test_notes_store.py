@@ -424,3 +424,41 @@ def test_concurrent_ensure_ref(repo_dir: Path, tmp_path: Path) -> None:
     walker = r.walk(r.references[NOTES_REF].target)
     roots = [commit for commit in walker if not commit.parents]
     assert len(roots) == 1
+
+
+# --------------------------------------------------------------------------- merging a remote's notes
+
+
+def test_a_newer_remote_note_that_dropped_our_block_does_not_drop_it_here(
+    repo: pygit2.Repository, repo_dir: Path, lock: Path
+) -> None:
+    """A teammate fetched our notes and replaced the note with `git notes add -f`: their tip descends
+    from ours, yet a fast-forward to it would lose our block. Theirs wins where both have a block."""
+    target = head(repo_dir)
+    notes_store.set_block(repo, target, job(1), block(job(1)), lock)
+    notes_store.set_block(repo, target, job(2), block(job(2), "verdict: old"), lock)
+    ours = notes_tip(repo)
+    theirs_text = f"teammate note\n\n{block(job(2), 'verdict: new')}"
+    git(repo_dir, "notes", "--ref=subtask", "add", "-f", "-m", theirs_text, target)
+    theirs = notes_tip(repo)
+    repo.references.create(NOTES_REF, ours, force=True)  # back to ours: theirs arrives as a fetched tip
+
+    assert notes_store.merge_ref(repo, theirs, lock) == "merged"
+    note = git(repo_dir, "notes", "--ref=subtask", "show", target)
+    assert block(job(1)) in note, note  # ours, which their note had dropped
+    assert block(job(2), "verdict: new") in note and "verdict: old" not in note, note
+    assert "teammate note" in note
+    assert repo.descendant_of(notes_tip(repo), theirs)  # pushing it is a fast-forward
+
+
+def test_a_newer_remote_note_that_keeps_our_blocks_is_a_fast_forward(
+    repo: pygit2.Repository, repo_dir: Path, lock: Path
+) -> None:
+    target = head(repo_dir)
+    notes_store.set_block(repo, target, job(1), block(job(1)), lock)
+    ours = notes_tip(repo)
+    notes_store.set_block(repo, target, job(2), block(job(2)), lock)
+    theirs = notes_tip(repo)
+    repo.references.create(NOTES_REF, ours, force=True)
+    assert notes_store.merge_ref(repo, theirs, lock) == "fast-forward"
+    assert notes_tip(repo) == theirs
