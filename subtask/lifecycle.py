@@ -176,12 +176,15 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
 
     job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-settled
     privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
+    if job.state.attempts and job.state.current.n == attempt_n and job.state.current.terminal:
+        # ... and so does its starter's environment (issue 11 item 8), also when its worker died
+        # between its final record and dropping it; a newer attempt (a reply) keeps its own.
+        jobenv.drop(repo.state_dir, job_id)
     if not ended:
         return None
     attempt = job.state.current
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
-    jobenv.drop(repo.state_dir, job_id)  # issue 11 item 8: the starter's environment ends with the attempt
     from subtask import notes
 
     notes.write_for_job(repo, job)

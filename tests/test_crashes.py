@@ -242,6 +242,16 @@ def test_a_kill_right_after_the_final_record_loses_no_pin_and_no_note(cli, repo)
     assert head[:7] in cli.ok("show", job)
 
 
+def test_a_kill_right_after_the_final_record_leaves_no_kept_environment(cli, repo):
+    """The starter's environment (it may hold credentials) ends with the attempt even when the
+    worker dies between its final record and dropping it: whoever settles the job drops it."""
+    job = cli.start("true", env={"SUBTASK_FAULT": "after_final_record", "SOME_TOKEN": "tok-1234567890"})
+    assert wait_until(lambda: not liveness.is_held(state_dir(repo), job), timeout=60)
+    assert cli.json("show", job)["state"] == "done"
+    cli.ok("list")  # settles the dead worker's job
+    assert not (state_dir(repo) / "run" / f"{job}.env.json").exists(), "the job's kept environment outlived it"
+
+
 # ---------------------------------------------------------------- item 6: a stale record.lock
 
 def record_lock(repo: Path, job: str) -> Path:
