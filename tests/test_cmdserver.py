@@ -3,6 +3,7 @@ an in-process one (output, exit codes, environment, signals), and the server ref
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import signal
@@ -139,7 +140,8 @@ def test_a_served_call_imports_almost_nothing_before_it_hands_over(cli, repo, sh
     proc = runs[-1]
     code, imported = proc.stderr.split(" ", 1)
     assert (code, proc.stdout) == ("0", "git-subtask 0.1.0\n"), proc.stderr
-    assert not {"json", "re", "enum", "socket", "signal", "selectors", "subprocess"} & set(eval(imported)), imported
+    assert not {"json", "re", "enum", "socket", "signal", "selectors", "subprocess"} & set(ast.literal_eval(imported)), \
+        imported
 
 
 NO_NEW_PRIVS_CLIENT = """
