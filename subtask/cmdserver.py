@@ -37,7 +37,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -48,7 +47,7 @@ import struct
 import sys
 import time
 
-from subtask import cmdclient, zygote
+from subtask import cmdclient, procs, zygote
 
 IDLE_SECONDS = 900.0
 TICK_SECONDS = 10.0  # how often an idle server checks its code, its socket and its idle time
@@ -175,12 +174,10 @@ def _fork_spare(listener: socket.socket, server_fds: tuple[int, ...], taken_w: i
         return os.pidfd_open(pid)
     code = 0
     try:
-        _die_with_parent(signal.SIGKILL)
-        if os.getppid() != server:
-            return  # it died before we could follow it
+        procs.child_setup_for(server)()  # killed when the server exits; gone at once if it already has
         conn = _accept(listener)
         os.write(taken_w, b"t")
-        _die_with_parent(0)  # from here on, a call depends on us
+        procs.set_parent_death_signal(0)  # from here on, a call depends on us
         listener.close()
         for fd in (*server_fds, taken_w):
             os.close(fd)
@@ -197,12 +194,6 @@ def _accept(listener: socket.socket) -> socket.socket:
             return listener.accept()[0]
         except ConnectionAbortedError:  # a caller that gave up before we took it
             continue
-
-
-def _die_with_parent(signum: int) -> None:
-    """PR_SET_PDEATHSIG: `signum` when the server exits (0: never)."""
-    if ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _still_current(path: str, inode: int, print_: str) -> bool:

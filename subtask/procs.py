@@ -119,16 +119,24 @@ _prctl = _load_prctl()
 
 
 def child_setup_for(parent_pid: int) -> Callable[[], None]:
-    """The `preexec_fn` for a child of `parent_pid` (the calling process). Keep it small and
+    """The `preexec_fn` for a child of `parent_pid` (the calling process), also called by a forked
+    child that must not outlive its parent (the command server's spare). Keep it small and
     async-signal-safe in spirit: it runs in the forked child of a possibly threaded parent."""
 
     def child_setup() -> None:
         if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != parent_pid:
                 os._exit(128 + signal.SIGKILL)  # the parent died before the signal was armed
 
     return child_setup
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """PR_SET_PDEATHSIG for the calling process: `signum` when the thread that forked it exits
+    (0: none any more). Nothing where prctl is not available."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 # -- killing --------------------------------------------------------------------------------------
