@@ -250,12 +250,17 @@ def test_the_next_session_is_forked_before_the_call_and_dies_with_its_server(cli
         cli.ok("--version", env=env)
         assert wait_until(lambda: servers() and list(short_folder.glob("*/*.sock"))), "no server came up"
         [server] = servers()
-        live = lambda: [s for s in children(server) if alive(s)]  # noqa: E731
-        assert wait_until(lambda: len(live()) == 1), f"not one session waiting for the next call: {live()}"
-        [spare] = live()
+        seen: list[int] = []
+
+        def one_spare_but(old: int | None) -> bool:  # one look at the server's live children per call
+            seen[:] = [s for s in children(server) if alive(s)]
+            return len(seen) == 1 and seen[0] != old
+
+        assert wait_until(lambda: one_spare_but(None)), f"not one session waiting for the next call: {seen}"
+        [spare] = seen
         os.kill(spare, signal.SIGKILL)  # a spare that dies is replaced: calls never queue behind a dead one
-        assert wait_until(lambda: len(live()) == 1 and live() != [spare]), "the spare was not replaced"
-        [spare] = live()
+        assert wait_until(lambda: one_spare_but(spare)), f"the spare was not replaced: {seen}"
+        [spare] = seen
         os.kill(server, signal.SIGKILL)
         assert wait_until(lambda: not alive(spare)), "the spare outlived its server, holding the socket"
         # The next call is not left waiting on the dead server's socket; the server it starts idles out.
