@@ -43,14 +43,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _worker_port_candidates(size: int) -> range:
+    """First ports for a block of `size` worker ports: above Ray's own 10002-19999 and outside the
+    kernel's ephemeral range, so no port the kernel hands out (our `_free_port`, or any process's
+    outgoing connection) can land in the block; Ray refuses a node whose block holds another of
+    its ports."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    below = range(20000, low - size + 1)
+    return below if len(below) >= 1000 else range(max(20000, high + 1), 65536 - size)
+
+
 def _free_block(size: int = 60) -> int:
-    """The first port of `size` consecutive ports that bind now, above Ray's 10002-19999."""
+    """The first port of `size` consecutive ports that all bind now."""
     import random
 
+    candidates = _worker_port_candidates(size)
     for _ in range(200):
-        first = random.randrange(20000, 60000 - size)
+        first = random.choice(candidates)
         try:
-            for port in (first, first + size // 2, first + size - 1):
+            for port in range(first, first + size):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", port))
             return first
@@ -125,9 +139,17 @@ def _kill_all(grace: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def _wait_for_port(port: int, timeout: float) -> None:
+def _fail_if_exited(nodes: dict[str, subprocess.Popen]) -> None:
+    """`ray start --block` lives as long as its node: once it has exited, nothing will come up."""
+    for name, proc in nodes.items():
+        if proc.poll() is not None:
+            raise RuntimeError(f"`ray start` for the {name} exited with {proc.returncode}")
+
+
+def _wait_for_port(port: int, timeout: float, nodes: dict[str, subprocess.Popen]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        _fail_if_exited(nodes)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -136,11 +158,12 @@ def _wait_for_port(port: int, timeout: float) -> None:
     raise RuntimeError(f"nothing listened on {port} within {timeout:g}s")
 
 
-def _wait_for_dashboard(port: int, timeout: float) -> None:
+def _wait_for_dashboard(port: int, timeout: float, nodes: dict[str, subprocess.Popen]) -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        _fail_if_exited(nodes)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=2) as resp:
                 if resp.status == 200:
@@ -151,9 +174,11 @@ def _wait_for_dashboard(port: int, timeout: float) -> None:
     raise RuntimeError(f"the Ray dashboard did not answer on {port} within {timeout:g}s")
 
 
-def _wait_for_nodes(ray: str, address: str, count: int, timeout: float) -> None:
+def _wait_for_nodes(ray: str, address: str, count: int, timeout: float,
+                    nodes: dict[str, subprocess.Popen]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        _fail_if_exited(nodes)
         out = subprocess.run([ray, "list", "nodes", f"--address={address}", "--format=json"],
                              capture_output=True, text=True, check=False).stdout
         try:
@@ -180,19 +205,23 @@ def keeper(base: Path) -> int:
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     logs = open(base / "cluster.log", "ab")
     try:
-        subprocess.Popen([ray, "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-                          f"--dashboard-port={dashboard}", "--include-dashboard=true",
-                          f"--ray-client-server-port={_free_port()}",
-                          *_node_args(head_temp, {"subtask_slot": 2})],
-                         stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
-                         env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-head")))
-        _wait_for_port(gcs, 120)  # the second node joins while the head's dashboard starts
-        subprocess.Popen([ray, "start", f"--address=127.0.0.1:{gcs}",
-                          *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})],
-                         stdin=subprocess.DEVNULL, stdout=logs, stderr=logs,
-                         env=dict(env, SUBTASK_RAY_CACHE=str(base / "cache-node2")))
-        _wait_for_dashboard(dashboard, 120)
-        _wait_for_nodes(ray, f"http://127.0.0.1:{dashboard}", 2, 120)
+        nodes: dict[str, subprocess.Popen] = {}
+
+        def start_node(name: str, cache: str, args: list[str]) -> None:
+            nodes[name] = subprocess.Popen([ray, "start", *args], stdin=subprocess.DEVNULL,
+                                           stdout=logs, stderr=logs,
+                                           env=dict(env, SUBTASK_RAY_CACHE=str(base / cache)))
+
+        start_node("head", "cache-head", [
+            "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+            "--include-dashboard=true", f"--ray-client-server-port={_free_port()}",
+            *_node_args(head_temp, {"subtask_slot": 2})])
+        _wait_for_port(gcs, 120, nodes)  # the second node joins while the head's dashboard starts
+        start_node("second node", "cache-node2", [
+            f"--address=127.0.0.1:{gcs}",
+            *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})])
+        _wait_for_dashboard(dashboard, 120, nodes)
+        _wait_for_nodes(ray, f"http://127.0.0.1:{dashboard}", 2, 120, nodes)
         print(json.dumps({"status": READY, "address": f"http://127.0.0.1:{dashboard}",
                           "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
         for line in sys.stdin:
