@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -87,6 +88,39 @@ def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
         script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
         script.chmod(0o755)
     return where
+
+
+def create_cost(under: Path, dirs: int = 40, per_dir: int = 50) -> float:
+    """Microseconds to create one empty file, over `dirs` x `per_dir` files in a new folder under
+    `under` (the shape of a generated checkout). It moves with the file system's state, not only
+    with the disk: on ext4 without a journal, every new inode of a block group is allocated past
+    the inodes freed there in the last minute (up to six while their table block is dirty), so
+    a checkout right after a large delete costs several times more. Nothing is deleted here."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="create-cost-", dir=under))
+    started = time.perf_counter()
+    for d in range(dirs):
+        os.mkdir(folder / f"d{d}")
+        for f in range(per_dir):
+            os.close(os.open(folder / f"d{d}" / f"f{f}", os.O_CREAT | os.O_WRONLY, 0o644))
+    return round((time.perf_counter() - started) * 1e6 / (dirs * per_dir), 1)
+
+
+def file_system(path: Path) -> str:
+    """`path`'s file system type, and for ext4 whether it has a journal (see `create_cost`)."""
+    best = ("", "", "")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        device, mount, kind = line.split()[:3]
+        if str(path.resolve()).startswith(mount.rstrip("/") + "/") and len(mount) >= len(best[1]):
+            best = (device, mount, kind)
+    device, _, kind = best
+    if kind == "ext4":
+        journal = Path("/sys/fs/ext4") / Path(device).name / "journal_task"
+        with contextlib.suppress(OSError):
+            if journal.read_text().strip() == "<none>":
+                return "ext4, no journal"
+    return kind or "unknown"
 
 
 def loadavg() -> list[float]:

@@ -62,7 +62,7 @@ import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 sys.path.append(str(BENCH))
-from common import loadavg, make_repo, make_wheel_venv, median_ms, save  # noqa: E402
+from common import create_cost, file_system, loadavg, make_repo, make_wheel_venv, median_ms, save  # noqa: E402
 from records_scale import fill_history  # noqa: E402
 
 PEER_VERSION = "0.5.0"
@@ -428,11 +428,23 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2000, help="files in the generated repository")
     parser.add_argument("--before", type=Path, help="with --e2e-only: another tree of git-subtask (e.g. `git archive`"
                                                     " of main) run as a fourth tool, `before`, in the same rounds")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="sync, then wait this long before measuring: on ext4 without a journal, inodes "
+                             "freed in the last minute (six, while unwritten) make every checkout dearer")
     args = parser.parse_args()
     if args.runs < 5:
         parser.error("--runs must be at least 5")
     tmp = Path(tempfile.mkdtemp(prefix="subtask-peer-bench-"))
     load_before = loadavg()
+    # Checkout-bound figures follow the cost of creating a file, which a recent large delete on
+    # this file system can multiply (bench/common.create_cost): read it before and after.
+    create_us = {"before": create_cost(tmp)}
+    print(f"file system {file_system(tmp)}; creating a file {create_us['before']} us", flush=True)
+    if args.settle:
+        os.sync()
+        time.sleep(args.settle)
+        create_us["settled"] = create_cost(tmp)
+        print(f"after {args.settle:g} s: creating a file {create_us['settled']} us", flush=True)
     try:
         if args.e2e_only and args.no_peer:
             venv, install_s = None, 0.0
@@ -495,6 +507,7 @@ def main() -> None:
         peer.fill(args.history)
         fill_peer = time.perf_counter() - t0
         samples["cli_start_history"] = cli_start(tools, args.runs)
+        create_us["after"] = create_cost(tmp)
     finally:
         if args.keep:
             print("kept", tmp)
@@ -516,6 +529,7 @@ def main() -> None:
         "fill_history_s": {"ours": round(fill_ours, 1), "peer": round(fill_peer, 1)},
         "peer_install_s": round(install_s, 1),
         "load_before": load_before, "load_after": loadavg(),
+        "file_system": file_system(Path(tempfile.gettempdir())), "create_file_us": create_us,
     }
     print(f"\n{'figure':<20}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}  target")
     for key, row in rows.items():
