@@ -314,6 +314,9 @@ def phase_breakdown(phases_file: Path, started: dict[str, float]) -> dict[str, f
             per_phase.setdefault(name, []).append(at - previous)
             previous = at
         per_phase.setdefault("total", []).append(entry["marks"][-1][1] - started[entry["job"]])
+        if "cpu" in entry:  # the worker's own CPU, and its children's (git, the engine)
+            per_phase.setdefault("cpu: the worker", []).append(entry["cpu"][0] + entry["cpu"][1])
+            per_phase.setdefault("cpu: its children", []).append(entry["cpu"][2] + entry["cpu"][3])
     return {name: median_ms(values) for name, values in per_phase.items()}
 
 

@@ -2,7 +2,8 @@
 
 The worker calls `mark(name)` as each phase ends. Nothing is written, and marking costs one
 list append, unless `SUBTASK_PHASES` names a file: then `flush` appends one JSON line per
-attempt, `{"v": 1, "job": ID, "attempt": N, "pid": P, "marks": [[name, unix time], ...]}`, after
+attempt, `{"v": 1, "job": ID, "attempt": N, "pid": P, "marks": [[name, unix time], ...], "cpu": [user, system,
+children's user, children's system]}` (seconds, `os.times()`), after
 the run-lock is released (the last mark). Only the benchmarks set it; nothing reads it back.
 
 Invariant: never fails the worker: a file that cannot be written is skipped silently.
@@ -33,7 +34,9 @@ def flush(job_id: str, attempt: int) -> None:
     path = os.environ.get(PHASES_ENV)
     if not path or not _marks:
         return
-    line = json.dumps({"v": 1, "job": job_id, "attempt": attempt, "pid": os.getpid(), "marks": list(_marks)})
+    times = os.times()  # this worker's CPU and its reaped children's (git, the engine), in seconds
+    line = json.dumps({"v": 1, "job": job_id, "attempt": attempt, "pid": os.getpid(), "marks": list(_marks),
+                       "cpu": [round(t, 3) for t in times[:4]]})
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

@@ -89,3 +89,30 @@ def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew
     assert calls(git_log, FIND_REPO), "the shim saw no git call: the test measures nothing"
     assert calls(git_log, FIND_REPO, by=worker) == []
     assert calls(git_log, READ_SETTINGS, by=worker) == []
+
+
+def test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_repository(repo, tmp_path, git_log):
+    """The MCP server has pygit2 loaded before it serves a call: the branch, pins and record of a
+    start are written in-process, not by ~10 git processes per job (issue 14: start_many10)."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from test_mcp import server_env
+
+    out = grant_writable(tmp_path / "out")
+    out.mkdir()
+
+    async def main() -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+                                       env=server_env())
+        async with Client(params, mode="legacy") as client:
+            started = await client.call_tool("start_many", {"tasks": [
+                {"task": f"echo $PPID > {out}/worker{n}", "engine": "shell"} for n in range(2)]})
+            jobs = [word for word in started.content[0].text.replace(".", " ").split() if word.startswith("st-")]
+            await client.call_tool("wait", {"ids": jobs, "timeout": 60})
+
+    anyio.run(main)
+    workers = {(out / f"worker{n}").read_text().strip() for n in range(2)}
+    servers = {line.split()[0] for line in calls(git_log, FIND_REPO)} - workers
+    assert servers, "the shim saw no git call of the server: the test measures nothing"
+    by_server = [line for line in git_log.read_text().splitlines() if line.split()[0] in servers]
+    assert [line for line in by_server if " ".join(FIND_REPO) not in line and " ".join(READ_SETTINGS) not in line] == []
