@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -470,21 +471,64 @@ def private_tmpdir(repo: Repo, job_id: str) -> str:
 
 
 class MainWorktreeStatus:
-    """`git status --porcelain` of the main worktree, without taking its index lock, run in the
+    """`git status --porcelain` of the main worktree, never writing its index, run in the
     background from its start until `lines` is first asked (the worker's own work overlaps it).
-    Lines, not -z: git quotes odd paths (control characters too), and a rename stays one entry."""
+    Lines, not -z: git quotes odd paths (control characters too), and a rename stays one entry.
+
+    Through a private copy of the main index when there is one (`main_index_copy`), which git may
+    refresh and keep; else with `--no-optional-locks`, which refreshes nothing: while the user's
+    index has racily clean entries, every such status re-reads all of their files."""
 
     def __init__(self, repo: Repo):
         self._lines: list[str] | None = None
-        self._proc = subprocess.Popen(["git", *NO_HOOKS, "-C", str(repo.root), "--no-optional-locks", "status",
-                                       "--porcelain"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True)
+        copy = main_index_copy(repo)
+        env = dict(os.environ, GIT_INDEX_FILE=str(copy)) if copy else None
+        # git rewrites the copy with the umask's mode; the state folder's files are the owner's alone
+        locks = ("-c", "core.sharedRepository=0600") if copy else ("--no-optional-locks",)
+        self._proc = subprocess.Popen(["git", *NO_HOOKS, "-C", str(repo.root), *locks, "status", "--porcelain"],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, env=env)
 
     def lines(self) -> list[str]:
         if self._lines is None:
             out, _ = self._proc.communicate()
             self._lines = [line for line in out.splitlines() if line.strip()]
         return self._lines
+
+
+MAIN_INDEX_COPIES = "main-index"  # under the state folder
+
+
+def main_index_copy(repo: Repo) -> Path | None:
+    """A private copy of the main worktree's index for its status to refresh, or None (read it in
+    place). Each copy is of one version of the index (named by its inode, size and mtime) and
+    keeps that version's mtime, so git judges its racily clean entries as it would the
+    original's, until git itself rewrites the copy. None for a split index (git would write a
+    shared index of ours into .git) and with submodules (their status would refresh their own
+    index), and whenever copying fails."""
+    if any(repo.common_dir.glob("sharedindex.*")) or (repo.root / ".gitmodules").exists():
+        return None
+    folder = repo.state_dir / MAIN_INDEX_COPIES
+    try:
+        with open(repo.common_dir / "index", "rb") as source:
+            info = os.fstat(source.fileno())
+            copy = folder / f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
+            if copy.exists():
+                return copy
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = folder / f".{copy.name}.{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(source, out)
+            os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.replace(tmp, copy)
+    except OSError:
+        return None
+    for other in folder.iterdir():  # earlier versions, and their lock files
+        if other.name != copy.name and not other.name.startswith(f".{copy.name}."):
+            with contextlib.suppress(OSError):
+                other.unlink()
+    return copy
 
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,

@@ -107,8 +107,9 @@ def test_the_main_worktree_is_compared_after_verify_as_well_as_after_the_engine(
 
 
 SLOW_STATUS_GIT = """#!/bin/sh
-# The main worktree's status (`--no-optional-locks status`) waits for the gate, 3 s at most.
-case "$*" in *--no-optional-locks*status*)
+# The main worktree's status (`status --porcelain`, last; the job worktree's adds
+# --untracked-files=all) waits for the gate, 3 s at most.
+case "$*" in *" status --porcelain")
   n=0; while [ ! -e "{gate}" ] && [ $n -lt 150 ]; do sleep 0.02; n=$((n+1)); done;;
 esac
 exec {git} "$@"
