@@ -68,23 +68,28 @@ def test_start_many_opens_each_repository_once(repo, tmp_path, monkeypatch):
         api.wait(api.repo_at(result.job.spec.repo), [result.job.id], timeout=60)
 
 
-def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew(repo, tmp_path, git_log):
+def run_over_mcp(repo: Path, tasks: list[str]) -> None:
+    """Start `tasks` (shell jobs) with one MCP `start_many` on a real server, and wait for them."""
     import anyio
     from mcp import Client, StdioServerParameters
     from test_mcp import server_env
-
-    out = grant_writable(tmp_path / "out")
-    out.mkdir()
 
     async def main() -> None:
         params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
                                        env=server_env())
         async with Client(params, mode="legacy") as client:
-            started = await client.call_tool("start", {"task": f"echo $PPID > {out}/worker", "engine": "shell"})
-            job = started.content[0].text.split()[0]
-            await client.call_tool("wait", {"ids": [job], "timeout": 60})
+            started = await client.call_tool("start_many", {"tasks": [{"task": t, "engine": "shell"} for t in tasks]})
+            jobs = [word for word in started.content[0].text.replace(".", " ").split() if word.startswith("st-")]
+            assert len(jobs) == len(tasks), started.content[0].text
+            await client.call_tool("wait", {"ids": jobs, "timeout": 60})
 
     anyio.run(main)
+
+
+def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew(repo, tmp_path, git_log):
+    out = grant_writable(tmp_path / "out")
+    out.mkdir()
+    run_over_mcp(repo, [f"echo $PPID > {out}/worker"])
     worker = int((out / "worker").read_text())
     assert calls(git_log, FIND_REPO), "the shim saw no git call: the test measures nothing"
     assert calls(git_log, FIND_REPO, by=worker) == []
@@ -94,23 +99,9 @@ def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew
 def test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_repository(repo, tmp_path, git_log):
     """The MCP server has pygit2 loaded before it serves a call: the branch, pins and record of a
     start are written in-process, not by ~10 git processes per job (issue 14: start_many10)."""
-    import anyio
-    from mcp import Client, StdioServerParameters
-    from test_mcp import server_env
-
     out = grant_writable(tmp_path / "out")
     out.mkdir()
-
-    async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
-                                       env=server_env())
-        async with Client(params, mode="legacy") as client:
-            started = await client.call_tool("start_many", {"tasks": [
-                {"task": f"echo $PPID > {out}/worker{n}", "engine": "shell"} for n in range(2)]})
-            jobs = [word for word in started.content[0].text.replace(".", " ").split() if word.startswith("st-")]
-            await client.call_tool("wait", {"ids": jobs, "timeout": 60})
-
-    anyio.run(main)
+    run_over_mcp(repo, [f"echo $PPID > {out}/worker{n}" for n in range(2)])
     workers = {(out / f"worker{n}").read_text().strip() for n in range(2)}
     servers = {line.split()[0] for line in calls(git_log, FIND_REPO)} - workers
     assert servers, "the shim saw no git call of the server: the test measures nothing"
