@@ -126,6 +126,7 @@ def main() -> None:
     (fakebin / "kimi").write_text(P.FAKE_KIMI)
     (fakebin / "kimi").chmod(0o755)
     status_repo = make_repo(tmp / "status-repo", files=args.files)  # freshly committed: racily clean
+    time.sleep(1.1)  # as a user starts jobs after a commit: a refresh made in that same second is racy itself
     statuses = status_cpu(status_repo, 9)
     ours = P.Ours(make_repo(tmp / "repo", files=args.files), fakebin, P.make_wheel_venv(tmp / "venv"))
     figures = anyio.run(rounds, ours, args.runs, tmp)
