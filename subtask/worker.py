@@ -503,10 +503,11 @@ def main_index_copy(repo: Repo) -> Path | None:
     """A private copy of the main worktree's index for its status to refresh, or None (read it in
     place). Each copy is of one version of the index (named by its inode, size and mtime) and
     keeps that version's mtime, so git judges its racily clean entries as it would the
-    original's, until git itself rewrites the copy. None for a split index (git would write a
-    shared index of ours into .git) and with submodules (their status would refresh their own
-    index), and whenever copying fails."""
-    if any(repo.common_dir.glob("sharedindex.*")) or (repo.root / ".gitmodules").exists():
+    original's, until git itself rewrites the copy. None unless the main worktree's index is
+    `<root>/.git/index` (a separate git dir may have other worktrees' roots here), for a split
+    index (git would write a shared index of ours into .git), with submodules (their status would
+    refresh their own index), and whenever copying fails."""
+    if repo.common_dir != repo.root / ".git" or (repo.root / ".gitmodules").exists() or _split_index(repo.common_dir):
         return None
     folder = repo.state_dir / MAIN_INDEX_COPIES
     try:
@@ -529,6 +530,14 @@ def main_index_copy(repo: Repo) -> Path | None:
             with contextlib.suppress(OSError):
                 other.unlink()
     return copy
+
+
+def _split_index(common: Path) -> bool:
+    try:
+        with os.scandir(common) as entries:  # not Path.glob: ~2 ms a call in a busy worker
+            return any(entry.name.startswith("sharedindex.") for entry in entries)
+    except OSError:
+        return True
 
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
