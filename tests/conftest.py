@@ -236,12 +236,20 @@ def running_pids(repo: Path, job: str, timeout: float = 60.0) -> dict:
 def kill_worker_and_engine(repo: Path, job: str) -> None:
     """SIGKILL a running job's worker and its engine group, and return once the kernel has
     released the worker's run-lock (kill returns before the process is gone)."""
-    from subtask import liveness
-    from subtask.gitrepo import open_repo
 
     pids = running_pids(repo, job)
     os.kill(pids["worker"], 9)
     os.killpg(pids["engine"], 9)
+    wait_for_run_lock_release(repo, job)
+
+
+def wait_for_run_lock_release(repo: Path, job: str) -> None:
+    """Return once nobody holds the job's run-lock. `wait` returns as soon as the record is
+    terminal, which its worker writes before its wrap-up (note, slot hand-off): a cleanup or gc
+    started at once may find the job busy and, rightly, leave it for a later pass."""
+    from subtask import liveness
+    from subtask.gitrepo import open_repo
+
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: not liveness.is_held(sdir, job), timeout=60), f"{job}'s run-lock outlived its worker"
 
