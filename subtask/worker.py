@@ -516,10 +516,8 @@ def main_index_copy(repo: Repo) -> Path | None:
             copy = folder / f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
             if copy.exists():
                 return copy
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = folder / f".{copy.name}.{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as out:
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), "wb") as out:
                 shutil.copyfileobj(source, out)
             os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns))
             os.replace(tmp, copy)
