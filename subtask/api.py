@@ -763,6 +763,7 @@ def sweep(repo: Repo) -> None:
 
 # ---------------------------------------------------------------- reply
 
+WRAP_UP_WAIT = 60.0  # seconds `wait` gives an ended job's worker to let go of it
 REPLY_LOCK_WAIT = 3.0
 
 
@@ -1054,7 +1055,7 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
     while not cancel.is_set():
         latest = latest or records.read(repo, job_id)
         if latest.state.current.terminal:
-            ended.put((job_id, latest))
+            ended.put((job_id, _after_wrap_up(repo, latest, cancel)))
             return
         remote, latest = executors.runs_remotely(latest), None
         if remote:
@@ -1074,6 +1075,24 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
             lifecycle.reconcile(open_repo(repo.root))
         time.sleep(0.02)
+
+
+def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
+    """`job`, whose attempt ended, once its worker has let go of it.
+
+    A worker writes the terminal record before its wrap-up (the note, the reservation, the slot)
+    and releases the run-lock after it: a caller's next step (`git log --notes=subtask`, cleanup)
+    must find all of it done. A reply's starter holds the same lock before it appends its attempt:
+    a new attempt ends the wait, and so does WRAP_UP_WAIT, so a stuck holder never keeps us.
+    """
+    deadline = time.monotonic() + WRAP_UP_WAIT
+    if liveness.is_held(repo.state_dir, job.id):
+        faults.point("wait_found_busy")
+    while liveness.is_held(repo.state_dir, job.id) and time.monotonic() < deadline and not cancel.is_set():
+        time.sleep(0.005)
+        if records.read(repo, job.id).state.current.n != job.state.current.n:
+            break
+    return job
 
 
 # ---------------------------------------------------------------- stop, cleanup

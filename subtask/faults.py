@@ -10,7 +10,8 @@ Points: after_admit, after_reserve, after_branch, after_record, before_spawn, re
 worker_start, before_files_checkout (the worktree registered, its files not yet written), after_checkout, after_engine, after_verify, before_final_record,
 after_final_record (worker); before_worktree_removal, after_removal_recheck (cleanup, cleanup
 --merged, the sweep, gc: before each job's re-check under its run-lock, and after it with the lock held);
-before_group_decide (whoever settles a best-of group, once it saw every member ended).
+before_group_decide (whoever settles a best-of group, once it saw every member ended);
+wait_found_busy (wait, when an ended job it waits on is still held by its worker or a reply).
 """
 
 from __future__ import annotations

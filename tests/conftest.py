@@ -244,9 +244,8 @@ def kill_worker_and_engine(repo: Path, job: str) -> None:
 
 
 def wait_for_run_lock_release(repo: Path, job: str) -> None:
-    """Return once nobody holds the job's run-lock. `wait` returns as soon as the record is
-    terminal, which its worker writes before its wrap-up (note, slot hand-off): a cleanup or gc
-    started at once may find the job busy and, rightly, leave it for a later pass."""
+    """Return once nobody holds the job's run-lock (the kernel drops a killed holder's lock a
+    moment after the kill returns)."""
     from subtask import liveness
     from subtask.gitrepo import open_repo
 

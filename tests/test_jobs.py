@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +47,61 @@ def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli):
     assert time.monotonic() - t0 < 30
     assert "timed out" in proc.stderr
     cli.ok("stop", slow)
+
+
+def test_wait_returns_once_the_worker_has_wrapped_up_so_the_note_and_cleanup_are_there(cli, repo, tmp_path):
+    """The worker writes the terminal record, then the note, the reservation and the slot, and
+    only then lets go of the job: `wait && git log --notes=subtask` or `wait && cleanup` must see
+    all of it, not a job that is still busy."""
+    gate = tmp_path / "gate"
+    job = cli.start("echo x > x.txt", env={"SUBTASK_FAULT_HOLD": f"after_final_record:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        waiter = subprocess.Popen(["git", "subtask", "wait", job], cwd=repo, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            waiter.wait(timeout=1)  # a wait that does not wait for the wrap-up is back by now
+        except subprocess.TimeoutExpired:
+            gate.touch()  # ... and one that does is let go
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0 and f"{job} done" in out, err
+        # What the user does next, with the worker's wrap-up still held if wait did not wait for it:
+        note = git(repo, "log", "-1", "--notes=subtask", "--format=%N", f"subtask/{job}")
+        cleaned = cli("cleanup", job)
+    finally:
+        gate.touch()
+    assert "subtask" in note, "wait returned before the job's note was written"
+    assert cleaned.returncode == 0 and "later pass" not in cleaned.stdout + cleaned.stderr, cleaned
+
+
+def test_wait_on_an_ended_job_a_reply_is_starting_returns_without_waiting_for_the_reply(cli, repo, tmp_path, control_dir):
+    """A reply's starter takes the run-lock before it appends its attempt: a wait that found the
+    ended attempt and that lock held returns once the new attempt is there, not after it."""
+    job = cli.start("true")
+    cli.ok("wait", job)
+    starting, waiting, go = tmp_path / "starting", tmp_path / "waiting", control_dir / "go"
+    replier = subprocess.Popen(["git", "subtask", "reply", job, f"until [ -e {go} ]; do sleep 0.05; done"], cwd=repo,
+                               env=dict(os.environ, SUBTASK_FAULT_HOLD=f"after_admit:{starting}"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiter = None
+    try:
+        assert wait_until(lambda: Path(f"{starting}.reached").exists(), timeout=60), replier.communicate()
+        waiter = subprocess.Popen(["git", "subtask", "wait", job], cwd=repo, text=True,
+                                  env=dict(os.environ, SUBTASK_FAULT_HOLD=f"wait_found_busy:{waiting}"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert wait_until(lambda: Path(f"{waiting}.reached").exists(), timeout=60), waiter.communicate()
+        starting.touch()
+        waiting.touch()
+        out, err = waiter.communicate(timeout=30)  # well inside WRAP_UP_WAIT: the new attempt ended it
+        assert waiter.returncode == 0 and f"{job} done" in out, err
+        assert cli.json("show", job)["state_detail"]["attempts"][-1]["state"] in ("queued", "running")
+    finally:
+        for gate in (starting, waiting, go):
+            gate.touch()
+        for proc in (replier, waiter):
+            if proc is not None:
+                proc.communicate(timeout=60)
+    cli.ok("wait", job)
 
 
 def test_list_show_result_and_json(cli, repo):
