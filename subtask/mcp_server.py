@@ -286,7 +286,7 @@ def serve_sdk(front: Front) -> None:
     from subtask.mcp_tools import serve
 
     preload_zygote()
-    load_pygit2()
+    load_call_modules()
     anyio.run(serve, SdkInput(front), SdkOutput(front))
 
 
@@ -295,7 +295,7 @@ def serve_plain() -> None:
     from subtask.mcp_tools import server
 
     preload_zygote()
-    load_pygit2()
+    load_call_modules()
     server.run("stdio")
 
 
@@ -317,10 +317,13 @@ def preload_zygote() -> None:
         z.preload()
 
 
-def load_pygit2() -> None:
+def load_call_modules() -> None:
     """pygit2 before the first tool call, so that every call reads and writes refs and objects
     in-process (`Repo.objects`): a start through git costs ~10 processes (~20 ms of CPU) for its
-    branch, pins and record. ~60 ms once, while the client is still reading `tools/list`."""
+    branch, pins and record. ~60 ms once, while the client is still reading `tools/list`. And
+    filelock (~30 ms), which every start's first lock would otherwise import."""
+    import filelock  # noqa: F401
+
     try:
         import pygit2  # noqa: F401
     except ImportError:
