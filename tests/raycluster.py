@@ -174,16 +174,19 @@ def _wait_for_dashboard(port: int, timeout: float, nodes: dict[str, subprocess.P
     raise RuntimeError(f"the Ray dashboard did not answer on {port} within {timeout:g}s")
 
 
-def _wait_for_nodes(ray: str, address: str, count: int, timeout: float,
-                    nodes: dict[str, subprocess.Popen]) -> None:
+def _wait_for_nodes(address: str, count: int, timeout: float, nodes: dict[str, subprocess.Popen]) -> None:
+    """Poll the dashboard's state API (what `ray list nodes` asks, without a process importing
+    Ray each time: ~1 s of CPU a poll)."""
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _fail_if_exited(nodes)
-        out = subprocess.run([ray, "list", "nodes", f"--address={address}", "--format=json"],
-                             capture_output=True, text=True, check=False).stdout
         try:
-            alive = [n for n in json.loads(out) if n.get("state") == "ALIVE"]
-        except ValueError:
+            with urllib.request.urlopen(f"{address}/api/v0/nodes?limit=100&timeout=10&detail=false", timeout=15) as resp:
+                listed = json.load(resp)["data"]["result"]["result"]
+            alive = [n for n in listed if n.get("state") == "ALIVE"]
+        except (OSError, ValueError, KeyError, TypeError):
             alive = []
         if len(alive) >= count:
             return
@@ -221,7 +224,7 @@ def keeper(base: Path) -> int:
             f"--address=127.0.0.1:{gcs}",
             *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})])
         _wait_for_dashboard(dashboard, 120, nodes)
-        _wait_for_nodes(ray, f"http://127.0.0.1:{dashboard}", 2, 120, nodes)
+        _wait_for_nodes(f"http://127.0.0.1:{dashboard}", 2, 120, nodes)
         print(json.dumps({"status": READY, "address": f"http://127.0.0.1:{dashboard}",
                           "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
         for line in sys.stdin:
