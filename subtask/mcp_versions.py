@@ -16,11 +16,13 @@ SHAPED_BY = ("mcp", "mcp_types", "pydantic", "pydantic_core")
 def installed_versions() -> dict[str, str] | None:
     """The installed versions of SHAPED_BY, from the dist-info folders beside the `mcp` package.
 
-    No importlib.metadata: it costs ~30 ms, as much as the rest of the front end.
+    No importlib.metadata: it costs ~30 ms, as much as the rest of the front end; nor
+    importlib.util (~2 ms here, a tenth of the front end's time to its first reply): the path
+    finder alone finds a top-level package as `find_spec` does.
     """
-    from importlib.util import find_spec
+    from importlib.machinery import PathFinder
 
-    spec = find_spec("mcp")
+    spec = PathFinder.find_spec("mcp")
     if spec is None or not spec.submodule_search_locations:
         return None
     site = os.path.dirname(next(iter(spec.submodule_search_locations)))
