@@ -56,18 +56,22 @@ def servers() -> list[int]:
     return found
 
 
-def worker_cpu(phases: Path, ids: list[str]) -> tuple[float, float]:
+def worker_cpu(phases: Path, ids: list[str]) -> tuple[float, float, set[str]]:
+    """The workers' own CPU, their children's, and the modules they imported (a fork of the
+    zygote should import none: each one costs every worker its import)."""
     own = children = 0.0
+    imported: set[str] = set()
     for line in phases.read_text().splitlines():
         entry = json.loads(line)
         if entry["job"] in ids and "cpu" in entry:
             own += entry["cpu"][0] + entry["cpu"][1]
             children += entry["cpu"][2] + entry["cpu"][3]
-    return own, children
+            imported.update(entry.get("imported", []))
+    return own, children, imported
 
 
-async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in ("sum", "busy_cpu", "server_cpu", "server_children_cpu",
+async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list]:
+    out: dict[str, list] = {k: [] for k in ("sum", "busy_cpu", "server_cpu", "server_children_cpu",
                                                    "workers_cpu", "workers_children_cpu", "bare_wall", "bare_cpu")}
     async with P.Client(ours.params(), mode="legacy") as client:
         ids = P.ids_in(await P.call(client, "start", ours.start_args("true")))
@@ -83,7 +87,8 @@ async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list[float
             own1 = process_cpu(server)
             out["server_cpu"].append(own1[0] - own0[0])
             out["server_children_cpu"].append(own1[1] - own0[1])
-            workers, children = worker_cpu(ours.phases, ids)
+            workers, children, imported = worker_cpu(ours.phases, ids)
+            out["workers_imported"] = sorted(set(out.get("workers_imported", [])) | imported)
             out["workers_cpu"].append(workers)
             out["workers_children_cpu"].append(children)
             cpu0, t0 = busy_cpu(), time.perf_counter()
@@ -130,14 +135,17 @@ def main() -> None:
     statuses = status_cpu(status_repo, 9)
     ours = P.Ours(make_repo(tmp / "repo", files=args.files), fakebin, P.make_wheel_venv(tmp / "venv"))
     figures = anyio.run(rounds, ours, args.runs, tmp)
+    imported = figures.pop("workers_imported", [])
     medians = {k: median_ms(v) for k, v in figures.items()}
     print(f"\nten jobs (start_many + wait), medians of {args.runs} (ms):")
     for key, value in medians.items():
         print(f"  {key:<22}{value:>8}")
     print(f"main worktree status, CPU per call (ms): --no-optional-locks {statuses['no_optional_locks_ms']}, "
           f"through the private copy {statuses['private_copy_ms']}")
+    print(f"modules the workers imported: {' '.join(imported) or 'none'}")
     print(f"load {load0} -> {loadavg()}; creating a file {create0} -> {create_cost(tmp)} us; kept {tmp}")
     print("saved", save("ten_jobs", {"medians_ms": medians, "raw_s": figures, "main_status_cpu_ms": statuses,
+                                     "workers_imported": imported,
                                      "load_before": load0, "load_after": loadavg()}))
 
 
