@@ -107,6 +107,18 @@ def create_cost(under: Path, dirs: int = 40, per_dir: int = 50) -> float:
     return round((time.perf_counter() - started) * 1e6 / (dirs * per_dir), 1)
 
 
+def cpu_loop_s(count: int = 10_000_000) -> float:
+    """Seconds for a pure-Python loop of `count` additions: the CPU's speed at the time. This
+    machine's varied ~1.7x within an hour (2026-12-03, docs/benchmarks.md), and every figure
+    with it, while the peer's fixed one-second polls did not: a ratio read with no such figure
+    beside it cannot tell a slower CPU from slower code."""
+    started = time.perf_counter()
+    total = 0
+    for n in range(count):
+        total += n
+    return round(time.perf_counter() - started, 2)
+
+
 def file_system(path: Path) -> str:
     """`path`'s file system type, and for ext4 whether it has a journal (see `create_cost`)."""
     best = ("", "", "")

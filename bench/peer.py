@@ -62,7 +62,16 @@ import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 sys.path.append(str(BENCH))
-from common import create_cost, file_system, loadavg, make_repo, make_wheel_venv, median_ms, save  # noqa: E402
+from common import (  # noqa: E402
+    cpu_loop_s,
+    create_cost,
+    file_system,
+    loadavg,
+    make_repo,
+    make_wheel_venv,
+    median_ms,
+    save,
+)
 from records_scale import fill_history  # noqa: E402
 
 PEER_VERSION = "0.5.0"
@@ -442,7 +451,9 @@ def main() -> None:
     # Checkout-bound figures follow the cost of creating a file, which a recent large delete on
     # this file system can multiply (bench/common.create_cost): read it before and after.
     create_us = {"before": create_cost(tmp)}
-    print(f"file system {file_system(tmp)}; creating a file {create_us['before']} us", flush=True)
+    cpu_loop = {"before": cpu_loop_s()}
+    print(f"file system {file_system(tmp)}; creating a file {create_us['before']} us; "
+          f"a loop of 10^7 additions {cpu_loop['before']} s", flush=True)
     if args.settle:
         os.sync()
         time.sleep(args.settle)
@@ -511,6 +522,7 @@ def main() -> None:
         fill_peer = time.perf_counter() - t0
         samples["cli_start_history"] = cli_start(tools, args.runs)
         create_us["after"] = create_cost(tmp)
+        cpu_loop["after"] = cpu_loop_s()
     finally:
         if args.keep:
             print("kept", tmp)
@@ -533,6 +545,7 @@ def main() -> None:
         "peer_install_s": round(install_s, 1),
         "load_before": load_before, "load_after": loadavg(),
         "file_system": file_system(Path(tempfile.gettempdir())), "create_file_us": create_us,
+        "cpu_loop_s": cpu_loop,
     }
     print(f"\n{'figure':<20}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}  target")
     for key, row in rows.items():

@@ -29,7 +29,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.append(str(BENCH))
 import peer as P  # noqa: E402  (the tools, the fake engine and the MCP client)
-from common import create_cost, file_system, loadavg, make_repo, median_ms, save  # noqa: E402
+from common import cpu_loop_s, create_cost, file_system, loadavg, make_repo, median_ms, save  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -125,7 +125,8 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="subtask-ten-jobs-"))
     load0, create0 = loadavg(), create_cost(tmp)
-    print(f"file system {file_system(tmp)}; creating a file {create0} us; load {load0}", flush=True)
+    print(f"file system {file_system(tmp)}; creating a file {create0} us; load {load0}; "
+          f"a loop of 10^7 additions {cpu_loop_s()} s", flush=True)
     fakebin = tmp / "bin"
     fakebin.mkdir()
     (fakebin / "kimi").write_text(P.FAKE_KIMI)
