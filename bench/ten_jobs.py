@@ -70,8 +70,10 @@ def worker_cpu(phases: Path, ids: list[str]) -> tuple[float, float, set[str]]:
     return own, children, imported
 
 
-async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list]:
-    out: dict[str, list] = {k: [] for k in ("sum", "busy_cpu", "server_cpu", "server_children_cpu",
+async def rounds(ours: P.Ours, runs: int, scratch: Path) -> tuple[dict[str, list[float]], set[str]]:
+    """The figures of each round, and the modules any of the rounds' workers imported."""
+    imported: set[str] = set()
+    out: dict[str, list[float]] = {k: [] for k in ("sum", "busy_cpu", "server_cpu", "server_children_cpu",
                                                    "workers_cpu", "workers_children_cpu", "bare_wall", "bare_cpu")}
     async with P.Client(ours.params(), mode="legacy") as client:
         ids = P.ids_in(await P.call(client, "start", ours.start_args("true")))
@@ -87,8 +89,8 @@ async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list]:
             own1 = process_cpu(server)
             out["server_cpu"].append(own1[0] - own0[0])
             out["server_children_cpu"].append(own1[1] - own0[1])
-            workers, children, imported = worker_cpu(ours.phases, ids)
-            out["workers_imported"] = sorted(set(out.get("workers_imported", [])) | imported)
+            workers, children, round_imported = worker_cpu(ours.phases, ids)
+            imported |= round_imported
             out["workers_cpu"].append(workers)
             out["workers_children_cpu"].append(children)
             cpu0, t0 = busy_cpu(), time.perf_counter()
@@ -96,7 +98,7 @@ async def rounds(ours: P.Ours, runs: int, scratch: Path) -> dict[str, list]:
                            shell=True, cwd=ours.repo, check=True)
             out["bare_wall"].append(time.perf_counter() - t0)
             out["bare_cpu"].append(busy_cpu() - cpu0)
-    return out
+    return out, imported
 
 
 def status_cpu(repo: Path, runs: int) -> dict[str, float]:
@@ -135,8 +137,8 @@ def main() -> None:
     time.sleep(1.1)  # as a user starts jobs after a commit: a refresh made in that same second is racy itself
     statuses = status_cpu(status_repo, 9)
     ours = P.Ours(make_repo(tmp / "repo", files=args.files), fakebin, P.make_wheel_venv(tmp / "venv"))
-    figures = anyio.run(rounds, ours, args.runs, tmp)
-    imported = figures.pop("workers_imported", [])
+    figures, imported = anyio.run(rounds, ours, args.runs, tmp)
+    imported = sorted(imported)
     medians = {k: median_ms(v) for k, v in figures.items()}
     print(f"\nten jobs (start_many + wait), medians of {args.runs} (ms):")
     for key, value in medians.items():
