@@ -36,6 +36,8 @@ SETTINGS: dict[str, Setting] = {
     "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
     "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
     "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
+    "packLooseObjects": Setting("1024", "int", 0, "loose objects added since the last pack that make a "
+                                "worker pack them before its checkout (0: never)"),
 }
 DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
