@@ -46,7 +46,7 @@ from subtask import faults, liveness, notes, records, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git, is_dirty
 from subtask.records import Job
-from subtask.statefiles import file_lock, write_json
+from subtask.statefiles import LockTimeout, file_lock, write_json
 
 if TYPE_CHECKING:
     import pygit2
@@ -638,13 +638,11 @@ def index_lock(repo: Repo, workdir: Path) -> Iterator[None]:
     state dir. git's `index.lock` alone does not serialize a merge: `merge --squash` then
     `commit` are two git runs, and another merge between them commits or resets the wrong index.
     """
-    import filelock
-
     key = hashlib.sha1(str(Path(repo.git.path).resolve()).encode()).hexdigest()[:16]
     lock = file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT)
     try:
         lock.acquire()
-    except filelock.Timeout:
+    except LockTimeout:
         raise SubtaskError("negative", f"another git-subtask merge into {workdir} has not finished after "
                            f"{INDEX_LOCK_WAIT:.0f} s: not merging now", hint="try again once it is done") from None
     try:

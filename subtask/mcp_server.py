@@ -321,7 +321,7 @@ def load_call_modules() -> None:
     """pygit2 before the first tool call, so that every call reads and writes refs and objects
     in-process (`Repo.objects`): a start through git costs ~10 processes (~20 ms of CPU) for its
     branch, pins and record. ~60 ms once, while the client is still reading `tools/list`. And
-    filelock (~30 ms), which every start's first lock would otherwise import."""
+    filelock (~30 ms), which a paid start's reservation (the ledger's lock) would otherwise import."""
     import filelock  # noqa: F401
 
     try:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from subtask.errors import fatal
+from subtask.statefiles import file_lock
 
 if TYPE_CHECKING:
     import pygit2
@@ -249,10 +250,7 @@ def _update(
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
     import pygit2
 
-    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    import filelock  # here, not at the top: ~20 ms, and most commands never write a note
-
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
+    with file_lock(Path(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
             tip = _tip(repo)
             tree = repo[tip].tree if tip is not None else None
@@ -440,10 +438,7 @@ def merge_ref(
     import pygit2
 
     other_oid = pygit2.Oid(hex=str(other))
-    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    import filelock
-
-    with filelock.FileLock(os.fspath(lock_path), timeout=_FILE_LOCK_TIMEOUT_S, mode=0o600):
+    with file_lock(Path(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
             tip = _tip(repo)
             if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):

@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from subtask.statefiles import file_lock, write_json
+from subtask.statefiles import LockTimeout, file_lock, write_json
 
 SAMPLE_FOLDERS = 16  # of git's 256 fan-out folders (`git gc --auto` samples one)
 MAX_LOOSE = 100_000  # beyond this, packing is `git gc`'s job: it could take minutes
@@ -65,11 +65,9 @@ def _grown(state_dir: Path, loose: int) -> int:
 def pack_loose_objects(repo) -> bool:
     """Pack the repository's loose objects into one new pack when enough were added since the
     last pack (module docstring); True if a pack was written."""
-    from filelock import Timeout
-
     try:
         return _pack_when_grown(repo)
-    except Timeout:
+    except LockTimeout:
         return False
     except Exception as exc:  # the checkout reads the loose objects instead: never a failed job
         print(f"git-subtask: not packing the loose objects: {exc}", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 Every file is written to a temp file in the same folder, fsynced (but caches and pid files),
 then `os.replace`d, so a reader sees the old file or the new one, never half of one. Files are
-0600, folders 0700.
+0600, folders 0700. The locks that guard them (`file_lock`) are flocks on private lock files.
 """
 
 from __future__ import annotations
@@ -58,11 +58,105 @@ def write_json(path: Path, obj, *, durable: bool = True) -> None:
 LOCK_POLL_SECONDS = 0.002
 
 
-def file_lock(path: Path, timeout: float = 60.0):
-    """A FileLock whose lock file is private. A waiter retries every 2 ms, not filelock's 50:
-    every lock here is held for milliseconds (nothing slow runs under one), and ten jobs that
-    start together queue on the slots and worktree locks, each waking up to 50 ms late."""
-    from filelock import FileLock
+class LockTimeout(TimeoutError):
+    """A state lock was not free within its timeout."""
 
-    ensure_dir(path.parent)
-    return FileLock(str(path), timeout=timeout, mode=0o600, poll_interval=LOCK_POLL_SECONDS)
+
+class StateLock:
+    """An exclusive flock on a private lock file (`file_lock`); the file stays, so every waiter
+    locks the same inode. A waiter in the main thread sleeps in the kernel (`flock` without
+    LOCK_NB) until the holder lets go, its timeout an interval timer: polling costs CPU that the
+    holder needs, ~10 % of a core per waiter through filelock's every-2-ms retry, and ten jobs
+    that start together on two cores queue on the worktree and slots locks. Elsewhere (another
+    thread, a SIGALRM handler or timer already in use) it retries every 2 ms. Not reentrant:
+    one instance, one holder."""
+
+    def __init__(self, path: Path, timeout: float):
+        self.path, self.timeout = path, timeout
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            if not _try_flock(fd):
+                _wait_in_kernel(fd, self.timeout) if _may_block() else _poll(fd, self.timeout)
+        except BaseException as exc:
+            os.close(fd)  # whether or not an alarm came after the lock was won: closing drops it
+            if isinstance(exc, _Expired):
+                raise LockTimeout(f"{self.path} still held after {self.timeout:g} s") from None
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_UN)  # a forked child may share the fd: unlock for it too
+            os.close(fd)
+
+    def __enter__(self) -> StateLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class _Expired(Exception):
+    pass
+
+
+def _try_flock(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _may_block() -> bool:
+    import signal
+    import threading
+
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+
+
+def _wait_in_kernel(fd: int, timeout: float) -> None:
+    import fcntl
+    import signal
+
+    if timeout <= 0:
+        raise _Expired()
+
+    def expire(signum, frame):
+        raise _Expired()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _poll(fd: int, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not _try_flock(fd):
+        if time.monotonic() >= deadline:
+            raise _Expired()
+        time.sleep(LOCK_POLL_SECONDS)
+
+
+def file_lock(path: Path, timeout: float = 60.0) -> StateLock:
+    """The state lock at `path` (a private file, created when missing): `with file_lock(p):`, or
+    `acquire()` / `release()`; raises LockTimeout after `timeout` seconds. Every lock here is
+    held for milliseconds: nothing slow runs under one."""
+    return StateLock(path, timeout)

@@ -267,7 +267,7 @@ def _preload() -> None:
     """What a worker imports, so that its fork has nothing left to load."""
     import subprocess  # noqa: F401
 
-    import filelock  # noqa: F401  (statefiles imports it at a worker's first lock: ~30 ms each)
+    import filelock  # noqa: F401  (the ledger's lock: a paid job's worker closes its reservation, ~30 ms each)
     import pygit2  # noqa: F401
 
     from subtask import procs, worker  # noqa: F401
