@@ -19,8 +19,9 @@ def sh(*args: str, cwd=None, env=None, check=True) -> subprocess.CompletedProces
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=check)
 
 
-def make_repo(path: Path, files: int = 2000, folders: int = 50) -> Path:
-    """A repository of `files` small files spread over `folders` folders, one commit."""
+def make_repo(path: Path, files: int = 2000, folders: int = 50, packed: bool = False) -> Path:
+    """A repository of `files` small files spread over `folders` folders, one commit; its objects
+    loose, as a commit made here leaves them, or with `packed` in one pack, as a clone has them."""
     path.mkdir(parents=True)
     sh("git", "init", "-q", "-b", "main", str(path))
     for n in range(files):
@@ -29,6 +30,8 @@ def make_repo(path: Path, files: int = 2000, folders: int = 50) -> Path:
         (folder / f"mod{n:04d}.py").write_text(f"def f{n}():\n    return {n}\n")
     sh("git", "add", "-A", cwd=path)
     sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "generated", cwd=path)
+    if packed:
+        sh("git", "gc", "-q", cwd=path)
     sh("git", "config", "subtask.engine", "shell", cwd=path)
     sh("git", "config", "user.name", "bench", cwd=path)
     sh("git", "config", "user.email", "bench@example.com", cwd=path)

@@ -438,6 +438,9 @@ def main() -> None:
     parser.add_argument("--wheel", action="store_true",
                         help="run ours from a wheel of this checkout in a temp venv (as users install it)")
     parser.add_argument("--files", type=int, default=2000, help="files in the generated repository")
+    parser.add_argument("--packed", action="store_true",
+                        help="pack the generated repository's objects first (`git gc`), as a clone has them; "
+                             "by default they are loose, as a commit made here leaves them")
     parser.add_argument("--before", type=Path, help="with --e2e-only: another tree of git-subtask (e.g. `git archive`"
                                                     " of main) run as a fourth tool, `before`, in the same rounds")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
@@ -476,7 +479,7 @@ def main() -> None:
         (fakebin / "kimi").write_text(FAKE_KIMI)
         (fakebin / "kimi").chmod(0o755)
         (tmp / "peer-home").mkdir()
-        repo_ours = make_repo(tmp / "repo-ours", files=50 if args.initialize_only else args.files)
+        repo_ours = make_repo(tmp / "repo-ours", files=50 if args.initialize_only else args.files, packed=args.packed)
         subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-peer")], check=True)
         subprocess.run(["cp", "-a", str(repo_ours), str(tmp / "repo-limit")], check=True)
         ours = Ours(repo_ours, fakebin, make_wheel_venv(tmp / "ours-venv") if args.wheel else None)
@@ -545,7 +548,7 @@ def main() -> None:
         "peer_install_s": round(install_s, 1),
         "load_before": load_before, "load_after": loadavg(),
         "file_system": file_system(Path(tempfile.gettempdir())), "create_file_us": create_us,
-        "cpu_loop_s": cpu_loop,
+        "cpu_loop_s": cpu_loop, "objects": "packed" if args.packed else "loose",
     }
     print(f"\n{'figure':<20}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}  target")
     for key, row in rows.items():
@@ -555,7 +558,7 @@ def main() -> None:
     print_phases(breakdown)
     for key, value in info.items():
         print(f"{key}: {value}")
-    path = save("peer", {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
+    path = save("peer_packed" if args.packed else "peer", {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
                          "figures": rows, "info": info, "phases_ms": breakdown,
                          "raw_ms": {k: {t: [round(s * 1000, 1) for s in v] for t, v in d.items()}
                                     for k, d in samples.items()}})

@@ -35,6 +35,7 @@ SETTINGS = [("subtask.engine", "default engine"), ("subtask.maxRunning", "worker
             ("subtask.verifyTimeout", "seconds verify may run (600)"), ("subtask.setup", "command run in a new worktree"),
             ("subtask.landTarget", "branch whose history counts as landed"),
             ("subtask.deleteLandedBranches", "delete branches of landed jobs (true)"),
+            ("subtask.packLooseObjects", "loose objects added that make a worker pack them first (1024; 0 never)"),
             ("subtask.engine.<name>.command", "argv template (JSON list) of a command engine")]
 
 
