@@ -16,12 +16,15 @@ from conftest import Cli, git, make_repo
 from subtask import packing
 from subtask.gitrepo import open_repo
 
-MANY = 300  # loose blobs, beside the threshold the tests set (64)
+MANY = 300  # loose blobs: 15 of them in the 16 fan-out folders sampled, an estimate of 240
+# The threshold the tests set: 8 sampled objects. A job adds ~15 objects (record, note), about
+# one of them sampled, so a second pack would take 8 of those 15 in the sample (~1e-6).
+THRESHOLD = "128"
 
 
 def many_files_repo(path: Path, count: int = MANY) -> Path:
     repo = make_repo(path, {f"pkg{n % 10}/mod{n:04d}.py": f"value = {n}\n" for n in range(count)})
-    git(repo, "config", "subtask.packLooseObjects", "64")
+    git(repo, "config", "subtask.packLooseObjects", THRESHOLD)
     return repo
 
 
@@ -78,7 +81,7 @@ def test_the_next_job_on_the_same_base_makes_no_second_pack(big):
 
 
 def test_a_repository_with_few_loose_objects_is_left_as_it_is(repo, cli):
-    git(repo, "config", "subtask.packLooseObjects", "64")
+    git(repo, "config", "subtask.packLooseObjects", THRESHOLD)
     run_job(cli)
     assert packs(repo) == []
 
