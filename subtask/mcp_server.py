@@ -9,7 +9,10 @@ the same process. The server is still `subtask.mcp_tools.server` (MCPServer): ev
 progress notification and error comes from the SDK.
 
 Invariants:
-- Standard library only until the first `initialize` is answered (or found unanswerable).
+- Standard library only until the first `initialize` is answered (or found unanswerable), and not
+  all of it: JSON goes through CPython's C codec (`loads`, `dumps`: the scanner and encoder
+  `json` drives, the same values and bytes, `json` itself for anything else), and `threading`
+  and `queue` come after the reply: ~20 of the ~35 ms before it (tests/test_mcp.py).
 - The front end answers at most: the first line, when it is a plain `initialize` and the cache
   was made with the installed SDK; and, until the SDK reads its first line, list requests
   without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
@@ -37,11 +40,10 @@ Invariants:
 
 from __future__ import annotations
 
-import json
+# Neither `typing` (2-3 ms: annotations stay strings, and `object` serves for Any) nor, before the
+# first reply, `json` (~15 ms: see `loads`), `threading` and `queue` (~5 ms).
 import os
-import queue
 import sys
-import threading  # no `typing` (2-3 ms): annotations stay strings, and `object` serves for Any
 
 from subtask.mcp_versions import installed_versions
 
@@ -60,13 +62,68 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# ---------------------------------------------------------------- JSON before the SDK
+
+class _Decoding:
+    """What `json.JSONDecoder()` hands CPython's C scanner: its defaults."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int, parse_constant = float, int, float  # float("NaN"), float("-Infinity"), ...
+
+
+def _no_default(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+try:  # CPython's C codec, as `json` drives it, without `json`'s own import: see `loads`
+    import _json
+
+    _scan = _json.make_scanner(_Decoding())
+except (ImportError, AttributeError, TypeError):
+    _json = _scan = None
+
+_WHITESPACE = " \t\n\r"
+
+
+def loads(data: bytes | str) -> object:
+    """`json.loads`, without importing the `json` package until a line is not plain UTF-8 JSON:
+    its decoder compiles regular expressions at import (`re`, `enum`: ~15 ms here, as much as the
+    rest of the front end before its first reply). The C scanner is the one `json` uses, so the
+    value is the same; anything it does not take goes to `json` itself, for its exact error."""
+    if _scan is not None:
+        try:
+            text = data.decode("utf-8") if isinstance(data, bytes) else data
+            start = len(text) - len(text.lstrip(_WHITESPACE))
+            if not text.startswith("\ufeff"):
+                value, end = _scan(text, start)
+                if not text[end:].strip(_WHITESPACE):
+                    return value
+        except (ValueError, StopIteration, RecursionError):
+            pass
+    import json
+
+    return json.loads(data)
+
+
+def dumps(value: object, ensure_ascii: bool = True) -> str:
+    """`json.dumps(value, separators=(",", ":"), ensure_ascii=...)`, through the same C encoder
+    (a new one per call, as `json` makes, with its own circular-reference markers)."""
+    if _json is not None and not isinstance(value, str):
+        quote = _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring
+        return "".join(_json.make_encoder({}, _no_default, quote, None, ":", ",", False, False, True)(value, 0))
+    import json
+
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii)
+
+
 # ---------------------------------------------------------------- the cache
 
 def load_cache() -> dict | None:
     """The cached replies, or None when they may not be what the installed SDK would say."""
     try:
         with open(CACHE, "rb") as f:
-            cache = json.load(f)
+            cache = loads(f.read())
         if cache["sdk"] != installed_versions():
             return None
         return cache
@@ -78,7 +135,7 @@ def load_cache() -> dict | None:
 
 def parse(line: bytes) -> object:
     try:
-        return json.loads(line)
+        return loads(line)
     except ValueError:  # UnicodeDecodeError included
         return None
 
@@ -91,12 +148,12 @@ def parse_error_line(line: bytes) -> bytes | None:
     if not line.strip():
         return None
     try:
-        json.loads(line)
+        loads(line)
         return None
     except ValueError as exc:  # UnicodeDecodeError included
         body = {"jsonrpc": "2.0", "id": None,
                 "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"[:200]}}
-        return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+        return (dumps(body) + "\n").encode()
 
 
 def is_plain_initialize(message: object) -> bool:
@@ -122,7 +179,7 @@ def is_notification(message: object) -> bool:
 def reply_line(ident: int | str, result: dict) -> bytes:
     """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8)."""
     body = {"jsonrpc": "2.0", "id": ident, "result": result}
-    return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    return (dumps(body, ensure_ascii=False) + "\n").encode()
 
 
 # ---------------------------------------------------------------- the pipes
@@ -139,7 +196,9 @@ class Wire:
     def __init__(self) -> None:
         self.reader = os.fdopen(_private_dup(0), "rb")
         self.out = _private_dup(1)
-        self.lock = threading.Lock()  # the front end and the SDK's writer share the pipe
+        import _thread
+
+        self.lock = _thread.allocate_lock()  # the front end and the SDK's writer share the pipe
         # Divert the standard descriptors as the SDK's stdio transport does: children read EOF,
         # and a stray print lands on stderr, not in the middle of a JSON-RPC frame.
         null = os.open(os.devnull, os.O_RDONLY)
@@ -166,16 +225,25 @@ class Front:
     def __init__(self, wire: Wire, cache: dict | None) -> None:
         self.wire = wire
         self.cache = cache
-        self.lines: queue.Queue[bytes | None] = queue.Queue()  # None: end of input
+        self.lines = None  # a queue.Queue of the lines for the SDK (None: end of input), made by `open`
         self.replies: dict[str, dict] | None = None  # cached results for the session's version
         self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
 
     def open(self, first: bytes) -> None:
-        """Handle the first line: answer it if it is a plain initialize, and queue it for the SDK."""
+        """Handle the first line: answer it if it is a plain initialize, and queue it for the SDK
+        (a line that is not JSON gets its parse error instead). The queue comes after the reply."""
+        forward = self._answer_first(first)
+        import queue
+
+        self.lines = queue.Queue()
+        if forward:
+            self.lines.put(first or None)
+
+    def _answer_first(self, first: bytes) -> bool:
         if self._malformed(first):
-            return
+            return False
         message = parse(first) if self.cache else None
         if first and is_plain_initialize(message):
             version = message["params"]["protocolVersion"]
@@ -185,7 +253,7 @@ class Front:
             self.drop = (message["id"], answer)
             self.owed = False
             self.wire.write(answer)
-        self.lines.put(first or None)
+        return True
 
     def read_rest(self) -> None:
         """The reader thread: every further line, until end of input."""
@@ -227,13 +295,13 @@ class Front:
         if self.drop is not None:
             message = parse(text.encode())
             if isinstance(message, dict) and "method" not in message and message.get("id") == self.drop[0]:
-                ours = json.loads(self.drop[1])
+                ours = loads(self.drop[1])
                 self.drop = None
                 if message != ours:
                     # stderr only: stdout is the protocol channel
                     sys.stderr.write("subtask-mcp: the SDK's initialize reply differs from the one sent from "
                                      "subtask/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
-                                     f"  sent: {json.dumps(ours)}\n  sdk:  {text.strip()}\n")
+                                     f"  sent: {dumps(ours)}\n  sdk:  {text.strip()}\n")
                 return
         self.wire.write(text.encode())
 
@@ -248,6 +316,8 @@ class SdkInput:
         return self
 
     async def __anext__(self) -> str:
+        import queue
+
         import anyio.to_thread
 
         self.front.sdk_reading = True  # from here on the SDK answers everything
@@ -350,6 +420,8 @@ def main() -> None:
         front = Front(wire, load_cache())
         front.open(wire.read_line())
         start_zygote()  # after the first reply, before the reader thread: still single-threaded
+        import threading
+
         threading.Thread(target=front.read_rest, name="subtask-mcp-reader", daemon=True).start()
         try:
             serve_sdk(front)
