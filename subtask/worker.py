@@ -821,10 +821,10 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         liveness.adopt(job_id, lock_fd)
         lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
-        attempt_n = _run_current(repo, job_id)
+        attempt_n, ended = _run_current(repo, job_id)
         jobenv.drop(repo.state_dir, job_id)  # the attempt ended; a reply keeps its own
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        member = _group_member(repo, job_id)
+        member = ended if ended is not None and ended.spec.group else None
         if member is not None:  # first pass: the rest stop before our slot is handed to one of them
             groups.after_member_ended(repo, member, first_pass_only=True)
         phases.mark("wrap_up")
@@ -843,24 +843,16 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
 
 
-def _group_member(repo: Repo, job_id: str) -> Job | None:
-    """The job if it is a member of a best-of-N group (its record says so)."""
-    try:
-        job = records.read(repo, job_id)
-    except SubtaskError:
-        return None
-    return job if job.spec.group else None
-
-
-def _run_current(repo: Repo, job_id: str) -> int:
-    """Run the job's current attempt, ending it whatever happens; returns the attempt number."""
+def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
+    """Run the job's current attempt, ending it whatever happens; the attempt number, and the
+    job as its record then says (None when it cannot be read)."""
     try:
         job = records.read(repo, job_id)
     except SubtaskError:
         # Its `start` crashed after queueing it, before writing its record: nothing of it ran.
         # Release its reservation and drop its branch; the caller frees the slot.
         lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
-        return 1
+        return 1, None
     attempt_n = job.state.current.n
     try:
         run_attempt(repo, job)
@@ -875,21 +867,21 @@ def _run_current(repo: Repo, job_id: str) -> int:
         else:
             lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}",
                                   error_kind="engine", hint=ERROR_HINTS["engine"])
-    log_end(repo, job_id, attempt_n)
-    return attempt_n
+    try:  # read once for the log and for the caller (a group member's settling)
+        ended = records.read(repo, job_id)
+    except SubtaskError:
+        return attempt_n, None
+    log_end(ended, attempt_n)
+    return attempt_n, ended
 
 
 LOG_TAIL_LINES = 10
 
 
-def log_end(repo: Repo, job_id: str, attempt_n: int) -> None:
+def log_end(job: Job, attempt_n: int) -> None:
     """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
     the hints send people to that log. Only recorded (redacted) text is written."""
-    try:
-        job = records.read(repo, job_id)
-    except SubtaskError:
-        return
-    attempt = job.state.current
+    job_id, attempt = job.id, job.state.current
     if attempt.n != attempt_n:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
