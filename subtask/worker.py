@@ -138,6 +138,7 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         with file_lock(repo.state_dir / "worktree.lock"):
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
         worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+        phases.mark("register")
         packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
         phases.mark("pack")
     faults.point("before_files_checkout")
