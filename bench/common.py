@@ -21,17 +21,20 @@ def sh(*args: str, cwd=None, env=None, check=True) -> subprocess.CompletedProces
 
 def make_repo(path: Path, files: int = 2000, folders: int = 50, packed: bool = False) -> Path:
     """A repository of `files` small files spread over `folders` folders, one commit; its objects
-    loose, as a commit made here leaves them, or with `packed` in one pack, as a clone has them."""
-    path.mkdir(parents=True)
-    sh("git", "init", "-q", "-b", "main", str(path))
+    loose, as a commit made here leaves them, or with `packed` a clone of that (`--no-local`: one
+    pack), as a clone has them. Not `git gc`: it deletes the loose objects, and on ext4 without a
+    journal every file created in the next minutes pays for each inode freed (see `create_cost`)."""
+    made = path.with_name(path.name + "-loose") if packed else path
+    made.mkdir(parents=True)
+    sh("git", "init", "-q", "-b", "main", str(made))
     for n in range(files):
-        folder = path / f"pkg{n % folders:02d}"
+        folder = made / f"pkg{n % folders:02d}"
         folder.mkdir(exist_ok=True)
         (folder / f"mod{n:04d}.py").write_text(f"def f{n}():\n    return {n}\n")
-    sh("git", "add", "-A", cwd=path)
-    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "generated", cwd=path)
+    sh("git", "add", "-A", cwd=made)
+    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "generated", cwd=made)
     if packed:
-        sh("git", "gc", "-q", cwd=path)
+        sh("git", "clone", "-q", "--no-local", str(made), str(path))
     sh("git", "config", "subtask.engine", "shell", cwd=path)
     sh("git", "config", "user.name", "bench", cwd=path)
     sh("git", "config", "user.email", "bench@example.com", cwd=path)
