@@ -79,7 +79,7 @@ class StateLock:
         fd = open_private(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         try:
             if not _try_flock(fd):
-                _wait_in_kernel(fd, self.timeout) if _may_block() else _poll(fd, self.timeout)
+                _wait(fd, self.timeout)
         except BaseException as exc:
             os.close(fd)  # whether or not an alarm came after the lock was won: closing drops it
             if isinstance(exc, _Expired):
@@ -117,26 +117,25 @@ def _try_flock(fd: int) -> bool:
     return True
 
 
-def _may_block() -> bool:
-    import signal
-    import threading
-
-    return (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
-            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
-
-
-def _wait_in_kernel(fd: int, timeout: float) -> None:
+def _wait(fd: int, timeout: float) -> None:
+    """Wait for the flock on `fd`: in the kernel where this thread may own SIGALRM (the main
+    thread, with no handler or timer of anyone else's), else by retrying."""
     import fcntl
     import signal
 
     if timeout <= 0:
         raise _Expired()
+    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) \
+            or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
+        return _poll(fd, timeout)
 
     def expire(signum, frame):
         raise _Expired()
 
-    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread
+        return _poll(fd, timeout)
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout)
         fcntl.flock(fd, fcntl.LOCK_EX)
