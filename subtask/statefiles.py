@@ -67,8 +67,8 @@ class StateLock:
     locks the same inode. A waiter in the main thread sleeps in the kernel (`flock` without
     LOCK_NB) until the holder lets go, its timeout an interval timer: polling costs CPU that the
     holder needs, ~10 % of a core per waiter through filelock's every-2-ms retry, and ten jobs
-    that start together on two cores queue on the worktree and slots locks. Elsewhere (another
-    thread, a SIGALRM handler or timer already in use) it retries every 2 ms. Not reentrant:
+    that start together on two cores queue on the worktree and slots locks. Elsewhere (a process
+    with other threads, a SIGALRM handler or timer already in use) it retries every 2 ms. Not reentrant:
     one instance, one holder."""
 
     def __init__(self, path: Path, timeout: float):
@@ -118,30 +118,35 @@ def _try_flock(fd: int) -> bool:
 
 
 def _wait(fd: int, timeout: float) -> None:
-    """Wait for the flock on `fd`: in the kernel where this thread may own SIGALRM (the main
-    thread, with no handler or timer of anyone else's), else by retrying."""
+    """Wait for the flock on `fd`: in the kernel where this thread may own SIGALRM (the only
+    thread of the process, so the alarm interrupts this very `flock`; no handler or timer of
+    anyone else's), else by retrying."""
     import fcntl
     import signal
 
     if timeout <= 0:
         raise _Expired()
-    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) \
+    if not _single_threaded() or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) \
             or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
         return _poll(fd, timeout)
 
     def expire(signum, frame):
         raise _Expired()
 
-    try:
-        previous = signal.signal(signal.SIGALRM, expire)
-    except ValueError:  # not the main thread
-        return _poll(fd, timeout)
+    previous = signal.signal(signal.SIGALRM, expire)
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout)
         fcntl.flock(fd, fcntl.LOCK_EX)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no /proc: take the safe way
+        return False
 
 
 def _poll(fd: int, timeout: float) -> None:
