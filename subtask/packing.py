@@ -15,7 +15,7 @@ Invariants:
   as it was (libgit2 writes the pack under a temporary name and renames it whole).
 - Never fail a job: any error skips the pack, with a line in the worker log, and the checkout
   reads the loose objects as before.
-- One packer at a time (`pack.lock`). A worker that finds the lock held waits for it, because the
+- One packer at a time per repository (`packed-<repo>.lock`). A worker that finds the lock held waits for it, because the
   pack is what its own checkout wants, but at most PACK_WAIT; the lock guards nothing else.
 - Whether to pack is decided from a sample of git's fan-out folders (as `git gc --auto` decides),
   without loading pygit2: the common case, nothing to pack, costs a few directory reads.
@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -33,7 +34,6 @@ from subtask.statefiles import LockTimeout, file_lock, write_json
 SAMPLE_FOLDERS = 16  # of git's 256 fan-out folders (`git gc --auto` samples one)
 MAX_LOOSE = 100_000  # beyond this, packing is `git gc`'s job: it could take minutes
 PACK_WAIT = 10.0  # seconds a worker waits for another's pack before checking out without it
-STATE_FILE = "packed.json"  # {"v": 1, "loose": the estimate when this repository was last packed}
 
 
 def estimate_loose(objects: Path) -> int:
@@ -48,17 +48,23 @@ def estimate_loose(objects: Path) -> int:
     return found * 256 // SAMPLE_FOLDERS
 
 
-def _last_packed(state_dir: Path) -> int:
+def state_file(repo) -> Path:
+    """`packed-<repo>.json`: {"v": 1, "loose": the estimate when this repository was last packed};
+    one per repository, as several may share a state folder (`subtask.stateDir`), and so the lock."""
+    return repo.state_dir / f"packed-{hashlib.sha1(str(repo.common_dir).encode()).hexdigest()[:8]}.json"
+
+
+def _last_packed(repo) -> int:
     try:
-        value = json.loads((state_dir / STATE_FILE).read_text()).get("loose", 0)
+        value = json.loads(state_file(repo).read_text()).get("loose", 0)
     except (OSError, ValueError, AttributeError):
         return 0  # never packed here, or a damaged file: estimate from nothing
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def _grown(state_dir: Path, loose: int) -> int:
+def _grown(repo, loose: int) -> int:
     """Loose objects beyond those already packed here (all of them after a `git gc` pruned some)."""
-    last = _last_packed(state_dir)
+    last = _last_packed(repo)
     return loose - last if loose >= last else loose
 
 
@@ -80,14 +86,14 @@ def _pack_when_grown(repo) -> bool:
         return False
     objects = repo.common_dir / "objects"
     loose = estimate_loose(objects)
-    if loose > MAX_LOOSE or _grown(repo.state_dir, loose) < threshold:
+    if loose > MAX_LOOSE or _grown(repo, loose) < threshold:
         return False
-    with file_lock(repo.state_dir / "pack.lock", timeout=PACK_WAIT):
+    with file_lock(state_file(repo).with_suffix(".lock"), timeout=PACK_WAIT):
         loose = estimate_loose(objects)  # afresh: another worker may have packed them while we waited
-        if _grown(repo.state_dir, loose) < threshold:
+        if _grown(repo, loose) < threshold:
             return False
         written = _write_pack(repo, objects)
-        write_json(repo.state_dir / STATE_FILE, {"v": 1, "loose": loose}, durable=False)
+        write_json(state_file(repo), {"v": 1, "loose": loose}, durable=False)
         return written
 
 

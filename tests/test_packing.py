@@ -111,12 +111,23 @@ def test_a_worker_that_waited_for_anothers_pack_makes_no_second_one(big):
 
     repo = open_repo(big)
     answers = []
-    with file_lock(repo.state_dir / "pack.lock"):
+    with file_lock(packing.state_file(repo).with_suffix(".lock")):
         waiter = threading.Thread(target=lambda: answers.append(packing.pack_loose_objects(open_repo(big))))
         waiter.start()
         packing._write_pack(repo, big / ".git" / "objects")
-        packing.write_json(repo.state_dir / packing.STATE_FILE,
+        packing.write_json(packing.state_file(repo),
                            {"v": 1, "loose": packing.estimate_loose(big / ".git" / "objects")}, durable=False)
     waiter.join(timeout=60)
     assert answers == [False]
     assert len(packs(big)) == 1
+
+
+def test_repositories_that_share_a_state_folder_are_each_packed(tmp_path):
+    """`subtask.stateDir` may point several repositories at one folder (a user-wide cap): what was
+    packed is kept per repository."""
+    shared = tmp_path / "state"
+    repos = [many_files_repo(tmp_path / name) for name in ("one", "two")]
+    for repo in repos:
+        git(repo, "config", "subtask.stateDir", str(shared))
+        run_job(Cli(repo))
+    assert [len(packs(repo)) for repo in repos] == [1, 1]
