@@ -439,8 +439,8 @@ def main() -> None:
                         help="run ours from a wheel of this checkout in a temp venv (as users install it)")
     parser.add_argument("--files", type=int, default=2000, help="files in the generated repository")
     parser.add_argument("--packed", action="store_true",
-                        help="pack the generated repository's objects first (`git gc`), as a clone has them; "
-                             "by default they are loose, as a commit made here leaves them")
+                        help="the generated repository's objects in one pack, as a clone has them (a --no-local "
+                             "clone of it); by default they are loose, as a commit made here leaves them")
     parser.add_argument("--before", type=Path, help="with --e2e-only: another tree of git-subtask (e.g. `git archive`"
                                                     " of main) run as a fourth tool, `before`, in the same rounds")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
@@ -558,10 +558,11 @@ def main() -> None:
     print_phases(breakdown)
     for key, value in info.items():
         print(f"{key}: {value}")
-    path = save("peer_packed" if args.packed else "peer", {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
-                         "figures": rows, "info": info, "phases_ms": breakdown,
-                         "raw_ms": {k: {t: [round(s * 1000, 1) for s in v] for t, v in d.items()}
-                                    for k, d in samples.items()}})
+    path = save("peer_packed" if args.packed else "peer",
+                {"peer": f"subtask-mcp=={PEER_VERSION}", "runs": args.runs, "history": args.history,
+                 "figures": rows, "info": info, "phases_ms": breakdown,
+                 "raw_ms": {k: {t: [round(s * 1000, 1) for s in v] for t, v in d.items()}
+                            for k, d in samples.items()}})
     print("saved", path)
 
 

@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
@@ -114,8 +113,7 @@ def _is_money(x) -> bool:
 
 
 def _cache_path(repo: Repo) -> Path:
-    # Named by repository: several repositories may share one state dir (subtask.stateDir).
-    return repo.state_dir / f"spend-cache-{hashlib.sha1(str(repo.common_dir).encode()).hexdigest()[:8]}.json"
+    return repo.state_file("spend-cache")
 
 
 def _read_cache(repo: Repo) -> dict[str, list[dict]]:

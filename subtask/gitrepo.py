@@ -92,6 +92,13 @@ class Repo:
             return None
         return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
 
+    def state_file(self, stem: str, suffix: str = ".json") -> Path:
+        """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
+        several repositories may share (`subtask.stateDir`)."""
+        import hashlib
+
+        return self.state_dir / f"{stem}-{hashlib.sha1(str(self.common_dir).encode()).hexdigest()[:8]}{suffix}"
+
     @property
     def state_dir(self) -> Path:
         configured = self.config.get("stateDir")

@@ -15,15 +15,15 @@ Invariants:
   as it was (libgit2 writes the pack under a temporary name and renames it whole).
 - Never fail a job: any error skips the pack, with a line in the worker log, and the checkout
   reads the loose objects as before.
-- One packer at a time per repository (`packed-<repo>.lock`). A worker that finds the lock held waits for it, because the
-  pack is what its own checkout wants, but at most PACK_WAIT; the lock guards nothing else.
+- One packer at a time per repository (`packed-<repo>.lock`). A worker that finds the lock held
+  waits for it, because the pack is what its own checkout wants, but at most PACK_WAIT; the lock
+  guards nothing else.
 - Whether to pack is decided from a sample of git's fan-out folders (as `git gc --auto` decides),
   without loading pygit2: the common case, nothing to pack, costs a few directory reads.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -50,8 +50,8 @@ def estimate_loose(objects: Path) -> int:
 
 def state_file(repo) -> Path:
     """`packed-<repo>.json`: {"v": 1, "loose": the estimate when this repository was last packed};
-    one per repository, as several may share a state folder (`subtask.stateDir`), and so the lock."""
-    return repo.state_dir / f"packed-{hashlib.sha1(str(repo.common_dir).encode()).hexdigest()[:8]}.json"
+    one per repository (several may share a state folder), and so is the lock beside it."""
+    return repo.state_file("packed")
 
 
 def _last_packed(repo) -> int:

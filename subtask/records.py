@@ -400,10 +400,7 @@ def resolve(repo: Repo, text: str) -> str:
 
 
 def _list_cache_path(repo: Repo):
-    # Named by repository: several repositories may share one state dir (subtask.stateDir).
-    import hashlib
-
-    return repo.state_dir / f"list-cache-{hashlib.sha1(str(repo.common_dir).encode()).hexdigest()[:8]}.json"
+    return repo.state_file("list-cache")
 
 
 def list_entries(repo: Repo) -> list[dict]:

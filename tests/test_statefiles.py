@@ -10,14 +10,16 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from subtask import statefiles
 from subtask.statefiles import LockTimeout, file_lock
 
 WAITER = textwrap.dedent("""
-    import resource, sys, time
+    import resource, signal, sys
     from pathlib import Path
     from subtask.statefiles import file_lock
     lock = file_lock(Path(sys.argv[1]), timeout=float(sys.argv[2]))
@@ -31,6 +33,7 @@ WAITER = textwrap.dedent("""
             print("held", round((cpu() - before) * 1000, 1), flush=True)
     except TimeoutError as exc:
         print("timeout", type(exc).__name__, flush=True)
+    print("alarm left", signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0))
 """)
 
 
@@ -40,23 +43,36 @@ def start_waiter(path, timeout: float = 60.0) -> subprocess.Popen:
     return proc
 
 
-def test_a_process_waiting_for_a_held_lock_spends_no_cpu_on_it(tmp_path):
+def blocked_in_the_kernel(pid: int) -> bool:
+    """`pid` waits in flock(2) for a lock someone holds: /proc/locks lists it with `->`."""
+    return any(line.split()[1] == "->" and line.split()[5] == str(pid)
+               for line in Path("/proc/locks").read_text().splitlines() if len(line.split()) > 5)
+
+
+def test_a_process_waiting_for_a_held_lock_sleeps_in_the_kernel_and_spends_no_cpu(tmp_path):
     path = tmp_path / "held.lock"
     with file_lock(path):
         waiter = start_waiter(path)
-        time.sleep(0.5)  # how long the lock is held: the waiter's CPU over it is the figure
+        try:
+            assert wait_until(lambda: blocked_in_the_kernel(waiter.pid), timeout=10), \
+                "the waiter never waited in flock: it polls"
+            time.sleep(0.3)  # how long the lock is held once it waits: its CPU over that is the figure
+        except BaseException:
+            waiter.kill()
+            raise
     out, _ = waiter.communicate(timeout=60)
-    word, ms = out.split()
-    # polling every 2 ms through filelock cost ~50 ms of CPU over this half second
+    word, ms = out.splitlines()[0].split()
+    # polling every 2 ms through filelock cost ~50 ms of CPU a half second
     assert word == "held" and float(ms) < 15, out
+    assert out.splitlines()[1] == "alarm left False"
 
 
-def test_a_waiter_gives_up_after_its_timeout_and_leaves_the_lock_free(tmp_path):
+def test_a_waiter_gives_up_after_its_timeout_and_leaves_the_lock_and_the_alarm_free(tmp_path):
     path = tmp_path / "held.lock"
     with file_lock(path):
         waiter = start_waiter(path, timeout=0.3)
         out, _ = waiter.communicate(timeout=60)
-    assert out.split() == ["timeout", "LockTimeout"]
+    assert out.splitlines() == ["timeout LockTimeout", "alarm left False"]
     with file_lock(path, timeout=0):
         pass
 
@@ -107,11 +123,9 @@ def test_a_thread_that_waits_times_out_too(tmp_path):
     assert errors == ["timeout"]
 
 
-def test_waiting_leaves_no_alarm_or_handler_behind(tmp_path):
+def test_a_second_holder_in_one_thread_gives_up_and_leaves_no_alarm(tmp_path):
     path = tmp_path / "free.lock"
     before = signal.getsignal(signal.SIGALRM)
-    with file_lock(path):
-        pass
     with file_lock(path):
         with pytest.raises(LockTimeout):
             statefiles.file_lock(path, timeout=0.05).acquire()  # a second holder in this thread: waits, gives up
