@@ -159,11 +159,12 @@ def delegation(repo: Repo) -> Delegation:
     """How deep this command delegates, known from where it runs, not only from the environment.
 
     The environment can be edited (`env -u SUBTASK_DEPTH`), so the job the command runs inside is
-    also found from its working directory (a job's worktree knows its job) and from its process
-    group (an engine's children share the group the worker recorded for it). The depth is the
-    deepest of what each says.
+    also found from its working directory (a job's worktree knows its job) and from its
+    ancestry (an engine's descendants descend from the process the worker recorded for it, in
+    a pid namespace too, where the process group reads 0). The depth is the deepest of what
+    each says.
     """
-    parent = _job_of_cwd(repo) or _job_of_env(repo) or _job_of_process_group(repo)
+    parent = _job_of_cwd(repo) or _job_of_env(repo) or _job_of_ancestry(repo)
     depth = current_depth()
     if parent is not None:
         depth = max(depth, parent.spec.depth + 1)
@@ -186,14 +187,14 @@ def _job_of_env(repo: Repo) -> Job | None:
     return _job_or_none(repo, job_id) if is_job_id(job_id) else None
 
 
-def _job_of_process_group(repo: Repo) -> Job | None:
-    """The running job whose engine's process group this process is in."""
-    try:
-        group = os.getpgrp()
-    except OSError:
-        return None
+def _job_of_ancestry(repo: Repo) -> Job | None:
+    """The running job whose engine (its recorded process) this process descends from, or whose
+    engine's process group it is in."""
+    from subtask import procs
+
+    mine = set(procs.ancestors()) | {os.getpgrp()}
     for entry in slots.read(repo.state_dir).running:
-        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") == group:
+        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])
     return None
 
@@ -302,6 +303,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
+    network = _network(repo)
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -315,7 +317,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   group=group, member=member)
+                   network=network, group=group, member=member)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -346,6 +348,12 @@ def _isolation(repo: Repo, engine, request: StartRequest):
                            hint="start the job that delegates with --isolation none")
     return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
                              configured=repo.config.get("isolation"))
+
+
+def _network(repo: Repo) -> str:
+    from subtask import isolation
+
+    return isolation.resolve_network(repo.config.get("isolation.network"))
 
 
 _REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")

@@ -115,6 +115,7 @@ class JobSpec(_Record):
     parent: str | None = None  # the job this one was started from inside (it lends its slot)
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
+    network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     extra: dict[str, Any] = field(default_factory=dict)

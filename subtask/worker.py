@@ -136,6 +136,8 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
         with file_lock(repo.state_dir / "worktree.lock"):
+            if worktrees.expected_admin(repo, job.id).exists():  # its folder was deleted by hand
+                git(repo.root, "worktree", "prune", check=False)
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
         worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         phases.mark("register")
@@ -257,14 +259,14 @@ def _copy_file(dir_fd: int, name: str, source: Path) -> bool:
     return True
 
 
-def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
+def run_setup(repo: Repo, job: Job, worktree: Path, env: dict) -> str | None:
     """Run `git config subtask.setup` in the new worktree; the failure reason, or None when it passed."""
     command = repo.config.get("setup")
     if not command or not command.strip():
         return None
     from subtask import procs
 
-    result = procs.run(["sh", "-c", command], cwd=worktree, env=engine_env(job),
+    result = procs.run(["sh", "-c", command], cwd=worktree, env=env,
                        timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES, redact=True)
     if result.exit_code == 0 and not result.timed_out:
         return None
@@ -318,6 +320,7 @@ def engine_env(job: Job) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
     env[DEPTH_ENV] = str(job.spec.depth + 1)
     env["SUBTASK_JOB_ID"] = job.id
+    env["SUBTASK_WORKER_PID"] = str(os.getpid())  # a pid namespace hides it: $PPID is 0 there
     if job.spec.group:  # a best-of-N member: its task may tell the attempts apart
         env["SUBTASK_GROUP_ID"], env["SUBTASK_GROUP_MEMBER"] = job.spec.group, str(job.spec.member or 0)
     return env
@@ -352,25 +355,41 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     return outcome
 
 
-def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
-    """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was."""
-    if job.spec.readonly or worktree_untouched(worktree):
+def checked_metadata(repo: Repo, job: Job, worktree: Path) -> Path | None:
+    """The worktree's admin folder once its git metadata is as git wrote it (`MetadataChanged` if
+    not); None for a read-only job, whose worktree no git of ours reads."""
+    if job.spec.readonly:
         return None
-    status = git(worktree, "status", "--porcelain", "--untracked-files=all").stdout
+    return worktrees.check_metadata(repo, job.id, worktree, job.spec.branch, job.spec.base)
+
+
+def metadata_changed(exc: worktrees.MetadataChanged) -> Outcome:
+    return Outcome(False, error_kind="isolation",
+                   error=redact(f"the job changed its worktree's git metadata, so git-subtask ran no git on it "
+                                f"(nothing of it was committed): {exc}"))
+
+
+def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict | None:
+    """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was.
+    git runs through the admin folder `checked_metadata` vouched for, never by discovery."""
+    if admin is None or worktree_untouched(admin):
+        return None
+    status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
+                               "--ignore-submodules=all").stdout
     if not status.strip():
         return None
     files = [line[3:] for line in status.splitlines() if line.strip()]
-    git(worktree, "add", "-A")
+    worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors")
     sig = author_signature(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
                f"Subtask-Id: {job.id}\n")
     env = dict(os.environ, GIT_AUTHOR_NAME=sig.name, GIT_AUTHOR_EMAIL=sig.email,
                GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
-    git(worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
-    return {"sha": worktree_head(worktree), "files": files[:200]}
+    worktrees.job_git(repo, admin, worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
+    return {"sha": branch_tip(repo, job), "files": files[:200]}
 
 
-def worktree_untouched(worktree: Path) -> bool:
+def worktree_untouched(admin: Path) -> bool:
     """True only when libgit2 finds nothing in the worktree but what its index and HEAD hold: no
     change, no untracked file, not even an ignored one; then git's status is empty too, and is
     not asked. libgit2 compares timestamps to the nanosecond where this git (2.39, built without
@@ -378,25 +397,32 @@ def worktree_untouched(worktree: Path) -> bool:
     written in the index's own second, reads each one again (25-35 ms of CPU for a 2,000-file
     checkout that the engine left as it was, against 10-14 for libgit2's stat). False, so git
     decides, for anything else: a change, submodules (their own status rules), any error."""
-    if (worktree / ".gitmodules").exists():
-        return False
     try:
         import pygit2
 
-        return not pygit2.Repository(str(worktree)).status(untracked_files="all", ignored=True)
+        repository = pygit2.Repository(str(admin))
+        if (Path(repository.workdir) / ".gitmodules").exists():
+            return False
+        return not repository.status(untracked_files="all", ignored=True)
     except Exception:
         return False
 
 
-def worktree_head(worktree: Path) -> str:
-    """The commit a worktree has checked out (pygit2: no subprocess on the worker's end path)."""
-    import pygit2
+def branch_tip(repo: Repo, job: Job) -> str:
+    """Where the job's branch points, read from the repository itself (pygit2: no subprocess on
+    the worker's end path), never through the worktree's HEAD, which the job may write."""
+    return str(repo.git.references[f"refs/heads/{job.spec.branch}"].target)
 
-    return str(pygit2.Repository(str(worktree)).head.target)
 
-
-def current_head(repo: Repo, job: Job, worktree: Path) -> str:
-    return job.spec.base if job.spec.readonly else worktree_head(worktree)
+def current_head(repo: Repo, job: Job) -> str:
+    """The job's head: its branch's tip (its base for a read-only job, or when the job deleted its
+    branch, which the metadata check then reported)."""
+    if job.spec.readonly:
+        return job.spec.base
+    try:
+        return branch_tip(repo, job)
+    except KeyError:
+        return job.spec.base
 
 
 def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
@@ -418,8 +444,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 
 
 class Confinement:
-    """One attempt's isolation: the policy, its private temp dir, the refused writes its output reported,
-    and whether the main worktree changed while the job ran (`git status` before and after)."""
+    """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
+    writes its output reported, and whether the main worktree changed while the job ran (`git
+    status` before and after)."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
@@ -431,12 +458,17 @@ class Confinement:
         if self.tmpdir:
             self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
+        from subtask import procs
+
+        self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         try:
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
                 engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
-            self.ruleset = isolation.Ruleset(self.policy)
+            isolation.plan_namespaces(self.policy, network=job.spec.network,
+                                      asked=not job.spec.isolation_source.startswith("default"))
+            self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
             if self.tmpdir:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -470,8 +502,17 @@ class Confinement:
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
         return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
 
+    def end_leftovers(self) -> None:
+        """End what the last sandboxed run left running. In a pid namespace the kernel did it as
+        its pid 1 exited; else they are orphans this worker (their subreaper) adopted."""
+        if not self.policy.plan.pid:
+            from subtask import procs
+
+            procs.end_adopted(self.token)
+
     def close(self) -> None:
-        self.ruleset.close()
+        self.end_leftovers()
+        self.sandbox.close()
         for status in (self.before, self.after):
             if status is not None:
                 status.lines()  # no git process is left behind, whatever ended the attempt
@@ -644,6 +685,7 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    fresh = not worktree_path(repo, job).exists()
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
@@ -659,19 +701,20 @@ def run_attempt(repo: Repo, job: Job) -> None:
         return
     phases.mark("confinement")
     try:
+        if fresh and not set_up_fresh(repo, job, worktree, confinement):
+            return
         _run_confined(repo, job, worktree, sink, confinement)
     finally:
         confinement.close()
 
 
 def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, MainWorktreeStatus] | None:
-    """Check the worktree out, recording `running` meanwhile, and run the setup of a new one;
-    None when the attempt ended here (stopped in the spawn gap, or its setup failed). The main
+    """Check the worktree out, recording `running` meanwhile; None when the attempt ended here
+    (stopped in the spawn gap, or the checkout failed). The main
     worktree's status is taken meanwhile too (once the job's own folder is registered and
     excluded: it then shows alike before and after the engine)."""
     job_id, attempt_n = job.id, job.state.current.n
     try:
-        fresh = not worktree_path(repo, job).exists()
         worktree, files = begin_checkout(repo, job)
     except Exception as exc:
         _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {exc}"))
@@ -679,15 +722,14 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
     main_before = MainWorktreeStatus(repo)
     ready = None
     try:
-        ready = _finish_checkout(repo, job, sink, fresh, worktree, files)
+        ready = _finish_checkout(repo, job, sink, worktree, files)
     finally:
         if not ready:
             main_before.lines()  # no git process is left behind
     return (ready, worktree, main_before) if ready else None
 
 
-def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktree: Path,
-                     files: FilesCheckout) -> Job | None:
+def _finish_checkout(repo: Repo, job: Job, sink: EventSink, worktree: Path, files: FilesCheckout) -> Job | None:
     job_id, attempt_n = job.id, job.state.current.n
     running = None
     try:  # recorded while git writes the files: off the job's critical path
@@ -708,18 +750,26 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
         _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {unwritten}"))
         return None
     phases.mark("checkout")
-    if fresh:
-        try:
-            copy_included(repo, worktree)
-            failure = run_setup(repo, running, worktree)
-        except Exception as exc:
-            failure = redact(f"could not set up the worktree: {exc}")
-        if failure:
-            _setup_failed(repo, job_id, attempt_n, failure)
-            return None
-        phases.mark("setup")
     faults.point("after_checkout")
     return running
+
+
+def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement) -> bool:
+    """Copy `.worktreeinclude` files into a new worktree and run `subtask.setup` there, confined
+    as the job is: the setup script may be one the job rewrote on its branch. False when the
+    attempt ended here."""
+    try:
+        copy_included(repo, worktree)
+        with isolation.confined(confinement.sandbox):
+            failure = run_setup(repo, job, worktree, confinement.env)
+        confinement.end_leftovers()
+    except Exception as exc:
+        failure = redact(f"could not set up the worktree: {exc}")
+    if failure:
+        _setup_failed(repo, job.id, job.state.current.n, failure)
+        return False
+    phases.mark("setup")
+    return True
 
 
 def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
@@ -743,25 +793,32 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
               "writable": [g.path for g in confinement.policy.grants]})
     stopped = False
     try:
-        with isolation.confined(confinement.ruleset):
+        with isolation.confined(confinement.sandbox):
             outcome = run_engine(repo, job, worktree, confinement.watch, confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
+    finally:
+        confinement.end_leftovers()  # nothing of the job runs while our git reads what it wrote
     phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more
-    auto = autocommit(repo, job, worktree)
-    head = current_head(repo, job, worktree)
+    try:
+        admin = checked_metadata(repo, job, worktree)
+        auto = autocommit(repo, job, worktree, admin)
+    except worktrees.MetadataChanged as exc:
+        outcome, auto = metadata_changed(exc), None
+    head = current_head(repo, job)
     phases.mark("autocommit")
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        with isolation.confined(confinement.ruleset):
+        with isolation.confined(confinement.sandbox):
             verify = run_verify(repo, job, worktree, head, confinement.env)
+        confinement.end_leftovers()
         faults.point("after_verify")
     phases.mark("verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
@@ -905,6 +962,9 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     started_at = time.time()
     spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
+    from subtask import procs
+
+    procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
