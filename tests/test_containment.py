@@ -176,6 +176,22 @@ def test_no_child_of_a_job_outlives_its_worker_killed(cli, repo, leftovers, tmp_
         hold.touch()
 
 
+def test_an_unconfined_jobs_children_go_when_its_killed_worker_is_settled(cli, repo, leftovers, tmp_path):
+    """Without a pid namespace (`--isolation none`), the command that settles a dead worker's job
+    ends what it left outside its process group, by the mark in their environment."""
+    hold = tmp_path / "hold"
+    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done', "--isolation", "none")
+    try:
+        assert wait_until(lambda: processes_with(leftovers), timeout=60)
+        pids = running_pids(repo, job)
+        os.kill(pids["worker"], signal.SIGKILL)
+        os.killpg(pids["engine"], signal.SIGKILL)
+        assert wait_until(lambda: cli.json("list")["jobs"][0]["state"] == "failed", timeout=60)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived its settled job"
+    finally:
+        hold.touch()
+
+
 @needs_namespaces
 def test_stop_ends_the_children_that_left_the_jobs_process_group(cli, repo, leftovers, tmp_path):
     hold = tmp_path / "hold"
