@@ -342,12 +342,30 @@ def _isolation(repo: Repo, engine, request: StartRequest):
     from subtask import isolation
 
     confined_as = os.environ.get(isolation.ACTIVE_ENV, "none")
-    if confined_as != "none":
-        # Landlock is inherited: a job started from here could write none of its records.
-        raise SubtaskError("fatal", f"this process runs confined (isolation {confined_as}), so it cannot start jobs",
+    if confined_as != "none" or not _can_write_state(repo):
+        # Landlock is inherited: a job started from here could write none of its records. The
+        # environment can be edited; the state folder's refusal cannot.
+        said = f"isolation {confined_as}" if confined_as != "none" else "it cannot write the state folder"
+        raise SubtaskError("fatal", f"this process runs confined ({said}), so it cannot start jobs",
                            hint="start the job that delegates with --isolation none")
     return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
                              configured=repo.config.get("isolation"))
+
+
+def _can_write_state(repo: Repo) -> bool:
+    """Can this process make a file in the state folder's run/ (as `start` is about to)? False
+    only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
+    the write that follows, which says what it is."""
+    import errno
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=liveness.run_dir(repo.state_dir))
+    except OSError as exc:
+        return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def _network(repo: Repo) -> str:

@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -71,7 +72,7 @@ from subtask.gitrepo import (
 )
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
-from subtask.redact import StreamRedactor, redact, redact_obj
+from subtask.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
@@ -86,35 +87,89 @@ def _on_sigterm(signum, frame):
 
 
 class EventSink:
-    """Appends redacted events to the events file and keeps a tail for the record."""
+    """Appends redacted events to the events file and keeps a tail for the record.
+
+    Bounded: streamed output past the first `HEAD_BYTES` is held in memory, only its last
+    `TAIL_BYTES` kept, and written (after a `dropped` event saying how many lines and bytes went
+    between them) when the stream pauses for another event or `flush` is called. A job printing
+    50 MB leaves ~1.3 MB of events, and the disk it shares with every other job stays free."""
+
+    HEAD_BYTES = 1 << 20
+    TAIL_BYTES = 256 << 10
 
     def __init__(self, path: Path, attempt: int):
         self.path = path
         self.attempt = attempt
         self.tail: list[str] = []
         self._streams: dict[tuple, StreamRedactor] = {}
+        self._redactor = Redactor()  # the job's environment (adopted before the attempt) stays
+        self._fd: int | None = None
+        self._written = 0
+        self._held: collections.deque[dict] = collections.deque()
+        self._held_bytes = 0
+        self._dropped = [0, 0]  # lines, bytes
 
     def __call__(self, event: dict) -> None:
         event = dict(event)
-        if isinstance(event.get("stream"), str) and isinstance(event.get("text"), str):
-            redactor = self._streams.setdefault((event.get("type"), event["stream"]), StreamRedactor())
-            text = redactor.line(event["text"])
+        streamed = isinstance(event.get("stream"), str) and isinstance(event.get("text"), str)
+        if streamed:
+            key = (event.get("type"), event["stream"])
+            redactor = self._streams.get(key)
+            if redactor is None:  # not setdefault: each StreamRedactor reads the environment's secrets
+                redactor = self._streams[key] = StreamRedactor()
+            text = redactor.key_blocks_only(event["text"])  # the patterns run once, as it is written
             if text is None:
                 return  # inside a private key block: nothing of it is kept
             event["text"] = text
-        event = redact_obj(event)
         event.setdefault("t", round(time.time(), 3))
+        if streamed and self._written >= self.HEAD_BYTES:
+            self._hold(event)
+            return
+        self.flush()
+        self._write(event)
+
+    def _hold(self, event: dict) -> None:
+        self._held.append(event)
+        self._held_bytes += len(event["text"])
+        while self._held_bytes > self.TAIL_BYTES and len(self._held) > 1:
+            size = len(self._held.popleft()["text"])
+            self._held_bytes -= size
+            self._dropped[0] += 1
+            self._dropped[1] += size
+
+    def flush(self) -> None:
+        """Write what is held: how much was dropped, then the tail kept."""
+        lines, size = self._dropped
+        if lines:
+            self._write({"type": "dropped", "lines": lines, "bytes": size,
+                         "text": f"[{lines} lines of output ({size} bytes) dropped here]"})
+            self._dropped = [0, 0]
+        while self._held:
+            self._write(self._held.popleft())
+        self._held_bytes = 0
+
+    def _write(self, event: dict) -> None:
+        event = self._redactor.obj(event)
         event.setdefault("attempt", self.attempt)
         event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
         line = json.dumps(event, ensure_ascii=True)
-        fd = open_private(self.path)
+        data = (line + "\n").encode()
         try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+            if self._fd is None:
+                self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+            os.write(self._fd, data)
+            self._written += len(data)
+        except OSError as exc:  # a full disk loses events, never the job
+            print(f"git-subtask: an event was not written to {self.path}: {exc}", file=sys.stderr)
         self.tail.append(line)
         if len(self.tail) > records.EVENTS_TAIL_LINES:
             del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]
+
+    def close(self) -> None:
+        self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def worktree_path(repo: Repo, job: Job) -> Path:
@@ -601,15 +656,21 @@ def _split_index(common: Path) -> bool:
         return True
 
 
+MAX_EVIDENCE_FILES = 1000
+
+
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
                    verify: VerifyResult | None, state: str) -> Evidence:
     commits, files, totals = diff_stats(repo, job.spec.base, head)
+    # Bounded, so a job that writes 100,000 files leaves a record every later `list` can read.
+    omitted, files, commits = max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES], commits[:MAX_EVIDENCE_FILES]
     commits, files, auto = redact_obj(commits), redact_obj(files), redact_obj(auto)  # the engine named them
     seen = [redact_obj(c) for c in outcome.commands]
     tests = [c for c in seen if _looks_like_test(c.get("command", ""))]
     return Evidence(
         id=job.id, attempt=job.state.current.n, engine=job.spec.engine, state=state, base=job.spec.base,
-        head=head, branch=job.spec.branch, commits=commits, files=files, totals=totals, autocommit=auto,
+        head=head, branch=job.spec.branch, commits=commits, files=files, files_omitted=omitted, totals=totals,
+        autocommit=auto,
         verification=verify.to_dict() if verify else None, commands={"seen": seen[-200:], "tests": tests[-50:]},
         summary=redact(outcome.summary), outcome=outcome.outcome, tokens=outcome.tokens,
         model=outcome.model or job.spec.model,
@@ -685,6 +746,14 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    try:
+        _run_attempt(repo, job, sink)
+    finally:
+        sink.close()
+
+
+def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
+    job_id, attempt_n = job.id, job.state.current.n
     fresh = not worktree_path(repo, job).exists()
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
@@ -800,6 +869,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
     finally:
         confinement.end_leftovers()  # nothing of the job runs while our git reads what it wrote
+        sink.flush()  # the output's tail, before the record takes its events tail
     phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()

@@ -49,8 +49,8 @@ def untouched(repo: Path, main_before: str) -> None:
     assert git(repo, "status", "--porcelain") == ""
 
 
-def ended(cli, job: str) -> dict:
-    cli("wait", job)
+def ended(cli, job: str, timeout: float = 60) -> dict:
+    cli("wait", job, timeout=timeout)
     return cli.json("show", job)["state_detail"]["attempts"][-1]
 
 
@@ -319,3 +319,70 @@ def test_engines_say_what_confinement_holds_here(cli, repo):
 
 def _unused():  # keep imports honest for linters when a test is skipped
     return subprocess
+
+
+# -- smaller doors, found in the same run ----------------------------------------------------------
+
+
+@needs_landlock
+def test_a_confined_job_that_unsets_its_isolation_variable_still_gets_the_documented_refusal(cli, repo):
+    job = cli.start("env -u SUBTASK_ISOLATION git subtask start true; echo rc=$?")
+    cli("wait", job)
+    out = cli.ok("result", job)
+    assert "rc=128" in out and "runs confined" in out and "cannot start jobs" in out, out
+    assert "unexpected" not in out
+    assert len(cli.json("list", "--all")["jobs"]) == 1
+
+
+@pytest.mark.slow
+def test_a_job_printing_50_mb_keeps_a_bounded_events_file(cli, repo):
+    """Events keep a head and a tail, and say how much was dropped between them."""
+    job = cli.start("yes 'line of output that goes on and on' | head -c 50000000; echo the-end")
+    assert ended(cli, job, timeout=300)["state"] == "done"
+    events = repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl"
+    size = events.stat().st_size
+    assert size < 4 * 1024 * 1024, f"events file of {size} bytes"
+    text = events.read_text()
+    assert "the-end" in text and '"type": "dropped"' in text
+
+
+@pytest.mark.slow
+def test_a_job_writing_100000_files_keeps_a_bounded_evidence_with_exact_totals(cli, repo):
+    job = cli.start("mkdir many && cd many && seq 1 100000 | xargs touch")
+    assert ended(cli, job, timeout=300)["state"] == "done"
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["totals"]["files"] == 100000
+    assert len(evidence["files"]) <= 1000 and evidence["files_omitted"] == 100000 - len(evidence["files"])
+    record = git(repo, "cat-file", "-s", f"refs/subtask/{job}/record:evidence.json")
+    assert int(record) < 512 * 1024
+    assert "100000 files" in cli.ok("show", job)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the state folder needs root")
+def test_a_full_state_folder_fails_no_innocent_queued_job_and_says_which_folder(repo, tmp_path):
+    """The state folder on a 4 MiB tmpfs: a job printing 20 MB (its events bounded) runs, the job
+    queued behind it runs, and a command that cannot write says which folder is full."""
+    state = tmp_path / "state"
+    state.mkdir()
+    git(repo, "config", "subtask.stateDir", str(state))
+    git(repo, "config", "subtask.maxRunning", "1")
+    script = f"""
+set -e
+export SUBTASK_SERVER=0  # the commands run in this mount namespace, not in a warm server outside it
+mount -t tmpfs -o size=4m tmpfs '{state}'
+a=$(git subtask start "yes 'a long line of output' | head -c 20000000" | cut -d' ' -f1)
+b=$(git subtask start 'echo b > b.txt' | cut -d' ' -f1)
+git subtask wait "$a" "$b" > '{tmp_path}/waited' || true
+git subtask list > '{tmp_path}/listed'
+head -c 8000000 /dev/zero > '{state}/filler' || true
+git subtask start 'echo c > c.txt' > '{tmp_path}/full.out' 2> '{tmp_path}/full.err' || echo $? > '{tmp_path}/full.rc'
+"""
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    waited = (tmp_path / "waited").read_text().splitlines()
+    assert len(waited) == 2 and all(" done " in line for line in waited), waited
+    err = (tmp_path / "full.err").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "128"
+    assert "no space left in" in err and str(state) in err and "unexpected" not in err, err
