@@ -35,6 +35,8 @@ SETTINGS: dict[str, Setting] = {
     "stopGrace": Setting("5", "number", 0, "seconds between SIGTERM and SIGKILL on stop"),
     "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
     "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
+    "defaultTimeout": Setting("3600", "number", 0, "seconds a paid engine may run when no --timeout is given (0: no limit)"),
+    "stallAfter": Setting("600", "number", 0, "seconds without an event from the engine after which a job is marked stalled (0: never)"),
     "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
     "packLooseObjects": Setting("1024", "int", 0, "loose objects added since the last pack that make a "
                                 "worker pack them before its checkout (0: never)"),

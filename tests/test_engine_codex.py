@@ -175,7 +175,8 @@ def test_recorded_run_becomes_an_outcome(repo):
 
     types = [e["type"] for e in emitted]
     assert {"session", "text", "reasoning", "tool", "command", "usage", "log"} <= set(types)
-    assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed"} in emitted
+    assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed",
+            "output": "README.md\n"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
     from subtask.api import _activity_text  # what `status` and MCP progress show
 

@@ -72,7 +72,8 @@ def test_paid_engine_reserves_then_charges_the_observed_cost(cli, repo):
     job = cli.start("write the agent file", "--engine", "fakepaid", "--max-usd", "3")
     cli.ok("wait", job)
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
-    assert attempt["cost"] == {"v": 1, "reserved": 3.0, "observed": 0.42, "charged": 0.42, "billing": "observed"}
+    assert attempt["cost"] == {"v": 1, "reserved": 3.0, "observed": 0.42, "charged": 0.42, "billing": "observed",
+                               "credit": None}
     spend = cli.json("spend")
     assert spend["committed_usd"] == pytest.approx(0.42) and spend["open_usd"] == 0
     assert spend["per_engine"]["fakepaid"]["committed"] == pytest.approx(0.42)
