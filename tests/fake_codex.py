@@ -4,8 +4,7 @@ codex is pointed at it through its own config (`CODEX_HOME/config.toml`: a custo
 `model_provider` whose `base_url` is this server and whose `env_key` names a fake key), the
 way a user with their own provider runs it. Each POST to `/v1/responses` is one model call;
 it is answered with the next scripted turn as a stream of server-sent events, each with the
-usage given (`input_tokens`/`output_tokens` per call), so a test knows exactly what one
-attempt spent. Nothing here reaches the network: the server listens on 127.0.0.1 only.
+usage given (input and output tokens per call), so a test knows exactly what one attempt spent. Nothing here reaches the network: the server listens on 127.0.0.1 only.
 
 `codex_env` makes the CODEX_HOME and the environment for a run; `real_codex()` finds the
 binary or None (the tests that need it skip, saying so).
@@ -23,12 +22,16 @@ from pathlib import Path
 from typing import Any
 
 FAKE_KEY_VAR = "SUBTASK_FAKE_CODEX_KEY"
-USAGE_IN, USAGE_OUT = 1000, 50  # tokens one model call reports
 
 
 def real_codex() -> str | None:
-    """The real codex binary on PATH (not a test stand-in), or None."""
-    return shutil.which("codex")
+    """The real codex binary on PATH, or None; never the suite's guard stand-in (conftest), which
+    comes first on PATH in every test."""
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which("codex", path=folder) if folder else None
+        if found and b"test stand-in" not in Path(found).read_bytes()[:4096]:
+            return found
+    return None
 
 
 def command_turn(cmd: str) -> dict[str, Any]:
@@ -47,9 +50,11 @@ class FakeResponsesAPI:
     makes every call wait until it is set before answering: the engine then goes silent.
     """
 
-    def __init__(self, turns: list[dict[str, Any]], hold: threading.Event | None = None) -> None:
+    def __init__(self, turns: list[dict[str, Any]], hold: threading.Event | None = None,
+                 usage: tuple[int, int] = (1000, 50)) -> None:
         self.turns = list(turns)
         self.hold = hold
+        self.usage = usage  # (input, output) tokens each call reports
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -104,7 +109,7 @@ class FakeResponsesAPI:
                 if api.hold is not None:
                     api.hold.wait(timeout=120)
                 payload = "".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-                                  for event in _events(turn)).encode()
+                                  for event in _events(turn, api.usage)).encode()
                 self._send(200, "text/event-stream", payload)
 
             def _send(self, status: int, content_type: str, payload: bytes) -> None:
@@ -120,7 +125,7 @@ class FakeResponsesAPI:
         return Handler
 
 
-def _events(turn: dict[str, Any]) -> list[dict[str, Any]]:
+def _events(turn: dict[str, Any], usage: tuple[int, int]) -> list[dict[str, Any]]:
     """One model response as the Responses API streams it."""
     rid = "resp_" + uuid.uuid4().hex[:12]
     events: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": rid}}]
@@ -135,9 +140,9 @@ def _events(turn: dict[str, Any]) -> list[dict[str, Any]]:
                                 "content": [{"type": "output_text", "text": turn["text"]}]}})
     events.append({"type": "response.completed",
                    "response": {"id": rid, "usage": {
-                       "input_tokens": USAGE_IN, "input_tokens_details": {"cached_tokens": 0},
-                       "output_tokens": USAGE_OUT, "output_tokens_details": {"reasoning_tokens": 0},
-                       "total_tokens": USAGE_IN + USAGE_OUT}}})
+                       "input_tokens": usage[0], "input_tokens_details": {"cached_tokens": 0},
+                       "output_tokens": usage[1], "output_tokens_details": {"reasoning_tokens": 0},
+                       "total_tokens": usage[0] + usage[1]}}})
     return events
 
 

@@ -17,6 +17,9 @@ from fake_claude import (
     tool_turn,
     write_fake_cli,
 )
+from fake_codex import FakeResponsesAPI, codex_env, real_codex
+from fake_codex import command_turn as codex_command
+from fake_codex import text_turn as codex_text
 from test_engine_claude import offline_env
 
 from subtask.engines.claude import _bundled_cli
@@ -239,3 +242,103 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
     job = cli.start("head -c 1048576 /dev/zero | tr '\\\\0' x >&2; echo fine")
     assert "done" in cli.ok("wait", job, timeout=60)
     assert "fine" in cli.ok("result", job)
+
+
+def _money_agrees(cli, repo, job: str, total: float) -> None:
+    """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
+    from subtask.render import money
+
+    assert cli.json("spend")["committed_usd"] == pytest.approx(total)
+    listed = {e["id"]: e for e in cli.json("list")["jobs"]}
+    assert listed[job]["cost"] == pytest.approx(total)
+    assert f" {money(total)} " in next(line for line in cli.ok("list").splitlines() if line.startswith(job))
+    assert f"· {money(total)} ·" in cli.ok("show", job).splitlines()[0]
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert f"· {money(total)} ·" in note.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_real_claude_code_cli_replies_are_each_charged_their_own_turns(cli, repo, tmp_path, monkeypatch):
+    """Claude Code reports a resumed session's cost as the session's running total: each reply
+    is charged only what its own model calls cost, and every face shows the job's sum."""
+    if _bundled_cli() is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+
+    def bash(command):
+        return tool_turn("Bash", {"command": command, "description": "run"})
+
+    turns = [  # the fake API answers by the number of assistant turns in the history
+        bash("echo one > one.txt && git add one.txt && git commit -qm one"), text_turn("One.\nSTATUS: done"),
+        bash("echo two > two.txt"), bash("git add two.txt && git commit -qm two"), text_turn("Two.\nSTATUS: done"),
+        text_turn("Nothing left.\nSTATUS: done"),
+    ]
+    calls = []
+    with FakeMessagesAPI(turns, usage=(10_000, 1_000)) as api:  # cents a call, so rounding shows
+        env = offline_env(tmp_path, api.url)
+        env.pop("SUBTASK_CLAUDE_CLI", None)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        job = cli.ok("start", "--engine", "claude", "--max-usd", "2", "--timeout", "120",
+                     "write one.txt and commit it", env=env).split()[0]
+        cli.ok("wait", job, env=env, timeout=180)
+        calls.append(len(api.main_requests()))
+        for message in ("now two.txt", "anything else?"):
+            cli.ok("reply", job, message, env=env)
+            cli.ok("wait", job, env=env, timeout=180)
+            calls.append(len(api.main_requests()))
+    per_attempt_calls = [calls[0], calls[1] - calls[0], calls[2] - calls[1]]
+    assert per_attempt_calls == [2, 3, 1]
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["state"] for a in attempts] == ["done", "done", "done"]
+    assert len({a["session_id"] for a in attempts}) == 1  # one session, resumed twice
+    per_call = attempts[0]["cost"]["charged"] / 2
+    assert per_call > 0.01
+    charged = [a["cost"]["charged"] for a in attempts]
+    assert charged == [pytest.approx(n * per_call) for n in per_attempt_calls]
+    assert [a["cost"]["billing"] for a in attempts] == ["observed"] * 3
+    # what Claude Code reported, the session's running total, is kept for the next reply's share
+    assert attempts[2]["totals"]["cost_usd"] == pytest.approx(6 * per_call)
+    _money_agrees(cli, repo, job, sum(charged))
+
+
+def _real_codex_env(repo: Path, tmp_path: Path, url: str) -> dict[str, str]:
+    """The real codex for the worker (named in git config: the suite's guard comes first on PATH),
+    reaching only the fake Responses API through a custom provider in its config.toml."""
+    binary = real_codex()
+    if binary is None:
+        pytest.skip("the codex CLI is not installed here (npm install -g @openai/codex)")
+    git(repo, "config", "subtask.engine.codex.path", binary)
+    return codex_env(tmp_path / "codex-user", url)
+
+
+@pytest.mark.slow
+def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_path):
+    """Codex reports the thread's running usage on `exec resume`: each reply is charged its own
+    calls' tokens at the configured prices, and every face shows the job's sum. Its custom
+    model provider's key (config.toml `env_key`) passes the credentials check."""
+    git(repo, "config", "subtask.engine.codex.costPerMTokIn", "2")
+    git(repo, "config", "subtask.engine.codex.costPerMTokOut", "8")
+    turns = [codex_command("echo one > one.txt && git add one.txt && git commit -qm one"),
+             codex_text("One.\nSTATUS: done"),
+             codex_command("echo two > two.txt"), codex_command("git add two.txt && git commit -qm two"),
+             codex_text("Two.\nSTATUS: done"),
+             codex_text("Nothing left.\nSTATUS: done")]
+    calls = []
+    with FakeResponsesAPI(turns, usage=(100_000, 5_000)) as api:
+        env = _real_codex_env(repo, tmp_path, api.url)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", env=env)
+        cli.ok("wait", job, env=env, timeout=120)
+        calls.append(len(api.requests))
+        for message in ("now two.txt", "anything else?"):
+            cli.ok("reply", job, message, env=env)
+            cli.ok("wait", job, env=env, timeout=120)
+            calls.append(len(api.requests))
+    per_attempt_calls = [calls[0], calls[1] - calls[0], calls[2] - calls[1]]
+    assert per_attempt_calls == [2, 3, 1]
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["state"] for a in attempts] == ["done"] * 3, attempts[-1]
+    per_call = (100_000 * 2 + 5_000 * 8) / 1e6  # $0.24
+    assert [a["cost"]["charged"] for a in attempts] == [pytest.approx(n * per_call) for n in per_attempt_calls]
+    assert [a["tokens"]["input"] for a in attempts] == [n * 100_000 for n in per_attempt_calls]
+    assert attempts[2]["totals"]["tokens"]["input"] == 6 * 100_000  # the thread's, as codex said it
+    assert git(repo, "log", "--format=%s", f"main..subtask/{job}").split() == ["two", "one"]
+    _money_agrees(cli, repo, job, 6 * per_call)
