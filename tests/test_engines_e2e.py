@@ -342,3 +342,57 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
     assert attempts[2]["totals"]["tokens"]["input"] == 6 * 100_000  # the thread's, as codex said it
     assert git(repo, "log", "--format=%s", f"main..subtask/{job}").split() == ["two", "one"]
     _money_agrees(cli, repo, job, 6 * per_call)
+
+
+def _landlock_or_skip():
+    from subtask import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+
+
+def test_codex_under_isolation_is_refused_at_start_with_the_reason(cli, repo):
+    """codex's own sandbox (bubblewrap) cannot start inside git-subtask's: `--isolation worktree`
+    with codex's sandbox on is refused, never downgraded, and leaves nothing behind."""
+    _landlock_or_skip()
+    env = {"OPENAI_API_KEY": "sk-test-fake"}  # the suite's guard codex is on PATH
+    for how in (["--isolation", "worktree"], ["--readonly", "--isolation", "readonly"]):
+        proc = cli("start", "--engine", "codex", *how, "x", env=env)
+        assert proc.returncode == 128, proc.stderr
+        assert "bubblewrap" in proc.stderr and "danger-full-access" in proc.stderr
+    git(repo, "config", "subtask.isolation", "worktree")
+    assert cli("start", "--engine", "codex", "x", env=env).returncode == 128
+    assert refs(repo, "refs/subtask") == [] and refs(repo, "refs/heads/subtask") == []
+
+
+def test_refusals_printed_inside_codex_commands_are_in_the_evidence(cli, repo, tmp_path):
+    """With its own sandbox off, codex runs in git-subtask's: a write it refused shows in the
+    output of codex's command (`aggregated_output`), and lands in evidence.isolation.refused."""
+    from test_engine_codex import FAKE_CODEX
+
+    _landlock_or_skip()
+    fake = tmp_path / "bin" / "codex"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_CODEX.format(python=sys.executable))
+    fake.chmod(0o755)
+    logs = tmp_path / "codex-logs"
+    logs.mkdir()
+    git(repo, "config", "subtask.engine.codex.path", str(fake))
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    git(repo, "config", "--add", "subtask.isolation.writable", str(logs))
+    refused = "touch: cannot touch '/etc/x': Permission denied"
+    events = [{"type": "thread.started", "thread_id": "t1"},
+              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /etc/x",
+                                                  "aggregated_output": refused + "\n", "exit_code": 1,
+                                                  "status": "failed"}},
+              {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "No.\nSTATUS: blocked"}},
+              {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 0, "output_tokens": 1}}]
+    env = {"OPENAI_API_KEY": "sk-test-fake", "FAKE_CODEX_LOG": str(logs / "argv.jsonl"),
+           "FAKE_CODEX_EVENTS": json.dumps(events), "CODEX_HOME": str(tmp_path / "codex-home")}
+    job = cli.start("try it", "--engine", "codex", "--isolation", "worktree", env=env)
+    cli.ok("wait", job)
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["isolation"]["mode"] == "worktree"
+    assert evidence["isolation"]["refused"] == [refused]
+    argv = json.loads((logs / "argv.jsonl").read_text().splitlines()[0])["argv"]
+    assert "--dangerously-bypass-approvals-and-sandbox" in argv
