@@ -31,21 +31,12 @@ from typing import Any
 from subtask import lifecycle, records
 from subtask.gitrepo import Repo
 
-ACTIONS = ("mark", "stop")
 NOT_PROGRESS = ("retry",)  # events that say the engine is waiting, not working
 
 
 def action_of(repo: Repo) -> str:
     """`subtask.stallAction`: mark (default) or stop; anything else reads as mark (doctor names it)."""
-    value = (repo.config.get("stallAction") or "mark").strip().lower()
-    return value if value in ACTIONS else "mark"
-
-
-def action_problem(value: str | None) -> str | None:
-    """Why a `subtask.stallAction` value is wrong, for doctor; None when it is fine."""
-    if value is None or value.strip().lower() in ACTIONS:
-        return None
-    return f"git config subtask.stallAction must be mark or stop, not {value!r} (read as mark)"
+    return repo.config.choice("stallAction")
 
 
 class StallWatch:
@@ -97,18 +88,18 @@ class StallWatch:
         repo = self.repo.for_thread()  # this thread's own handle: pygit2 objects are not shared
         while True:
             with self._cond:
-                if self._done:
-                    return
                 since: float | None = None
-                if self._marked_at is None:
+                if self._marked_at is not None and self._last > self._marked_at and not self.stopped:
+                    self._marked_at = None  # it spoke again (also in its last words before it ended)
+                elif self._done:
+                    return
+                elif self._marked_at is None:
                     left = self.after - (time.monotonic() - self._last)
                     if left > 0:
                         self._cond.wait(left)
                         continue
                     self._marked_at, since = self._last, self._last_wall
-                elif self._last > self._marked_at and not self.stopped:  # a stopped engine's last words do not count
-                    self._marked_at = None
-                else:
+                else:  # marked; a stopped engine's last words do not count
                     self._cond.wait()
                     continue
             try:  # outside the condition: the engine's events never wait for a record write
@@ -129,7 +120,7 @@ class StallWatch:
 
     def _clear(self, repo: Repo) -> None:
         self._write(repo, None)
-        self.sink({"type": "stall_ended", "silent": round(time.time() - self._last_wall, 3)})
+        self.sink({"type": "stall_ended"})
 
     def _write(self, repo: Repo, stalled: dict | None) -> None:
         def change(job) -> bool:
