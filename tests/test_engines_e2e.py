@@ -396,3 +396,23 @@ def test_refusals_printed_inside_codex_commands_are_in_the_evidence(cli, repo, t
     assert evidence["isolation"]["refused"] == [refused]
     argv = json.loads((logs / "argv.jsonl").read_text().splitlines()[0])["argv"]
     assert "--dangerously-bypass-approvals-and-sandbox" in argv
+
+
+def test_a_running_paid_jobs_evidence_says_reserved_and_an_unconfined_one_names_no_enforcer(cli, repo, tmp_path):
+    """Item 6 of issue 35: a running paid job's money is "reserved", never "free"; and the
+    evidence of an `isolation none` job names nothing as its enforcer."""
+    agent = Path(__file__).parent / "fake_agent.py"
+    git(repo, "config", "subtask.engine.agent.command", json.dumps([sys.executable, str(agent), "{task}"]))
+    git(repo, "config", "subtask.engine.agent.paid", "true")
+    gate = tmp_path / "gate"
+    job = cli.start(f"hold={gate}", "--engine", "agent", "--max-usd", "1", "--isolation", "none")
+    try:
+        envelope = json.loads(cli("result", job, "--evidence").stdout)  # exit 1: not passed (yet)
+        assert envelope["state"] in ("queued", "running")
+        assert envelope["cost"]["billing"] == "reserved" and envelope["cost"]["reserved"] == 1.0
+        assert cli.json("show", job)["state_detail"]["attempts"][0]["cost"]["billing"] == "reserved"
+    finally:
+        gate.touch()
+    cli.ok("wait", job)
+    isolation = json.loads(cli.ok("result", job, "--evidence"))["isolation"]
+    assert isolation["mode"] == "none" and isolation["enforced_by"] is None
