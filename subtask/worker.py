@@ -376,11 +376,12 @@ def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
     """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was."""
     if job.spec.readonly or worktree_untouched(worktree):
         return None
-    status = git(worktree, "status", "--porcelain", "--untracked-files=all").stdout
+    keep_out = engine_excludes(repo, job.spec.engine)
+    status = git(worktree, "status", "--porcelain", "--untracked-files=all", *keep_out).stdout
     if not status.strip():
         return None
     files = [line[3:] for line in status.splitlines() if line.strip()]
-    git(worktree, "add", "-A")
+    git(worktree, "add", "-A", *keep_out)
     sig = author_signature(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
                f"Subtask-Id: {job.id}\n")
@@ -388,6 +389,16 @@ def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
                GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
     git(worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
     return {"sha": worktree_head(worktree), "files": files[:200]}
+
+
+def engine_excludes(repo: Repo, engine: str) -> list[str]:
+    """The pathspec that keeps an engine's own files (`git config --add subtask.engine.<name>.exclude
+    PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
+    try:
+        patterns = [p.strip() for p in repo.git.config.get_multivar(f"subtask.engine.{engine}.exclude") if p.strip()]
+    except (KeyError, ValueError):
+        return []
+    return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
 
 
 def worktree_untouched(worktree: Path) -> bool:
