@@ -966,15 +966,7 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
-    path = lifecycle.events_file(repo.state_dir, job_id)
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4096))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
+    lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
     import json
 
     for line in reversed(lines):
@@ -1064,13 +1056,14 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
 
 
 class _StallLook:
-    """`wait`'s look for stalled jobs: each waited job's record ref, read every STALL_LOOK seconds
-    (a ref read; the record itself only when its tip moved). The ends still wake `wait` at once
-    through the run-locks; a stall is a fact in the record that no lock announces."""
+    """`wait`'s look for stalled jobs, every STALL_LOOK seconds: a stat of each job's events file,
+    its tail read only when it grew, the record only when the tail's last word on stalls is
+    "stalled" (the stall watch records it before it says it). The ends still wake `wait` at once
+    through the run-locks; a stall is a fact that no lock announces."""
 
     def __init__(self, repo: Repo, jobs: list[Job]):
         self.repo = repo
-        self.tips: dict[str, str | None] = {job.id: None for job in jobs}
+        self.sizes: dict[str, int | None] = {job.id: None for job in jobs}
         self.found: set[str] = set()
         self.next_look = time.monotonic()
 
@@ -1080,20 +1073,51 @@ class _StallLook:
             return False
         self.next_look = now_ + STALL_LOOK
         changed = False
-        for job_id, seen in self.tips.items():
+        for job_id, seen in self.sizes.items():
             if job_id in done:
                 continue
-            ref = self.repo.git.references.get(records.record_ref(job_id))
-            tip = str(ref.target) if ref is not None else None
-            if tip == seen:
+            path = lifecycle.events_file(self.repo.state_dir, job_id)
+            try:
+                size = os.stat(path).st_size
+            except OSError:
                 continue
-            self.tips[job_id] = tip
-            attempt = records.read(self.repo, job_id).state.current
-            now_stalled = bool(attempt.stalled) and not attempt.terminal
-            if now_stalled != (job_id in self.found):
-                (self.found.add if now_stalled else self.found.discard)(job_id)
+            if size == seen:
+                continue
+            self.sizes[job_id] = size
+            stalled = _last_stall_event(path) == "stalled"
+            if stalled:
+                attempt = records.read(self.repo, job_id).state.current
+                stalled = bool(attempt.stalled) and not attempt.terminal
+            if stalled != (job_id in self.found):
+                (self.found.add if stalled else self.found.discard)(job_id)
                 changed = True
         return changed
+
+
+def _last_stall_event(path: Path) -> str | None:
+    """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
+    import json
+
+    for line in reversed(_tail_lines(path)):
+        if '"stall' not in line:
+            continue
+        try:
+            kind = json.loads(line).get("type")
+        except (ValueError, AttributeError):
+            continue
+        if kind in ("stalled", "stall_ended"):
+            return kind
+    return None
+
+
+def _tail_lines(path: Path, size: int = 4096) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
