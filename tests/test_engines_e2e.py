@@ -416,3 +416,17 @@ def test_a_running_paid_jobs_evidence_says_reserved_and_an_unconfined_one_names_
     cli.ok("wait", job)
     isolation = json.loads(cli.ok("result", job, "--evidence"))["isolation"]
     assert isolation["mode"] == "none" and isolation["enforced_by"] is None
+
+
+def test_every_face_shows_the_jobs_total_over_its_attempts(cli, repo):
+    """`spend` counts every attempt; `list`, the `show` header and the note showed the last one's."""
+    paid_command_engine(repo, cost="0.42")
+    job = cli.start("write the agent file", "--engine", "fakepaid", "--max-usd", "3")
+    cli.ok("wait", job)
+    cli.ok("reply", job, "and again")
+    cli.ok("wait", job)
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["cost"]["charged"] for a in attempts] == [0.42, 0.42]
+    _money_agrees(cli, repo, job, 0.84)
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert "cost:    $0.42 observed · job $0.84 over 2 attempts" in note
