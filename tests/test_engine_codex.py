@@ -415,6 +415,10 @@ def test_a_custom_model_providers_key_is_credentials(repo, monkeypatch):
     assert CodexEngine().preflight() is None
     _codex_home_with(repo, "model_provider = [")
     assert CodexEngine().preflight() is not None
+    _codex_home_with(repo, 'model_provider = "ollama"\n')  # a built-in local provider: no key
+    assert CodexEngine().preflight() is None
+    _codex_home_with(repo, 'model_provider = "nowhere"\n')
+    assert CodexEngine().preflight() is not None
 
 
 @pytest.mark.parametrize("message, kind", [

@@ -83,6 +83,7 @@ def classify_error(message: str) -> str:
 
 
 NOT_LOGGED_IN = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
+LOCAL_PROVIDERS = ("oss", "ollama", "lmstudio")  # codex's built-in providers that need no key
 COMMAND_OUTPUT_TAIL = 2000  # characters of a command's output kept in its event (refusals are read there)
 _RETRY_RE = re.compile(r"^\s*(reconnecting|retrying)\b", re.I)
 
@@ -95,7 +96,7 @@ def _has_credentials(env: Mapping[str, str]) -> bool:
     provider = _provider(env)
     if provider is None:
         return False
-    env_key = provider.get("env_key")
+    env_key = provider.get("env_key")  # codex's local built-ins (oss, ollama, lmstudio) name none
     # A provider that names no key (a local server) needs none; one that names a key needs it set.
     return not env_key or bool(isinstance(env_key, str) and env.get(env_key))
 
@@ -112,10 +113,12 @@ def _provider(env: Mapping[str, str]) -> dict[str, Any] | None:
         return None
     name = config.get("model_provider")
     providers = config.get("model_providers")
-    if not isinstance(name, str) or name == "openai" or not isinstance(providers, dict):
+    if not isinstance(name, str) or name == "openai":
         return None
-    provider = providers.get(name)
-    return provider if isinstance(provider, dict) else None
+    provider = providers.get(name) if isinstance(providers, dict) else None
+    if isinstance(provider, dict):
+        return provider
+    return {} if name in LOCAL_PROVIDERS else None
 
 
 def _not_logged_in(env: Mapping[str, str]) -> str:
