@@ -999,7 +999,7 @@ def _activity_text(event: dict) -> str | None:
 
 # ---------------------------------------------------------------- wait
 
-STALL_LOOK = 0.25  # seconds between looks at the record refs of waited jobs, for a stall
+STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,

@@ -83,7 +83,7 @@ def totals(session_id: str | None, cost_usd: float | None = None,
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and value >= 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 @dataclass
