@@ -103,12 +103,13 @@ def job_cost(job) -> float | None:
     return math.fsum(costs) if costs else None
 
 
-def stalled_text(stalled, now: float | None = None) -> str:
-    """`stalled: no event from the engine for 10m05s` (how long so far, or until the attempt ended)."""
-    since = stalled.get("since") if isinstance(stalled, dict) else None
-    silent = ((stalled.get("until") or now or time.time()) - since) if isinstance(since, (int, float)) else None
-    after = stalled.get("after") if isinstance(stalled, dict) else None
-    return f"stalled: no event from the engine for {duration(silent if silent is not None else after)}"
+def stalled_text(attempt) -> str:
+    """`stalled: no event from the engine for 10m05s`: so far, or until the attempt ended."""
+    stalled = attempt.stalled if isinstance(attempt.stalled, dict) else {}
+    since, after = stalled.get("since"), stalled.get("after")
+    until = attempt.ended_at if attempt.terminal else time.time()
+    silent = until - since if isinstance(since, (int, float)) and isinstance(until, (int, float)) else after
+    return f"stalled: no event from the engine for {duration(silent if isinstance(silent, (int, float)) else None)}"
 
 
 def one_line(job, position: int | None = None) -> str:
@@ -118,7 +119,7 @@ def one_line(job, position: int | None = None) -> str:
     if attempt.state == "queued" and position:
         parts[0] += f" (#{position} in queue)"
     if attempt.state == "running" and attempt.stalled:
-        parts[0] += f" ({stalled_text(attempt.stalled)})"
+        parts[0] += f" ({stalled_text(attempt)})"
     if attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
@@ -307,7 +308,7 @@ def note_block(job) -> str:
     lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
                                                       if attempt.n > 1 else ""))
     if attempt.stalled:
-        lines.append(safe_line(stalled_text(attempt.stalled)
+        lines.append(safe_line(stalled_text(attempt)
                                + (" (subtask.stallAction stop ended it)" if attempt.stalled.get("action") == "stop" else "")))
     if tokens_text(attempt.tokens):
         lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
@@ -419,7 +420,7 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
         text += f" · {duration(elapsed)} · {cost_line(attempt)}"
         lines.append(text)
         if attempt.stalled:
-            lines.append(f"  {stalled_text(attempt.stalled)}")
+            lines.append(safe_line(f"  {stalled_text(attempt)}"))
         if attempt.n > 1:
             lines.append(f"  message: {task_title(attempt.message, 90)}")
         if attempt.reason:

@@ -84,3 +84,17 @@ def test_a_figure_below_its_baseline_is_taken_whole():
     assert base.cost_since(None) == (None, False)
     assert base.tokens_since({"input": 150, "output": 12}) == ({"input": 50, "output": 2}, True)
     assert base.tokens_since({"input": 50, "output": 12}) == ({"input": 50, "output": 12}, False)
+
+
+def test_damaged_totals_and_stall_marks_read_as_absent_and_render():
+    """A record is input: a teammate's or a damaged one may hold anything in these fields."""
+    from subtask.render import one_line, show_text
+
+    read = Attempt.from_dict({"n": 1, "state": "running", "message": "m", "queued_at": 0.0,
+                              "totals": 5, "stalled": "yes"})
+    assert read.totals is None and read.stalled is None
+    odd = Attempt.from_dict({"n": 1, "state": "running", "message": "m", "queued_at": 0.0,
+                             "stalled": {"since": "then", "after": "long"}})
+    job = job_of(odd)
+    assert "running (stalled: no event from the engine for -)" in one_line(job)
+    assert "stalled" in show_text(job)
