@@ -64,9 +64,14 @@ def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo,
 def test_stall_action_stop_ends_a_silent_paid_engine_charged_by_the_usual_rule(cli, repo, tmp_path):
     stall_after(repo, action="stop")
     paid_agent(repo)
-    gate = tmp_path / "gate"  # never made: the agent stays silent
+    gate = tmp_path / "gate"  # made only if the test fails: the agent stays silent
     job = cli.start(f"hold={gate} cost=0.10", "--engine", "agent", "--max-usd", "1.5")
-    assert cli("wait", job, timeout=60).returncode == 1
+    try:
+        assert cli("wait", job, timeout=60).returncode == 1
+    finally:
+        if cli.json("show", job)["state"] == "running":  # the stall rule did not end it: never leave it
+            gate.touch()
+            cli("stop", job)
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert attempt["state"] == "stopped"
     assert attempt["reason"].startswith("stalled: no event from the engine for 0.3s")
@@ -94,7 +99,11 @@ def test_a_stalled_engine_that_the_model_never_answered_is_charged_nothing(cli, 
            "FAKE_CODEX_MODE": "events_then_sleep",
            "FAKE_CODEX_EVENTS": json.dumps(recorded("codex-0.171-unreachable.jsonl"))}
     job = cli.start("do it", "--engine", "codex", "--max-usd", "2", env=env)
-    assert cli("wait", job, timeout=60).returncode == 1
+    try:
+        assert cli("wait", job, timeout=60).returncode == 1
+    finally:
+        if cli.json("show", job)["state"] == "running":  # the stall rule did not end it: never leave it
+            cli("stop", job)
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert attempt["state"] == "stopped" and attempt["stalled"]
     assert attempt["cost"]["charged"] == 0.0 and attempt["cost"]["billing"] == "not_billed"
