@@ -325,7 +325,7 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
     calls = []
     with FakeResponsesAPI(turns, usage=(100_000, 5_000)) as api:
         env = _real_codex_env(repo, tmp_path, api.url)
-        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", env=env)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", "--timeout", "100", env=env)
         cli.ok("wait", job, env=env, timeout=120)
         calls.append(len(api.requests))
         for message in ("now two.txt", "anything else?"):
