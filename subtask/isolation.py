@@ -221,6 +221,11 @@ def _require(engine, mode: str, source: str) -> None:
     if not support().available:
         raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: {support().reason}",
                            hint="git subtask doctor; or run unconfined on purpose: --isolation none")
+    refusal = getattr(engine, "confinement_refusal", None)
+    reason = refusal(mode) if callable(refusal) else None
+    if reason:  # the engine's own sandbox cannot work inside ours: refused, never downgraded
+        raise SubtaskError("fatal", f"{how} {mode}: {reason}",
+                           hint=getattr(engine, "CONFINEMENT_HINT", None) or f"git subtask start --isolation none --engine {engine.name} ...")
 
 
 def describe(engine, configured: str | None = None) -> str:
@@ -262,6 +267,9 @@ class Policy:
     tmpdir: str | None = None
 
     def to_dict(self) -> dict:
+        if self.mode == "none":  # nothing of ours confined it, whatever this machine could enforce
+            return {"mode": "none", "enforced_by": None, "signals": "not scoped",
+                    "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
         return {"mode": self.mode, "enforced_by": support().describe(),
                 "signals": "only inside the sandbox" if support().abi >= SCOPED_ABI else "not scoped",
                 "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
