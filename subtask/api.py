@@ -81,6 +81,7 @@ class StartResult:
 class WaitResult:
     jobs: list[Job]
     timed_out: bool
+    stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
 
     @property
     def all_passed(self) -> bool:
@@ -258,6 +259,18 @@ def _max_usd(repo: Repo, engine, requested) -> float:
     return usd if engine.paid else 0.0
 
 
+def _reserved_cost(usd: float, engine) -> Cost:
+    """A new attempt's cost: a paid engine's says "reserved" until the attempt is settled."""
+    return Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=usd)
+
+
+def _default_timeout(repo: Repo, engine) -> float | None:
+    """`subtask.defaultTimeout` for a paid engine (0: none); a free one runs until it ends. A paid
+    agent that can no longer progress (an API it cannot reach, retried forever) must end some
+    time, or its whole reservation is spent on waiting."""
+    return (repo.config.number("defaultTimeout") or None) if engine.paid else None
+
+
 def _usd(amount: float) -> str:
     """An amount as a person types it: 1000000000, 2.5 (never 1e+09)."""
     return f"{amount:.2f}".rstrip("0").rstrip(".")
@@ -295,7 +308,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     engine = get_engine(engine_name, repo.config)
     _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
-    timeout = _positive(request.timeout, "--timeout")
+    timeout = _positive(request.timeout, "--timeout") or _default_timeout(repo, engine)
     max_turns = _positive(request.max_turns, "--max-turns", integer=True)
     max_usd = _max_usd(repo, engine, request.max_usd)
     if request.verify is not None and not request.verify.strip():
@@ -318,7 +331,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
                    network=network, group=group, member=member)
-    attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
+    attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
@@ -537,7 +550,8 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     while pending and not timed_out:
         # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
         left = None if deadline is None else max(0.01, deadline - time.monotonic())
-        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick).timed_out
+        # A stalled member does not end a group's wait: the group waits for its members' ends.
+        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick, stalls=False).timed_out
         for group in found:
             groups.settle(repo, group.id)
         pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
@@ -811,13 +825,13 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
-    timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
+    timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
     worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
-    attempt = Attempt(n=n, state="queued", message=stored, queued_at=now(), cost=Cost(reserved=usd),
+    attempt = Attempt(n=n, state="queued", message=stored, queued_at=now(), cost=_reserved_cost(usd, engine),
                       rid=f"{job_id}.{n}" if engine.paid else None, timeout=timeout,
                       max_usd=usd if engine.paid else None, session_id=None)
     job.state.attempts.append(attempt)
@@ -978,15 +992,7 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
-    path = lifecycle.events_file(repo.state_dir, job_id)
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4096))
-            lines = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
+    lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
     import json
 
     for line in reversed(lines):
@@ -1002,6 +1008,9 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
 
 def _activity_text(event: dict) -> str | None:
     kind = event.get("type")
+    if kind == "stalled":
+        after = event.get("after")
+        return "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
     if kind == "command":
         return f"running: {event.get('command')}"
     if kind == "tool":
@@ -1016,10 +1025,15 @@ def _activity_text(event: dict) -> str | None:
 
 # ---------------------------------------------------------------- wait
 
+STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
+
+
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
+    A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
+    too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
     """
@@ -1036,10 +1050,11 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     for job in first_read:
         threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
     done: dict[str, Job] = {}
+    stalled = _StallLook(repo, first_read) if stalls else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
     try:
-        while len(done) < needed:
+        while len(done) + len(stalled.found if stalled else ()) < needed:
             now_ = time.monotonic()
             if deadline is not None and now_ >= deadline:
                 break
@@ -1047,7 +1062,10 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
                 next_tick = now_ + tick
                 on_tick(now_ - started, len(done), len(job_ids),
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600) if t is not None)
+            if stalled is not None and stalled.look(done, now_):
+                continue
+            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600,
+                                    stalled.next_look if stalled else None) if t is not None)
             try:
                 job_id, seen = ended.get(timeout=max(0.0, until - now_))
             except queue.Empty:
@@ -1058,7 +1076,74 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     finally:
         cancel.set()  # watcher threads stop at their next look
     jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    return WaitResult(jobs, timed_out=len(done) < needed)
+    found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
+             and not j.state.current.terminal]
+    return WaitResult(jobs, timed_out=len(done) + len(found) < needed, stalled=found)
+
+
+class _StallLook:
+    """`wait`'s look for stalled jobs, every STALL_LOOK seconds: a stat of each job's events file,
+    its tail read only when it grew, the record only when the tail's last word on stalls is
+    "stalled" (the stall watch records it before it says it). The ends still wake `wait` at once
+    through the run-locks; a stall is a fact that no lock announces."""
+
+    def __init__(self, repo: Repo, jobs: list[Job]):
+        self.repo = repo
+        self.sizes: dict[str, int | None] = {job.id: None for job in jobs}
+        self.found: set[str] = set()
+        self.next_look = time.monotonic()
+
+    def look(self, done: dict[str, Job], now_: float) -> bool:
+        """Look if it is time; True when a job was found stalled (or no longer stalled)."""
+        if now_ < self.next_look:
+            return False
+        self.next_look = now_ + STALL_LOOK
+        changed = False
+        for job_id, seen in self.sizes.items():
+            if job_id in done:
+                continue
+            path = lifecycle.events_file(self.repo.state_dir, job_id)
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue
+            if size == seen:
+                continue
+            self.sizes[job_id] = size
+            stalled = _last_stall_event(path) == "stalled"
+            if stalled:
+                attempt = records.read(self.repo, job_id).state.current
+                stalled = bool(attempt.stalled) and not attempt.terminal
+            if stalled != (job_id in self.found):
+                (self.found.add if stalled else self.found.discard)(job_id)
+                changed = True
+        return changed
+
+
+def _last_stall_event(path: Path) -> str | None:
+    """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
+    import json
+
+    for line in reversed(_tail_lines(path)):
+        if '"stall' not in line:
+            continue
+        try:
+            kind = json.loads(line).get("type")
+        except (ValueError, AttributeError):
+            continue
+        if kind in ("stalled", "stall_ended"):
+            return kind
+    return None
+
+
+def _tail_lines(path: Path, size: int = 4096) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
@@ -1242,7 +1327,7 @@ def evidence_envelope(job: Job) -> dict:
         "main_worktree": (evidence or {}).get("main_worktree"),
         "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
         "summary": job.summary,
-        "cost": attempt.cost.to_dict(),
+        "cost": attempt.cost.to_dict() | ({"billing": "reserved"} if attempt.rid and not attempt.terminal else {}),
         "tokens": attempt.tokens,
         "session_id": attempt.session_id,
         "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}

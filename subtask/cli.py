@@ -119,7 +119,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
 def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on,
           best_of, pick, judge, first_pass, as_json):
-    """Start a job in its own worktree and branch; print its id at once.
+    """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
@@ -197,9 +197,11 @@ def reply(job_id, message, max_usd, timeout, as_json):
 @click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
 @click.option("--json", "as_json", is_flag=True)
 def wait(ids, any_, timeout, as_json):
-    """Block until the jobs end; print one line per job.
+    """Block until the jobs end, or one stalls; print one line per job.
 
-    Exit 0 when every job ended done with verify passed (or no verify); 1 otherwise.
+    A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
+    wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
+    verify passed (or no verify); 1 otherwise.
     """
     from subtask import api, render
 
@@ -210,10 +212,13 @@ def wait(ids, any_, timeout, as_json):
     result = api.wait(repo, list(ids), timeout=timeout, any_=any_)
     if as_json:
         _emit_json({"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
-                    "jobs": [_job_json(j) for j in result.jobs]})
+                    "stalled": result.stalled, "jobs": [_job_json(j) for j in result.jobs]})
     else:
         for job in result.jobs:
             echo(render.ended_lines(job, api.queue_position(repo, job.id)))
+        for job in result.jobs:
+            if job.id in result.stalled:
+                echo(render.stalled_hint(job), err=True)
         if result.timed_out:
             echo(f"timed out after {timeout:g}s", err=True)
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)

@@ -35,11 +35,18 @@ SETTINGS: dict[str, Setting] = {
     "stopGrace": Setting("5", "number", 0, "seconds between SIGTERM and SIGKILL on stop"),
     "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
     "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
+    "defaultTimeout": Setting("3600", "number", 0, "seconds a paid engine may run when no --timeout is given (0: no limit)"),
+    "stallAfter": Setting("600", "number", 0, "seconds without an event from the engine after which a job is marked stalled (0: never)"),
     "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
     "packLooseObjects": Setting("1024", "int", 0, "loose objects added since the last pack that make a "
                                 "worker pack them before its checkout (0: never)"),
 }
+# Word settings: the allowed words, the first one the default (a wrong word reads as the default).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "stallAction": ("mark", "stop"),  # what follows a stall: mark the job, or stop its engine
+}
 DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
+DEFAULTS.update({key: words[0] for key, words in CHOICES.items()})
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
@@ -69,6 +76,11 @@ class Config:
     def integer(self, key: str) -> int:
         return int(self.number(key))
 
+    def choice(self, key: str) -> str:
+        """One of `CHOICES[key]`; the default for anything else (`problems` names it)."""
+        value = (self.get(key) or "").strip().lower()
+        return value if value in CHOICES[key] else CHOICES[key][0]
+
     def flag(self, key: str) -> bool:
         return (self.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -84,6 +96,11 @@ class Config:
             problem = self._checked(key)[1]
             if problem:
                 found.append((problem, fix_hint(key)))
+        for key, words in CHOICES.items():
+            raw = self.get(key) or ""
+            if raw.strip().lower() not in words:
+                found.append((f"git config subtask.{key} must be {' or '.join(words)}, not {raw!r} (read as {words[0]})",
+                              f"git config subtask.{key} {words[0]}"))
         return found
 
     def _checked(self, key: str) -> tuple[float, str | None]:

@@ -229,6 +229,11 @@ def _require(engine, mode: str, source: str) -> None:
     if not support().available:
         raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: {support().reason}",
                            hint="git subtask doctor; or run unconfined on purpose: --isolation none")
+    refusal = getattr(engine, "confinement_refusal", None)
+    reason = refusal(mode) if callable(refusal) else None
+    if reason:  # the engine's own sandbox cannot work inside ours: refused, never downgraded
+        raise SubtaskError("fatal", f"{how} {mode}: {reason}",
+                           hint=getattr(engine, "CONFINEMENT_HINT", None) or f"git subtask start --isolation none --engine {engine.name} ...")
     if not namespaces.support().available:
         raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: it needs user, mount and pid "
                            f"namespaces (for the metadata of files outside the worktree, and for children that "
@@ -306,13 +311,14 @@ class Policy:
     plan: namespaces.Plan = field(default_factory=namespaces.Plan)  # set by `plan_namespaces`
     children: str = "not confined"  # how no process of the job outlives it, in words
 
-    def enforced_by(self) -> str:
+    def enforced_by(self) -> str | None:
+        """What the kernel enforces for this run, or None: nothing of ours confined it."""
         parts = [support().describe()] if self.mode != "none" else []
         kinds = [kind for kind, on in (("mount", self.plan.mounts is not None), ("pid", self.plan.pid),
                                        ("network", not self.plan.network)) if on]
         if kinds:
             parts.append("+".join(kinds) + (" namespace" if len(kinds) == 1 else " namespaces"))
-        return ", ".join(parts) or "nothing"
+        return ", ".join(parts) or None
 
     def to_dict(self) -> dict:
         confined = self.mode != "none"

@@ -171,7 +171,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
             return False
         if attempt.rid:
             attempt.cost.charged = charge
-            attempt.cost.billing = "charged" if charge else attempt.cost.billing
+            attempt.cost.billing = "charged" if charge else "not_started"
         ended[:] = [job]
         return True
 

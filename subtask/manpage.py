@@ -33,10 +33,14 @@ SETTINGS = [("subtask.engine", "default engine"), ("subtask.maxRunning", "worker
             ("subtask.maxJobUsd", "budget ceiling (20)"), ("subtask.maxDepth", "delegation depth (2)"),
             ("subtask.worktreeDir", "where worktrees go"), ("subtask.stateDir", "bookkeeping folder"),
             ("subtask.verifyTimeout", "seconds verify may run (600)"), ("subtask.setup", "command run in a new worktree"),
+            ("subtask.defaultTimeout", "seconds a paid engine may run without --timeout (3600; 0 none)"),
+            ("subtask.stallAfter", "seconds without an engine event that mark a job stalled (600; 0 never)"),
+            ("subtask.stallAction", "mark (default) or stop a stalled job's engine"),
             ("subtask.landTarget", "branch whose history counts as landed"),
             ("subtask.deleteLandedBranches", "delete branches of landed jobs (true)"),
             ("subtask.packLooseObjects", "loose objects added that make a worker pack them first (1024; 0 never)"),
-            ("subtask.engine.<name>.command", "argv template (JSON list) of a command engine")]
+            ("subtask.engine.<name>.command", "argv template (JSON list) of a command engine"),
+            ("subtask.engine.<name>.exclude", "pathspec kept out of the worker's commits (repeatable)")]
 
 
 def commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:

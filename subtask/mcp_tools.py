@@ -203,7 +203,7 @@ class _Abandoned(Exception):
 @tool("wait", read_only=True, title="Wait for jobs")
 async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
                repo: str | None = None) -> str:
-    """Block until the jobs end (any=true: until the first one ends); one line per job.
+    """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
     activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
@@ -232,6 +232,7 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
             return "\n\n".join(lines)
         result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
         lines = [render.ended_lines(job, api.queue_position(where, job.id)) for job in result.jobs]
+        lines += [render.stalled_hint(job) for job in result.jobs if job.id in result.stalled]
         if result.timed_out:
             still = sum(1 for job in result.jobs if not job.state.current.terminal)
             lines.append(f"timed out after {timeout:g}s; {still} still running (they continue): call wait again")

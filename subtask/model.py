@@ -139,7 +139,12 @@ class Cost(_Record):
     reserved: float = 0.0
     observed: float | None = None  # what the engine reported
     charged: float | None = None  # what the ledger closed at
-    billing: str = "free"  # free | observed | charged (unknown cost: whole reservation) | not_started
+    # reserved (a paid attempt not ended yet) | free | observed | charged (unknown cost: whole
+    # reservation) | not_started | not_billed (stalled, and the engine never reported a model answer)
+    billing: str = "free"
+    # Taken off what the engine's session figures showed for this attempt: what earlier attempts of
+    # the same session were charged without a figure of their own (docs/engines.md "Resumed sessions").
+    credit: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,10 +171,20 @@ class Attempt(_Record):
     verify: VerifyResult | None = None
     timeout: float | None = None
     max_usd: float | None = None
+    # What the engine reported for its whole session at the end of this attempt (a resumed session
+    # reports running totals): {"session_id", "cost_usd", "tokens"}; the next attempt's own share is
+    # the difference (engines/base.py `Baseline`).
+    totals: dict[str, Any] | None = None
+    # Set while the engine is silent past `subtask.stallAfter` (a condition of a running attempt,
+    # not a state): {"since": last event's time, "after": seconds, "action": mark|stop}; cleared
+    # when the engine speaks again; kept when the attempt ended stalled.
+    stalled: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
+        if key in ("totals", "stalled") and not isinstance(value, dict):
+            return None  # damaged or foreign: read as absent
         if key == "cost":
             return Cost.from_dict(value)
         if key == "verify" and value is not None:

@@ -110,6 +110,8 @@ def status_line(job: Job) -> str:
 
 def list_entry(job: Job) -> dict:
     """The compact facts `list` needs, stored in the record commit message."""
+    from subtask.render import job_cost
+
     attempt = job.state.current
     verify = attempt.verify
     return {
@@ -121,8 +123,9 @@ def list_entry(job: Job) -> dict:
         "created": job.spec.created_at,
         "ended": attempt.ended_at,
         "verify": None if verify is None else ("passed" if verify.passed else "failed"),
-        "cost": attempt.cost.charged if attempt.cost.charged is not None else attempt.cost.observed,
+        "cost": job_cost(job),  # every attempt's, as `spend` counts them
         "billing": attempt.cost.billing,
+        **({"stalled": attempt.stalled} if attempt.stalled and not attempt.terminal else {}),
         "task": job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else "",
         "readonly": job.spec.readonly,
         "landed": job.state.landed_in,

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -96,17 +97,34 @@ def attempt_cost(attempt) -> float | None:
     return cost.charged if cost.charged is not None else cost.observed
 
 
+def job_cost(job) -> float | None:
+    """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet)."""
+    costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if isinstance(c, (int, float))]
+    return math.fsum(costs) if costs else None
+
+
+def stalled_text(attempt) -> str:
+    """`stalled: no event from the engine for 10m05s`: so far, or until the attempt ended."""
+    stalled = attempt.stalled if isinstance(attempt.stalled, dict) else {}
+    since, after = stalled.get("since"), stalled.get("after")
+    until = attempt.ended_at if attempt.terminal else time.time()
+    silent = until - since if isinstance(since, (int, float)) and isinstance(until, (int, float)) else after
+    return f"stalled: no event from the engine for {duration(silent if isinstance(silent, (int, float)) else None)}"
+
+
 def one_line(job, position: int | None = None) -> str:
     """`st-1a2b3c4d done · verify passed · $0.00 · 3.2s · shell · echo hi` — the job in one line."""
     attempt = job.state.current
     parts = [f"{job.id} {attempt.state}"]
     if attempt.state == "queued" and position:
         parts[0] += f" (#{position} in queue)"
+    if attempt.state == "running" and attempt.stalled:
+        parts[0] += f" ({stalled_text(attempt)})"
     if attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
             parts.append(attempt.error_kind)
-        parts.append(money(attempt_cost(attempt)))
+        parts.append(money(job_cost(job)))
         if attempt.started_at and attempt.ended_at:
             parts.append(duration(attempt.ended_at - attempt.started_at))
     parts.append(job.spec.engine)
@@ -114,6 +132,12 @@ def one_line(job, position: int | None = None) -> str:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
     return safe_line(" · ".join(parts))
+
+
+def stalled_hint(job) -> str:
+    """What `wait` adds for a job it returned on because it stalled."""
+    return safe_line(f"{job.id} is stalled and still running: stop it (git subtask stop {job.id}), "
+                     f"or wait for it again (git subtask wait {job.id})")
 
 
 def ended_lines(job, position: int | None = None) -> str:
@@ -135,6 +159,8 @@ def started_line(job, position: int) -> str:
 def status_line(job, position: int | None = None, activity: str | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active."""
     line = one_line(job, position)
+    if job.state.current.stalled:
+        return line  # its last event says no more than "stalled"
     return safe_line(f"{line} · now: {activity}") if activity else line
 
 
@@ -144,6 +170,8 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     state = entry.get("state", "?")
     if state == "queued" and position:
         state = f"queued#{position}"
+    elif state == "running" and entry.get("stalled"):
+        state = "stalled"
     verify = entry.get("verify") or "-"
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
@@ -221,13 +249,19 @@ def cost_line(attempt) -> str:
     cost = attempt.cost
     if attempt.rid and not attempt.terminal:
         return f"{money(cost.reserved)} reserved"
-    if cost.billing == "free":
+    if cost.billing in ("free", "reserved"):
         return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
     if cost.billing == "not_started":
         return "$0.00 (the engine never started: nothing spent)"
+    if cost.billing == "not_billed":
+        return "$0.00 (stalled, and the model never answered: nothing billed)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
-    return f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
+    text = f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
+    if cost.credit:
+        # a resumed session's figures counted again what earlier attempts were charged whole
+        text += f" (less {money(cost.credit)} charged already to earlier attempts of the session)"
+    return text
 
 
 _TOKEN_WORDS = (("input", "in"), ("cached_input", "cached in"), ("cache_read", "cache read"),
@@ -266,12 +300,16 @@ def note_block(job) -> str:
     head = f"subtask {job.id} · {attempt.state}"
     if attempt.outcome:
         head += f" ({attempt.outcome})"
-    head += f" · {verify_word(attempt.verify)} · {money(attempt_cost(attempt))} · {duration(elapsed)}"
+    head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
     if attempt.n > 1:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
-    lines.append(f"cost:    {cost_line(attempt)}")
+    lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
+                                                      if attempt.n > 1 else ""))
+    if attempt.stalled:
+        lines.append(safe_line(stalled_text(attempt)
+                               + (" (subtask.stallAction stop ended it)" if attempt.stalled.get("action") == "stop" else "")))
     if tokens_text(attempt.tokens):
         lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
@@ -381,6 +419,8 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
             text += f" ({attempt.outcome})"
         text += f" · {duration(elapsed)} · {cost_line(attempt)}"
         lines.append(text)
+        if attempt.stalled:
+            lines.append(safe_line(f"  {stalled_text(attempt)}"))
         if attempt.n > 1:
             lines.append(f"  message: {task_title(attempt.message, 90)}")
         if attempt.reason:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -57,7 +58,7 @@ from subtask import (
     worktrees,
 )
 from subtask.engines import get_engine
-from subtask.engines.base import ERROR_HINTS, EngineContext, Outcome
+from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
 from subtask.errors import SubtaskError
 from subtask.gitrepo import (
     NO_HOOKS,
@@ -73,6 +74,8 @@ from subtask.gitrepo import (
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import Redactor, StreamRedactor, redact, redact_obj
+from subtask.stall import StallWatch
+from subtask.stall import action_of as stall_action
 from subtask.statefiles import file_lock, open_private
 
 VERIFY_TAIL_BYTES = 4096
@@ -381,16 +384,33 @@ def engine_env(job: Job) -> dict[str, str]:
     return env
 
 
+def resume_point(job: Job) -> tuple[str | None, Baseline | None, float]:
+    """What a reply resumes: the session of the latest earlier attempt that has one; the figures
+    that session last reported (the baseline of this attempt's own share); and what the attempts
+    since then were charged without figures of their own (killed, timed out), which the engine's
+    next running total includes again: that much is credited, so nothing is charged twice."""
+    earlier = job.state.attempts[:-1]
+    session = next((a.session_id for a in reversed(earlier) if a.session_id), None)
+    unreported: list[float] = []
+    for attempt in reversed(earlier) if session else ():
+        baseline = Baseline.from_totals(attempt.totals)
+        if baseline is not None:
+            return (session, baseline, math.fsum(unreported)) if baseline.session_id == session else (session, None, 0.0)
+        charged = attempt.cost.charged
+        unreported.append(charged if isinstance(charged, (int, float)) else (attempt.cost.reserved if attempt.rid else 0.0))
+    return session, None, 0.0
+
+
 def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = None) -> Outcome:
     attempt = job.state.current
-    previous = job.state.attempts[-2] if len(job.state.attempts) > 1 else None
+    session, baseline, _ = resume_point(job)
     engine = get_engine(job.spec.engine, repo.config)
     launched: list[int] = []  # a process of the engine started: from here it may have spent
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
         git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job), emit=sink,
-        session_id=previous.session_id if previous else None, model=job.spec.model,
+        session_id=session, baseline=baseline, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
@@ -429,12 +449,13 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
     git runs through the admin folder `checked_metadata` vouched for, never by discovery."""
     if admin is None or worktree_untouched(admin):
         return None
+    keep_out = engine_excludes(repo, job.spec.engine)
     status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
-                               "--ignore-submodules=all").stdout
+                               "--ignore-submodules=all", *keep_out).stdout
     if not status.strip():
         return None
     files = [line[3:] for line in status.splitlines() if line.strip()]
-    worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors")
+    worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors", *keep_out)
     sig = author_signature(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
                f"Subtask-Id: {job.id}\n")
@@ -442,6 +463,16 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
                GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
     worktrees.job_git(repo, admin, worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
     return {"sha": branch_tip(repo, job), "files": files[:200]}
+
+
+def engine_excludes(repo: Repo, engine: str) -> list[str]:
+    """The pathspec that keeps an engine's own files (`git config --add subtask.engine.<name>.exclude
+    PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
+    try:
+        patterns = [p.strip() for p in repo.git.config.get_multivar(f"subtask.engine.{engine}.exclude") if p.strip()]
+    except (KeyError, ValueError):
+        return []
+    return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
 
 
 def worktree_untouched(admin: Path) -> bool:
@@ -532,8 +563,13 @@ class Confinement:
     def watch(self, event: dict) -> None:
         """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
         self.sink(event)
-        if self.policy.mode != "none" and event.get("type") in ("output", "log"):
+        if self.policy.mode == "none":
+            return
+        if event.get("type") in ("output", "log"):
             self.note_refused(str(event.get("text", "")))
+        elif event.get("type") == "command" and isinstance(event.get("output"), str):
+            for line in event["output"].splitlines():  # what an agent's command printed (codex)
+                self.note_refused(line)
 
     def note_refused(self, text: str) -> None:
         if not isolation.looks_refused(text) or len(self.refused) >= isolation.MAX_REFUSED:
@@ -685,7 +721,7 @@ def _looks_like_test(command: str) -> bool:
 
 
 def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome, evidence: Evidence | None,
-           verify: VerifyResult | None, head: str | None, sink: EventSink) -> Job:
+           verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None) -> Job:
     """Write the final record once: state, cost, evidence, summary, events tail."""
     def change(job: Job) -> bool:
         attempt = job.state.current
@@ -695,12 +731,15 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
         if state == "stopped":
             # `stop` may kill the engine's group before the worker's SIGTERM lands: the engine
             # then says "exited with code -15", which is the stop, not a reason of its own.
-            reason = "stopped by request"
+            reason = stop_reason or "stopped by request"
         attempt.finish(state, reason=reason, error_kind=outcome.error_kind if state == "failed" else None,
                        hint=(outcome.hint or None) if state == "failed" else None, outcome=outcome.outcome,
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
-                       turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify)
-        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched)
+                       turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify,
+                       totals=outcome.totals or None)
+        credit = resume_point(job)[2] if outcome.since_baseline else 0.0
+        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched, credit=credit,
+                    never_billed=attempt.stalled is not None and outcome.billed is False)
         if evidence is not None:
             evidence.state = state
             evidence.cost = attempt.cost.to_dict()
@@ -718,7 +757,12 @@ def owner_lock_wait(repo: Repo) -> float:
     return repo.config.number("refLockStale") + 2 * records.LOCK_WAIT
 
 
-def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> None:
+def settle_cost(attempt, observed: float | None, *, launched: bool = True, credit: float = 0.0,
+                never_billed: bool = False) -> None:
+    """The attempt's charge from what its engine observed: capped at the reservation; the whole
+    reservation when unknown; nothing when no engine process ever ran, or when it stalled and the
+    model never answered (`never_billed`); `credit` (charged already, see `resume_point`) is
+    taken off an observed share of a resumed session."""
     cost = attempt.cost
     cost.observed = observed if observed is not None and observed == observed else None
     if attempt.rid and not launched:
@@ -731,6 +775,12 @@ def settle_cost(attempt, observed: float | None, *, launched: bool = True) -> No
         cost.charged = 0.0 if observed is None else None
         return
     unknown = observed is None or not (0 <= observed < float("inf"))
+    if unknown and never_billed:
+        cost.charged, cost.billing = 0.0, "not_billed"
+        return
+    if not unknown and credit > 0:
+        cost.credit = min(credit, observed)
+        observed = observed - cost.credit
     cost.charged = cost.reserved if unknown else min(observed, cost.reserved)
     cost.billing = "charged" if unknown else "observed"
 
@@ -861,9 +911,11 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         sink({"type": "isolation", "mode": confinement.policy.mode,
               "writable": [g.path for g in confinement.policy.grants]})
     stopped = False
+    stall = StallWatch(repo, job_id, attempt_n, sink, after=repo.config.number("stallAfter"),
+                       action=stall_action(repo), grace=repo.config.number("stopGrace"))
     try:
-        with isolation.confined(confinement.sandbox):
-            outcome = run_engine(repo, job, worktree, confinement.watch, confinement.env)
+        with isolation.confined(confinement.sandbox), stall:
+            outcome = run_engine(repo, job, worktree, stall.emitter(confinement.watch), confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -872,7 +924,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         sink.flush()  # the output's tail, before the record takes its events tail
     phases.mark("engine")
     faults.point("after_engine")
-    stopped = stopped or lifecycle.stop_marker(state_dir, job_id).exists()
+    stopped = stopped or stall.stopped or lifecycle.stop_marker(state_dir, job_id).exists()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more
@@ -901,7 +953,8 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         # finished job whose commits nothing keeps alive once its branch is squashed away.
         records.set_pin(repo, job_id, "head", head)
     phases.mark("pins")
-    job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink)
+    job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
+                 stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None)
     privatetext.discard(state_dir, job_id, attempt_n)
     phases.mark("record")
     faults.point("after_final_record")

@@ -199,8 +199,10 @@ class FakeMessagesAPI:
     """
 
     def __init__(self, turns: list[Any], marker: str = MAIN_MARKER,
-                 fail_main: tuple[int, dict[str, Any]] | None = None) -> None:
+                 fail_main: tuple[int, dict[str, Any]] | None = None,
+                 usage: tuple[int, int] = (120, 20)) -> None:
         self.turns = turns
+        self.usage = usage  # (input, output) tokens each main call reports
         self.marker = marker
         self.fail_main = fail_main  # (HTTP status, error body) for every main request
         self.requests: list[dict[str, Any]] = []
@@ -291,11 +293,12 @@ class FakeMessagesAPI:
                     return
                 turn = api.reply_for(body)
                 model = str(body.get("model") or "claude-sonnet-4-5")
+                usage = api.usage if api.is_main(body) else (120, 20)
                 if body.get("stream"):
-                    payload = _sse(turn, model).encode()
+                    payload = _sse(turn, model, usage).encode()
                     self._send(200, "text/event-stream", payload)
                 else:
-                    self._send_json(200, _message(turn, model))
+                    self._send_json(200, _message(turn, model, usage))
 
             def _send_json(self, status: int, obj: Any) -> None:
                 self._send(status, "application/json", json.dumps(obj).encode())
@@ -329,22 +332,22 @@ def _blocks(turn: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _usage(output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": 120, "output_tokens": output_tokens,
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
-def _message(turn: dict[str, Any], model: str) -> dict[str, Any]:
+def _message(turn: dict[str, Any], model: str, usage: tuple[int, int] = (120, 20)) -> dict[str, Any]:
     blocks = _blocks(turn)
     return {"id": "msg_" + uuid.uuid4().hex[:12], "type": "message", "role": "assistant",
             "model": model, "content": blocks, "stop_sequence": None,
-            "stop_reason": "tool_use" if turn.get("tool") else "end_turn", "usage": _usage(20)}
+            "stop_reason": "tool_use" if turn.get("tool") else "end_turn", "usage": _usage(*usage)}
 
 
-def _sse(turn: dict[str, Any], model: str) -> str:
+def _sse(turn: dict[str, Any], model: str, usage: tuple[int, int] = (120, 20)) -> str:
     """The turn as the streaming events of one Messages API response."""
-    message = _message(turn, model)
-    start = dict(message, content=[], stop_reason=None, usage=_usage(1))
+    message = _message(turn, model, usage)
+    start = dict(message, content=[], stop_reason=None, usage=_usage(usage[0], 1))
     events: list[tuple[str, dict[str, Any]]] = [("message_start",
                                                   {"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
@@ -352,7 +355,7 @@ def _sse(turn: dict[str, Any], model: str) -> str:
     events.append(("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": message["stop_reason"],
                                                "stop_sequence": None},
-                                     "usage": {"output_tokens": 20}}))
+                                     "usage": {"output_tokens": usage[1]}}))
     events.append(("message_stop", {"type": "message_stop"}))
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
 

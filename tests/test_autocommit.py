@@ -51,3 +51,42 @@ def test_the_engines_own_commit_is_the_head_and_nothing_is_added(tmp_path):
     evidence = cli.json("show", job)["evidence"]
     assert evidence["autocommit"] is None
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "engine commit"
+
+
+AIDER_LEFTOVERS = ("printf 'hi\\n' > work.txt && printf '# chat\\n' > .aider.chat.history.md && "
+                   "mkdir -p .aider.tags.cache.v4 && printf '\\0\\1' > .aider.tags.cache.v4/cache.db")
+
+
+def test_an_engines_exclude_list_keeps_its_own_files_out_of_the_jobs_commits(tmp_path):
+    """aider's recipe (`--no-gitignore`) leaves its chat history and tags cache in the worktree:
+    `subtask.engine.<name>.exclude` names them, and the worker never commits them; they stay
+    beside the work, untracked."""
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    cli = Cli(repo)
+    script = tmp_path / "agent.sh"
+    script.write_text(AIDER_LEFTOVERS + "\n")
+    git(repo, "config", "subtask.engine.aider.command", f'["sh", "{script}"]')
+    git(repo, "config", "--add", "subtask.engine.aider.exclude", ".aider*")
+    job = cli.start("add work.txt", "--engine", "aider")
+    cli.ok("wait", job)
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["autocommit"]["files"] == ["work.txt"]
+    assert git(repo, "diff", "--name-only", f"{evidence['base']}..subtask/{job}").split() == ["work.txt"]
+    worktree = repo / ".subtask" / "worktrees" / job
+    assert (worktree / ".aider.chat.history.md").exists() and (worktree / ".aider.tags.cache.v4" / "cache.db").exists()
+
+    # an engine that left only its own files: nothing to commit, no empty commit
+    script.write_text("printf '# more\\n' >> .aider.chat.history.md\n")
+    cli.ok("reply", job, "again")
+    cli.ok("wait", job)
+    assert cli.json("show", job)["evidence"]["autocommit"] is None
+    assert git(repo, "rev-list", "--count", f"{evidence['base']}..subtask/{job}") == "1"
+
+
+def test_without_an_exclude_list_the_engines_files_are_committed(tmp_path):
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    cli = Cli(repo)
+    job = cli.start(AIDER_LEFTOVERS)
+    cli.ok("wait", job)
+    files = cli.json("show", job)["evidence"]["autocommit"]["files"]
+    assert ".aider.chat.history.md" in files and "work.txt" in files

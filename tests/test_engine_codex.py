@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from subtask.engines.base import EngineContext
+from subtask.engines.base import Baseline, EngineContext
 from subtask.engines.codex import CodexEngine, classify_error
 
 SESSION = "0199a213-81c0-7800-8aa1-bbab2a035a53"
@@ -76,6 +76,10 @@ events = json.loads(os.environ.get("FAKE_CODEX_EVENTS", "[]"))
 print("WARNING: not json, just a banner", flush=True)
 print("starting", file=sys.stderr, flush=True)
 if mode == "sleep":
+    time.sleep(60)
+if mode == "events_then_sleep":  # what an engine says, then silence
+    for event in events:
+        print(json.dumps(event), flush=True)
     time.sleep(60)
 if mode == "commit":
     workdir = sys.argv[sys.argv.index("-C") + 1]
@@ -175,7 +179,8 @@ def test_recorded_run_becomes_an_outcome(repo):
 
     types = [e["type"] for e in emitted]
     assert {"session", "text", "reasoning", "tool", "command", "usage", "log"} <= set(types)
-    assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed"} in emitted
+    assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed",
+            "output": "README.md\n"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
     from subtask.api import _activity_text  # what `status` and MCP progress show
 
@@ -314,6 +319,108 @@ def test_probe(repo, monkeypatch):
     assert not CodexEngine().probe().installed
 
 
+RECORDED_DIR = Path(__file__).parent / "recorded"
+
+
+def recorded(name: str) -> list[dict[str, Any]]:
+    """Events the real codex printed (0.171, against tests/fake_codex.py's Responses API)."""
+    return [json.loads(line) for line in (RECORDED_DIR / name).read_text().splitlines() if line.strip()]
+
+
+def test_recorded_real_run_and_resume_give_each_attempt_its_own_tokens(repo):
+    """codex 0.171's `exec resume` reports the thread's running usage (3600 in after the first
+    run's 3 calls, 6000 after the resume's 2 more): the resume's own share is the difference."""
+    prices = {"engine.codex.costPerMTokIn": "2", "engine.codex.costPerMTokOut": "8"}
+    first_events = recorded("codex-0.171-exec.jsonl")
+    ctx, emitted = make_ctx(repo, first_events, config=prices)
+    first = CodexEngine().run(ctx)
+    assert first.ok, first.error
+    session = first_events[0]["thread_id"]
+    assert first.session_id == session
+    assert first.tokens == {"input": 3600, "cached_input": 0, "output": 240}
+    assert first.cost_usd == pytest.approx((3600 * 2 + 240 * 8) / 1e6)
+    assert first.totals == {"session_id": session, "cost_usd": None, "tokens": first.tokens}
+    assert first.commands == [{"command": "/bin/bash -lc 'echo hello > hello.txt && ls'", "exit": 0},
+                              {"command": "/bin/bash -lc 'cat missing.txt'", "exit": 1}]
+    assert {"type": "command", "command": "/bin/bash -lc 'cat missing.txt'", "exit": 1, "status": "failed",
+            "output": "cat: missing.txt: No such file or directory\n"} in emitted
+    assert any(e["type"] == "warning" and "Model metadata" in e["text"] for e in emitted)  # an error item: not fatal
+    assert first.billed is True and not first.since_baseline
+
+    ctx, _ = make_ctx(repo, recorded("codex-0.171-exec-resume.jsonl"), config=prices, session_id=session,
+                      baseline=Baseline.from_totals(first.totals))
+    second = CodexEngine().run(ctx)
+    assert second.ok, second.error
+    assert second.tokens == {"input": 2400, "cached_input": 0, "output": 160}
+    assert second.cost_usd == pytest.approx((2400 * 2 + 160 * 8) / 1e6)
+    assert second.since_baseline
+    assert second.totals["tokens"] == {"input": 6000, "cached_input": 0, "output": 400}
+
+
+def test_a_usage_below_the_baseline_is_the_attempts_own(repo):
+    """A figure smaller than the last one recorded cannot be a running total (a fresh thread, or a
+    codex that reports per run): it is taken whole, never as a negative share."""
+    ctx, _ = make_ctx(repo, recorded("codex-0.171-exec-resume.jsonl"), session_id="s",
+                      baseline=Baseline("s", tokens={"input": 9000, "cached_input": 0, "output": 900}))
+    out = CodexEngine().run(ctx)
+    assert out.tokens == {"input": 6000, "cached_input": 0, "output": 400} and not out.since_baseline
+
+
+def test_reconnecting_is_a_retry_and_an_unreachable_api_never_billed(repo):
+    """The real codex retries an unreachable API with `error` events "Reconnecting...": they are
+    retries (no progress for the stall rule), not failures; ended there, nothing was answered."""
+    events = recorded("codex-0.171-unreachable.jsonl")
+    ctx, emitted = make_ctx(repo, events, mode="events_then_sleep", timeout=1.0)
+    out = CodexEngine().run(ctx)
+    assert [e["type"] for e in emitted].count("retry") == 2
+    assert not [e for e in emitted if e["type"] == "error"]
+    assert out.error_kind == "timeout" and out.billed is False and out.tokens is None
+
+    ctx, _ = make_ctx(repo, events, exit_code=1)
+    out = CodexEngine().run(ctx)
+    assert out.error_kind == "api_error" and "Reconnecting" in out.error and out.billed is False
+
+
+def _codex_home_with(repo, config: str) -> dict[str, str]:
+    home = repo["tmp"] / "codex-config-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(config)
+    return {"CODEX_HOME": str(home), "PATH": repo["env"]["PATH"]}
+
+
+PROVIDER = """model_provider = "mine"
+[model_providers.mine]
+name = "mine"
+base_url = "http://127.0.0.1:9/v1"
+env_key = "MY_PROVIDER_KEY"
+"""
+
+
+def test_a_custom_model_providers_key_is_credentials(repo, monkeypatch):
+    """codex's own config.toml names the provider and the variable its key is in: set, codex can
+    run (and `start` lets it); unset, the refusal names that variable."""
+    for var in ("OPENAI_API_KEY", "CODEX_API_KEY", "SUBTASK_CODEX_BIN", "MY_PROVIDER_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    for key, value in _codex_home_with(repo, PROVIDER).items():
+        monkeypatch.setenv(key, value)
+    refusal = CodexEngine().preflight()
+    assert refusal and "MY_PROVIDER_KEY" in refusal
+    assert CodexEngine().probe().authenticated is False
+    monkeypatch.setenv("MY_PROVIDER_KEY", "sk-mine")
+    assert CodexEngine().preflight() is None
+    assert CodexEngine().probe().authenticated is True
+    # a provider that names no key (a local server) needs none; a broken config reads as none
+    _codex_home_with(repo, PROVIDER.replace('env_key = "MY_PROVIDER_KEY"\n', ""))
+    monkeypatch.delenv("MY_PROVIDER_KEY")
+    assert CodexEngine().preflight() is None
+    _codex_home_with(repo, "model_provider = [")
+    assert CodexEngine().preflight() is not None
+    _codex_home_with(repo, 'model_provider = "ollama"\n')  # a built-in local provider: no key
+    assert CodexEngine().preflight() is None
+    _codex_home_with(repo, 'model_provider = "nowhere"\n')
+    assert CodexEngine().preflight() is not None
+
+
 @pytest.mark.parametrize("message, kind", [
     ("You've hit your usage limit. Try again in 3 days.", "usage_limit"),
     ("exceeded retry limit, last status: 429 Too Many Requests", "usage_limit"),
@@ -335,8 +442,10 @@ def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
     codex_home = repo["tmp"] / "home" / ".codex"
     codex_home.mkdir()
-    ctx, _ = make_ctx(repo, RECORDED, mode="commit")
+    # codex's own sandbox cannot start inside ours: only with it off does ours confine codex
+    ctx, _ = make_ctx(repo, RECORDED, mode="commit", config={"engine.codex.sandbox": "danger-full-access"})
     ctx.env["FAKE_CODEX_LOG"] = str(codex_home / "argv.jsonl")  # it writes only where it may
+    ctx.env[isolation.ACTIVE_ENV] = "worktree"  # as the worker sets it
     tmpdir = repo["tmp"] / "job-tmp"
     tmpdir.mkdir()
     policy = isolation.build_policy("worktree", worktree=repo["worktree"], common_dir=repo["common"],
@@ -355,3 +464,26 @@ def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo
     assert repo["git"]("log", "--format=%s", "main..subtask/job1").strip() == "Add hello"
     assert (codex_home / "argv.jsonl").exists()
     assert outside.returncode != 0 and not (repo["root"] / "outside.txt").exists()
+
+
+def test_under_git_subtasks_isolation_codexs_own_sandbox_is_refused_not_run(repo):
+    """bubblewrap cannot set up its uid map inside Landlock (measured: every command failed and
+    the job still ended done): a run under our isolation with codex's sandbox on never starts."""
+    from subtask import isolation
+
+    ctx, _ = make_ctx(repo, RECORDED)
+    ctx.env[isolation.ACTIVE_ENV] = "worktree"
+    out = CodexEngine().run(ctx)
+    assert not out.ok and out.error_kind == "isolation" and not out.launched
+    assert "bubblewrap" in out.error and "danger-full-access" in out.hint
+    assert calls(repo) == []
+
+
+def test_with_its_own_sandbox_off_codex_runs_in_ours_even_read_only(repo):
+    from subtask import isolation
+
+    ctx, _ = make_ctx(repo, RECORDED, readonly=True, config={"engine.codex.sandbox": "danger-full-access"})
+    ctx.env[isolation.ACTIVE_ENV] = "readonly"
+    assert CodexEngine().run(ctx).ok
+    argv = calls(repo)[0]["argv"]
+    assert "--dangerously-bypass-approvals-and-sandbox" in argv and "--sandbox" not in argv

@@ -17,6 +17,9 @@ from fake_claude import (
     tool_turn,
     write_fake_cli,
 )
+from fake_codex import FakeResponsesAPI, codex_env, real_codex
+from fake_codex import command_turn as codex_command
+from fake_codex import text_turn as codex_text
 from test_engine_claude import offline_env
 
 from subtask.engines.claude import _bundled_cli
@@ -72,7 +75,8 @@ def test_paid_engine_reserves_then_charges_the_observed_cost(cli, repo):
     job = cli.start("write the agent file", "--engine", "fakepaid", "--max-usd", "3")
     cli.ok("wait", job)
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
-    assert attempt["cost"] == {"v": 1, "reserved": 3.0, "observed": 0.42, "charged": 0.42, "billing": "observed"}
+    assert attempt["cost"] == {"v": 1, "reserved": 3.0, "observed": 0.42, "charged": 0.42, "billing": "observed",
+                               "credit": None}
     spend = cli.json("spend")
     assert spend["committed_usd"] == pytest.approx(0.42) and spend["open_usd"] == 0
     assert spend["per_engine"]["fakepaid"]["committed"] == pytest.approx(0.42)
@@ -238,3 +242,191 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
     job = cli.start("head -c 1048576 /dev/zero | tr '\\\\0' x >&2; echo fine")
     assert "done" in cli.ok("wait", job, timeout=60)
     assert "fine" in cli.ok("result", job)
+
+
+def _money_agrees(cli, repo, job: str, total: float) -> None:
+    """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
+    from subtask.render import money
+
+    assert cli.json("spend")["committed_usd"] == pytest.approx(total)
+    listed = {e["id"]: e for e in cli.json("list")["jobs"]}
+    assert listed[job]["cost"] == pytest.approx(total)
+    assert f" {money(total)} " in next(line for line in cli.ok("list").splitlines() if line.startswith(job))
+    assert f"· {money(total)} ·" in cli.ok("show", job).splitlines()[0]
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert f"· {money(total)} ·" in note.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_real_claude_code_cli_replies_are_each_charged_their_own_turns(cli, repo, tmp_path, monkeypatch):
+    """Claude Code reports a resumed session's cost as the session's running total: each reply
+    is charged only what its own model calls cost, and every face shows the job's sum."""
+    if _bundled_cli() is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+
+    def bash(command):
+        return tool_turn("Bash", {"command": command, "description": "run"})
+
+    turns = [  # the fake API answers by the number of assistant turns in the history
+        bash("echo one > one.txt && git add one.txt && git commit -qm one"), text_turn("One.\nSTATUS: done"),
+        bash("echo two > two.txt"), bash("git add two.txt && git commit -qm two"), text_turn("Two.\nSTATUS: done"),
+        text_turn("Nothing left.\nSTATUS: done"),
+    ]
+    calls = []
+    with FakeMessagesAPI(turns, usage=(10_000, 1_000)) as api:  # cents a call, so rounding shows
+        env = offline_env(tmp_path, api.url)
+        env.pop("SUBTASK_CLAUDE_CLI", None)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        job = cli.ok("start", "--engine", "claude", "--max-usd", "2", "--timeout", "120",
+                     "write one.txt and commit it", env=env).split()[0]
+        cli.ok("wait", job, env=env, timeout=180)
+        calls.append(len(api.main_requests()))
+        for message in ("now two.txt", "anything else?"):
+            cli.ok("reply", job, message, env=env)
+            cli.ok("wait", job, env=env, timeout=180)
+            calls.append(len(api.main_requests()))
+    per_attempt_calls = [calls[0], calls[1] - calls[0], calls[2] - calls[1]]
+    assert per_attempt_calls == [2, 3, 1]
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["state"] for a in attempts] == ["done", "done", "done"]
+    assert len({a["session_id"] for a in attempts}) == 1  # one session, resumed twice
+    per_call = attempts[0]["cost"]["charged"] / 2
+    assert per_call > 0.01
+    charged = [a["cost"]["charged"] for a in attempts]
+    assert charged == [pytest.approx(n * per_call) for n in per_attempt_calls]
+    assert [a["cost"]["billing"] for a in attempts] == ["observed"] * 3
+    # what Claude Code reported, the session's running total, is kept for the next reply's share
+    assert attempts[2]["totals"]["cost_usd"] == pytest.approx(6 * per_call)
+    _money_agrees(cli, repo, job, sum(charged))
+
+
+def _real_codex_env(repo: Path, tmp_path: Path, url: str) -> dict[str, str]:
+    """The real codex for the worker (named in git config: the suite's guard comes first on PATH),
+    reaching only the fake Responses API through a custom provider in its config.toml."""
+    binary = real_codex()
+    if binary is None:
+        pytest.skip("the codex CLI is not installed here (npm install -g @openai/codex)")
+    git(repo, "config", "subtask.engine.codex.path", binary)
+    return codex_env(tmp_path / "codex-user", url)
+
+
+@pytest.mark.slow
+def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_path):
+    """Codex reports the thread's running usage on `exec resume`: each reply is charged its own
+    calls' tokens at the configured prices, and every face shows the job's sum. Its custom
+    model provider's key (config.toml `env_key`) passes the credentials check."""
+    git(repo, "config", "subtask.engine.codex.costPerMTokIn", "2")
+    git(repo, "config", "subtask.engine.codex.costPerMTokOut", "8")
+    turns = [codex_command("echo one > one.txt && git add one.txt && git commit -qm one"),
+             codex_text("One.\nSTATUS: done"),
+             codex_command("echo two > two.txt"), codex_command("git add two.txt && git commit -qm two"),
+             codex_text("Two.\nSTATUS: done"),
+             codex_text("Nothing left.\nSTATUS: done")]
+    calls = []
+    with FakeResponsesAPI(turns, usage=(100_000, 5_000)) as api:
+        env = _real_codex_env(repo, tmp_path, api.url)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", "--timeout", "100", env=env)
+        cli.ok("wait", job, env=env, timeout=120)
+        calls.append(len(api.requests))
+        for message in ("now two.txt", "anything else?"):
+            cli.ok("reply", job, message, env=env)
+            cli.ok("wait", job, env=env, timeout=120)
+            calls.append(len(api.requests))
+    per_attempt_calls = [calls[0], calls[1] - calls[0], calls[2] - calls[1]]
+    assert per_attempt_calls == [2, 3, 1]
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["state"] for a in attempts] == ["done"] * 3, attempts[-1]
+    per_call = (100_000 * 2 + 5_000 * 8) / 1e6  # $0.24
+    assert [a["cost"]["charged"] for a in attempts] == [pytest.approx(n * per_call) for n in per_attempt_calls]
+    assert [a["tokens"]["input"] for a in attempts] == [n * 100_000 for n in per_attempt_calls]
+    assert attempts[2]["totals"]["tokens"]["input"] == 6 * 100_000  # the thread's, as codex said it
+    assert git(repo, "log", "--format=%s", f"main..subtask/{job}").split() == ["two", "one"]
+    _money_agrees(cli, repo, job, 6 * per_call)
+
+
+def _landlock_or_skip():
+    from subtask import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+
+
+def test_codex_under_isolation_is_refused_at_start_with_the_reason(cli, repo):
+    """codex's own sandbox (bubblewrap) cannot start inside git-subtask's: `--isolation worktree`
+    with codex's sandbox on is refused, never downgraded, and leaves nothing behind."""
+    _landlock_or_skip()
+    env = {"OPENAI_API_KEY": "sk-test-fake"}  # the suite's guard codex is on PATH
+    for how in (["--isolation", "worktree"], ["--readonly", "--isolation", "readonly"]):
+        proc = cli("start", "--engine", "codex", *how, "x", env=env)
+        assert proc.returncode == 128, proc.stderr
+        assert "bubblewrap" in proc.stderr and "danger-full-access" in proc.stderr
+    git(repo, "config", "subtask.isolation", "worktree")
+    assert cli("start", "--engine", "codex", "x", env=env).returncode == 128
+    assert refs(repo, "refs/subtask") == [] and refs(repo, "refs/heads/subtask") == []
+
+
+def test_refusals_printed_inside_codex_commands_are_in_the_evidence(cli, repo, tmp_path):
+    """With its own sandbox off, codex runs in git-subtask's: a write it refused shows in the
+    output of codex's command (`aggregated_output`), and lands in evidence.isolation.refused."""
+    from test_engine_codex import FAKE_CODEX
+
+    _landlock_or_skip()
+    fake = tmp_path / "bin" / "codex"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_CODEX.format(python=sys.executable))
+    fake.chmod(0o755)
+    logs = tmp_path / "codex-logs"
+    logs.mkdir()
+    git(repo, "config", "subtask.engine.codex.path", str(fake))
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    git(repo, "config", "--add", "subtask.isolation.writable", str(logs))
+    refused = "touch: cannot touch '/etc/x': Permission denied"
+    events = [{"type": "thread.started", "thread_id": "t1"},
+              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /etc/x",
+                                                  "aggregated_output": refused + "\n", "exit_code": 1,
+                                                  "status": "failed"}},
+              {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "No.\nSTATUS: blocked"}},
+              {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 0, "output_tokens": 1}}]
+    env = {"OPENAI_API_KEY": "sk-test-fake", "FAKE_CODEX_LOG": str(logs / "argv.jsonl"),
+           "FAKE_CODEX_EVENTS": json.dumps(events), "CODEX_HOME": str(tmp_path / "codex-home")}
+    job = cli.start("try it", "--engine", "codex", "--isolation", "worktree", env=env)
+    cli.ok("wait", job)
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["isolation"]["mode"] == "worktree"
+    assert evidence["isolation"]["refused"] == [refused]
+    argv = json.loads((logs / "argv.jsonl").read_text().splitlines()[0])["argv"]
+    assert "--dangerously-bypass-approvals-and-sandbox" in argv
+
+
+def test_a_running_paid_jobs_evidence_says_reserved_and_an_unconfined_one_names_no_enforcer(cli, repo, tmp_path):
+    """Item 6 of issue 35: a running paid job's money is "reserved", never "free"; and the
+    evidence of an `isolation none` job names nothing as its enforcer."""
+    agent = Path(__file__).parent / "fake_agent.py"
+    git(repo, "config", "subtask.engine.agent.command", json.dumps([sys.executable, str(agent), "{task}"]))
+    git(repo, "config", "subtask.engine.agent.paid", "true")
+    gate = tmp_path / "gate"
+    job = cli.start(f"hold={gate}", "--engine", "agent", "--max-usd", "1", "--isolation", "none")
+    try:
+        envelope = json.loads(cli("result", job, "--evidence").stdout)  # exit 1: not passed (yet)
+        assert envelope["state"] in ("queued", "running")
+        assert envelope["cost"]["billing"] == "reserved" and envelope["cost"]["reserved"] == 1.0
+        assert cli.json("show", job)["state_detail"]["attempts"][0]["cost"]["billing"] == "reserved"
+    finally:
+        gate.touch()
+    cli.ok("wait", job)
+    isolation = json.loads(cli.ok("result", job, "--evidence"))["isolation"]
+    assert isolation["mode"] == "none" and isolation["enforced_by"] is None
+
+
+def test_every_face_shows_the_jobs_total_over_its_attempts(cli, repo):
+    """`spend` counts every attempt; `list`, the `show` header and the note showed the last one's."""
+    paid_command_engine(repo, cost="0.42")
+    job = cli.start("write the agent file", "--engine", "fakepaid", "--max-usd", "3")
+    cli.ok("wait", job)
+    cli.ok("reply", job, "and again")
+    cli.ok("wait", job)
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["cost"]["charged"] for a in attempts] == [0.42, 0.42]
+    _money_agrees(cli, repo, job, 0.84)
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert "cost:    $0.42 observed · job $0.84 over 2 attempts" in note

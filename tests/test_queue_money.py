@@ -144,25 +144,19 @@ def test_unsetting_subtask_depth_inside_a_job_does_not_escape_max_depth(cli, rep
 # ---------------------------------------------------------------- item 10: money
 
 
-def _path_without_guards() -> str:
-    """PATH without the conftest's guard `claude`/`codex`: the engine is simply not installed."""
-    return os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                           if p and not (Path(p) / "codex").exists() and not (Path(p) / "claude").exists())
-
-
 def test_a_paid_engine_that_is_not_installed_is_charged_nothing(cli, repo, tmp_path):
-    path = _path_without_guards()
-    assert shutil.which("codex", path=path) is None
     # `start` refuses an engine that is not installed (preflight), so the binary goes after the
     # start, while the job waits in the queue behind a held one: it is missing when the job runs.
+    # (Named by its path in git config, not found on PATH: a real codex may be installed here.)
     git(repo, "config", "subtask.maxRunning", "1")
+    bin_dir = tmp_path / "bin"
+    git(repo, "config", "subtask.engine.codex.path", str(bin_dir / "codex"))  # before the holder's worker reads config
     release = tmp_path / "release"
     holder = cli.start(f"while [ ! -e {release} ]; do sleep 0.02; done")
-    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "codex").write_text("#!/bin/sh\nexit 97\n")
     (bin_dir / "codex").chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{path}", "OPENAI_API_KEY": "sk-test-fake"}
+    env = {"OPENAI_API_KEY": "sk-test-fake"}
     try:
         job = cli.start("x", "--engine", "codex", "--max-usd", "5", env=env)
         assert cli.json("show", job)["position"] == 1

@@ -39,6 +39,53 @@ ERROR_HINTS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """What the engine reported for the session being resumed, at the end of the last attempt that
+    reported anything: a resumed session counts on from there (Claude Code's cost, Codex's tokens
+    are running totals), so an attempt's own share is its figure minus this one.
+
+    A figure below its baseline cannot be a running total (the session was not resumed, or the
+    engine reports per run): it is taken as the attempt's own, whole."""
+
+    session_id: str
+    cost_usd: float | None = None
+    tokens: dict[str, int] | None = None
+
+    @classmethod
+    def from_totals(cls, totals: Any) -> Baseline | None:
+        if not isinstance(totals, dict) or not isinstance(totals.get("session_id"), str):
+            return None
+        cost = totals.get("cost_usd")
+        tokens = totals.get("tokens")
+        return cls(totals["session_id"], float(cost) if _is_number(cost) else None,
+                   {k: int(v) for k, v in tokens.items() if _is_number(v)} if isinstance(tokens, dict) else None)
+
+    def cost_since(self, total: float | None) -> tuple[float | None, bool]:
+        """(this attempt's own cost, whether the baseline was taken off)."""
+        if total is None or self.cost_usd is None or total < self.cost_usd:
+            return total, False
+        return total - self.cost_usd, True
+
+    def tokens_since(self, tokens: dict[str, int] | None) -> tuple[dict[str, int] | None, bool]:
+        """(this attempt's own tokens, whether the baseline was taken off)."""
+        if not tokens or not self.tokens or any(tokens.get(k, 0) < v for k, v in self.tokens.items()):
+            return tokens, False
+        return {k: v - self.tokens.get(k, 0) for k, v in tokens.items()}, True
+
+
+def totals(session_id: str | None, cost_usd: float | None = None,
+           tokens: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """An Outcome's `totals`: the session's running figures as the engine reported them."""
+    if not session_id or (cost_usd is None and not tokens):
+        return None
+    return {"session_id": session_id, "cost_usd": cost_usd, "tokens": dict(tokens) if tokens else None}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
 @dataclass
 class EngineContext:
     """Everything an engine may use for one attempt."""
@@ -52,6 +99,9 @@ class EngineContext:
     env: dict[str, str]
     emit: Callable[[dict[str, Any]], None]
     session_id: str | None = None  # set on reply: resume this engine session
+    # The resumed session's figures at the end of the last attempt that reported them (None: a new
+    # session, or nothing reported): the engine reports its own share since then (`Baseline`).
+    baseline: Baseline | None = None
     model: str | None = None
     max_usd: float | None = None
     max_turns: int | None = None
@@ -82,8 +132,16 @@ class Outcome:
     exit_code: int | None = None
     outcome: str | None = None  # done | partial | blocked, from a final STATUS: line
     session_id: str | None = None
-    cost_usd: float | None = None  # None = unknown (a paid engine is then charged its reservation)
-    tokens: dict[str, int] | None = None
+    cost_usd: float | None = None  # this attempt's own; None = unknown (a paid engine is then charged its reservation)
+    tokens: dict[str, int] | None = None  # this attempt's own
+    # The session's running figures as the engine reported them (`totals()`), for the next attempt's
+    # baseline; and whether cost_usd/tokens are shares since `ctx.baseline` (the worker then credits
+    # what attempts in between were charged without a figure).
+    totals: dict[str, Any] | None = None
+    since_baseline: bool = False
+    # Whether the model answered at all: False when the engine saw no answer and no usage (an API it
+    # could not reach), None when it cannot tell. A stalled attempt never billed is charged nothing.
+    billed: bool | None = None
     turns: int | None = None
     model: str | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)  # {"command": str, "exit": int|None}

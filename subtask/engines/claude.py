@@ -37,6 +37,7 @@ from subtask.engines.base import (
     last_lines,
     parse_status,
 )
+from subtask.engines.base import totals as session_totals
 from subtask.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
@@ -345,6 +346,7 @@ class _Attempt:
         self.error: BaseException | None = None
         self.timed_out = False
         self.pid: int | None = None
+        self.answered = False  # the model sent a message (not a synthetic error turn)
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self._stderr_redactor = StreamRedactor()  # free text: a key may span its lines
 
@@ -423,6 +425,7 @@ class _Attempt:
             self.assistant_error = message.error
         if message.model and not message.model.startswith("<"):  # "<synthetic>" error turns
             self.model = message.model
+            self.answered = True
         for block in message.content:
             if isinstance(block, TextBlock) and block.text.strip():
                 if message.parent_tool_use_id is None:  # a subagent's words are not the summary
@@ -478,15 +481,23 @@ class _Attempt:
     def _base_outcome(self) -> Outcome:
         result = self.result
         exit_code = getattr(self.error, "exit_code", None)
+        # A resumed session's total_cost_usd counts on from the session's earlier runs (measured:
+        # Claude Code 2.1.332 restores it from the transcript, also after a run that was killed);
+        # its usage and num_turns are this run's alone.
+        total = _float_or_none(getattr(result, "total_cost_usd", None))
+        cost, since = self.ctx.baseline.cost_since(total) if self.ctx.baseline else (total, False)
         return Outcome(
             ok=False,
             exit_code=exit_code if isinstance(exit_code, int) else None,
             session_id=self.session_id,
-            cost_usd=_float_or_none(getattr(result, "total_cost_usd", None)),
+            cost_usd=cost,
             tokens=_tokens(getattr(result, "usage", None)),
             turns=getattr(result, "num_turns", None),
             model=self.model,
             commands=list(self.commands),
+            totals=session_totals(self.session_id, cost_usd=total),
+            since_baseline=since,
+            billed=self.answered or bool(cost),
         )
 
     def _text_summary(self) -> str:

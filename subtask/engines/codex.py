@@ -12,13 +12,20 @@ The event stream (one JSON object a line; anything else is ignored and logged):
         command_execution {command, aggregated_output, exit_code, status}
         file_change {changes: [{path, kind}], status}, mcp_tool_call, web_search, todo_list, error
     turn.completed {usage: {input_tokens, cached_input_tokens, output_tokens}}
+                                          -> the thread's running token totals (measured, codex
+                                             0.171: `exec resume` reports the whole thread's)
     turn.failed {error: {message}} / error {message}
+    error {message: "Reconnecting... ..."} -> a retry, not a failure: no progress either (stalls)
 
 Invariants:
 - `run` never raises for an agent failure: a missing binary, a bad exit, a failed turn or a
   timeout come back as an Outcome with `error_kind` set.
 - codex reports tokens, never dollars: `cost_usd` is None (the worker charges the reservation)
-  unless per-million-token prices are configured.
+  unless per-million-token prices are configured. Its usage is the thread's running total: an
+  attempt's own tokens are that total minus the one the last attempt recorded (`ctx.baseline`).
+- Under git-subtask's isolation codex's own sandbox cannot start (bubblewrap must write
+  /proc/self/uid_map, which Landlock refuses): that combination is refused, at start and here,
+  unless `subtask.engine.codex.sandbox = danger-full-access` leaves confinement to git-subtask.
 - The sandbox stays on by default: `workspace-write` with the repository's git dir added as a
   writable root so the agent can commit; `read-only` for read-only jobs. Only an explicit
   `subtask.engine.codex.sandbox = danger-full-access` turns it off.
@@ -43,7 +50,8 @@ from subtask.engines.base import (
     last_lines,
     parse_status,
 )
-from subtask.isolation import worktree_admin_dir
+from subtask.engines.base import totals as session_totals
+from subtask.isolation import ACTIVE_ENV, worktree_admin_dir
 from subtask.redact import StreamRedactor
 
 ConfigReader = Callable[[str], "str | None"]
@@ -75,11 +83,50 @@ def classify_error(message: str) -> str:
 
 
 NOT_LOGGED_IN = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
+LOCAL_PROVIDERS = ("oss", "ollama", "lmstudio")  # codex's built-in providers that need no key
+COMMAND_OUTPUT_TAIL = 2000  # characters of a command's output kept in its event (refusals are read there)
+_RETRY_RE = re.compile(r"^\s*(reconnecting|retrying)\b", re.I)
 
 
 def _has_credentials(env: Mapping[str, str]) -> bool:
-    """An API key in the environment or codex's own login file (no call to the service)."""
-    return bool(env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY") or (_codex_home(env) / "auth.json").is_file())
+    """An API key in the environment, codex's own login file, or the key its configured model
+    provider names (`model_provider` and `[model_providers.X] env_key` in config.toml). No call."""
+    if env.get("OPENAI_API_KEY") or env.get("CODEX_API_KEY") or (_codex_home(env) / "auth.json").is_file():
+        return True
+    provider = _provider(env)
+    if provider is None:
+        return False
+    env_key = provider.get("env_key")  # codex's local built-ins (oss, ollama, lmstudio) name none
+    # A provider that names no key (a local server) needs none; one that names a key needs it set.
+    return not env_key or bool(isinstance(env_key, str) and env.get(env_key))
+
+
+def _provider(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The custom model provider codex's config.toml selects, or None (the built-in OpenAI one,
+    or no readable config)."""
+    import tomllib
+
+    try:
+        with open(_codex_home(env) / "config.toml", "rb") as fh:
+            config = tomllib.load(fh)
+    except (OSError, ValueError):
+        return None
+    name = config.get("model_provider")
+    providers = config.get("model_providers")
+    if not isinstance(name, str) or name == "openai":
+        return None
+    provider = providers.get(name) if isinstance(providers, dict) else None
+    if isinstance(provider, dict):
+        return provider
+    return {} if name in LOCAL_PROVIDERS else None
+
+
+def _not_logged_in(env: Mapping[str, str]) -> str:
+    provider = _provider(env)
+    if provider is not None and isinstance(provider.get("env_key"), str):
+        return (f"not logged in: codex's model provider in {_codex_home(env) / 'config.toml'} "
+                f"reads its key from {provider['env_key']}, which is not set")
+    return NOT_LOGGED_IN
 
 
 def _codex_home(env: Mapping[str, str]) -> Path:
@@ -98,7 +145,9 @@ class _Stream:
         self.tokens: dict[str, int] | None = None
         self.turn_failed: str | None = None
         self.error: str | None = None
+        self.retrying: str | None = None  # the last "Reconnecting..." while no answer came since
         self.turn_completed = False
+        self.answered = False  # the model produced an item or reported usage
 
     def line(self, line: str) -> None:
         text = line.strip()
@@ -131,6 +180,10 @@ class _Stream:
         elif kind == "turn.failed":
             self.turn_failed = _message(event.get("error")) or "the turn failed"
             self.emit({"type": "error", "message": self.turn_failed})
+        elif kind == "error" and _RETRY_RE.match(_message(event)):
+            # codex retries an unreachable API for as long as it takes: no failure, and no progress
+            self.retrying = _message(event)
+            self.emit({"type": "retry", "message": self.retrying})
         elif kind == "error":
             self.error = _message(event) or "codex reported an error"
             self.emit({"type": "error", "message": self.error})
@@ -140,6 +193,8 @@ class _Stream:
     def item(self, kind: str, item: dict[str, Any]) -> None:
         item_type = item.get("type") or item.get("item_type")
         done = kind == "item.completed"
+        if item_type != "error":
+            self.answered, self.retrying = True, None
         if item_type == "agent_message":
             if done:
                 self.final_message = str(item.get("text") or "")
@@ -177,19 +232,23 @@ class _Stream:
         exit_code = exit_code if isinstance(exit_code, int) else None
         record = {"command": command, "exit": exit_code}
         self.commands.append(record)
-        self.emit({"type": "command", **record, "status": item.get("status")})
+        output = str(item.get("aggregated_output") or "")[-COMMAND_OUTPUT_TAIL:]
+        # The output's tail goes with the event: the worker reads refusals of its sandbox there.
+        self.emit({"type": "command", **record, "status": item.get("status"),
+                   **({"output": output} if output.strip() else {})})
 
     def usage(self, usage: Any) -> None:
+        """The thread's running totals: each report replaces the last (codex 0.171 reports the
+        whole thread's usage, also on `exec resume`; a run has one turn)."""
         if not isinstance(usage, dict):
             return
-        # Usage is per turn; a run has one turn, but add up in case codex ever reports more.
-        tokens = self.tokens or {"input": 0, "cached_input": 0, "output": 0}
-        for ours, theirs in (("input", "input_tokens"), ("cached_input", "cached_input_tokens"),
-                             ("output", "output_tokens")):
-            value = usage.get(theirs)
-            if isinstance(value, int):
-                tokens[ours] += value
-        self.tokens = tokens
+        tokens = {ours: usage[theirs] for ours, theirs in (("input", "input_tokens"),
+                                                          ("cached_input", "cached_input_tokens"),
+                                                          ("output", "output_tokens"))
+                  if isinstance(usage.get(theirs), int) and not isinstance(usage.get(theirs), bool)}
+        if not tokens:
+            return
+        self.tokens, self.answered = tokens, True
         self.emit({"type": "usage", "tokens": dict(tokens)})
 
 
@@ -234,7 +293,7 @@ class CodexEngine:
         authenticated = _has_credentials(env)
         detail = "" if binary else NOT_FOUND
         if binary and not authenticated:
-            detail = NOT_LOGGED_IN
+            detail = _not_logged_in(env)
         return Probe(self.name, binary is not None, authenticated, version, self.paid,
                      self.isolation, detail)
 
@@ -243,7 +302,7 @@ class CodexEngine:
         env = os.environ
         if self._which(self._binary_name(self._config, env), env) is None:
             return NOT_FOUND
-        return None if _has_credentials(env) else NOT_LOGGED_IN
+        return None if _has_credentials(env) else _not_logged_in(env)
 
     @staticmethod
     def _version(binary: str) -> str | None:
@@ -278,10 +337,28 @@ class CodexEngine:
             return ctx.task + REPLY_REMINDER
         return ctx.task + "\n\n---\n" + delegation_protocol(ctx)
 
+    def confinement_refusal(self, mode: str, config: ConfigReader | None = None) -> str | None:
+        """Why codex cannot run under git-subtask's isolation `mode` as configured, or None.
+
+        Its own sandbox is bubblewrap, which must write /proc/self/uid_map to set up its user
+        namespace: Landlock refuses that write, and every command codex runs then fails
+        ("bwrap: setting up uid map: Permission denied", measured with codex 0.171). Only with
+        its own sandbox off (`danger-full-access`, the user's explicit choice) does git-subtask's
+        sandbox alone confine it."""
+        if mode == "none" or _sandbox_setting(config or self._config) == "danger-full-access":
+            return None
+        return (f"codex's own sandbox cannot start inside git-subtask's isolation {mode}: bubblewrap must "
+                "write /proc/self/uid_map, which Landlock refuses, so every command codex ran would fail")
+
+    CONFINEMENT_HINT = ("run it in codex's own sandbox: --isolation none; or in git-subtask's alone: "
+                        "git config subtask.engine.codex.sandbox danger-full-access")
+
     def _sandbox_args(self, ctx: EngineContext) -> list[str]:
+        mode = _sandbox_setting(ctx.config)
+        if mode == "danger-full-access" and _confined(ctx):
+            return ["--dangerously-bypass-approvals-and-sandbox"]  # git-subtask's sandbox confines it
         if ctx.readonly:
             return ["--sandbox", "read-only"]
-        mode = (ctx.config("engine.codex.sandbox") or "workspace-write").strip()
         if mode == "danger-full-access":
             return ["--dangerously-bypass-approvals-and-sandbox"]
         if mode == "read-only":
@@ -309,6 +386,10 @@ class CodexEngine:
         if binary is None:
             return Outcome(False, error_kind="not_installed", session_id=ctx.session_id,
                            error=f"{NOT_FOUND} (looked for {name})")
+        refusal = self.confinement_refusal(ctx.env.get(ACTIVE_ENV) or "none", ctx.config)
+        if refusal:  # a job started before this was refused at start, or a setting changed since
+            return Outcome(False, error_kind="isolation", session_id=ctx.session_id, error=refusal,
+                           error_hint=self.CONFINEMENT_HINT, launched=False)
         stream = _Stream(ctx.emit)
         stderr: list[str] = []
         # stdout is JSON events, each whole: redacted one by one where they are stored. stderr
@@ -331,16 +412,21 @@ class CodexEngine:
 
     def _outcome(self, ctx: EngineContext, stream: _Stream, result: Any,
                  stderr: list[str]) -> Outcome:
+        session = stream.session_id or ctx.session_id
+        tokens, since = ctx.baseline.tokens_since(stream.tokens) if ctx.baseline else (stream.tokens, False)
         outcome = Outcome(
             ok=True,
             summary=last_lines(stream.final_message),
             exit_code=result.exit_code,
             outcome=parse_status(stream.final_message),
-            session_id=stream.session_id or ctx.session_id,
-            cost_usd=self._cost(ctx, stream.tokens),
-            tokens=stream.tokens,
+            session_id=session,
+            cost_usd=self._cost(ctx, tokens),
+            tokens=tokens,
             model=ctx.model,
             commands=stream.commands,
+            totals=session_totals(session, tokens=stream.tokens),
+            since_baseline=since,
+            billed=stream.answered,
         )
         kind, error = self._failure(ctx, stream, result, stderr)
         if kind:
@@ -359,6 +445,8 @@ class CodexEngine:
         if result.exit_code not in (0, None) or unfinished:
             if stream.error:
                 return classify_error(stream.error), stream.error
+            if stream.retrying:  # ended while it was still trying to reach its API
+                return "api_error", f"codex could not reach its API: {stream.retrying}"
             tail = last_lines("\n".join(stderr), 3)
             detail = f": {tail}" if tail else ""
             return "exit", f"codex exited with code {result.exit_code}{detail}"
@@ -379,6 +467,15 @@ class CodexEngine:
         cached = tokens.get("cached_input", 0) if price_cached is not None else 0
         return ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0.0)
                 + tokens.get("output", 0) * price_out) / 1_000_000
+
+
+def _sandbox_setting(config: ConfigReader) -> str:
+    return (config("engine.codex.sandbox") or "workspace-write").strip()
+
+
+def _confined(ctx: EngineContext) -> bool:
+    """Does this run go under git-subtask's isolation (the worker sets the variable for it)?"""
+    return (ctx.env.get(ACTIVE_ENV) or "none") != "none"
 
 
 def _float(value: str | None) -> float | None:

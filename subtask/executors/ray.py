@@ -306,7 +306,7 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         old = job.tip
         attempt.finish("stopped", reason="stopped while queued")
         if attempt.rid:
-            attempt.cost.charged = 0.0
+            attempt.cost.charged, attempt.cost.billing = 0.0, "not_started"
         new = records.write_commit(repo, job, old)
         ref = records.record_ref(job_id)
         proc = git(repo.root, "push", "--porcelain", url, f"{new}:{ref}", check=False, timeout=120)
