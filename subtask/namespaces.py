@@ -48,6 +48,15 @@ _MOUNT_ATTR_RDONLY = 1
 _MOUNT_SETATTR = {"x86_64": 442, "aarch64": 442, "arm64": 442}
 _SIOCSIFFLAGS, _IFF_UP = 0x8914, 0x1
 UNSHARE_CANDIDATES = ("/usr/bin/unshare", "/bin/unshare")
+# Pid 1 of a job's namespace. Not the engine itself: the kernel drops every signal sent to a pid 1
+# that has no handler for it (and unshare blocks SIGTERM while it waits), so `stop`, a timeout or
+# a stall's SIGTERM would reach nothing and only SIGKILL would end it. This shell handles TERM,
+# INT and HUP by passing them on; the engine, its child, gets the group's signals as any process
+# does, and our stdin through fd 3 (sh gives an asynchronous command /dev/null as its stdin, before
+# any `<&0` of its own). When the engine ends, so does pid 1, and the kernel ends everything else
+# in the namespace.
+INIT = ('trap \'kill -TERM "$c" 2>/dev/null\' TERM INT HUP; exec 3<&0; "$@" <&3 3<&- & c=$!; exec 3<&-; '
+        'while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || exit "$s"; done')
 
 
 class _MountAttr(ctypes.Structure):
@@ -137,10 +146,11 @@ class Plan:
         return flags
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """The argv to exec once `enter` ran: pid 1 of the new namespace is argv, forked by unshare."""
+        """The argv to exec once `enter` ran: unshare forks pid 1 of the new namespace, a shell
+        that runs argv as its child (`INIT`)."""
         if not self.pid:
             return argv
-        return [support().unshare, "--fork", "--kill-child", "--", *argv]
+        return [support().unshare, "--fork", "--kill-child", "--", "/bin/sh", "-c", INIT, "subtask-init", *argv]
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "mounts": self.mounts, "network": self.network}
