@@ -36,6 +36,7 @@ from subtask import (
     ledger,
     lifecycle,
     liveness,
+    ownership,
     privatetext,
     records,
     slots,
@@ -307,6 +308,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
     created = now()
+    clone = ownership.ensure_clone_id(repo)  # the one thing made before any check can refuse: once per clone
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
     spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
@@ -315,7 +317,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   group=group, member=member)
+                   group=group, member=member, clone=clone)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=Cost(reserved=max_usd),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)

@@ -3,6 +3,8 @@
 Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). The repository's
 `subtask.*` settings are read once, by one `git config` process, when the first is asked for (git's
 own reading: includes, conditional includes, worktree config, GIT_CONFIG_* in the environment).
+The same process reads the settings git signs and verifies commits with (`user.signingKey`,
+`gpg.*`: `config.git("gpg.format")`), so knowing that no key is configured costs nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ class Config:
 
     def __call__(self, key: str) -> str | None:
         return self.get(key)
+
+    def git(self, key: str) -> str | None:
+        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
+        return self._read(key)
+
+    def remember(self, key: str, value: str) -> None:
+        """A `subtask.*` value this process just wrote with `git config`, read back from now on."""
+        if isinstance(self._read, GitSettings):
+            self._read.set(_canonical("subtask." + key), value)
 
     def settings(self) -> dict[str, str] | None:
         """Every setting as git gave them (None when they do not come from git)."""
@@ -119,8 +130,12 @@ class GitSettings:
     def all(self) -> dict[str, str]:
         return self._values
 
+    def set(self, key: str, value: str) -> None:
+        self._values[key] = value
 
-SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^subtask\.")
+
+# Every `subtask.*` setting, and those git signs commits with (one process reads them all).
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
 
 
 def parse_settings(out: bytes) -> dict[str, str]:

@@ -48,7 +48,7 @@ def run(path: str | os.PathLike | None = None) -> Report:
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
     for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
-                  check_records, check_slots, check_worktrees, check_engines, check_isolation):
+                  check_records, check_slots, check_worktrees, check_engines, check_isolation, check_provenance):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -193,7 +193,7 @@ def check_records(repo) -> Check:
 
 
 def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orphaned: list, locked: list) -> None:
-    from subtask import landing, lifecycle, liveness, records
+    from subtask import lifecycle, liveness, ownership, records
 
     job_id = entry["id"]
     age = records.ref_lock_age(repo, records.record_ref(job_id))
@@ -203,11 +203,11 @@ def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orp
         if job_id in queued or liveness.is_held(repo.state_dir, job_id) or entry.get("on") == "ray":
             return  # a cluster runs it: no local worker (settled by list/wait from Ray's status)
         job = records.read(repo, job_id)
-        if landing.owns(repo, job) and not job.state.current.terminal:
+        if ownership.owns(repo, job) and not job.state.current.terminal:
             orphaned.append(job_id)
     elif _maybe_incomplete(repo, entry):
         job = records.read(repo, job_id)
-        if landing.owns(repo, job) and lifecycle.missing_after_end(repo, job):
+        if ownership.owns(repo, job) and lifecycle.missing_after_end(repo, job):
             incomplete.append(job_id)
 
 
@@ -286,3 +286,20 @@ def check_isolation(repo) -> Check:
                      [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
                       "git config --unset subtask.isolation  (engine defaults)"])
     return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")
+
+
+def check_provenance(repo) -> Check:
+    """This clone's identity, and the teammates' commits on this clone's jobs that `pull` kept aside."""
+    from subtask import ownership
+
+    clone = ownership.clone_id(repo)
+    aside = ownership.set_aside(repo)
+    who = f"clone {clone}" if clone else "no clone id yet (made at the first start)"
+    if aside:
+        shown = ", ".join(name for *_, name in aside[:5]) + (" …" if len(aside) > 5 else "")
+        return Check("provenance", "warn",
+                     f"{who}; {len(aside)} refs of this clone's jobs had commits on the remote that this clone did "
+                     f"not write (kept aside, never read as the job's state): {shown}",
+                     [f"git log {aside[0][3]}   # what the teammate wrote",
+                      f"git update-ref -d {aside[0][3]}   # once looked at (it comes back if the remote still has it)"])
+    return Check("provenance", "ok", who)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask import faults, lifecycle, liveness, records, render
+from subtask import faults, lifecycle, liveness, ownership, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
 from subtask.model import _Record, now
@@ -115,15 +115,19 @@ def _write_commit(repo: Repo, group: Group, parent: str | None) -> str:
 
 
 def create(repo: Repo, group: Group) -> None:
-    if not records.cas_ref(repo, group_ref(group.id), None, _write_commit(repo, group, None), "git-subtask: group"):
+    """The group's first record commit, with the ref that makes it this clone's (`ownership`)."""
+    tip = _write_commit(repo, group, None)
+    if repo.objects.update_refs([(group_ref(group.id), None, tip), (ownership.owned_ref(group.id), None, tip)],
+                                "git-subtask: group") != "ok":
         raise SubtaskError("fatal", f"a record for group {group.id} already exists")
 
 
 def delete(repo: Repo, gid: str) -> None:
-    """Undo a group's start: its record and its kept judge go."""
-    ref = repo.objects.ref(group_ref(gid))
-    if ref is not None:
-        records.cas_ref(repo, ref.name, ref.target, None)
+    """Undo a group's start: its record, its ownership ref and its kept judge go."""
+    for name in (group_ref(gid), ownership.owned_ref(gid)):
+        ref = repo.objects.ref(name)
+        if ref is not None:
+            records.cas_ref(repo, ref.name, ref.target, None)
     _judge_file(repo, gid).unlink(missing_ok=True)
 
 
@@ -531,8 +535,11 @@ def supersede(repo: Repo, job: Job, target) -> list[str]:
 
 
 def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
+    from subtask import landing
+
     branch = job.spec.branch
-    ref = repo.git.references.get(f"refs/heads/{branch}") if branch else None
+    name = landing.branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
     if ref is None:
         return []
     tip = str(ref.target)
@@ -541,7 +548,9 @@ def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
     kept = tip == job.spec.base or (pinned is not None and (pinned == tip or repo.git.descendant_of(pinned, tip)))
     if not kept:
         return [f"{job.id}: kept branch {branch}: its tip {tip[:7]} is not kept by its head pin"]
-    from subtask import landing
+    why = landing.why_not_deletable(repo, job, tip)
+    if why:
+        return [f"{job.id}: kept branch {branch}: {why}"]
 
     if f"refs/heads/{branch}" in landing.checked_out_branches(repo):
         return [f"{job.id}: kept branch {branch}: it is checked out in a worktree"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask import faults, liveness, notes, records, worktrees
+from subtask import faults, liveness, notes, ownership, records, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git, is_dirty
 from subtask.records import Job
@@ -239,10 +239,38 @@ def _merge_point(repo: Repo, head: str, target: str) -> str:
     return last
 
 
+def branch_ref(job: Job) -> str | None:
+    """The job's branch, `refs/heads/subtask/<id>`; None for a read-only job, and for a record that
+    names any other branch: a pulled record can name `main`, which is never read, merged or
+    deleted as a job's."""
+    if job.spec.branch and job.spec.branch == records.branch_name(job.id):
+        return f"refs/heads/{job.spec.branch}"
+    return None
+
+
+def recorded_head(job: Job) -> str:
+    """Where the job's record says its work ends: the evidence's head, the attempt's, else its base."""
+    return (job.evidence.head if job.evidence is not None else None) or job.state.current.head or job.spec.base
+
+
+def why_not_deletable(repo: Repo, job: Job, tip: str) -> str:
+    """"" when the job's branch at `tip` is this clone's to delete, else why not: the job is this
+    clone's (`ownership.owns`), the branch is `subtask/<id>`, and it points where the record says
+    (its head or its base). Worth checking even for our own record, because a record is data."""
+    if branch_ref(job) is None:
+        return f"the record names the branch {job.spec.branch!r}, not {records.branch_name(job.id)}"
+    if not ownership.owns(repo, job):
+        return "the job is another clone's"
+    if tip not in (recorded_head(job), job.spec.base):
+        return f"it points at {tip[:7]}, not where the record leaves the job ({recorded_head(job)[:7]})"
+    return ""
+
+
 def job_head(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin, else its base."""
-    if job.spec.branch:
-        ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+    name = branch_ref(job)
+    if name:
+        ref = repo.git.references.get(name)
         if ref is not None:
             return str(ref.target)
     pin = repo.git.references.get(records.pin_ref(job.id, "head"))
@@ -253,14 +281,6 @@ def job_head(repo: Repo, job: Job) -> str:
 
 # ---------------------------------------------------------------- cleaning one job
 
-def owns(repo: Repo, job: Job) -> bool:
-    """Was the job made in this clone? (Pulled records name another clone's worktree.)"""
-    try:
-        return Path(job.spec.repo).resolve() == repo.root.resolve()
-    except OSError:
-        return False
-
-
 def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str]:
     """(True, "") when the job's worktree can go without losing anything; else (False, why).
 
@@ -269,10 +289,10 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     path = Path(job.spec.worktree)
     if not path.exists():
         return False, "no worktree"
-    if not owns(repo, job):
-        return False, "the worktree belongs to another clone"
     if not worktrees.created_here(repo, job.id, path):
         return False, worktrees.why_not_ours(repo, job.id, path)
+    if not ownership.owns(repo, job):
+        return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
     try:
         dirty = is_dirty(path)
     except SubtaskError:
@@ -372,23 +392,28 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
 
 
 def empty_branch_tip(repo: Repo, job: Job) -> str | None:
-    """The tip of the job's branch when base..tip holds no commit (at its base, or behind it)."""
-    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}") if job.spec.branch else None
+    """The tip of the job's branch when it is at its base (no commit beyond it)."""
+    name = branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
     if ref is None:
         return None
     tip = str(ref.target)
-    return tip if tip == job.spec.base or repo.git.descendant_of(job.spec.base, tip) else None
+    return tip if tip == job.spec.base else None
 
 
 def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
     """Under the job's run-lock: delete its branch by compare-and-swap on the exact empty tip seen,
     so a commit made meanwhile (by hand, in another worktree) keeps it."""
     branch = job.spec.branch
-    if not branch or repo.git.references.get(f"refs/heads/{branch}") is None:
-        return Removal("missing")
+    name = branch_ref(job)
+    if name is None or repo.git.references.get(name) is None:
+        return Removal("missing")  # a record naming another branch: never ours to delete (nor news)
     tip = empty_branch_tip(repo, job)
     if tip is None:
         return Removal("missing", "it has commits beyond its base")  # never ours to delete; not news
+    why = why_not_deletable(repo, job, tip)
+    if why:
+        return Removal("kept", why)
     # On a dry run the job's own worktree is still there but would be gone by now.
     if f"refs/heads/{branch}" in checked_out_branches(repo) and not (worktree_goes and dry_run):
         return Removal("kept", "it is checked out in a worktree")
@@ -453,10 +478,14 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
             lines.append(f"{job.id}: kept worktree: {why}")
     deleted = False
     branch = job.spec.branch
-    ref = repo.git.references.get(f"refs/heads/{branch}") if branch else None
+    name = branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
+    why = why_not_deletable(repo, job, str(ref.target)) if ref is not None else ""
     if ref is not None and repo.config.flag("deleteLandedBranches"):
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
-        if f"refs/heads/{branch}" in checked_out and not (removed or dry_run):
+        if why:
+            lines.append(f"{job.id}: kept branch {branch}: {why}")
+        elif f"refs/heads/{branch}" in checked_out and not (removed or dry_run):
             lines.append(f"{job.id}: kept branch {branch}: it is checked out in a worktree")
         elif str(ref.target) != head:
             lines.append(f"{job.id}: kept branch {branch}: it moved after the landed check")
@@ -489,16 +518,17 @@ def candidates(repo: Repo, entries: list[dict] | None = None) -> list[Job]:
     """This clone's finished, not-yet-landed writing jobs with commits (the only ones a sweep looks at)."""
     jobs = []
     tips = _job_ref_tips(repo)
+    owned = ownership.owned_keys(repo)
     for entry in records.list_entries(repo) if entries is None else entries:
         if entry.get("landed") or entry.get("readonly") or entry.get("state") not in ("done", "failed", "stopped"):
             continue
-        if not _may_have_commits(entry, tips):
-            continue
+        if entry["id"] not in owned or not _may_have_commits(entry, tips):
+            continue  # a teammate's job is never landed or cleaned here (its record stays theirs)
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except Exception:
             continue
-        if job.spec.branch and owns(repo, job):
+        if branch_ref(job) and ownership.owns(repo, job, owned):
             jobs.append(job)
     return jobs
 
@@ -873,15 +903,18 @@ def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
     """This clone's jobs that ended before `cutoff` and still have a worktree or an empty branch."""
     jobs = []
     tips = _job_ref_tips(repo)
+    owned = ownership.owned_keys(repo)
     for entry in records.list_entries(repo):
         if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
+        if entry["id"] not in owned:
+            continue  # a teammate's record: nothing it names is this clone's to remove
         branch_at_base = tips.get(f"refs/heads/{records.branch_name(entry['id'])}") == entry.get("base")
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except records.DamagedRecord as exc:  # left for the user to inspect; the rest are collected
             warnings.warn(f"{exc.message}; gc leaves it alone", stacklevel=2)
             continue
-        if owns(repo, job) and (Path(job.spec.worktree).exists() or branch_at_base):
+        if ownership.owns(repo, job, owned) and (Path(job.spec.worktree).exists() or branch_at_base):
             jobs.append(job)
     return jobs

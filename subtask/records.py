@@ -35,6 +35,7 @@ from subtask.errors import SubtaskError
 from subtask.gitobjects import Ref, commit_message
 from subtask.gitrepo import Repo
 from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
+from subtask.ownership import owned_ref
 
 PREFIX = "refs/subtask/"
 LIST_TAG = "Subtask-List: "
@@ -199,10 +200,15 @@ def _break_stale_lock(repo: Repo, job_id: str, name: str) -> bool:
     return True
 
 
-def create(repo: Repo, job: Job) -> None:
-    """Write the first record commit; fails if a record with this id already exists."""
+def create(repo: Repo, job: Job, *, owned: bool = True) -> None:
+    """Write the first record commit; fails if a record with this id already exists.
+
+    `owned`: with the ref that makes the job this clone's (`ownership.owned_ref`), in the same
+    ref transaction, so no record of ours is ever without it, nor the ref without a record.
+    """
     tip = _write_commit(repo, job, None)
-    if not cas_ref(repo, record_ref(job.id), None, tip, "git-subtask: create"):
+    updates = [(record_ref(job.id), None, tip)] + ([(owned_ref(job.id), None, tip)] if owned else [])
+    if repo.objects.update_refs(updates, "git-subtask: create") != "ok":
         raise SubtaskError("fatal", f"a record for {job.id} already exists")
     job.tip = tip
 
@@ -346,8 +352,8 @@ def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, att
 
 
 def delete(repo: Repo, job_id: str) -> None:
-    """Remove the record and pins (used only to undo a start that failed before its spawn)."""
-    for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head")):
+    """Remove the record, pins and ownership ref (used only to undo a start that failed before its spawn)."""
+    for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head"), owned_ref(job_id)):
         ref = repo.objects.ref(name)
         if ref is not None:
             cas_ref(repo, name, ref.target, None)

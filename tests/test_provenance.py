@@ -1,0 +1,126 @@
+"""A teammate's record is a claim, not authority (issue 29).
+
+Two real clones and a bare remote in temporary folders (`make_team`: a is the teammate, b is us).
+The teammate changes records the only way a teammate can: by writing commits in their own clone
+and pushing them. Nothing here asks our clone to trust what arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import git, make_team, refs
+
+# Run in the teammate's clone: apply CHANGE (Python, `j` is the job) to a record and write it as a
+# new commit on that record's chain (the way any git-subtask writes one), or as a new record.
+FORGE = """
+import json, sys
+from subtask import api, records
+from subtask.model import JobSpec
+repo = api.repo_at(sys.argv[1])
+job_id, change, new_id = sys.argv[2], sys.argv[3], sys.argv[4]
+if new_id:
+    job = records.read(repo, job_id)
+    exec(change, {"j": job, "json": json})
+    job.spec.id = new_id
+    job.tip = None
+    records.create(repo, job)
+else:
+    records.update(repo, job_id, lambda j: exec(change, {"j": j, "json": json}))
+"""
+
+
+def forge(clone: Path, job_id: str, change: str, new_id: str = "") -> None:
+    subprocess.run([sys.executable, "-c", FORGE, str(clone), job_id, change, new_id], check=True)
+
+
+@pytest.fixture
+def team(tmp_path):
+    return make_team(tmp_path)
+
+
+def record_tip(clone: Path, job_id: str) -> str:
+    return git(clone, "rev-parse", f"refs/subtask/{job_id}/record")
+
+
+# ---------------------------------------------------------------- the three attacks
+
+def test_a_teammate_cannot_turn_my_failed_verify_into_a_pass(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    mine = cli_b.start("echo theirs > evil.txt && git add evil.txt && git commit -qm evil", "--verify", "false")
+    cli_b("wait", mine)  # exits 1: verify failed
+    refused = cli_b("merge", mine)
+    assert refused.returncode == 1 and "verify failed" in refused.stderr, refused.stderr
+    cli_b.ok("push", "--branches")
+    cli_a.ok("pull")
+    forge(a, mine, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0")
+    cli_a.ok("push")
+    before = record_tip(b, mine)
+
+    pulled = cli_b("pull")
+    assert f"updated refs/subtask/{mine}/record" not in pulled.stdout, pulled.stdout
+    assert record_tip(b, mine) == before  # our record was not changed by the pull
+    aside = f"refs/subtask-theirs/origin/{mine}/record"
+    assert git(b, "rev-parse", aside) == record_tip(a, mine)  # theirs is kept aside, and said so
+    assert aside in pulled.stdout and "did not write" in pulled.stdout, pulled.stdout
+    shown = cli_b.json("show", mine)
+    assert shown["state_detail"]["attempts"][-1]["verify"]["passed"] is False
+    assert "verify failed" in git(b, "notes", "--ref=subtask", "show", f"refs/subtask/{mine}/head")
+    merged = cli_b("merge", mine)
+    assert merged.returncode == 1 and "verify failed" in merged.stderr, merged.stdout + merged.stderr
+    assert not (b / "evil.txt").exists() and "evil" not in git(b, "log", "--format=%s", "main")
+    doctor = cli_b("doctor")
+    assert aside in doctor.stdout, doctor.stdout
+
+
+def test_a_teammate_cannot_end_my_running_job(team, tmp_path):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    gate = tmp_path / "gate"
+    mine = cli_b.start(f"while [ ! -e '{gate}' ]; do sleep 0.02; done; echo done > d.txt")
+    try:
+        cli_b.ok("push")
+        cli_a.ok("pull")
+        forge(a, mine, "j.state.current.state = 'failed'; j.state.current.reason = 'forged by a teammate'; "
+                       "j.state.current.ended_at = j.state.current.queued_at + 1")
+        cli_a.ok("push")
+        pulled = cli_b("pull")
+        assert f"refs/subtask-theirs/origin/{mine}/record" in pulled.stdout, pulled.stdout
+        assert cli_b.json("show", mine)["state"] in ("queued", "running")
+    finally:
+        gate.touch()
+    waited = cli_b("wait", mine)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    shown = cli_b.json("show", mine)
+    assert shown["state"] == "done" and "forged" not in json.dumps(shown)
+
+
+def test_records_a_teammate_pushes_never_delete_my_branches(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    # In our clone: a release branch, and main not checked out (we work on dev).
+    git(b, "branch", "release")
+    git(b, "switch", "-q", "-c", "dev")
+    git(b, "commit", "-q", "--allow-empty", "-m", "on dev")
+    git(b, "merge", "-q", "release")
+    release, main = git(b, "rev-parse", "release"), git(b, "rev-parse", "main")
+    # The teammate forges records naming our branches, our repository and an old end; one whose
+    # branch looks landed (cleanup --merged), two whose branch is "at its base" (gc).
+    theirs = cli_a.start("true")
+    cli_a.ok("wait", theirs)
+    old = "j.state.current.ended_at = 1000.0; j.spec.created_at = 900.0; j.state.current.queued_at = 900.0; "
+    names = {"st-0000aaaa": ("release", release), "st-0000bbbb": ("main", main), "st-0000cccc": ("release", main)}
+    for new_id, (branch, base) in names.items():
+        forge(a, theirs, old + f"j.spec.branch = {branch!r}; j.spec.base = {base!r}; j.spec.repo = {str(b)!r}; "
+                              f"j.spec.worktree = {str(b)!r}; j.state.current.head = {release!r}", new_id=new_id)
+    cli_a.ok("push")
+    cli_b.ok("pull")
+
+    for command in (("cleanup", "--merged"), ("gc",), ("cleanup", "st-0000aaaa"), ("cleanup", "st-0000bbbb")):
+        out = cli_b(*command)
+        assert "deleted branch" not in out.stdout, f"{command}: {out.stdout}"
+    assert git(b, "rev-parse", "release") == release and git(b, "rev-parse", "main") == main
+    assert (b / "README.md").exists()
+    assert "refs/heads/release" in refs(b) and "refs/heads/main" in refs(b)
