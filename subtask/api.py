@@ -39,6 +39,7 @@ from subtask import (
     ownership,
     privatetext,
     records,
+    signing,
     slots,
     worktrees,
 )
@@ -308,7 +309,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
     created = now()
-    clone = ownership.ensure_clone_id(repo)  # the one thing made before any check can refuse: once per clone
+    signing.require_key(repo)
+    clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
     spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
@@ -929,6 +931,25 @@ def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
         removed.append(f"{job_id}" + (f" ({' and '.join(what)} removed)" if what else ""))
     jobs = "job" if len(landed_ids) == 1 else "jobs"
     return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
+
+
+def record_facts(repo: Repo, job: Job) -> dict:
+    """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
+    clone started the job (`ownership`)."""
+    return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
+
+
+def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
+    """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
+    tip) and `mine`, from the clone id and one listing of ownership refs."""
+    checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
+    clone = ownership.clone_id(repo)
+    owned = ownership.owned_keys(repo) if clone else set()
+    for entry in entries:
+        found = checked.get(entry.get("tip")) if entry.get("signed") else None
+        entry["signature"] = (found or signing.UNSIGNED).to_dict()
+        entry["mine"] = entry.get("clone") == clone and entry["id"] in owned
+    return entries
 
 
 def worktree_present(job: Job) -> bool:

@@ -253,7 +253,7 @@ def list_(state, include_all, limit, as_json):
     entries = listing.jobs
     if as_json:
         found = api.list_groups(_repo(), entries)
-        _emit_json({"v": 1, "jobs": entries, "more": listing.more}
+        _emit_json({"v": 1, "jobs": api.add_record_facts(_repo(), entries), "more": listing.more}
                    | ({"groups": [g.to_dict() for g in found.values()]} if found else {}))
         return
     if entries:
@@ -368,10 +368,12 @@ def show(job_id, as_json, show_log):
         return
     job = api.get(repo, job_id)
     position = api.queue_position(repo, job.id)
+    facts = api.record_facts(repo, job)
     if as_json:
-        _emit_json(_job_json(job, position))
+        _emit_json(_job_json(job, position) | {"signature": facts["signature"].to_dict(), "mine": facts["mine"]})
         return
-    echo(render.show_text(job, position, worktree_present=api.worktree_present(job)))
+    echo(render.show_text(job, position, worktree_present=api.worktree_present(job), provenance=facts["signature"],
+                          mine=facts["mine"]))
     if show_log:
         from subtask import lifecycle
 

@@ -42,6 +42,8 @@ SETTINGS: dict[str, Setting] = {
                                 "worker pack them before its checkout (0: never)"),
 }
 DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
+# subtask.sign: auto (sign when git has a signing key), always (refuse to start without one), never.
+SIGN_MODES = ("auto", "always", "never")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
@@ -66,6 +68,14 @@ class Config:
         """A `subtask.*` value this process just wrote with `git config`, read back from now on."""
         if isinstance(self._read, GitSettings):
             self._read.set(_canonical("subtask." + key), value)
+
+    def sign_mode(self) -> str:
+        """`subtask.sign` (auto, always, never); a value that is none of them reads as auto (doctor says so)."""
+        return sign_mode_of(self.get("sign"))
+
+    def signing_key(self) -> str | None:
+        """The key git signs with (`user.signingKey`), unless `subtask.sign` is never."""
+        return signing_key_of(self._read)
 
     def settings(self) -> dict[str, str] | None:
         """Every setting as git gave them (None when they do not come from git)."""
@@ -95,6 +105,9 @@ class Config:
             problem = self._checked(key)[1]
             if problem:
                 found.append((problem, fix_hint(key)))
+        sign = self.get("sign")
+        if sign is not None and sign.strip().lower() not in SIGN_MODES:
+            found.append((f"git config subtask.sign is not auto, always or never: {sign!r}", "git config subtask.sign auto"))
         return found
 
     def _checked(self, key: str) -> tuple[float, str | None]:
@@ -109,6 +122,19 @@ class Config:
         if setting.kind == "int" and value != int(value):
             return 0.0, f"git config subtask.{key} must be a whole number, not {raw!r}"
         return value, None
+
+
+def sign_mode_of(value: str | None) -> str:
+    value = (value or "auto").strip().lower()
+    return value if value in SIGN_MODES else "auto"
+
+
+def signing_key_of(read: Callable[[str], str | None]) -> str | None:
+    """The signing key a reader of git settings names, unless `subtask.sign` is never: the one
+    rule both the record writer (`Config`) and the notes writer (pygit2's config) follow."""
+    if sign_mode_of(read("subtask.sign")) == "never":
+        return None
+    return (read("user.signingkey") or "").strip() or None
 
 
 def fix_hint(key: str) -> str:

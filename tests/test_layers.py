@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("storage", {"subtask.records", "subtask.notes", "subtask.notes_store", "subtask.slots", "subtask.ledger",
                  "subtask.liveness", "subtask.statefiles", "subtask.jobenv", "subtask.privatetext",
                  "subtask.worktrees", "subtask.gitrepo", "subtask.gitobjects", "subtask.packing", "subtask.render",
-                 "subtask.ownership",
+                 "subtask.ownership", "subtask.signing",
                  "subtask.engines.base"}),
     ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
               "subtask.phases", "subtask.executors"}),
