@@ -527,9 +527,9 @@ def stop_group(repo: Repo, gid_or_prefix: str):
     return _groups().stop(repo, _groups().resolve(repo, gid_or_prefix))
 
 
-def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False):
+def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     """Merge the group's pick (the ordinary gate), supersede the rest. Returns (group, lines)."""
-    return _groups().merge(repo, _groups().resolve(repo, gid_or_prefix), mode=mode, force=force)
+    return _groups().merge(repo, _groups().resolve(repo, gid_or_prefix), mode=mode, force=force, reverify=reverify)
 
 
 def compare_argvs(repo: Repo, gid_or_prefix: str, stat: bool = True) -> list[tuple[str, list[str]]]:
@@ -1292,10 +1292,10 @@ def notes_rebuild(repo: Repo) -> int:
     return notes.rebuild(repo)
 
 
-def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False):
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     from subtask import landing
 
-    return landing.merge(repo, id_or_prefix, mode=mode, force=force)
+    return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):

@@ -477,7 +477,9 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
 @click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
 @click.option("--ff-only", "mode", flag_value="ff-only", help="only a fast-forward")
 @click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
-def merge(job_id, mode, force):
+@click.option("--reverify", is_flag=True, help="run the job's verify again here on the exact commit before merging "
+              "(the default for another clone's job whose record no allowed signer signed)")
+def merge(job_id, mode, force, reverify):
     """Merge a finished job into the current branch, then clean up after it.
 
     Merges a job that ended done and whose verify passed; a job started without --verify merges
@@ -488,15 +490,19 @@ def merge(job_id, mode, force):
     has nothing to merge: exit 1, even with --force. Says "(fast-forward)" when it fast-forwarded;
     a squash commit takes the job's commit subject (one commit), or its summary's first line and
     the list of its commits (several).
+
+    Another clone's job (pulled) is merged on its recorded verify only when an allowed signer
+    signed its record (gpg.ssh.allowedSignersFile, or the keyring); otherwise its verify command
+    runs here first, on the exact commit, in a scratch worktree (docs/review.md).
     """
     from subtask import api
 
     if _is_group(job_id):
-        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force)
+        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
         for line in lines:
             echo(line)
         return
-    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force)
+    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
     for line in result.lines:
         echo(line)
 

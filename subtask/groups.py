@@ -337,8 +337,11 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
 
 def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
     """Decide the group if every member has ended (exactly once), stop the rest on a first pass,
-    and complete the members' places. Cheap when there is nothing to do."""
+    and complete the members' places. Cheap when there is nothing to do. Another clone's group is
+    only read: its record and its members' are theirs to write (and its members not ours to stop)."""
     group, _tip = read(repo, gid)
+    if not ownership.started_here(repo, gid):
+        return group
     if not group.terminal:
         jobs = members(repo, group)
         if group.first_pass and any(passed(j) for j in jobs.values()) and not all(map(_ended, jobs.values())):
@@ -483,8 +486,14 @@ def stop(repo: Repo, gid: str) -> Group:
     return group
 
 
-def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False) -> tuple[Group, list[str]]:
-    """Land the pick through the ordinary merge gate; supersede the others."""
+def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
+          reverify: bool = False) -> tuple[Group, list[str]]:
+    """Land the pick through the ordinary merge gate; supersede the others.
+
+    Another clone's group (pulled) is read, never settled or updated here, and its pick goes
+    through the same gate as any job of theirs (its verify re-run unless an allowed signer
+    signed the pick's record); its other members are left as they are.
+    """
     from subtask import landing
 
     group = settle(repo, gid, wait_for_workers=True)
@@ -492,8 +501,12 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False) -> tup
         why = "it is still running" if not group.terminal else (group.reason or group.state)
         raise SubtaskError("negative", f"{gid} has no pick to merge: {why}",
                            hint=f"git subtask wait {gid}" if not group.terminal else f"git subtask show {gid}")
-    result = landing.merge(repo, group.pick, mode=mode, force=force)
+    if group.pick not in group.members:
+        raise SubtaskError("negative", f"{gid}: its pick {group.pick} is not one of its members: not merging it")
+    result = landing.merge(repo, group.pick, mode=mode, force=force, reverify=reverify)
     lines = list(result.lines)
+    if not ownership.started_here(repo, gid):
+        return group, lines + [f"{gid}: another clone's group: its record and other members are left as they are"]
     target = landing.Target(result.into, result.commit)
     superseded = []
     for job_id in group.members:

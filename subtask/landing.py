@@ -614,23 +614,81 @@ class MergeResult:
     lines: list[str]
 
 
-def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False) -> MergeResult:
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False,
+          reverify: bool = False) -> MergeResult:
     """Merge a finished, verified job into the current branch, then clean up after it.
 
+    The verify a record claims is taken only from a record this clone wrote, or one an allowed
+    signer signed (`trust_of`); any other (and every one with `reverify`) has its verify run
+    again here on the exact commit before anything is merged (`reverify.run`, outside the
+    locks), and that commit is what is merged. `force` skips the gate, and nothing else does.
     Serialized per target worktree (`index_lock`) and holding the job's run-lock, so two merges
     never interleave in one index and no reply starts on the job meanwhile.
     """
     if mode not in MERGE_MODES:
         raise SubtaskError("usage", f"unknown merge mode {mode!r} ({', '.join(MERGE_MODES)})")
     job_id = records.resolve(repo, id_or_prefix)
-    _check_mergeable(repo, records.read(repo, job_id), force)  # refuse at once, not after the locks
+    job = records.read(repo, job_id)
+    trust = trust_of(repo, job, reverify)
+    head = _check_mergeable(repo, job, force, trust.claims)  # refuse at once, not after the locks
+    lines = [trust.line] if trust.line else []
+    if not force and not trust.claims:
+        lines.append(_rerun_gate(repo, job, head, trust.line))
     workdir = Path(repo.git.workdir)
     with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
-        return _merge_locked(repo, records.read(repo, job_id), workdir, mode, force)
+        fresh = records.read(repo, job_id)
+        fresh_head = _check_mergeable(repo, fresh, force, trust.claims)
+        if not trust.claims and (fresh_head != head or fresh.tip != job.tip):
+            raise SubtaskError("negative", f"{job.id} changed while its verify ran here (its branch or record moved): "
+                               "not merging what was not tested", hint=f"git subtask merge {job.id}")
+        return _merge_locked(repo, fresh, fresh_head, workdir, mode, lines, owned=trust.owned)
 
 
-def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -> MergeResult:
-    head = _check_mergeable(repo, job, force)
+@dataclass
+class Trust:
+    """What `merge` may take from a record: its verify as claimed (`claims`), or only by re-running it."""
+
+    claims: bool
+    owned: bool
+    line: str  # what merge says about it; "" for this clone's own job taken as recorded
+
+
+def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
+    from subtask import signing
+
+    if ownership.owns(repo, job):
+        return Trust(not reverify, True, "")
+    provenance = signing.check_one(repo, job.tip, job.signed)
+    if provenance.trusted and not reverify:
+        return Trust(True, False, f"{job.id}: another clone's job; its record is {provenance.words()}: "
+                                  "its verify is taken as recorded")
+    return Trust(False, False, f"{job.id}: another clone's job, and its record is {provenance.words()}: "
+                               "its verify is run here before merging" if not provenance.trusted else "")
+
+
+def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
+    """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
+    the record was not taken at its word) when it fails."""
+    from subtask import reverify
+
+    because = f"\n{why}" if why else ""
+    if not job.spec.verify:
+        raise SubtaskError("negative", f"{job.id}: its record names no verify command to run here, and nothing "
+                           f"else says it works: not merging it{because}",
+                           hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    rerun = reverify.run(repo, job, head)
+    if not rerun.result.passed:
+        how = "timed out" if rerun.result.timed_out else f"exit {rerun.result.exit_code}"
+        tail = rerun.result.output_tail.strip().splitlines()[-5:]
+        raise SubtaskError("negative", f"{job.id}: verify failed when re-run here on {head[:7]} "
+                           f"({rerun.result.command} -> {how}): not merging it"
+                           + ("".join(f"\n  {line}" for line in tail)) + because,
+                           hint=f"git subtask verify {job.id} --run   (merge anyway: git subtask merge --force {job.id})")
+    return rerun.line(job.id)
+
+
+def _merge_locked(repo: Repo, job: Job, head: str, workdir: Path, mode: str, lines: list[str], *,
+                  owned: bool) -> MergeResult:
     into = _check_into(repo, job, workdir)
     _check_clean(workdir)
     before = _head_of_worktree(workdir)
@@ -648,11 +706,14 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
         # The target already had the job's head (git said "Already up to date"): nothing merged,
         # but the work is in the target, so it has landed where the target first carried it.
         landed = _merge_point(repo, head, commit)
-        lines = [f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
+        lines = [*lines, f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
     else:
-        lines = [f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
+        lines = [*lines, f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
     target = Target(into, commit)
-    lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
+    if owned:
+        lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
+    else:  # a teammate's record is theirs to update, its branch and worktree never ours to remove
+        lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
 
 
@@ -710,10 +771,15 @@ def merge_kind(mode: str, before: str, after: str, head: str) -> str:
     return mode
 
 
-def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
+def _check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> str:
+    """The head to merge, or the refusal; `claims`: the record's verify may be taken as recorded
+    (else only its state is, and `merge` runs its verify here)."""
     attempt = job.state.current
     if not job.spec.branch:
         raise SubtaskError("negative", f"{job.id} is a read-only job: it has no branch to merge")
+    if branch_ref(job) is None:
+        raise SubtaskError("negative", f"{job.id}: its record names the branch {job.spec.branch!r}, not "
+                           f"{records.branch_name(job.id)}: never merging a branch a record names")
     if not attempt.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {attempt.state}: it has not finished",
                            hint=f"git subtask wait {job.id}")
@@ -725,7 +791,7 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
                            hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
     head = str(ref.target)
     if not force:
-        _check_gate(job, head)
+        _check_gate(job, head, claims)
     _check_has_commits(repo, job, head)
     return head
 
@@ -739,12 +805,14 @@ def _check_has_commits(repo: Repo, job: Job, head: str) -> None:
                            hint=f"git subtask show {job.id}   (remove its empty branch: git subtask cleanup {job.id})")
 
 
-def _check_gate(job: Job, head: str) -> None:
-    """Done, verify passed on this exact head (what --force skips)."""
+def _check_gate(job: Job, head: str, claims: bool = True) -> None:
+    """Done, verify passed on this exact head (what --force skips); without `claims`, done only."""
     attempt = job.state.current
     if attempt.state != "done":
         raise SubtaskError("not_finished", f"{job.id} ended {attempt.state}, not done: not merging it",
                            hint=f"git subtask show {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    if not claims:
+        return
     verify = attempt.verify
     if verify is not None and not verify.passed:
         raise SubtaskError("negative", f"{job.id}: verify failed ({verify.command} -> exit {verify.exit_code}): not merging it",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, make_team, refs
+from conftest import git, grant_writable, make_team, refs
 
 # Run in the teammate's clone: apply CHANGE (Python, `j` is the job) to a record and write it as a
 # new commit on that record's chain (the way any git-subtask writes one), or as a new record.
@@ -124,3 +124,106 @@ def test_records_a_teammate_pushes_never_delete_my_branches(team):
     assert git(b, "rev-parse", "release") == release and git(b, "rev-parse", "main") == main
     assert (b / "README.md").exists()
     assert "refs/heads/release" in refs(b) and "refs/heads/main" in refs(b)
+
+
+# ---------------------------------------------------------------- the merge gate
+
+def ran_verify(log: Path) -> int:
+    """How many times a verify that appends to `log` has run (anywhere: a's worker, b's re-run)."""
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def writable_folder(path: Path) -> Path:
+    """A folder confined verify commands may write (HOME's git config, as a user grants it)."""
+    path.mkdir()
+    return grant_writable(path)
+
+
+@pytest.fixture
+def shared_log(tmp_path):
+    """A folder both clones' confined verify commands may write."""
+    return writable_folder(tmp_path / "log")
+
+
+def teammate_job(cli_a, b, script: str, verify: str) -> str:
+    """A job the teammate ran and pushed with its branch; we pull it and fetch its branch."""
+    job_id = cli_a.start(script, "--verify", verify)
+    cli_a("wait", job_id)
+    cli_a.ok("push", "--branches")
+    return job_id
+
+
+def take(cli_b, b, job_id: str) -> None:
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", f"refs/heads/subtask/{job_id}:refs/heads/subtask/{job_id}")
+
+
+MAKES_X = "echo x > x.txt && git add x.txt && git commit -qm 'add x'"
+
+
+def test_merge_re_runs_the_verify_of_an_unsigned_teammates_job_on_the_exact_commit(team, shared_log):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    log = shared_log / "ran"
+    theirs = teammate_job(cli_a, b, MAKES_X, f"echo ran >> {log}; test -f x.txt")
+    take(cli_b, b, theirs)
+    assert ran_verify(log) == 1
+    merged = cli_b("merge", theirs)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert f"{theirs}: re-ran verify here on {git(b, 'rev-parse', '--short=7', f'subtask/{theirs}')}" in merged.stdout
+    assert ran_verify(log) == 2 and (b / "x.txt").exists()
+    # nothing of the teammate's is changed or deleted here: record, branch
+    assert record_tip(b, theirs) == record_tip(a, theirs)
+    assert f"refs/heads/subtask/{theirs}" in refs(b)
+    assert not list((b / ".subtask" / "worktrees" / ".verify").iterdir())  # the scratch checkout is gone
+
+
+def test_a_forged_pass_on_a_teammates_job_fails_when_re_run_and_only_force_merges_it(team, shared_log):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    log = shared_log / "ran"
+    theirs = teammate_job(cli_a, b, MAKES_X, f"echo ran >> {log}; test -f y.txt")
+    forge(a, theirs, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0")
+    cli_a.ok("push")
+    take(cli_b, b, theirs)
+    assert cli_b.json("show", theirs)["state_detail"]["attempts"][-1]["verify"]["passed"] is True  # the claim
+    main = git(b, "rev-parse", "main")
+    refused = cli_b("merge", theirs)
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert "merge --force" in refused.stderr and git(b, "rev-parse", "main") == main
+    assert cli_b("merge", "--force", theirs).returncode == 0 and (b / "x.txt").exists()
+
+
+def test_a_teammates_job_without_a_verify_command_is_not_merged_on_its_claim(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    theirs = cli_a.start(MAKES_X)
+    cli_a.ok("wait", theirs)
+    cli_a.ok("push", "--branches")
+    take(cli_b, b, theirs)
+    refused = cli_b("merge", theirs)
+    assert refused.returncode == 1 and "no verify command" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_merge_reverify_re_runs_even_my_own_jobs_verify(cli, repo, tmp_path):
+    log = writable_folder(tmp_path / "log")
+    job = cli.start(MAKES_X, "--verify", f"echo ran >> {log / 'ran'}; test -f x.txt")
+    cli.ok("wait", job)
+    out = cli.ok("merge", "--reverify", job)
+    assert f"{job}: re-ran verify here" in out and ran_verify(log / "ran") == 2
+
+
+def test_a_teammates_group_pick_is_re_verified_and_their_group_record_is_left_alone(team, shared_log):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    log = shared_log / "ran"
+    gid = cli_a.ok("start", "--best-of", "2", MAKES_X, "--verify", f"echo ran >> {log}; test -f x.txt").split()[0]
+    cli_a.ok("wait", gid)
+    cli_a.ok("push", "--branches")
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", "refs/heads/subtask/*:refs/heads/subtask/*")
+    group_ref = f"refs/subtask/groups/{gid}/record"
+    before = git(b, "rev-parse", group_ref)
+    ran = ran_verify(log)
+    merged = cli_b("merge", gid)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "re-ran verify here" in merged.stdout and ran_verify(log) == ran + 1
+    assert git(b, "rev-parse", group_ref) == before
+    assert all(record_tip(b, m) == record_tip(a, m) for m in cli_a.json("show", gid)["members"])

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, refs
+from conftest import git, make_team, refs
+from test_provenance import MAKES_X, forge, ran_verify, take, teammate_job, writable_folder
 from test_start import snapshot
 
 
@@ -109,3 +110,68 @@ def test_a_record_signed_by_a_key_not_in_the_allowed_signers_is_reported_untrust
     keys["allowed"].write_text(keys["allowed"].read_text() + "mallory@example.com "
                                + " ".join((keys["mallory"].parent / "mallory.pub").read_text().split()[:2]) + "\n")
     assert cli.json("show", job)["signature"]["signer"] == "mallory@example.com"  # the cache saw the file change
+
+
+# ---------------------------------------------------------------- a teammate's signed record at merge
+
+@pytest.fixture
+def team(tmp_path):
+    return make_team(tmp_path)
+
+
+def signed_teammate_job(team, keys, key: str, log: Path, verify: str) -> str:
+    """The teammate (a) signs with `key`; we (b) trust alice only. Their job, pulled with its branch."""
+    remote, ((a, cli_a), (b, cli_b)) = team
+    sign_with(a, keys[key], keys["allowed"])
+    git(b, "config", "gpg.ssh.allowedSignersFile", str(keys["allowed"]))
+    theirs = teammate_job(cli_a, b, MAKES_X, verify)
+    take(cli_b, b, theirs)
+    return theirs
+
+
+def test_a_teammates_record_signed_by_an_allowed_signer_is_merged_on_its_recorded_verify(team, keys, tmp_path):
+    log = writable_folder(tmp_path / "log") / "ran"
+    theirs = signed_teammate_job(team, keys, "alice", log, f"echo ran >> {log}; test -f x.txt")
+    _, (_, (b, cli_b)) = team
+    merged = cli_b("merge", theirs)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "signed by alice@example.com" in merged.stdout and "re-ran" not in merged.stdout
+    assert ran_verify(log) == 1  # only the teammate's worker ran it
+
+
+def test_a_teammates_record_signed_by_a_key_not_allowed_here_has_its_verify_re_run(team, keys, tmp_path):
+    log = writable_folder(tmp_path / "log") / "ran"
+    theirs = signed_teammate_job(team, keys, "mallory", log, f"echo ran >> {log}; test -f x.txt")
+    _, (_, (b, cli_b)) = team
+    merged = cli_b("merge", theirs)
+    assert merged.returncode == 0 and "not an allowed signer" in merged.stdout and "re-ran verify" in merged.stdout
+    assert ran_verify(log) == 2
+
+
+def graft_signature(clone: Path, signed: str, unsigned: str) -> str:
+    """The commit `unsigned` with the signature header of `signed`: content the signer never signed."""
+    header = git(clone, "cat-file", "commit", signed).split("\n\n", 1)[0]
+    sig = header[header.index("gpgsig "):]
+    head, _, message = git(clone, "cat-file", "commit", unsigned).partition("\n\n")
+    raw = f"{head}\n{sig}\n\n{message}\n"
+    return subprocess.run(["git", "-C", str(clone), "hash-object", "-t", "commit", "-w", "--stdin"], input=raw,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_record_altered_after_signing_is_reported_bad_and_its_verify_not_trusted(team, keys, tmp_path):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    log = writable_folder(tmp_path / "log") / "ran"
+    theirs = signed_teammate_job(team, keys, "alice", log, f"echo ran >> {log}; test -f y.txt")  # fails
+    signed = git(a, "rev-parse", f"refs/subtask/{theirs}/record")
+    git(a, "config", "subtask.sign", "never")
+    forge(a, theirs, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0")
+    altered = graft_signature(a, signed, git(a, "rev-parse", f"refs/subtask/{theirs}/record"))
+    git(a, "update-ref", f"refs/subtask/{theirs}/record", altered)
+    cli_a.ok("push")
+    cli_b.ok("pull")
+    shown = cli_b.json("show", theirs)
+    assert shown["signature"]["status"] == "bad" and shown["state_detail"]["attempts"][-1]["verify"]["passed"]
+    assert "BAD signature" in cli_b.ok("show", theirs)
+    refused = cli_b("merge", theirs)
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert "BAD signature" in refused.stderr
