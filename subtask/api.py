@@ -1292,6 +1292,14 @@ def notes_rebuild(repo: Repo) -> int:
     return notes.rebuild(repo)
 
 
+def verify(repo: Repo, id_or_prefix: str, run: bool = False):
+    """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
+    verify result; with `run`, its verify command on the exact commit). Returns a `recheck.Recheck`."""
+    from subtask import recheck
+
+    return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
+
+
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     from subtask import landing
 

@@ -507,6 +507,30 @@ def merge(job_id, mode, force, reverify):
         echo(line)
 
 
+@cli.command("verify", context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "
+              "its record names, in a scratch worktree")
+@click.option("--json", "as_json", is_flag=True)
+def verify_(job_id, run, as_json):
+    """Check a finished job's record against git: what matches and what does not.
+
+    From the record alone: its signature (as git checks it with gpg.ssh.allowedSignersFile or
+    the keyring), its pins, its evidence computed again from git (commits, files, +/-), its
+    verify result against the commit it names; with --run, the verify command itself. Exit 1
+    on any mismatch. What a reviewer runs on a teammate's job, and CI on a pushed branch.
+    """
+    from subtask import api
+
+    report = api.verify(_repo(), job_id, run=run)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            echo(line)
+    sys.exit(EXIT_NEGATIVE if report.mismatches else 0)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.argument("group_id", metavar="GID")
 @click.option("--patch", "-p", is_flag=True, help="the full diffs instead of --stat")

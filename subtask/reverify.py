@@ -88,7 +88,6 @@ def run(repo: Repo, job, head: str) -> Rerun:
 
 
 def _tree_of(repo: Repo, head: str) -> str:
-    found = repo.objects.read([head])[0]
-    if found is None or found[0] != "commit":
+    if repo.objects.commit_of(head) != head:
         raise SubtaskError("fatal", f"commit {head[:12]} is not in this repository", hint="git fetch it first")
-    return found[1].split(b"\n", 1)[0].removeprefix(b"tree ").decode()
+    return str(repo.git[head].tree_id)

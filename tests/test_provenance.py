@@ -227,3 +227,53 @@ def test_a_teammates_group_pick_is_re_verified_and_their_group_record_is_left_al
     assert "re-ran verify here" in merged.stdout and ran_verify(log) == ran + 1
     assert git(b, "rev-parse", group_ref) == before
     assert all(record_tip(b, m) == record_tip(a, m) for m in cli_a.json("show", gid)["members"])
+
+
+# ---------------------------------------------------------------- git subtask verify
+
+def test_verify_says_that_an_honest_record_matches_git(cli, repo):
+    job = cli.start(MAKES_X, "--verify", "test -f x.txt")
+    cli.ok("wait", job)
+    out = cli.ok("verify", job, "--run")
+    for line in ("ok       base pin", "ok       head pin", "ok       evidence: 1 files, +1 -0, 1 commits",
+                 "ok       verify: recorded passed", "ok       verify --run: test -f x.txt passed here",
+                 "-        signature: the record", "-        clone: started in this clone",
+                 f"{job}: what its record claims matches git"):
+        assert line in out, out
+    assert cli.json("verify", job)["ok"] is True
+
+
+def test_verify_names_every_claim_of_a_forged_record_that_git_does_not_bear_out(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    theirs = teammate_job(cli_a, b, MAKES_X, "test -f y.txt")  # its verify failed
+    forge(a, theirs, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0; "
+                     "j.evidence.totals['added'] = 40; j.evidence.files[0]['path'] = 'other.txt'")
+    cli_a.ok("push")
+    take(cli_b, b, theirs)
+    proc = cli_b("verify", theirs)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "MISMATCH evidence" in proc.stdout and "other.txt" in proc.stdout and "x.txt" in proc.stdout
+    assert "the record says 1 files, +40 -0" in proc.stdout and "MISMATCH verify:" not in proc.stdout
+    assert "started in clone c-" in proc.stdout and "1 mismatch between its record and git" in proc.stdout
+    run = cli_b("verify", theirs, "--run")
+    assert run.returncode == 1 and "MISMATCH verify --run: test -f y.txt failed (exit 1) here" in run.stdout
+    assert "the record says passed" in run.stdout
+    git(b, "update-ref", f"refs/subtask/{theirs}/head", git(b, "rev-parse", "HEAD"))
+    assert "MISMATCH head pin" in cli_b("verify", theirs).stdout
+    assert cli_b("verify", "st-00000000").returncode == 128  # no such job: git's "fatal"
+
+
+def test_verify_over_mcp_reports_the_same_findings(cli, repo, monkeypatch):
+    import anyio
+    from test_mcp import call, connect
+
+    job = cli.start(MAKES_X, "--verify", "test -f x.txt")
+    cli.ok("wait", job)
+    monkeypatch.chdir(repo)
+
+    async def main():
+        async with connect("inproc", repo) as client:
+            return await call(client, "verify", {"id": job})
+
+    out = anyio.run(main)
+    assert "ok       evidence" in out and f"{job}: what its record claims matches git" in out
