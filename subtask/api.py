@@ -1347,7 +1347,7 @@ def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
             job = records.read(repo, job_id)
         except SubtaskError:
             continue
-        if executors.runs_remotely(job) and job.state.current.terminal and Path(job.spec.repo).resolve() == repo.root.resolve():
+        if executors.runs_remotely(job) and job.state.current.terminal and ownership.owns(repo, job):
             from subtask import sync
             from subtask.executors import ray as ray_executor
 

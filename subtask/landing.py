@@ -14,8 +14,13 @@ Invariants:
 - A worktree is removed only when it is clean (no changes, no untracked files) and its HEAD is a
   commit the branch, the pins or the target keep alive; `git worktree remove` without `--force`
   re-checks cleanliness itself.
-- Only this clone's jobs (spec.repo is this repository) are landed or cleaned here: a record
-  pulled from a teammate is theirs to update, so records never diverge by our sweep.
+- Only this clone's jobs (`ownership.owns`: never `spec.repo`, a path any record can name) are
+  landed or cleaned here: a record pulled from a teammate is theirs to update, so records never
+  diverge by our sweep, and nothing it names is ours to remove.
+- A branch is deleted only when it is `subtask/<id>` of a job this clone owns and points where
+  the record leaves the job (`why_not_deletable`), never a branch a record names.
+- `merge` takes a record's verify only from a record this clone wrote or one an allowed signer
+  signed (`trust_of`); otherwise it runs the verify here on the exact commit it then merges.
 - `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,

@@ -277,3 +277,22 @@ def test_verify_over_mcp_reports_the_same_findings(cli, repo, monkeypatch):
 
     out = anyio.run(main)
     assert "ok       evidence" in out and f"{job}: what its record claims matches git" in out
+
+
+def test_a_teammates_record_naming_my_repository_is_never_charged_to_my_cap(team):
+    import shutil
+
+    from test_admission import state_dir, use_paid_engine
+
+    remote, ((a, cli_a), (b, cli_b)) = team
+    use_paid_engine(a)
+    use_paid_engine(b)
+    theirs = cli_a.start("cost=2.5 file=a", "--max-usd", "3")
+    cli_a.ok("wait", theirs, timeout=60)
+    forge(a, theirs, f"j.spec.repo = {str(b)!r}")
+    cli_a.ok("push")
+    cli_b.ok("pull")
+    mine = cli_b.start("cost=0.5 file=b", "--max-usd", "1")
+    cli_b.ok("wait", mine, timeout=60)
+    shutil.rmtree(state_dir(b))  # the ledger is rebuilt from this clone's records
+    assert cli_b.json("spend")["committed_usd"] == pytest.approx(0.5)
