@@ -289,17 +289,34 @@ def check_isolation(repo) -> Check:
 
 
 def check_provenance(repo) -> Check:
-    """This clone's identity, and the teammates' commits on this clone's jobs that `pull` kept aside."""
+    """This clone's identity, how its records are signed, whose signatures it can check, and the
+    teammates' commits on this clone's jobs that `pull` kept aside."""
     from subtask import ownership
 
     clone = ownership.clone_id(repo)
+    parts = [f"clone {clone}" if clone else "no clone id yet (made at the first start)"]
+    mode, key = repo.config.sign_mode(), repo.config.signing_key()
+    fmt = (repo.config.git("gpg.format") or "openpgp").lower()
+    allowed = repo.config.git("gpg.ssh.allowedsignersfile")
+    if mode == "always" and key is None:
+        return Check("provenance", "fail", "subtask.sign is always but git has no signing key: every start is refused",
+                     ["git config user.signingKey ~/.ssh/id_ed25519.pub; git config gpg.format ssh",
+                      "git config subtask.sign auto"])
+    parts.append(f"records signed ({fmt} key {key}, subtask.sign {mode})" if key else
+                 "records not signed (no user.signingKey)" if mode != "never" else "records not signed (subtask.sign never)")
+    problems, steps = [], []
+    if fmt == "ssh" and not allowed:
+        problems.append("gpg.ssh.allowedSignersFile is not set: no signature can be checked here, so merge "
+                        "re-runs the verify of every teammate's job")
+        steps.append("git config gpg.ssh.allowedSignersFile ~/.config/git/allowed_signers   "
+                     "# lines: <email> <key type> <public key>")
     aside = ownership.set_aside(repo)
-    who = f"clone {clone}" if clone else "no clone id yet (made at the first start)"
     if aside:
         shown = ", ".join(name for *_, name in aside[:5]) + (" …" if len(aside) > 5 else "")
-        return Check("provenance", "warn",
-                     f"{who}; {len(aside)} refs of this clone's jobs had commits on the remote that this clone did "
-                     f"not write (kept aside, never read as the job's state): {shown}",
-                     [f"git log {aside[0][3]}   # what the teammate wrote",
-                      f"git update-ref -d {aside[0][3]}   # once looked at (it comes back if the remote still has it)"])
-    return Check("provenance", "ok", who)
+        problems.append(f"{len(aside)} refs of this clone's jobs had commits on the remote that this clone did not "
+                        f"write (kept aside, never read as the job's state): {shown}")
+        steps += [f"git log {aside[0][3]}   # what the teammate wrote",
+                  f"git update-ref -d {aside[0][3]}   # once looked at (it comes back if the remote still has it)"]
+    if problems:
+        return Check("provenance", "warn", "; ".join(parts + problems), steps)
+    return Check("provenance", "ok", "; ".join(parts))

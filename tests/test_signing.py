@@ -73,6 +73,8 @@ def test_without_a_key_or_with_sign_never_nothing_is_signed(cli, repo, keys):
     other = cli.start("true")
     cli.ok("wait", other)
     assert set(signature_codes(repo, f"refs/subtask/{other}/record")) == {"N"}
+    git(repo, "config", "--unset", "gpg.ssh.allowedSignersFile")
+    assert "gpg.ssh.allowedSignersFile is not set" in cli("doctor").stdout
 
 
 def test_sign_always_without_a_usable_key_refuses_to_start_and_changes_nothing(cli, repo, keys):
@@ -83,6 +85,7 @@ def test_sign_always_without_a_usable_key_refuses_to_start_and_changes_nothing(c
     assert proc.returncode == 128 and "no signing key" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "hint: git config user.signingKey" in proc.stderr
     assert snapshot(repo) == before
+    assert "subtask.sign is always but git has no signing key" in cli("doctor").stdout
     sign_with(repo, keys["alice"].parent / "missing-key", keys["allowed"])  # configured, but not there
     proc = cli("start", "true")
     assert proc.returncode == 128 and "could not sign" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
