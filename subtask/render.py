@@ -289,7 +289,7 @@ def note_block(job, provenance=None) -> str:
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
     if provenance is not None and provenance.signed:
-        lines.append(safe_line(f"signed:  {provenance.words()}"))
+        lines.append(safe_line(f"record:  {provenance.words()}"))
     if job.state.group_place:
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")

@@ -224,6 +224,7 @@ def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: Sy
     divergence). Ours newer: the remote moved or its ref lock was busy; push again. Diverged: kept.
     """
     tips = _fetched_tips(repo, remote, sorted(refused))
+    owned = ownership.owned_keys(repo)
     retry = set()
     for ref in sorted(refused):
         theirs = tips.get(ref)
@@ -238,6 +239,13 @@ def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: Sy
         relation = compare(repo, _local_tip(repo, ref), theirs)
         if relation == SAME:
             continue  # another push put the same commit there meanwhile
+        key, which = _owner_key(ref)
+        if key in owned and relation in (THEIRS_NEWER, DIVERGED) and not _runs_on_our_cluster(repo, key):
+            result.kept_local.append(ref)
+            result.lines.append(f"not pushed: {ref}: {remote} has commits on this clone's job that this clone did "
+                                f"not write (git subtask pull keeps them aside at "
+                                f"{ownership.aside_ref(remote, key, which)}; never forced)")
+            continue
         if relation == THEIRS_NEWER:
             result.older_here.append(ref)
             how = "git subtask pull takes it" if ref.startswith(records.PREFIX) else f"git fetch {remote} to see it"

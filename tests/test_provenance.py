@@ -296,3 +296,18 @@ def test_a_teammates_record_naming_my_repository_is_never_charged_to_my_cap(team
     cli_b.ok("wait", mine, timeout=60)
     shutil.rmtree(state_dir(b))  # the ledger is rebuilt from this clone's records
     assert cli_b.json("spend")["committed_usd"] == pytest.approx(0.5)
+
+
+def test_push_says_a_teammates_commits_on_my_job_are_not_mine_and_never_forces(team):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    mine = cli_b.start("true")
+    cli_b.ok("wait", mine)
+    cli_b.ok("push")
+    cli_a.ok("pull")
+    forge(a, mine, "j.state.extra['teammate'] = 1")
+    cli_a.ok("push")
+    forge(b, mine, "j.state.extra['mine'] = 1")  # ours moves on too: the two have diverged
+    pushed = cli_b("push")
+    assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    assert f"not pushed: refs/subtask/{mine}/record: origin has commits on this clone's job" in pushed.stdout
+    assert git(remote, "rev-parse", f"refs/subtask/{mine}/record") == record_tip(a, mine)

@@ -58,7 +58,7 @@ def test_with_a_key_every_record_group_and_notes_commit_is_signed_and_show_says_
     listed = {e["id"]: e for e in cli.json("list")["jobs"]}
     assert listed[job]["signature"]["signer"] == "alice@example.com" and listed[job]["mine"] is True
     note = git(repo, "notes", "--ref=subtask", "show", f"refs/subtask/{job}/head")
-    assert "signed:  signed by alice@example.com" in note and "an allowed signer" in note
+    assert "record:  signed by alice@example.com" in note and "an allowed signer" in note
 
 
 def test_without_a_key_or_with_sign_never_nothing_is_signed(cli, repo, keys):
@@ -66,7 +66,7 @@ def test_without_a_key_or_with_sign_never_nothing_is_signed(cli, repo, keys):
     cli.ok("wait", job)
     assert set(signature_codes(repo, f"refs/subtask/{job}/record")) == {"N"}
     assert cli.json("show", job)["signature"]["status"] == "unsigned"
-    assert "signed:" not in git(repo, "notes", "--ref=subtask", "show", "HEAD")
+    assert "record:" not in git(repo, "notes", "--ref=subtask", "show", "HEAD")
     sign_with(repo, keys["alice"], keys["allowed"])
     git(repo, "config", "subtask.sign", "never")
     git(repo, "config", "commit.gpgSign", "true")  # the user's own commits: not ours to follow
