@@ -308,8 +308,8 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
         if not ref.startswith(records.PREFIX):
             continue
         key, which = _owner_key(ref)
-        if key in owned and not _runs_on_our_cluster(repo, key):
-            _set_aside(repo, remote, ref, key, which, theirs, result)
+        if key in owned:
+            _keep_ours(repo, remote, ref, key, which, theirs, result)
         else:
             _take(repo, ref, theirs, result)
     # a group's record (refs/subtask/groups/<gid>/record) arrives as "groups/<gid>"
@@ -351,12 +351,16 @@ def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
         return False
 
 
-def _set_aside(repo: Repo, remote: str, ref: str, key: str, which: str, theirs: str, result: SyncResult) -> None:
-    """The remote's copy of a ref of ours that holds commits we did not write: kept, never taken."""
+def _keep_ours(repo: Repo, remote: str, ref: str, key: str, which: str, theirs: str, result: SyncResult) -> None:
+    """A ref of a job this clone started: the remote's copy, when it holds commits we did not
+    write, is kept aside, never taken (but for a job on our Ray cluster)."""
     relation = compare(repo, _local_tip(repo, ref), theirs)
     if relation in (SAME, OURS_NEWER):
         if relation == OURS_NEWER:
             result.ahead_here.append(ref)
+        return
+    if _runs_on_our_cluster(repo, key):  # read only now: most pulls find nothing new on our jobs
+        _take(repo, ref, theirs, result)
         return
     aside = ownership.aside_ref(remote, key, which)
     for _ in range(CAS_RETRIES):
