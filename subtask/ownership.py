@@ -61,16 +61,49 @@ def ensure_clone_id(repo: Repo) -> str:
 
     repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with file_lock(repo.state_dir / "clone-id.lock"):
-        # Another process may have written it since our settings were read: ask git again.
-        current = git(repo.root, "config", "--local", "--get", "subtask.cloneId", check=False).stdout.strip()
+        # Another process may have written it since our settings were read: read the file again.
+        local = _local_config(repo)
+        current = (local.get("subtask.cloneid") or "").strip()
         if not CLONE_ID_RE.fullmatch(current):
             if current:
                 raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
                                    hint="git config --local --unset subtask.cloneId  (a new one is made at the next start)")
             current = "c-" + secrets.token_hex(8)
-            git(repo.root, "config", "--local", "subtask.cloneId", current)
+            local.set("subtask.cloneId", current)
     repo.config.remember("cloneId", current)
     return current
+
+
+class _LocalConfig:
+    """The repository's own config file (`<common dir>/config`): through libgit2 once it is loaded
+    (the MCP server starts jobs without a git process), else through `git config --local`."""
+
+    def __init__(self, repo: Repo, pygit2_config=None):
+        self.repo, self.cfg = repo, pygit2_config
+
+    def get(self, key: str) -> str | None:
+        if self.cfg is not None:
+            try:
+                return self.cfg[key]
+            except KeyError:
+                return None
+        return git(self.repo.root, "config", "--local", "--get", key, check=False).stdout.strip() or None
+
+    def set(self, key: str, value: str) -> None:
+        if self.cfg is not None:
+            self.cfg[key] = value
+        else:
+            git(self.repo.root, "config", "--local", key, value)
+
+
+def _local_config(repo: Repo) -> _LocalConfig:
+    from subtask.gitrepo import pygit2_ready
+
+    if not pygit2_ready():
+        return _LocalConfig(repo)
+    import pygit2
+
+    return _LocalConfig(repo, pygit2.Config(str(repo.common_dir / "config")))
 
 
 def started_here(repo: Repo, key: str) -> bool:
