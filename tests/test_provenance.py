@@ -115,13 +115,18 @@ def test_records_a_teammate_pushes_never_delete_my_branches(team):
     for new_id, (branch, base) in names.items():
         forge(a, theirs, old + f"j.spec.branch = {branch!r}; j.spec.base = {base!r}; j.spec.repo = {str(b)!r}; "
                               f"j.spec.worktree = {str(b)!r}; j.state.current.head = {release!r}", new_id=new_id)
-    cli_a.ok("push")
+    # and the teammate's own old job, whose branch (at its base) we fetched to look at
+    forge(a, theirs, old)
+    cli_a.ok("push", "--branches")
     cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", f"refs/heads/subtask/{theirs}:refs/heads/subtask/{theirs}")
 
-    for command in (("cleanup", "--merged"), ("gc",), ("cleanup", "st-0000aaaa"), ("cleanup", "st-0000bbbb")):
+    for command in (("cleanup", "--merged"), ("gc",), ("cleanup", "st-0000aaaa"), ("cleanup", "st-0000bbbb"),
+                    ("cleanup", theirs)):
         out = cli_b(*command)
         assert "deleted branch" not in out.stdout, f"{command}: {out.stdout}"
     assert git(b, "rev-parse", "release") == release and git(b, "rev-parse", "main") == main
+    assert f"refs/heads/subtask/{theirs}" in refs(b)
     assert (b / "README.md").exists()
     assert "refs/heads/release" in refs(b) and "refs/heads/main" in refs(b)
 
