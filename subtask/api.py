@@ -39,7 +39,6 @@ from subtask import (
     ownership,
     privatetext,
     records,
-    signing,
     slots,
     worktrees,
 )
@@ -309,7 +308,10 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
     created = now()
-    signing.require_key(repo)
+    if repo.config.sign_mode() == "always":
+        from subtask import signing
+
+        signing.require_key(repo)
     clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
     spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
@@ -936,12 +938,16 @@ def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
 def record_facts(repo: Repo, job: Job) -> dict:
     """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
     clone started the job (`ownership`)."""
+    from subtask import signing
+
     return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
 
 
 def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
     """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
     tip) and `mine`, from the clone id and one listing of ownership refs."""
+    from subtask import signing
+
     checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
     clone = ownership.clone_id(repo)
     owned = ownership.owned_keys(repo) if clone else set()

@@ -66,6 +66,12 @@ def valid_spec(spec: str) -> bool:
     return bool(_OID.fullmatch(oid)) and "\n" not in path
 
 
+def commit_signed(raw: bytes) -> bool:
+    """Does a raw commit object carry a signature header (what git would check, `signing.check`)?"""
+    headers = b"\n" + raw.partition(b"\n\n")[0]
+    return b"\ngpgsig " in headers or b"\ngpgsig-sha256 " in headers
+
+
 def commit_message(raw: bytes) -> bytes:
     """The message of a raw commit object (what follows the headers' blank line)."""
     return raw.partition(b"\n\n")[2]

@@ -12,7 +12,7 @@ that was never tested.
 
 from __future__ import annotations
 
-from subtask import notes_store, records, signing
+from subtask import notes_store, records
 from subtask.gitrepo import Repo, git
 from subtask.records import Job
 from subtask.render import note_block
@@ -41,7 +41,12 @@ def previous_targets(job: Job) -> set[str]:
 
 def write_for_job(repo: Repo, job: Job) -> None:
     target = target_commit(job)
-    block = note_block(job, signing.check_one(repo, job.tip, job.signed))
+    provenance = None
+    if job.signed:  # only then is there anything to check (and the module to load)
+        from subtask import signing
+
+        provenance = signing.check_one(repo, job.tip, job.signed)
+    block = note_block(job, provenance)
     notes_store.set_block(repo.git, target, job.id, block, lock_path(repo))
     for old in previous_targets(job) - {target}:
         if job.id in notes_store.read_blocks(repo.git, old):
@@ -65,6 +70,8 @@ def rebuild(repo: Repo) -> int:
             places[job_id] = {target_commit(job)}
         else:  # running again: its earlier block stays until the worker rewrites it
             places[job_id] = {target_commit(job)} | previous_targets(job)
+
+    from subtask import signing
 
     signed = signing.check(repo, [job.tip for job in ended if job.signed])  # one git run for them all
     items = [(target_commit(job), job.id, note_block(job, signed.get(job.tip) if job.signed else None)) for job in ended]

@@ -32,11 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subtask.errors import SubtaskError
-from subtask.gitobjects import Ref, commit_message
+from subtask.gitobjects import Ref, commit_message, commit_signed
 from subtask.gitrepo import Repo
 from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
 from subtask.ownership import owned_ref
-from subtask.signing import is_signed
 
 PREFIX = "refs/subtask/"
 LIST_TAG = "Subtask-List: "
@@ -291,7 +290,7 @@ def _parse_commit(repo: Repo, tip: str) -> Job:
         raise _NotARecord(str(exc)) from None
     summary = (blob("summary.md") or b"").decode("utf-8", "replace")
     events = (blob("events.jsonl") or b"").decode("utf-8", "replace")
-    return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip, is_signed(raw))
+    return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip, commit_signed(raw))
 
 
 def _check_types(data, types: dict, what: str) -> None:
@@ -462,7 +461,7 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict:
     entry = json.loads(message[start:end if end >= 0 else None])  # a ValueError names the damage
     if not isinstance(entry, dict) or entry.get("id") != job_id:
         raise ValueError(f"{ref.target[:12]} has a list line for another job or none")
-    entry["signed"] = is_signed(raw)  # from the commit, never from the line its writer wrote
+    entry["signed"] = commit_signed(raw)  # from the commit, never from the line its writer wrote
     return entry
 
 

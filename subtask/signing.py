@@ -15,7 +15,7 @@ Invariants:
   a record names whatever signer its writer likes; the signer's principal comes from the
   allowed-signers file, never from the record.
 - Never call a commit signed from what a record says: only the commit's own `gpgsig` header
-  (`is_signed`), which git then checks.
+  (`gitobjects.commit_signed`), which git then checks.
 - The answers are cached by commit id *and* a fingerprint of the trust settings
   (`<state>/signatures-<repo>.json`): a commit never changes, and a changed allowed-signers file
   or keyring makes a new fingerprint, so the cache is never stale (only incomplete).
@@ -77,12 +77,6 @@ class Provenance:
 
 
 UNSIGNED = Provenance("unsigned")
-
-
-def is_signed(raw_commit: bytes) -> bool:
-    """Does a raw commit object carry a signature header (what git would check)?"""
-    headers = b"\n" + raw_commit.partition(b"\n\n")[0]
-    return b"\ngpgsig " in headers or b"\ngpgsig-sha256 " in headers
 
 
 def require_key(repo: Repo) -> None:
