@@ -107,7 +107,12 @@ def _local_config(repo: Repo) -> _LocalConfig:
 
 
 def started_here(repo: Repo, key: str) -> bool:
-    """This clone created the record of this job id (or group id): its ownership ref is here."""
+    """This clone created the record of this job id (or group id): its ownership ref is here.
+
+    A loose ref file answers without a git process (what `show` would otherwise pay); a packed
+    or otherwise stored ref is asked of git."""
+    if (repo.common_dir / owned_ref(key)).is_file():
+        return True
     return repo.objects.ref(owned_ref(key)) is not None
 
 
