@@ -643,9 +643,10 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
     with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
         fresh = records.read(repo, job_id)
         fresh_head = _check_mergeable(repo, fresh, force, trust.claims)
-        if not trust.claims and (fresh_head != head or fresh.tip != job.tip):
-            raise SubtaskError("negative", f"{job.id} changed while its verify ran here (its branch or record moved): "
-                               "not merging what was not tested", hint=f"git subtask merge {job.id}")
+        # What was judged (a re-run on `head`, a signature on that tip) holds for that record only.
+        if not trust.owned and fresh.tip != job.tip or not trust.claims and fresh_head != head:
+            raise SubtaskError("negative", f"{job.id} changed while it was checked (its branch or record moved): "
+                               "not merging what was not checked", hint=f"git subtask merge {job.id}")
         return _merge_locked(repo, fresh, fresh_head, workdir, mode, lines, owned=trust.owned)
 
 
@@ -664,11 +665,13 @@ def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
     if ownership.owns(repo, job):
         return Trust(not reverify, True, "")
     provenance = signing.check_one(repo, job.tip, job.signed)
-    if provenance.trusted and not reverify:
-        return Trust(True, False, f"{job.id}: another clone's job; its record is {provenance.words()}: "
-                                  "its verify is taken as recorded")
-    return Trust(False, False, f"{job.id}: another clone's job, and its record is {provenance.words()}: "
-                               "its verify is run here before merging" if not provenance.trusted else "")
+    if not provenance.trusted:
+        return Trust(False, False, f"{job.id}: another clone's job, and its record is {provenance.words()}: "
+                                   "its verify is run here before merging")
+    if reverify:
+        return Trust(False, False, "")
+    return Trust(True, False, f"{job.id}: another clone's job; its record is {provenance.words()}: "
+                              "its verify is taken as recorded")
 
 
 def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
