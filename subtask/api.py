@@ -526,7 +526,10 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
 
 
 def stop_group(repo: Repo, gid_or_prefix: str):
-    return _groups().stop(repo, _groups().resolve(repo, gid_or_prefix))
+    gid = _groups().resolve(repo, gid_or_prefix)
+    if not ownership.started_here(repo, gid):
+        raise SubtaskError("negative", f"{gid} is another clone's group: only its own workers end its members")
+    return _groups().stop(repo, gid)
 
 
 def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
@@ -1133,6 +1136,9 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
+    if not ownership.owns(repo, job):  # its worker runs in the clone that started it, and ends it there
+        raise SubtaskError("negative", f"{job_id} is another clone's job: only its own worker ends it",
+                           hint=f"ask whoever started it (its record names clone {job.spec.clone or 'unknown'})")
     if executors.runs_remotely(job):
         from subtask.executors import ray as ray_executor
 

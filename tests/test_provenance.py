@@ -316,3 +316,19 @@ def test_push_says_a_teammates_commits_on_my_job_are_not_mine_and_never_forces(t
     assert pushed.returncode == 1, pushed.stdout + pushed.stderr
     assert f"not pushed: refs/subtask/{mine}/record: origin has commits on this clone's job" in pushed.stdout
     assert git(remote, "rev-parse", f"refs/subtask/{mine}/record") == record_tip(a, mine)
+
+
+def test_a_teammates_running_job_is_not_mine_to_stop(team, tmp_path):
+    remote, ((a, cli_a), (b, cli_b)) = team
+    gate = tmp_path / "gate"
+    theirs = cli_a.start(f"while [ ! -e '{gate}' ]; do sleep 0.02; done")
+    try:
+        cli_a.ok("push")
+        cli_b.ok("pull")
+        before = record_tip(b, theirs)
+        stopped = cli_b("stop", theirs)
+        assert stopped.returncode == 1 and "another clone's job" in stopped.stderr, stopped.stdout + stopped.stderr
+        assert record_tip(b, theirs) == before
+    finally:
+        gate.touch()
+    cli_a.ok("wait", theirs)
