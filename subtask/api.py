@@ -36,6 +36,7 @@ from subtask import (
     ledger,
     lifecycle,
     liveness,
+    ownership,
     privatetext,
     records,
     slots,
@@ -322,6 +323,11 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
     created = now()
+    if repo.config.sign_mode() == "always":
+        from subtask import signing
+
+        signing.require_key(repo)
+    clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
     spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
@@ -330,7 +336,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member)
+                   network=network, group=group, member=member, clone=clone)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -560,12 +566,15 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
 
 
 def stop_group(repo: Repo, gid_or_prefix: str):
-    return _groups().stop(repo, _groups().resolve(repo, gid_or_prefix))
+    gid = _groups().resolve(repo, gid_or_prefix)
+    if not ownership.started_here(repo, gid):
+        raise SubtaskError("negative", f"{gid} is another clone's group: only its own workers end its members")
+    return _groups().stop(repo, gid)
 
 
-def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False):
+def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     """Merge the group's pick (the ordinary gate), supersede the rest. Returns (group, lines)."""
-    return _groups().merge(repo, _groups().resolve(repo, gid_or_prefix), mode=mode, force=force)
+    return _groups().merge(repo, _groups().resolve(repo, gid_or_prefix), mode=mode, force=force, reverify=reverify)
 
 
 def compare_argvs(repo: Repo, gid_or_prefix: str, stat: bool = True) -> list[tuple[str, list[str]]]:
@@ -969,6 +978,29 @@ def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
     return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
 
 
+def record_facts(repo: Repo, job: Job) -> dict:
+    """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
+    clone started the job (`ownership`)."""
+    from subtask import signing
+
+    return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
+
+
+def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
+    """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
+    tip) and `mine`, from the clone id and one listing of ownership refs."""
+    from subtask import signing
+
+    checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
+    clone = ownership.clone_id(repo)
+    owned = ownership.owned_keys(repo) if clone else set()
+    for entry in entries:
+        found = checked.get(entry.get("tip")) if entry.get("signed") else None
+        entry["signature"] = (found or signing.UNSIGNED).to_dict()
+        entry["mine"] = entry.get("clone") == clone and entry["id"] in owned
+    return entries
+
+
 def worktree_present(job: Job) -> bool:
     """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
     return Path(job.spec.worktree).is_dir()
@@ -1215,6 +1247,9 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     attempt = job.state.current
     if attempt.terminal:
         raise SubtaskError("negative", f"{job_id} already ended ({attempt.state}); nothing to stop")
+    if not ownership.owns(repo, job):  # its worker runs in the clone that started it, and ends it there
+        raise SubtaskError("negative", f"{job_id} is another clone's job: only its own worker ends it",
+                           hint=f"ask whoever started it (its record names clone {job.spec.clone or 'unknown'})")
     if executors.runs_remotely(job):
         from subtask.executors import ray as ray_executor
 
@@ -1380,10 +1415,18 @@ def notes_rebuild(repo: Repo) -> int:
     return notes.rebuild(repo)
 
 
-def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False):
+def verify(repo: Repo, id_or_prefix: str, run: bool = False):
+    """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
+    verify result; with `run`, its verify command on the exact commit). Returns a `recheck.Recheck`."""
+    from subtask import recheck
+
+    return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
+
+
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     from subtask import landing
 
-    return landing.merge(repo, id_or_prefix, mode=mode, force=force)
+    return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
@@ -1427,7 +1470,7 @@ def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
             job = records.read(repo, job_id)
         except SubtaskError:
             continue
-        if executors.runs_remotely(job) and job.state.current.terminal and Path(job.spec.repo).resolve() == repo.root.resolve():
+        if executors.runs_remotely(job) and job.state.current.terminal and ownership.owns(repo, job):
             from subtask import sync
             from subtask.executors import ray as ray_executor
 

@@ -16,8 +16,9 @@ Invariants:
 - Never read records while holding the slots or ledger lock, because reading thousands of records
   is slow and every start passes through those locks: the charges are read first, and the ledger
   lock is held only to append what is still missing (idempotent: a second rebuild adds nothing).
-- Only this clone's records (spec.repo is this repository) are charged to this clone's cap,
-  because a teammate's pulled records are their spend, against their cap.
+- Only this clone's records (`ownership`: the jobs whose record it created) are charged to this
+  clone's cap, because a teammate's pulled records are their spend, against their cap; never
+  decided by `spec.repo`, which a pulled record can set to our path.
 - The charges of a record are cached by its tip (`<state>/spend-cache-<repo>.json`): a commit id
   never changes meaning, so the cache can be incomplete but never stale.
 """
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from subtask import ledger, records
+from subtask import ledger, ownership, records
 from subtask.gitrepo import Repo
 
 
@@ -140,13 +141,6 @@ def _write_cache(repo: Repo, entries: dict[str, list[dict]]) -> None:
         pass
 
 
-def is_own(repo: Repo, charge: Charge) -> bool:
-    try:
-        return Path(charge.clone).resolve() == repo.root.resolve()
-    except (OSError, ValueError):
-        return False
-
-
 # ---------------------------------------------------------------- the ledger as a cache
 
 def sync_ledger(repo: Repo) -> int:
@@ -157,7 +151,8 @@ def sync_ledger(repo: Repo) -> int:
     mark = str(repo.common_dir)
     if ledger.has_mark(repo.state_dir, mark):
         return 0
-    own = [c for c in record_charges(repo) if is_own(repo, c)]
+    owned = ownership.owned_keys(repo)
+    own = [c for c in record_charges(repo) if c.job in owned]
     added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])
     _close_ended_meanwhile(repo, [c for c in own if c.charged is None])
     return added

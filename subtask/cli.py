@@ -258,7 +258,7 @@ def list_(state, include_all, limit, as_json):
     entries = listing.jobs
     if as_json:
         found = api.list_groups(_repo(), entries)
-        _emit_json({"v": 1, "jobs": entries, "more": listing.more}
+        _emit_json({"v": 1, "jobs": api.add_record_facts(_repo(), entries), "more": listing.more}
                    | ({"groups": [g.to_dict() for g in found.values()]} if found else {}))
         return
     if entries:
@@ -373,10 +373,12 @@ def show(job_id, as_json, show_log):
         return
     job = api.get(repo, job_id)
     position = api.queue_position(repo, job.id)
+    facts = api.record_facts(repo, job)
     if as_json:
-        _emit_json(_job_json(job, position))
+        _emit_json(_job_json(job, position) | {"signature": facts["signature"].to_dict(), "mine": facts["mine"]})
         return
-    echo(render.show_text(job, position, worktree_present=api.worktree_present(job)))
+    echo(render.show_text(job, position, worktree_present=api.worktree_present(job), provenance=facts["signature"],
+                          mine=facts["mine"]))
     if show_log:
         from subtask import lifecycle
 
@@ -480,7 +482,9 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
 @click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
 @click.option("--ff-only", "mode", flag_value="ff-only", help="only a fast-forward")
 @click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
-def merge(job_id, mode, force):
+@click.option("--reverify", is_flag=True, help="run the job's verify again here on the exact commit before merging "
+              "(the default for another clone's job whose record no allowed signer signed)")
+def merge(job_id, mode, force, reverify):
     """Merge a finished job into the current branch, then clean up after it.
 
     Merges a job that ended done and whose verify passed; a job started without --verify merges
@@ -491,17 +495,45 @@ def merge(job_id, mode, force):
     has nothing to merge: exit 1, even with --force. Says "(fast-forward)" when it fast-forwarded;
     a squash commit takes the job's commit subject (one commit), or its summary's first line and
     the list of its commits (several).
+
+    Another clone's job (pulled) is merged on its recorded verify only when an allowed signer
+    signed its record (gpg.ssh.allowedSignersFile, or the keyring); otherwise its verify command
+    runs here first, on the exact commit, in a scratch worktree (docs/review.md).
     """
     from subtask import api
 
     if _is_group(job_id):
-        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force)
+        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
         for line in lines:
             echo(line)
         return
-    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force)
+    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
     for line in result.lines:
         echo(line)
+
+
+@cli.command("verify", context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "
+              "its record names, in a scratch worktree")
+@click.option("--json", "as_json", is_flag=True)
+def verify_(job_id, run, as_json):
+    """Check a finished job's record against git: what matches and what does not.
+
+    From the record alone: its signature (as git checks it with gpg.ssh.allowedSignersFile or
+    the keyring), its pins, its evidence computed again from git (commits, files, +/-), its
+    verify result against the commit it names; with --run, the verify command itself. Exit 1
+    on any mismatch. What a reviewer runs on a teammate's job, and CI on a pushed branch.
+    """
+    from subtask import api
+
+    report = api.verify(_repo(), job_id, run=run)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            echo(line)
+    sys.exit(EXIT_NEGATIVE if report.mismatches else 0)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -3,6 +3,8 @@
 Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). The repository's
 `subtask.*` settings are read once, by one `git config` process, when the first is asked for (git's
 own reading: includes, conditional includes, worktree config, GIT_CONFIG_* in the environment).
+The same process reads the settings git signs and verifies commits with (`user.signingKey`,
+`gpg.*`: `config.git("gpg.format")`), so knowing that no key is configured costs nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
 DEFAULTS.update({key: words[0] for key, words in CHOICES.items()})
+# subtask.sign: auto (sign when git has a signing key), always (refuse to start without one), never.
+SIGN_MODES = ("auto", "always", "never")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
@@ -62,6 +66,23 @@ class Config:
 
     def __call__(self, key: str) -> str | None:
         return self.get(key)
+
+    def git(self, key: str) -> str | None:
+        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
+        return self._read(key)
+
+    def remember(self, key: str, value: str) -> None:
+        """A `subtask.*` value this process just wrote with `git config`, read back from now on."""
+        if isinstance(self._read, GitSettings):
+            self._read.set(_canonical("subtask." + key), value)
+
+    def sign_mode(self) -> str:
+        """`subtask.sign` (auto, always, never); a value that is none of them reads as auto (doctor says so)."""
+        return sign_mode_of(self.get("sign"))
+
+    def signing_key(self) -> str | None:
+        """The key git signs with (`user.signingKey`), unless `subtask.sign` is never."""
+        return signing_key_of(self._read)
 
     def settings(self) -> dict[str, str] | None:
         """Every setting as git gave them (None when they do not come from git)."""
@@ -101,6 +122,9 @@ class Config:
             if raw.strip().lower() not in words:
                 found.append((f"git config subtask.{key} must be {' or '.join(words)}, not {raw!r} (read as {words[0]})",
                               f"git config subtask.{key} {words[0]}"))
+        sign = self.get("sign")
+        if sign is not None and sign.strip().lower() not in SIGN_MODES:
+            found.append((f"git config subtask.sign is not auto, always or never: {sign!r}", "git config subtask.sign auto"))
         return found
 
     def _checked(self, key: str) -> tuple[float, str | None]:
@@ -115,6 +139,19 @@ class Config:
         if setting.kind == "int" and value != int(value):
             return 0.0, f"git config subtask.{key} must be a whole number, not {raw!r}"
         return value, None
+
+
+def sign_mode_of(value: str | None) -> str:
+    value = (value or "auto").strip().lower()
+    return value if value in SIGN_MODES else "auto"
+
+
+def signing_key_of(read: Callable[[str], str | None]) -> str | None:
+    """The signing key a reader of git settings names, unless `subtask.sign` is never: the one
+    rule both the record writer (`Config`) and the notes writer (pygit2's config) follow."""
+    if sign_mode_of(read("subtask.sign")) == "never":
+        return None
+    return (read("user.signingkey") or "").strip() or None
 
 
 def fix_hint(key: str) -> str:
@@ -136,8 +173,12 @@ class GitSettings:
     def all(self) -> dict[str, str]:
         return self._values
 
+    def set(self, key: str, value: str) -> None:
+        self._values[key] = value
 
-SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^subtask\.")
+
+# Every `subtask.*` setting, and those git signs commits with (one process reads them all).
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
 
 
 def parse_settings(out: bytes) -> dict[str, str]:

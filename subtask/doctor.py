@@ -48,7 +48,7 @@ def run(path: str | os.PathLike | None = None) -> Report:
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
     for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
-                  check_records, check_slots, check_worktrees, check_engines, check_isolation):
+                  check_records, check_slots, check_worktrees, check_engines, check_isolation, check_provenance):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -193,7 +193,7 @@ def check_records(repo) -> Check:
 
 
 def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orphaned: list, locked: list) -> None:
-    from subtask import landing, lifecycle, liveness, records
+    from subtask import lifecycle, liveness, ownership, records
 
     job_id = entry["id"]
     age = records.ref_lock_age(repo, records.record_ref(job_id))
@@ -203,11 +203,11 @@ def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orp
         if job_id in queued or liveness.is_held(repo.state_dir, job_id) or entry.get("on") == "ray":
             return  # a cluster runs it: no local worker (settled by list/wait from Ray's status)
         job = records.read(repo, job_id)
-        if landing.owns(repo, job) and not job.state.current.terminal:
+        if ownership.owns(repo, job) and not job.state.current.terminal:
             orphaned.append(job_id)
     elif _maybe_incomplete(repo, entry):
         job = records.read(repo, job_id)
-        if landing.owns(repo, job) and lifecycle.missing_after_end(repo, job):
+        if ownership.owns(repo, job) and lifecycle.missing_after_end(repo, job):
             incomplete.append(job_id)
 
 
@@ -286,3 +286,37 @@ def check_isolation(repo) -> Check:
                      [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
                       "git config --unset subtask.isolation  (engine defaults)"])
     return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")
+
+
+def check_provenance(repo) -> Check:
+    """This clone's identity, how its records are signed, whose signatures it can check, and the
+    teammates' commits on this clone's jobs that `pull` kept aside."""
+    from subtask import ownership
+
+    clone = ownership.clone_id(repo)
+    parts = [f"clone {clone}" if clone else "no clone id yet (made at the first start)"]
+    mode, key = repo.config.sign_mode(), repo.config.signing_key()
+    fmt = (repo.config.git("gpg.format") or "openpgp").lower()
+    allowed = repo.config.git("gpg.ssh.allowedsignersfile")
+    if mode == "always" and key is None:
+        return Check("provenance", "fail", "subtask.sign is always but git has no signing key: every start is refused",
+                     ["git config user.signingKey ~/.ssh/id_ed25519.pub; git config gpg.format ssh",
+                      "git config subtask.sign auto"])
+    parts.append(f"records signed ({fmt} key {key}, subtask.sign {mode})" if key else
+                 "records not signed (no user.signingKey)" if mode != "never" else "records not signed (subtask.sign never)")
+    problems, steps = [], []
+    if fmt == "ssh" and not allowed:
+        problems.append("gpg.ssh.allowedSignersFile is not set: no signature can be checked here, so merge "
+                        "re-runs the verify of every teammate's job")
+        steps.append("git config gpg.ssh.allowedSignersFile ~/.config/git/allowed_signers   "
+                     "# lines: <email> <key type> <public key>")
+    aside = ownership.set_aside(repo)
+    if aside:
+        shown = ", ".join(name for *_, name in aside[:5]) + (" …" if len(aside) > 5 else "")
+        problems.append(f"{len(aside)} refs of this clone's jobs had commits on the remote that this clone did not "
+                        f"write (kept aside, never read as the job's state): {shown}")
+        steps += [f"git log {aside[0][3]}   # what the teammate wrote",
+                  f"git update-ref -d {aside[0][3]}   # once looked at (it comes back if the remote still has it)"]
+    if problems:
+        return Check("provenance", "warn", "; ".join(parts + problems), steps)
+    return Check("provenance", "ok", "; ".join(parts))

@@ -14,9 +14,16 @@ Invariants:
 - Both backends answer alike: a missing or unreadable object is None, never an exception, and
   `read` returns one answer per spec in order. tests/test_gitread.py runs every question on both.
 - Both write alike: the same files, message, parents and time make the same commit id (the tool's
-  fixed identity, UTF-8 with no encoding header, never signed, whatever the user's git config
-  says), and a ref update is all or nothing, made only where every ref is at its expected value
-  (tests/test_gitwrite.py). Never wait for a ref lock here: the callers decide how long to wait.
+  fixed identity, UTF-8 with no encoding header), and a ref update is all or nothing, made only
+  where every ref is at its expected value (tests/test_gitwrite.py). Never wait for a ref lock
+  here: the callers decide how long to wait.
+- A commit is signed exactly when the backend was made with `sign` (git has a signing key and
+  `subtask.sign` is not never), and then by git itself, `git commit-tree -S` (git's own
+  gpg-interface: `ssh-keygen -Y sign`, gpg or gpgsm, agent and literal keys as git handles them),
+  from both backends: pygit2 writes the blobs and tree, git the signed commit. A signature that
+  fails is an error when the caller must sign (`must_sign`: the first record under
+  `subtask.sign=always`), else the commit is written unsigned with a warning, because a job's end
+  must never be lost to a missing agent.
 - A spec is a full object id, or `<full id>:<path>` (a file in a commit's tree); anything else is
   answered None without reaching git, because a spec is written to git's stdin line by line.
 - Never a dangling symbolic ref in `refs`: git's for-each-ref leaves them out, so pygit2 does too.
@@ -59,15 +66,65 @@ def valid_spec(spec: str) -> bool:
     return bool(_OID.fullmatch(oid)) and "\n" not in path
 
 
+def commit_signed(raw: bytes) -> bool:
+    """Does a raw commit object carry a signature header (what git would check, `signing.check`)?"""
+    headers = b"\n" + raw.partition(b"\n\n")[0]
+    return b"\ngpgsig " in headers or b"\ngpgsig-sha256 " in headers
+
+
 def commit_message(raw: bytes) -> bytes:
     """The message of a raw commit object (what follows the headers' blank line)."""
     return raw.partition(b"\n\n")[2]
 
 
+SIGN_HINT = ("git signs these commits as it signs yours (git config user.signingKey, gpg.format); "
+             "try: git commit --allow-empty -S -m test   (or: git config subtask.sign never)")
+
+
+def commit_tree(git_dir: str | Path, tree: str, parents: list[str], message: str, *, when: int | None = None,
+                sign: bool = False, must_sign: bool = False) -> str:
+    """`git commit-tree` of `tree` with the tool's identity: signed by git when `sign` (see the
+    module's invariants for what a failed signature does)."""
+    base = ["git", "--git-dir", str(git_dir), "-c", "i18n.commitEncoding=UTF-8", "commit-tree"]
+    date = {} if when is None else {"GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000"}
+    env = dict(os.environ, GIT_AUTHOR_NAME=TOOL_NAME, GIT_AUTHOR_EMAIL=TOOL_EMAIL, GIT_COMMITTER_NAME=TOOL_NAME,
+               GIT_COMMITTER_EMAIL=TOOL_EMAIL, **date)
+    rest = [tree, *(arg for parent in parents for arg in ("-p", parent))]
+    if sign or must_sign:
+        proc = subprocess.run([*base, "-S", *rest], input=message, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+        words = " ".join(proc.stderr.split())[-300:] or f"git commit-tree -S exited {proc.returncode}"
+        if must_sign or not sign:
+            raise SubtaskError("fatal", f"could not sign a git-subtask commit, and subtask.sign is always: {words}",
+                               hint=SIGN_HINT)
+        _warn_unsigned(words)
+    proc = subprocess.run([*base, "--no-gpg-sign", *rest], input=message, capture_output=True, text=True, env=env,
+                          check=False)
+    if proc.returncode != 0:
+        raise SubtaskError("fatal", f"git commit-tree failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+_warned = False
+
+
+def _warn_unsigned(words: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        import sys
+
+        print(f"git-subtask: warning: could not sign a commit, wrote it unsigned: {words}\nhint: {SIGN_HINT}",
+              file=sys.stderr)
+
+
 class GitObjects:
     """Refs and objects through the git binary: a few small processes instead of a library import."""
 
-    def __init__(self, git_dir: Path):
+    def __init__(self, git_dir: Path, sign: bool = False):
+        self._git_dir = git_dir
+        self._sign = sign
         self._base = ["git", "--git-dir", str(git_dir)]
 
     def refs(self, prefix: str) -> list[Ref]:
@@ -101,7 +158,7 @@ class GitObjects:
         return commit if proc.returncode == 0 and commit else None
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
-                     when: int | None = None) -> str:
+                     when: int | None = None, must_sign: bool = False) -> str:
         import tempfile  # only a writing command pays its import (shutil, random)
 
         with tempfile.TemporaryDirectory(prefix="subtask-blobs-") as tmp:
@@ -112,12 +169,7 @@ class GitObjects:
                     fh.write(data)
             blobs = self._run("hash-object", "-w", "--no-filters", "--stdin-paths", input="".join(f"{p}\n" for p in paths)).split()
         tree = self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n" for (name, _), oid in zip(files, blobs, strict=True)))
-        date = {} if when is None else {"GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000"}
-        env = dict(os.environ, GIT_AUTHOR_NAME=TOOL_NAME, GIT_AUTHOR_EMAIL=TOOL_EMAIL, GIT_COMMITTER_NAME=TOOL_NAME,
-                   GIT_COMMITTER_EMAIL=TOOL_EMAIL, **date)
-        parent_args = [arg for parent in parents for arg in ("-p", parent)]
-        return self._run("-c", "i18n.commitEncoding=UTF-8", "commit-tree", "--no-gpg-sign", tree.strip(), *parent_args,
-                         input=message, env=env).strip()
+        return commit_tree(self._git_dir, tree.strip(), parents, message, when=when, sign=self._sign, must_sign=must_sign)
 
     def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
         lines = []
@@ -133,8 +185,8 @@ class GitObjects:
             return "ok"
         return "moved" if any(words in proc.stderr for words in _MOVED) else "locked"
 
-    def _run(self, *args: str, input: str, env: dict | None = None) -> str:
-        proc = subprocess.run([*self._base, *args], input=input, capture_output=True, text=True, env=env, check=False)
+    def _run(self, *args: str, input: str) -> str:
+        proc = subprocess.run([*self._base, *args], input=input, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)
             raise SubtaskError("fatal", f"git {command} failed: {proc.stderr.strip()}")
@@ -163,8 +215,9 @@ def _parse_batch(asked: list[str], out: bytes) -> dict[str, tuple[str, bytes] | 
 class Pygit2Objects:
     """The same questions asked of a loaded pygit2 repository (no process)."""
 
-    def __init__(self, git: pygit2.Repository):
+    def __init__(self, git: pygit2.Repository, sign: bool = False):
         self._git = git
+        self._sign = sign
 
     def refs(self, prefix: str) -> list[Ref]:
         found = []
@@ -219,13 +272,16 @@ class Pygit2Objects:
             return None
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
-                     when: int | None = None) -> str:
+                     when: int | None = None, must_sign: bool = False) -> str:
         import pygit2
 
         git = self._git
         builder = git.TreeBuilder()
         for name, data in files:
             builder.insert(name, git.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
+        if self._sign or must_sign:
+            return commit_tree(git.path, str(builder.write()), parents, message, when=when, sign=self._sign,
+                               must_sign=must_sign)
         sig = pygit2.Signature(TOOL_NAME, TOOL_EMAIL) if when is None else pygit2.Signature(TOOL_NAME, TOOL_EMAIL, when, 0)
         return str(git.create_commit(None, sig, sig, message, builder.write(), [pygit2.Oid(hex=p) for p in parents]))
 

@@ -58,9 +58,10 @@ class Repo:
         """Refs and objects to read and write: in-process once pygit2 is loaded, through git before."""
         from subtask import gitobjects
 
+        sign = self.config.signing_key() is not None
         if self._git is not None or pygit2_ready():
-            return gitobjects.Pygit2Objects(self.git)
-        return gitobjects.GitObjects(self.git_dir)
+            return gitobjects.Pygit2Objects(self.git, sign)
+        return gitobjects.GitObjects(self.git_dir, sign)
 
     def handover(self) -> dict | None:
         """This repository for a worker forked from another process (JSON, `from_handover`): the

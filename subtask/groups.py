@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask import faults, lifecycle, liveness, records, render
+from subtask import faults, lifecycle, liveness, ownership, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
 from subtask.model import _Record, now
@@ -115,15 +115,19 @@ def _write_commit(repo: Repo, group: Group, parent: str | None) -> str:
 
 
 def create(repo: Repo, group: Group) -> None:
-    if not records.cas_ref(repo, group_ref(group.id), None, _write_commit(repo, group, None), "git-subtask: group"):
+    """The group's first record commit, with the ref that makes it this clone's (`ownership`)."""
+    tip = _write_commit(repo, group, None)
+    if repo.objects.update_refs([(group_ref(group.id), None, tip), (ownership.owned_ref(group.id), None, tip)],
+                                "git-subtask: group") != "ok":
         raise SubtaskError("fatal", f"a record for group {group.id} already exists")
 
 
 def delete(repo: Repo, gid: str) -> None:
-    """Undo a group's start: its record and its kept judge go."""
-    ref = repo.objects.ref(group_ref(gid))
-    if ref is not None:
-        records.cas_ref(repo, ref.name, ref.target, None)
+    """Undo a group's start: its record, its ownership ref and its kept judge go."""
+    for name in (group_ref(gid), ownership.owned_ref(gid)):
+        ref = repo.objects.ref(name)
+        if ref is not None:
+            records.cas_ref(repo, ref.name, ref.target, None)
     _judge_file(repo, gid).unlink(missing_ok=True)
 
 
@@ -333,8 +337,11 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
 
 def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
     """Decide the group if every member has ended (exactly once), stop the rest on a first pass,
-    and complete the members' places. Cheap when there is nothing to do."""
+    and complete the members' places. Cheap when there is nothing to do. Another clone's group is
+    only read: its record and its members' are theirs to write (and its members not ours to stop)."""
     group, _tip = read(repo, gid)
+    if not ownership.started_here(repo, gid):
+        return group
     if not group.terminal:
         jobs = members(repo, group)
         if group.first_pass and any(passed(j) for j in jobs.values()) and not all(map(_ended, jobs.values())):
@@ -479,8 +486,14 @@ def stop(repo: Repo, gid: str) -> Group:
     return group
 
 
-def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False) -> tuple[Group, list[str]]:
-    """Land the pick through the ordinary merge gate; supersede the others."""
+def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
+          reverify: bool = False) -> tuple[Group, list[str]]:
+    """Land the pick through the ordinary merge gate; supersede the others.
+
+    Another clone's group (pulled) is read, never settled or updated here, and its pick goes
+    through the same gate as any job of theirs (its verify re-run unless an allowed signer
+    signed the pick's record); its other members are left as they are.
+    """
     from subtask import landing
 
     group = settle(repo, gid, wait_for_workers=True)
@@ -488,8 +501,12 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False) -> tup
         why = "it is still running" if not group.terminal else (group.reason or group.state)
         raise SubtaskError("negative", f"{gid} has no pick to merge: {why}",
                            hint=f"git subtask wait {gid}" if not group.terminal else f"git subtask show {gid}")
-    result = landing.merge(repo, group.pick, mode=mode, force=force)
+    if group.pick not in group.members:
+        raise SubtaskError("negative", f"{gid}: its pick {group.pick} is not one of its members: not merging it")
+    result = landing.merge(repo, group.pick, mode=mode, force=force, reverify=reverify)
     lines = list(result.lines)
+    if not ownership.started_here(repo, gid):
+        return group, lines + [f"{gid}: another clone's group: its record and other members are left as they are"]
     target = landing.Target(result.into, result.commit)
     superseded = []
     for job_id in group.members:
@@ -531,8 +548,11 @@ def supersede(repo: Repo, job: Job, target) -> list[str]:
 
 
 def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
+    from subtask import landing
+
     branch = job.spec.branch
-    ref = repo.git.references.get(f"refs/heads/{branch}") if branch else None
+    name = landing.branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
     if ref is None:
         return []
     tip = str(ref.target)
@@ -541,7 +561,9 @@ def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
     kept = tip == job.spec.base or (pinned is not None and (pinned == tip or repo.git.descendant_of(pinned, tip)))
     if not kept:
         return [f"{job.id}: kept branch {branch}: its tip {tip[:7]} is not kept by its head pin"]
-    from subtask import landing
+    why = landing.why_not_deletable(repo, job, tip)
+    if why:
+        return [f"{job.id}: kept branch {branch}: {why}"]
 
     if f"refs/heads/{branch}" in landing.checked_out_branches(repo):
         return [f"{job.id}: kept branch {branch}: it is checked out in a worktree"]

@@ -14,8 +14,13 @@ Invariants:
 - A worktree is removed only when it is clean (no changes, no untracked files) and its HEAD is a
   commit the branch, the pins or the target keep alive; `git worktree remove` without `--force`
   re-checks cleanliness itself.
-- Only this clone's jobs (spec.repo is this repository) are landed or cleaned here: a record
-  pulled from a teammate is theirs to update, so records never diverge by our sweep.
+- Only this clone's jobs (`ownership.owns`: never `spec.repo`, a path any record can name) are
+  landed or cleaned here: a record pulled from a teammate is theirs to update, so records never
+  diverge by our sweep, and nothing it names is ours to remove.
+- A branch is deleted only when it is `subtask/<id>` of a job this clone owns and points where
+  the record leaves the job (`why_not_deletable`), never a branch a record names.
+- `merge` takes a record's verify only from a record this clone wrote or one an allowed signer
+  signed (`trust_of`); otherwise it runs the verify here on the exact commit it then merges.
 - `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
@@ -42,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask import faults, liveness, notes, records, worktrees
+from subtask import faults, liveness, notes, ownership, records, worktrees
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git
 from subtask.records import Job
@@ -239,10 +244,38 @@ def _merge_point(repo: Repo, head: str, target: str) -> str:
     return last
 
 
+def branch_ref(job: Job) -> str | None:
+    """The job's branch, `refs/heads/subtask/<id>`; None for a read-only job, and for a record that
+    names any other branch: a pulled record can name `main`, which is never read, merged or
+    deleted as a job's."""
+    if job.spec.branch and job.spec.branch == records.branch_name(job.id):
+        return f"refs/heads/{job.spec.branch}"
+    return None
+
+
+def recorded_head(job: Job) -> str:
+    """Where the job's record says its work ends: the evidence's head, the attempt's, else its base."""
+    return (job.evidence.head if job.evidence is not None else None) or job.state.current.head or job.spec.base
+
+
+def why_not_deletable(repo: Repo, job: Job, tip: str) -> str:
+    """"" when the job's branch at `tip` is this clone's to delete, else why not: the job is this
+    clone's (`ownership.owns`), the branch is `subtask/<id>`, and it points where the record says
+    (its head or its base). Worth checking even for our own record, because a record is data."""
+    if branch_ref(job) is None:
+        return f"the record names the branch {job.spec.branch!r}, not {records.branch_name(job.id)}"
+    if not ownership.owns(repo, job):
+        return "the job is another clone's"
+    if tip not in (recorded_head(job), job.spec.base):
+        return f"it points at {tip[:7]}, not where the record leaves the job ({recorded_head(job)[:7]})"
+    return ""
+
+
 def job_head(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin, else its base."""
-    if job.spec.branch:
-        ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+    name = branch_ref(job)
+    if name:
+        ref = repo.git.references.get(name)
         if ref is not None:
             return str(ref.target)
     pin = repo.git.references.get(records.pin_ref(job.id, "head"))
@@ -253,14 +286,6 @@ def job_head(repo: Repo, job: Job) -> str:
 
 # ---------------------------------------------------------------- cleaning one job
 
-def owns(repo: Repo, job: Job) -> bool:
-    """Was the job made in this clone? (Pulled records name another clone's worktree.)"""
-    try:
-        return Path(job.spec.repo).resolve() == repo.root.resolve()
-    except OSError:
-        return False
-
-
 def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str]:
     """(True, "") when the job's worktree can go without losing anything; else (False, why).
 
@@ -269,10 +294,10 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     path = Path(job.spec.worktree)
     if not path.exists():
         return False, "no worktree"
-    if not owns(repo, job):
-        return False, "the worktree belongs to another clone"
     if not worktrees.created_here(repo, job.id, path):
         return False, worktrees.why_not_ours(repo, job.id, path)
+    if not ownership.owns(repo, job):
+        return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
     try:
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
     except worktrees.MetadataChanged as exc:
@@ -379,23 +404,28 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
 
 
 def empty_branch_tip(repo: Repo, job: Job) -> str | None:
-    """The tip of the job's branch when base..tip holds no commit (at its base, or behind it)."""
-    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}") if job.spec.branch else None
+    """The tip of the job's branch when it is at its base (no commit beyond it)."""
+    name = branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
     if ref is None:
         return None
     tip = str(ref.target)
-    return tip if tip == job.spec.base or repo.git.descendant_of(job.spec.base, tip) else None
+    return tip if tip == job.spec.base else None
 
 
 def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
     """Under the job's run-lock: delete its branch by compare-and-swap on the exact empty tip seen,
     so a commit made meanwhile (by hand, in another worktree) keeps it."""
     branch = job.spec.branch
-    if not branch or repo.git.references.get(f"refs/heads/{branch}") is None:
-        return Removal("missing")
+    name = branch_ref(job)
+    if name is None or repo.git.references.get(name) is None:
+        return Removal("missing")  # a record naming another branch: never ours to delete (nor news)
     tip = empty_branch_tip(repo, job)
     if tip is None:
         return Removal("missing", "it has commits beyond its base")  # never ours to delete; not news
+    why = why_not_deletable(repo, job, tip)
+    if why:
+        return Removal("kept", why)
     # On a dry run the job's own worktree is still there but would be gone by now.
     if f"refs/heads/{branch}" in checked_out_branches(repo) and not (worktree_goes and dry_run):
         return Removal("kept", "it is checked out in a worktree")
@@ -460,10 +490,14 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
             lines.append(f"{job.id}: kept worktree: {why}")
     deleted = False
     branch = job.spec.branch
-    ref = repo.git.references.get(f"refs/heads/{branch}") if branch else None
+    name = branch_ref(job)
+    ref = repo.git.references.get(name) if name else None
+    why = why_not_deletable(repo, job, str(ref.target)) if ref is not None else ""
     if ref is not None and repo.config.flag("deleteLandedBranches"):
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
-        if f"refs/heads/{branch}" in checked_out and not (removed or dry_run):
+        if why:
+            lines.append(f"{job.id}: kept branch {branch}: {why}")
+        elif f"refs/heads/{branch}" in checked_out and not (removed or dry_run):
             lines.append(f"{job.id}: kept branch {branch}: it is checked out in a worktree")
         elif str(ref.target) != head:
             lines.append(f"{job.id}: kept branch {branch}: it moved after the landed check")
@@ -496,16 +530,17 @@ def candidates(repo: Repo, entries: list[dict] | None = None) -> list[Job]:
     """This clone's finished, not-yet-landed writing jobs with commits (the only ones a sweep looks at)."""
     jobs = []
     tips = _job_ref_tips(repo)
+    owned = ownership.owned_keys(repo)
     for entry in records.list_entries(repo) if entries is None else entries:
         if entry.get("landed") or entry.get("readonly") or entry.get("state") not in ("done", "failed", "stopped"):
             continue
-        if not _may_have_commits(entry, tips):
-            continue
+        if entry["id"] not in owned or not _may_have_commits(entry, tips):
+            continue  # a teammate's job is never landed or cleaned here (its record stays theirs)
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except Exception:
             continue
-        if job.spec.branch and owns(repo, job):
+        if branch_ref(job) and ownership.owns(repo, job, owned):
             jobs.append(job)
     return jobs
 
@@ -591,23 +626,84 @@ class MergeResult:
     lines: list[str]
 
 
-def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False) -> MergeResult:
+def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False,
+          reverify: bool = False) -> MergeResult:
     """Merge a finished, verified job into the current branch, then clean up after it.
 
+    The verify a record claims is taken only from a record this clone wrote, or one an allowed
+    signer signed (`trust_of`); any other (and every one with `reverify`) has its verify run
+    again here on the exact commit before anything is merged (`reverify.run`, outside the
+    locks), and that commit is what is merged. `force` skips the gate, and nothing else does.
     Serialized per target worktree (`index_lock`) and holding the job's run-lock, so two merges
     never interleave in one index and no reply starts on the job meanwhile.
     """
     if mode not in MERGE_MODES:
         raise SubtaskError("usage", f"unknown merge mode {mode!r} ({', '.join(MERGE_MODES)})")
     job_id = records.resolve(repo, id_or_prefix)
-    _check_mergeable(repo, records.read(repo, job_id), force)  # refuse at once, not after the locks
+    job = records.read(repo, job_id)
+    trust = trust_of(repo, job, reverify)
+    head = _check_mergeable(repo, job, force, trust.claims)  # refuse at once, not after the locks
+    lines = [trust.line] if trust.line else []
+    if not force and not trust.claims:
+        lines.append(_rerun_gate(repo, job, head, trust.line))
     workdir = Path(repo.git.workdir)
     with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
-        return _merge_locked(repo, records.read(repo, job_id), workdir, mode, force)
+        fresh = records.read(repo, job_id)
+        fresh_head = _check_mergeable(repo, fresh, force, trust.claims)
+        # What was judged (a re-run on `head`, a signature on that tip) holds for that record only.
+        if not trust.owned and fresh.tip != job.tip or not trust.claims and fresh_head != head:
+            raise SubtaskError("negative", f"{job.id} changed while it was checked (its branch or record moved): "
+                               "not merging what was not checked", hint=f"git subtask merge {job.id}")
+        return _merge_locked(repo, fresh, fresh_head, workdir, mode, lines, owned=trust.owned)
 
 
-def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -> MergeResult:
-    head = _check_mergeable(repo, job, force)
+@dataclass
+class Trust:
+    """What `merge` may take from a record: its verify as claimed (`claims`), or only by re-running it."""
+
+    claims: bool
+    owned: bool
+    line: str  # what merge says about it; "" for this clone's own job taken as recorded
+
+
+def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
+    from subtask import signing
+
+    if ownership.owns(repo, job):
+        return Trust(not reverify, True, "")
+    provenance = signing.check_one(repo, job.tip, job.signed)
+    if not provenance.trusted:
+        return Trust(False, False, f"{job.id}: another clone's job, and its record is {provenance.words()}: "
+                                   "its verify is run here before merging")
+    if reverify:
+        return Trust(False, False, "")
+    return Trust(True, False, f"{job.id}: another clone's job; its record is {provenance.words()}: "
+                              "its verify is taken as recorded")
+
+
+def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
+    """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
+    the record was not taken at its word) when it fails."""
+    from subtask import reverify
+
+    because = f"\n{why}" if why else ""
+    if not job.spec.verify:
+        raise SubtaskError("negative", f"{job.id}: its record names no verify command to run here, and nothing "
+                           f"else says it works: not merging it{because}",
+                           hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    rerun = reverify.run(repo, job, head)
+    if not rerun.result.passed:
+        how = "timed out" if rerun.result.timed_out else f"exit {rerun.result.exit_code}"
+        tail = rerun.result.output_tail.strip().splitlines()[-5:]
+        raise SubtaskError("negative", f"{job.id}: verify failed when re-run here on {head[:7]} "
+                           f"({rerun.result.command} -> {how}): not merging it"
+                           + ("".join(f"\n  {line}" for line in tail)) + because,
+                           hint=f"git subtask verify {job.id} --run   (merge anyway: git subtask merge --force {job.id})")
+    return rerun.line(job.id)
+
+
+def _merge_locked(repo: Repo, job: Job, head: str, workdir: Path, mode: str, lines: list[str], *,
+                  owned: bool) -> MergeResult:
     into = _check_into(repo, job, workdir)
     _check_clean(workdir)
     before = _head_of_worktree(workdir)
@@ -625,11 +721,14 @@ def _merge_locked(repo: Repo, job: Job, workdir: Path, mode: str, force: bool) -
         # The target already had the job's head (git said "Already up to date"): nothing merged,
         # but the work is in the target, so it has landed where the target first carried it.
         landed = _merge_point(repo, head, commit)
-        lines = [f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
+        lines = [*lines, f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
     else:
-        lines = [f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
+        lines = [*lines, f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
     target = Target(into, commit)
-    lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
+    if owned:
+        lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
+    else:  # a teammate's record is theirs to update, its branch and worktree never ours to remove
+        lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
 
 
@@ -687,10 +786,15 @@ def merge_kind(mode: str, before: str, after: str, head: str) -> str:
     return mode
 
 
-def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
+def _check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> str:
+    """The head to merge, or the refusal; `claims`: the record's verify may be taken as recorded
+    (else only its state is, and `merge` runs its verify here)."""
     attempt = job.state.current
     if not job.spec.branch:
         raise SubtaskError("negative", f"{job.id} is a read-only job: it has no branch to merge")
+    if branch_ref(job) is None:
+        raise SubtaskError("negative", f"{job.id}: its record names the branch {job.spec.branch!r}, not "
+                           f"{records.branch_name(job.id)}: never merging a branch a record names")
     if not attempt.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {attempt.state}: it has not finished",
                            hint=f"git subtask wait {job.id}")
@@ -702,7 +806,7 @@ def _check_mergeable(repo: Repo, job: Job, force: bool) -> str:
                            hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
     head = str(ref.target)
     if not force:
-        _check_gate(job, head)
+        _check_gate(job, head, claims)
     _check_has_commits(repo, job, head)
     return head
 
@@ -716,12 +820,14 @@ def _check_has_commits(repo: Repo, job: Job, head: str) -> None:
                            hint=f"git subtask show {job.id}   (remove its empty branch: git subtask cleanup {job.id})")
 
 
-def _check_gate(job: Job, head: str) -> None:
-    """Done, verify passed on this exact head (what --force skips)."""
+def _check_gate(job: Job, head: str, claims: bool = True) -> None:
+    """Done, verify passed on this exact head (what --force skips); without `claims`, done only."""
     attempt = job.state.current
     if attempt.state != "done":
         raise SubtaskError("not_finished", f"{job.id} ended {attempt.state}, not done: not merging it",
                            hint=f"git subtask show {job.id}   (merge anyway: git subtask merge --force {job.id})")
+    if not claims:
+        return
     verify = attempt.verify
     if verify is not None and not verify.passed:
         raise SubtaskError("negative", f"{job.id}: verify failed ({verify.command} -> exit {verify.exit_code}): not merging it",
@@ -880,15 +986,18 @@ def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
     """This clone's jobs that ended before `cutoff` and still have a worktree or an empty branch."""
     jobs = []
     tips = _job_ref_tips(repo)
+    owned = ownership.owned_keys(repo)
     for entry in records.list_entries(repo):
         if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
+        if entry["id"] not in owned:
+            continue  # a teammate's record: nothing it names is this clone's to remove
         branch_at_base = tips.get(f"refs/heads/{records.branch_name(entry['id'])}") == entry.get("base")
         try:
             job = records.read_commit(repo, entry["tip"], entry["id"])
         except records.DamagedRecord as exc:  # left for the user to inspect; the rest are collected
             warnings.warn(f"{exc.message}; gc leaves it alone", stacklevel=2)
             continue
-        if owns(repo, job) and (Path(job.spec.worktree).exists() or branch_at_base):
+        if ownership.owns(repo, job, owned) and (Path(job.spec.worktree).exists() or branch_at_base):
             jobs.append(job)
     return jobs

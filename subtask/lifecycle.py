@@ -24,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import faults, jobenv, ledger, liveness, privatetext, records, slots, spawn
+from subtask import faults, jobenv, ledger, liveness, ownership, privatetext, records, slots, spawn
 from subtask.gitrepo import Repo, open_repo
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
@@ -332,7 +332,7 @@ def settle_orphan(repo: Repo, job_id: str) -> bool:
         if listed:
             return False  # the sweep (a running entry) or a hand-off (a queued one) owns it
         job = records.read(repo, job_id)
-        if job.state.current.terminal or Path(job.spec.repo).resolve() != repo.root.resolve():
+        if job.state.current.terminal or not ownership.owns(repo, job):
             return False  # ended, or a teammate's record pulled from another clone
         return bool(_settle_quietly(repo, slots.make_entry(job_id, job.state.current.n, repo.common_dir)))
     finally:

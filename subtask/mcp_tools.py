@@ -300,6 +300,16 @@ async def list_jobs(state: str | None = None, limit: int = 20, repo: str | None 
     return await _call(run)
 
 
+@tool("verify", read_only=True, title="Check a job's record against git")
+async def verify(id: str, repo: str | None = None) -> str:
+    """Check a finished job's record against git: its signature (whose, and whether an allowed
+    signer made it), its pins, its evidence computed again from git, its verify result against
+    the commit it names. Says what matches and what does not (MISMATCH lines). Runs nothing:
+    `git subtask verify ID --run` runs the job's verify command too.
+    """
+    return await _call(lambda: "\n".join(api.verify(open_repo(repo), id).lines()))
+
+
 @tool("engines", read_only=True, title="Engines")
 async def engines(repo: str | None = None) -> str:
     """The engines a job can use: installed, authenticated, paid or free, version, isolation."""

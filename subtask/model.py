@@ -118,6 +118,7 @@ class JobSpec(_Record):
     network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
+    clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

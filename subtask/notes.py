@@ -41,7 +41,13 @@ def previous_targets(job: Job) -> set[str]:
 
 def write_for_job(repo: Repo, job: Job) -> None:
     target = target_commit(job)
-    notes_store.set_block(repo.git, target, job.id, note_block(job), lock_path(repo))
+    provenance = None
+    if job.signed:  # only then is there anything to check (and the module to load)
+        from subtask import signing
+
+        provenance = signing.check_one(repo, job.tip, job.signed)
+    block = note_block(job, provenance)
+    notes_store.set_block(repo.git, target, job.id, block, lock_path(repo))
     for old in previous_targets(job) - {target}:
         if job.id in notes_store.read_blocks(repo.git, old):
             notes_store.remove_block(repo.git, old, job.id, lock_path(repo))
@@ -51,7 +57,7 @@ def rebuild(repo: Repo) -> int:
     """Regenerate every job's block from its record, and drop every block no record explains
     (a forged or stale block pulled from a remote, a block left on a commit the job no longer
     stands on). Human text in a note stays. Returns how many blocks changed."""
-    items = []
+    ended = []
     places: dict[str, set[str] | None] = {}  # job id -> commits its blocks may stand on (None: any)
     for job_id in records.all_ids(repo):
         try:
@@ -60,10 +66,15 @@ def rebuild(repo: Repo) -> int:
             places[job_id] = None  # a damaged record: keep its blocks, they may be all that is left
             continue
         if job.state.attempts and job.state.current.terminal:
-            items.append((target_commit(job), job.id, note_block(job)))
+            ended.append(job)
             places[job_id] = {target_commit(job)}
         else:  # running again: its earlier block stays until the worker rewrites it
             places[job_id] = {target_commit(job)} | previous_targets(job)
+
+    from subtask import signing
+
+    signed = signing.check(repo, [job.tip for job in ended if job.signed])  # one git run for them all
+    items = [(target_commit(job), job.id, note_block(job, signed.get(job.tip) if job.signed else None)) for job in ended]
 
     def explained(commit: str, job_id: str) -> bool:
         if job_id not in places:

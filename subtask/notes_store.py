@@ -19,7 +19,9 @@ Invariants:
   2/38, deeper), and every old copy of a commit's note is removed when it is rewritten, so a note
   first written flat by `git notes add` is replaced, never duplicated.
 - Writing text that is already there creates no notes commit.
-- Note commits carry the fixed signature `git-subtask <git-subtask@localhost>`.
+- Note commits carry the fixed identity `git-subtask <git-subtask@localhost>`, and are signed by
+  git (`gitobjects.commit_tree`) when the repository's config names a signing key and
+  `subtask.sign` is not never (`config.signing_key_of`, read here from libgit2's config).
 
 Lock order: the file lock (outer, held for the whole read-modify-write and its retries), then the
 git ref lock (inner, held only for the instant of the swap). The file lock is a leaf: take no other
@@ -314,9 +316,29 @@ def _commit_tree(
     repo: pygit2.Repository, tree: pygit2.Oid, parent: pygit2.Oid | None
 ) -> pygit2.Oid:
     """A notes commit on `tree`; no ref is touched here (the swap does that)."""
+    return _commit(repo, tree, [] if parent is None else [parent], NOTES_MESSAGE + "\n")
+
+
+def _commit(repo: pygit2.Repository, tree: pygit2.Oid, parents: list[pygit2.Oid], message: str) -> pygit2.Oid:
+    """A notes commit, signed by git when a signing key is configured (see the invariants)."""
+    import pygit2
+
+    from subtask.config import signing_key_of
+
+    config = repo.config
+
+    def read(key: str) -> str | None:
+        try:
+            return config[key]
+        except (KeyError, ValueError):
+            return None
+
+    if signing_key_of(read):
+        from subtask.gitobjects import commit_tree
+
+        return pygit2.Oid(hex=commit_tree(repo.path, str(tree), [str(p) for p in parents], message, sign=True))
     sig = _signature()
-    parents = [] if parent is None else [parent]
-    return repo.create_commit(None, sig, sig, NOTES_MESSAGE + "\n", tree, parents)
+    return repo.create_commit(None, sig, sig, message, tree, parents)
 
 
 def _signature() -> pygit2.Signature:
@@ -496,8 +518,7 @@ def _merge_commit(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,
         if merged != local_text:
             edits[commit_hex] = merged
     tree = _edit_notes_tree(repo, local_tree, edits) if edits else local_tree.id
-    sig = _signature()
-    return repo.create_commit(None, sig, sig, "Notes merged by git-subtask\n", tree, [tip, other])
+    return _commit(repo, tree, [tip, other], "Notes merged by git-subtask\n")
 
 
 def _merge_text(local: str, other: str, prefer_local: Callable[[str], bool]) -> str | None:

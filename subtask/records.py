@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subtask.errors import SubtaskError
-from subtask.gitobjects import Ref, commit_message
+from subtask.gitobjects import Ref, commit_message, commit_signed
 from subtask.gitrepo import Repo
 from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
+from subtask.ownership import owned_ref
 
 PREFIX = "refs/subtask/"
 LIST_TAG = "Subtask-List: "
@@ -62,6 +63,7 @@ class Job:
     summary: str
     events_tail: str
     tip: str | None  # the record commit this was read from
+    signed: bool = False  # the tip commit carries a signature (`signing.check` says whose, and if it holds)
 
     @property
     def id(self) -> str:
@@ -133,10 +135,11 @@ def list_entry(job: Job) -> dict:
         "base": job.spec.base,
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
         **({"on": "ray"} if isinstance(job.spec.extra.get("executor"), dict) else {}),  # runs on a cluster
+        **({"clone": job.spec.clone} if job.spec.clone else {}),  # where it was started (ownership.owns)
     }
 
 
-def _write_commit(repo: Repo, job: Job, parent: str | None) -> str:
+def _write_commit(repo: Repo, job: Job, parent: str | None, must_sign: bool = False) -> str:
     files = [("spec.json", _dumps(job.spec.to_dict())), ("state.json", _dumps(job.state.to_dict()))]
     if job.evidence is not None:
         files.append(("evidence.json", _dumps(job.evidence.to_dict())))
@@ -144,7 +147,7 @@ def _write_commit(repo: Repo, job: Job, parent: str | None) -> str:
     if job.events_tail:
         files.append(("events.jsonl", job.events_tail.encode("utf-8", "replace")))
     message = f"{status_line(job)}\n\n{LIST_TAG}{json.dumps(list_entry(job), ensure_ascii=True)}\n"
-    return repo.objects.write_commit(files, message, [parent] if parent else [])
+    return repo.objects.write_commit(files, message, [parent] if parent else [], must_sign=must_sign)
 
 
 def write_commit(repo: Repo, job: Job, parent: str | None) -> str:
@@ -202,12 +205,18 @@ def _break_stale_lock(repo: Repo, job_id: str, name: str) -> bool:
     return True
 
 
-def create(repo: Repo, job: Job) -> None:
-    """Write the first record commit; fails if a record with this id already exists."""
-    tip = _write_commit(repo, job, None)
-    if not cas_ref(repo, record_ref(job.id), None, tip, "git-subtask: create"):
+def create(repo: Repo, job: Job, *, owned: bool = True) -> None:
+    """Write the first record commit; fails if a record with this id already exists.
+
+    `owned`: with the ref that makes the job this clone's (`ownership.owned_ref`), in the same
+    ref transaction, so no record of ours is ever without it, nor the ref without a record.
+    """
+    # Under subtask.sign=always a record that cannot be signed is not started (start undoes it all).
+    tip = _write_commit(repo, job, None, must_sign=repo.config.sign_mode() == "always")
+    updates = [(record_ref(job.id), None, tip)] + ([(owned_ref(job.id), None, tip)] if owned else [])
+    if repo.objects.update_refs(updates, "git-subtask: create") != "ok":
         raise SubtaskError("fatal", f"a record for {job.id} already exists")
-    job.tip = tip
+    job.tip, job.signed = tip, repo.config.signing_key() is not None
 
 
 def read(repo: Repo, job_id: str) -> Job:
@@ -286,7 +295,7 @@ def _parse_commit(repo: Repo, tip: str) -> Job:
         raise _NotARecord(str(exc)) from None
     summary = (blob("summary.md") or b"").decode("utf-8", "replace")
     events = (blob("events.jsonl") or b"").decode("utf-8", "replace")
-    return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip)
+    return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip, commit_signed(raw))
 
 
 def _check_types(data, types: dict, what: str) -> None:
@@ -338,7 +347,7 @@ def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, att
         new_tip = _write_commit(repo, job, job.tip)
         outcome = _cas(repo, name, job.tip, new_tip, "git-subtask")
         if outcome == "ok":
-            job.tip = new_tip
+            job.tip, job.signed = new_tip, repo.config.signing_key() is not None  # (git says if it held)
             return job
         if outcome == "locked" and ref_lock_age(repo, name) is not None:
             locked_until = locked_until or time.monotonic() + lock_wait
@@ -351,8 +360,8 @@ def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, att
 
 
 def delete(repo: Repo, job_id: str) -> None:
-    """Remove the record and pins (used only to undo a start that failed before its spawn)."""
-    for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head")):
+    """Remove the record, pins and ownership ref (used only to undo a start that failed before its spawn)."""
+    for name in (record_ref(job_id), pin_ref(job_id, "base"), pin_ref(job_id, "head"), owned_ref(job_id)):
         ref = repo.objects.ref(name)
         if ref is not None:
             cas_ref(repo, name, ref.target, None)
@@ -405,6 +414,9 @@ def resolve(repo: Repo, text: str) -> str:
     return matches[0]
 
 
+LIST_CACHE_VERSION = 2  # 2: entries say whether their tip is signed
+
+
 def _list_cache_path(repo: Repo):
     return repo.state_file("list-cache")
 
@@ -455,13 +467,14 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict:
     entry = json.loads(message[start:end if end >= 0 else None])  # a ValueError names the damage
     if not isinstance(entry, dict) or entry.get("id") != job_id:
         raise ValueError(f"{ref.target[:12]} has a list line for another job or none")
+    entry["signed"] = commit_signed(raw)  # from the commit, never from the line its writer wrote
     return entry
 
 
 def _read_list_cache(repo: Repo) -> dict[str, dict]:
     try:
         data = json.loads(_list_cache_path(repo).read_bytes())
-        entries = data.get("entries") if isinstance(data, dict) and data.get("v") == 1 else None
+        entries = data.get("entries") if isinstance(data, dict) and data.get("v") == LIST_CACHE_VERSION else None
         return entries if isinstance(entries, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -473,7 +486,8 @@ def _write_list_cache(repo: Repo, entries: dict[str, dict]) -> None:
 
     try:
         write_atomic(_list_cache_path(repo),
-                     json.dumps({"v": 1, "entries": entries}, separators=(",", ":"), ensure_ascii=True).encode(),
+                     json.dumps({"v": LIST_CACHE_VERSION, "entries": entries}, separators=(",", ":"),
+                                ensure_ascii=True).encode(),
                      durable=False)
     except OSError:
         pass

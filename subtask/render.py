@@ -293,8 +293,9 @@ def engine_line(job) -> str:
     return text
 
 
-def note_block(job) -> str:
-    """The review block under the job's head commit in `git log --notes=subtask`."""
+def note_block(job, provenance=None) -> str:
+    """The review block under the job's head commit in `git log --notes=subtask`; `provenance`
+    (`signing.Provenance` of the record tip, as this clone checked it) adds a `signed:` line."""
     attempt = job.state.current
     elapsed = (attempt.ended_at - attempt.started_at) if attempt.started_at and attempt.ended_at else None
     head = f"subtask {job.id} · {attempt.state}"
@@ -325,6 +326,8 @@ def note_block(job) -> str:
         lines.extend(f"         {line}" for line in rest)
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
+    if provenance is not None and provenance.signed:
+        lines.append(safe_line(f"record:  {provenance.words()}"))
     if job.state.group_place:
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
@@ -391,8 +394,19 @@ def reason_text(attempt) -> str:
     return reason if reason.lower().startswith(label.lower()) else f"{label}: {reason}"
 
 
-def show_text(job, position: int | None = None, worktree_present: bool | None = None) -> str:
-    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk)."""
+def record_line(provenance, mine: bool | None) -> str:
+    """Who wrote the record: its signature (`signing.Provenance`) and whether this clone started the job."""
+    parts = [provenance.words() if provenance is not None else "signature not checked"]
+    if mine is not None:
+        parts.append("started in this clone" if mine else
+                     "another clone's job: its record is a claim (merge re-runs its verify unless an allowed signer signed it)")
+    return safe_line("record:    " + " · ".join(parts))
+
+
+def show_text(job, position: int | None = None, worktree_present: bool | None = None, provenance=None,
+              mine: bool | None = None) -> str:
+    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk;
+    `provenance` and `mine`: who wrote the record, `record_line`)."""
     spec = job.spec
     lines = [one_line(job, position), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
@@ -408,6 +422,8 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
                                + (f" · node {node.get('host')}: {node.get('mirror')}" if isinstance(node, dict) and node else
                                   " · no node has claimed it yet")))
     lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
+    if provenance is not None or mine is not None:
+        lines.append(record_line(provenance, mine))
     if spec.verify:
         lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import pygit2
 
-from subtask import notes, notes_store, records
+from subtask import notes, notes_store, ownership, records
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git
 
@@ -63,6 +63,7 @@ class SyncResult:
     kept_local: list[str] = field(default_factory=list)  # refs that diverged (or could not be synced)
     older_here: list[str] = field(default_factory=list)  # push: the remote has a newer copy (not a conflict)
     ahead_here: list[str] = field(default_factory=list)  # pull: ours is newer (push shares it)
+    aside: dict[str, str] = field(default_factory=dict)  # pull: our job's ref -> where a teammate's commits on it were kept
     notes: str = ""
     lines: list[str] = field(default_factory=list)
 
@@ -223,6 +224,7 @@ def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: Sy
     divergence). Ours newer: the remote moved or its ref lock was busy; push again. Diverged: kept.
     """
     tips = _fetched_tips(repo, remote, sorted(refused))
+    owned = ownership.owned_keys(repo)
     retry = set()
     for ref in sorted(refused):
         theirs = tips.get(ref)
@@ -237,6 +239,13 @@ def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: Sy
         relation = compare(repo, _local_tip(repo, ref), theirs)
         if relation == SAME:
             continue  # another push put the same commit there meanwhile
+        key, which = _owner_key(ref)
+        if key in owned and relation in (THEIRS_NEWER, DIVERGED) and not _runs_on_our_cluster(repo, key):
+            result.kept_local.append(ref)
+            result.lines.append(f"not pushed: {ref}: {remote} has commits on this clone's job that this clone did "
+                                f"not write (git subtask pull keeps them aside at "
+                                f"{ownership.aside_ref(remote, key, which)}; never forced)")
+            continue
         if relation == THEIRS_NEWER:
             result.older_here.append(ref)
             how = "git subtask pull takes it" if ref.startswith(records.PREFIX) else f"git fetch {remote} to see it"
@@ -285,12 +294,23 @@ def fetch_job(repo: Repo, remote: str, job_id: str) -> SyncResult:
 # ---------------------------------------------------------------- pull
 
 def pull(repo: Repo, remote: str = "origin") -> SyncResult:
-    """Take teammates' records and newer copies (never overwriting ours) and merge their notes into ours."""
+    """Take teammates' records and newer copies (never overwriting ours) and merge their notes into ours.
+
+    A record or pin of a job (or group) this clone started is never changed by a pull: what the
+    remote holds beyond ours is kept aside (`ownership.aside_ref`) and reported, because a
+    teammate's commit on our record would otherwise become our job's state, verify and cost.
+    """
     _check_remote(repo, remote)
     result = SyncResult(remote)
     tips = _fetched_tips(repo, remote, [f"{records.PREFIX}*", notes_store.NOTES_REF])
+    owned = ownership.owned_keys(repo)
     for ref, theirs in sorted(tips.items()):
-        if ref.startswith(records.PREFIX):
+        if not ref.startswith(records.PREFIX):
+            continue
+        key, which = _owner_key(ref)
+        if key in owned:
+            _keep_ours(repo, remote, ref, key, which, theirs, result)
+        else:
             _take(repo, ref, theirs, result)
     # a group's record (refs/subtask/groups/<gid>/record) arrives as "groups/<gid>"
     result.lines += [f"new group {j.partition('/')[2]}" if j.startswith("groups/") else f"new job {j}"
@@ -298,6 +318,9 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
     result.lines += [f"updated {ref} (fast-forward)" for ref in result.updated]
     result.lines += [f"kept local: {ref} diverged from {remote}'s copy; ours was not overwritten "
                      f"(compare: git log {ref} and git ls-remote {remote} {ref})" for ref in result.kept_local]
+    result.lines += [f"kept aside: {remote} has commits on {ref} that this clone did not write; that job is "
+                     f"this clone's, its record was not changed (theirs: git log {aside})"
+                     for ref, aside in result.aside.items()]
     if notes_store.NOTES_REF in tips:
         result.notes = _merge_notes(repo, tips[notes_store.NOTES_REF])
         result.lines.append(f"notes: {result.notes}")
@@ -305,6 +328,46 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
     if changed:
         result.lines.append(f"notes: rebuilt {changed} block(s) from records")
     return result
+
+
+def _owner_key(ref: str) -> tuple[str | None, str]:
+    """(job or group id, record|base|head) of a ref under refs/subtask/; (None, "") for another shape."""
+    parts = ref[len(records.PREFIX):].split("/")
+    if len(parts) == 2 and parts[1] in ("record", "base", "head"):
+        return parts[0], parts[1]
+    if len(parts) == 3 and parts[0] == "groups" and parts[2] == "record":
+        return parts[1], "record"
+    return None, ""
+
+
+def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
+    """A job of ours placed on Ray: its node writes its record and pushes it, and a pull brings
+    that record home (the one case where another writer's commits are this clone's job's)."""
+    from subtask import executors
+
+    try:
+        return executors.runs_remotely(records.read(repo, key))
+    except SubtaskError:
+        return False
+
+
+def _keep_ours(repo: Repo, remote: str, ref: str, key: str, which: str, theirs: str, result: SyncResult) -> None:
+    """A ref of a job this clone started: the remote's copy, when it holds commits we did not
+    write, is kept aside, never taken (but for a job on our Ray cluster)."""
+    relation = compare(repo, _local_tip(repo, ref), theirs)
+    if relation in (SAME, OURS_NEWER):
+        if relation == OURS_NEWER:
+            result.ahead_here.append(ref)
+        return
+    if _runs_on_our_cluster(repo, key):  # read only now: most pulls find nothing new on our jobs
+        _take(repo, ref, theirs, result)
+        return
+    aside = ownership.aside_ref(remote, key, which)
+    for _ in range(CAS_RETRIES):
+        old = _local_tip(repo, aside)
+        if old == theirs or records.cas_ref(repo, aside, old, theirs, "git-subtask: pull (kept aside)"):
+            break
+    result.aside[ref] = aside
 
 
 def _take(repo: Repo, ref: str, theirs: str, result: SyncResult) -> None:

@@ -270,7 +270,7 @@ def _preload() -> None:
     import filelock  # noqa: F401  (the ledger's lock: a paid job's worker closes its reservation, ~30 ms each)
     import pygit2  # noqa: F401
 
-    from subtask import procs, worker  # noqa: F401
+    from subtask import procs, signing, worker  # noqa: F401  (signing: a signed job's note says whose)
     from subtask.engines import command, shell  # noqa: F401
 
 

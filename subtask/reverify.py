@@ -1,0 +1,93 @@
+"""A job's verify command run again here, on one exact commit: what `merge` does with a record it
+cannot trust (another clone's, not signed by an allowed signer; or `merge --reverify`), and
+`git subtask verify --run`.
+
+The command is the one the record names (stored redacted: a command whose secret was redacted
+fails here, and says so in its output). It runs with `sh -c` in a scratch worktree checked out
+detached at the commit, `<worktreeDir>/.verify/<id>-<random>`, removed afterwards whatever
+happened, and, where Landlock can enforce it, confined as a job's verify is (`worktree`: it may
+write its scratch worktree, its admin folder, new objects and a private temp dir, nothing else).
+
+Invariants:
+- Never run a record's verify in the user's checkout or in the job's own worktree, because the
+  record's command is a teammate's text: it gets a scratch checkout of exactly the commit that
+  is about to be merged, and the merge then takes that very commit id.
+- Never confine from a process with other threads (the MCP server), because the ruleset applies
+  to every child started while it is active; such a caller runs it unconfined and the result
+  says so (`confined` False).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+from subtask import isolation, procs
+from subtask.errors import SubtaskError
+from subtask.gitrepo import Repo, ensure_excluded, git
+from subtask.model import VerifyResult
+from subtask.redact import redact
+from subtask.statefiles import file_lock
+
+TAIL_BYTES = 4096  # as much output as a job's own verify keeps
+SCRATCH = ".verify"
+
+
+@dataclass
+class Rerun:
+    result: VerifyResult
+    confined: bool
+
+    def line(self, job_id: str) -> str:
+        r = self.result
+        how = "timed out" if r.timed_out else f"exit {r.exit_code}"
+        where = "" if self.confined else " (unconfined)"
+        return f"{job_id}: re-ran verify here on {r.head[:7]}{where}: {r.command} -> {how} in {r.seconds:.1f}s"
+
+
+def run(repo: Repo, job, head: str) -> Rerun:
+    """Run `job.spec.verify` on `head` in a scratch worktree (see the module docstring)."""
+    command = job.spec.verify
+    if not command:
+        raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
+    tree = _tree_of(repo, head)
+    path = repo.worktree_dir() / SCRATCH / f"{job.id}-{secrets.token_hex(4)}"
+    ensure_excluded(repo.common_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(repo.state_dir / "worktree.lock"):  # concurrent `worktree add` can fail (git 2.39)
+        git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), head)
+    tmpdir = path.parent / f"{path.name}.tmp"
+    ruleset = None
+    try:
+        tmpdir.mkdir(mode=0o700)
+        env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+        confined = isolation.support().available and threading.active_count() == 1
+        if confined:
+            policy = isolation.build_policy("worktree", worktree=path, common_dir=repo.common_dir, has_branch=False,
+                                            tmpdir=str(tmpdir), extra=isolation.configured_writable(repo.git, repo.root),
+                                            engine_extra=[])
+            ruleset = isolation.Ruleset(policy)
+            env[isolation.ACTIVE_ENV] = "worktree"
+        with isolation.confined(ruleset) if ruleset is not None else nullcontext():
+            result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
+                               tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True)
+    finally:
+        if ruleset is not None:
+            ruleset.close()
+        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+    return Rerun(VerifyResult(command=command, exit_code=result.exit_code, seconds=round(result.seconds, 3), head=head,
+                              tree=tree, passed=result.exit_code == 0 and not result.timed_out,
+                              timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:]), confined)
+
+
+def _tree_of(repo: Repo, head: str) -> str:
+    if repo.objects.commit_of(head) != head:
+        raise SubtaskError("fatal", f"commit {head[:12]} is not in this repository", hint="git fetch it first")
+    return str(repo.git[head].tree_id)
