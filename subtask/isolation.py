@@ -407,6 +407,19 @@ def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: boo
     return policy
 
 
+def outside_sandbox(repo, worktree: Path, tmpdir: Path, network: str) -> Sandbox | None:
+    """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
+    again, a best-of judge): its worktree writable, as a job's verify has it. None where this
+    process cannot confine its children: no Landlock, or other threads (the ruleset is
+    process-wide while active, so a threaded server's other children would get it too)."""
+    if not support().available or threading.active_count() != 1:
+        return None
+    policy = build_policy("worktree", worktree=worktree, common_dir=repo.common_dir, has_branch=False,
+                          tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
+    plan_namespaces(policy, network=network, asked=False)
+    return Sandbox(policy)
+
+
 # -- applying it ----------------------------------------------------------------------------------
 
 

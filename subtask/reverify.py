@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -66,13 +65,9 @@ def run(repo: Repo, job, head: str) -> Rerun:
     try:
         tmpdir.mkdir(mode=0o700)
         env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-        confined = isolation.support().available and threading.active_count() == 1
+        sandbox = isolation.outside_sandbox(repo, path, tmpdir, job.spec.network)
+        confined = sandbox is not None
         if confined:
-            policy = isolation.build_policy("worktree", worktree=path, common_dir=repo.common_dir, has_branch=False,
-                                            tmpdir=str(tmpdir), extra=isolation.configured_writable(repo.git, repo.root),
-                                            engine_extra=[])
-            isolation.plan_namespaces(policy, network=job.spec.network, asked=False)
-            sandbox = isolation.Sandbox(policy)
             env[isolation.ACTIVE_ENV] = "worktree"
         with isolation.confined(sandbox) if sandbox is not None else nullcontext():
             result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
