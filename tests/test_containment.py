@@ -307,6 +307,17 @@ def no_namespaces(monkeypatch):
     monkeypatch.setenv(isolation.NAMESPACES_ENV, "0")
 
 
+def test_doctor_says_what_is_not_confined_without_namespaces(cli, repo):
+    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
+    if LANDLOCK.available:
+        assert line.lower().startswith("warn") and "no namespaces" in line and "metadata" in line, line
+    git(repo, "config", "subtask.isolation.network", "none")
+    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
+    assert line.lower().startswith("fail") and "network" in line, line
+
+
 def test_engines_say_what_confinement_holds_here(cli, repo):
     out = cli.ok("engines")
     if NAMESPACES.available:
