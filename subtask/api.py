@@ -161,11 +161,12 @@ def delegation(repo: Repo) -> Delegation:
     """How deep this command delegates, known from where it runs, not only from the environment.
 
     The environment can be edited (`env -u SUBTASK_DEPTH`), so the job the command runs inside is
-    also found from its working directory (a job's worktree knows its job) and from its process
-    group (an engine's children share the group the worker recorded for it). The depth is the
-    deepest of what each says.
+    also found from its working directory (a job's worktree knows its job) and from its
+    ancestry (an engine's descendants descend from the process the worker recorded for it, in
+    a pid namespace too, where the process group reads 0). The depth is the deepest of what
+    each says.
     """
-    parent = _job_of_cwd(repo) or _job_of_env(repo) or _job_of_process_group(repo)
+    parent = _job_of_cwd(repo) or _job_of_env(repo) or _job_of_ancestry(repo)
     depth = current_depth()
     if parent is not None:
         depth = max(depth, parent.spec.depth + 1)
@@ -188,14 +189,14 @@ def _job_of_env(repo: Repo) -> Job | None:
     return _job_or_none(repo, job_id) if is_job_id(job_id) else None
 
 
-def _job_of_process_group(repo: Repo) -> Job | None:
-    """The running job whose engine's process group this process is in."""
-    try:
-        group = os.getpgrp()
-    except OSError:
-        return None
+def _job_of_ancestry(repo: Repo) -> Job | None:
+    """The running job whose engine (its recorded process) this process descends from, or whose
+    engine's process group it is in."""
+    from subtask import procs
+
+    mine = set(procs.ancestors()) | {os.getpgrp()}
     for entry in slots.read(repo.state_dir).running:
-        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") == group:
+        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])
     return None
 
@@ -316,6 +317,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
+    network = _network(repo)
     base = resolve_commit(repo, request.base or "HEAD")
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -334,7 +336,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   group=group, member=member, clone=clone)
+                   network=network, group=group, member=member, clone=clone)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -359,12 +361,36 @@ def _isolation(repo: Repo, engine, request: StartRequest):
     from subtask import isolation
 
     confined_as = os.environ.get(isolation.ACTIVE_ENV, "none")
-    if confined_as != "none":
-        # Landlock is inherited: a job started from here could write none of its records.
-        raise SubtaskError("fatal", f"this process runs confined (isolation {confined_as}), so it cannot start jobs",
+    if confined_as != "none" or not _can_write_state(repo):
+        # Landlock is inherited: a job started from here could write none of its records. The
+        # environment can be edited; the state folder's refusal cannot.
+        said = f"isolation {confined_as}" if confined_as != "none" else "it cannot write the state folder"
+        raise SubtaskError("fatal", f"this process runs confined ({said}), so it cannot start jobs",
                            hint="start the job that delegates with --isolation none")
     return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
                              configured=repo.config.get("isolation"))
+
+
+def _can_write_state(repo: Repo) -> bool:
+    """Can this process make a file in the state folder's run/ (as `start` is about to)? False
+    only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
+    the write that follows, which says what it is."""
+    import errno
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=liveness.run_dir(repo.state_dir))
+    except OSError as exc:
+        return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+def _network(repo: Repo) -> str:
+    from subtask import isolation
+
+    return isolation.resolve_network(repo.config.get("isolation.network"))
 
 
 _REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")

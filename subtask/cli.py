@@ -19,7 +19,7 @@ import time
 import click
 
 from subtask import __version__
-from subtask.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
+from subtask.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError, from_os_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -790,6 +790,13 @@ def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
     return worker.run_detached(job_id, root, lock_fd)
 
 
+def _exit_with(exc: SubtaskError) -> None:
+    echo(f"error: {exc.message}", err=True)
+    if exc.hint:
+        echo(f"hint: {exc.hint}", err=True)
+    sys.exit(exc.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path."""
     import warnings
@@ -814,10 +821,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         sys.exit(130)
     except SubtaskError as exc:
-        echo(f"error: {exc.message}", err=True)
-        if exc.hint:
-            echo(f"hint: {exc.hint}", err=True)
-        sys.exit(exc.exit_code)
+        _exit_with(exc)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
@@ -825,6 +829,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("SUBTASK_DEBUG"):
             raise
+        said = from_os_error(exc) if isinstance(exc, OSError) else None
+        if said is not None:
+            _exit_with(said)
         echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
         sys.exit(EXIT_FATAL)
     sys.exit(0)

@@ -12,6 +12,8 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
+from subtask.errors import SubtaskError
+
 SCHEMA_VERSION = 1
 ORDER = {"ok": 0, "warn": 1, "fail": 2}
 
@@ -265,7 +267,7 @@ def check_engines(repo) -> Check:
 
 def check_isolation(repo) -> Check:
     """What confinement each engine gets here, and what `subtask.isolation` asks for."""
-    from subtask import api, isolation
+    from subtask import api, isolation, namespaces
 
     state = isolation.support()
     probes = [p for p in api.engines(repo) if p.confinement]
@@ -281,11 +283,25 @@ def check_isolation(repo) -> Check:
         # `doctor --strict` should fail on.
         return Check("isolation", "ok", f"note: engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
     where = f"subtask.isolation={asked}" if asked else "engine defaults"
+    ns = namespaces.support()
+    try:
+        isolation.resolve_network(repo.config.get("isolation.network"))
+    except SubtaskError as exc:
+        return Check("isolation", "fail", f"{exc.message}; every start is refused",
+                     ["git config --unset subtask.isolation.network"])
+    if not ns.available:
+        steps = ["allow user namespaces (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, "
+                 "kernel.apparmor_restrict_unprivileged_userns) and install util-linux's unshare"]
+        if asked and asked.strip().lower() != "none":
+            return Check("isolation", "fail", f"subtask.isolation={asked} cannot be enforced: no namespaces "
+                         f"({ns.reason}); every start that asks for it is refused", steps)
+        return Check("isolation", "warn", f"{state.describe()} only: no namespaces here ({ns.reason}), so confined "
+                     f"jobs can change the metadata of files outside and leave children behind. {per_engine}", steps)
     if refused:
         return Check("isolation", "warn", f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
                      [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
                       "git config --unset subtask.isolation  (engine defaults)"])
-    return Check("isolation", "ok", f"{state.describe()} ({where}). {per_engine}")
+    return Check("isolation", "ok", f"{state.describe()}, user/mount/pid/network namespaces ({where}). {per_engine}")
 
 
 def check_provenance(repo) -> Check:

@@ -40,6 +40,22 @@ class SubtaskError(Exception):
         return {"kind": self.kind, "message": self.message, "hint": self.hint, "exit_code": self.exit_code}
 
 
+def from_os_error(exc: OSError) -> SubtaskError | None:
+    """Words for an OSError a user can act on (a full or read-only disk), or None."""
+    import errno
+    import os
+
+    where = os.fspath(exc.filename) if exc.filename is not None else None
+    folder = os.path.dirname(where) if where else "the disk"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SubtaskError("fatal", f"no space left in {folder}" + (f": {where} was not written" if where else ""),
+                            hint=f"free some space there (df -h '{folder}'), then run the command again")
+    if exc.errno == errno.EROFS:
+        return SubtaskError("fatal", f"{folder} is read-only here" + (f": {where} was not written" if where else ""),
+                            hint="a job confined by git-subtask cannot write there; run it from outside the job")
+    return None
+
+
 def fatal(message: str, hint: str | None = None) -> SubtaskError:
     return SubtaskError("fatal", message, hint)
 

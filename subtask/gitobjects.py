@@ -227,7 +227,12 @@ class Pygit2Objects:
         return found
 
     def ref(self, name: str) -> Ref | None:
-        ref = self._git.references.get(name)
+        import pygit2
+
+        try:
+            ref = self._git.references.get(name)
+        except (pygit2.GitError, ValueError):
+            return None  # a loose ref file that names no object: git's for-each-ref skips it too
         return next(iter(self._ref(ref)), None) if ref is not None else None
 
     def _ref(self, ref) -> list[Ref]:

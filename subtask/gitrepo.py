@@ -241,12 +241,6 @@ def author_signature(repo: Repo) -> pygit2.Signature:
         return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
 
 
-def is_dirty(worktree: Path) -> bool:
-    """Uncommitted changes or untracked files (ignored files do not count)."""
-    proc = git(worktree, "status", "--porcelain", "--untracked-files=normal")
-    return bool(proc.stdout.strip())
-
-
 def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict], dict]:
     """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
     import pygit2

@@ -27,18 +27,21 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import secrets
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask import faults, lifecycle, liveness, ownership, records, render
+from subtask import faults, isolation, lifecycle, liveness, ownership, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
 from subtask.model import _Record, now
@@ -287,8 +290,19 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     env = dict(os.environ, SUBTASK_JOB_ID=job.id, SUBTASK_GROUP_ID=group.id,
                SUBTASK_GROUP_MEMBER=str(job.spec.member or 0))
     env.pop("SUBTASK_LOCK_FD", None)
-    result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
-                       tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True)
+    # The judge runs on what the member wrote (a conftest.py, a Makefile): in its sandbox.
+    (worktree.parent / ".tmp").mkdir(mode=0o700, exist_ok=True)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f"judge-{job.id}-", dir=worktree.parent / ".tmp"))
+    sandbox = isolation.outside_sandbox(repo, worktree, tmpdir, job.spec.network)
+    env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+    try:
+        with isolation.confined(sandbox) if sandbox is not None else contextlib.nullcontext():
+            result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
+                               tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
     if result.timed_out:
         return None, "judge timed out"
     if result.exit_code != 0:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import platform
 import re
@@ -47,11 +48,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from subtask import namespaces
 from subtask.errors import SubtaskError
 
 MODES = ("none", "worktree", "readonly")
 MIN_ABI = 3  # ABI 2 adds REFER (git renames objects across folders), ABI 3 TRUNCATE (truncate(2))
 ABI_ENV = "SUBTASK_LANDLOCK_ABI"  # tests: pretend the kernel offers at most this ABI (0 = none)
+NAMESPACES_ENV = namespaces.ENV  # tests: "0" pretends this machine offers no namespaces
 ACTIVE_ENV = "SUBTASK_ISOLATION"  # set for confined engines: nested `start` says why it cannot work
 WRITABLE_KEY = "subtask.isolation.writable"
 
@@ -209,7 +212,12 @@ def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None)
         mode = "readonly"
     if mode != "none" and not support().available:
         return Choice("none", "default", f"{mode} isolation unavailable here: {support().reason}")
+    if mode != "none" and not namespaces.support().available:
+        return Choice(mode, "default", f"{PARTIAL}: {namespaces.support().reason}")
     return Choice(mode, "default")
+
+
+PARTIAL = "writes only (Landlock): metadata outside the worktree and children that outlive the job are not confined here"
 
 
 def _require(engine, mode: str, source: str) -> None:
@@ -226,6 +234,41 @@ def _require(engine, mode: str, source: str) -> None:
     if reason:  # the engine's own sandbox cannot work inside ours: refused, never downgraded
         raise SubtaskError("fatal", f"{how} {mode}: {reason}",
                            hint=getattr(engine, "CONFINEMENT_HINT", None) or f"git subtask start --isolation none --engine {engine.name} ...")
+    if not namespaces.support().available:
+        raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: it needs user, mount and pid "
+                           f"namespaces (for the metadata of files outside the worktree, and for children that "
+                           f"outlive the job): {namespaces.support().reason}",
+                           hint="git subtask doctor; or run unconfined on purpose: --isolation none")
+
+
+NETWORK_MODES = ("allow", "none")
+
+
+def resolve_network(configured: str | None) -> str:
+    """`subtask.isolation.network`: `allow` (default) or `none` (loopback only), refused where it
+    cannot be enforced."""
+    value = (configured or "allow").strip().lower()
+    if value not in NETWORK_MODES:
+        raise SubtaskError("fatal", f"git config subtask.isolation.network must be allow or none, not {configured!r}",
+                           hint="git config subtask.isolation.network none")
+    if value == "none" and not namespaces.support().available:
+        raise SubtaskError("fatal", "git config subtask.isolation.network none cannot be enforced on this machine: "
+                           f"it needs a network namespace: {namespaces.support().reason}",
+                           hint="git config --unset subtask.isolation.network")
+    return value
+
+
+def enforcement(mode: str) -> str:
+    """What confines a job of this mode here, in words (`engines`, doctor)."""
+    parts = [f"{support().describe()} for writes"] if mode != "none" else []
+    ns = namespaces.support()
+    if not ns.available:
+        parts.append(f"no namespaces: {ns.reason}")
+    elif mode != "none":
+        parts.append("mount namespace for metadata; pid namespace for children")
+    else:
+        parts.append("children ended by the worker as their subreaper")
+    return "; ".join(parts)
 
 
 def describe(engine, configured: str | None = None) -> str:
@@ -235,7 +278,7 @@ def describe(engine, configured: str | None = None) -> str:
     except SubtaskError as exc:
         return f"every start refused: {exc.message}"
     if mode.source == "config":
-        return f"{mode.mode} (git config subtask.isolation)" + (f" ({support().describe()})" if mode.mode != "none" else "")
+        return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
     if mode.mode == "none":
         if mode.note:
             return f"none ({mode.note})"
@@ -243,7 +286,7 @@ def describe(engine, configured: str | None = None) -> str:
             return "none (not started through git-subtask, so it cannot be confined; its own sandbox applies)"
         extra = f"--isolation worktree|readonly on request ({support().describe()})" if support().available else support().reason
         return f"none by default (its own sandbox applies); {extra}"
-    return f"{mode.mode} by default ({support().describe()})"
+    return f"{mode.mode} by default ({enforcement(mode.mode)})"
 
 
 # -- the policy of one run ------------------------------------------------------------------------
@@ -265,14 +308,48 @@ class Policy:
     grants: list[Grant] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # asked-for paths that do not exist (not granted)
     tmpdir: str | None = None
+    plan: namespaces.Plan = field(default_factory=namespaces.Plan)  # set by `plan_namespaces`
+    children: str = "not confined"  # how no process of the job outlives it, in words
+
+    def enforced_by(self) -> str | None:
+        """What the kernel enforces for this run, or None: nothing of ours confined it."""
+        parts = [support().describe()] if self.mode != "none" else []
+        kinds = [kind for kind, on in (("mount", self.plan.mounts is not None), ("pid", self.plan.pid),
+                                       ("network", not self.plan.network)) if on]
+        if kinds:
+            parts.append("+".join(kinds) + (" namespace" if len(kinds) == 1 else " namespaces"))
+        return ", ".join(parts) or None
 
     def to_dict(self) -> dict:
-        if self.mode == "none":  # nothing of ours confined it, whatever this machine could enforce
-            return {"mode": "none", "enforced_by": None, "signals": "not scoped",
-                    "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
-        return {"mode": self.mode, "enforced_by": support().describe(),
-                "signals": "only inside the sandbox" if support().abi >= SCOPED_ABI else "not scoped",
+        confined = self.mode != "none"
+        return {"mode": self.mode, "enforced_by": self.enforced_by(),
+                "signals": "only inside the sandbox" if confined and support().abi >= SCOPED_ABI else "not scoped",
+                "metadata": ("read-only outside the writable paths (mount namespace)" if self.plan.mounts is not None
+                             else "not confined"),
+                "children": self.children, "network": "allow" if self.plan.network else "none",
                 "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
+
+
+def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
+    """Decide the namespaces of the job's processes (`policy.plan`, `policy.children`).
+
+    Confined modes get a mount namespace (read-only outside the grants) and a pid namespace. Mode
+    `none` means the user's own permissions: no namespace (but a network one when asked), and the
+    worker ends what the job left running as the subreaper of its orphans instead.
+    `asked` (the mode came from a flag or config): where the namespaces are missing, the attempt
+    fails rather than running with less than the start promised."""
+    ns = namespaces.support()
+    if not ns.available:
+        if network == "none" or (asked and policy.mode != "none"):
+            raise IsolationError(f"namespaces unavailable here: {ns.reason}")
+        policy.children = "ended by the worker when the attempt ends (subreaper); not if the worker is killed"
+        return
+    confined = policy.mode != "none"
+    writable = [g.path for g in policy.grants if g.path not in DEVICE_FILES]
+    policy.plan = namespaces.Plan(pid=confined, mounts=namespaces.existing(writable) if confined else None,
+                                  network=network != "none")
+    policy.children = ("pid namespace: ended with the engine, on stop, and with a killed worker" if policy.plan.pid
+                       else "ended by the worker when the attempt ends (subreaper); not if the worker is killed")
 
 
 def worktree_admin_dir(worktree: Path) -> Path | None:
@@ -328,6 +405,19 @@ def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: boo
         for path in paths:
             (policy.grants.append(Grant(path, why)) if os.path.exists(path) else policy.missing.append(path))
     return policy
+
+
+def outside_sandbox(repo, worktree: Path, tmpdir: Path, network: str) -> Sandbox | None:
+    """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
+    again, a best-of judge): its worktree writable, as a job's verify has it. None where this
+    process cannot confine its children: no Landlock, or other threads (the ruleset is
+    process-wide while active, so a threaded server's other children would get it too)."""
+    if not support().available or threading.active_count() != 1:
+        return None
+    policy = build_policy("worktree", worktree=worktree, common_dir=repo.common_dir, has_branch=False,
+                          tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
+    plan_namespaces(policy, network=network, asked=False)
+    return Sandbox(policy)
 
 
 # -- applying it ----------------------------------------------------------------------------------
@@ -392,16 +482,22 @@ def _add_rule(ruleset: int, grant: Grant, handled: int) -> None:
 
 # Process-wide, not per thread: a worker runs one engine at a time, and an engine that starts its
 # children from another thread must not escape.
-_active_fd: int | None = None
+_active: Sandbox | None = None
 _active_lock = threading.Lock()
 
 
-class Ruleset:
-    """A policy made into a kernel ruleset, once, before any engine runs (so a failure stops the job)."""
+class Sandbox:
+    """A policy made into a kernel ruleset and a namespace plan, once, before any engine runs (so
+    a failure stops the job). Mode `none` may still have a plan: a pid namespace, no network."""
 
     def __init__(self, policy: Policy):
         self.mode = policy.mode
+        self.plan = policy.plan
         self.fd: int | None = build_ruleset(policy) if policy.mode != "none" else None
+
+    @property
+    def active(self) -> bool:
+        return self.fd is not None or self.plan.active
 
     def close(self) -> None:
         if self.fd is not None:
@@ -410,76 +506,99 @@ class Ruleset:
 
 
 @contextmanager
-def confined(ruleset: Ruleset) -> Iterator[None]:
-    """While active, every child `procs` starts in this process runs under the ruleset."""
-    global _active_fd
-    if ruleset.fd is None:
+def confined(sandbox: Sandbox) -> Iterator[None]:
+    """While active, every child `procs` starts in this process runs in the sandbox."""
+    global _active
+    if not sandbox.active:
         yield
         return
     with _active_lock:
-        previous, _active_fd = _active_fd, ruleset.fd
+        previous, _active = _active, sandbox
     try:
         yield
     finally:
         with _active_lock:
-            _active_fd = previous
+            _active = previous
+
+
+def _restrict_self_call(fd: int):
+    """`landlock_restrict_self(fd)` after PR_SET_NO_NEW_PRIVS, made ready to call in a forked child."""
+    prctl, syscall = _libc.prctl, _libc.syscall
+    no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0))
+    restrict = (ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0))
+    return lambda: prctl(*no_new_privs) == 0 and syscall(*restrict) == 0
 
 
 def child_hook() -> Callable[[], None] | None:
     """The pre-exec hook for a child started now, or None when nothing is to be confined."""
-    fd = _active_fd
-    if fd is None:
+    sandbox = _active
+    if sandbox is None:
         return None
     # Everything the child needs is made here, in the parent: between fork and exec it only calls.
-    prctl, syscall, write, exit_ = _libc.prctl, _libc.syscall, os.write, os._exit
-    no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0), ctypes.c_ulong(0))
-    restrict = (ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0))
+    enter = sandbox.plan.prepare() if sandbox.plan.active else None
+    restrict = _restrict_self_call(sandbox.fd) if sandbox.fd is not None else None
+    write, exit_ = os.write, os._exit
     message = b"git-subtask: could not confine this process (Landlock); it was not started\n"
 
-    def restrict_self() -> None:
-        if prctl(*no_new_privs) != 0 or syscall(*restrict) != 0:
+    def confine_self() -> None:
+        if enter is not None:
+            enter()  # namespaces first: a Landlock-confined process may not mount
+        if restrict is not None and not restrict():
             write(2, message)
             exit_(126)
 
-    return restrict_self
+    return confine_self
+
+
+def wrap_argv(argv: list[str]) -> list[str]:
+    """The argv a child started now execs: through `unshare --fork` when it gets a pid namespace."""
+    sandbox = _active
+    return sandbox.plan.wrap(argv) if sandbox is not None else argv
 
 
 def active() -> bool:
-    return _active_fd is not None
+    return _active is not None
 
 
 def confined_argv(argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
     """For spawners that take no pre-exec hook (the claude SDK's anyio): argv run through a
-    launcher that confines itself with the active ruleset and execs argv, and the fd to pass."""
-    fd = _active_fd
-    if fd is None:
+    launcher that enters the sandbox and execs argv, and the fd to pass."""
+    sandbox = _active
+    if sandbox is None:
         return argv, ()
-    return [sys.executable, "-m", "subtask.isolation", str(fd), "--", *argv], (fd,)
+    fd = sandbox.fd
+    plan = json.dumps(sandbox.plan.to_json(), separators=(",", ":"))
+    return [sys.executable, "-m", "subtask.isolation", str(fd if fd is not None else -1), plan, "--", *argv], \
+        ((fd,) if fd is not None else ())
 
 
 def _launch(args: list[str]) -> int:
-    """`python -m subtask.isolation FD -- PROGRAM ARG...`: confine this process, then exec."""
-    if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
-        print("usage: python -m subtask.isolation RULESET_FD -- PROGRAM [ARG...]", file=sys.stderr)
+    """`python -m subtask.isolation RULESET_FD PLAN -- PROGRAM ARG...`: enter the sandbox, then exec."""
+    if len(args) < 4 or args[2] != "--" or not args[0].lstrip("-").isdigit():
+        print("usage: python -m subtask.isolation RULESET_FD PLAN_JSON -- PROGRAM [ARG...]", file=sys.stderr)
         return 129
     fd = int(args[0])
-    if (_libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0)) != 0
-            or _libc.syscall(ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0)) != 0):
-        sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
-        return 126
-    os.close(fd)
+    plan = namespaces.Plan.from_json(json.loads(args[1]))
+    if plan.active:
+        plan.prepare()()  # exits 126 with a message when it cannot
+    if fd >= 0:
+        if not _restrict_self_call(fd)():
+            sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
+            return 126
+        os.close(fd)
+    argv = plan.wrap(args[3:])
     try:
-        os.execvp(args[2], args[2:])
+        os.execvp(argv[0], argv)
     except OSError as exc:
-        sys.stderr.write(f"{args[2]}: {exc.strerror}\n")
+        sys.stderr.write(f"{argv[0]}: {exc.strerror}\n")
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
 # -- what the run's output tells about refused writes ---------------------------------------------
 
-_REFUSED_RE = re.compile(r"permission denied|operation not permitted|EACCES|EPERM", re.IGNORECASE)
+_REFUSED_RE = re.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
+                         re.IGNORECASE)
 MAX_REFUSED = 20
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from subtask import faults, liveness, notes, ownership, records, worktrees
 from subtask.errors import SubtaskError
-from subtask.gitrepo import Repo, git, is_dirty
+from subtask.gitrepo import Repo, git
 from subtask.records import Job
 from subtask.statefiles import LockTimeout, file_lock, write_json
 
@@ -299,12 +299,16 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     if not ownership.owns(repo, job):
         return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
     try:
-        dirty = is_dirty(path)
-    except SubtaskError:
+        admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
+    except worktrees.MetadataChanged as exc:
+        return False, f"its git metadata is not what git-subtask wrote ({exc}): left for you to inspect"
+    status = worktrees.job_git(repo, admin, path, "status", "--porcelain", "--untracked-files=normal",
+                               "--ignore-submodules=none", check=False)
+    if status.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
-    if dirty:
+    if status.stdout.strip():
         return False, f"worktree {path} has uncommitted changes or untracked files"
-    proc = git(path, "rev-parse", "HEAD", check=False)
+    proc = worktrees.job_git(repo, admin, path, "rev-parse", "HEAD", check=False)
     head = proc.stdout.strip()
     if proc.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
@@ -314,8 +318,11 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
 
 
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
-    """`git worktree remove` (never forced: git refuses a dirty one too); say so in the record."""
-    removed = git(repo.root, "worktree", "remove", job.spec.worktree, check=False).returncode == 0
+    """`git worktree remove` (never forced: git refuses a dirty one too); say so in the record.
+    Its own status of the worktree runs with fsmonitor off: `worktree_removable` checked the
+    admin folder git reads, not the config of what it names."""
+    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", job.spec.worktree,
+                  check=False).returncode == 0
     if removed and record:
         records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
     return removed

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from subtask.errors import SubtaskError
+from subtask.statefiles import naming
 
 LEDGER_NAME = "ledger.jsonl"
 LOCK_NAME = "ledger.lock"
@@ -326,7 +327,8 @@ def _append(path: Path, row: dict[str, Any]) -> None:
         # A crash mid-row leaves no trailing newline; end that torn row in the same write.
         if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
             data = b"\n" + data
-        written = os.write(fd, data)
+        with naming(path):
+            written = os.write(fd, data)
     finally:
         os.close(fd)
     if written != len(data):

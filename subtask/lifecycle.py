@@ -109,6 +109,7 @@ def end_orphaned_engine(state_dir: Path, job_id: str) -> None:
     pgid, started = pids.get("engine"), pids.get("engine_started")
     if isinstance(pgid, int) and pgid > 1:
         procs.kill_orphaned_group(pgid, started if isinstance(started, int) else None)
+    procs.end_marked(job_id)  # those that left the group (setsid), where no pid namespace ended them
 
 
 def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:

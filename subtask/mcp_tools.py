@@ -38,7 +38,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from subtask import __version__, api, groups, render
-from subtask.errors import SubtaskError
+from subtask.errors import SubtaskError, from_os_error
 from subtask.model import is_group_ref
 
 INSTRUCTIONS = """\
@@ -85,6 +85,9 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
             except SubtaskError as exc:
                 return _tool_error(_error_text(exc))
             except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
+                said = from_os_error(exc) if isinstance(exc, OSError) else None
+                if said is not None:
+                    return _tool_error(_error_text(said))
                 if os.environ.get("SUBTASK_DEBUG"):
                     import traceback
 

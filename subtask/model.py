@@ -115,6 +115,7 @@ class JobSpec(_Record):
     parent: str | None = None  # the job this one was started from inside (it lends its slot)
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
+    network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
@@ -242,7 +243,8 @@ class Evidence(_Record):
     head: str
     branch: str | None
     commits: list[dict[str, Any]] = field(default_factory=list)  # {sha, subject}
-    files: list[dict[str, Any]] = field(default_factory=list)  # {path, status, added, deleted}
+    files: list[dict[str, Any]] = field(default_factory=list)  # {path, status, added, deleted}, the first MAX_FILES
+    files_omitted: int = 0  # changed files beyond those listed (`totals` counts every one)
     totals: dict[str, int] = field(default_factory=dict)  # files, added, deleted, commits
     autocommit: dict[str, Any] | None = None  # {sha, files} when the worker committed leftovers
     verification: dict[str, Any] | None = None
@@ -256,3 +258,29 @@ class Evidence(_Record):
     isolation: dict[str, Any] | None = None  # {mode, enforced_by, writable, missing, refused}
     main_worktree: dict[str, Any] | None = None  # {changed, paths}: `git status` before vs after the run
     extra: dict[str, Any] = field(default_factory=dict)
+
+    # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
+    # (an entry that is not an object is dropped, a missing or mistyped field gets its empty value).
+    _SHAPES = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
+               "commits": {"sha": str, "subject": str}}
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        shape = cls._SHAPES.get(key)
+        if shape is not None:
+            return [_shaped(entry, shape) for entry in (value if isinstance(value, list) else []) if isinstance(entry, dict)]
+        if key == "totals":
+            return {k: v for k, v in value.items() if isinstance(v, int)} if isinstance(value, dict) else {}
+        if key in ("commands", "cost") and not isinstance(value, dict):
+            return {}
+        return value
+
+
+def _shaped(entry: dict[str, Any], shape: dict[str, type]) -> dict[str, Any]:
+    out = dict(entry)
+    for name, kind in shape.items():
+        if name in out and not isinstance(out[name], kind) or (kind is int and isinstance(out.get(name), bool)):
+            out[name] = str(out[name]) if kind is str else 0
+        elif name not in out and name != "old_path":
+            out[name] = "" if kind is str else 0
+    return out

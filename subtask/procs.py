@@ -26,16 +26,19 @@ Invariants:
 - With `redact=True` both streams pass a `redact.StreamRedactor` before anything else sees them:
   the line callbacks and the tails get redacted text only (a key block printed over many lines
   and reads is redacted whole), so no caller can store what a child printed raw.
-- While a job's isolation is active (`isolation.confined`), every child is confined before exec.
+- While a job's isolation is active (`isolation.confined`), every child is confined before exec
+  (its namespaces, then Landlock) and, given a pid namespace, run as pid 1 of it by `unshare --fork`.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
   a missing working directory is a `SubtaskError`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,6 +238,114 @@ def kill_orphaned_group(pgid: int, leader_started: int | None, wait: float = 2.0
     return True
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphans of our descendants become our children (not init's), so `end_adopted` finds them."""
+    if _prctl is not None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def ancestors() -> list[int]:
+    """This process's ancestors as /proc numbers them (the machine's pids, also from inside a pid
+    namespace of a job's, whose own numbers stop at its pid 1)."""
+    found: list[int] = []
+    pid = "self"
+    while len(found) < 64:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+            parent = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if parent <= 1:
+            break
+        found.append(parent)
+        pid = str(parent)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
+                found += [int(p) for p in fh.read().split()]
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt
+
+
+def _marked(pid: int, marker: bytes) -> bool:
+    """Does `pid`'s environment hold a variable starting with `marker`?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return any(item.startswith(marker) for item in fh.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def end_adopted(value: str, wait: float = 2.0) -> int:
+    """SIGKILL our children whose environment holds `RUN_MARKER_ENV=value`: what an attempt left
+    running (as their subreaper we adopted its orphans). Each one killed hands its own children
+    to us, so this goes on until none is left, or `wait` seconds. How many were killed."""
+    marker = f"{RUN_MARKER_ENV}={value}".encode()
+    killed = 0
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        victims = [pid for pid in _children(os.getpid()) if _marked_exactly(pid, marker)]
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        for pid in victims:  # reap them: their children are handed to us only once they are gone
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return killed
+
+
+def _marked_exactly(pid: int, item: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return item in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_marked(job_id: str) -> int:
+    """SIGKILL every process of ours whose environment marks it as one of `job_id`'s attempts:
+    what a dead worker's job left running outside its process group (where no pid namespace
+    ended it). The caller holds the job's run-lock, so none of them belongs to a live attempt."""
+    marker = f"{RUN_MARKER_ENV}={job_id}.".encode()
+    killed = 0
+    for _ in range(10):  # a killed one's children may have been reading their fork's return
+        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), marker)]
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(_KILL_POLL)
+    return killed
+
+
 # -- reading --------------------------------------------------------------------------------------
 
 
@@ -398,16 +509,51 @@ def _child_setup():
 
 
 def _confinement_hook() -> Callable[[], None] | None:
-    """The pre-exec hook confining this child (Landlock), or None when no job isolation is active."""
+    """The pre-exec hook confining this child (namespaces, Landlock), or None when no job
+    isolation is active."""
     from subtask import isolation
 
     return isolation.child_hook()
 
 
+def _sandboxed(argv: list[str], cwd, env: dict | None) -> list[str]:
+    """argv as a job's sandbox runs it (through `unshare --fork` for a pid namespace of its own).
+    A program that cannot be executed is refused here as execve would refuse it, because behind
+    the wrapper its failure would look like a program that ran and exited 126 or 127."""
+    from subtask import isolation
+
+    wrapped = isolation.wrap_argv(argv)
+    if wrapped is not argv:
+        check_executable(argv[0], cwd, env)
+    return wrapped
+
+
+def check_executable(program: str, cwd, env: dict | None) -> None:
+    """Raise the OSError execve would for `program` (found on PATH unless it names a path): not
+    there, not executable, or a script whose interpreter is not there."""
+    if "/" in program:
+        path: str | None = os.path.join(os.fspath(cwd or "."), program)
+    else:
+        path = shutil.which(program, path=(env if env is not None else os.environ).get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)
+    except OSError as exc:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program) from exc
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].split()
+        if not words or not os.access(os.fsdecode(words[0]), os.X_OK):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
 def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subprocess.Popen:
     try:
         return subprocess.Popen(
-            argv,
+            _sandboxed(argv, cwd, env),
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,

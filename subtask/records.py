@@ -223,6 +223,8 @@ def read(repo: Repo, job_id: str) -> Job:
     """The job at the tip of its record; `DamagedRecord` when the ref holds something else."""
     ref = repo.objects.ref(record_ref(job_id))
     if ref is None:
+        if (repo.common_dir / record_ref(job_id)).is_file():
+            raise DamagedRecord(job_id, f"its ref file {record_ref(job_id)} holds no object id")
         raise SubtaskError("not_found", f"no job {job_id} in {repo.root}", hint="git subtask list --all")
     if ref.symbolic:
         raise DamagedRecord(job_id, f"{ref.name} is a symbolic ref to {ref.target}")
@@ -400,7 +402,8 @@ def record_refs(repo: Repo) -> list[tuple[str, Ref]]:
 def resolve(repo: Repo, text: str) -> str:
     """The job id a full id or a unique prefix names."""
     prefix = check_id_prefix(text)
-    if is_job_id(prefix) and repo.objects.ref(record_ref(prefix)) is not None:
+    if is_job_id(prefix) and (repo.objects.ref(record_ref(prefix)) is not None
+                              or (repo.common_dir / record_ref(prefix)).is_file()):  # damaged: `read` says so
         return prefix
     matches = sorted(i for i in all_ids(repo) if i.startswith(prefix))
     if not matches:

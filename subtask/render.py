@@ -457,6 +457,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
             lines.append(safe_line(f"  {short(commit['sha'])} {commit['subject']}"))
         for entry in evidence.files[:50]:
             lines.append(safe_line(f"  {entry['status']} {entry['path']} (+{entry['added']} -{entry['deleted']})"))
+        more = (evidence.totals or {}).get("files", len(evidence.files)) - min(len(evidence.files), 50)
+        if more > 0:
+            lines.append(f"  … and {more} more (git subtask diff {job.id} --stat)")
         confinement = isolation_line(evidence)
         if confinement:
             lines.append(safe_line(f"confinement: {confinement}"))

@@ -6,7 +6,8 @@ The command is the one the record names (stored redacted: a command whose secret
 fails here, and says so in its output). It runs with `sh -c` in a scratch worktree checked out
 detached at the commit, `<worktreeDir>/.verify/<id>-<random>`, removed afterwards whatever
 happened, and, where Landlock can enforce it, confined as a job's verify is (`worktree`: it may
-write its scratch worktree, its admin folder, new objects and a private temp dir, nothing else).
+write its scratch worktree, its admin folder, new objects and a private temp dir, nothing else;
+in mount and pid namespaces where the machine has them, so nothing of it outlives the run).
 
 Invariants:
 - Never run a record's verify in the user's checkout or in the job's own worktree, because the
@@ -22,7 +23,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -61,23 +61,20 @@ def run(repo: Repo, job, head: str) -> Rerun:
     with file_lock(repo.state_dir / "worktree.lock"):  # concurrent `worktree add` can fail (git 2.39)
         git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), head)
     tmpdir = path.parent / f"{path.name}.tmp"
-    ruleset = None
+    sandbox = None
     try:
         tmpdir.mkdir(mode=0o700)
         env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-        confined = isolation.support().available and threading.active_count() == 1
+        sandbox = isolation.outside_sandbox(repo, path, tmpdir, job.spec.network)
+        confined = sandbox is not None
         if confined:
-            policy = isolation.build_policy("worktree", worktree=path, common_dir=repo.common_dir, has_branch=False,
-                                            tmpdir=str(tmpdir), extra=isolation.configured_writable(repo.git, repo.root),
-                                            engine_extra=[])
-            ruleset = isolation.Ruleset(policy)
             env[isolation.ACTIVE_ENV] = "worktree"
-        with isolation.confined(ruleset) if ruleset is not None else nullcontext():
+        with isolation.confined(sandbox) if sandbox is not None else nullcontext():
             result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
                                tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True)
     finally:
-        if ruleset is not None:
-            ruleset.close()
+        if sandbox is not None:
+            sandbox.close()
         git(repo.root, "worktree", "remove", "--force", str(path), check=False)
         shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(tmpdir, ignore_errors=True)

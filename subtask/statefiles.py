@@ -7,9 +7,11 @@ then `os.replace`d, so a reader sees the old file or the new one, never half of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -31,17 +33,25 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT
     return os.open(path, flags, 0o600)
 
 
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised inside names `path`: a write through an fd names no file, and "no space
+    left" must say where (`errors.from_os_error`)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from exc
+        raise
+
+
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches)."""
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
+        with naming(path):
+            _write_fd(fd, data, durable)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -49,6 +59,15 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _write_fd(fd: int, data: bytes, durable: bool) -> None:
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        if durable:
+            os.fsync(fh.fileno())
 
 
 def write_json(path: Path, obj, *, durable: bool = True) -> None:

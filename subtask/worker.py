@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -72,7 +73,7 @@ from subtask.gitrepo import (
 )
 from subtask.model import DEPTH_ENV, Evidence, VerifyResult
 from subtask.records import Job
-from subtask.redact import StreamRedactor, redact, redact_obj
+from subtask.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.stall import StallWatch
 from subtask.stall import action_of as stall_action
 from subtask.statefiles import file_lock, open_private
@@ -89,35 +90,89 @@ def _on_sigterm(signum, frame):
 
 
 class EventSink:
-    """Appends redacted events to the events file and keeps a tail for the record."""
+    """Appends redacted events to the events file and keeps a tail for the record.
+
+    Bounded: streamed output past the first `HEAD_BYTES` is held in memory, only its last
+    `TAIL_BYTES` kept, and written (after a `dropped` event saying how many lines and bytes went
+    between them) when the stream pauses for another event or `flush` is called. A job printing
+    50 MB leaves ~1.3 MB of events, and the disk it shares with every other job stays free."""
+
+    HEAD_BYTES = 1 << 20
+    TAIL_BYTES = 256 << 10
 
     def __init__(self, path: Path, attempt: int):
         self.path = path
         self.attempt = attempt
         self.tail: list[str] = []
         self._streams: dict[tuple, StreamRedactor] = {}
+        self._redactor = Redactor()  # the job's environment (adopted before the attempt) stays
+        self._fd: int | None = None
+        self._written = 0
+        self._held: collections.deque[dict] = collections.deque()
+        self._held_bytes = 0
+        self._dropped = [0, 0]  # lines, bytes
 
     def __call__(self, event: dict) -> None:
         event = dict(event)
-        if isinstance(event.get("stream"), str) and isinstance(event.get("text"), str):
-            redactor = self._streams.setdefault((event.get("type"), event["stream"]), StreamRedactor())
-            text = redactor.line(event["text"])
+        streamed = isinstance(event.get("stream"), str) and isinstance(event.get("text"), str)
+        if streamed:
+            key = (event.get("type"), event["stream"])
+            redactor = self._streams.get(key)
+            if redactor is None:  # not setdefault: each StreamRedactor reads the environment's secrets
+                redactor = self._streams[key] = StreamRedactor()
+            text = redactor.key_blocks_only(event["text"])  # the patterns run once, as it is written
             if text is None:
                 return  # inside a private key block: nothing of it is kept
             event["text"] = text
-        event = redact_obj(event)
         event.setdefault("t", round(time.time(), 3))
+        if streamed and self._written >= self.HEAD_BYTES:
+            self._hold(event)
+            return
+        self.flush()
+        self._write(event)
+
+    def _hold(self, event: dict) -> None:
+        self._held.append(event)
+        self._held_bytes += len(event["text"])
+        while self._held_bytes > self.TAIL_BYTES and len(self._held) > 1:
+            size = len(self._held.popleft()["text"])
+            self._held_bytes -= size
+            self._dropped[0] += 1
+            self._dropped[1] += size
+
+    def flush(self) -> None:
+        """Write what is held: how much was dropped, then the tail kept."""
+        lines, size = self._dropped
+        if lines:
+            self._write({"type": "dropped", "lines": lines, "bytes": size,
+                         "text": f"[{lines} lines of output ({size} bytes) dropped here]"})
+            self._dropped = [0, 0]
+        while self._held:
+            self._write(self._held.popleft())
+        self._held_bytes = 0
+
+    def _write(self, event: dict) -> None:
+        event = self._redactor.obj(event)
         event.setdefault("attempt", self.attempt)
         event.setdefault("worker", os.getpid())  # which worker ran it: hand-offs run several jobs
         line = json.dumps(event, ensure_ascii=True)
-        fd = open_private(self.path)
+        data = (line + "\n").encode()
         try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+            if self._fd is None:
+                self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+            os.write(self._fd, data)
+            self._written += len(data)
+        except OSError as exc:  # a full disk loses events, never the job
+            print(f"git-subtask: an event was not written to {self.path}: {exc}", file=sys.stderr)
         self.tail.append(line)
         if len(self.tail) > records.EVENTS_TAIL_LINES:
             del self.tail[: len(self.tail) - records.EVENTS_TAIL_LINES]
+
+    def close(self) -> None:
+        self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def worktree_path(repo: Repo, job: Job) -> Path:
@@ -139,6 +194,8 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
         with file_lock(repo.state_dir / "worktree.lock"):
+            if worktrees.expected_admin(repo, job.id).exists():  # its folder was deleted by hand
+                git(repo.root, "worktree", "prune", check=False)
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
         worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         phases.mark("register")
@@ -260,14 +317,14 @@ def _copy_file(dir_fd: int, name: str, source: Path) -> bool:
     return True
 
 
-def run_setup(repo: Repo, job: Job, worktree: Path) -> str | None:
+def run_setup(repo: Repo, job: Job, worktree: Path, env: dict) -> str | None:
     """Run `git config subtask.setup` in the new worktree; the failure reason, or None when it passed."""
     command = repo.config.get("setup")
     if not command or not command.strip():
         return None
     from subtask import procs
 
-    result = procs.run(["sh", "-c", command], cwd=worktree, env=engine_env(job),
+    result = procs.run(["sh", "-c", command], cwd=worktree, env=env,
                        timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES, redact=True)
     if result.exit_code == 0 and not result.timed_out:
         return None
@@ -321,6 +378,7 @@ def engine_env(job: Job) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
     env[DEPTH_ENV] = str(job.spec.depth + 1)
     env["SUBTASK_JOB_ID"] = job.id
+    env["SUBTASK_WORKER_PID"] = str(os.getpid())  # a pid namespace hides it: $PPID is 0 there
     if job.spec.group:  # a best-of-N member: its task may tell the attempts apart
         env["SUBTASK_GROUP_ID"], env["SUBTASK_GROUP_MEMBER"] = job.spec.group, str(job.spec.member or 0)
     return env
@@ -372,23 +430,39 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     return outcome
 
 
-def autocommit(repo: Repo, job: Job, worktree: Path) -> dict | None:
-    """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was."""
-    if job.spec.readonly or worktree_untouched(worktree):
+def checked_metadata(repo: Repo, job: Job, worktree: Path) -> Path | None:
+    """The worktree's admin folder once its git metadata is as git wrote it (`MetadataChanged` if
+    not); None for a read-only job, whose worktree no git of ours reads."""
+    if job.spec.readonly:
+        return None
+    return worktrees.check_metadata(repo, job.id, worktree, job.spec.branch, job.spec.base)
+
+
+def metadata_changed(exc: worktrees.MetadataChanged) -> Outcome:
+    return Outcome(False, error_kind="isolation",
+                   error=redact(f"the job changed its worktree's git metadata, so git-subtask ran no git on it "
+                                f"(nothing of it was committed): {exc}"))
+
+
+def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict | None:
+    """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was.
+    git runs through the admin folder `checked_metadata` vouched for, never by discovery."""
+    if admin is None or worktree_untouched(admin):
         return None
     keep_out = engine_excludes(repo, job.spec.engine)
-    status = git(worktree, "status", "--porcelain", "--untracked-files=all", *keep_out).stdout
+    status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
+                               "--ignore-submodules=all", *keep_out).stdout
     if not status.strip():
         return None
     files = [line[3:] for line in status.splitlines() if line.strip()]
-    git(worktree, "add", "-A", *keep_out)
+    worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors", *keep_out)
     sig = author_signature(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
                f"Subtask-Id: {job.id}\n")
     env = dict(os.environ, GIT_AUTHOR_NAME=sig.name, GIT_AUTHOR_EMAIL=sig.email,
                GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
-    git(worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
-    return {"sha": worktree_head(worktree), "files": files[:200]}
+    worktrees.job_git(repo, admin, worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
+    return {"sha": branch_tip(repo, job), "files": files[:200]}
 
 
 def engine_excludes(repo: Repo, engine: str) -> list[str]:
@@ -401,7 +475,7 @@ def engine_excludes(repo: Repo, engine: str) -> list[str]:
     return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
 
 
-def worktree_untouched(worktree: Path) -> bool:
+def worktree_untouched(admin: Path) -> bool:
     """True only when libgit2 finds nothing in the worktree but what its index and HEAD hold: no
     change, no untracked file, not even an ignored one; then git's status is empty too, and is
     not asked. libgit2 compares timestamps to the nanosecond where this git (2.39, built without
@@ -409,25 +483,32 @@ def worktree_untouched(worktree: Path) -> bool:
     written in the index's own second, reads each one again (25-35 ms of CPU for a 2,000-file
     checkout that the engine left as it was, against 10-14 for libgit2's stat). False, so git
     decides, for anything else: a change, submodules (their own status rules), any error."""
-    if (worktree / ".gitmodules").exists():
-        return False
     try:
         import pygit2
 
-        return not pygit2.Repository(str(worktree)).status(untracked_files="all", ignored=True)
+        repository = pygit2.Repository(str(admin))
+        if (Path(repository.workdir) / ".gitmodules").exists():
+            return False
+        return not repository.status(untracked_files="all", ignored=True)
     except Exception:
         return False
 
 
-def worktree_head(worktree: Path) -> str:
-    """The commit a worktree has checked out (pygit2: no subprocess on the worker's end path)."""
-    import pygit2
+def branch_tip(repo: Repo, job: Job) -> str:
+    """Where the job's branch points, read from the repository itself (pygit2: no subprocess on
+    the worker's end path), never through the worktree's HEAD, which the job may write."""
+    return str(repo.git.references[f"refs/heads/{job.spec.branch}"].target)
 
-    return str(pygit2.Repository(str(worktree)).head.target)
 
-
-def current_head(repo: Repo, job: Job, worktree: Path) -> str:
-    return job.spec.base if job.spec.readonly else worktree_head(worktree)
+def current_head(repo: Repo, job: Job) -> str:
+    """The job's head: its branch's tip (its base for a read-only job, or when the job deleted its
+    branch, which the metadata check then reported)."""
+    if job.spec.readonly:
+        return job.spec.base
+    try:
+        return branch_tip(repo, job)
+    except KeyError:
+        return job.spec.base
 
 
 def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
@@ -449,8 +530,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 
 
 class Confinement:
-    """One attempt's isolation: the policy, its private temp dir, the refused writes its output reported,
-    and whether the main worktree changed while the job ran (`git status` before and after)."""
+    """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
+    writes its output reported, and whether the main worktree changed while the job ran (`git
+    status` before and after)."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
@@ -462,12 +544,17 @@ class Confinement:
         if self.tmpdir:
             self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
+        from subtask import procs
+
+        self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         try:
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
                 engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
-            self.ruleset = isolation.Ruleset(self.policy)
+            isolation.plan_namespaces(self.policy, network=job.spec.network,
+                                      asked=not job.spec.isolation_source.startswith("default"))
+            self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
             if self.tmpdir:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -506,8 +593,17 @@ class Confinement:
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
         return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
 
+    def end_leftovers(self) -> None:
+        """End what the last sandboxed run left running. In a pid namespace the kernel did it as
+        its pid 1 exited; else they are orphans this worker (their subreaper) adopted."""
+        if not self.policy.plan.pid:
+            from subtask import procs
+
+            procs.end_adopted(self.token)
+
     def close(self) -> None:
-        self.ruleset.close()
+        self.end_leftovers()
+        self.sandbox.close()
         for status in (self.before, self.after):
             if status is not None:
                 status.lines()  # no git process is left behind, whatever ended the attempt
@@ -596,15 +692,21 @@ def _split_index(common: Path) -> bool:
         return True
 
 
+MAX_EVIDENCE_FILES = 1000
+
+
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
                    verify: VerifyResult | None, state: str) -> Evidence:
     commits, files, totals = diff_stats(repo, job.spec.base, head)
+    # Bounded, so a job that writes 100,000 files leaves a record every later `list` can read.
+    omitted, files, commits = max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES], commits[:MAX_EVIDENCE_FILES]
     commits, files, auto = redact_obj(commits), redact_obj(files), redact_obj(auto)  # the engine named them
     seen = [redact_obj(c) for c in outcome.commands]
     tests = [c for c in seen if _looks_like_test(c.get("command", ""))]
     return Evidence(
         id=job.id, attempt=job.state.current.n, engine=job.spec.engine, state=state, base=job.spec.base,
-        head=head, branch=job.spec.branch, commits=commits, files=files, totals=totals, autocommit=auto,
+        head=head, branch=job.spec.branch, commits=commits, files=files, files_omitted=omitted, totals=totals,
+        autocommit=auto,
         verification=verify.to_dict() if verify else None, commands={"seen": seen[-200:], "tests": tests[-50:]},
         summary=redact(outcome.summary), outcome=outcome.outcome, tokens=outcome.tokens,
         model=outcome.model or job.spec.model,
@@ -694,6 +796,15 @@ def run_attempt(repo: Repo, job: Job) -> None:
                               engine_may_have_spent=False)
         return
     sink = EventSink(lifecycle.events_file(state_dir, job_id), attempt_n)
+    try:
+        _run_attempt(repo, job, sink)
+    finally:
+        sink.close()
+
+
+def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
+    job_id, attempt_n = job.id, job.state.current.n
+    fresh = not worktree_path(repo, job).exists()
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
@@ -709,19 +820,20 @@ def run_attempt(repo: Repo, job: Job) -> None:
         return
     phases.mark("confinement")
     try:
+        if fresh and not set_up_fresh(repo, job, worktree, confinement):
+            return
         _run_confined(repo, job, worktree, sink, confinement)
     finally:
         confinement.close()
 
 
 def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, MainWorktreeStatus] | None:
-    """Check the worktree out, recording `running` meanwhile, and run the setup of a new one;
-    None when the attempt ended here (stopped in the spawn gap, or its setup failed). The main
+    """Check the worktree out, recording `running` meanwhile; None when the attempt ended here
+    (stopped in the spawn gap, or the checkout failed). The main
     worktree's status is taken meanwhile too (once the job's own folder is registered and
     excluded: it then shows alike before and after the engine)."""
     job_id, attempt_n = job.id, job.state.current.n
     try:
-        fresh = not worktree_path(repo, job).exists()
         worktree, files = begin_checkout(repo, job)
     except Exception as exc:
         _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {exc}"))
@@ -729,15 +841,14 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
     main_before = MainWorktreeStatus(repo)
     ready = None
     try:
-        ready = _finish_checkout(repo, job, sink, fresh, worktree, files)
+        ready = _finish_checkout(repo, job, sink, worktree, files)
     finally:
         if not ready:
             main_before.lines()  # no git process is left behind
     return (ready, worktree, main_before) if ready else None
 
 
-def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktree: Path,
-                     files: FilesCheckout) -> Job | None:
+def _finish_checkout(repo: Repo, job: Job, sink: EventSink, worktree: Path, files: FilesCheckout) -> Job | None:
     job_id, attempt_n = job.id, job.state.current.n
     running = None
     try:  # recorded while git writes the files: off the job's critical path
@@ -758,18 +869,26 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
         _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {unwritten}"))
         return None
     phases.mark("checkout")
-    if fresh:
-        try:
-            copy_included(repo, worktree)
-            failure = run_setup(repo, running, worktree)
-        except Exception as exc:
-            failure = redact(f"could not set up the worktree: {exc}")
-        if failure:
-            _setup_failed(repo, job_id, attempt_n, failure)
-            return None
-        phases.mark("setup")
     faults.point("after_checkout")
     return running
+
+
+def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement) -> bool:
+    """Copy `.worktreeinclude` files into a new worktree and run `subtask.setup` there, confined
+    as the job is: the setup script may be one the job rewrote on its branch. False when the
+    attempt ended here."""
+    try:
+        copy_included(repo, worktree)
+        with isolation.confined(confinement.sandbox):
+            failure = run_setup(repo, job, worktree, confinement.env)
+        confinement.end_leftovers()
+    except Exception as exc:
+        failure = redact(f"could not set up the worktree: {exc}")
+    if failure:
+        _setup_failed(repo, job.id, job.state.current.n, failure)
+        return False
+    phases.mark("setup")
+    return True
 
 
 def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
@@ -795,25 +914,33 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     stall = StallWatch(repo, job_id, attempt_n, sink, after=repo.config.number("stallAfter"),
                        action=stall_action(repo), grace=repo.config.number("stopGrace"))
     try:
-        with isolation.confined(confinement.ruleset), stall:
+        with isolation.confined(confinement.sandbox), stall:
             outcome = run_engine(repo, job, worktree, stall.emitter(confinement.watch), confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
+    finally:
+        confinement.end_leftovers()  # nothing of the job runs while our git reads what it wrote
+        sink.flush()  # the output's tail, before the record takes its events tail
     phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or stall.stopped or lifecycle.stop_marker(state_dir, job_id).exists()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more
-    auto = autocommit(repo, job, worktree)
-    head = current_head(repo, job, worktree)
+    try:
+        admin = checked_metadata(repo, job, worktree)
+        auto = autocommit(repo, job, worktree, admin)
+    except worktrees.MetadataChanged as exc:
+        outcome, auto = metadata_changed(exc), None
+    head = current_head(repo, job)
     phases.mark("autocommit")
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        with isolation.confined(confinement.ruleset):
+        with isolation.confined(confinement.sandbox):
             verify = run_verify(repo, job, worktree, head, confinement.env)
+        confinement.end_leftovers()
         faults.point("after_verify")
     phases.mark("verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
@@ -958,6 +1085,9 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     started_at = time.time()
     spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
+    from subtask import procs
+
+    procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")

@@ -65,6 +65,10 @@ def stop_command_servers(folder: Path) -> None:
         except OSError:
             pass
 
+# Prints the calling shell's pid as this machine sees it: inside a job's pid namespace `$$` is the
+# namespace's own number (a job's engine is its pid 1), while /proc is the machine's.
+HOST_PID = "read -r p _ < /proc/self/stat; echo $p"
+
 BLACKHOLE = "http://127.0.0.1:9"
 GUARD_SCRIPT = """#!/bin/sh
 # --version is a probe, not a paid call: engines may ask it.

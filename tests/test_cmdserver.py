@@ -59,7 +59,7 @@ def test_a_served_call_runs_in_the_servers_fork_and_answers_as_an_in_process_one
     warm_server(cli)
     out = grant_writable(tmp_path / "out")
     out.mkdir()
-    job = cli.start(f"tr '\\0' ' ' < /proc/$PPID/cmdline > {out}/worker-argv")
+    job = cli.start(f"tr '\\0' ' ' < /proc/$SUBTASK_WORKER_PID/cmdline > {out}/worker-argv")
     cli.ok("wait", job)
     assert "subtask.cmdserver" in (out / "worker-argv").read_text(), "the worker was not forked by the server"
     cold = {"SUBTASK_SERVER": "0"}

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git, grant_writable, wait_until
+from conftest import HOST_PID, git, grant_writable, wait_until
 
 from subtask import lifecycle, liveness, procs
 from subtask.gitrepo import open_repo
@@ -84,7 +84,7 @@ def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, 
     control.mkdir()
     grandchild = grant_writable(control) / "grandchild.pid"
     # A background member of the engine's group, so "the leader died" is not enough.
-    task = (f"(trap '' TERM; echo $$ > '{grandchild}'; exec sleep 60) & "
+    task = (f"(trap '' TERM; {HOST_PID} > '{grandchild}'; exec sleep 60) & "
             f"{HOLD.format(go=go)}; echo A > fa; git add fa; git commit -qm A")
     args = ["--engine", "sh"] if engine == "command" else []
     a = cli.start(task, *args)
@@ -121,7 +121,7 @@ def test_a_killed_workers_verify_group_ends_when_the_job_is_settled(cli, repo):
     control = repo.parent / "control"
     control.mkdir()
     member_file = grant_writable(control) / "member.pid"
-    verify = (f"(trap '' TERM; sh -c 'echo $$ > {member_file}; exec sleep 60') & "
+    verify = (f"(trap '' TERM; sh -c '{HOST_PID} > {member_file}; exec sleep 60') & "
               f"{HOLD.format(go=go)}")
     a = cli.start("echo A > fa", "--verify", verify)
     member = None

@@ -5,6 +5,7 @@ reports it, and nothing deletes the damaged ref (it is what there is to inspect)
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -139,3 +140,38 @@ def test_a_dead_workers_damaged_record_is_kept_and_its_slot_freed(repo, cli):
     assert f"refs/subtask/{job_id}/base" in git(repo, "for-each-ref", "refs/subtask/")
     other = cli.start("true")  # the dead worker's slot came back
     assert cli.json("wait", other, "--timeout", "60")["jobs"][0]["state"] == "done"
+
+
+def test_a_garbage_loose_ref_file_is_a_damaged_record(repo, cli):
+    """A record ref whose loose file holds no object id: every command says the record is
+    damaged (pygit2 raised "corrupted loose reference file" as an unexpected GitError)."""
+    job = cli.start("echo a > a")
+    cli.ok("wait", job)
+    (repo / ".git" / f"refs/subtask/{job}/record").write_text("garbage, not an object id\n")
+    for args in (("show", job), ("result", job), ("cleanup", job), ("merge", job), ("diff", job)):
+        assert_names_the_damage(cli(*args), job, " ".join(args))
+    for args in (("list",), ("gc", "--dry-run"), ("cleanup", "--merged"), ("start", "true")):
+        proc = cli(*args)
+        assert proc.returncode == 0 and "unexpected" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_pulled_record_whose_evidence_lacks_fields_is_shown_without_a_crash(repo, cli):
+    """Evidence is a teammate's claim: an entry of `files` without its fields (or not an object)
+    is shown as far as it goes; nothing crashes with a KeyError."""
+    job = cli.start("echo a > a")
+    cli.ok("wait", job)
+    tip = git(repo, "rev-parse", f"refs/subtask/{job}/record")
+    evidence = json.loads(git(repo, "show", f"{tip}:evidence.json"))
+    evidence["files"] = [{"path": "a"}, {"status": "M"}, "not-an-object", {"path": 7, "added": "x"}]
+    evidence["commits"] = [{"subject": "no sha"}, 3]
+    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=json.dumps(evidence),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    listing = git(repo, "ls-tree", tip).replace(git(repo, "rev-parse", f"{tip}:evidence.json"), blob)
+    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing + "\n", capture_output=True, text=True,
+                          check=True).stdout.strip()
+    forged = git(repo, "commit-tree", tree, "-p", tip, "-m", git(repo, "log", "-1", "--format=%B", tip))
+    git(repo, "update-ref", f"refs/subtask/{job}/record", forged)
+    for args in (("show", job), ("show", job, "--json"), ("result", job), ("result", job, "--evidence"),
+                 ("list",), ("log", job), ("status",), ("notes", "rebuild")):
+        proc = cli(*args)
+        assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, (args, proc.stderr)

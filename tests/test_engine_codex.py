@@ -452,7 +452,7 @@ def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo
                                     has_branch=True, tmpdir=str(tmpdir), extra=[],
                                     engine_extra=isolation.engine_paths(CodexEngine(), ctx.env))
     assert str(codex_home) in [g.path for g in policy.grants]
-    ruleset = isolation.Ruleset(policy)
+    ruleset = isolation.Sandbox(policy)
     try:
         with isolation.confined(ruleset):
             out = CodexEngine().run(ctx)

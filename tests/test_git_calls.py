@@ -42,7 +42,7 @@ def test_a_forked_worker_asks_git_nothing_its_starter_knew(cli, repo, tmp_path, 
     # The console script itself: `git subtask` would put git's exec-path, and its git, before the shim.
     console = [str(Path(sys.executable).parent / "git-subtask")]
     env = dict(os.environ, SUBTASK_SERVER=served)
-    job = subprocess.run([*console, "start", f"echo $PPID > {out}/worker"], cwd=repo, env=env, check=True,
+    job = subprocess.run([*console, "start", f"echo $SUBTASK_WORKER_PID > {out}/worker"], cwd=repo, env=env, check=True,
                          capture_output=True, text=True, timeout=60).stdout.split()[0]
     cli.ok("wait", job)
     worker = int((out / "worker").read_text())
@@ -89,7 +89,7 @@ def run_over_mcp(repo: Path, tasks: list[str]) -> None:
 def test_a_worker_the_mcp_servers_zygote_forks_asks_git_nothing_its_starter_knew(repo, tmp_path, git_log):
     out = grant_writable(tmp_path / "out")
     out.mkdir()
-    run_over_mcp(repo, [f"echo $PPID > {out}/worker"])
+    run_over_mcp(repo, [f"echo $SUBTASK_WORKER_PID > {out}/worker"])
     worker = int((out / "worker").read_text())
     assert calls(git_log, FIND_REPO), "the shim saw no git call: the test measures nothing"
     assert calls(git_log, FIND_REPO, by=worker) == []
@@ -101,7 +101,7 @@ def test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_rep
     start are written in-process, not by ~10 git processes per job (issue 14: start_many10)."""
     out = grant_writable(tmp_path / "out")
     out.mkdir()
-    run_over_mcp(repo, [f"echo $PPID > {out}/worker{n}" for n in range(2)])
+    run_over_mcp(repo, [f"echo $SUBTASK_WORKER_PID > {out}/worker{n}" for n in range(2)])
     workers = {(out / f"worker{n}").read_text().strip() for n in range(2)}
     servers = {line.split()[0] for line in calls(git_log, FIND_REPO)} - workers
     assert servers, "the shim saw no git call of the server: the test measures nothing"

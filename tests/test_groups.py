@@ -107,8 +107,8 @@ def test_first_pass_stops_the_rest_and_releases_their_money(cli, repo, tmp_path)
     check_books(cli, repo)
 
 
-def test_a_judge_orders_the_passing_members_and_one_without_a_number_ranks_last(cli, repo, tmp_path):
-    judged = tmp_path / "judged"
+def test_a_judge_orders_the_passing_members_and_one_without_a_number_ranks_last(cli, repo, control_dir):
+    judged = control_dir / "judged"  # the judge runs in the member's sandbox: a path it may write
     judge = (f'echo "$SUBTASK_JOB_ID" >> {judged}; case "$SUBTASK_GROUP_MEMBER" in 1) echo 5;; 2|3) echo 9;; '
              '*) echo "no score";; esac')
     gid, members = started_group(cli.ok("start", "--best-of", "4", "echo $SUBTASK_GROUP_MEMBER > m.txt",
@@ -120,6 +120,20 @@ def test_a_judge_orders_the_passing_members_and_one_without_a_number_ranks_last(
     assert [r.get("score") for r in shown["table"]] == [9, 9, 5, None]
     assert "no number" in shown["table"][-1]["note"]
     assert sorted(judged.read_text().split()) == sorted(members)  # once per passing member, its id in the env
+
+
+def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
+    """The judge runs the user's command on what a member wrote (its conftest.py, its Makefile):
+    confined as the member's verify was, it writes nothing outside the member's worktree."""
+    from subtask import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    outside = tmp_path / "judge-wrote"
+    gid, _ = started_group(cli.ok("start", "--best-of", "2", f"echo 'touch {outside}' > judge.sh",
+                                  "--verify", "true", "--judge", "sh judge.sh; echo 1"))
+    cli("wait", gid)
+    assert not outside.exists(), "the judge ran a member's script outside its sandbox"
 
 
 def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_nothing_left(cli, repo):
@@ -198,10 +212,10 @@ def test_mcp_starts_a_group_and_answers_its_ranking(repo, monkeypatch):
 
 
 @pytest.mark.stress
-def test_settles_racing_at_the_last_member_decide_once_and_judge_once(cli, repo, tmp_path):
+def test_settles_racing_at_the_last_member_decide_once_and_judge_once(cli, repo, tmp_path, control_dir):
     """The last member's worker and three `show`s reach the decision together: one decides (the
     judge runs once per passing member), the others read its pick; one terminal commit."""
-    judged = tmp_path / "judged"
+    judged = control_dir / "judged"
     gates = [tmp_path / f"gate-{n}" for n in range(4)]
     hold = lambda gate: {"SUBTASK_FAULT_HOLD": f"before_group_decide:{gate}"}  # noqa: E731
     racers = []

@@ -35,7 +35,7 @@ def hostile_script(repo: Path, decoy: Path) -> str:
         "git update-ref refs/heads/main HEAD; echo update-ref=$?",
         "git branch -f feature HEAD; echo branch=$?",
         'echo t > "$TMPDIR/t"; echo tmp=$?',
-        "kill -0 $PPID; echo signal-worker=$?",
+        "kill -0 $SUBTASK_WORKER_PID; echo signal-worker=$?",
         "true",
     ])
 
@@ -208,11 +208,12 @@ def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
     """The pre-exec hook fails closed: a bad ruleset means exit 126, not an unconfined exec."""
     marker = tmp_path / "ran"
     fd = os.open(os.devnull, os.O_RDONLY)  # not a ruleset: landlock_restrict_self refuses it
-    isolation._active_fd = fd
+    isolation._active = isolation.Sandbox(isolation.Policy("none"))
+    isolation._active.fd = fd
     try:
         result = procs.run(["sh", "-c", f"touch '{marker}'"], cwd=tmp_path)
     finally:
-        isolation._active_fd = None
+        isolation._active = None
         os.close(fd)
     assert result.exit_code == 126 and "could not confine" in result.stderr_tail
     assert not marker.exists()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git, kill_worker_and_engine, running_pids, wait_until
+from conftest import HOST_PID, git, kill_worker_and_engine, running_pids, wait_until
 
 
 def state_dir(repo: Path) -> Path:
@@ -160,7 +160,7 @@ def test_note_stands_under_the_head_commit_and_two_jobs_on_one_commit_both_show(
 
 def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo, control_dir):
     marker = control_dir / "child.pid"
-    job = cli.start(f"sh -c 'trap \"\" TERM; echo $$ > {marker}; sleep 60' & wait")
+    job = cli.start(f"sh -c 'trap \"\" TERM; {HOST_PID} > {marker}; sleep 60' & wait")
     assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=30)
     child = int(marker.read_text())
     out = cli.ok("stop", job, env={"GIT_CONFIG_PARAMETERS": "'subtask.stopgrace=1'"})

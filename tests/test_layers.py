@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
                     "subtask.stall", "subtask.reverify", "subtask.recheck",
                     "subtask.groups", "subtask.executors.ray", "subtask.executors.remote"}),
-    ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.engines",
+    ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.namespaces", "subtask.engines",
                   "subtask.engines.claude", "subtask.engines.codex", "subtask.engines.command",
                   "subtask.engines.shell"}),
     ("storage", {"subtask.records", "subtask.notes", "subtask.notes_store", "subtask.slots", "subtask.ledger",

@@ -99,6 +99,19 @@ def test_bearer_token():
     assert out == f"Authorization: Bearer {MARKER}"
 
 
+@pytest.mark.parametrize("line,secret", [
+    ("Authorization: Basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy"),
+    ("authorization: basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy"),
+    ("Proxy-Authorization: Basic YWxhZGRpbjpvcGVu", "YWxhZGRpbjpvcGVu"),
+    ("curl -H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"),
+    ('{"Authorization": "Digest username=x, response=6629fae49393a05397450978507c4ef1"}', "6629fae49393a05397450978507c4ef1"),
+    ("Authorization: dXNlcjpodW50ZXIyMjIy", "dXNlcjpodW50ZXIyMjIy"),
+])
+def test_authorization_headers_of_any_scheme(line, secret):
+    out = assert_gone(secret, line)
+    assert out.lower().startswith(("authorization", "proxy-authorization", "curl", '{"authorization'))
+
+
 def test_url_password():
     out = assert_gone("s3cr3tpw", "connecting to postgres://admin:s3cr3tpw@db:5432/app")
     assert out == f"connecting to postgres://admin:{MARKER}@db:5432/app"

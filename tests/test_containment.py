@@ -1,0 +1,399 @@
+"""A confined job changes nothing outside its worktree, through any door (docs/security.md).
+
+Each test below is an attack a model-written job could make, tried with the real kernel
+confinement: the job rewrites git metadata it may write (its worktree's `.git` file, its admin
+folder's `commondir` and `HEAD`) so that the worker's own git, which runs unconfined, would do its
+bidding; it rewrites the setup script the next worktree runs; it leaves children behind that
+outlive it; it changes the mode, times or extended attributes of files outside its worktree.
+Nothing of it may reach the main checkout, the repository's config, its refs, or a folder outside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from subtask import isolation, namespaces
+from tests.conftest import git, running_pids, wait_until
+
+LANDLOCK = isolation.support()
+NAMESPACES = namespaces.support()
+needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
+needs_namespaces = pytest.mark.skipif(not NAMESPACES.available,
+                                      reason=f"no user/mount/pid namespaces here: {NAMESPACES.reason}")
+
+
+def evil_monitor(repo: Path, folder: Path) -> Path:
+    """A program that, run by any git unconfined, leaves a mark in the main checkout, sets the main
+    repository's hooks path and moves `main` to a forged commit."""
+    script = folder / "evil.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"echo pwned > '{repo}/PWNED'\n"
+                      f"git -C '{repo}' config core.hooksPath /nonexistent-evil-hooks\n"
+                      f"forged=$(git -C '{repo}' commit-tree -m forged 'main^{{tree}}')\n"
+                      f"git -C '{repo}' update-ref refs/heads/main \"$forged\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def untouched(repo: Path, main_before: str) -> None:
+    assert not (repo / "PWNED").exists(), "a program the job named ran outside its sandbox"
+    assert git(repo, "config", "--get", "core.hooksPath", check=False) == ""
+    assert git(repo, "rev-parse", "main") == main_before
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def ended(cli, job: str, timeout: float = 60) -> dict:
+    cli("wait", job, timeout=timeout)
+    return cli.json("show", job)["state_detail"]["attempts"][-1]
+
+
+@needs_landlock
+def test_a_job_that_points_its_dot_git_file_at_its_own_repository_runs_nothing_outside(cli, repo):
+    """Case 1: the worker's autocommit (git status, add, commit) discovered the repository through
+    the job's `.git` file and ran the fsmonitor that repository's config named, unconfined."""
+    main_before = git(repo, "rev-parse", "main")
+    script = ('git init -q evil && cp "$EVIL" evil/evil.sh && git -C evil config core.fsmonitor "$PWD/evil/evil.sh"'
+              ' && echo "gitdir: $PWD/evil/.git" > .git && echo change > file.txt')
+    evil = evil_monitor(repo, repo.parent)
+    job = cli.start(script, env={"EVIL": str(evil)})
+    attempt = ended(cli, job)
+    untouched(repo, main_before)
+    assert attempt["state"] == "failed" and ".git" in attempt["reason"], attempt
+    cli("cleanup", job)  # nor does any later command trust it
+    cli("gc", "--older-than", "0d")
+    untouched(repo, main_before)
+
+
+@needs_landlock
+def test_a_job_that_points_its_admin_folders_commondir_at_its_own_repository_runs_nothing_outside(cli, repo):
+    """Case 2: the admin folder's `commondir` names the repository whose config git reads."""
+    main_before = git(repo, "rev-parse", "main")
+    evil = evil_monitor(repo, repo.parent)
+    script = ('git init -q --bare "$PWD/evil.git" && git --git-dir="$PWD/evil.git" config core.fsmonitor "$EVIL"'
+              ' && echo "$PWD/evil.git" > "$(git rev-parse --git-dir)/commondir" && echo change > file.txt')
+    job = cli.start(script, env={"EVIL": str(evil)})
+    attempt = ended(cli, job)
+    untouched(repo, main_before)
+    assert attempt["state"] == "failed" and "commondir" in attempt["reason"], attempt
+
+
+@pytest.mark.parametrize("target", ["refs/heads/main", "refs/notes/subtask", "refs/tags/v1"])
+@needs_landlock
+def test_a_job_that_points_its_head_at_another_ref_moves_nothing(cli, repo, target):
+    """Case 3: `ref: refs/heads/main` written into the admin folder's HEAD made the autocommit
+    commit on main, and the job ended done with "main worktree unchanged"."""
+    git(repo, "tag", "v1")
+    cli.ok("init")  # refs/notes/subtask exists
+    before = {ref: git(repo, "rev-parse", ref, check=False) for ref in ("refs/heads/main", "refs/tags/v1")}
+    script = f'echo "ref: {target}" > "$(git rev-parse --git-dir)/HEAD" && echo change > file.txt'
+    job = cli.start(script)
+    attempt = ended(cli, job)
+    assert {ref: git(repo, "rev-parse", ref, check=False) for ref in before} == before
+    notes = git(repo, "log", "--format=%H", "refs/notes/subtask").split()
+    assert not [c for c in notes if "file.txt" in git(repo, "ls-tree", "-r", "--name-only", c)]
+    assert attempt["state"] == "failed" and "HEAD" in attempt["reason"], attempt
+
+
+@needs_landlock
+def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outside(cli, repo, tmp_path):
+    """Case 4: the job rewrites `setup.sh` (it is committed to its branch); after cleanup and a
+    reply, the new worktree ran the job's setup.sh unconfined."""
+    outside = tmp_path / "outside-marker"
+    (repo / "setup.sh").write_text("echo setting up\n")
+    git(repo, "add", "setup.sh")
+    git(repo, "commit", "-q", "-m", "setup script")
+    git(repo, "config", "subtask.setup", "sh ./setup.sh")
+    job = cli.start(f"echo 'echo pwned > {outside}; echo wrote=$?' > setup.sh")
+    assert ended(cli, job)["state"] == "done"
+    cli.ok("cleanup", job)
+    assert not (repo / ".subtask" / "worktrees" / job).exists()
+    cli.ok("reply", job, "true")
+    cli("wait", job)
+    assert not outside.exists(), "the job's setup script wrote outside its worktree"
+
+
+def processes_with(token: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture
+def leftovers(tmp_path):
+    """A token for the processes a job leaves behind; any still alive when the test ends is killed."""
+    token = str(tmp_path / "left-behind-gate")
+    yield token
+    for pid in processes_with(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def orphan(gate: str) -> str:
+    """A child that leaves the job's process group and session, then commits when the gate opens."""
+    return (f"setsid sh -c 'while [ ! -e \"{gate}\" ]; do sleep 0.05; done; echo late > late.txt; "
+            f"git add late.txt; git commit -qm late' </dev/null >/dev/null 2>&1 &")
+
+
+@pytest.mark.parametrize("isolation_mode", ["worktree", "none"])
+def test_no_child_of_a_job_outlives_it(cli, repo, leftovers, isolation_mode):
+    """Case 5: a child started with setsid kept running after the job ended done, beside the next
+    job, and committed to the branch later."""
+    if isolation_mode == "worktree" and not LANDLOCK.available:
+        pytest.skip(f"no usable Landlock here: {LANDLOCK.reason}")
+    job = cli.start(orphan(leftovers) + "\necho work > work.txt", "--isolation", isolation_mode)
+    assert ended(cli, job)["state"] == "done"
+    head = git(repo, "rev-parse", f"subtask/{job}")
+    assert processes_with(leftovers) == [], "a child of the job outlived it"
+    Path(leftovers).touch()
+    assert git(repo, "rev-parse", f"subtask/{job}") == head
+
+
+@needs_namespaces
+def test_no_child_of_a_job_outlives_its_worker_killed(cli, repo, leftovers, tmp_path):
+    """Case 5, the worker SIGKILLed: the kernel ends the job's every process with it."""
+    hold = tmp_path / "hold"
+    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
+    try:
+        assert wait_until(lambda: processes_with(leftovers), timeout=60)
+        os.kill(running_pids(repo, job)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived the killed worker"
+    finally:
+        hold.touch()
+
+
+def test_an_unconfined_jobs_children_go_when_its_killed_worker_is_settled(cli, repo, leftovers, tmp_path):
+    """Without a pid namespace (`--isolation none`), the command that settles a dead worker's job
+    ends what it left outside its process group, by the mark in their environment."""
+    hold = tmp_path / "hold"
+    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done', "--isolation", "none")
+    try:
+        assert wait_until(lambda: processes_with(leftovers), timeout=60)
+        pids = running_pids(repo, job)
+        os.kill(pids["worker"], signal.SIGKILL)
+        os.killpg(pids["engine"], signal.SIGKILL)
+        assert wait_until(lambda: cli.json("list")["jobs"][0]["state"] == "failed", timeout=60)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived its settled job"
+    finally:
+        hold.touch()
+
+
+@needs_namespaces
+def test_stop_ends_the_children_that_left_the_jobs_process_group(cli, repo, leftovers, tmp_path):
+    hold = tmp_path / "hold"
+    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
+    try:
+        assert wait_until(lambda: processes_with(leftovers), timeout=60)
+        cli.ok("stop", job)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived stop"
+    finally:
+        hold.touch()
+
+
+def metadata(path: Path) -> tuple:
+    info = os.lstat(path)
+    try:
+        attrs = sorted(os.listxattr(path))
+    except OSError:
+        attrs = []
+    return info.st_mode, info.st_uid, info.st_gid, info.st_mtime_ns, attrs
+
+
+@needs_namespaces
+@needs_landlock
+def test_a_confined_job_cannot_change_metadata_outside_its_worktree(cli, repo, tmp_path):
+    """Case 6: Landlock does not cover a file's mode, owner, times and xattrs; the job changed a
+    file in the main checkout (git status then showed it modified) and chmod 777'd a folder of
+    another process (the command server's socket folder)."""
+    folder = tmp_path / "sockets"
+    folder.mkdir(mode=0o700)
+    readme = repo / "README.md"
+    before = metadata(readme), metadata(folder)
+    script = "\n".join([
+        f"chmod 777 '{readme}'; echo chmod=$?",
+        f"touch -d '2001-01-01' '{readme}'; echo touch=$?",
+        f"python3 -c \"import os; os.setxattr('{readme}', 'user.evil', b'1')\"; echo xattr=$?",
+        f"chown 12345 '{readme}'; echo chown=$?",
+        f"chmod 777 '{folder}'; echo chmod_folder=$?",
+        "echo work > work.txt",
+    ])
+    job = cli.start(script)
+    assert ended(cli, job)["state"] == "done"
+    assert (metadata(readme), metadata(folder)) == before
+    assert git(repo, "status", "--porcelain") == ""
+    iso = cli.json("show", job)["evidence"]["isolation"]
+    assert "mount" in iso["enforced_by"] and "mount namespace" in iso["metadata"]
+
+
+@pytest.fixture
+def host_listener():
+    """A TCP server on the host's loopback: a job without network must not reach it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+CONNECT = ("python3 -c \"import socket,sys\n"
+           "try:\n socket.create_connection(('127.0.0.1', {port}), timeout=5).close(); print('host=0')\n"
+           "except OSError as e: print('host=1')\n"
+           "s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); p=s.getsockname()[1]\n"
+           "socket.create_connection(('127.0.0.1', p), timeout=5).close(); print('own=0')\"")
+
+
+@needs_namespaces
+def test_network_none_leaves_the_job_only_its_own_loopback(cli, repo, host_listener):
+    port, accepted = host_listener
+    git(repo, "config", "subtask.isolation.network", "none")
+    job = cli.start(CONNECT.format(port=port) + " > net.txt")
+    assert ended(cli, job)["state"] == "done"
+    said = git(repo, "show", f"subtask/{job}:net.txt").split()
+    assert said == ["host=1", "own=0"] and accepted == []
+    assert cli.json("show", job)["evidence"]["isolation"]["network"] == "none"
+    git(repo, "config", "subtask.isolation.network", "allow")
+    job = cli.start(CONNECT.format(port=port) + " > net.txt")
+    assert ended(cli, job)["state"] == "done"
+    assert git(repo, "show", f"subtask/{job}:net.txt").split() == ["host=0", "own=0"]
+
+
+def test_a_bad_network_setting_is_refused_at_start(cli, repo):
+    git(repo, "config", "subtask.isolation.network", "sometimes")
+    proc = cli("start", "true")
+    assert proc.returncode == 128 and "subtask.isolation.network" in proc.stderr
+    assert git(repo, "for-each-ref", "refs/subtask/") == ""
+
+
+def test_network_none_is_refused_where_it_cannot_be_enforced(cli, repo):
+    git(repo, "config", "subtask.isolation.network", "none")
+    proc = cli("start", "true", env={isolation.NAMESPACES_ENV: "0"})
+    assert proc.returncode == 128 and "network" in proc.stderr, proc.stderr
+    assert git(repo, "for-each-ref", "refs/subtask/") == ""
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    monkeypatch.setenv(isolation.NAMESPACES_ENV, "0")
+
+
+def test_doctor_says_what_is_not_confined_without_namespaces(cli, repo):
+    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
+    if LANDLOCK.available:
+        assert line.lower().startswith("warn") and "no namespaces" in line and "metadata" in line, line
+    git(repo, "config", "subtask.isolation.network", "none")
+    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
+    assert line.lower().startswith("fail") and "network" in line, line
+
+
+def test_engines_say_what_confinement_holds_here(cli, repo):
+    out = cli.ok("engines")
+    if NAMESPACES.available:
+        assert "pid namespace" in out
+    engines = {e["name"]: e for e in cli.json("engines")["engines"]}
+    if NAMESPACES.available and LANDLOCK.available:
+        assert "mount namespace" in engines["shell"]["confinement"]
+        assert "pid namespace" in engines["shell"]["confinement"]
+
+
+def _unused():  # keep imports honest for linters when a test is skipped
+    return subprocess
+
+
+# -- smaller doors, found in the same run ----------------------------------------------------------
+
+
+@needs_landlock
+def test_a_confined_job_that_unsets_its_isolation_variable_still_gets_the_documented_refusal(cli, repo):
+    job = cli.start("env -u SUBTASK_ISOLATION git subtask start true; echo rc=$?")
+    cli("wait", job)
+    out = cli.ok("result", job)
+    assert "rc=128" in out and "runs confined" in out and "cannot start jobs" in out, out
+    assert "unexpected" not in out
+    assert len(cli.json("list", "--all")["jobs"]) == 1
+
+
+@pytest.mark.slow
+def test_a_job_printing_50_mb_keeps_a_bounded_events_file(cli, repo):
+    """Events keep a head and a tail, and say how much was dropped between them."""
+    job = cli.start("yes 'line of output that goes on and on' | head -c 50000000; echo the-end")
+    assert ended(cli, job, timeout=300)["state"] == "done"
+    events = repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl"
+    size = events.stat().st_size
+    assert size < 4 * 1024 * 1024, f"events file of {size} bytes"
+    text = events.read_text()
+    assert "the-end" in text and '"type": "dropped"' in text
+
+
+@pytest.mark.slow
+def test_a_job_writing_100000_files_keeps_a_bounded_evidence_with_exact_totals(cli, repo):
+    job = cli.start("mkdir many && cd many && seq 1 100000 | xargs touch")
+    assert ended(cli, job, timeout=300)["state"] == "done"
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["totals"]["files"] == 100000
+    assert len(evidence["files"]) <= 1000 and evidence["files_omitted"] == 100000 - len(evidence["files"])
+    record = git(repo, "cat-file", "-s", f"refs/subtask/{job}/record:evidence.json")
+    assert int(record) < 512 * 1024
+    assert "100000 files" in cli.ok("show", job)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the state folder needs root")
+def test_a_full_state_folder_fails_no_innocent_queued_job_and_says_which_folder(repo, tmp_path):
+    """The state folder on a 4 MiB tmpfs: a job printing 20 MB (its events bounded) runs, the job
+    queued behind it runs, and a command that cannot write says which folder is full."""
+    state = tmp_path / "state"
+    state.mkdir()
+    git(repo, "config", "subtask.stateDir", str(state))
+    git(repo, "config", "subtask.maxRunning", "1")
+    script = f"""
+set -e
+export SUBTASK_SERVER=0  # the commands run in this mount namespace, not in a warm server outside it
+mount -t tmpfs -o size=4m tmpfs '{state}'
+a=$(git subtask start "yes 'a long line of output' | head -c 20000000" | cut -d' ' -f1)
+b=$(git subtask start 'echo b > b.txt' | cut -d' ' -f1)
+git subtask wait "$a" "$b" > '{tmp_path}/waited' || true
+git subtask list > '{tmp_path}/listed'
+head -c 8000000 /dev/zero > '{state}/filler' || true
+git subtask start 'echo c > c.txt' > '{tmp_path}/full.out' 2> '{tmp_path}/full.err' || echo $? > '{tmp_path}/full.rc'
+"""
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    waited = (tmp_path / "waited").read_text().splitlines()
+    assert len(waited) == 2 and all(" done " in line for line in waited), waited
+    err = (tmp_path / "full.err").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "128"
+    assert "no space left in" in err and str(state) in err and "unexpected" not in err, err
