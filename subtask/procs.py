@@ -123,7 +123,7 @@ _prctl = _load_prctl()
 
 def child_setup_for(parent_pid: int) -> Callable[[], None]:
     """The `preexec_fn` for a child of `parent_pid` (the calling process), also called by a forked
-    child that must not outlive its parent (the command server's spare). Keep it small and
+    child that must not outlive its parent. Keep it small and
     async-signal-safe in spirit: it runs in the forked child of a possibly threaded parent."""
 
     def child_setup() -> None:

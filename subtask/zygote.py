@@ -253,7 +253,7 @@ def _reap(signum: int, frame: object) -> None:
 
 
 def reap_children() -> None:
-    """Collect every child that has exited, without waiting for any other (also the command server's)."""
+    """Collect every child that has exited, without waiting for any other."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)

@@ -31,42 +31,8 @@ def pytest_configure(config):
     compileall.compile_dir(str(Path(subtask.__file__).parent), quiet=1)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def command_servers(tmp_path_factory):
-    """The warm command servers this session's CLI calls start live in a folder of the session's
-    own, and are stopped at its end: no server outlives the suite, none is shared with the user's."""
-    folder = tmp_path_factory.mktemp("servers")
-    previous = os.environ.get("SUBTASK_SERVER_DIR")
-    os.environ["SUBTASK_SERVER_DIR"] = str(folder)
-    yield folder
-    stop_command_servers(folder)
-    if previous is None:
-        os.environ.pop("SUBTASK_SERVER_DIR", None)
-    else:
-        os.environ["SUBTASK_SERVER_DIR"] = previous
-
-
-def command_server_pids(folder: Path) -> list[int]:
-    pids = []
-    for lock in folder.glob("*/*.sock.lock"):
-        try:
-            pids.append(int(lock.read_text().split()[0]))
-        except (OSError, ValueError, IndexError):
-            pass
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-
-
-def stop_command_servers(folder: Path) -> None:
-    import signal
-
-    for pid in command_server_pids(folder):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-
 # Prints the calling shell's pid as this machine sees it: inside a job's pid namespace `$$` is the
-# namespace's own number (a job's engine is its pid 1), while /proc is the machine's.
+# namespace's own number, while /proc is the machine's.
 HOST_PID = "read -r p _ < /proc/self/stat; echo $p"
 
 BLACKHOLE = "http://127.0.0.1:9"

@@ -308,12 +308,12 @@ def no_namespaces(monkeypatch):
 
 
 def test_doctor_says_what_is_not_confined_without_namespaces(cli, repo):
-    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    proc = cli("doctor", env={namespaces.ENV: "0"})
     line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
     if LANDLOCK.available:
         assert line.lower().startswith("warn") and "no namespaces" in line and "metadata" in line, line
     git(repo, "config", "subtask.isolation.network", "none")
-    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    proc = cli("doctor", env={namespaces.ENV: "0"})
     line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
     assert line.lower().startswith("fail") and "network" in line, line
 
@@ -380,7 +380,6 @@ def test_a_full_state_folder_fails_no_innocent_queued_job_and_says_which_folder(
     git(repo, "config", "subtask.maxRunning", "1")
     script = f"""
 set -e
-export SUBTASK_SERVER=0  # the commands run in this mount namespace, not in a warm server outside it
 mount -t tmpfs -o size=4m tmpfs '{state}'
 a=$(git subtask start "yes 'a long line of output' | head -c 20000000" | cut -d' ' -f1)
 b=$(git subtask start 'echo b > b.txt' | cut -d' ' -f1)

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "subtask"
 
 # Top first. A module may import modules of its own layer or of a lower one, never a higher one.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("entry", {"subtask.__main__", "subtask.entry", "subtask.cmdclient", "subtask.cmdserver"}),
+    ("entry", {"subtask.__main__", "subtask.entry"}),
     ("faces", {"subtask.cli", "subtask.completion", "subtask.manpage",
                "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions"}),
     ("reports", {"subtask.doctor"}),
