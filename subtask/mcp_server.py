@@ -9,10 +9,9 @@ the same process. The server is still `subtask.mcp_tools.server` (MCPServer): ev
 progress notification and error comes from the SDK.
 
 Invariants:
-- Standard library only until the first `initialize` is answered (or found unanswerable), and not
-  all of it: JSON goes through CPython's C codec (`loads`, `dumps`: the scanner and encoder
-  `json` drives, the same values and bytes, `json` itself for anything else), and `threading`
-  and `queue` come after the reply: ~20 of the ~35 ms before it (tests/test_mcp.py).
+- Standard library only until the first `initialize` is answered (or found unanswerable), and
+  its public surface only (`json`, never CPython's private `_json`); `threading` and `queue`
+  come after the reply (tests/test_mcp.py).
 - The front end answers at most: the first line, when it is a plain `initialize` and the cache
   was made with the installed SDK; and, until the SDK reads its first line, list requests
   without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
@@ -40,8 +39,9 @@ Invariants:
 
 from __future__ import annotations
 
-# Neither `typing` (2-3 ms: annotations stay strings, and `object` serves for Any) nor, before the
-# first reply, `json` (~15 ms: see `loads`), `threading` and `queue` (~5 ms).
+# Not `typing` (2-3 ms: annotations stay strings, and `object` serves for Any), nor, before the
+# first reply, `threading` and `queue` (~5 ms).
+import json
 import os
 import sys
 
@@ -64,56 +64,11 @@ def __getattr__(name: str) -> object:
 
 # ---------------------------------------------------------------- JSON before the SDK
 
-class _Decoding:
-    """What `json.JSONDecoder()` hands CPython's C scanner: its defaults."""
-
-    strict = True
-    object_hook = object_pairs_hook = None
-    parse_float, parse_int, parse_constant = float, int, float  # float("NaN"), float("-Infinity"), ...
-
-
-def _no_default(value: object) -> object:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-try:  # CPython's C codec, as `json` drives it, without `json`'s own import: see `loads`
-    import _json
-
-    _scan = _json.make_scanner(_Decoding())
-except (ImportError, AttributeError, TypeError):
-    _json = _scan = None
-
-_WHITESPACE = " \t\n\r"
-
-
 def loads(data: bytes | str) -> object:
-    """`json.loads`, without importing the `json` package until a line is not plain UTF-8 JSON:
-    its decoder compiles regular expressions at import (`re`, `enum`: ~15 ms here, as much as the
-    rest of the front end before its first reply). The C scanner is the one `json` uses, so the
-    value is the same; anything it does not take goes to `json` itself, for its exact error."""
-    if _scan is not None:
-        try:
-            text = data.decode("utf-8") if isinstance(data, bytes) else data
-            start = len(text) - len(text.lstrip(_WHITESPACE))
-            if not text.startswith("\ufeff"):
-                value, end = _scan(text, start)
-                if not text[end:].strip(_WHITESPACE):
-                    return value
-        except (ValueError, StopIteration, RecursionError):
-            pass
-    import json
-
     return json.loads(data)
 
 
 def dumps(value: object, ensure_ascii: bool = True) -> str:
-    """`json.dumps(value, separators=(",", ":"), ensure_ascii=...)`, through the same C encoder
-    (a new one per call, as `json` makes, with its own circular-reference markers)."""
-    if _json is not None and not isinstance(value, str):
-        quote = _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring
-        return "".join(_json.make_encoder({}, _no_default, quote, None, ":", ",", False, False, True)(value, 0))
-    import json
-
     return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii)
 
 
