@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import re
+import signal
 import stat
 import sys
 import threading
@@ -64,6 +65,7 @@ _SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (44
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 
 EXECUTE = 1 << 0
 WRITE_FILE = 1 << 1
@@ -492,6 +494,7 @@ class Sandbox:
 
     def __init__(self, policy: Policy):
         self.mode = policy.mode
+        self.policy = policy
         self.plan = policy.plan
         self.fd: int | None = build_ruleset(policy) if policy.mode != "none" else None
 
@@ -561,33 +564,71 @@ def active() -> bool:
     return _active is not None
 
 
-def confined_argv(argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
-    """For spawners that take no pre-exec hook (the claude SDK's anyio): argv run through a
-    launcher that enters the sandbox and execs argv, and the fd to pass."""
+def launch_spec() -> dict | None:
+    """The active sandbox, as `launch` rebuilds it in its own process: for a spawner that takes no
+    pre-exec hook and closes every fd (the claude SDK), so no ruleset fd can cross it. None when
+    nothing is confined."""
     sandbox = _active
     if sandbox is None:
-        return argv, ()
-    fd = sandbox.fd
-    plan = json.dumps(sandbox.plan.to_json(), separators=(",", ":"))
-    return [sys.executable, "-m", "subtask.isolation", str(fd if fd is not None else -1), plan, "--", *argv], \
-        ((fd,) if fd is not None else ())
+        return None
+    return {"v": 1, "mode": sandbox.mode, "grants": [[g.path, g.rights] for g in sandbox.policy.grants],
+            "plan": sandbox.plan.to_json()}
 
 
-def _launch(args: list[str]) -> int:
-    """`python -m subtask.isolation RULESET_FD PLAN -- PROGRAM ARG...`: enter the sandbox, then exec."""
-    if len(args) < 4 or args[2] != "--" or not args[0].lstrip("-").isdigit():
-        print("usage: python -m subtask.isolation RULESET_FD PLAN_JSON -- PROGRAM [ARG...]", file=sys.stderr)
+LAUNCH_USAGE = ("usage: python -m subtask.isolation [--parent PID] [--session] [--pid-file FILE] "
+                "[--sandbox FILE] -- PROGRAM [ARG...]")
+
+
+def launch(args: list[str]) -> int:
+    """`python -m subtask.isolation ... -- PROGRAM ARG...`: become what a child `procs.run` starts
+    would be, then exec PROGRAM. `--parent PID`: die with it (PR_SET_PDEATHSIG), and not start when
+    it is already gone; `--session`: a session and process group of its own; `--pid-file FILE`:
+    say its pid there (the spawner cannot); `--sandbox FILE`: a `launch_spec`, entered as the
+    pre-exec hook would (namespaces, then Landlock). A failure exits 126 before any exec."""
+    options: dict[str, str | bool] = {}
+    while args and args[0] != "--":
+        flag = args.pop(0)
+        if flag == "--session":
+            options["session"] = True
+        elif flag in ("--parent", "--pid-file", "--sandbox") and args:
+            options[flag[2:]] = args.pop(0)
+        else:
+            print(LAUNCH_USAGE, file=sys.stderr)
+            return 129
+    if len(args) < 2:
+        print(LAUNCH_USAGE, file=sys.stderr)
         return 129
-    fd = int(args[0])
-    plan = namespaces.Plan.from_json(json.loads(args[1]))
-    if plan.active:
-        plan.prepare()()  # exits 126 with a message when it cannot
-    if fd >= 0:
-        if not _restrict_self_call(fd)():
-            sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
+    argv = args[1:]
+    if "parent" in options:
+        _libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0))
+        if str(os.getppid()) != options["parent"]:
+            return 126  # the parent died before the signal was armed
+    if options.get("session"):
+        os.setsid()
+    if "pid-file" in options:
+        tmp = f"{options['pid-file']}.{os.getpid()}"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.replace(tmp, options["pid-file"])
+    if "sandbox" in options:
+        try:
+            with open(options["sandbox"], encoding="utf-8") as fh:
+                spec = json.load(fh)
+            policy = Policy(spec["mode"], [Grant(path, "", rights) for path, rights in spec["grants"]],
+                            plan=namespaces.Plan.from_json(spec["plan"]))
+            fd = build_ruleset(policy) if policy.mode != "none" else None
+        except (OSError, ValueError, KeyError, TypeError, IsolationError) as exc:
+            sys.stderr.write(f"git-subtask: could not confine this process ({exc}); it was not started\n")
             return 126
-        os.close(fd)
-    argv = plan.wrap(args[3:])
+        if policy.plan.active:
+            policy.plan.prepare()()  # exits 126 with a message when it cannot
+        if fd is not None:
+            if not _restrict_self_call(fd)():
+                sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
+                return 126
+            os.close(fd)
+        argv = policy.plan.wrap(argv)
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
@@ -608,4 +649,4 @@ def looks_refused(text: str) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(_launch(sys.argv[1:]))
+    sys.exit(launch(sys.argv[1:]))

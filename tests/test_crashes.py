@@ -173,16 +173,13 @@ mode, marker = sys.argv[2], sys.argv[3]
 def spawn():
     if mode == "procs":
         procs.run(["sh", "-c", f"echo $$ > {marker}; exec sleep 60"], cwd=".", timeout=120)
-    else:  # the path the claude engine takes: the SDK's anyio.open_process, wrapped
+    else:  # the path the claude engine takes: the SDK's anyio.open_process of our launcher script
         import anyio
+        from types import SimpleNamespace
         from subtask.engines import claude
+        launch = claude._Launch(SimpleNamespace(job_id="t", state_dir=None), "sh")
         async def main():
-            token = claude._NEW_SESSION.set(True)
-            try:
-                proc = await claude._AnyioWithSession(anyio).open_process(
-                    ["sh", "-c", f"echo $$ > {marker}; exec sleep 60"])
-            finally:
-                claude._NEW_SESSION.reset(token)
+            proc = await anyio.open_process([str(launch.script), "-c", f"echo $$ > {marker}; exec sleep 60"])
             await proc.wait()
         anyio.run(main)
 
@@ -193,7 +190,7 @@ spawn()
 @pytest.mark.parametrize("mode", ["procs", "claude_transport"])
 def test_an_engine_child_dies_with_the_process_that_spawned_it(tmp_path, mode):
     """The child setup (PR_SET_PDEATHSIG) on both spawn paths engines use: procs.run (shell,
-    command, codex) and the claude SDK transport's open_process."""
+    command, codex) and the claude SDK's open_process of the launcher its `cli_path` names."""
     marker = tmp_path / "child.pid"
     src = str(Path(__file__).resolve().parents[1])
     parent = subprocess.Popen([sys.executable, "-c", SPAWN_AND_DIE, src, mode, str(marker)])
