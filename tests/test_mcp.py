@@ -24,7 +24,8 @@ from conftest import git, make_repo, refs
 from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
-TOOLS = {"start", "start_many", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines"}
+TOOLS = {"start", "start_many", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
+         "show", "diff", "log", "compare", "merge", "spend"}
 
 
 def server_env() -> dict[str, str]:
@@ -58,8 +59,19 @@ def text(result) -> str:
 async def call(client, name: str, args: dict[str, Any] | None = None, *, ok: bool = True, **kwargs) -> str:
     result = await client.call_tool(name, args or {}, **kwargs)
     assert result.is_error is (not ok), f"{name}({args}) -> {text(result)}"
-    assert result.structured_content is None, f"{name} returned structured content beside its text"
+    if ok:  # the CLI's --json beside the CLI's words
+        assert isinstance(result.structured_content, dict) and result.structured_content.get("v") == 1, \
+            f"{name} returned no structured content: {result.structured_content!r}"
+    else:
+        assert result.structured_content is None
     return text(result)
+
+
+async def call_json(client, name: str, args: dict[str, Any] | None = None) -> tuple[str, dict]:
+    """A successful call's text and structured content."""
+    result = await client.call_tool(name, args or {})
+    assert not result.is_error, f"{name}({args}) -> {text(result)}"
+    return text(result), result.structured_content
 
 
 def job_id_in(line: str) -> str:
@@ -82,9 +94,9 @@ def test_tools_are_listed_with_annotations(repo, how):
             assert "start_many" in (client.instructions or "") and "git log --notes=subtask" in client.instructions
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert set(tools) == TOOLS
-            for name in ("status", "result", "list", "engines", "wait"):
+            for name in ("status", "result", "list", "engines", "wait", "show", "diff", "log", "compare", "spend"):
                 assert tools[name].annotations.read_only_hint is True, name
-            for name in ("stop", "cleanup"):
+            for name in ("stop", "cleanup", "merge"):
                 assert tools[name].annotations.destructive_hint is True, name
             for t in tools.values():
                 assert t.output_schema is None, f"{t.name} declares structured output"
@@ -182,7 +194,7 @@ def test_bad_arguments_are_tool_errors_with_the_cli_words(repo, cli, how, tmp_pa
                 answer = await call(client, tool, args, ok=False)
                 assert words in answer, f"{what}: {answer!r} lacks {words!r}"
             # still serving after all that
-            assert (await call(client, "list", {})) == "no jobs"
+            assert (await call(client, "list", {})).startswith("no jobs yet")
 
     anyio.run(main)
 
@@ -309,7 +321,7 @@ class JsonRpc:
     def call_tool(self, name: str, arguments: dict) -> str:
         result = self.reply(self.send_call(name, arguments))
         assert not result.get("isError"), result
-        assert "structuredContent" not in result, result
+        assert result["structuredContent"]["v"] == 1, result
         return result["content"][0]["text"]
 
 
