@@ -46,10 +46,10 @@ def started(result) -> Reply:
     if hasattr(result, "group"):
         group = result.group
         lines = [f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}",
-                 *("  " + render.started_line(r.job, r.position) for r in result.members),
-                 f"(wait {group.id} for the pick)"]
+                 *("  " + render.started_line(r.job, r.position) for r in result.members)]
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]})
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]},
+                     notes=[f"(wait {group.id} for the pick)"])
     return Reply(render.started_line(result.job, result.position),
                  job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
 

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "subtask"
 LAYERS: list[tuple[str, set[str]]] = [
     ("entry", {"subtask.__main__", "subtask.entry", "subtask.cmdclient", "subtask.cmdserver"}),
     ("faces", {"subtask.cli", "subtask.completion", "subtask.manpage",
-               "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions"}),
+               "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions", "subtask.replies"}),
     ("reports", {"subtask.doctor"}),
     ("api", {"subtask.api"}),
     ("worker", {"subtask.worker", "subtask.zygote"}),
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "subtask.worktrees", "subtask.gitrepo", "subtask.gitobjects", "subtask.packing", "subtask.render",
                  "subtask.engines.base"}),
     ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
-              "subtask.phases", "subtask.executors"}),
+              "subtask.phases", "subtask.executors", "subtask.start_options"}),
 ]
 
 
