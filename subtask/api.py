@@ -1418,6 +1418,17 @@ def hooks(repo: Repo, action: str):
     return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
 
 
+def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_run: bool = False,
+            where: str | os.PathLike | None = None, on_plan=None):
+    """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
+    Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
+    from subtask import clients
+
+    root = repo_at(where).root if scope == "project" else None
+    act = clients.uninstall if uninstall else clients.install
+    return act(client, scope, root, dry_run=dry_run, on_plan=on_plan)
+
+
 def push(repo: Repo, remote: str = "origin", branches: bool = False):
     from subtask import sync
 

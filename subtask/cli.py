@@ -541,6 +541,57 @@ def spend(month, all_clones, as_json):
     _emit(replies.spend(api.spend(_repo(), month, all_clones=all_clones), all_clones), as_json)
 
 
+def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
+    from subtask import api, clients
+
+    verb = "uninstall" if uninstall else "install"
+
+    def show(lines: list[str]) -> None:
+        if as_json:
+            return
+        echo(f"git subtask {verb} {client} --scope {scope}" + (" (dry run: nothing changes)" if dry_run else ":"))
+        for line in lines:
+            echo(f"  {line}")
+
+    plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
+                       on_plan=show)
+    if as_json:
+        _emit_json(clients.as_dict(plan) | {"dry_run": dry_run})
+    elif plan.steps and not dry_run:
+        undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
+               f"git subtask install {client} --scope {scope}"
+        echo(f"done (backups of changed files in {clients._show(clients.state_dir() / 'backups')}; {undo})")
+        if not uninstall:
+            echo("restart the client's session to load the server; check it: git subtask doctor")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True,
+              help="user: every project of yours; project: this repository (.mcp.json, .codex/config.toml), for the team")
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def install(client, scope, dry_run, as_json):
+    """Register the MCP server, and the agent's guide as a skill, in Claude Code or Codex.
+
+    Shows the plan first, backs up every file it changes, writes atomically, and records what it
+    added, so `uninstall` takes out exactly that. Running it again changes nothing. Claude Code
+    (user scope): `claude mcp add` when claude is on PATH, else ~/.claude.json; Codex:
+    ~/.codex/config.toml with the variables the server's engines need (env_vars).
+    """
+    _install(client, scope, dry_run, as_json, uninstall=False)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True)
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def uninstall(client, scope, dry_run, as_json):
+    """Take out what `git subtask install` added, and nothing else: an entry or file changed since is left, and said."""
+    _install(client, scope, dry_run, as_json, uninstall=True)
+
+
 @cli.command(context_settings=CONTEXT)
 def mcp():
     """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
@@ -566,10 +617,11 @@ def doctor(as_json, strict):
         _emit_json(report.to_dict())
     else:
         marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        width = max(len(check.name) for check in report.checks)
         for check in report.checks:
-            echo(f"{marks[check.status]}  {check.name:<10} {check.message}")
+            echo(f"{marks[check.status]}  {check.name:<{width}}  {check.message}")
             for step in check.remediation:
-                echo(f"      {'':<10} -> {step}")
+                echo(f"      {'':<{width}}  -> {step}")
     failed = report.status == "fail" or (strict and report.status == "warn")
     sys.exit(EXIT_NEGATIVE if failed else 0)
 

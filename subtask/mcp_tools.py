@@ -30,6 +30,7 @@ import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -44,22 +45,16 @@ from subtask import __version__, api, render, replies, start_options
 from subtask.errors import SubtaskError
 from subtask.model import is_group_ref
 
-INSTRUCTIONS = """\
-git-subtask hands coding work to background workers. Each job gets its own git worktree and branch
-(subtask/<id>) and runs while you do other things; its record and review note live in git.
+def _guide_body() -> str:
+    """The agent's guide (subtask/guide/SKILL.md, which `git subtask install` puts where a client
+    reads skills) without its front matter: the server's instructions are the same words."""
+    text = (Path(__file__).with_name("guide") / "SKILL.md").read_text(encoding="utf-8")
+    if text.startswith("---\n"):
+        text = text[text.index("\n---\n", 4) + 5:]
+    return text.strip()
 
-The pattern:
-1. start_many with every independent task at once (or start for one). Each returns its job id at
-   once; jobs beyond subtask.maxRunning wait in a queue.
-2. One wait with all the ids. It blocks until they end and reports progress meanwhile. Never poll
-   status in a loop: wait is cheaper and returns the moment a job ends.
-3. result <id> for a job's summary (evidence=true for the JSON evidence: commits, files, verify).
-4. Review the work with plain git: git log --notes=subtask, git diff <base>...subtask/<id>.
-   Merge what you keep; cleanup <id> removes a finished job's worktree.
 
-For the shell engine the task is a bash script. `verify` is a command run with `sh -c` (POSIX sh,
-not bash) on the job's final commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
-working directory)."""
+INSTRUCTIONS = _guide_body()
 
 PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
 ACTIVITY_WIDTH = 60

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("api", {"subtask.api"}),
     ("worker", {"subtask.worker", "subtask.zygote"}),
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
-                    "subtask.groups", "subtask.executors.ray", "subtask.executors.remote"}),
+                    "subtask.groups", "subtask.executors.ray", "subtask.executors.remote", "subtask.clients"}),
     ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.engines",
                   "subtask.engines.claude", "subtask.engines.codex", "subtask.engines.command",
                   "subtask.engines.shell"}),
