@@ -45,6 +45,7 @@ from subtask import __version__, api, render, replies, start_options
 from subtask.errors import SubtaskError
 from subtask.model import is_group_ref
 
+
 def _guide_body() -> str:
     """The agent's guide (subtask/guide/SKILL.md, which `git subtask install` puts where a client
     reads skills) without its front matter: the server's instructions are the same words."""
