@@ -686,7 +686,9 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     from subtask import manpage, spawn
+    from subtask.errors import INTERRUPTED, interrupt_once
 
+    interrupt_once()
     spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
     warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
@@ -714,6 +716,8 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:
+        if INTERRUPTED:  # raised while a Ctrl-C unwound the command (a lock it left released)
+            sys.exit(130)
         if os.environ.get("SUBTASK_DEBUG"):
             raise
         echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
