@@ -273,7 +273,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         _sync_ledger(repo)
     return _admit_and_launch(repo, prepared.job, prepared.paid,
                              branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id), as_written=prepared.as_written)
+                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                             as_written=prepared.as_written)
 
 
 @dataclass
@@ -488,7 +489,8 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     launches = []
     try:
         for p in prepared:
-            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id), p.as_written))
+            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id, new=True),
+                                    p.as_written))
     except BaseException:
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import git, wait_until
 
 
 def held(gate: Path) -> str:
@@ -51,3 +51,33 @@ def test_ctrl_c_during_wait_exits_130_without_a_word_even_when_it_comes_twice(cl
             assert err.strip() == "" and out == "", (n, err)  # (click ends the ^C line)
     finally:
         gate.touch()
+
+
+# -- 3: the state folder removed under a running job: never reported dead, nothing removed under it --
+
+
+def test_a_running_job_survives_its_state_folder_being_removed(cli, repo, control_dir):
+    """`rm -rf .git/subtask` while a job runs: its worker still holds its run-lock (through the
+    removed file), so no command may call it dead, and nothing of it is removed; it ends as it
+    would have, its work on its branch."""
+    import shutil
+
+    gate = control_dir / "gate"
+    job = cli.start(f"echo kept > kept.txt; {held(gate)}; echo end >> kept.txt")
+    running(cli, repo, job)
+    shutil.rmtree(repo / ".git" / "subtask")
+    try:
+        waited = cli("wait", job, "--timeout", "1")
+        assert waited.returncode == 1 and waited.stdout.startswith(f"{job} running"), waited.stdout + waited.stderr
+        assert "worker died" not in waited.stdout + waited.stderr
+        assert cli.ok("status", job).startswith(f"{job} running")
+        assert cli.json("list")["jobs"][0]["state"] == "running"
+        refused = cli("cleanup", job)
+        assert refused.returncode == 1 and "running" in refused.stderr
+        assert (repo / ".subtask" / "worktrees" / job / "kept.txt").exists()
+        assert cli("gc", "--older-than", "0s").returncode == 0
+        assert (repo / ".subtask" / "worktrees" / job / "kept.txt").exists()
+    finally:
+        gate.touch()
+    assert cli("wait", job, "--timeout", "60").stdout.startswith(f"{job} done")
+    assert git(repo, "show", f"subtask/{job}:kept.txt").splitlines() == ["kept", "end"]
