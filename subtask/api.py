@@ -827,6 +827,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     timeout = _positive(timeout, "--timeout") if timeout is not None else job.spec.timeout
     _check_depth(repo)
     worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
+    worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -1175,7 +1176,9 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
                            hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
                                 f"status), then: git subtask cleanup {job.id}")
     words = "would remove" if dry_run else "removed"
-    tree = f"{words} worktree {path}" if removal.kind == "removed" else "no worktree to remove"
+    tree = (f"{words} worktree {path}" if removal.kind == "removed" else
+            f"{'would forget' if dry_run else 'forgot'} git's registration of worktree {path} ({removal.why})"
+            if removal.kind == "pruned" else "no worktree to remove")
     if branch.kind == "removed":
         gone = "would delete" if dry_run else "deleted"
         return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing.EMPTY_BRANCH}; record kept)"

@@ -329,7 +329,7 @@ def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | Non
 
 @dataclass
 class Removal:
-    kind: str  # "removed" (or would be, on a dry run), "missing", "busy", "kept", "failed"
+    kind: str  # "removed" (or would be, on a dry run), "pruned" (a stale registration), "missing", "busy", "kept", "failed"
     why: str = ""
 
 
@@ -359,7 +359,13 @@ def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = Fa
 
 
 def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run: bool) -> Removal:
-    if not Path(job.spec.worktree).exists():
+    path = Path(job.spec.worktree)
+    if not path.exists():
+        if owns(repo, job) and worktrees.stale_admin(repo, job.id, path) is not None:
+            # Removed by hand: git still lists it (prunable) until its registration goes too.
+            if not dry_run:
+                worktrees.drop_stale(repo, job.id, path)
+            return Removal("pruned", "its folder was removed by hand")
         return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
     ok, why = worktree_removable(repo, job, keepers(repo, job, target))
     if not ok:
@@ -443,7 +449,12 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
-    if path.exists():
+    if not path.exists() and worktrees.stale_admin(repo, job.id, path) is not None:
+        lines.append(f"{job.id}: {'would forget' if dry_run else 'forgot'} git's registration of its worktree "
+                     f"{path} (its folder was removed by hand)")
+        if not dry_run:
+            removed = worktrees.drop_stale(repo, job.id, path)
+    elif path.exists():
         ok, why = worktree_removable(repo, job, keepers(repo, job, target))
         if ok:
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
@@ -853,6 +864,9 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         if removal.kind == "removed":
             sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
                                + ("" if branch_goes else " (branch kept)"))
+        elif removal.kind == "pruned":
+            sweep.lines.append(f"{job.id}: {'would forget' if dry_run else 'forgot'} git's registration of its "
+                               f"worktree {path} ({removal.why})")
         elif removal.kind == "missing":
             if had_worktree:
                 sweep.lines.append(f"{job.id}: worktree already removed")

@@ -674,7 +674,9 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
         fresh = not worktree_path(repo, job).exists()
         worktree, files = begin_checkout(repo, job)
     except Exception as exc:
-        _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {exc}"))
+        # git's message on one line (it wraps its advice); the hint names the check-out, not subtask.setup
+        _setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
+                      hint=f"see what git has: git worktree list; then try again: git subtask reply {job_id} '...'")
         return None
     main_before = MainWorktreeStatus(repo)
     ready = None
@@ -722,9 +724,9 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, fresh: bool, worktre
     return running
 
 
-def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
+def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str, hint: str | None = None) -> None:
     lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=reason, error_kind="setup",
-                          hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
+                          hint=hint or ERROR_HINTS["setup"], engine_may_have_spent=False)
 
 
 def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confinement: Confinement) -> None:

@@ -81,3 +81,68 @@ def test_a_running_job_survives_its_state_folder_being_removed(cli, repo, contro
         gate.touch()
     assert cli("wait", job, "--timeout", "60").stdout.startswith(f"{job} done")
     assert git(repo, "show", f"subtask/{job}:kept.txt").splitlines() == ["kept", "end"]
+
+
+# -- 2: two merge modes at once are refused, as git refuses them --
+
+
+@pytest.mark.parametrize("flags", [["--squash", "--no-ff"], ["--no-ff", "--ff-only"], ["--squash", "--ff-only"]])
+def test_two_merge_modes_are_a_usage_error_and_change_nothing(cli, repo, flags):
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    before = git(repo, "rev-parse", "main")
+    proc = cli("merge", *flags, job)
+    assert proc.returncode == 129
+    assert proc.stderr.splitlines()[0] == f"error: {flags[0]} and {flags[1]} cannot be used together: give one merge mode"
+    assert proc.stderr.splitlines()[1] == "hint: git subtask merge [--squash | --no-ff | --ff-only] ID"
+    assert git(repo, "rev-parse", "main") == before and git(repo, "rev-parse", "--verify", f"subtask/{job}")
+
+
+# -- 4: a worktree deleted by hand: reply checks it out again; cleanup leaves no stale registration --
+
+
+def test_a_reply_to_a_job_whose_worktree_was_deleted_by_hand_runs(cli, repo):
+    import shutil
+
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    shutil.rmtree(repo / ".subtask" / "worktrees" / job)
+    cli.ok("reply", job, "echo b > b.txt")
+    waited = cli("wait", job)
+    assert waited.stdout.startswith(f"{job} done"), cli.ok("show", job)
+    assert git(repo, "show", f"subtask/{job}:a.txt") == "a" and git(repo, "show", f"subtask/{job}:b.txt") == "b"
+
+
+def test_cleanup_of_a_worktree_deleted_by_hand_forgets_gits_registration(cli, repo):
+    import shutil
+
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    other = cli.start("echo o > o.txt")
+    cli("wait", other)
+    shutil.rmtree(repo / ".subtask" / "worktrees" / job)
+    shutil.rmtree(repo / ".subtask" / "worktrees" / other)
+    assert "prunable" in git(repo, "worktree", "list")
+    said = cli.ok("cleanup", job)
+    assert said.startswith(f"{job}: forgot git's registration of worktree") and "removed by hand" in said
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert job not in listed and other in listed  # only its own: git worktree prune would drop every missing one
+
+
+def test_a_failed_checkout_says_so_on_one_line_with_a_hint_about_the_checkout(cli, repo):
+    """A check-out git refuses (here: a registration of the folder that no marker says is this
+    job's, so it is not ours to drop; git's message takes two lines) is reported in git's words on
+    one line, with a hint about worktrees, not about subtask.setup."""
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    import shutil
+
+    shutil.rmtree(repo / ".subtask" / "worktrees" / job)
+    (repo / ".git" / "worktrees" / job / "subtask-job").unlink()  # as made before the markers
+    cli.ok("reply", job, "echo b > b.txt")
+    cli("wait", job)
+    shown = cli.ok("show", job)
+    reason = next(line for line in shown.splitlines() if line.strip().startswith("reason:") and "check" in line)
+    assert "\\n" not in reason, reason
+    hint = next(line for line in shown.splitlines() if line.strip().startswith("hint:") and "worktree" in line)
+    assert "subtask.setup" not in hint and "git worktree list" in hint
