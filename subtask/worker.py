@@ -762,8 +762,18 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        with isolation.confined(confinement.ruleset):
-            verify = run_verify(repo, job, worktree, head, confinement.env)
+        # A stop ends verify too (its group is killed), and the attempt still records what the
+        # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            with isolation.confined(confinement.ruleset):
+                verify = run_verify(repo, job, worktree, head, confinement.env)
+        except StopRequested:
+            stopped = True
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if lifecycle.stop_marker(state_dir, job_id).exists():
+            stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")

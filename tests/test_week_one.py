@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -146,3 +147,26 @@ def test_a_failed_checkout_says_so_on_one_line_with_a_hint_about_the_checkout(cl
     assert "\\n" not in reason, reason
     hint = next(line for line in shown.splitlines() if line.strip().startswith("hint:") and "worktree" in line)
     assert "subtask.setup" not in hint and "git worktree list" in hint
+
+
+# -- 5: a stop during verify keeps the evidence of the work --
+
+
+def test_stopping_a_job_during_its_verify_keeps_its_evidence(cli, repo, control_dir):
+    gate = control_dir / "gate"
+    job = cli.start("echo v > v.txt", "--verify", held(gate))
+    from subtask import api
+
+    assert wait_until(lambda: (api.latest_activity(api.repo_at(repo), job) or "").startswith("verifying")), \
+        cli.ok("status", job)
+    try:
+        stopped = cli("stop", job)
+        assert stopped.returncode == 0, stopped.stderr
+    finally:
+        gate.touch()
+    data = json.loads(cli("result", job, "--json").stdout)
+    assert data["state"] == "stopped" and data["verification"] is None
+    head = git(repo, "rev-parse", f"subtask/{job}")
+    assert data["git"]["head"] == head and [f["path"] for f in data["git"]["changed_files"]] == ["v.txt"]
+    assert git(repo, "rev-parse", f"refs/subtask/{job}/head") == head  # pinned, as a finished job's head is
+    assert "changes:   1 file, +1 -0" in cli.ok("show", job)
