@@ -200,8 +200,10 @@ def isolation_line(evidence) -> str | None:
 def verify_line(verify) -> str:
     if verify is None:
         return "not run"
-    exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-    return safe_line(f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}")
+    if verify.timed_out:
+        return safe_line(f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) "
+                         f"at {short(verify.head)}")
+    return safe_line(f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}")
 
 
 VERIFY_TAIL_LINES = 5

@@ -412,7 +412,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
                        on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
-    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
+    # A timeout is reported as the limit it hit: the run also took the kill and the pipes' grace.
+    seconds = min(result.seconds, job.spec.verify_timeout) if result.timed_out else result.seconds
+    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
                         head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
                         timed_out=result.timed_out, output_tail=output)
 

@@ -170,3 +170,14 @@ def test_stopping_a_job_during_its_verify_keeps_its_evidence(cli, repo, control_
     assert data["git"]["head"] == head and [f["path"] for f in data["git"]["changed_files"]] == ["v.txt"]
     assert git(repo, "rev-parse", f"refs/subtask/{job}/head") == head  # pinned, as a finished job's head is
     assert "changes:   1 file, +1 -0" in cli.ok("show", job)
+
+
+# -- 6: a verify timeout is reported as the limit that was set --
+
+
+def test_a_verify_timeout_says_the_limit_it_hit(cli, repo):
+    job = cli.start("echo v > v.txt", "--verify", "sleep 30", "--verify-timeout", "1")
+    cli("wait", job)
+    data = json.loads(cli("result", job, "--json").stdout)
+    assert data["verification"]["timed_out"] is True and data["verification"]["seconds"] == 1.0
+    assert "verify:  sleep 30 -> timed out after 1.0s (--verify-timeout)" in cli.ok("show", job)
