@@ -804,13 +804,23 @@ def _abort(workdir: Path, job: Job, mode: str, into: str, proc, before: str) -> 
     _restore(workdir, before)
     if conflicts:
         raise SubtaskError("conflict", f"merging {job.id} into {into} conflicts in: {', '.join(conflicts)}; "
-                           "the merge was aborted and nothing changed",
-                           hint=f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
-                                f"  (or merge by hand: git merge {job.spec.branch})")
+                           "the merge was aborted and nothing changed", hint=_conflict_hint(job, into))
     words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
     reason = " ".join(words[-3:]) if words else f"git merge exited {proc.returncode}"
     hint = "use --no-ff or plain merge, or rebase the job" if mode == "ff-only" else None
     raise SubtaskError("negative", f"git merge of {job.id} into {into} did not happen: {reason}", hint=hint)
+
+
+def _conflict_hint(job: Job, into: str) -> str:
+    """What to type after a conflict. An agent can be asked to rebase in words; a shell job's reply
+    is a script, and words would run as one (and fail): it gets the commands to run by hand."""
+    by_hand = f"git merge {job.spec.branch}   # then resolve, git add, git commit"
+    if job.spec.engine == "shell":
+        where = (f"git -C '{job.spec.worktree}' rebase {into}" if Path(job.spec.worktree).is_dir()
+                 else f"git switch {job.spec.branch} && git rebase {into}")
+        return f"rebase the job's branch by hand: {where}   (or merge by hand: {by_hand})"
+    return (f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
+            f"   (or merge by hand: {by_hand})")
 
 
 def _restore(workdir: Path, before: str) -> None:

@@ -181,3 +181,18 @@ def test_a_verify_timeout_says_the_limit_it_hit(cli, repo):
     data = json.loads(cli("result", job, "--json").stdout)
     assert data["verification"]["timed_out"] is True and data["verification"]["seconds"] == 1.0
     assert "verify:  sleep 30 -> timed out after 1.0s (--verify-timeout)" in cli.ok("show", job)
+
+
+# -- 8: a conflict's hint for a shell job is commands to run, not words its engine would run as a script --
+
+
+def test_a_conflicts_hint_for_a_shell_job_is_not_a_reply(cli, repo):
+    job = cli.start("echo job > README.md")
+    cli("wait", job)
+    (repo / "README.md").write_text("main\n")
+    git(repo, "commit", "-qam", "Change README on main")
+    proc = cli("merge", job)
+    assert proc.returncode == 1 and "conflicts in: README.md" in proc.stderr
+    hint = proc.stderr.splitlines()[1]
+    assert hint.startswith("hint: rebase the job's branch by hand: git -C ") and "rebase main" in hint
+    assert "git subtask reply" not in hint
