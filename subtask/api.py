@@ -939,7 +939,30 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             more += 1
             continue
         entries.append(entry)
+    _mark_moved(repo, entries)
     return Listing(entries, more, swept, hidden)
+
+
+def _mark_moved(repo: Repo, entries: list[dict]) -> None:
+    """`moved`: the branch of a job whose verify passed has moved since (a commit verify never
+    tested): `list` must not say "passed" of a tip merge refuses. One ref listing, only when needed."""
+    verified = [e for e in entries if e.get("verified") and not e.get("landed")]
+    if not verified:
+        return
+    tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/" + records.branch_name(""))}
+    for entry in verified:
+        tip = tips.get("refs/heads/" + records.branch_name(entry["id"]))
+        if tip is not None and tip != entry["verified"]:
+            entry["moved"] = tip
+
+
+def branch_moved(repo: Repo, job: Job) -> str | None:
+    """The tip of a job's branch when it moved after its verify passed (untested), else None."""
+    verify = job.state.current.verify
+    if verify is None or not verify.passed or not job.spec.branch or job.state.landed_in:
+        return None
+    ref = repo.objects.ref(f"refs/heads/{job.spec.branch}")
+    return ref.target if ref is not None and ref.target != verify.head else None
 
 
 def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:

@@ -320,7 +320,7 @@ def result(job_id, full, evidence):
     if _is_group(job_id):
         _emit(replies.group_result(repo, api.get_group(repo, job_id)), evidence)
     else:
-        _emit(replies.result(api.get(repo, job_id), full=full), evidence)
+        _emit(replies.result(repo, api.get(repo, job_id), full=full), evidence)
 
 
 @cli.command(context_settings=CONTEXT)

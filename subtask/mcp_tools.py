@@ -321,7 +321,7 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: REPO
     def run() -> replies.Reply:
         where = open_repo(repo)
         reply = (replies.group_result(where, api.get_group(where, id)) if is_group_ref(id)
-                 else replies.result(api.get(where, id), full=full))
+                 else replies.result(where, api.get(where, id), full=full))
         if evidence:
             reply.text = render.json_text(reply.data, default=str)
         return reply

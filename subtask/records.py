@@ -121,6 +121,7 @@ def list_entry(job: Job) -> dict:
         "created": job.spec.created_at,
         "ended": attempt.ended_at,
         "verify": None if verify is None else ("passed" if verify.passed else "failed"),
+        **({"verified": verify.head} if verify is not None and verify.passed else {}),  # `list` tells a moved branch
         "cost": attempt.cost.charged if attempt.cost.charged is not None else attempt.cost.observed,
         "billing": attempt.cost.billing,
         "task": job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else "",

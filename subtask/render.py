@@ -144,7 +144,7 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     state = entry.get("state", "?")
     if state == "queued" and position:
         state = f"queued#{position}"
-    verify = entry.get("verify") or "-"
+    verify = "moved" if entry.get("moved") else entry.get("verify") or "-"  # passed on a tip no longer the branch's
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
@@ -307,10 +307,19 @@ def group_place_line(place: dict) -> str:
                      + (" · superseded" if place.get("superseded") else ""))
 
 
-def result_text(job, full: bool = False) -> str:
+def moved_line(job, moved: str | None) -> list[str]:
+    """What `result` and `show` say under a job whose branch moved after its verify passed."""
+    if not moved:
+        return []
+    verify = job.state.current.verify
+    return [f"verify passed on {short(verify.head)}, but the branch moved to {short(moved)} since: that tip is "
+            f"untested (merge refuses it; git subtask diff {job.id})"]
+
+
+def result_text(job, full: bool = False, moved: str | None = None) -> str:
     """What `result` prints: the one-line status, then the summary (at most 10 lines)."""
     attempt = job.state.current
-    lines = [one_line(job)]
+    lines = [one_line(job), *moved_line(job, moved)]
     if attempt.state == "failed" and attempt.reason:
         lines.append(safe_line(f"error: {reason_text(attempt)}"))
         if attempt.hint:
@@ -355,10 +364,11 @@ def reason_text(attempt) -> str:
     return reason if reason.lower().startswith(label.lower()) else f"{label}: {reason}"
 
 
-def show_text(job, position: int | None = None, worktree_present: bool | None = None) -> str:
-    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk)."""
+def show_text(job, position: int | None = None, worktree_present: bool | None = None, moved: str | None = None) -> str:
+    """`git subtask show`: the record in words (`worktree_present`: whether it is on disk; `moved`:
+    the branch's tip when it moved after verify passed)."""
     spec = job.spec
-    lines = [one_line(job, position), ""]
+    lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")

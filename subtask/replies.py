@@ -142,7 +142,9 @@ def status(rows: list) -> Reply:
 def shown(repo, job, position: int | None) -> Reply:
     from subtask import api
 
-    return Reply(render.show_text(job, position, worktree_present=api.worktree_present(job)), job_json(job, position))
+    moved = api.branch_moved(repo, job)
+    return Reply(render.show_text(job, position, worktree_present=api.worktree_present(job), moved=moved),
+                 job_json(job, position) | ({"moved": moved} if moved else {}))
 
 
 def shown_group(repo, group) -> Reply:
@@ -151,11 +153,14 @@ def shown_group(repo, group) -> Reply:
     return Reply(groups.show_text(repo, group), group.to_dict() | {"rows": groups.table_rows(repo, group)})
 
 
-def result(job, *, full: bool = False) -> Reply:
+def result(repo, job, *, full: bool = False) -> Reply:
+    """`result`: exit 0 only for a job done with verify passed on its branch's tip as it is now."""
     from subtask import api
 
-    return Reply(render.result_text(job, full=full), api.evidence_envelope(job),
-                 exit_code=0 if api.job_passed(job) else 1)
+    moved = api.branch_moved(repo, job)
+    return Reply(render.result_text(job, full=full, moved=moved),
+                 api.evidence_envelope(job) | ({"moved": moved} if moved else {}),
+                 exit_code=0 if api.job_passed(job) and not moved else 1)
 
 
 def group_result(repo, group) -> Reply:

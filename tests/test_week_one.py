@@ -196,3 +196,25 @@ def test_a_conflicts_hint_for_a_shell_job_is_not_a_reply(cli, repo):
     hint = proc.stderr.splitlines()[1]
     assert hint.startswith("hint: rebase the job's branch by hand: git -C ") and "rebase main" in hint
     assert "git subtask reply" not in hint
+
+
+# -- 9: result, show and list stop saying "verify passed" once the branch moved --
+
+
+def test_a_branch_that_moved_after_verify_is_not_shown_as_passed(cli, repo):
+    job = cli.start("echo v > v.txt", "--verify", "test -f v.txt")
+    cli("wait", job)
+    assert cli("result", job).returncode == 0
+    worktree = repo / ".subtask" / "worktrees" / job
+    (worktree / "w.txt").write_text("untested\n")
+    git(worktree, "add", "w.txt")
+    git(worktree, "commit", "-qm", "An untested commit")
+    tip = git(repo, "rev-parse", f"subtask/{job}")
+    result = cli("result", job)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[1].startswith(f"verify passed on ") and f"moved to {tip[:7]}" in result.stdout
+    assert f"moved to {tip[:7]}" in cli.ok("show", job)
+    row = next(line for line in cli.ok("list").splitlines() if line.startswith(job))
+    assert " moved " in row and " passed " not in row
+    assert cli.json("list")["jobs"][0]["moved"] == tip
+    assert cli("merge", job).returncode == 1  # as before: merge refuses the untested tip
