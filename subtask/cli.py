@@ -59,9 +59,10 @@ def on_terminal(stream=None) -> bool:
 
 
 def _say_nothing(text: str) -> None:
-    """The one line a command prints on a terminal when it has nothing to show."""
-    if on_terminal():
-        echo(text)
+    """The one line a command says when it has nothing to show: on stdout for a person at a
+    terminal, else on stderr, so a script reading stdout sees what it always saw (nothing) and
+    whoever reads the rest (a harness, an agent) still learns that there was nothing."""
+    echo(text, err=not on_terminal())
 
 
 def _emit(reply, as_json: bool = False) -> None:
@@ -192,9 +193,8 @@ def list_(state, include_all, limit, as_json):
     repo = _repo()
     listing = api.list_jobs(repo, state=state, include_all=include_all, limit=limit)
     reply = replies.listed(api.list_groups(repo, listing.jobs), listing, state=state, unfold=include_all)
-    if listing.swept and on_terminal(sys.stderr) and not as_json:
-        for line in listing.swept:
-            echo(line, err=True)
+    for line in listing.swept:  # once: the sweep that removed them runs once (stderr: stdout stays the listing)
+        echo(line, err=True)
     _emit(reply, as_json)
 
 

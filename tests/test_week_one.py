@@ -212,7 +212,7 @@ def test_a_branch_that_moved_after_verify_is_not_shown_as_passed(cli, repo):
     tip = git(repo, "rev-parse", f"subtask/{job}")
     result = cli("result", job)
     assert result.returncode == 1
-    assert result.stdout.splitlines()[1].startswith(f"verify passed on ") and f"moved to {tip[:7]}" in result.stdout
+    assert result.stdout.splitlines()[1].startswith("verify passed on ") and f"moved to {tip[:7]}" in result.stdout
     assert f"moved to {tip[:7]}" in cli.ok("show", job)
     row = next(line for line in cli.ok("list").splitlines() if line.startswith(job))
     assert " moved " in row and " passed " not in row
