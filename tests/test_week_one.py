@@ -218,3 +218,18 @@ def test_a_branch_that_moved_after_verify_is_not_shown_as_passed(cli, repo):
     assert " moved " in row and " passed " not in row
     assert cli.json("list")["jobs"][0]["moved"] == tip
     assert cli("merge", job).returncode == 1  # as before: merge refuses the untested tip
+
+
+# -- 13: the post-merge hook says so when it cannot find git-subtask --
+
+
+def test_the_hook_says_so_when_git_subtask_is_not_on_path(cli, repo):
+    cli.ok("hooks", "install")
+    assert "git-subtask on PATH at merge time" in cli.ok("hooks", "status")
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    proc = subprocess.run(["git", "merge", "-q", "--no-edit", f"subtask/{job}"], cwd=repo, capture_output=True,
+                          text=True, env=dict(os.environ, PATH="/usr/bin:/bin"))
+    assert proc.returncode == 0, proc.stderr  # the merge itself is never failed
+    assert "git-subtask is not on PATH here, so nothing was cleaned up" in proc.stderr
+    assert git(repo, "branch", "--list", f"subtask/{job}")  # indeed nothing was cleaned up
