@@ -592,6 +592,28 @@ def uninstall(client, scope, dry_run, as_json):
     _install(client, scope, dry_run, as_json, uninstall=True)
 
 
+@cli.command("help", context_settings=CONTEXT)
+@click.argument("words", nargs=-1, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx, words):
+    """The manual page (as git subtask --help), or a command's usage: git subtask help start."""
+    if not words:
+        import subprocess
+
+        if subprocess.call(["git", "help", "subtask"], stderr=subprocess.DEVNULL) != 0:
+            echo(cli.get_help(ctx.parent))  # no man here: the usage of every command
+        return
+    command, path = cli, ["git subtask"]
+    for word in words:
+        found = command.get_command(ctx, word) if isinstance(command, click.Group) else None
+        if found is None or found.hidden:
+            raise SubtaskError("usage", f"no such command: git subtask {' '.join(words)}",
+                               hint="git subtask help   (every command is in the manual page)")
+        command, path = found, [*path, word]
+    with click.Context(command, info_name=" ".join(path), parent=None) as sub:
+        echo(command.get_help(sub))
+
+
 @cli.command(context_settings=CONTEXT)
 def mcp():
     """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
@@ -660,13 +682,22 @@ def complete_words(words):
 
     def job_ids():
         try:
-            from subtask import records
+            from subtask import groups, records
 
-            return sorted(records.all_ids(_repo()))
+            repo = _repo()
+            return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))
         except Exception:
             return []
 
-    echo("\n".join(candidates(cli, list(words), job_ids)))
+    def engines():
+        try:
+            from subtask.engines import configured_command_engines, engine_names
+
+            return engine_names(configured_command_engines([e.name for e in _repo().git.config]))
+        except Exception:
+            return ["shell", "claude", "codex"]
+
+    echo("\n".join(candidates(cli, list(words), job_ids, engines)))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

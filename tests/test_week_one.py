@@ -233,3 +233,40 @@ def test_the_hook_says_so_when_git_subtask_is_not_on_path(cli, repo):
     assert proc.returncode == 0, proc.stderr  # the merge itself is never failed
     assert "git-subtask is not on PATH here, so nothing was cleaned up" in proc.stderr
     assert git(repo, "branch", "--list", f"subtask/{job}")  # indeed nothing was cleaned up
+
+
+# -- 13: ids in capitals name the same job; help works like git help; completion knows groups and values --
+
+
+def test_ids_typed_in_capitals_name_the_same_job_and_group(cli, repo):
+    job = cli.start("echo a > a.txt")
+    cli("wait", job)
+    assert cli.ok("show", job.upper()).startswith(f"{job} done")
+    assert cli.ok("result", "ST-" + job[3:8].upper()).startswith(f"{job} done")
+    gid = cli.ok("start", "--best-of", "2", "--verify", "true", "echo b > b.txt").split()[0]
+    cli("wait", gid)
+    assert cli.ok("show", gid.upper()).startswith(gid)
+    assert cli("show", "ST-XYZ").returncode == 129  # still only ids
+
+
+def test_help_works_like_git_help(cli):
+    usage = cli.ok("help", "start")
+    assert usage.startswith("Usage: git subtask start [OPTIONS] TASK") and "--verify-timeout" in usage
+    assert cli.ok("help", "hooks", "install").startswith("Usage: git subtask hooks install")
+    unknown = cli("help", "nope")
+    assert unknown.returncode == 129 and unknown.stderr.startswith("error: no such command: git subtask nope")
+    page = cli("help", env={"MANPAGER": "cat", "MANWIDTH": "100"})  # the manual page, or without man every usage
+    assert page.returncode == 0 and "git subtask start" in page.stdout
+
+
+def test_completion_knows_group_ids_and_option_values(cli, repo):
+    gid = cli.ok("start", "--best-of", "2", "--verify", "true", "echo b > b.txt").split()[0]
+    cli("wait", gid)
+    assert gid in cli.ok("__complete", "show").split()
+    assert gid in cli.ok("__complete", "compare").split()
+    assert cli.ok("__complete", "start", "--pick").split() == ["smallest", "cheapest", "fastest"]
+    assert cli.ok("__complete", "start", "--isolation").split() == ["none", "worktree", "readonly"]
+    assert {"shell", "claude", "codex"} <= set(cli.ok("__complete", "start", "--engine").split())
+    assert cli.ok("__complete", "list", "--state").split()[:2] == ["queued", "running"]
+    assert cli.ok("__complete", "install", "--scope").split() == ["user", "project"]
+    assert "start" in cli.ok("__complete", "help").split()
