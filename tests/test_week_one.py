@@ -270,3 +270,24 @@ def test_completion_knows_group_ids_and_option_values(cli, repo):
     assert cli.ok("__complete", "list", "--state").split()[:2] == ["queued", "running"]
     assert cli.ok("__complete", "install", "--scope").split() == ["user", "project"]
     assert "start" in cli.ok("__complete", "help").split()
+
+
+# -- 13: the quick start leaves no scratch repository and no process behind --
+
+
+def test_the_quick_start_leaves_nothing_behind(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "quickstart.sh"
+    scratch, servers = tmp_path / "tmp", tmp_path / "servers"
+    scratch.mkdir()
+    env = dict(os.environ, QUICKSTART_SKIP_INSTALL="1", TMPDIR=str(scratch), SUBTASK_SERVER_DIR=str(servers))
+    env.pop("SUBTASK_SERVER", None)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert " done · verify passed" in proc.stdout and "the scratch repository is removed" in proc.stdout
+    assert list(scratch.iterdir()) == []  # the scratch repository went with the script
+    assert not servers.exists() or not any(servers.rglob("*.sock*"))  # and no command server was left running
+    for pid in filter(str.isdigit, os.listdir("/proc")):  # nor any process in the scratch repository
+        try:
+            assert not os.readlink(f"/proc/{pid}/cwd").startswith(str(scratch)), pid
+        except OSError:
+            continue
