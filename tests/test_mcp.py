@@ -408,6 +408,54 @@ def test_claude_code_starts_and_waits_through_the_server(repo, tmp_path, monkeyp
     assert render_one_line(repo, job) in reply
 
 
+@pytest.mark.slow
+def test_claude_code_lands_a_job_through_the_server(repo, tmp_path):
+    """The real Claude Code CLI delegates over MCP alone: start, wait, diff, merge; main then has
+    the job's change, and the model saw the diff and the merge in the tools' replies."""
+    cli = _bundled_cli()
+    if cli is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+    from fake_claude import FakeMessagesAPI, text_turn, tool_turn
+
+    seen: dict[str, str] = {}
+
+    def after(name: str, tool: str, args=lambda job: {"id": job}):
+        def turn(body: dict) -> dict:
+            seen[name] = last_tool_result(body)
+            seen.setdefault("job", job_id_in(seen[name]))
+            return tool_turn(f"mcp__subtask__{tool}", args(seen["job"]))
+        return turn
+
+    def final_turn(body: dict) -> dict:
+        seen["merge"] = last_tool_result(body)
+        return text_turn("Landed:\n" + seen["merge"])
+
+    turns = [tool_turn("mcp__subtask__start", {"task": "echo landed > landed.txt", "engine": "shell",
+                                               "verify": "test -f landed.txt"}),
+             after("start", "wait", lambda job: {"ids": [job], "timeout": 60}),
+             after("wait", "diff"), after("diff", "merge"), final_turn]
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"subtask": {
+        "command": sys.executable, "args": ["-m", "subtask.mcp_server"], "cwd": str(repo),
+        "env": {"PYTHONPATH": WORKTREE, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"],
+                **{k: v for k, v in os.environ.items() if k.startswith("GIT_")}}}}}))
+    tools = ",".join(f"mcp__subtask__{t}" for t in ("start", "wait", "diff", "merge"))
+    with FakeMessagesAPI(turns, marker="mcp__subtask__start") as api:
+        proc = subprocess.run([cli, "-p", "Delegate the change, review it and land it.", "--mcp-config", str(config),
+                               "--strict-mcp-config", "--allowedTools", tools, "--output-format", "json",
+                               "--max-turns", "10"],
+                              cwd=str(repo), env=claude_env(tmp_path, api.url), capture_output=True, text=True,
+                              timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    job = seen["job"]
+    assert " done · verify passed" in seen["wait"], seen["wait"]
+    assert "+landed" in seen["diff"], seen["diff"]
+    assert f"{job}: merged into main" in seen["merge"], seen["merge"]
+    assert git(repo, "show", "main:landed.txt") == "landed"
+    log = git(repo, "log", "--notes=subtask", "-1", "main")
+    assert f"subtask {job} · done · verify passed" in log and "landed:  in" in log
+
+
 def last_tool_result(body: dict) -> str:
     """The text of the newest tool_result in a Messages API request's history."""
     for message in reversed(body.get("messages", [])):
