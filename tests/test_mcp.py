@@ -913,3 +913,32 @@ def test_compare_answers_every_pair_of_a_group(repo, cli, monkeypatch):
     text, data = anyio.run(main)
     assert data["group"] == gid and len(data["pairs"]) == 1
     assert text.splitlines()[0].startswith("== st-") and "+2" in text
+
+
+def test_stop_cleanup_engines_and_a_groups_show_and_stop(repo, cli, how, tmp_path, control_dir):
+    """The tools the other tests do not reach, through the real client: stop (a job, a group),
+    cleanup, engines, show of a group."""
+    gate = control_dir / "gate"
+
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": held(gate, "true")}))
+            stopped, data = await call_json(client, "stop", {"id": job})
+            assert stopped.startswith(f"{job} stopped") and data["state"] == "stopped"
+            cleaned, data = await call_json(client, "cleanup", {"id": job})
+            assert cleaned.startswith(f"{job}: ") and data["lines"] == [cleaned]  # (stopped before its checkout: none)
+            engines, data = await call_json(client, "engines", {})
+            assert engines.splitlines()[0].startswith("shell: installed=yes")
+            assert [e["name"] for e in data["engines"]][:3] == ["shell", "claude", "codex"]
+            started, data = await call_json(client, "start", {"task": held(gate, "true"), "best_of": 2,
+                                                              "verify": "true"})
+            gid = data["group"]
+            shown, data = await call_json(client, "show", {"id": gid})
+            assert shown.startswith(f"{gid} running") and [r["member"] for r in data["rows"]] == data["members"]
+            stopped, data = await call_json(client, "stop", {"id": gid})
+            assert stopped.startswith(f"{gid} stopped, no pick") and data["state"] == "stopped"
+
+    try:
+        anyio.run(main)
+    finally:
+        gate.touch()
