@@ -1,7 +1,8 @@
 """The MCP face: the same jobs as `git subtask`, as tools for agents, on the mcp SDK's MCPServer.
 
 Owns only the protocol: each tool parses its arguments, calls `subtask.api` in a worker thread
-and renders compact text with `subtask.render`. No job logic lives here. The process entry point
+and answers the `subtask.replies` the CLI prints: its words as the text, its `--json` as the
+structured content. No job logic lives here. The process entry point
 (and its fast start) is `subtask.mcp_server`; `serve` runs this server over the line streams it
 hands over, and `describe` produces the cached replies it answers with before the SDK is loaded.
 
@@ -12,9 +13,12 @@ Invariants:
   reads it too, and a job's text may come from a model or a teammate. JSON text is
   `render.json_text`: exact values, escaped.
 - A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
-- The tools an agent reads (start, start_many, wait, status, result, list, ...) return text only:
-  Claude Code shows a model the structured part instead of the text when both are present, so
-  every tool is registered with `structured_output=False`.
+- Every reply carries the CLI's words as text and the CLI's `--json` as structured content, with
+  the words in it too (`reply`, first): Claude Code shows a model the structured part instead of
+  the text when both are present. Tools declare no output schema (`structured_output=False`):
+  the JSON is the CLI's, versioned by its own `"v"`.
+- Argument mistakes (a wrong type, a missing or unknown argument) read like the CLI's usage
+  errors (`Server.call_tool`), never like pydantic's report.
 - Blocking calls (git, flocks, `api.wait`) run in worker threads, so one long `wait` never stalls
   other requests; `wait` sends progress from the event loop about once a second.
 - Jobs outlive the server: workers are detached (own session), so a server that dies leaves them
