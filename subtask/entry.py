@@ -12,6 +12,9 @@ import sys
 
 def main() -> None:
     try:
+        from subtask.errors import interrupt_once
+
+        interrupt_once()  # a second Ctrl-C (git passes the first on again) must not interrupt the exit
         from subtask.cli import main as cli_main
     except KeyboardInterrupt:
         sys.exit(130)

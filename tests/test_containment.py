@@ -218,7 +218,7 @@ def metadata(path: Path) -> tuple:
 def test_a_confined_job_cannot_change_metadata_outside_its_worktree(cli, repo, tmp_path):
     """Case 6: Landlock does not cover a file's mode, owner, times and xattrs; the job changed a
     file in the main checkout (git status then showed it modified) and chmod 777'd a folder of
-    another process (the command server's socket folder)."""
+    another process (the socket folder of the command server there was then)."""
     folder = tmp_path / "sockets"
     folder.mkdir(mode=0o700)
     readme = repo / "README.md"
