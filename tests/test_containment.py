@@ -84,6 +84,18 @@ def test_a_job_that_points_its_admin_folders_commondir_at_its_own_repository_run
     assert attempt["state"] == "failed" and "commondir" in attempt["reason"], attempt
 
 
+def test_a_job_that_removes_its_dot_git_file_ends_failed_and_cleanup_says_the_same_as_its_dry_run(cli, repo):
+    """Issue 31, item 7: a task that removed its worktree's `.git` ended `done` with 0 changes and
+    its file uncommitted; `cleanup --dry-run` said it would remove, the real cleanup exited 128."""
+    job = cli.start("rm .git && echo x > left.txt")
+    attempt = ended(cli, job)
+    assert attempt["state"] == "failed" and ".git" in attempt["reason"], attempt
+    dry, real = cli("cleanup", job, "--dry-run"), cli("cleanup", job)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert "keeping the worktree" in dry.stderr and "keeping the worktree" in real.stderr
+    assert (repo / ".subtask" / "worktrees" / job / "left.txt").exists()
+
+
 @pytest.mark.parametrize("target", ["refs/heads/main", "refs/notes/subtask", "refs/tags/v1"])
 @needs_landlock
 def test_a_job_that_points_its_head_at_another_ref_moves_nothing(cli, repo, target):
