@@ -201,11 +201,13 @@ def resolve_commit(repo: Repo, rev: str) -> str:
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
-        timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the git binary with hooks disabled; a failure is a fatal error with git's words."""
+        timeout: float | None = None, env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
+    """Run the git binary with hooks disabled; a failure is a fatal error with git's words.
+    `own_group`: in a process group of its own, which a signal to the caller's group (`stop`'s
+    SIGTERM to a worker) does not reach half-way through."""
     proc = subprocess.run(["git", *NO_HOOKS, "-C", str(repo_root), *args], capture_output=True,
                           text=True, input=input, timeout=timeout, check=False, env=env,
-                          stdin=None if input is not None else subprocess.DEVNULL)
+                          stdin=None if input is not None else subprocess.DEVNULL, start_new_session=own_group)
     if check and proc.returncode != 0:
         raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc

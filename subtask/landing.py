@@ -298,6 +298,8 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
         return False, worktrees.why_not_ours(repo, job.id, path)
     if not ownership.owns(repo, job):
         return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
+    if never_ran(job):
+        return True, ""  # git's checkout alone, maybe half-written (stopped in it): nothing to lose
     try:
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
     except worktrees.MetadataChanged as exc:
@@ -317,11 +319,19 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     return True, ""
 
 
+def never_ran(job: Job) -> bool:
+    """No engine of this job ever started (this clone's record says so: the worker records it
+    before it starts one), so its worktree holds git's checkout and nothing else."""
+    return all(attempt.engine_started_at is None for attempt in job.state.attempts)
+
+
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
-    """`git worktree remove` (never forced: git refuses a dirty one too); say so in the record.
-    Its own status of the worktree runs with fsmonitor off: `worktree_removable` checked the
-    admin folder git reads, not the config of what it names."""
-    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", job.spec.worktree,
+    """`git worktree remove`, never forced but for a job whose engine never ran (`never_ran`: a
+    checkout stopped half-way reads as every file deleted); say so in the record. Its own status
+    of the worktree runs with fsmonitor off: `worktree_removable` checked the admin folder git
+    reads, not the config of what it names."""
+    force = ["--force"] if never_ran(job) else []
+    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
                   check=False).returncode == 0
     if removed and record:
         records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))

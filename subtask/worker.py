@@ -89,6 +89,21 @@ def _on_sigterm(signum, frame):
     raise StopRequested()
 
 
+@contextlib.contextmanager
+def stop_deferred():
+    """A `stop` arriving inside waits until the block is done, then is raised: a `git worktree
+    add` killed half-way leaves a folder that is no registered worktree, which no cleanup may
+    then remove (it is not provably ours). (Run such git `own_group`: stop signals our group.)"""
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if arrived and previous is _on_sigterm:
+        raise StopRequested()
+
+
 class EventSink:
     """Appends redacted events to the events file and keeps a tail for the record.
 
@@ -193,10 +208,10 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
-        with file_lock(repo.state_dir / "worktree.lock"):
+        with stop_deferred(), file_lock(repo.state_dir / "worktree.lock"):
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
-            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
-        worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
+            worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         phases.mark("register")
         packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
         phases.mark("pack")

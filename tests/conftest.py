@@ -232,3 +232,23 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> bool
             return True
         time.sleep(interval)
     return False
+
+
+def processes_with(token: str) -> list[int]:
+    """The pids whose command line holds `token` (a gate path a test's job waits on, say)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def blocked_on_run_lock(repo: Path, job_id: str) -> bool:
+    """Is some process blocked on a shared flock of the job's run-lock (a watcher of `wait`)?"""
+    inode = (repo / ".git" / "subtask" / "run" / f"{job_id}.lock").stat().st_ino
+    with open("/proc/locks") as fh:
+        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)

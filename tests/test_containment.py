@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import git, processes_with, running_pids, wait_until
 
 from subtask import isolation, namespaces
-from tests.conftest import git, running_pids, wait_until
 
 LANDLOCK = isolation.support()
 NAMESPACES = namespaces.support()
@@ -129,18 +129,6 @@ def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outs
     cli.ok("reply", job, "true")
     cli("wait", job)
     assert not outside.exists(), "the job's setup script wrote outside its worktree"
-
-
-def processes_with(token: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.fixture

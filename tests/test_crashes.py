@@ -490,3 +490,32 @@ def test_the_starter_recording_its_worker_never_drops_the_engine_the_worker_reco
             starter.kill()
         if job:
             cli("stop", job)
+
+
+def test_a_job_stopped_during_its_checkout_is_cleaned_up(cli, repo, tmp_path):
+    """Stopped after its worktree was registered, before git wrote its files: its folder reads as
+    every file deleted, yet no engine of it ever ran, so `cleanup` removes it (and a stop that
+    lands during `git worktree add` waits for the registration to finish)."""
+    gate = tmp_path / "gate"
+    job = cli.start("echo never > never.txt", env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        cli.ok("stop", job)
+    finally:
+        gate.touch()
+    assert cli.json("show", job)["state"] == "stopped"
+    out = cli.ok("cleanup", job)
+    assert "removed worktree" in out, out
+    assert not (repo / ".subtask" / "worktrees" / job).exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_job_whose_engine_ran_keeps_a_worktree_that_reads_as_changed(cli, repo):
+    """The other side of the rule above: once an engine ran, a worktree git sees changed in (here
+    its index is gone, so every file reads deleted) is kept, whatever made it so."""
+    job = cli.start("echo work > work.txt")
+    cli("wait", job)
+    (repo / ".git" / "worktrees" / job / "index").unlink()
+    proc = cli("cleanup", job)
+    assert proc.returncode == 1 and "keeping the worktree" in proc.stderr, proc.stderr
+    assert (repo / ".subtask" / "worktrees" / job / "work.txt").exists()

@@ -327,14 +327,26 @@ def test_reserve_locked_needs_the_lock_and_nests_with_summary(state: Path) -> No
 
 
 def test_the_lock_excludes_another_thread(state: Path) -> None:
-    order: list[str] = []
+    """Another thread cannot take the lock while this one holds it, and can once it is let go."""
+    import filelock
+
+    def try_lock(timeout: float) -> bool:
+        try:
+            ledger.lock(state).acquire(timeout=timeout)
+        except filelock.Timeout:
+            return False
+        ledger.lock(state).release()
+        return True
+
+    got: list[bool] = []
     with ledger.lock(state):
-        t = threading.Thread(target=lambda: (res(state, job="t"), order.append("thread")))
+        t = threading.Thread(target=lambda: got.append(try_lock(0.05)))  # the bound only ends a refusal
         t.start()
-        time.sleep(0.2)
-        order.append("holder")
-    t.join(5)
-    assert order == ["holder", "thread"]
+        t.join(30)
+    t = threading.Thread(target=lambda: got.append(try_lock(30)))
+    t.start()
+    t.join(60)
+    assert got == [False, True]
 
 
 # ---------------------------------------------------------------- many processes at once

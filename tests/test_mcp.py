@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import git, make_repo, refs
+from conftest import blocked_on_run_lock, git, make_repo, refs, wait_until
 from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
@@ -267,7 +267,7 @@ def test_jobs_survive_a_killed_server(repo, cli, tmp_path):
     try:
         job = job_id_in(rpc.call_tool("start", {"task": held(gate, "echo done > out.txt")}))
         rpc.send_call("wait", {"ids": [job]})  # no reply will come: the server dies first
-        time.sleep(0.5)  # the wait is probably being served; the job runs on whether or not
+        assert wait_until(lambda: blocked_on_run_lock(repo, job), timeout=60)  # the wait is being served
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=20)
     finally:

@@ -222,17 +222,17 @@ def test_keyboard_interrupt_kills_the_group_before_reraising(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = []
     main = threading.get_ident()
+    marker = tmp_path / "both-sleeping"
 
-    def interrupt() -> None:
-        while not started:
+    def interrupt() -> None:  # once the group's background member exists: an event, not a delay
+        while not marker.exists():
             time.sleep(0.01)
-        time.sleep(0.2)
         signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            procs.run(["sh", "-c", "sleep 30 & sleep 30"], cwd=tmp_path, on_start=started.append,
+            procs.run(["sh", "-c", f"sleep 30 & touch '{marker}'; sleep 30"], cwd=tmp_path, on_start=started.append,
                       kill_grace=1.0)
     finally:
         signal.signal(signal.SIGINT, previous)
