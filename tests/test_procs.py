@@ -290,10 +290,11 @@ def test_kill_group_default_probe_and_sigterm(tmp_path):
     assert proc.returncode == -signal.SIGTERM
 
 
-def test_kill_group_tolerates_a_gone_group():
-    proc = subprocess.Popen(["true"], start_new_session=True)
-    proc.wait()
-    procs.kill_group(proc.pid, grace=0.1)  # no ProcessLookupError
+def test_kill_group_ends_a_group_and_then_tolerates_it_gone():
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & exec sleep 30"], start_new_session=True)
+    procs.kill_group(proc.pid, grace=5.0, is_alive=lambda: proc.poll() is None)
+    assert proc.wait(timeout=30) is not None and wait_group_gone(proc.pid)
+    procs.kill_group(proc.pid, grace=0.1)  # gone: no ProcessLookupError, nothing else signalled
 
 
 @pytest.mark.parametrize("pgid", [0, 1, -5])
