@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -185,3 +186,22 @@ def test_status_shows_queue_position_and_activity(cli, repo):
     assert f"{first} running" in out and f"{second} queued (#1 in queue)" in out
     cli.ok("stop", second)
     cli.ok("stop", first)
+
+
+def test_a_command_leaves_no_process_behind(cli, repo):
+    """`git subtask list` in a fresh repository with default settings: when it returns, nothing it
+    started runs on (a warm command server used to, on by default; git's own daemons are opt-in)."""
+    from conftest import processes_with
+
+    before = set(processes_with("subtask"))
+    for args in (("list",), ("status",), ("spend",), ("engines",)):
+        cli.ok(*args)
+    assert set(processes_with("subtask")) - before == set()
+    assert not [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _cwd_of(pid).startswith(str(repo))]
+
+
+def _cwd_of(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
