@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask import faults, isolation, lifecycle, liveness, ownership, records, render
+from subtask import faults, lifecycle, liveness, ownership, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
 from subtask.model import _Record, now
@@ -282,7 +282,7 @@ JUDGE_TAIL_BYTES = 4096
 
 def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float | None, str | None]:
     """(score, None), or (None, why it has none): the judge's last line must be a number."""
-    from subtask import procs
+    from subtask import isolation, procs
 
     worktree = Path(job.spec.worktree)
     if not worktree.is_dir():

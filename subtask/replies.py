@@ -95,14 +95,14 @@ def waited_groups(repo, result, timeout: float | None) -> Reply:
 
 
 def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfold: bool = False,
-           more_hint: str = "git subtask list --all") -> Reply:
+           more_hint: str = "git subtask list --all", facts: bool = True) -> Reply:
     """`list`: a header and one row per job, each best-of group folded into one row (`unfold`:
     its members under it); the JSON says whose signature each record carries and whether the job
-    is this clone's."""
+    is this clone's (`facts`: only where the JSON is wanted; the words do not say it)."""
     from subtask import api
 
     entries = listing.jobs
-    data = {"v": 1, "jobs": api.add_record_facts(repo, entries), "more": listing.more}
+    data = {"v": 1, "jobs": api.add_record_facts(repo, entries) if facts else entries, "more": listing.more}
     if found_groups:
         data["groups"] = [g.to_dict() for g in found_groups.values()]
     text = "\n".join([render.LIST_HEADER, *folded_lines(found_groups, entries, unfold, time.time())]) if entries else ""
