@@ -284,24 +284,23 @@ def _children(pid: int) -> list[int]:
 RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt
 
 
-def _marked(pid: int, marker: bytes) -> bool:
-    """Does `pid`'s environment hold a variable starting with `marker`?"""
+def _marked(pid: int, marker: bytes, exact: bool) -> bool:
+    """Does `pid`'s environment hold the variable `marker` (`NAME=value`), or (not `exact`) one
+    that starts with it?"""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            return any(item.startswith(marker) for item in fh.read().split(b"\0"))
+            items = fh.read().split(b"\0")
     except OSError:
         return False
+    return marker in items if exact else any(item.startswith(marker) for item in items)
 
 
-def end_adopted(value: str, wait: float = 2.0) -> int:
-    """SIGKILL our children whose environment holds `RUN_MARKER_ENV=value`: what an attempt left
-    running (as their subreaper we adopted its orphans). Each one killed hands its own children
-    to us, so this goes on until none is left, or `wait` seconds. How many were killed."""
-    marker = f"{RUN_MARKER_ENV}={value}".encode()
+def _kill_marked(candidates: Callable[[], list[int]], marker: bytes, exact: bool, rounds: int, after_round) -> int:
+    """SIGKILL the candidates carrying `marker`, round after round (a killed one's children may
+    still be forking), until none is left; how many were killed."""
     killed = 0
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        victims = [pid for pid in _children(os.getpid()) if _marked_exactly(pid, marker)]
+    for _ in range(rounds):
+        victims = [pid for pid in candidates() if _marked(pid, marker, exact)]
         if not victims:
             break
         for pid in victims:
@@ -310,40 +309,33 @@ def end_adopted(value: str, wait: float = 2.0) -> int:
                 killed += 1
             except OSError:
                 pass
-        for pid in victims:  # reap them: their children are handed to us only once they are gone
+        after_round(victims)
+    return killed
+
+
+def end_adopted(value: str) -> int:
+    """SIGKILL our children whose environment holds `RUN_MARKER_ENV=value` exactly: what an attempt
+    left running (as their subreaper we adopted its orphans). Each one killed hands its own
+    children to us once reaped, so the next round finds them. How many were killed."""
+    def reap(victims: list[int]) -> None:
+        for pid in victims:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-    return killed
 
-
-def _marked_exactly(pid: int, item: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return item in fh.read().split(b"\0")
-    except OSError:
-        return False
+    return _kill_marked(lambda: _children(os.getpid()), f"{RUN_MARKER_ENV}={value}".encode(), exact=True,
+                        rounds=100, after_round=reap)
 
 
 def end_marked(job_id: str) -> int:
     """SIGKILL every process of ours whose environment marks it as one of `job_id`'s attempts:
     what a dead worker's job left running outside its process group (where no pid namespace
     ended it). The caller holds the job's run-lock, so none of them belongs to a live attempt."""
-    marker = f"{RUN_MARKER_ENV}={job_id}.".encode()
-    killed = 0
-    for _ in range(10):  # a killed one's children may have been reading their fork's return
-        victims = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _marked(int(p), marker)]
-        if not victims:
-            break
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        time.sleep(_KILL_POLL)
-    return killed
+    me = os.getpid()
+    return _kill_marked(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me],
+                        f"{RUN_MARKER_ENV}={job_id}.".encode(), exact=False, rounds=10,
+                        after_round=lambda victims: time.sleep(_KILL_POLL))
 
 
 # -- reading --------------------------------------------------------------------------------------
