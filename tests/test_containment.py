@@ -164,14 +164,18 @@ def test_no_child_of_a_job_outlives_it(cli, repo, leftovers, isolation_mode):
 
 
 @needs_namespaces
-def test_no_child_of_a_job_outlives_its_worker_killed(cli, repo, leftovers, tmp_path):
-    """Case 5, the worker SIGKILLed: the kernel ends the job's every process with it."""
+@pytest.mark.parametrize("ending", ["worker killed", "stop"])
+def test_no_child_of_a_job_outlives_its_worker_killed_or_stop(cli, repo, leftovers, tmp_path, ending):
+    """Case 5, the worker SIGKILLed (the kernel ends the job's every process with it), or `stop`."""
     hold = tmp_path / "hold"
     job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
     try:
         assert wait_until(lambda: processes_with(leftovers), timeout=60)
-        os.kill(running_pids(repo, job)["worker"], signal.SIGKILL)
-        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived the killed worker"
+        if ending == "stop":
+            cli.ok("stop", job)
+        else:
+            os.kill(running_pids(repo, job)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), f"a child outlived: {ending}"
     finally:
         hold.touch()
 
@@ -188,18 +192,6 @@ def test_an_unconfined_jobs_children_go_when_its_killed_worker_is_settled(cli, r
         os.killpg(pids["engine"], signal.SIGKILL)
         assert wait_until(lambda: cli.json("list")["jobs"][0]["state"] == "failed", timeout=60)
         assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived its settled job"
-    finally:
-        hold.touch()
-
-
-@needs_namespaces
-def test_stop_ends_the_children_that_left_the_jobs_process_group(cli, repo, leftovers, tmp_path):
-    hold = tmp_path / "hold"
-    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
-    try:
-        assert wait_until(lambda: processes_with(leftovers), timeout=60)
-        cli.ok("stop", job)
-        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived stop"
     finally:
         hold.touch()
 
