@@ -27,7 +27,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -296,9 +295,8 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     sandbox = isolation.outside_sandbox(repo, worktree, tmpdir, job.spec.network)
     env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
     try:
-        with isolation.confined(sandbox) if sandbox is not None else contextlib.nullcontext():
-            result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
-                               tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True)
+        result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
+                           tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
     finally:
         if sandbox is not None:
             sandbox.close()

@@ -411,10 +411,10 @@ def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: boo
 
 def outside_sandbox(repo, worktree: Path, tmpdir: Path, network: str) -> Sandbox | None:
     """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
-    again, a best-of judge): its worktree writable, as a job's verify has it. None where this
-    process cannot confine its children: no Landlock, or other threads (the ruleset is
-    process-wide while active, so a threaded server's other children would get it too)."""
-    if not support().available or threading.active_count() != 1:
+    again, a best-of judge): its worktree writable, as a job's verify has it. Handed to
+    `procs.run(sandbox=...)`, never made active (other threads' children would get it). None only
+    where the machine has no Landlock."""
+    if not support().available:
         return None
     policy = build_policy("worktree", worktree=worktree, common_dir=repo.common_dir, has_branch=False,
                           tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
@@ -533,10 +533,11 @@ def _restrict_self_call(fd: int):
     return lambda: prctl(*no_new_privs) == 0 and syscall(*restrict) == 0
 
 
-def child_hook() -> Callable[[], None] | None:
-    """The pre-exec hook for a child started now, or None when nothing is to be confined."""
-    sandbox = _active
-    if sandbox is None:
+def child_hook(sandbox: Sandbox | None = None) -> Callable[[], None] | None:
+    """The pre-exec hook for a child started now in `sandbox` (else the active one), or None when
+    nothing is to be confined."""
+    sandbox = sandbox if sandbox is not None else _active
+    if sandbox is None or not sandbox.active:
         return None
     # Everything the child needs is made here, in the parent: between fork and exec it only calls.
     enter = sandbox.plan.prepare() if sandbox.plan.active else None
@@ -554,9 +555,9 @@ def child_hook() -> Callable[[], None] | None:
     return confine_self
 
 
-def wrap_argv(argv: list[str]) -> list[str]:
+def wrap_argv(argv: list[str], sandbox: Sandbox | None = None) -> list[str]:
     """The argv a child started now execs: through `unshare --fork` when it gets a pid namespace."""
-    sandbox = _active
+    sandbox = sandbox if sandbox is not None else _active
     return sandbox.plan.wrap(argv) if sandbox is not None else argv
 
 

@@ -486,10 +486,10 @@ def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
 # -- confinement: subtask/isolation.py owns the policy; procs only asks for the child's hook -------
 
 
-def _child_setup():
+def _child_setup(sandbox=None):
     """What every child runs before exec: die with its spawner, then (in a job) its confinement."""
     setup = child_setup_for(os.getpid())
-    confine = _confinement_hook()
+    confine = _confinement_hook(sandbox)
     if confine is None:
         return setup
 
@@ -500,21 +500,21 @@ def _child_setup():
     return setup_and_confine
 
 
-def _confinement_hook() -> Callable[[], None] | None:
-    """The pre-exec hook confining this child (namespaces, Landlock), or None when no job
-    isolation is active."""
+def _confinement_hook(sandbox=None) -> Callable[[], None] | None:
+    """The pre-exec hook confining this child (namespaces, Landlock): in `sandbox` when given,
+    else in the job isolation active in this process; None when there is none."""
     from subtask import isolation
 
-    return isolation.child_hook()
+    return isolation.child_hook(sandbox)
 
 
-def _sandboxed(argv: list[str], cwd, env: dict | None) -> list[str]:
+def _sandboxed(argv: list[str], cwd, env: dict | None, sandbox=None) -> list[str]:
     """argv as a job's sandbox runs it (through `unshare --fork` for a pid namespace of its own).
     A program that cannot be executed is refused here as execve would refuse it, because behind
     the wrapper its failure would look like a program that ran and exited 126 or 127."""
     from subtask import isolation
 
-    wrapped = isolation.wrap_argv(argv)
+    wrapped = isolation.wrap_argv(argv, sandbox)
     if wrapped is not argv:
         check_executable(argv[0], cwd, env)
     return wrapped
@@ -542,10 +542,10 @@ def check_executable(program: str, cwd, env: dict | None) -> None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 
-def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subprocess.Popen:
+def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool, sandbox=None) -> subprocess.Popen:
     try:
         return subprocess.Popen(
-            _sandboxed(argv, cwd, env),
+            _sandboxed(argv, cwd, env, sandbox),
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
@@ -553,7 +553,7 @@ def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool) -> subproce
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_child_setup(),
+            preexec_fn=_child_setup(sandbox),
         )
     except OSError as exc:
         # subprocess reports a failed chdir with the cwd as filename; that is not the
@@ -583,6 +583,7 @@ def run(
     kill_grace: float = 2.0,
     stdout_grace: float | None = None,
     redact: bool = False,
+    sandbox=None,
 ) -> ProcResult:
     """Run argv to completion (or timeout) in its own process group; see the module docstring.
 
@@ -596,13 +597,16 @@ def run(
 
     `redact`: both streams are redacted (statefully, see the module docstring) before the
     callbacks and the tails see them.
+
+    `sandbox`: an `isolation.Sandbox` the child runs in, whatever is active in this process (a
+    threaded caller must not make one active: every thread's children would get it).
     """
     if not argv:
         raise ValueError("run() needs a program to run")
     started = time.monotonic()
     deferred = _Deferred()
     try:
-        proc = _start(argv, cwd, env, stdin_data is not None)
+        proc = _start(argv, cwd, env, stdin_data is not None, sandbox)
     except OSError as exc:
         deferred.deliver()
         result = _spawn_failure(argv, exc, started)

@@ -13,9 +13,10 @@ Invariants:
 - Never run a record's verify in the user's checkout or in the job's own worktree, because the
   record's command is a teammate's text: it gets a scratch checkout of exactly the commit that
   is about to be merged, and the merge then takes that very commit id.
-- Never confine from a process with other threads (the MCP server), because the ruleset applies
-  to every child started while it is active; such a caller runs it unconfined and the result
-  says so (`confined` False).
+- Never make its sandbox the process's active one (`isolation.confined`), because in a threaded
+  caller (the MCP server, `wait`'s watchers) every other thread's children would get it: it is
+  handed to `procs.run(sandbox=...)` for this one child. Unconfined only where the machine has no
+  Landlock, and the result says so (`confined` False).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 from subtask import isolation, procs
@@ -69,9 +69,8 @@ def run(repo: Repo, job, head: str) -> Rerun:
         confined = sandbox is not None
         if confined:
             env[isolation.ACTIVE_ENV] = "worktree"
-        with isolation.confined(sandbox) if sandbox is not None else nullcontext():
-            result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
-                               tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True)
+        result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
+                           tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
     finally:
         if sandbox is not None:
             sandbox.close()

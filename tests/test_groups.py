@@ -136,6 +136,32 @@ def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
     assert not outside.exists(), "the judge ran a member's script outside its sandbox"
 
 
+def test_a_judge_run_from_a_threaded_process_is_confined_too(cli, repo, tmp_path):
+    """Whoever settles the group judges (a worker, `wait` with its watcher threads, the MCP
+    server): with other threads alive the judge is still confined (its sandbox is handed to the
+    one child, never made the process's)."""
+    import threading
+
+    from subtask import groups, isolation, records
+    from subtask.gitrepo import open_repo
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    outside = tmp_path / "judge-wrote"
+    gid, members = started_group(cli.ok("start", "--best-of", "2", "true", "--verify", "true"))
+    cli("wait", gid)
+    opened = open_repo(repo)
+    group, _ = groups.read(opened, gid)
+    hold = threading.Event()
+    other = threading.Thread(target=hold.wait, daemon=True)
+    other.start()
+    try:
+        groups.run_judge(opened, group, f"touch '{outside}'; echo 1", records.read(opened, members[0]))
+    finally:
+        hold.set()
+    assert not outside.exists(), "the judge ran outside the member's sandbox"
+
+
 def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_nothing_left(cli, repo):
     use_paid_engine(repo, monthlyCapUsd="5")
     before = refs(repo)

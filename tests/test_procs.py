@@ -224,8 +224,8 @@ def test_keyboard_interrupt_kills_the_group_before_reraising(tmp_path):
     main = threading.get_ident()
     marker = tmp_path / "both-sleeping"
 
-    def interrupt() -> None:  # once the group's background member exists: an event, not a delay
-        while not marker.exists():
+    def interrupt() -> None:  # once run() has the group and its background member exists: events, not a delay
+        while not (started and marker.exists()):
             time.sleep(0.01)
         signal.pthread_kill(main, signal.SIGINT)
 
