@@ -103,8 +103,11 @@ class StartRequest:
     readonly: bool = False
     isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
     on: str | None = None  # local | ray; None = git config subtask.executor, else local
+    retries: int | None = None  # attempts the worker adds while verify fails (0-5; docs/verify.md)
+    checks: list[str] | None = None  # checks on the diff before verify, added to subtask.checks; "none" drops them
 
 
+MAX_RETRIES = 5
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
 
 
@@ -314,6 +317,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     max_usd = _max_usd(repo, engine, request.max_usd)
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
+    retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
@@ -336,13 +340,40 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone)
+                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
     return _Prepared(job, engine.paid, as_written, on)
+
+
+def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
+    """The retries and checks a start asks for, validated (docs/verify.md)."""
+    from subtask import checks
+
+    retries = request.retries
+    if retries is None:
+        retries = 0
+    elif isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise SubtaskError("usage", f"--retries must be a whole number from 0 to {MAX_RETRIES}, not {retries!r}")
+    if retries and not request.verify:
+        raise SubtaskError("usage", "--retries needs --verify: a retry starts when verify fails",
+                           hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
+    if retries and request.readonly:
+        raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
+    if retries and on != "local":
+        raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
+                           hint="git subtask start --on local --retries N ...")
+    given = [request.checks] if isinstance(request.checks, str) else request.checks
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
+    if request.readonly:
+        if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
+            raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
+        return 0, []
+    return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
 
 
 def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
@@ -395,7 +426,7 @@ def _network(repo: Repo) -> str:
 
 _REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")
 _REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly", "isolation", "on")
+                   "model", "readonly", "isolation", "on", "retries", "checks")
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:

@@ -107,6 +107,13 @@ def cli() -> None:
               "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
 @click.option("--on", "on", metavar="EXECUTOR", help="local or ray: where the job runs (default: git config subtask.executor, "
               "else local; ray: a node of the cluster at subtask.ray.address, results back through subtask.remote)")
+@click.option("--retries", type=int, metavar="N",
+              help="while verify fails, the worker starts up to N more attempts (0-5), each told what verify said "
+                   "(needs --verify; each reserves money as a reply does)")
+@click.option("--check", "checks", multiple=True, metavar="CHECK",
+              help="a check on the diff before verify, added to git config subtask.checks (default "
+                   "no-test-deletion,no-suppression with --verify): no-test-deletion, no-suppression, "
+                   "paths=GLOB (repeatable); none drops the checks named before it")
 @click.option("--best-of", "best_of", type=int, metavar="N",
               help="start a group of N attempts (2-8) and pick the best by --verify; --engine and --model "
                    "then take comma-separated lists, cycled over the attempts")
@@ -118,7 +125,7 @@ def cli() -> None:
               help="with --best-of: the first attempt to pass verify wins; the rest are stopped")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
 def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on,
-          best_of, pick, judge, first_pass, as_json):
+          retries, checks, best_of, pick, judge, first_pass, as_json):
     """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
@@ -132,7 +139,8 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
         raise click.UsageError("--pick, --judge and --first-pass go with --best-of N")
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
                                timeout=timeout, max_usd=max_usd, max_turns=max_turns, model=model,
-                               readonly=readonly, isolation=isolation, on=on)
+                               readonly=readonly, isolation=isolation, on=on, retries=retries,
+                               checks=list(checks) or None)
     if best_of is not None:
         _start_group(request, api.GroupRequest(best_of=best_of, engines=engine, models=model, pick=pick,
                                                judge=judge, first_pass=first_pass), as_json)
