@@ -261,6 +261,13 @@ class JobState(_Record):
     def state(self) -> str:
         return self.current.state if self.attempts else "queued"
 
+    @property
+    def kept(self) -> Attempt:
+        """The attempt whose work the job's branch holds: the one a failed verify loop left it at
+        (`best`), else the current one."""
+        best = self.best.get("attempt") if isinstance(self.best, dict) else None
+        return next((a for a in self.attempts if a.n == best), self.current)
+
 
 @dataclass
 class Evidence(_Record):

@@ -37,7 +37,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from subtask import books, checks, claims, ledger, lifecycle, privatetext, records, slots, worktrees
+from subtask import (
+    books,
+    checks,
+    claims,
+    faults,
+    ledger,
+    lifecycle,
+    privatetext,
+    records,
+    slots,
+    worktrees,
+)
 from subtask.engines import get_engine
 from subtask.engines.base import resumes
 from subtask.errors import SubtaskError
@@ -197,6 +208,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan, worktree) -> s
                      verify=verify_as_written, stored_verify=job.spec.verify)
     privatetext.keep_verify_output(state_dir, job.id, n, verify_report(verify, checks.failure_text(checks_results),
                                                                         len(verify.output_tail or "")) + "\n")
+    faults.point("after_retry_reserved")
     return None
 
 
