@@ -82,6 +82,7 @@ class Facts:
     started_from: str  # the branch tip when the attempt's engine started
     charged: float | None  # what the attempt is about to be charged (paid engines)
     checks: list[dict] | None = None  # each check's result on the attempt's diff
+    session_id: str | None = None  # the engine's session, as the attempt's engine reported it
 
 
 @dataclass
@@ -192,8 +193,9 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan, worktree) -> s
         books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     verify = facts.verify
     checks_results = facts.checks
-    stored = retry_message(job, verify, checks_results, retry) if _resumes(job, engine) else attempt.message
-    as_written = stored if _resumes(job, engine) else privatetext.message(state_dir, job.id, attempt)
+    resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
+    stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
+    as_written = stored if resumed else privatetext.message(state_dir, job.id, attempt)
     refusal = _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
     if refusal:
         return refusal
@@ -210,10 +212,6 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan, worktree) -> s
                                                                         len(verify.output_tail or "")) + "\n")
     faults.point("after_retry_reserved")
     return None
-
-
-def _resumes(job: Job, engine) -> bool:
-    return resumes(engine) and any(a.session_id for a in job.state.attempts)
 
 
 def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts: Facts, plan: Plan) -> str | None:

@@ -1031,7 +1031,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
     evidence.claims = claims_of(evidence, verify, found, watch)
     plan = retries.after_attempt(repo, job, retries.Facts(state, verify, head, started_from, charge_of(job, outcome),
-                                                          found), admin, worktree)
+                                                          found, outcome.session_id), admin, worktree)
     if plan.head != head:  # every attempt of the loop failed: the branch is left at the best one
         evidence = evidence_at_best(repo, job, plan, outcome, state, evidence)
     phases.mark("evidence")
