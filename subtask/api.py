@@ -1540,6 +1540,15 @@ def evidence_envelope(job: Job) -> dict:
         "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
                   if attempt.state == "failed" else None),
         "landed_in": job.state.landed_in,
+        # the verify loop (docs/verify.md): each check's verdict, each attempt's, where it was left
+        "checks": attempt.checks,
+        "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
+                  "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
+                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
+                  "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
+        "best": job.state.best,
+        # what the engine's summary claimed and the evidence contradicts (never decided on)
+        "claims": (evidence or {}).get("claims"),
     }
 
 

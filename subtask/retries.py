@@ -144,10 +144,10 @@ def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
 
 
 def _why_not(repo: Repo, job: Job, facts: Facts, used: int) -> str | None:
-    if used >= job.spec.retries:
-        return f"no retries left ({job.spec.retries} used)"
     if facts.head == facts.started_from:
         return "it changed nothing"
+    if used >= job.spec.retries:
+        return f"no retries left ({job.spec.retries} used)"
     if lifecycle.stop_marker(repo.state_dir, job.id).exists():
         return "a stop was asked"
     return None

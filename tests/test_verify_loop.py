@@ -271,3 +271,43 @@ def test_a_member_that_games_its_verify_is_never_the_pick(project):
     assert group["pick"] == members[1]
     first = cli.json("show", members[0])["state_detail"]["attempts"][0]
     assert first["state"] == "failed" and first["verify"]["checks_failed"] == ["no-test-deletion"]
+
+
+# ---------------------------------------------------------------- the same through MCP
+
+def test_mcp_start_takes_retries_and_checks_and_answers_like_the_cli(project, monkeypatch):
+    import anyio
+    from mcp import Client
+
+    from subtask.mcp_server import server
+
+    monkeypatch.chdir(project)
+    task = ('if [ -n "$SUBTASK_VERIFY_OUTPUT" ]; then sed -i "s/a [*] b/a + b/" src/calc.py; '
+            'else echo draft > NOTES.md; sed -i "s/a - b/a * b/" src/calc.py; fi')
+    verify = f"{sys.executable} -m pytest -q -p no:cacheprovider tests"
+
+    async def main():
+        async with Client(server, mode="legacy") as client:
+            started = await client.call_tool("start", {"task": task, "verify": verify, "retries": 2,
+                                                       "check": ["paths=src/**"]})
+            job = started.structured_content["id"]
+            await client.call_tool("wait", {"ids": [job], "timeout": 120})
+            result = await client.call_tool("result", {"id": job})
+            shown = await client.call_tool("show", {"id": job})
+            bad = await client.call_tool("start", {"task": "true", "retries": 9, "verify": "true"})
+            return job, result, shown, bad
+
+    job, result, shown, bad = anyio.run(main)
+    envelope = result.structured_content
+    assert envelope["state"] == "failed" and envelope["attempts"] == 3
+    # the first attempt wrote outside src/; its retry fixed the code but the note it left stays,
+    # and the next one changed nothing
+    assert [a["checks_failed"] for a in envelope["loop"]] == [["paths=src/**"]] * 3
+    assert envelope["loop"][1]["retry"] == 1 and envelope["loop"][1]["tests"] == {"passed": 2, "failed": 0}
+    assert envelope["loop"][2]["not_retried"] == "it changed nothing"
+    assert envelope["best"] is None  # every attempt failed a check: none is a better place to leave it
+    text = result.content[0].text
+    assert "check paths=src/** failed: NOTES.md is outside src/**" in text
+    assert "attempts: 1: failed · verify failed (check paths=src/**; 1 passed, 1 failed)" in text
+    assert "attempt 2 (retry 1): failed · verify failed (check paths=src/**; 2 passed, 0 failed)" in shown.content[0].text
+    assert bad.is_error and "--retries must be a whole number from 0 to 5" in bad.content[0].text
