@@ -149,7 +149,9 @@ def _run(repo: Repo, job: Job, head: str, add) -> None:
         return
     rerun = reverify.run(repo, job, head)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
-                                                 f"failed (exit {rerun.result.exit_code})")
+                                                 f"failed (exit {rerun.result.exit_code}"
+                                                 + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())
+                                                 + ")")
     claim = job.state.kept.verify
     detail = f"{rerun.result.command} {here} here on {head[:7]}" + ("" if rerun.confined else " (unconfined)")
     if claim is None:

@@ -311,3 +311,23 @@ def test_mcp_start_takes_retries_and_checks_and_answers_like_the_cli(project, mo
     assert "attempts: 1: failed · verify failed (check paths=src/**; 1 passed, 1 failed)" in text
     assert "attempt 2 (retry 1): failed · verify failed (check paths=src/**; 2 passed, 0 failed)" in shown.content[0].text
     assert bad.is_error and "--retries must be a whole number from 0 to 5" in bad.content[0].text
+
+
+def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits(project):
+    """`merge` re-runs a record it cannot trust (and `verify --run` any): the checks the job
+    recorded run there too, so a record that says "passed" of a deleted test is not enough."""
+    from conftest import Cli
+
+    from subtask import records, reverify
+
+    cli = Cli(project)
+    job = cli.start("git rm -q tests/test_calc.py", "--verify", "true")
+    cli("wait", job)
+    repo = open_repo(project)
+    recorded = records.read(repo, job)
+    rerun = reverify.run(repo, recorded, git(project, "rev-parse", f"subtask/{job}"))
+    assert rerun.result.exit_code == 0 and rerun.result.passed is False
+    assert rerun.result.checks_failed == ["no-test-deletion"]
+    assert "exit 0; check no-test-deletion failed" in rerun.line(job)
+    checked = cli("verify", "--run", job)
+    assert "failed (exit 0; check no-test-deletion failed)" in checked.stdout
