@@ -331,3 +331,9 @@ def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits
     assert "exit 0; check no-test-deletion failed" in rerun.line(job)
     checked = cli("verify", "--run", job)
     assert "failed (exit 0; check no-test-deletion failed)" in checked.stdout
+
+
+def test_completion_knows_the_checks_and_the_retries(cli):
+    assert cli.ok("__complete", "start", "--check").split() == ["no-test-deletion", "no-suppression", "paths=", "none"]
+    assert cli.ok("__complete", "start", "--retries").split() == ["0", "1", "2", "3", "4", "5"]
+    assert {"--retries", "--check"} <= set(cli.ok("__complete", "start").split())
