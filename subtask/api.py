@@ -1142,8 +1142,10 @@ def _activity_text(event: dict) -> str | None:
     if kind in ("text", "output"):
         text = (event.get("text") or "").strip()
         return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
     if kind == "state":
-        return event.get("state") + (f": {event['command']}" if event.get("command") else "")
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 

@@ -104,8 +104,8 @@ class Plan:
         attempt = job.state.current
         if self.not_retried:
             attempt.not_retried = self.not_retried
-        if self.best is not None:
-            job.state.best = dict(self.best)
+        # set, or cleared: a loop that passed (a reply's, after a failed one) is left at its own end
+        job.state.best = dict(self.best) if self.best is not None else None
         if self.next is not None:
             job.state.attempts.append(copy.deepcopy(self.next))
 

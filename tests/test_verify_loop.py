@@ -337,3 +337,21 @@ def test_completion_knows_the_checks_and_the_retries(cli):
     assert cli.ok("__complete", "start", "--check").split() == ["no-test-deletion", "no-suppression", "paths=", "none"]
     assert cli.ok("__complete", "start", "--retries").split() == ["0", "1", "2", "3", "4", "5"]
     assert {"--retries", "--check"} <= set(cli.ok("__complete", "start").split())
+
+
+def test_a_reply_after_a_failed_loop_runs_its_own_loop_and_clears_where_the_last_was_left(cli, repo):
+    verify = ('n=$(cat n.txt); case $n in 1) echo "3 passed, 1 failed";; 2) echo "1 passed, 3 failed";; '
+              '*) echo "4 passed";; esac; test "$n" -ge 4')
+    job = cli.start(COUNTING, "--verify", verify, "--retries", "1")
+    assert cli("wait", job).returncode == 1
+    shown = cli.json("show", job)
+    assert shown["state_detail"]["best"]["attempt"] == 1
+    assert git(repo, "show", f"subtask/{job}:n.txt") == "1"  # left at attempt 1
+    cli.ok("reply", job, COUNTING)  # from attempt 1's work: n is 2, then 3 in its own retry
+    assert cli("wait", job).returncode == 1
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [(a["n"], a["retry"]) for a in attempts] == [(1, None), (2, 1), (3, None), (4, 1)]
+    cli.ok("reply", job, COUNTING)
+    assert cli("wait", job).returncode == 0
+    shown = cli.json("show", job)
+    assert shown["state_detail"]["best"] is None and shown["state_detail"]["attempts"][-1]["verify"]["passed"]
