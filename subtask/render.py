@@ -369,7 +369,9 @@ def note_block(job, provenance=None) -> str:
         head += f" ({attempt.outcome})"
     head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
-    if attempt.n > 1:
+    if attempt.retry:  # the verify loop's: its message is the task again, or what verify said
+        lines.append(f"attempt: {attempt.n} (retry {attempt.retry} of {job.spec.retries}, while verify failed)")
+    elif attempt.n > 1:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
     lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
