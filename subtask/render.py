@@ -142,7 +142,8 @@ def stalled_hint(job) -> str:
 
 def ended_lines(job, position: int | None = None) -> str:
     """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
-    return "\n".join([one_line(job, position), *verify_tail(job.state.current.verify)])
+    best = best_line(job)  # a verify loop that never passed: where it left the branch
+    return "\n".join([one_line(job, position), *([f"  {best}"] if best else []), *verify_tail(job.state.current.verify)])
 
 
 def started_line(job, position: int) -> str:
