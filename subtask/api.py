@@ -350,8 +350,6 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
 
 def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
     """The retries and checks a start asks for, validated (docs/verify.md)."""
-    from subtask import checks
-
     retries = request.retries
     if retries is None:
         retries = 0
@@ -366,6 +364,10 @@ def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[
         raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
                            hint="git subtask start --on local --retries N ...")
     given = [request.check] if isinstance(request.check, str) else request.check
+    if not request.verify and not given:
+        return retries, []  # nothing to check: no import of the checks on start's path
+    from subtask import checks
+
     if given is not None and not isinstance(given, list):
         raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
     if request.readonly:

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from subtask.claims import LazyPattern
 from subtask.errors import SubtaskError
 
 NO_TEST_DELETION = "no-test-deletion"
@@ -209,7 +210,7 @@ def run(repo, base: str, head: str, checks: list[str] | None) -> list[dict]:
 # ---------------------------------------------------------------- no-test-deletion
 
 _JS_EXT = ("js", "jsx", "ts", "tsx", "mjs", "cjs", "mts", "cts")
-_TEST_NAME = re.compile(
+_TEST_NAME = LazyPattern(
     r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py"
     r"|[^/]*\.(?:test|spec)\.(?:" + "|".join(_JS_EXT) + r")"
     r"|__tests__/[^/]*\.(?:" + "|".join(_JS_EXT) + r")"
@@ -222,11 +223,11 @@ def is_test_file(path: str | None) -> bool:
     return path is not None and _TEST_NAME.search(path) is not None
 
 
-_JS_TEST = re.compile(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*(['\"`])((?:(?!\1).){1,200})\1")
-_GO_TEST = re.compile(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
-_RUST_TEST = re.compile(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
+_JS_TEST = LazyPattern(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*(['\"`])((?:(?!\1).){1,200})\1")
+_GO_TEST = LazyPattern(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
+_RUST_TEST = LazyPattern(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
                         r"(?:async\s+)?fn\s+(\w+)")
-_JAVA_TEST = re.compile(r"@(?:Test|ParameterizedTest|RepeatedTest|TestFactory)\b(?:\s*\([^)]*\))?\s+"
+_JAVA_TEST = LazyPattern(r"@(?:Test|ParameterizedTest|RepeatedTest|TestFactory)\b(?:\s*\([^)]*\))?\s+"
                         r"(?:@\w+(?:\([^)]*\))?\s+)*(?:(?:public|protected|private|static|final)\s+)*void\s+(\w+)\s*\(")
 
 
@@ -307,27 +308,27 @@ _PY = ("py", "pyi")
 _JS = (*_JS_EXT, "vue", "svelte")
 # (what a finding calls it, pattern, the file suffixes it is looked for in); matched on each added
 # and removed line: a marker a line only moved does not count
-_MARKERS: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
-    ("@pytest.mark.skip", re.compile(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
-    ("@pytest.mark.xfail", re.compile(r"\bpytest\.mark\.xfail\b"), _PY),
-    ("pytest.skip()", re.compile(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
-    ("@unittest.skip", re.compile(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
-    ("# noqa", re.compile(r"#\s*noqa\b", re.IGNORECASE), _PY),
-    ("# type: ignore", re.compile(r"#\s*type:\s*ignore\b"), _PY),
-    ("# pyright: ignore", re.compile(r"#\s*pyright:\s*ignore\b"), _PY),
-    ("# pylint: disable", re.compile(r"#\s*pylint:\s*disable\b"), _PY),
-    ("eslint-disable", re.compile(r"\beslint-disable\b"), _JS),
-    ("@ts-ignore", re.compile(r"@ts-(?:ignore|nocheck|expect-error)\b"), _JS),
-    (".skip()", re.compile(r"\b(?:it|test|describe)\.(?:skip|todo)\s*\(|\bx(?:it|test|describe)\s*\("), _JS),
-    ("#[ignore]", re.compile(r"#\[ignore\b"), ("rs",)),
-    ("t.Skip", re.compile(r"\b\w+\.Skip(?:Now|f)?\s*\("), ("go",)),
-    ("//nolint", re.compile(r"//\s*nolint\b"), ("go",)),
-    ("@Disabled", re.compile(r"@(?:Disabled|Ignore)\b"), ("java", "kt")),
+_MARKERS: list[tuple[str, LazyPattern, tuple[str, ...]]] = [
+    ("@pytest.mark.skip", LazyPattern(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
+    ("@pytest.mark.xfail", LazyPattern(r"\bpytest\.mark\.xfail\b"), _PY),
+    ("pytest.skip()", LazyPattern(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
+    ("@unittest.skip", LazyPattern(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
+    ("# noqa", LazyPattern(r"#\s*noqa\b", re.IGNORECASE), _PY),
+    ("# type: ignore", LazyPattern(r"#\s*type:\s*ignore\b"), _PY),
+    ("# pyright: ignore", LazyPattern(r"#\s*pyright:\s*ignore\b"), _PY),
+    ("# pylint: disable", LazyPattern(r"#\s*pylint:\s*disable\b"), _PY),
+    ("eslint-disable", LazyPattern(r"\beslint-disable\b"), _JS),
+    ("@ts-ignore", LazyPattern(r"@ts-(?:ignore|nocheck|expect-error)\b"), _JS),
+    (".skip()", LazyPattern(r"\b(?:it|test|describe)\.(?:skip|todo)\s*\(|\bx(?:it|test|describe)\s*\("), _JS),
+    ("#[ignore]", LazyPattern(r"#\[ignore\b"), ("rs",)),
+    ("t.Skip", LazyPattern(r"\b\w+\.Skip(?:Now|f)?\s*\("), ("go",)),
+    ("//nolint", LazyPattern(r"//\s*nolint\b"), ("go",)),
+    ("@Disabled", LazyPattern(r"@(?:Disabled|Ignore)\b"), ("java", "kt")),
 ]
-_ASSERTION = re.compile(r"^\s*(?:assert\b|self\.assert\w*\s*\(|expect\s*\(|assert(?:_eq|_ne)?!\s*\(|"
+_ASSERTION = LazyPattern(r"^\s*(?:assert\b|self\.assert\w*\s*\(|expect\s*\(|assert(?:_eq|_ne)?!\s*\(|"
                         r"assert\w*\s*\(|(?:t|b)\.(?:Error|Errorf|Fatal|Fatalf|Fail)\w*\s*\(|require\.\w+\s*\()")
-_COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*)\s?")
-_NOOP_ASSERTIONS = re.compile(
+_COMMENT = LazyPattern(r"^\s*(?:#|//|/\*|\*)\s?")
+_NOOP_ASSERTIONS = LazyPattern(
     r"^\s*(?:assert\s+(?:True|1|not\s+(?:False|None|0))\s*(?:,.*)?$"
     r"|self\.assert(?:True|Equal)\s*\(\s*(?:True|1)\s*(?:,\s*(?:True|1)\s*)?\)"
     r"|expect\s*\(\s*(true|1)\s*\)\s*\.\s*(?:toBe|toEqual|toBeTruthy)\s*\(\s*(?:true|1)?\s*\)"
@@ -355,11 +356,11 @@ def _no_suppression(change: Change) -> Result:
     return result
 
 
-def _count(pattern: re.Pattern[str], lines: list[str]) -> int:
+def _count(pattern, lines: list[str]) -> int:
     return sum(len(pattern.findall(line)) for line in lines)
 
 
-def _first_line(data: bytes | None, pattern: re.Pattern[str], added: list[str]) -> str:
+def _first_line(data: bytes | None, pattern, added: list[str]) -> str:
     """`:12`, the line number in the new file of the first added line with the marker ("" if unknown)."""
     if data is None:
         return ""

@@ -280,9 +280,12 @@ def best_line(job) -> str | None:
 
 def claims_line(evidence) -> str | None:
     """`"all tests pass" — verify failed`: what the engine claimed and the record contradicts."""
+    found = getattr(evidence, "claims", None) if evidence is not None else None
+    if not found:
+        return None  # (no import: a reading command need not compile the claims' patterns)
     from subtask.claims import line
 
-    return line(getattr(evidence, "claims", None)) if evidence is not None else None
+    return line(found)
 
 
 def checks_text(found) -> str:
