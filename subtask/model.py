@@ -265,9 +265,9 @@ class JobState(_Record):
 
     @property
     def kept(self) -> Attempt:
-        """The attempt whose work the job's branch holds: the one a failed verify loop left it at
-        (`best`), else the current one."""
-        best = self.best.get("attempt") if isinstance(self.best, dict) else None
+        """The attempt whose work the job's branch holds: the one a failed verify loop moved it
+        back to (`best`), else the current one."""
+        best = self.best.get("attempt") if isinstance(self.best, dict) and self.best.get("moved_from") else None
         return next((a for a in self.attempts if a.n == best), self.current)
 
 

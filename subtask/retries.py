@@ -68,10 +68,6 @@ def loop_of(job: Job) -> list[Attempt]:
     return attempts[first:]
 
 
-def attempt_pin(job_id: str, n: int) -> str:
-    return records.pin_ref(job_id, f"attempts/{n}")
-
-
 @dataclass
 class Facts:
     """What the worker knows of the attempt that just ended, before its record is written."""
@@ -277,16 +273,10 @@ def env_for(state_dir, job: Job) -> dict[str, str]:
     return env
 
 
-def next_attempt(repo: Repo, job_id: str, ended: int) -> Job | None:
-    """The job, when the worker's record of attempt `ended` appended a retry for it to run."""
-    try:
-        job = records.read(repo, job_id)
-    except SubtaskError:
-        return None
+def retry_to_run(job: Job, ended: int) -> bool:
+    """Does the record (read after attempt `ended`) hold a retry of it for its worker to run?"""
     current = job.state.current
-    if current.n == ended + 1 and current.retry and current.state == "running":
-        return job
-    return None
+    return current.n == ended + 1 and bool(current.retry) and current.state == "running"
 
 
 # ---------------------------------------------------------------- the best attempt

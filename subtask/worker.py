@@ -1153,10 +1153,10 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
         except SubtaskError:
             return attempt_n, None
         log_end(ended, attempt_n)
-        job = retries.next_attempt(repo, job_id, attempt_n)
-        if job is None:
+        if not retries.retry_to_run(ended, attempt_n):
             return attempt_n, ended
         # The verify loop appended a retry: this worker runs it, in the slot it renamed to it.
+        job = ended
         lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
         signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -1186,8 +1186,9 @@ LOG_TAIL_LINES = 10
 def log_end(job: Job, attempt_n: int) -> None:
     """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
     the hints send people to that log. Only recorded (redacted) text is written."""
-    job_id, attempt = job.id, job.state.current
-    if attempt.n != attempt_n:
+    job_id = job.id
+    attempt = next((a for a in job.state.attempts if a.n == attempt_n), None)  # a retry may follow it
+    if attempt is None:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     lines = [f"{stamp} {job_id} attempt {attempt_n} {attempt.state}"
