@@ -89,7 +89,11 @@ def resolve(given: Iterable[str] | None, configured: str | None, *, has_verify: 
     chosen: list[str] = []
     if has_verify:
         for item in split(configured if configured is not None else DEFAULT):
-            name = check_name(item)
+            try:
+                name = check_name(item)
+            except SubtaskError as exc:
+                raise SubtaskError("fatal", f"git config subtask.checks: {exc.message}",
+                                   hint=f"git config subtask.checks {DEFAULT}") from None
             chosen = [] if name == NONE else [*chosen, name]
     for value in given or ():
         if not isinstance(value, str):

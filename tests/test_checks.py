@@ -167,6 +167,12 @@ def test_resolve_defaults_only_with_a_verify_and_none_drops_what_came_before():
     assert checks.resolve(["no-suppression,paths=a/**"], "none", has_verify=True) == ["no-suppression", "paths=a/**"]
 
 
+def test_a_bad_configured_check_names_the_setting():
+    with pytest.raises(SubtaskError) as caught:
+        checks.resolve(None, "no-test-deletion,nonsense", has_verify=True)
+    assert caught.value.kind == "fatal" and caught.value.message.startswith("git config subtask.checks: unknown check")
+
+
 @pytest.mark.parametrize("value", ["no-such-check", "paths=", "paths=/etc/**", "paths=../x/**"])
 def test_an_unknown_or_unsafe_check_is_a_usage_error(value):
     with pytest.raises(SubtaskError) as caught:
