@@ -263,14 +263,16 @@ def test_a_member_that_games_its_verify_is_never_the_pick(project):
     task = ('if [ "$SUBTASK_GROUP_MEMBER" = 1 ]; then git rm -q tests/test_calc.py; '
             'else sed -i "s/a - b/a + b/; s/^$/\\n/" src/calc.py; fi')
     verify = f"{sys.executable} -m pytest -q -p no:cacheprovider tests || test ! -d tests"
-    out = cli.ok("start", "--best-of", "2", "--verify", verify, "--pick", "smallest", task)
+    out = cli.ok("start", "--best-of", "2", "--verify", verify, "--pick", "smallest", "--retries", "1", task)
     gid = out.split()[0]
     assert cli("wait", gid).returncode == 0
     group = cli.json("show", gid)
     members = group["members"]
     assert group["pick"] == members[1]
-    first = cli.json("show", members[0])["state_detail"]["attempts"][0]
-    assert first["state"] == "failed" and first["verify"]["checks_failed"] == ["no-test-deletion"]
+    first = cli.json("show", members[0])["state_detail"]["attempts"]
+    assert first[0]["state"] == "failed" and first[0]["verify"]["checks_failed"] == ["no-test-deletion"]
+    assert len(first) == 2 and first[1]["retry"] == 1  # each member loops on its own
+    assert len(cli.json("show", members[1])["state_detail"]["attempts"]) == 1
 
 
 # ---------------------------------------------------------------- the same through MCP
