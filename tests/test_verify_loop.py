@@ -357,3 +357,22 @@ def test_a_reply_after_a_failed_loop_runs_its_own_loop_and_clears_where_the_last
     assert cli("wait", job).returncode == 0
     shown = cli.json("show", job)
     assert shown["state_detail"]["best"] is None and shown["state_detail"]["attempts"][-1]["verify"]["passed"]
+
+
+def test_a_teammate_cannot_move_the_pin_of_one_of_my_attempts(tmp_path):
+    from conftest import make_team
+
+    remote, ((a, cli_a), (b, cli_b)) = make_team(tmp_path)
+    mine = cli_b.start(COUNTING, "--verify", "false", "--retries", "1")
+    cli_b("wait", mine)
+    pin = f"refs/subtask/{mine}/attempts/1"
+    ours = git(b, "rev-parse", pin)
+    cli_b.ok("push")
+    cli_a.ok("pull")
+    git(a, "fetch", "-q", "origin", f"{pin}:{pin}")  # (pull fetches every refs/subtask/* ref; to be sure)
+    forged = git(a, "commit-tree", "-p", ours, "-m", "forged", f"{ours}^{{tree}}")
+    git(a, "update-ref", pin, forged)
+    git(a, "push", "-q", "origin", pin)
+    pulled = cli_b("pull")
+    assert git(b, "rev-parse", pin) == ours, pulled.stdout
+    assert git(b, "rev-parse", f"refs/subtask-theirs/origin/{mine}/attempts/1") == forged
