@@ -86,8 +86,6 @@ class Plan:
     """The worker's decision for one ended attempt: the next attempt (reserved, its slot entry
     renamed), or why none; and where the job's branch is left."""
 
-    job_id: str
-    n: int
     head: str  # the job's head once the attempt's record is written
     next: Attempt | None = None
     not_retried: str | None = None
@@ -120,7 +118,7 @@ class Plan:
 
 def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
     """Decide what follows the attempt that just ended (see the module docstring)."""
-    plan = Plan(job.id, job.state.current.n, facts.head)
+    plan = Plan(facts.head)
     if not job.spec.retries or facts.state == "stopped":
         return plan
     verify = facts.verify
@@ -130,7 +128,7 @@ def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
     if verify is not None:  # verify failed: retry, unless there is a reason not to
         reason = _why_not(repo, job, facts, len(loop) - 1)
         if reason is None:
-            reason = _reserve_next(repo, job, facts, plan, worktree)
+            reason = _reserve_next(repo, job, facts, plan)
         if reason is None:
             return plan
         plan.not_retried = reason
@@ -173,7 +171,7 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     return "\n".join(lines)
 
 
-def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan, worktree) -> str | None:
+def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     """Reserve the next attempt (slot, then money) and keep its words; None when it is ready,
     else the refusal."""
     state_dir = repo.state_dir
