@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import (
+    admission,
     books,
     executors,
     faults,
@@ -633,10 +634,10 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     spawned: list[_Launch] = []
     unspawned: list[_Launch] = []
     try:
-        positions, dead, handed = _admit(repo, launches, what)
+        positions, dead, handed = admission.admit(repo, launches, what)
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            undo.append(lambda job=job, attempt=attempt: _unadmit(repo, job.id, attempt.n))
+            undo.append(lambda job=job, attempt=attempt: admission.unadmit(repo, job.id, attempt.n))
             # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
             if privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written):
@@ -675,8 +676,8 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                 print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
                 unspawned.append(launch)
     except BaseException as exc:
-        admission = getattr(exc, "admission", (dead, handed))
-        undo_uninterrupted(undo, then=lambda: _after_admission(repo, admission))
+        admitted = getattr(exc, "admission", (dead, handed))
+        undo_uninterrupted(undo, then=lambda: admission.after_admission(repo, admitted))
         raise
     queued = False
     for launch, position in zip(launches, positions, strict=True):
@@ -686,81 +687,11 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
             liveness.release(launch.lock_fd)  # queued; or not spawned: its entry is now a dead worker's
             queued = queued or position != 0
     if queued:
-        handed += _fill_after_queueing(repo)
-    _after_admission(repo, (dead, handed))
+        handed += admission.fill_after_queueing(repo)
+    admission.after_admission(repo, (dead, handed))
     if unspawned:
         lifecycle.reconcile(repo)
     return [StartResult(launch.job, position) for launch, position in zip(launches, positions, strict=True)]
-
-
-def _admit(repo: Repo, launches: list[_Launch], what: str | None = None
-           ) -> tuple[list[int], list[slots.HandOff], list[slots.HandOff]]:
-    """The one critical section: reap, fill, admit or queue, reserve. Returns (positions, dead, handed).
-
-    The slot entries are saved before the money is reserved, so a crash between the two leaves a
-    slot entry that recovery settles, never a reservation nobody knows about. Several launches (a
-    group) are reserved all or none: the cap is checked for their sum before any row is written.
-    A refusal (or any error) takes the entries back out but keeps what the reap and fill did; the
-    error then carries them as `admission`, for the caller to settle and hand on.
-    """
-    state_dir = repo.state_dir
-    max_running = repo.config.integer("maxRunning")
-    failure: BaseException | None = None
-    reserved: list[str] = []
-    with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        dead = slots.reap_dead(current, state_dir)
-        handed = slots.fill(current, state_dir, max_running)
-        positions = []
-        for launch in launches:
-            job, attempt = launch.job, launch.job.state.current
-            entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent)
-            positions.append(slots.admit(current, entry, max_running))
-            attempt.state = "running" if positions[-1] == 0 else "queued"  # admitted: its worker starts now
-        try:
-            faults.point("after_admit")
-            paid = [launch for launch in launches if launch.paid]
-            if paid:
-                slots.save(state_dir, current)
-                cap = repo.config.number("monthlyCapUsd")
-                with ledger.lock(state_dir):
-                    if len(launches) > 1:
-                        ledger.check_fits_locked(state_dir, [p.job.state.current.cost.reserved for p in paid], cap,
-                                                 what=what or f"{len(paid)} jobs")
-                    for launch in paid:
-                        job, attempt = launch.job, launch.job.state.current
-                        # Dated when queued: the record alone then tells the reservation's month.
-                        ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                              usd=attempt.cost.reserved, cap_usd=cap,
-                                              now=books.reserved_at(attempt.queued_at))
-                        reserved.append(attempt.rid)
-                faults.point("after_reserve")
-        except BaseException as exc:
-            for launch in launches:
-                slots.remove(current, launch.job.id, launch.job.state.current.n)
-            failure = exc
-    if failure is not None:
-        for rid in reserved:  # a group whose later reservation failed: none of it stays reserved
-            ledger.close(state_dir, rid, 0.0, reason="start undone")
-        failure.admission = (dead, handed)  # type: ignore[attr-defined]
-        raise failure
-    return positions, dead, handed
-
-
-def _after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots.HandOff]]) -> None:
-    """Settle the dead workers the admission reaped and spawn the workers it handed slots to."""
-    dead, handed = admission
-    lifecycle.start_handoffs(repo, handed)
-    lifecycle.settle_reaped(repo, dead)
-
-
-def _fill_after_queueing(repo: Repo) -> list[slots.HandOff]:
-    """A queued job's starter fills free slots once it lets go of its run-lock.
-
-    While it was writing the branch and record it held that lock, and `slots.fill` stops at a busy
-    queue head; a slot freed meanwhile would otherwise sit idle until the next command.
-    """
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
 
 
 def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
@@ -792,11 +723,6 @@ def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
         liveness.lock_path(state_dir, job_id).unlink()
     except FileNotFoundError:
         pass
-
-
-def _unadmit(repo: Repo, job_id: str, attempt_n: int) -> None:
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        slots.remove(current, job_id, attempt_n)
 
 
 def _delete_branch(repo: Repo, branch: str) -> None:
