@@ -335,7 +335,10 @@ def note_block(job, provenance=None) -> str:
 
 
 def group_place_line(place: dict) -> str:
-    """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`."""
+    """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`; a map
+    member's: `sg-1a2b3c4d · job 2 of 4 · map done`."""
+    if place.get("kind") == "map":
+        return safe_line(f"{place.get('group')} · job {place.get('index')} of {place.get('of')} · map {place.get('state')}")
     if place.get("pick"):
         outcome = "the pick" if place.get("pick") == place.get("member") else f"pick {place['pick']}"
     else:
