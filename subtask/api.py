@@ -53,9 +53,11 @@ from subtask.gitrepo import (
     resolve_commit,
 )
 from subtask.model import (
+    ACTIVE,
     DEPTH_ENV,
     MAX_TASK_BYTES,
     TERMINAL,
+    WAITING,
     Attempt,
     Cost,
     JobSpec,
@@ -76,6 +78,9 @@ class StartResult:
 
     @property
     def state(self) -> str:
+        recorded = self.job.state.current.state
+        if recorded == WAITING or recorded in TERMINAL:  # --after: waiting, or already moved on
+            return recorded
         return "running" if self.position == 0 and self.on == "local" else "queued"
 
 
@@ -104,9 +109,12 @@ class StartRequest:
     readonly: bool = False
     isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
     on: str | None = None  # local | ray; None = git config subtask.executor, else local
+    after: list[str] | None = None  # job or group ids it waits for (subtask/plans.py); its base is their head(s)
+    on_fail: str | None = None  # skip (default) | run: when one of those did not pass
 
 
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
+WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of whose jobs runs yet
 
 
 def job_passed(job: Job) -> bool:
@@ -281,8 +289,11 @@ def _usd(amount: float) -> str:
 # ---------------------------------------------------------------- start
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
-    """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
+    """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker.
+    With `after`: record the job waiting (`_start_waiting`)."""
     prepared = _prepare(repo, request)
+    if prepared.until:
+        return _start_waiting(repo, prepared)
     if prepared.on == "ray":
         return _start_on_ray(repo, prepared.job, prepared.paid)
     if prepared.paid:
@@ -298,6 +309,7 @@ class _Prepared:
     paid: bool
     as_written: dict
     on: str = "local"  # the executor: "local" or "ray"
+    until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -319,7 +331,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
     network = _network(repo)
-    base = resolve_commit(repo, request.base or "HEAD")
+    after, until, on_fail = _after(repo, request, on)
+    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
@@ -330,20 +343,73 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
         signing.require_key(repo)
     clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
-    spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
+    base_ref = f"after {', '.join(after)}" if after else request.base or "HEAD"
+    spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=base_ref, base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
                    repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone)
+                   network=network, group=group, member=member, clone=clone, after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+    if after:  # nothing reserved while it waits: its reservation is taken when it starts
+        attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written, on)
+    return _Prepared(job, engine.paid, as_written, on, until)
+
+
+def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None, list[str] | None, str | None]:
+    """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
+    from subtask import plans
+    from subtask.model import ON_FAIL
+
+    names = request.after
+    if isinstance(names, str):
+        names = [n for n in names.replace(",", " ").split() if n]
+    if request.on_fail is not None and request.on_fail not in ON_FAIL:
+        raise SubtaskError("usage", f"--on-fail must be {' or '.join(ON_FAIL)}, not {request.on_fail!r}")
+    if not names:
+        if request.on_fail is not None:
+            raise SubtaskError("usage", "--on-fail goes with --after: it says what to do when a job it waits for fails")
+        return None, None, None
+    if request.base not in (None, "", "HEAD"):
+        raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
+                           "--after, not both")
+    if on != "local":
+        raise SubtaskError("usage", "--after waits here: a job on a Ray cluster cannot wait for others yet",
+                           hint="git subtask start --on local --after ...")
+    after, until = plans.resolve_after(repo, list(names))
+    return after, until, request.on_fail
+
+
+def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
+    """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
+    record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
+    from subtask import plans
+
+    job, state_dir = prepared.job, repo.state_dir
+    fd = liveness.acquire(state_dir, job.id)
+    undo: list = [lambda: _drop_lock(state_dir, job.id, fd)]
+    try:
+        undo.append(lambda: plans.forget(repo, job.id))
+        if privatetext.keep(state_dir, job.id, 1, **prepared.as_written):
+            undo.append(lambda: privatetext.discard(state_dir, job.id, 1))
+        jobenv.save(state_dir, job.id)
+        undo.append(lambda: jobenv.drop(state_dir, job.id))
+        undo.append(lambda: records.delete(repo, job.id))
+        plans.record_waiting(repo, job, prepared.until or [])
+        faults.point("after_record")
+    except BaseException:
+        undo_uninterrupted(undo)
+        raise
+    liveness.release(fd)
+    plans.advance(repo)
+    job = records.read(repo, job.id)
+    return StartResult(job, queue_position(repo, job.id) or 0)
 
 
 def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
@@ -732,8 +798,12 @@ def _delete_branch(repo: Repo, branch: str) -> None:
 
 
 def sweep(repo: Repo) -> None:
-    """Notice dead workers (and hand their slots on). Cheap: reads the slots file only."""
+    """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
+    ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
+    from subtask import plans
+
     lifecycle.reconcile(repo)
+    plans.advance(repo)
 
 
 # ---------------------------------------------------------------- reply
@@ -823,6 +893,7 @@ def queue_position(repo: Repo, job_id: str) -> int | None:
 
 
 DEFAULT_LIST_LIMIT = 50
+LIST_STATES = (*ACTIVE, *TERMINAL)
 
 
 @dataclass
@@ -839,8 +910,8 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
     landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
     """
-    if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
-        raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
+    if state is not None and state not in (*LIST_STATES, "active", "ended"):
+        raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
     from subtask import landing
 
@@ -863,7 +934,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             hidden += 1
             continue
         job_state = entry.get("state")
-        if state == "active" and job_state not in ("queued", "running"):
+        if state == "active" and job_state not in ACTIVE:
             continue
         if state == "ended" and job_state not in TERMINAL:
             continue
@@ -1126,6 +1197,19 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
         if latest.state.current.terminal:
             ended.put((job_id, _after_wrap_up(repo, latest, cancel)))
             return
+        if latest.state.current.state == WAITING:
+            # Nothing holds a waiting job: look again now and then, moving it on when it can be
+            # (the worker that ends the last job it waits for does it too, at once).
+            latest = None
+            if time.monotonic() >= next_fill:
+                next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
+                sweep(open_repo(repo.root))
+            running = _running_dependency(state_dir, job_id)
+            if running is not None:
+                liveness.wait_released(state_dir, running)  # in the kernel until its worker lets go
+            else:
+                time.sleep(WAITING_LOOK)
+            continue
         remote, latest = executors.runs_remotely(latest), None
         if remote:
             from subtask.executors import ray as ray_executor
@@ -1136,7 +1220,7 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             liveness.wait_released(state_dir, job_id)
             continue
         if slots.read(state_dir).position(job_id) is None:
-            lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+            sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
             lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         elif time.monotonic() >= next_fill:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
@@ -1144,6 +1228,14 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
             lifecycle.reconcile(open_repo(repo.root))
         time.sleep(0.02)
+
+
+def _running_dependency(state_dir: Path, job_id: str) -> str | None:
+    """A job the waiting `job_id` waits for whose worker runs now (its run-lock is held), if any."""
+    for entry in slots.read(state_dir).waiting:
+        if entry["job"] == job_id:
+            return next((other for other in entry["until"] if liveness.is_held(state_dir, other)), None)
+    return None
 
 
 def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
@@ -1180,10 +1272,15 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
         from subtask.executors import ray as ray_executor
 
         return ray_executor.stop(repo, job_id)
-    lifecycle.stop_job(repo, job_id)
+    from subtask import plans
+
+    # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
+    if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
+        lifecycle.stop_job(repo, job_id)
     job = records.read(repo, job_id)
     if job.spec.group:  # a member stopped by hand may be the last one its group waited for
         _groups().after_member_ended(repo, job)
+    plans.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
     return job
 
 

@@ -36,7 +36,18 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from subtask import admission, faults, lifecycle, liveness, ownership, records, render, slots
+from subtask import (
+    admission,
+    faults,
+    jobenv,
+    lifecycle,
+    liveness,
+    ownership,
+    privatetext,
+    records,
+    render,
+    slots,
+)
 from subtask.errors import SubtaskError, undo_uninterrupted
 from subtask.gitobjects import commit_tree
 from subtask.gitrepo import Repo, git
@@ -234,7 +245,9 @@ def move_on(repo: Repo, job_id: str) -> str:
             job = records.read(repo, job_id)
         except SubtaskError as exc:
             if exc.kind == "not_found":  # its start died before its record: nothing to start
-                _forget(repo, job_id)
+                privatetext.discard(repo.state_dir, job_id, 1)
+                jobenv.drop(repo.state_dir, job_id)
+                forget(repo, job_id)
                 return "gone"
             raise
         attempt = job.state.current
@@ -243,7 +256,7 @@ def move_on(repo: Repo, job_id: str) -> str:
                 kept = True
                 _admit_and_spawn(repo, job, fd)  # its mover died between its record and its admission
                 return "started"
-            _forget(repo, job_id)
+            forget(repo, job_id)
             return "gone"
         found = dependencies(repo, job)
         if not all(d.ended for d in found):
@@ -277,7 +290,7 @@ def _in_slots(repo: Repo, job_id: str) -> bool:
     return any(e["job"] == job_id for e in current.running + current.queue)
 
 
-def _forget(repo: Repo, job_id: str) -> None:
+def forget(repo: Repo, job_id: str) -> None:
     """Drop the job's `waiting` entry (its record moved on, or it has none)."""
     with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         slots.remove_waiting(current, job_id)
@@ -286,7 +299,7 @@ def _forget(repo: Repo, job_id: str) -> None:
 def _end(repo: Repo, job: Job, state: str, reason: str, kind: str | None, hint: str | None) -> None:
     lifecycle.end_attempt(repo, job.id, job.state.current.n, state, reason=reason, error_kind=kind, hint=hint,
                           engine_may_have_spent=False)
-    _forget(repo, job.id)
+    forget(repo, job.id)
 
 
 def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) -> bool:
@@ -349,7 +362,7 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
             _end(repo, job, "failed", exc.message, "budget" if exc.kind == "budget" else "setup", exc.hint)
             return
         faults.point("after_launch_admit")
-        _forget(repo, job.id)
+        forget(repo, job.id)
     except BaseException:
         liveness.release(fd)
         raise

@@ -48,7 +48,7 @@ class Slots:
     damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
     def to_dict(self) -> dict:
-        return {"v": 1, "running": self.running, "queue": self.queue, "waiting": self.waiting}
+        return {"v": 1, "running": self.running, "queue": self.queue, **({"waiting": self.waiting} if self.waiting else {})}
 
     def position(self, job: str) -> int | None:
         """1-based position in the queue, or None."""
