@@ -578,22 +578,90 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
                          members=[p.job.id for p in prepared], engines=[p.job.spec.engine for p in prepared],
                          models=[p.job.spec.model for p in prepared], rule="judge" if how.judge else how.pick or "smallest",
                          judge=redact(how.judge) if how.judge else None, first_pass=bool(how.first_pass))
+    return GroupStart(group, _launch_group(repo, gid, group, prepared, what=f"the {n} attempts of this group",
+                                           judge=how.judge))
+
+
+@dataclass
+class MapStart(GroupStart):
+    batches: list[list[str]] = field(default_factory=list)
+
+
+def map_files(repo: Repo, pattern: str, base: str) -> list[str]:
+    """The files of `base` that git's glob `pattern` matches (from the top of the repository)."""
+    import tempfile
+
+    if not isinstance(pattern, str) or not pattern.strip() or "\0" in pattern or "\n" in pattern:
+        raise SubtaskError("usage", f"not a glob: {pattern!r}")
+    with tempfile.TemporaryDirectory(prefix="subtask-map-") as scratch:  # the base's files, not the index's
+        env = dict(os.environ, GIT_INDEX_FILE=str(Path(scratch) / "index"))
+        git(repo.root, "read-tree", base, env=env)
+        out = git(repo.root, "ls-files", "-z", "--full-name", "--", f":(top,glob){pattern}", env=env).stdout
+    return [name for name in out.split("\0") if name]
+
+
+def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1,
+              concurrency: int | None = None) -> MapStart:
+    """One job per batch of the base's files matching `pattern` (`{files}` in the task: the batch,
+    shell-quoted), as one group (`groups.Group`, kind "map"): admitted and reserved all or none;
+    at most `concurrency` of them run at once (slots pools), within maxRunning."""
+    import shlex
+
+    groups = _groups()
+    batch = int(_positive(batch, "--batch", allow_none=False, integer=True))
+    if concurrency is not None:
+        concurrency = int(_positive(concurrency, "--concurrency", integer=True))
+    template = _check_task(request.task)
+    if "{files}" not in template:
+        raise SubtaskError("usage", "the task names no {files}: say where each job's files go",
+                           hint="git subtask map 'src/*.py' 'add type hints to {files}'")
+    if request.readonly or request.after or executors.choose(repo.config, request.on) != "local":
+        raise SubtaskError("usage", "map starts writing jobs here: no --readonly, --after or --on ray")
+    base = resolve_commit(repo, request.base or "HEAD")
+    files = map_files(repo, pattern, base)
+    if not files:
+        raise SubtaskError("usage", f"no tracked file matches {pattern!r} at {base[:12]}",
+                           hint="git ls-files ':(glob)PATTERN' shows what a glob matches")
+    batches = [files[i:i + batch] for i in range(0, len(files), batch)]
+    if len(batches) > groups.MAX_MAP_JOBS:
+        raise SubtaskError("usage", f"{len(files)} files by {batch} make {len(batches)} jobs; the limit is "
+                           f"{groups.MAX_MAP_JOBS}", hint="give a larger --batch")
+    gid = groups.new_group_id()
+    prepared = []
+    for k, names in enumerate(batches):
+        task = template.replace("{files}", " ".join(shlex.quote(n) for n in names))
+        member = _prepare(repo, StartRequest(**{**request.__dict__, "task": task, "base": base}), group=gid, member=k + 1)
+        member.job.spec.concurrency = concurrency
+        prepared.append(member)
+    if any(p.paid for p in prepared):
+        _sync_ledger(repo)
+    first = prepared[0].job.spec
+    group = groups.Group(id=gid, task=redact(template), base=base, verify=first.verify or "", created_at=first.created_at,
+                         members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
+                         rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
+    results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
+    return MapStart(group, results, batches)
+
+
+def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, what: str, judge: str | None = None
+                  ) -> list[StartResult]:
+    """Admit and start a group's members all or none, then write the group record."""
+    groups = _groups()
     launches = []
     try:
         for p in prepared:
-            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id), p.as_written))
+            launches.append(_Launch(p.job, p.paid, p.job.spec.base, liveness.acquire(repo.state_dir, p.job.id),
+                                    p.as_written))
     except BaseException:
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
         raise
 
     def write_group() -> None:
-        groups.keep_judge(repo, gid, how.judge)
+        groups.keep_judge(repo, gid, judge)
         groups.create(repo, group)
 
-    results = _launch_all(repo, launches, what=f"the {n} attempts of this group", then_record=write_group,
-                          undo_record=lambda: groups.delete(repo, gid))
-    return GroupStart(group, results)
+    return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
 
 
 def get_group(repo: Repo, gid_or_prefix: str):
@@ -609,7 +677,8 @@ class GroupWait:
 
     @property
     def all_picked(self) -> bool:
-        return not self.timed_out and all(g.state == "picked" for g in self.groups)
+        """Every group has a passing pick (a map: every job passed)."""
+        return not self.timed_out and all(_groups().passed_group(g) for g in self.groups)
 
 
 def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,

@@ -116,9 +116,15 @@ def cli() -> None:
               "its last line is a number, higher is better")
 @click.option("--first-pass", "first_pass", is_flag=True,
               help="with --best-of: the first attempt to pass verify wins; the rest are stopped")
+@click.option("--after", "after", multiple=True, metavar="ID",
+              help="wait for this job or group (sg-...) to end first, then start from its head (several: "
+                   "from their heads merged); repeat it, or give ids separated by commas")
+@click.option("--on-fail", "on_fail", type=click.Choice(["skip", "run"]),
+              help="with --after: skip (default) ends this job skipped when one it waits for did not end done "
+                   "with verify passed; run starts it anyway")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
 def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on,
-          best_of, pick, judge, first_pass, as_json):
+          best_of, pick, judge, first_pass, after, on_fail, as_json):
     """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
@@ -130,10 +136,13 @@ def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turn
         task = sys.stdin.read()
     if best_of is None and (pick or judge or first_pass):
         raise click.UsageError("--pick, --judge and --first-pass go with --best-of N")
+    names = [name for text in after for name in text.replace(",", " ").split()]
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
                                timeout=timeout, max_usd=max_usd, max_turns=max_turns, model=model,
-                               readonly=readonly, isolation=isolation, on=on)
+                               readonly=readonly, isolation=isolation, on=on, after=names or None, on_fail=on_fail)
     if best_of is not None:
+        if names:
+            raise click.UsageError("--after starts one job: a best-of group cannot wait yet")
         _start_group(request, api.GroupRequest(best_of=best_of, engines=engine, models=model, pick=pick,
                                                judge=judge, first_pass=first_pass), as_json)
         return
@@ -158,6 +167,47 @@ def _start_group(request, how, as_json: bool) -> None:
                                                             for r in started.members]})
         return
     echo(f"{group.id} started: {len(started.members)} attempts · rule {group.rule_text} · verify {group.verify}")
+    for result in started.members:
+        echo("  " + render.started_line(result.job, result.position))
+
+
+@cli.command("map", context_settings=CONTEXT)
+@click.argument("pattern", metavar="GLOB")
+@click.argument("template", metavar="TASK")
+@click.option("--batch", type=int, default=1, show_default=True, help="files per job")
+@click.option("--concurrency", type=int, help="at most this many of its jobs run at once (within subtask.maxRunning)")
+@click.option("--engine", "-e", help="the engine of every job (default: git config subtask.engine, else claude)")
+@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch every job starts from")
+@click.option("--verify", help="command run in each job's worktree on its final commit; exit 0 = passed")
+@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
+@click.option("--timeout", type=float, help="seconds each job's engine may run")
+@click.option("--max-usd", type=float, help="budget reserved for each job of a paid engine")
+@click.option("--model", help="model for agent engines")
+@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what each engine may write")
+@click.option("--json", "as_json", is_flag=True, help="print the group and its jobs as JSON")
+def map_(pattern, template, batch, concurrency, engine, base, verify, verify_timeout, timeout, max_usd, model,
+         isolation, as_json):
+    """Fan a task out over files: one job per batch of tracked files matching GLOB, as one group.
+
+    TASK is a template: {files} becomes the batch's paths, shell-quoted and separated by spaces.
+    GLOB is git's glob (`*` stays within a folder, `**` crosses folders), from the top of the
+    repository. Prints the group id (sg-...) and one line per job; wait, list, show and stop take
+    the group id, and `start --after sg-...` starts a job from all their heads merged.
+    """
+    from subtask import api, render
+
+    if template == "-":
+        template = sys.stdin.read()
+    request = api.StartRequest(task=template, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
+                               timeout=timeout, max_usd=max_usd, model=model, isolation=isolation)
+    started = api.start_map(_repo(), pattern, request, batch=batch, concurrency=concurrency)
+    group = started.group
+    if as_json:
+        _emit_json({"v": 1, "group": group.id, "members": [_job_json(r.job, r.position or None) | {"state": r.state}
+                                                            for r in started.members]})
+        return
+    echo(f"{group.id} started: {len(started.members)} jobs over {sum(len(b) for b in started.batches)} files · "
+         f"{group.concurrency or 'any'} at once" + (f" · verify {group.verify}" if group.verify else ""))
     for result in started.members:
         echo("  " + render.started_line(result.job, result.position))
 
@@ -232,7 +282,7 @@ def _wait_groups(repo, ids, timeout, as_json) -> None:
         raise click.UsageError("wait takes job ids or group ids, not both")
     result = api.wait_groups(repo, list(ids), timeout=timeout)
     if as_json:
-        _emit_json({"v": 1, "timed_out": result.timed_out, "picked": result.all_picked,
+        _emit_json({"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                     "groups": [g.to_dict() for g in result.groups]})
     else:
         for group in result.groups:
@@ -426,7 +476,7 @@ def result(job_id, full, evidence):
             _emit_json(group.to_dict())
         else:
             echo(groups.result_text(repo, group))
-        sys.exit(0 if group.state == "picked" else EXIT_NEGATIVE)
+        sys.exit(0 if groups.passed_group(group) else EXIT_NEGATIVE)
     job = api.get(_repo(), job_id)
     if evidence:
         _emit_json(api.evidence_envelope(job))

@@ -40,6 +40,7 @@ from subtask import (
     admission,
     faults,
     jobenv,
+    ledger,
     lifecycle,
     liveness,
     ownership,
@@ -116,8 +117,8 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
     words = f"{job_id} ended {attempt.state}"
     if attempt.state == "done" and attempt.verify is not None and not attempt.verify.passed:
         words += " (verify failed)"
-    elif attempt.reason and attempt.state != "done":
-        words += f" ({render.reason_text(attempt)})"
+    elif attempt.reason and attempt.state != "done":  # a skip's reason says the first cause already
+        words += f" ({attempt.reason if attempt.state == 'skipped' else render.reason_text(attempt)})"
     return Dependency(job_id, True, job_passed(job), [_head(job)], words)
 
 
@@ -312,6 +313,10 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
     base_ref = f"head of {names[0]}" if len(names) == 1 else f"heads of {', '.join(names)}"
     undo: list = []
     try:
+        if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
+            from subtask import books
+
+            books.sync_ledger(repo)
         if job.spec.branch and _ensure_branch(repo, job.spec.branch, base):
             undo.append(lambda: _delete_branch(repo, job.spec.branch, base))
         records.set_pin(repo, job.id, "base", base)
@@ -350,11 +355,14 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
     from subtask.engines import get_engine
 
     try:
-        paid = bool(job.state.current.rid) and get_engine(job.spec.engine, repo.config).paid
+        rid = job.state.current.rid
+        paid = bool(rid) and get_engine(job.spec.engine, repo.config).paid
         if paid:
             from subtask import books
 
             books.sync_ledger(repo)
+            # A ledger rebuilt from the records since (a lost state folder) opened it already.
+            paid = not any(r.rid == rid for r in ledger.open_reservations(repo.state_dir))
         try:
             positions, dead, handed = admission.admit(repo, [SimpleNamespace(job=job, paid=paid)])
         except SubtaskError as exc:  # e.g. the monthly cap: it cannot start, now or later by itself
