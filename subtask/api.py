@@ -460,33 +460,53 @@ def _network(repo: Repo) -> str:
     return isolation.resolve_network(repo.config.get("isolation.network"))
 
 
-_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")
+_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on", "on_fail")
 _REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly", "isolation", "on")
+                   "model", "readonly", "isolation", "on", "after", "on_fail")
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
     """(repo, request) from one start_many item: the fields of `start`, plus an optional `repo`."""
     if not isinstance(item, dict):
         raise SubtaskError("usage", f"each item must be an object with a task, not {type(item).__name__}")
-    unknown = sorted(set(item) - set(_REQUEST_FIELDS) - {"repo"})
+    unknown = sorted(set(item) - set(_REQUEST_FIELDS) - {"repo", "id"})
     if unknown:
-        raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} (known: repo, {', '.join(_REQUEST_FIELDS)})")
-    for key in (*_REQUEST_TEXT, "repo"):
+        raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} (known: repo, id, "
+                           f"{', '.join(_REQUEST_FIELDS)})")
+    _after_names(item.get("after"))
+    for key in (*_REQUEST_TEXT, "repo", "id"):
         if item.get(key) is not None and not isinstance(item[key], str):
             raise SubtaskError("usage", f"{key} must be a string, not {item[key]!r}")
     if not isinstance(item.get("readonly", False), bool):
         raise SubtaskError("usage", f"readonly must be true or false, not {item['readonly']!r}")
     fields = {k: item[k] for k in _REQUEST_FIELDS if item.get(k) is not None}
+    if "after" in fields:
+        fields["after"] = _after_names(fields["after"])
     return item.get("repo"), StartRequest(**{"task": ""} | fields)
 
 
+def _after_names(value) -> list[str] | None:
+    """`after` of a start_many item: a name or a list of names (ids of this call, job or group ids)."""
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise SubtaskError("usage", f"after must be a name or a list of names (an id of this call, a job or a "
+                           f"group), not {value!r}")
+    return [n.strip() for n in names]
+
+
 def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError]:
-    """Start each item in turn; an item that fails is reported in its place and the rest still start.
+    """Start each item; an item that fails is reported in its place and the rest still start.
 
     Each item is a dict with the fields of `start` and an optional `repo` (a path `repo_for` opens;
     None = its default), so one call can fan out over several repositories. Each repository is
     opened once per call (finding it and reading its settings are two git processes).
+
+    An item may name itself (`id`) and wait for others (`after`: ids of items of this call, or
+    job and group ids): items start in an order where each comes after those it names, which it
+    then waits for (`start --after`). An item after one that could not start is not started;
+    items that wait for each other in a circle are refused.
     """
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
@@ -497,14 +517,58 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
             opened[path] = repo_for(path)
         return opened[path]
 
-    results: list[StartResult | SubtaskError] = []
-    for item in items:
+    results: list[StartResult | SubtaskError | None] = [None] * len(items)
+    local: dict[str, int] = {}
+    for n, item in enumerate(items):
+        name = item.get("id") if isinstance(item, dict) else None
+        if isinstance(name, str) and name:
+            if name in local:
+                results[n] = SubtaskError("usage", f"two items have the id {name!r}: ids must be unique in a call")
+            local.setdefault(name, n)
+
+    def local_after(item) -> list[int]:
+        names = item.get("after") if isinstance(item, dict) else None
+        names = [names] if isinstance(names, str) else names if isinstance(names, list) else []
+        return [local[a.strip()] for a in names if isinstance(a, str) and a.strip() in local]
+
+    waits = {n: local_after(item) for n, item in enumerate(items)}
+    for n in _dependency_order(waits):
+        if results[n] is not None:
+            continue
+        item = items[n]
+        if n not in waits:  # in a circle
+            results[n] = SubtaskError("usage", f"item {n + 1} waits for itself through others: `after` makes a circle")
+            continue
+        failed = [m for m in waits[n] if not isinstance(results[m], StartResult)]
+        if failed:
+            results[n] = SubtaskError("usage", f"item {n + 1} waits for item {failed[0] + 1}, which did not start")
+            continue
         try:
             path, request = request_from_dict(item)
-            results.append(start(repo_of(path), request))
+            if request.after:  # this call's ids become the jobs they started
+                request.after = [results[local[a]].job.id if a in local else a for a in request.after]
+            results[n] = start(repo_of(path), request)
         except SubtaskError as exc:
-            results.append(exc)
-    return results
+            results[n] = exc
+    return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
+
+
+def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
+    """Every item after those it waits for (stable: in the call's order where free); the items of
+    a circle come last, removed from `waits` so the caller refuses them."""
+    order: list[int] = []
+    done: set[int] = set()
+    left = sorted(waits)
+    while left:
+        ready = [n for n in left if all(m in done for m in waits[n])]
+        if not ready:
+            for n in left:
+                waits.pop(n)
+            return order + left
+        order.append(ready[0])
+        done.add(ready[0])
+        left.remove(ready[0])
+    return order
 
 
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)

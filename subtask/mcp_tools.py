@@ -129,7 +129,8 @@ async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: 
                 verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
                 model: str | None = None, readonly: bool = False, timeout: float | None = None,
                 isolation: str | None = None, best_of: int | None = None, engines: list[str] | str | None = None,
-                pick: str | None = None, judge: str | None = None, first_pass: bool = False) -> str:
+                pick: str | None = None, judge: str | None = None, first_pass: bool = False,
+                after: list[str] | str | None = None, on_fail: str | None = None) -> str:
     """Start one background job in its own worktree and branch; returns its id at once.
 
     task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
@@ -142,10 +143,14 @@ async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: 
     them; pick: smallest (default), cheapest or fastest; judge: a command whose last line scores
     each passing attempt (higher wins); first_pass: the first to pass wins. Returns the group id
     (sg-...): wait and result take it and answer the ranking and the pick.
+    after: job or group ids to wait for: the job is recorded "waiting" and starts from their
+    head(s) once they end done with verify passed; else it ends "skipped" (on_fail: "run" starts
+    it anyway).
     """
     request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
                                max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly,
-                               isolation=isolation)
+                               isolation=isolation, after=[after] if isinstance(after, str) else after,
+                               on_fail=on_fail)
 
     def run() -> str:
         if best_of is not None:
@@ -170,6 +175,9 @@ async def start_many(tasks: list[dict[str, Any]]) -> str:
 
     Each item has the fields of start: {"task": ..., "engine": ..., "verify": ..., "repo": ..., ...}.
     An item that fails does not stop the others. Then call wait once with all the ids.
+    Chains: an item may carry "id" (a name of your choice) and "after" (a name or a list: ids of
+    items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
+    [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
     """
 
     def run() -> str:
@@ -180,6 +188,28 @@ async def start_many(tasks: list[dict[str, Any]]) -> str:
             else:
                 lines.append(f"{n}. {render.started_line(result.job, result.position)}")
         return "\n".join(lines)
+
+    return await _call(run)
+
+
+@tool("map", title="Fan a task out over files")
+async def map_files(pattern: str, task: str, batch: int = 1, concurrency: int | None = None, repo: str | None = None,
+              base: str = "HEAD", engine: str | None = None, verify: str | None = None, max_usd: float | None = None,
+              model: str | None = None, timeout: float | None = None) -> str:
+    """One job per batch of tracked files matching pattern (git's glob: * within a folder, ** across),
+    as one group (sg-...). task is a template: {files} becomes the batch's paths, shell-quoted.
+    concurrency: at most this many of its jobs run at once. wait, list, result and stop take the
+    group id; start with after=[the group id] starts a job from all their heads merged.
+    """
+    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
+                               max_usd=max_usd, model=model)
+
+    def run() -> str:
+        started = api.start_map(open_repo(repo), pattern, request, batch=batch, concurrency=concurrency)
+        group = started.group
+        return "\n".join([f"{group.id} started: {len(started.members)} jobs · {group.concurrency or 'any'} at once "
+                          f"(wait {group.id} for them all)", *(render.started_line(r.job, r.position)
+                                                               for r in started.members)])
 
     return await _call(run)
 

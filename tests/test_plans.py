@@ -323,3 +323,54 @@ def test_stop_of_a_map_stops_its_jobs_and_bad_maps_are_refused(cli, repo, tmp_pa
                         (["src/*.py", "do {files}", "--concurrency", "-1"], "--concurrency")):
         proc = cli("map", *args)
         assert proc.returncode in (128, 129) and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- over MCP
+
+def test_start_many_chains_items_by_id_and_refuses_circles(repo, monkeypatch):
+    import anyio
+    from test_mcp import call, connect, job_id_in
+
+    monkeypatch.chdir(repo)
+
+    async def main():
+        async with connect("inproc", repo) as client:
+            answer = await call(client, "start_many", {"tasks": [
+                {"id": "client", "after": "api", "task": "test -f api.txt && echo c > client.txt"},
+                {"id": "api", "task": "echo a > api.txt"},
+                {"id": "docs", "after": ["api", "client"], "task": "test -f client.txt && echo d > docs.txt"},
+                {"id": "x", "after": "y", "task": "true"},
+                {"id": "y", "after": "x", "task": "true"},
+                {"after": "nothing-here", "task": "true"},
+            ]})
+            lines = answer.splitlines()
+            assert len(lines) == 6, answer
+            client_id, api_id, docs_id = (job_id_in(line) for line in lines[:3])
+            assert lines[0].startswith(f"1. {client_id} waiting") and f"after {api_id}" in lines[0], lines[0]
+            assert "circle" in lines[3] and "circle" in lines[4], answer
+            assert lines[5].startswith("6. error:") and "nothing-here" in lines[5], lines[5]
+            waited = await call(client, "wait", {"ids": [docs_id], "timeout": 120})
+            assert waited.startswith(f"{docs_id} done"), waited
+            return client_id, api_id, docs_id
+
+    client_id, api_id, docs_id = anyio.run(main)
+    assert set(git(repo, "ls-tree", "--name-only", f"subtask/{docs_id}").split()) >= {"api.txt", "client.txt", "docs.txt"}
+
+
+def test_map_over_mcp_and_wait_for_its_group(repo, monkeypatch):
+    import anyio
+    from test_mcp import call, connect
+
+    map_repo(repo, 3)
+    monkeypatch.chdir(repo)
+
+    async def main():
+        async with connect("inproc", repo) as client:
+            answer = await call(client, "map", {"pattern": "src/*.py", "task": "echo '# m' >> {files}",
+                                                "concurrency": 1, "verify": "true"})
+            gid = answer.split()[0]
+            assert gid.startswith("sg-") and len(answer.splitlines()) == 4, answer
+            waited = await call(client, "wait", {"ids": [gid], "timeout": 120})
+            assert f"{gid} map done" in waited, waited
+
+    anyio.run(main)
