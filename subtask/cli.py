@@ -215,7 +215,7 @@ def wait(ids, any_, timeout, as_json):
 
 
 @cli.command("list", context_settings=CONTEXT)
-@click.option("--state", help="queued, running, done, failed, stopped, active or ended")
+@click.option("--state", help="waiting, queued, running, done, failed, stopped, skipped, active or ended")
 @click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
 @click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
 @click.option("--json", "as_json", is_flag=True)

@@ -374,3 +374,11 @@ def test_map_over_mcp_and_wait_for_its_group(repo, monkeypatch):
             assert f"{gid} map done" in waited, waited
 
     anyio.run(main)
+
+
+def test_completion_offers_ids_after_after_and_the_new_states(cli, repo):
+    job = cli.start("true")
+    assert job in cli.ok("__complete", "start", "--after").split()
+    assert cli.ok("__complete", "start", "--on-fail").split() == ["skip", "run"]
+    assert {"waiting", "skipped"} <= set(cli.ok("__complete", "list", "--state").split())
+    assert "map" in cli.ok("__complete").split()
