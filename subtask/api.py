@@ -993,6 +993,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
+    if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
+        raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
+                           "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     if executors.runs_remotely(job):
         raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
