@@ -193,6 +193,33 @@ def test_a_waiter_starts_exactly_once_after_every_process_died(cli, repo, tmp_pa
     check_books(cli, repo)
 
 
+def test_commands_that_see_a_waiter_ready_while_another_starts_it_leave_it_to_that_one(cli, repo, tmp_path,
+                                                                                       control_dir):
+    """One `list` is held in the middle of starting B (its branch made, its record still waiting);
+    four more see B ready meanwhile: none starts it; once let go, the first does, once."""
+    gate, runs = tmp_path / "gate", control_dir / "runs"
+    a = cli.start(hold(tmp_path / "a-gate"), env={"SUBTASK_FAULT": "before_advance"})  # its worker starts no one
+    b = cli.start(f"echo $SUBTASK_JOB_ID >> '{runs}'", "--after", a)
+    env = {"SUBTASK_FAULT_HOLD": f"before_leaving_waiting:{gate}"}
+    (tmp_path / "a-gate").touch()
+    from subtask import liveness
+
+    assert wait_until(lambda: attempt_of(cli, a)["state"] == "done" and not liveness.is_held(state_dir(repo), a))
+    first = subprocess.Popen(["git", "subtask", "list"], cwd=repo, env=dict(os.environ, **env),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists() or first.poll() is not None)
+        assert first.poll() is None, first.stderr.read()
+        for _ in range(4):
+            cli.ok("list")
+        assert attempt_of(cli, b)["state"] == "waiting" and not runs.exists()
+    finally:
+        gate.touch()
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert cli("wait", b).returncode == 0
+    assert runs.read_text().split() == [b]
+
+
 @pytest.mark.parametrize("point", ["before_leaving_waiting", "after_leaving_waiting"])
 def test_a_mover_killed_while_starting_a_waiter_leaves_it_to_the_next_command(cli, repo, control_dir, point):
     use_paid_engine(repo, monthlyCapUsd="10")
