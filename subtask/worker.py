@@ -1105,6 +1105,7 @@ def start_waiters(repo: Repo) -> None:
     none waits. Whatever fails here, the next command's sweep does it."""
     faults.point("before_advance")
     plans.advance_quietly(repo)
+    faults.point("after_advance")
 
 
 def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
@@ -1171,6 +1172,7 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     from subtask import procs
 
     procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
+    liveness.close_others(lock_fd)  # forked from a holder of other run-locks: they are not ours
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")

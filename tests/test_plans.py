@@ -220,6 +220,24 @@ def test_commands_that_see_a_waiter_ready_while_another_starts_it_leave_it_to_th
     assert runs.read_text().split() == [b]
 
 
+def test_a_worker_that_dies_after_starting_its_waiter_leaves_no_run_lock_held(cli, repo, tmp_path):
+    """The waiter's worker is forked from the one that ended: it must not keep that one's run-lock
+    (as `wait`, `cleanup` and the sweep read it) held for as long as it runs."""
+    from subtask import liveness
+
+    gate, a_gate = tmp_path / "gate", tmp_path / "a-gate"
+    a = cli.start(hold(a_gate), env={"SUBTASK_FAULT": "after_advance"})
+    b = cli.start(hold(gate), "--after", a)
+    a_gate.touch()  # a ends now, and its worker starts b
+    try:
+        assert wait_until(lambda: attempt_of(cli, b)["state"] == "running")
+        assert wait_until(lambda: not liveness.is_held(state_dir(repo), a), timeout=20), "a's run-lock outlived a"
+        assert liveness.is_held(state_dir(repo), b)
+    finally:
+        gate.touch()
+    assert cli("wait", b).returncode == 0
+
+
 @pytest.mark.parametrize("point", ["before_leaving_waiting", "after_leaving_waiting"])
 def test_a_mover_killed_while_starting_a_waiter_leaves_it_to_the_next_command(cli, repo, control_dir, point):
     use_paid_engine(repo, monthlyCapUsd="10")
