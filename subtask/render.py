@@ -336,6 +336,10 @@ def note_block(job, provenance=None) -> str:
         lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(safe_line(f"error:   {reason_text(attempt)}".rstrip(": ")))
+    if attempt.state == "skipped" and attempt.reason:
+        lines.append(safe_line(f"skipped: {attempt.reason}"))
+    if job.spec.after:
+        lines.append(safe_line(f"after:   {after_text(job)[len('after '):]}"))
     summary = summary_lines(job.summary)
     if summary:
         first, *rest = summary.splitlines()

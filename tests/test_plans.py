@@ -95,6 +95,8 @@ def test_a_failed_job_skips_its_chain_naming_the_reason_and_holds_nothing(cli, r
     assert not any(r.get("job") == b for r in ledger_rows(repo))  # never reserved, never charged
     assert slot_entries(repo) == {"running": [], "queue": []} and waiting_entries(repo) == []
     assert "skipped" in cli.ok("show", c) and f"{b} ended skipped" in cli.ok("show", c)
+    note = git(repo, "notes", "--ref=subtask", "show", shown(cli, c)["spec"]["base"])
+    assert f"subtask {c} · skipped" in note and f"skipped: {b} ended skipped" in note and f"after:   {b}" in note
     replied = cli("reply", c, "echo again")
     assert replied.returncode == 1 and "never started" in replied.stderr, replied.stderr
     check_books(cli, repo)
