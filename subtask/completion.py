@@ -62,7 +62,7 @@ SCRIPTS = {"bash": BASH, "zsh": ZSH, "fish": FISH}
 VALUES = {
     "--isolation": ["none", "worktree", "readonly"],
     "--on": ["local", "ray"],
-    "--state": ["waiting", "queued", "running", "done", "failed", "stopped", "skipped", "active", "ended"],
+    "--state": ["queued", "running", "done", "failed", "stopped", "waiting", "skipped", "active", "ended"],
     "--older-than": ["12h", "7d", "30d"],
 }
 

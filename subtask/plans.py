@@ -122,11 +122,11 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
     return Dependency(job_id, True, job_passed(job), [_head(job)], words)
 
 
-def _group_dependency(repo: Repo, gid: str) -> Dependency:
+def _group_dependency(repo: Repo, gid: str, settle: bool = True) -> Dependency:
     from subtask import groups
 
     try:
-        group = groups.settle(repo, gid)
+        group = groups.settle(repo, gid) if settle else groups.read(repo, gid)[0]
     except SubtaskError as exc:
         return Dependency(gid, True, words=f"{gid} cannot be read: {exc.message}")
     if not group.terminal:
@@ -143,8 +143,10 @@ def _group_dependency(repo: Repo, gid: str) -> Dependency:
                       f"{gid} ended {group.state}" + (f" ({group.reason})" if group.reason else ""))
 
 
-def dependencies(repo: Repo, job: Job) -> list[Dependency]:
-    return [_group_dependency(repo, name) if name.startswith("sg-") else _job_dependency(repo, name)
+def dependencies(repo: Repo, job: Job, settle: bool = True) -> list[Dependency]:
+    """How each job or group `job` waits for ended (`settle`: decide a group whose jobs all ended,
+    which may run its judges; else a group counts as ended once its record says so)."""
+    return [_group_dependency(repo, name, settle) if name.startswith("sg-") else _job_dependency(repo, name)
             for name in job.spec.after or []]
 
 
@@ -190,10 +192,10 @@ def integrate(repo: Repo, heads: list[tuple[str, str]], for_job: str) -> Integra
 
 # ---------------------------------------------------------------- moving waiting jobs on
 
-def advance(repo: Repo) -> list[str]:
+def advance(repo: Repo, settle: bool = True) -> list[str]:
     """Move on every waiting job of this repository none of whose jobs is listed in slots.json any
     more; repeat while that ends some (a chain of skips). Returns the ids moved on. Cheap when
-    nothing is waiting: one read of slots.json."""
+    nothing is waiting: one read of slots.json. `settle`: see `dependencies`."""
     moved: list[str] = []
     seen: set[str] = set()
     for _ in range(MAX_ROUNDS):
@@ -206,21 +208,19 @@ def advance(repo: Repo) -> list[str]:
         for job_id in ready:
             seen.add(job_id)
             try:
-                outcome = move_on(repo, job_id)
+                outcome = move_on(repo, job_id, settle)
             except Exception as exc:  # one broken job must not keep the others waiting
                 print(f"git-subtask: could not start waiting job {job_id} yet: {exc}", file=sys.stderr)
                 continue
             if outcome in ("started", "skipped", "failed"):
                 moved.append(job_id)
-            if outcome in ("busy", "not yet"):
-                continue
     return moved
 
 
-def advance_quietly(repo: Repo) -> None:
+def advance_quietly(repo: Repo, settle: bool = True) -> None:
     """`advance` where nothing may fail (a worker's wrap-up): the next command tries again."""
     try:
-        advance(repo)
+        advance(repo, settle)
     except Exception as exc:
         print(f"git-subtask: could not move waiting jobs on yet: {exc}", file=sys.stderr)
 
@@ -234,7 +234,7 @@ def _try_lock(repo: Repo, job_id: str) -> int | None:
     return None
 
 
-def move_on(repo: Repo, job_id: str) -> str:
+def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
     """Start, skip or fail one waiting job once what it waits for ended: "started", "skipped",
     "failed", "not yet", "busy" (someone else holds it), or "gone" (not waiting any more)."""
     fd = _try_lock(repo, job_id)
@@ -259,7 +259,7 @@ def move_on(repo: Repo, job_id: str) -> str:
                 return "started"
             forget(repo, job_id)
             return "gone"
-        found = dependencies(repo, job)
+        found = dependencies(repo, job, settle)
         if not all(d.ended for d in found):
             return "not yet"
         failed = [d for d in found if not d.passed]
@@ -277,7 +277,8 @@ def move_on(repo: Repo, job_id: str) -> str:
             shown = ", ".join(integration.conflicts[:CONFLICT_NAMES])
             more = len(integration.conflicts) - CONFLICT_NAMES
             _end(repo, job, "failed", f"the heads of {a} and {b} conflict in {shown}" + (f" and {more} more" if more > 0 else ""),
-                 "conflict", "merge them by hand, then: git subtask start --base <the merge> ...")
+                 "conflict", "merge their branches by hand (git merge subtask/<id> ...), then start it from the "
+                 "merge: git subtask start --base <commit> '...'")
             return "failed"
         kept = _start(repo, job, integration.base, found, fd)
         return "started"

@@ -24,7 +24,6 @@ Standard library only; nothing slow runs under the lock (a bind is a system call
 from __future__ import annotations
 
 import json
-import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -68,6 +67,8 @@ def _save(state_dir: Path, entries: list[dict]) -> None:
 
 def port_free(port: int) -> bool:
     """Can a server bind `port` now (TCP, every address, IPv4 and, where the machine has it, IPv6)?"""
+    import socket  # only a worker binds: reading commands that load `lifecycle` never need it
+
     families = [(socket.AF_INET, "0.0.0.0")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
     for family, address in families:
         try:

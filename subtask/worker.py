@@ -1085,7 +1085,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
-        start_waiters(repo)  # before our run-lock goes: `wait` for this job returns with them started
+        start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
@@ -1100,11 +1100,12 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
 
 
-def start_waiters(repo: Repo) -> None:
+def start_waiters(repo: Repo, settle: bool = True) -> None:
     """Move on the jobs waiting for the one this worker just ended (`plans.advance`); cheap when
-    none waits. Whatever fails here, the next command's sweep does it."""
+    none waits. Whatever fails here, the next command's sweep does it. `settle` False: a group they
+    wait for is not decided here (its judges would hold our run-lock; we settle it after it)."""
     faults.point("before_advance")
-    plans.advance_quietly(repo)
+    plans.advance_quietly(repo, settle)
     faults.point("after_advance")
 
 
