@@ -531,10 +531,10 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
     local: dict[str, int] = {}
     for n, item in enumerate(items):
         name = item.get("id") if isinstance(item, dict) else None
-        if isinstance(name, str) and name:
-            if name in local:
+        if isinstance(name, str) and name.strip():
+            if name.strip() in local:
                 results[n] = SubtaskError("usage", f"two items have the id {name!r}: ids must be unique in a call")
-            local.setdefault(name, n)
+            local.setdefault(name.strip(), n)
 
     def local_after(item) -> list[int]:
         names = item.get("after") if isinstance(item, dict) else None
