@@ -6,6 +6,10 @@ Readers tolerate unknown fields (kept in `extra`, never dropped) and missing one
 State machine per attempt: queued -> running -> done | failed | stopped. A terminal state is
 final for its attempt: `Attempt.finish` refuses to overwrite one, so a late writer (a stop racing
 the worker's last write, two processes noticing one dead worker) can never change the outcome.
+A job started `--after` others begins `waiting` (no slot, no money, no branch yet): whoever
+first sees every job it waits for ended moves it on once (`subtask/plans.py`), to queued or
+running, or ends it: `skipped` (one of them did not pass), `failed` (their heads conflict, or the
+start failed) or `stopped`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from subtask.errors import SubtaskError
 SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
 ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
-TERMINAL = ("done", "failed", "stopped")
+TERMINAL = ("done", "failed", "stopped", "skipped")
+WAITING = "waiting"  # recorded, waiting for other jobs to end (`JobSpec.after`); holds nothing
+ACTIVE = (WAITING, "queued", "running")
+ON_FAIL = ("skip", "run")  # what a waiting job does when one it waits for did not pass (start_options.ON_FAIL)
 MAX_TASK_BYTES = 1024 * 1024
 DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation depth + 1
 
@@ -125,6 +132,11 @@ class JobSpec(_Record):
     # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
     retries: int = 0
     checks: list[str] | None = None
+    # Orchestration (subtask/plans.py). `after`: the jobs and groups it waits for (whole ids); its
+    # `base` is then written once, when it leaves `waiting` (the only change a spec ever sees).
+    after: list[str] | None = None
+    on_fail: str | None = None  # skip (default) | run: see ON_FAIL
+    concurrency: int | None = None  # a map member: at most this many of its group run at once
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -133,6 +145,10 @@ class JobSpec(_Record):
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
         if key == "checks":
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+        if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            return None  # damaged or foreign: waits for nothing
+        if key == "concurrency" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return None
         return value
 
 
@@ -170,7 +186,7 @@ class Cost(_Record):
 @dataclass
 class Attempt(_Record):
     n: int
-    state: str  # queued | running | done | failed | stopped
+    state: str  # waiting | queued | running | done | failed | stopped | skipped
     message: str  # the task (attempt 1) or the reply message
     queued_at: float
     started_at: float | None = None  # a worker took the attempt (its slot, then its checkout)

@@ -120,7 +120,11 @@ def one_line(job, position: int | None = None) -> str:
         parts[0] += f" (#{position} in queue)"
     if attempt.state == "running" and attempt.stalled:
         parts[0] += f" ({stalled_text(attempt)})"
-    if attempt.state in ("done", "failed", "stopped"):
+    if attempt.state == "waiting":
+        parts.append(after_text(job))
+    if attempt.state == "skipped":
+        parts.append(task_title(attempt.reason or "", 80))
+    elif attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
             parts.append(attempt.error_kind)
@@ -132,6 +136,12 @@ def one_line(job, position: int | None = None) -> str:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
     return safe_line(" · ".join(parts))
+
+
+def after_text(job) -> str:
+    """`after st-1a2b3c4d, sg-…` for a job started --after others (`, whatever they end`: --on-fail run)."""
+    names = ", ".join(job.spec.after or [])
+    return f"after {names}" + (" (whatever they end)" if job.spec.on_fail == "run" else "")
 
 
 def stalled_hint(job) -> str:
@@ -150,6 +160,9 @@ def started_line(job, position: int) -> str:
     """What `start` and `reply` answer: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`
     (`· attempt N` for a reply)."""
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
+    recorded = job.state.current.state
+    if recorded == "waiting" or job.state.current.terminal:  # --after: waiting, or moved on at once
+        return one_line(job)
     state = "running" if position == 0 else f"queued (#{position} in queue)"
     if placement(job.spec) is not None:
         state = f"submitted to ray as {ray_job_id(job.state.current)}"
@@ -317,6 +330,8 @@ def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> l
 def cost_line(attempt) -> str:
     """The attempt's money in words: a paid attempt (it has a reservation id) is never "free"."""
     cost = attempt.cost
+    if attempt.state == "waiting":
+        return "nothing reserved while it waits"
     if attempt.rid and not attempt.terminal:
         return f"{money(cost.reserved)} reserved"
     if cost.billing in ("free", "reserved"):
@@ -391,6 +406,10 @@ def note_block(job, provenance=None) -> str:
         lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(safe_line(f"error:   {reason_text(attempt)}".rstrip(": ")))
+    if attempt.state == "skipped" and attempt.reason:
+        lines.append(safe_line(f"skipped: {attempt.reason}"))
+    if job.spec.after:
+        lines.append(safe_line(f"after:   {after_text(job)[len('after '):]}"))
     lines.extend(_loop_lines(job, "attempts:", "  ", "left:    "))
     said = claims_line(job.evidence)
     if said:
@@ -422,7 +441,10 @@ def _loop_lines(job, title: str, indent: str, best_label: str) -> list[str]:
 
 
 def group_place_line(place: dict) -> str:
-    """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`."""
+    """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`; a map
+    member's: `sg-1a2b3c4d · job 2 of 4 · map done`."""
+    if place.get("kind") == "map":
+        return safe_line(f"{place.get('group')} · job {place.get('index')} of {place.get('of')} · map {place.get('state')}")
     if place.get("pick"):
         outcome = "the pick" if place.get("pick") == place.get("member") else f"pick {place['pick']}"
     else:
@@ -478,7 +500,7 @@ def worktree_note(job, present: bool | None) -> str:
     or a read-only job's, which goes when the job ends), ` (not created yet)` for a queued job."""
     if present or (present is None and not job.state.worktree_removed):
         return ""
-    if job.state.current.state == "queued" and not job.state.worktree_removed:
+    if job.state.current.state in ("queued", "waiting") and not job.state.worktree_removed:
         return " (not created yet)"
     return " (removed)"
 
@@ -516,8 +538,13 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
-    lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")
-    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}{branch_note(job)}")
+    lines.append(f"base:      {short(spec.base)} ({spec.base_ref})" if job.state.current.state != "waiting" else
+                 "base:      the head of what it waits for, once that ended")
+    waiting = job.state.current.state == "waiting"
+    if spec.after:
+        lines.append(safe_line(f"after:     {after_text(job)[len('after '):]}"))
+    lines.append(f"branch:    {spec.branch or '(read-only job: none)'}"
+                 + (" (made when it starts)" if waiting and spec.branch else branch_note(job)))
     where = placement(spec)
     if where is None:
         lines.append(safe_line(f"worktree:  {spec.worktree}{worktree_note(job, worktree_present)}"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 PICK_RULES = ("smallest", "cheapest", "fastest")
+ON_FAIL = ("skip", "run")  # model.ON_FAIL (this module imports nothing of ours: the CLI's hot path)
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,10 @@ class Option:
     short: str | None = None  # the CLI's one-letter flag
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
-    names: bool = False  # with best_of: a list (or comma-separated names), cycled over the attempts
+    names: bool = False  # a list (or comma-separated names): with best_of, cycled over the attempts
     multiple: bool = False  # repeatable on the CLI, a list (or one string) over MCP
     argument: bool = False  # the CLI takes it as its positional argument
+    repeat: bool = False  # the CLI takes the flag more than once (a list of values)
     show_default: bool = False
 
     @property
@@ -92,6 +94,12 @@ class StartRequest:
                                 "line is a number, higher is better", metavar="CMD")
     first_pass: bool = _option(bool, "with {best_of}: the first attempt to pass verify wins; the rest are stopped",
                                False)
+    after: str | list[str] | None = _option(
+        str, "job or group ids (sg-...) to wait for: the job is recorded waiting, holding no slot and no money, and "
+        "starts once they ended, from their head (several: their heads merged); several ids: repeat it, or "
+        "separate them with commas", names=True, repeat=True, metavar="ID")
+    on_fail: str | None = _option(str, "with {after}: skip (default) ends the job skipped when one it waits for "
+                                  "did not end done with verify passed; run starts it anyway", choices=ON_FAIL)
 
 
 GROUP_ONLY = ("pick", "judge", "first_pass")  # meaningful with best_of alone
@@ -121,4 +129,6 @@ def item_schema() -> dict[str, Any]:
             base = {"anyOf": [base, {"type": "array", "items": base}]}
         props[o.name] = {**base, "description": o.help_for("mcp")}
     props["repo"] = {"type": "string", "description": "absolute path to a git work tree (default: the server's)"}
+    props["id"] = {"type": "string", "description": "a name for this item, that another item's after may give "
+                   "(it then waits for this one)"}
     return {"type": "object", "properties": props, "required": ["task"], "additionalProperties": False}

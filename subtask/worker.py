@@ -53,6 +53,8 @@ from subtask import (
     notes,
     packing,
     phases,
+    plans,
+    ports,
     privatetext,
     records,
     render,
@@ -75,7 +77,7 @@ from subtask.gitrepo import (
     open_repo,
     preload_pygit2,
 )
-from subtask.model import DEPTH_ENV, Evidence, VerifyResult
+from subtask.model import DEPTH_ENV, WAITING, Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.stall import StallWatch
@@ -545,16 +547,18 @@ class Confinement:
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
         self.refused: list[str] = []
-        self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
+        self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
         self.env = engine_env(job, repo.state_dir)
-        if self.tmpdir:
-            self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        if job.spec.isolation != "none":
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask import procs
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
+        self.worktree = worktree
         try:
+            self.env.update(namespace_env(repo, job))
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
@@ -563,8 +567,8 @@ class Confinement:
                                       asked=not job.spec.isolation_source.startswith("default"))
             self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
-            if self.tmpdir:
-                shutil.rmtree(self.tmpdir, ignore_errors=True)
+            release_namespace(repo, job)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
 
     def watch(self, event: dict) -> None:
@@ -610,11 +614,14 @@ class Confinement:
 
     def close(self) -> None:
         self.end_leftovers()
-        self.sandbox.close()
-        for status in (self.before, self.after):
-            if status is not None:
-                status.lines()  # no git process is left behind, whatever ended the attempt
-        if self.tmpdir:
+        try:
+            run_teardown(self.repo, self.job, self.worktree, self)
+        finally:
+            release_namespace(self.repo, self.job)
+            self.sandbox.close()
+            for status in (self.before, self.after):
+                if status is not None:
+                    status.lines()  # no git process is left behind, whatever ended the attempt
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -629,6 +636,57 @@ def private_tmpdir(repo: Repo, job_id: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.mkdir(mode=0o700)
     return str(path)
+
+
+# ---------------------------------------------------------------- the job's namespace (issue 34)
+
+def namespace_env(repo: Repo, job: Job) -> dict[str, str]:
+    """What keeps parallel jobs apart at run time: its own ports (`ports.allocate`: the first of
+    `subtask.portsPerJob` consecutive ports no other running job holds and nothing has bound),
+    and its id as the name of whatever it starts (compose project, test database)."""
+    count = repo.config.integer("portsPerJob")
+    first = ports.allocate(repo.state_dir, job.id, job.state.current.n, repo.config.integer("portBase"), count)
+    return {"SUBTASK_PORT": str(first), "SUBTASK_PORTS": str(count), "SUBTASK_NAMESPACE": job.id,
+            "COMPOSE_PROJECT_NAME": job.id}
+
+
+def release_namespace(repo: Repo, job: Job) -> None:
+    """Give the attempt's ports back (once: a second release finds nothing)."""
+    try:
+        ports.release(repo.state_dir, job.id, job.state.current.n)
+    except Exception as exc:  # a dead worker's settle releases them otherwise
+        print(f"git-subtask: could not release the ports of {job.id}: {exc}", file=sys.stderr)
+
+
+TEARDOWN_TAIL_BYTES = 2048
+
+
+def run_teardown(repo: Repo, job: Job, worktree: Path, confinement: Confinement) -> None:
+    """Run `git config subtask.teardown` when the attempt ends (whatever ended it), in the job's
+    sandbox with the job's environment (its ports and names), to stop what the job started
+    outside its process tree (containers, databases). Its end is said in the events and the
+    worker log; it changes nothing in the job's record."""
+    command = repo.config.get("teardown")
+    if not command or not command.strip() or not worktree.is_dir():
+        return
+    from subtask import procs
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the attempt is ending: a stop must not cut it short
+    try:
+        with isolation.confined(confinement.sandbox):
+            result = procs.run(["sh", "-c", command], cwd=worktree, env=confinement.env,
+                               timeout=repo.config.number("setupTimeout"), tail_bytes=TEARDOWN_TAIL_BYTES, redact=True)
+        confinement.end_leftovers()
+    except Exception as exc:
+        print(redact(f"git-subtask: {job.id}: teardown ({command}) could not run: {exc}"), file=sys.stderr)
+        return
+    ended = "timed out" if result.timed_out else f"exited {result.exit_code}"
+    confinement.sink({"type": "teardown", "command": redact(command), "exit_code": result.exit_code,
+                      "timed_out": result.timed_out})
+    if result.exit_code != 0 or result.timed_out:
+        output = (result.stdout_tail + "\n" + result.stderr_tail).strip()
+        print(redact(f"git-subtask: {job.id}: teardown ({command}) {ended}" + (f": {output}" if output else "")),
+              file=sys.stderr)
 
 
 class MainWorktreeStatus:
@@ -866,8 +924,8 @@ def settle_cost(attempt, observed: float | None, *, launched: bool = True, credi
 def run_attempt(repo: Repo, job: Job) -> None:
     """Run the current attempt of `job` (as just read) to its end. The caller holds the run-lock."""
     job_id, attempt_n = job.id, job.state.current.n
-    if job.state.current.terminal:
-        return
+    if job.state.current.terminal or job.state.current.state == WAITING:
+        return  # ended; or still waiting (`plans` starts it), never a worker's to run
     state_dir = repo.state_dir
     if lifecycle.stop_marker(state_dir, job_id).exists():
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped before it started",
@@ -891,6 +949,9 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
         confinement = Confinement(repo, job, worktree, sink, main_before)
     except BaseException as exc:
         main_before.lines()  # no git process is left behind
+        if isinstance(exc, SubtaskError):  # no ports to give it (`namespace_env`)
+            _setup_failed(repo, job_id, attempt_n, redact(exc.message))
+            return
         if not isinstance(exc, (isolation.IsolationError, OSError)):
             raise
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
@@ -1123,6 +1184,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
+        start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
@@ -1130,10 +1192,20 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: settle the group
             groups.after_member_ended(repo, member)
+            start_waiters(repo)  # ... and start the jobs waiting for the group
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
+
+
+def start_waiters(repo: Repo, settle: bool = True) -> None:
+    """Move on the jobs waiting for the one this worker just ended (`plans.advance`); cheap when
+    none waits. Whatever fails here, the next command's sweep does it. `settle` False: a group they
+    wait for is not decided here (its judges would hold our run-lock; we settle it after it)."""
+    faults.point("before_advance")
+    plans.advance_quietly(repo, settle)
+    faults.point("after_advance")
 
 
 def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
@@ -1213,6 +1285,7 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     from subtask import procs
 
     procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
+    liveness.close_others(lock_fd)  # forked from a holder of other run-locks: they are not ours
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
