@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import (
+    admission,
     books,
     executors,
     faults,
@@ -52,9 +53,11 @@ from subtask.gitrepo import (
     resolve_commit,
 )
 from subtask.model import (
+    ACTIVE,
     DEPTH_ENV,
     MAX_TASK_BYTES,
     TERMINAL,
+    WAITING,
     Attempt,
     Cost,
     JobSpec,
@@ -77,6 +80,9 @@ class StartResult:
 
     @property
     def state(self) -> str:
+        recorded = self.job.state.current.state
+        if recorded == WAITING or recorded in TERMINAL:  # --after: waiting, or already moved on
+            return recorded
         return "running" if self.position == 0 and self.on == "local" else "queued"
 
 
@@ -91,7 +97,9 @@ class WaitResult:
         return not self.timed_out and all(job_passed(j) for j in self.jobs)
 
 
+MAX_RETRIES = 5
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
+WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of whose jobs runs yet
 
 
 def job_passed(job: Job) -> bool:
@@ -278,10 +286,13 @@ def launch(repo: Repo, request: StartRequest) -> StartResult | GroupStart:
 
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
-    """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
+    """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker.
+    With `after`: record the job waiting (`_start_waiting`)."""
     if request.best_of is not None:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
+    if prepared.until:
+        return _start_waiting(repo, prepared)
     if prepared.on == "ray":
         return _start_on_ray(repo, prepared.job, prepared.paid)
     if prepared.paid:
@@ -298,6 +309,7 @@ class _Prepared:
     paid: bool
     as_written: dict
     on: str = "local"  # the executor: "local" or "ray"
+    until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -315,11 +327,13 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     max_usd = _max_usd(repo, engine, request.max_usd)
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
+    retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
     network = _network(repo)
-    base = resolve_commit(repo, request.base or "HEAD")
+    after, until, on_fail = _after(repo, request, on)
+    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
@@ -330,20 +344,103 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
         signing.require_key(repo)
     clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
     stored_task, stored_verify = redact(task), redact(request.verify) if request.verify else request.verify
-    spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=request.base or "HEAD", base=base,
+    base_ref = f"after {', '.join(after)}" if after else request.base or "HEAD"
+    spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=base_ref, base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
                    repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone)
+                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
+                   after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+    if after:  # nothing reserved while it waits: its reservation is taken when it starts
+        attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written, on)
+    return _Prepared(job, engine.paid, as_written, on, until)
+
+
+def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None, list[str] | None, str | None]:
+    """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
+    from subtask import plans
+    from subtask.model import ON_FAIL
+
+    if request.after is not None and not isinstance(request.after, (str, list, tuple)):
+        raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
+    names = _list(request.after)
+    if request.on_fail is not None and request.on_fail not in ON_FAIL:
+        raise SubtaskError("usage", f"--on-fail must be {' or '.join(ON_FAIL)}, not {request.on_fail!r}")
+    if not names:
+        if request.on_fail is not None:
+            raise SubtaskError("usage", "--on-fail goes with --after: it says what to do when a job it waits for fails")
+        return None, None, None
+    if request.base not in (None, "", "HEAD"):
+        raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
+                           "--after, not both")
+    if on != "local":
+        raise SubtaskError("usage", "--after waits here: a job on a Ray cluster cannot wait for others yet",
+                           hint="git subtask start --on local --after ...")
+    after, until = plans.resolve_after(repo, list(names))
+    return after, until, request.on_fail
+
+
+def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
+    """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
+    record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
+    from subtask import plans
+
+    job, state_dir = prepared.job, repo.state_dir
+    fd = liveness.acquire(state_dir, job.id, new=True)
+    undo: list = [lambda: _drop_lock(state_dir, job.id, fd)]
+    try:
+        undo.append(lambda: plans.forget(repo, job.id))
+        if privatetext.keep(state_dir, job.id, 1, **prepared.as_written):
+            undo.append(lambda: privatetext.discard(state_dir, job.id, 1))
+        jobenv.save(state_dir, job.id)
+        undo.append(lambda: jobenv.drop(state_dir, job.id))
+        undo.append(lambda: records.delete(repo, job.id))
+        plans.record_waiting(repo, job, prepared.until or [])
+        faults.point("after_record")
+    except BaseException:
+        undo_uninterrupted(undo)
+        raise
+    liveness.release(fd)
+    plans.advance(repo)
+    job = records.read(repo, job.id)
+    return StartResult(job, queue_position(repo, job.id) or 0)
+
+
+def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
+    """The retries and checks a start asks for, validated (docs/verify.md)."""
+    retries = request.retries
+    if retries is None:
+        retries = 0
+    elif isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise SubtaskError("usage", f"--retries must be a whole number from 0 to {MAX_RETRIES}, not {retries!r}")
+    if retries and not request.verify:
+        raise SubtaskError("usage", "--retries needs --verify: a retry starts when verify fails",
+                           hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
+    if retries and request.readonly:
+        raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
+    if retries and on != "local":
+        raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
+                           hint="git subtask start --on local --retries N ...")
+    given = [request.check] if isinstance(request.check, str) else request.check
+    if not request.verify and not given:
+        return retries, []  # nothing to check: no import of the checks on start's path
+    from subtask import checks
+
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
+    if request.readonly:
+        if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
+            raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
+        return 0, []
+    return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
 
 
 def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
@@ -399,12 +496,13 @@ def request_from_dict(item) -> tuple[str | None, StartRequest]:
     optional `repo`; each checked for its kind as declared there."""
     if not isinstance(item, dict):
         raise SubtaskError("usage", f"each item must be an object with a task, not {type(item).__name__}")
-    unknown = sorted(set(item) - set(START_OPTIONS) - {"repo"})
+    unknown = sorted(set(item) - set(START_OPTIONS) - {"repo", "id"})
     if unknown:
         raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} "
-                           f"(known: repo, {', '.join(START_OPTIONS)})")
-    if item.get("repo") is not None and not isinstance(item["repo"], str):
-        raise SubtaskError("usage", f"repo must be a string, not {item['repo']!r}")
+                           f"(known: repo, id, {', '.join(START_OPTIONS)})")
+    for key in ("repo", "id"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise SubtaskError("usage", f"{key} must be a string, not {item[key]!r}")
     for name, option in START_OPTIONS.items():
         value = item.get(name)
         if value is not None:
@@ -416,7 +514,7 @@ def request_from_dict(item) -> tuple[str | None, StartRequest]:
 def check_option(option, value) -> None:
     """`value` is of the kind `option` declares (numbers' ranges are checked where they are used)."""
     kind = option.kind
-    if option.names and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if (option.names or option.multiple) and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return
     if kind is bool:
         ok, words = isinstance(value, bool), "true or false"
@@ -441,11 +539,16 @@ def _one_name(value, what: str) -> str | None:
 
 
 def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart | SubtaskError]:
-    """Start each item in turn; an item that fails is reported in its place and the rest still start.
+    """Start each item; an item that fails is reported in its place and the rest still start.
 
     Each item is a dict with the fields of `start` and an optional `repo` (a path `repo_for` opens;
     None = its default), so one call can fan out over several repositories. Each repository is
     opened once per call (finding it and reading its settings are two git processes).
+
+    An item may name itself (`id`) and wait for others (`after`: ids of items of this call, or
+    job and group ids): items start in an order where each comes after those it names, which it
+    then waits for (`start --after`). An item after one that could not start is not started;
+    items that wait for each other in a circle are refused.
     """
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
@@ -456,14 +559,69 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
             opened[path] = repo_for(path)
         return opened[path]
 
-    results: list[StartResult | GroupStart | SubtaskError] = []
-    for item in items:
+    results: list[StartResult | GroupStart | SubtaskError | None] = [None] * len(items)
+    local: dict[str, int] = {}
+    for n, item in enumerate(items):
+        name = item.get("id") if isinstance(item, dict) else None
+        if isinstance(name, str) and name.strip():
+            if name.strip() in local:
+                results[n] = SubtaskError("usage", f"two items have the id {name!r}: ids must be unique in a call")
+            local.setdefault(name.strip(), n)
+
+    def local_after(item) -> list[int]:
+        names = item.get("after") if isinstance(item, dict) else None
+        names = [names] if isinstance(names, str) else names if isinstance(names, list) else []
+        return [local[a.strip()] for a in names if isinstance(a, str) and a.strip() in local]
+
+    waits = {n: local_after(item) for n, item in enumerate(items)}
+    for n in _dependency_order(waits):
+        if results[n] is not None:
+            continue
+        item = items[n]
+        if n not in waits:  # in a circle
+            results[n] = SubtaskError("usage", f"item {n + 1} waits for itself through others: `after` makes a circle")
+            continue
+        failed = [m for m in waits[n] if isinstance(results[m], SubtaskError)]
+        if failed:
+            results[n] = SubtaskError("usage", f"item {n + 1} waits for item {failed[0] + 1}, which did not start")
+            continue
         try:
             path, request = request_from_dict(item)
-            results.append(launch(repo_of(path), request))
+            if request.after:  # this call's ids become the jobs (or groups) they started
+                request.after = [_started_id(results[local[a]]) if a in local else a for a in _list(request.after)]
+            results[n] = launch(repo_of(path), request)
         except SubtaskError as exc:
-            results.append(exc)
-    return results
+            results[n] = exc
+    return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
+
+
+def _started_id(result) -> str:
+    return result.group.id if isinstance(result, GroupStart) else result.job.id
+
+
+def _list(names) -> list[str]:
+    """`after` as given: one name or a list of them, each maybe several separated by commas."""
+    if isinstance(names, str):
+        names = [names]
+    return [n for text in names or [] if isinstance(text, str) for n in text.replace(",", " ").split() if n]
+
+
+def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
+    """Every item after those it waits for (stable: in the call's order where free); the items of
+    a circle come last, removed from `waits` so the caller refuses them."""
+    order: list[int] = []
+    done: set[int] = set()
+    left = sorted(waits)
+    while left:
+        ready = [n for n in left if all(m in done for m in waits[n])]
+        if not ready:
+            for n in left:
+                waits.pop(n)
+            return order + left
+        order.append(ready[0])
+        done.add(ready[0])
+        left.remove(ready[0])
+    return order
 
 
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
@@ -508,6 +666,9 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
         raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: it takes no --pick or --judge")
     if request.readonly:
         raise SubtaskError("usage", "--best-of makes no sense with --readonly: read-only jobs change nothing to pick from")
+    if request.after:
+        raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
+                           hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
     if executors.choose(repo.config, request.on) != "local":
         raise SubtaskError("usage", "--best-of runs its attempts here: a group on a Ray cluster is not supported yet",
                            hint="git subtask start --on local --best-of N ...")
@@ -531,10 +692,79 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
                          members=[p.job.id for p in prepared], engines=[p.job.spec.engine for p in prepared],
                          models=[p.job.spec.model for p in prepared], rule="judge" if how.judge else how.pick or "smallest",
                          judge=redact(how.judge) if how.judge else None, first_pass=bool(how.first_pass))
+    return GroupStart(group, _launch_group(repo, gid, group, prepared, what=f"the {n} attempts of this group",
+                                           judge=how.judge))
+
+
+@dataclass
+class MapStart(GroupStart):
+    batches: list[list[str]] = field(default_factory=list)
+
+
+def map_files(repo: Repo, pattern: str, base: str) -> list[str]:
+    """The files of `base` that git's glob `pattern` matches (from the top of the repository)."""
+    import tempfile
+
+    if not isinstance(pattern, str) or not pattern.strip() or "\0" in pattern or "\n" in pattern:
+        raise SubtaskError("usage", f"not a glob: {pattern!r}")
+    with tempfile.TemporaryDirectory(prefix="subtask-map-") as scratch:  # the base's files, not the index's
+        env = dict(os.environ, GIT_INDEX_FILE=str(Path(scratch) / "index"))
+        git(repo.root, "read-tree", base, env=env)
+        out = git(repo.root, "ls-files", "-z", "--full-name", "--", f":(top,glob){pattern}", env=env).stdout
+    return [name for name in out.split("\0") if name]
+
+
+def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1,
+              concurrency: int | None = None) -> MapStart:
+    """One job per batch of the base's files matching `pattern` (`{files}` in the task: the batch,
+    shell-quoted), as one group (`groups.Group`, kind "map"): admitted and reserved all or none;
+    at most `concurrency` of them run at once (slots pools), within maxRunning."""
+    import shlex
+
+    groups = _groups()
+    batch = int(_positive(batch, "--batch", allow_none=False, integer=True))
+    if concurrency is not None:
+        concurrency = int(_positive(concurrency, "--concurrency", integer=True))
+    template = _check_task(request.task)
+    if "{files}" not in template:
+        raise SubtaskError("usage", "the task names no {files}: say where each job's files go",
+                           hint="git subtask map 'src/*.py' 'add type hints to {files}'")
+    if request.readonly or request.after or executors.choose(repo.config, request.on) != "local":
+        raise SubtaskError("usage", "map starts writing jobs here: no --readonly, --after or --on ray")
+    base = resolve_commit(repo, request.base or "HEAD")
+    files = map_files(repo, pattern, base)
+    if not files:
+        raise SubtaskError("usage", f"no tracked file matches {pattern!r} at {base[:12]}",
+                           hint="git ls-files ':(glob)PATTERN' shows what a glob matches")
+    batches = [files[i:i + batch] for i in range(0, len(files), batch)]
+    if len(batches) > groups.MAX_MAP_JOBS:
+        raise SubtaskError("usage", f"{len(files)} files by {batch} make {len(batches)} jobs; the limit is "
+                           f"{groups.MAX_MAP_JOBS}", hint="give a larger --batch")
+    gid = groups.new_group_id()
+    prepared = []
+    for k, names in enumerate(batches):
+        task = template.replace("{files}", " ".join(shlex.quote(n) for n in names))
+        member = _prepare(repo, StartRequest(**{**request.__dict__, "task": task, "base": base}), group=gid, member=k + 1)
+        member.job.spec.concurrency = concurrency
+        prepared.append(member)
+    if any(p.paid for p in prepared):
+        _sync_ledger(repo)
+    first = prepared[0].job.spec
+    group = groups.Group(id=gid, task=redact(template), base=base, verify=first.verify or "", created_at=first.created_at,
+                         members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
+                         rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
+    results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
+    return MapStart(group, results, batches)
+
+
+def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, what: str, judge: str | None = None
+                  ) -> list[StartResult]:
+    """Admit and start a group's members all or none, then write the group record."""
+    groups = _groups()
     launches = []
     try:
         for p in prepared:
-            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id, new=True),
+            launches.append(_Launch(p.job, p.paid, p.job.spec.base, liveness.acquire(repo.state_dir, p.job.id, new=True),
                                     p.as_written))
     except BaseException:
         for launch in launches:
@@ -542,12 +772,10 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
         raise
 
     def write_group() -> None:
-        groups.keep_judge(repo, gid, how.judge)
+        groups.keep_judge(repo, gid, judge)
         groups.create(repo, group)
 
-    results = _launch_all(repo, launches, what=f"the {n} attempts of this group", then_record=write_group,
-                          undo_record=lambda: groups.delete(repo, gid))
-    return GroupStart(group, results)
+    return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
 
 
 def get_group(repo: Repo, gid_or_prefix: str):
@@ -563,7 +791,8 @@ class GroupWait:
 
     @property
     def all_picked(self) -> bool:
-        return not self.timed_out and all(g.state == "picked" for g in self.groups)
+        """Every group has a passing pick (a map: every job passed)."""
+        return not self.timed_out and all(_groups().passed_group(g) for g in self.groups)
 
 
 def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,
@@ -672,10 +901,10 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     spawned: list[_Launch] = []
     unspawned: list[_Launch] = []
     try:
-        positions, dead, handed = _admit(repo, launches, what)
+        positions, dead, handed = admission.admit(repo, launches, what)
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            undo.append(lambda job=job, attempt=attempt: _unadmit(repo, job.id, attempt.n))
+            undo.append(lambda job=job, attempt=attempt: admission.unadmit(repo, job.id, attempt.n))
             # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
             if privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written):
@@ -714,8 +943,8 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                 print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
                 unspawned.append(launch)
     except BaseException as exc:
-        admission = getattr(exc, "admission", (dead, handed))
-        undo_uninterrupted(undo, then=lambda: _after_admission(repo, admission))
+        admitted = getattr(exc, "admission", (dead, handed))
+        undo_uninterrupted(undo, then=lambda: admission.after_admission(repo, admitted))
         raise
     queued = False
     for launch, position in zip(launches, positions, strict=True):
@@ -725,81 +954,11 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
             liveness.release(launch.lock_fd)  # queued; or not spawned: its entry is now a dead worker's
             queued = queued or position != 0
     if queued:
-        handed += _fill_after_queueing(repo)
-    _after_admission(repo, (dead, handed))
+        handed += admission.fill_after_queueing(repo)
+    admission.after_admission(repo, (dead, handed))
     if unspawned:
         lifecycle.reconcile(repo)
     return [StartResult(launch.job, position) for launch, position in zip(launches, positions, strict=True)]
-
-
-def _admit(repo: Repo, launches: list[_Launch], what: str | None = None
-           ) -> tuple[list[int], list[slots.HandOff], list[slots.HandOff]]:
-    """The one critical section: reap, fill, admit or queue, reserve. Returns (positions, dead, handed).
-
-    The slot entries are saved before the money is reserved, so a crash between the two leaves a
-    slot entry that recovery settles, never a reservation nobody knows about. Several launches (a
-    group) are reserved all or none: the cap is checked for their sum before any row is written.
-    A refusal (or any error) takes the entries back out but keeps what the reap and fill did; the
-    error then carries them as `admission`, for the caller to settle and hand on.
-    """
-    state_dir = repo.state_dir
-    max_running = repo.config.integer("maxRunning")
-    failure: BaseException | None = None
-    reserved: list[str] = []
-    with slots.transaction(state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        dead = slots.reap_dead(current, state_dir)
-        handed = slots.fill(current, state_dir, max_running)
-        positions = []
-        for launch in launches:
-            job, attempt = launch.job, launch.job.state.current
-            entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent)
-            positions.append(slots.admit(current, entry, max_running))
-            attempt.state = "running" if positions[-1] == 0 else "queued"  # admitted: its worker starts now
-        try:
-            faults.point("after_admit")
-            paid = [launch for launch in launches if launch.paid]
-            if paid:
-                slots.save(state_dir, current)
-                cap = repo.config.number("monthlyCapUsd")
-                with ledger.lock(state_dir):
-                    if len(launches) > 1:
-                        ledger.check_fits_locked(state_dir, [p.job.state.current.cost.reserved for p in paid], cap,
-                                                 what=what or f"{len(paid)} jobs")
-                    for launch in paid:
-                        job, attempt = launch.job, launch.job.state.current
-                        # Dated when queued: the record alone then tells the reservation's month.
-                        ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                              usd=attempt.cost.reserved, cap_usd=cap,
-                                              now=books.reserved_at(attempt.queued_at))
-                        reserved.append(attempt.rid)
-                faults.point("after_reserve")
-        except BaseException as exc:
-            for launch in launches:
-                slots.remove(current, launch.job.id, launch.job.state.current.n)
-            failure = exc
-    if failure is not None:
-        for rid in reserved:  # a group whose later reservation failed: none of it stays reserved
-            ledger.close(state_dir, rid, 0.0, reason="start undone")
-        failure.admission = (dead, handed)  # type: ignore[attr-defined]
-        raise failure
-    return positions, dead, handed
-
-
-def _after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots.HandOff]]) -> None:
-    """Settle the dead workers the admission reaped and spawn the workers it handed slots to."""
-    dead, handed = admission
-    lifecycle.start_handoffs(repo, handed)
-    lifecycle.settle_reaped(repo, dead)
-
-
-def _fill_after_queueing(repo: Repo) -> list[slots.HandOff]:
-    """A queued job's starter fills free slots once it lets go of its run-lock.
-
-    While it was writing the branch and record it held that lock, and `slots.fill` stops at a busy
-    queue head; a slot freed meanwhile would otherwise sit idle until the next command.
-    """
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
 
 
 def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
@@ -833,11 +992,6 @@ def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
         pass
 
 
-def _unadmit(repo: Repo, job_id: str, attempt_n: int) -> None:
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        slots.remove(current, job_id, attempt_n)
-
-
 def _delete_branch(repo: Repo, branch: str) -> None:
     ref = repo.objects.ref(f"refs/heads/{branch}")
     if ref is not None:
@@ -845,8 +999,12 @@ def _delete_branch(repo: Repo, branch: str) -> None:
 
 
 def sweep(repo: Repo) -> None:
-    """Notice dead workers (and hand their slots on). Cheap: reads the slots file only."""
+    """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
+    ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
+    from subtask import plans
+
     lifecycle.reconcile(repo)
+    plans.advance(repo)
 
 
 # ---------------------------------------------------------------- reply
@@ -867,6 +1025,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
+    if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
+        raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
+                           "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     if executors.runs_remotely(job):
         raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
@@ -937,6 +1098,7 @@ def queue_position(repo: Repo, job_id: str) -> int | None:
 
 
 DEFAULT_LIST_LIMIT = 50
+LIST_STATES = (*ACTIVE, *TERMINAL)
 
 
 @dataclass
@@ -953,8 +1115,8 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
     landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
     """
-    if state is not None and state not in ("queued", "running", "done", "failed", "stopped", "active", "ended"):
-        raise SubtaskError("usage", f"unknown state '{state}' (queued, running, done, failed, stopped, active, ended)")
+    if state is not None and state not in (*LIST_STATES, "active", "ended"):
+        raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
     from subtask import landing
 
@@ -977,7 +1139,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             hidden += 1
             continue
         job_state = entry.get("state")
-        if state == "active" and job_state not in ("queued", "running"):
+        if state == "active" and job_state not in ACTIVE:
             continue
         if state == "ended" and job_state not in TERMINAL:
             continue
@@ -1113,8 +1275,10 @@ def _activity_text(event: dict) -> str | None:
     if kind in ("text", "output"):
         text = (event.get("text") or "").strip()
         return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
     if kind == "state":
-        return event.get("state") + (f": {event['command']}" if event.get("command") else "")
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 
@@ -1263,6 +1427,19 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
         if latest.state.current.terminal:
             ended.put((job_id, _after_wrap_up(repo, latest, cancel)))
             return
+        if latest.state.current.state == WAITING:
+            # Nothing holds a waiting job: look again now and then, moving it on when it can be
+            # (the worker that ends the last job it waits for does it too, at once).
+            latest = None
+            if time.monotonic() >= next_fill:
+                next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
+                sweep(open_repo(repo.root))
+            running = _running_dependency(state_dir, job_id)
+            if running is not None:
+                liveness.wait_released(state_dir, running)  # in the kernel until its worker lets go
+            else:
+                time.sleep(WAITING_LOOK)
+            continue
         remote, latest = executors.runs_remotely(latest), None
         if remote:
             from subtask.executors import ray as ray_executor
@@ -1273,7 +1450,7 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             liveness.wait_released(state_dir, job_id)
             continue
         if slots.read(state_dir).position(job_id) is None:
-            lifecycle.reconcile(repo)  # not queued and no worker: it died; end it
+            sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
             lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         elif time.monotonic() >= next_fill:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
@@ -1281,6 +1458,14 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
             lifecycle.reconcile(open_repo(repo.root))
         time.sleep(0.02)
+
+
+def _running_dependency(state_dir: Path, job_id: str) -> str | None:
+    """A job the waiting `job_id` waits for whose worker runs now (its run-lock is held), if any."""
+    for entry in slots.read(state_dir).waiting:
+        if entry["job"] == job_id:
+            return next((other for other in entry["until"] if liveness.is_held(state_dir, other)), None)
+    return None
 
 
 def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
@@ -1317,10 +1502,15 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
         from subtask.executors import ray as ray_executor
 
         return ray_executor.stop(repo, job_id)
-    lifecycle.stop_job(repo, job_id)
+    from subtask import plans
+
+    # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
+    if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
+        lifecycle.stop_job(repo, job_id)
     job = records.read(repo, job_id)
     if job.spec.group:  # a member stopped by hand may be the last one its group waited for
         _groups().after_member_ended(repo, job)
+    plans.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
     return job
 
 
@@ -1511,6 +1701,15 @@ def evidence_envelope(job: Job) -> dict:
         "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
                   if attempt.state == "failed" else None),
         "landed_in": job.state.landed_in,
+        # the verify loop (docs/verify.md): each check's verdict, each attempt's, where it was left
+        "checks": attempt.checks,
+        "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
+                  "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
+                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
+                  "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
+        "best": job.state.best,
+        # what the engine's summary claimed and the evidence contradicts (never decided on)
+        "claims": (evidence or {}).get("claims"),
     }
 
 

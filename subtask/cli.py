@@ -111,8 +111,14 @@ def start_options(command):
             command = click.option(*decls, is_flag=True, help=option.help_for("cli"))(command)
             continue
         kind = click.Choice(option.choices) if option.choices else option.kind
+        if option.multiple:  # repeatable; none given is the default (None), not ()
+            command = click.option(*decls, type=kind, multiple=True, metavar=option.metavar,
+                                   callback=lambda ctx, param, value: list(value) or None,
+                                   help=option.help_for("cli"))(command)
+            continue
         command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
-                               show_default=option.show_default, help=option.help_for("cli"))(command)
+                               show_default=option.show_default, multiple=option.repeat,
+                               help=option.help_for("cli"))(command)
     return command
 
 
@@ -129,8 +135,41 @@ def start(as_json, **options):
 
     if options["task"] == "-":
         options["task"] = sys.stdin.read()
+    options = {name: (list(value) or None) if isinstance(value, tuple) else value for name, value in options.items()}
     started = api.launch(_repo(), api.StartRequest(**options))
     _emit(replies.started(started), as_json)
+
+
+@cli.command("map", context_settings=CONTEXT)
+@click.argument("pattern", metavar="GLOB")
+@click.argument("template", metavar="TASK")
+@click.option("--batch", type=int, default=1, show_default=True, help="files per job")
+@click.option("--concurrency", type=int, help="at most this many of its jobs run at once (within subtask.maxRunning)")
+@click.option("--engine", "-e", help="the engine of every job (default: git config subtask.engine, else claude)")
+@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch every job starts from")
+@click.option("--verify", help="command run in each job's worktree on its final commit; exit 0 = passed")
+@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
+@click.option("--timeout", type=float, help="seconds each job's engine may run")
+@click.option("--max-usd", type=float, help="budget reserved for each job of a paid engine")
+@click.option("--model", help="model for agent engines")
+@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what each engine may write")
+@click.option("--json", "as_json", is_flag=True, help="print the group and its jobs as JSON")
+def map_(pattern, template, batch, concurrency, engine, base, verify, verify_timeout, timeout, max_usd, model,
+         isolation, as_json):
+    """Fan a task out over files: one job per batch of tracked files matching GLOB, as one group.
+
+    TASK is a template: {files} becomes the batch's paths, shell-quoted and separated by spaces.
+    GLOB is git's glob (`*` stays within a folder, `**` crosses folders), from the top of the
+    repository. Prints the group id (sg-...) and one line per job; wait, list, show and stop take
+    the group id, and `start --after sg-...` starts a job from all their heads merged.
+    """
+    from subtask import api, replies
+
+    if template == "-":
+        template = sys.stdin.read()
+    request = api.StartRequest(task=template, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
+                               timeout=timeout, max_usd=max_usd, model=model, isolation=isolation)
+    _emit(replies.started(api.start_map(_repo(), pattern, request, batch=batch, concurrency=concurrency)), as_json)
 
 
 def _is_group(text: str) -> bool:
@@ -181,7 +220,7 @@ def wait(ids, any_, timeout, as_json):
 
 
 @cli.command("list", context_settings=CONTEXT)
-@click.option("--state", help="queued, running, done, failed, stopped, active or ended")
+@click.option("--state", help="waiting, queued, running, done, failed, stopped, skipped, active or ended")
 @click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
 @click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
 @click.option("--json", "as_json", is_flag=True)

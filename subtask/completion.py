@@ -62,8 +62,10 @@ SCRIPTS = {"bash": BASH, "zsh": ZSH, "fish": FISH}
 VALUES = {
     "--isolation": ["none", "worktree", "readonly"],
     "--on": ["local", "ray"],
-    "--state": ["queued", "running", "done", "failed", "stopped", "active", "ended"],
+    "--state": ["queued", "running", "done", "failed", "stopped", "waiting", "skipped", "active", "ended"],
     "--older-than": ["12h", "7d", "30d"],
+    "--check": ["no-test-deletion", "no-suppression", "paths=", "none"],
+    "--retries": ["0", "1", "2", "3", "4", "5"],
 }
 
 
@@ -88,6 +90,8 @@ def candidates(group: click.Group, words: list[str], job_ids, engines=lambda: []
             return list(option.type.choices)
         if option.name == "engine":
             return list(engines())
+        if option.name == "after":  # start --after: the jobs and groups it may wait for
+            return list(job_ids())
         return VALUES.get(option.opts[0], [])
     options = [opt for param in command.params if isinstance(param, click.Option) for opt in param.opts]
     out = sorted(options) + ["--help"]

@@ -40,6 +40,8 @@ SETTINGS: dict[str, Setting] = {
     "defaultTimeout": Setting("3600", "number", 0, "seconds a paid engine may run when no --timeout is given (0: no limit)"),
     "stallAfter": Setting("600", "number", 0, "seconds without an event from the engine after which a job is marked stalled (0: never)"),
     "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
+    "portBase": Setting("20000", "int", 1, "the first port handed to running jobs ($SUBTASK_PORT)"),
+    "portsPerJob": Setting("10", "int", 1, "consecutive ports each running job gets from $SUBTASK_PORT"),
     "packLooseObjects": Setting("1024", "int", 0, "loose objects added since the last pack that make a "
                                 "worker pack them before its checkout (0: never)"),
 }

@@ -174,7 +174,8 @@ def check_records(repo) -> Check:
     recorded running or queued that no worker, starter or queue holds, a stale ref lock."""
     from subtask import records, slots
 
-    queued = {e["job"] for e in slots.read(repo.state_dir).queue}
+    current = slots.read(repo.state_dir)
+    queued = {e["job"] for e in current.queue + current.waiting}  # a waiting entry: `plans` completes it
     incomplete, orphaned, locked = [], [], []
     for entry in records.list_entries(repo):
         try:

@@ -1,4 +1,5 @@
-"""Best-of-N groups: N ordinary jobs racing at one task, and the pick verify (and a rule) makes.
+"""Groups of jobs: best-of-N (N ordinary jobs racing at one task, and the pick verify and a rule
+make) and maps (`git subtask map`: one job per batch of files, at most `concurrency` running).
 
 A group is a record like a job's: a commit chain at `refs/subtask/groups/<gid>/record` whose tree
 holds `group.json` (members, rule, and once decided the pick and the ranking table) and whose
@@ -20,6 +21,9 @@ Invariants:
 - A member's place is written after the group record (`complete`), never by guessing; a member
   whose worker still holds its run-lock is left for that worker, which completes its own place
   once it has written its note (a place written before would be overwritten by that note).
+- A map group (`kind` "map") has no pick: once every member has ended it is `done` when each
+  passed (done, and verify passed where it has one), else `failed`; decided once, like a pick.
+  Its bound on running members lives in their slot entries (`slots` pools), not here.
 - Merging a group lands the pick through `landing.merge` (its gate); the others are superseded:
   their clean worktrees removed under their run-locks, their branches deleted only where the head
   pin keeps the branch tip (or the branch holds no commit), so every member's work stays reachable.
@@ -43,6 +47,7 @@ from typing import Any
 from subtask import faults, lifecycle, liveness, ownership, records, render
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo
+from subtask.model import TERMINAL as TERMINAL_JOB
 from subtask.model import _Record, now
 from subtask.records import Job
 from subtask.redact import redact
@@ -53,7 +58,9 @@ GROUP_PREFIX_RE = re.compile(r"sg-[0-9a-f]{0,8}")
 GROUPS_PREFIX = "refs/subtask/groups/"
 RULES = ("smallest", "cheapest", "fastest")
 MIN_MEMBERS, MAX_MEMBERS = 2, 8
-TERMINAL = ("picked", "no_pick", "stopped")
+TERMINAL = ("picked", "no_pick", "stopped", "done", "failed")  # done, failed: a map's ends
+KINDS = ("best_of", "map")
+MAX_MAP_JOBS = 1000
 SETTLE_LOCK_WAIT = 3600.0  # a settle holds the lock while judges run (each bounded by verifyTimeout)
 
 
@@ -78,7 +85,11 @@ class Group(_Record):
     rule: str = "smallest"  # smallest | cheapest | fastest | judge
     judge: str | None = None  # redacted; the command as written is in <state>/run/<gid>.judge.json
     first_pass: bool = False
-    state: str = "running"  # running | picked | no_pick | stopped
+    kind: str = "best_of"  # best_of | map
+    concurrency: int | None = None  # a map: at most this many members run at once
+    pattern: str | None = None  # a map: the glob its files matched
+    batch: int | None = None  # a map: files per job
+    state: str = "running"  # running | picked | no_pick | stopped; a map: running | done | failed | stopped
     pick: str | None = None
     table: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
@@ -91,7 +102,13 @@ class Group(_Record):
         return self.state in TERMINAL
 
     @property
+    def is_map(self) -> bool:
+        return self.kind == "map"
+
+    @property
     def rule_text(self) -> str:
+        if self.is_map:
+            return f"map, {self.concurrency or 'any'} at once"
         if self.first_pass:
             return "first to pass"
         return f"judge {render.task_title(self.judge or '', 40)}" if self.rule == "judge" else self.rule
@@ -100,11 +117,14 @@ class Group(_Record):
 # ---------------------------------------------------------------- the record
 
 def status_line(group: Group) -> str:
-    parts = [f"group {group.id} {group.state}"]
-    if group.pick:
-        parts.append(f"pick {group.pick}")
-    parts.append(f"{len(group.members)} members")
-    parts.append(f"rule {group.rule_text}")
+    if group.is_map:
+        parts = [f"map {group.id} {group.state}", f"{len(group.members)} jobs", f"{group.concurrency or 'any'} at once"]
+    else:
+        parts = [f"group {group.id} {group.state}"]
+        if group.pick:
+            parts.append(f"pick {group.pick}")
+        parts.append(f"{len(group.members)} members")
+        parts.append(f"rule {group.rule_text}")
     if group.merged:
         parts.append(f"merged as {render.short(group.merged.get('commit'))}")
     parts.append(render.task_title(group.task))
@@ -230,6 +250,19 @@ def passed(job: Job | None) -> bool:
     return attempt.state == "done" and attempt.verify is not None and attempt.verify.passed
 
 
+def map_member_passed(job: Job | None) -> bool:
+    """A map member passes when it ended done with verify passed, or done with no verify."""
+    if job is None:
+        return False
+    attempt = job.state.current
+    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
+
+
+def passed_group(group: Group) -> bool:
+    """What `wait` exits 0 for, and a job `--after` the group starts on: a pick, or a map done."""
+    return group.state == "picked" or (group.is_map and group.state == "done")
+
+
 def member_row(index: int, job_id: str, job: Job | None) -> dict[str, Any]:
     """What the table says of one member, from its record alone."""
     if job is None:
@@ -319,6 +352,12 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
 def decide(repo: Repo, group: Group, jobs: dict[str, Job | None]) -> tuple[list[dict], str | None, str]:
     """(table, pick, reason) for a group whose members have all ended; runs the judge if any."""
     rows = [member_row(n, job_id, jobs.get(job_id)) for n, job_id in enumerate(group.members, 1)]
+    if group.is_map:
+        for row in rows:
+            row["passed"] = map_member_passed(jobs.get(row["member"]))
+        failed = [row["member"] for row in rows if not row["passed"]]
+        return rows, None, (f"all {len(rows)} passed" if not failed else
+                            f"{len(failed)} of {len(rows)} did not pass: {', '.join(failed[:10])}")
     if group.rule == "judge" and not group.first_pass:
         command = _judge_as_written(repo, group)
         for row in rows:
@@ -378,10 +417,13 @@ def _decide_once(repo: Repo, gid: str) -> Group:
             return group  # a reply started meanwhile
         table, pick, reason = decide(repo, group, jobs)
 
+        state = ("done" if all(row["passed"] for row in table) else "failed") if group.is_map else \
+            ("picked" if pick else "no_pick")
+
         def change(g: Group) -> bool:
             if g.terminal:
                 return False  # never overwrite a terminal state (a stop won the race)
-            g.state, g.pick, g.table, g.reason, g.decided_at = ("picked" if pick else "no_pick"), pick, table, reason, now()
+            g.state, g.pick, g.table, g.reason, g.decided_at = state, pick, table, reason, now()
             return True
 
         group = update(repo, gid, change)
@@ -394,6 +436,7 @@ def place_of(group: Group, job_id: str) -> dict[str, Any]:
     superseded = job_id in ((group.merged or {}).get("superseded") or [])
     return {"v": 1, "group": group.id, "member": job_id, "state": group.state, "rank": row.get("rank") if row else None,
             "of": len(group.members), "pick": group.pick, "rule": group.rule_text,
+            **({"kind": "map", "index": group.members.index(job_id) + 1} if group.is_map else {}),
             "note": row.get("note") if row else None, "superseded": superseded}
 
 
@@ -461,7 +504,7 @@ def settle_listed(repo: Repo, entries: list[dict]) -> None:
         if entry.get("group"):
             by_group.setdefault(entry["group"], []).append(entry)
     for gid, listed in by_group.items():
-        ended = all(e.get("state") in ("done", "failed", "stopped") for e in listed)
+        ended = all(e.get("state") in TERMINAL_JOB for e in listed)
         one_passed = any(e.get("state") == "done" and e.get("verify") == "passed" for e in listed)
         if not (ended or one_passed):
             continue
@@ -509,6 +552,10 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
     from subtask import landing
 
     group = settle(repo, gid, wait_for_workers=True)
+    if group.is_map:
+        raise SubtaskError("usage", f"{gid} is a map: it has no pick to merge; merge its jobs one by one, or start "
+                           "one job after the whole map (it starts from all their heads) and merge that",
+                           hint=f"git subtask start --after {gid} --verify '...' 'check the whole change'")
     if not group.pick:
         why = "it is still running" if not group.terminal else (group.reason or group.state)
         raise SubtaskError("negative", f"{gid} has no pick to merge: {why}",
@@ -606,13 +653,19 @@ def table_rows(repo: Repo, group: Group) -> list[dict[str, Any]]:
     return [member_row(n, m, jobs.get(m)) for n, m in enumerate(group.members, 1)]
 
 
+MAP_HEADER = f"{'job':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
 TABLE_HEADER = f"{'rank':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
 
 
-def table_line(row: dict[str, Any]) -> str:
+def header(group: Group) -> str:
+    return MAP_HEADER if group.is_map else TABLE_HEADER
+
+
+def table_line(row: dict[str, Any], in_map: bool = False) -> str:
     changes = f"+{row.get('added', 0)} -{row.get('deleted', 0)}"
     verify = row.get("verify") or "-"
-    line = (f"{str(row.get('rank') or '-'):<4}  {row['member']:<11}  {(row.get('engine') or '-')[:10]:<10}  "
+    number = row.get("index") if in_map else row.get("rank")
+    line = (f"{str(number or '-'):<4}  {row['member']:<11}  {(row.get('engine') or '-')[:10]:<10}  "
             f"{(row.get('model') or '-')[:12]:<12}  {row.get('state', '-'):<7}  {verify:<6}  {changes:<11}  "
             f"{render.money(row.get('cost')):>6}  {render.duration(row.get('seconds')):>6}")
     extra = []
@@ -624,6 +677,10 @@ def table_line(row: dict[str, Any]) -> str:
 
 
 def headline(group: Group) -> str:
+    if group.is_map:
+        what = group.state + (f" ({group.reason})" if group.reason and group.state != "running" else "")
+        return render.safe_line(f"{group.id} map {what} · {len(group.members)} jobs · {group.concurrency or 'any'} at "
+                                f"once · {render.task_title(group.pattern or '', 40)}")
     if group.state == "picked":
         what = f"picked {group.pick} ({group.reason})"
     elif group.state == "no_pick":
@@ -638,15 +695,17 @@ def headline(group: Group) -> str:
 
 def show_text(repo: Repo, group: Group) -> str:
     lines = [headline(group), f"task:    {render.task_title(group.task, 100)}",
-             f"verify:  {group.verify}", f"base:    {render.short(group.base)}", "", TABLE_HEADER]
-    lines += [table_line(row) for row in table_rows(repo, group)]
-    lines += ["", f"more:    git subtask compare {group.id} · git subtask merge {group.id}"]
+             f"verify:  {group.verify or '(none)'}", f"base:    {render.short(group.base)}", "", header(group)]
+    lines += [table_line(row, group.is_map) for row in table_rows(repo, group)]
+    more = (f"git subtask wait {group.id} · git subtask start --after {group.id} '...'" if group.is_map else
+            f"git subtask compare {group.id} · git subtask merge {group.id}")
+    lines += ["", f"more:    {more}"]
     return render.safe("\n".join(lines))
 
 
 def result_text(repo: Repo, group: Group) -> str:
     """A few lines for an agent: the ranking table, then the pick's one line and summary."""
-    lines = [headline(group), TABLE_HEADER, *(table_line(r) for r in table_rows(repo, group))]
+    lines = [headline(group), header(group), *(table_line(r, group.is_map) for r in table_rows(repo, group))]
     if group.pick:
         try:
             pick = records.read(repo, group.pick)
@@ -662,6 +721,9 @@ def result_text(repo: Repo, group: Group) -> str:
 
 def list_line(group: Group) -> str:
     """One line for `list`: the group and what it picked (its members are folded under it)."""
+    if group.is_map:
+        return render.safe_line(f"{group.id:<11}  {group.state:<10}  map · {len(group.members)} jobs · "
+                                f"{group.concurrency or 'any'} at once · {render.task_title(group.task, 40)}")
     what = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "-"
     merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
     return render.safe_line(f"{group.id:<11}  {group.state:<10}  {what} · {len(group.members)} members · "

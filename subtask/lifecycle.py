@@ -24,8 +24,20 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import faults, jobenv, ledger, liveness, ownership, privatetext, records, slots, spawn
+from subtask import (
+    faults,
+    jobenv,
+    ledger,
+    liveness,
+    ownership,
+    ports,
+    privatetext,
+    records,
+    slots,
+    spawn,
+)
 from subtask.gitrepo import Repo, open_repo
+from subtask.model import WAITING
 from subtask.records import Job
 from subtask.statefiles import ensure_dir, open_private, write_json
 
@@ -272,7 +284,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
     try:
-        records.read(target, job_id)
+        recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
         # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
         # Nothing more can be written to it, so it is settled as far as it can be: the slot goes.
@@ -285,6 +297,10 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         privatetext.discard(target.state_dir, job_id, attempt_n)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
+    ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
+    if recorded.state.attempts and recorded.state.current.n < attempt_n:
+        job_id, attempt_n, rid = _retry_never_recorded(target, recorded, attempt_n)
+        ports.release(target.state_dir, job_id, attempt_n)
     if stop_marker(target.state_dir, job_id).exists():
         # `stop` killed it (or it died while being stopped): that is the end the user asked for.
         job = end_attempt(target, job_id, attempt_n, "stopped", reason="stopped by request")
@@ -299,6 +315,17 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
             charged = attempt.cost.charged if attempt.terminal else None
             ledger.close(target.state_dir, attempt.rid, charged, reason=WORKER_DIED)
     return job is not None
+
+
+def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> tuple[str, int, str]:
+    """A slot entry of an attempt the record does not hold: a verify loop's retry (subtask/
+    retries.py) whose worker died after it renamed its slot entry and reserved the retry's money,
+    before the record took it. Nothing of the retry ran: its money and words go, and what is
+    settled is the attempt the record holds (the one the dead worker was ending)."""
+    ledger.close(repo.state_dir, f"{job.id}.{attempt_n}", 0.0, reason="retry did not start")
+    privatetext.discard(repo.state_dir, job.id, attempt_n)
+    current = job.state.current.n
+    return job.id, current, f"{job.id}.{current}"
 
 
 def missing_after_end(repo: Repo, job: Job) -> list[str]:
@@ -328,12 +355,14 @@ def settle_orphan(repo: Repo, job_id: str) -> bool:
         return False  # a worker or starter holds it: not an orphan
     try:
         with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
-            listed = any(e["job"] == job_id for e in current.running + current.queue)
+            listed = job_id in slots.listed(current)
         if listed:
-            return False  # the sweep (a running entry) or a hand-off (a queued one) owns it
+            # the sweep (a running entry), a hand-off (a queued one) or `plans.move_on` (a waiting
+            # one, or one recorded queued whose admission its mover did not live to make) owns it
+            return False
         job = records.read(repo, job_id)
-        if job.state.current.terminal or not ownership.owns(repo, job):
-            return False  # ended, or a teammate's record pulled from another clone
+        if job.state.current.terminal or job.state.current.state == WAITING or not ownership.owns(repo, job):
+            return False  # ended, waiting (rebuilt into the file by the next pass), or a teammate's record
         return bool(_settle_quietly(repo, slots.make_entry(job_id, job.state.current.n, repo.common_dir)))
     finally:
         liveness.release(fd)
@@ -389,9 +418,16 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
     """Slots rebuilt from this repository's records and run-locks (the file was damaged)."""
     rebuilt = slots.Slots()
     for entry in records.list_entries(repo):
+        if entry.get("state") == WAITING and isinstance(entry.get("after"), list):
+            # A group's id stands for its members here: no slot lists it, so the job is looked at
+            # (`plans.move_on` reads the group) at every pass until the group has ended.
+            slots.add_waiting(rebuilt, entry["id"], repo.common_dir, [str(n) for n in entry["after"]])
+            continue
         if entry.get("state") not in ("queued", "running") or entry.get("on") == "ray":
             continue  # a job a cluster runs holds no local slot (subtask/executors)
-        item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir)
+        concurrency = entry.get("concurrency") if isinstance(entry.get("concurrency"), int) else None
+        item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir,
+                                pool=entry.get("group") if concurrency else None, pool_max=concurrency)
         item["since"] = entry.get("created") or time.time()
         if entry["state"] == "running" or liveness.is_held(repo.state_dir, entry["id"]):
             rebuilt.running.append(item)

@@ -47,6 +47,19 @@ def owns(job_id: str) -> bool:
     return job_id in _owned.values()
 
 
+def close_others(keep: int) -> None:
+    """In a worker forked from a process that held other jobs' run-locks (a worker starting the
+    jobs that waited for its own, a start of several jobs): close those copies, never unlocking
+    them (that would unlock them for their holder too), so this worker never keeps another job's
+    lock held once its holder lets go or dies."""
+    for fd in [fd for fd in _owned if fd != keep]:
+        _owned.pop(fd, None)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def disown(fd: int | None) -> None:
     """Forget `fd` without unlocking it (it was handed to a worker, which keeps the lock)."""
     _owned.pop(fd, None)

@@ -210,7 +210,7 @@ def _start_signature() -> inspect.Signature:
     params = []
     for option in start_options.OPTIONS:
         kind: Any = Literal[option.choices] if option.choices else kinds[option.kind]
-        if option.names:
+        if option.names or option.multiple:
             kind = kind | list[kind]
         if option.argument:
             params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
@@ -248,8 +248,27 @@ async def start_many(tasks: START_ITEMS) -> replies.Reply:
 
     Each item has the fields of start (and its own repo, if it likes). An item that fails does not
     stop the others. Then call wait once with all the ids.
+    Chains: an item may carry "id" (a name of your choice) and "after" (a name or a list: ids of
+    items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
+    [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
     """
     return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
+
+
+@tool("map", title="Fan a task out over files")
+async def map_files(pattern: str, task: str, batch: int = 1, concurrency: int | None = None, repo: REPO = None,
+                    base: str = "HEAD", engine: str | None = None, verify: str | None = None,
+                    max_usd: float | None = None, model: str | None = None,
+                    timeout: float | None = None) -> replies.Reply:
+    """One job per batch of tracked files matching pattern (git's glob: * within a folder, ** across),
+    as one group (sg-...). task is a template: {files} becomes the batch's paths, shell-quoted.
+    concurrency: at most this many of its jobs run at once. wait, list, result and stop take the
+    group id; start with after=[the group id] starts a job from all their heads merged.
+    """
+    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
+                               max_usd=max_usd, model=model)
+    return await _call(lambda: replies.started(api.start_map(open_repo(repo), pattern, request, batch=batch,
+                                                             concurrency=concurrency)))
 
 
 # ---------------------------------------------------------------- waiting

@@ -6,6 +6,10 @@ Readers tolerate unknown fields (kept in `extra`, never dropped) and missing one
 State machine per attempt: queued -> running -> done | failed | stopped. A terminal state is
 final for its attempt: `Attempt.finish` refuses to overwrite one, so a late writer (a stop racing
 the worker's last write, two processes noticing one dead worker) can never change the outcome.
+A job started `--after` others begins `waiting` (no slot, no money, no branch yet): whoever
+first sees every job it waits for ended moves it on once (`subtask/plans.py`), to queued or
+running, or ends it: `skipped` (one of them did not pass), `failed` (their heads conflict, or the
+start failed) or `stopped`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from subtask.errors import SubtaskError
 SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
 ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
-TERMINAL = ("done", "failed", "stopped")
+TERMINAL = ("done", "failed", "stopped", "skipped")
+WAITING = "waiting"  # recorded, waiting for other jobs to end (`JobSpec.after`); holds nothing
+ACTIVE = (WAITING, "queued", "running")
+ON_FAIL = ("skip", "run")  # what a waiting job does when one it waits for did not pass (start_options.ON_FAIL)
 MAX_TASK_BYTES = 1024 * 1024
 DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation depth + 1
 
@@ -121,7 +128,28 @@ class JobSpec(_Record):
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
+    # The verify loop (docs/verify.md): how many more attempts the worker starts when verify fails
+    # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
+    retries: int = 0
+    checks: list[str] | None = None
+    # Orchestration (subtask/plans.py). `after`: the jobs and groups it waits for (whole ids); its
+    # `base` is then written once, when it leaves `waiting` (the only change a spec ever sees).
+    after: list[str] | None = None
+    on_fail: str | None = None  # skip (default) | run: see ON_FAIL
+    concurrency: int | None = None  # a map member: at most this many of its group run at once
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "retries":
+            return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
+        if key == "checks":
+            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+        if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            return None  # damaged or foreign: waits for nothing
+        if key == "concurrency" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return None
+        return value
 
 
 @dataclass
@@ -134,6 +162,10 @@ class VerifyResult(_Record):
     passed: bool
     timed_out: bool = False
     output_tail: str = ""
+    # The checks on the diff that failed (subtask/checks.py): they fail verify whatever it exited.
+    checks_failed: list[str] | None = None
+    # Passed and failed tests as the runner's summary in the output says (`claims.test_counts`).
+    tests: dict[str, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -154,7 +186,7 @@ class Cost(_Record):
 @dataclass
 class Attempt(_Record):
     n: int
-    state: str  # queued | running | done | failed | stopped
+    state: str  # waiting | queued | running | done | failed | stopped | skipped
     message: str  # the task (attempt 1) or the reply message
     queued_at: float
     started_at: float | None = None  # a worker took the attempt (its slot, then its checkout)
@@ -182,12 +214,22 @@ class Attempt(_Record):
     # not a state): {"since": last event's time, "after": seconds, "action": mark|stop}; cleared
     # when the engine speaks again; kept when the attempt ended stalled.
     stalled: dict[str, Any] | None = None
+    # The verify loop: which retry this attempt is (1..spec.retries; None: a person started it),
+    # each check's result on its diff ({"check", "passed", "found"}), and, for a failed attempt
+    # the worker did not retry, why not ("no retries left", "it changed nothing", a refusal).
+    retry: int | None = None
+    checks: list[dict[str, Any]] | None = None
+    not_retried: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
         if key in ("totals", "stalled") and not isinstance(value, dict):
             return None  # damaged or foreign: read as absent
+        if key == "checks":
+            return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else None
+        if key == "retry":
+            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
         if key == "cost":
             return Cost.from_dict(value)
         if key == "verify" and value is not None:
@@ -216,12 +258,17 @@ class JobState(_Record):
     landed_in: str | None = None
     branch_deleted: bool = False
     group_place: dict[str, Any] | None = None  # a group member's rank, the pick, superseded (groups.py)
+    # When a verify loop ended with every attempt failed: the attempt whose head the branch was
+    # left at, and why ({"attempt", "head", "why", "moved_from"}; subtask/retries.py).
+    best: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
         if key == "attempts":
             return [Attempt.from_dict(a) for a in value or []]
+        if key == "best" and not isinstance(value, dict):
+            return None
         return value
 
     @property
@@ -231,6 +278,13 @@ class JobState(_Record):
     @property
     def state(self) -> str:
         return self.current.state if self.attempts else "queued"
+
+    @property
+    def kept(self) -> Attempt:
+        """The attempt whose work the job's branch holds: the one a failed verify loop moved it
+        back to (`best`), else the current one."""
+        best = self.best.get("attempt") if isinstance(self.best, dict) and self.best.get("moved_from") else None
+        return next((a for a in self.attempts if a.n == best), self.current)
 
 
 @dataclass
@@ -259,6 +313,8 @@ class Evidence(_Record):
     error: dict[str, Any] | None = None
     isolation: dict[str, Any] | None = None  # {mode, enforced_by, writable, missing, refused}
     main_worktree: dict[str, Any] | None = None  # {changed, paths}: `git status` before vs after the run
+    # What the engine's summary claimed and the evidence contradicts ({"claim", "against"}; claims.py)
+    claims: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
@@ -275,6 +331,8 @@ class Evidence(_Record):
             return {k: v for k, v in value.items() if isinstance(v, int)} if isinstance(value, dict) else {}
         if key in ("commands", "cost") and not isinstance(value, dict):
             return {}
+        if key == "claims":
+            return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else None
         return value
 
 

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from subtask.errors import SubtaskError
 from subtask.gitobjects import Ref, commit_message, commit_signed
 from subtask.gitrepo import Repo
-from subtask.model import TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
+from subtask.model import ACTIVE, TERMINAL, Evidence, JobSpec, JobState, check_id_prefix, is_job_id
 from subtask.ownership import owned_ref
 
 PREFIX = "refs/subtask/"
 LIST_TAG = "Subtask-List: "
 EVENTS_TAIL_LINES = 200
-ATTEMPT_STATES = ("queued", "running", *TERMINAL)
+ATTEMPT_STATES = (*ACTIVE, *TERMINAL)
 
 
 def record_ref(job_id: str) -> str:
@@ -137,6 +137,8 @@ def list_entry(job: Job) -> dict:
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
         **({"on": "ray"} if isinstance(job.spec.extra.get("executor"), dict) else {}),  # runs on a cluster
         **({"clone": job.spec.clone} if job.spec.clone else {}),  # where it was started (ownership.owns)
+        **({"after": job.spec.after} if job.spec.after else {}),  # what it waits (or waited) for
+        **({"concurrency": job.spec.concurrency} if job.spec.concurrency else {}),  # a map member's bound
     }
 
 

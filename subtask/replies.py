@@ -45,11 +45,17 @@ def started(result) -> Reply:
     """`start` (or a `reply`'s new attempt): the job's start line, or a group's lines."""
     if hasattr(result, "group"):
         group = result.group
-        lines = [f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}",
-                 *("  " + render.started_line(r.job, r.position) for r in result.members)]
-        return Reply("\n".join(lines), {"v": 1, "group": group.id, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]},
-                     notes=[f"(wait {group.id} for the pick)"])
+        if group.is_map:
+            files = sum(len(b) for b in getattr(result, "batches", []))
+            first = (f"{group.id} started: {len(result.members)} jobs over {files} files · "
+                     f"{group.concurrency or 'any'} at once" + (f" · verify {group.verify}" if group.verify else ""))
+            note = f"(wait {group.id} for them all)"
+        else:
+            first = f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}"
+            note = f"(wait {group.id} for the pick)"
+        lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
+        return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]}, notes=[note])
     return Reply(render.started_line(result.job, result.position),
                  job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
 
@@ -89,7 +95,7 @@ def waited_groups(repo, result, timeout: float | None) -> Reply:
 
     notes = [f"timed out after {timeout:g}s; the attempts continue: wait again"] if result.timed_out else []
     return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
-                 {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked,
+                 {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                   "groups": [g.to_dict() for g in result.groups]},
                  notes, exit_code=0 if result.all_picked else 1)
 
@@ -172,7 +178,7 @@ def result(repo, job, *, full: bool = False) -> Reply:
 def group_result(repo, group) -> Reply:
     from subtask import groups
 
-    return Reply(groups.result_text(repo, group), group.to_dict(), exit_code=0 if group.state == "picked" else 1)
+    return Reply(groups.result_text(repo, group), group.to_dict(), exit_code=0 if groups.passed_group(group) else 1)
 
 
 def git_output(output, *, what: str, hint: str) -> Reply:

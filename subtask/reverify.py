@@ -17,6 +17,9 @@ Invariants:
   caller (the MCP server, `wait`'s watchers) every other thread's children would get it: it is
   handed to `procs.run(sandbox=...)` for this one child. Unconfined only where the machine has no
   Landlock, and the result says so (`confined` False).
+- Never pass a re-run on the command's exit alone: the checks the job recorded (`spec.checks`,
+  subtask/checks.py) run on base..commit here too, because a record that claims a pass is what
+  a job that deleted its failing test would also have.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 
-from subtask import isolation, procs
+from subtask import checks, isolation, procs
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, ensure_excluded, git
 from subtask.model import VerifyResult
@@ -45,6 +48,7 @@ class Rerun:
     def line(self, job_id: str) -> str:
         r = self.result
         how = "timed out" if r.timed_out else f"exit {r.exit_code}"
+        how += "".join(f"; check {c} failed" for c in r.checks_failed or ())
         where = "" if self.confined else " (unconfined)"
         return f"{job_id}: re-ran verify here on {r.head[:7]}{where}: {r.command} -> {how} in {r.seconds:.1f}s"
 
@@ -78,9 +82,11 @@ def run(repo: Repo, job, head: str) -> Rerun:
         shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(tmpdir, ignore_errors=True)
     output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+    failed = checks.failed(checks.run(repo, job.spec.base, head, job.spec.checks))
     return Rerun(VerifyResult(command=command, exit_code=result.exit_code, seconds=round(result.seconds, 3), head=head,
-                              tree=tree, passed=result.exit_code == 0 and not result.timed_out,
-                              timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:]), confined)
+                              tree=tree, passed=result.exit_code == 0 and not result.timed_out and not failed,
+                              timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:],
+                              checks_failed=failed or None), confined)
 
 
 def _tree_of(repo: Repo, head: str) -> str:

@@ -17,6 +17,11 @@ Invariants:
   and the child takes the lender's place if the lender ends first, so `taken` never grows.
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
   one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
+- A map member (`pool`, `pool_max`) takes a slot only while fewer than `pool_max` entries of its
+  pool run; until then it waits in the queue without holding up the entries behind it.
+- `waiting` lists the jobs recorded `waiting` (subtask/plans.py) with the jobs they wait for
+  (`until`): no slot, nothing counted. It lets every command see, from this file alone, whether a
+  waiting job may be ready (none of those jobs is listed here any more), without reading records.
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ SLOTS_FILE = "slots.json"
 class Slots:
     running: list[dict] = field(default_factory=list)
     queue: list[dict] = field(default_factory=list)
+    waiting: list[dict] = field(default_factory=list)  # {job, attempt, git_dir, until: [job ids], since}
     damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
     def to_dict(self) -> dict:
-        return {"v": 1, "running": self.running, "queue": self.queue}
+        return {"v": 1, "running": self.running, "queue": self.queue, **({"waiting": self.waiting} if self.waiting else {})}
 
     def position(self, job: str) -> int | None:
         """1-based position in the queue, or None."""
@@ -73,7 +79,8 @@ def read(state_dir: Path) -> Slots:
             raise ValueError("unexpected shape")
         running = [e for e in data["running"] if _valid(e)]
         queue = [e for e in data["queue"] if _valid(e)]
-        return Slots(running, queue)
+        waiting = data.get("waiting") if isinstance(data.get("waiting"), list) else []  # v1 files before it
+        return Slots(running, queue, [e for e in waiting if _valid(e) and _ids(e.get("until"))])
     except FileNotFoundError:
         # Missing while the lock file exists means it was deleted, not never made: a running job
         # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
@@ -85,6 +92,10 @@ def read(state_dir: Path) -> Slots:
 
 def _valid(entry) -> bool:
     return isinstance(entry, dict) and isinstance(entry.get("job"), str) and isinstance(entry.get("attempt"), int)
+
+
+def _ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 @contextmanager
@@ -114,11 +125,52 @@ def save(state_dir: Path, slots: Slots) -> None:
     write_json(state_dir / SLOTS_FILE, slots.to_dict(), durable=False)
 
 
-def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None) -> dict:
+def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None, pool: str | None = None,
+               pool_max: int | None = None) -> dict:
     entry = {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
     if parent:
         entry["parent"] = parent  # started from inside this running job: it may lend its slot
+    if pool and pool_max:
+        entry["pool"], entry["pool_max"] = pool, pool_max  # a map member: its group's bound
     return entry
+
+
+def _pool_full(slots: Slots, entry: dict) -> bool:
+    """Does `entry`'s pool (a map group) already run as many entries as it may?"""
+    pool, most = entry.get("pool"), entry.get("pool_max")
+    if not pool or not isinstance(most, int):
+        return False
+    return sum(1 for e in slots.running if e.get("pool") == pool) >= most
+
+
+def _next_eligible(slots: Slots) -> dict | None:
+    """The first queued entry whose pool lets it run (FIFO among those that may run)."""
+    return next((e for e in slots.queue if not _pool_full(slots, e)), None)
+
+
+# Waiting jobs (subtask/plans.py): recorded, holding nothing, until the jobs in `until` end.
+
+def add_waiting(slots: Slots, job: str, git_dir: Path, until: list[str]) -> None:
+    slots.waiting = [e for e in slots.waiting if e["job"] != job]
+    slots.waiting.append({"job": job, "attempt": 1, "git_dir": str(git_dir), "until": list(until),
+                          "since": time.time()})
+
+
+def remove_waiting(slots: Slots, job: str) -> bool:
+    before = len(slots.waiting)
+    slots.waiting = [e for e in slots.waiting if e["job"] != job]
+    return len(slots.waiting) != before
+
+
+def listed(slots: Slots) -> set[str]:
+    """Every job this file holds: running, queued or waiting."""
+    return {e["job"] for e in slots.running + slots.queue + slots.waiting}
+
+
+def ready_waiting(slots: Slots) -> list[dict]:
+    """Waiting entries none of whose jobs is listed any more: they may be ready (their records say)."""
+    active = listed(slots)
+    return [e for e in slots.waiting if not active.intersection(e["until"])]
 
 
 # Lent slots (issue 11 item 9). A job that starts a child and waits for it would deadlock under
@@ -144,11 +196,14 @@ def _lender(slots: Slots, entry: dict) -> str | None:
 
 def admit(slots: Slots, entry: dict, max_running: int) -> int:
     """Take a slot (returns 0) or join the queue (returns the 1-based position). Caller holds the lock."""
+    if _pool_full(slots, entry):
+        slots.queue.append(entry)
+        return len(slots.queue)
     lender = _lender(slots, entry)
     if lender is not None:
         slots.running.append(dict(entry, slot_of=lender))
         return 0
-    if taken(slots) < max_running and not slots.queue:
+    if taken(slots) < max_running and _next_eligible(slots) is None:
         slots.running.append(entry)
         return 0
     slots.queue.append(entry)
@@ -181,11 +236,14 @@ def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
     the FIFO order.
     """
     handed = []
-    while slots.queue and taken(slots) < max_running:
-        fd = _try_lock(state_dir, slots.queue[0]["job"])
+    while taken(slots) < max_running:
+        entry = _next_eligible(slots)
+        if entry is None:
+            break
+        fd = _try_lock(state_dir, entry["job"])
         if fd is None:
             break
-        entry = slots.queue.pop(0)
+        slots.queue.remove(entry)
         entry["since"] = time.time()
         slots.running.append(entry)
         handed.append(HandOff(entry, fd))
@@ -193,7 +251,7 @@ def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
     # their parent's, not the queue's). A busy one is skipped: its starter fills when it lets go.
     for entry in list(slots.queue):
         lender = _lender(slots, entry)
-        if lender is None:
+        if lender is None or _pool_full(slots, entry):
             continue
         fd = _try_lock(state_dir, entry["job"])
         if fd is None:

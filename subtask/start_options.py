@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 PICK_RULES = ("smallest", "cheapest", "fastest")
+ON_FAIL = ("skip", "run")  # model.ON_FAIL (this module imports nothing of ours: the CLI's hot path)
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class Option:
     short: str | None = None  # the CLI's one-letter flag
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
-    names: bool = False  # with best_of: a list (or comma-separated names), cycled over the attempts
+    names: bool = False  # a list (or comma-separated names): with best_of, cycled over the attempts
+    multiple: bool = False  # repeatable on the CLI, a list (or one string) over MCP
     argument: bool = False  # the CLI takes it as its positional argument
+    repeat: bool = False  # the CLI takes the flag more than once (a list of values)
     show_default: bool = False
 
     @property
@@ -75,6 +78,14 @@ class StartRequest:
     on: str | None = _option(str, "local or ray: where the job runs (default: git config subtask.executor, else "
                              "local; ray: a node of the cluster at subtask.ray.address, results back through "
                              "subtask.remote)", metavar="EXECUTOR")
+    retries: int | None = _option(int, "while {verify} fails, the worker starts up to N more attempts (0-5) of the "
+                                  "job in its worktree, each told what verify said; each reserves money as a "
+                                  "reply does", metavar="N")
+    check: list[str] | None = _option(str, "a check on the diff from the base, run before {verify} (repeatable): "
+                                      "no-test-deletion, no-suppression, paths=GLOB; added to git config "
+                                      "subtask.checks (default no-test-deletion,no-suppression when there is a "
+                                      "verify); none drops the checks named before it", metavar="CHECK",
+                                      multiple=True)
     best_of: int | None = _option(int, "start a group of N attempts (2-8) at the task and pick the best by "
                                   "{verify}; answers the group id (sg-...)", metavar="N")
     pick: str | None = _option(str, "with {best_of}: how passing attempts rank (default smallest: fewest changed "
@@ -83,6 +94,12 @@ class StartRequest:
                                 "line is a number, higher is better", metavar="CMD")
     first_pass: bool = _option(bool, "with {best_of}: the first attempt to pass verify wins; the rest are stopped",
                                False)
+    after: str | list[str] | None = _option(
+        str, "job or group ids (sg-...) to wait for: the job is recorded waiting, holding no slot and no money, and "
+        "starts once they ended, from their head (several: their heads merged); several ids: repeat it, or "
+        "separate them with commas", names=True, repeat=True, metavar="ID")
+    on_fail: str | None = _option(str, "with {after}: skip (default) ends the job skipped when one it waits for "
+                                  "did not end done with verify passed; run starts it anyway", choices=ON_FAIL)
 
 
 GROUP_ONLY = ("pick", "judge", "first_pass")  # meaningful with best_of alone
@@ -108,8 +125,10 @@ def item_schema() -> dict[str, Any]:
                 bool: {"type": "boolean"}}[o.kind]
         if o.choices:
             base = {**base, "enum": list(o.choices)}
-        if o.names:
+        if o.names or o.multiple:
             base = {"anyOf": [base, {"type": "array", "items": base}]}
         props[o.name] = {**base, "description": o.help_for("mcp")}
     props["repo"] = {"type": "string", "description": "absolute path to a git work tree (default: the server's)"}
+    props["id"] = {"type": "string", "description": "a name for this item, that another item's after may give "
+                   "(it then waits for this one)"}
     return {"type": "object", "properties": props, "required": ["task"], "additionalProperties": False}

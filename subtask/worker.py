@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import json
 import math
 import os
@@ -40,6 +41,8 @@ import traceback
 from pathlib import Path
 
 from subtask import (
+    checks,
+    claims,
     faults,
     groups,
     isolation,
@@ -50,9 +53,12 @@ from subtask import (
     notes,
     packing,
     phases,
+    plans,
+    ports,
     privatetext,
     records,
     render,
+    retries,
     slots,
     spawn,
     worktrees,
@@ -71,7 +77,7 @@ from subtask.gitrepo import (
     open_repo,
     preload_pygit2,
 )
-from subtask.model import DEPTH_ENV, Evidence, VerifyResult
+from subtask.model import DEPTH_ENV, WAITING, Evidence, VerifyResult
 from subtask.records import Job
 from subtask.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.stall import StallWatch
@@ -388,13 +394,15 @@ def mark_engine_started(repo: Repo, job_id: str, attempt_n: int, taken_at: float
     return _update_attempt(repo, job_id, attempt_n, apply)
 
 
-def engine_env(job: Job) -> dict[str, str]:
+def engine_env(job: Job, state_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
     env[DEPTH_ENV] = str(job.spec.depth + 1)
     env["SUBTASK_JOB_ID"] = job.id
     env["SUBTASK_WORKER_PID"] = str(os.getpid())  # a pid namespace hides it: $PPID is 0 there
     if job.spec.group:  # a best-of-N member: its task may tell the attempts apart
         env["SUBTASK_GROUP_ID"], env["SUBTASK_GROUP_MEMBER"] = job.spec.group, str(job.spec.member or 0)
+    if state_dir is not None and job.state.current.retry:  # the verify loop: which retry, what verify said
+        env.update(retries.env_for(state_dir, job))
     return env
 
 
@@ -423,7 +431,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
-        git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job), emit=sink,
+        git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job, repo.state_dir), emit=sink,
         session_id=session, baseline=baseline, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
@@ -554,16 +562,18 @@ class Confinement:
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
         self.refused: list[str] = []
-        self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
+        self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
-        self.env = engine_env(job)
-        if self.tmpdir:
-            self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        self.env = engine_env(job, repo.state_dir)
+        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        if job.spec.isolation != "none":
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask import procs
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
+        self.worktree = worktree
         try:
+            self.env.update(namespace_env(repo, job))
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
@@ -572,8 +582,8 @@ class Confinement:
                                       asked=not job.spec.isolation_source.startswith("default"))
             self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
-            if self.tmpdir:
-                shutil.rmtree(self.tmpdir, ignore_errors=True)
+            release_namespace(repo, job)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
 
     def watch(self, event: dict) -> None:
@@ -619,11 +629,14 @@ class Confinement:
 
     def close(self) -> None:
         self.end_leftovers()
-        self.sandbox.close()
-        for status in (self.before, self.after):
-            if status is not None:
-                status.lines()  # no git process is left behind, whatever ended the attempt
-        if self.tmpdir:
+        try:
+            run_teardown(self.repo, self.job, self.worktree, self)
+        finally:
+            release_namespace(self.repo, self.job)
+            self.sandbox.close()
+            for status in (self.before, self.after):
+                if status is not None:
+                    status.lines()  # no git process is left behind, whatever ended the attempt
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -638,6 +651,57 @@ def private_tmpdir(repo: Repo, job_id: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.mkdir(mode=0o700)
     return str(path)
+
+
+# ---------------------------------------------------------------- the job's namespace (issue 34)
+
+def namespace_env(repo: Repo, job: Job) -> dict[str, str]:
+    """What keeps parallel jobs apart at run time: its own ports (`ports.allocate`: the first of
+    `subtask.portsPerJob` consecutive ports no other running job holds and nothing has bound),
+    and its id as the name of whatever it starts (compose project, test database)."""
+    count = repo.config.integer("portsPerJob")
+    first = ports.allocate(repo.state_dir, job.id, job.state.current.n, repo.config.integer("portBase"), count)
+    return {"SUBTASK_PORT": str(first), "SUBTASK_PORTS": str(count), "SUBTASK_NAMESPACE": job.id,
+            "COMPOSE_PROJECT_NAME": job.id}
+
+
+def release_namespace(repo: Repo, job: Job) -> None:
+    """Give the attempt's ports back (once: a second release finds nothing)."""
+    try:
+        ports.release(repo.state_dir, job.id, job.state.current.n)
+    except Exception as exc:  # a dead worker's settle releases them otherwise
+        print(f"git-subtask: could not release the ports of {job.id}: {exc}", file=sys.stderr)
+
+
+TEARDOWN_TAIL_BYTES = 2048
+
+
+def run_teardown(repo: Repo, job: Job, worktree: Path, confinement: Confinement) -> None:
+    """Run `git config subtask.teardown` when the attempt ends (whatever ended it), in the job's
+    sandbox with the job's environment (its ports and names), to stop what the job started
+    outside its process tree (containers, databases). Its end is said in the events and the
+    worker log; it changes nothing in the job's record."""
+    command = repo.config.get("teardown")
+    if not command or not command.strip() or not worktree.is_dir():
+        return
+    from subtask import procs
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the attempt is ending: a stop must not cut it short
+    try:
+        with isolation.confined(confinement.sandbox):
+            result = procs.run(["sh", "-c", command], cwd=worktree, env=confinement.env,
+                               timeout=repo.config.number("setupTimeout"), tail_bytes=TEARDOWN_TAIL_BYTES, redact=True)
+        confinement.end_leftovers()
+    except Exception as exc:
+        print(redact(f"git-subtask: {job.id}: teardown ({command}) could not run: {exc}"), file=sys.stderr)
+        return
+    ended = "timed out" if result.timed_out else f"exited {result.exit_code}"
+    confinement.sink({"type": "teardown", "command": redact(command), "exit_code": result.exit_code,
+                      "timed_out": result.timed_out})
+    if result.exit_code != 0 or result.timed_out:
+        output = (result.stdout_tail + "\n" + result.stderr_tail).strip()
+        print(redact(f"git-subtask: {job.id}: teardown ({command}) {ended}" + (f": {output}" if output else "")),
+              file=sys.stderr)
 
 
 class MainWorktreeStatus:
@@ -736,9 +800,78 @@ def _looks_like_test(command: str) -> bool:
     return any(w in command for w in words)
 
 
+# ---------------------------------------------------------------- checks, claims (docs/verify.md)
+
+def _seen_by(watch: claims.Watch, sink):
+    """The engine's sink: each event is seen by `watch` (the order of edits and test runs), then goes on."""
+    def see(event: dict) -> None:
+        watch.see(event)
+        sink(event)
+
+    return see
+
+
+def run_checks(repo: Repo, job: Job, head: str, sink) -> list[dict] | None:
+    """The job's checks on base..head, read from git objects (never git in its worktree); None
+    for a job with none."""
+    if not job.spec.checks or job.spec.readonly:
+        return None
+    sink({"type": "state", "state": "checking", "checks": job.spec.checks})
+    return checks.run(repo, job.spec.base, head, job.spec.checks)
+
+
+def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome) -> Outcome:
+    """A failed check fails verify, whatever it exited, and the attempt (kind `check`); verify's
+    test counts are read from its output."""
+    failed = checks.failed(found)
+    if verify is not None:
+        counts = claims.test_counts(verify.output_tail)
+        verify.tests = {"passed": counts.passed, "failed": counts.failed} if counts else None
+        if failed:
+            verify.checks_failed, verify.passed = failed, False
+    if failed and outcome.ok:
+        outcome.ok, outcome.error_kind, outcome.error = False, "check", redact(checks.failure_text(found))
+    return outcome
+
+
+def _record_checks(job: Job, found: list[dict] | None) -> None:
+    if found is not None:
+        job.state.current.checks = found
+
+
+def claims_of(evidence: Evidence, verify: VerifyResult | None, found: list[dict] | None,
+              watch: claims.Watch) -> list[dict] | None:
+    """What the engine's summary claims and the evidence contradicts (shown, never decided on)."""
+    paths = [f["path"] for f in evidence.files] + [f["old_path"] for f in evidence.files if f.get("old_path")]
+    said = claims.contradictions(evidence.summary, verify=verify, checks_failed=checks.failed(found), files=paths,
+                                 files_complete=not evidence.files_omitted, watch=watch.to_dict())
+    return said or None
+
+
+def charge_of(job: Job, outcome: Outcome) -> float | None:
+    """What the current attempt is about to be charged (`finish` settles it the same way)."""
+    attempt = copy.deepcopy(job.state.current)
+    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
+                credit=resume_point(job)[2] if outcome.since_baseline else 0.0,
+                never_billed=attempt.stalled is not None and outcome.billed is False)
+    return attempt.cost.charged
+
+
+def evidence_at_best(repo: Repo, job: Job, plan: retries.Plan, outcome: Outcome, state: str,
+                     last: Evidence) -> Evidence:
+    """The evidence of the head the loop left the branch at: its diff and its verify; what the
+    engine said and how it was confined stay the last attempt's."""
+    evidence = build_evidence(repo, job, plan.head, outcome, None, plan.best_verify, state)
+    evidence.attempt = plan.best["attempt"] if plan.best else evidence.attempt
+    evidence.isolation, evidence.main_worktree, evidence.claims = last.isolation, last.main_worktree, last.claims
+    return evidence
+
+
 def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome, evidence: Evidence | None,
-           verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None) -> Job:
-    """Write the final record once: state, cost, evidence, summary, events tail."""
+           verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None,
+           then=None) -> Job:
+    """Write the final record once: state, cost, evidence, summary, events tail; `then(job)`
+    adds to that same write (the verify loop's next attempt: `retries.Plan.apply`)."""
     def change(job: Job) -> bool:
         attempt = job.state.current
         if attempt.n != attempt_n or attempt.terminal:
@@ -762,6 +895,8 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
             job.evidence = evidence
         job.summary = redact(outcome.summary or "")
         job.events_tail = "\n".join(sink.tail) + ("\n" if sink.tail else "")
+        if then is not None:
+            then(job)
         return True
 
     return records.update(repo, job_id, change, lock_wait=owner_lock_wait(repo))
@@ -804,8 +939,8 @@ def settle_cost(attempt, observed: float | None, *, launched: bool = True, credi
 def run_attempt(repo: Repo, job: Job) -> None:
     """Run the current attempt of `job` (as just read) to its end. The caller holds the run-lock."""
     job_id, attempt_n = job.id, job.state.current.n
-    if job.state.current.terminal:
-        return
+    if job.state.current.terminal or job.state.current.state == WAITING:
+        return  # ended; or still waiting (`plans` starts it), never a worker's to run
     state_dir = repo.state_dir
     if lifecycle.stop_marker(state_dir, job_id).exists():
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped before it started",
@@ -829,6 +964,9 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
         confinement = Confinement(repo, job, worktree, sink, main_before)
     except BaseException as exc:
         main_before.lines()  # no git process is left behind
+        if isinstance(exc, SubtaskError):  # no ports to give it (`namespace_env`)
+            _setup_failed(repo, job_id, attempt_n, redact(exc.message))
+            return
         if not isinstance(exc, (isolation.IsolationError, OSError)):
             raise
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
@@ -928,12 +1066,15 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
               "writable": [g.path for g in confinement.policy.grants]})
+    started_from = current_head(repo, job)  # an attempt that leaves it here changed nothing
+    watch = claims.Watch()  # the order of the engine's edits and test runs, for its claims
     stopped = False
     stall = StallWatch(repo, job_id, attempt_n, sink, after=repo.config.number("stallAfter"),
                        action=stall_action(repo), grace=repo.config.number("stopGrace"))
     try:
         with isolation.confined(confinement.sandbox), stall:
-            outcome = run_engine(repo, job, worktree, stall.emitter(confinement.watch), confinement.env)
+            outcome = run_engine(repo, job, worktree, stall.emitter(_seen_by(watch, confinement.watch)),
+                                 confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -946,6 +1087,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more
+    admin = None
     try:
         admin = checked_metadata(repo, job, worktree)
         auto = autocommit(repo, job, worktree, admin)
@@ -953,8 +1095,9 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         outcome, auto = metadata_changed(exc), None
     head = current_head(repo, job)
     phases.mark("autocommit")
-    verify = None
+    verify = found = None
     if not stopped and outcome.ok:
+        found = run_checks(repo, job, head, sink)
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
@@ -971,25 +1114,42 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
             stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")
+    outcome = judge(verify, found, outcome)
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
+    evidence.claims = claims_of(evidence, verify, found, watch)
+    plan = retries.after_attempt(repo, job, retries.Facts(state, verify, head, started_from, charge_of(job, outcome),
+                                                          found, outcome.session_id), admin, worktree)
+    if plan.head != head:  # every attempt of the loop failed: the branch is left at the best one
+        evidence = evidence_at_best(repo, job, plan, outcome, state, evidence)
     phases.mark("evidence")
     faults.point("before_final_record")
-    if head != job.spec.base:
+    retries.pin_attempt(repo, job, head)
+    if plan.head != job.spec.base:
         # Before the terminal record, never after: a worker killed in between must not leave a
         # finished job whose commits nothing keeps alive once its branch is squashed away.
-        records.set_pin(repo, job_id, "head", head)
+        records.set_pin(repo, job_id, "head", plan.head)
     phases.mark("pins")
-    job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
-                 stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None)
+    try:
+        job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
+                     stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None,
+                     then=lambda ended: (_record_checks(ended, found), plan.apply(ended)))
+    except BaseException:
+        plan.undo()  # no record of the next attempt: its slot entry and money go back
+        raise
+    retrying = plan.settle(job)
     privatetext.discard(state_dir, job_id, attempt_n)
     phases.mark("record")
     faults.point("after_final_record")
-    attempt = job.state.current
+    attempt = job.state.attempts[attempt_n - 1]
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
     phases.mark("ledger")
+    if retrying:  # the job goes on: its note is written when its loop ends
+        sink({"type": "state", "state": "retrying", "attempt": attempt_n + 1,
+              "why": checks.failure_text(found) or "verify failed"})
+        return
     notes.ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
     notes.write_for_job(repo, job)
     phases.mark("note")
@@ -1039,6 +1199,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
+        start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
@@ -1046,10 +1207,20 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: settle the group
             groups.after_member_ended(repo, member)
+            start_waiters(repo)  # ... and start the jobs waiting for the group
         if not same_repo:
             return
         job_id, lock_fd = same_repo[0].entry["job"], same_repo[0].fd
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
+
+
+def start_waiters(repo: Repo, settle: bool = True) -> None:
+    """Move on the jobs waiting for the one this worker just ended (`plans.advance`); cheap when
+    none waits. Whatever fails here, the next command's sweep does it. `settle` False: a group they
+    wait for is not decided here (its judges would hold our run-lock; we settle it after it)."""
+    faults.point("before_advance")
+    plans.advance_quietly(repo, settle)
+    faults.point("after_advance")
 
 
 def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
@@ -1062,7 +1233,24 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
         # Release its reservation and drop its branch; the caller frees the slot.
         lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
         return 1, None
-    attempt_n = job.state.current.n
+    while True:
+        attempt_n = _run_one(repo, job)
+        try:  # read once for the log and for the caller (a group member's settling)
+            ended = records.read(repo, job_id)
+        except SubtaskError:
+            return attempt_n, None
+        log_end(ended, attempt_n)
+        if not retries.retry_to_run(ended, attempt_n):
+            return attempt_n, ended
+        # The verify loop appended a retry: this worker runs it, in the slot it renamed to it.
+        job = ended
+        lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _run_one(repo: Repo, job: Job) -> int:
+    """Run the job's current attempt, ending it whatever happens; its number."""
+    job_id, attempt_n = job.id, job.state.current.n
     try:
         run_attempt(repo, job)
     except StopRequested:
@@ -1076,12 +1264,7 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
         else:
             lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}",
                                   error_kind="engine", hint=ERROR_HINTS["engine"])
-    try:  # read once for the log and for the caller (a group member's settling)
-        ended = records.read(repo, job_id)
-    except SubtaskError:
-        return attempt_n, None
-    log_end(ended, attempt_n)
-    return attempt_n, ended
+    return attempt_n
 
 
 LOG_TAIL_LINES = 10
@@ -1090,8 +1273,9 @@ LOG_TAIL_LINES = 10
 def log_end(job: Job, attempt_n: int) -> None:
     """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
     the hints send people to that log. Only recorded (redacted) text is written."""
-    job_id, attempt = job.id, job.state.current
-    if attempt.n != attempt_n:
+    job_id = job.id
+    attempt = next((a for a in job.state.attempts if a.n == attempt_n), None)  # a retry may follow it
+    if attempt is None:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     lines = [f"{stamp} {job_id} attempt {attempt_n} {attempt.state}"
@@ -1116,6 +1300,7 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     from subtask import procs
 
     procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
+    liveness.close_others(lock_fd)  # forked from a holder of other run-locks: they are not ours
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")

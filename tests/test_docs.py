@@ -48,3 +48,15 @@ def test_the_mcp_tool_table_is_the_servers():
 def test_the_mcp_exchange_shows_what_the_server_answers():
     text = (ROOT / "docs" / "mcp.md").read_text()
     assert gen_docs.normalize(gen_docs.generated(text, "exchange")) == gen_docs.normalize(gen_docs.mcp_exchange()), STALE
+
+
+@pytest.mark.slow
+def test_the_orchestration_session_shows_what_the_commands_print():
+    text = gen_docs.generated((ROOT / "docs" / "orchestration.md").read_text(), "session", flag="--orchestration")
+    committed = re.findall(r"```console\n\$ ([^\n]*)\n(.*?)\n?```", text, re.S)
+    fresh = gen_docs.session_blocks(gen_docs.ORCHESTRATION_SESSION)
+    stale = "stale: python scripts/gen_docs.py --orchestration"
+    assert [gen_docs.normalize(c) for c, _ in committed] == [gen_docs.normalize(c) for c, _, _ in fresh], stale
+    for (command, shown), (_, printed, checked) in zip(committed, fresh, strict=True):
+        if checked:
+            assert gen_docs.normalize(shown) == gen_docs.normalize(printed), f"{command}: {stale}"
