@@ -1429,6 +1429,30 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
     return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
 
+def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None = None, atomic: bool = False,
+         reconcile: bool = False, force: bool = False, dry_run: bool = False):
+    """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
+    with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`)."""
+    from subtask import landqueue
+
+    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force)
+    sweep(repo)
+    if dry_run:
+        from subtask import overlap
+
+        return overlap.plan(repo, ids, opts)
+    return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
+
+
+def _reply_and_wait(repo: Repo):
+    """How `land --reconcile` answers a conflict: a reply to the job, waited for to its end."""
+    def reply_and_wait(job_id: str, message: str) -> Job:
+        reply(repo, job_id, message)
+        return wait(repo, [job_id], stalls=False).jobs[0]
+
+    return reply_and_wait
+
+
 def cleanup_merged(repo: Repo, dry_run: bool = False):
     from subtask import landing
 

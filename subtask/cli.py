@@ -512,6 +512,44 @@ def merge(job_id, mode, force, reverify):
         echo(line)
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True, metavar="ID|GID...")
+@click.option("--verify", "verify", metavar="CMD", help="run this on every integrated commit instead of each job's "
+              "own verify (sh -c, in a scratch worktree)")
+@click.option("--atomic", is_flag=True, help="all or nothing: the branch moves once, only if every job integrated "
+              "and passed")
+@click.option("--reconcile", is_flag=True, help="answer a conflict with a reply to the job on the new tip (a shell "
+              "job's task runs again), and land it once that passes its verify")
+@click.option("--squash", "mode", flag_value="squash", help="one new commit per job")
+@click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
+@click.option("--rebase", "mode", flag_value="rebase", help="the job's commits replayed on the tip")
+@click.option("--force", is_flag=True, help="land jobs that did not end done, whose verify failed, or that have "
+              "nothing to verify (the integrated commit is still verified when there is a command)")
+@click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
+              "change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def land(ids, verify, atomic, reconcile, mode, force, dry_run, as_json):
+    """Land finished jobs in the order given, each verified on the commit that lands.
+
+    For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
+    worktree, run its verify (or --verify) there on the integrated commit, and move the branch
+    to that commit only if it passed, by compare-and-swap: a commit made meanwhile is kept and
+    the landing is built again on it. The checkout is updated as merge does (never when it has
+    uncommitted changes). A job that conflicts or fails is reported (files, both sides, verify
+    output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
+    lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
+    """
+    from subtask import api
+
+    result = api.land(_repo(), list(ids), mode=mode or "merge", verify=verify, atomic=atomic, reconcile=reconcile,
+                      force=force, dry_run=dry_run)
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        echo(result.text())
+    sys.exit(0 if result.ok else 1)
+
+
 @cli.command("verify", context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
 @click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "

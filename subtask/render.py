@@ -324,6 +324,8 @@ def note_block(job, provenance=None) -> str:
         first, *rest = summary.splitlines()
         lines.append(f"summary: {first}")
         lines.extend(f"         {line}" for line in rest)
+    if job.state.landings:
+        lines.append(f"land:    {landing_line(job.state.landings[-1])}")
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
     if provenance is not None and provenance.signed:
@@ -332,6 +334,23 @@ def note_block(job, provenance=None) -> str:
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def landing_line(entry) -> str:
+    """`land`'s latest landing of a job: `main 9f8e7d6 + this job (merge) = 1a2b3c4 · verify make test
+    -> exit 0 in 0.1s · landed`: the verify ran on the integrated commit after `=`."""
+    built = f"{entry.target} {short(entry.onto)} + this job ({entry.mode})"
+    if entry.commit and entry.commit != entry.onto:
+        built += f" = {short(entry.commit)}"
+    if entry.outcome == "conflict":
+        return safe_line(f"{built}: conflict in {', '.join(entry.conflicts[:5])}")
+    verify = entry.verify
+    if verify is not None:
+        exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
+        said = f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} in {duration(verify.seconds)}"
+    else:
+        said = {"unverified": "nothing verified (--force)", "already": "already there"}.get(entry.outcome, entry.outcome)
+    return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))
 
 
 def group_place_line(place: dict) -> str:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 from subtask import isolation, procs
 from subtask.errors import SubtaskError
@@ -55,28 +57,54 @@ def run(repo: Repo, job, head: str) -> Rerun:
     if not command:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
-    path = repo.worktree_dir() / SCRATCH / f"{job.id}-{secrets.token_hex(4)}"
+    with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
+        return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network)
+
+
+@contextmanager
+def scratch(repo: Repo, commit: str, name: str) -> Iterator[Path]:
+    """A worktree checked out detached at `commit`, `<worktreeDir>/<name>-<random>`, removed
+    afterwards whatever happened (its temp dir beside it too)."""
+    path = repo.worktree_dir() / f"{name}-{secrets.token_hex(4)}"
     ensure_excluded(repo.common_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(repo.state_dir / "worktree.lock"):  # concurrent `worktree add` can fail (git 2.39)
-        git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), head)
-    tmpdir = path.parent / f"{path.name}.tmp"
+        git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), commit)
+    try:
+        yield path
+    finally:
+        remove_scratch(repo, path)
+
+
+def remove_scratch(repo: Repo, path: Path) -> None:
+    git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(_tmpdir_of(path), ignore_errors=True)
+
+
+def _tmpdir_of(path: Path) -> Path:
+    return path.parent / f"{path.name}.tmp"
+
+
+def run_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
+           network: str) -> Rerun:
+    """`sh -c command` in the scratch worktree `path` (holding `head`), confined where this process
+    can confine (`isolation.outside_sandbox`), with a private temp dir beside it."""
+    tmpdir = _tmpdir_of(path)
     sandbox = None
     try:
         tmpdir.mkdir(mode=0o700)
         env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-        sandbox = isolation.outside_sandbox(repo, path, tmpdir, job.spec.network)
+        sandbox = isolation.outside_sandbox(repo, path, tmpdir, network)
         confined = sandbox is not None
         if confined:
             env[isolation.ACTIVE_ENV] = "worktree"
         with isolation.confined(sandbox) if sandbox is not None else nullcontext():
-            result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
+            result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=timeout,
                                tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True)
     finally:
         if sandbox is not None:
             sandbox.close()
-        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(tmpdir, ignore_errors=True)
     output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
     return Rerun(VerifyResult(command=command, exit_code=result.exit_code, seconds=round(result.seconds, 3), head=head,

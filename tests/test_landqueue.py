@@ -1,0 +1,210 @@
+"""Landing many (issue 32): `git subtask land`, a queue that integrates each job onto the moving
+tip in a scratch worktree, verifies the integrated commit, and moves the branch by
+compare-and-swap. Real repositories, real workers, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import git, refs, wait_until
+
+ADD = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
+APPEND = "echo {text} >> {name} && git add {name} && git commit -qm 'append {text} to {name}'"
+
+
+def finished(cli, task: str, *args: str) -> str:
+    job = cli.start(task, *args)
+    cli("wait", job)
+    return job
+
+
+def detail(cli, job: str) -> dict:
+    return cli.json("show", job)["state_detail"]
+
+
+def note_of(repo: Path, job: str) -> str:
+    head = git(repo, "rev-parse", f"refs/subtask/{job}/head")
+    return git(repo, "notes", "--ref=subtask", "show", head)
+
+
+def land(cli, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return cli("land", *args, **kwargs)
+
+
+def clean(repo: Path) -> bool:
+    return git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_three_jobs_on_disjoint_files_land_in_order_each_verified_on_its_integrated_commit(cli, repo):
+    jobs = [finished(cli, ADD.format(name=f"{n}.txt", text=n), "--verify", f"test -f {n}.txt") for n in "abc"]
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *jobs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"main: {before[:7]} -> " in proc.stdout and "(3 of 3 landed)" in proc.stdout
+    # In the order given: a, then b, then c on top, first-parent.
+    subjects = git(repo, "log", "--first-parent", "--format=%s", f"{before}..main").splitlines()
+    assert [s.split(":")[0] for s in reversed(subjects)][-2:] == [f"Merge subtask {jobs[1]}", f"Merge subtask {jobs[2]}"]
+    assert all((repo / f"{n}.txt").read_text() == f"{n}\n" for n in "abc") and clean(repo)
+    for job in jobs:
+        state = detail(cli, job)
+        landing = state["landings"][-1]
+        assert state["landed_in"] == landing["commit"] and landing["landed"] is True
+        assert landing["verify"]["head"] == landing["commit"] and landing["verify"]["passed"]
+        assert git(repo, "merge-base", "--is-ancestor", landing["commit"], "main", check=False) == ""
+        assert landing["onto"] == git(repo, "rev-parse", f"{landing['commit']}^1")  # built on the tip of its time
+        # Its note names the integrated commit its verify ran on.
+        assert f"= {landing['commit'][:7]}" in note_of(repo, job), note_of(repo, job)
+        assert "landed" in note_of(repo, job)
+        assert f"refs/heads/subtask/{job}" not in refs(repo)  # cleaned up as merge does
+        assert not (repo / ".subtask" / "worktrees" / job).exists()
+    assert not list((repo / ".subtask" / "worktrees").glob(".land/*")), "no scratch worktree is left"
+
+
+BOTH_NEVER = "! (test -f a.txt && test -f b.txt)"
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_two_jobs_that_pass_alone_but_fail_together(cli, repo, atomic):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", BOTH_NEVER)
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", BOTH_NEVER)
+    assert all(cli.json("show", j)["state_detail"]["attempts"][-1]["verify"]["passed"] for j in (a, b))
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *(["--atomic"] if atomic else []), a, b)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{b}: failed" in proc.stdout and "exit 1" in proc.stdout
+    after = git(repo, "rev-parse", "main")
+    if atomic:
+        assert after == before and not (repo / "a.txt").exists()
+        assert f"{b} broke the queue" in proc.stdout and "nothing landed" in proc.stdout
+        assert detail(cli, a)["landed_in"] is None and detail(cli, a)["landings"][-1]["outcome"] == "passed"
+        assert f"refs/heads/subtask/{a}" in refs(repo)
+    else:
+        assert (repo / "a.txt").exists() and not (repo / "b.txt").exists()
+        assert detail(cli, a)["landed_in"] == after
+    state_b = detail(cli, b)
+    assert state_b["landed_in"] is None and state_b["landings"][-1]["outcome"] == "failed"
+    assert f"refs/heads/subtask/{b}" in refs(repo), "a job that did not land keeps its branch"
+    assert "verify failed" in note_of(repo, b) or "exit 1" in note_of(repo, b)
+    assert clean(repo)
+
+
+def test_a_conflicting_pair_with_reconcile_on_the_shell_engine_ends_with_both_landed(cli, repo):
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    plain = land(cli, a, b)
+    assert plain.returncode == 1 and f"{b}: conflict" in plain.stdout and "log.txt" in plain.stdout, plain.stdout
+    assert "append A to log.txt" in plain.stdout  # the target's side of the conflict
+    assert (repo / "log.txt").read_text() == "start\nA\n"
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reconciling: its task runs again" in proc.stdout
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n" and clean(repo)
+    state = detail(cli, b)
+    assert state["landed_in"] and len(state["attempts"]) == 2 and state["attempts"][1]["state"] == "done"
+    assert detail(cli, a)["landed_in"]
+
+
+def test_a_commit_a_person_makes_on_main_during_the_queue_is_kept(cli, repo, tmp_path):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "test -f b.txt")
+    gate = tmp_path / "gate"
+    env = {"SUBTASK_FAULT_HOLD": f"land_verified:{gate}"}
+    queue = subprocess.Popen(["git", "subtask", "land", a, b], cwd=repo, env=dict(os.environ, **env),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        (repo / "mine.txt").write_text("a person's work\n")
+        git(repo, "add", "mine.txt")
+        git(repo, "commit", "-qm", "a person's commit")
+        mine = git(repo, "rev-parse", "HEAD")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 0, out + err
+    assert "moved while it was built" in out
+    assert git(repo, "merge-base", "--is-ancestor", mine, "main", check=False) == ""
+    assert all((repo / f).exists() for f in ("a.txt", "b.txt", "mine.txt")) and clean(repo)
+    landing = detail(cli, a)["landings"][-1]
+    assert landing["onto"] == mine and landing["landed"], "the landing was built again on the person's commit"
+
+
+@pytest.mark.parametrize("point", ["land_built", "land_verified", "land_moved"])
+@pytest.mark.parametrize("atomic", [False, True])
+def test_killing_land_at_any_step_leaves_main_before_or_after_a_whole_landing(cli, repo, point, atomic):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "test -f b.txt")
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *(["--atomic"] if atomic else []), a, b, env={"SUBTASK_FAULT": point})
+    assert proc.returncode == 99, proc.stdout + proc.stderr
+    after = git(repo, "rev-parse", "main")
+    files = {f for f in ("a.txt", "b.txt") if (repo / f).exists()}
+    if point == "land_moved":
+        assert after != before and files == ({"a.txt", "b.txt"} if atomic else {"a.txt"})
+    else:
+        assert after == before and not files
+    assert clean(repo), git(repo, "status", "--porcelain")
+    assert git(repo, "ls-files", "--others", "--exclude-standard") == ""
+    # The next land finishes the queue and leaves nothing of the killed one behind.
+    again = land(cli, a, b)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (repo / "a.txt").exists() and (repo / "b.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] and detail(cli, b)["landed_in"]
+    assert not list((repo / ".subtask" / "worktrees").glob(".land/*"))
+    assert "/.land/" not in git(repo, "worktree", "list")
+
+
+@pytest.mark.parametrize("mode", ["--squash", "--rebase", "--no-ff"])
+def test_modes_land_and_cleanup_merged_recognises_them(cli, repo, mode):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    proc = land(cli, mode, a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parents = git(repo, "log", "-1", "--format=%P").split()
+    assert len(parents) == (2 if mode == "--no-ff" else 1)
+    assert (repo / "a.txt").read_text() == "a\n"
+    state = detail(cli, a)
+    assert state["landed_in"] == git(repo, "rev-parse", "main") == state["landings"][-1]["commit"]
+    assert state["landings"][-1]["mode"] == mode[2:]
+
+
+def test_a_job_with_nothing_to_verify_is_refused_unless_forced_or_given_a_verify(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"))
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, a)
+    assert proc.returncode == 1 and "nothing to run on the integrated commit" in proc.stdout
+    assert git(repo, "rev-parse", "main") == before
+    proc = land(cli, "--verify", "test -f a.txt", a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert detail(cli, a)["landings"][-1]["verify"]["command"] == "test -f a.txt"
+
+
+def test_a_dirty_checkout_is_refused_and_bad_ids_change_nothing(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    before = git(repo, "rev-parse", "main")
+    (repo / "README.md").write_text("my edit\n")
+    proc = land(cli, a)
+    assert proc.returncode == 1 and "uncommitted changes" in proc.stderr, proc.stderr
+    assert (repo / "README.md").read_text() == "my edit\n" and git(repo, "rev-parse", "main") == before
+    git(repo, "checkout", "README.md")
+    proc = land(cli, a, "st-00000000")
+    assert proc.returncode == 128 and "error:" in proc.stderr and "Traceback" not in proc.stderr
+    proc = land(cli, a, a)
+    assert proc.returncode == 129 and "twice" in proc.stderr
+    assert git(repo, "rev-parse", "main") == before and detail(cli, a)["landings"] == []
+
+
+def test_land_json_reports_every_job(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    data = json.loads(land(cli, "--json", a).stdout)
+    assert data["v"] == 1 and data["ok"] and data["target"] == "main"
+    assert data["jobs"][0]["id"] == a and data["jobs"][0]["state"] == "landed"
+    assert data["jobs"][0]["verify"]["head"] == data["after"]
