@@ -442,25 +442,32 @@ def resolve(repo: Repo, asked: list[str]) -> list[Item]:
 
 
 def gate(repo: Repo, item: Item, opts: Options) -> None:
-    """Take the job's run-lock and check it may land (`merge`'s gate); a `SubtaskError` says why not."""
+    """Take the job's run-lock and check it may land (`check`); a `SubtaskError` says why not."""
     if item.group is not None:
         item.group = groups.picked(repo, item.group.id)
         item.job = records.read(repo, item.group.pick)
     item.fd = _take(repo, item.job.id)
     try:
-        job = item.job = records.read(repo, item.job.id)
-        item.trust = landing.trust_of(repo, job)
-        item.head = landing.check_mergeable(repo, job, opts.force, item.trust.claims)
-        item.command = opts.verify or job.spec.verify
-        item.timeout = job.spec.verify_timeout if not opts.verify else repo.config.number("verifyTimeout")
-        if not item.command and not opts.force:
-            raise SubtaskError("negative", f"{job.id}: nothing to run on the integrated commit (it was started "
-                               "without --verify)", hint=f"git subtask land --verify 'make test' {job.id}   "
-                                                          f"(land it unverified: --force)")
+        item.job = records.read(repo, item.job.id)
+        check(repo, item, opts)
     except BaseException:
         liveness.release(item.fd)
         item.fd = None
         raise
+
+
+def check(repo: Repo, item: Item, opts: Options) -> None:
+    """`merge`'s gate (done, verified on its head unless its record cannot be taken at its word,
+    commits to land), and a command to run on the integrated commit unless `force`."""
+    job = item.job
+    item.trust = landing.trust_of(repo, job)
+    item.head = landing.check_mergeable(repo, job, opts.force, item.trust.claims)
+    item.command = opts.verify or job.spec.verify
+    item.timeout = job.spec.verify_timeout if not opts.verify else repo.config.number("verifyTimeout")
+    if not item.command and not opts.force:
+        raise SubtaskError("negative", f"{job.id}: nothing to run on the integrated commit (it was started "
+                           "without --verify)", hint=f"git subtask land --verify 'make test' {job.id}   "
+                                                      f"(land it unverified: --force)")
 
 
 def _take(repo: Repo, job_id: str) -> int:

@@ -208,3 +208,29 @@ def test_land_json_reports_every_job(cli, repo):
     assert data["v"] == 1 and data["ok"] and data["target"] == "main"
     assert data["jobs"][0]["id"] == a and data["jobs"][0]["state"] == "landed"
     assert data["jobs"][0]["verify"]["head"] == data["after"]
+
+
+def test_dry_run_says_the_order_files_overlap_and_predicted_conflicts_and_changes_nothing(cli, repo):
+    (repo / "log.txt").write_text("one\ntwo\nthree\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "test -f log.txt"
+    a = finished(cli, "sed -i 's/one/ONE/' log.txt && git commit -qam 'shout one'", "--verify", verify)
+    b = finished(cli, "sed -i 's/one/Uno/' log.txt && git commit -qam 'spanish one'", "--verify", verify)
+    c = finished(cli, ADD.format(name="c.txt", text="c"), "--verify", verify)
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    everything = lambda: (git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),  # noqa: E731
+                          git(repo, "status", "--porcelain", "--ignored"), git(repo, "worktree", "list"))
+    before = everything()
+    proc = land(cli, "--dry-run", c, a, b)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one would conflict
+    out = proc.stdout
+    assert out.index(f"1. {c}") < out.index(f"2. {a}") < out.index(f"3. {b}")
+    assert f"{a}: 1 file · base 1 behind main: log.txt" in out
+    assert "would integrate (merge), then verify test -f log.txt on the integrated commit" in out
+    assert f"{a} and {b} both change log.txt (same lines)" in out
+    assert "would conflict in log.txt" in out and "nothing was changed (dry run)" in out
+    assert everything() == before
+    data = json.loads(land(cli, "--dry-run", "--json", a, c).stdout)
+    assert data["ok"] and [j["would"] for j in data["jobs"]] == ["land", "land"] and data["pairs"] == []
+    assert everything() == before

@@ -1,0 +1,209 @@
+"""Predicted overlap: which jobs change the same files (and the same lines), and how far a job's
+base is behind the land target. What `land --dry-run` prints before a queue, and what `status`
+and `list` mark.
+
+Read from git only: each job's diff from its base (`git diff -U0`: file names and the lines each
+hunk replaces), `git rev-list --count base..target`, and for the dry run `git merge-tree
+--write-tree` of each job onto the one before (objects only: no ref, no worktree, no record
+changes). Hunks are compared only between jobs that share a base, where line numbers mean the
+same thing; otherwise a shared file is all that is said.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from subtask.errors import SubtaskError
+from subtask.gitrepo import Repo, git
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+MAX_FILES = 200  # files kept per job for the comparison
+
+
+def changes(repo: Repo, base: str, head: str) -> dict[str, list[tuple[int, int]]]:
+    """The files base..head changes, each with the base's line ranges its hunks replace
+    ((start, count); count 0 for lines inserted after `start`)."""
+    out = git(repo.root, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", base, head, check=False).stdout
+    files: dict[str, list[tuple[int, int]]] = {}
+    current = None
+    for line in out.splitlines():
+        if line.startswith("diff --git "):
+            current = None
+        elif line.startswith(("--- ", "+++ ")):
+            name = line[4:]
+            if name != "/dev/null" and current is None and len(files) < MAX_FILES:
+                current = name[2:] if name[:2] in ("a/", "b/") else name
+                files.setdefault(current, [])
+        elif current is not None and (match := _HUNK.match(line)):
+            files[current].append((int(match.group(1)), int(match.group(2) or 1)))
+    return files
+
+
+def hunks_meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Do two jobs' hunks in one file touch the same or neighbouring lines (what git calls a
+    conflict)? Line numbers of the same base."""
+    for start_a, count_a in a:
+        for start_b, count_b in b:
+            if start_a <= start_b + max(count_b, 1) and start_b <= start_a + max(count_a, 1):
+                return True
+    return not a or not b  # a binary or mode-only change has no hunks: assume it meets
+
+
+def behind(repo: Repo, base: str, tip: str, cache: dict[str, int] | None = None) -> int | None:
+    """How many commits `tip` has that `base` has not (None when git cannot say)."""
+    if cache is not None and base in cache:
+        return cache[base]
+    proc = git(repo.root, "rev-list", "--count", f"{base}..{tip}", check=False)
+    count = int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+    if cache is not None and count is not None:
+        cache[base] = count
+    return count
+
+
+@dataclass
+class Pair:
+    a: str
+    b: str
+    files: list[str]
+    same_lines: list[str]  # of `files`, those whose hunks meet (same base only)
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "a": self.a, "b": self.b, "files": self.files, "same_lines": self.same_lines}
+
+    def words(self) -> str:
+        said = ", ".join(f + (" (same lines)" if f in self.same_lines else "") for f in self.files[:5])
+        more = f" and {len(self.files) - 5} more" if len(self.files) > 5 else ""
+        return f"{self.a} and {self.b} both change {said}{more}"
+
+
+def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list[Pair]:
+    """Every two jobs (id, base, changes) that change a file in common, in the order given."""
+    found = []
+    for i, (a, base_a, files_a) in enumerate(jobs):
+        for b, base_b, files_b in jobs[i + 1:]:
+            common = [f for f in files_a if f in files_b]
+            if common:
+                meet = [f for f in common if base_a == base_b and hunks_meet(files_a[f], files_b[f])]
+                found.append(Pair(a, b, common, meet))
+    return found
+
+
+# ---------------------------------------------------------------- land --dry-run
+
+@dataclass
+class Planned:
+    job: str
+    group: str | None
+    files: list[str]
+    behind: int | None
+    would: str  # land | conflict | already | refused
+    how: str = ""  # fast-forward, merge, ...; the refusal; the conflicting files
+    verify: str | None = None
+    conflicts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "id": self.job, "group": self.group, "files": self.files, "behind": self.behind,
+                "would": self.would, "how": self.how, "verify": self.verify, "conflicts": self.conflicts}
+
+
+@dataclass
+class Plan:
+    target: str
+    tip: str
+    mode: str
+    atomic: bool
+    jobs: list[Planned]
+    pairs: list[Pair]
+
+    @property
+    def ok(self) -> bool:
+        return all(j.would in ("land", "already") for j in self.jobs)
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "dry_run": True, "target": self.target, "tip": self.tip, "mode": self.mode,
+                "atomic": self.atomic, "ok": self.ok, "jobs": [j.to_dict() for j in self.jobs],
+                "pairs": [p.to_dict() for p in self.pairs]}
+
+    def text(self) -> str:
+        from subtask.render import safe_line, short
+
+        lines = [f"would land onto {self.target} at {short(self.tip)} ({self.mode}{', atomic' if self.atomic else ''}), "
+                 "in this order:"]
+        for n, job in enumerate(self.jobs, 1):
+            name = job.job + (f" ({job.group})" if job.group else "")
+            stale = f" · base {job.behind} behind {self.target}" if job.behind else ""
+            lines.append(safe_line(f"{n}. {name}: {len(job.files)} file{'' if len(job.files) == 1 else 's'}{stale}: "
+                                   + ", ".join(job.files[:8]) + (" …" if len(job.files) > 8 else "")))
+            if job.would == "land":
+                then = f"verify {job.verify} on the integrated commit" if job.verify else "nothing to verify (--force)"
+                lines.append(safe_line(f"   would integrate ({job.how}), then {then}, then move {self.target}"))
+            elif job.would == "conflict":
+                lines.append(safe_line(f"   would conflict in {', '.join(job.conflicts)}"
+                                       + (" (then --reconcile replies to it)" if job.how == "reconcile" else "")))
+            elif job.would == "already":
+                lines.append(f"   {self.target} already has its work")
+            else:
+                lines.append(safe_line(f"   would be refused: {job.how}"))
+        lines += [safe_line(f"overlap: {p.words()}") for p in self.pairs] or ["overlap: none (no two jobs change a file in common)"]
+        if self.atomic and not self.ok:
+            lines.append(f"--atomic: nothing would land ({self.target} stays at {short(self.tip)})")
+        lines.append("nothing was changed (dry run)")
+        return "\n".join(lines)
+
+
+def plan(repo: Repo, asked: list[str], opts) -> Plan:
+    """What `land` would do with these jobs (`opts`: `landqueue.Options`), changing nothing: each
+    job's files and how stale its base is, the pairs that change the same files or lines, and
+    each job merged in turn onto the one before (`git merge-tree`) to predict conflicts."""
+    from subtask import landqueue
+
+    target = landqueue.find_target(repo)
+    items = landqueue.resolve(repo, asked)
+    tip = landqueue.tip(repo, target)
+    chain, planned, compared, cache = tip, [], [], {}
+    for item in items:
+        group = item.group.id if item.group else None
+        try:
+            if item.group is not None:
+                from subtask import groups, records
+
+                item.group = groups.picked(repo, item.group.id)
+                item.job = records.read(repo, item.group.pick)
+            landqueue.check(repo, item, opts)
+        except SubtaskError as exc:
+            planned.append(Planned(item.job.id, group, [], None, "refused", exc.message))
+            continue
+        files = changes(repo, item.job.spec.base, item.head)
+        compared.append((item.job.id, item.job.spec.base, files))
+        entry = Planned(item.job.id, group, list(files), behind(repo, item.job.spec.base, tip, cache), "land",
+                        verify=item.command)
+        chain = _predict(repo, entry, item, chain, opts)
+        planned.append(entry)
+    return Plan(target.name, tip, opts.mode, opts.atomic, planned, pairs(compared))
+
+
+def _predict(repo: Repo, entry: Planned, item, chain: str, opts) -> str:
+    """Merge the job onto `chain` without a worktree; the commit the next job would build on."""
+    proc = git(repo.root, "merge-tree", "--write-tree", "--name-only", "--no-messages", chain, item.head, check=False)
+    lines = proc.stdout.splitlines()
+    if proc.returncode == 1:
+        entry.would, entry.conflicts = "conflict", [f for f in dict.fromkeys(lines[1:]) if f]
+        entry.how = "reconcile" if opts.reconcile else ""
+        return chain
+    if proc.returncode != 0 or not lines:
+        entry.would, entry.how = "refused", f"git merge-tree failed: {proc.stderr.strip()}"
+        return chain
+    tree = lines[0]
+    if git(repo.root, "merge-base", "--is-ancestor", item.head, chain, check=False).returncode == 0:
+        entry.would = "already"
+        return chain
+    ff = opts.mode == "merge" and git(repo.root, "merge-base", "--is-ancestor", chain, item.head,
+                                      check=False).returncode == 0
+    entry.how = "fast-forward" if ff else opts.mode
+    if ff:
+        return item.head
+    parents = ["-p", chain] + (["-p", item.head] if opts.mode in ("merge", "no-ff") else [])
+    made = git(repo.root, "commit-tree", "--no-gpg-sign", tree, *parents, "-m", f"land --dry-run: {item.job.id}",
+               check=False).stdout.strip()
+    return made or chain  # (no identity to write a commit with: the next job is predicted on the tip)
