@@ -234,3 +234,56 @@ def test_dry_run_says_the_order_files_overlap_and_predicted_conflicts_and_change
     data = json.loads(land(cli, "--dry-run", "--json", a, c).stdout)
     assert data["ok"] and [j["would"] for j in data["jobs"]] == ["land", "land"] and data["pairs"] == []
     assert everything() == before
+
+
+def test_a_best_of_group_lands_its_pick_and_supersedes_the_rest(cli, repo):
+    work = 'case "$SUBTASK_GROUP_MEMBER" in 1) seq 1 10 > g.txt ;; 2) echo small > g.txt ;; esac; git add g.txt; ' \
+           'git commit -qm "add g"'
+    lines = cli.ok("start", "--best-of", "2", work, "--verify", "test -f g.txt").splitlines()
+    gid, members = lines[0].split()[0], [line.split()[0] for line in lines[1:]]
+    cli("wait", gid)
+    other = finished(cli, ADD.format(name="o.txt", text="o"), "--verify", "test -f o.txt")
+    proc = land(cli, gid, other)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pick = cli.json("show", gid)["pick"]
+    assert pick == members[1] and f"{pick} ({gid}): landed" in proc.stdout
+    assert (repo / "g.txt").read_text() == "small\n" and (repo / "o.txt").exists()
+    assert f"{members[0]}: superseded" in proc.stdout
+    assert cli.json("show", gid)["merged"]["commit"] == detail(cli, pick)["landed_in"]
+
+
+def test_a_teammates_job_is_verified_on_the_integrated_commit_and_its_record_left_alone(tmp_path):
+    from conftest import grant_writable, make_team
+
+    remote, ((a, cli_a), (b, cli_b)) = make_team(tmp_path)
+    log = grant_writable(tmp_path / "log")
+    log.mkdir()
+    verify = f"echo ran >> {log / 'ran'}; test -f x.txt"
+    theirs = cli_a.start(ADD.format(name="x.txt", text="x"), "--verify", verify)
+    cli_a("wait", theirs)
+    cli_a.ok("push", "--branches")
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", f"refs/heads/subtask/{theirs}:refs/heads/subtask/{theirs}")
+    record = git(b, "rev-parse", f"refs/subtask/{theirs}/record")
+    proc = cli_b("land", theirs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (log / "ran").read_text().count("ran") == 2  # once by the teammate, once here on the integrated commit
+    assert "another clone's job" in proc.stdout and (b / "x.txt").exists()
+    assert git(b, "rev-parse", f"refs/subtask/{theirs}/record") == record  # never written here
+    assert f"refs/heads/subtask/{theirs}" in refs(b)
+
+
+def test_atomic_with_reconcile_lands_both_at_once(cli, repo):
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, "--atomic", "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n"
+    # One move: main's first parent chain went from before straight to the last landing.
+    assert git(repo, "rev-parse", "main~2") == before
+    assert git(repo, "reflog", "-1", "--format=%gs", "main").startswith("merge")
