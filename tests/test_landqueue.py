@@ -287,3 +287,30 @@ def test_atomic_with_reconcile_lands_both_at_once(cli, repo):
     # One move: main's first parent chain went from before straight to the last landing.
     assert git(repo, "rev-parse", "main~2") == before
     assert git(repo, "reflog", "-1", "--format=%gs", "main").startswith("merge")
+
+
+AGENT = """#!/bin/sh
+# A stand-in agent: asked to resolve conflict markers it keeps both sides; else it appends its task.
+case "$1" in
+  *"conflict markers"*) sed -i -e '/^<<<<<<< /d' -e '/^=======$/d' -e '/^>>>>>>> /d' log.txt ;;
+  *) echo "$1" >> log.txt && git add log.txt && git commit -qm "$1" ;;
+esac
+"""
+
+
+def test_reconcile_asks_an_agent_in_words_with_its_changes_applied_on_the_new_tip(cli, repo, tmp_path):
+    script = tmp_path / "agent.sh"
+    script.write_text(AGENT)
+    git(repo, "config", "subtask.engine.agent.command", json.dumps(["sh", str(script), "{task}"]))
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt && ! grep -q '^<<<<<<<' log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, "B", "--engine", "agent", "--verify", verify)
+    proc = land(cli, "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "a reply resolves it on main" in proc.stdout
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n"
+    message = detail(cli, b)["attempts"][1]["message"]
+    assert "conflict markers in: log.txt" in message and "append A to log.txt" in message, message
