@@ -1,17 +1,24 @@
 """One landing built off to the side: a job integrated onto a target's tip in a scratch worktree.
 
 `land` (subtask/landqueue.py) builds each landing here before anything moves: a worktree checked
-out detached at the tip (`reverify.scratch`, `<worktreeDir>/.land/<id>-<random>`), the job's
-head merged (`merge`, `no-ff`), squashed (`squash`) or replayed (`rebase`) onto it by git
-itself, so the result is what `git merge` would make; then the verify runs there, on that very
-commit (`reverify.run_in`: confined as a job's verify is).
+out detached at the tip (`Scratch`, `<worktreeDir>/.land/queue-<random>`), the job's head merged
+(`merge`, `no-ff`), squashed (`squash`) or replayed (`rebase`) onto it by git itself, so the
+result is what `git merge` would make; then the verify runs there, on that very commit
+(`reverify.run_in`: confined as a job's verify is).
 
 Invariants:
 - Never integrate in the user's checkout, because a conflict or a failed verify must leave it
   untouched: only the ref moves later, by compare-and-swap, once the integrated commit passed.
-- Never run our git in a scratch worktree after a command of the job's ran there, because that
-  command may have rewritten its git metadata: integration happens before verify, and the
-  worktree is removed after it, never reused.
+- Never find the scratch's repository through its `.git` file or trust its admin folder's
+  `HEAD`, because a verify (a job's command, or the job's code it runs) may rewrite them: our
+  git runs with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` named (as `worktrees.job_git`
+  does), and moves HEAD itself, detached, before each landing.
+- Never reuse the scratch after a landing that did not pass, because what that verify left
+  (files made to look unchanged, a rewritten index) would be in the next job's checkout, and
+  that job does not carry the code that did it: a failed or conflicting build spoils it, and the
+  next build gets a fresh checkout. After a passing landing it is reused (moved to the next tip,
+  untracked files removed): checking out every file again per job cost the queue more than the
+  merges and verifies themselves, and the landed job's code is in every later tree anyway.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask import landing
+from subtask import landing, worktrees
 from subtask.gitrepo import Repo, git
 from subtask.records import Job
 
 MODES = ("merge", "no-ff", "squash", "rebase")
+SCRATCH = ".land"
 SIDE_COMMITS = 3  # commits named per side of a conflict
 
 
@@ -38,33 +46,87 @@ class Built:
     how: str = ""  # what git did: fast-forward, merge, no-ff, squash, rebase
 
 
-def integrate(repo: Repo, path: Path, job: Job, head: str, onto: str, mode: str) -> Built:
-    """Integrate `head` (the job's) in the scratch worktree `path`, detached at `onto`."""
-    env = dict(os.environ, GIT_EDITOR=":")
+class Scratch:
+    """A scratch worktree of the queue: made fresh at first and once spoiled, else reused."""
+
+    def __init__(self, repo: Repo):
+        self.repo = repo
+        self.path: Path | None = None
+        self.admin: Path | None = None
+        self.spoiled = False
+
+    def at(self, commit: str) -> Path:
+        """The scratch worktree, detached at `commit`, with nothing but its files."""
+        if self.path is not None and not self.spoiled:
+            if self.git("checkout", "--quiet", "--force", "--detach", commit).returncode == 0 and \
+                    self.git("clean", "-ffdxq").returncode == 0:
+                return self.path
+        self.close()
+        from subtask import reverify
+
+        self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
+        self.admin = Path(git(self.path, "rev-parse", "--absolute-git-dir").stdout.strip())  # before anything ran there
+        return self.path
+
+    def spoil(self) -> None:
+        """A command ran here and has not passed, or a build stopped half-way: never reused."""
+        self.spoiled = True
+
+    def passed(self) -> None:
+        self.spoiled = False
+
+    def head(self) -> str:
+        """HEAD, detached, as our own git just left it (read from the file: no process)."""
+        assert self.admin is not None
+        return (self.admin / "HEAD").read_text().strip()
+
+    def git(self, *args: str, input: str | None = None, check: bool = False):
+        assert self.path is not None and self.admin is not None
+        env = dict(os.environ, GIT_EDITOR=":")
+        return worktrees.job_git(self.repo, self.admin, self.path, *args, input=input, env=env, check=check)
+
+    def close(self) -> None:
+        if self.path is not None:
+            from subtask import reverify
+
+            reverify.remove_scratch(self.repo, self.path)
+        self.path = self.admin = None
+        self.spoiled = False
+
+
+def integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
+    """Integrate `head` (the job's) in the scratch worktree, detached at `onto`; a build that did
+    not end with a commit spoils the scratch (git left its state half-way)."""
+    built = _integrate(repo, scratch, job, head, onto, mode)
+    if built.kind in ("conflict", "failed"):
+        scratch.spoil()
+    return built
+
+
+def _integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
+    run = scratch.git
     if mode == "rebase":
-        proc = git(path, "rebase", "--quiet", "--onto", onto, job.spec.base, head, check=False, env=env)
+        proc = run("rebase", "--quiet", "--onto", onto, job.spec.base, head)
     else:
         args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "squash": ["--squash"]}[mode]
-        proc = git(path, "merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode),
-                   head, check=False, env=env)
+        proc = run("merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode), head)
     if proc.returncode != 0:
-        return _not_built(path, onto, proc)
+        return _not_built(run, onto, proc)
     if mode == "squash":
-        if git(path, "diff", "--cached", "--quiet", check=False).returncode == 0:
+        if run("diff", "--cached", "--quiet").returncode == 0:
             return Built("already", onto, onto, how="squash")
-        proc = git(path, "commit", "--quiet", "--no-verify", "-F", "-",
-                   input=landing.merge_message(repo, job, head, mode), check=False, env=env)
+        proc = run("commit", "--quiet", "--no-verify", "-F", "-", input=landing.merge_message(repo, job, head, mode))
         if proc.returncode != 0:
-            return _not_built(path, onto, proc)
-    commit = git(path, "rev-parse", "HEAD").stdout.strip()
+            return _not_built(run, onto, proc)
+    commit = scratch.head()
     if commit == onto:
         return Built("already", onto, onto, how=mode)
     how = "fast-forward" if mode == "merge" and commit == head else mode
     return Built("built", onto, commit, how=how)
 
 
-def _not_built(path: Path, onto: str, proc) -> Built:
-    conflicts = [f for f in git(path, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split("\n") if f]
+def _not_built(run, onto: str, proc) -> Built:
+    conflicts = [f for f in run("diff", "--name-only", "--diff-filter=U").stdout.split("\n") if f]
     if conflicts:
         return Built("conflict", onto, conflicts=conflicts)
     words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()

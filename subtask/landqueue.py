@@ -43,6 +43,7 @@ from subtask import (
     landing,
     liveness,
     notes,
+    phases,
     records,
     reverify,
     worktrees,
@@ -54,7 +55,6 @@ from subtask.records import Job
 from subtask.redact import redact
 from subtask.statefiles import LockTimeout, file_lock
 
-SCRATCH = ".land"
 KEEP_LANDINGS = 10  # landings kept per record, latest last
 MAX_REBUILDS = 5  # a target that moved under this many landings in a row stops the job
 RUN_LOCK_WAIT = 3.0
@@ -150,6 +150,7 @@ class Item:
     command: str | None = None
     timeout: float = 600.0
     fd: int | None = None
+    entry: Landing | None = None  # its latest build's landing, until recorded
 
 
 class Stop(SubtaskError):
@@ -168,184 +169,294 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
     items = resolve(repo, asked)
     if target.checkout is not None:
         landing.check_clean(target.checkout)
+    phases.begin()
     with _queue_lock(repo):
         sweep_scratch(repo)
         before = tip(repo, target)
-        result = LandResult(target.name, before, before, opts.mode, opts.atomic,
-                            [Outcome(i.job.id, i.group.id if i.group else None) for i in items])
+        queue = Queue(repo, target, opts, replier,
+                      LandResult(target.name, before, before, opts.mode, opts.atomic,
+                                 [Outcome(i.job.id, i.group.id if i.group else None) for i in items]))
         try:
-            (_land_atomic if opts.atomic else _land_each)(repo, target, items, result, opts, replier)
+            queue.atomic(items) if opts.atomic else queue.each(items)
         finally:
-            for item in items:
+            try:
+                queue.finish_landed()
+            finally:
+                for scratch in queue.scratches:
+                    scratch.close()
+                for item in items:
+                    liveness.release(item.fd)
+                    item.fd = None
+        queue.result.after = tip(repo, target)
+    phases.mark("end")
+    phases.flush("land", len(items))
+    return queue.result
+
+
+@dataclass
+class Ahead:
+    """The next job, integrated while the one before it verified, on the commit that one would land."""
+
+    item: Item
+    onto: str
+    scratch: integrate.Scratch
+    built: integrate.Built
+
+
+@dataclass
+class Queue:
+    """One run of `land`: the jobs' outcomes, two scratch worktrees, the landings left to finish.
+
+    Without `--atomic` the queue is a pipeline: while a job's verify runs, the landings before
+    it are finished (recorded, cleaned up) and the next job is integrated, in the other scratch
+    worktree, onto the commit this one would land; that build is used only if this one lands
+    there. All in this thread: the verify is the one child a sandbox confines, started while no
+    other thread runs (`isolation.outside_sandbox`); the work meanwhile starts plain git only.
+    """
+
+    repo: Repo
+    target: Target
+    opts: Options
+    replier: Replier | None
+    result: LandResult
+    scratches: list[integrate.Scratch] = field(default_factory=list)
+    landed: list[tuple[Item, Outcome, str, str]] = field(default_factory=list)  # to finish: commit, tip
+    checked_out: set[str] | None = None  # branches checked out in worktrees, read once
+
+    def __post_init__(self) -> None:
+        self.scratches = [integrate.Scratch(self.repo), integrate.Scratch(self.repo)]
+
+    def each(self, items: list[Item]) -> None:
+        """One landing after the other; a job that fails is reported and the rest go on."""
+        pairs = list(zip(items, self.result.outcomes, strict=True))
+        ahead: Ahead | None = None
+        for n, (item, out) in enumerate(pairs):
+            if self.result.stopped:
+                break
+            if not self.gated(item, out):
+                continue
+            try:
+                ahead = self.one(item, out, ahead, self.next_gated(pairs[n + 1:]))
+            except Stop as exc:
+                out.state, out.why, self.result.stopped = "stopped", exc.message, exc.message
+            if not any(landed is item for landed, *_ in self.landed):
                 liveness.release(item.fd)
                 item.fd = None
-        result.after = tip(repo, target)
-    return result
 
-
-def _land_each(repo: Repo, target: Target, items: list[Item], result: LandResult, opts: Options,
-               replier: Replier | None) -> None:
-    for item, out in zip(items, result.outcomes, strict=True):
-        if result.stopped:
-            break
+    def gated(self, item: Item, out: Outcome) -> bool:
+        """The job may land and its run-lock is ours (taken once: a look ahead may have taken it)."""
+        if item.fd is not None:
+            return True
+        if out.state == "refused":
+            return False
         try:
-            gate(repo, item, opts)
+            gate(self.repo, item, self.opts)
         except SubtaskError as exc:
             _refused(out, exc)
-            continue
-        try:
-            _land_one(repo, target, item, out, opts, replier)
-        except Stop as exc:
-            out.state, out.why, result.stopped = "stopped", exc.message, exc.message
-        finally:
-            liveness.release(item.fd)
-            item.fd = None
+            return False
+        out.job = item.job.id  # a group's pick, once settled
+        return True
 
+    def next_gated(self, rest: list[tuple[Item, Outcome]]) -> Item | None:
+        for item, out in rest:
+            if self.gated(item, out):
+                return item
+        return None
 
-def _land_one(repo: Repo, target: Target, item: Item, out: Outcome, opts: Options, replier: Replier | None) -> None:
-    reconciled = False
-    for _ in range(MAX_REBUILDS):
-        onto = tip(repo, target)
-        built = _build(repo, target, item, onto, opts, out)
-        if built.kind == "conflict" and opts.reconcile and not reconciled:
-            reconciled = True
-            if reconcile(repo, target, item, onto, built, out, opts, replier):
-                continue  # the reply passed: build it again on the tip as it is now
-        if built.kind == "already":
-            _finish(repo, target, item, out, landing.merge_point(repo, item.head, onto), onto)
-            return
-        if out.state != "passed":
-            return
-        faults.point("land_verified")
-        if move(repo, target, onto, built.commit) != "ok":
-            out.events.append(f"{target.name} moved while it was built: building it again on top")
-            continue
-        faults.point("land_moved")
-        _finish(repo, target, item, out, built.commit, built.commit)
-        return
-    out.state, out.why = "failed", f"{target.name} moved under each of {MAX_REBUILDS} landings in a row"
-
-
-def _land_atomic(repo: Repo, target: Target, items: list[Item], result: LandResult, opts: Options,
-                 replier: Replier | None) -> None:
-    """Every job built on the one before, verified, then the target moved once: all or nothing."""
-    for item, out in zip(items, result.outcomes, strict=True):
-        try:
-            gate(repo, item, opts)
-        except SubtaskError as exc:
-            _refused(out, exc)
-            result.stopped = f"{item.job.id} was refused: nothing landed (--atomic)"
-            return
-    for _ in range(MAX_REBUILDS):
-        start = chain = tip(repo, target)
-        landed: list[tuple[Item, Outcome, str]] = []
-        for n, (item, out) in enumerate(zip(items, result.outcomes, strict=True)):
-            reconciled = False
-            while True:
-                built = _build(repo, target, item, chain, opts, out)
-                if built.kind == "conflict" and opts.reconcile and not reconciled:
-                    reconciled = True
-                    if reconcile(repo, target, item, chain, built, out, opts, replier):
-                        continue
-                break
+    def one(self, item: Item, out: Outcome, ahead: Ahead | None, nxt: Item | None) -> Ahead | None:
+        """Land one job (see `each`); the next job's build made meanwhile, when there is one."""
+        reconciled = False
+        for _ in range(MAX_REBUILDS):
+            onto = tip(self.repo, self.target)
+            if ahead is not None and ahead.item is item and ahead.onto == onto:
+                scratch, built = ahead.scratch, ahead.built
+            else:
+                scratch = self.scratches[0] if ahead is None or ahead.scratch is self.scratches[1] else self.scratches[1]
+                built = self.integrated(item, onto, scratch)
+            ahead = None
+            if built.kind == "conflict" and self.opts.reconcile and not reconciled:
+                reconciled = True
+                self.judge(item, out, built, None)
+                self.finish_landed()
+                if self.reconcile(item, onto, built, out):
+                    continue  # the reply passed: build it again on the tip as it is now
+                return None
+            pending = self.start_verify(item, built, scratch)
+            self.finish_landed()  # while it runs
+            if nxt is not None and built.kind == "built":
+                other = self.scratches[1] if scratch is self.scratches[0] else self.scratches[0]
+                ahead = Ahead(nxt, built.commit, other, self.integrated(nxt, built.commit, other))
+            self.judge(item, out, built, pending, scratch)
             if built.kind == "already":
-                landed.append((item, out, landing.merge_point(repo, item.head, chain)))
-                continue
+                self.landed.append((item, out, landing.merge_point(self.repo, item.head, onto), onto))
+                return None
             if out.state != "passed":
-                result.stopped = f"{item.job.id} broke the queue ({out.state}): nothing landed (--atomic)"
-                for _, before, _ in landed:
-                    before.why = f"not landed: {item.job.id} broke the queue"
-                for later in result.outcomes[n + 1:]:
-                    later.state = "not reached"
+                return None
+            faults.point("land_verified")
+            if move(self.repo, self.target, onto, built.commit) != "ok":
+                out.events.append(f"{self.target.name} moved while it was built: building it again on top")
+                ahead = None
+                continue
+            phases.mark("move")
+            faults.point("land_moved")
+            out.state = "landed"
+            self.landed.append((item, out, built.commit, built.commit))
+            return ahead
+        out.state, out.why = "failed", f"{self.target.name} moved under each of {MAX_REBUILDS} landings in a row"
+        return None
+
+    def atomic(self, items: list[Item]) -> None:
+        """Every job built on the one before, verified, then the target moved once: all or nothing."""
+        result = self.result
+        for item, out in zip(items, result.outcomes, strict=True):
+            if not self.gated(item, out):
+                result.stopped = f"{item.job.id} was refused: nothing landed (--atomic)"
                 return
-            chain = built.commit
-            landed.append((item, out, built.commit))
-        faults.point("land_verified")
-        if move(repo, target, start, chain) != "ok":
-            for out in result.outcomes:
-                out.events.append(f"{target.name} moved while the queue was built: building it again")
-            continue
-        faults.point("land_moved")
-        for item, out, commit in landed:
-            _finish(repo, target, item, out, commit, chain)
-        return
-    result.stopped = f"{target.name} moved under each of {MAX_REBUILDS} builds of the queue: nothing landed"
+        scratch = self.scratches[0]
+        for _ in range(MAX_REBUILDS):
+            start = chain = tip(self.repo, self.target)
+            landed: list[tuple[Item, Outcome, str]] = []
+            for n, (item, out) in enumerate(zip(items, result.outcomes, strict=True)):
+                reconciled = False
+                while True:
+                    built = self.integrated(item, chain, scratch)
+                    if built.kind == "conflict" and self.opts.reconcile and not reconciled:
+                        reconciled = True
+                        self.judge(item, out, built, None)
+                        if self.reconcile(item, chain, built, out):
+                            continue
+                    break
+                self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
+                if built.kind == "already":
+                    landed.append((item, out, landing.merge_point(self.repo, item.head, chain)))
+                    continue
+                if out.state != "passed":
+                    result.stopped = f"{item.job.id} broke the queue ({out.state}): nothing landed (--atomic)"
+                    for passed, before, _ in landed:
+                        before.why = f"not landed: {item.job.id} broke the queue"
+                        _record(self.repo, passed)
+                    for later in result.outcomes[n + 1:]:
+                        later.state = "not reached"
+                    return
+                chain = built.commit
+                landed.append((item, out, built.commit))
+            faults.point("land_verified")
+            if move(self.repo, self.target, start, chain) != "ok":
+                for out in result.outcomes:
+                    out.events.append(f"{self.target.name} moved while the queue was built: building it again")
+                continue
+            faults.point("land_moved")
+            for item, out, commit in landed:
+                out.state = "landed" if out.state == "passed" else out.state
+                self.landed.append((item, out, commit, chain))
+            return
+        result.stopped = f"{self.target.name} moved under each of {MAX_REBUILDS} builds of the queue: nothing landed"
+
+    # ------------------------------------------------------------ one landing
+
+    def integrated(self, item: Item, onto: str, scratch: integrate.Scratch) -> integrate.Built:
+        """The job integrated onto `onto` in `scratch` (nothing recorded yet)."""
+        scratch.at(onto)
+        phases.mark("scratch")
+        built = integrate.integrate(self.repo, scratch, item.job, item.head, onto, self.opts.mode)
+        phases.mark("integrate")
+        faults.point("land_built")
+        return built
+
+    def start_verify(self, item: Item, built: integrate.Built, scratch: integrate.Scratch) -> reverify.Pending | None:
+        """The verify of an integrated commit, started in its scratch (None: nothing to run)."""
+        if built.kind != "built" or not item.command:
+            return None
+        scratch.spoil()  # until it passed
+        tree = str(self.repo.git[built.commit].tree_id)
+        return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
+                                 timeout=item.timeout, network=item.job.spec.network)
+
+    def judge(self, item: Item, out: Outcome, built: integrate.Built, pending: reverify.Pending | None,
+              scratch: integrate.Scratch | None = None) -> None:
+        """What the build (and its verify, waited for here) says: in `out`, and in the job's
+        record (this clone's job)."""
+        repo, job = self.repo, item.job
+        out.onto, out.commit, out.how = built.onto, built.commit, built.how
+        out.verify, out.conflicts, out.sides, out.why = None, [], {}, ""
+        rerun = pending.wait() if pending is not None else None
+        phases.mark("verify")
+        if built.kind == "conflict":
+            out.state, out.conflicts = "conflict", built.conflicts
+            out.sides = integrate.sides(repo, job, item.head, built.onto, built.conflicts)
+        elif built.kind == "failed":
+            out.state, out.why = "failed", f"git could not integrate it: {built.why}"
+        elif built.kind == "already":
+            out.state = "already"
+            return
+        elif rerun is None:
+            out.state, out.why = "passed", "nothing was run on it (--force)"
+        else:
+            rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
+            out.verify, out.confined = rerun.result, rerun.confined
+            out.state = "passed" if rerun.result.passed else "failed"
+            if rerun.result.passed and scratch is not None:
+                scratch.passed()
+        outcome = {"passed": "unverified" if rerun is None else "passed"}.get(out.state, out.state)
+        item.entry = Landing(at=now(), target=self.target.name, onto=built.onto, mode=self.opts.mode,
+                             outcome=outcome, commit=built.commit, verify=out.verify, conflicts=built.conflicts)
+        if out.state != "passed":  # a passing one is recorded once it landed, or the queue stopped
+            _record(repo, item)
+        phases.mark("record")
+
+    def finish_landed(self) -> None:
+        """Finish the landings made so far: record them, clean up after them as `merge` does, land
+        a group's pick; then let go of their jobs."""
+        while self.landed:
+            item, out, commit, now_at = self.landed.pop(0)
+            try:
+                self.finish(item, out, commit, now_at)
+            finally:
+                liveness.release(item.fd)
+                item.fd = None
+            phases.mark("finish")
+
+    def finish(self, item: Item, out: Outcome, commit: str, now_at: str) -> None:
+        job = item.job
+        entry, item.entry = item.entry, None
+
+        def mark(j: Job) -> None:
+            if entry is not None:
+                entry.landed = True
+                j.state.landings = [*j.state.landings, entry][-KEEP_LANDINGS:]
+
+        if item.trust and item.trust.owned:
+            if self.checked_out is None:
+                self.checked_out = landing.checked_out_branches(self.repo)
+            lines = landing.finish_landed(self.repo, job, item.head, commit,
+                                          landing.Target(self.target.name, now_at), held=True, also=mark,
+                                          checked_out=self.checked_out)
+            out.lines += (lines or [""])[1:]
+        else:
+            out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
+        if item.group is not None:
+            out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
+
+    def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
+        return reconcile(self.repo, self.target, item, onto, built, out, self.opts, self.replier)
 
 
 def _refused(out: Outcome, exc: SubtaskError) -> None:
     out.state, out.why = "refused", exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
 
 
-# ---------------------------------------------------------------- one landing
-
-def _build(repo: Repo, target: Target, item: Item, onto: str, opts: Options, out: Outcome) -> integrate.Built:
-    """Integrate the job onto `onto` and verify the result, off to the side; say so in `out` and
-    in the job's record (this clone's job)."""
-    job = item.job
-    out.onto, out.commit, out.verify, out.conflicts, out.sides, out.why = onto, None, None, [], {}, ""
-    rerun = None
-    with reverify.scratch(repo, onto, f"{SCRATCH}/{job.id}") as path:
-        built = integrate.integrate(repo, path, job, item.head, onto, opts.mode)
-        faults.point("land_built")
-        if built.kind == "built" and item.command:
-            tree = str(repo.git[built.commit].tree_id)
-            rerun = reverify.run_in(repo, path, item.command, built.commit, tree=tree, timeout=item.timeout,
-                                    network=job.spec.network)
-            rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
-    out.commit, out.how = built.commit, built.how
-    if built.kind == "conflict":
-        out.state, out.conflicts = "conflict", built.conflicts
-        out.sides = integrate.sides(repo, job, item.head, onto, built.conflicts)
-    elif built.kind == "failed":
-        out.state, out.why = "failed", f"git could not integrate it: {built.why}"
-    elif built.kind == "already":
-        out.state = "already"
-    elif rerun is None:
-        out.state, out.why = "passed", "nothing was run on it (--force)"
-    else:
-        out.verify, out.confined = rerun.result, rerun.confined
-        out.state = "passed" if rerun.result.passed else "failed"
-    if built.kind != "already":
-        outcome = {"passed": "unverified" if rerun is None else "passed"}.get(out.state, out.state)
-        _record(repo, item, Landing(at=now(), target=target.name, onto=onto, mode=opts.mode, outcome=outcome,
-                                    commit=built.commit, verify=out.verify, conflicts=built.conflicts),
-                note=out.state != "passed")
-    return built
-
-
-def _record(repo: Repo, item: Item, entry: Landing, *, note: bool) -> None:
-    """The landing in the job's record (this clone's job only); its note at once when it failed
-    (a passing one is noted when it lands)."""
-    if not (item.trust and item.trust.owned):
+def _record(repo: Repo, item: Item) -> None:
+    """The job's landing that did not land (`item.entry`) in its record and note (this clone's
+    job only). One that lands is recorded with its landing (`Queue.finish`), in one write."""
+    entry, item.entry = item.entry, None
+    if entry is None or not (item.trust and item.trust.owned):
         return
 
     def change(job: Job) -> None:
         job.state.landings = [*job.state.landings, entry][-KEEP_LANDINGS:]
 
-    job = records.update(repo, item.job.id, change)
-    item.job = job
-    if note:
-        notes.write_for_job(repo, job)
-
-
-def _finish(repo: Repo, target: Target, item: Item, out: Outcome, commit: str, now_at: str) -> None:
-    """The job landed in `commit` (the target is at `now_at`): record it, clean up after it as
-    `merge` does, and land its group's pick."""
-    job = item.job
-    out.state = "landed" if out.state == "passed" else out.state
-
-    def mark(j: Job) -> None:
-        if j.state.landings and j.state.landings[-1].commit in (commit, out.commit):
-            j.state.landings[-1].landed = True
-
-    if item.trust and item.trust.owned:
-        lines = landing.finish_landed(repo, job, item.head, commit, landing.Target(target.name, now_at), held=True,
-                                      also=mark)
-        out.lines += (lines or [""])[1:]
-    else:
-        out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
-    if item.group is not None:
-        out.lines += groups.pick_landed(repo, item.group, commit, target.name)[1]
+    item.job = records.update(repo, item.job.id, change)
+    notes.write_for_job(repo, item.job)
 
 
 # ---------------------------------------------------------------- the target
@@ -403,21 +514,34 @@ def move(repo: Repo, target: Target, old: str, new: str) -> str:
     if target.checkout is None:
         return "ok" if records.cas_ref(repo, target.ref, old, new, message) else "moved"
     with landing.index_lock(repo, target.checkout, target.git_dir):
-        try:
-            landing.check_clean(target.checkout)
-        except SubtaskError as exc:
-            raise Stop("dirty", f"{exc.message.removesuffix(': not merging into it (your work is never stashed)')}: "
-                                f"the queue stopped before moving {target.name}", hint=exc.hint) from None
-        if git(target.checkout, "rev-parse", "HEAD").stdout.strip() != old:
+        head, changed = _checkout_state(target.checkout)
+        if changed:
+            raise Stop("dirty", f"the worktree {target.checkout} has uncommitted changes ({', '.join(changed[:10])}): "
+                                f"the queue stopped before moving {target.name} (your work is never stashed)",
+                       hint="commit or stash them yourself, then land the rest again")
+        if head != old:
             return "moved"
         proc = git(target.checkout, "merge", "--ff-only", "--quiet", new, check=False)
         if proc.returncode == 0:
             return "ok"
-        if git(target.checkout, "rev-parse", "HEAD").stdout.strip() != old:
+        if _checkout_state(target.checkout)[0] != old:
             return "moved"
         words = " ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
         raise Stop("negative", f"git would not move {target.name} in {target.checkout}: {words}: the queue stopped "
                                "(nothing of this landing changed)")
+
+
+def _checkout_state(checkout: Path) -> tuple[str, list[str]]:
+    """The checkout's HEAD commit and its uncommitted changes to tracked files (`merge`'s rule:
+    never merged into; untracked files are git's to refuse), from one `git status`."""
+    out = git(checkout, "status", "--porcelain=v2", "--branch", "--untracked-files=no").stdout
+    head, changed = "", []
+    for line in out.splitlines():
+        if line.startswith("# branch.oid "):
+            head = line[len("# branch.oid "):]
+        elif line and not line.startswith("#"):
+            changed.append(line.split(" ")[-1] if line[0] in "12u" else line)
+    return head, changed
 
 
 # ---------------------------------------------------------------- the jobs
@@ -552,7 +676,7 @@ def _agent_message(target: Target, job: Job, old: str, onto: str, out: Outcome, 
 
 def sweep_scratch(repo: Repo) -> None:
     """Remove the scratch worktrees a killed `land` left (under the queue lock: none is in use)."""
-    folder = repo.worktree_dir() / SCRATCH
+    folder = repo.worktree_dir() / integrate.SCRATCH
     if not folder.is_dir():
         return
     for path in folder.iterdir():
