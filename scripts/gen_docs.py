@@ -1,14 +1,20 @@
-"""Regenerate the manual page (and, with --cli, docs/cli.md from a real session).
+"""Regenerate the manual page, and (--cli, --mcp) docs/cli.md and docs/mcp.md from real sessions.
 
     python scripts/gen_docs.py          # man/git-subtask.1, man/git-subtask.html
     python scripts/gen_docs.py --cli    # also docs/cli.md: every command and option, real output
+    python scripts/gen_docs.py --mcp    # also docs/mcp.md's tool table and its real exchange
+
+tests/test_docs.py runs the same sessions again and fails when the pages show outputs the tool no
+longer prints (ids, hashes, times and paths aside: `normalize`), or options and tools it lacks.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,30 +26,80 @@ from subtask.manpage import commands, options, paragraphs, roff, to_html, usage
 ROOT = Path(__file__).resolve().parents[1]
 
 # A real session: each entry is a shell command run in a scratch repository; its output goes in.
+# Entries marked False depend on the machine (versions, this month, its kernel): shown, not checked.
 SESSION = [
-    "git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt'",
-    "git subtask wait $J1",
-    "git subtask start --engine shell 'echo fix > fix.txt; git add fix.txt; git commit -qm \"Fix the thing\"; echo Fixed it; echo STATUS: done'",
-    "git subtask start --engine shell --verify false 'echo oops > oops.txt'",
-    "git subtask wait $J2 $J3",
-    "git subtask list",
-    "git subtask status $J1",
-    "git subtask show $J2",
-    "git subtask result $J2",
-    "git subtask result $J3; echo \"exit $?\"",
-    "git subtask diff $J1 --stat",
-    "git --no-pager log --notes=subtask -1 subtask/$J2",
-    "git subtask reply $J2 'echo more >> fix.txt'",
-    "git subtask wait $J2",
-    "git subtask merge $J3; echo \"exit $?\"",
-    "git subtask merge $J2",
-    "git subtask cleanup $J1",
-    "git subtask spend",
-    "git subtask engines",
-    "git subtask doctor",
-    "git subtask show st-ffffffff; echo \"exit $?\"",
-    "git subtask start ''; echo \"exit $?\"",
+    ("git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt'", True),
+    ("git subtask wait $J1", True),
+    ("git subtask start --engine shell 'echo fix > fix.txt; git add fix.txt; git commit -qm \"Fix the thing\"; echo Fixed it; echo STATUS: done'", True),
+    ("git subtask start --engine shell --verify false 'echo oops > oops.txt'", True),
+    ("git subtask wait $J2 $J3", True),
+    ("git subtask list", True),
+    ("git subtask status $J1", True),
+    ("git subtask show $J2", True),
+    ("git subtask result $J2", True),
+    ("git subtask result $J3; echo \"exit $?\"", True),
+    ("git subtask diff $J1 --stat", True),
+    ("git --no-pager log --notes=subtask -1 subtask/$J2", True),
+    ("git subtask reply $J2 'echo more >> fix.txt'", True),
+    ("git subtask wait $J2", True),
+    ("git subtask merge $J3; echo \"exit $?\"", True),
+    ("git subtask merge --squash --no-ff $J2; echo \"exit $?\"", True),
+    ("git subtask merge $J2", True),
+    ("git subtask cleanup $J1", True),
+    ("git subtask install all --scope project --dry-run", True),
+    ("git subtask spend", False),
+    ("git subtask engines", False),
+    ("git subtask doctor", False),
+    ("git subtask show st-ffffffff; echo \"exit $?\"", True),
+    ("git subtask start ''; echo \"exit $?\"", True),
 ]
+
+# The MCP exchange: (tool, arguments, whether to show its structured content too). `$J1`... are the
+# job ids in the order the replies named them, `$G1` the group's.
+MCP_SESSION = [
+    ("start_many", {"tasks": [
+        {"task": "printf 'def add(a, b):\\n    return a + b\\n' > calc.py && git add calc.py && git commit -qm 'Add calc.add'",
+         "verify": "python3 -c 'import calc; assert calc.add(2, 3) == 5'"},
+        {"task": "echo '# Usage' >> README.md", "verify": "grep -q Usage README.md"},
+        {"task": "echo oops > oops.txt", "verify": "false"},
+        {"task": "", "engine": "shell"}]}, False),
+    ("wait", {"ids": ["$J1", "$J2", "$J3"], "timeout": 60}, False),
+    ("diff", {"id": "$J1", "stat": True}, True),
+    ("diff", {"id": "$J1"}, False),
+    ("result", {"id": "$J3"}, False),
+    ("merge", {"id": "$J1"}, True),
+    ("merge", {"id": "$J3"}, False),
+    ("log", {"id": "$J2"}, False),
+    ("merge", {"id": "$J2", "mode": "squash"}, False),
+    ("list", {}, False),
+    ("start", {"task": "seq 1 $SUBTASK_GROUP_MEMBER > seq.txt", "best_of": 2, "verify": "test -s seq.txt"}, False),
+    ("wait", {"ids": ["$G1"], "timeout": 60}, False),
+    ("compare", {"id": "$G1"}, False),
+    ("list", {}, False),
+    ("wait", {"ids": ["$J1"], "timeout": "soon"}, False),
+    ("start", {"task": "x", "verfiy": "true"}, False),
+    ("result", {"id": "st-deadbeef"}, False),
+]
+
+
+def normalize(text: str) -> str:
+    """What a page shows, with what changes from run to run made alike: job and group ids (named by
+    the order they appear), commit hashes, times, ages, dates, this month and column padding."""
+    names: dict[str, str] = {}
+    full = re.findall(r"\b(?:st|sg)-[0-9a-f]{8}\b", text)
+
+    def named(match: re.Match) -> str:  # a short prefix is named as the id it is short for
+        found = next((f for f in full if f.startswith(match.group(0))), match.group(0))
+        return names.setdefault(found, f"{found[:3]}<{len(names) + 1}>")
+
+    text = re.sub(r"\b(?:st|sg)-[0-9a-f]{4,8}\b", named, text)
+    text = re.sub(r"\b[0-9a-f]{7,40}\b", "<sha>", text)
+    text = re.sub(r"\b\d+(?:\.\d+)?(?:s|ms)\b|\b\d+m\d\ds\b|\b\d+h\d\dm\b", "<t>", text)
+    text = re.sub(r"\b\d{4}-\d{2}(?:-\d{2})?(?:[ T][0-9:.+-]+)?\b", "<date>", text)
+    text = re.sub(r"(Date|Author): .*", r"\1: <who or when>", text)
+    text = re.sub(r"subtask-docs-[^/]+", "<tmp>", text)
+    text = re.sub(r"\d{10}\.\d+", "<time>", text)
+    return "\n".join(re.sub(r"[ \t]+", " ", line).rstrip() for line in text.splitlines())
 
 
 def reference() -> str:
@@ -59,17 +115,25 @@ def reference() -> str:
     return "\n".join(parts)
 
 
-def real_session() -> str:
+def _scratch() -> tuple[Path, Path, dict[str, str]]:
     tmp = Path(tempfile.mkdtemp(prefix="subtask-docs-"))
     repo = tmp / "demo"
     env = dict(os.environ, GIT_AUTHOR_NAME="Ada", GIT_AUTHOR_EMAIL="ada@example.com",
                GIT_COMMITTER_NAME="Ada", GIT_COMMITTER_EMAIL="ada@example.com", NO_COLOR="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", SUBTASK_SERVER="0")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
-    subprocess.run(["git", "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "initial commit"], check=True, env=env)
+    (repo / "README.md").write_text("# demo\n")
+    subprocess.run(["git", "-C", str(repo), "add", "README.md"], check=True, env=env)
+    subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", "initial commit"], check=True, env=env)
+    return tmp, repo, env
+
+
+def session_blocks() -> list[tuple[str, str, bool]]:
+    """(command, what it printed, checked) for each entry of SESSION, run for real."""
+    tmp, repo, env = _scratch()
     ids: list[str] = []
     out = []
-    for command in SESSION:
+    for command, checked in SESSION:
         for n, job in enumerate(ids, 1):
             full = "wait" in command or not command.startswith("git subtask")
             command = command.replace(f"$J{n}", job if full else job[:7])
@@ -77,9 +141,109 @@ def real_session() -> str:
         text = proc.stdout.rstrip()
         if command.startswith("git subtask start") and proc.returncode == 0:
             ids.append(text.split()[0])
-        text = text.replace(str(tmp), "/home/ada")
-        out.append(f"```console\n$ {command}\n{text}\n```\n")
-    return "\n".join(out)
+        out.append((command, text.replace(str(tmp), "/home/ada"), checked))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def real_session() -> str:
+    return "\n".join(f"```console\n$ {command}\n{text}\n```\n" for command, text, _ in session_blocks())
+
+
+def mcp_blocks() -> list[tuple[str, str, str | None, bool]]:
+    """(call, text, structured JSON or None, is_error) for each entry of MCP_SESSION, over a real
+    stdio session with `python -m subtask.mcp_server` in a scratch repository."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    tmp, repo, env = _scratch()
+    subprocess.run(["git", "-C", str(repo), "config", "subtask.engine", "shell"], check=True, env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+                                   env=dict(env, PYTHONPATH=str(ROOT)))
+    out = []
+
+    async def run() -> None:
+        named: dict[str, list[str]] = {"J": [], "G": []}  # job ids, group ids: in the order replies named them
+        async with Client(params, mode="legacy") as client:
+            for tool, arguments, show in MCP_SESSION:
+                call = json.dumps(arguments, ensure_ascii=False)
+                for kind, found in named.items():
+                    for n, one in reversed(list(enumerate(found, 1))):
+                        call = call.replace(f"${kind}{n}", one)
+                result = await client.call_tool(tool, json.loads(call))
+                text = "\n".join(b.text for b in result.content if b.type == "text")
+                for one in re.findall(r"\b(?:st|sg)-[0-9a-f]{8}\b", text):
+                    kind = "J" if one.startswith("st-") else "G"
+                    if one not in named[kind] and one not in call:
+                        named[kind].append(one)
+                data = result.structured_content
+                shown = json.dumps(data, ensure_ascii=False) if show and data else None
+                out.append((f"{tool} {call}", text.replace(str(tmp), "/home/ada"),
+                            shown.replace(str(tmp), "/home/ada") if shown else None, bool(result.is_error)))
+
+    anyio.run(run)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def mcp_exchange() -> str:
+    parts = []
+    for call, text, data, error in mcp_blocks():
+        parts.append(f"**`{call}`**" + ("  (isError)" if error else "") + f"\n\n```\n{text}\n```\n")
+        if data:
+            parts.append(f"structured content:\n\n```json\n{data}\n```\n")
+    return "\n".join(parts)
+
+
+def mcp_tools_table() -> str:
+    """One row per tool, from the server's own tools/list: its parameters (required ones bold,
+    defaults given) and its annotations."""
+    import anyio
+    from mcp import Client
+
+    from subtask.mcp_tools import server
+
+    async def listed():
+        async with Client(server, mode="legacy") as client:
+            return (await client.list_tools()).tools
+
+    rows = ["| tool | parameters | annotations |", "|---|---|---|"]
+    for tool in anyio.run(listed):
+        schema = tool.input_schema
+        required = set(schema.get("required", []))
+        params = []
+        for name, prop in schema.get("properties", {}).items():
+            if name in required:
+                params.append(f"**`{name}`**")
+            elif "default" in prop and prop["default"] is not None:
+                params.append(f"`{name}={json.dumps(prop['default'])}`")
+            else:
+                params.append(f"`{name}`")
+        notes = [word for word, on in (("read-only", tool.annotations.read_only_hint),
+                                       ("destructive", tool.annotations.destructive_hint)) if on]
+        rows.append(f"| `{tool.name}` | {', '.join(params)} | {', '.join(notes) or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
+BEGIN, END = "<!-- generated by scripts/gen_docs.py --mcp: {} -->", "<!-- end of generated {} -->"
+
+
+def replace_generated(text: str, name: str, body: str) -> str:
+    """`text` with the part between the markers named `name` replaced by `body`."""
+    begin, end = BEGIN.format(name), END.format(name)
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{body}{end}{rest.split(end, 1)[1]}"
+
+
+def generated(text: str, name: str) -> str:
+    return text.split(BEGIN.format(name), 1)[1].split(END.format(name), 1)[0].lstrip("\n")
+
+
+def write_mcp_doc() -> None:
+    path = ROOT / "docs" / "mcp.md"
+    text = replace_generated(path.read_text(), "tools", mcp_tools_table())
+    path.write_text(replace_generated(text, "exchange", mcp_exchange()))
+    print("wrote docs/mcp.md")
 
 
 def write_cli_doc() -> None:
@@ -99,8 +263,11 @@ your directory. `git subtask --help` opens the manual page `git-subtask(1)`; `gi
 | 129 | usage: an unknown command or option, a bad value |
 
 They are the same with `--json`. Every read command takes `--json`: versioned (`"v": 1`, or
-`"schema_version": 1` for doctor), stable, and valid when there are no jobs yet. Progress goes to
-stderr, and only on a terminal (`watch` redraws in place only on a terminal). Nothing prompts.
+`"schema_version": 1` for doctor), stable, and valid when there are no jobs yet; the MCP tools
+answer the same JSON as their structured content. When a command has nothing to show it says so
+on stdout at a terminal and on stderr otherwise, so a script reading stdout gets nothing; what a
+command's lazy sweep removed is said on stderr, once. `watch` redraws in place only on a
+terminal. Nothing prompts. `git subtask help [COMMAND]` works like `git help`.
 
 ## A real session
 
@@ -118,6 +285,7 @@ The output below is from a real run (`python scripts/gen_docs.py --cli`), in a s
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cli", action="store_true", help="also regenerate docs/cli.md from a real session")
+    parser.add_argument("--mcp", action="store_true", help="also regenerate docs/mcp.md's tools and exchange")
     args = parser.parse_args()
     (ROOT / "man").mkdir(exist_ok=True)
     (ROOT / "man" / "git-subtask.1").write_text(roff(cli))
@@ -125,6 +293,8 @@ def main() -> None:
     print("wrote man/git-subtask.1 and man/git-subtask.html")
     if args.cli:
         write_cli_doc()
+    if args.mcp:
+        write_mcp_doc()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
 # Install git-subtask into .venv and run one real job on the shell engine in a scratch repository.
+#
+#   bash scripts/quickstart.sh          # the scratch repository is removed at the end
+#   bash scripts/quickstart.sh --keep   # ... or kept, to look around in it
+#
+# It leaves nothing behind: the scratch repository goes (unless --keep), and no command server is
+# started (SUBTASK_SERVER=0), so no process outlives the script. QUICKSTART_SKIP_INSTALL=1 uses
+# the git-subtask already on PATH (the test suite runs it so).
 set -euo pipefail
+keep=0
+[ "${1:-}" = "--keep" ] && keep=1
 here="$(cd "$(dirname "$0")/.." && pwd)"
-python3 -m venv "$here/.venv"
-"$here/.venv/bin/pip" install -q "$here"
-export PATH="$here/.venv/bin:$PATH"
-scratch="$(mktemp -d)/demo repo"
+if [ -z "${QUICKSTART_SKIP_INSTALL:-}" ]; then
+    python3 -m venv "$here/.venv"
+    "$here/.venv/bin/pip" install -q "$here"
+    export PATH="$here/.venv/bin:$PATH"
+fi
+export SUBTASK_SERVER=0
+tmp="$(mktemp -d)"
+if [ "$keep" = 0 ]; then
+    trap 'rm -rf "$tmp"' EXIT
+fi
+scratch="$tmp/demo repo"
 git init -q -b main "$scratch"
 cd "$scratch"
 git -c user.name=Demo -c user.email=demo@example.com commit -q --allow-empty -m "initial commit"
@@ -21,4 +37,8 @@ git subtask list
 echo "\$ git log --notes=subtask -1 subtask/$job"
 git --no-pager log --notes=subtask -1 "subtask/$job"
 echo
-echo "scratch repository: $scratch"
+if [ "$keep" = 1 ]; then
+    echo "scratch repository (kept): $scratch"
+else
+    echo "done; the scratch repository is removed (bash scripts/quickstart.sh --keep keeps it)"
+fi

@@ -65,6 +65,8 @@ from subtask.model import (
 )
 from subtask.records import Job, branch_name
 from subtask.redact import redact
+from subtask.start_options import BY_NAME as START_OPTIONS
+from subtask.start_options import GROUP_ONLY, StartRequest
 
 
 @dataclass
@@ -87,22 +89,6 @@ class WaitResult:
     @property
     def all_passed(self) -> bool:
         return not self.timed_out and all(job_passed(j) for j in self.jobs)
-
-
-@dataclass
-class StartRequest:
-    task: str
-    engine: str | None = None
-    base: str = "HEAD"
-    verify: str | None = None
-    verify_timeout: float | None = None
-    timeout: float | None = None
-    max_usd: float | None = None
-    max_turns: int | None = None
-    model: str | None = None
-    readonly: bool = False
-    isolation: str | None = None  # none | worktree | readonly; None = subtask.isolation, else the engine's default
-    on: str | None = None  # local | ray; None = git config subtask.executor, else local
 
 
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
@@ -279,8 +265,22 @@ def _usd(amount: float) -> str:
 
 # ---------------------------------------------------------------- start
 
+def launch(repo: Repo, request: StartRequest) -> StartResult | GroupStart:
+    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`)."""
+    if request.best_of is not None:
+        return start_group(repo, request)
+    given = [name for name in GROUP_ONLY if getattr(request, name)]
+    if given:
+        raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
+                           f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
+                           hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
+    return start(repo, request)
+
+
 def start(repo: Repo, request: StartRequest) -> StartResult:
     """Validate, admit (or queue), reserve, create branch + pins + record, spawn the worker."""
+    if request.best_of is not None:
+        raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.on == "ray":
         return _start_on_ray(repo, prepared.job, prepared.paid)
@@ -288,7 +288,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         _sync_ledger(repo)
     return _admit_and_launch(repo, prepared.job, prepared.paid,
                              branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id), as_written=prepared.as_written)
+                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                             as_written=prepared.as_written)
 
 
 @dataclass
@@ -305,7 +306,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
 
     task = _check_task(request.task)
     on = executors.choose(repo.config, request.on)
-    engine_name = request.engine or default_engine(repo)
+    engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
     _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
@@ -333,7 +334,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
                    repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
-                   model=request.model, readonly=bool(request.readonly), depth=delegated.depth,
+                   model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
                    network=network, group=group, member=member, clone=clone)
@@ -393,28 +394,53 @@ def _network(repo: Repo) -> str:
     return isolation.resolve_network(repo.config.get("isolation.network"))
 
 
-_REQUEST_TEXT = ("task", "engine", "base", "verify", "model", "isolation", "on")
-_REQUEST_FIELDS = ("task", "engine", "base", "verify", "verify_timeout", "timeout", "max_usd", "max_turns",
-                   "model", "readonly", "isolation", "on")
-
-
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
-    """(repo, request) from one start_many item: the fields of `start`, plus an optional `repo`."""
+    """(repo, request) from one start_many item: the fields of `start` (`StartRequest`), plus an
+    optional `repo`; each checked for its kind as declared there."""
     if not isinstance(item, dict):
         raise SubtaskError("usage", f"each item must be an object with a task, not {type(item).__name__}")
-    unknown = sorted(set(item) - set(_REQUEST_FIELDS) - {"repo"})
+    unknown = sorted(set(item) - set(START_OPTIONS) - {"repo"})
     if unknown:
-        raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} (known: repo, {', '.join(_REQUEST_FIELDS)})")
-    for key in (*_REQUEST_TEXT, "repo"):
-        if item.get(key) is not None and not isinstance(item[key], str):
-            raise SubtaskError("usage", f"{key} must be a string, not {item[key]!r}")
-    if not isinstance(item.get("readonly", False), bool):
-        raise SubtaskError("usage", f"readonly must be true or false, not {item['readonly']!r}")
-    fields = {k: item[k] for k in _REQUEST_FIELDS if item.get(k) is not None}
+        raise SubtaskError("usage", f"unknown field {', '.join(map(repr, unknown))} "
+                           f"(known: repo, {', '.join(START_OPTIONS)})")
+    if item.get("repo") is not None and not isinstance(item["repo"], str):
+        raise SubtaskError("usage", f"repo must be a string, not {item['repo']!r}")
+    for name, option in START_OPTIONS.items():
+        value = item.get(name)
+        if value is not None:
+            check_option(option, value)
+    fields = {k: item[k] for k in START_OPTIONS if item.get(k) is not None}
     return item.get("repo"), StartRequest(**{"task": ""} | fields)
 
 
-def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError]:
+def check_option(option, value) -> None:
+    """`value` is of the kind `option` declares (numbers' ranges are checked where they are used)."""
+    kind = option.kind
+    if option.names and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return
+    if kind is bool:
+        ok, words = isinstance(value, bool), "true or false"
+    elif kind is str:
+        ok, words = isinstance(value, str), "a string" + (" or a list of strings" if option.names else "")
+    elif kind is int:
+        ok, words = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+    else:
+        ok, words = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    if not ok:
+        raise SubtaskError("usage", f"{option.name} must be {words}, not {value!r}")
+    if option.choices and value not in option.choices:
+        raise SubtaskError("usage", f"unknown {option.name} {value!r} ({', '.join(option.choices)})")
+
+
+def _one_name(value, what: str) -> str | None:
+    """One engine or model name: several go with --best-of only."""
+    names = _names(value, what)
+    if names and len(names) > 1:
+        raise SubtaskError("usage", f"{what} takes one name, not {', '.join(names)}: several go with --best-of N")
+    return names[0] if names else None
+
+
+def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart | SubtaskError]:
     """Start each item in turn; an item that fails is reported in its place and the rest still start.
 
     Each item is a dict with the fields of `start` and an optional `repo` (a path `repo_for` opens;
@@ -430,11 +456,11 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | SubtaskError
             opened[path] = repo_for(path)
         return opened[path]
 
-    results: list[StartResult | SubtaskError] = []
+    results: list[StartResult | GroupStart | SubtaskError] = []
     for item in items:
         try:
             path, request = request_from_dict(item)
-            results.append(start(repo_of(path), request))
+            results.append(launch(repo_of(path), request))
         except SubtaskError as exc:
             results.append(exc)
     return results
@@ -449,16 +475,6 @@ def _groups():
 
 
 @dataclass
-class GroupRequest:
-    best_of: int
-    engines: list[str] | None = None  # cycled over the members (None: the request's engine)
-    models: list[str] | None = None  # cycled likewise
-    pick: str | None = None  # smallest (default) | cheapest | fastest
-    judge: str | None = None  # a command run per passing member; its last line is its score
-    first_pass: bool = False
-
-
-@dataclass
 class GroupStart:
     group: object  # groups.Group
     members: list[StartResult]
@@ -466,7 +482,7 @@ class GroupStart:
 
 def _names(values, what: str) -> list[str] | None:
     """A list of names from a list or a comma-separated string; None when none is given."""
-    if values is None:
+    if values is None or values == "":
         return None
     items = values.split(",") if isinstance(values, str) else list(values)
     if not all(isinstance(v, str) for v in items) or not all(v.strip() for v in items):
@@ -474,10 +490,12 @@ def _names(values, what: str) -> list[str] | None:
     return [v.strip() for v in items] or None
 
 
-def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupStart:
-    """Start a best-of-N group: N ordinary jobs at one task and base, admitted and reserved all or
-    none, and the group record that names them (the pick is `groups.settle`'s)."""
+def start_group(repo: Repo, request: StartRequest) -> GroupStart:
+    """Start a best-of-N group (`request.best_of`): N ordinary jobs at one task and base, admitted
+    and reserved all or none, and the group record that names them (the pick is `groups.settle`'s).
+    `request.engine` and `.model` may name several, cycled over the members."""
     groups = _groups()
+    how = request
     n = how.best_of
     if isinstance(n, bool) or not isinstance(n, int) or not groups.MIN_MEMBERS <= n <= groups.MAX_MEMBERS:
         raise SubtaskError("usage", f"--best-of must be a whole number from {groups.MIN_MEMBERS} to "
@@ -497,12 +515,14 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
                            "choose by", hint="git subtask start --best-of 3 --verify 'pytest -q' '...'")
-    engines = _names(how.engines, "--engine") or [request.engine or default_engine(repo)]
-    models = _names(how.models, "--model") or [request.model]
+    engines = _names(request.engine, "--engine") or [default_engine(repo)]
+    models = _names(request.model, "--model") or [None]
     base = resolve_commit(repo, request.base or "HEAD")  # one base for every member
     gid = groups.new_group_id()
-    prepared = [_prepare(repo, StartRequest(**{**request.__dict__, "engine": engines[k % len(engines)],
-                                               "model": models[k % len(models)], "verify": verify, "base": base}),
+    member_request = {**request.__dict__, "verify": verify, "base": base, "best_of": None, "pick": None,
+                      "judge": None, "first_pass": False}
+    prepared = [_prepare(repo, StartRequest(**{**member_request, "engine": engines[k % len(engines)],
+                                               "model": models[k % len(models)]}),
                          group=gid, member=k + 1) for k in range(n)]
     if any(p.paid for p in prepared):
         _sync_ledger(repo)
@@ -514,7 +534,8 @@ def start_group(repo: Repo, request: StartRequest, how: GroupRequest) -> GroupSt
     launches = []
     try:
         for p in prepared:
-            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id), p.as_written))
+            launches.append(_Launch(p.job, p.paid, base, liveness.acquire(repo.state_dir, p.job.id, new=True),
+                                    p.as_written))
     except BaseException:
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
@@ -579,10 +600,28 @@ def merge_group(repo: Repo, gid_or_prefix: str, mode: str = "merge", force: bool
 
 def compare_argvs(repo: Repo, gid_or_prefix: str, stat: bool = True) -> list[tuple[str, list[str]]]:
     """(title, git diff argv) for every pair of the group's members: their heads against each other."""
+    return [(f"{a} .. {b}", ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), head_a, head_b])
+            for a, head_a, b, head_b in _compare_pairs(repo, gid_or_prefix)]
+
+
+def _compare_pairs(repo: Repo, gid_or_prefix: str) -> list[tuple[str, str, str, str]]:
     groups = _groups()
     group, _tip = groups.read(repo, groups.resolve(repo, gid_or_prefix))
-    return [(f"{a} .. {b}", ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), head_a, head_b])
-            for a, head_a, b, head_b in groups.compare_pairs(repo, group)]
+    return groups.compare_pairs(repo, group)
+
+
+def compare(repo: Repo, gid_or_prefix: str, stat: bool = True, limit: int | None = None) -> dict:
+    """The diffs between a group's members, every pair (the pick first), bounded in all by `limit`."""
+    left = min(OUTPUT_LIMIT if limit is None else int(_positive(limit, "max_bytes", integer=True)), MAX_OUTPUT_LIMIT)
+    gid = _groups().resolve(repo, gid_or_prefix)
+    pairs = []
+    for a, head_a, b, head_b in _compare_pairs(repo, gid):
+        text, truncated, size = git_output(repo, ["diff", "--no-color", "--no-ext-diff",
+                                                  *(["--stat"] if stat else []), head_a, head_b], max(left, 1))
+        left = max(0, left - len(text.encode()))
+        pairs.append({"a": a, "head_a": head_a, "b": b, "head_b": head_b, "text": text, "truncated": truncated,
+                      "bytes": size})
+    return {"v": 1, "group": gid, "stat": stat, "pairs": pairs}
 
 
 def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
@@ -837,6 +876,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
     worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
+    worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -948,7 +988,30 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             more += 1
             continue
         entries.append(entry)
+    _mark_moved(repo, entries)
     return Listing(entries, more, swept, hidden)
+
+
+def _mark_moved(repo: Repo, entries: list[dict]) -> None:
+    """`moved`: the branch of a job whose verify passed has moved since (a commit verify never
+    tested): `list` must not say "passed" of a tip merge refuses. One ref listing, only when needed."""
+    verified = [e for e in entries if e.get("verified") and not e.get("landed")]
+    if not verified:
+        return
+    tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/" + records.branch_name(""))}
+    for entry in verified:
+        tip = tips.get("refs/heads/" + records.branch_name(entry["id"]))
+        if tip is not None and tip != entry["verified"]:
+            entry["moved"] = tip
+
+
+def branch_moved(repo: Repo, job: Job) -> str | None:
+    """The tip of a job's branch when it moved after its verify passed (untested), else None."""
+    verify = job.state.current.verify
+    if verify is None or not verify.passed or not job.spec.branch or job.state.landed_in:
+        return None
+    ref = repo.objects.ref(f"refs/heads/{job.spec.branch}")
+    return ref.target if ref is not None and ref.target != verify.head else None
 
 
 def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:
@@ -1282,7 +1345,9 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
                            hint=f"commit or discard what is there, or put its commits on a branch (git -C '{path}' "
                                 f"status), then: git subtask cleanup {job.id}")
     words = "would remove" if dry_run else "removed"
-    tree = f"{words} worktree {path}" if removal.kind == "removed" else "no worktree to remove"
+    tree = (f"{words} worktree {path}" if removal.kind == "removed" else
+            f"{'would forget' if dry_run else 'forgot'} git's registration of worktree {path} ({removal.why})"
+            if removal.kind == "pruned" else "no worktree to remove")
     if branch.kind == "removed":
         gone = "would delete" if dry_run else "deleted"
         return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing.EMPTY_BRANCH}; record kept)"
@@ -1292,16 +1357,94 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     return f"{job.id}: {tree} ({kept})"
 
 
-def diff_argv(repo: Repo, id_or_prefix: str, stat: bool = False) -> list[str]:
+def diff_argv(repo: Repo, id_or_prefix: str, stat: bool = False, paths: list[str] | None = None) -> list[str]:
     job = get(repo, id_or_prefix)
     head = _head_of(repo, job)
-    return ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), job.spec.base, head]
+    return ["git", "-C", str(repo.root), "diff", *(["--stat"] if stat else []), job.spec.base, head,
+            *(["--", *_paths(paths)] if paths else [])]
 
 
 def log_argv(repo: Repo, id_or_prefix: str) -> list[str]:
     job = get(repo, id_or_prefix)
     head = _head_of(repo, job)
     return ["git", "-C", str(repo.root), "log", "--notes=subtask", f"{job.spec.base}..{head}"]
+
+
+OUTPUT_LIMIT = 50_000  # bytes of a diff or log a reply carries by default (an agent's context is the budget)
+MAX_OUTPUT_LIMIT = 10_000_000
+
+
+@dataclass
+class GitOutput:
+    """What git printed for a review command, cut at `limit` bytes on a line boundary."""
+
+    id: str
+    base: str
+    head: str
+    text: str
+    truncated: bool
+    size: int  # bytes git printed in all
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "id": self.id, "base": self.base, "head": self.head, "text": self.text,
+                "truncated": self.truncated, "bytes": self.size}
+
+
+def diff(repo: Repo, id_or_prefix: str, stat: bool = False, paths: list[str] | None = None,
+         limit: int | None = None) -> GitOutput:
+    """`git diff base head` of a job (its stat, or its patch), bounded; works after landing."""
+    job = get(repo, id_or_prefix)
+    head = _head_of(repo, job)
+    argv = ["diff", "--no-color", "--no-ext-diff", *(["--stat"] if stat else []), job.spec.base, head,
+            *(["--", *_paths(paths)] if paths else [])]
+    return _bounded(repo, job, head, argv, limit)
+
+
+def log(repo: Repo, id_or_prefix: str, limit: int | None = None) -> GitOutput:
+    """`git log --notes=subtask base..head` of a job, bounded."""
+    job = get(repo, id_or_prefix)
+    head = _head_of(repo, job)
+    return _bounded(repo, job, head, ["log", "--no-color", "--notes=subtask", f"{job.spec.base}..{head}"], limit)
+
+
+def _paths(paths) -> list[str]:
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise SubtaskError("usage", f"paths must be a list of paths, not {paths!r}")
+    return paths
+
+
+def _bounded(repo: Repo, job: Job, head: str, argv: list[str], limit: int | None) -> GitOutput:
+    limit = OUTPUT_LIMIT if limit is None else int(_positive(limit, "max_bytes", integer=True))
+    limit = min(limit, MAX_OUTPUT_LIMIT)
+    text, truncated, size = git_output(repo, argv, limit)
+    return GitOutput(job.id, job.spec.base, head, text, truncated, size)
+
+
+def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]:
+    """(text, truncated, bytes printed) of `git argv`: the first `limit` bytes, cut at a line end;
+    the rest is read and counted, not kept."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as errors, subprocess.Popen(
+            ["git", "-C", str(repo.root), "-c", "core.quotePath=false", *argv],
+            stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL) as proc:
+        kept = proc.stdout.read(limit + 1)
+        size = len(kept)
+        while chunk := proc.stdout.read(1 << 20):
+            size += len(chunk)
+        proc.wait()
+        errors.seek(0)
+        error = errors.read().decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        raise SubtaskError("fatal", f"git {argv[0]} failed: {error or f'exit {proc.returncode}'}")
+    truncated = size > limit
+    if truncated:
+        kept = kept[:limit]
+        kept = kept[: kept.rfind(b"\n") + 1] or kept
+    return kept.decode("utf-8", "replace"), truncated, size
 
 
 def _head_of(repo: Repo, job: Job) -> str:
@@ -1423,6 +1566,24 @@ def verify(repo: Repo, id_or_prefix: str, run: bool = False):
     return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
 
 
+def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = False) -> str:
+    """The one merge mode the flags ask for; two of them at once is a usage error, as in git."""
+    asked = [flag for flag, on in (("--squash", squash), ("--no-ff", no_ff), ("--ff-only", ff_only)) if on]
+    if len(asked) > 1:
+        raise SubtaskError("usage", f"{' and '.join(asked)} cannot be used together: give one merge mode",
+                           hint="git subtask merge [--squash | --no-ff | --ff-only] ID")
+    return asked[0][2:] if asked else "merge"
+
+
+def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False) -> str:
+    """The one landing mode the flags ask for (`merge` without any); two at once is a usage error."""
+    asked = [flag for flag, on in (("--squash", squash), ("--no-ff", no_ff), ("--rebase", rebase)) if on]
+    if len(asked) > 1:
+        raise SubtaskError("usage", f"{' and '.join(asked)} cannot be used together: give one landing mode",
+                           hint="git subtask land [--squash | --no-ff | --rebase] ID...")
+    return asked[0][2:] if asked else "merge"
+
+
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     from subtask import landing
 
@@ -1470,6 +1631,17 @@ def hooks(repo: Repo, action: str):
     from subtask import hooks as hooks_mod
 
     return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
+
+
+def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_run: bool = False,
+            where: str | os.PathLike | None = None, on_plan=None):
+    """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
+    Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
+    from subtask import clients
+
+    root = repo_at(where).root if scope == "project" else None
+    act = clients.uninstall if uninstall else clients.install
+    return act(client, scope, root, dry_run=dry_run, on_plan=on_plan)
 
 
 def push(repo: Repo, remote: str = "origin", branches: bool = False):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import click
 
@@ -60,27 +59,34 @@ def on_terminal(stream=None) -> bool:
 
 
 def _say_nothing(text: str) -> None:
-    """The one line a command prints on a terminal when it has nothing to show."""
-    if on_terminal():
-        echo(text)
+    """The one line a command says when it has nothing to show: on stdout for a person at a
+    terminal, else on stderr, so a script reading stdout sees what it always saw (nothing) and
+    whoever reads the rest (a harness, an agent) still learns that there was nothing."""
+    echo(text, err=not on_terminal())
+
+
+def _emit(reply, as_json: bool = False) -> None:
+    """Print a `replies.Reply`: its JSON, or its text (its `nothing` on a terminal when it has
+    none) and its notes on stderr; then exit with its code when that is not 0."""
+    if as_json:
+        _emit_json(reply.data)
+    else:
+        if reply.text:
+            echo(reply.text)
+        elif reply.nothing:
+            _say_nothing(reply.nothing)
+        for note in reply.notes:
+            echo(note, err=True)
+    if reply.exit_code:
+        sys.exit(reply.exit_code)
 
 
 def _emit_lines(lines: list[str], as_json: bool, nothing: str | None = None, **facts) -> None:
     """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`;
     `nothing` is said on a terminal when there is no line."""
-    if as_json:
-        _emit_json({"v": 1, **facts, "lines": lines})
-    else:
-        for line in lines:
-            echo(line)
-        if not lines and nothing:
-            _say_nothing(nothing)
+    from subtask import replies
 
-
-def _job_json(job, position=None) -> dict:
-    return {"v": 1, "id": job.id, "state": job.state.current.state, "position": position,
-            "spec": job.spec.to_dict(), "state_detail": job.state.to_dict(),
-            "evidence": job.evidence.to_dict() if job.evidence else None, "summary": job.summary}
+    _emit(replies.report(lines, nothing, **facts), as_json)
 
 
 @click.group(context_settings=CONTEXT)
@@ -92,74 +98,39 @@ def cli() -> None:
     """
 
 
+def start_options(command):
+    """The options of `start`, from the one description of a start (`subtask.start_options`)."""
+    from subtask.start_options import OPTIONS
+
+    for option in reversed(OPTIONS):
+        if option.argument:
+            command = click.argument(option.name, metavar=option.name.upper())(command)
+            continue
+        decls = [option.flag, *([option.short] if option.short else []), option.name]
+        if option.kind is bool:
+            command = click.option(*decls, is_flag=True, help=option.help_for("cli"))(command)
+            continue
+        kind = click.Choice(option.choices) if option.choices else option.kind
+        command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
+                               show_default=option.show_default, help=option.help_for("cli"))(command)
+    return command
+
+
 @cli.command(context_settings=CONTEXT)
-@click.argument("task")
-@click.option("--engine", "-e", help="shell, claude, codex, or a configured command engine (default: git config subtask.engine, else claude)")
-@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch the job starts from")
-@click.option("--verify", help="command run with sh -c (POSIX sh, not bash) in the worktree on the job's final commit; exit 0 = passed")
-@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
-@click.option("--timeout", type=float, help="seconds the engine may run before it is killed")
-@click.option("--max-usd", type=float, help="budget reserved for a paid engine (default: subtask.defaultMaxUsd = 2)")
-@click.option("--max-turns", type=int, help="turn cap for agent engines")
-@click.option("--model", help="model for agent engines")
-@click.option("--readonly", is_flag=True, help="no branch: the engine reads a clean checkout of the base and cannot write")
-@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what the engine may write, kernel-enforced "
-              "(default: git config subtask.isolation, else the engine's: worktree for shell and command engines)")
-@click.option("--on", "on", metavar="EXECUTOR", help="local or ray: where the job runs (default: git config subtask.executor, "
-              "else local; ray: a node of the cluster at subtask.ray.address, results back through subtask.remote)")
-@click.option("--best-of", "best_of", type=int, metavar="N",
-              help="start a group of N attempts (2-8) and pick the best by --verify; --engine and --model "
-                   "then take comma-separated lists, cycled over the attempts")
-@click.option("--pick", type=click.Choice(["smallest", "cheapest", "fastest"]),
-              help="with --best-of: how passing attempts rank (default smallest: fewest changed lines)")
-@click.option("--judge", metavar="CMD", help="with --best-of: a command run in each passing attempt's worktree; "
-              "its last line is a number, higher is better")
-@click.option("--first-pass", "first_pass", is_flag=True,
-              help="with --best-of: the first attempt to pass verify wins; the rest are stopped")
-@click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-def start(task, engine, base, verify, verify_timeout, timeout, max_usd, max_turns, model, readonly, isolation, on,
-          best_of, pick, judge, first_pass, as_json):
+@start_options
+@click.option("--json", "as_json", is_flag=True, help="print the job (or the group) as JSON")
+def start(as_json, **options):
     """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
     """
-    from subtask import api
+    from subtask import api, replies
 
-    if task == "-":
-        task = sys.stdin.read()
-    if best_of is None and (pick or judge or first_pass):
-        raise click.UsageError("--pick, --judge and --first-pass go with --best-of N")
-    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
-                               timeout=timeout, max_usd=max_usd, max_turns=max_turns, model=model,
-                               readonly=readonly, isolation=isolation, on=on)
-    if best_of is not None:
-        _start_group(request, api.GroupRequest(best_of=best_of, engines=engine, models=model, pick=pick,
-                                               judge=judge, first_pass=first_pass), as_json)
-        return
-    result = api.start(_repo(), request)
-    job = result.job
-    if as_json:
-        _emit_json(_job_json(job, result.position or None) | {"state": result.state, "on": result.on})
-        return
-    from subtask import render
-
-    echo(render.started_line(job, result.position))
-
-
-def _start_group(request, how, as_json: bool) -> None:
-    from subtask import api, render
-
-    request.engine = request.model = None  # the lists are in `how`
-    started = api.start_group(_repo(), request, how)
-    group = started.group
-    if as_json:
-        _emit_json({"v": 1, "group": group.id, "members": [_job_json(r.job, r.position or None) | {"state": r.state}
-                                                            for r in started.members]})
-        return
-    echo(f"{group.id} started: {len(started.members)} attempts · rule {group.rule_text} · verify {group.verify}")
-    for result in started.members:
-        echo("  " + render.started_line(result.job, result.position))
+    if options["task"] == "-":
+        options["task"] = sys.stdin.read()
+    started = api.launch(_repo(), api.StartRequest(**options))
+    _emit(replies.started(started), as_json)
 
 
 def _is_group(text: str) -> bool:
@@ -179,16 +150,11 @@ def reply(job_id, message, max_usd, timeout, as_json):
 
     For the shell engine MESSAGE is another script. Use - to read it from standard input.
     """
-    from subtask import api, render
+    from subtask import api, replies
 
     if message == "-":
         message = sys.stdin.read()
-    result = api.reply(_repo(), job_id, message, max_usd=max_usd, timeout=timeout)
-    job = result.job
-    if as_json:
-        _emit_json(_job_json(job, result.position or None) | {"state": result.state})
-        return
-    echo(render.started_line(job, result.position))
+    _emit(replies.started(api.reply(_repo(), job_id, message, max_usd=max_usd, timeout=timeout)), as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -203,43 +169,15 @@ def wait(ids, any_, timeout, as_json):
     wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
     verify passed (or no verify); 1 otherwise.
     """
-    from subtask import api, render
+    from subtask import api, replies
 
     repo = _repo()
     if any(_is_group(i) for i in ids):
-        _wait_groups(repo, ids, timeout, as_json)
-        return
-    result = api.wait(repo, list(ids), timeout=timeout, any_=any_)
-    if as_json:
-        _emit_json({"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
-                    "stalled": result.stalled, "jobs": [_job_json(j) for j in result.jobs]})
+        if not all(_is_group(i) for i in ids):
+            raise click.UsageError("wait takes job ids or group ids, not both")
+        _emit(replies.waited_groups(repo, api.wait_groups(repo, list(ids), timeout=timeout), timeout), as_json)
     else:
-        for job in result.jobs:
-            echo(render.ended_lines(job, api.queue_position(repo, job.id)))
-        for job in result.jobs:
-            if job.id in result.stalled:
-                echo(render.stalled_hint(job), err=True)
-        if result.timed_out:
-            echo(f"timed out after {timeout:g}s", err=True)
-    sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
-
-
-def _wait_groups(repo, ids, timeout, as_json) -> None:
-    """`wait GID…`: every member's end, then each group's table; exit 0 when each has a passing pick."""
-    from subtask import api, groups
-
-    if not all(_is_group(i) for i in ids):
-        raise click.UsageError("wait takes job ids or group ids, not both")
-    result = api.wait_groups(repo, list(ids), timeout=timeout)
-    if as_json:
-        _emit_json({"v": 1, "timed_out": result.timed_out, "picked": result.all_picked,
-                    "groups": [g.to_dict() for g in result.groups]})
-    else:
-        for group in result.groups:
-            echo(groups.result_text(repo, group))
-        if result.timed_out:
-            echo(f"timed out after {timeout:g}s", err=True)
-    sys.exit(0 if result.all_picked else EXIT_NEGATIVE)
+        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
 
 
 @cli.command("list", context_settings=CONTEXT)
@@ -252,47 +190,14 @@ def list_(state, include_all, limit, as_json):
 
     Active jobs always show; finished ones up to the limit; landed ones only with --all.
     """
-    from subtask import api, render
+    from subtask import api, replies
 
-    listing = api.list_jobs(_repo(), state=state, include_all=include_all, limit=limit)
-    entries = listing.jobs
-    if as_json:
-        found = api.list_groups(_repo(), entries)
-        _emit_json({"v": 1, "jobs": api.add_record_facts(_repo(), entries), "more": listing.more}
-                   | ({"groups": [g.to_dict() for g in found.values()]} if found else {}))
-        return
-    if entries:
-        now = time.time()
-        lines = [render.LIST_HEADER] + _folded_lines(api.list_groups(_repo(), entries), entries, include_all, now)
-        echo("\n".join(lines))
-    elif not listing.more:
-        _say_nothing(f"no {state} jobs" if state else
-                     f"no jobs to show ({listing.hidden} landed: git subtask list --all)" if listing.hidden else
-                     "no jobs yet (start one: git subtask start '...')")
-    if listing.swept and on_terminal(sys.stderr):
-        for line in listing.swept:
-            echo(line, err=True)
-    if listing.more:
-        echo(f"({listing.more} older jobs not shown: git subtask list --all)", err=True)
-
-
-def _folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
-    """List rows with each group's members folded under one group line (`--all`: shown under it)."""
-    from subtask import groups, render
-
-    lines, shown = [], set()
-    for entry in entries:
-        gid = entry.get("group")
-        if gid not in found_groups:
-            lines.append(render.list_line(entry, entry.get("position"), now))
-            continue
-        if gid in shown:
-            continue
-        shown.add(gid)
-        lines.append(groups.list_line(found_groups[gid]))
-        if unfold:
-            lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
-    return lines
+    repo = _repo()
+    listing = api.list_jobs(repo, state=state, include_all=include_all, limit=limit)
+    reply = replies.listed(repo, api.list_groups(repo, listing.jobs), listing, state=state, unfold=include_all)
+    for line in listing.swept:  # once: the sweep that removed them runs once (stderr: stdout stays the listing)
+        echo(line, err=True)
+    _emit(reply, as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -300,18 +205,9 @@ def _folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: fl
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id, as_json):
     """What a job (default: every active job) is doing now: state, queue position, latest activity."""
-    from subtask import api, render
+    from subtask import api, replies
 
-    rows = api.status(_repo(), job_id)
-    if as_json:
-        _emit_json({"v": 1, "jobs": [{"id": job.id, "state": job.state.current.state, "position": position,
-                                      "activity": activity, "line": render.status_line(job, position, activity)}
-                                     for job, position, activity in rows]})
-        return
-    for row in rows:
-        echo(render.status_line(*row))
-    if not rows:
-        _say_nothing("no active jobs")
+    _emit(replies.status(api.status(_repo(), job_id)), as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -359,27 +255,15 @@ def watch(ids, timeout):
 @click.option("--log", "show_log", is_flag=True, help="print the worker's log too")
 def show(job_id, as_json, show_log):
     """The record of a job: spec, state, attempts, evidence, summary."""
-    from subtask import api, render
+    from subtask import api, replies
 
     repo = _repo()
     if _is_group(job_id):
-        from subtask import groups
-
-        group = api.get_group(repo, job_id)
-        if as_json:
-            _emit_json(group.to_dict() | {"rows": groups.table_rows(repo, group)})
-        else:
-            echo(groups.show_text(repo, group))
+        _emit(replies.shown_group(repo, api.get_group(repo, job_id)), as_json)
         return
     job = api.get(repo, job_id)
-    position = api.queue_position(repo, job.id)
-    facts = api.record_facts(repo, job)
-    if as_json:
-        _emit_json(_job_json(job, position) | {"signature": facts["signature"].to_dict(), "mine": facts["mine"]})
-        return
-    echo(render.show_text(job, position, worktree_present=api.worktree_present(job), provenance=facts["signature"],
-                          mine=facts["mine"]))
-    if show_log:
+    _emit(replies.shown(repo, job, api.queue_position(repo, job.id)), as_json)
+    if show_log and not as_json:
         from subtask import lifecycle
 
         log = lifecycle.logs_dir(repo) / f"{job.id}.log"
@@ -388,23 +272,40 @@ def show(job_id, as_json, show_log):
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
+@click.argument("paths", nargs=-1, metavar="[-- PATH...]")
 @click.option("--stat", is_flag=True, help="a diffstat instead of the patch")
-def diff(job_id, stat):
+@click.option("--json", "as_json", is_flag=True, help="the diff as JSON: base, head, text (at most --max-bytes)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
+def diff(job_id, paths, stat, as_json, max_bytes):
     """git diff base..head of the job (works after its branch is deleted)."""
-    import subprocess
-
     from subtask import api
 
-    sys.exit(subprocess.call(api.diff_argv(_repo(), job_id, stat=stat)))
+    if as_json:
+        from subtask import replies
+
+        _emit(replies.git_output(api.diff(_repo(), job_id, stat=stat, paths=list(paths) or None, limit=max_bytes),
+                                 what="diff", hint="--stat, or name paths"), True)
+        return
+    import subprocess
+
+    sys.exit(subprocess.call(api.diff_argv(_repo(), job_id, stat=stat, paths=list(paths) or None)))
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
-def log(job_id):
+@click.option("--json", "as_json", is_flag=True, help="the log as JSON: base, head, text (at most --max-bytes)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
+def log(job_id, as_json, max_bytes):
     """git log base..head --notes=subtask of the job."""
-    import subprocess
-
     from subtask import api
+
+    if as_json:
+        from subtask import replies
+
+        _emit(replies.git_output(api.log(_repo(), job_id, limit=max_bytes), what="log", hint="git subtask log ID"),
+              True)
+        return
+    import subprocess
 
     sys.exit(subprocess.call(api.log_argv(_repo(), job_id)))
 
@@ -415,39 +316,27 @@ def log(job_id):
 @click.option("--evidence", "--json", "evidence", is_flag=True, help="print the evidence envelope as JSON")
 def result(job_id, full, evidence):
     """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
-    from subtask import api, render
+    from subtask import api, replies
 
+    repo = _repo()
     if _is_group(job_id):
-        from subtask import groups
-
-        repo = _repo()
-        group = api.get_group(repo, job_id)
-        if evidence:
-            _emit_json(group.to_dict())
-        else:
-            echo(groups.result_text(repo, group))
-        sys.exit(0 if group.state == "picked" else EXIT_NEGATIVE)
-    job = api.get(_repo(), job_id)
-    if evidence:
-        _emit_json(api.evidence_envelope(job))
+        _emit(replies.group_result(repo, api.get_group(repo, job_id)), evidence)
     else:
-        echo(render.result_text(job, full=full))
-    sys.exit(0 if api.job_passed(job) else EXIT_NEGATIVE)
+        _emit(replies.result(repo, api.get(repo, job_id), full=full), evidence)
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
-def stop(job_id):
+@click.option("--json", "as_json", is_flag=True)
+def stop(job_id, as_json):
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
-    from subtask import api, render
+    from subtask import api, replies
 
+    repo = _repo()
     if _is_group(job_id):
-        from subtask import groups
-
-        repo = _repo()
-        echo(groups.show_text(repo, api.stop_group(repo, job_id)))
-        return
-    echo(render.one_line(api.stop(_repo(), job_id)))
+        _emit(replies.stopped_group(repo, api.stop_group(repo, job_id)), as_json)
+    else:
+        _emit(replies.stopped(api.stop(repo, job_id)), as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -478,13 +367,14 @@ def cleanup(job_id, merged, dry_run, quiet, as_json):
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
-@click.option("--squash", "mode", flag_value="squash", help="one new commit on the current branch")
-@click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
-@click.option("--ff-only", "mode", flag_value="ff-only", help="only a fast-forward")
+@click.option("--squash", is_flag=True, help="one new commit on the current branch")
+@click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
+@click.option("--ff-only", "ff_only", is_flag=True, help="only a fast-forward")
 @click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
 @click.option("--reverify", is_flag=True, help="run the job's verify again here on the exact commit before merging "
               "(the default for another clone's job whose record no allowed signer signed)")
-def merge(job_id, mode, force, reverify):
+@click.option("--json", "as_json", is_flag=True)
+def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
     """Merge a finished job into the current branch, then clean up after it.
 
     Merges a job that ended done and whose verify passed; a job started without --verify merges
@@ -500,16 +390,14 @@ def merge(job_id, mode, force, reverify):
     signed its record (gpg.ssh.allowedSignersFile, or the keyring); otherwise its verify command
     runs here first, on the exact commit, in a scratch worktree (docs/review.md).
     """
-    from subtask import api
+    from subtask import api, replies
 
+    mode = api.merge_mode(squash=squash, no_ff=no_ff, ff_only=ff_only)
     if _is_group(job_id):
-        group, lines = api.merge_group(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
-        for line in lines:
-            echo(line)
-        return
-    result = api.merge(_repo(), job_id, mode=mode or "merge", force=force, reverify=reverify)
-    for line in result.lines:
-        echo(line)
+        _emit(replies.merged_group(*api.merge_group(_repo(), job_id, mode=mode, force=force, reverify=reverify)),
+              as_json)
+    else:
+        _emit(replies.merged(api.merge(_repo(), job_id, mode=mode, force=force, reverify=reverify)), as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -520,15 +408,15 @@ def merge(job_id, mode, force, reverify):
               "and passed")
 @click.option("--reconcile", is_flag=True, help="answer a conflict with a reply to the job on the new tip (a shell "
               "job's task runs again), and land it once that passes its verify")
-@click.option("--squash", "mode", flag_value="squash", help="one new commit per job")
-@click.option("--no-ff", "mode", flag_value="no-ff", help="always a merge commit")
-@click.option("--rebase", "mode", flag_value="rebase", help="the job's commits replayed on the tip")
+@click.option("--squash", is_flag=True, help="one new commit per job")
+@click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
+@click.option("--rebase", is_flag=True, help="the job's commits replayed on the tip")
 @click.option("--force", is_flag=True, help="land jobs that did not end done, whose verify failed, or that have "
               "nothing to verify (the integrated commit is still verified when there is a command)")
 @click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
               "change nothing")
 @click.option("--json", "as_json", is_flag=True)
-def land(ids, verify, atomic, reconcile, mode, force, dry_run, as_json):
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, as_json):
     """Land finished jobs in the order given, each verified on the commit that lands.
 
     For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
@@ -539,15 +427,12 @@ def land(ids, verify, atomic, reconcile, mode, force, dry_run, as_json):
     output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
     lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
     """
-    from subtask import api
+    from subtask import api, replies
 
-    result = api.land(_repo(), list(ids), mode=mode or "merge", verify=verify, atomic=atomic, reconcile=reconcile,
+    mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
+    result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
                       force=force, dry_run=dry_run)
-    if as_json:
-        _emit_json(result.to_dict())
-    else:
-        echo(result.text())
-    sys.exit(0 if result.ok else 1)
+    _emit(replies.landed(result.to_dict()), as_json)
 
 
 @cli.command("verify", context_settings=CONTEXT)
@@ -577,7 +462,9 @@ def verify_(job_id, run, as_json):
 @cli.command(context_settings=CONTEXT)
 @click.argument("group_id", metavar="GID")
 @click.option("--patch", "-p", is_flag=True, help="the full diffs instead of --stat")
-def compare(group_id, patch):
+@click.option("--json", "as_json", is_flag=True, help="the diffs as JSON (at most --max-bytes in all)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of diff text (default 50000)")
+def compare(group_id, patch, as_json, max_bytes):
     """The diffs between a best-of-N group's members: git diff between their heads, every pair.
 
     The pick (or the first member) comes first; --stat by default.
@@ -586,6 +473,11 @@ def compare(group_id, patch):
 
     if not _is_group(group_id):
         raise click.UsageError(f"compare takes a group id (sg-...), not {group_id!r}")
+    if as_json:
+        from subtask import replies
+
+        _emit(replies.compared(api.compare(_repo(), group_id, stat=not patch, limit=max_bytes)), True)
+        return
     pairs = api.compare_argvs(_repo(), group_id, stat=not patch)
     import subprocess  # here, as for diff and log: no other command needs it
 
@@ -700,17 +592,9 @@ def pull(remote):
 @click.option("--json", "as_json", is_flag=True)
 def engines(as_json):
     """The engines: installed, authenticated, version, paid, isolation."""
-    from subtask import api
+    from subtask import api, replies
 
-    probes = api.engines(_repo())
-    if as_json:
-        _emit_json({"v": 1, "engines": [p.__dict__ | {"usable": p.usable} for p in probes]})
-        return
-    for p in probes:
-        auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
-        echo(f"{p.name:<8} installed={'yes' if p.installed else 'no':<3} auth={auth:<7} "
-             f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}"
-             + (f"\n         confinement here: {p.confinement}" if p.confinement else ""))
+    _emit(replies.engines(api.engines(_repo()), compact=False), as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -720,24 +604,82 @@ def engines(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def spend(month, all_clones, as_json):
     """Spend of paid engines: committed, open reservations, per engine, cap left."""
-    from subtask import api, render
+    from subtask import api, replies
 
-    summary = api.spend(_repo(), month, all_clones=all_clones)
+    _emit(replies.spend(api.spend(_repo(), month, all_clones=all_clones), all_clones), as_json)
+
+
+def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
+    from subtask import api, clients
+
+    verb = "uninstall" if uninstall else "install"
+
+    def show(lines: list[str]) -> None:
+        if as_json:
+            return
+        echo(f"git subtask {verb} {client} --scope {scope}" + (" (dry run: nothing changes)" if dry_run else ":"))
+        for line in lines:
+            echo(f"  {line}")
+
+    plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
+                       on_plan=show)
     if as_json:
-        _emit_json({"v": 1} | summary.to_dict())
+        _emit_json(clients.as_dict(plan) | {"dry_run": dry_run})
+    elif plan.steps and not dry_run:
+        undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
+               f"git subtask install {client} --scope {scope}"
+        echo(f"done (backups of changed files in {clients._show(clients.state_dir() / 'backups')}; {undo})")
+        if not uninstall:
+            echo("restart the client's session to load the server; check it: git subtask doctor")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True,
+              help="user: every project of yours; project: this repository (.mcp.json, .codex/config.toml), for the team")
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def install(client, scope, dry_run, as_json):
+    """Register the MCP server, and the agent's guide as a skill, in Claude Code or Codex.
+
+    Shows the plan first, backs up every file it changes, writes atomically, and records what it
+    added, so `uninstall` takes out exactly that. Running it again changes nothing. Claude Code
+    (user scope): `claude mcp add` when claude is on PATH, else ~/.claude.json; Codex:
+    ~/.codex/config.toml with the variables the server's engines need (env_vars).
+    """
+    _install(client, scope, dry_run, as_json, uninstall=False)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True)
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def uninstall(client, scope, dry_run, as_json):
+    """Take out what `git subtask install` added, and nothing else: an entry or file changed since is left, and said."""
+    _install(client, scope, dry_run, as_json, uninstall=True)
+
+
+@cli.command("help", context_settings=CONTEXT)
+@click.argument("words", nargs=-1, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx, words):
+    """The manual page (as git subtask --help), or a command's usage: git subtask help start."""
+    if not words:
+        import subprocess
+
+        if subprocess.call(["git", "help", "subtask"], stderr=subprocess.DEVNULL) != 0:
+            echo(cli.get_help(ctx.parent))  # no man here: the usage of every command
         return
-    if all_clones:
-        echo(f"{summary.month}, every clone (from the records): {render.money(summary.committed_usd)} "
-             f"committed, {render.money(summary.open_usd)} reserved by running jobs")
-        for clone, amounts in summary.clones.items():
-            echo(f"  {clone}  {render.money(amounts['committed'])} committed  "
-                 f"{render.money(amounts['open'])} open  ({amounts['jobs']} jobs)")
-        return
-    echo(f"{summary.month}: {render.money(summary.committed_usd)} committed, "
-         f"{render.money(summary.open_usd)} reserved by {len(summary.open_reservations)} open jobs, "
-         f"{render.money(summary.left_usd)} left of {render.money(summary.cap_usd)}")
-    for engine, amounts in sorted(summary.per_engine.items()):
-        echo(f"  {engine:<10} {render.money(amounts['committed'])} committed  {render.money(amounts['open'])} open")
+    command, path = cli, ["git subtask"]
+    for word in words:
+        found = command.get_command(ctx, word) if isinstance(command, click.Group) else None
+        if found is None or found.hidden:
+            raise SubtaskError("usage", f"no such command: git subtask {' '.join(words)}",
+                               hint="git subtask help   (every command is in the manual page)")
+        command, path = found, [*path, word]
+    with click.Context(command, info_name=" ".join(path), parent=None) as sub:
+        echo(command.get_help(sub))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -765,10 +707,11 @@ def doctor(as_json, strict):
         _emit_json(report.to_dict())
     else:
         marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        width = max(len(check.name) for check in report.checks)
         for check in report.checks:
-            echo(f"{marks[check.status]}  {check.name:<10} {check.message}")
+            echo(f"{marks[check.status]}  {check.name:<{width}}  {check.message}")
             for step in check.remediation:
-                echo(f"      {'':<10} -> {step}")
+                echo(f"      {'':<{width}}  -> {step}")
     failed = report.status == "fail" or (strict and report.status == "warn")
     sys.exit(EXIT_NEGATIVE if failed else 0)
 
@@ -807,13 +750,22 @@ def complete_words(words):
 
     def job_ids():
         try:
-            from subtask import records
+            from subtask import groups, records
 
-            return sorted(records.all_ids(_repo()))
+            repo = _repo()
+            return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))
         except Exception:
             return []
 
-    echo("\n".join(candidates(cli, list(words), job_ids)))
+    def engines():
+        try:
+            from subtask.engines import configured_command_engines, engine_names
+
+            return engine_names(configured_command_engines([e.name for e in _repo().git.config]))
+        except Exception:
+            return ["shell", "claude", "codex"]
+
+    echo("\n".join(candidates(cli, list(words), job_ids, engines)))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -840,7 +792,9 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     from subtask import manpage, spawn
+    from subtask.errors import INTERRUPTED, interrupt_once
 
+    interrupt_once()
     spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
     warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
@@ -865,6 +819,8 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:
+        if INTERRUPTED:  # raised while a Ctrl-C unwound the command (a lock it left released)
+            sys.exit(130)
         if os.environ.get("SUBTASK_DEBUG"):
             raise
         said = from_os_error(exc) if isinstance(exc, OSError) else None

@@ -2,7 +2,7 @@
 
 Each script asks the program itself (`git-subtask __complete WORD…`) for candidates, so new
 commands and options complete without regenerating anything. Candidates: subcommands, the options
-of the current command, and job ids where a command takes an ID. For bash, `_git_subtask` is the
+of the current command, an option's values after it, and job and group ids where a command takes an ID. For bash, `_git_subtask` is the
 function git's own completion calls for `git subtask`.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-ID_ARGUMENTS = {"job_id", "ids"}
+ID_ARGUMENTS = {"job_id", "ids", "group_id"}
 
 BASH = r'''# git-subtask completion for bash: source this file (e.g. from ~/.bashrc).
 _git_subtask_words() {
@@ -58,8 +58,19 @@ complete -c git -n '__fish_seen_subcommand_from subtask' -f -a '(__git_subtask_c
 SCRIPTS = {"bash": BASH, "zsh": ZSH, "fish": FISH}
 
 
-def candidates(group: click.Group, words: list[str], job_ids) -> list[str]:
-    """What may come after `words` (the words typed so far, after the program name)."""
+# The values of options whose type does not list them (a click.Choice completes its own choices).
+VALUES = {
+    "--isolation": ["none", "worktree", "readonly"],
+    "--on": ["local", "ray"],
+    "--state": ["queued", "running", "done", "failed", "stopped", "active", "ended"],
+    "--older-than": ["12h", "7d", "30d"],
+}
+
+
+def candidates(group: click.Group, words: list[str], job_ids, engines=lambda: []) -> list[str]:
+    """What may come after `words` (the words typed so far, after the program name): commands,
+    a command's options, the values an option takes (after it), and job and group ids where a
+    command takes an ID. `job_ids` and `engines` are callables, asked only when needed."""
     ctx = click.Context(group)
     commands = [name for name, cmd in group.commands.items() if not cmd.hidden]
     if not words:
@@ -67,11 +78,19 @@ def candidates(group: click.Group, words: list[str], job_ids) -> list[str]:
     command = group.commands.get(words[0])
     if command is None:
         return sorted(c for c in commands if c.startswith(words[0]))
-    options = [opt for param in command.params if isinstance(param, click.Option) for opt in param.opts]
-    takes_id = any(isinstance(p, click.Argument) and p.name in ID_ARGUMENTS for p in command.params)
     if isinstance(command, click.Group):
         return sorted(command.list_commands(ctx))
+    if words[0] == "help":
+        return sorted(commands)
+    option = next((p for p in command.params if isinstance(p, click.Option) and words[-1] in p.opts), None)
+    if option is not None and not option.is_flag:
+        if isinstance(option.type, click.Choice):
+            return list(option.type.choices)
+        if option.name == "engine":
+            return list(engines())
+        return VALUES.get(option.opts[0], [])
+    options = [opt for param in command.params if isinstance(param, click.Option) for opt in param.opts]
     out = sorted(options) + ["--help"]
-    if takes_id:
+    if any(isinstance(p, click.Argument) and p.name in ID_ARGUMENTS for p in command.params):
         out = list(job_ids()) + out
     return out

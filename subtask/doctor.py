@@ -46,11 +46,17 @@ def run(path: str | os.PathLike | None = None) -> Report:
         repo = open_repo(path)
     except Exception as exc:
         message = getattr(exc, "message", str(exc))
-        checks.append(Check("repository", "fail", message, ["cd into a git work tree", "git init"]))
+        steps = ["cd into a git work tree", "git init"]
+        if "bare repository" in message:  # a work tree of it is what jobs need, not a new repository
+            where = os.path.abspath(path or ".")
+            steps = [f"git clone '{where}' <folder>   # then run git subtask in <folder>",
+                     f"git -C '{where}' worktree add <folder>   # or a work tree of this repository"]
+        checks.append(Check("repository", "fail", message, steps))
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
     for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
-                  check_records, check_slots, check_worktrees, check_engines, check_isolation, check_provenance):
+                  check_records, check_slots, check_worktrees, check_engines, check_isolation, check_provenance,
+                  check_clients):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -336,3 +342,26 @@ def check_provenance(repo) -> Check:
     if problems:
         return Check("provenance", "warn", "; ".join(parts + problems), steps)
     return Check("provenance", "ok", "; ".join(parts))
+
+
+def check_clients(repo) -> Check:
+    """Each MCP client `git subtask install` set up: its entry started as the client starts it,
+    answering `initialize` and `tools/list` as this server (a real stdio handshake)."""
+    from subtask import clients
+
+    found = clients.installed()
+    if not found:
+        return Check("mcp clients", "ok", "none set up (git subtask install claude|codex registers the server)")
+    good, bad, steps = [], [], []
+    for item in found:
+        problem = clients.handshake(item, cwd=repo.root)
+        where = f"{item.client} ({item.scope}, {clients._show(item.path)})"
+        if problem is None:
+            good.append(where)
+        else:
+            bad.append(f"{where}: {problem}")
+            steps.append(f"git subtask uninstall {item.client} --scope {item.scope} && "
+                         f"git subtask install {item.client} --scope {item.scope}")
+    if bad:
+        return Check("mcp clients", "fail", "; ".join(bad) + (f"; answering: {', '.join(good)}" if good else ""), steps)
+    return Check("mcp clients", "ok", "the server answers for " + ", ".join(good))

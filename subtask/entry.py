@@ -14,6 +14,9 @@ import sys
 
 def main() -> None:
     try:
+        from subtask.errors import interrupt_once
+
+        interrupt_once()  # a second Ctrl-C (git passes the first on again) must not interrupt the exit
         from subtask import cmdclient
 
         code = cmdclient.run(sys.argv[1:])

@@ -56,6 +56,35 @@ def from_os_error(exc: OSError) -> SubtaskError | None:
     return None
 
 
+INTERRUPTED: list[int] = []  # a Ctrl-C arrived: what fails after it is its consequence, not a bug to report
+
+
+def _interrupted(signum, frame) -> None:
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
+def interrupt_once() -> None:
+    """SIGINT raises KeyboardInterrupt once; later ones are ignored while the command unwinds.
+
+    A Ctrl-C reaches `git-subtask` twice: from the terminal, and again from `git`, which passes
+    the signal on to the command it runs. The second KeyboardInterrupt landed in the unwinding of
+    the first (a `with lock:` in `queue.get`, an `Event.set`, the handling of SystemExit) and came
+    out as a traceback, a death by SIGINT instead of exit 130, or `RuntimeError: release unlocked
+    lock`. Main thread only (the only one that may set handlers); `_signal`, not `signal`: the
+    console script calls this before it imports anything.
+    """
+    import _signal
+
+    try:
+        _signal.signal(_signal.SIGINT, _interrupted)
+    except ValueError:  # not the main thread: its Ctrl-C is not ours to handle
+        pass
+
+
 def fatal(message: str, hint: str | None = None) -> SubtaskError:
     return SubtaskError("fatal", message, hint)
 

@@ -176,9 +176,9 @@ def all_ids(repo: Repo) -> list[str]:
 
 
 def resolve(repo: Repo, text: str) -> str:
-    if not isinstance(text, str) or GROUP_PREFIX_RE.fullmatch(text) is None:
+    if not isinstance(text, str) or GROUP_PREFIX_RE.fullmatch(text.lower()) is None:
         raise SubtaskError("usage", f"not a group id: {text!r} (group ids look like sg-1a2b3c4d)")
-    matches = sorted(g for g in all_ids(repo) if g.startswith(text))
+    matches = sorted(g for g in all_ids(repo) if g.startswith(text.lower()))
     if not matches:
         raise SubtaskError("not_found", f"no group matches '{text}'", hint="git subtask list")
     if len(matches) > 1:

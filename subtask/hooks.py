@@ -10,7 +10,8 @@ Invariants:
 - Install is idempotent; uninstall restores exactly what was there, byte for byte and mode,
   because the old hook is moved (renamed), never rewritten.
 - A hook that is not ours is never overwritten or deleted.
-- The hook never fails a merge, also when `git-subtask` is not on PATH.
+- The hook never fails a merge, also when `git-subtask` is not on PATH; then it says so (on
+  stderr), never silently doing nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ if [ -x "$old" ]; then
 fi
 if command -v git-subtask >/dev/null 2>&1; then
     git-subtask cleanup --merged --quiet >/dev/null 2>&1 || true
+else
+    echo "git-subtask post-merge hook: git-subtask is not on PATH here, so nothing was cleaned up" \
+         "(the next git subtask command does it; or: git subtask cleanup --merged)" >&2
 fi
 exit $status
 """
@@ -79,7 +83,12 @@ def status(repo: Repo) -> HookStatus:
     installed = _is_ours(hook)
     chained = backup if installed and backup.exists() else None
     if installed:
-        lines = [f"installed: {hook}"] + ([f"chained: runs {backup} first"] if chained else [])
+        import shutil
+
+        found = shutil.which("git-subtask")
+        runs = (f"it runs {found} (git-subtask on PATH at merge time)" if found else
+                "but git-subtask is not on PATH here: a merge from here only warns")
+        lines = [f"installed: {hook}; {runs}"] + ([f"chained: runs {backup} first"] if chained else [])
     elif hook.exists() or hook.is_symlink():
         lines = [f"not installed: {hook} is another hook (install keeps it and calls it first)"]
     else:

@@ -361,7 +361,7 @@ def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | Non
 
 @dataclass
 class Removal:
-    kind: str  # "removed" (or would be, on a dry run), "missing", "busy", "kept", "failed"
+    kind: str  # "removed" (or would be, on a dry run), "pruned" (a stale registration), "missing", "busy", "kept", "failed"
     why: str = ""
 
 
@@ -391,7 +391,13 @@ def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = Fa
 
 
 def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run: bool) -> Removal:
-    if not Path(job.spec.worktree).exists():
+    path = Path(job.spec.worktree)
+    if not path.exists():
+        if ownership.owns(repo, job) and worktrees.stale_admin(repo, job.id, path) is not None:
+            # Removed by hand: git still lists it (prunable) until its registration goes too.
+            if not dry_run:
+                worktrees.drop_stale(repo, job.id, path)
+            return Removal("pruned", "its folder was removed by hand")
         return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
     ok, why = worktree_removable(repo, job, keepers(repo, job, target))
     if not ok:
@@ -482,7 +488,12 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
-    if path.exists():
+    if not path.exists() and worktrees.stale_admin(repo, job.id, path) is not None:
+        lines.append(f"{job.id}: {'would forget' if dry_run else 'forgot'} git's registration of its worktree "
+                     f"{path} (its folder was removed by hand)")
+        if not dry_run:
+            removed = worktrees.drop_stale(repo, job.id, path)
+    elif path.exists():
         ok, why = worktree_removable(repo, job, keepers(repo, job, target))
         if ok:
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
@@ -913,13 +924,23 @@ def _abort(workdir: Path, job: Job, mode: str, into: str, proc, before: str) -> 
     _restore(workdir, before)
     if conflicts:
         raise SubtaskError("conflict", f"merging {job.id} into {into} conflicts in: {', '.join(conflicts)}; "
-                           "the merge was aborted and nothing changed",
-                           hint=f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
-                                f"  (or merge by hand: git merge {job.spec.branch})")
+                           "the merge was aborted and nothing changed", hint=_conflict_hint(job, into))
     words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
     reason = " ".join(words[-3:]) if words else f"git merge exited {proc.returncode}"
     hint = "use --no-ff or plain merge, or rebase the job" if mode == "ff-only" else None
     raise SubtaskError("negative", f"git merge of {job.id} into {into} did not happen: {reason}", hint=hint)
+
+
+def _conflict_hint(job: Job, into: str) -> str:
+    """What to type after a conflict. An agent can be asked to rebase in words; a shell job's reply
+    is a script, and words would run as one (and fail): it gets the commands to run by hand."""
+    by_hand = f"git merge {job.spec.branch}   # then resolve, git add, git commit"
+    if job.spec.engine == "shell":
+        where = (f"git -C '{job.spec.worktree}' rebase {into}" if Path(job.spec.worktree).is_dir()
+                 else f"git switch {job.spec.branch} && git rebase {into}")
+        return f"rebase the job's branch by hand: {where}   (or merge by hand: {by_hand})"
+    return (f"ask the job to rebase: git subtask reply {job.id} 'rebase onto {into} and resolve the conflicts'"
+            f"   (or merge by hand: {by_hand})")
 
 
 def _restore(workdir: Path, before: str) -> None:
@@ -973,6 +994,9 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         if removal.kind == "removed":
             sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
                                + ("" if branch_goes else " (branch kept)"))
+        elif removal.kind == "pruned":
+            sweep.lines.append(f"{job.id}: {'would forget' if dry_run else 'forgot'} git's registration of its "
+                               f"worktree {path} ({removal.why})")
         elif removal.kind == "missing":
             if had_worktree:
                 sweep.lines.append(f"{job.id}: worktree already removed")

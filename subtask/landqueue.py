@@ -129,9 +129,6 @@ class LandResult:
     def ok(self) -> bool:
         return all(o.ok for o in self.outcomes)
 
-    def text(self) -> str:
-        return text(self)
-
     def to_dict(self) -> dict:
         return {"v": 1, "target": self.target, "before": self.before, "after": self.after, "mode": self.mode,
                 "atomic": self.atomic, "ok": self.ok, "stopped": self.stopped,
@@ -702,41 +699,3 @@ def _queue_lock(repo: Repo):
             lock.release()
 
     return _Held()
-
-
-# ---------------------------------------------------------------- the words
-
-def text(result: LandResult) -> str:
-    """What `land` prints: a line per job (and what followed from it), then where the target went."""
-    from subtask.render import safe_line, short, verify_line, verify_tail
-
-    head = f"land onto {result.target} at {short(result.before)} ({result.mode}{', atomic' if result.atomic else ''})"
-    lines = [head + f", {len(result.outcomes)} job{'' if len(result.outcomes) == 1 else 's'}:"]
-    for out in result.outcomes:
-        name = out.job + (f" ({out.group})" if out.group else "")
-        if out.state in ("landed", "passed") and out.commit:
-            what = f"{out.state} as {short(out.commit)} on {short(out.onto)} ({out.how})"
-        elif out.state == "conflict":
-            what = f"conflict with {result.target} at {short(out.onto)} in {', '.join(out.conflicts)}"
-        elif out.state == "already":
-            what = f"already in {result.target} at {short(out.onto)}"
-        else:
-            what = f"{out.state}: {out.why}" if out.why else out.state
-        lines.append(safe_line(f"{name}: {what}"))
-        lines += [safe_line(f"  {line}") for line in out.events]
-        if out.verify is not None:
-            where = "" if out.confined else " (unconfined)"
-            lines.append(f"  verify{where}: {verify_line(out.verify)}")
-            lines += verify_tail(out.verify, prefix="    ")
-        if out.state in ("landed", "passed") and out.why:
-            lines.append(safe_line(f"  {out.why}"))
-        for side, said in out.sides.items():
-            who = result.target if side == "target" else out.job
-            lines += [safe_line(f"  {who}: {line}") for line in said] or [f"  {who}: -"]
-        lines += [safe_line(f"  {line}") for line in out.lines if line]
-    landed = sum(1 for o in result.outcomes if o.state == "landed")
-    moved = f"{short(result.before)} -> {short(result.after)}" if result.after != result.before else f"stays at {short(result.before)}"
-    lines.append(f"{result.target}: {moved} ({landed} of {len(result.outcomes)} landed)")
-    if result.stopped:
-        lines.append(safe_line(f"stopped: {result.stopped}"))
-    return "\n".join(lines)

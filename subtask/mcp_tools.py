@@ -1,7 +1,8 @@
 """The MCP face: the same jobs as `git subtask`, as tools for agents, on the mcp SDK's MCPServer.
 
 Owns only the protocol: each tool parses its arguments, calls `subtask.api` in a worker thread
-and renders compact text with `subtask.render`. No job logic lives here. The process entry point
+and answers the `subtask.replies` the CLI prints: its words as the text, its `--json` as the
+structured content. No job logic lives here. The process entry point
 (and its fast start) is `subtask.mcp_server`; `serve` runs this server over the line streams it
 hands over, and `describe` produces the cached replies it answers with before the SDK is loaded.
 
@@ -12,9 +13,12 @@ Invariants:
   reads it too, and a job's text may come from a model or a teammate. JSON text is
   `render.json_text`: exact values, escaped.
 - A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
-- The tools an agent reads (start, start_many, wait, status, result, list, ...) return text only:
-  Claude Code shows a model the structured part instead of the text when both are present, so
-  every tool is registered with `structured_output=False`.
+- Every reply carries the CLI's words as text and the CLI's `--json` as structured content, with
+  the words in it too (`reply`, first): Claude Code shows a model the structured part instead of
+  the text when both are present. Tools declare no output schema (`structured_output=False`):
+  the JSON is the CLI's, versioned by its own `"v"`.
+- Argument mistakes (a wrong type, a missing or unknown argument) read like the CLI's usage
+  errors (`Server.call_tool`), never like pydantic's report.
 - Blocking calls (git, flocks, `api.wait`) run in worker threads, so one long `wait` never stalls
   other requests; `wait` sends progress from the event loop about once a second.
 - Jobs outlive the server: workers are detached (own session), so a server that dies leaves them
@@ -24,44 +28,110 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field, ValidationError, WithJsonSchema
 
-from subtask import __version__, api, groups, render
+from subtask import __version__, api, render, replies, start_options
 from subtask.errors import SubtaskError, from_os_error
 from subtask.model import is_group_ref
 
-INSTRUCTIONS = """\
-git-subtask hands coding work to background workers. Each job gets its own git worktree and branch
-(subtask/<id>) and runs while you do other things; its record and review note live in git.
 
-The pattern:
-1. start_many with every independent task at once (or start for one). Each returns its job id at
-   once; jobs beyond subtask.maxRunning wait in a queue.
-2. One wait with all the ids. It blocks until they end and reports progress meanwhile. Never poll
-   status in a loop: wait is cheaper and returns the moment a job ends.
-3. result <id> for a job's summary (evidence=true for the JSON evidence: commits, files, verify).
-4. Review the work with plain git: git log --notes=subtask, git diff <base>...subtask/<id>.
-   Merge what you keep; cleanup <id> removes a finished job's worktree.
+def _guide_body() -> str:
+    """The agent's guide (subtask/guide/SKILL.md, which `git subtask install` puts where a client
+    reads skills) without its front matter: the server's instructions are the same words."""
+    text = (Path(__file__).with_name("guide") / "SKILL.md").read_text(encoding="utf-8")
+    if text.startswith("---\n"):
+        text = text[text.index("\n---\n", 4) + 5:]
+    return text.strip()
 
-For the shell engine the task is a bash script. `verify` is a command run with `sh -c` (POSIX sh,
-not bash) on the job's final commit; exit 0 means verified. `repo` is an absolute path to a git work tree (default: the server's
-working directory)."""
+
+INSTRUCTIONS = _guide_body()
 
 PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
 ACTIVITY_WIDTH = 60
 
-server = MCPServer("subtask", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+
+class Server(MCPServer):
+    """The SDK's server, whose tool-argument errors read like the CLI's.
+
+    The SDK checks a call's arguments against the tool's signature (pydantic) before the tool
+    runs and answers a mistake with pydantic's own report; an agent reads `error: timeout must be
+    a number, not 'soon'` and a hint naming the tool's parameters instead, as the CLI says it.
+    An argument the tool does not take is refused the same way (the SDK would drop it silently,
+    and a misspelt `verfiy` would start a job nobody checks).
+    """
+
+    _schemas: dict[str, dict] | None = None
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        schema = (await self._input_schemas()).get(name)
+        if schema is not None:
+            unknown = sorted(set(arguments or {}) - set(schema.get("properties", {})))
+            if unknown:
+                return _tool_error(_error_text(SubtaskError(
+                    "usage", f"{name} takes no {', '.join(map(repr, unknown))}", hint=_takes(name, schema))))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError) and schema is not None:
+                return _tool_error(_error_text(_argument_error(name, schema, exc.__cause__)))
+            raise
+
+    async def _input_schemas(self) -> dict[str, dict]:
+        if self._schemas is None:
+            self._schemas = {t.name: t.input_schema for t in await self.list_tools()}
+        return self._schemas
+
+
+def _takes(name: str, schema: dict) -> str:
+    required = set(schema.get("required", []))
+    names = [f"{p} (required)" if p in required else p for p in schema.get("properties", {})]
+    return f"{name} takes: {', '.join(names)}"
+
+
+def _expected(prop: dict) -> str:
+    """What a parameter's JSON schema accepts, in words: `a number`, `a string or a list of strings`."""
+    if "enum" in prop:
+        return "one of " + ", ".join(map(str, prop["enum"]))
+    if "anyOf" in prop:
+        words = [_expected(p) for p in prop["anyOf"] if p.get("type") != "null"]
+        return " or ".join(dict.fromkeys(words))
+    kind = prop.get("type")
+    if kind == "array":
+        return "a list of " + _expected(prop.get("items", {})).removeprefix("a ").removeprefix("an ") + "s"
+    return {"number": "a number", "integer": "a whole number", "boolean": "true or false", "string": "a string",
+            "object": "an object"}.get(kind, "a value")
+
+
+def _argument_error(name: str, schema: dict, exc: ValidationError) -> SubtaskError:
+    props = schema.get("properties", {})
+    messages = []
+    for error in exc.errors(include_url=False):
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        if error["type"] == "missing":
+            text = f"{name} needs {field}"
+        else:
+            text = f"{field} must be {_expected(props.get(field, {}))}, not {error.get('input')!r}"
+        if text not in messages:
+            messages.append(text)
+    return SubtaskError("usage", "; ".join(messages), hint=_takes(name, schema))
+
+
+server = Server("subtask", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
 
 
 # ---------------------------------------------------------------- plumbing
@@ -75,13 +145,14 @@ def _tool_error(text: str) -> CallToolResult:
 
 
 def tool(name: str, *, read_only: bool = False, destructive: bool = False, title: str | None = None):
-    """Register `fn` as a text-only tool whose SubtaskErrors become tool errors with the CLI's words."""
+    """Register `fn` as a tool: its `Reply` becomes the text (the CLI's words) and the structured
+    content (the CLI's `--json`); a SubtaskError becomes a tool error with the CLI's words."""
 
-    def decorate(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
+    def decorate(fn: Callable[..., Awaitable[replies.Reply]]) -> Callable[..., Awaitable[replies.Reply]]:
         @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> str | CallToolResult:
+        async def wrapper(*args: Any, **kwargs: Any) -> CallToolResult:
             try:
-                return render.safe(await fn(*args, **kwargs))
+                reply = await fn(*args, **kwargs)
             except SubtaskError as exc:
                 return _tool_error(_error_text(exc))
             except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
@@ -93,6 +164,10 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
 
                     traceback.print_exc(file=sys.stderr)
                 return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
+            words = render.safe(reply.full_text())
+            # Claude Code shows a model the structured content instead of the text: the words go first in it (`reply`).
+            return CallToolResult(content=[TextContent(type="text", text=words)],
+                                  structured_content={"reply": words, **reply.data})
 
         annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
                                       idempotentHint=read_only or None, openWorldHint=False)
@@ -122,66 +197,59 @@ def _id_list(ids: list[str] | str) -> list[str]:
     return [ids] if isinstance(ids, str) else list(ids)
 
 
+REPO = Annotated[str | None, Field(description="absolute path to a git work tree (default: the server's directory)")]
+MAX_BYTES = Annotated[int, Field(description="at most this many bytes of git's output in the reply; the rest "
+                                             "is counted and said to be left out")]
+
+
 # ---------------------------------------------------------------- starting
 
-@tool("start", title="Start a job")
-async def start(task: str, repo: str | None = None, base: str = "HEAD", engine: str | None = None,
-                verify: str | None = None, max_usd: float | None = None, max_turns: int | None = None,
-                model: str | None = None, readonly: bool = False, timeout: float | None = None,
-                isolation: str | None = None, best_of: int | None = None, engines: list[str] | str | None = None,
-                pick: str | None = None, judge: str | None = None, first_pass: bool = False) -> str:
-    """Start one background job in its own worktree and branch; returns its id at once.
+def _start_signature() -> inspect.Signature:
+    """`start`'s parameters: the options of a start (`subtask.start_options`), then `repo`."""
+    kinds = {str: str, int: int, float: float, bool: bool}
+    params = []
+    for option in start_options.OPTIONS:
+        kind: Any = Literal[option.choices] if option.choices else kinds[option.kind]
+        if option.names:
+            kind = kind | list[kind]
+        if option.argument:
+            params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=Annotated[kind, Field(description=option.help_for("mcp"))]))
+            continue
+        if option.kind is not bool:
+            kind = kind | None
+        params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                                        annotation=Annotated[kind, Field(description=option.help_for("mcp"))]))
+    params.append(inspect.Parameter("repo", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=REPO))
+    return inspect.Signature(params)
 
-    task: what the engine should do (for engine "shell": a bash script). engine: shell, claude,
-    codex or a configured command engine (default: git config subtask.engine, else claude).
-    verify: command run with sh -c (POSIX sh) on the job's final commit, exit 0 = verified.
-    timeout: seconds the engine may run. readonly: no branch; the engine only reads. isolation:
-    none, worktree or readonly (what the engine may write; default: the engine's). Then call wait
-    with the id.
-    best_of: N (2-8) attempts at the task as a group (needs verify); engines: a list cycled over
-    them; pick: smallest (default), cheapest or fastest; judge: a command whose last line scores
-    each passing attempt (higher wins); first_pass: the first to pass wins. Returns the group id
-    (sg-...): wait and result take it and answer the ranking and the pick.
-    """
-    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
-                               max_usd=max_usd, max_turns=max_turns, model=model, readonly=readonly,
-                               isolation=isolation)
 
-    def run() -> str:
-        if best_of is not None:
-            how = api.GroupRequest(best_of=best_of, engines=engines or engine, models=model, pick=pick,
-                                   judge=judge, first_pass=first_pass)
-            request.engine = request.model = None
-            started = api.start_group(open_repo(repo), request, how)
-            return "\n".join([f"{started.group.id} started: {len(started.members)} attempts · rule "
-                              f"{started.group.rule_text} (wait {started.group.id} for the pick)",
-                              *(render.started_line(r.job, r.position) for r in started.members)])
-        if engines is not None or pick is not None or judge is not None or first_pass:
-            raise SubtaskError("usage", "engines, pick, judge and first_pass go with best_of")
-        result = api.start(open_repo(repo), request)
-        return render.started_line(result.job, result.position)
+async def start(*, repo: str | None = None, **options: Any) -> replies.Reply:
+    """Start one background job in its own worktree and branch; answers its id at once (then call
+    wait with it). With best_of: a group of attempts, answering the group id (sg-...), which wait,
+    result, show, compare and merge take."""
+
+    def run() -> replies.Reply:
+        return replies.started(api.launch(open_repo(repo), api.StartRequest(**options)))
 
     return await _call(run)
+
+
+start.__signature__ = _start_signature()  # type: ignore[attr-defined]
+tool("start", title="Start a job")(start)
+
+START_ITEMS = Annotated[list[dict[str, Any]], WithJsonSchema({"type": "array", "items": start_options.item_schema(),
+                                                              "minItems": 1})]
 
 
 @tool("start_many", title="Start several jobs")
-async def start_many(tasks: list[dict[str, Any]]) -> str:
+async def start_many(tasks: START_ITEMS) -> replies.Reply:
     """Start several jobs in one call; one line per item, in order: its id and state, or its error.
 
-    Each item has the fields of start: {"task": ..., "engine": ..., "verify": ..., "repo": ..., ...}.
-    An item that fails does not stop the others. Then call wait once with all the ids.
+    Each item has the fields of start (and its own repo, if it likes). An item that fails does not
+    stop the others. Then call wait once with all the ids.
     """
-
-    def run() -> str:
-        lines = []
-        for n, result in enumerate(api.start_many(tasks, repo_for=open_repo), 1):
-            if isinstance(result, SubtaskError):
-                lines.append(f"{n}. error: {result.message}" + (f" (hint: {result.hint})" if result.hint else ""))
-            else:
-                lines.append(f"{n}. {render.started_line(result.job, result.position)}")
-        return "\n".join(lines)
-
-    return await _call(run)
+    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
 
 
 # ---------------------------------------------------------------- waiting
@@ -202,7 +270,7 @@ class _Abandoned(Exception):
 
 @tool("wait", read_only=True, title="Wait for jobs")
 async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
-               repo: str | None = None) -> str:
+               repo: REPO = None) -> replies.Reply:
     """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
@@ -222,21 +290,13 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
         except Exception:
             pass
 
-    def run() -> str:
+    def run() -> replies.Reply:
         where = open_repo(repo)
         if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
             waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
-            lines = [groups.result_text(where, group) for group in waited.groups]
-            if waited.timed_out:
-                lines.append(f"timed out after {timeout:g}s; the attempts continue: call wait again")
-            return "\n\n".join(lines)
-        result = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
-        lines = [render.ended_lines(job, api.queue_position(where, job.id)) for job in result.jobs]
-        lines += [render.stalled_hint(job) for job in result.jobs if job.id in result.stalled]
-        if result.timed_out:
-            still = sum(1 for job in result.jobs if not job.state.current.terminal)
-            lines.append(f"timed out after {timeout:g}s; {still} still running (they continue): call wait again")
-        return "\n".join(lines)
+            return replies.waited_groups(where, waited, timeout)
+        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
+        return replies.waited(where, waited, timeout)
 
     try:
         return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
@@ -248,109 +308,173 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 # ---------------------------------------------------------------- reading
 
 @tool("status", read_only=True, title="Job status")
-async def status(id: str | None = None, repo: str | None = None) -> str:
+async def status(id: str | None = None, repo: REPO = None) -> replies.Reply:
     """One job's status in one line (queue position, latest activity); without id: every active job.
 
     Do not poll this to wait for jobs: call wait, which returns the moment they end.
     """
-
-    def run() -> str:
-        rows = api.status(open_repo(repo), id)
-        return "\n".join(render.status_line(*row) for row in rows) if rows else "no active jobs"
-
-    return await _call(run)
+    return await _call(lambda: replies.status(api.status(open_repo(repo), id)))
 
 
 @tool("result", read_only=True, title="Job result")
-async def result(id: str, full: bool = False, evidence: bool = False, repo: str | None = None) -> str:
-    """A job's one-line status and summary (at most 10 lines; full=true for all of it).
-
-    evidence=true returns the evidence envelope as JSON instead: what the runner observed (git base,
-    head, commits, changed files, verification, commands, cost), apart from what the engine claimed.
-    A best-of group id (sg-...): the ranking table and the pick's summary.
+async def result(id: str, full: bool = False, evidence: bool = False, repo: REPO = None) -> replies.Reply:
+    """A job's one-line status and summary (at most 10 lines; full=true for all of it); its
+    structured content is the evidence envelope: what the runner observed (git base, head,
+    commits, changed files, verification, commands, cost), apart from what the engine claimed.
+    evidence=true returns that envelope as the text too. A best-of group id (sg-...): the ranking
+    table and the pick's summary.
     """
 
-    def run() -> str:
-        if is_group_ref(id):
-            where = open_repo(repo)
-            group = api.get_group(where, id)
-            return render.json_text(group.to_dict(), default=str) if evidence else groups.result_text(where, group)
-        job = api.get(open_repo(repo), id)
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        reply = (replies.group_result(where, api.get_group(where, id)) if is_group_ref(id)
+                 else replies.result(where, api.get(where, id), full=full))
         if evidence:
-            return render.json_text(api.evidence_envelope(job), default=str)
-        return render.result_text(job, full=full)
+            reply.text = render.json_text(reply.data, default=str)
+        return reply
 
     return await _call(run)
 
 
-@tool("list", read_only=True, title="List jobs")
-async def list_jobs(state: str | None = None, limit: int = 20, repo: str | None = None) -> str:
-    """One line per job, newest first: id, state, verify, age, cost, engine, task.
+@tool("show", read_only=True, title="Show a job")
+async def show(id: str, repo: REPO = None) -> replies.Reply:
+    """A job's whole record in words: task, engine, base, branch, worktree, isolation, verify, every
+    attempt (state, reason, verify, cost), the changes (commits and files) and the summary. A
+    best-of group id (sg-...): its members' table."""
 
-    state: queued, running, done, failed, stopped, active or ended. Landed jobs are hidden.
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.shown_group(where, api.get_group(where, id))
+        job = api.get(where, id)
+        return replies.shown(where, job, api.queue_position(where, job.id))
+
+    return await _call(run)
+
+
+@tool("diff", read_only=True, title="A job's diff")
+async def diff(id: str, stat: bool = False, paths: list[str] | None = None, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT,
+               repo: REPO = None) -> replies.Reply:
+    """git diff of a job's base and head: its patch, or stat=true for a diffstat (read that first on
+    a large change); paths limits it to those files. Works after the job landed."""
+    return await _call(lambda: replies.git_output(api.diff(open_repo(repo), id, stat=stat, paths=paths,
+                                                           limit=max_bytes),
+                                                  what="diff", hint="stat=true, or paths=[...]"))
+
+
+@tool("log", read_only=True, title="A job's commits")
+async def log(id: str, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT, repo: REPO = None) -> replies.Reply:
+    """git log --notes=subtask of a job's commits (base..head), with its review note."""
+    return await _call(lambda: replies.git_output(api.log(open_repo(repo), id, limit=max_bytes),
+                                                  what="log", hint="a larger max_bytes"))
+
+
+@tool("compare", read_only=True, title="Compare a group's attempts")
+async def compare(id: str, patch: bool = False, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT,
+                  repo: REPO = None) -> replies.Reply:
+    """The diffs between a best-of group's attempts (sg-...), every pair, the pick first: a diffstat
+    each, or patch=true for the full diffs."""
+    if not is_group_ref(id):
+        raise SubtaskError("usage", f"compare takes a group id (sg-...), not {id!r}", hint="diff takes a job id")
+    return await _call(lambda: replies.compared(api.compare(open_repo(repo), id, stat=not patch, limit=max_bytes)))
+
+
+@tool("list", read_only=True, title="List jobs")
+async def list_jobs(state: str | None = None, limit: int = 20, all: bool = False,
+                    repo: REPO = None) -> replies.Reply:
+    """One line per job, newest first: id, state, verify, age, cost, engine, task; a best-of group
+    is one line (all=true: its attempts under it).
+
+    state: queued, running, done, failed, stopped, active or ended. Landed jobs are hidden (all=true
+    shows them).
     """
 
-    def run() -> str:
-        listing = api.list_jobs(open_repo(repo), state=state, limit=limit)
-        if not listing.jobs:
-            return "no jobs" + (f" in state {state}" if state else "")
-        more = [f"({listing.more} older jobs not shown: list with a larger limit)"] if listing.more else []
-        return "\n".join([render.LIST_HEADER, *(render.list_line(e, e.get("position")) for e in listing.jobs), *more])
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        listing = api.list_jobs(where, state=state, include_all=all, limit=limit)
+        return replies.listed(where, api.list_groups(where, listing.jobs), listing, state=state, unfold=all,
+                              more_hint="list with a larger limit")
 
     return await _call(run)
 
 
 @tool("verify", read_only=True, title="Check a job's record against git")
-async def verify(id: str, repo: str | None = None) -> str:
+async def verify(id: str, repo: REPO = None) -> replies.Reply:
     """Check a finished job's record against git: its signature (whose, and whether an allowed
     signer made it), its pins, its evidence computed again from git, its verify result against
     the commit it names. Says what matches and what does not (MISMATCH lines). Runs nothing:
     `git subtask verify ID --run` runs the job's verify command too.
     """
-    return await _call(lambda: "\n".join(api.verify(open_repo(repo), id).lines()))
+    def check() -> replies.Reply:
+        report = api.verify(open_repo(repo), id)
+        return replies.Reply("\n".join(report.lines()), report.to_dict(), exit_code=1 if report.mismatches else 0)
+
+    return await _call(check)
+
+
+@tool("spend", read_only=True, title="Spend")
+async def spend(month: str | None = None, all_clones: bool = False, repo: REPO = None) -> replies.Reply:
+    """Spend of paid engines this month (month: YYYY-MM): committed, reserved by running jobs, per
+    engine, and what is left of subtask.monthlyCapUsd. all_clones: every clone whose records are here."""
+    return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
 
 
 @tool("engines", read_only=True, title="Engines")
-async def engines(repo: str | None = None) -> str:
+async def engines(repo: REPO = None) -> replies.Reply:
     """The engines a job can use: installed, authenticated, paid or free, version, isolation."""
-
-    def run() -> str:
-        lines = []
-        for p in api.engines(open_repo(repo)):
-            auth = {True: "yes", False: "no", None: "unknown"}[p.authenticated]
-            lines.append(f"{p.name}: installed={'yes' if p.installed else 'no'} auth={auth} "
-                         f"{'paid' if p.paid else 'free'} {p.version or '-'} · isolation: {p.isolation}")
-        return "\n".join(lines)
-
-    return await _call(run)
+    return await _call(lambda: replies.engines(api.engines(open_repo(repo)), compact=True))
 
 
 # ---------------------------------------------------------------- changing
 
 @tool("reply", title="Reply to a job")
-async def reply(id: str, message: str, repo: str | None = None) -> str:
+async def reply(id: str, message: str, max_usd: float | None = None, timeout: float | None = None,
+                repo: REPO = None) -> replies.Reply:
     """Continue a finished job with a follow-up message (a new attempt on the same branch and session).
 
     Returns at once, like start; then call wait with the id.
     """
+    return await _call(lambda: replies.started(api.reply(open_repo(repo), id, message, max_usd=max_usd,
+                                                         timeout=timeout)))
 
-    def run() -> str:
-        answer = api.reply(open_repo(repo), id, message)
-        return render.started_line(answer.job, answer.position)
+
+@tool("merge", destructive=True, title="Merge a job")
+async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = "merge", force: bool = False,
+                repo: REPO = None) -> replies.Reply:
+    """Merge a finished job's branch into the repository's current branch, then remove its clean
+    worktree and landed branch (the record and note stay). Refuses, changing nothing, a job that did
+    not end done, whose verify failed, or whose branch moved after verify tested it (force=true
+    merges anyway), a job with nothing to merge, and a dirty or detached target. A conflict is
+    aborted and its files listed. A best-of group id (sg-...) merges its pick and supersedes the rest.
+    """
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.merged_group(*api.merge_group(where, id, mode=mode, force=force))
+        return replies.merged(api.merge(where, id, mode=mode, force=force))
 
     return await _call(run)
 
 
 @tool("stop", destructive=True, title="Stop a job")
-async def stop(id: str, repo: str | None = None) -> str:
-    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so far stays."""
-    return await _call(lambda: render.one_line(api.stop(open_repo(repo), id)))
+async def stop(id: str, repo: REPO = None) -> replies.Reply:
+    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so
+    far stays. A best-of group id (sg-...) stops every attempt."""
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.stopped_group(where, api.stop_group(where, id))
+        return replies.stopped(api.stop(where, id))
+
+    return await _call(run)
 
 
 @tool("cleanup", destructive=True, title="Remove a job's worktree")
-async def cleanup(id: str, repo: str | None = None) -> str:
+async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
     """Remove a finished job's worktree when it is clean, and its branch when it has no commits beyond its base; a branch with commits, the record and the note are kept."""
-    return await _call(lambda: api.cleanup(open_repo(repo), id))
+    return await _call(lambda: replies.report([api.cleanup(open_repo(repo), id)], dry_run=False))
 
 
 # ---------------------------------------------------------------- serving and describing

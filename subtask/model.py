@@ -37,13 +37,15 @@ def is_job_id(text: str) -> bool:
 
 def is_group_ref(text: str) -> bool:
     """Does `text` name a best-of-N group (an id or a prefix of one), rather than a job?"""
-    return isinstance(text, str) and text.startswith("sg-")
+    return isinstance(text, str) and text[:3].lower() == "sg-"
 
 
 def check_id_prefix(text: str) -> str:
-    """A job id or a prefix of one, validated before any path or ref is built from it."""
-    if not isinstance(text, str) or ID_PREFIX_RE.fullmatch(text) is None:
+    """A job id or a prefix of one, validated before any path or ref is built from it. Ids are
+    lowercase hex; one typed (or copied) in capitals names the same job."""
+    if not isinstance(text, str) or ID_PREFIX_RE.fullmatch(text.lower()) is None:
         raise SubtaskError("usage", f"not a job id: {text!r} (ids look like st-1a2b3c4d; a unique prefix is enough)")
+    text = text.lower()
     return text if text.startswith("st-") else "st-" + text
 
 

@@ -71,11 +71,6 @@ class Pair:
     def to_dict(self) -> dict:
         return {"v": 1, "a": self.a, "b": self.b, "files": self.files, "same_lines": self.same_lines}
 
-    def words(self) -> str:
-        said = ", ".join(f + (" (same lines)" if f in self.same_lines else "") for f in self.files[:5])
-        more = f" and {len(self.files) - 5} more" if len(self.files) > 5 else ""
-        return f"{self.a} and {self.b} both change {said}{more}"
-
 
 def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list[Pair]:
     """Every two jobs (id, base, changes) that change a file in common, in the order given."""
@@ -124,32 +119,6 @@ class Plan:
         return {"v": 1, "dry_run": True, "target": self.target, "tip": self.tip, "mode": self.mode,
                 "atomic": self.atomic, "ok": self.ok, "jobs": [j.to_dict() for j in self.jobs],
                 "pairs": [p.to_dict() for p in self.pairs]}
-
-    def text(self) -> str:
-        from subtask.render import safe_line, short
-
-        lines = [f"would land onto {self.target} at {short(self.tip)} ({self.mode}{', atomic' if self.atomic else ''}), "
-                 "in this order:"]
-        for n, job in enumerate(self.jobs, 1):
-            name = job.job + (f" ({job.group})" if job.group else "")
-            stale = f" · base {job.behind} behind {self.target}" if job.behind else ""
-            lines.append(safe_line(f"{n}. {name}: {len(job.files)} file{'' if len(job.files) == 1 else 's'}{stale}: "
-                                   + ", ".join(job.files[:8]) + (" …" if len(job.files) > 8 else "")))
-            if job.would == "land":
-                then = f"verify {job.verify} on the integrated commit" if job.verify else "nothing to verify (--force)"
-                lines.append(safe_line(f"   would integrate ({job.how}), then {then}, then move {self.target}"))
-            elif job.would == "conflict":
-                lines.append(safe_line(f"   would conflict in {', '.join(job.conflicts)}"
-                                       + (" (then --reconcile replies to it)" if job.how == "reconcile" else "")))
-            elif job.would == "already":
-                lines.append(f"   {self.target} already has its work")
-            else:
-                lines.append(safe_line(f"   would be refused: {job.how}"))
-        lines += [safe_line(f"overlap: {p.words()}") for p in self.pairs] or ["overlap: none (no two jobs change a file in common)"]
-        if self.atomic and not self.ok:
-            lines.append(f"--atomic: nothing would land ({self.target} stays at {short(self.tip)})")
-        lines.append("nothing was changed (dry run)")
-        return "\n".join(lines)
 
 
 def plan(repo: Repo, asked: list[str], opts) -> Plan:

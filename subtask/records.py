@@ -125,6 +125,7 @@ def list_entry(job: Job) -> dict:
         "created": job.spec.created_at,
         "ended": attempt.ended_at,
         "verify": None if verify is None else ("passed" if verify.passed else "failed"),
+        **({"verified": verify.head} if verify is not None and verify.passed else {}),  # `list` tells a moved branch
         "cost": job_cost(job),  # every attempt's, as `spend` counts them
         "billing": attempt.cost.billing,
         **({"stalled": attempt.stalled} if attempt.stalled and not attempt.terminal else {}),

@@ -172,7 +172,7 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
         state = f"queued#{position}"
     elif state == "running" and entry.get("stalled"):
         state = "stalled"
-    verify = entry.get("verify") or "-"
+    verify = "moved" if entry.get("moved") else entry.get("verify") or "-"  # passed on a tip no longer the branch's
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
@@ -228,8 +228,10 @@ def isolation_line(evidence) -> str | None:
 def verify_line(verify) -> str:
     if verify is None:
         return "not run"
-    exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-    return safe_line(f"{verify.command} -> {exit_text} in {duration(verify.seconds)} at {short(verify.head)}")
+    if verify.timed_out:
+        return safe_line(f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) "
+                         f"at {short(verify.head)}")
+    return safe_line(f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}")
 
 
 VERIFY_TAIL_LINES = 5
@@ -365,10 +367,19 @@ def group_place_line(place: dict) -> str:
                      + (" · superseded" if place.get("superseded") else ""))
 
 
-def result_text(job, full: bool = False) -> str:
+def moved_line(job, moved: str | None) -> list[str]:
+    """What `result` and `show` say under a job whose branch moved after its verify passed."""
+    if not moved:
+        return []
+    verify = job.state.current.verify
+    return [f"verify passed on {short(verify.head)}, but the branch moved to {short(moved)} since: that tip is "
+            f"untested (merge refuses it; git subtask diff {job.id})"]
+
+
+def result_text(job, full: bool = False, moved: str | None = None) -> str:
     """What `result` prints: the one-line status, then the summary (at most 10 lines)."""
     attempt = job.state.current
-    lines = [one_line(job)]
+    lines = [one_line(job), *moved_line(job, moved)]
     if attempt.state == "failed" and attempt.reason:
         lines.append(safe_line(f"error: {reason_text(attempt)}"))
         if attempt.hint:
@@ -423,11 +434,12 @@ def record_line(provenance, mine: bool | None) -> str:
 
 
 def show_text(job, position: int | None = None, worktree_present: bool | None = None, provenance=None,
-              mine: bool | None = None) -> str:
+              mine: bool | None = None, moved: str | None = None) -> str:
     """`git subtask show`: the record in words (`worktree_present`: whether it is on disk;
-    `provenance` and `mine`: who wrote the record, `record_line`)."""
+    `provenance` and `mine`: who wrote the record, `record_line`; `moved`: the branch's tip when
+    it moved after verify passed)."""
     spec = job.spec
-    lines = [one_line(job, position), ""]
+    lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})")

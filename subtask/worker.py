@@ -194,8 +194,7 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
         with file_lock(repo.state_dir / "worktree.lock"):
-            if worktrees.expected_admin(repo, job.id).exists():  # its folder was deleted by hand
-                git(repo.root, "worktree", "prune", check=False)
+            worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target)
         worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         phases.mark("register")
@@ -524,7 +523,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
                        on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
     output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
     output = redact(output)[-VERIFY_TAIL_BYTES:]
-    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(result.seconds, 3),
+    # A timeout is reported as the limit it hit: the run also took the kill and the pipes' grace.
+    seconds = min(result.seconds, job.spec.verify_timeout) if result.timed_out else result.seconds
+    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
                         head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
                         timed_out=result.timed_out, output_tail=output)
 
@@ -836,7 +837,9 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
     try:
         worktree, files = begin_checkout(repo, job)
     except Exception as exc:
-        _setup_failed(repo, job_id, attempt_n, redact(f"could not set up the worktree: {exc}"))
+        # git's message on one line (it wraps its advice); the hint names the check-out, not subtask.setup
+        _setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
+                      hint=f"see what git has: git worktree list; then try again: git subtask reply {job_id} '...'")
         return None
     main_before = MainWorktreeStatus(repo)
     ready = None
@@ -891,9 +894,9 @@ def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement)
     return True
 
 
-def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str) -> None:
+def _setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str, hint: str | None = None) -> None:
     lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=reason, error_kind="setup",
-                          hint=ERROR_HINTS["setup"], engine_may_have_spent=False)
+                          hint=hint or ERROR_HINTS["setup"], engine_may_have_spent=False)
 
 
 def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confinement: Confinement) -> None:
@@ -938,9 +941,19 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     verify = None
     if not stopped and outcome.ok:
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
-        with isolation.confined(confinement.sandbox):
-            verify = run_verify(repo, job, worktree, head, confinement.env)
-        confinement.end_leftovers()
+        # A stop ends verify too (its group is killed), and the attempt still records what the
+        # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            with isolation.confined(confinement.sandbox):
+                verify = run_verify(repo, job, worktree, head, confinement.env)
+        except StopRequested:
+            stopped = True
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            confinement.end_leftovers()
+        if lifecycle.stop_marker(state_dir, job_id).exists():
+            stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")

@@ -195,3 +195,28 @@ def job_git(repo: Repo, admin: Path, worktree: Path, *args: str, input: str | No
     if check and proc.returncode != 0:
         raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
+
+
+def stale_admin(repo: Repo, job_id: str, path: Path) -> Path | None:
+    """The admin folder git still keeps for `job_id`'s worktree whose folder was removed by hand
+    (what `git worktree prune` would drop), when it is this clone's, for this job; else None."""
+    if path.exists() or not under_worktree_folder(repo, path):
+        return None
+    admin = admin_dir(repo, path)
+    try:
+        return admin if admin is not None and (admin / MARKER).read_text().strip() == job_id else None
+    except OSError:
+        return None
+
+
+def drop_stale(repo: Repo, job_id: str, path: Path) -> bool:
+    """Forget the registration of `job_id`'s worktree whose folder was removed by hand (only that
+    one: `git worktree prune` would drop every missing one), so git can check it out again and
+    `git worktree list` shows nothing stale. True when there was one."""
+    import shutil
+
+    admin = stale_admin(repo, job_id, path)
+    if admin is None:
+        return False
+    shutil.rmtree(admin, ignore_errors=True)
+    return not admin.exists()

@@ -154,9 +154,11 @@ def test_a_stopped_job_reason_does_not_stutter(cli, tmp_path):
     assert "reason:  stopped by request" in shown
 
 
-def test_empty_list_status_gc_and_cleanup_say_so_on_a_terminal_only(cli):
-    for args in (["list"], ["status"], ["gc"], ["cleanup", "--merged"]):
-        assert cli.ok(*args) == "", args  # a pipe or a script gets nothing, as before
+def test_empty_list_status_gc_and_cleanup_say_so_on_stdout_at_a_terminal_else_on_stderr(cli):
+    for args in (["list"], ["status"], ["gc"], ["gc", "--dry-run"], ["cleanup", "--merged"]):
+        piped = cli(*args)
+        assert piped.returncode == 0 and piped.stdout == "", args  # a script reading stdout gets nothing, as before
+        assert len(piped.stderr.splitlines()) == 1 and piped.stderr.strip(), (args, piped.stderr)  # issue 31
         said = cli.ok(*args, env=TTY)
         assert len(said.splitlines()) == 1 and said.strip(), (args, said)
     assert "no jobs" in cli.ok("list", env=TTY)
@@ -175,7 +177,7 @@ def test_show_says_a_missing_worktree_is_removed(cli, repo):
     assert "(removed)" not in cli.ok("show", kept)
 
 
-def test_list_says_on_a_terminal_what_its_lazy_sweep_removed(cli, repo):
+def test_list_says_what_its_lazy_sweep_removed_once(cli, repo):
     git(repo, "config", "subtask.sweepInterval", "0")
     job = cli.start("echo work > work.txt")
     cli.ok("wait", job)
@@ -184,11 +186,13 @@ def test_list_says_on_a_terminal_what_its_lazy_sweep_removed(cli, repo):
     assert listed.returncode == 0
     assert job in listed.stderr and "landed" in listed.stderr and len(listed.stderr.splitlines()) == 1, listed.stderr
     assert not git(repo, "branch", "--list", f"subtask/{job}")
-    # off a terminal the sweep stays quiet
+    # off a terminal too, on stderr (issue 31: a read command never removes branches silently), once
     other = cli.start("echo more > more.txt")
     cli.ok("wait", other)
     git(repo, "merge", "-q", "--no-edit", f"subtask/{other}")
-    assert cli("list").stderr == ""
+    said = cli("list")
+    assert other in said.stderr and "landed" in said.stderr and other not in said.stdout.split("\n", 1)[0]
+    assert other not in cli("list").stderr  # said once
 
 
 # -- 14: start refuses an engine that cannot authenticate, quickly, and changes nothing ---------

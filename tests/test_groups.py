@@ -197,7 +197,7 @@ def test_mcp_starts_a_group_and_answers_its_ranking(repo, monkeypatch):
 
     async def main() -> tuple[str, str, str]:
         async with Client(server, mode="legacy") as client:
-            started = await client.call_tool("start", {"task": DIFFERENT_WORK, "best_of": 3, "engines": ["shell"],
+            started = await client.call_tool("start", {"task": DIFFERENT_WORK, "best_of": 3, "engine": ["shell"],
                                                        "verify": NOT_BROKEN})
             gid = started.content[0].text.split()[0]
             waited = await client.call_tool("wait", {"ids": gid, "timeout": 60})

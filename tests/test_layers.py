@@ -22,14 +22,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "subtask"
 LAYERS: list[tuple[str, set[str]]] = [
     ("entry", {"subtask.__main__", "subtask.entry", "subtask.cmdclient", "subtask.cmdserver"}),
     ("faces", {"subtask.cli", "subtask.completion", "subtask.manpage",
-               "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions"}),
+               "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions", "subtask.replies"}),
     ("reports", {"subtask.doctor"}),
     ("api", {"subtask.api"}),
     ("worker", {"subtask.worker", "subtask.zygote"}),
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
                     "subtask.stall", "subtask.reverify", "subtask.recheck", "subtask.integrate", "subtask.landqueue",
                     "subtask.overlap",
-                    "subtask.groups", "subtask.executors.ray", "subtask.executors.remote"}),
+                    "subtask.groups", "subtask.executors.ray", "subtask.executors.remote", "subtask.clients"}),
     ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.namespaces", "subtask.engines",
                   "subtask.engines.claude", "subtask.engines.codex", "subtask.engines.command",
                   "subtask.engines.shell"}),
@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "subtask.ownership", "subtask.signing",
                  "subtask.engines.base"}),
     ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
-              "subtask.phases", "subtask.executors"}),
+              "subtask.phases", "subtask.executors", "subtask.start_options"}),
 ]
 
 

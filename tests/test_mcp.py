@@ -24,7 +24,8 @@ from conftest import git, make_repo, refs
 from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
-TOOLS = {"start", "start_many", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines", "verify"}
+TOOLS = {"start", "start_many", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
+         "show", "diff", "log", "compare", "merge", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:
@@ -58,8 +59,19 @@ def text(result) -> str:
 async def call(client, name: str, args: dict[str, Any] | None = None, *, ok: bool = True, **kwargs) -> str:
     result = await client.call_tool(name, args or {}, **kwargs)
     assert result.is_error is (not ok), f"{name}({args}) -> {text(result)}"
-    assert result.structured_content is None, f"{name} returned structured content beside its text"
+    if ok:  # the CLI's --json beside the CLI's words
+        assert isinstance(result.structured_content, dict) and result.structured_content.get("v") == 1, \
+            f"{name} returned no structured content: {result.structured_content!r}"
+    else:
+        assert result.structured_content is None
     return text(result)
+
+
+async def call_json(client, name: str, args: dict[str, Any] | None = None) -> tuple[str, dict]:
+    """A successful call's text and structured content."""
+    result = await client.call_tool(name, args or {})
+    assert not result.is_error, f"{name}({args}) -> {text(result)}"
+    return text(result), result.structured_content
 
 
 def job_id_in(line: str) -> str:
@@ -82,9 +94,9 @@ def test_tools_are_listed_with_annotations(repo, how):
             assert "start_many" in (client.instructions or "") and "git log --notes=subtask" in client.instructions
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert set(tools) == TOOLS
-            for name in ("status", "result", "list", "engines", "wait"):
+            for name in ("status", "result", "list", "engines", "wait", "show", "diff", "log", "compare", "spend"):
                 assert tools[name].annotations.read_only_hint is True, name
-            for name in ("stop", "cleanup"):
+            for name in ("stop", "cleanup", "merge"):
                 assert tools[name].annotations.destructive_hint is True, name
             for t in tools.values():
                 assert t.output_schema is None, f"{t.name} declares structured output"
@@ -182,7 +194,7 @@ def test_bad_arguments_are_tool_errors_with_the_cli_words(repo, cli, how, tmp_pa
                 answer = await call(client, tool, args, ok=False)
                 assert words in answer, f"{what}: {answer!r} lacks {words!r}"
             # still serving after all that
-            assert (await call(client, "list", {})) == "no jobs"
+            assert (await call(client, "list", {})).startswith("no jobs yet")
 
     anyio.run(main)
 
@@ -309,7 +321,7 @@ class JsonRpc:
     def call_tool(self, name: str, arguments: dict) -> str:
         result = self.reply(self.send_call(name, arguments))
         assert not result.get("isError"), result
-        assert "structuredContent" not in result, result
+        assert result["structuredContent"]["v"] == 1, result
         return result["content"][0]["text"]
 
 
@@ -394,6 +406,54 @@ def test_claude_code_starts_and_waits_through_the_server(repo, tmp_path, monkeyp
     summary = git(repo, "log", "-1", "--format=%s", f"refs/subtask/{job}/record")
     assert summary.startswith(f"{job} done")
     assert render_one_line(repo, job) in reply
+
+
+@pytest.mark.slow
+def test_claude_code_lands_a_job_through_the_server(repo, tmp_path):
+    """The real Claude Code CLI delegates over MCP alone: start, wait, diff, merge; main then has
+    the job's change, and the model saw the diff and the merge in the tools' replies."""
+    cli = _bundled_cli()
+    if cli is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+    from fake_claude import FakeMessagesAPI, text_turn, tool_turn
+
+    seen: dict[str, str] = {}
+
+    def after(name: str, tool: str, args=lambda job: {"id": job}):
+        def turn(body: dict) -> dict:
+            seen[name] = last_tool_result(body)
+            seen.setdefault("job", job_id_in(seen[name]))
+            return tool_turn(f"mcp__subtask__{tool}", args(seen["job"]))
+        return turn
+
+    def final_turn(body: dict) -> dict:
+        seen["merge"] = last_tool_result(body)
+        return text_turn("Landed:\n" + seen["merge"])
+
+    turns = [tool_turn("mcp__subtask__start", {"task": "echo landed > landed.txt", "engine": "shell",
+                                               "verify": "test -f landed.txt"}),
+             after("start", "wait", lambda job: {"ids": [job], "timeout": 60}),
+             after("wait", "diff"), after("diff", "merge"), final_turn]
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"subtask": {
+        "command": sys.executable, "args": ["-m", "subtask.mcp_server"], "cwd": str(repo),
+        "env": {"PYTHONPATH": WORKTREE, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"],
+                **{k: v for k, v in os.environ.items() if k.startswith("GIT_")}}}}}))
+    tools = ",".join(f"mcp__subtask__{t}" for t in ("start", "wait", "diff", "merge"))
+    with FakeMessagesAPI(turns, marker="mcp__subtask__start") as api:
+        proc = subprocess.run([cli, "-p", "Delegate the change, review it and land it.", "--mcp-config", str(config),
+                               "--strict-mcp-config", "--allowedTools", tools, "--output-format", "json",
+                               "--max-turns", "10"],
+                              cwd=str(repo), env=claude_env(tmp_path, api.url), capture_output=True, text=True,
+                              timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    job = seen["job"]
+    assert " done · verify passed" in seen["wait"], seen["wait"]
+    assert "+landed" in seen["diff"], seen["diff"]
+    assert f"{job}: merged into main" in seen["merge"], seen["merge"]
+    assert git(repo, "show", "main:landed.txt") == "landed"
+    log = git(repo, "log", "--notes=subtask", "-1", "main")
+    assert f"subtask {job} · done · verify passed" in log and "landed:  in" in log
 
 
 def last_tool_result(body: dict) -> str:
@@ -680,3 +740,205 @@ def test_a_client_that_leaves_after_initialize_does_not_wait_for_the_sdk(repo):
         session.close()
         took[front] = time.monotonic() - session.started
     assert took[True] < took[False], took
+
+
+# --------------------------------------------------------------------------- the whole loop over MCP (issue 31)
+
+def test_an_agent_delegates_reviews_and_lands_over_mcp_with_no_cli_call(repo):
+    """Three jobs, one start_many and one wait; each diff reviewed; two merged, one left; `git log
+    --notes=subtask` on main shows the two landed, each with its verify result."""
+    tasks = [{"task": f"echo {name} > {name}.txt", "verify": f"test -f {name}.txt"} for name in ("one", "two", "three")]
+
+    async def main() -> tuple[list[str], dict[str, str]]:
+        async with connect("stdio", repo) as client:
+            started, data = await call_json(client, "start_many", {"tasks": tasks})
+            ids = [item["id"] for item in data["items"]]
+            assert [job_id_in(line) for line in started.splitlines()] == ids
+            waited, data = await call_json(client, "wait", {"ids": ids, "timeout": 60})
+            assert data["passed"] is True and all(" done · verify passed" in line for line in waited.splitlines())
+            diffs = {}
+            for job, name in zip(ids, ("one", "two", "three"), strict=True):
+                stat, data = await call_json(client, "diff", {"id": job, "stat": True})
+                assert f"{name}.txt | 1 +" in stat and data["truncated"] is False
+                diffs[job] = await call(client, "diff", {"id": job})
+                assert f"+{name}" in diffs[job]
+            for job in ids[:2]:
+                merged, data = await call_json(client, "merge", {"id": job})
+                assert merged.startswith(f"{job}: merged into main") and data["landed_in"] == data["commit"]
+            return ids, diffs
+
+    ids, _ = anyio.run(main)
+    log = git(repo, "log", "--notes=subtask", "main")
+    for job, name in zip(ids[:2], ("one", "two"), strict=True):
+        assert f"subtask {job} · done · verify passed" in log
+        assert f"verify:  test -f {name}.txt -> exit 0" in log
+        assert "landed:  in" in log
+    assert ids[2] not in log and not (repo / "three.txt").exists()
+    assert git(repo, "rev-parse", "--verify", "-q", f"subtask/{ids[2]}")  # left: its branch stays
+
+
+def test_review_tools_answer_the_clis_words_and_json(repo, cli, how):
+    """show, result, diff, log, spend, list, status: the text is what the CLI prints, the structured
+    content what its --json prints."""
+    job = cli.start("echo hi > hi.txt && git add hi.txt && git commit -qm 'Add hi'", "--verify", "test -f hi.txt")
+    cli("wait", job)
+    same = {"show": ["show", job], "result": ["result", job], "spend": ["spend"], "status": ["status", job],
+            "list": ["list"]}
+    args = {"show": {"id": job}, "result": {"id": job}, "spend": {}, "status": {"id": job}, "list": {}}
+
+    async def main() -> dict[str, tuple[str, dict]]:
+        async with connect(how, repo) as client:
+            answers = {name: await call_json(client, name, args[name]) for name in same}
+            answers["diff"] = await call_json(client, "diff", {"id": job})
+            answers["log"] = await call_json(client, "log", {"id": job})
+            return answers
+
+    answers = anyio.run(main)
+    volatile = re.compile(r"\b\d+(\.\d+)?s\b|\d+\.\d+| +")  # ages and durations (and their columns) move
+    for name, argv in same.items():
+        text, data = answers[name]
+        printed = cli(*argv).stdout.rstrip("\n")
+        assert volatile.sub("T", text) == volatile.sub("T", printed), name
+        as_json = json.loads(cli(*argv, "--json" if name != "result" else "--evidence").stdout)
+        assert data.pop("reply") == text
+        assert _without_times(data) == _without_times(as_json), name
+    diff_text, diff_data = answers["diff"]
+    assert "+hi" in diff_text and diff_data["head"] == git(repo, "rev-parse", f"subtask/{job}")
+    assert diff_data["text"] == git(repo, "diff", diff_data["base"], diff_data["head"]) + "\n"
+    assert "Add hi" in answers["log"][0] and f"subtask {job} · done · verify passed" in answers["log"][0]
+
+
+def _without_times(data):
+    if isinstance(data, dict):
+        return {k: _without_times(v) for k, v in data.items() if k not in ("created", "ended", "age", "line")}
+    if isinstance(data, list):
+        return [_without_times(v) for v in data]
+    return data
+
+
+def test_a_diff_is_bounded_and_says_what_it_left_out(repo, cli, monkeypatch):
+    monkeypatch.chdir(repo)
+    job = cli.start("seq 1 20000 > big.txt")
+    cli("wait", job)
+
+    async def main():
+        async with connect("inproc", repo) as client:
+            return await call_json(client, "diff", {"id": job, "max_bytes": 1000})
+
+    text, data = anyio.run(main)
+    assert data["truncated"] is True and data["bytes"] > 100_000
+    kept = data["text"]
+    assert len(kept.encode()) <= 1000 and kept.endswith("\n")  # cut at a line end
+    assert text.splitlines()[-1] == f"(diff cut at {len(kept.encode()):,} of {data['bytes']:,} bytes: stat=true, or paths=[...])"
+
+
+def test_merge_over_mcp_refuses_as_the_cli_does_and_changes_nothing(repo, cli, how):
+    failed = cli.start("echo x > x.txt", "--verify", "false")
+    empty = cli.start("true")
+    cli("wait", failed, empty)
+    before = git(repo, "rev-parse", "main")
+    expected = {failed: cli_error(cli, "merge", failed), empty: cli_error(cli, "merge", empty)}
+
+    async def main():
+        async with connect(how, repo) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert tools["merge"].annotations.destructive_hint is True
+            assert tools["merge"].input_schema["properties"]["mode"]["enum"] == ["merge", "squash", "no-ff", "ff-only"]
+            for job, words in expected.items():
+                assert await call(client, "merge", {"id": job}, ok=False) == words
+            forced = await call(client, "merge", {"id": failed, "force": True, "mode": "squash"})
+            assert forced.startswith(f"{failed}: merged into main (squash)")
+
+    anyio.run(main)
+    assert git(repo, "rev-parse", "main~1") == before and (repo / "x.txt").exists()
+
+
+def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
+    async def main():
+        async with connect(how, repo) as client:
+            answers = [await call(client, tool, args, ok=False) for tool, args in (
+                ("wait", {"ids": ["st-00000000"], "timeout": "soon"}),
+                ("wait", {"idz": ["st-00000000"]}),
+                ("result", {}),
+                ("start", {"task": "x", "max_turns": 2.5}),
+                ("start", {"task": "x", "pick": "best"}),
+                ("merge", {"id": "st-00000000", "mode": "rebase"}),
+                ("start", {"task": "x", "verfiy": "true"}),
+            )]
+            return answers
+
+    answers = anyio.run(main)
+    assert answers == [
+        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, repo",
+        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, repo",
+        "error: result needs id\nhint: result takes: id (required), full, evidence, repo",
+        answers[3], answers[4],
+        "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"
+        "hint: merge takes: id (required), mode, force, repo",
+        answers[6],
+    ]
+    assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
+    assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
+    assert answers[6].startswith("error: start takes no 'verfiy'\n")
+    for answer in answers:
+        assert "validation error" not in answer and "pydantic" not in answer and "Input should" not in answer
+
+
+def test_list_folds_a_group_as_the_cli_does(repo, cli, how):
+    started = cli.ok("start", "--best-of", "2", "--verify", "true", "echo $SUBTASK_GROUP_MEMBER > m.txt")
+    gid = started.split()[0]
+    cli("wait", gid)
+
+    async def main():
+        async with connect(how, repo) as client:
+            return await call_json(client, "list", {}), await call(client, "list", {"all": True})
+
+    (folded, data), unfolded = anyio.run(main)
+    assert folded == cli.ok("list").rstrip("\n").replace("\n\n", "\n") or folded.splitlines()[1].startswith(gid)
+    assert folded.splitlines()[1].startswith(gid) and len(folded.splitlines()) == 2
+    assert [g["id"] for g in data["groups"]] == [gid]
+    assert len(unfolded.splitlines()) == 4 and unfolded.splitlines()[2].startswith("  st-")
+
+
+def test_compare_answers_every_pair_of_a_group(repo, cli, monkeypatch):
+    monkeypatch.chdir(repo)
+    gid = cli.ok("start", "--best-of", "2", "--verify", "true", "seq 1 $SUBTASK_GROUP_MEMBER > m.txt").split()[0]
+    cli("wait", gid)
+
+    async def main():
+        async with connect("inproc", repo) as client:
+            assert "compare takes a group id" in await call(client, "compare", {"id": "st-00000000"}, ok=False)
+            return await call_json(client, "compare", {"id": gid, "patch": True})
+
+    text, data = anyio.run(main)
+    assert data["group"] == gid and len(data["pairs"]) == 1
+    assert text.splitlines()[0].startswith("== st-") and "+2" in text
+
+
+def test_stop_cleanup_engines_and_a_groups_show_and_stop(repo, cli, how, tmp_path, control_dir):
+    """The tools the other tests do not reach, through the real client: stop (a job, a group),
+    cleanup, engines, show of a group."""
+    gate = control_dir / "gate"
+
+    async def main():
+        async with connect(how, repo) as client:
+            job = job_id_in(await call(client, "start", {"task": held(gate, "true")}))
+            stopped, data = await call_json(client, "stop", {"id": job})
+            assert stopped.startswith(f"{job} stopped") and data["state"] == "stopped"
+            cleaned, data = await call_json(client, "cleanup", {"id": job})
+            assert cleaned.startswith(f"{job}: ") and data["lines"] == [cleaned]  # (stopped before its checkout: none)
+            engines, data = await call_json(client, "engines", {})
+            assert engines.splitlines()[0].startswith("shell: installed=yes")
+            assert [e["name"] for e in data["engines"]][:3] == ["shell", "claude", "codex"]
+            started, data = await call_json(client, "start", {"task": held(gate, "true"), "best_of": 2,
+                                                              "verify": "true"})
+            gid = data["group"]
+            shown, data = await call_json(client, "show", {"id": gid})
+            assert shown.startswith(f"{gid} running") and [r["member"] for r in data["rows"]] == data["members"]
+            stopped, data = await call_json(client, "stop", {"id": gid})
+            assert stopped.startswith(f"{gid} stopped, no pick") and data["state"] == "stopped"
+
+    try:
+        anyio.run(main)
+    finally:
+        gate.touch()

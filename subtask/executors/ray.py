@@ -174,7 +174,7 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     """Create branch, base pin and record, reserve, push, submit; undo it all on any failure."""
     state_dir = repo.state_dir
     attempt = job.state.current
-    lock_fd = liveness.acquire(state_dir, job.id)  # settle passes over a job whose start is under way
+    lock_fd = liveness.acquire(state_dir, job.id, new=True)  # settle passes over a job whose start is under way
     undo: list = []
     pushed: dict[str, str] = {}
     try:
