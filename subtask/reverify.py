@@ -108,6 +108,7 @@ class Pending:
         self.sandbox, self.running = sandbox, running
 
     def wait(self) -> Rerun:
+        confined = self.sandbox is not None
         try:
             result = self.running.wait()
         finally:
@@ -116,7 +117,7 @@ class Pending:
         return Rerun(VerifyResult(command=self.command, exit_code=result.exit_code, seconds=round(result.seconds, 3),
                                   head=self.head, tree=self.tree, passed=result.exit_code == 0 and not result.timed_out,
                                   timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:]),
-                     self.sandbox is not None)
+                     confined)
 
     def abort(self) -> None:
         try:

@@ -45,6 +45,7 @@ def test_three_jobs_on_disjoint_files_land_in_order_each_verified_on_its_integra
     proc = land(cli, *jobs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"main: {before[:7]} -> " in proc.stdout and "(3 of 3 landed)" in proc.stdout
+    assert proc.stdout.count("  verify: test -f") == 3, "each verify ran confined, as a job's does"
     # In the order given: a, then b, then c on top, first-parent.
     subjects = git(repo, "log", "--first-parent", "--format=%s", f"{before}..main").splitlines()
     assert [s.split(":")[0] for s in reversed(subjects)][-2:] == [f"Merge subtask {jobs[1]}", f"Merge subtask {jobs[2]}"]
