@@ -989,7 +989,19 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             continue
         entries.append(entry)
     _mark_moved(repo, entries)
+    _mark_overlap(repo, entries, listed)
     return Listing(entries, more, swept, hidden)
+
+
+def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
+    """`marks`: a finished job's base behind the land target, jobs that change the same files
+    (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
+    from subtask import overlap
+
+    try:
+        overlap.mark(repo, shown, listed)
+    except (SubtaskError, OSError) as exc:
+        warnings.warn(f"could not tell which jobs overlap: {exc}", stacklevel=2)
 
 
 def _mark_moved(repo: Repo, entries: list[dict]) -> None:
@@ -1069,20 +1081,26 @@ def worktree_present(job: Job) -> bool:
     return Path(job.spec.worktree).is_dir()
 
 
-def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None]]:
-    """(job, queue position, latest activity) for one job, or for every active job."""
+def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None, dict]]:
+    """(job, queue position, latest activity, marks) for one job, or for every active job; the
+    marks as `list` has them (a stale base, jobs changing the same files)."""
+    marks: dict[str, dict] = {}
     if id_or_prefix is not None:
         jobs = [get(repo, id_or_prefix)]
+        entry = dict(records.list_entry(jobs[0]), tip=jobs[0].tip)
+        _mark_overlap(repo, [entry], [e for e in records.list_entries(repo) if e["id"] != entry["id"]] + [entry])
+        marks[entry["id"]] = entry.get("marks") or {}
     else:
         jobs = []
         for entry in list_jobs(repo, state="active").jobs:
+            marks[entry["id"]] = entry.get("marks") or {}
             try:
                 jobs.append(records.read(repo, entry["id"]))
             except records.DamagedRecord as exc:  # the others still show
                 warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
     current = slots.read(repo.state_dir)
-    return [(job, current.position(job.id),
-             None if job.state.current.terminal else latest_activity(repo, job.id)) for job in jobs]
+    return [(job, current.position(job.id), None if job.state.current.terminal else latest_activity(repo, job.id),
+             marks.get(job.id) or {}) for job in jobs]
 
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:

@@ -228,7 +228,7 @@ def watch(ids, timeout):
 
     def draw(elapsed, ended, total, activities):
         lines = []
-        for job, position, activity in (api.status(repo, i)[0] for i in ids):
+        for job, position, activity, _ in (api.status(repo, i)[0] for i in ids):
             lines.append(f"[{render.duration(elapsed)}] {render.status_line(job, position, activity)}")
         if live:
             click.echo(("\x1b[F" * drawn[0]) + "\n".join("\x1b[K" + line for line in lines))

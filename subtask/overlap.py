@@ -50,15 +50,10 @@ def hunks_meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
     return not a or not b  # a binary or mode-only change has no hunks: assume it meets
 
 
-def behind(repo: Repo, base: str, tip: str, cache: dict[str, int] | None = None) -> int | None:
+def behind(repo: Repo, base: str, tip: str) -> int | None:
     """How many commits `tip` has that `base` has not (None when git cannot say)."""
-    if cache is not None and base in cache:
-        return cache[base]
     proc = git(repo.root, "rev-list", "--count", f"{base}..{tip}", check=False)
-    count = int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
-    if cache is not None and count is not None:
-        cache[base] = count
-    return count
+    return int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
 
 
 @dataclass
@@ -82,6 +77,110 @@ def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list
                 meet = [f for f in common if base_a == base_b and hunks_meet(files_a[f], files_b[f])]
                 found.append(Pair(a, b, common, meet))
     return found
+
+
+# ---------------------------------------------------------------- marks in status and list
+
+BEHIND_CACHE = "behind"  # <state>/behind-<repo>.json: "base..tip" -> commits; a pair never changes its answer
+ACTIVE = ("running", "done", "failed", "stopped")
+
+
+def target_tip(repo: Repo) -> tuple[str, str] | None:
+    """The land target's name and tip, through git alone (no pygit2: `list` stays light);
+    None when there is none (a detached HEAD)."""
+    name = (repo.config.get("landTarget") or "").strip().removeprefix("refs/heads/")
+    if not name:
+        proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+        name = proc.stdout.strip()
+    ref = repo.objects.ref(f"refs/heads/{name}") if name and not name.startswith("subtask/") else None
+    return (name, ref.target) if ref is not None else None
+
+
+def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
+    """Add `marks` to the `shown` list entries: a finished job's base behind the land target
+    (`{"behind": 12, "target": "main"}`), and the other running or finished jobs (of `listed`,
+    not landed) that change a file it changes (`{"overlaps": {"st-…": ["a.txt"]}}`). Advisory:
+    anything git cannot answer leaves the mark out."""
+    jobs = [e for e in listed if e.get("state") in ACTIVE and not e.get("landed") and not e.get("readonly")]
+    if not jobs or not any(e.get("state") in ACTIVE for e in shown):
+        return
+    files = _files_of(repo, jobs)
+    target = target_tip(repo)
+    cache = _read_behind(repo) if target else {}
+    fresh = len(cache)
+    for entry in shown:
+        mine = files.get(entry["id"])
+        if not mine:
+            continue
+        marks: dict = {}
+        if target and entry.get("state") != "running" and entry.get("base") and entry["base"] != target[1]:
+            key = f"{entry['base']}..{target[1]}"
+            count = cache.get(key)
+            if count is None:
+                count = behind(repo, entry["base"], target[1])
+                if count is not None:
+                    cache[key] = count
+            if count:
+                marks.update(behind=count, target=target[0])
+        overlaps = {other: sorted(mine & theirs)[:5] for other, theirs in files.items()
+                    if other != entry["id"] and mine & theirs}
+        if overlaps:
+            marks["overlaps"] = overlaps
+        if marks:
+            entry["marks"] = marks
+    if len(cache) != fresh:
+        _write_behind(repo, cache)
+
+
+def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
+    """The files each job changed: a finished job's from its evidence (one batched read), a
+    running one's from its branch's commits so far (never its worktree: a job's process may be
+    writing it)."""
+    import json
+
+    found: dict[str, set[str]] = {}
+    ended = [e for e in jobs if e["state"] != "running" and e.get("tip")]
+    for entry, blob in zip(ended, repo.objects.read([f"{e['tip']}:evidence.json" for e in ended]), strict=True):
+        try:
+            evidence = json.loads(blob[1]) if blob and blob[0] == "blob" else {}
+            names = {f["path"] for f in evidence.get("files") or [] if isinstance(f, dict) and isinstance(f.get("path"), str)}
+        except (ValueError, AttributeError, TypeError):
+            continue
+        if names:
+            found[entry["id"]] = names
+    running = [e for e in jobs if e["state"] == "running" and e.get("base")]
+    if running:
+        tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/subtask/")}
+        for entry in running:
+            tip = tips.get(f"refs/heads/subtask/{entry['id']}")
+            if tip and tip != entry["base"]:
+                out = git(repo.root, "diff", "--name-only", "--no-renames", entry["base"], tip, check=False).stdout
+                if out.strip():
+                    found[entry["id"]] = set(out.split("\n")) - {""}
+    return found
+
+
+def _read_behind(repo: Repo) -> dict[str, int]:
+    import json
+
+    try:
+        data = json.loads(repo.state_file(BEHIND_CACHE).read_text())
+        return {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)} if data.get("v") == 1 else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write_behind(repo: Repo, cache: dict[str, int]) -> None:
+    """Best effort, and bounded: a cache that cannot be written only costs the next `list` a git run."""
+    import json
+
+    from subtask.statefiles import write_atomic
+
+    kept = dict(list(cache.items())[-2000:])
+    try:
+        write_atomic(repo.state_file(BEHIND_CACHE), json.dumps({"v": 1, "counts": kept}).encode(), durable=False)
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- land --dry-run
@@ -130,7 +229,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
     target = landqueue.find_target(repo)
     items = landqueue.resolve(repo, asked)
     tip = landqueue.tip(repo, target)
-    chain, planned, compared, cache = tip, [], [], {}
+    chain, planned, compared = tip, [], []
     for item in items:
         group = item.group.id if item.group else None
         try:
@@ -145,7 +244,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
             continue
         files = changes(repo, item.job.spec.base, item.head)
         compared.append((item.job.id, item.job.spec.base, files))
-        entry = Planned(item.job.id, group, list(files), behind(repo, item.job.spec.base, tip, cache), "land",
+        entry = Planned(item.job.id, group, list(files), behind(repo, item.job.spec.base, tip), "land",
                         verify=item.command)
         chain = _predict(repo, entry, item, chain, opts)
         planned.append(entry)

@@ -156,12 +156,25 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
-def status_line(job, position: int | None = None, activity: str | None = None) -> str:
-    """One job now: its one-line status, plus what it is doing when it is still active."""
-    line = one_line(job, position)
+def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
+    """One job now: its one-line status, plus what it is doing when it is still active, and
+    `marks_text` (a stale base, jobs that change the same files)."""
+    line = one_line(job, position) + (f" · {marks_text(marks)}" if marks else "")
     if job.state.current.stalled:
-        return line  # its last event says no more than "stalled"
-    return safe_line(f"{line} · now: {activity}") if activity else line
+        return safe_line(line)  # its last event says no more than "stalled"
+    return safe_line(f"{line} · now: {activity}") if activity else safe_line(line)
+
+
+def marks_text(marks: dict | None) -> str:
+    """`base: 12 behind main · same file as st-1a2b3c4d: a.txt`: what makes a landing likely to
+    conflict or to test something other than what lands (`overlap.mark`)."""
+    if not marks:
+        return ""
+    parts = [f"base: {marks['behind']} behind {marks.get('target')}"] if marks.get("behind") else []
+    for other, files in (marks.get("overlaps") or {}).items():
+        shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
+        parts.append(f"same file{'' if len(files) == 1 else 's'} as {other}: {shown}")
+    return " · ".join(parts)
 
 
 def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
@@ -176,8 +189,9 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
+    marks = marks_text(entry.get("marks"))
     return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
-                     f"{entry.get('engine', '?'):<6}  {task}")
+                     f"{entry.get('engine', '?'):<6}  {task}" + (f"  ({marks})" if marks else ""))
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"

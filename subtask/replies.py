@@ -138,8 +138,9 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
 def status(rows: list) -> Reply:
     return Reply("\n".join(render.status_line(*row) for row in rows),
                  {"v": 1, "jobs": [{"id": job.id, "state": job.state.current.state, "position": position,
-                                    "activity": activity, "line": render.status_line(job, position, activity)}
-                                   for job, position, activity in rows]},
+                                    "activity": activity, "line": render.status_line(job, position, activity, marks),
+                                    **({"marks": marks} if marks else {})}
+                                   for job, position, activity, marks in rows]},
                  nothing="no active jobs")
 
 

@@ -315,3 +315,28 @@ def test_reconcile_asks_an_agent_in_words_with_its_changes_applied_on_the_new_ti
     assert (repo / "log.txt").read_text() == "start\nA\nB\n"
     message = detail(cli, b)["attempts"][1]["message"]
     assert "conflict markers in: log.txt" in message and "append A to log.txt" in message, message
+
+
+def test_status_and_list_mark_a_stale_base_and_jobs_that_change_the_same_file(cli, repo, control_dir):
+    a = finished(cli, ADD.format(name="same.txt", text="a"), "--verify", "true")
+    b = finished(cli, ADD.format(name="other.txt", text="b"), "--verify", "true")
+    gate = control_dir / "gate"
+    running = cli.start(ADD.format(name="same.txt", text="c") + f" && while [ ! -f {gate} ]; do sleep 0.05; done")
+    try:
+        assert wait_until(lambda: f"refs/heads/subtask/{running}" in refs(repo) and
+                          git(repo, "rev-parse", f"subtask/{running}") != git(repo, "rev-parse", "main"))
+        git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "and on")
+        rows = {line.split()[0]: line for line in cli.ok("list").splitlines()[1:]}
+        assert f"(base: 2 behind main · same file as {running}: same.txt)" in rows[a], rows[a]
+        assert rows[b].endswith("(base: 2 behind main)"), rows[b]
+        assert f"same file as {a}: same.txt" in rows[running] and "behind" not in rows[running]
+        status = cli.ok("status")
+        assert running in status and f"same file as {a}: same.txt" in status
+        assert "base: 2 behind main" in cli.ok("status", a)
+        listed = {e["id"]: e for e in cli.json("list")["jobs"]}
+        assert listed[a]["marks"] == {"behind": 2, "target": "main", "overlaps": {running: ["same.txt"]}}
+        assert "marks" not in listed[b] or "overlaps" not in listed[b]["marks"]
+    finally:
+        gate.touch()
+        cli("wait", running)
