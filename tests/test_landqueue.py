@@ -340,3 +340,42 @@ def test_status_and_list_mark_a_stale_base_and_jobs_that_change_the_same_file(cl
     finally:
         gate.touch()
         cli("wait", running)
+
+
+def test_a_checkout_made_dirty_during_the_queue_stops_it_and_is_never_touched(cli, repo, tmp_path):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", a], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        before = git(repo, "rev-parse", "main")
+        (repo / "README.md").write_text("my edit, made while the queue ran\n")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1, out + err
+    assert f"{a}: stopped: the worktree {repo} has uncommitted changes (README.md)" in out
+    assert (repo / "README.md").read_text() == "my edit, made while the queue ran\n"
+    assert git(repo, "rev-parse", "main") == before and not (repo / "a.txt").exists()
+    assert f"refs/heads/subtask/{a}" in refs(repo)
+
+
+def test_a_squash_landing_killed_after_the_move_is_found_by_cleanup_merged(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")  # so the squash is a new commit
+    proc = land(cli, "--squash", a, env={"SUBTASK_FAULT": "land_moved"})
+    assert proc.returncode == 99 and (repo / "a.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] is None  # killed before it was recorded
+    out = cli.ok("cleanup", "--merged")
+    assert f"{a}: landed in {git(repo, 'rev-parse', '--short=7', 'main')}" in out
+    assert detail(cli, a)["landed_in"] == git(repo, "rev-parse", "main")
+
+
+def test_two_modes_at_once_are_a_usage_error_and_completion_knows_land(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    proc = land(cli, "--squash", "--rebase", a)
+    assert proc.returncode == 129 and "--squash and --rebase cannot be used together" in proc.stderr
+    offered = cli.ok("__complete", "land").split()
+    assert {"--atomic", "--reconcile", "--dry-run", "--rebase", a} <= set(offered)
