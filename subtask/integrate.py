@@ -106,7 +106,7 @@ def integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode
 def _integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
     run = scratch.git
     if mode == "rebase":
-        proc = run("rebase", "--quiet", "--onto", onto, job.spec.base, head)
+        proc = run("rebase", "--quiet", "--onto", onto, landing.work_base(job), head)
     else:
         args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "squash": ["--squash"]}[mode]
         proc = run("merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode), head)
@@ -148,4 +148,5 @@ def sides(repo: Repo, job: Job, head: str, onto: str, files: list[str]) -> dict[
 
     summary = (job.summary or "").strip()
     said = task_title(summary, 80) if summary else task_title(job.spec.task, 80)
-    return {"target": commits(f"{job.spec.base}..{onto}"), "job": [safe_line(said), *commits(f"{job.spec.base}..{head}")]}
+    base = landing.work_base(job)
+    return {"target": commits(f"{base}..{onto}"), "job": [safe_line(said), *commits(f"{base}..{head}")]}

@@ -258,6 +258,11 @@ def recorded_head(job: Job) -> str:
     return (job.evidence.head if job.evidence is not None else None) or job.state.current.head or job.spec.base
 
 
+def work_base(job: Job) -> str:
+    """Where the job's own work starts: its base, or the commit `land --reconcile` moved it onto."""
+    return job.state.rebased_onto or job.spec.base
+
+
 def why_not_deletable(repo: Repo, job: Job, tip: str) -> str:
     """"" when the job's branch at `tip` is this clone's to delete, else why not: the job is this
     clone's (`ownership.owns`), the branch is `subtask/<id>`, and it points where the record says
@@ -592,10 +597,10 @@ def cleanup_merged(repo: Repo, dry_run: bool = False, entries: list[dict] | None
         return sweep
     pids = PatchIds(repo)
     heads = {job.id: job_head(repo, job) for job in jobs}
-    upstream = Upstream(repo, target, [j.spec.base for j in jobs], pids)
+    upstream = Upstream(repo, target, [work_base(j) for j in jobs], pids)
     checked_out = None
     for job in jobs:
-        landed = landed_in(repo, job.spec.base, heads[job.id], upstream)
+        landed = landed_in(repo, work_base(job), heads[job.id], upstream)
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
@@ -897,7 +902,7 @@ def _squash_message(repo: Repo, job: Job, head: str) -> str:
     and listed, oldest first, so the squash says what it holds."""
     from subtask.render import task_title
 
-    commits = _commits_since_base(repo, job.spec.base, head)
+    commits = _commits_since_base(repo, work_base(job), head)
     trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
     if len(commits) == 1:
         subject, _, body = commits[0].message.strip().partition("\n")

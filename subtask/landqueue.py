@@ -392,6 +392,7 @@ class Queue:
             rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
+            out.why = "" if rerun.result.passed else "its verify failed on the integrated commit"
             if rerun.result.passed and scratch is not None:
                 scratch.passed()
         outcome = {"passed": "unverified" if rerun is None else "passed"}.get(out.state, out.state)
@@ -613,6 +614,7 @@ def reconcile(repo: Repo, target: Target, item: Item, onto: str, built: integrat
         return False
     shell = job.spec.engine == "shell"
     applied = _move_job_onto(repo, job, item.head, onto, apply_old=not shell)
+    records.update(repo, job.id, lambda j: setattr(j.state, "rebased_onto", onto))
     message = job.spec.task if shell else _agent_message(target, job, item.head, onto, out, applied)
     out.events.append(f"conflict in {', '.join(built.conflicts)}: reconciling: "
                       + ("its task runs again on " if shell else "a reply resolves it on ") + f"{target.name} at {onto[:7]}")

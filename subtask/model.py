@@ -246,6 +246,9 @@ class JobState(_Record):
     branch_deleted: bool = False
     group_place: dict[str, Any] | None = None  # a group member's rank, the pick, superseded (groups.py)
     landings: list[Landing] = field(default_factory=list)  # `land`'s verifies on integrated commits, latest last
+    # The commit `land --reconcile` moved its branch onto (its work is counted from there, not
+    # from `spec.base`: the branch then holds the target's commits too).
+    rebased_onto: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -113,11 +113,12 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
         if not mine:
             continue
         marks: dict = {}
-        if target and entry.get("state") != "running" and entry.get("base") and entry["base"] != target[1]:
-            key = f"{entry['base']}..{target[1]}"
+        base = entry.get("onto") or entry.get("base")
+        if target and entry.get("state") != "running" and base and base != target[1]:
+            key = f"{base}..{target[1]}"
             count = cache.get(key)
             if count is None:
-                count = behind(repo, entry["base"], target[1])
+                count = behind(repo, base, target[1])
                 if count is not None:
                     cache[key] = count
             if count:
@@ -148,13 +149,14 @@ def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
             continue
         if names:
             found[entry["id"]] = names
-    running = [e for e in jobs if e["state"] == "running" and e.get("base")]
+    running = [e for e in jobs if e["state"] == "running" and (e.get("onto") or e.get("base"))]
     if running:
         tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/subtask/")}
         for entry in running:
             tip = tips.get(f"refs/heads/subtask/{entry['id']}")
-            if tip and tip != entry["base"]:
-                out = git(repo.root, "diff", "--name-only", "--no-renames", entry["base"], tip, check=False).stdout
+            base = entry.get("onto") or entry["base"]
+            if tip and tip != base:
+                out = git(repo.root, "diff", "--name-only", "--no-renames", base, tip, check=False).stdout
                 if out.strip():
                     found[entry["id"]] = set(out.split("\n")) - {""}
     return found
@@ -224,7 +226,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
     """What `land` would do with these jobs (`opts`: `landqueue.Options`), changing nothing: each
     job's files and how stale its base is, the pairs that change the same files or lines, and
     each job merged in turn onto the one before (`git merge-tree`) to predict conflicts."""
-    from subtask import landqueue
+    from subtask import landing, landqueue
 
     target = landqueue.find_target(repo)
     items = landqueue.resolve(repo, asked)
@@ -242,9 +244,10 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
         except SubtaskError as exc:
             planned.append(Planned(item.job.id, group, [], None, "refused", exc.message))
             continue
-        files = changes(repo, item.job.spec.base, item.head)
-        compared.append((item.job.id, item.job.spec.base, files))
-        entry = Planned(item.job.id, group, list(files), behind(repo, item.job.spec.base, tip), "land",
+        base = landing.work_base(item.job)
+        files = changes(repo, base, item.head)
+        compared.append((item.job.id, base, files))
+        entry = Planned(item.job.id, group, list(files), behind(repo, base, tip), "land",
                         verify=item.command)
         chain = _predict(repo, entry, item, chain, opts)
         planned.append(entry)

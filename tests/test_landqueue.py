@@ -111,6 +111,10 @@ def test_a_conflicting_pair_with_reconcile_on_the_shell_engine_ends_with_both_la
     state = detail(cli, b)
     assert state["landed_in"] and len(state["attempts"]) == 2 and state["attempts"][1]["state"] == "done"
     assert detail(cli, a)["landed_in"]
+    # Its work is counted from where the reconciliation moved it, not from its first base.
+    evidence = cli.json("show", b)["evidence"]
+    assert evidence["base"] == state["rebased_onto"] and evidence["totals"]["commits"] == 1
+    assert "changes: 1 file, +1 -0" in note_of(repo, b)
 
 
 def test_a_commit_a_person_makes_on_main_during_the_queue_is_kept(cli, repo, tmp_path):
