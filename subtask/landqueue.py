@@ -191,24 +191,36 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
 
 
 @dataclass
-class Ahead:
-    """The next job, integrated while the one before it verified, on the commit that one would land."""
+class Stage:
+    """One job of the pipeline: built on `onto` in `scratch`, its verify started (`pending`)."""
 
     item: Item
+    out: Outcome
     onto: str
     scratch: integrate.Scratch
     built: integrate.Built
+    pending: reverify.Pending | None = None
+    rebuilds: int = 0
+    reconciled: bool = False
+
+    def abort(self) -> None:
+        if self.pending is not None:
+            self.pending.abort()
+            self.pending = None
+        self.scratch.spoil()
 
 
 @dataclass
 class Queue:
     """One run of `land`: the jobs' outcomes, two scratch worktrees, the landings left to finish.
 
-    Without `--atomic` the queue is a pipeline: while a job's verify runs, the landings before
-    it are finished (recorded, cleaned up) and the next job is integrated, in the other scratch
-    worktree, onto the commit this one would land; that build is used only if this one lands
-    there. All in this thread: the verify is the one child a sandbox confines, started while no
-    other thread runs (`isolation.outside_sandbox`); the work meanwhile starts plain git only.
+    Without `--atomic` the queue is a pipeline. While a job's verify runs, the landings before it
+    are finished (recorded, cleaned up) and the next job is integrated, in the other scratch
+    worktree, onto the commit this one would land; once this one passed, the next one's verify
+    starts before this one's move, so the move overlaps it too. That work is used only if this
+    one lands there: a failure, or a target that moved, throws it away. All in this thread: a
+    verify is the one child a sandbox confines, started while no other thread runs
+    (`isolation.outside_sandbox`); the work meanwhile starts plain git only.
     """
 
     repo: Repo
@@ -219,26 +231,47 @@ class Queue:
     scratches: list[integrate.Scratch] = field(default_factory=list)
     landed: list[tuple[Item, Outcome, str, str]] = field(default_factory=list)  # to finish: commit, tip
     checked_out: set[str] | None = None  # branches checked out in worktrees, read once
+    upcoming: list[tuple[Item, Outcome]] = field(default_factory=list)  # not started yet, in order
 
     def __post_init__(self) -> None:
         self.scratches = [integrate.Scratch(self.repo), integrate.Scratch(self.repo)]
 
     def each(self, items: list[Item]) -> None:
         """One landing after the other; a job that fails is reported and the rest go on."""
-        pairs = list(zip(items, self.result.outcomes, strict=True))
-        ahead: Ahead | None = None
-        for n, (item, out) in enumerate(pairs):
-            if self.result.stopped:
-                break
-            if not self.gated(item, out):
-                continue
-            try:
-                ahead = self.one(item, out, ahead, self.next_gated(pairs[n + 1:]))
-            except Stop as exc:
-                out.state, out.why, self.result.stopped = "stopped", exc.message, exc.message
-            if not any(landed is item for landed, *_ in self.landed):
-                liveness.release(item.fd)
-                item.fd = None
+        self.upcoming = list(zip(items, self.result.outcomes, strict=True))
+        stage: Stage | None = None
+        try:
+            while True:
+                if stage is None:
+                    got = self.take()
+                    if got is None:
+                        return
+                    stage = self.stage(*got, self.scratches[0])
+                stage = self.advance(stage)
+        except Stop as exc:
+            assert stage is not None
+            if stage.out.state != "landed":
+                stage.out.state, stage.out.why = "stopped", exc.message
+            self.result.stopped = exc.message
+        finally:
+            if stage is not None:
+                stage.abort()  # a verify still running (an interrupt, a stop) ends with the queue
+
+    def peek(self) -> tuple[Item, Outcome] | None:
+        """The next job that may land (its run-lock ours), left first in `upcoming`; the refused
+        ones before it are reported and dropped."""
+        while self.upcoming and not self.result.stopped:
+            item, out = self.upcoming[0]
+            if self.gated(item, out):
+                return item, out
+            self.upcoming.pop(0)
+        return None
+
+    def take(self) -> tuple[Item, Outcome] | None:
+        got = self.peek()
+        if got is not None:
+            self.upcoming.pop(0)
+        return got
 
     def gated(self, item: Item, out: Outcome) -> bool:
         """The job may land and its run-lock is ours (taken once: a look ahead may have taken it)."""
@@ -254,53 +287,72 @@ class Queue:
         out.job = item.job.id  # a group's pick, once settled
         return True
 
-    def next_gated(self, rest: list[tuple[Item, Outcome]]) -> Item | None:
-        for item, out in rest:
-            if self.gated(item, out):
-                return item
-        return None
+    def stage(self, item: Item, out: Outcome, scratch: integrate.Scratch, *, rebuilds: int = 0,
+              reconciled: bool = False, onto: str | None = None, built: integrate.Built | None = None) -> Stage:
+        """The job built on `onto` (default: the target's tip) and its verify started."""
+        onto = onto or tip(self.repo, self.target)
+        built = built or self.integrated(item, onto, scratch)
+        return Stage(item, out, onto, scratch, built, self.start_verify(item, built, scratch), rebuilds, reconciled)
 
-    def one(self, item: Item, out: Outcome, ahead: Ahead | None, nxt: Item | None) -> Ahead | None:
-        """Land one job (see `each`); the next job's build made meanwhile, when there is one."""
-        reconciled = False
-        for _ in range(MAX_REBUILDS):
-            onto = tip(self.repo, self.target)
-            if ahead is not None and ahead.item is item and ahead.onto == onto:
-                scratch, built = ahead.scratch, ahead.built
-            else:
-                scratch = self.scratches[0] if ahead is None or ahead.scratch is self.scratches[1] else self.scratches[1]
-                built = self.integrated(item, onto, scratch)
-            ahead = None
-            if built.kind == "conflict" and self.opts.reconcile and not reconciled:
-                reconciled = True
-                self.judge(item, out, built, None)
-                self.finish_landed()
-                if self.reconcile(item, onto, built, out):
-                    continue  # the reply passed: build it again on the tip as it is now
+    def other(self, scratch: integrate.Scratch) -> integrate.Scratch:
+        return self.scratches[1] if scratch is self.scratches[0] else self.scratches[0]
+
+    def advance(self, stage: Stage) -> Stage | None:
+        """Take one job from verifying to landed (or reported); the stage that verifies next."""
+        item, out, built = stage.item, stage.out, stage.built
+        if built.kind == "conflict" and self.opts.reconcile and not stage.reconciled:
+            self.judge(item, out, built, None)
+            self.finish_landed()  # before a reply that may take long
+            if self.reconcile(item, stage.onto, built, out):  # the reply passed: build it on the tip as it is now
+                return self.stage(item, out, stage.scratch, rebuilds=stage.rebuilds, reconciled=True)
+            self.release(item)
+            return None
+        self.finish_landed()  # while it verifies
+        ahead = None
+        if built.kind == "built":
+            nxt = self.peek()
+            if nxt is not None:
+                other = self.other(stage.scratch)
+                ahead = (*nxt, other, self.integrated(nxt[0], built.commit, other))
+        self.judge(item, out, built, stage.pending, stage.scratch)
+        stage.pending = None
+        if built.kind == "already":
+            self.landed.append((item, out, landing.merge_point(self.repo, item.head, stage.onto), stage.onto))
+            return None
+        if out.state != "passed":
+            self.release(item)
+            return None
+        faults.point("land_verified")
+        following = None
+        if ahead is not None:
+            self.upcoming.pop(0)
+            following = self.stage(ahead[0], ahead[1], ahead[2], onto=built.commit, built=ahead[3])
+        try:
+            moved = move(self.repo, self.target, stage.onto, built.commit)
+        except BaseException:
+            if following is not None:
+                following.abort()
+                self.upcoming.insert(0, (following.item, following.out))
+            raise
+        if moved != "ok":
+            out.events.append(f"{self.target.name} moved while it was built: building it again on top")
+            if following is not None:  # built on a commit that will not land
+                following.abort()
+                self.upcoming.insert(0, (following.item, following.out))
+            if stage.rebuilds + 1 >= MAX_REBUILDS:
+                out.state, out.why = "failed", f"{self.target.name} moved under each of {MAX_REBUILDS} landings in a row"
+                self.release(item)
                 return None
-            pending = self.start_verify(item, built, scratch)
-            self.finish_landed()  # while it runs
-            if nxt is not None and built.kind == "built":
-                other = self.scratches[1] if scratch is self.scratches[0] else self.scratches[0]
-                ahead = Ahead(nxt, built.commit, other, self.integrated(nxt, built.commit, other))
-            self.judge(item, out, built, pending, scratch)
-            if built.kind == "already":
-                self.landed.append((item, out, landing.merge_point(self.repo, item.head, onto), onto))
-                return None
-            if out.state != "passed":
-                return None
-            faults.point("land_verified")
-            if move(self.repo, self.target, onto, built.commit) != "ok":
-                out.events.append(f"{self.target.name} moved while it was built: building it again on top")
-                ahead = None
-                continue
-            phases.mark("move")
-            faults.point("land_moved")
-            out.state = "landed"
-            self.landed.append((item, out, built.commit, built.commit))
-            return ahead
-        out.state, out.why = "failed", f"{self.target.name} moved under each of {MAX_REBUILDS} landings in a row"
-        return None
+            return self.stage(item, out, stage.scratch, rebuilds=stage.rebuilds + 1, reconciled=stage.reconciled)
+        phases.mark("move")
+        faults.point("land_moved")
+        out.state = "landed"
+        self.landed.append((item, out, built.commit, built.commit))
+        return following
+
+    def release(self, item: Item) -> None:
+        liveness.release(item.fd)
+        item.fd = None
 
     def atomic(self, items: list[Item]) -> None:
         """Every job built on the one before, verified, then the target moved once: all or nothing."""
