@@ -13,12 +13,13 @@ Invariants:
   `HEAD`, because a verify (a job's command, or the job's code it runs) may rewrite them: our
   git runs with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` named (as `worktrees.job_git`
   does), and moves HEAD itself, detached, before each landing.
-- Never reuse the scratch after a landing that did not pass, because what that verify left
-  (files made to look unchanged, a rewritten index) would be in the next job's checkout, and
-  that job does not carry the code that did it: a failed or conflicting build spoils it, and the
-  next build gets a fresh checkout. After a passing landing it is reused (moved to the next tip,
-  untracked files removed): checking out every file again per job cost the queue more than the
-  merges and verifies themselves, and the landed job's code is in every later tree anyway.
+- Never reuse the scratch after a build or verify that did not pass, nor after a verify command
+  this clone does not trust (a teammate's unsigned record names it), because what that command
+  left (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone)
+  would be in the next job's checkout, which does not carry the code that did it: the scratch is
+  spoiled, and the next build gets a fresh checkout. Otherwise it is reused (moved to the next
+  tip, untracked files removed): checking out every file again per job cost the queue more than
+  the merges and verifies themselves, and the landed job's code is in every later tree anyway.
 """
 
 from __future__ import annotations

@@ -356,6 +356,16 @@ class Queue:
 
     def atomic(self, items: list[Item]) -> None:
         """Every job built on the one before, verified, then the target moved once: all or nothing."""
+        try:
+            self._atomic(items)
+        except Stop as exc:
+            self.result.stopped = f"{exc.message}: nothing landed (--atomic)"
+            for item, out in zip(items, self.result.outcomes, strict=True):
+                if out.state == "passed":
+                    out.why = "not landed: the queue stopped"
+                    _record(self.repo, item)
+
+    def _atomic(self, items: list[Item]) -> None:
         result = self.result
         for item, out in zip(items, result.outcomes, strict=True):
             if not self.gated(item, out):
@@ -445,8 +455,8 @@ class Queue:
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
             out.why = "" if rerun.result.passed else "its verify failed on the integrated commit"
-            if rerun.result.passed and scratch is not None:
-                scratch.passed()
+            if rerun.result.passed and scratch is not None and (self.opts.verify or item.trust and item.trust.claims):
+                scratch.passed()  # a teammate's unsigned verify command may have changed it: never reused
         outcome = {"passed": "unverified" if rerun is None else "passed"}.get(out.state, out.state)
         item.entry = Landing(at=now(), target=self.target.name, onto=built.onto, mode=self.opts.mode,
                              outcome=outcome, commit=built.commit, verify=out.verify, conflicts=built.conflicts)

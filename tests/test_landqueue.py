@@ -383,3 +383,18 @@ def test_two_modes_at_once_are_a_usage_error_and_completion_knows_land(cli, repo
     assert proc.returncode == 129 and "--squash and --rebase cannot be used together" in proc.stderr
     offered = cli.ok("__complete", "land").split()
     assert {"--atomic", "--reconcile", "--dry-run", "--rebase", a} <= set(offered)
+
+
+TAMPER = ("printf 'HACKED\\n' > greeting.txt && git update-index --skip-worktree greeting.txt; exit 1")
+
+
+def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_verify(cli, repo):
+    """A verify that fails may have changed the scratch worktree so that git no longer sees it
+    (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone): the next job gets a fresh checkout."""
+    (repo / "greeting.txt").write_text("hello\n")
+    git(repo, "add", "greeting.txt")
+    git(repo, "commit", "-qm", "a greeting")
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "grep -qx hello greeting.txt")
+    proc = land(cli, "--verify", f"if test -f a.txt; then {TAMPER}; fi; grep -qx hello greeting.txt", a, b)
+    assert f"{a}: failed" in proc.stdout and f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
