@@ -21,14 +21,14 @@ from bench.common import make_repo, save, sh, subtask_cmd
 
 JOBS = 10
 VERIFY = "sleep 0.1"
-BARE = """set -e
+BARE = f"""set -e
 git switch -q -c bare main
 for branch in "$@"; do
   git merge -q --no-edit "$branch"
-  sh -c '{verify}'
+  sh -c '{VERIFY}'
 done
 git switch -q main
-""".format(verify=VERIFY)
+"""
 
 
 def round_(path: Path, n: int) -> tuple[float, float]:

@@ -44,9 +44,9 @@ from subtask import (
     liveness,
     notes,
     phases,
+    reconcile,
     records,
     reverify,
-    worktrees,
 )
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, git
@@ -498,7 +498,40 @@ class Queue:
             out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
 
     def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
-        return reconcile(self.repo, self.target, item, onto, built, out, self.opts, self.replier)
+        """Answer a conflict with a reply to the job, on `onto` (`reconcile.prepare`); True once
+        that reply ended done with its verify passed (the job is then ready to build again)."""
+        repo, job = self.repo, item.job
+        if not (item.trust and item.trust.owned) or self.replier is None:
+            out.events.append("not reconciled: another clone's job (its branch is theirs)")
+            return False
+        try:
+            message = reconcile.prepare(repo, job, item.head, onto, self.target.name, built.conflicts,
+                                        out.sides.get("target", []))
+        except SubtaskError as exc:
+            out.events.append(f"not reconciled: {exc.message}")
+            return False
+        out.events.append(f"conflict in {', '.join(built.conflicts)}: reconciling: "
+                          + ("its task runs again on " if job.spec.engine == "shell" else "a reply resolves it on ")
+                          + f"{self.target.name} at {onto[:7]}")
+        self.release(item)  # the reply's worker takes the job's run-lock
+        try:
+            ended = self.replier(job.id, message)
+        finally:
+            item.fd = _take(repo, job.id)
+        fresh = item.job = records.read(repo, job.id)
+        attempt = fresh.state.current
+        verify = attempt.verify
+        said = "no verify" if verify is None else ("verify passed" if verify.passed else "verify failed")
+        out.events.append(f"reconciliation (attempt {attempt.n}) ended {attempt.state}, {said}")
+        if ended.id != job.id or attempt.state != "done" or (verify is not None and not verify.passed):
+            out.why = f"its reconciliation (attempt {attempt.n}) ended {attempt.state}, {said}"
+            return False
+        try:
+            item.head = landing.check_mergeable(repo, fresh, self.opts.force, item.trust.claims)
+        except SubtaskError as exc:
+            out.why = f"after its reconciliation: {exc.message}"
+            return False
+        return True
 
 
 def _refused(out: Outcome, exc: SubtaskError) -> None:
@@ -662,75 +695,6 @@ def _take(repo: Repo, job_id: str) -> int:
                                hint=f"git subtask wait {job_id}")
         time.sleep(0.02)
     return fd
-
-
-# ---------------------------------------------------------------- reconciling a conflict
-
-def reconcile(repo: Repo, target: Target, item: Item, onto: str, built: integrate.Built, out: Outcome,
-              opts: Options, replier: Replier | None) -> bool:
-    """Answer a conflict with a reply to the job, in its worktree moved onto `onto`; True once that
-    reply ended done with its verify passed (the job is then ready to build again)."""
-    job = item.job
-    if not (item.trust and item.trust.owned) or replier is None:
-        out.events.append("not reconciled: another clone's job (its branch is theirs)")
-        return False
-    shell = job.spec.engine == "shell"
-    applied = _move_job_onto(repo, job, item.head, onto, apply_old=not shell)
-    records.update(repo, job.id, lambda j: setattr(j.state, "rebased_onto", onto))
-    message = job.spec.task if shell else _agent_message(target, job, item.head, onto, out, applied)
-    out.events.append(f"conflict in {', '.join(built.conflicts)}: reconciling: "
-                      + ("its task runs again on " if shell else "a reply resolves it on ") + f"{target.name} at {onto[:7]}")
-    liveness.release(item.fd)
-    item.fd = None
-    ended = replier(job.id, message)
-    item.fd = _take(repo, job.id)
-    fresh = item.job = records.read(repo, job.id)
-    attempt = fresh.state.current
-    verify = attempt.verify
-    said = "no verify" if verify is None else ("verify passed" if verify.passed else "verify failed")
-    out.events.append(f"reconciliation (attempt {attempt.n}) ended {attempt.state}, {said}")
-    if ended.id != job.id or attempt.state != "done" or (verify is not None and not verify.passed):
-        out.why = f"its reconciliation (attempt {attempt.n}) ended {attempt.state}, {said}"
-        return False
-    try:
-        item.head = landing.check_mergeable(repo, fresh, opts.force, item.trust.claims)
-    except SubtaskError as exc:
-        out.why = f"after its reconciliation: {exc.message}"
-        return False
-    return True
-
-
-def _move_job_onto(repo: Repo, job: Job, old: str, onto: str, *, apply_old: bool) -> bool:
-    """Put the job's branch (and its worktree, when it has one) at `onto`; with `apply_old`, its
-    earlier changes applied on top, uncommitted, conflicts marked. The earlier head stays in the
-    record and the branch's reflog. True when they were applied."""
-    path = Path(job.spec.worktree)
-    if path.exists() and worktrees.created_here(repo, job.id, path):
-        admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
-        if worktrees.job_git(repo, admin, path, "status", "--porcelain", check=False).stdout.strip():
-            raise Stop("dirty", f"{job.id}: its worktree {path} has uncommitted changes: not reconciling over them")
-        worktrees.job_git(repo, admin, path, "reset", "--quiet", "--hard", onto)
-        if apply_old:
-            worktrees.job_git(repo, admin, path, "merge", "--squash", "--quiet", old, check=False)
-            return True
-        return False
-    if not records.cas_ref(repo, f"refs/heads/{job.spec.branch}", old, onto, "git-subtask land: onto the new tip"):
-        raise Stop("negative", f"{job.id}: its branch moved: not reconciling it")
-    return False
-
-
-def _agent_message(target: Target, job: Job, old: str, onto: str, out: Outcome, applied: bool) -> str:
-    files = ", ".join(out.conflicts)
-    theirs = "".join(f"\n  {line}" for line in out.sides.get("target", []))
-    how = (f"Your branch was moved onto {onto[:12]} and your earlier changes (commit {old[:12]}) were applied on "
-           f"top, uncommitted, with conflict markers in: {files}." if applied else
-           f"Your branch was moved onto {onto[:12]}. Apply your earlier changes on top with "
-           f"`git merge --squash {old[:12]}`; it conflicts in: {files}.")
-    return (f"{target.name} moved on while you worked (it is now at {onto[:12]}), and your change no longer merges "
-            f"into it: both change {files}.\n{how}\n"
-            + (f"What {target.name} changed there:{theirs}\n" if theirs else "")
-            + f"Resolve every conflict so that both {target.name}'s changes and yours are kept, check that it "
-              "works, and commit.")
 
 
 # ---------------------------------------------------------------- leftovers

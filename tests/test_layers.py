@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("worker", {"subtask.worker", "subtask.zygote"}),
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
                     "subtask.stall", "subtask.reverify", "subtask.recheck", "subtask.integrate", "subtask.landqueue",
-                    "subtask.overlap",
+                    "subtask.reconcile", "subtask.overlap",
                     "subtask.groups", "subtask.executors.ray", "subtask.executors.remote", "subtask.clients"}),
     ("executor", {"subtask.spawn", "subtask.procs", "subtask.isolation", "subtask.namespaces", "subtask.engines",
                   "subtask.engines.claude", "subtask.engines.codex", "subtask.engines.command",
