@@ -20,9 +20,10 @@ Invariants:
   many is only worth more than merging them one by one if what lands is what was tested.
 - A kill at any step leaves the target before or after a whole landing: the integrated commit
   is built and verified off to the side, and the move is one ref update (or one `git merge
-  --ff-only` in the checkout). What is recorded before the move (the verify) stays true after
-  it; a landing whose record was not written is found by `cleanup --merged` (reachable, or
-  patch-equivalent).
+  --ff-only` in the checkout). A landing that lands is recorded after its move, its verify and
+  `landed` in one write (while the next job verifies); one killed in between is found by
+  `cleanup --merged` or the next `land` (reachable, or patch-equivalent), its record then
+  lacking that verify. One that does not land is recorded at once.
 
 Lock order: `land.lock` (one queue per repository), then a job's run-lock (held while it lands,
 so no reply starts meanwhile; let go while a reconciliation reply runs), then the target
