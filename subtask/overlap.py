@@ -83,6 +83,7 @@ def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list
 
 BEHIND_CACHE = "behind"  # <state>/behind-<repo>.json: "base..tip" -> commits; a pair never changes its answer
 ACTIVE = ("running", "done", "failed", "stopped")
+MAX_COMPARED = 200  # finished jobs whose files `list` compares, newest first
 
 
 def target_tip(repo: Repo) -> tuple[str, str] | None:
@@ -104,6 +105,10 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     jobs = [e for e in listed if e.get("state") in ACTIVE and not e.get("landed") and not e.get("readonly")]
     if not jobs or not any(e.get("state") in ACTIVE for e in shown):
         return
+    # Bounded: every running job, and the newest finished ones (`listed` is newest first), so a
+    # repository with thousands of old unlanded jobs does not read every evidence on each `list`.
+    kept = {e["id"] for e in [e for e in jobs if e["state"] != "running"][:MAX_COMPARED]} | {e["id"] for e in shown}
+    jobs = [e for e in jobs if e["state"] == "running" or e["id"] in kept]
     files = _files_of(repo, jobs)
     target = target_tip(repo)
     cache = _read_behind(repo) if target else {}
