@@ -664,10 +664,12 @@ def gate(repo: Repo, item: Item, opts: Options) -> None:
     if item.group is not None:
         item.group = groups.picked(repo, item.group.id)
         item.job = records.read(repo, item.group.pick)
+    item.job = records.read(repo, item.job.id)
+    check(repo, item, opts)  # a job still running is refused at once, not after waiting for its lock
     item.fd = _take(repo, item.job.id)
     try:
         item.job = records.read(repo, item.job.id)
-        check(repo, item, opts)
+        check(repo, item, opts)  # the record as it is now that no reply can start
     except BaseException:
         liveness.release(item.fd)
         item.fd = None
