@@ -398,3 +398,17 @@ def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_ve
     b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "grep -qx hello greeting.txt")
     proc = land(cli, "--verify", f"if test -f a.txt; then {TAMPER}; fi; grep -qx hello greeting.txt", a, b)
     assert f"{a}: failed" in proc.stdout and f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_job_still_running_is_refused_and_the_rest_land(cli, repo, control_dir):
+    gate = control_dir / "gate"
+    running = cli.start(f"while [ ! -f {gate} ]; do sleep 0.05; done; echo r > r.txt")
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    try:
+        proc = land(cli, running, a)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"{running}: refused: {running} is running: it has not finished" in proc.stdout
+        assert f"{a}: landed" in proc.stdout and (repo / "a.txt").exists()
+    finally:
+        gate.touch()
+        cli("wait", running)
