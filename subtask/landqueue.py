@@ -165,8 +165,10 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
         raise SubtaskError("usage", "--reconcile needs a way to reply to jobs (the CLI or the MCP server)")
     target = find_target(repo)
     items = resolve(repo, asked)
-    if target.checkout is not None:
-        landing.check_clean(target.checkout)
+    if target.checkout is not None and (changed := _checkout_state(target.checkout)[1]):
+        raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
+                           f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
+                           hint="commit or stash them yourself, then land again")
     phases.begin()
     with _queue_lock(repo):
         sweep_scratch(repo)
