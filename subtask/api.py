@@ -91,6 +91,7 @@ class WaitResult:
         return not self.timed_out and all(job_passed(j) for j in self.jobs)
 
 
+MAX_RETRIES = 5
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
 
 
@@ -315,6 +316,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     max_usd = _max_usd(repo, engine, request.max_usd)
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
+    retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
@@ -337,13 +339,42 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone)
+                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
     return _Prepared(job, engine.paid, as_written, on)
+
+
+def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
+    """The retries and checks a start asks for, validated (docs/verify.md)."""
+    retries = request.retries
+    if retries is None:
+        retries = 0
+    elif isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise SubtaskError("usage", f"--retries must be a whole number from 0 to {MAX_RETRIES}, not {retries!r}")
+    if retries and not request.verify:
+        raise SubtaskError("usage", "--retries needs --verify: a retry starts when verify fails",
+                           hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
+    if retries and request.readonly:
+        raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
+    if retries and on != "local":
+        raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
+                           hint="git subtask start --on local --retries N ...")
+    given = [request.check] if isinstance(request.check, str) else request.check
+    if not request.verify and not given:
+        return retries, []  # nothing to check: no import of the checks on start's path
+    from subtask import checks
+
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
+    if request.readonly:
+        if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
+            raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
+        return 0, []
+    return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
 
 
 def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
@@ -416,7 +447,7 @@ def request_from_dict(item) -> tuple[str | None, StartRequest]:
 def check_option(option, value) -> None:
     """`value` is of the kind `option` declares (numbers' ranges are checked where they are used)."""
     kind = option.kind
-    if option.names and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if (option.names or option.multiple) and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return
     if kind is bool:
         ok, words = isinstance(value, bool), "true or false"
@@ -1131,8 +1162,10 @@ def _activity_text(event: dict) -> str | None:
     if kind in ("text", "output"):
         text = (event.get("text") or "").strip()
         return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
     if kind == "state":
-        return event.get("state") + (f": {event['command']}" if event.get("command") else "")
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 
@@ -1529,6 +1562,15 @@ def evidence_envelope(job: Job) -> dict:
         "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
                   if attempt.state == "failed" else None),
         "landed_in": job.state.landed_in,
+        # the verify loop (docs/verify.md): each check's verdict, each attempt's, where it was left
+        "checks": attempt.checks,
+        "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
+                  "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
+                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
+                  "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
+        "best": job.state.best,
+        # what the engine's summary claimed and the evidence contradicts (never decided on)
+        "claims": (evidence or {}).get("claims"),
     }
 
 

@@ -111,6 +111,11 @@ def start_options(command):
             command = click.option(*decls, is_flag=True, help=option.help_for("cli"))(command)
             continue
         kind = click.Choice(option.choices) if option.choices else option.kind
+        if option.multiple:  # repeatable; none given is the default (None), not ()
+            command = click.option(*decls, type=kind, multiple=True, metavar=option.metavar,
+                                   callback=lambda ctx, param, value: list(value) or None,
+                                   help=option.help_for("cli"))(command)
+            continue
         command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
                                show_default=option.show_default, help=option.help_for("cli"))(command)
     return command

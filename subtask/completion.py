@@ -64,6 +64,8 @@ VALUES = {
     "--on": ["local", "ray"],
     "--state": ["queued", "running", "done", "failed", "stopped", "active", "ended"],
     "--older-than": ["12h", "7d", "30d"],
+    "--check": ["no-test-deletion", "no-suppression", "paths=", "none"],
+    "--retries": ["0", "1", "2", "3", "4", "5"],
 }
 
 

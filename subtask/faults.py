@@ -8,7 +8,8 @@ exactly that step without depending on timing.
 
 Points: after_admit, after_reserve, after_branch, after_record, before_spawn, recording_worker_pid (start);
 worker_start, before_files_checkout (the worktree registered, its files not yet written), after_checkout, after_engine, after_verify, before_final_record,
-after_final_record (worker); before_worktree_removal, after_removal_recheck (cleanup, cleanup
+after_final_record (worker); after_retry_reserved (a verify loop's retry: its slot entry renamed,
+its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck (cleanup, cleanup
 --merged, the sweep, gc: before each job's re-check under its run-lock, and after it with the lock held);
 before_group_decide (whoever settles a best-of group, once it saw every member ended);
 wait_found_busy (wait, when an ended job it waits on is still held by its worker or a reply).

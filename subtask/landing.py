@@ -716,6 +716,8 @@ def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
     rerun = reverify.run(repo, job, head)
     if not rerun.result.passed:
         how = "timed out" if rerun.result.timed_out else f"exit {rerun.result.exit_code}"
+        if rerun.result.checks_failed:
+            how += f"; check {', '.join(rerun.result.checks_failed)} failed"
         tail = rerun.result.output_tail.strip().splitlines()[-5:]
         raise SubtaskError("negative", f"{job.id}: verify failed when re-run here on {head[:7]} "
                            f"({rerun.result.command} -> {how}): not merging it"

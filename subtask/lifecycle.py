@@ -272,7 +272,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
     try:
-        records.read(target, job_id)
+        recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
         # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
         # Nothing more can be written to it, so it is settled as far as it can be: the slot goes.
@@ -285,6 +285,8 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         privatetext.discard(target.state_dir, job_id, attempt_n)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
+    if recorded.state.attempts and recorded.state.current.n < attempt_n:
+        job_id, attempt_n, rid = _retry_never_recorded(target, recorded, attempt_n)
     if stop_marker(target.state_dir, job_id).exists():
         # `stop` killed it (or it died while being stopped): that is the end the user asked for.
         job = end_attempt(target, job_id, attempt_n, "stopped", reason="stopped by request")
@@ -299,6 +301,17 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
             charged = attempt.cost.charged if attempt.terminal else None
             ledger.close(target.state_dir, attempt.rid, charged, reason=WORKER_DIED)
     return job is not None
+
+
+def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> tuple[str, int, str]:
+    """A slot entry of an attempt the record does not hold: a verify loop's retry (subtask/
+    retries.py) whose worker died after it renamed its slot entry and reserved the retry's money,
+    before the record took it. Nothing of the retry ran: its money and words go, and what is
+    settled is the attempt the record holds (the one the dead worker was ending)."""
+    ledger.close(repo.state_dir, f"{job.id}.{attempt_n}", 0.0, reason="retry did not start")
+    privatetext.discard(repo.state_dir, job.id, attempt_n)
+    current = job.state.current.n
+    return job.id, current, f"{job.id}.{current}"
 
 
 def missing_after_end(repo: Repo, job: Job) -> list[str]:

@@ -210,7 +210,7 @@ def _start_signature() -> inspect.Signature:
     params = []
     for option in start_options.OPTIONS:
         kind: Any = Literal[option.choices] if option.choices else kinds[option.kind]
-        if option.names:
+        if option.names or option.multiple:
             kind = kind | list[kind]
         if option.argument:
             params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,

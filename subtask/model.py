@@ -121,7 +121,19 @@ class JobSpec(_Record):
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
+    # The verify loop (docs/verify.md): how many more attempts the worker starts when verify fails
+    # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
+    retries: int = 0
+    checks: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "retries":
+            return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
+        if key == "checks":
+            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+        return value
 
 
 @dataclass
@@ -134,6 +146,10 @@ class VerifyResult(_Record):
     passed: bool
     timed_out: bool = False
     output_tail: str = ""
+    # The checks on the diff that failed (subtask/checks.py): they fail verify whatever it exited.
+    checks_failed: list[str] | None = None
+    # Passed and failed tests as the runner's summary in the output says (`claims.test_counts`).
+    tests: dict[str, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -182,12 +198,22 @@ class Attempt(_Record):
     # not a state): {"since": last event's time, "after": seconds, "action": mark|stop}; cleared
     # when the engine speaks again; kept when the attempt ended stalled.
     stalled: dict[str, Any] | None = None
+    # The verify loop: which retry this attempt is (1..spec.retries; None: a person started it),
+    # each check's result on its diff ({"check", "passed", "found"}), and, for a failed attempt
+    # the worker did not retry, why not ("no retries left", "it changed nothing", a refusal).
+    retry: int | None = None
+    checks: list[dict[str, Any]] | None = None
+    not_retried: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
         if key in ("totals", "stalled") and not isinstance(value, dict):
             return None  # damaged or foreign: read as absent
+        if key == "checks":
+            return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else None
+        if key == "retry":
+            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
         if key == "cost":
             return Cost.from_dict(value)
         if key == "verify" and value is not None:
@@ -245,6 +271,9 @@ class JobState(_Record):
     landed_in: str | None = None
     branch_deleted: bool = False
     group_place: dict[str, Any] | None = None  # a group member's rank, the pick, superseded (groups.py)
+    # When a verify loop ended with every attempt failed: the attempt whose head the branch was
+    # left at, and why ({"attempt", "head", "why", "moved_from"}; subtask/retries.py).
+    best: dict[str, Any] | None = None
     landings: list[Landing] = field(default_factory=list)  # `land`'s verifies on integrated commits, latest last
     # The commit `land --reconcile` moved its branch onto (its work is counted from there, not
     # from `spec.base`: the branch then holds the target's commits too).
@@ -257,6 +286,8 @@ class JobState(_Record):
             return [Attempt.from_dict(a) for a in value or []]
         if key == "landings":  # a teammate's claim: anything but a list of objects reads as none
             return [Landing.from_dict(x) for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+        if key == "best" and not isinstance(value, dict):
+            return None
         return value
 
     @property
@@ -266,6 +297,13 @@ class JobState(_Record):
     @property
     def state(self) -> str:
         return self.current.state if self.attempts else "queued"
+
+    @property
+    def kept(self) -> Attempt:
+        """The attempt whose work the job's branch holds: the one a failed verify loop moved it
+        back to (`best`), else the current one."""
+        best = self.best.get("attempt") if isinstance(self.best, dict) and self.best.get("moved_from") else None
+        return next((a for a in self.attempts if a.n == best), self.current)
 
 
 @dataclass
@@ -294,6 +332,8 @@ class Evidence(_Record):
     error: dict[str, Any] | None = None
     isolation: dict[str, Any] | None = None  # {mode, enforced_by, writable, missing, refused}
     main_worktree: dict[str, Any] | None = None  # {changed, paths}: `git status` before vs after the run
+    # What the engine's summary claimed and the evidence contradicts ({"claim", "against"}; claims.py)
+    claims: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
@@ -310,6 +350,8 @@ class Evidence(_Record):
             return {k: v for k, v in value.items() if isinstance(v, int)} if isinstance(value, dict) else {}
         if key in ("commands", "cost") and not isinstance(value, dict):
             return {}
+        if key == "claims":
+            return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else None
         return value
 
 

@@ -42,7 +42,8 @@ def owned_ref(key: str) -> str:
 
 
 def aside_ref(remote: str, key: str, which: str) -> str:
-    """Where a teammate's commits on one of our refs are kept: `which` is record, base or head."""
+    """Where a teammate's commits on one of our refs are kept: `which` is record, base, head or
+    attempts/<n> (a verify loop's attempt pin)."""
     return f"{THEIRS_PREFIX}{remote}/{key}/{which}"
 
 

@@ -80,6 +80,19 @@ def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
     return target
 
 
+def verify_output_path(state_dir: Path, job_id: str, attempt: int) -> Path:
+    """A retry's file of what verify said about the attempt before it (`SUBTASK_VERIFY_OUTPUT`,
+    docs/verify.md): the same kind of file, with the same life, as the task file."""
+    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.verify.txt"
+
+
+def keep_verify_output(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
+    target = verify_output_path(state_dir, job_id, attempt)
+    write_atomic(target, text.encode("utf-8", "replace"), durable=False)
+    return target
+
+
 def discard(state_dir: Path, job_id: str, attempt: int) -> None:
     path(state_dir, job_id, attempt).unlink(missing_ok=True)
     task_file_path(state_dir, job_id, attempt).unlink(missing_ok=True)
+    verify_output_path(state_dir, job_id, attempt).unlink(missing_ok=True)

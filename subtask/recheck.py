@@ -127,7 +127,7 @@ def _totals(t: dict) -> str:
 
 
 def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
-    verify = job.state.current.verify
+    verify = job.state.kept.verify
     if verify is None:
         return
     tree = str(repo.git[head].tree_id)
@@ -149,8 +149,10 @@ def _run(repo: Repo, job: Job, head: str, add) -> None:
         return
     rerun = reverify.run(repo, job, head)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
-                                                 f"failed (exit {rerun.result.exit_code})")
-    claim = job.state.current.verify
+                                                 f"failed (exit {rerun.result.exit_code}"
+                                                 + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())
+                                                 + ")")
+    claim = job.state.kept.verify
     detail = f"{rerun.result.command} {here} here on {head[:7]}" + ("" if rerun.confined else " (unconfined)")
     if claim is None:
         add(Finding("verify --run", None, detail + "; the record holds no result to compare"))

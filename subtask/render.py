@@ -142,7 +142,8 @@ def stalled_hint(job) -> str:
 
 def ended_lines(job, position: int | None = None) -> str:
     """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
-    return "\n".join([one_line(job, position), *verify_tail(job.state.current.verify)])
+    best = best_line(job)  # a verify loop that never passed: where it left the branch
+    return "\n".join([one_line(job, position), *([f"  {best}"] if best else []), *verify_tail(job.state.current.verify)])
 
 
 def started_line(job, position: int) -> str:
@@ -243,9 +244,76 @@ def verify_line(verify) -> str:
     if verify is None:
         return "not run"
     if verify.timed_out:
-        return safe_line(f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) "
-                         f"at {short(verify.head)}")
-    return safe_line(f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}")
+        text = f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) at {short(verify.head)}"
+    else:
+        text = f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}"
+    if verify.checks_failed:
+        text += " · check " + ", ".join(verify.checks_failed) + " failed"
+    return safe_line(text)
+
+
+def verify_brief(verify) -> str:
+    """`verify failed (exit 1; 2 passed, 3 failed)`, `verify failed (check no-suppression)`."""
+    if verify is None:
+        return "no verify"
+    why = []
+    if verify.checks_failed:
+        why.append("check " + ", ".join(verify.checks_failed))
+    elif not verify.passed:
+        why.append("timed out" if verify.timed_out else f"exit {verify.exit_code}")
+    tests = verify.tests if isinstance(verify.tests, dict) else None
+    if tests:
+        why.append(f"{tests.get('passed', 0)} passed, {tests.get('failed', 0)} failed")
+    return verify_word(verify) + (f" ({'; '.join(why)})" if why else "")
+
+
+def attempt_brief(attempt) -> str:
+    """One attempt in one line: `2: retry 1 · done · verify passed · $0.42 · 1a2b3c4`."""
+    state = attempt.state
+    if state == "failed" and attempt.error_kind and attempt.error_kind != "check":
+        state += f" ({attempt.error_kind})"
+    parts = [f"{attempt.n}: " + (f"retry {attempt.retry} · " if attempt.retry else "") + state]
+    if attempt.terminal:
+        parts.append(verify_brief(attempt.verify))
+        parts.append(money(attempt_cost(attempt)))
+    if attempt.head:
+        parts.append(short(attempt.head))
+    if attempt.not_retried:
+        parts.append(f"not retried: {attempt.not_retried}")
+    return safe_line(" · ".join(parts))
+
+
+def best_line(job) -> str | None:
+    """`left at attempt 2: most tests passed (4 passed, 1 failed)` when a loop's attempts all failed."""
+    best = job.state.best if isinstance(job.state.best, dict) else None
+    if not best:
+        return None
+    moved = f" (the branch moved back from {short(best.get('moved_from'))})" if best.get("moved_from") else ""
+    return safe_line(f"left at attempt {best.get('attempt')}: {best.get('why')}{moved}")
+
+
+def claims_line(evidence) -> str | None:
+    """`"all tests pass" — verify failed`: what the engine claimed and the record contradicts."""
+    found = getattr(evidence, "claims", None) if evidence is not None else None
+    if not found:
+        return None  # (no import: a reading command need not compile the claims' patterns)
+    from subtask.claims import line
+
+    return line(found)
+
+
+def checks_text(found) -> str:
+    """Each check's verdict: `no-test-deletion passed, no-suppression failed: src/a.py:3 adds # noqa`."""
+    parts = []
+    for r in found or ():
+        if not isinstance(r, dict):
+            continue
+        text = f"{r.get('check')} {'passed' if r.get('passed') else 'failed'}"
+        items = [str(f) for f in r.get("found") or []]
+        if items and not r.get("passed"):
+            text += ": " + "; ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
+        parts.append(text)
+    return safe_line(", ".join(parts))
 
 
 VERIFY_TAIL_LINES = 5
@@ -319,7 +387,9 @@ def note_block(job, provenance=None) -> str:
         head += f" ({attempt.outcome})"
     head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
-    if attempt.n > 1:
+    if attempt.retry:  # the verify loop's: its message is the task again, or what verify said
+        lines.append(f"attempt: {attempt.n} (retry {attempt.retry} of {job.spec.retries}, while verify failed)")
+    elif attempt.n > 1:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
     lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
@@ -335,6 +405,10 @@ def note_block(job, provenance=None) -> str:
         lines.append(f"sandbox: {confinement}")
     if attempt.state == "failed" and (attempt.reason or attempt.error_kind):
         lines.append(safe_line(f"error:   {reason_text(attempt)}".rstrip(": ")))
+    lines.extend(_loop_lines(job, "attempts:", "  ", "left:    "))
+    said = claims_line(job.evidence)
+    if said:
+        lines.append(safe_line(f"claims:  {said}"))
     summary = summary_lines(job.summary)
     if summary:
         first, *rest = summary.splitlines()
@@ -369,6 +443,17 @@ def landing_line(entry) -> str:
     return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))
 
 
+def _loop_lines(job, title: str, indent: str, best_label: str) -> list[str]:
+    """A job with more than one attempt: each in one line; where its loop left the branch."""
+    if len(job.state.attempts) < 2:
+        return []
+    lines = [title, *(indent + attempt_brief(a) for a in job.state.attempts)]
+    best = best_line(job)
+    if best:
+        lines.append(best_label + best)
+    return lines
+
+
 def group_place_line(place: dict) -> str:
     """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`."""
     if place.get("pick"):
@@ -401,6 +486,14 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
         lines.extend(verify_tail(attempt.verify))
+    if len(job.state.attempts) > 1:
+        lines.append("attempts: " + " | ".join(attempt_brief(a) for a in job.state.attempts))
+    best = best_line(job)
+    if best:
+        lines.append(best)
+    said = claims_line(job.evidence)
+    if said:
+        lines.append(safe_line(f"claims: {said}"))
     if job.evidence is not None:
         lines.append(f"changes: {changes_line(job.evidence)}")
         refused = (job.evidence.isolation or {}).get("refused") or []
@@ -473,13 +566,23 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
         lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:
         lines.append(f"landed:    in {short(job.state.landed_in)}")
+    if spec.checks:
+        lines.append(safe_line(f"checks:    {', '.join(spec.checks)}"))
+    if spec.retries:
+        lines.append(f"retries:   {spec.retries} (while verify fails)")
     for attempt in job.state.attempts:
         elapsed = (attempt.ended_at - attempt.started_at) if attempt.started_at and attempt.ended_at else None
-        text = f"attempt {attempt.n}: {attempt.state}"
+        text = f"attempt {attempt.n}" + (f" (retry {attempt.retry})" if attempt.retry else "") + f": {attempt.state}"
         if attempt.outcome:
             text += f" ({attempt.outcome})"
+        if attempt.terminal:
+            text += f" · {verify_brief(attempt.verify)}"
         text += f" · {duration(elapsed)} · {cost_line(attempt)}"
-        lines.append(text)
+        lines.append(safe_line(text))
+        if attempt.checks:
+            lines.append(f"  checks:  {checks_text(attempt.checks)}")
+        if attempt.not_retried:
+            lines.append(safe_line(f"  not retried: {attempt.not_retried}"))
         if attempt.stalled:
             lines.append(safe_line(f"  {stalled_text(attempt)}"))
         if attempt.n > 1:
@@ -495,7 +598,13 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
             lines.append(f"  tokens:  {tokens_text(attempt.tokens)}")
         if attempt.session_id:
             lines.append(safe_line(f"  session: {attempt.session_id}"))
+    best = best_line(job)
+    if best:
+        lines.append(best)
     evidence = job.evidence
+    said = claims_line(evidence)
+    if said:
+        lines.append(safe_line(f"claims:    {said}"))
     if evidence is not None:
         lines.append(f"changes:   {changes_line(evidence)}")
         for commit in evidence.commits[:20]:

@@ -16,6 +16,9 @@ Invariants:
 - Never confine from a process with other threads (the MCP server), because the ruleset applies
   to every child started while it is active; such a caller runs it unconfined and the result
   says so (`confined` False).
+- Never pass a re-run on the command's exit alone: the checks the job recorded (`spec.checks`,
+  subtask/checks.py) run on base..commit here too, because a record that claims a pass is what
+  a job that deleted its failing test would also have.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask import isolation, procs
+from subtask import checks, isolation, procs
 from subtask.errors import SubtaskError
 from subtask.gitrepo import Repo, ensure_excluded, git
 from subtask.model import VerifyResult
@@ -47,6 +50,7 @@ class Rerun:
     def line(self, job_id: str) -> str:
         r = self.result
         how = "timed out" if r.timed_out else f"exit {r.exit_code}"
+        how += "".join(f"; check {c} failed" for c in r.checks_failed or ())
         where = "" if self.confined else " (unconfined)"
         return f"{job_id}: re-ran verify here on {r.head[:7]}{where}: {r.command} -> {how} in {r.seconds:.1f}s"
 
@@ -58,7 +62,8 @@ def run(repo: Repo, job, head: str) -> Rerun:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
     with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
-        return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network)
+        return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network,
+                      change=(job.spec.base, head, job.spec.checks))
 
 
 @contextmanager
@@ -93,19 +98,21 @@ def _tmpdir_of(path: Path) -> Path:
 
 
 def run_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
-           network: str) -> Rerun:
+           network: str, change: tuple[str, str, list[str] | None] | None = None) -> Rerun:
     """`sh -c command` in the scratch worktree `path` (holding `head`), confined where this process
-    can confine (`isolation.outside_sandbox`), with a private temp dir beside it."""
-    return start_in(repo, path, command, head, tree=tree, timeout=timeout, network=network).wait()
+    can confine (`isolation.outside_sandbox`), with a private temp dir beside it; `change`: the
+    job's checks to run on its diff (base, head, checks), which fail it whatever it exited."""
+    return start_in(repo, path, command, head, tree=tree, timeout=timeout, network=network, change=change).wait()
 
 
 class Pending:
     """A verify `start_in` started: `wait()` for its `Rerun`, `abort()` to end it; one of the two,
     always (its sandbox and temp dir go with it)."""
 
-    def __init__(self, command: str, head: str, tree: str, tmpdir: Path, sandbox, running: procs.Running):
-        self.command, self.head, self.tree, self.tmpdir = command, head, tree, tmpdir
-        self.sandbox, self.running = sandbox, running
+    def __init__(self, repo: Repo, command: str, head: str, tree: str, tmpdir: Path, sandbox, running: procs.Running,
+                 change: tuple[str, str, list[str] | None] | None):
+        self.repo, self.command, self.head, self.tree, self.tmpdir = repo, command, head, tree, tmpdir
+        self.sandbox, self.running, self.change = sandbox, running, change
 
     def wait(self) -> Rerun:
         confined = self.sandbox is not None
@@ -114,10 +121,12 @@ class Pending:
         finally:
             self._close()
         output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+        failed = checks.failed(checks.run(self.repo, *self.change)) if self.change else []
         return Rerun(VerifyResult(command=self.command, exit_code=result.exit_code, seconds=round(result.seconds, 3),
-                                  head=self.head, tree=self.tree, passed=result.exit_code == 0 and not result.timed_out,
-                                  timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:]),
-                     confined)
+                                  head=self.head, tree=self.tree,
+                                  passed=result.exit_code == 0 and not result.timed_out and not failed,
+                                  timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:],
+                                  checks_failed=failed or None), confined)
 
     def abort(self) -> None:
         try:
@@ -133,7 +142,7 @@ class Pending:
 
 
 def start_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
-             network: str) -> Pending:
+             network: str, change: tuple[str, str, list[str] | None] | None = None) -> Pending:
     """`run_in`, returning once the command is started (`Pending`): the caller may do other work
     while it runs, in this thread only (a sandbox is built only while this process has one)."""
     tmpdir = _tmpdir_of(path)
@@ -152,7 +161,7 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, time
             sandbox.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise
-    return Pending(command, head, tree, tmpdir, sandbox, running)
+    return Pending(repo, command, head, tree, tmpdir, sandbox, running, change)
 
 
 def _tree_of(repo: Repo, head: str) -> str:

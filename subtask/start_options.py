@@ -34,6 +34,7 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     names: bool = False  # with best_of: a list (or comma-separated names), cycled over the attempts
+    multiple: bool = False  # repeatable on the CLI, a list (or one string) over MCP
     argument: bool = False  # the CLI takes it as its positional argument
     show_default: bool = False
 
@@ -75,6 +76,14 @@ class StartRequest:
     on: str | None = _option(str, "local or ray: where the job runs (default: git config subtask.executor, else "
                              "local; ray: a node of the cluster at subtask.ray.address, results back through "
                              "subtask.remote)", metavar="EXECUTOR")
+    retries: int | None = _option(int, "while {verify} fails, the worker starts up to N more attempts (0-5) of the "
+                                  "job in its worktree, each told what verify said; each reserves money as a "
+                                  "reply does", metavar="N")
+    check: list[str] | None = _option(str, "a check on the diff from the base, run before {verify} (repeatable): "
+                                      "no-test-deletion, no-suppression, paths=GLOB; added to git config "
+                                      "subtask.checks (default no-test-deletion,no-suppression when there is a "
+                                      "verify); none drops the checks named before it", metavar="CHECK",
+                                      multiple=True)
     best_of: int | None = _option(int, "start a group of N attempts (2-8) at the task and pick the best by "
                                   "{verify}; answers the group id (sg-...)", metavar="N")
     pick: str | None = _option(str, "with {best_of}: how passing attempts rank (default smallest: fewest changed "
@@ -108,7 +117,7 @@ def item_schema() -> dict[str, Any]:
                 bool: {"type": "boolean"}}[o.kind]
         if o.choices:
             base = {**base, "enum": list(o.choices)}
-        if o.names:
+        if o.names or o.multiple:
             base = {"anyOf": [base, {"type": "array", "items": base}]}
         props[o.name] = {**base, "description": o.help_for("mcp")}
     props["repo"] = {"type": "string", "description": "absolute path to a git work tree (default: the server's)"}

@@ -331,10 +331,13 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
 
 
 def _owner_key(ref: str) -> tuple[str | None, str]:
-    """(job or group id, record|base|head) of a ref under refs/subtask/; (None, "") for another shape."""
+    """(job or group id, record|base|head|attempts/<n>) of a ref under refs/subtask/; (None, "")
+    for another shape. A verify loop's attempt pins are the job's as its other pins are."""
     parts = ref[len(records.PREFIX):].split("/")
     if len(parts) == 2 and parts[1] in ("record", "base", "head"):
         return parts[0], parts[1]
+    if len(parts) == 3 and parts[1] == "attempts" and parts[2].isdigit():
+        return parts[0], f"attempts/{parts[2]}"
     if len(parts) == 3 and parts[0] == "groups" and parts[2] == "record":
         return parts[1], "record"
     return None, ""

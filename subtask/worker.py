@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import json
 import math
 import os
@@ -40,6 +41,8 @@ import traceback
 from pathlib import Path
 
 from subtask import (
+    checks,
+    claims,
     faults,
     groups,
     isolation,
@@ -53,6 +56,7 @@ from subtask import (
     privatetext,
     records,
     render,
+    retries,
     slots,
     spawn,
     worktrees,
@@ -373,13 +377,15 @@ def mark_engine_started(repo: Repo, job_id: str, attempt_n: int, taken_at: float
     return _update_attempt(repo, job_id, attempt_n, apply)
 
 
-def engine_env(job: Job) -> dict[str, str]:
+def engine_env(job: Job, state_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SUBTASK_LOCK_FD"}
     env[DEPTH_ENV] = str(job.spec.depth + 1)
     env["SUBTASK_JOB_ID"] = job.id
     env["SUBTASK_WORKER_PID"] = str(os.getpid())  # a pid namespace hides it: $PPID is 0 there
     if job.spec.group:  # a best-of-N member: its task may tell the attempts apart
         env["SUBTASK_GROUP_ID"], env["SUBTASK_GROUP_MEMBER"] = job.spec.group, str(job.spec.member or 0)
+    if state_dir is not None and job.state.current.retry:  # the verify loop: which retry, what verify said
+        env.update(retries.env_for(state_dir, job))
     return env
 
 
@@ -408,7 +414,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
-        git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job), emit=sink,
+        git_common_dir=repo.common_dir, env=env if env is not None else engine_env(job, repo.state_dir), emit=sink,
         session_id=session, baseline=baseline, model=job.spec.model,
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
@@ -541,7 +547,7 @@ class Confinement:
         self.refused: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id) if job.spec.isolation != "none" else None
         engine = get_engine(job.spec.engine, repo.config)
-        self.env = engine_env(job)
+        self.env = engine_env(job, repo.state_dir)
         if self.tmpdir:
             self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
@@ -722,9 +728,78 @@ def _looks_like_test(command: str) -> bool:
     return any(w in command for w in words)
 
 
+# ---------------------------------------------------------------- checks, claims (docs/verify.md)
+
+def _seen_by(watch: claims.Watch, sink):
+    """The engine's sink: each event is seen by `watch` (the order of edits and test runs), then goes on."""
+    def see(event: dict) -> None:
+        watch.see(event)
+        sink(event)
+
+    return see
+
+
+def run_checks(repo: Repo, job: Job, head: str, sink) -> list[dict] | None:
+    """The job's checks on base..head, read from git objects (never git in its worktree); None
+    for a job with none."""
+    if not job.spec.checks or job.spec.readonly:
+        return None
+    sink({"type": "state", "state": "checking", "checks": job.spec.checks})
+    return checks.run(repo, job.spec.base, head, job.spec.checks)
+
+
+def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome) -> Outcome:
+    """A failed check fails verify, whatever it exited, and the attempt (kind `check`); verify's
+    test counts are read from its output."""
+    failed = checks.failed(found)
+    if verify is not None:
+        counts = claims.test_counts(verify.output_tail)
+        verify.tests = {"passed": counts.passed, "failed": counts.failed} if counts else None
+        if failed:
+            verify.checks_failed, verify.passed = failed, False
+    if failed and outcome.ok:
+        outcome.ok, outcome.error_kind, outcome.error = False, "check", redact(checks.failure_text(found))
+    return outcome
+
+
+def _record_checks(job: Job, found: list[dict] | None) -> None:
+    if found is not None:
+        job.state.current.checks = found
+
+
+def claims_of(evidence: Evidence, verify: VerifyResult | None, found: list[dict] | None,
+              watch: claims.Watch) -> list[dict] | None:
+    """What the engine's summary claims and the evidence contradicts (shown, never decided on)."""
+    paths = [f["path"] for f in evidence.files] + [f["old_path"] for f in evidence.files if f.get("old_path")]
+    said = claims.contradictions(evidence.summary, verify=verify, checks_failed=checks.failed(found), files=paths,
+                                 files_complete=not evidence.files_omitted, watch=watch.to_dict())
+    return said or None
+
+
+def charge_of(job: Job, outcome: Outcome) -> float | None:
+    """What the current attempt is about to be charged (`finish` settles it the same way)."""
+    attempt = copy.deepcopy(job.state.current)
+    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
+                credit=resume_point(job)[2] if outcome.since_baseline else 0.0,
+                never_billed=attempt.stalled is not None and outcome.billed is False)
+    return attempt.cost.charged
+
+
+def evidence_at_best(repo: Repo, job: Job, plan: retries.Plan, outcome: Outcome, state: str,
+                     last: Evidence) -> Evidence:
+    """The evidence of the head the loop left the branch at: its diff and its verify; what the
+    engine said and how it was confined stay the last attempt's."""
+    evidence = build_evidence(repo, job, plan.head, outcome, None, plan.best_verify, state)
+    evidence.attempt = plan.best["attempt"] if plan.best else evidence.attempt
+    evidence.isolation, evidence.main_worktree, evidence.claims = last.isolation, last.main_worktree, last.claims
+    return evidence
+
+
 def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome, evidence: Evidence | None,
-           verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None) -> Job:
-    """Write the final record once: state, cost, evidence, summary, events tail."""
+           verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None,
+           then=None) -> Job:
+    """Write the final record once: state, cost, evidence, summary, events tail; `then(job)`
+    adds to that same write (the verify loop's next attempt: `retries.Plan.apply`)."""
     def change(job: Job) -> bool:
         attempt = job.state.current
         if attempt.n != attempt_n or attempt.terminal:
@@ -748,6 +823,8 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
             job.evidence = evidence
         job.summary = redact(outcome.summary or "")
         job.events_tail = "\n".join(sink.tail) + ("\n" if sink.tail else "")
+        if then is not None:
+            then(job)
         return True
 
     return records.update(repo, job_id, change, lock_wait=owner_lock_wait(repo))
@@ -914,12 +991,15 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
               "writable": [g.path for g in confinement.policy.grants]})
+    started_from = current_head(repo, job)  # an attempt that leaves it here changed nothing
+    watch = claims.Watch()  # the order of the engine's edits and test runs, for its claims
     stopped = False
     stall = StallWatch(repo, job_id, attempt_n, sink, after=repo.config.number("stallAfter"),
                        action=stall_action(repo), grace=repo.config.number("stopGrace"))
     try:
         with isolation.confined(confinement.sandbox), stall:
-            outcome = run_engine(repo, job, worktree, stall.emitter(confinement.watch), confinement.env)
+            outcome = run_engine(repo, job, worktree, stall.emitter(_seen_by(watch, confinement.watch)),
+                                 confinement.env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -932,6 +1012,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more
+    admin = None
     try:
         admin = checked_metadata(repo, job, worktree)
         auto = autocommit(repo, job, worktree, admin)
@@ -939,8 +1020,9 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         outcome, auto = metadata_changed(exc), None
     head = current_head(repo, job)
     phases.mark("autocommit")
-    verify = None
+    verify = found = None
     if not stopped and outcome.ok:
+        found = run_checks(repo, job, head, sink)
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
@@ -957,25 +1039,42 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
             stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")
+    outcome = judge(verify, found, outcome)
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
+    evidence.claims = claims_of(evidence, verify, found, watch)
+    plan = retries.after_attempt(repo, job, retries.Facts(state, verify, head, started_from, charge_of(job, outcome),
+                                                          found, outcome.session_id), admin, worktree)
+    if plan.head != head:  # every attempt of the loop failed: the branch is left at the best one
+        evidence = evidence_at_best(repo, job, plan, outcome, state, evidence)
     phases.mark("evidence")
     faults.point("before_final_record")
-    if head != job.spec.base:
+    retries.pin_attempt(repo, job, head)
+    if plan.head != job.spec.base:
         # Before the terminal record, never after: a worker killed in between must not leave a
         # finished job whose commits nothing keeps alive once its branch is squashed away.
-        records.set_pin(repo, job_id, "head", head)
+        records.set_pin(repo, job_id, "head", plan.head)
     phases.mark("pins")
-    job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
-                 stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None)
+    try:
+        job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
+                     stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None,
+                     then=lambda ended: (_record_checks(ended, found), plan.apply(ended)))
+    except BaseException:
+        plan.undo()  # no record of the next attempt: its slot entry and money go back
+        raise
+    retrying = plan.settle(job)
     privatetext.discard(state_dir, job_id, attempt_n)
     phases.mark("record")
     faults.point("after_final_record")
-    attempt = job.state.current
+    attempt = job.state.attempts[attempt_n - 1]
     if attempt.rid:
         ledger.close(state_dir, attempt.rid, attempt.cost.charged, reason=state)
     phases.mark("ledger")
+    if retrying:  # the job goes on: its note is written when its loop ends
+        sink({"type": "state", "state": "retrying", "attempt": attempt_n + 1,
+              "why": checks.failure_text(found) or "verify failed"})
+        return
     notes.ensure_notes_config(repo)  # first use sets notes.subtask.mergeStrategy (never rewriteRef)
     notes.write_for_job(repo, job)
     phases.mark("note")
@@ -1048,7 +1147,24 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
         # Release its reservation and drop its branch; the caller frees the slot.
         lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
         return 1, None
-    attempt_n = job.state.current.n
+    while True:
+        attempt_n = _run_one(repo, job)
+        try:  # read once for the log and for the caller (a group member's settling)
+            ended = records.read(repo, job_id)
+        except SubtaskError:
+            return attempt_n, None
+        log_end(ended, attempt_n)
+        if not retries.retry_to_run(ended, attempt_n):
+            return attempt_n, ended
+        # The verify loop appended a retry: this worker runs it, in the slot it renamed to it.
+        job = ended
+        lifecycle.reset_pids(repo.state_dir, job_id, worker=os.getpid())
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _run_one(repo: Repo, job: Job) -> int:
+    """Run the job's current attempt, ending it whatever happens; its number."""
+    job_id, attempt_n = job.id, job.state.current.n
     try:
         run_attempt(repo, job)
     except StopRequested:
@@ -1062,12 +1178,7 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
         else:
             lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=f"worker error: {exc}",
                                   error_kind="engine", hint=ERROR_HINTS["engine"])
-    try:  # read once for the log and for the caller (a group member's settling)
-        ended = records.read(repo, job_id)
-    except SubtaskError:
-        return attempt_n, None
-    log_end(ended, attempt_n)
-    return attempt_n, ended
+    return attempt_n
 
 
 LOG_TAIL_LINES = 10
@@ -1076,8 +1187,9 @@ LOG_TAIL_LINES = 10
 def log_end(job: Job, attempt_n: int) -> None:
     """Say in the worker log (our stderr) how the attempt ended, and why when it did not pass:
     the hints send people to that log. Only recorded (redacted) text is written."""
-    job_id, attempt = job.id, job.state.current
-    if attempt.n != attempt_n:
+    job_id = job.id
+    attempt = next((a for a in job.state.attempts if a.n == attempt_n), None)  # a retry may follow it
+    if attempt is None:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     lines = [f"{stamp} {job_id} attempt {attempt_n} {attempt.state}"

@@ -430,3 +430,60 @@ def test_every_face_shows_the_jobs_total_over_its_attempts(cli, repo):
     _money_agrees(cli, repo, job, 0.84)
     note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
     assert "cost:    $0.42 observed · job $0.84 over 2 attempts" in note
+
+
+def _user_text(body: dict) -> str:
+    """Every text a request's user messages carry (the prompt, tool results)."""
+    texts = []
+    for message in body.get("messages", []):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        for block in content if isinstance(content, list) else [{"type": "text", "text": content}]:
+            if isinstance(block, dict) and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+    return "\n".join(texts)
+
+
+@pytest.mark.slow
+def test_real_claude_code_cli_is_told_what_verify_said_in_its_resumed_session(cli, repo, tmp_path, monkeypatch):
+    """`--retries`: the verify loop resumes the real Claude Code session with verify's command,
+    exit and output; the agent fixes it, and the job ends done after two attempts, each charged
+    its own calls."""
+    if _bundled_cli() is None:
+        pytest.skip("this claude-agent-sdk wheel bundles no CLI")
+
+    def bash(command):
+        return tool_turn("Bash", {"command": command, "description": "run"})
+
+    told = []
+
+    def fix_turn(body):  # the first call of the retry: what was it told?
+        told.append(_user_text(body))
+        return bash("echo fixed > fixed.txt && git add fixed.txt && git commit -qm fixed")
+
+    turns = [
+        bash("echo one > one.txt && git add one.txt && git commit -qm one"),
+        text_turn("Wrote one.txt. All tests pass.\nSTATUS: done"),
+        fix_turn,
+        text_turn("Added fixed.txt.\nSTATUS: done"),
+    ]
+    verify = 'echo "checking fixed.txt"; test -f fixed.txt'
+    with FakeMessagesAPI(turns, usage=(10_000, 1_000)) as api:
+        env = offline_env(tmp_path, api.url)
+        env.pop("SUBTASK_CLAUDE_CLI", None)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        job = cli.ok("start", "--engine", "claude", "--max-usd", "2", "--timeout", "120", "--verify", verify,
+                     "--retries", "2", "write one.txt and commit it", env=env).split()[0]
+        assert cli("wait", job, env=env, timeout=240).returncode == 0, cli.ok("show", job)
+    assert len(told) == 1
+    assert f"verify: {verify} -> exit 1 on " in told[0] and "checking fixed.txt" in told[0]
+    assert "retry 1 of 2" in told[0]
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [(a["state"], a["verify"]["passed"], a["retry"]) for a in attempts] == [("done", False, None),
+                                                                                  ("done", True, 1)]
+    assert attempts[0]["session_id"] == attempts[1]["session_id"]  # resumed, not started anew
+    assert attempts[1]["message"].startswith("git-subtask ran the verify command on your work and it failed")
+    per_call = attempts[0]["cost"]["charged"] / 2
+    assert attempts[1]["cost"]["charged"] == pytest.approx(2 * per_call)  # its own two calls, not the session's four
+    _money_agrees(cli, repo, job, attempts[0]["cost"]["charged"] + attempts[1]["cost"]["charged"])

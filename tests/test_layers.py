@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                "subtask.mcp_server", "subtask.mcp_tools", "subtask.mcp_versions", "subtask.replies"}),
     ("reports", {"subtask.doctor"}),
     ("api", {"subtask.api"}),
-    ("worker", {"subtask.worker", "subtask.zygote"}),
+    ("worker", {"subtask.worker", "subtask.zygote", "subtask.retries"}),
     ("operations", {"subtask.landing", "subtask.sync", "subtask.books", "subtask.hooks", "subtask.lifecycle",
                     "subtask.stall", "subtask.reverify", "subtask.recheck", "subtask.integrate", "subtask.landqueue",
                     "subtask.reconcile", "subtask.overlap",
@@ -36,10 +36,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("storage", {"subtask.records", "subtask.notes", "subtask.notes_store", "subtask.slots", "subtask.ledger",
                  "subtask.liveness", "subtask.statefiles", "subtask.jobenv", "subtask.privatetext",
                  "subtask.worktrees", "subtask.gitrepo", "subtask.gitobjects", "subtask.packing", "subtask.render",
-                 "subtask.ownership", "subtask.signing",
+                 "subtask.ownership", "subtask.signing", "subtask.checks",
                  "subtask.engines.base"}),
     ("base", {"subtask", "subtask.model", "subtask.config", "subtask.errors", "subtask.redact", "subtask.faults",
-              "subtask.phases", "subtask.executors", "subtask.start_options"}),
+              "subtask.phases", "subtask.executors", "subtask.start_options", "subtask.claims"}),
 ]
 
 

@@ -25,6 +25,8 @@ VALUES = {
     "readonly": (False, lambda spec: spec["readonly"]),
     "isolation": ("none", lambda spec: spec["isolation"]),
     "on": ("local", lambda spec: spec.get("extra", {}).get("on", "local") if "on" not in spec else spec["on"]),
+    "retries": (2, lambda spec: spec["retries"]),
+    "check": (["paths=*.txt"], lambda spec: spec["checks"][-1:]),
     "best_of": (None, None), "pick": (None, None), "judge": (None, None), "first_pass": (False, None),
 }
 
@@ -66,6 +68,10 @@ def _cli_args() -> list[str]:
     for option in OPTIONS:
         value = VALUES[option.name][0]
         if option.argument or value is None or value is False:
+            continue
+        if isinstance(value, list):
+            for item in value:
+                args += [option.flag, item]
             continue
         args += [option.flag] if value is True else [option.flag, str(value)]
     return [*args, VALUES["task"][0]]

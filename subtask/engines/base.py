@@ -35,6 +35,8 @@ ERROR_HINTS: dict[str, str] = {
     "engine": "read the worker log: git subtask show <id>",
     "setup": "fix the worktree setup (git config subtask.setup), then start again",
     "isolation": "check what this machine can enforce: git subtask doctor; or start again with --isolation none",
+    "check": "see what the check found: git subtask show <id>; a change meant to do it (a test removed on "
+             "purpose) starts again with --check none",
     "stopped": "",
 }
 
@@ -189,6 +191,12 @@ class Engine(Protocol):
         ...
 
     def run(self, ctx: EngineContext) -> Outcome: ...
+
+
+def resumes(engine: Engine) -> bool:
+    """Does a new attempt resume the engine's session (claude, codex, a command engine with a
+    resume template)? The shell engine, and command engines without one, run the task again."""
+    return bool(getattr(engine, "resumes", False))
 
 
 def preflight(engine: Engine) -> str | None:

@@ -70,6 +70,7 @@ _API_RE = re.compile(r"api error|overloaded|internal server error|connection err
 class ClaudeEngine:
     name = "claude"
     paid = True
+    resumes = True  # a reply or a retry resumes the session (`ctx.session_id`)
     isolation = ("tools limited by permission mode acceptEdits and an allow-list; "
                  "cwd is the worktree (not a sandbox)")
     confinable = True  # on request: the CLI is started through git-subtask's isolation launcher

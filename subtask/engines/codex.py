@@ -261,6 +261,7 @@ def _message(obj: Any) -> str:
 class CodexEngine:
     name = "codex"
     paid = True
+    resumes = True  # `codex exec resume <session>`
     isolation = ISOLATION
     confinable = True  # runs through procs.run; default stays none: its own sandbox applies
     default_isolation = "none"

@@ -123,6 +123,11 @@ class CommandEngine:
     def _key(self, key: str) -> str | None:
         return self._config(f"engine.{self.name}.{key}")
 
+    @property
+    def resumes(self) -> bool:
+        """A retry resumes the session only with a resume template; else it runs the task again."""
+        return self._key("resumeCommand") is not None
+
     def template(self) -> list[str] | None:
         return parse_template(self._key("command"))
 
