@@ -438,6 +438,8 @@ def landing_line(entry) -> str:
     if verify is not None:
         exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
         said = f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} in {duration(verify.seconds)}"
+        if verify.checks_failed:
+            said += " · check " + ", ".join(verify.checks_failed) + " failed"
     else:
         said = {"unverified": "nothing verified (--force)", "already": "already there"}.get(entry.outcome, entry.outcome)
     return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))

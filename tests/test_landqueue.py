@@ -412,3 +412,19 @@ def test_a_job_still_running_is_refused_and_the_rest_land(cli, repo, control_dir
     finally:
         gate.touch()
         cli("wait", running)
+
+
+def test_a_job_that_deleted_a_test_is_never_landed_not_even_forced(cli, repo):
+    """The job's checks (issue 33) run on its own change beside the verify on the integrated
+    commit, as a re-run does: --force skips the gate, never the verify of what lands."""
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_x.py").write_text("def test_x():\n    assert True\n")
+    git(repo, "add", "tests")
+    git(repo, "commit", "-qm", "a test")
+    job = finished(cli, "git rm -q tests/test_x.py && git commit -qm 'drop a test'", "--verify", "true")
+    before = git(repo, "rev-parse", "main")
+    refused = land(cli, job)
+    assert refused.returncode == 1 and f"{job}: refused" in refused.stdout, refused.stdout
+    forced = land(cli, "--force", job)
+    assert forced.returncode == 1 and "check no-test-deletion failed" in forced.stdout, forced.stdout
+    assert git(repo, "rev-parse", "main") == before and (repo / "tests" / "test_x.py").exists()
