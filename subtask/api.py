@@ -1151,7 +1151,19 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
             continue
         entries.append(entry)
     _mark_moved(repo, entries)
+    _mark_overlap(repo, entries, listed)
     return Listing(entries, more, swept, hidden)
+
+
+def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
+    """`marks`: a finished job's base behind the land target, jobs that change the same files
+    (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
+    from subtask import overlap
+
+    try:
+        overlap.mark(repo, shown, listed)
+    except (SubtaskError, OSError) as exc:
+        warnings.warn(f"could not tell which jobs overlap: {exc}", stacklevel=2)
 
 
 def _mark_moved(repo: Repo, entries: list[dict]) -> None:
@@ -1231,20 +1243,26 @@ def worktree_present(job: Job) -> bool:
     return Path(job.spec.worktree).is_dir()
 
 
-def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None]]:
-    """(job, queue position, latest activity) for one job, or for every active job."""
+def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None, dict]]:
+    """(job, queue position, latest activity, marks) for one job, or for every active job; the
+    marks as `list` has them (a stale base, jobs changing the same files)."""
+    marks: dict[str, dict] = {}
     if id_or_prefix is not None:
         jobs = [get(repo, id_or_prefix)]
+        entry = dict(records.list_entry(jobs[0]), tip=jobs[0].tip)
+        _mark_overlap(repo, [entry], [e for e in records.list_entries(repo) if e["id"] != entry["id"]] + [entry])
+        marks[entry["id"]] = entry.get("marks") or {}
     else:
         jobs = []
         for entry in list_jobs(repo, state="active").jobs:
+            marks[entry["id"]] = entry.get("marks") or {}
             try:
                 jobs.append(records.read(repo, entry["id"]))
             except records.DamagedRecord as exc:  # the others still show
                 warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
     current = slots.read(repo.state_dir)
-    return [(job, current.position(job.id),
-             None if job.state.current.terminal else latest_activity(repo, job.id)) for job in jobs]
+    return [(job, current.position(job.id), None if job.state.current.terminal else latest_activity(repo, job.id),
+             marks.get(job.id) or {}) for job in jobs]
 
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:
@@ -1774,10 +1792,43 @@ def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = Fal
     return asked[0][2:] if asked else "merge"
 
 
+def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False) -> str:
+    """The one landing mode the flags ask for (`merge` without any); two at once is a usage error."""
+    asked = [flag for flag, on in (("--squash", squash), ("--no-ff", no_ff), ("--rebase", rebase)) if on]
+    if len(asked) > 1:
+        raise SubtaskError("usage", f"{' and '.join(asked)} cannot be used together: give one landing mode",
+                           hint="git subtask land [--squash | --no-ff | --rebase] ID...")
+    return asked[0][2:] if asked else "merge"
+
+
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
     from subtask import landing
 
     return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
+
+
+def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None = None, atomic: bool = False,
+         reconcile: bool = False, force: bool = False, dry_run: bool = False):
+    """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
+    with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`)."""
+    from subtask import landqueue
+
+    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force)
+    sweep(repo)
+    if dry_run:
+        from subtask import overlap
+
+        return overlap.plan(repo, ids, opts)
+    return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
+
+
+def _reply_and_wait(repo: Repo):
+    """How `land --reconcile` answers a conflict: a reply to the job, waited for to its end."""
+    def reply_and_wait(job_id: str, message: str) -> Job:
+        reply(repo, job_id, message)
+        return wait(repo, [job_id], stalls=False).jobs[0]
+
+    return reply_and_wait
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):

@@ -268,7 +268,7 @@ def watch(ids, timeout):
 
     def draw(elapsed, ended, total, activities):
         lines = []
-        for job, position, activity in (api.status(repo, i)[0] for i in ids):
+        for job, position, activity, _ in (api.status(repo, i)[0] for i in ids):
             lines.append(f"[{render.duration(elapsed)}] {render.status_line(job, position, activity)}")
         if live:
             click.echo(("\x1b[F" * drawn[0]) + "\n".join("\x1b[K" + line for line in lines))
@@ -438,6 +438,41 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
               as_json)
     else:
         _emit(replies.merged(api.merge(_repo(), job_id, mode=mode, force=force, reverify=reverify)), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True, metavar="ID|GID...")
+@click.option("--verify", "verify", metavar="CMD", help="run this on every integrated commit instead of each job's "
+              "own verify (sh -c, in a scratch worktree)")
+@click.option("--atomic", is_flag=True, help="all or nothing: the branch moves once, only if every job integrated "
+              "and passed")
+@click.option("--reconcile", is_flag=True, help="answer a conflict with a reply to the job on the new tip (a shell "
+              "job's task runs again), and land it once that passes its verify")
+@click.option("--squash", is_flag=True, help="one new commit per job")
+@click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
+@click.option("--rebase", is_flag=True, help="the job's commits replayed on the tip")
+@click.option("--force", is_flag=True, help="land jobs that did not end done, whose verify failed, or that have "
+              "nothing to verify (the integrated commit is still verified when there is a command)")
+@click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
+              "change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, as_json):
+    """Land finished jobs in the order given, each verified on the commit that lands.
+
+    For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
+    worktree, run its verify (or --verify) there on the integrated commit, and move the branch
+    to that commit only if it passed, by compare-and-swap: a commit made meanwhile is kept and
+    the landing is built again on it. The checkout is updated as merge does (never when it has
+    uncommitted changes). A job that conflicts or fails is reported (files, both sides, verify
+    output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
+    lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
+    """
+    from subtask import api, replies
+
+    mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
+    result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
+                      force=force, dry_run=dry_run)
+    _emit(replies.landed(result.to_dict()), as_json)
 
 
 @cli.command("verify", context_settings=CONTEXT)

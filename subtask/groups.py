@@ -551,6 +551,14 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
     """
     from subtask import landing
 
+    group = picked(repo, gid)
+    result = landing.merge(repo, group.pick, mode=mode, force=force, reverify=reverify)
+    group, lines = pick_landed(repo, group, result.commit, result.into)
+    return group, list(result.lines) + lines
+
+
+def picked(repo: Repo, gid: str) -> Group:
+    """The settled group, once it has a pick to land (`merge`, `land`); else why not."""
     group = settle(repo, gid, wait_for_workers=True)
     if group.is_map:
         raise SubtaskError("usage", f"{gid} is a map: it has no pick to merge; merge its jobs one by one, or start "
@@ -562,11 +570,18 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
                            hint=f"git subtask wait {gid}" if not group.terminal else f"git subtask show {gid}")
     if group.pick not in group.members:
         raise SubtaskError("negative", f"{gid}: its pick {group.pick} is not one of its members: not merging it")
-    result = landing.merge(repo, group.pick, mode=mode, force=force, reverify=reverify)
-    lines = list(result.lines)
+    return group
+
+
+def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group, list[str]]:
+    """The group's pick landed in `commit` on `into`: supersede the other members, record it."""
+    from subtask import landing
+
+    gid = group.id
     if not ownership.started_here(repo, gid):
-        return group, lines + [f"{gid}: another clone's group: its record and other members are left as they are"]
-    target = landing.Target(result.into, result.commit)
+        return group, [f"{gid}: another clone's group: its record and other members are left as they are"]
+    lines: list[str] = []
+    target = landing.Target(into, commit)
     superseded = []
     for job_id in group.members:
         if job_id == group.pick:
@@ -579,7 +594,7 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
         lines += supersede(repo, job, target)
 
     def change(g: Group) -> bool:
-        g.merged = {"commit": result.commit, "into": result.into, "superseded": superseded}
+        g.merged = {"commit": commit, "into": into, "superseded": superseded}
         return True
 
     group = update(repo, gid, change)

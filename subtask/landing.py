@@ -41,7 +41,7 @@ import json
 import re
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +209,7 @@ def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | Non
     if head == base:
         return None  # nothing to land
     if upstream.reaches(head):
-        return _merge_point(repo, head, upstream.target.sha)
+        return merge_point(repo, head, upstream.target.sha)
     ids = upstream.patch_ids
     combined = upstream.pids.of_range(base, head)
     if combined and combined in ids:
@@ -227,7 +227,7 @@ def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | Non
     return hits[0] if hits else None  # rebase merge / cherry-picks: the newest copy
 
 
-def _merge_point(repo: Repo, head: str, target: str) -> str:
+def merge_point(repo: Repo, head: str, target: str) -> str:
     """The first-parent commit of the target that brought `head` in (the head itself for a fast-forward)."""
     current = repo.git[target]
     last = str(current.id)
@@ -256,6 +256,11 @@ def branch_ref(job: Job) -> str | None:
 def recorded_head(job: Job) -> str:
     """Where the job's record says its work ends: the evidence's head, the attempt's, else its base."""
     return (job.evidence.head if job.evidence is not None else None) or job.state.current.head or job.spec.base
+
+
+def work_base(job: Job) -> str:
+    """Where the job's own work starts: its base, or the commit `land --reconcile` moved it onto."""
+    return job.state.rebased_onto or job.spec.base
 
 
 def why_not_deletable(repo: Repo, job: Job, tip: str) -> str:
@@ -479,20 +484,22 @@ def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
 
 
 def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
-                  dry_run: bool = False, checked_out: set[str] | None = None, held: bool = False) -> list[str] | None:
+                  dry_run: bool = False, checked_out: set[str] | None = None, held: bool = False,
+                  also: Callable[[Job], None] | None = None) -> list[str] | None:
     """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch.
 
     All of it under the job's run-lock (`quiet_job`); None when the job is busy or changed, and
-    then nothing was done (a later pass sees it again).
+    then nothing was done (a later pass sees it again). `also` changes the record in the same
+    write (`land` marks its landing there).
     """
     with quiet_job(repo, job, held=held) as fresh:
         if fresh is None:
             return None
-        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out)
+        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out, also=also)
 
 
 def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
-                   dry_run: bool, checked_out: set[str] | None) -> list[str]:
+                   dry_run: bool, checked_out: set[str] | None, also: Callable[[Job], None] | None = None) -> list[str]:
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
@@ -529,16 +536,20 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
             lines.append(f"{job.id}: deleted branch {branch} (was {head[:7]})" if deleted
                          else f"{job.id}: kept branch {branch}: it moved")
     if not dry_run:
-        _record_landed(repo, job.id, landed, removed, deleted)
+        _record_landed(repo, job.id, landed, removed, deleted, also)
     return lines
 
 
-def _record_landed(repo: Repo, job_id: str, landed: str, removed: bool, deleted: bool) -> None:
+def _record_landed(repo: Repo, job_id: str, landed: str, removed: bool, deleted: bool,
+                   also: Callable[[Job], None] | None = None) -> None:
     def change(j: Job) -> bool:
         before = (j.state.landed_in, j.state.worktree_removed, j.state.branch_deleted)
         j.state.landed_in = j.state.landed_in or landed
         j.state.worktree_removed = j.state.worktree_removed or removed
         j.state.branch_deleted = j.state.branch_deleted or deleted
+        if also is not None:
+            also(j)
+            return True
         return before != (j.state.landed_in, j.state.worktree_removed, j.state.branch_deleted)
 
     job = records.update(repo, job_id, change)
@@ -596,10 +607,10 @@ def cleanup_merged(repo: Repo, dry_run: bool = False, entries: list[dict] | None
         return sweep
     pids = PatchIds(repo)
     heads = {job.id: job_head(repo, job) for job in jobs}
-    upstream = Upstream(repo, target, [j.spec.base for j in jobs], pids)
+    upstream = Upstream(repo, target, [work_base(j) for j in jobs], pids)
     checked_out = None
     for job in jobs:
-        landed = landed_in(repo, job.spec.base, heads[job.id], upstream)
+        landed = landed_in(repo, work_base(job), heads[job.id], upstream)
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
@@ -663,14 +674,14 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
     job_id = records.resolve(repo, id_or_prefix)
     job = records.read(repo, job_id)
     trust = trust_of(repo, job, reverify)
-    head = _check_mergeable(repo, job, force, trust.claims)  # refuse at once, not after the locks
+    head = check_mergeable(repo, job, force, trust.claims)  # refuse at once, not after the locks
     lines = [trust.line] if trust.line else []
     if not force and not trust.claims:
         lines.append(_rerun_gate(repo, job, head, trust.line))
     workdir = Path(repo.git.workdir)
     with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
         fresh = records.read(repo, job_id)
-        fresh_head = _check_mergeable(repo, fresh, force, trust.claims)
+        fresh_head = check_mergeable(repo, fresh, force, trust.claims)
         # What was judged (a re-run on `head`, a signature on that tip) holds for that record only.
         if not trust.owned and fresh.tip != job.tip or not trust.claims and fresh_head != head:
             raise SubtaskError("negative", f"{job.id} changed while it was checked (its branch or record moved): "
@@ -728,9 +739,9 @@ def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
 def _merge_locked(repo: Repo, job: Job, head: str, workdir: Path, mode: str, lines: list[str], *,
                   owned: bool) -> MergeResult:
     into = _check_into(repo, job, workdir)
-    _check_clean(workdir)
+    check_clean(workdir)
     before = _head_of_worktree(workdir)
-    message = _merge_message(repo, job, head, mode)
+    message = merge_message(repo, job, head, mode)
     args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "ff-only": ["--ff-only"], "squash": ["--squash"]}[mode]
     proc = git(workdir, "merge", "--no-edit", *args, "-m", message, head, check=False)
     if proc.returncode != 0:
@@ -743,7 +754,7 @@ def _merge_locked(repo: Repo, job: Job, head: str, workdir: Path, mode: str, lin
     if how == "already":
         # The target already had the job's head (git said "Already up to date"): nothing merged,
         # but the work is in the target, so it has landed where the target first carried it.
-        landed = _merge_point(repo, head, commit)
+        landed = merge_point(repo, head, commit)
         lines = [*lines, f"{job.id}: nothing to merge: {into} already has its commits (landed in {landed[:7]})"]
     else:
         lines = [*lines, f"{job.id}: merged into {into} ({how}) as {commit[:7]}"]
@@ -760,14 +771,15 @@ MERGE_RUN_LOCK_WAIT = 3.0
 
 
 @contextmanager
-def index_lock(repo: Repo, workdir: Path) -> Iterator[None]:
+def index_lock(repo: Repo, workdir: Path, git_dir: Path | None = None) -> Iterator[None]:
     """Exclusive right to write one worktree's index and HEAD, among git-subtask commands.
 
-    Keyed by that worktree's own git dir (each worktree has its own index and HEAD), kept in the
-    state dir. git's `index.lock` alone does not serialize a merge: `merge --squash` then
-    `commit` are two git runs, and another merge between them commits or resets the wrong index.
+    Keyed by that worktree's own git dir (each worktree has its own index and HEAD; `git_dir`,
+    default this repository's), kept in the state dir. git's `index.lock` alone does not
+    serialize a merge: `merge --squash` then `commit` are two git runs, and another merge
+    between them commits or resets the wrong index.
     """
-    key = hashlib.sha1(str(Path(repo.git.path).resolve()).encode()).hexdigest()[:16]
+    key = hashlib.sha1(str(Path(git_dir or repo.git.path).resolve()).encode()).hexdigest()[:16]
     lock = file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT)
     try:
         lock.acquire()
@@ -809,7 +821,7 @@ def merge_kind(mode: str, before: str, after: str, head: str) -> str:
     return mode
 
 
-def _check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> str:
+def check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> str:
     """The head to merge, or the refusal; `claims`: the record's verify may be taken as recorded
     (else only its state is, and `merge` runs its verify here)."""
     attempt = job.state.current
@@ -879,7 +891,7 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
     return name
 
 
-def _check_clean(workdir: Path) -> None:
+def check_clean(workdir: Path) -> None:
     # Tracked changes only: git itself refuses (changing nothing) when an untracked file would be overwritten.
     status = git(workdir, "status", "--porcelain", "--untracked-files=no").stdout
     if status.strip():
@@ -889,7 +901,7 @@ def _check_clean(workdir: Path) -> None:
                            hint="commit or stash them yourself, then merge again")
 
 
-def _merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
+def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
     from subtask.render import task_title
 
     if mode == "squash":
@@ -902,7 +914,7 @@ def _squash_message(repo: Repo, job: Job, head: str) -> str:
     and listed, oldest first, so the squash says what it holds."""
     from subtask.render import task_title
 
-    commits = _commits_since_base(repo, job.spec.base, head)
+    commits = _commits_since_base(repo, work_base(job), head)
     trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
     if len(commits) == 1:
         subject, _, body = commits[0].message.strip().partition("\n")
@@ -955,7 +967,7 @@ def _restore(workdir: Path, before: str) -> None:
         git(workdir, "reset", "--quiet", "--merge", before, check=False)
 
 
-_IDENTITY_RE = re.compile(r"who you are|ident|auto-detect|no (?:name|email) was given", re.IGNORECASE)
+IDENTITY_RE = re.compile(r"who you are|ident|auto-detect|no (?:name|email) was given", re.IGNORECASE)
 
 
 def _commit_squash(workdir: Path, job: Job, message: str, into: str, before: str) -> None:
@@ -967,7 +979,7 @@ def _commit_squash(workdir: Path, job: Job, message: str, into: str, before: str
     if proc.returncode != 0:
         _restore(workdir, before)
         words = proc.stderr.strip() or proc.stdout.strip()
-        hint = ("set your identity: git config user.name ...; git config user.email ..." if _IDENTITY_RE.search(words)
+        hint = ("set your identity: git config user.name ...; git config user.email ..." if IDENTITY_RE.search(words)
                 else None)
         raise SubtaskError("fatal", f"could not commit the squash of {job.id} (nothing changed): {words}", hint=hint)
 

@@ -476,6 +476,44 @@ async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = 
     return await _call(run)
 
 
+@tool("land", destructive=True, title="Land many jobs")
+async def land(ids: list[str], verify: str | None = None, atomic: bool = False, reconcile: bool = False,
+               mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
+               dry_run: bool = False, repo: REPO = None) -> replies.Reply:
+    """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
+    branch: each is integrated onto the branch's tip in a scratch worktree, its verify (or `verify`)
+    runs on that integrated commit, and the branch moves only if it passed (a commit made meanwhile
+    is kept: the landing is built again on it). A job that conflicts or fails is reported (files,
+    both sides, verify output) and skipped; atomic=true lands all or nothing; reconcile=true
+    answers a conflict with a reply to the job on the new tip and lands it once that passes.
+    dry_run=true says what would happen and which jobs change the same files, changing nothing.
+    The structured content's `ok` is false unless every job landed.
+    """
+    where = open_repo(repo)
+    args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
+            *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
+            *(["--force"] if force else []), *(["--dry-run"] if dry_run else []), "--json", "--", *_id_list(ids)]
+    return await _call(_land_in_child, str(where.workdir() or where.root), args)
+
+
+def _land_in_child(cwd: str, args: list[str]) -> replies.Reply:
+    """`git-subtask land` in a child process: the verifies it runs on integrated commits are
+    confined only from a process with no other thread (`isolation.outside_sandbox`), and this
+    server has many. Its `--json` is the reply's data; its error, this tool's."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
+        return replies.landed(json.loads(proc.stdout))
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    message = next((line[len("error: "):] for line in said if line.startswith("error: ")), None)
+    hint = next((line[len("hint: "):] for line in said if line.startswith("hint: ")), None)
+    raise SubtaskError({1: "negative", 129: "usage"}.get(proc.returncode, "fatal"),
+                       message or f"git-subtask land exited {proc.returncode}: {' '.join(said[-3:])}", hint,
+                       exit_code=proc.returncode)
+
+
 @tool("stop", destructive=True, title="Stop a job")
 async def stop(id: str, repo: REPO = None) -> replies.Reply:
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so

@@ -252,6 +252,35 @@ class Attempt(_Record):
 
 
 @dataclass
+class Landing(_Record):
+    """One landing of the job by `land` (subtask/landqueue.py): the target's tip it was built on,
+    the integrated commit, and the verify that ran on that commit. A fact tied to one commit;
+    the latest few are kept."""
+
+    at: float = 0.0
+    target: str = ""  # the branch it was landing on
+    onto: str = ""  # the target's tip it was integrated onto
+    mode: str = ""  # merge | no-ff | squash | rebase
+    outcome: str = ""  # passed | failed (verify) | conflict | unverified (--force, nothing to run) | already
+    commit: str | None = None  # the integrated commit (None: it did not integrate)
+    verify: VerifyResult | None = None  # run on `commit`
+    conflicts: list[str] = field(default_factory=list)
+    landed: bool = False  # the target moved to `commit` (or to a commit built on it, --atomic)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "verify":
+            try:
+                return VerifyResult.from_dict(value) if isinstance(value, dict) else None
+            except TypeError:  # damaged or foreign: read as absent
+                return None
+        if key == "conflicts":
+            return [str(v) for v in value] if isinstance(value, list) else []
+        return value
+
+
+@dataclass
 class JobState(_Record):
     attempts: list[Attempt] = field(default_factory=list)
     worktree_removed: bool = False
@@ -261,12 +290,18 @@ class JobState(_Record):
     # When a verify loop ended with every attempt failed: the attempt whose head the branch was
     # left at, and why ({"attempt", "head", "why", "moved_from"}; subtask/retries.py).
     best: dict[str, Any] | None = None
+    landings: list[Landing] = field(default_factory=list)  # `land`'s verifies on integrated commits, latest last
+    # The commit `land --reconcile` moved its branch onto (its work is counted from there, not
+    # from `spec.base`: the branch then holds the target's commits too).
+    rebased_onto: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
         if key == "attempts":
             return [Attempt.from_dict(a) for a in value or []]
+        if key == "landings":  # a teammate's claim: anything but a list of objects reads as none
+            return [Landing.from_dict(x) for x in value if isinstance(x, dict)] if isinstance(value, list) else []
         if key == "best" and not isinstance(value, dict):
             return None
         return value

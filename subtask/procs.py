@@ -601,6 +601,73 @@ def run(
     `sandbox`: an `isolation.Sandbox` the child runs in, whatever is active in this process (a
     threaded caller must not make one active: every thread's children would get it).
     """
+    return start(argv, cwd=cwd, env=env, timeout=timeout, on_stdout_line=on_stdout_line,
+                 on_stderr_line=on_stderr_line, tail_bytes=tail_bytes, stdin_data=stdin_data, on_start=on_start,
+                 kill_grace=kill_grace, stdout_grace=stdout_grace, redact=redact, sandbox=sandbox).wait()
+
+
+class Running:
+    """A child `start` started: `wait()` drains it to its end (or timeout) and returns its result,
+    exactly as `run` would have; `abort()` ends it. The caller may do other work in between,
+    but must end it one way or the other (a `Running` never waited for leaves its group)."""
+
+    def __init__(self, proc: subprocess.Popen | None, result: ProcResult | None, started: float,
+                 timeout: float | None, kill_grace: float, stdout_grace: float | None,
+                 readers: tuple[_Reader, _Reader] | None):
+        self.proc, self._result, self.started = proc, result, started
+        self.timeout, self.kill_grace, self.stdout_grace = timeout, kill_grace, stdout_grace
+        self.readers = readers
+
+    def _alive(self) -> bool:
+        # poll() reaps the leader; after that only other members keep the group alive.
+        assert self.proc is not None
+        return self.proc.poll() is None or _group_exists(self.proc.pid)
+
+    def wait(self) -> ProcResult:
+        if self._result is not None:
+            return self._result
+        proc, (out, err) = self.proc, self.readers
+        assert proc is not None
+        try:
+            exit_code, timed_out = _wait(proc, out, self.started, self.timeout, self.stdout_grace)
+            if timed_out:
+                kill_group(proc.pid, self.kill_grace, self._alive)
+                proc.wait()
+                _finish_readers((out, err), _AFTER_KILL_GRACE)
+            else:
+                _finish_readers((out, err), _STDERR_GRACE)
+        except BaseException:
+            self.abort()
+            raise
+        for reader in (out, err):
+            if reader.error is not None:
+                raise reader.error
+        self._result = ProcResult(exit_code, timed_out, time.monotonic() - self.started, out.tail(), err.tail(),
+                                  proc.pid)
+        return self._result
+
+    def abort(self) -> None:
+        if self._result is None and self.proc is not None and self.readers is not None:
+            _abort(self.proc, self.kill_grace, self._alive, self.readers)
+
+
+def start(
+    argv: list[str],
+    *,
+    cwd,
+    env: dict | None = None,
+    timeout: float | None = None,
+    on_stdout_line: LineCallback | None = None,
+    on_stderr_line: LineCallback | None = None,
+    tail_bytes: int = 4096,
+    stdin_data: bytes | None = None,
+    on_start: Callable[[int], None] | None = None,
+    kill_grace: float = 2.0,
+    stdout_grace: float | None = None,
+    redact: bool = False,
+    sandbox=None,
+) -> Running:
+    """`run`, returning once the child is started and its pipes are being drained (`Running`)."""
     if not argv:
         raise ValueError("run() needs a program to run")
     started = time.monotonic()
@@ -612,7 +679,7 @@ def run(
         result = _spawn_failure(argv, exc, started)
         if on_stderr_line is not None:
             on_stderr_line(result.stderr_tail.rstrip("\n"))
-        return result
+        return Running(None, result, started, timeout, kill_grace, stdout_grace, None)
     except BaseException:
         deferred.deliver()
         raise
@@ -621,13 +688,9 @@ def run(
     assert proc.stdout is not None and proc.stderr is not None
     out = _Reader(proc.stdout, on_stdout_line, tail_bytes, f"subtask-stdout-{pid}", redact)
     err = _Reader(proc.stderr, on_stderr_line, tail_bytes, f"subtask-stderr-{pid}", redact)
-
-    def leader_or_group_alive() -> bool:
-        # poll() reaps the leader; after that only other members keep the group alive.
-        return proc.poll() is None or _group_exists(pid)
-
+    running = Running(proc, None, started, timeout, kill_grace, stdout_grace, (out, err))
     try:
-        deferred.deliver()  # an interrupt that came during the spawn is raised here: _abort ends the child
+        deferred.deliver()  # an interrupt that came during the spawn is raised here: abort ends the child
         out.start()
         err.start()
         if stdin_data is not None and proc.stdin is not None:
@@ -636,21 +699,10 @@ def run(
                              name=f"subtask-stdin-{pid}", daemon=True).start()
         if on_start is not None:
             on_start(pid)
-        exit_code, timed_out = _wait(proc, out, started, timeout, stdout_grace)
-        if timed_out:
-            kill_group(pid, kill_grace, leader_or_group_alive)
-            proc.wait()
-            _finish_readers((out, err), _AFTER_KILL_GRACE)
-        else:
-            _finish_readers((out, err), _STDERR_GRACE)
     except BaseException:
-        _abort(proc, kill_grace, leader_or_group_alive, (out, err))
+        running.abort()
         raise
-
-    for reader in (out, err):
-        if reader.error is not None:
-            raise reader.error
-    return ProcResult(exit_code, timed_out, time.monotonic() - started, out.tail(), err.tail(), pid)
+    return running
 
 
 def _wait(proc: subprocess.Popen, out: _Reader, started: float,

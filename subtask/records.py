@@ -134,6 +134,7 @@ def list_entry(job: Job) -> dict:
         "landed": job.state.landed_in,
         "error_kind": attempt.error_kind,
         "base": job.spec.base,
+        **({"onto": job.state.rebased_onto} if job.state.rebased_onto else {}),  # land --reconcile moved it
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
         **({"on": "ray"} if isinstance(job.spec.extra.get("executor"), dict) else {}),  # runs on a cluster
         **({"clone": job.spec.clone} if job.spec.clone else {}),  # where it was started (ownership.owns)

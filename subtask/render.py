@@ -170,12 +170,25 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
-def status_line(job, position: int | None = None, activity: str | None = None) -> str:
-    """One job now: its one-line status, plus what it is doing when it is still active."""
-    line = one_line(job, position)
+def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
+    """One job now: its one-line status, plus what it is doing when it is still active, and
+    `marks_text` (a stale base, jobs that change the same files)."""
+    line = one_line(job, position) + (f" · {marks_text(marks)}" if marks else "")
     if job.state.current.stalled:
-        return line  # its last event says no more than "stalled"
-    return safe_line(f"{line} · now: {activity}") if activity else line
+        return safe_line(line)  # its last event says no more than "stalled"
+    return safe_line(f"{line} · now: {activity}") if activity else safe_line(line)
+
+
+def marks_text(marks: dict | None) -> str:
+    """`base: 12 behind main · same file as st-1a2b3c4d: a.txt`: what makes a landing likely to
+    conflict or to test something other than what lands (`overlap.mark`)."""
+    if not marks:
+        return ""
+    parts = [f"base: {marks['behind']} behind {marks.get('target')}"] if marks.get("behind") else []
+    for other, files in (marks.get("overlaps") or {}).items():
+        shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
+        parts.append(f"same file{'' if len(files) == 1 else 's'} as {other}: {shown}")
+    return " · ".join(parts)
 
 
 def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
@@ -190,8 +203,9 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     age = duration(now - (entry.get("created") or now))
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
+    marks = marks_text(entry.get("marks"))
     return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
-                     f"{entry.get('engine', '?'):<6}  {task}")
+                     f"{entry.get('engine', '?'):<6}  {task}" + (f"  ({marks})" if marks else ""))
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"
@@ -419,6 +433,8 @@ def note_block(job, provenance=None) -> str:
         first, *rest = summary.splitlines()
         lines.append(f"summary: {first}")
         lines.extend(f"         {line}" for line in rest)
+    if job.state.landings:
+        lines.append(f"land:    {landing_line(job.state.landings[-1])}")
     if job.state.landed_in:
         lines.append(f"landed:  in {short(job.state.landed_in)}")
     if provenance is not None and provenance.signed:
@@ -427,6 +443,25 @@ def note_block(job, provenance=None) -> str:
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def landing_line(entry) -> str:
+    """`land`'s latest landing of a job: `main 9f8e7d6 + this job (merge) = 1a2b3c4 · verify make test
+    -> exit 0 in 0.1s · landed`: the verify ran on the integrated commit after `=`."""
+    built = f"{entry.target} {short(entry.onto)} + this job ({entry.mode})"
+    if entry.commit and entry.commit != entry.onto:
+        built += f" = {short(entry.commit)}"
+    if entry.outcome == "conflict":
+        return safe_line(f"{built}: conflict in {', '.join(entry.conflicts[:5])}")
+    verify = entry.verify
+    if verify is not None:
+        exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
+        said = f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} in {duration(verify.seconds)}"
+        if verify.checks_failed:
+            said += " · check " + ", ".join(verify.checks_failed) + " failed"
+    else:
+        said = {"unverified": "nothing verified (--force)", "already": "already there"}.get(entry.outcome, entry.outcome)
+    return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))
 
 
 def _loop_lines(job, title: str, indent: str, best_label: str) -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from subtask import render
+from subtask.model import VerifyResult
 
 
 @dataclass
@@ -143,8 +144,9 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
 def status(rows: list) -> Reply:
     return Reply("\n".join(render.status_line(*row) for row in rows),
                  {"v": 1, "jobs": [{"id": job.id, "state": job.state.current.state, "position": position,
-                                    "activity": activity, "line": render.status_line(job, position, activity)}
-                                   for job, position, activity in rows]},
+                                    "activity": activity, "line": render.status_line(job, position, activity, marks),
+                                    **({"marks": marks} if marks else {})}
+                                   for job, position, activity, marks in rows]},
                  nothing="no active jobs")
 
 
@@ -207,6 +209,90 @@ def merged(result) -> Reply:
     return Reply("\n".join(result.lines), {"v": 1, "id": job.id, "mode": result.mode, "commit": result.commit,
                                            "into": result.into, "landed_in": job.state.landed_in,
                                            "lines": result.lines})
+
+
+def landed(data: dict) -> Reply:
+    """`land` (`landqueue.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
+    the data, so the MCP tool, which gets it from a `git-subtask land --json` child, says the same.
+    Exit 1 unless every job landed (would land)."""
+    text = land_plan_text(data) if data.get("dry_run") else land_text(data)
+    return Reply(text, data, exit_code=0 if data.get("ok") else 1)
+
+
+def land_text(data: dict) -> str:
+    """A line per job (what happened on the way, its verify, both sides of a conflict, its
+    cleanup), then where the target went."""
+    short, safe_line = render.short, render.safe_line
+    target, jobs = data.get("target", "?"), data.get("jobs") or []
+    lines = [f"land onto {target} at {short(data.get('before'))} ({data.get('mode')}"
+             f"{', atomic' if data.get('atomic') else ''}), {len(jobs)} job{'' if len(jobs) == 1 else 's'}:"]
+    for job in jobs:
+        state, name = job.get("state"), str(job.get("id")) + (f" ({job['group']})" if job.get("group") else "")
+        if state in ("landed", "passed") and job.get("commit"):
+            what = f"{state} as {short(job['commit'])} on {short(job.get('onto'))} ({job.get('how')})"
+        elif state == "conflict":
+            what = f"conflict with {target} at {short(job.get('onto'))} in {', '.join(job.get('conflicts') or [])}"
+        elif state == "already":
+            what = f"already in {target} at {short(job.get('onto'))}"
+        else:
+            what = f"{state}: {job['why']}" if job.get("why") else str(state)
+        lines.append(safe_line(f"{name}: {what}"))
+        lines += [safe_line(f"  {line}") for line in job.get("events") or []]
+        verify = VerifyResult.from_dict(job["verify"]) if job.get("verify") else None
+        if verify is not None:
+            lines.append(f"  verify{'' if job.get('confined', True) else ' (unconfined)'}: {render.verify_line(verify)}")
+            lines += render.verify_tail(verify, prefix="    ")
+        if state in ("landed", "passed") and job.get("why"):
+            lines.append(safe_line(f"  {job['why']}"))
+        for side, said in (job.get("sides") or {}).items():
+            who = target if side == "target" else job.get("id")
+            lines += [safe_line(f"  {who}: {line}") for line in said] or [f"  {who}: -"]
+        lines += [safe_line(f"  {line}") for line in job.get("lines") or [] if line]
+    count = sum(1 for job in jobs if job.get("state") == "landed")
+    before, after = data.get("before"), data.get("after")
+    moved = f"{short(before)} -> {short(after)}" if after != before else f"stays at {short(before)}"
+    lines.append(f"{target}: {moved} ({count} of {len(jobs)} landed)")
+    if data.get("stopped"):
+        lines.append(safe_line(f"stopped: {data['stopped']}"))
+    return "\n".join(lines)
+
+
+def land_plan_text(data: dict) -> str:
+    """`land --dry-run`: the order, each job's files, what a real run would do, the overlaps."""
+    short, safe_line = render.short, render.safe_line
+    target, tip = data.get("target", "?"), data.get("tip")
+    lines = [f"would land onto {target} at {short(tip)} ({data.get('mode')}{', atomic' if data.get('atomic') else ''}),"
+             " in this order:"]
+    for n, job in enumerate(data.get("jobs") or [], 1):
+        name = str(job.get("id")) + (f" ({job['group']})" if job.get("group") else "")
+        files = job.get("files") or []
+        stale = f" · base {job['behind']} behind {target}" if job.get("behind") else ""
+        lines.append(safe_line(f"{n}. {name}: {len(files)} file{'' if len(files) == 1 else 's'}{stale}: "
+                               + ", ".join(files[:8]) + (" …" if len(files) > 8 else "")))
+        would = job.get("would")
+        if would == "land":
+            then = f"verify {job['verify']} on the integrated commit" if job.get("verify") else "nothing to verify (--force)"
+            lines.append(safe_line(f"   would integrate ({job.get('how')}), then {then}, then move {target}"))
+        elif would == "conflict":
+            lines.append(safe_line(f"   would conflict in {', '.join(job.get('conflicts') or [])}"
+                                   + (" (then --reconcile replies to it)" if job.get("how") == "reconcile" else "")))
+        elif would == "already":
+            lines.append(f"   {target} already has its work")
+        else:
+            lines.append(safe_line(f"   would be refused: {job.get('how')}"))
+    pairs = data.get("pairs") or []
+    lines += [safe_line(f"overlap: {_pair_words(p)}") for p in pairs] or \
+        ["overlap: none (no two jobs change a file in common)"]
+    if data.get("atomic") and not data.get("ok"):
+        lines.append(f"--atomic: nothing would land ({target} stays at {short(tip)})")
+    lines.append("nothing was changed (dry run)")
+    return "\n".join(lines)
+
+
+def _pair_words(pair: dict) -> str:
+    files, same = pair.get("files") or [], set(pair.get("same_lines") or [])
+    said = ", ".join(f + (" (same lines)" if f in same else "") for f in files[:5])
+    return f"{pair.get('a')} and {pair.get('b')} both change {said}" + (f" and {len(files) - 5} more" if len(files) > 5 else "")
 
 
 def merged_group(group, lines: list[str]) -> Reply:

@@ -27,7 +27,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from subtask import checks, isolation, procs
 from subtask.errors import SubtaskError
@@ -59,34 +62,106 @@ def run(repo: Repo, job, head: str) -> Rerun:
     if not command:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
-    path = repo.worktree_dir() / SCRATCH / f"{job.id}-{secrets.token_hex(4)}"
+    with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
+        return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network,
+                      change=(job.spec.base, head, job.spec.checks))
+
+
+@contextmanager
+def scratch(repo: Repo, commit: str, name: str) -> Iterator[Path]:
+    """A worktree checked out detached at `commit`, `<worktreeDir>/<name>-<random>`, removed
+    afterwards whatever happened (its temp dir beside it too)."""
+    path = add_scratch(repo, commit, name)
+    try:
+        yield path
+    finally:
+        remove_scratch(repo, path)
+
+
+def add_scratch(repo: Repo, commit: str, name: str) -> Path:
+    """`<worktreeDir>/<name>-<random>`, a worktree checked out detached at `commit`."""
+    path = repo.worktree_dir() / f"{name}-{secrets.token_hex(4)}"
     ensure_excluded(repo.common_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(repo.state_dir / "worktree.lock"):  # concurrent `worktree add` can fail (git 2.39)
-        git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), head)
-    tmpdir = path.parent / f"{path.name}.tmp"
+        git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), commit)
+    return path
+
+
+def remove_scratch(repo: Repo, path: Path) -> None:
+    git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(_tmpdir_of(path), ignore_errors=True)
+
+
+def _tmpdir_of(path: Path) -> Path:
+    return path.parent / f"{path.name}.tmp"
+
+
+def run_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
+           network: str, change: tuple[str, str, list[str] | None] | None = None) -> Rerun:
+    """`sh -c command` in the scratch worktree `path` (holding `head`), confined where this process
+    can confine (`isolation.outside_sandbox`), with a private temp dir beside it; `change`: the
+    job's checks to run on its diff (base, head, checks), which fail it whatever it exited."""
+    return start_in(repo, path, command, head, tree=tree, timeout=timeout, network=network, change=change).wait()
+
+
+class Pending:
+    """A verify `start_in` started: `wait()` for its `Rerun`, `abort()` to end it; one of the two,
+    always (its sandbox and temp dir go with it)."""
+
+    def __init__(self, repo: Repo, command: str, head: str, tree: str, tmpdir: Path, sandbox, running: procs.Running,
+                 change: tuple[str, str, list[str] | None] | None):
+        self.repo, self.command, self.head, self.tree, self.tmpdir = repo, command, head, tree, tmpdir
+        self.sandbox, self.running, self.change = sandbox, running, change
+
+    def wait(self) -> Rerun:
+        confined = self.sandbox is not None
+        try:
+            result = self.running.wait()
+        finally:
+            self._close()
+        output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+        failed = checks.failed(checks.run(self.repo, *self.change)) if self.change else []
+        return Rerun(VerifyResult(command=self.command, exit_code=result.exit_code, seconds=round(result.seconds, 3),
+                                  head=self.head, tree=self.tree,
+                                  passed=result.exit_code == 0 and not result.timed_out and not failed,
+                                  timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:],
+                                  checks_failed=failed or None), confined)
+
+    def abort(self) -> None:
+        try:
+            self.running.abort()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def start_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
+             network: str, change: tuple[str, str, list[str] | None] | None = None) -> Pending:
+    """`run_in`, returning once the command is started (`Pending`): the caller may do other work
+    while it runs (its sandbox is the child's alone, whatever threads this process has)."""
+    tmpdir = _tmpdir_of(path)
     sandbox = None
     try:
         tmpdir.mkdir(mode=0o700)
         env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-        sandbox = isolation.outside_sandbox(repo, path, tmpdir, job.spec.network)
-        confined = sandbox is not None
-        if confined:
+        sandbox = isolation.outside_sandbox(repo, path, tmpdir, network)
+        if sandbox is not None:
             env[isolation.ACTIVE_ENV] = "worktree"
-        result = procs.run(["sh", "-c", command], cwd=path, env=env, timeout=job.spec.verify_timeout,
-                           tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
-    finally:
+        running = procs.start(["sh", "-c", command], cwd=path, env=env, timeout=timeout,
+                              tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
+    except BaseException:
         if sandbox is not None:
             sandbox.close()
-        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(tmpdir, ignore_errors=True)
-    output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
-    failed = checks.failed(checks.run(repo, job.spec.base, head, job.spec.checks))
-    return Rerun(VerifyResult(command=command, exit_code=result.exit_code, seconds=round(result.seconds, 3), head=head,
-                              tree=tree, passed=result.exit_code == 0 and not result.timed_out and not failed,
-                              timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:],
-                              checks_failed=failed or None), confined)
+        raise
+    return Pending(repo, command, head, tree, tmpdir, sandbox, running, change)
 
 
 def _tree_of(repo: Repo, head: str) -> str:

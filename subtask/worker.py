@@ -777,14 +777,15 @@ MAX_EVIDENCE_FILES = 1000
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
                    verify: VerifyResult | None, state: str) -> Evidence:
-    commits, files, totals = diff_stats(repo, job.spec.base, head)
+    base = job.state.rebased_onto or job.spec.base  # a reconciled job's work starts where land moved it
+    commits, files, totals = diff_stats(repo, base, head)
     # Bounded, so a job that writes 100,000 files leaves a record every later `list` can read.
     omitted, files, commits = max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES], commits[:MAX_EVIDENCE_FILES]
     commits, files, auto = redact_obj(commits), redact_obj(files), redact_obj(auto)  # the engine named them
     seen = [redact_obj(c) for c in outcome.commands]
     tests = [c for c in seen if _looks_like_test(c.get("command", ""))]
     return Evidence(
-        id=job.id, attempt=job.state.current.n, engine=job.spec.engine, state=state, base=job.spec.base,
+        id=job.id, attempt=job.state.current.n, engine=job.spec.engine, state=state, base=base,
         head=head, branch=job.spec.branch, commits=commits, files=files, files_omitted=omitted, totals=totals,
         autocommit=auto,
         verification=verify.to_dict() if verify else None, commands={"seen": seen[-200:], "tests": tests[-50:]},

@@ -25,7 +25,7 @@ from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
 TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
-         "show", "diff", "log", "compare", "merge", "spend", "verify"}
+         "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:
@@ -917,3 +917,26 @@ def test_stop_cleanup_engines_and_a_groups_show_and_stop(repo, cli, how, tmp_pat
         anyio.run(main)
     finally:
         gate.touch()
+
+
+def test_land_over_mcp_answers_the_clis_words_and_json_and_verifies_confined(repo, cli, how):
+    """`land` runs `git-subtask land` as a child (a server with threads confines nothing), so its
+    verifies on the integrated commits are confined as the CLI's; its refusals read as the CLI's."""
+    jobs = [cli.start(f"echo {n} > {n}.txt && git add {n}.txt && git commit -qm 'add {n}'", "--verify", f"test -f {n}.txt")
+            for n in ("one", "two")]
+    cli("wait", *jobs)
+    expected_error = cli_error(cli, "land", "st-00000000")
+
+    async def main():
+        async with connect(how, repo) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert tools["land"].annotations.destructive_hint is True
+            assert await call(client, "land", {"ids": ["st-00000000"]}, ok=False) == expected_error
+            planned, plan = await call_json(client, "land", {"ids": jobs, "dry_run": True})
+            assert plan["dry_run"] and planned.endswith("nothing was changed (dry run)")
+            return await call_json(client, "land", {"ids": jobs})
+
+    words, data = anyio.run(main)
+    assert data.pop("reply") == words and data["ok"] and [j["state"] for j in data["jobs"]] == ["landed", "landed"]
+    assert words.splitlines()[-1].endswith("(2 of 2 landed)") and "(unconfined)" not in words
+    assert all(j["confined"] for j in data["jobs"]) and (repo / "one.txt").exists() and (repo / "two.txt").exists()

@@ -1,0 +1,430 @@
+"""Landing many (issue 32): `git subtask land`, a queue that integrates each job onto the moving
+tip in a scratch worktree, verifies the integrated commit, and moves the branch by
+compare-and-swap. Real repositories, real workers, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import git, refs, wait_until
+
+ADD = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
+APPEND = "echo {text} >> {name} && git add {name} && git commit -qm 'append {text} to {name}'"
+
+
+def finished(cli, task: str, *args: str) -> str:
+    job = cli.start(task, *args)
+    cli("wait", job)
+    return job
+
+
+def detail(cli, job: str) -> dict:
+    return cli.json("show", job)["state_detail"]
+
+
+def note_of(repo: Path, job: str) -> str:
+    head = git(repo, "rev-parse", f"refs/subtask/{job}/head")
+    return git(repo, "notes", "--ref=subtask", "show", head)
+
+
+def land(cli, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return cli("land", *args, **kwargs)
+
+
+def clean(repo: Path) -> bool:
+    return git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_three_jobs_on_disjoint_files_land_in_order_each_verified_on_its_integrated_commit(cli, repo):
+    jobs = [finished(cli, ADD.format(name=f"{n}.txt", text=n), "--verify", f"test -f {n}.txt") for n in "abc"]
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *jobs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"main: {before[:7]} -> " in proc.stdout and "(3 of 3 landed)" in proc.stdout
+    assert proc.stdout.count("  verify: test -f") == 3, "each verify ran confined, as a job's does"
+    # In the order given: a, then b, then c on top, first-parent.
+    subjects = git(repo, "log", "--first-parent", "--format=%s", f"{before}..main").splitlines()
+    assert [s.split(":")[0] for s in reversed(subjects)][-2:] == [f"Merge subtask {jobs[1]}", f"Merge subtask {jobs[2]}"]
+    assert all((repo / f"{n}.txt").read_text() == f"{n}\n" for n in "abc") and clean(repo)
+    for job in jobs:
+        state = detail(cli, job)
+        landing = state["landings"][-1]
+        assert state["landed_in"] == landing["commit"] and landing["landed"] is True
+        assert landing["verify"]["head"] == landing["commit"] and landing["verify"]["passed"]
+        assert git(repo, "merge-base", "--is-ancestor", landing["commit"], "main", check=False) == ""
+        assert landing["onto"] == git(repo, "rev-parse", f"{landing['commit']}^1")  # built on the tip of its time
+        # Its note names the integrated commit its verify ran on.
+        assert f"= {landing['commit'][:7]}" in note_of(repo, job), note_of(repo, job)
+        assert "landed" in note_of(repo, job)
+        assert f"refs/heads/subtask/{job}" not in refs(repo)  # cleaned up as merge does
+        assert not (repo / ".subtask" / "worktrees" / job).exists()
+    assert not list((repo / ".subtask" / "worktrees").glob(".land/*")), "no scratch worktree is left"
+
+
+BOTH_NEVER = "! (test -f a.txt && test -f b.txt)"
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_two_jobs_that_pass_alone_but_fail_together(cli, repo, atomic):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", BOTH_NEVER)
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", BOTH_NEVER)
+    assert all(cli.json("show", j)["state_detail"]["attempts"][-1]["verify"]["passed"] for j in (a, b))
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *(["--atomic"] if atomic else []), a, b)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{b}: failed" in proc.stdout and "exit 1" in proc.stdout
+    after = git(repo, "rev-parse", "main")
+    if atomic:
+        assert after == before and not (repo / "a.txt").exists()
+        assert f"{b} broke the queue" in proc.stdout and "nothing landed" in proc.stdout
+        assert detail(cli, a)["landed_in"] is None and detail(cli, a)["landings"][-1]["outcome"] == "passed"
+        assert f"refs/heads/subtask/{a}" in refs(repo)
+    else:
+        assert (repo / "a.txt").exists() and not (repo / "b.txt").exists()
+        assert detail(cli, a)["landed_in"] == after
+    state_b = detail(cli, b)
+    assert state_b["landed_in"] is None and state_b["landings"][-1]["outcome"] == "failed"
+    assert f"refs/heads/subtask/{b}" in refs(repo), "a job that did not land keeps its branch"
+    assert "verify failed" in note_of(repo, b) or "exit 1" in note_of(repo, b)
+    assert clean(repo)
+
+
+def test_a_conflicting_pair_with_reconcile_on_the_shell_engine_ends_with_both_landed(cli, repo):
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    plain = land(cli, a, b)
+    assert plain.returncode == 1 and f"{b}: conflict" in plain.stdout and "log.txt" in plain.stdout, plain.stdout
+    assert "append A to log.txt" in plain.stdout  # the target's side of the conflict
+    assert (repo / "log.txt").read_text() == "start\nA\n"
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reconciling: its task runs again" in proc.stdout
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n" and clean(repo)
+    state = detail(cli, b)
+    assert state["landed_in"] and len(state["attempts"]) == 2 and state["attempts"][1]["state"] == "done"
+    assert detail(cli, a)["landed_in"]
+    # Its work is counted from where the reconciliation moved it, not from its first base.
+    evidence = cli.json("show", b)["evidence"]
+    assert evidence["base"] == state["rebased_onto"] and evidence["totals"]["commits"] == 1
+    assert "changes: 1 file, +1 -0" in note_of(repo, b)
+
+
+def test_a_commit_a_person_makes_on_main_during_the_queue_is_kept(cli, repo, tmp_path):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "test -f b.txt")
+    gate = tmp_path / "gate"
+    env = {"SUBTASK_FAULT_HOLD": f"land_verified:{gate}"}
+    queue = subprocess.Popen(["git", "subtask", "land", a, b], cwd=repo, env=dict(os.environ, **env),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        (repo / "mine.txt").write_text("a person's work\n")
+        git(repo, "add", "mine.txt")
+        git(repo, "commit", "-qm", "a person's commit")
+        mine = git(repo, "rev-parse", "HEAD")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 0, out + err
+    assert "moved while it was built" in out
+    assert git(repo, "merge-base", "--is-ancestor", mine, "main", check=False) == ""
+    assert all((repo / f).exists() for f in ("a.txt", "b.txt", "mine.txt")) and clean(repo)
+    landing = detail(cli, a)["landings"][-1]
+    assert landing["onto"] == mine and landing["landed"], "the landing was built again on the person's commit"
+
+
+@pytest.mark.parametrize("point", ["land_built", "land_verified", "land_moved"])
+@pytest.mark.parametrize("atomic", [False, True])
+def test_killing_land_at_any_step_leaves_main_before_or_after_a_whole_landing(cli, repo, point, atomic):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "test -f b.txt")
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, *(["--atomic"] if atomic else []), a, b, env={"SUBTASK_FAULT": point})
+    assert proc.returncode == 99, proc.stdout + proc.stderr
+    after = git(repo, "rev-parse", "main")
+    files = {f for f in ("a.txt", "b.txt") if (repo / f).exists()}
+    if point == "land_moved":
+        assert after != before and files == ({"a.txt", "b.txt"} if atomic else {"a.txt"})
+    else:
+        assert after == before and not files
+    assert clean(repo), git(repo, "status", "--porcelain")
+    assert git(repo, "ls-files", "--others", "--exclude-standard") == ""
+    # The next land finishes the queue and leaves nothing of the killed one behind.
+    again = land(cli, a, b)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (repo / "a.txt").exists() and (repo / "b.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] and detail(cli, b)["landed_in"]
+    assert not list((repo / ".subtask" / "worktrees").glob(".land/*"))
+    assert "/.land/" not in git(repo, "worktree", "list")
+
+
+@pytest.mark.parametrize("mode", ["--squash", "--rebase", "--no-ff"])
+def test_modes_land_and_cleanup_merged_recognises_them(cli, repo, mode):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    proc = land(cli, mode, a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parents = git(repo, "log", "-1", "--format=%P").split()
+    assert len(parents) == (2 if mode == "--no-ff" else 1)
+    assert (repo / "a.txt").read_text() == "a\n"
+    state = detail(cli, a)
+    assert state["landed_in"] == git(repo, "rev-parse", "main") == state["landings"][-1]["commit"]
+    assert state["landings"][-1]["mode"] == mode[2:]
+
+
+def test_a_job_with_nothing_to_verify_is_refused_unless_forced_or_given_a_verify(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"))
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, a)
+    assert proc.returncode == 1 and "nothing to run on the integrated commit" in proc.stdout
+    assert git(repo, "rev-parse", "main") == before
+    proc = land(cli, "--verify", "test -f a.txt", a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert detail(cli, a)["landings"][-1]["verify"]["command"] == "test -f a.txt"
+
+
+def test_a_dirty_checkout_is_refused_and_bad_ids_change_nothing(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    before = git(repo, "rev-parse", "main")
+    (repo / "README.md").write_text("my edit\n")
+    proc = land(cli, a)
+    assert proc.returncode == 1 and "uncommitted changes" in proc.stderr, proc.stderr
+    assert (repo / "README.md").read_text() == "my edit\n" and git(repo, "rev-parse", "main") == before
+    git(repo, "checkout", "README.md")
+    proc = land(cli, a, "st-00000000")
+    assert proc.returncode == 128 and "error:" in proc.stderr and "Traceback" not in proc.stderr
+    proc = land(cli, a, a)
+    assert proc.returncode == 129 and "twice" in proc.stderr
+    assert git(repo, "rev-parse", "main") == before and detail(cli, a)["landings"] == []
+
+
+def test_land_json_reports_every_job(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    data = json.loads(land(cli, "--json", a).stdout)
+    assert data["v"] == 1 and data["ok"] and data["target"] == "main"
+    assert data["jobs"][0]["id"] == a and data["jobs"][0]["state"] == "landed"
+    assert data["jobs"][0]["verify"]["head"] == data["after"]
+
+
+def test_dry_run_says_the_order_files_overlap_and_predicted_conflicts_and_changes_nothing(cli, repo):
+    (repo / "log.txt").write_text("one\ntwo\nthree\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "test -f log.txt"
+    a = finished(cli, "sed -i 's/one/ONE/' log.txt && git commit -qam 'shout one'", "--verify", verify)
+    b = finished(cli, "sed -i 's/one/Uno/' log.txt && git commit -qam 'spanish one'", "--verify", verify)
+    c = finished(cli, ADD.format(name="c.txt", text="c"), "--verify", verify)
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+    everything = lambda: (git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),  # noqa: E731
+                          git(repo, "status", "--porcelain", "--ignored"), git(repo, "worktree", "list"))
+    before = everything()
+    proc = land(cli, "--dry-run", c, a, b)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one would conflict
+    out = proc.stdout
+    assert out.index(f"1. {c}") < out.index(f"2. {a}") < out.index(f"3. {b}")
+    assert f"{a}: 1 file · base 1 behind main: log.txt" in out
+    assert "would integrate (merge), then verify test -f log.txt on the integrated commit" in out
+    assert f"{a} and {b} both change log.txt (same lines)" in out
+    assert "would conflict in log.txt" in out and "nothing was changed (dry run)" in out
+    assert everything() == before
+    data = json.loads(land(cli, "--dry-run", "--json", a, c).stdout)
+    assert data["ok"] and [j["would"] for j in data["jobs"]] == ["land", "land"] and data["pairs"] == []
+    assert everything() == before
+
+
+def test_a_best_of_group_lands_its_pick_and_supersedes_the_rest(cli, repo):
+    work = 'case "$SUBTASK_GROUP_MEMBER" in 1) seq 1 10 > g.txt ;; 2) echo small > g.txt ;; esac; git add g.txt; ' \
+           'git commit -qm "add g"'
+    lines = cli.ok("start", "--best-of", "2", work, "--verify", "test -f g.txt").splitlines()
+    gid, members = lines[0].split()[0], [line.split()[0] for line in lines[1:]]
+    cli("wait", gid)
+    other = finished(cli, ADD.format(name="o.txt", text="o"), "--verify", "test -f o.txt")
+    proc = land(cli, gid, other)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pick = cli.json("show", gid)["pick"]
+    assert pick == members[1] and f"{pick} ({gid}): landed" in proc.stdout
+    assert (repo / "g.txt").read_text() == "small\n" and (repo / "o.txt").exists()
+    assert f"{members[0]}: superseded" in proc.stdout
+    assert cli.json("show", gid)["merged"]["commit"] == detail(cli, pick)["landed_in"]
+
+
+def test_a_teammates_job_is_verified_on_the_integrated_commit_and_its_record_left_alone(tmp_path):
+    from conftest import grant_writable, make_team
+
+    remote, ((a, cli_a), (b, cli_b)) = make_team(tmp_path)
+    log = grant_writable(tmp_path / "log")
+    log.mkdir()
+    verify = f"echo ran >> {log / 'ran'}; test -f x.txt"
+    theirs = cli_a.start(ADD.format(name="x.txt", text="x"), "--verify", verify)
+    cli_a("wait", theirs)
+    cli_a.ok("push", "--branches")
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", f"refs/heads/subtask/{theirs}:refs/heads/subtask/{theirs}")
+    record = git(b, "rev-parse", f"refs/subtask/{theirs}/record")
+    proc = cli_b("land", theirs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (log / "ran").read_text().count("ran") == 2  # once by the teammate, once here on the integrated commit
+    assert "another clone's job" in proc.stdout and (b / "x.txt").exists()
+    assert git(b, "rev-parse", f"refs/subtask/{theirs}/record") == record  # never written here
+    assert f"refs/heads/subtask/{theirs}" in refs(b)
+
+
+def test_atomic_with_reconcile_lands_both_at_once(cli, repo):
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, "--atomic", "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n"
+    # One move: main's first parent chain went from before straight to the last landing.
+    assert git(repo, "rev-parse", "main~2") == before
+    assert git(repo, "reflog", "-1", "--format=%gs", "main").startswith("merge")
+
+
+AGENT = """#!/bin/sh
+# A stand-in agent: asked to resolve conflict markers it keeps both sides; else it appends its task.
+case "$1" in
+  *"conflict markers"*) sed -i -e '/^<<<<<<< /d' -e '/^=======$/d' -e '/^>>>>>>> /d' log.txt ;;
+  *) echo "$1" >> log.txt && git add log.txt && git commit -qm "$1" ;;
+esac
+"""
+
+
+def test_reconcile_asks_an_agent_in_words_with_its_changes_applied_on_the_new_tip(cli, repo, tmp_path):
+    script = tmp_path / "agent.sh"
+    script.write_text(AGENT)
+    git(repo, "config", "subtask.engine.agent.command", json.dumps(["sh", str(script), "{task}"]))
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt && ! grep -q '^<<<<<<<' log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, "B", "--engine", "agent", "--verify", verify)
+    proc = land(cli, "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "a reply resolves it on main" in proc.stdout
+    assert (repo / "log.txt").read_text() == "start\nA\nB\n"
+    message = detail(cli, b)["attempts"][1]["message"]
+    assert "conflict markers in: log.txt" in message and "append A to log.txt" in message, message
+
+
+def test_status_and_list_mark_a_stale_base_and_jobs_that_change_the_same_file(cli, repo, control_dir):
+    a = finished(cli, ADD.format(name="same.txt", text="a"), "--verify", "true")
+    b = finished(cli, ADD.format(name="other.txt", text="b"), "--verify", "true")
+    gate = control_dir / "gate"
+    running = cli.start(ADD.format(name="same.txt", text="c") + f" && while [ ! -f {gate} ]; do sleep 0.05; done")
+    try:
+        assert wait_until(lambda: f"refs/heads/subtask/{running}" in refs(repo) and
+                          git(repo, "rev-parse", f"subtask/{running}") != git(repo, "rev-parse", "main"))
+        git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "and on")
+        rows = {line.split()[0]: line for line in cli.ok("list").splitlines()[1:]}
+        assert f"(base: 2 behind main · same file as {running}: same.txt)" in rows[a], rows[a]
+        assert rows[b].endswith("(base: 2 behind main)"), rows[b]
+        assert f"same file as {a}: same.txt" in rows[running] and "behind" not in rows[running]
+        status = cli.ok("status")
+        assert running in status and f"same file as {a}: same.txt" in status
+        assert "base: 2 behind main" in cli.ok("status", a)
+        listed = {e["id"]: e for e in cli.json("list")["jobs"]}
+        assert listed[a]["marks"] == {"behind": 2, "target": "main", "overlaps": {running: ["same.txt"]}}
+        assert "marks" not in listed[b] or "overlaps" not in listed[b]["marks"]
+    finally:
+        gate.touch()
+        cli("wait", running)
+
+
+def test_a_checkout_made_dirty_during_the_queue_stops_it_and_is_never_touched(cli, repo, tmp_path):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", a], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        before = git(repo, "rev-parse", "main")
+        (repo / "README.md").write_text("my edit, made while the queue ran\n")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1, out + err
+    assert f"{a}: stopped: the worktree {repo} has uncommitted changes (README.md)" in out
+    assert (repo / "README.md").read_text() == "my edit, made while the queue ran\n"
+    assert git(repo, "rev-parse", "main") == before and not (repo / "a.txt").exists()
+    assert f"refs/heads/subtask/{a}" in refs(repo)
+
+
+def test_a_squash_landing_killed_after_the_move_is_found_by_cleanup_merged(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")  # so the squash is a new commit
+    proc = land(cli, "--squash", a, env={"SUBTASK_FAULT": "land_moved"})
+    assert proc.returncode == 99 and (repo / "a.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] is None  # killed before it was recorded
+    out = cli.ok("cleanup", "--merged")
+    assert f"{a}: landed in {git(repo, 'rev-parse', '--short=7', 'main')}" in out
+    assert detail(cli, a)["landed_in"] == git(repo, "rev-parse", "main")
+
+
+def test_two_modes_at_once_are_a_usage_error_and_completion_knows_land(cli, repo):
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    proc = land(cli, "--squash", "--rebase", a)
+    assert proc.returncode == 129 and "--squash and --rebase cannot be used together" in proc.stderr
+    offered = cli.ok("__complete", "land").split()
+    assert {"--atomic", "--reconcile", "--dry-run", "--rebase", a} <= set(offered)
+
+
+TAMPER = ("printf 'HACKED\\n' > greeting.txt && git update-index --skip-worktree greeting.txt; exit 1")
+
+
+def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_verify(cli, repo):
+    """A verify that fails may have changed the scratch worktree so that git no longer sees it
+    (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone): the next job gets a fresh checkout."""
+    (repo / "greeting.txt").write_text("hello\n")
+    git(repo, "add", "greeting.txt")
+    git(repo, "commit", "-qm", "a greeting")
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "grep -qx hello greeting.txt")
+    proc = land(cli, "--verify", f"if test -f a.txt; then {TAMPER}; fi; grep -qx hello greeting.txt", a, b)
+    assert f"{a}: failed" in proc.stdout and f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_job_still_running_is_refused_and_the_rest_land(cli, repo, control_dir):
+    gate = control_dir / "gate"
+    running = cli.start(f"while [ ! -f {gate} ]; do sleep 0.05; done; echo r > r.txt")
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    try:
+        proc = land(cli, running, a)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"{running}: refused: {running} is running: it has not finished" in proc.stdout
+        assert f"{a}: landed" in proc.stdout and (repo / "a.txt").exists()
+    finally:
+        gate.touch()
+        cli("wait", running)
+
+
+def test_a_job_that_deleted_a_test_is_never_landed_not_even_forced(cli, repo):
+    """The job's checks (issue 33) run on its own change beside the verify on the integrated
+    commit, as a re-run does: --force skips the gate, never the verify of what lands."""
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_x.py").write_text("def test_x():\n    assert True\n")
+    git(repo, "add", "tests")
+    git(repo, "commit", "-qm", "a test")
+    job = finished(cli, "git rm -q tests/test_x.py && git commit -qm 'drop a test'", "--verify", "true")
+    before = git(repo, "rev-parse", "main")
+    refused = land(cli, job)
+    assert refused.returncode == 1 and f"{job}: refused" in refused.stdout, refused.stdout
+    forced = land(cli, "--force", job)
+    assert forced.returncode == 1 and "check no-test-deletion failed" in forced.stdout, forced.stdout
+    assert git(repo, "rev-parse", "main") == before and (repo / "tests" / "test_x.py").exists()
