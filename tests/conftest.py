@@ -194,8 +194,8 @@ def refs(repo: Path, prefix: str = "") -> list[str]:
 
 def running_pids(repo: Path, job: str, timeout: float = 60.0) -> dict:
     """The running job's worker pid and engine group, once both are recorded."""
-    from subtask import lifecycle
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import lifecycle
 
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: {"worker", "engine"} <= lifecycle.read_pids(sdir, job).keys(), timeout=timeout), \
@@ -216,8 +216,8 @@ def kill_worker_and_engine(repo: Path, job: str) -> None:
 def wait_for_run_lock_release(repo: Path, job: str) -> None:
     """Return once nobody holds the job's run-lock (the kernel drops a killed holder's lock a
     moment after the kill returns)."""
-    from subtask import liveness
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.state import liveness
 
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: not liveness.is_held(sdir, job), timeout=60), f"{job}'s run-lock outlived its worker"

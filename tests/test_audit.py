@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from subtask import lifecycle, liveness, slots
-from subtask.gitrepo import open_repo
-from subtask.statefiles import write_json
+from subtask.git.gitrepo import open_repo
+from subtask.ops import lifecycle
+from subtask.state import liveness, slots
+from subtask.state.statefiles import write_json
 
 # Secrets of shapes `redact` knows, spelled out at run time so this file holds none.
 TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"

@@ -21,16 +21,16 @@ def test_version_and_short_help(cli):
 
 
 def test_the_man_page_matches_the_commands():
-    from subtask.cli import cli as group
-    from subtask.manpage import roff, to_html
+    from subtask.faces.cli import cli as group
+    from subtask.faces.manpage import roff, to_html
 
     assert (ROOT / "man" / "git-subtask.1").read_text() == roff(group), "run: python scripts/gen_docs.py"
     assert (ROOT / "man" / "git-subtask.html").read_text() == to_html(group), "run: python scripts/gen_docs.py"
 
 
 def test_the_man_page_renders_and_names_every_command(tmp_path):
-    from subtask.cli import cli as group
-    from subtask.manpage import commands
+    from subtask.faces.cli import cli as group
+    from subtask.faces.manpage import commands
 
     page = subprocess.run(["man", "-l", str(ROOT / "man" / "git-subtask.1")], capture_output=True, text=True,
                           env={"MANPAGER": "cat", "PATH": "/usr/bin:/bin", "MANWIDTH": "200"}, check=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import git, processes_with, running_pids, wait_until
 
-from subtask import isolation, namespaces
+from subtask.proc import isolation, namespaces
 
 LANDLOCK = isolation.support()
 NAMESPACES = namespaces.support()

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import HOST_PID, git, grant_writable, wait_until
 
-from subtask import lifecycle, liveness, procs
-from subtask.gitrepo import open_repo
+from subtask.git.gitrepo import open_repo
+from subtask.ops import lifecycle
+from subtask.proc import procs
+from subtask.state import liveness
 
 
 def state_dir(repo: Path) -> Path:
@@ -167,7 +169,7 @@ def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
 SPAWN_AND_DIE = r"""
 import os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from subtask import procs
+from subtask.proc import procs
 mode, marker = sys.argv[2], sys.argv[3]
 
 def spawn():
@@ -343,8 +345,8 @@ def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tm
     """`lifecycle.stop_running` against a worker and an engine that both ignore SIGTERM (so no
     worker cleanup can stand in for it): after the grace, every member of the engine's group is
     gone, not only the pid recorded for it."""
-    from subtask import lifecycle
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import lifecycle
 
     handle = open_repo(repo)
     job = "st-0000abcd"
@@ -379,8 +381,8 @@ def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tm
 RACE_UPDATES = r"""
 import sys, time
 from pathlib import Path
-from subtask import records
-from subtask.gitrepo import open_repo
+from subtask.git import records
+from subtask.git.gitrepo import open_repo
 repo, job, tag, n, go = open_repo(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
 while not go.exists():
     time.sleep(0.005)
@@ -415,7 +417,7 @@ def test_concurrent_record_updates_lose_nothing(cli, repo, tmp_path):
 
 INTERRUPTED_SPAWN = r"""
 import os, signal, sys, threading, time
-from subtask import procs
+from subtask.proc import procs
 marker = sys.argv[1]
 real_setup = procs.child_setup_for
 

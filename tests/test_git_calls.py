@@ -73,7 +73,7 @@ def run_over_mcp(repo: Path, tasks: list[str]) -> None:
     from test_mcp import server_env
 
     async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
                                        env=server_env())
         async with Client(params, mode="legacy") as client:
             started = await client.call_tool("start_many", {"tasks": [{"task": t, "engine": "shell"} for t in tasks]})

@@ -10,8 +10,8 @@ import pygit2
 import pytest
 from conftest import git
 
-from subtask import gitobjects
-from subtask.gitrepo import open_repo
+from subtask.git import gitobjects
+from subtask.git.gitrepo import open_repo
 
 WHEN = 1_700_000_000  # a fixed time, so that both writers must make the very same commit
 

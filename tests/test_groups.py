@@ -125,7 +125,7 @@ def test_a_judge_orders_the_passing_members_and_one_without_a_number_ranks_last(
 def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
     """The judge runs the user's command on what a member wrote (its conftest.py, its Makefile):
     confined as the member's verify was, it writes nothing outside the member's worktree."""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     if not isolation.support().available:
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
@@ -142,8 +142,10 @@ def test_a_judge_run_from_a_threaded_process_is_confined_too(cli, repo, tmp_path
     one child, never made the process's)."""
     import threading
 
-    from subtask import groups, isolation, records
-    from subtask.gitrepo import open_repo
+    from subtask.git import records
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import groups
+    from subtask.proc import isolation
 
     if not isolation.support().available:
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
@@ -217,7 +219,7 @@ def test_a_member_killed_mid_run_and_a_group_stopped_midway(cli, repo, tmp_path)
 def test_mcp_starts_a_group_and_answers_its_ranking(repo, monkeypatch):
     from mcp import Client
 
-    from subtask.mcp_server import server
+    from subtask.faces.mcp_server import server
 
     monkeypatch.chdir(repo)
 

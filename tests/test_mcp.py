@@ -35,7 +35,7 @@ def server_env() -> dict[str, str]:
 
 
 def stdio_params(repo: Path) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
                                  env=server_env())
 
 
@@ -43,7 +43,7 @@ def stdio_params(repo: Path) -> StdioServerParameters:
 async def connect(how: str, repo: Path):
     """A connected client: `inproc` (Client(server, mode="legacy")) or `stdio` (a real subprocess)."""
     if how == "inproc":
-        from subtask.mcp_server import server
+        from subtask.faces.mcp_server import server
 
         async with Client(server, mode="legacy") as client:
             yield client
@@ -260,7 +260,7 @@ def test_jobs_survive_a_killed_server(repo, cli, tmp_path):
     gate = tmp_path / "gate"  # the job runs until its server is dead
 
     # Start the server by hand so the test owns its pid.
-    proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=server_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=server_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     rpc = JsonRpc(proc)
     rpc.initialize()
@@ -389,7 +389,7 @@ def test_claude_code_starts_and_waits_through_the_server(repo, tmp_path, monkeyp
              wait_turn, final_turn]
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"subtask": {
-        "command": sys.executable, "args": ["-m", "subtask.mcp_server"], "cwd": str(repo),
+        "command": sys.executable, "args": ["-m", "subtask.faces.mcp_server"], "cwd": str(repo),
         "env": {"PYTHONPATH": WORKTREE, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"],
                 **{k: v for k, v in os.environ.items() if k.startswith("GIT_")}}}}}))
     with FakeMessagesAPI(turns, marker="mcp__subtask__start") as api:
@@ -436,7 +436,7 @@ def test_claude_code_lands_a_job_through_the_server(repo, tmp_path):
              after("wait", "diff"), after("diff", "merge"), final_turn]
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"subtask": {
-        "command": sys.executable, "args": ["-m", "subtask.mcp_server"], "cwd": str(repo),
+        "command": sys.executable, "args": ["-m", "subtask.faces.mcp_server"], "cwd": str(repo),
         "env": {"PYTHONPATH": WORKTREE, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"],
                 **{k: v for k, v in os.environ.items() if k.startswith("GIT_")}}}}}))
     tools = ",".join(f"mcp__subtask__{t}" for t in ("start", "wait", "diff", "merge"))
@@ -472,7 +472,8 @@ def last_tool_result(body: dict) -> str:
 
 
 def render_one_line(repo: Path, job: str) -> str:
-    from subtask import api, render
+    from subtask import api
+    from subtask.model import render
 
     return render.one_line(api.get(api.repo_at(repo), job))
 
@@ -501,7 +502,7 @@ def test_git_subtask_mcp_serves_the_same_tools(repo):
 
 
 def test_the_cli_does_not_import_the_mcp_sdk():
-    code = "import sys, subtask.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
+    code = "import sys, subtask.faces.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
     assert subprocess.run([sys.executable, "-c", code], env=server_env()).returncode == 0
 
 
@@ -520,7 +521,7 @@ def test_reply_continues_a_finished_job(repo, how):
     anyio.run(main)
 
 
-# --------------------------------------------------------------------------- the fast start (subtask.mcp_server)
+# --------------------------------------------------------------------------- the fast start (subtask.faces.mcp_server)
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
               "params": {"protocolVersion": "2025-06-18", "capabilities": {"roots": {"listChanged": True}},
@@ -542,7 +543,7 @@ class Session:
     def __init__(self, repo: Path, *, front: bool = True):
         env = dict(server_env(), SUBTASK_MCP_FRONT="1" if front else "0")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.seen: list[bytes] = []
 
@@ -580,17 +581,17 @@ class Session:
 
 
 def test_the_cached_description_is_what_the_sdk_says():
-    """subtask/mcp_cache.json must be the SDK's replies now: regenerate it with scripts/mcp_cache.py."""
-    from subtask import mcp_server
-    from subtask.mcp_tools import describe
+    """subtask/faces/mcp_cache.json must be the SDK's replies now: regenerate it with scripts/mcp_cache.py."""
+    from subtask.faces import mcp_server
+    from subtask.faces.mcp_tools import describe
 
     with open(mcp_server.CACHE, encoding="utf-8") as f:
-        assert json.load(f) == describe(), "stale subtask/mcp_cache.json: run python scripts/mcp_cache.py"
+        assert json.load(f) == describe(), "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
     assert mcp_server.load_cache() is not None, "the cache was made with other mcp/pydantic versions"
 
 
 def test_the_front_end_loads_no_sdk():
-    code = ("import sys, subtask.mcp_server as m; m.load_cache(); "
+    code = ("import sys, subtask.faces.mcp_server as m; m.load_cache(); "
             "print(sorted({n.split('.')[0] for n in sys.modules} & {'mcp', 'mcp_types', 'pydantic', 'anyio', 'pygit2'}))")
     proc = subprocess.run([sys.executable, "-c", code], env=server_env(), capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
@@ -600,7 +601,7 @@ def test_the_front_end_answers_initialize_without_threading_or_queue():
     """`threading` and `queue` (~5 ms) come after the first reply."""
     code = ("import sys\n"
             "before = set(sys.modules)\n"
-            "import subtask.mcp_server as m\n"
+            "import subtask.faces.mcp_server as m\n"
             "class W:\n    def write(self, data): sys.stdout.write(data.decode())\n"
             "m.Front(W(), m.load_cache())._answer_first(sys.stdin.buffer.readline())\n"
             "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] in ('threading', 'queue', '_json')))")
@@ -608,7 +609,7 @@ def test_the_front_end_answers_initialize_without_threading_or_queue():
     proc = subprocess.run([sys.executable, "-c", code], env=server_env(), input=line, capture_output=True, text=True)
     reply, modules = proc.stdout.splitlines()
     assert modules in ("[]", "['_json']"), proc.stdout + proc.stderr  # `_json` only as `json`'s own accelerator
-    from subtask import mcp_server
+    from subtask.faces import mcp_server
 
     assert reply == mcp_server.reply_line(1, mcp_server.load_cache()["results"]["2025-06-18"]["initialize"]).decode().strip()
 
@@ -639,7 +640,7 @@ class FakeWire:
 
 
 def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
-    from subtask import mcp_server
+    from subtask.faces import mcp_server
 
     wire = FakeWire()
     front = mcp_server.Front(wire, mcp_server.load_cache())

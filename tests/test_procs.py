@@ -1,4 +1,4 @@
-"""subtask.procs against real child processes: groups, pipes, timeouts, kills, spawn failures."""
+"""subtask.proc.procs against real child processes: groups, pipes, timeouts, kills, spawn failures."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from subtask import procs
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
+from subtask.proc import procs
 
 PY = sys.executable
 

@@ -19,8 +19,8 @@ def held(gate: Path) -> str:
 
 
 def running(cli, repo, job: str) -> None:
-    from subtask import liveness
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.state import liveness
 
     state = open_repo(repo).state_dir
     assert wait_until(lambda: liveness.is_held(state, job)), f"{job} never ran"

@@ -37,7 +37,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
-from subtask.redact import StreamRedactor
+from subtask.model.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
 CLI_CONFIG = "engine.claude.cliPath"
@@ -210,7 +210,7 @@ def _tool_policy(readonly: bool) -> dict[str, Any]:
 
 class _Launch:
     """The CLI as the SDK starts it: `cli_path` names a small script of this attempt's that execs
-    `python -m subtask.isolation` with the real CLI, which dies with the worker, gets a session of
+    `python -m subtask.proc.isolation` with the real CLI, which dies with the worker, gets a session of
     its own (a timeout or `stop` then ends the CLI and every command it started), writes its pid
     to a file (the SDK's public surface does not say it), and enters the job's sandbox when one is
     active (the SDK takes no pre-exec hook and closes every fd, so the launcher rebuilds it from
@@ -221,12 +221,12 @@ class _Launch:
         import sys
         import tempfile
 
-        from subtask import isolation
+        from subtask.proc import isolation
 
         self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=_private_dir(ctx)))
         self.pid_file = self.folder / "pid"
         self.script = self.folder / "claude"
-        words = [sys.executable, "-m", "subtask.isolation", "--parent", str(os.getpid()), "--session",
+        words = [sys.executable, "-m", "subtask.proc.isolation", "--parent", str(os.getpid()), "--session",
                  "--pid-file", str(self.pid_file)]
         spec = isolation.launch_spec()
         if spec is not None:

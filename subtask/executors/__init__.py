@@ -11,7 +11,8 @@ uses before anything heavy is imported (the CLI's hot path never imports Ray).
 
 from __future__ import annotations
 
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
+from subtask.model.job import placement, ray_job_id, runs_remotely
 
 EXECUTORS = ("local", "ray")
 
@@ -26,16 +27,4 @@ def choose(config, flag: str | None) -> str:
     return value
 
 
-def placement(spec) -> dict | None:
-    """The executor facts a job's spec carries when it runs elsewhere (None: runs locally)."""
-    value = getattr(spec, "extra", {}).get("executor")
-    return value if isinstance(value, dict) and value.get("kind") == "ray" else None
-
-
-def runs_remotely(job) -> bool:
-    return placement(job.spec) is not None
-
-
-def ray_job_id(attempt) -> str | None:
-    value = getattr(attempt, "extra", {}).get("ray_job")
-    return value if isinstance(value, str) else None
+__all__ = ["EXECUTORS", "choose", "placement", "ray_job_id", "runs_remotely"]
