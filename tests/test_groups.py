@@ -279,3 +279,28 @@ def test_a_group_start_killed_after_its_records_ends_its_members_failed_and_no_p
     assert group_json(cli, gid)["state"] == "no_pick"
     spend = cli.json("spend")
     assert spend["committed_usd"] == 0.0 and spend["open_usd"] == 0.0
+
+
+def test_a_stale_ref_lock_on_a_group_record_is_removed_and_the_group_still_settles(cli, repo, tmp_path):
+    """A group's record is a commit chain like a job's, kept by the same store: the lock a writer
+    killed inside its update left is removed once stale, and the group settles (not "too much
+    contention", not `running` forever)."""
+    git(repo, "config", "subtask.refLockStale", "1")
+    go = tmp_path / "go"
+    gid, members = started_group(cli.ok("start", "--best-of", "2",
+                                        f"while [ ! -e '{go}' ]; do sleep 0.05; done; echo $SUBTASK_GROUP_MEMBER > m.txt",
+                                        "--verify", "true"))
+    common = (repo / git(repo, "rev-parse", "--git-common-dir")).resolve()
+    lock = common / "refs" / "subtask" / "groups" / gid / "record.lock"
+    try:
+        lock.touch()
+        then = os.stat(lock).st_mtime - 3600
+        os.utime(lock, (then, then))
+        go.touch()
+        waited = cli("wait", gid, "--timeout", "120", timeout=180)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert group_json(cli, gid)["state"] == "picked"
+        assert not lock.exists()
+    finally:
+        go.touch()
+        lock.unlink(missing_ok=True)

@@ -7,11 +7,9 @@ The message body carries one compact JSON line (`LIST_TAG`) that `list` reads wi
 trees, so listing 10,000 jobs costs one object read each.
 
 Invariants:
-- Every update is a compare-and-swap on the old tip (ref lock + re-check), retried on a race;
-  `update` re-reads and re-applies the change, so no writer's change is lost.
-- A ref lock older than `subtask.refLockStale` seconds whose job has no live worker but us was
-  left by a dead writer, and `update` removes it; a younger one is waited for (`lock_wait`), never
-  treated as a lost race.
+- Every update goes through `chains.update` (the store group records share): a compare-and-swap
+  on the old tip, re-read and re-applied on a race, so no writer's change is lost; a stale ref
+  lock whose job has no live worker but us is removed, a younger one waited for.
 - Ids are validated (`model.JOB_ID_RE`) before any ref name is built from them.
 - Pins (`base`, `head`) keep evidence commits alive after the branch is deleted or squashed.
 - Never hand out a `Job` read from a record that is not one (the ref points at a blob, at a commit
@@ -25,12 +23,12 @@ Invariants:
 from __future__ import annotations
 
 import json
-import random
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from subtask.git import chains
+from subtask.git.chains import LOCK_WAIT, cas_ref, ref_lock_age  # noqa: F401  (the names callers use)
 from subtask.git.gitobjects import Ref, commit_message, commit_signed
 from subtask.git.gitrepo import Repo
 from subtask.git.ownership import owned_ref
@@ -167,56 +165,6 @@ def write_commit(repo: Repo, job: Job, parent: str | None) -> str:
     return _write_commit(repo, job, parent)
 
 
-def cas_ref(repo: Repo, name: str, old: str | None, new: str | None, message: str = "git-subtask") -> bool:
-    """Point `name` at `new` (None deletes it) only if it still points at `old` (None: absent)."""
-    return _cas(repo, name, old, new, message) == "ok"
-
-
-def _cas(repo: Repo, name: str, old: str | None, new: str | None, message: str) -> str:
-    """`cas_ref`, saying why it did not write: "ok", "moved" (not at `old`) or "locked"."""
-    return repo.objects.update_refs([(name, old, new)], message)
-
-
-# A ref lock is held for the instant of one update; one older than `subtask.refLockStale` seconds
-# was left by a writer that died inside its update (kill -9).
-LOCK_WAIT = 2.0  # how long an update waits by default for a young ref lock before it gives up
-
-
-def ref_lock_path(repo: Repo, name: str):
-    return repo.common_dir / f"{name}.lock"
-
-
-def ref_lock_age(repo: Repo, name: str) -> float | None:
-    """Seconds since the ref's lock file was made, or None when there is none."""
-    try:
-        return max(time.time() - ref_lock_path(repo, name).stat().st_mtime, 0.0)
-    except OSError:
-        return None
-
-
-def _break_stale_lock(repo: Repo, job_id: str, name: str) -> bool:
-    """Remove the ref lock a dead writer left: older than `subtask.refLockStale`, and no live
-    worker of this job other than ourselves (its run-lock free, or held by this process)."""
-    from subtask.state import liveness
-
-    age = ref_lock_age(repo, name)
-    if age is None or age < repo.config.number("refLockStale"):
-        return False
-    if not liveness.owns(job_id) and liveness.is_held(repo.state_dir, job_id):
-        return False  # its worker is alive: it breaks the lock itself when it needs to
-    try:
-        ref_lock_path(repo, name).unlink()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    import sys
-
-    print(f"git-subtask: removed a stale ref lock ({age:.0f}s old, its writer is gone): "
-          f"{ref_lock_path(repo, name)}", file=sys.stderr)
-    return True
-
-
 def create(repo: Repo, job: Job, *, owned: bool = True) -> None:
     """Write the first record commit; fails if a record with this id already exists.
 
@@ -329,46 +277,23 @@ def _evidence(data: bytes | None, job_id: str) -> Evidence | None:
         return None
 
 
-def _wait_for_ref_lock(repo: Repo, job_id: str, name: str, until: float) -> None:
-    """Return once the ref's lock is gone (or removed as stale); raise at `until`."""
-    while ref_lock_age(repo, name) is not None and not _break_stale_lock(repo, job_id, name):
-        if time.monotonic() >= until:
-            raise SubtaskError(
-                "fatal", f"could not update the record of {job_id}: {ref_lock_path(repo, name)} is locked",
-                hint="it is removed once older than subtask.refLockStale seconds; if no git process "
-                     "is running, remove it yourself")
-        time.sleep(0.02)
-
-
-def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, attempts: int = 200,
+def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, attempts: int = chains.ATTEMPTS,
            lock_wait: float = LOCK_WAIT) -> Job:
-    """Apply `change` to the latest record and write it by compare-and-swap, retrying on a race.
+    """Apply `change` to the latest record and write it by compare-and-swap (`chains.update`).
 
     `change` mutates the job in place and returns False to write nothing (e.g. the attempt it
-    wanted to end has already ended). It may run more than once, so it must be a pure function of
-    the job it is given. A held ref lock is waited for up to `lock_wait` seconds, and removed once
-    it is stale (`_break_stale_lock`); past that, a `SubtaskError` names the lock file.
+    wanted to end has already ended); it may run more than once.
     """
-    name = record_ref(job_id)
-    raced = 0
-    locked_until = None
-    while True:
+    def load() -> tuple[Job, str]:
         job = read(repo, job_id)
-        if change(job) is False:
-            return job
-        new_tip = _write_commit(repo, job, job.tip)
-        outcome = _cas(repo, name, job.tip, new_tip, "git-subtask")
-        if outcome == "ok":
-            job.tip, job.signed = new_tip, repo.config.signing_key() is not None  # (git says if it held)
-            return job
-        if outcome == "locked" and ref_lock_age(repo, name) is not None:
-            locked_until = locked_until or time.monotonic() + lock_wait
-            _wait_for_ref_lock(repo, job_id, name, locked_until)
-            continue
-        raced += 1
-        if raced >= attempts:
-            raise SubtaskError("fatal", f"could not update the record of {job_id}: too much contention")
-        time.sleep(min(0.05, 0.001 * raced) * random.random())
+        return job, job.tip
+
+    job, tip = chains.update(repo, record_ref(job_id), owner=job_id, what=job_id, load=load, change=change,
+                             write=lambda job, parent: _write_commit(repo, job, parent),
+                             attempts=attempts, lock_wait=lock_wait)
+    if tip != job.tip:
+        job.tip, job.signed = tip, repo.config.signing_key() is not None  # (git says if it held)
+    return job
 
 
 def delete(repo: Repo, job_id: str) -> None:
@@ -381,7 +306,7 @@ def delete(repo: Repo, job_id: str) -> None:
 
 def create_branch(repo: Repo, branch: str, commit: str) -> None:
     """Create `refs/heads/<branch>` at `commit`; a fatal error if it exists or is being written."""
-    outcome = _cas(repo, f"refs/heads/{branch}", None, commit, f"branch: Created from {commit}")
+    outcome = chains.cas(repo, f"refs/heads/{branch}", None, commit, f"branch: Created from {commit}")
     if outcome != "ok":
         why = "already exists" if outcome == "moved" else "is locked by another git process"
         raise SubtaskError("fatal", f"cannot create the branch {branch}: it {why}", hint=f"git branch --list {branch}")

@@ -39,12 +39,11 @@ import secrets
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask.git import ownership, records
+from subtask.git import chains, ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import faults, render
@@ -176,15 +175,10 @@ def read(repo: Repo, gid: str) -> tuple[Group, str]:
 
 
 def update(repo: Repo, gid: str, change) -> Group:
-    """Apply `change` (returns False to write nothing) to the latest record, by compare-and-swap."""
-    for tries in range(200):
-        group, tip = read(repo, gid)
-        if change(group) is False:
-            return group
-        if records.cas_ref(repo, group_ref(gid), tip, _write_commit(repo, group, tip), "git-subtask: group"):
-            return group
-        time.sleep(min(0.05, 0.001 * (tries + 1)))
-    raise SubtaskError("fatal", f"could not update the record of group {gid}: too much contention")
+    """Apply `change` (returns False to write nothing) to the latest record (`chains.update`)."""
+    group, _ = chains.update(repo, group_ref(gid), owner=gid, what=f"group {gid}", load=lambda: read(repo, gid),
+                             change=change, write=lambda group, parent: _write_commit(repo, group, parent))
+    return group
 
 
 def all_ids(repo: Repo) -> list[str]:
