@@ -66,14 +66,14 @@ from subtask.state import jobenv, ledger, liveness, privatetext, slots
 class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
-    on: str = "local"  # where it runs: local, or ray (queued in the cluster until a slot is free there)
+    on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
 
     @property
     def state(self) -> str:
         recorded = self.job.state.current.state
         if recorded == WAITING or recorded in TERMINAL:  # --after: waiting, or already moved on
             return recorded
-        return "running" if self.position == 0 and self.on == "local" else "queued"
+        return "running" if self.position == 0 and executors.REGISTRY[self.on].runs_here else "queued"
 
 
 @dataclass
@@ -283,8 +283,9 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     prepared = _prepare(repo, request)
     if prepared.until:
         return _start_waiting(repo, prepared)
-    if prepared.on == "ray":
-        return _start_on_ray(repo, prepared.job, prepared.paid)
+    if not prepared.on.runs_here:
+        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
+        return StartResult(job, 0, on=prepared.on.name)
     if prepared.paid:
         _sync_ledger(repo)
     return _admit_and_launch(repo, prepared.job, prepared.paid,
@@ -298,7 +299,7 @@ class _Prepared:
     job: Job
     paid: bool
     as_written: dict
-    on: str = "local"  # the executor: "local" or "ray"
+    on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
 
 
@@ -354,7 +355,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     return _Prepared(job, engine.paid, as_written, on, until)
 
 
-def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None, list[str] | None, str | None]:
+def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
     from subtask.model.job import ON_FAIL
     from subtask.ops import plans
@@ -371,9 +372,7 @@ def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None
     if request.base not in (None, "", "HEAD"):
         raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
                            "--after, not both")
-    if on != "local":
-        raise SubtaskError("usage", "--after waits here: a job on a Ray cluster cannot wait for others yet",
-                           hint="git subtask start --on local --after ...")
+    on.require("after")
     after, until = plans.resolve_after(repo, list(names))
     return after, until, request.on_fail
 
@@ -404,7 +403,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     return StartResult(job, queue_position(repo, job.id) or 0)
 
 
-def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
+def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[int, list[str]]:
     """The retries and checks a start asks for, validated (docs/verify.md)."""
     retries = request.retries
     if retries is None:
@@ -416,9 +415,8 @@ def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[
                            hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
     if retries and request.readonly:
         raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
-    if retries and on != "local":
-        raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
-                           hint="git subtask start --on local --retries N ...")
+    if retries:
+        on.require("retries")
     given = [request.check] if isinstance(request.check, str) else request.check
     if not request.verify and not given:
         return retries, []  # nothing to check: no import of the checks on start's path
@@ -431,17 +429,6 @@ def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
     return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
-
-
-def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
-    """Submit the job to the Ray cluster (`subtask/executors/ray.py`): checked first (Ray, its
-    address, a dry-run push to the remote), then branch, pin, record, reservation, push, submit.
-    The task as written stays here: nodes run it as recorded (redacted)."""
-    from subtask.executors import ray as ray_executor
-
-    where = ray_executor.target(repo, job.id, job.spec.base)
-    ray_executor.prepare(job, where)
-    return StartResult(ray_executor.start(repo, job, paid, where), 0, on="ray")
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -659,9 +646,7 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
-    if executors.choose(repo.config, request.on) != "local":
-        raise SubtaskError("usage", "--best-of runs its attempts here: a group on a Ray cluster is not supported yet",
-                           hint="git subtask start --on local --best-of N ...")
+    executors.choose(repo.config, request.on).require("best_of")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -719,8 +704,9 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
     if "{files}" not in template:
         raise SubtaskError("usage", "the task names no {files}: say where each job's files go",
                            hint="git subtask map 'src/*.py' 'add type hints to {files}'")
-    if request.readonly or request.after or executors.choose(repo.config, request.on) != "local":
-        raise SubtaskError("usage", "map starts writing jobs here: no --readonly, --after or --on ray")
+    if request.readonly or request.after:
+        raise SubtaskError("usage", "map starts writing jobs now: no --readonly or --after")
+    executors.choose(repo.config, request.on).require("map")
     base = resolve_commit(repo, request.base or "HEAD")
     files = map_files(repo, pattern, base)
     if not files:
@@ -1018,8 +1004,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
-    if executors.runs_remotely(job):
-        raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
+    executor = executors.of(job)
+    if "reply" not in executor.can:
+        raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
@@ -1111,7 +1098,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     from subtask.ops import landing
 
     listed = records.list_entries(repo)
-    if _settle_on_ray(repo, listed):
+    if _settle_elsewhere(repo, listed):
         listed = records.list_entries(repo)
     swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
@@ -1178,14 +1165,15 @@ def branch_moved(repo: Repo, job: Job) -> str | None:
     return ref.target if ref is not None and ref.target != verify.head else None
 
 
-def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:
-    """Bring home the active Ray jobs Ray says ended (one status request each; none: no import)."""
-    active = [e for e in listed if e.get("on") == "ray" and e.get("state") in ("queued", "running")]
-    if not active:
-        return []
-    from subtask.executors import ray as ray_executor
-
-    return ray_executor.settle_active(repo, active)
+def _settle_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
+    """Bring home the active jobs run elsewhere that their executor says ended (one status request
+    each; none active: no import of the executor)."""
+    settled = []
+    for executor in executors.elsewhere():
+        active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]
+        if active:
+            settled += executor.backend().settle_active(repo, active)
+    return settled
 
 
 def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
@@ -1452,11 +1440,9 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             else:
                 time.sleep(WAITING_LOOK)
             continue
-        remote, latest = executors.runs_remotely(latest), None
-        if remote:
-            from subtask.executors import ray as ray_executor
-
-            ray_executor.watch(repo, job_id, cancel)  # Ray's status, at most once a second
+        executor, latest = executors.of(latest), None
+        if not executor.runs_here:
+            executor.backend().watch(repo, job_id, cancel)  # its executor's status (Ray: at most once a second)
             continue
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)
@@ -1510,10 +1496,9 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     if not ownership.owns(repo, job):  # its worker runs in the clone that started it, and ends it there
         raise SubtaskError("negative", f"{job_id} is another clone's job: only its own worker ends it",
                            hint=f"ask whoever started it (its record names clone {job.spec.clone or 'unknown'})")
-    if executors.runs_remotely(job):
-        from subtask.executors import ray as ray_executor
-
-        return ray_executor.stop(repo, job_id)
+    executor = executors.of(job)
+    if not executor.runs_here:
+        return executor.backend().stop(repo, job_id)
     from subtask.ops import plans
 
     # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
@@ -1866,23 +1851,24 @@ def pull(repo: Repo, remote: str = "origin"):
 
     result = sync.pull(repo, remote)
     arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
-    _bring_home_from_ray(repo, arrived + result.new_jobs)
+    _bring_home_from_elsewhere(repo, arrived + result.new_jobs)
     return result
 
 
-def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
-    """Ray jobs of this clone whose final record a pull brought: their branch, reservation, note."""
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
+    """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
+    reservation, note."""
     for job_id in job_ids:
         try:
             job = records.read(repo, job_id)
+            executor = executors.of(job)
         except SubtaskError:
             continue
-        if executors.runs_remotely(job) and job.state.current.terminal and ownership.owns(repo, job):
-            from subtask.executors import ray as ray_executor
+        if not executor.runs_here and job.state.current.terminal and ownership.owns(repo, job):
             from subtask.ops import sync
 
             try:
                 sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
-            ray_executor.bring_home(repo, records.read(repo, job_id))
+            executor.backend().bring_home(repo, records.read(repo, job_id))

@@ -541,3 +541,12 @@ def stop(repo: Repo, job_id: str) -> Job:
     while not settle(repo, job_id, state=state) and time.monotonic() < deadline:
         time.sleep(0.05)  # another command holds its run-lock while it settles it
     return records.read(repo, job_id)
+
+
+def submit(repo: Repo, job: Job, paid: bool) -> Job:
+    """`executors.Elsewhere.submit`: checked first (Ray, its address, a dry-run push to the remote),
+    then the record says where it runs, then branch, pin, record, reservation, push, submit. The
+    task as written stays here: nodes run it as recorded (redacted)."""
+    where = target(repo, job.id, job.spec.base)
+    prepare(job, where)
+    return start(repo, job, paid, where)

@@ -41,6 +41,7 @@ from subtask.model.job import (
     JobState,
     check_id_prefix,
     is_job_id,
+    placement,
 )
 
 PREFIX = "refs/subtask/"
@@ -142,7 +143,7 @@ def list_entry(job: Job) -> dict:
         "base": job.spec.base,
         **({"onto": job.state.rebased_onto} if job.state.rebased_onto else {}),  # land --reconcile moved it
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
-        **({"on": "ray"} if isinstance(job.spec.extra.get("executor"), dict) else {}),  # runs on a cluster
+        **({"on": placement(job.spec)["kind"]} if placement(job.spec) else {}),  # runs elsewhere (a cluster)
         **({"clone": job.spec.clone} if job.spec.clone else {}),  # where it was started (ownership.owns)
         **({"after": job.spec.after} if job.spec.after else {}),  # what it waits (or waited) for
         **({"concurrency": job.spec.concurrency} if job.spec.concurrency else {}),  # a map member's bound

@@ -384,7 +384,7 @@ def _shaped(entry: dict[str, Any], shape: dict[str, type]) -> dict[str, Any]:
 def placement(spec) -> dict | None:
     """The executor facts a job's spec carries when it runs elsewhere (None: runs locally)."""
     value = getattr(spec, "extra", {}).get("executor")
-    return value if isinstance(value, dict) and value.get("kind") == "ray" else None
+    return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
 
 
 def runs_remotely(job) -> bool:

@@ -415,7 +415,7 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
             # (`plans.move_on` reads the group) at every pass until the group has ended.
             slots.add_waiting(rebuilt, entry["id"], repo.common_dir, [str(n) for n in entry["after"]])
             continue
-        if entry.get("state") not in ("queued", "running") or entry.get("on") == "ray":
+        if entry.get("state") not in ("queued", "running") or entry.get("on") not in (None, "local"):
             continue  # a job a cluster runs holds no local slot (subtask/executors)
         concurrency = entry.get("concurrency") if isinstance(entry.get("concurrency"), int) else None
         item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir,
