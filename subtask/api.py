@@ -59,7 +59,7 @@ from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
 from subtask.ops import admission, books, lifecycle
-from subtask.state import jobenv, ledger, liveness, privatetext, slots
+from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 
 @dataclass
@@ -346,7 +346,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
-                      rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+                      rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -454,7 +454,7 @@ def _can_write_state(repo: Repo) -> bool:
     import tempfile
 
     try:
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=liveness.run_dir(repo.state_dir))
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=paths.run_dir(repo.state_dir))
     except OSError as exc:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
     os.close(fd)
@@ -1019,7 +1019,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     n = previous.n + 1
     stored = redact(message)
     attempt = Attempt(n=n, state="queued", message=stored, queued_at=now(), cost=_reserved_cost(usd, engine),
-                      rid=f"{job_id}.{n}" if engine.paid else None, timeout=timeout,
+                      rid=paths.reservation_id(job_id, n) if engine.paid else None, timeout=timeout,
                       max_usd=usd if engine.paid else None, session_id=None)
     job.state.attempts.append(attempt)
     try:

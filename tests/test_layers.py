@@ -158,3 +158,20 @@ def test_the_cli_still_forks_its_worker_now_that_the_worker_main_is_handed_in(cl
     finally:
         release.touch()
     cli.ok("wait", job, timeout=60)
+
+
+def test_state_folder_names_are_spelled_only_in_state_paths():
+    """`<state>/x` built from a literal anywhere but `state/paths.py` is a second spelling of a name
+    one side writes and another reads (docs/architecture.md, state/)."""
+    spelled = []
+    for name, path in modules().items():
+        if name == "subtask.state.paths":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) \
+                    and isinstance(node.right, (ast.Constant, ast.JoinedStr)):
+                left = node.left
+                named = left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", "")
+                if named == "state_dir":
+                    spelled.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not spelled, f"state-folder paths spelled outside subtask/state/paths.py: {spelled}"

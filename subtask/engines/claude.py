@@ -251,9 +251,9 @@ def _private_dir(ctx: EngineContext) -> str | None:
     """The state folder's private run/ (0700) for the launcher's files, else the system's temp."""
     if ctx.state_dir is None:
         return None
-    folder = Path(ctx.state_dir) / "run"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return str(folder)
+    from subtask.state import paths
+
+    return str(paths.run_dir(Path(ctx.state_dir)))
 
 
 def _own_group(pid: int) -> bool:

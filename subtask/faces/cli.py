@@ -312,9 +312,9 @@ def show(job_id, as_json, show_log):
     job = api.get(repo, job_id)
     _emit(replies.shown(repo, job, api.queue_position(repo, job.id)), as_json)
     if show_log and not as_json:
-        from subtask.ops import lifecycle
+        from subtask.state import paths
 
-        log = lifecycle.logs_dir(repo) / f"{job.id}.log"
+        log = paths.log_file(repo.state_dir, job.id)
         echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
 
 

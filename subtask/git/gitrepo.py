@@ -96,9 +96,9 @@ class Repo:
     def state_file(self, stem: str, suffix: str = ".json") -> Path:
         """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
         several repositories may share (`subtask.stateDir`)."""
-        import hashlib
+        from subtask.state import paths
 
-        return self.state_dir / f"{stem}-{hashlib.sha1(str(self.common_dir).encode()).hexdigest()[:8]}{suffix}"
+        return paths.repo_file(self.state_dir, self.common_dir, stem, suffix)
 
     @property
     def state_dir(self) -> Path:

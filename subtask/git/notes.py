@@ -16,10 +16,11 @@ from subtask.git import notes_store, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model.render import note_block
+from subtask.state import paths
 
 
 def lock_path(repo: Repo):
-    return repo.state_dir / "notes.lock"
+    return repo.state_dir / paths.NOTES_LOCK
 
 
 def target_commit(job: Job) -> str:

@@ -30,6 +30,7 @@ import secrets
 
 from subtask.git.gitrepo import Repo, git
 from subtask.model.errors import SubtaskError
+from subtask.state import paths
 
 OWNED_PREFIX = "refs/subtask-owned/"
 THEIRS_PREFIX = "refs/subtask-theirs/"
@@ -61,7 +62,7 @@ def ensure_clone_id(repo: Repo) -> str:
     from subtask.state.statefiles import file_lock
 
     repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with file_lock(repo.state_dir / "clone-id.lock"):
+    with file_lock(repo.state_dir / paths.CLONE_ID_LOCK):
         # Another process may have written it since our settings were read: read the file again.
         local = _local_config(repo)
         current = (local.get("subtask.cloneid") or "").strip()

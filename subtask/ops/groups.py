@@ -52,8 +52,8 @@ from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, now
 from subtask.model.redact import redact
 from subtask.ops import lifecycle
-from subtask.state import liveness
-from subtask.state.statefiles import ensure_dir, file_lock, write_json
+from subtask.state import liveness, paths
+from subtask.state.statefiles import file_lock, write_json
 
 GROUP_ID_RE = re.compile(r"sg-[0-9a-f]{8}")
 GROUP_PREFIX_RE = re.compile(r"sg-[0-9a-f]{0,8}")
@@ -210,7 +210,7 @@ def keep_judge(repo: Repo, gid: str, command: str | None) -> None:
 
 
 def _judge_file(repo: Repo, gid: str) -> Path:
-    return liveness.run_dir(repo.state_dir) / f"{gid}.judge.json"
+    return paths.run_file(repo.state_dir, gid, "judge.json")
 
 
 def _judge_as_written(repo: Repo, group: Group) -> str:
@@ -404,7 +404,7 @@ def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
 
 
 def _decide_once(repo: Repo, gid: str) -> Group:
-    lock = file_lock(ensure_dir(repo.state_dir / "groups") / f"{gid}.lock", timeout=SETTLE_LOCK_WAIT)
+    lock = file_lock(paths.groups_dir(repo.state_dir) / f"{gid}.lock", timeout=SETTLE_LOCK_WAIT)
     with lock:
         group, _tip = read(repo, gid)
         if group.terminal:

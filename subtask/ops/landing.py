@@ -52,14 +52,14 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import SubtaskError
-from subtask.state import liveness
+from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
 if TYPE_CHECKING:
     import pygit2
 
-SWEEP_STAMP = "land-sweep.json"
-PATCH_ID_CACHE = "patch-ids.json"
+SWEEP_STAMP = paths.SWEEP_STAMP
+PATCH_ID_CACHE = paths.PATCH_ID_CACHE
 # Upstream commits examined per sweep: bounds the first sweep of an old repository; jobs whose
 # base is further back than this are still found when merged (reachability), not when squashed.
 MAX_UPSTREAM_COMMITS = 5000
@@ -782,7 +782,7 @@ def index_lock(repo: Repo, workdir: Path, git_dir: Path | None = None) -> Iterat
     between them commits or resets the wrong index.
     """
     key = hashlib.sha1(str(Path(git_dir or repo.git.path).resolve()).encode()).hexdigest()[:16]
-    lock = file_lock(repo.state_dir / f"index-{key}.lock", timeout=INDEX_LOCK_WAIT)
+    lock = file_lock(paths.index_lock(repo.state_dir, key), timeout=INDEX_LOCK_WAIT)
     try:
         lock.acquire()
     except LockTimeout:

@@ -45,7 +45,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref, now
 from subtask.model.redact import redact
 from subtask.ops import groups, integrate, landing, reconcile, reverify
-from subtask.state import liveness
+from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock
 
 KEEP_LANDINGS = 10  # landings kept per record, latest last
@@ -712,7 +712,7 @@ def sweep_scratch(repo: Repo) -> None:
 
 def _queue_lock(repo: Repo):
     repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = file_lock(repo.state_dir / "land.lock", timeout=QUEUE_LOCK_WAIT)
+    lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=QUEUE_LOCK_WAIT)
 
     class _Held:
         def __enter__(self):

@@ -30,30 +30,30 @@ from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.job import WAITING
 from subtask.proc import spawn
-from subtask.state import jobenv, ledger, liveness, ports, privatetext, slots
-from subtask.state.statefiles import ensure_dir, open_private, write_json
+from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
+from subtask.state.statefiles import open_private, write_json
 
 WORKER_DIED = "worker died"
 
 
 def logs_dir(repo: Repo) -> Path:
-    return ensure_dir(repo.state_dir / "logs")
+    return paths.logs_dir(repo.state_dir)
 
 
 def pid_file(state_dir: Path, job_id: str) -> Path:
-    return liveness.run_dir(state_dir) / f"{job_id}.pid"
+    return paths.run_file(state_dir, job_id, "pid")
 
 
 def stop_marker(state_dir: Path, job_id: str) -> Path:
-    return liveness.run_dir(state_dir) / f"{job_id}.stop"
+    return paths.run_file(state_dir, job_id, "stop")
 
 
 def events_file(state_dir: Path, job_id: str) -> Path:
-    return liveness.run_dir(state_dir) / f"{job_id}.events.jsonl"
+    return paths.run_file(state_dir, job_id, "events.jsonl")
 
 
 def engine_file(state_dir: Path, job_id: str) -> Path:
-    return liveness.run_dir(state_dir) / f"{job_id}.engine"
+    return paths.run_file(state_dir, job_id, "engine")
 
 
 def _read_json(path: Path) -> dict:
@@ -125,7 +125,7 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
     remove_pids(repo.state_dir, job_id)
-    log_fd = open_private(logs_dir(repo) / f"{job_id}.log")
+    log_fd = open_private(paths.log_file(repo.state_dir, job_id))
     try:
         pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd, repo)
     finally:
@@ -199,7 +199,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
 def reconcile(repo: Repo) -> list[str]:
     """Notice dead workers and idle slots; end their attempts; hand slots on. Returns ended ids."""
     state_dir = repo.state_dir
-    if not (state_dir / "slots.json").exists() and not (state_dir / "slots.lock").exists():
+    if not (state_dir / paths.SLOTS_FILE).exists() and not (state_dir / paths.SLOTS_LOCK).exists():
         return []
     if nothing_to_reconcile(state_dir):
         return []
@@ -269,7 +269,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     """
     target = repo_of(repo, entry)
     job_id, attempt_n = entry["job"], entry["attempt"]
-    rid = f"{job_id}.{attempt_n}"
+    rid = paths.reservation_id(job_id, attempt_n)
     if target is None:
         return False
     # The engine dies before the attempt is settled and its slot freed: a dead worker's engine

@@ -38,6 +38,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult
 from subtask.model.redact import redact
 from subtask.proc import isolation, procs
+from subtask.state import paths
 from subtask.state.statefiles import file_lock
 
 TAIL_BYTES = 4096  # as much output as a job's own verify keeps
@@ -84,7 +85,7 @@ def add_scratch(repo: Repo, commit: str, name: str) -> Path:
     path = repo.worktree_dir() / f"{name}-{secrets.token_hex(4)}"
     ensure_excluded(repo.common_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(repo.state_dir / "worktree.lock"):  # concurrent `worktree add` can fail (git 2.39)
+    with file_lock(repo.state_dir / paths.WORKTREE_LOCK):  # concurrent `worktree add` can fail (git 2.39)
         git(repo.root, "worktree", "add", "--quiet", "--detach", str(path), commit)
     return path
 

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from subtask.state import liveness
+from subtask.state import paths
 from subtask.state.statefiles import write_json
 
 # Per-process plumbing, never part of a job's environment.
@@ -35,7 +35,7 @@ _NOT_KEPT = ("SUBTASK_LOCK_FD",)
 
 
 def env_file(state_dir: Path, job_id: str) -> Path:
-    return liveness.run_dir(state_dir) / f"{job_id}.env.json"
+    return paths.run_file(state_dir, job_id, "env.json")
 
 
 def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None) -> None:

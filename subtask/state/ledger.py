@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from subtask.model.errors import SubtaskError
+from subtask.state import paths
 from subtask.state.statefiles import naming
 
-LEDGER_NAME = "ledger.jsonl"
-LOCK_NAME = "ledger.lock"
+LEDGER_NAME = paths.LEDGER_FILE
+LOCK_NAME = paths.LEDGER_LOCK
 ROW_VERSION = 1
 FILE_MODE = 0o600
 DIR_MODE = 0o700

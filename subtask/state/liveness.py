@@ -23,15 +23,11 @@ import fcntl
 import os
 from pathlib import Path
 
-from subtask.state.statefiles import ensure_dir
-
-
-def run_dir(state_dir: Path) -> Path:
-    return ensure_dir(state_dir / "run")
+from subtask.state import paths
 
 
 def lock_path(state_dir: Path, job_id: str) -> Path:
-    return run_dir(state_dir) / f"{job_id}.lock"
+    return paths.run_file(state_dir, job_id, "lock")
 
 
 _owned: dict[int, str] = {}  # fd -> job id: the run-locks this process holds (or inherited)
@@ -100,7 +96,7 @@ def release(fd: int | None) -> None:
 
 def is_held(state_dir: Path, job_id: str) -> bool:
     """True while some process holds the job's run-lock exclusively (its worker, or its starter)."""
-    path = state_dir / "run" / f"{job_id}.lock"
+    path = paths.run_file(state_dir, job_id, "lock", make=False)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -116,7 +112,7 @@ def is_held(state_dir: Path, job_id: str) -> bool:
 
 def wait_released(state_dir: Path, job_id: str) -> None:
     """Block until no process holds the job's run-lock exclusively."""
-    path = state_dir / "run" / f"{job_id}.lock"
+    path = paths.run_file(state_dir, job_id, "lock", make=False)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -135,7 +131,8 @@ def lost_holders(state_dir: Path, job_id: str) -> list[int]:
     shows a flock on that very inode. Reads every process's open files (~30 ms for 150
     processes), at most once per `LOST_SCAN_TTL`: only for a missing lock file, which a job that
     ran here never has otherwise."""
-    gone = f"{os.path.realpath(state_dir / 'run')}/{job_id}.lock (deleted)"
+    probe = paths.run_file(state_dir, job_id, "lock", make=False)
+    gone = f"{os.path.realpath(probe.parent)}/{probe.name} (deleted)"
     return _lost_locks().get(gone, [])
 
 

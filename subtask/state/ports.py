@@ -30,14 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subtask.model.errors import SubtaskError
+from subtask.state import paths
 from subtask.state.statefiles import file_lock, write_json
 
-PORTS_FILE = "ports.json"
+PORTS_FILE = paths.PORTS_FILE
 LAST_PORT = 65535
 
 
 def lock(state_dir: Path):
-    return file_lock(state_dir / "ports.lock")
+    return file_lock(state_dir / paths.PORTS_LOCK)
 
 
 def held(state_dir: Path) -> list[dict]:

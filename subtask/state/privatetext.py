@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from subtask.state.liveness import run_dir
+from subtask.state import paths
 from subtask.state.statefiles import write_atomic, write_json
 
 
 def path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.private.json"
+    return paths.attempt_file(state_dir, job_id, attempt, "private.json")
 
 
 def keep(state_dir: Path, job_id: str, attempt: int, *, message: str, stored_message: str,
@@ -70,7 +70,7 @@ def verify(state_dir: Path, job_id: str, attempt_n: int, recorded: str | None) -
 
 
 def task_file_path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.task"
+    return paths.attempt_file(state_dir, job_id, attempt, "task")
 
 
 def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
@@ -83,7 +83,7 @@ def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
 def verify_output_path(state_dir: Path, job_id: str, attempt: int) -> Path:
     """A retry's file of what verify said about the attempt before it (`SUBTASK_VERIFY_OUTPUT`,
     docs/verify.md): the same kind of file, with the same life, as the task file."""
-    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.verify.txt"
+    return paths.attempt_file(state_dir, job_id, attempt, "verify.txt")
 
 
 def keep_verify_output(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:

@@ -34,10 +34,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask.state import liveness
+from subtask.state import liveness, paths
 from subtask.state.statefiles import file_lock, write_json
 
-SLOTS_FILE = "slots.json"
+SLOTS_FILE = paths.SLOTS_FILE
 
 
 @dataclass
@@ -67,7 +67,7 @@ class HandOff:
 
 
 def lock(state_dir: Path):
-    return file_lock(state_dir / "slots.lock")
+    return file_lock(state_dir / paths.SLOTS_LOCK)
 
 
 def read(state_dir: Path) -> Slots:
@@ -84,7 +84,7 @@ def read(state_dir: Path) -> Slots:
     except FileNotFoundError:
         # Missing while the lock file exists means it was deleted, not never made: a running job
         # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
-        return Slots(damaged=(state_dir / "slots.lock").exists())
+        return Slots(damaged=(state_dir / paths.SLOTS_LOCK).exists())
     except (ValueError, OSError) as exc:
         warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
         return Slots(damaged=True)

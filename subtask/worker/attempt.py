@@ -63,7 +63,7 @@ from subtask.ops import groups, lifecycle, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
 from subtask.proc import isolation, spawn
-from subtask.state import jobenv, ledger, liveness, ports, privatetext, slots
+from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import file_lock, open_private
 from subtask.worker import retries
 
@@ -197,7 +197,7 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
-        with stop_deferred(), file_lock(repo.state_dir / "worktree.lock"):
+        with stop_deferred(), file_lock(repo.state_dir / paths.WORKTREE_LOCK):
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
             worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
@@ -713,7 +713,7 @@ class MainWorktreeStatus:
         return self._lines
 
 
-MAIN_INDEX_COPIES = "main-index"  # under the state folder
+MAIN_INDEX_COPIES = paths.MAIN_INDEX_COPIES
 
 
 def main_index_copy(repo: Repo) -> Path | None:

@@ -46,7 +46,7 @@ from subtask.model import claims, faults
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult
 from subtask.ops import books, lifecycle
-from subtask.state import ledger, privatetext, slots
+from subtask.state import ledger, paths, privatetext, slots
 
 VERIFY_OUTPUT_ENV = "SUBTASK_VERIFY_OUTPUT"
 RETRY_ENV = "SUBTASK_RETRY"
@@ -187,7 +187,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
         return refusal
     nxt = Attempt(n=n, state="running", message=stored, queued_at=time.time(),
                   cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=0.0),
-                  rid=f"{job.id}.{n}" if engine.paid else None, timeout=attempt.timeout,
+                  rid=paths.reservation_id(job.id, n) if engine.paid else None, timeout=attempt.timeout,
                   max_usd=usd if engine.paid else None, retry=retry)
     plan.next = nxt
     verify_as_written = privatetext.verify(state_dir, job.id, attempt.n, job.spec.verify)
