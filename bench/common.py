@@ -89,7 +89,7 @@ def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
     deps = sysconfig.get_paths()["purelib"] if not site.getsitepackages() else site.getsitepackages()[0]
     (target / "zz-deps.pth").write_text(deps + "\n")  # a plain path line: no import hook runs
     # `pip install --target` writes no console scripts: the same entry point, written by hand.
-    for name, module in (("git-subtask", "subtask.entry"), ("subtask-mcp", "subtask.mcp_server")):
+    for name, module in (("git-subtask", "subtask.entry"), ("subtask-mcp", "subtask.faces.mcp_server")):
         script = where / "bin" / name
         script.write_text(f"#!{where / 'bin' / 'python'}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
         script.chmod(0o755)

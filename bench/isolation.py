@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from common import make_repo, median_ms, save, sh, subtask_cmd  # noqa: E402
 
-from subtask import isolation  # noqa: E402
+# noqa: E402
+from subtask.proc import isolation
 
 ST = subtask_cmd()
 MODES = ("none", "worktree")

@@ -16,9 +16,10 @@ from pathlib import Path
 import pygit2
 
 from bench.common import make_repo, median_ms, save, sh, timed
-from subtask import landing, records
-from subtask.gitrepo import open_repo
-from subtask.model import Attempt, Cost, Evidence, JobSpec, JobState, new_job_id
+from subtask.git import records
+from subtask.git.gitrepo import open_repo
+from subtask.model.job import Attempt, Cost, Evidence, JobSpec, JobState, new_job_id
+from subtask.ops import landing
 
 JOBS = 200
 UPSTREAM = 50

@@ -1,4 +1,4 @@
-"""How long ten processes queue on one of our state locks (subtask.statefiles.file_lock), and
+"""How long ten processes queue on one of our state locks (subtask.state.statefiles.file_lock), and
 what their waiting costs in CPU.
 
     PYTHONPATH=. python bench/lock_wait.py [--holders 10] [--hold-ms 7] [--rounds 3]
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from subtask.statefiles import file_lock  # noqa: E402
+from subtask.state.statefiles import file_lock  # noqa: E402
 
 KINDS = {"ours (file_lock)": None, "filelock, 2 ms retry": 0.002, "filelock, default 50 ms": 0.05}
 

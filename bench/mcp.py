@@ -53,7 +53,7 @@ def make_repo(path: Path) -> Path:
 
 def params(repo: Path, **extra_env: str) -> StdioServerParameters:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
-    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo), env=env)
+    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -151,7 +151,7 @@ class Ours:
         script = Path(self.python).parent / "subtask-mcp"  # the console script, as clients start it
         if self.python != sys.executable and script.exists():
             return StdioServerParameters(command=str(script), args=[], cwd=str(self.repo), env=self.env)
-        return StdioServerParameters(command=self.python, args=["-m", "subtask.mcp_server"],
+        return StdioServerParameters(command=self.python, args=["-m", "subtask.faces.mcp_server"],
                                      cwd=str(self.repo), env=self.env)
 
     def start_args(self, task: str) -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from subtask import records
-from subtask.gitrepo import open_repo
-from subtask.model import Attempt, Cost, JobSpec, JobState, new_job_id
+from subtask.git import records
+from subtask.git.gitrepo import open_repo
+from subtask.model.job import Attempt, Cost, JobSpec, JobState, new_job_id
 
 
 def fill_history(repo_path: Path, count: int) -> None:

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from subtask.cli import cli
-from subtask.manpage import commands, options, paragraphs, roff, to_html, usage
+from subtask.faces.cli import cli
+from subtask.faces.manpage import commands, options, paragraphs, roff, to_html, usage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -198,13 +198,13 @@ def write_orchestration_doc() -> None:
 
 def mcp_blocks() -> list[tuple[str, str, str | None, bool]]:
     """(call, text, structured JSON or None, is_error) for each entry of MCP_SESSION, over a real
-    stdio session with `python -m subtask.mcp_server` in a scratch repository."""
+    stdio session with `python -m subtask.faces.mcp_server` in a scratch repository."""
     import anyio
     from mcp import Client, StdioServerParameters
 
     tmp, repo, env = _scratch()
     subprocess.run(["git", "-C", str(repo), "config", "subtask.engine", "shell"], check=True, env=env)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
                                    env=dict(env, PYTHONPATH=str(ROOT)))
     out = []
 
@@ -247,7 +247,7 @@ def mcp_tools_table() -> str:
     import anyio
     from mcp import Client
 
-    from subtask.mcp_tools import server
+    from subtask.faces.mcp_tools import server
 
     async def listed():
         async with Client(server, mode="legacy") as client:

@@ -1,4 +1,4 @@
-"""Regenerate subtask/mcp_cache.json: the SDK's own replies that `subtask-mcp` sends before it loads the SDK.
+"""Regenerate subtask/faces/mcp_cache.json: the SDK's own replies that `subtask-mcp` sends before it loads the SDK.
 
     PYTHONPATH=. python scripts/mcp_cache.py [--check]
 
@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 
-from subtask import mcp_server
-from subtask.mcp_tools import describe
+from subtask.faces import mcp_server
+from subtask.faces.mcp_tools import describe
 
 
 def render(cache: dict) -> str:

@@ -4,8 +4,8 @@
 #   bash scripts/quickstart.sh          # the scratch repository is removed at the end
 #   bash scripts/quickstart.sh --keep   # ... or kept, to look around in it
 #
-# It leaves nothing behind: the scratch repository goes (unless --keep), and no command server is
-# started (SUBTASK_SERVER=0), so no process outlives the script. QUICKSTART_SKIP_INSTALL=1 uses
+# It leaves nothing behind: the scratch repository goes (unless --keep), and no process outlives
+# the script (`wait` returns once the job's worker let go). QUICKSTART_SKIP_INSTALL=1 uses
 # the git-subtask already on PATH (the test suite runs it so).
 set -euo pipefail
 keep=0
@@ -16,7 +16,6 @@ if [ -z "${QUICKSTART_SKIP_INSTALL:-}" ]; then
     "$here/.venv/bin/pip" install -q "$here"
     export PATH="$here/.venv/bin:$PATH"
 fi
-export SUBTASK_SERVER=0
 tmp="$(mktemp -d)"
 if [ "$keep" = 0 ]; then
     trap 'rm -rf "$tmp"' EXIT

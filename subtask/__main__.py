@@ -1,5 +1,5 @@
 """`python -m subtask` runs the CLI."""
 
-from subtask.cli import main
+from subtask.faces.cli import main
 
 main()

@@ -28,23 +28,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask import (
-    admission,
-    books,
-    executors,
-    faults,
-    jobenv,
-    ledger,
-    lifecycle,
-    liveness,
-    ownership,
-    privatetext,
-    records,
-    slots,
-    worktrees,
-)
-from subtask.errors import SubtaskError, undo_uninterrupted
-from subtask.gitrepo import (
+from subtask import executors
+from subtask.git import ownership, records, worktrees
+from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
     ensure_excluded,
@@ -52,7 +38,10 @@ from subtask.gitrepo import (
     open_repo,
     resolve_commit,
 )
-from subtask.model import (
+from subtask.git.records import Job, branch_name
+from subtask.model import faults
+from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.model.job import (
     ACTIVE,
     DEPTH_ENV,
     MAX_TASK_BYTES,
@@ -66,24 +55,25 @@ from subtask.model import (
     new_job_id,
     now,
 )
-from subtask.records import Job, branch_name
-from subtask.redact import redact
-from subtask.start_options import BY_NAME as START_OPTIONS
-from subtask.start_options import GROUP_ONLY, StartRequest
+from subtask.model.redact import redact
+from subtask.model.start_options import BY_NAME as START_OPTIONS
+from subtask.model.start_options import GROUP_ONLY, StartRequest
+from subtask.ops import admission, books, lifecycle
+from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 
 @dataclass
 class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
-    on: str = "local"  # where it runs: local, or ray (queued in the cluster until a slot is free there)
+    on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
 
     @property
     def state(self) -> str:
         recorded = self.job.state.current.state
         if recorded == WAITING or recorded in TERMINAL:  # --after: waiting, or already moved on
             return recorded
-        return "running" if self.position == 0 and self.on == "local" else "queued"
+        return "running" if self.position == 0 and executors.REGISTRY[self.on].runs_here else "queued"
 
 
 @dataclass
@@ -186,7 +176,7 @@ def _job_of_env(repo: Repo) -> Job | None:
 def _job_of_ancestry(repo: Repo) -> Job | None:
     """The running job whose engine (its recorded process) this process descends from, or whose
     engine's process group it is in."""
-    from subtask import procs
+    from subtask.proc import procs
 
     mine = set(procs.ancestors()) | {os.getpgrp()}
     for entry in slots.read(repo.state_dir).running:
@@ -293,8 +283,9 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     prepared = _prepare(repo, request)
     if prepared.until:
         return _start_waiting(repo, prepared)
-    if prepared.on == "ray":
-        return _start_on_ray(repo, prepared.job, prepared.paid)
+    if not prepared.on.runs_here:
+        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
+        return StartResult(job, 0, on=prepared.on.name)
     if prepared.paid:
         _sync_ledger(repo)
     return _admit_and_launch(repo, prepared.job, prepared.paid,
@@ -308,7 +299,7 @@ class _Prepared:
     job: Job
     paid: bool
     as_written: dict
-    on: str = "local"  # the executor: "local" or "ray"
+    on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
 
 
@@ -339,7 +330,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     check_worktree_location(worktree)
     created = now()
     if repo.config.sign_mode() == "always":
-        from subtask import signing
+        from subtask.git import signing
 
         signing.require_key(repo)
     clone = ownership.ensure_clone_id(repo)  # made once per clone, after every check of the input
@@ -355,7 +346,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
-                      rid=f"{job_id}.1" if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+                      rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
@@ -364,10 +355,10 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     return _Prepared(job, engine.paid, as_written, on, until)
 
 
-def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None, list[str] | None, str | None]:
+def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
-    from subtask import plans
-    from subtask.model import ON_FAIL
+    from subtask.model.job import ON_FAIL
+    from subtask.ops import plans
 
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
         raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
@@ -381,9 +372,7 @@ def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None
     if request.base not in (None, "", "HEAD"):
         raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
                            "--after, not both")
-    if on != "local":
-        raise SubtaskError("usage", "--after waits here: a job on a Ray cluster cannot wait for others yet",
-                           hint="git subtask start --on local --after ...")
+    on.require("after")
     after, until = plans.resolve_after(repo, list(names))
     return after, until, request.on_fail
 
@@ -391,7 +380,7 @@ def _after(repo: Repo, request: StartRequest, on: str) -> tuple[list[str] | None
 def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
     record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
-    from subtask import plans
+    from subtask.ops import plans
 
     job, state_dir = prepared.job, repo.state_dir
     fd = liveness.acquire(state_dir, job.id, new=True)
@@ -414,7 +403,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     return StartResult(job, queue_position(repo, job.id) or 0)
 
 
-def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[str]]:
+def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[int, list[str]]:
     """The retries and checks a start asks for, validated (docs/verify.md)."""
     retries = request.retries
     if retries is None:
@@ -426,13 +415,12 @@ def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[
                            hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
     if retries and request.readonly:
         raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
-    if retries and on != "local":
-        raise SubtaskError("usage", "--retries runs its attempts here: a verify loop on a Ray cluster is not supported yet",
-                           hint="git subtask start --on local --retries N ...")
+    if retries:
+        on.require("retries")
     given = [request.check] if isinstance(request.check, str) else request.check
     if not request.verify and not given:
         return retries, []  # nothing to check: no import of the checks on start's path
-    from subtask import checks
+    from subtask.git import checks
 
     if given is not None and not isinstance(given, list):
         raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
@@ -443,20 +431,9 @@ def _verify_loop(repo: Repo, request: StartRequest, on: str) -> tuple[int, list[
     return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
 
 
-def _start_on_ray(repo: Repo, job: Job, paid: bool) -> StartResult:
-    """Submit the job to the Ray cluster (`subtask/executors/ray.py`): checked first (Ray, its
-    address, a dry-run push to the remote), then branch, pin, record, reservation, push, submit.
-    The task as written stays here: nodes run it as recorded (redacted)."""
-    from subtask.executors import ray as ray_executor
-
-    where = ray_executor.target(repo, job.id, job.spec.base)
-    ray_executor.prepare(job, where)
-    return StartResult(ray_executor.start(repo, job, paid, where), 0, on="ray")
-
-
 def _isolation(repo: Repo, engine, request: StartRequest):
     """The confinement the job's engine gets; what was asked and cannot be enforced is refused."""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     confined_as = os.environ.get(isolation.ACTIVE_ENV, "none")
     if confined_as != "none" or not _can_write_state(repo):
@@ -477,7 +454,7 @@ def _can_write_state(repo: Repo) -> bool:
     import tempfile
 
     try:
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=liveness.run_dir(repo.state_dir))
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=paths.run_dir(repo.state_dir))
     except OSError as exc:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
     os.close(fd)
@@ -486,7 +463,7 @@ def _can_write_state(repo: Repo) -> bool:
 
 
 def _network(repo: Repo) -> str:
-    from subtask import isolation
+    from subtask.proc import isolation
 
     return isolation.resolve_network(repo.config.get("isolation.network"))
 
@@ -627,7 +604,7 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
 
 def _groups():
-    from subtask import groups
+    from subtask.ops import groups
 
     return groups
 
@@ -669,9 +646,7 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
-    if executors.choose(repo.config, request.on) != "local":
-        raise SubtaskError("usage", "--best-of runs its attempts here: a group on a Ray cluster is not supported yet",
-                           hint="git subtask start --on local --best-of N ...")
+    executors.choose(repo.config, request.on).require("best_of")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -729,8 +704,9 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
     if "{files}" not in template:
         raise SubtaskError("usage", "the task names no {files}: say where each job's files go",
                            hint="git subtask map 'src/*.py' 'add type hints to {files}'")
-    if request.readonly or request.after or executors.choose(repo.config, request.on) != "local":
-        raise SubtaskError("usage", "map starts writing jobs here: no --readonly, --after or --on ray")
+    if request.readonly or request.after:
+        raise SubtaskError("usage", "map starts writing jobs now: no --readonly or --after")
+    executors.choose(repo.config, request.on).require("map")
     base = resolve_commit(repo, request.base or "HEAD")
     files = map_files(repo, pattern, base)
     if not files:
@@ -1001,7 +977,7 @@ def _delete_branch(repo: Repo, branch: str) -> None:
 def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
     ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
-    from subtask import plans
+    from subtask.ops import plans
 
     lifecycle.reconcile(repo)
     plans.advance(repo)
@@ -1028,8 +1004,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
-    if executors.runs_remotely(job):
-        raise SubtaskError("usage", f"{job_id} ran on Ray; a reply to a job run on a cluster is not supported yet",
+    executor = executors.of(job)
+    if "reply" not in executor.can:
+        raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
@@ -1042,7 +1019,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     n = previous.n + 1
     stored = redact(message)
     attempt = Attempt(n=n, state="queued", message=stored, queued_at=now(), cost=_reserved_cost(usd, engine),
-                      rid=f"{job_id}.{n}" if engine.paid else None, timeout=timeout,
+                      rid=paths.reservation_id(job_id, n) if engine.paid else None, timeout=timeout,
                       max_usd=usd if engine.paid else None, session_id=None)
     job.state.attempts.append(attempt)
     try:
@@ -1061,7 +1038,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     # the job's work ends, so the reply continues from it.
     branch_at = None
     if job.spec.branch and repo.git.references.get(f"refs/heads/{job.spec.branch}") is None:
-        from subtask import landing
+        from subtask.ops import landing
 
         branch_at = landing.job_head(repo, job)
     return _admit_and_launch(repo, job, engine.paid, branch_at=branch_at, lock_fd=lock_fd,
@@ -1118,10 +1095,10 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     if state is not None and state not in (*LIST_STATES, "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
-    from subtask import landing
+    from subtask.ops import landing
 
     listed = records.list_entries(repo)
-    if _settle_on_ray(repo, listed):
+    if _settle_elsewhere(repo, listed):
         listed = records.list_entries(repo)
     swept: list[str] = []
     if landing.maybe_sweep(repo, listed):
@@ -1158,7 +1135,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
 def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     """`marks`: a finished job's base behind the land target, jobs that change the same files
     (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
-    from subtask import overlap
+    from subtask.ops import overlap
 
     try:
         overlap.mark(repo, shown, listed)
@@ -1188,14 +1165,15 @@ def branch_moved(repo: Repo, job: Job) -> str | None:
     return ref.target if ref is not None and ref.target != verify.head else None
 
 
-def _settle_on_ray(repo: Repo, listed: list[dict]) -> list[str]:
-    """Bring home the active Ray jobs Ray says ended (one status request each; none: no import)."""
-    active = [e for e in listed if e.get("on") == "ray" and e.get("state") in ("queued", "running")]
-    if not active:
-        return []
-    from subtask.executors import ray as ray_executor
-
-    return ray_executor.settle_active(repo, active)
+def _settle_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
+    """Bring home the active jobs run elsewhere that their executor says ended (one status request
+    each; none active: no import of the executor)."""
+    settled = []
+    for executor in executors.elsewhere():
+        active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]
+        if active:
+            settled += executor.backend().settle_active(repo, active)
+    return settled
 
 
 def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
@@ -1218,7 +1196,7 @@ def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
 def record_facts(repo: Repo, job: Job) -> dict:
     """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
     clone started the job (`ownership`)."""
-    from subtask import signing
+    from subtask.git import signing
 
     return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
 
@@ -1226,7 +1204,7 @@ def record_facts(repo: Repo, job: Job) -> dict:
 def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
     """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
     tip) and `mine`, from the clone id and one listing of ownership refs."""
-    from subtask import signing
+    from subtask.git import signing
 
     checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
     clone = ownership.clone_id(repo)
@@ -1355,7 +1333,11 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
     found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
              and not j.state.current.terminal]
-    return WaitResult(jobs, timed_out=len(done) + len(found) < needed, stalled=found)
+    # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
+    # only a deadline that passed is a timeout.
+    answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)
+    timed_out = deadline is not None and time.monotonic() >= deadline and answered < needed
+    return WaitResult(jobs, timed_out=timed_out, stalled=found)
 
 
 class _StallLook:
@@ -1458,11 +1440,9 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             else:
                 time.sleep(WAITING_LOOK)
             continue
-        remote, latest = executors.runs_remotely(latest), None
-        if remote:
-            from subtask.executors import ray as ray_executor
-
-            ray_executor.watch(repo, job_id, cancel)  # Ray's status, at most once a second
+        executor, latest = executors.of(latest), None
+        if not executor.runs_here:
+            executor.backend().watch(repo, job_id, cancel)  # its executor's status (Ray: at most once a second)
             continue
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)
@@ -1516,11 +1496,10 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     if not ownership.owns(repo, job):  # its worker runs in the clone that started it, and ends it there
         raise SubtaskError("negative", f"{job_id} is another clone's job: only its own worker ends it",
                            hint=f"ask whoever started it (its record names clone {job.spec.clone or 'unknown'})")
-    if executors.runs_remotely(job):
-        from subtask.executors import ray as ray_executor
-
-        return ray_executor.stop(repo, job_id)
-    from subtask import plans
+    executor = executors.of(job)
+    if not executor.runs_here:
+        return executor.backend().stop(repo, job_id)
+    from subtask.ops import plans
 
     # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
     if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
@@ -1539,7 +1518,7 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    from subtask import landing
+    from subtask.ops import landing
 
     path = Path(job.spec.worktree)
     removal, branch = landing.clean_job(repo, job, landing.land_target(repo), dry_run=dry_run)
@@ -1657,7 +1636,7 @@ def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]
 
 def _head_of(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin (so review works after landing)."""
-    from subtask.landing import job_head
+    from subtask.ops.landing import job_head
 
     return job_head(repo, job)
 
@@ -1668,7 +1647,7 @@ def engines(repo: Repo):
 
     config_keys = [entry.name for entry in repo.git.config]
     names = engine_names(configured_command_engines(config_keys))
-    from subtask import isolation
+    from subtask.proc import isolation
 
     probes = []
     for name in names:
@@ -1755,7 +1734,7 @@ def _sync_ledger(repo: Repo) -> None:
 
 def init(repo: Repo, display: bool = False) -> list[str]:
     """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
-    from subtask import notes, notes_store
+    from subtask.git import notes, notes_store
 
     changed = notes.ensure_notes_config(repo)
     notes_store.ensure_ref(repo.git)
@@ -1770,7 +1749,7 @@ def init(repo: Repo, display: bool = False) -> list[str]:
 
 def notes_rebuild(repo: Repo) -> int:
     """Regenerate every job's note block from its record; idempotent. Returns blocks changed."""
-    from subtask import notes
+    from subtask.git import notes
 
     return notes.rebuild(repo)
 
@@ -1778,7 +1757,7 @@ def notes_rebuild(repo: Repo) -> int:
 def verify(repo: Repo, id_or_prefix: str, run: bool = False):
     """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
     verify result; with `run`, its verify command on the exact commit). Returns a `recheck.Recheck`."""
-    from subtask import recheck
+    from subtask.ops import recheck
 
     return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
 
@@ -1802,7 +1781,7 @@ def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False
 
 
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
-    from subtask import landing
+    from subtask.ops import landing
 
     return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
@@ -1811,12 +1790,12 @@ def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None 
          reconcile: bool = False, force: bool = False, dry_run: bool = False):
     """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
     with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`)."""
-    from subtask import landqueue
+    from subtask.ops import landqueue
 
     opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force)
     sweep(repo)
     if dry_run:
-        from subtask import overlap
+        from subtask.ops import overlap
 
         return overlap.plan(repo, ids, opts)
     return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
@@ -1832,20 +1811,20 @@ def _reply_and_wait(repo: Repo):
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
-    from subtask import landing
+    from subtask.ops import landing
 
     return landing.cleanup_merged(repo, dry_run=dry_run)
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
-    from subtask import landing
+    from subtask.ops import landing
 
     sweep(repo)
     return landing.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
 def hooks(repo: Repo, action: str):
-    from subtask import hooks as hooks_mod
+    from subtask.ops import hooks as hooks_mod
 
     return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
 
@@ -1854,7 +1833,7 @@ def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_ru
             where: str | os.PathLike | None = None, on_plan=None):
     """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
     Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
-    from subtask import clients
+    from subtask.ops import clients
 
     root = repo_at(where).root if scope == "project" else None
     act = clients.uninstall if uninstall else clients.install
@@ -1862,33 +1841,34 @@ def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_ru
 
 
 def push(repo: Repo, remote: str = "origin", branches: bool = False):
-    from subtask import sync
+    from subtask.ops import sync
 
     return sync.push(repo, remote, branches=branches)
 
 
 def pull(repo: Repo, remote: str = "origin"):
-    from subtask import sync
+    from subtask.ops import sync
 
     result = sync.pull(repo, remote)
     arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
-    _bring_home_from_ray(repo, arrived + result.new_jobs)
+    _bring_home_from_elsewhere(repo, arrived + result.new_jobs)
     return result
 
 
-def _bring_home_from_ray(repo: Repo, job_ids: list[str]) -> None:
-    """Ray jobs of this clone whose final record a pull brought: their branch, reservation, note."""
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
+    """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
+    reservation, note."""
     for job_id in job_ids:
         try:
             job = records.read(repo, job_id)
+            executor = executors.of(job)
         except SubtaskError:
             continue
-        if executors.runs_remotely(job) and job.state.current.terminal and ownership.owns(repo, job):
-            from subtask import sync
-            from subtask.executors import ray as ray_executor
+        if not executor.runs_here and job.state.current.terminal and ownership.owns(repo, job):
+            from subtask.ops import sync
 
             try:
                 sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
-            ray_executor.bring_home(repo, records.read(repo, job_id))
+            executor.backend().bring_home(repo, records.read(repo, job_id))

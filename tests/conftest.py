@@ -31,42 +31,8 @@ def pytest_configure(config):
     compileall.compile_dir(str(Path(subtask.__file__).parent), quiet=1)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def command_servers(tmp_path_factory):
-    """The warm command servers this session's CLI calls start live in a folder of the session's
-    own, and are stopped at its end: no server outlives the suite, none is shared with the user's."""
-    folder = tmp_path_factory.mktemp("servers")
-    previous = os.environ.get("SUBTASK_SERVER_DIR")
-    os.environ["SUBTASK_SERVER_DIR"] = str(folder)
-    yield folder
-    stop_command_servers(folder)
-    if previous is None:
-        os.environ.pop("SUBTASK_SERVER_DIR", None)
-    else:
-        os.environ["SUBTASK_SERVER_DIR"] = previous
-
-
-def command_server_pids(folder: Path) -> list[int]:
-    pids = []
-    for lock in folder.glob("*/*.sock.lock"):
-        try:
-            pids.append(int(lock.read_text().split()[0]))
-        except (OSError, ValueError, IndexError):
-            pass
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-
-
-def stop_command_servers(folder: Path) -> None:
-    import signal
-
-    for pid in command_server_pids(folder):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-
 # Prints the calling shell's pid as this machine sees it: inside a job's pid namespace `$$` is the
-# namespace's own number (a job's engine is its pid 1), while /proc is the machine's.
+# namespace's own number, while /proc is the machine's.
 HOST_PID = "read -r p _ < /proc/self/stat; echo $p"
 
 BLACKHOLE = "http://127.0.0.1:9"
@@ -228,8 +194,8 @@ def refs(repo: Path, prefix: str = "") -> list[str]:
 
 def running_pids(repo: Path, job: str, timeout: float = 60.0) -> dict:
     """The running job's worker pid and engine group, once both are recorded."""
-    from subtask import lifecycle
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import lifecycle
 
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: {"worker", "engine"} <= lifecycle.read_pids(sdir, job).keys(), timeout=timeout), \
@@ -250,8 +216,8 @@ def kill_worker_and_engine(repo: Path, job: str) -> None:
 def wait_for_run_lock_release(repo: Path, job: str) -> None:
     """Return once nobody holds the job's run-lock (the kernel drops a killed holder's lock a
     moment after the kill returns)."""
-    from subtask import liveness
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.state import liveness
 
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: not liveness.is_held(sdir, job), timeout=60), f"{job}'s run-lock outlived its worker"
@@ -266,3 +232,23 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> bool
             return True
         time.sleep(interval)
     return False
+
+
+def processes_with(token: str) -> list[int]:
+    """The pids whose command line holds `token` (a gate path a test's job waits on, say)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def blocked_on_run_lock(repo: Path, job_id: str) -> bool:
+    """Is some process blocked on a shared flock of the job's run-lock (a watcher of `wait`)?"""
+    inode = (repo / ".git" / "subtask" / "run" / f"{job_id}.lock").stat().st_ino
+    with open("/proc/locks") as fh:
+        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import git, kill_worker_and_engine, refs, wait_until
 
-from subtask import faults, liveness
+from subtask.model import faults
+from subtask.state import liveness
 
 FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
 

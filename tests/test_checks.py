@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import git, make_repo
 
-from subtask import checks
-from subtask.errors import SubtaskError
-from subtask.gitrepo import open_repo
+from subtask.git import checks
+from subtask.git.gitrepo import open_repo
+from subtask.model.errors import SubtaskError
 
 PY_TESTS = """import pytest
 
@@ -170,7 +170,7 @@ def test_resolve_defaults_only_with_a_verify_and_none_drops_what_came_before():
 def test_a_bad_configured_check_names_the_setting():
     with pytest.raises(SubtaskError) as caught:
         checks.resolve(None, "no-test-deletion,nonsense", has_verify=True)
-    assert caught.value.kind == "fatal" and caught.value.message.startswith("git config subtask.checks: unknown check")
+    assert caught.value.kind == "fatal" and caught.value.message.startswith("git config subtask.git.checks: unknown check")
 
 
 @pytest.mark.parametrize("value", ["no-such-check", "paths=", "paths=/etc/**", "paths=../x/**"])

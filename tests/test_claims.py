@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from subtask import claims
-from subtask.claims import Counts
-from subtask.model import VerifyResult
+from subtask.model import claims
+from subtask.model.claims import Counts
+from subtask.model.job import VerifyResult
 
 
 def test_counts_read_from_a_real_pytest_run(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -20,16 +21,16 @@ def test_version_and_short_help(cli):
 
 
 def test_the_man_page_matches_the_commands():
-    from subtask.cli import cli as group
-    from subtask.manpage import roff, to_html
+    from subtask.faces.cli import cli as group
+    from subtask.faces.manpage import roff, to_html
 
     assert (ROOT / "man" / "git-subtask.1").read_text() == roff(group), "run: python scripts/gen_docs.py"
     assert (ROOT / "man" / "git-subtask.html").read_text() == to_html(group), "run: python scripts/gen_docs.py"
 
 
 def test_the_man_page_renders_and_names_every_command(tmp_path):
-    from subtask.cli import cli as group
-    from subtask.manpage import commands
+    from subtask.faces.cli import cli as group
+    from subtask.faces.manpage import commands
 
     page = subprocess.run(["man", "-l", str(ROOT / "man" / "git-subtask.1")], capture_output=True, text=True,
                           env={"MANPAGER": "cat", "PATH": "/usr/bin:/bin", "MANWIDTH": "200"}, check=False)
@@ -185,3 +186,21 @@ def test_status_shows_queue_position_and_activity(cli, repo):
     assert f"{first} running" in out and f"{second} queued (#1 in queue)" in out
     cli.ok("stop", second)
     cli.ok("stop", first)
+
+
+def test_a_command_leaves_no_process_behind(cli, repo, tmp_path):
+    """`git subtask list` in a fresh repository with default settings: when it returns, nothing it
+    started runs on (a warm command server used to, on by default; git's own daemons are opt-in).
+    Whatever such a process would be, it inherits the caller's environment: a mark there finds it."""
+    mark = f"SUBTASK_TEST_MARK={tmp_path.name}"
+    for args in (("list",), ("status",), ("spend",), ("engines",)):
+        cli.ok(*args, env=dict([mark.split("=", 1)]))
+    assert [pid for pid in filter(str.isdigit, os.listdir("/proc")) if mark.encode() in _environ_of(pid)] == []
+
+
+def _environ_of(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""

@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import git, processes_with, running_pids, wait_until
 
-from subtask import isolation, namespaces
-from tests.conftest import git, running_pids, wait_until
+from subtask.proc import isolation, namespaces
 
 LANDLOCK = isolation.support()
 NAMESPACES = namespaces.support()
@@ -84,6 +84,18 @@ def test_a_job_that_points_its_admin_folders_commondir_at_its_own_repository_run
     assert attempt["state"] == "failed" and "commondir" in attempt["reason"], attempt
 
 
+def test_a_job_that_removes_its_dot_git_file_ends_failed_and_cleanup_says_the_same_as_its_dry_run(cli, repo):
+    """Issue 31, item 7: a task that removed its worktree's `.git` ended `done` with 0 changes and
+    its file uncommitted; `cleanup --dry-run` said it would remove, the real cleanup exited 128."""
+    job = cli.start("rm .git && echo x > left.txt")
+    attempt = ended(cli, job)
+    assert attempt["state"] == "failed" and ".git" in attempt["reason"], attempt
+    dry, real = cli("cleanup", job, "--dry-run"), cli("cleanup", job)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert "keeping the worktree" in dry.stderr and "keeping the worktree" in real.stderr
+    assert (repo / ".subtask" / "worktrees" / job / "left.txt").exists()
+
+
 @pytest.mark.parametrize("target", ["refs/heads/main", "refs/notes/subtask", "refs/tags/v1"])
 @needs_landlock
 def test_a_job_that_points_its_head_at_another_ref_moves_nothing(cli, repo, target):
@@ -119,18 +131,6 @@ def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outs
     assert not outside.exists(), "the job's setup script wrote outside its worktree"
 
 
-def processes_with(token: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 @pytest.fixture
 def leftovers(tmp_path):
     """A token for the processes a job leaves behind; any still alive when the test ends is killed."""
@@ -164,14 +164,18 @@ def test_no_child_of_a_job_outlives_it(cli, repo, leftovers, isolation_mode):
 
 
 @needs_namespaces
-def test_no_child_of_a_job_outlives_its_worker_killed(cli, repo, leftovers, tmp_path):
-    """Case 5, the worker SIGKILLed: the kernel ends the job's every process with it."""
+@pytest.mark.parametrize("ending", ["worker killed", "stop"])
+def test_no_child_of_a_job_outlives_its_worker_killed_or_stop(cli, repo, leftovers, tmp_path, ending):
+    """Case 5, the worker SIGKILLed (the kernel ends the job's every process with it), or `stop`."""
     hold = tmp_path / "hold"
     job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
     try:
         assert wait_until(lambda: processes_with(leftovers), timeout=60)
-        os.kill(running_pids(repo, job)["worker"], signal.SIGKILL)
-        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived the killed worker"
+        if ending == "stop":
+            cli.ok("stop", job)
+        else:
+            os.kill(running_pids(repo, job)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: not processes_with(leftovers), timeout=30), f"a child outlived: {ending}"
     finally:
         hold.touch()
 
@@ -192,18 +196,6 @@ def test_an_unconfined_jobs_children_go_when_its_killed_worker_is_settled(cli, r
         hold.touch()
 
 
-@needs_namespaces
-def test_stop_ends_the_children_that_left_the_jobs_process_group(cli, repo, leftovers, tmp_path):
-    hold = tmp_path / "hold"
-    job = cli.start(orphan(leftovers) + f'\nwhile [ ! -e "{hold}" ]; do sleep 0.05; done')
-    try:
-        assert wait_until(lambda: processes_with(leftovers), timeout=60)
-        cli.ok("stop", job)
-        assert wait_until(lambda: not processes_with(leftovers), timeout=30), "a child outlived stop"
-    finally:
-        hold.touch()
-
-
 def metadata(path: Path) -> tuple:
     info = os.lstat(path)
     try:
@@ -218,7 +210,7 @@ def metadata(path: Path) -> tuple:
 def test_a_confined_job_cannot_change_metadata_outside_its_worktree(cli, repo, tmp_path):
     """Case 6: Landlock does not cover a file's mode, owner, times and xattrs; the job changed a
     file in the main checkout (git status then showed it modified) and chmod 777'd a folder of
-    another process (the command server's socket folder)."""
+    another process (the socket folder of the command server there was then)."""
     folder = tmp_path / "sockets"
     folder.mkdir(mode=0o700)
     readme = repo / "README.md"
@@ -308,12 +300,12 @@ def no_namespaces(monkeypatch):
 
 
 def test_doctor_says_what_is_not_confined_without_namespaces(cli, repo):
-    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    proc = cli("doctor", env={namespaces.ENV: "0"})
     line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
     if LANDLOCK.available:
         assert line.lower().startswith("warn") and "no namespaces" in line and "metadata" in line, line
     git(repo, "config", "subtask.isolation.network", "none")
-    proc = cli("doctor", env={namespaces.ENV: "0", "SUBTASK_SERVER": "0"})
+    proc = cli("doctor", env={namespaces.ENV: "0"})
     line = next(line for line in proc.stdout.splitlines() if " isolation " in f" {line} ")
     assert line.lower().startswith("fail") and "network" in line, line
 
@@ -380,7 +372,6 @@ def test_a_full_state_folder_fails_no_innocent_queued_job_and_says_which_folder(
     git(repo, "config", "subtask.maxRunning", "1")
     script = f"""
 set -e
-export SUBTASK_SERVER=0  # the commands run in this mount namespace, not in a warm server outside it
 mount -t tmpfs -o size=4m tmpfs '{state}'
 a=$(git subtask start "yes 'a long line of output' | head -c 20000000" | cut -d' ' -f1)
 b=$(git subtask start 'echo b > b.txt' | cut -d' ' -f1)

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import HOST_PID, git, grant_writable, wait_until
 
-from subtask import lifecycle, liveness, procs
-from subtask.gitrepo import open_repo
+from subtask.git.gitrepo import open_repo
+from subtask.ops import lifecycle
+from subtask.proc import procs
+from subtask.state import liveness
 
 
 def state_dir(repo: Path) -> Path:
@@ -167,22 +169,19 @@ def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
 SPAWN_AND_DIE = r"""
 import os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from subtask import procs
+from subtask.proc import procs
 mode, marker = sys.argv[2], sys.argv[3]
 
 def spawn():
     if mode == "procs":
         procs.run(["sh", "-c", f"echo $$ > {marker}; exec sleep 60"], cwd=".", timeout=120)
-    else:  # the path the claude engine takes: the SDK's anyio.open_process, wrapped
+    else:  # the path the claude engine takes: the SDK's anyio.open_process of our launcher script
         import anyio
+        from types import SimpleNamespace
         from subtask.engines import claude
+        launch = claude._Launch(SimpleNamespace(job_id="t", state_dir=None), "sh")
         async def main():
-            token = claude._NEW_SESSION.set(True)
-            try:
-                proc = await claude._AnyioWithSession(anyio).open_process(
-                    ["sh", "-c", f"echo $$ > {marker}; exec sleep 60"])
-            finally:
-                claude._NEW_SESSION.reset(token)
+            proc = await anyio.open_process([str(launch.script), "-c", f"echo $$ > {marker}; exec sleep 60"])
             await proc.wait()
         anyio.run(main)
 
@@ -193,7 +192,7 @@ spawn()
 @pytest.mark.parametrize("mode", ["procs", "claude_transport"])
 def test_an_engine_child_dies_with_the_process_that_spawned_it(tmp_path, mode):
     """The child setup (PR_SET_PDEATHSIG) on both spawn paths engines use: procs.run (shell,
-    command, codex) and the claude SDK transport's open_process."""
+    command, codex) and the claude SDK's open_process of the launcher its `cli_path` names."""
     marker = tmp_path / "child.pid"
     src = str(Path(__file__).resolve().parents[1])
     parent = subprocess.Popen([sys.executable, "-c", SPAWN_AND_DIE, src, mode, str(marker)])
@@ -346,8 +345,8 @@ def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tm
     """`lifecycle.stop_running` against a worker and an engine that both ignore SIGTERM (so no
     worker cleanup can stand in for it): after the grace, every member of the engine's group is
     gone, not only the pid recorded for it."""
-    from subtask import lifecycle
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import lifecycle
 
     handle = open_repo(repo)
     job = "st-0000abcd"
@@ -382,8 +381,8 @@ def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tm
 RACE_UPDATES = r"""
 import sys, time
 from pathlib import Path
-from subtask import records
-from subtask.gitrepo import open_repo
+from subtask.git import records
+from subtask.git.gitrepo import open_repo
 repo, job, tag, n, go = open_repo(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
 while not go.exists():
     time.sleep(0.005)
@@ -418,7 +417,7 @@ def test_concurrent_record_updates_lose_nothing(cli, repo, tmp_path):
 
 INTERRUPTED_SPAWN = r"""
 import os, signal, sys, threading, time
-from subtask import procs
+from subtask.proc import procs
 marker = sys.argv[1]
 real_setup = procs.child_setup_for
 
@@ -493,3 +492,32 @@ def test_the_starter_recording_its_worker_never_drops_the_engine_the_worker_reco
             starter.kill()
         if job:
             cli("stop", job)
+
+
+def test_a_job_stopped_during_its_checkout_is_cleaned_up(cli, repo, tmp_path):
+    """Stopped after its worktree was registered, before git wrote its files: its folder reads as
+    every file deleted, yet no engine of it ever ran, so `cleanup` removes it (and a stop that
+    lands during `git worktree add` waits for the registration to finish)."""
+    gate = tmp_path / "gate"
+    job = cli.start("echo never > never.txt", env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        cli.ok("stop", job)
+    finally:
+        gate.touch()
+    assert cli.json("show", job)["state"] == "stopped"
+    out = cli.ok("cleanup", job)
+    assert "removed worktree" in out, out
+    assert not (repo / ".subtask" / "worktrees" / job).exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_job_whose_engine_ran_keeps_a_worktree_that_reads_as_changed(cli, repo):
+    """The other side of the rule above: once an engine ran, a worktree git sees changed in (here
+    its index is gone, so every file reads deleted) is kept, whatever made it so."""
+    job = cli.start("echo work > work.txt")
+    cli("wait", job)
+    (repo / ".git" / "worktrees" / job / "index").unlink()
+    proc = cli("cleanup", job)
+    assert proc.returncode == 1 and "keeping the worktree" in proc.stderr, proc.stderr
+    assert (repo / ".subtask" / "worktrees" / job / "work.txt").exists()

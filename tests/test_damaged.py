@@ -10,7 +10,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import git, wait_until
+from conftest import blocked_on_run_lock, git, wait_until
 
 DAMAGE = ("blob", "unrelated-commit", "garbage-json", "wrong-types", "missing-object")
 
@@ -99,13 +99,6 @@ def test_every_command_names_a_damaged_record_and_the_others_carry_on(repo, cli)
         proc = cli(*args)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stdout, proc.stderr)
     assert {kind: record_tip(repo, victim, kind) for kind, victim in victims.items()} == tips
-
-
-def blocked_on_run_lock(repo, job_id: str) -> bool:
-    """Is some process blocked on a shared flock of the job's run-lock (a watcher of `wait`)?"""
-    inode = (repo / ".git" / "subtask" / "run" / f"{job_id}.lock").stat().st_ino
-    with open("/proc/locks") as fh:
-        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks to see the waiter blocked")

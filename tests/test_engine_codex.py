@@ -436,7 +436,7 @@ def test_classify_error(message, kind):
 def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo):
     """On request (`--isolation worktree`) codex runs confined: its home stays writable, its
     commit lands, and a write outside is refused. (Its default stays `none`: its own sandbox.)"""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     if not isolation.support().available:
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
@@ -469,7 +469,7 @@ def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo
 def test_under_git_subtasks_isolation_codexs_own_sandbox_is_refused_not_run(repo):
     """bubblewrap cannot set up its uid map inside Landlock (measured: every command failed and
     the job still ended done): a run under our isolation with codex's sandbox on never starts."""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     ctx, _ = make_ctx(repo, RECORDED)
     ctx.env[isolation.ACTIVE_ENV] = "worktree"
@@ -480,7 +480,7 @@ def test_under_git_subtasks_isolation_codexs_own_sandbox_is_refused_not_run(repo
 
 
 def test_with_its_own_sandbox_off_codex_runs_in_ours_even_read_only(repo):
-    from subtask import isolation
+    from subtask.proc import isolation
 
     ctx, _ = make_ctx(repo, RECORDED, readonly=True, config={"engine.codex.sandbox": "danger-full-access"})
     ctx.env[isolation.ACTIVE_ENV] = "readonly"

@@ -182,7 +182,7 @@ def test_real_claude_code_cli_does_a_job_end_to_end(cli, repo, tmp_path, monkeyp
 def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch):
     """`--isolation worktree` with the real bundled CLI against the fake Messages API: it writes
     and commits in its worktree; a Bash write outside is refused; the record says worktree."""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     if _bundled_cli() is None:
         pytest.skip("this claude-agent-sdk wheel bundles no CLI")
@@ -246,7 +246,7 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
 
 def _money_agrees(cli, repo, job: str, total: float) -> None:
     """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
-    from subtask.render import money
+    from subtask.model.render import money
 
     assert cli.json("spend")["committed_usd"] == pytest.approx(total)
     listed = {e["id"]: e for e in cli.json("list")["jobs"]}
@@ -345,7 +345,7 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
 
 
 def _landlock_or_skip():
-    from subtask import isolation
+    from subtask.proc import isolation
 
     if not isolation.support().available:
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")

@@ -35,14 +35,12 @@ def calls(log: Path, what: tuple[str, ...], by: int | None = None) -> list[str]:
     return [line for line in lines if " ".join(what) in line and (by is None or line.split()[0] == str(by))]
 
 
-@pytest.mark.parametrize("served", ["1", "0"])
-def test_a_forked_worker_asks_git_nothing_its_starter_knew(cli, repo, tmp_path, git_log, served):
+def test_a_forked_worker_asks_git_nothing_its_starter_knew(cli, repo, tmp_path, git_log):
     out = grant_writable(tmp_path / "out")
     out.mkdir()
     # The console script itself: `git subtask` would put git's exec-path, and its git, before the shim.
     console = [str(Path(sys.executable).parent / "git-subtask")]
-    env = dict(os.environ, SUBTASK_SERVER=served)
-    job = subprocess.run([*console, "start", f"echo $SUBTASK_WORKER_PID > {out}/worker"], cwd=repo, env=env, check=True,
+    job = subprocess.run([*console, "start", f"echo $SUBTASK_WORKER_PID > {out}/worker"], cwd=repo, check=True,
                          capture_output=True, text=True, timeout=60).stdout.split()[0]
     cli.ok("wait", job)
     worker = int((out / "worker").read_text())
@@ -75,7 +73,7 @@ def run_over_mcp(repo: Path, tasks: list[str]) -> None:
     from test_mcp import server_env
 
     async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.mcp_server"], cwd=str(repo),
+        params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
                                        env=server_env())
         async with Client(params, mode="legacy") as client:
             started = await client.call_tool("start_many", {"tasks": [{"task": t, "engine": "shell"} for t in tasks]})
@@ -117,7 +115,7 @@ def test_a_job_that_leaves_its_worktree_as_checked_out_asks_git_for_no_status_of
     no `git status` re-reads every file the checkout wrote in the same second (25-35 ms per 2,000)."""
     def run_job(task: str) -> None:
         console = [str(Path(sys.executable).parent / "git-subtask")]  # not `git subtask`: see above
-        job = subprocess.run([*console, "start", task], cwd=repo, env=dict(os.environ, SUBTASK_SERVER="0"), check=True,
+        job = subprocess.run([*console, "start", task], cwd=repo, check=True,
                              capture_output=True, text=True, timeout=60).stdout.split()[0]
         cli.ok("wait", job)
 

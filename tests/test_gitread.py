@@ -10,9 +10,9 @@ import pygit2
 import pytest
 from conftest import git
 
-from subtask import gitobjects
-from subtask.gitrepo import open_repo
-from subtask.records import record_ref
+from subtask.git import gitobjects
+from subtask.git.gitrepo import open_repo
+from subtask.git.records import record_ref
 
 
 def hash_object(repo, text: str) -> str:
@@ -104,7 +104,7 @@ def test_the_repository_is_found_as_git_finds_it(tmp_path):
 
 def test_a_job_looked_up_by_anything_but_an_id_is_a_usage_error(repo, cli):
     from subtask import api
-    from subtask.errors import SubtaskError
+    from subtask.model.errors import SubtaskError
 
     job = cli.start("true")
     cli.ok("wait", job)

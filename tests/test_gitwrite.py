@@ -10,8 +10,8 @@ import pygit2
 import pytest
 from conftest import git
 
-from subtask import gitobjects
-from subtask.gitrepo import open_repo
+from subtask.git import gitobjects
+from subtask.git.gitrepo import open_repo
 
 WHEN = 1_700_000_000  # a fixed time, so that both writers must make the very same commit
 
@@ -71,8 +71,7 @@ def test_both_writers_swap_refs_only_from_the_expected_value(repo, writer):
 
 def import_watch(tmp_path):
     """An environment in which the process that starts (not its forked worker) notes any import of
-    pygit2 in a file: the CLI's own imports, as a user pays them before `start` returns. With no
-    command server: a served call imports nothing, this is the cold path every server's first call takes."""
+    pygit2 in a file: the CLI's own imports, as a user pays them before `start` returns."""
     site, mark = tmp_path / "watch-pygit2", tmp_path / "pygit2-imported"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
@@ -84,7 +83,7 @@ def import_watch(tmp_path):
         f"            open({str(mark)!r}, 'a').write(repr(sys.argv) + '\\n')\n"
         "        return None\n"
         "sys.meta_path.insert(0, _Watch())\n")
-    return {"PYTHONPATH": str(site), "SUBTASK_SERVER": "0"}, mark
+    return {"PYTHONPATH": str(site)}, mark
 
 
 def test_start_never_imports_pygit2_and_its_job_runs_as_before(repo, cli, tmp_path):

@@ -125,7 +125,7 @@ def test_a_judge_orders_the_passing_members_and_one_without_a_number_ranks_last(
 def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
     """The judge runs the user's command on what a member wrote (its conftest.py, its Makefile):
     confined as the member's verify was, it writes nothing outside the member's worktree."""
-    from subtask import isolation
+    from subtask.proc import isolation
 
     if not isolation.support().available:
         pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
@@ -134,6 +134,34 @@ def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
                                   "--verify", "true", "--judge", "sh judge.sh; echo 1"))
     cli("wait", gid)
     assert not outside.exists(), "the judge ran a member's script outside its sandbox"
+
+
+def test_a_judge_run_from_a_threaded_process_is_confined_too(cli, repo, tmp_path):
+    """Whoever settles the group judges (a worker, `wait` with its watcher threads, the MCP
+    server): with other threads alive the judge is still confined (its sandbox is handed to the
+    one child, never made the process's)."""
+    import threading
+
+    from subtask.git import records
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import groups
+    from subtask.proc import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    outside = tmp_path / "judge-wrote"
+    gid, members = started_group(cli.ok("start", "--best-of", "2", "true", "--verify", "true"))
+    cli("wait", gid)
+    opened = open_repo(repo)
+    group, _ = groups.read(opened, gid)
+    hold = threading.Event()
+    other = threading.Thread(target=hold.wait, daemon=True)
+    other.start()
+    try:
+        groups.run_judge(opened, group, f"touch '{outside}'; echo 1", records.read(opened, members[0]))
+    finally:
+        hold.set()
+    assert not outside.exists(), "the judge ran outside the member's sandbox"
 
 
 def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_nothing_left(cli, repo):
@@ -191,7 +219,7 @@ def test_a_member_killed_mid_run_and_a_group_stopped_midway(cli, repo, tmp_path)
 def test_mcp_starts_a_group_and_answers_its_ranking(repo, monkeypatch):
     from mcp import Client
 
-    from subtask.mcp_server import server
+    from subtask.faces.mcp_server import server
 
     monkeypatch.chdir(repo)
 
@@ -251,3 +279,28 @@ def test_a_group_start_killed_after_its_records_ends_its_members_failed_and_no_p
     assert group_json(cli, gid)["state"] == "no_pick"
     spend = cli.json("spend")
     assert spend["committed_usd"] == 0.0 and spend["open_usd"] == 0.0
+
+
+def test_a_stale_ref_lock_on_a_group_record_is_removed_and_the_group_still_settles(cli, repo, tmp_path):
+    """A group's record is a commit chain like a job's, kept by the same store: the lock a writer
+    killed inside its update left is removed once stale, and the group settles (not "too much
+    contention", not `running` forever)."""
+    git(repo, "config", "subtask.refLockStale", "1")
+    go = tmp_path / "go"
+    gid, members = started_group(cli.ok("start", "--best-of", "2",
+                                        f"while [ ! -e '{go}' ]; do sleep 0.05; done; echo $SUBTASK_GROUP_MEMBER > m.txt",
+                                        "--verify", "true"))
+    common = (repo / git(repo, "rev-parse", "--git-common-dir")).resolve()
+    lock = common / "refs" / "subtask" / "groups" / gid / "record.lock"
+    try:
+        lock.touch()
+        then = os.stat(lock).st_mtime - 3600
+        os.utime(lock, (then, then))
+        go.touch()
+        waited = cli("wait", gid, "--timeout", "120", timeout=180)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert group_json(cli, gid)["state"] == "picked"
+        assert not lock.exists()
+    finally:
+        go.touch()
+        lock.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from subtask.render import json_text, safe, safe_line
+from subtask.model.render import json_text, safe, safe_line
 
 # What a hostile text carries: retitle the terminal, clear it, overwrite the line, erase, ring,
 # and reverse what follows (right-to-left override).
@@ -74,7 +74,7 @@ def test_mcp_text_shows_no_raw_control_character(repo, monkeypatch):
     import anyio
     from mcp import Client
 
-    from subtask.mcp_server import server
+    from subtask.faces.mcp_server import server
 
     monkeypatch.chdir(repo)
 
@@ -153,7 +153,7 @@ def test_worktreeinclude_copies_keep_the_source_mode(cli, repo, tmp_path):
 
 def test_a_malformed_json_line_gets_a_parse_error_from_the_stdio_server(repo):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo), env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

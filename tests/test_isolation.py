@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from subtask import isolation, procs
+from subtask.proc import isolation, procs
 from tests.conftest import git, refs
 
 LANDLOCK = isolation.support()
@@ -234,7 +234,7 @@ def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
 
 def test_an_engine_that_cannot_be_confined_is_refused_and_said_so():
     """A third-party engine that does not declare `confinable` (its processes may bypass procs.run)."""
-    from subtask.errors import SubtaskError
+    from subtask.model.errors import SubtaskError
 
     class Plugin:
         name = "plugin"

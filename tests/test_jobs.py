@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import HOST_PID, git, kill_worker_and_engine, running_pids, wait_until
+from conftest import HOST_PID, git, kill_worker_and_engine, processes_with, running_pids, wait_until
 
 
 def state_dir(repo: Path) -> Path:
@@ -33,20 +32,18 @@ def test_wait_exit_codes_follow_the_outcome(cli):
     assert "exited with code 3" in shown["reason"]
 
 
-def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli):
-    slow = cli.start("sleep 60")
+def test_wait_any_returns_at_the_first_end_and_timeout_exits_1(cli, tmp_path):
+    gate = tmp_path / "gate"  # never made: the slow job ends only when stopped
+    slow = cli.start(f"while [ ! -e '{gate}' ]; do sleep 0.05; done")
     fast = cli.start("true")
-    t0 = time.monotonic()
-    proc = cli("wait", "--any", slow, fast)
-    assert time.monotonic() - t0 < 30
-    assert proc.returncode == 1  # the slow one has not ended
-    assert f"{fast} done" in proc.stdout
-    t0 = time.monotonic()
-    proc = cli("wait", "--timeout", "0.5", slow)
-    assert proc.returncode == 1
-    assert time.monotonic() - t0 < 30
-    assert "timed out" in proc.stderr
-    cli.ok("stop", slow)
+    try:
+        proc = cli("wait", "--any", slow, fast)  # returned at all: it did not wait for the slow one
+        assert proc.returncode == 1  # the slow one has not ended
+        assert f"{fast} done" in proc.stdout and cli.json("status", slow)["jobs"][0]["state"] == "running"
+        proc = cli("wait", "--timeout", "0.5", slow)
+        assert proc.returncode == 1 and "timed out" in proc.stderr
+    finally:
+        cli.ok("stop", slow)
 
 
 def test_wait_returns_once_the_worker_has_wrapped_up_so_the_note_and_cleanup_are_there(cli, repo, tmp_path):
@@ -287,13 +284,14 @@ def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo):
     assert "[REDACTED]" in everything
 
 
-def test_verify_timeout_kills_the_verify_process_group(cli, repo):
-    job = cli.start("true", "--verify", "sleep 30", "--verify-timeout", "0.5")
-    t0 = time.monotonic()
-    assert cli("wait", job).returncode == 1
-    assert time.monotonic() - t0 < 25  # the verify would sleep 30 s: below that, however loaded the machine
+def test_verify_timeout_kills_the_verify_process_group(cli, repo, tmp_path):
+    gate = tmp_path / "never-made"  # the verify (and a child of its group) would wait for it forever
+    hold = f"while [ ! -e '{gate}' ]; do sleep 0.05; done"
+    job = cli.start("true", "--verify", f"sh -c \"{hold}\" & {hold}", "--verify-timeout", "0.5")
+    assert cli("wait", job).returncode == 1  # returned at all: the timeout ended verify
     verify = cli.json("show", job)["state_detail"]["attempts"][0]["verify"]
     assert verify["timed_out"] is True and verify["passed"] is False
+    assert wait_until(lambda: not processes_with(str(gate)), timeout=30), "a process of verify outlived its timeout"
 
 
 def test_engine_timeout_ends_the_job_failed_with_kind_timeout(cli):

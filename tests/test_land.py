@@ -541,7 +541,7 @@ def team(tmp_path):
 
 def _forge(path: Path, job_id: str, **spec) -> None:
     """What a hostile teammate can do: append a record commit with any spec (a fast-forward)."""
-    from subtask import gitrepo, records
+    from subtask.git import gitrepo, records
 
     repo = gitrepo.open_repo(path)
     records.update(repo, job_id, lambda j: [setattr(j.spec, k, v) for k, v in spec.items()] and None)

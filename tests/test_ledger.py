@@ -1,4 +1,4 @@
-"""Tests for subtask.ledger: caps, exactly-once settlement, months, torn rows, modes, concurrency."""
+"""Tests for subtask.state.ledger: caps, exactly-once settlement, months, torn rows, modes, concurrency."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from subtask import ledger
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
+from subtask.state import ledger
 
 REPO = Path(__file__).resolve().parent.parent
 NOV = datetime(2025, 11, 30, 23, 59, tzinfo=UTC)
@@ -327,14 +327,26 @@ def test_reserve_locked_needs_the_lock_and_nests_with_summary(state: Path) -> No
 
 
 def test_the_lock_excludes_another_thread(state: Path) -> None:
-    order: list[str] = []
+    """Another thread cannot take the lock while this one holds it, and can once it is let go."""
+    import filelock
+
+    def try_lock(timeout: float) -> bool:
+        try:
+            ledger.lock(state).acquire(timeout=timeout)
+        except filelock.Timeout:
+            return False
+        ledger.lock(state).release()
+        return True
+
+    got: list[bool] = []
     with ledger.lock(state):
-        t = threading.Thread(target=lambda: (res(state, job="t"), order.append("thread")))
+        t = threading.Thread(target=lambda: got.append(try_lock(0.05)))  # the bound only ends a refusal
         t.start()
-        time.sleep(0.2)
-        order.append("holder")
-    t.join(5)
-    assert order == ["holder", "thread"]
+        t.join(30)
+    t = threading.Thread(target=lambda: got.append(try_lock(30)))
+    t.start()
+    t.join(60)
+    assert got == [False, True]
 
 
 # ---------------------------------------------------------------- many processes at once
@@ -342,8 +354,8 @@ def test_the_lock_excludes_another_thread(state: Path) -> None:
 _RESERVE_CHILD = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
-    from subtask import ledger
-    from subtask.errors import SubtaskError
+    from subtask.state import ledger
+    from subtask.model.errors import SubtaskError
     state, me = Path(sys.argv[1]), sys.argv[2]
     (state.parent / f"ready.{me}").touch()
     while not (state.parent / "go").exists():
@@ -361,7 +373,7 @@ _RESERVE_CHILD = textwrap.dedent("""
 _CLOSE_CHILD = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from subtask import ledger
+    from subtask.state import ledger
     state, me, rids = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     (state.parent / f"ready2.{me}").touch()
     while not (state.parent / "go2").exists():

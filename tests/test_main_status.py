@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import git
 
 from subtask import api
-from subtask.worker import MainWorktreeStatus
+from subtask.worker.attempt import MainWorktreeStatus
 
 
 def status(repo: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Tests for subtask.notes_store against real repositories and the real git CLI."""
+"""Tests for subtask.git.notes_store against real repositories and the real git CLI."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from subtask import notes_store
-from subtask.errors import SubtaskError
-from subtask.notes_store import NOTES_REF
+from subtask.git import notes_store
+from subtask.git.notes_store import NOTES_REF
+from subtask.model.errors import SubtaskError
 
 MAIN_DIR = Path(__file__).resolve().parents[1]
 
@@ -353,7 +353,7 @@ def test_stale_ref_lock_gives_fatal_error(
 _WORKER = """
 import json, sys, time
 import pygit2
-from subtask import notes_store
+from subtask.git import notes_store
 args = json.loads(sys.argv[1])
 repo = pygit2.Repository(args["repo"])
 if args["ensure"]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import Cli, git, make_repo
 
-from subtask import packing
-from subtask.gitrepo import open_repo
+from subtask.git import packing
+from subtask.git.gitrepo import open_repo
 
 MANY = 300  # loose blobs: 15 of them in the 16 fan-out folders sampled, an estimate of 240
 # The threshold the tests set: 8 sampled objects. A job adds ~15 objects (record, note), about
@@ -107,7 +107,7 @@ def test_a_worker_that_waited_for_anothers_pack_makes_no_second_one(big):
     """Whether the second packer arrives while the first holds the lock or after, one pack is made."""
     import threading
 
-    from subtask.statefiles import file_lock
+    from subtask.state.statefiles import file_lock
 
     repo = open_repo(big)
     answers = []

@@ -180,7 +180,7 @@ def test_a_waiter_starts_exactly_once_after_every_process_died(cli, repo, tmp_pa
     waiter.wait()
     gate.touch()
     sdir = state_dir(repo)
-    from subtask import liveness
+    from subtask.state import liveness
 
     assert wait_until(lambda: attempt_of(cli, a)["state"] == "done" and not liveness.is_held(sdir, a))
     assert attempt_of(cli, b)["state"] == "waiting"  # the worker that would have started it is gone
@@ -204,7 +204,7 @@ def test_commands_that_see_a_waiter_ready_while_another_starts_it_leave_it_to_th
     b = cli.start(f"echo $SUBTASK_JOB_ID >> '{runs}'", "--after", a)
     env = {"SUBTASK_FAULT_HOLD": f"before_leaving_waiting:{gate}"}
     (tmp_path / "a-gate").touch()
-    from subtask import liveness
+    from subtask.state import liveness
 
     assert wait_until(lambda: attempt_of(cli, a)["state"] == "done" and not liveness.is_held(state_dir(repo), a))
     first = subprocess.Popen(["git", "subtask", "list"], cwd=repo, env=dict(os.environ, **env),
@@ -225,7 +225,7 @@ def test_commands_that_see_a_waiter_ready_while_another_starts_it_leave_it_to_th
 def test_a_worker_that_dies_after_starting_its_waiter_leaves_no_run_lock_held(cli, repo, tmp_path):
     """The waiter's worker is forked from the one that ended: it must not keep that one's run-lock
     (as `wait`, `cleanup` and the sweep read it) held for as long as it runs."""
-    from subtask import liveness
+    from subtask.state import liveness
 
     gate, a_gate = tmp_path / "gate", tmp_path / "a-gate"
     a = cli.start(hold(a_gate), env={"SUBTASK_FAULT": "after_advance"})

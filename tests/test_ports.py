@@ -15,8 +15,8 @@ import pytest
 from conftest import git, kill_worker_and_engine, wait_until
 from test_admission import state_dir
 
-from subtask import ports
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
+from subtask.state import ports
 
 SERVE = """python3 - <<'EOF'
 import os, socket, time

@@ -1,4 +1,4 @@
-"""subtask.procs against real child processes: groups, pipes, timeouts, kills, spawn failures."""
+"""subtask.proc.procs against real child processes: groups, pipes, timeouts, kills, spawn failures."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from subtask import procs
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
+from subtask.proc import procs
 
 PY = sys.executable
 
@@ -222,17 +222,17 @@ def test_keyboard_interrupt_kills_the_group_before_reraising(tmp_path):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = []
     main = threading.get_ident()
+    marker = tmp_path / "both-sleeping"
 
-    def interrupt() -> None:
-        while not started:
+    def interrupt() -> None:  # once run() has the group and its background member exists: events, not a delay
+        while not (started and marker.exists()):
             time.sleep(0.01)
-        time.sleep(0.2)
         signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            procs.run(["sh", "-c", "sleep 30 & sleep 30"], cwd=tmp_path, on_start=started.append,
+            procs.run(["sh", "-c", f"sleep 30 & touch '{marker}'; sleep 30"], cwd=tmp_path, on_start=started.append,
                       kill_grace=1.0)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -290,10 +290,11 @@ def test_kill_group_default_probe_and_sigterm(tmp_path):
     assert proc.returncode == -signal.SIGTERM
 
 
-def test_kill_group_tolerates_a_gone_group():
-    proc = subprocess.Popen(["true"], start_new_session=True)
-    proc.wait()
-    procs.kill_group(proc.pid, grace=0.1)  # no ProcessLookupError
+def test_kill_group_ends_a_group_and_then_tolerates_it_gone():
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & exec sleep 30"], start_new_session=True)
+    procs.kill_group(proc.pid, grace=5.0, is_alive=lambda: proc.poll() is None)
+    assert proc.wait(timeout=30) is not None and wait_group_gone(proc.pid)
+    procs.kill_group(proc.pid, grace=0.1)  # gone: no ProcessLookupError, nothing else signalled
 
 
 @pytest.mark.parametrize("pgid", [0, 1, -5])

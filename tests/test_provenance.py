@@ -19,8 +19,8 @@ from conftest import git, grant_writable, make_team, refs
 # new commit on that record's chain (the way any git-subtask writes one), or as a new record.
 FORGE = """
 import json, sys
-from subtask import api, records
-from subtask.model import JobSpec
+from subtask import api; from subtask.git import records
+from subtask.model.job import JobSpec
 repo = api.repo_at(sys.argv[1])
 job_id, change, new_id = sys.argv[2], sys.argv[3], sys.argv[4]
 if new_id:

@@ -102,7 +102,7 @@ def test_a_job_waiting_on_its_child_lends_it_its_slot_under_max_running_one(cli,
 
 
 def test_a_running_job_lends_its_slot_to_one_child_at_a_time_and_the_count_never_grows(tmp_path):
-    from subtask import slots
+    from subtask.state import slots
 
     current = slots.Slots()
     entry = lambda job, parent=None: slots.make_entry(job, 1, tmp_path, parent=parent)  # noqa: E731
@@ -256,8 +256,9 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
 
     from test_mcp import server_env
 
-    from subtask import lifecycle, liveness
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import lifecycle
+    from subtask.state import liveness
 
     git(repo, "config", "subtask.maxRunning", "1")
     out = tmp_path / "out"
@@ -276,11 +277,11 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
         assert liveness.wait_released(sdir, first) is not False
         script = textwrap.dedent("""
             import os, threading, time
-            from subtask import zygote
+            from subtask.worker import zygote
             assert zygote.start() is not None
             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # no fork from here
             os.environ["AWS_PROFILE"] = "zygote-55aa"
-            from subtask import api, lifecycle
+            from subtask import api; from subtask.ops import lifecycle
             repo = api.repo_at(".")
             api.list_jobs(repo)  # reaps A, hands B its slot through the zygote
             print(lifecycle.read_pids(repo.state_dir, os.environ["JOB"]).get("worker"))
@@ -300,8 +301,9 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
 
 def test_the_spend_in_the_records_is_read_once_per_record_tip(cli, repo, monkeypatch):
     """Thousands of jobs: the charges are cached by record tip, so a second read opens no record."""
-    from subtask import books, records
-    from subtask.gitrepo import open_repo
+    from subtask.git import records
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import books
 
     use_paid_engine(repo)
     jobs = [cli.start(f"cost=0.5 file=f{n}", "--max-usd", "1") for n in range(3)]
@@ -321,8 +323,9 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
     restore appended its reservation: the restore closes it from its final record."""
     import dataclasses
 
-    from subtask import books, ledger
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import books
+    from subtask.state import ledger
 
     use_paid_engine(repo)
     cli.ok("wait", cli.start("cost=0.5", "--max-usd", "1"), timeout=60)

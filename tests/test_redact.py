@@ -1,4 +1,4 @@
-"""subtask.redact: each secret shape, env values, idempotence, ordinary text left alone.
+"""subtask.model.redact: each secret shape, env values, idempotence, ordinary text left alone.
 
 Fake secrets are assembled at run time (prefix + filler) so this file contains no string that a
 secret scanner would flag on push.
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from subtask.redact import MARKER, redact, redact_obj
+from subtask.model.redact import MARKER, redact, redact_obj
 
 NO_ENV: dict[str, str] = {}
 
@@ -290,7 +290,7 @@ def test_redact_obj_scalars_pass_through():
 
 # -- streams: StreamRedactor -----------------------------------------------------------------------
 
-from subtask.redact import StreamRedactor  # noqa: E402
+from subtask.model.redact import StreamRedactor  # noqa: E402
 
 PEM_LINES = ["-----BEGIN RSA PRIVATE KEY-----",
              "MIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgHcTz6sE2I2yPB",

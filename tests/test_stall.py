@@ -32,7 +32,7 @@ def paid_agent(repo: Path) -> None:
 
 def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo, tmp_path):
     from subtask import api
-    from subtask.gitrepo import open_repo
+    from subtask.git.gitrepo import open_repo
 
     stall_after(repo)
     gate = tmp_path / "gate"

@@ -151,7 +151,8 @@ def test_missing_verify_binary_fails_verify_with_exit_127(cli, repo):
 @pytest.mark.parametrize("point", ["after_admit", "after_branch", "after_record", "before_spawn"])
 def test_failure_at_each_start_step_undoes_every_earlier_step(cli, repo, point, monkeypatch):
     """An exception at each step (injected in process) leaves nothing behind."""
-    from subtask import api, faults
+    from subtask import api
+    from subtask.model import faults
 
     before = snapshot(repo)
 

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from conftest import git
 
-from subtask.start_options import OPTIONS, StartRequest
+from subtask.model.start_options import OPTIONS, StartRequest
 
 # What each option is set to, and where the record keeps it (None: a group option, kept by the group).
 VALUES = {
@@ -48,7 +48,7 @@ def test_the_cli_takes_every_option(cli):
 def test_the_mcp_start_tool_and_start_many_items_take_every_option(repo, monkeypatch):
     from mcp import Client
 
-    from subtask.mcp_server import server
+    from subtask.faces.mcp_server import server
 
     monkeypatch.chdir(repo)
 
@@ -90,7 +90,7 @@ def test_every_option_lands_in_the_record(face, cli, repo, monkeypatch):
     else:
         from mcp import Client
 
-        from subtask.mcp_server import server
+        from subtask.faces.mcp_server import server
 
         monkeypatch.chdir(repo)
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
-from subtask import statefiles
-from subtask.statefiles import LockTimeout, file_lock
+from subtask.state import statefiles
+from subtask.state.statefiles import LockTimeout, file_lock
 
 WAITER = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path
-    from subtask.statefiles import file_lock
+    from subtask.state.statefiles import file_lock
     lock = file_lock(Path(sys.argv[1]), timeout=float(sys.argv[2]))
     def cpu():
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -83,7 +83,7 @@ def test_only_one_holder_at_a_time_across_processes_and_threads(tmp_path):
     counter.write_text("0")
     bump = textwrap.dedent(f"""
         from pathlib import Path
-        from subtask.statefiles import file_lock
+        from subtask.state.statefiles import file_lock
         for _ in range(50):
             with file_lock(Path({str(path)!r})):
                 p = Path({str(counter)!r}); p.write_text(str(int(p.read_text()) + 1))

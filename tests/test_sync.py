@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import git, make_team, refs
 
-from subtask import sync
+from subtask.ops import sync
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_a_record_that_differs_locally_is_never_overwritten(team):
     # both clones add a fact to the same record: the histories diverge
     for path, word in ((a, "from-a"), (b, "from-b")):
         subprocess.run([sys.executable, "-c", (
-            "import sys; from subtask import api, records\n"
+            "import sys; from subtask import api; from subtask.git import records\n"
             "repo = api.repo_at(sys.argv[1])\n"
             "records.update(repo, sys.argv[2], lambda j: j.state.extra.__setitem__('mark', sys.argv[3]))\n"
         ), str(path), shared, word], check=True)
@@ -119,7 +119,7 @@ def test_push_and_pull_need_a_real_remote(team):
 # ---------------------------------------------------------------- races and older copies
 
 UPDATE_RECORD = (
-    "import os, sys, time; from subtask import api, records\n"
+    "import os, sys, time; from subtask import api; from subtask.git import records\n"
     "repo, job_id, until = api.repo_at(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
     "i = 0\n"
     "while True:\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import git, make_repo, refs, wait_for_run_lock_release
 
-from subtask import ledger
-from subtask.gitrepo import open_repo
+from subtask.git.gitrepo import open_repo
+from subtask.state import ledger
 
 # Each run counts itself in n.txt (so every attempt changes something) and keeps what the retry
 # was told about verify.
@@ -281,7 +281,7 @@ def test_mcp_start_takes_retries_and_checks_and_answers_like_the_cli(project, mo
     import anyio
     from mcp import Client
 
-    from subtask.mcp_server import server
+    from subtask.faces.mcp_server import server
 
     monkeypatch.chdir(project)
     task = ('if [ -n "$SUBTASK_VERIFY_OUTPUT" ]; then sed -i "s/a [*] b/a + b/" src/calc.py; '
@@ -320,7 +320,8 @@ def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits
     recorded run there too, so a record that says "passed" of a deleted test is not enough."""
     from conftest import Cli
 
-    from subtask import records, reverify
+    from subtask.git import records
+    from subtask.ops import reverify
 
     cli = Cli(project)
     job = cli.start("git rm -q tests/test_calc.py", "--verify", "true")

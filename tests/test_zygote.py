@@ -1,4 +1,4 @@
-"""The workers' fork server (subtask.zygote): real MCP servers, real zygotes, real workers."""
+"""The workers' fork server (subtask.worker.zygote): real MCP servers, real zygotes, real workers."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from conftest import git, wait_until
 from test_mcp import JsonRpc, job_id_in, server_env
 
-from subtask import liveness
-from subtask.gitrepo import open_repo
-from subtask.lifecycle import read_pids
+from subtask.git.gitrepo import open_repo
+from subtask.ops.lifecycle import read_pids
+from subtask.state import liveness
 
 
 def ppid(pid: int) -> int:
@@ -47,7 +47,7 @@ def children(pid: int) -> list[int]:
 class Server:
     def __init__(self, repo: Path, **env: str) -> None:
         self.repo = repo
-        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo),
+        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
                                      env=dict(server_env(), **env), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.rpc = JsonRpc(self.proc)
@@ -164,7 +164,7 @@ def test_the_zygote_dies_with_its_server(repo, tmp_path):
 
 
 def test_no_zygote_when_spawns_must_exec(repo):
-    proc = subprocess.Popen([sys.executable, "-m", "subtask.mcp_server"], cwd=str(repo),
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
                             env=dict(server_env(), SUBTASK_SPAWN="exec"), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     JsonRpc(proc).initialize()
@@ -178,14 +178,14 @@ def test_the_worker_runs_with_the_callers_environment_at_request_time(repo, cli)
     """The zygote's environment is the one its parent had at fork time; the request's wins."""
     script = textwrap.dedent("""
         import os, sys, threading, time
-        from subtask import zygote
+        from subtask.worker import zygote
         z = zygote.start()
         assert z is not None
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # no fork from here
         os.environ["SUBTASK_FAULT"] = "worker_start"  # set after the zygote was forked
         from subtask import api
-        from subtask.gitrepo import open_repo
-        from subtask.lifecycle import read_pids
+        from subtask.git.gitrepo import open_repo
+        from subtask.ops.lifecycle import read_pids
         repo = open_repo(".")
         job = api.start(repo, api.StartRequest(task="echo x > out.txt")).job.id
         worker = read_pids(repo.state_dir, job)["worker"]
@@ -208,7 +208,7 @@ def test_a_zygote_whose_server_left_while_it_preloaded_exits_quietly(repo):
     traceback on the server's stderr."""
     script = textwrap.dedent("""
         import os
-        from subtask import zygote
+        from subtask.worker import zygote
         z = zygote.start()
         z.preload()   # the zygote starts importing what a worker needs
         z.retire()    # and its server closes the socket before the zygote can say ready

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from subtask.engines.base import Engine
-from subtask.errors import SubtaskError
+from subtask.model.errors import SubtaskError
 
 BUILTIN = ("shell", "claude", "codex", "command")
 ENTRY_POINT_GROUP = "subtask.engines"

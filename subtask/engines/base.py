@@ -8,7 +8,7 @@ claimed status, cost) apart from what the worker later observes in git.
 Invariants:
 - `run` never raises for a failure of the agent: it returns an Outcome with `error_kind` set.
   Exceptions are reserved for bugs; the worker turns them into `failed` with kind `engine`.
-- Every child process runs in its own process group (`subtask.procs.run`) so `stop` and timeouts
+- Every child process runs in its own process group (`subtask.proc.procs.run`) so `stop` and timeouts
   can end the whole tree.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-SUMMARY_MAX_LINES = 10
+from subtask.model.render import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.
 ERROR_HINTS: dict[str, str] = {
@@ -119,7 +119,7 @@ class EngineContext:
     def task_file(self) -> Path:
         """The task in a private file for this attempt (`privatetext.task_file`): an argv element
         holds at most 128 KiB, a task up to 1 MiB. Removed when the attempt ends."""
-        from subtask import privatetext
+        from subtask.state import privatetext
 
         state_dir = self.state_dir or self.git_common_dir / "subtask"
         return privatetext.task_file(state_dir, self.job_id, self.attempt, self.task)

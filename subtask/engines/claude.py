@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextvars
 import importlib.util
 import json
 import os
@@ -38,7 +37,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
-from subtask.redact import StreamRedactor
+from subtask.model.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
 CLI_CONFIG = "engine.claude.cliPath"
@@ -175,8 +174,9 @@ def _auth_state() -> tuple[bool, str]:
 # --- options ---------------------------------------------------------------------------------
 
 
-def build_options(ctx: EngineContext, stderr: Any = None) -> Any:
-    """The ClaudeAgentOptions for one attempt (imports the SDK)."""
+def build_options(ctx: EngineContext, stderr: Any = None, cli_path: str | None = None) -> Any:
+    """The ClaudeAgentOptions for one attempt (imports the SDK); `cli_path`: the launcher script
+    (`_Launch`), else the explicit CLI, else the SDK's own choice."""
     from claude_agent_sdk import ClaudeAgentOptions
 
     protocol = delegation_protocol(ctx)
@@ -191,7 +191,7 @@ def build_options(ctx: EngineContext, stderr: Any = None) -> Any:
         # The repo's own .claude/settings*.json and CLAUDE.md apply, as they would interactively.
         setting_sources=["user", "project", "local"],
         system_prompt={"type": "preset", "preset": "claude_code", "append": protocol},
-        cli_path=_explicit_cli(ctx),
+        cli_path=cli_path or _explicit_cli(ctx),
         stderr=stderr,
         **tools,
     )
@@ -205,110 +205,55 @@ def _tool_policy(readonly: bool) -> dict[str, Any]:
     return {"permission_mode": "acceptEdits", "allowed_tools": list(WRITE_TOOLS)}
 
 
-# --- the process group -----------------------------------------------------------------------
-
-# Set only while our transport spawns the CLI, so the open_process wrapper below changes nothing
-# for any other caller (other threads and tasks see the default).
-_NEW_SESSION: contextvars.ContextVar[bool] = contextvars.ContextVar("subtask_new_session",
-                                                                    default=False)
+# --- the process: started by the SDK through `cli_path`, a launcher of ours ---------------------
 
 
-class _AnyioWithSession:
-    """The `anyio` module as the SDK transport sees it, starting the CLI in a new session.
+class _Launch:
+    """The CLI as the SDK starts it: `cli_path` names a small script of this attempt's that execs
+    `python -m subtask.proc.isolation` with the real CLI, which dies with the worker, gets a session of
+    its own (a timeout or `stop` then ends the CLI and every command it started), writes its pid
+    to a file (the SDK's public surface does not say it), and enters the job's sandbox when one is
+    active (the SDK takes no pre-exec hook and closes every fd, so the launcher rebuilds it from
+    `isolation.launch_spec`). Only `ClaudeAgentOptions.cli_path`: no SDK internals."""
 
-    The SDK spawns the CLI in our process group and offers no option to change that; a new
-    session lets a timeout or `stop` end the CLI together with the commands it started.
-    """
+    def __init__(self, ctx: EngineContext, cli: str) -> None:
+        import shlex
+        import sys
+        import tempfile
 
-    def __init__(self, anyio_module: Any) -> None:
-        self._anyio = anyio_module
+        from subtask.proc import isolation
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._anyio, name)
+        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=_private_dir(ctx)))
+        self.pid_file = self.folder / "pid"
+        self.script = self.folder / "claude"
+        words = [sys.executable, "-m", "subtask.proc.isolation", "--parent", str(os.getpid()), "--session",
+                 "--pid-file", str(self.pid_file)]
+        spec = isolation.launch_spec()
+        if spec is not None:
+            sandbox = self.folder / "sandbox.json"
+            sandbox.write_text(json.dumps(spec))
+            words += ["--sandbox", str(sandbox)]
+        command = " ".join(shlex.quote(w) for w in [*words, "--", cli])
+        self.script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        self.script.chmod(0o700)
 
-    async def open_process(self, *args: Any, **kwargs: Any) -> Any:
-        if not _NEW_SESSION.get():
-            return await self._anyio.open_process(*args, **kwargs)
-        kwargs.setdefault("start_new_session", True)
-        args, kwargs = _confined(args, kwargs)
-        return await _open_process_with_child_setup(self._anyio, *args, **kwargs)
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
 
-
-async def _open_process_with_child_setup(anyio_module: Any, command: Any, **kwargs: Any) -> Any:
-    """`anyio.open_process` plus `procs.child_setup_for` in the child (the CLI dies with the
-    worker), which anyio's public signature cannot pass: its backend hands extra keywords on to
-    `subprocess.Popen`. The call runs on the event loop's thread, the worker's main thread."""
-    from subtask import procs
-
-    try:
-        from anyio._core._eventloop import get_async_backend
-    except ImportError:
-        return await anyio_module.open_process(command, **kwargs)
-    for key in ("user", "group", "extra_groups"):
-        if kwargs.get(key, 0) is None:
-            del kwargs[key]  # as the public open_process does: None means "leave it"
-    if kwargs.get("umask", 0) < 0:
-        del kwargs["umask"]
-    for key, default in (("stdin", -1), ("stdout", -1), ("stderr", -1)):
-        kwargs.setdefault(key, default)
-    return await get_async_backend().open_process(command, preexec_fn=procs.child_setup_for(os.getpid()),
-                                                  **kwargs)
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _confined(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The CLI's command through git-subtask's isolation launcher while a job's isolation is active."""
-    from subtask import isolation
-
-    command = kwargs.pop("command", None) if not args else args[0]
-    command, keep = isolation.confined_argv(list(command))
-    if keep:
-        kwargs["pass_fds"] = tuple(kwargs.get("pass_fds", ())) + keep
-    return (command, *args[1:]), kwargs
-
-
-def _install_session_hook() -> bool:
-    try:
-        from claude_agent_sdk._internal.transport import subprocess_cli
-    except ImportError:
-        return False
-    current = getattr(subprocess_cli, "anyio", None)
-    if current is None:
-        return False
-    if not isinstance(current, _AnyioWithSession):
-        subprocess_cli.anyio = _AnyioWithSession(current)
-    return True
-
-
-def _make_transport(prompt: str, options: Any, on_spawn: Any) -> Any | None:
-    """A SubprocessCLITransport that starts the CLI in its own session and reports its pid.
-
-    None when the SDK's internals differ from what this expects: query() then builds its own.
-    """
-    try:
-        from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
-    except ImportError:
+def _private_dir(ctx: EngineContext) -> str | None:
+    """The state folder's private run/ (0700) for the launcher's files, else the system's temp."""
+    if ctx.state_dir is None:
         return None
-    if not _install_session_hook():
-        return None
+    from subtask.state import paths
 
-    class _SessionTransport(SubprocessCLITransport):  # type: ignore[misc, valid-type]
-        async def connect(self) -> None:
-            token = _NEW_SESSION.set(True)
-            try:
-                await super().connect()
-            finally:
-                _NEW_SESSION.reset(token)
-            process = getattr(self, "_process", None)
-            if process is not None:
-                on_spawn(process.pid)
-
-    return _SessionTransport(prompt=prompt, options=options)
-
-
-def _isolation_active() -> bool:
-    from subtask import isolation
-
-    return isolation.active()
+    return str(paths.run_dir(Path(ctx.state_dir)))
 
 
 def _own_group(pid: int) -> bool:
@@ -354,29 +299,43 @@ class _Attempt:
     async def main(self) -> Outcome:
         import anyio
 
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
-                if self.ctx.timeout:
-                    tg.start_soon(self._watchdog, self.ctx.timeout, scope)
-                await self._consume()
-                tg.cancel_scope.cancel()
+        cli = _find_cli(self.ctx)
+        if cli is None:  # never let the SDK find one of its own: it would run unconfined, in our group
+            from claude_agent_sdk import CLINotFoundError
+
+            self.error = CLINotFoundError("no Claude Code CLI found (pip install claude-agent-sdk bundles it; "
+                                          f"or set {CLI_ENV} or git config subtask.{CLI_CONFIG})")
+            return self._outcome()
+        launch = _Launch(self.ctx, cli)
+        try:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    if self.ctx.timeout:
+                        tg.start_soon(self._watchdog, self.ctx.timeout, scope)
+                    tg.start_soon(self._watch_launch, launch)
+                    await self._consume(launch)
+                    tg.cancel_scope.cancel()
+        finally:
+            launch.close()
         return self._outcome()
 
-    async def _consume(self) -> None:
+    async def _consume(self, launch: _Launch) -> None:
         from claude_agent_sdk import query
 
         try:
-            options = build_options(self.ctx, stderr=self._on_stderr)
-            transport = _make_transport(self.ctx.task, options, self._on_spawn)
-            if transport is None and _isolation_active():
-                # Only our transport starts the CLI through the isolation launcher: never unconfined.
-                raise RuntimeError("isolation is on, but this claude-agent-sdk cannot be confined "
-                                   "(its transport differs); start with --isolation none")
-            async for message in query(prompt=self.ctx.task, options=options,
-                                       transport=transport):
+            options = build_options(self.ctx, stderr=self._on_stderr, cli_path=str(launch.script))
+            async for message in query(prompt=self.ctx.task, options=options):
                 self._on_message(message)
         except Exception as exc:  # every SDK failure becomes an error kind, never a raise
             self.error = exc
+
+    async def _watch_launch(self, launch: _Launch) -> None:
+        """Report the CLI's pid once the launcher has written it (it waits for nothing else)."""
+        import anyio
+
+        while (pid := launch.pid()) is None:
+            await anyio.sleep(0.01)
+        self._on_spawn(pid)
 
     def _on_stderr(self, line: str) -> None:
         line = self._stderr_redactor.line(line)

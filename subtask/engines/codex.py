@@ -51,8 +51,8 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
-from subtask.isolation import ACTIVE_ENV, worktree_admin_dir
-from subtask.redact import StreamRedactor
+from subtask.model.redact import StreamRedactor
+from subtask.proc.isolation import ACTIVE_ENV, worktree_admin_dir
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -380,7 +380,7 @@ class CodexEngine:
     # -- run ----------------------------------------------------------------------------------
 
     def run(self, ctx: EngineContext) -> Outcome:
-        from subtask import procs
+        from subtask.proc import procs
 
         name = self._binary_name(ctx.config, ctx.env)
         binary = self._which(name, ctx.env)

@@ -189,7 +189,7 @@ class CommandEngine:
 
     @staticmethod
     def _spawn(ctx: EngineContext, argv: list[str], output: _Output) -> Any:
-        from subtask import procs
+        from subtask.proc import procs
 
         return procs.run(argv, cwd=ctx.worktree, env=ctx.env, timeout=ctx.timeout,
                          on_stdout_line=output.on("stdout"), on_stderr_line=output.on("stderr"),

@@ -37,7 +37,7 @@ class ShellEngine:
         return Probe(self.name, bash is not None, True, version, self.paid, self.isolation)
 
     def run(self, ctx: EngineContext) -> Outcome:
-        from subtask import procs
+        from subtask.proc import procs
 
         output: list[str] = []
 

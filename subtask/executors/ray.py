@@ -38,11 +38,13 @@ import warnings
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from subtask import books, ledger, lifecycle, liveness, records, sync
-from subtask.errors import SubtaskError, undo_uninterrupted
 from subtask.executors import placement, ray_job_id
-from subtask.gitrepo import Repo, git
-from subtask.records import Job
+from subtask.git import records
+from subtask.git.gitrepo import Repo, git
+from subtask.git.records import Job
+from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.ops import books, lifecycle, sync
+from subtask.state import ledger, liveness
 
 RESOURCE = "subtask_slot"
 STATUS_INTERVAL = 1.0  # seconds between status requests for one job (the promise: at most 1/s)
@@ -291,7 +293,8 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
     """End a queued attempt that no node has claimed: the stopped record is pushed first (a
     fast-forward of the queued one, never forced) and only then written here; False when the
     remote refused it (a node claimed the attempt first: Ray's stop ends it there)."""
-    from subtask import jobenv, notes, privatetext
+    from subtask.git import notes
+    from subtask.state import jobenv, privatetext
 
     fd = liveness.acquire(repo.state_dir, job_id, block=False)
     if fd is None:
@@ -353,7 +356,7 @@ def ray_state(job: Job) -> RayState:
 
 def log_tail(job: Job) -> str:
     """The last lines of the Ray job's log (the node's words on why it ended), redacted."""
-    from subtask.redact import redact
+    from subtask.model.redact import redact
 
     where = placement(job.spec)
     try:
@@ -538,3 +541,12 @@ def stop(repo: Repo, job_id: str) -> Job:
     while not settle(repo, job_id, state=state) and time.monotonic() < deadline:
         time.sleep(0.05)  # another command holds its run-lock while it settles it
     return records.read(repo, job_id)
+
+
+def submit(repo: Repo, job: Job, paid: bool) -> Job:
+    """`executors.Elsewhere.submit`: checked first (Ray, its address, a dry-run push to the remote),
+    then the record says where it runs, then branch, pin, record, reservation, push, submit. The
+    task as written stays here: nodes run it as recorded (redacted)."""
+    where = target(repo, job.id, job.spec.base)
+    prepare(job, where)
+    return start(repo, job, paid, where)

@@ -1,0 +1,887 @@
+"""The `git subtask` command line: parse, call `api`, render. No logic lives here.
+
+Every text printed goes through `echo` (control characters made visible, `render.safe`) or
+`_emit_json` (exact values, escaped); the only raw escape sequences are `watch`'s own redraws.
+
+One error path: `SubtaskError` becomes `error: <message>` (plus `hint:`) on stderr and git's exit
+code; click usage errors exit 129; anything unexpected is reported in one line (set
+SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
+
+`api` (and with it pygit2) is imported inside the commands, so `--version` and `-h` stay instant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from subtask import __version__
+from subtask.model.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError, from_os_error
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
+    """Print text for a person: control characters made visible (`render.safe`), since jobs carry
+    text from models and teammates; the faces print nothing any other way (JSON: `_emit_json`)."""
+    from subtask.model.render import safe
+
+    click.echo(safe(str(text)), err=err, nl=nl)
+
+
+def _emit_json(obj) -> None:
+    from subtask.model.render import json_text
+
+    click.echo(json_text(obj, indent=2, sort_keys=False, default=str))
+
+
+def _repo():
+    from subtask import api
+
+    return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
+
+
+TTY_ENV = "SUBTASK_TTY"  # "1": treat stdout and stderr as a terminal (tests cannot easily give one)
+
+
+def on_terminal(stream=None) -> bool:
+    """Whether a person reads `stream` (default stdout). Words only a person needs ("no jobs",
+    what a sweep removed) go to a terminal only: a script piping the output sees what it always saw."""
+    if os.environ.get(TTY_ENV) == "1":
+        return True
+    stream = stream or sys.stdout
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say_nothing(text: str) -> None:
+    """The one line a command says when it has nothing to show: on stdout for a person at a
+    terminal, else on stderr, so a script reading stdout sees what it always saw (nothing) and
+    whoever reads the rest (a harness, an agent) still learns that there was nothing."""
+    echo(text, err=not on_terminal())
+
+
+def _emit(reply, as_json: bool = False) -> None:
+    """Print a `replies.Reply`: its JSON, or its text (its `nothing` on a terminal when it has
+    none) and its notes on stderr; then exit with its code when that is not 0."""
+    if as_json:
+        _emit_json(reply.data)
+    else:
+        if reply.text:
+            echo(reply.text)
+        elif reply.nothing:
+            _say_nothing(reply.nothing)
+        for note in reply.notes:
+            echo(note, err=True)
+    if reply.exit_code:
+        sys.exit(reply.exit_code)
+
+
+def _emit_lines(lines: list[str], as_json: bool, nothing: str | None = None, **facts) -> None:
+    """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`;
+    `nothing` is said on a terminal when there is no line."""
+    from subtask.faces import replies
+
+    _emit(replies.report(lines, nothing, **facts), as_json)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="git-subtask", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Hand coding work to background agents; every job is a worktree, a branch and a record in git.
+
+    Review with plain git: git log --notes=subtask
+    """
+
+
+def start_options(command):
+    """The options of `start`, from the one description of a start (`subtask.model.start_options`)."""
+    from subtask.model.start_options import OPTIONS
+
+    for option in reversed(OPTIONS):
+        if option.argument:
+            command = click.argument(option.name, metavar=option.name.upper())(command)
+            continue
+        decls = [option.flag, *([option.short] if option.short else []), option.name]
+        if option.kind is bool:
+            command = click.option(*decls, is_flag=True, help=option.help_for("cli"))(command)
+            continue
+        kind = click.Choice(option.choices) if option.choices else option.kind
+        if option.multiple:  # repeatable; none given is the default (None), not ()
+            command = click.option(*decls, type=kind, multiple=True, metavar=option.metavar,
+                                   callback=lambda ctx, param, value: list(value) or None,
+                                   help=option.help_for("cli"))(command)
+            continue
+        command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
+                               show_default=option.show_default, multiple=option.repeat,
+                               help=option.help_for("cli"))(command)
+    return command
+
+
+@cli.command(context_settings=CONTEXT)
+@start_options
+@click.option("--json", "as_json", is_flag=True, help="print the job (or the group) as JSON")
+def start(as_json, **options):
+    """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
+
+    TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
+    standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if options["task"] == "-":
+        options["task"] = sys.stdin.read()
+    options = {name: (list(value) or None) if isinstance(value, tuple) else value for name, value in options.items()}
+    started = api.launch(_repo(), api.StartRequest(**options))
+    _emit(replies.started(started), as_json)
+
+
+@cli.command("map", context_settings=CONTEXT)
+@click.argument("pattern", metavar="GLOB")
+@click.argument("template", metavar="TASK")
+@click.option("--batch", type=int, default=1, show_default=True, help="files per job")
+@click.option("--concurrency", type=int, help="at most this many of its jobs run at once (within subtask.maxRunning)")
+@click.option("--engine", "-e", help="the engine of every job (default: git config subtask.engine, else claude)")
+@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch every job starts from")
+@click.option("--verify", help="command run in each job's worktree on its final commit; exit 0 = passed")
+@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
+@click.option("--timeout", type=float, help="seconds each job's engine may run")
+@click.option("--max-usd", type=float, help="budget reserved for each job of a paid engine")
+@click.option("--model", help="model for agent engines")
+@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what each engine may write")
+@click.option("--json", "as_json", is_flag=True, help="print the group and its jobs as JSON")
+def map_(pattern, template, batch, concurrency, engine, base, verify, verify_timeout, timeout, max_usd, model,
+         isolation, as_json):
+    """Fan a task out over files: one job per batch of tracked files matching GLOB, as one group.
+
+    TASK is a template: {files} becomes the batch's paths, shell-quoted and separated by spaces.
+    GLOB is git's glob (`*` stays within a folder, `**` crosses folders), from the top of the
+    repository. Prints the group id (sg-...) and one line per job; wait, list, show and stop take
+    the group id, and `start --after sg-...` starts a job from all their heads merged.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if template == "-":
+        template = sys.stdin.read()
+    request = api.StartRequest(task=template, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
+                               timeout=timeout, max_usd=max_usd, model=model, isolation=isolation)
+    _emit(replies.started(api.start_map(_repo(), pattern, request, batch=batch, concurrency=concurrency)), as_json)
+
+
+def _is_group(text: str) -> bool:
+    from subtask.model.job import is_group_ref
+
+    return is_group_ref(text)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.argument("message")
+@click.option("--max-usd", type=float, help="budget for this attempt (default: the job's)")
+@click.option("--timeout", type=float, help="seconds the engine may run this time")
+@click.option("--json", "as_json", is_flag=True)
+def reply(job_id, message, max_usd, timeout, as_json):
+    """Start a new attempt of a finished job in its worktree, resuming the engine's session.
+
+    For the shell engine MESSAGE is another script. Use - to read it from standard input.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if message == "-":
+        message = sys.stdin.read()
+    _emit(replies.started(api.reply(_repo(), job_id, message, max_usd=max_usd, timeout=timeout)), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--any", "any_", is_flag=True, help="return when the first job ends")
+@click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
+@click.option("--json", "as_json", is_flag=True)
+def wait(ids, any_, timeout, as_json):
+    """Block until the jobs end, or one stalls; print one line per job.
+
+    A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
+    wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
+    verify passed (or no verify); 1 otherwise.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    repo = _repo()
+    if any(_is_group(i) for i in ids):
+        if not all(_is_group(i) for i in ids):
+            raise click.UsageError("wait takes job ids or group ids, not both")
+        _emit(replies.waited_groups(repo, api.wait_groups(repo, list(ids), timeout=timeout), timeout), as_json)
+    else:
+        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
+
+
+@cli.command("list", context_settings=CONTEXT)
+@click.option("--state", help="waiting, queued, running, done, failed, stopped, skipped, active or ended")
+@click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
+@click.option("--json", "as_json", is_flag=True)
+def list_(state, include_all, limit, as_json):
+    """One line per job: id, state, verify, age, cost, engine, task (newest first).
+
+    Active jobs always show; finished ones up to the limit; landed ones only with --all.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    repo = _repo()
+    listing = api.list_jobs(repo, state=state, include_all=include_all, limit=limit)
+    reply = replies.listed(repo, api.list_groups(repo, listing.jobs), listing, state=state, unfold=include_all,
+                           facts=as_json)
+    for line in listing.swept:  # once: the sweep that removed them runs once (stderr: stdout stays the listing)
+        echo(line, err=True)
+    _emit(reply, as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id, as_json):
+    """What a job (default: every active job) is doing now: state, queue position, latest activity."""
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.status(api.status(_repo(), job_id)), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--timeout", type=float, help="stop watching after this many seconds (exit 1)")
+def watch(ids, timeout):
+    """Show live progress of jobs until they end: elapsed, state, latest activity per job.
+
+    On a terminal the lines redraw in place; otherwise a line is printed whenever one changes.
+    Exit codes as for wait.
+    """
+    from subtask import api
+    from subtask.model import render
+
+    repo = _repo()
+    live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+    shown: dict[str, str] = {}
+    drawn = [0]
+
+    def draw(elapsed, ended, total, activities):
+        lines = []
+        for job, position, activity, _ in (api.status(repo, i)[0] for i in ids):
+            lines.append(f"[{render.duration(elapsed)}] {render.status_line(job, position, activity)}")
+        if live:
+            click.echo(("\x1b[F" * drawn[0]) + "\n".join("\x1b[K" + line for line in lines))
+            drawn[0] = len(lines)
+        else:
+            for line, job_id in zip(lines, ids, strict=False):
+                body = line.split("] ", 1)[1]
+                if shown.get(job_id) != body:
+                    shown[job_id] = body
+                    echo(line)
+
+    draw(0.0, 0, len(ids), {})
+    result = api.wait(repo, list(ids), timeout=timeout, on_tick=draw, tick=0.5 if live else 1.0)
+    if live:
+        click.echo("\x1b[F" * drawn[0], nl=False)
+    for job in result.jobs:
+        click.echo(("\x1b[K" if live else "") + render.one_line(job))
+    sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--log", "show_log", is_flag=True, help="print the worker's log too")
+def show(job_id, as_json, show_log):
+    """The record of a job: spec, state, attempts, evidence, summary."""
+    from subtask import api
+    from subtask.faces import replies
+
+    repo = _repo()
+    if _is_group(job_id):
+        _emit(replies.shown_group(repo, api.get_group(repo, job_id)), as_json)
+        return
+    job = api.get(repo, job_id)
+    _emit(replies.shown(repo, job, api.queue_position(repo, job.id)), as_json)
+    if show_log and not as_json:
+        from subtask.state import paths
+
+        log = paths.log_file(repo.state_dir, job.id)
+        echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.argument("paths", nargs=-1, metavar="[-- PATH...]")
+@click.option("--stat", is_flag=True, help="a diffstat instead of the patch")
+@click.option("--json", "as_json", is_flag=True, help="the diff as JSON: base, head, text (at most --max-bytes)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
+def diff(job_id, paths, stat, as_json, max_bytes):
+    """git diff base..head of the job (works after its branch is deleted)."""
+    from subtask import api
+
+    if as_json:
+        from subtask.faces import replies
+
+        _emit(replies.git_output(api.diff(_repo(), job_id, stat=stat, paths=list(paths) or None, limit=max_bytes),
+                                 what="diff", hint="--stat, or name paths"), True)
+        return
+    import subprocess
+
+    sys.exit(subprocess.call(api.diff_argv(_repo(), job_id, stat=stat, paths=list(paths) or None)))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="the log as JSON: base, head, text (at most --max-bytes)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
+def log(job_id, as_json, max_bytes):
+    """git log base..head --notes=subtask of the job."""
+    from subtask import api
+
+    if as_json:
+        from subtask.faces import replies
+
+        _emit(replies.git_output(api.log(_repo(), job_id, limit=max_bytes), what="log", hint="git subtask log ID"),
+              True)
+        return
+    import subprocess
+
+    sys.exit(subprocess.call(api.log_argv(_repo(), job_id)))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--full", is_flag=True, help="the whole summary, not the first 10 lines")
+@click.option("--evidence", "--json", "evidence", is_flag=True, help="print the evidence envelope as JSON")
+def result(job_id, full, evidence):
+    """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
+    from subtask import api
+    from subtask.faces import replies
+
+    repo = _repo()
+    if _is_group(job_id):
+        _emit(replies.group_result(repo, api.get_group(repo, job_id)), evidence)
+    else:
+        _emit(replies.result(repo, api.get(repo, job_id), full=full), evidence)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True)
+def stop(job_id, as_json):
+    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
+    from subtask import api
+    from subtask.faces import replies
+
+    repo = _repo()
+    if _is_group(job_id):
+        _emit(replies.stopped_group(repo, api.stop_group(repo, job_id)), as_json)
+    else:
+        _emit(replies.stopped(api.stop(repo, job_id)), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="[ID]", required=False)
+@click.option("--merged", is_flag=True, help="every job that landed: record it, remove its clean worktree, delete its branch")
+@click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
+@click.option("--quiet", "-q", is_flag=True, help="print nothing (for the post-merge hook)")
+@click.option("--json", "as_json", is_flag=True)
+def cleanup(job_id, merged, dry_run, quiet, as_json):
+    """Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job.
+
+    Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
+    work is in the current branch (merged, fast-forwarded, squashed or rebased) and
+    subtask.deleteLandedBranches is true (the default). `cleanup ID` also deletes the job's
+    branch when it has no commits beyond its base (a job stopped or failed before committing);
+    the record and pins stay, and a reply recreates the branch.
+    """
+    from subtask import api
+
+    if merged == bool(job_id):
+        raise click.UsageError("give a job ID or --merged (not both)")
+    repo = _repo()
+    lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
+    if not quiet:
+        _emit_lines(lines, as_json, nothing="nothing to clean up: no landed jobs left anything" if merged else None,
+                    dry_run=dry_run)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--squash", is_flag=True, help="one new commit on the current branch")
+@click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
+@click.option("--ff-only", "ff_only", is_flag=True, help="only a fast-forward")
+@click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
+@click.option("--reverify", is_flag=True, help="run the job's verify again here on the exact commit before merging "
+              "(the default for another clone's job whose record no allowed signer signed)")
+@click.option("--json", "as_json", is_flag=True)
+def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
+    """Merge a finished job into the current branch, then clean up after it.
+
+    Merges a job that ended done and whose verify passed; a job started without --verify merges
+    on done alone (nothing was checked: say --verify to gate it). Refuses (exit 1, with the
+    reason) when the job has not finished or did not end done, its verify failed, or its branch
+    moved after the commit verify tested, unless --force; never touches a dirty worktree; a
+    conflict is aborted and the conflicting files listed. A job with no commits beyond its base
+    has nothing to merge: exit 1, even with --force. Says "(fast-forward)" when it fast-forwarded;
+    a squash commit takes the job's commit subject (one commit), or its summary's first line and
+    the list of its commits (several).
+
+    Another clone's job (pulled) is merged on its recorded verify only when an allowed signer
+    signed its record (gpg.ssh.allowedSignersFile, or the keyring); otherwise its verify command
+    runs here first, on the exact commit, in a scratch worktree (docs/review.md).
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    mode = api.merge_mode(squash=squash, no_ff=no_ff, ff_only=ff_only)
+    if _is_group(job_id):
+        _emit(replies.merged_group(*api.merge_group(_repo(), job_id, mode=mode, force=force, reverify=reverify)),
+              as_json)
+    else:
+        _emit(replies.merged(api.merge(_repo(), job_id, mode=mode, force=force, reverify=reverify)), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("ids", nargs=-1, required=True, metavar="ID|GID...")
+@click.option("--verify", "verify", metavar="CMD", help="run this on every integrated commit instead of each job's "
+              "own verify (sh -c, in a scratch worktree)")
+@click.option("--atomic", is_flag=True, help="all or nothing: the branch moves once, only if every job integrated "
+              "and passed")
+@click.option("--reconcile", is_flag=True, help="answer a conflict with a reply to the job on the new tip (a shell "
+              "job's task runs again), and land it once that passes its verify")
+@click.option("--squash", is_flag=True, help="one new commit per job")
+@click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
+@click.option("--rebase", is_flag=True, help="the job's commits replayed on the tip")
+@click.option("--force", is_flag=True, help="land jobs that did not end done, whose verify failed, or that have "
+              "nothing to verify (the integrated commit is still verified when there is a command)")
+@click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
+              "change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, as_json):
+    """Land finished jobs in the order given, each verified on the commit that lands.
+
+    For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
+    worktree, run its verify (or --verify) there on the integrated commit, and move the branch
+    to that commit only if it passed, by compare-and-swap: a commit made meanwhile is kept and
+    the landing is built again on it. The checkout is updated as merge does (never when it has
+    uncommitted changes). A job that conflicts or fails is reported (files, both sides, verify
+    output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
+    lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
+    result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
+                      force=force, dry_run=dry_run)
+    _emit(replies.landed(result.to_dict()), as_json)
+
+
+@cli.command("verify", context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "
+              "its record names, in a scratch worktree")
+@click.option("--json", "as_json", is_flag=True)
+def verify_(job_id, run, as_json):
+    """Check a finished job's record against git: what matches and what does not.
+
+    From the record alone: its signature (as git checks it with gpg.ssh.allowedSignersFile or
+    the keyring), its pins, its evidence computed again from git (commits, files, +/-), its
+    verify result against the commit it names; with --run, the verify command itself. Exit 1
+    on any mismatch. What a reviewer runs on a teammate's job, and CI on a pushed branch.
+    """
+    from subtask import api
+
+    report = api.verify(_repo(), job_id, run=run)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for line in report.lines():
+            echo(line)
+    sys.exit(EXIT_NEGATIVE if report.mismatches else 0)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("group_id", metavar="GID")
+@click.option("--patch", "-p", is_flag=True, help="the full diffs instead of --stat")
+@click.option("--json", "as_json", is_flag=True, help="the diffs as JSON (at most --max-bytes in all)")
+@click.option("--max-bytes", type=int, help="with --json: at most this many bytes of diff text (default 50000)")
+def compare(group_id, patch, as_json, max_bytes):
+    """The diffs between a best-of-N group's members: git diff between their heads, every pair.
+
+    The pick (or the first member) comes first; --stat by default.
+    """
+    from subtask import api
+
+    if not _is_group(group_id):
+        raise click.UsageError(f"compare takes a group id (sg-...), not {group_id!r}")
+    if as_json:
+        from subtask.faces import replies
+
+        _emit(replies.compared(api.compare(_repo(), group_id, stat=not patch, limit=max_bytes)), True)
+        return
+    pairs = api.compare_argvs(_repo(), group_id, stat=not patch)
+    import subprocess  # here, as for diff and log: no other command needs it
+
+    code = 0
+    for title, argv in pairs:
+        echo(f"== {title}")
+        sys.stdout.flush()
+        code = max(code, subprocess.call(argv))
+    sys.exit(code)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
+@click.option("--older-than", default="30d", show_default=True, help="age of finished jobs whose clean worktrees go (30d, 12h, 2w)")
+@click.option("--json", "as_json", is_flag=True)
+def gc(dry_run, older_than, as_json):
+    """Clean up landed jobs, remove clean worktrees of old finished jobs, prune, git gc --auto.
+
+    Also deletes an old finished job's branch that has no commits beyond its base (stopped or
+    failed before committing). Never touches running jobs, dirty worktrees or branches with
+    unmerged commits; records and pins stay (they are the history).
+    """
+    from subtask import api
+
+    _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json,
+                nothing="nothing to collect", dry_run=dry_run)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
+def init(display):
+    """Set the repository up for git-subtask (notes merge strategy, notes ref; optional display)."""
+    from subtask import api
+
+    changed = api.init(_repo(), display=display)
+    for line in changed or ["already set up"]:
+        echo(line)
+
+
+@cli.group(context_settings=CONTEXT)
+def notes():
+    """The review notes in refs/notes/subtask."""
+
+
+@notes.command("rebuild", context_settings=CONTEXT)
+def notes_rebuild():
+    """Regenerate every job's note block from its record (idempotent)."""
+    from subtask import api
+
+    echo(f"{api.notes_rebuild(_repo())} block(s) changed")
+
+
+@cli.group(context_settings=CONTEXT)
+def hooks():
+    """The post-merge hook that cleans up after landed jobs."""
+
+
+def _hooks(action: str, as_json: bool = False) -> None:
+    from subtask import api
+
+    result = api.hooks(_repo(), action)
+    _emit_lines(result.lines, as_json, installed=result.installed)
+    if action == "status" and not result.installed:
+        sys.exit(EXIT_NEGATIVE)
+
+
+@hooks.command("install", context_settings=CONTEXT)
+def hooks_install():
+    """Install the post-merge hook (an existing hook is kept and called first)."""
+    _hooks("install")
+
+
+@hooks.command("uninstall", context_settings=CONTEXT)
+def hooks_uninstall():
+    """Remove the hook and restore exactly what was there."""
+    _hooks("uninstall")
+
+
+@hooks.command("status", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def hooks_status(as_json):
+    """Is the hook installed? (exit 1 if not)"""
+    _hooks("status", as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("remote", default="origin")
+@click.option("--branches", is_flag=True, help="push the job branches too")
+def push(remote, branches):
+    """Push job records and review notes to REMOTE, never forced; exit 1 if a record diverged there (an older or newer copy is no divergence)."""
+    from subtask import api
+
+    result = api.push(_repo(), remote, branches=branches)
+    for line in result.lines or ["everything up to date"]:
+        echo(line)
+    sys.exit(0 if result.ok else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("remote", default="origin")
+def pull(remote):
+    """Fetch teammates' job records and notes from REMOTE; a local record is never overwritten."""
+    from subtask import api
+
+    result = api.pull(_repo(), remote)
+    for line in result.lines or ["everything up to date"]:
+        echo(line)
+    sys.exit(0 if result.ok else EXIT_NEGATIVE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def engines(as_json):
+    """The engines: installed, authenticated, version, paid, isolation."""
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.engines(api.engines(_repo()), compact=False), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--month", help="YYYY-MM (default: this month, UTC)")
+@click.option("--all-clones", "all_clones", is_flag=True,
+              help="the spend of every clone whose records were pulled here, from the records only")
+@click.option("--json", "as_json", is_flag=True)
+def spend(month, all_clones, as_json):
+    """Spend of paid engines: committed, open reservations, per engine, cap left."""
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.spend(api.spend(_repo(), month, all_clones=all_clones), all_clones), as_json)
+
+
+def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
+    from subtask import api
+    from subtask.ops import clients
+
+    verb = "uninstall" if uninstall else "install"
+
+    def show(lines: list[str]) -> None:
+        if as_json:
+            return
+        echo(f"git subtask {verb} {client} --scope {scope}" + (" (dry run: nothing changes)" if dry_run else ":"))
+        for line in lines:
+            echo(f"  {line}")
+
+    plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
+                       on_plan=show)
+    if as_json:
+        _emit_json(clients.as_dict(plan) | {"dry_run": dry_run})
+    elif plan.steps and not dry_run:
+        undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
+               f"git subtask install {client} --scope {scope}"
+        echo(f"done (backups of changed files in {clients._show(clients.state_dir() / 'backups')}; {undo})")
+        if not uninstall:
+            echo("restart the client's session to load the server; check it: git subtask doctor")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True,
+              help="user: every project of yours; project: this repository (.mcp.json, .codex/config.toml), for the team")
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def install(client, scope, dry_run, as_json):
+    """Register the MCP server, and the agent's guide as a skill, in Claude Code or Codex.
+
+    Shows the plan first, backs up every file it changes, writes atomically, and records what it
+    added, so `uninstall` takes out exactly that. Running it again changes nothing. Claude Code
+    (user scope): `claude mcp add` when claude is on PATH, else ~/.claude.json; Codex:
+    ~/.codex/config.toml with the variables the server's engines need (env_vars).
+    """
+    _install(client, scope, dry_run, as_json, uninstall=False)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("client", type=click.Choice(["claude", "codex", "all"]))
+@click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True)
+@click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
+@click.option("--json", "as_json", is_flag=True)
+def uninstall(client, scope, dry_run, as_json):
+    """Take out what `git subtask install` added, and nothing else: an entry or file changed since is left, and said."""
+    _install(client, scope, dry_run, as_json, uninstall=True)
+
+
+@cli.command("help", context_settings=CONTEXT)
+@click.argument("words", nargs=-1, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx, words):
+    """The manual page (as git subtask --help), or a command's usage: git subtask help start."""
+    if not words:
+        import subprocess
+
+        if subprocess.call(["git", "help", "subtask"], stderr=subprocess.DEVNULL) != 0:
+            echo(cli.get_help(ctx.parent))  # no man here: the usage of every command
+        return
+    command, path = cli, ["git subtask"]
+    for word in words:
+        found = command.get_command(ctx, word) if isinstance(command, click.Group) else None
+        if found is None or found.hidden:
+            raise SubtaskError("usage", f"no such command: git subtask {' '.join(words)}",
+                               hint="git subtask help   (every command is in the manual page)")
+        command, path = found, [*path, word]
+    with click.Context(command, info_name=" ".join(path), parent=None) as sub:
+        echo(command.get_help(sub))
+
+
+@cli.command(context_settings=CONTEXT)
+def mcp():
+    """Run the MCP server on stdio (the same as subtask-mcp), for Claude Code, Codex and other agents."""
+    # loads the mcp SDK (~0.6 s) once it has answered initialize: only here
+    from subtask.faces import mcp_server
+
+    mcp_server.main()
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--strict", is_flag=True, help="exit 1 on warnings too")
+def doctor(as_json, strict):
+    """Check git, the repository, hooks, notes, state files, slots, worktrees and engines.
+
+    Exit 1 when a check fails (or warns, with --strict).
+    """
+    from subtask.faces import doctor as doctor_mod
+
+    report = doctor_mod.run(os.environ.get("SUBTASK_REPO") or None)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        width = max(len(check.name) for check in report.checks)
+        for check in report.checks:
+            echo(f"{marks[check.status]}  {check.name:<{width}}  {check.message}")
+            for step in check.remediation:
+                echo(f"      {'':<{width}}  -> {step}")
+    failed = report.status == "fail" or (strict and report.status == "warn")
+    sys.exit(EXIT_NEGATIVE if failed else 0)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the completion script for SHELL (commands, options and job ids).
+
+    \b
+    bash: git subtask completion bash > ~/.local/share/bash-completion/completions/git-subtask
+    zsh:  git subtask completion zsh > "${fpath[1]}/_git-subtask"
+    fish: git subtask completion fish > ~/.config/fish/completions/git-subtask.fish
+    """
+    from subtask.faces.completion import SCRIPTS
+
+    click.echo(SCRIPTS[shell], nl=False)
+
+
+@cli.command("run-remote", hidden=True, context_settings=CONTEXT)
+@click.argument("job_id", metavar="ID")
+@click.option("--remote", "url", required=True, help="the URL this node fetches the job from and pushes it to")
+@click.option("--attempt", type=int, required=True, help="the attempt the Ray job was submitted for")
+def run_remote(job_id, url, attempt):
+    """On a cluster node: fetch the job, run its worker, push its results (the Ray job's entrypoint)."""
+    from subtask.worker import remote
+
+    sys.exit(remote.run(job_id, url, attempt))
+
+
+@cli.command("__complete", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+def complete_words(words):
+    """Completion candidates for the words typed so far (used by the completion scripts)."""
+    from subtask.faces.completion import candidates
+
+    def job_ids():
+        try:
+            from subtask.git import records
+            from subtask.ops import groups
+
+            repo = _repo()
+            return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))
+        except Exception:
+            return []
+
+    def engines():
+        try:
+            from subtask.engines import configured_command_engines, engine_names
+
+            return engine_names(configured_command_engines([e.name for e in _repo().git.config]))
+        except Exception:
+            return ["shell", "claude", "codex"]
+
+    echo("\n".join(candidates(cli, list(words), job_ids, engines)))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (a damaged record skipped) read like git's: `warning: ...`, no file and line."""
+    echo(f"warning: {message}", err=True)
+
+
+def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
+    """A worker in a child forked from this process (`subtask.proc.spawn`): imported only there."""
+    from subtask.worker import attempt as worker
+
+    return worker.run_detached(job_id, root, lock_fd)
+
+
+def _exit_with(exc: SubtaskError) -> None:
+    echo(f"error: {exc.message}", err=True)
+    if exc.hint:
+        echo(f"hint: {exc.hint}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI with git's exit codes and one error path."""
+    import warnings
+
+    from subtask.faces import manpage
+    from subtask.model.errors import INTERRUPTED, interrupt_once
+    from subtask.proc import spawn
+
+    interrupt_once()
+    spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
+    warnings.showwarning = _show_warning
+    manpage.ensure_installed(cli)
+    try:
+        cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as exc:
+        echo(f"error: {exc.format_message()}", err=True)
+        if exc.ctx is not None:
+            echo(exc.ctx.get_usage(), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    except SubtaskError as exc:
+        _exit_with(exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:
+        if INTERRUPTED:  # raised while a Ctrl-C unwound the command (a lock it left released)
+            sys.exit(130)
+        if os.environ.get("SUBTASK_DEBUG"):
+            raise
+        said = from_os_error(exc) if isinstance(exc, OSError) else None
+        if said is not None:
+            _exit_with(said)
+        echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
+        sys.exit(EXIT_FATAL)
+    sys.exit(0)

@@ -1,0 +1,610 @@
+"""The MCP face: the same jobs as `git subtask`, as tools for agents, on the mcp SDK's MCPServer.
+
+Owns only the protocol: each tool parses its arguments, calls `subtask.api` in a worker thread
+and answers the `subtask.faces.replies` the CLI prints: its words as the text, its `--json` as the
+structured content. No job logic lives here. The process entry point
+(and its fast start) is `subtask.faces.mcp_server`; `serve` runs this server over the line streams it
+hands over, and `describe` produces the cached replies it answers with before the SDK is loaded.
+
+Invariants:
+- Nothing but protocol on stdout. Nothing here prints; workers log to files (lifecycle.spawn_worker),
+  and the SDK logs to stderr.
+- Every text a tool returns, errors included, passes `render.safe` (in `tool`): an agent's user
+  reads it too, and a job's text may come from a model or a teammate. JSON text is
+  `render.json_text`: exact values, escaped.
+- A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`.
+- Every reply carries the CLI's words as text and the CLI's `--json` as structured content, with
+  the words in it too (`reply`, first): Claude Code shows a model the structured part instead of
+  the text when both are present. Tools declare no output schema (`structured_output=False`):
+  the JSON is the CLI's, versioned by its own `"v"`.
+- Argument mistakes (a wrong type, a missing or unknown argument) read like the CLI's usage
+  errors (`Server.call_tool`), never like pydantic's report.
+- Blocking calls (git, flocks, `api.wait`) run in worker threads, so one long `wait` never stalls
+  other requests; `wait` sends progress from the event loop about once a second.
+- Jobs outlive the server: workers are detached (own session), so a server that dies leaves them
+  running, and any later server or the CLI reads their records.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field, ValidationError, WithJsonSchema
+
+from subtask import __version__, api
+from subtask.faces import replies
+from subtask.model import render, start_options
+from subtask.model.errors import SubtaskError, from_os_error
+from subtask.model.job import is_group_ref
+
+
+def _guide_body() -> str:
+    """The agent's guide (subtask/guide/SKILL.md, which `git subtask install` puts where a client
+    reads skills) without its front matter: the server's instructions are the same words."""
+    text = (Path(__file__).parents[1] / "guide" / "SKILL.md").read_text(encoding="utf-8")
+    if text.startswith("---\n"):
+        text = text[text.index("\n---\n", 4) + 5:]
+    return text.strip()
+
+
+INSTRUCTIONS = _guide_body()
+
+PROGRESS_TICK = 1.0  # seconds between progress notifications during wait (at most 1/s, at least 1/10 s)
+ACTIVITY_WIDTH = 60
+
+
+class Server(MCPServer):
+    """The SDK's server, whose tool-argument errors read like the CLI's.
+
+    The SDK checks a call's arguments against the tool's signature (pydantic) before the tool
+    runs and answers a mistake with pydantic's own report; an agent reads `error: timeout must be
+    a number, not 'soon'` and a hint naming the tool's parameters instead, as the CLI says it.
+    An argument the tool does not take is refused the same way (the SDK would drop it silently,
+    and a misspelt `verfiy` would start a job nobody checks).
+    """
+
+    _schemas: dict[str, dict] | None = None
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        schema = (await self._input_schemas()).get(name)
+        if schema is not None:
+            unknown = sorted(set(arguments or {}) - set(schema.get("properties", {})))
+            if unknown:
+                return _tool_error(_error_text(SubtaskError(
+                    "usage", f"{name} takes no {', '.join(map(repr, unknown))}", hint=_takes(name, schema))))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError) and schema is not None:
+                return _tool_error(_error_text(_argument_error(name, schema, exc.__cause__)))
+            raise
+
+    async def _input_schemas(self) -> dict[str, dict]:
+        if self._schemas is None:
+            self._schemas = {t.name: t.input_schema for t in await self.list_tools()}
+        return self._schemas
+
+
+def _takes(name: str, schema: dict) -> str:
+    required = set(schema.get("required", []))
+    names = [f"{p} (required)" if p in required else p for p in schema.get("properties", {})]
+    return f"{name} takes: {', '.join(names)}"
+
+
+def _expected(prop: dict) -> str:
+    """What a parameter's JSON schema accepts, in words: `a number`, `a string or a list of strings`."""
+    if "enum" in prop:
+        return "one of " + ", ".join(map(str, prop["enum"]))
+    if "anyOf" in prop:
+        words = [_expected(p) for p in prop["anyOf"] if p.get("type") != "null"]
+        return " or ".join(dict.fromkeys(words))
+    kind = prop.get("type")
+    if kind == "array":
+        return "a list of " + _expected(prop.get("items", {})).removeprefix("a ").removeprefix("an ") + "s"
+    return {"number": "a number", "integer": "a whole number", "boolean": "true or false", "string": "a string",
+            "object": "an object"}.get(kind, "a value")
+
+
+def _argument_error(name: str, schema: dict, exc: ValidationError) -> SubtaskError:
+    props = schema.get("properties", {})
+    messages = []
+    for error in exc.errors(include_url=False):
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        if error["type"] == "missing":
+            text = f"{name} needs {field}"
+        else:
+            text = f"{field} must be {_expected(props.get(field, {}))}, not {error.get('input')!r}"
+        if text not in messages:
+            messages.append(text)
+    return SubtaskError("usage", "; ".join(messages), hint=_takes(name, schema))
+
+
+server = Server("subtask", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+
+
+# ---------------------------------------------------------------- plumbing
+
+def _error_text(exc: SubtaskError) -> str:
+    return f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+
+
+def _tool_error(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=render.safe(text))], is_error=True)
+
+
+def tool(name: str, *, read_only: bool = False, destructive: bool = False, title: str | None = None):
+    """Register `fn` as a tool: its `Reply` becomes the text (the CLI's words) and the structured
+    content (the CLI's `--json`); a SubtaskError becomes a tool error with the CLI's words."""
+
+    def decorate(fn: Callable[..., Awaitable[replies.Reply]]) -> Callable[..., Awaitable[replies.Reply]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> CallToolResult:
+            try:
+                reply = await fn(*args, **kwargs)
+            except SubtaskError as exc:
+                return _tool_error(_error_text(exc))
+            except Exception as exc:  # same one-line report as the CLI; the traceback goes to stderr
+                said = from_os_error(exc) if isinstance(exc, OSError) else None
+                if said is not None:
+                    return _tool_error(_error_text(said))
+                if os.environ.get("SUBTASK_DEBUG"):
+                    import traceback
+
+                    traceback.print_exc(file=sys.stderr)
+                return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
+            words = render.safe(reply.full_text())
+            # Claude Code shows a model the structured content instead of the text: the words go first in it (`reply`).
+            return CallToolResult(content=[TextContent(type="text", text=words)],
+                                  structured_content={"reply": words, **reply.data})
+
+        annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
+                                      idempotentHint=read_only or None, openWorldHint=False)
+        server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
+        return fn
+
+    return decorate
+
+
+def open_repo(path: str | None) -> api.Repo:
+    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
+    if path is None or path == "":
+        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
+    if not os.path.isabs(path):
+        raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
+                           hint="give the full path, e.g. /home/me/project, or leave repo out for "
+                                f"the server's directory ({os.getcwd()})")
+    return api.repo_at(path)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking api call in a worker thread, so the event loop keeps serving other requests."""
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+def _id_list(ids: list[str] | str) -> list[str]:
+    return [ids] if isinstance(ids, str) else list(ids)
+
+
+REPO = Annotated[str | None, Field(description="absolute path to a git work tree (default: the server's directory)")]
+MAX_BYTES = Annotated[int, Field(description="at most this many bytes of git's output in the reply; the rest "
+                                             "is counted and said to be left out")]
+
+
+# ---------------------------------------------------------------- starting
+
+def _start_signature() -> inspect.Signature:
+    """`start`'s parameters: the options of a start (`subtask.model.start_options`), then `repo`."""
+    kinds = {str: str, int: int, float: float, bool: bool}
+    params = []
+    for option in start_options.OPTIONS:
+        kind: Any = Literal[option.choices] if option.choices else kinds[option.kind]
+        if option.names or option.multiple:
+            kind = kind | list[kind]
+        if option.argument:
+            params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=Annotated[kind, Field(description=option.help_for("mcp"))]))
+            continue
+        if option.kind is not bool:
+            kind = kind | None
+        params.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                                        annotation=Annotated[kind, Field(description=option.help_for("mcp"))]))
+    params.append(inspect.Parameter("repo", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=REPO))
+    return inspect.Signature(params)
+
+
+async def start(*, repo: str | None = None, **options: Any) -> replies.Reply:
+    """Start one background job in its own worktree and branch; answers its id at once (then call
+    wait with it). With best_of: a group of attempts, answering the group id (sg-...), which wait,
+    result, show, compare and merge take."""
+
+    def run() -> replies.Reply:
+        return replies.started(api.launch(open_repo(repo), api.StartRequest(**options)))
+
+    return await _call(run)
+
+
+start.__signature__ = _start_signature()  # type: ignore[attr-defined]
+tool("start", title="Start a job")(start)
+
+START_ITEMS = Annotated[list[dict[str, Any]], WithJsonSchema({"type": "array", "items": start_options.item_schema(),
+                                                              "minItems": 1})]
+
+
+@tool("start_many", title="Start several jobs")
+async def start_many(tasks: START_ITEMS) -> replies.Reply:
+    """Start several jobs in one call; one line per item, in order: its id and state, or its error.
+
+    Each item has the fields of start (and its own repo, if it likes). An item that fails does not
+    stop the others. Then call wait once with all the ids.
+    Chains: an item may carry "id" (a name of your choice) and "after" (a name or a list: ids of
+    items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
+    [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
+    """
+    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
+
+
+@tool("map", title="Fan a task out over files")
+async def map_files(pattern: str, task: str, batch: int = 1, concurrency: int | None = None, repo: REPO = None,
+                    base: str = "HEAD", engine: str | None = None, verify: str | None = None,
+                    max_usd: float | None = None, model: str | None = None,
+                    timeout: float | None = None) -> replies.Reply:
+    """One job per batch of tracked files matching pattern (git's glob: * within a folder, ** across),
+    as one group (sg-...). task is a template: {files} becomes the batch's paths, shell-quoted.
+    concurrency: at most this many of its jobs run at once. wait, list, result and stop take the
+    group id; start with after=[the group id] starts a job from all their heads merged.
+    """
+    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
+                               max_usd=max_usd, model=model)
+    return await _call(lambda: replies.started(api.start_map(open_repo(repo), pattern, request, batch=batch,
+                                                             concurrency=concurrency)))
+
+
+# ---------------------------------------------------------------- waiting
+
+def _progress_message(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> str:
+    parts = [f"{render.duration(elapsed)}: {ended} of {total} ended"]
+    for job_id, activity in activities.items():
+        text = (activity or "waiting").replace("\n", " ")
+        if len(text) > ACTIVITY_WIDTH:
+            text = text[: ACTIVITY_WIDTH - 1] + "…"
+        parts.append(f"{job_id} {text}")
+    return render.safe_line(" · ".join(parts))
+
+
+class _Abandoned(Exception):
+    """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
+
+
+@tool("wait", read_only=True, title="Wait for jobs")
+async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
+               repo: REPO = None) -> replies.Reply:
+    """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
+
+    Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
+    activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
+    A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
+    """
+    job_ids = _id_list(ids)
+    first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
+    gone = threading.Event()
+
+    def on_tick(elapsed: float, ended: int, total: int, activities: dict[str, str | None]) -> None:
+        if gone.is_set():
+            raise _Abandoned
+        message = _progress_message(elapsed, ended, total, activities)
+        try:  # progress is a courtesy: a failed send never ends the wait
+            anyio.from_thread.run(ctx.report_progress, round(elapsed, 1), float(timeout), message)
+        except Exception:
+            pass
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
+            waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
+            return replies.waited_groups(where, waited, timeout)
+        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
+        return replies.waited(where, waited, timeout)
+
+    try:
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        gone.set()  # the thread ends at its next tick instead of waiting out the timeout
+        raise
+
+
+# ---------------------------------------------------------------- reading
+
+@tool("status", read_only=True, title="Job status")
+async def status(id: str | None = None, repo: REPO = None) -> replies.Reply:
+    """One job's status in one line (queue position, latest activity); without id: every active job.
+
+    Do not poll this to wait for jobs: call wait, which returns the moment they end.
+    """
+    return await _call(lambda: replies.status(api.status(open_repo(repo), id)))
+
+
+@tool("result", read_only=True, title="Job result")
+async def result(id: str, full: bool = False, evidence: bool = False, repo: REPO = None) -> replies.Reply:
+    """A job's one-line status and summary (at most 10 lines; full=true for all of it); its
+    structured content is the evidence envelope: what the runner observed (git base, head,
+    commits, changed files, verification, commands, cost), apart from what the engine claimed.
+    evidence=true returns that envelope as the text too. A best-of group id (sg-...): the ranking
+    table and the pick's summary.
+    """
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        reply = (replies.group_result(where, api.get_group(where, id)) if is_group_ref(id)
+                 else replies.result(where, api.get(where, id), full=full))
+        if evidence:
+            reply.text = render.json_text(reply.data, default=str)
+        return reply
+
+    return await _call(run)
+
+
+@tool("show", read_only=True, title="Show a job")
+async def show(id: str, repo: REPO = None) -> replies.Reply:
+    """A job's whole record in words: task, engine, base, branch, worktree, isolation, verify, every
+    attempt (state, reason, verify, cost), the changes (commits and files) and the summary. A
+    best-of group id (sg-...): its members' table."""
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.shown_group(where, api.get_group(where, id))
+        job = api.get(where, id)
+        return replies.shown(where, job, api.queue_position(where, job.id))
+
+    return await _call(run)
+
+
+@tool("diff", read_only=True, title="A job's diff")
+async def diff(id: str, stat: bool = False, paths: list[str] | None = None, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT,
+               repo: REPO = None) -> replies.Reply:
+    """git diff of a job's base and head: its patch, or stat=true for a diffstat (read that first on
+    a large change); paths limits it to those files. Works after the job landed."""
+    return await _call(lambda: replies.git_output(api.diff(open_repo(repo), id, stat=stat, paths=paths,
+                                                           limit=max_bytes),
+                                                  what="diff", hint="stat=true, or paths=[...]"))
+
+
+@tool("log", read_only=True, title="A job's commits")
+async def log(id: str, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT, repo: REPO = None) -> replies.Reply:
+    """git log --notes=subtask of a job's commits (base..head), with its review note."""
+    return await _call(lambda: replies.git_output(api.log(open_repo(repo), id, limit=max_bytes),
+                                                  what="log", hint="a larger max_bytes"))
+
+
+@tool("compare", read_only=True, title="Compare a group's attempts")
+async def compare(id: str, patch: bool = False, max_bytes: MAX_BYTES = api.OUTPUT_LIMIT,
+                  repo: REPO = None) -> replies.Reply:
+    """The diffs between a best-of group's attempts (sg-...), every pair, the pick first: a diffstat
+    each, or patch=true for the full diffs."""
+    if not is_group_ref(id):
+        raise SubtaskError("usage", f"compare takes a group id (sg-...), not {id!r}", hint="diff takes a job id")
+    return await _call(lambda: replies.compared(api.compare(open_repo(repo), id, stat=not patch, limit=max_bytes)))
+
+
+@tool("list", read_only=True, title="List jobs")
+async def list_jobs(state: str | None = None, limit: int = 20, all: bool = False,
+                    repo: REPO = None) -> replies.Reply:
+    """One line per job, newest first: id, state, verify, age, cost, engine, task; a best-of group
+    is one line (all=true: its attempts under it).
+
+    state: queued, running, done, failed, stopped, active or ended. Landed jobs are hidden (all=true
+    shows them).
+    """
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        listing = api.list_jobs(where, state=state, include_all=all, limit=limit)
+        return replies.listed(where, api.list_groups(where, listing.jobs), listing, state=state, unfold=all,
+                              more_hint="list with a larger limit")
+
+    return await _call(run)
+
+
+@tool("verify", read_only=True, title="Check a job's record against git")
+async def verify(id: str, repo: REPO = None) -> replies.Reply:
+    """Check a finished job's record against git: its signature (whose, and whether an allowed
+    signer made it), its pins, its evidence computed again from git, its verify result against
+    the commit it names. Says what matches and what does not (MISMATCH lines). Runs nothing:
+    `git subtask verify ID --run` runs the job's verify command too.
+    """
+    def check() -> replies.Reply:
+        report = api.verify(open_repo(repo), id)
+        return replies.Reply("\n".join(report.lines()), report.to_dict(), exit_code=1 if report.mismatches else 0)
+
+    return await _call(check)
+
+
+@tool("spend", read_only=True, title="Spend")
+async def spend(month: str | None = None, all_clones: bool = False, repo: REPO = None) -> replies.Reply:
+    """Spend of paid engines this month (month: YYYY-MM): committed, reserved by running jobs, per
+    engine, and what is left of subtask.monthlyCapUsd. all_clones: every clone whose records are here."""
+    return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
+
+
+@tool("engines", read_only=True, title="Engines")
+async def engines(repo: REPO = None) -> replies.Reply:
+    """The engines a job can use: installed, authenticated, paid or free, version, isolation."""
+    return await _call(lambda: replies.engines(api.engines(open_repo(repo)), compact=True))
+
+
+# ---------------------------------------------------------------- changing
+
+@tool("reply", title="Reply to a job")
+async def reply(id: str, message: str, max_usd: float | None = None, timeout: float | None = None,
+                repo: REPO = None) -> replies.Reply:
+    """Continue a finished job with a follow-up message (a new attempt on the same branch and session).
+
+    Returns at once, like start; then call wait with the id.
+    """
+    return await _call(lambda: replies.started(api.reply(open_repo(repo), id, message, max_usd=max_usd,
+                                                         timeout=timeout)))
+
+
+@tool("merge", destructive=True, title="Merge a job")
+async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = "merge", force: bool = False,
+                repo: REPO = None) -> replies.Reply:
+    """Merge a finished job's branch into the repository's current branch, then remove its clean
+    worktree and landed branch (the record and note stay). Refuses, changing nothing, a job that did
+    not end done, whose verify failed, or whose branch moved after verify tested it (force=true
+    merges anyway), a job with nothing to merge, and a dirty or detached target. A conflict is
+    aborted and its files listed. A best-of group id (sg-...) merges its pick and supersedes the rest.
+    """
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.merged_group(*api.merge_group(where, id, mode=mode, force=force))
+        return replies.merged(api.merge(where, id, mode=mode, force=force))
+
+    return await _call(run)
+
+
+@tool("land", destructive=True, title="Land many jobs")
+async def land(ids: list[str], verify: str | None = None, atomic: bool = False, reconcile: bool = False,
+               mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
+               dry_run: bool = False, repo: REPO = None) -> replies.Reply:
+    """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
+    branch: each is integrated onto the branch's tip in a scratch worktree, its verify (or `verify`)
+    runs on that integrated commit, and the branch moves only if it passed (a commit made meanwhile
+    is kept: the landing is built again on it). A job that conflicts or fails is reported (files,
+    both sides, verify output) and skipped; atomic=true lands all or nothing; reconcile=true
+    answers a conflict with a reply to the job on the new tip and lands it once that passes.
+    dry_run=true says what would happen and which jobs change the same files, changing nothing.
+    The structured content's `ok` is false unless every job landed.
+    """
+    where = open_repo(repo)
+    args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
+            *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
+            *(["--force"] if force else []), *(["--dry-run"] if dry_run else []), "--json", "--", *_id_list(ids)]
+    return await _call(_land_in_child, str(where.workdir() or where.root), args)
+
+
+def _land_in_child(cwd: str, args: list[str]) -> replies.Reply:
+    """`git-subtask land` in a child process: the verifies it runs on integrated commits are
+    confined only from a process with no other thread (`isolation.outside_sandbox`), and this
+    server has many. Its `--json` is the reply's data; its error, this tool's."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
+        return replies.landed(json.loads(proc.stdout))
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    message = next((line[len("error: "):] for line in said if line.startswith("error: ")), None)
+    hint = next((line[len("hint: "):] for line in said if line.startswith("hint: ")), None)
+    raise SubtaskError({1: "negative", 129: "usage"}.get(proc.returncode, "fatal"),
+                       message or f"git-subtask land exited {proc.returncode}: {' '.join(said[-3:])}", hint,
+                       exit_code=proc.returncode)
+
+
+@tool("stop", destructive=True, title="Stop a job")
+async def stop(id: str, repo: REPO = None) -> replies.Reply:
+    """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL). Work committed so
+    far stays. A best-of group id (sg-...) stops every attempt."""
+
+    def run() -> replies.Reply:
+        where = open_repo(repo)
+        if is_group_ref(id):
+            return replies.stopped_group(where, api.stop_group(where, id))
+        return replies.stopped(api.stop(where, id))
+
+    return await _call(run)
+
+
+@tool("cleanup", destructive=True, title="Remove a job's worktree")
+async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
+    """Remove a finished job's worktree when it is clean, and its branch when it has no commits beyond its base; a branch with commits, the record and the note are kept."""
+    return await _call(lambda: replies.report([api.cleanup(open_repo(repo), id)], dry_run=False))
+
+
+# ---------------------------------------------------------------- serving and describing
+
+async def serve(stdin: Any, stdout: Any) -> None:
+    """`MCPServer.run_stdio_async` over the given line streams instead of fd 0 and 1.
+
+    stdin: async-iterable of JSON-RPC lines; stdout: has async `write(str)` and `flush()`. The
+    front end (subtask.faces.mcp_server) owns the real pipes, so it hands the SDK's stdio transport
+    explicit streams; the rest is exactly what run_stdio_async does.
+    """
+    from mcp.server.stdio import stdio_server
+
+    lowlevel = server._lowlevel_server  # what run_stdio_async (and the SDK's own Client) uses
+    async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+class _Replies:
+    """A stdout for `serve` that keeps the JSON replies and signals when all expected ids have one."""
+
+    def __init__(self, ids: set[Any]) -> None:
+        self.by_id: dict[Any, dict] = {}
+        self.ids = ids
+        self.complete = anyio.Event()
+
+    async def write(self, line: str) -> None:
+        message = json.loads(line)
+        if "method" not in message and message.get("id") in self.ids:
+            self.by_id[message["id"]] = message
+            if len(self.by_id) == len(self.ids):
+                self.complete.set()
+
+    async def flush(self) -> None:
+        pass
+
+
+async def _converse(messages: list[dict]) -> dict[Any, dict]:
+    """Run the real server over in-memory lines; its reply to each request, by id."""
+    send, receive = anyio.create_memory_object_stream[str](len(messages) + 1)
+    replies = _Replies({m["id"] for m in messages if "id" in m})
+    async with anyio.create_task_group() as group:
+        group.start_soon(serve, receive, replies)
+        for message in messages:
+            await send.send(json.dumps(message) + "\n")
+        with anyio.fail_after(30):
+            await replies.complete.wait()
+        await send.aclose()  # end of input: the server ends
+    return replies.by_id
+
+
+LIST_METHODS = ("tools/list", "prompts/list", "resources/list", "resources/templates/list")
+
+
+def describe() -> dict:
+    """What subtask/faces/mcp_cache.json holds: the SDK's own replies to `initialize` and to each list
+    request it serves (no cursor), for every protocol version it negotiates through `initialize`."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+    from subtask.faces.mcp_versions import installed_versions
+
+    results: dict[str, dict[str, Any]] = {}
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        replies = anyio.run(_converse, [
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": version, "capabilities": {},
+                        "clientInfo": {"name": "subtask-describe", "version": "0"}}},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            *({"jsonrpc": "2.0", "id": n, "method": method} for n, method in enumerate(LIST_METHODS, 1)),
+        ])
+        methods = ("initialize", *LIST_METHODS)
+        # A method the server does not serve answers an error: the front end leaves it to the SDK.
+        results[version] = {methods[n]: reply["result"] for n, reply in sorted(replies.items()) if "result" in reply}
+    return {"sdk": installed_versions(), "latest": LATEST_HANDSHAKE_VERSION, "results": results}

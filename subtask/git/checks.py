@@ -1,0 +1,432 @@
+"""Checks on a job's diff from its base, run before verify: did it game its tests?
+
+An agent told to make the tests pass can delete the failing test, skip it, silence the linter or
+edit files nobody asked it to touch. These checks read the change (base..head) from git objects
+and fail the attempt's verify, naming the check, when it does:
+
+- `no-test-deletion`: no test file removed, emptied or renamed into a non-test name, and no test
+  function removed (one moved to another test file is not removed). Test files are known by the
+  usual names of Python, JavaScript/TypeScript, Go, Rust and Java; test functions are read with
+  the standard library's `ast` for Python and by pattern elsewhere.
+- `no-suppression`: no added skip or xfail marker, `# noqa`, `# type: ignore`, `eslint-disable`,
+  `@ts-ignore`, `#[ignore]`, `t.Skip`, `@Disabled` (more of a marker in a file's added lines than
+  in its removed ones), and no test assertion turned into a no-op (commented out, or replaced by
+  one that always holds).
+- `paths=GLOB` (several allowed): every changed path matches one of the globs; those outside are
+  named. `*` and `?` stay inside one folder, `**` crosses folders (`src/**`, `**/*.md`).
+
+Which checks a job runs is decided at start (`resolve`) and recorded in its spec: the default
+`subtask.git.checks` (`no-test-deletion,no-suppression`) for a job with a verify command, plus each
+`--check`; `--check none` drops every check named before it.
+
+Invariants:
+- Never run git in a job's worktree to read its change (the job writes that worktree's git
+  metadata): the diff is read from the repository's objects, base..head, with pygit2.
+- Never let a check's result come from the job's own words: only the diff decides.
+- Bounded: a change of many files reads at most `MAX_FILES` patches and `MAX_BLOB` bytes of a
+  blob; what was not read is said (a check that could not look at everything says so, it does
+  not pass silently).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from subtask.model.claims import LazyPattern
+from subtask.model.errors import SubtaskError
+
+NO_TEST_DELETION = "no-test-deletion"
+NO_SUPPRESSION = "no-suppression"
+NAMED = (NO_TEST_DELETION, NO_SUPPRESSION)
+DEFAULT = f"{NO_TEST_DELETION},{NO_SUPPRESSION}"
+PATHS = "paths="
+NONE = "none"
+MAX_FILES = 5000
+MAX_BLOB = 2 << 20
+MAX_FOUND = 20  # findings kept per check
+
+
+# ---------------------------------------------------------------- which checks a job runs
+
+def split(value: str) -> list[str]:
+    """`a,b,paths=src/{x,y}/**` -> [a, b, paths=src/{x,y}/**]: commas inside braces stay."""
+    items, depth, current = [], 0, ""
+    for char in value:
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth = max(0, depth - 1)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    return [item.strip() for item in items if item.strip()]
+
+
+def check_name(item: str) -> str:
+    """`item` if it names a check (or `none`); a usage error that lists the checks otherwise."""
+    if item == NONE or item in NAMED:
+        return item
+    if item.startswith(PATHS):
+        glob = item[len(PATHS):].strip()
+        if not glob or glob.startswith("/") or "\0" in glob or ".." in PurePosixPath(glob).parts:
+            raise SubtaskError("usage", f"--check {item!r}: give a glob relative to the repository's top, "
+                               "e.g. paths=src/** or paths=**/*.md")
+        return PATHS + glob
+    raise SubtaskError("usage", f"unknown check {item!r}; checks: {', '.join(NAMED)}, paths=GLOB, none",
+                       hint="git subtask start --check no-test-deletion --check paths='src/**' ...")
+
+
+def resolve(given: Iterable[str] | None, configured: str | None, *, has_verify: bool) -> list[str]:
+    """The checks a job records: the configured default (`subtask.git.checks`, else `DEFAULT`) when
+    it has a verify command, then each of `given` in order; `none` drops all named before it."""
+    chosen: list[str] = []
+    if has_verify:
+        for item in split(configured if configured is not None else DEFAULT):
+            try:
+                name = check_name(item)
+            except SubtaskError as exc:
+                raise SubtaskError("fatal", f"git config subtask.git.checks: {exc.message}",
+                                   hint=f"git config subtask.git.checks {DEFAULT}") from None
+            chosen = [] if name == NONE else [*chosen, name]
+    for value in given or ():
+        if not isinstance(value, str):
+            raise SubtaskError("usage", f"a check must be a string, not {value!r}")
+        for item in split(value):
+            name = check_name(item)
+            chosen = [] if name == NONE else [*chosen, name]
+    return list(dict.fromkeys(chosen))
+
+
+# ---------------------------------------------------------------- running them
+
+@dataclass
+class Result:
+    check: str
+    passed: bool
+    found: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "passed": self.passed, "found": self.found[:MAX_FOUND]}
+
+
+def failed(results: list[dict] | None) -> list[str]:
+    """The names of the checks that failed, from recorded results."""
+    return [r.get("check", "?") for r in results or () if isinstance(r, dict) and r.get("passed") is False]
+
+
+def failure_text(results: list[dict] | None, limit: int = 3) -> str:
+    """`check no-suppression failed: src/a.py:3 adds "# noqa"` (every failed check, a few findings each)."""
+    parts = []
+    for r in results or ():
+        if isinstance(r, dict) and r.get("passed") is False:
+            found = [str(f) for f in (r.get("found") or [])]
+            more = f" (+{len(found) - limit} more)" if len(found) > limit else ""
+            parts.append(f"check {r.get('check')} failed" + (f": {'; '.join(found[:limit])}{more}" if found else ""))
+    return "; ".join(parts)
+
+
+@dataclass
+class _File:
+    old_path: str | None  # None: added
+    new_path: str | None  # None: deleted
+    old: bytes | None = None
+    new: bytes | None = None
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+class Change:
+    """The change base..head as the checks need it, read from git objects."""
+
+    def __init__(self, repo, base: str, head: str):
+        self.files: list[_File] = []
+        self.unread = 0  # files past MAX_FILES: not looked at
+        if base == head:
+            return
+        git = repo.git
+        diff = git.diff(git[base], git[head])
+        diff.find_similar()
+        for index, patch in enumerate(diff):
+            if index >= MAX_FILES:
+                self.unread += 1
+                continue
+            delta = patch.delta
+            status = delta.status_char()
+            entry = _File(None if status == "A" else delta.old_file.path, None if status == "D" else delta.new_file.path)
+            if not delta.is_binary:
+                for hunk in patch.hunks:
+                    for line in hunk.lines:
+                        if line.origin == "+":
+                            entry.added.append(line.content)
+                        elif line.origin == "-":
+                            entry.removed.append(line.content)
+                if entry.old_path is not None:
+                    entry.old = _blob(git, delta.old_file.id)
+                if entry.new_path is not None:
+                    entry.new = _blob(git, delta.new_file.id)
+            self.files.append(entry)
+
+    def paths(self) -> list[str]:
+        seen: list[str] = []
+        for f in self.files:
+            for path in (f.old_path, f.new_path):
+                if path is not None and path not in seen:
+                    seen.append(path)
+        return seen
+
+
+def _blob(git, oid) -> bytes | None:
+    try:
+        obj = git[oid]
+    except (KeyError, ValueError):
+        return None
+    return obj.data if obj.size <= MAX_BLOB else None
+
+
+def run(repo, base: str, head: str, checks: list[str] | None) -> list[dict]:
+    """Each check's result on base..head (empty when there are none)."""
+    if not checks:
+        return []
+    change = Change(repo, base, head)
+    globs = [c[len(PATHS):] for c in checks if c.startswith(PATHS)]
+    results = []
+    for name in checks:
+        if name == NO_TEST_DELETION:
+            results.append(_no_test_deletion(change))
+        elif name == NO_SUPPRESSION:
+            results.append(_no_suppression(change))
+    if globs:
+        results.append(_paths(change, globs))
+    for r in results:
+        if change.unread:
+            r.found.append(f"{change.unread} changed files beyond the first {MAX_FILES} were not read")
+            r.passed = False
+    return [r.to_dict() for r in results]
+
+
+# ---------------------------------------------------------------- no-test-deletion
+
+_JS_EXT = ("js", "jsx", "ts", "tsx", "mjs", "cjs", "mts", "cts")
+_TEST_NAME = LazyPattern(
+    r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py"
+    r"|[^/]*\.(?:test|spec)\.(?:" + "|".join(_JS_EXT) + r")"
+    r"|__tests__/[^/]*\.(?:" + "|".join(_JS_EXT) + r")"
+    r"|[^/]*_test\.go"
+    r"|tests/[^/]*\.rs"
+    r"|(?:Test[^/]*|[^/]*Tests?|[^/]*IT)\.java|src/test/[^/]*\.java)$")
+
+
+def is_test_file(path: str | None) -> bool:
+    return path is not None and _TEST_NAME.search(path) is not None
+
+
+_JS_TEST = LazyPattern(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*(['\"`])((?:(?!\1).){1,200})\1")
+_GO_TEST = LazyPattern(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
+_RUST_TEST = LazyPattern(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
+                        r"(?:async\s+)?fn\s+(\w+)")
+_JAVA_TEST = LazyPattern(r"@(?:Test|ParameterizedTest|RepeatedTest|TestFactory)\b(?:\s*\([^)]*\))?\s+"
+                        r"(?:@\w+(?:\([^)]*\))?\s+)*(?:(?:public|protected|private|static|final)\s+)*void\s+(\w+)\s*\(")
+
+
+def test_names(path: str, data: bytes | None) -> set[str] | None:
+    """The test functions a file defines (None: it could not be read)."""
+    if data is None:
+        return None
+    text = data.decode("utf-8", "replace")
+    suffix = _suffix(path)
+    if suffix == "py":
+        return _python_tests(text)
+    if suffix in _JS_EXT:
+        return {name for _, name in _JS_TEST.findall(text)}
+    if suffix == "go":
+        return set(_GO_TEST.findall(text))
+    if suffix == "rs":
+        return set(_RUST_TEST.findall(text))
+    if suffix == "java":
+        return set(_JAVA_TEST.findall(text))
+    return set()
+
+
+def _python_tests(text: str) -> set[str] | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set(re.findall(r"^\s*(?:async\s+)?def\s+(test\w*)\s*\(", text, re.MULTILINE)) or None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
+                    names.add(f"{node.name}.{item.name}")
+    return names
+
+
+def _no_test_deletion(change: Change) -> Result:
+    result = Result(NO_TEST_DELETION, True)
+    # every test function of the changed test files after the change, by language: one moved to
+    # another test file is not removed
+    after: set[tuple[str, str]] = set()
+    for f in change.files:
+        if f.new_path is not None and (is_test_file(f.new_path) or _has_rust_tests(f.new_path, f.new)):
+            after |= {(_suffix(f.new_path), name) for name in test_names(f.new_path, f.new) or ()}
+    for f in change.files:
+        if not (is_test_file(f.old_path) or _has_rust_tests(f.old_path, f.old)):
+            continue
+        if f.new_path is None:
+            result.found.append(f"{f.old_path} removed")
+            continue
+        if not is_test_file(f.new_path) and not _has_rust_tests(f.new_path, f.new):
+            result.found.append(f"{f.old_path} renamed to {f.new_path}, which is no test file")
+            continue
+        if f.new is not None and not f.new.strip() and f.old is not None and f.old.strip():
+            result.found.append(f"{f.new_path} emptied")
+            continue
+        before = test_names(f.old_path, f.old) or set()
+        gone = sorted(name for name in before if (_suffix(f.old_path), name) not in after)
+        if gone:
+            result.found.append(f"{f.new_path}: {', '.join(gone[:5])} removed" + (f" (+{len(gone) - 5})" if len(gone) > 5 else ""))
+    result.passed = not result.found
+    return result
+
+
+def _suffix(path: str) -> str:
+    return PurePosixPath(path).suffix.lstrip(".")
+
+
+def _has_rust_tests(path: str | None, data: bytes | None) -> bool:
+    return bool(path and path.endswith(".rs") and data and b"#[test]" in data)
+
+
+# ---------------------------------------------------------------- no-suppression
+
+_PY = ("py", "pyi")
+_JS = (*_JS_EXT, "vue", "svelte")
+# (what a finding calls it, pattern, the file suffixes it is looked for in); matched on each added
+# and removed line: a marker a line only moved does not count
+_MARKERS: list[tuple[str, LazyPattern, tuple[str, ...]]] = [
+    ("@pytest.mark.skip", LazyPattern(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
+    ("@pytest.mark.xfail", LazyPattern(r"\bpytest\.mark\.xfail\b"), _PY),
+    ("pytest.skip()", LazyPattern(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
+    ("@unittest.skip", LazyPattern(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
+    ("# noqa", LazyPattern(r"#\s*noqa\b", re.IGNORECASE), _PY),
+    ("# type: ignore", LazyPattern(r"#\s*type:\s*ignore\b"), _PY),
+    ("# pyright: ignore", LazyPattern(r"#\s*pyright:\s*ignore\b"), _PY),
+    ("# pylint: disable", LazyPattern(r"#\s*pylint:\s*disable\b"), _PY),
+    ("eslint-disable", LazyPattern(r"\beslint-disable\b"), _JS),
+    ("@ts-ignore", LazyPattern(r"@ts-(?:ignore|nocheck|expect-error)\b"), _JS),
+    (".skip()", LazyPattern(r"\b(?:it|test|describe)\.(?:skip|todo)\s*\(|\bx(?:it|test|describe)\s*\("), _JS),
+    ("#[ignore]", LazyPattern(r"#\[ignore\b"), ("rs",)),
+    ("t.Skip", LazyPattern(r"\b\w+\.Skip(?:Now|f)?\s*\("), ("go",)),
+    ("//nolint", LazyPattern(r"//\s*nolint\b"), ("go",)),
+    ("@Disabled", LazyPattern(r"@(?:Disabled|Ignore)\b"), ("java", "kt")),
+]
+_ASSERTION = LazyPattern(r"^\s*(?:assert\b|self\.assert\w*\s*\(|expect\s*\(|assert(?:_eq|_ne)?!\s*\(|"
+                        r"assert\w*\s*\(|(?:t|b)\.(?:Error|Errorf|Fatal|Fatalf|Fail)\w*\s*\(|require\.\w+\s*\()")
+_COMMENT = LazyPattern(r"^\s*(?:#|//|/\*|\*)\s?")
+_NOOP_ASSERTIONS = LazyPattern(
+    r"^\s*(?:assert\s+(?:True|1|not\s+(?:False|None|0))\s*(?:,.*)?$"
+    r"|self\.assert(?:True|Equal)\s*\(\s*(?:True|1)\s*(?:,\s*(?:True|1)\s*)?\)"
+    r"|expect\s*\(\s*(true|1)\s*\)\s*\.\s*(?:toBe|toEqual|toBeTruthy)\s*\(\s*(?:true|1)?\s*\)"
+    r"|assert!\s*\(\s*true\s*\)"
+    r"|assert_eq!\s*\(\s*(\w+)\s*,\s*\2\s*\)"
+    r"|assert(?:True|Equals)\s*\(\s*(?:true|1)\s*(?:,\s*(?:true|1)\s*)?\))")
+
+
+def _no_suppression(change: Change) -> Result:
+    result = Result(NO_SUPPRESSION, True)
+    for f in change.files:
+        if f.new_path is None:
+            continue
+        suffix = _suffix(f.new_path)
+        for label, pattern, suffixes in _MARKERS:
+            if suffix not in suffixes:
+                continue
+            more = _count(pattern, f.added) - _count(pattern, f.removed)
+            if more > 0:
+                where = _first_line(f.new, pattern, f.added)
+                result.found.append(f"{f.new_path}{where} adds {label}" + (f" ({more} times)" if more > 1 else ""))
+        if is_test_file(f.new_path) or _has_rust_tests(f.new_path, f.new):
+            result.found.extend(f"{f.new_path}: {what}" for what in _assertions_made_noop(f))
+    result.passed = not result.found
+    return result
+
+
+def _count(pattern, lines: list[str]) -> int:
+    return sum(len(pattern.findall(line)) for line in lines)
+
+
+def _first_line(data: bytes | None, pattern, added: list[str]) -> str:
+    """`:12`, the line number in the new file of the first added line with the marker ("" if unknown)."""
+    if data is None:
+        return ""
+    marked = {line.rstrip("\n") for line in added if pattern.search(line)}
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if line in marked:
+            return f":{number}"
+    return ""
+
+
+def _assertions_made_noop(f: _File) -> list[str]:
+    removed = [line.strip() for line in f.removed if _ASSERTION.match(line)]
+    if not removed:
+        return []
+    found = []
+    kept = {line.strip() for line in f.added}
+    for line in f.added:
+        stripped = line.strip()
+        uncommented = _COMMENT.sub("", stripped, count=1).strip() if _COMMENT.match(stripped) else None
+        if uncommented and uncommented in removed and uncommented not in kept:
+            found.append(f"assertion commented out: {uncommented[:80]}")
+        elif _NOOP_ASSERTIONS.match(stripped):
+            found.append(f"assertion replaced by one that always holds: {stripped[:80]}")
+    return found
+
+
+# ---------------------------------------------------------------- paths=GLOB
+
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """`src/**` -> any path below src/; `*` and `?` stay inside one folder; `{a,b}` either."""
+    out, i = "", 0
+    while i < len(glob):
+        char = glob[i]
+        if glob.startswith("**/", i):
+            out += "(?:.*/)?"
+            i += 3
+            continue
+        if glob.startswith("**", i):
+            out += ".*"
+            i += 2
+            continue
+        if char == "*":
+            out += "[^/]*"
+        elif char == "?":
+            out += "[^/]"
+        elif char == "{":
+            end = glob.find("}", i)
+            if end == -1:
+                out += re.escape(char)
+            else:
+                out += "(?:" + "|".join(re.escape(p) for p in glob[i + 1:end].split(",")) + ")"
+                i = end
+        else:
+            out += re.escape(char)
+        i += 1
+    if glob.endswith("/"):
+        out += ".*"
+    return re.compile(out + r"\Z")
+
+
+def _paths(change: Change, globs: list[str]) -> Result:
+    patterns = [glob_regex(g) for g in globs]
+    outside = [p for p in change.paths() if not any(r.match(p) for r in patterns)]
+    shown = "paths=" + ",".join(globs)
+    return Result(shown, not outside, [f"{p} is outside {', '.join(globs)}" for p in outside])

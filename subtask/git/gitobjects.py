@@ -1,0 +1,313 @@
+"""Refs and objects, read and written through pygit2 once it is loaded and through git before.
+
+A command that only reads (`list`, `status`, `show`, `result`, `wait`, `spend`) would spend half
+its time importing pygit2 (~60 ms of CPU of its ~120), and `start`, which writes a branch, a pin
+and a record commit, a third of its time. So `Repo.objects` hands out one of two backends with the
+same questions (the refs under a prefix, one ref, a batch of objects, the commit a revision names)
+and the same two writes (a commit of a flat tree of files; a compare-and-swap of several refs at
+once): `GitObjects` runs `for-each-ref`, `cat-file --batch`, `rev-parse`, `hash-object`, `mktree`,
+`commit-tree` and `update-ref --stdin`; `Pygit2Objects` asks the already loaded library in-process
+(the worker, the MCP server, any command that has loaded it). Everything built on them (the
+record parser and writer, `list`) is one implementation.
+
+Invariants:
+- Both backends answer alike: a missing or unreadable object is None, never an exception, and
+  `read` returns one answer per spec in order. tests/test_gitread.py runs every question on both.
+- Both write alike: the same files, message, parents and time make the same commit id (the tool's
+  fixed identity, UTF-8 with no encoding header), and a ref update is all or nothing, made only
+  where every ref is at its expected value (tests/test_gitwrite.py). Never wait for a ref lock
+  here: the callers decide how long to wait.
+- A commit is signed exactly when the backend was made with `sign` (git has a signing key and
+  `subtask.sign` is not never), and then by git itself, `git commit-tree -S` (git's own
+  gpg-interface: `ssh-keygen -Y sign`, gpg or gpgsm, agent and literal keys as git handles them),
+  from both backends: pygit2 writes the blobs and tree, git the signed commit. A signature that
+  fails is an error when the caller must sign (`must_sign`: the first record under
+  `subtask.sign=always`), else the commit is written unsigned with a warning, because a job's end
+  must never be lost to a missing agent.
+- A spec is a full object id, or `<full id>:<path>` (a file in a commit's tree); anything else is
+  answered None without reaching git, because a spec is written to git's stdin line by line.
+- Never a dangling symbolic ref in `refs`: git's for-each-ref leaves them out, so pygit2 does too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from subtask.model.errors import SubtaskError
+
+if TYPE_CHECKING:
+    import pygit2
+
+_OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+# The identity of every commit the tool writes for itself (records, notes, groups).
+TOOL_NAME, TOOL_EMAIL = "git-subtask", "git-subtask@localhost"
+
+RefUpdate = tuple[str, "str | None", "str | None"]  # (name, expected old id or None: absent, new id or None: delete)
+# Words of git's refusals (git 2.3x, LC_ALL=C) that mean "the ref is not where you expected";
+# any other failure is a lock another writer holds (or a dead one left), as pygit2 reports it.
+_MOVED = ("but expected", "already exists", "is missing", "unable to resolve")
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    target: str  # an object id; for a symbolic ref, the name of the ref it points at
+    symbolic: bool = False
+
+
+def valid_spec(spec: str) -> bool:
+    oid, _, path = spec.partition(":")
+    return bool(_OID.fullmatch(oid)) and "\n" not in path
+
+
+def commit_signed(raw: bytes) -> bool:
+    """Does a raw commit object carry a signature header (what git would check, `signing.check`)?"""
+    headers = b"\n" + raw.partition(b"\n\n")[0]
+    return b"\ngpgsig " in headers or b"\ngpgsig-sha256 " in headers
+
+
+def commit_message(raw: bytes) -> bytes:
+    """The message of a raw commit object (what follows the headers' blank line)."""
+    return raw.partition(b"\n\n")[2]
+
+
+SIGN_HINT = ("git signs these commits as it signs yours (git config user.signingKey, gpg.format); "
+             "try: git commit --allow-empty -S -m test   (or: git config subtask.sign never)")
+
+
+def commit_tree(git_dir: str | Path, tree: str, parents: list[str], message: str, *, when: int | None = None,
+                sign: bool = False, must_sign: bool = False) -> str:
+    """`git commit-tree` of `tree` with the tool's identity: signed by git when `sign` (see the
+    module's invariants for what a failed signature does)."""
+    base = ["git", "--git-dir", str(git_dir), "-c", "i18n.commitEncoding=UTF-8", "commit-tree"]
+    date = {} if when is None else {"GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000"}
+    env = dict(os.environ, GIT_AUTHOR_NAME=TOOL_NAME, GIT_AUTHOR_EMAIL=TOOL_EMAIL, GIT_COMMITTER_NAME=TOOL_NAME,
+               GIT_COMMITTER_EMAIL=TOOL_EMAIL, **date)
+    rest = [tree, *(arg for parent in parents for arg in ("-p", parent))]
+    if sign or must_sign:
+        proc = subprocess.run([*base, "-S", *rest], input=message, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+        words = " ".join(proc.stderr.split())[-300:] or f"git commit-tree -S exited {proc.returncode}"
+        if must_sign or not sign:
+            raise SubtaskError("fatal", f"could not sign a git-subtask commit, and subtask.sign is always: {words}",
+                               hint=SIGN_HINT)
+        _warn_unsigned(words)
+    proc = subprocess.run([*base, "--no-gpg-sign", *rest], input=message, capture_output=True, text=True, env=env,
+                          check=False)
+    if proc.returncode != 0:
+        raise SubtaskError("fatal", f"git commit-tree failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+_warned = False
+
+
+def _warn_unsigned(words: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        import sys
+
+        print(f"git-subtask: warning: could not sign a commit, wrote it unsigned: {words}\nhint: {SIGN_HINT}",
+              file=sys.stderr)
+
+
+class GitObjects:
+    """Refs and objects through the git binary: a few small processes instead of a library import."""
+
+    def __init__(self, git_dir: Path, sign: bool = False):
+        self._git_dir = git_dir
+        self._sign = sign
+        self._base = ["git", "--git-dir", str(git_dir)]
+
+    def refs(self, prefix: str) -> list[Ref]:
+        return self._for_each_ref(prefix)
+
+    def ref(self, name: str) -> Ref | None:
+        return next((ref for ref in self._for_each_ref(name) if ref.name == name), None)
+
+    def _for_each_ref(self, pattern: str) -> list[Ref]:
+        proc = subprocess.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",
+                               pattern], capture_output=True, stdin=subprocess.DEVNULL, check=False)
+        found = []
+        for line in proc.stdout.decode("utf-8", "surrogateescape").splitlines():
+            name, target, symref = (line.split("\0") + ["", ""])[:3]
+            found.append(Ref(name, symref, True) if symref else Ref(name, target))
+        return found
+
+    def read(self, specs: list[str]) -> list[tuple[str, bytes] | None]:
+        asked = [spec for spec in specs if valid_spec(spec)]
+        answers: dict[str, tuple[str, bytes] | None] = {}
+        if asked:
+            proc = subprocess.run([*self._base, "cat-file", "--batch"], input="".join(f"{s}\n" for s in asked).encode(),
+                                  capture_output=True, check=False)
+            answers = _parse_batch(asked, proc.stdout)
+        return [answers.get(spec) for spec in specs]
+
+    def commit_of(self, rev: str) -> str | None:
+        proc = subprocess.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        commit = proc.stdout.strip()
+        return commit if proc.returncode == 0 and commit else None
+
+    def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
+                     when: int | None = None, must_sign: bool = False) -> str:
+        import tempfile  # only a writing command pays its import (shutil, random)
+
+        with tempfile.TemporaryDirectory(prefix="subtask-blobs-") as tmp:
+            paths = []
+            for i, (_, data) in enumerate(files):
+                paths.append(os.path.join(tmp, str(i)))
+                with open(paths[-1], "wb") as fh:
+                    fh.write(data)
+            blobs = self._run("hash-object", "-w", "--no-filters", "--stdin-paths", input="".join(f"{p}\n" for p in paths)).split()
+        tree = self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n" for (name, _), oid in zip(files, blobs, strict=True)))
+        return commit_tree(self._git_dir, tree.strip(), parents, message, when=when, sign=self._sign, must_sign=must_sign)
+
+    def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
+        lines = []
+        for name, old, new in updates:
+            if new is None:
+                lines.append(f"delete {name} {old}" if old else f"verify {name}")
+            else:
+                lines.append(f"update {name} {new} {old}" if old else f"create {name} {new}")
+        proc = subprocess.run([*self._base, "-c", "core.filesRefLockTimeout=0", "update-ref", "-m", message, "--stdin"],
+                              input="".join(f"{line}\n" for line in lines), capture_output=True, text=True,
+                              env=dict(os.environ, LC_ALL="C", LANGUAGE="C"), check=False)
+        if proc.returncode == 0:
+            return "ok"
+        return "moved" if any(words in proc.stderr for words in _MOVED) else "locked"
+
+    def _run(self, *args: str, input: str) -> str:
+        proc = subprocess.run([*self._base, *args], input=input, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)
+            raise SubtaskError("fatal", f"git {command} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+
+def _parse_batch(asked: list[str], out: bytes) -> dict[str, tuple[str, bytes] | None]:
+    """`git cat-file --batch` output: per request `<oid> <type> <size>\\n<data>\\n` or `<spec> missing`."""
+    answers: dict[str, tuple[str, bytes] | None] = {}
+    pos = 0
+    for spec in asked:
+        end = out.find(b"\n", pos)
+        if end < 0:
+            break  # git stopped early (a damaged pack): the rest are unreadable
+        header = out[pos:end].split()
+        pos = end + 1
+        if len(header) == 3 and header[2].isdigit():
+            size = int(header[2])
+            answers[spec] = (header[1].decode(), out[pos:pos + size])
+            pos += size + 1
+        else:
+            answers[spec] = None  # missing, ambiguous or not a file in that tree
+    return answers
+
+
+class Pygit2Objects:
+    """The same questions asked of a loaded pygit2 repository (no process)."""
+
+    def __init__(self, git: pygit2.Repository, sign: bool = False):
+        self._git = git
+        self._sign = sign
+
+    def refs(self, prefix: str) -> list[Ref]:
+        found = []
+        for ref in self._git.references.iterator():
+            if ref.name.startswith(prefix):
+                found.extend(self._ref(ref))
+        return found
+
+    def ref(self, name: str) -> Ref | None:
+        import pygit2
+
+        try:
+            ref = self._git.references.get(name)
+        except (pygit2.GitError, ValueError):
+            return None  # a loose ref file that names no object: git's for-each-ref skips it too
+        return next(iter(self._ref(ref)), None) if ref is not None else None
+
+    def _ref(self, ref) -> list[Ref]:
+        from pygit2.enums import ReferenceType
+
+        if ref.type == ReferenceType.DIRECT:
+            return [Ref(ref.name, str(ref.target))]
+        if self._git.references.get(ref.target) is None:
+            return []  # dangling: git's for-each-ref leaves it out too
+        return [Ref(ref.name, ref.target, True)]
+
+    def read(self, specs: list[str]) -> list[tuple[str, bytes] | None]:
+        return [self._read_one(spec) if valid_spec(spec) else None for spec in specs]
+
+    def _read_one(self, spec: str) -> tuple[str, bytes] | None:
+        import pygit2
+
+        oid, _, path = spec.partition(":")
+        try:
+            obj = self._git.get(oid)
+            if obj is not None and path:
+                if not isinstance(obj, pygit2.Commit) or path not in obj.tree:
+                    return None
+                obj = self._git.get(obj.tree[path].id)
+            if obj is None:
+                return None
+            return obj.type_str, obj.read_raw()
+        except (ValueError, KeyError, pygit2.GitError):
+            return None
+
+    def commit_of(self, rev: str) -> str | None:
+        import pygit2
+
+        try:
+            return str(self._git.revparse_single(rev).peel(pygit2.Commit).id)
+        except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
+            return None
+
+    def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
+                     when: int | None = None, must_sign: bool = False) -> str:
+        import pygit2
+
+        git = self._git
+        builder = git.TreeBuilder()
+        for name, data in files:
+            builder.insert(name, git.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
+        if self._sign or must_sign:
+            return commit_tree(git.path, str(builder.write()), parents, message, when=when, sign=self._sign,
+                               must_sign=must_sign)
+        sig = pygit2.Signature(TOOL_NAME, TOOL_EMAIL) if when is None else pygit2.Signature(TOOL_NAME, TOOL_EMAIL, when, 0)
+        return str(git.create_commit(None, sig, sig, message, builder.write(), [pygit2.Oid(hex=p) for p in parents]))
+
+    def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
+        import pygit2
+
+        git = self._git
+
+        class _Moved(Exception):
+            pass
+
+        try:
+            with git.transaction() as txn:
+                for name, _, _ in updates:
+                    txn.lock_ref(name)
+                for name, old, _ in updates:
+                    ref = git.references.get(name)
+                    if (str(ref.target) if ref is not None else None) != old:
+                        raise _Moved
+                for name, _, new in updates:
+                    if new is not None:
+                        txn.set_target(name, new, message=message)
+                    elif git.references.get(name) is not None:
+                        txn.remove(name)
+        except _Moved:
+            return "moved"
+        except pygit2.GitError:
+            return "locked"  # another writer holds a ref lock (or a dead one left it)
+        return "ok"

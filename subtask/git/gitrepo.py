@@ -1,0 +1,271 @@
+"""Access to the repository: open it from any directory, refs, worktrees, diff statistics.
+
+The repository is found by `git rev-parse` and its `subtask.*` settings read by `git config`
+(one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
+it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
+(subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
+pay the library's import; the worker imports it in a background thread while git writes its
+checkout (`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
+add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
+git commands must never trigger the user's hooks.
+
+Invariants:
+- The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
+- Worktrees never live below a `.git/` folder: Claude Code refuses to write there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
+from subtask.model.errors import SubtaskError
+
+if TYPE_CHECKING:
+    import pygit2
+
+    from subtask.git.gitobjects import GitObjects, Pygit2Objects
+
+NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
+EXCLUDE_LINE = "/.subtask/"
+
+
+@dataclass
+class Repo:
+    git_dir: Path  # this worktree's git dir (the main one's, or .git/worktrees/<name>)
+    root: Path  # the main worktree
+    common_dir: Path
+    config: Config
+    _git: pygit2.Repository | None = field(default=None, repr=False)
+
+    @property
+    def git(self) -> pygit2.Repository:
+        """The pygit2 repository, opened (and the library imported, ~60 ms) on first use."""
+        if self._git is None:
+            import pygit2
+
+            self._git = pygit2.Repository(str(self.git_dir))
+        return self._git
+
+    @property
+    def objects(self) -> GitObjects | Pygit2Objects:
+        """Refs and objects to read and write: in-process once pygit2 is loaded, through git before."""
+        from subtask.git import gitobjects
+
+        sign = self.config.signing_key() is not None
+        if self._git is not None or pygit2_ready():
+            return gitobjects.Pygit2Objects(self.git, sign)
+        return gitobjects.GitObjects(self.git_dir, sign)
+
+    def handover(self) -> dict | None:
+        """This repository for a worker forked from another process (JSON, `from_handover`): the
+        paths and settings git gave us; None unless opened at the main worktree (a linked
+        worktree's settings may be its own) and read through git."""
+        settings = self.config.settings()
+        if settings is None or self.git_dir.resolve() != self.common_dir:
+            return None
+        return {"v": 1, "git_dir": str(self.git_dir), "root": str(self.root), "common_dir": str(self.common_dir),
+                "settings": settings}
+
+    @classmethod
+    def from_handover(cls, data: dict) -> Repo:
+        return cls(Path(data["git_dir"]), Path(data["root"]), Path(data["common_dir"]),
+                   Config(GitSettings(dict(data["settings"]))))
+
+    def for_thread(self) -> Repo:
+        """This repository for another thread or a forked child: the same paths and settings, its
+        own pygit2 handle (pygit2 objects are never shared), so no git process finds it again."""
+        return replace(self, _git=None)
+
+    def workdir(self) -> Path | None:
+        """The top of the worktree this repository was opened in (as pygit2's `workdir`)."""
+        if self.git_dir.resolve() == self.common_dir:
+            return self.root
+        try:  # a linked worktree's git dir names its `.git` file in `gitdir`
+            dot_git = Path((self.git_dir / "gitdir").read_text().strip())
+        except OSError:
+            return None
+        return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
+
+    def state_file(self, stem: str, suffix: str = ".json") -> Path:
+        """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
+        several repositories may share (`subtask.stateDir`)."""
+        from subtask.state import paths
+
+        return paths.repo_file(self.state_dir, self.common_dir, stem, suffix)
+
+    @property
+    def state_dir(self) -> Path:
+        configured = self.config.get("stateDir")
+        path = Path(os.path.expanduser(configured)) if configured else self.common_dir / "subtask"
+        if not path.is_absolute():
+            path = self.root / path
+        return path
+
+    def worktree_dir(self) -> Path:
+        configured = self.config.get("worktreeDir")
+        if configured:
+            path = Path(os.path.expanduser(configured))
+            return path if path.is_absolute() else self.root / path
+        return self.root / ".subtask" / "worktrees"
+
+
+def open_repo(path: str | os.PathLike | None = None) -> Repo:
+    """The repository containing `path` (default: the current directory), found as git finds it
+    (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2."""
+    start = str(path or os.getcwd())
+    if path is not None and not Path(start).exists():
+        raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
+    # The settings are read beside the search, by a git that finds the same git dir: one git
+    # process's time instead of two, one after the other.
+    settings = subprocess.Popen(["git", "-C", start, *SETTINGS_ARGS], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir",
+                               "--git-common-dir", "--is-bare-repository"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, check=False)
+    finally:
+        values = parse_settings(settings.communicate()[0])
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) != 3:
+        why = proc.stderr.strip().removeprefix("fatal: ")
+        if "not a git repository" in why or not why:
+            raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
+                               hint="run it inside a git work tree, or git init")
+        raise SubtaskError("fatal", f"cannot open the repository at {start}: {why}")
+    git_dir, common, bare = Path(lines[0]), Path(lines[1]).resolve(), lines[2] == "true"
+    if bare:
+        raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
+                           hint="clone it first: git clone <bare> <dir>")
+    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)))
+
+
+_preload: threading.Thread | None = None
+
+
+def preload_pygit2() -> None:
+    """Import pygit2 in a background thread, for a process that will need it after a long wait
+    on git (the worker, during its checkout); until it is loaded, `Repo.objects` asks git."""
+    global _preload
+    if _preload is not None or sys.modules.get("pygit2") is not None:
+        return
+
+    def load() -> None:
+        try:
+            import pygit2  # noqa: F401
+        except ImportError:
+            pass  # `Repo.git` raises it again where it is needed, with its words
+
+    _preload = threading.Thread(target=load, name="subtask-preload-pygit2", daemon=True)
+    _preload.start()
+
+
+def pygit2_ready() -> bool:
+    """pygit2 is imported, and no thread of ours is still importing it."""
+    if _preload is not None and _preload.is_alive():
+        return False
+    return sys.modules.get("pygit2") is not None
+
+
+def finish_preload() -> None:
+    """Wait for `preload_pygit2`: before this process forks, or confines a child it starts."""
+    if _preload is not None:
+        _preload.join()
+
+
+def _main_worktree(common: Path, start: str) -> Path:
+    if common.name == ".git":
+        return common.parent
+    # A separate git dir (`git init --separate-git-dir`, core.worktree): git knows no main
+    # worktree for it (its `worktree list` names the git dir), so the worktree we are in is the root.
+    top = subprocess.run(["git", "-C", start, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, check=False).stdout.strip()
+    return Path(top).resolve() if top else common.parent
+
+
+def resolve_commit(repo: Repo, rev: str) -> str:
+    """The commit id `rev` names, or a fatal error."""
+    if not rev or rev.startswith("-") or "\n" in rev:
+        raise SubtaskError("usage", f"not a valid revision: {rev!r}")
+    commit = repo.objects.commit_of(rev)
+    if commit is None:
+        raise SubtaskError("fatal", f"unknown revision '{rev}': it names no commit in {repo.root}",
+                           hint="git log --oneline -5")
+    return commit
+
+
+def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
+        timeout: float | None = None, env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
+    """Run the git binary with hooks disabled; a failure is a fatal error with git's words.
+    `own_group`: in a process group of its own, which a signal to the caller's group (`stop`'s
+    SIGTERM to a worker) does not reach half-way through."""
+    proc = subprocess.run(["git", *NO_HOOKS, "-C", str(repo_root), *args], capture_output=True,
+                          text=True, input=input, timeout=timeout, check=False, env=env,
+                          stdin=None if input is not None else subprocess.DEVNULL, start_new_session=own_group)
+    if check and proc.returncode != 0:
+        raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def ensure_excluded(common_dir: Path) -> None:
+    """Add `/.subtask/` to info/exclude once, so worktrees never show as untracked files."""
+    exclude = common_dir / "info" / "exclude"
+    try:
+        text = exclude.read_text() if exclude.exists() else ""
+    except OSError:
+        return
+    if EXCLUDE_LINE in text.splitlines():
+        return
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a") as fh:
+        fh.write(("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n")
+
+
+def check_worktree_location(path: Path) -> None:
+    if ".git" in path.parts:
+        raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, where Claude Code refuses to write",
+                           hint="git config subtask.worktreeDir <a folder outside .git>")
+
+
+def author_signature(repo: Repo) -> pygit2.Signature:
+    """The user's identity for commits of their work, with a fallback that never fails."""
+    import pygit2
+
+    try:
+        return repo.git.default_signature
+    except (KeyError, pygit2.GitError):
+        return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
+
+
+def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict], dict]:
+    """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
+    import pygit2
+
+    commits = []
+    if base != head:
+        walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)
+        walker.hide(base)
+        for commit in walker:
+            commits.append({"sha": str(commit.id), "subject": commit.message.splitlines()[0] if commit.message else ""})
+    files = []
+    added = deleted = 0
+    if base != head:
+        diff = repo.git.diff(repo.git[base], repo.git[head])
+        diff.find_similar()
+        for patch in diff:
+            delta = patch.delta
+            _, plus, minus = patch.line_stats
+            entry = {"path": delta.new_file.path, "status": delta.status_char(), "added": plus, "deleted": minus}
+            if delta.old_file.path != delta.new_file.path:
+                entry["old_path"] = delta.old_file.path
+            files.append(entry)
+            added += plus
+            deleted += minus
+    totals = {"commits": len(commits), "files": len(files), "added": added, "deleted": deleted}
+    return commits, files, totals

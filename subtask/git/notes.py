@@ -1,0 +1,109 @@
+"""The review view: a block per job in `refs/notes/subtask`, derived from the records.
+
+The block stands on the job's final head commit, or on its base when it made no commit, so
+`git log --notes=subtask` shows what was delegated where it landed. Notes are derived data:
+`rebuild` regenerates every block from the records and is idempotent, and drops every block no
+record explains: a note's block is data, a record is its only authority. The writing itself
+(compare-and-swap, fanout, file lock) lives in `notes_store`.
+
+Never set `notes.rewriteRef` for this ref: a "verify passed" must not follow a rebase onto a tree
+that was never tested.
+"""
+
+from __future__ import annotations
+
+from subtask.git import notes_store, records
+from subtask.git.gitrepo import Repo, git
+from subtask.git.records import Job
+from subtask.model.render import note_block
+from subtask.state import paths
+
+
+def lock_path(repo: Repo):
+    return repo.state_dir / paths.NOTES_LOCK
+
+
+def target_commit(job: Job) -> str:
+    """Where the job's block stands: the head it produced, else its base."""
+    attempt = job.state.current
+    if job.evidence is not None and job.evidence.head:
+        return job.evidence.head
+    return attempt.head or job.spec.base
+
+
+def previous_targets(job: Job) -> set[str]:
+    """Commits where earlier attempts' blocks may stand (the note shows only the latest)."""
+    targets = {job.spec.base}
+    for attempt in job.state.attempts[:-1]:
+        if attempt.head:
+            targets.add(attempt.head)
+    return targets
+
+
+def write_for_job(repo: Repo, job: Job) -> None:
+    target = target_commit(job)
+    provenance = None
+    if job.signed:  # only then is there anything to check (and the module to load)
+        from subtask.git import signing
+
+        provenance = signing.check_one(repo, job.tip, job.signed)
+    block = note_block(job, provenance)
+    notes_store.set_block(repo.git, target, job.id, block, lock_path(repo))
+    for old in previous_targets(job) - {target}:
+        if job.id in notes_store.read_blocks(repo.git, old):
+            notes_store.remove_block(repo.git, old, job.id, lock_path(repo))
+
+
+def rebuild(repo: Repo) -> int:
+    """Regenerate every job's block from its record, and drop every block no record explains
+    (a forged or stale block pulled from a remote, a block left on a commit the job no longer
+    stands on). Human text in a note stays. Returns how many blocks changed."""
+    ended = []
+    places: dict[str, set[str] | None] = {}  # job id -> commits its blocks may stand on (None: any)
+    for job_id in records.all_ids(repo):
+        try:
+            job = records.read(repo, job_id)
+        except Exception:
+            places[job_id] = None  # a damaged record: keep its blocks, they may be all that is left
+            continue
+        if job.state.attempts and job.state.current.terminal:
+            ended.append(job)
+            places[job_id] = {target_commit(job)}
+        else:  # running again: its earlier block stays until the worker rewrites it
+            places[job_id] = {target_commit(job)} | previous_targets(job)
+
+    from subtask.git import signing
+
+    signed = signing.check(repo, [job.tip for job in ended if job.signed])  # one git run for them all
+    items = [(target_commit(job), job.id, note_block(job, signed.get(job.tip) if job.signed else None)) for job in ended]
+
+    def explained(commit: str, job_id: str) -> bool:
+        if job_id not in places:
+            return False
+        allowed = places[job_id]
+        return allowed is None or commit in allowed
+
+    return notes_store.rewrite_blocks(repo.git, items, explained, lock_path(repo))
+
+
+NOTES_MERGE_STRATEGY = "union"
+
+
+def ensure_notes_config(repo: Repo) -> list[str]:
+    """First use: `notes.subtask.mergeStrategy` (a user's own choice is kept). Returns what changed.
+
+    `union`, not `cat_sort_uniq`: a block is several lines in a fixed order, and cat_sort_uniq sorts
+    the lines of both notes together, which interleaves two jobs' blocks and moves each header
+    away from its lines (measured). `union` keeps every block whole; a block present on both sides
+    in two versions is read back as one (the block parser keeps the last per job id) and
+    `git subtask notes rebuild` rewrites it from the record. `notes.rewriteRef` is never set: a
+    "verify passed" must not follow a rebase onto a tree that was never tested.
+    """
+    try:
+        repo.git.config["notes.subtask.mergeStrategy"]
+        return []
+    except KeyError:
+        pass
+    # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
+    written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
+    return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []

@@ -1,0 +1,142 @@
+"""Which jobs this clone started: the authority for changing or deleting anything of a job.
+
+A record arrives by `pull` from anyone who can push to the remote, and says whatever its writer
+wrote: its spec can name any clone, path or branch. So ownership is made of local facts only:
+
+- the clone identity, `subtask.cloneId` (`c-` + 16 hex), written once to this repository's own
+  config (`git config --local`, never copied by a clone) under `<state>/clone-id.lock`, and
+  recorded in every job's spec at start (`spec.clone`): it says where a job was started;
+- a local ref, `refs/subtask-owned/<id>`, created in the same ref transaction as the job's record
+  (`records.create`), pointing at the record's first commit. `push` and `pull` move
+  `refs/subtask/*` only, so no teammate can give this clone one.
+
+A job is this clone's (`owns`) when both hold: the ref is here and the spec names this clone.
+A teammate who copies our clone id into a record gains nothing: the ref is not theirs to make.
+Jobs started before clone identities existed have neither, and count as a teammate's (their
+verify is re-run by `merge`, their branches are left for `git branch -d`).
+
+Invariants:
+- Never decide ownership from a path (`spec.repo`, `spec.worktree`), because a pulled record can
+  name ours.
+- A pull never changes a record or pin of a job this clone owns (`sync`); a teammate's commits on
+  it are kept under `refs/subtask-theirs/<remote>/<id>/<record|base|head>` (`aside_ref`), never
+  read as the job's state.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from subtask.git.gitrepo import Repo, git
+from subtask.model.errors import SubtaskError
+from subtask.state import paths
+
+OWNED_PREFIX = "refs/subtask-owned/"
+THEIRS_PREFIX = "refs/subtask-theirs/"
+CLONE_ID_RE = re.compile(r"c-[0-9a-f]{16}")
+
+
+def owned_ref(key: str) -> str:
+    """The ownership ref of a job id (`st-…`) or a group id (`sg-…`): a key never holds a `/`."""
+    return f"{OWNED_PREFIX}{key}"
+
+
+def aside_ref(remote: str, key: str, which: str) -> str:
+    """Where a teammate's commits on one of our refs are kept: `which` is record, base, head or
+    attempts/<n> (a verify loop's attempt pin)."""
+    return f"{THEIRS_PREFIX}{remote}/{key}/{which}"
+
+
+def clone_id(repo: Repo) -> str | None:
+    """This clone's identity, or None before its first job."""
+    value = (repo.config.get("cloneId") or "").strip()
+    return value if CLONE_ID_RE.fullmatch(value) else None
+
+
+def ensure_clone_id(repo: Repo) -> str:
+    """This clone's identity, made (once, under a lock, in the repository's own config) if missing."""
+    found = clone_id(repo)
+    if found is not None:
+        return found
+    from subtask.state.statefiles import file_lock
+
+    repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with file_lock(repo.state_dir / paths.CLONE_ID_LOCK):
+        # Another process may have written it since our settings were read: read the file again.
+        local = _local_config(repo)
+        current = (local.get("subtask.cloneid") or "").strip()
+        if not CLONE_ID_RE.fullmatch(current):
+            if current:
+                raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
+                                   hint="git config --local --unset subtask.cloneId  (a new one is made at the next start)")
+            current = "c-" + secrets.token_hex(8)
+            local.set("subtask.cloneId", current)
+    repo.config.remember("cloneId", current)
+    return current
+
+
+class _LocalConfig:
+    """The repository's own config file (`<common dir>/config`): through libgit2 once it is loaded
+    (the MCP server starts jobs without a git process), else through `git config --local`."""
+
+    def __init__(self, repo: Repo, pygit2_config=None):
+        self.repo, self.cfg = repo, pygit2_config
+
+    def get(self, key: str) -> str | None:
+        if self.cfg is not None:
+            try:
+                return self.cfg[key]
+            except KeyError:
+                return None
+        return git(self.repo.root, "config", "--local", "--get", key, check=False).stdout.strip() or None
+
+    def set(self, key: str, value: str) -> None:
+        if self.cfg is not None:
+            self.cfg[key] = value
+        else:
+            git(self.repo.root, "config", "--local", key, value)
+
+
+def _local_config(repo: Repo) -> _LocalConfig:
+    from subtask.git.gitrepo import pygit2_ready
+
+    if not pygit2_ready():
+        return _LocalConfig(repo)
+    import pygit2
+
+    return _LocalConfig(repo, pygit2.Config(str(repo.common_dir / "config")))
+
+
+def started_here(repo: Repo, key: str) -> bool:
+    """This clone created the record of this job id (or group id): its ownership ref is here.
+
+    A loose ref file answers without a git process (what `show` would otherwise pay); a packed
+    or otherwise stored ref is asked of git."""
+    if (repo.common_dir / owned_ref(key)).is_file():
+        return True
+    return repo.objects.ref(owned_ref(key)) is not None
+
+
+def owned_keys(repo: Repo) -> set[str]:
+    """Every job id (and group id) whose record this clone created, from one listing of refs."""
+    return {ref.name[len(OWNED_PREFIX):] for ref in repo.objects.refs(OWNED_PREFIX)}
+
+
+def owns(repo: Repo, job, owned: set[str] | None = None) -> bool:
+    """Is `job` (a `records.Job`) one this clone started? `owned`: `owned_keys`, when the caller
+    asks for many jobs."""
+    mine = clone_id(repo)
+    if mine is None or job.spec.clone != mine:
+        return False
+    return job.id in owned if owned is not None else started_here(repo, job.id)
+
+
+def set_aside(repo: Repo) -> list[tuple[str, str, str, str]]:
+    """(remote, key, which, ref name) of every teammate's copy kept aside, for `doctor`."""
+    found = []
+    for ref in repo.objects.refs(THEIRS_PREFIX):
+        parts = ref.name[len(THEIRS_PREFIX):].rsplit("/", 2)
+        if len(parts) == 3:
+            found.append((parts[0], parts[1], parts[2], ref.name))
+    return found

@@ -1,0 +1,222 @@
+"""Which worktrees this clone made for which job: the authority for removing one.
+
+A record's `spec.worktree` is data: a record pulled from a teammate (or forged by one) can name any
+path, including another checkout of ours. So the right to remove a worktree comes from local
+facts only: when the worker checks a job's worktree out, it writes a marker holding the job id
+into that worktree's own admin folder, `<git-common-dir>/worktrees/<name>/subtask-job`, which only
+`git worktree add` in this clone creates and which `git worktree remove`/`prune` delete with it.
+
+Invariants:
+- Never remove a worktree unless `created_here(repo, job_id, path)`: the path lies under the
+  configured worktree folder (`subtask.worktreeDir`), git lists it as a worktree of this
+  repository, and its admin folder's marker names exactly this job.
+- Worktrees made before the marker existed carry none: they are kept (removed by hand with
+  `git worktree remove`), never guessed at.
+- Never run a job's engine in a path outside the worktree folder, or in a worktree marked for
+  another job (`check_runnable`, before a reply), because the path comes from the record.
+- Never run git on a job's worktree through discovery (its `.git` file, the admin folder's
+  `commondir`), because the job may write both, and the git it would find runs the programs its
+  config names (fsmonitor, hooks, filters) outside the job's sandbox: `check_metadata` first
+  compares every file git follows from the worktree to the repository with what git wrote when
+  the worktree was made (admin folder `<common>/worktrees/<id>`), and `job_git` then runs git
+  with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` set, fsmonitor and hooks off and no
+  recursion into submodules.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from subtask.git.gitrepo import Repo
+from subtask.model.errors import SubtaskError
+
+MARKER = "subtask-job"
+
+
+def admin_dir(repo: Repo, path: Path) -> Path | None:
+    """The admin folder git keeps for the worktree checked out at `path`, or None if git has none."""
+    try:
+        wanted = path.resolve()
+        entries = list(os.scandir(repo.common_dir / "worktrees"))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            gitdir = Path((Path(entry.path) / "gitdir").read_text().strip())
+        except OSError:
+            continue
+        if not gitdir.is_absolute():  # worktree.useRelativePaths
+            gitdir = Path(entry.path) / gitdir
+        if gitdir.name == ".git" and gitdir.parent.resolve() == wanted:
+            return Path(entry.path)
+    return None
+
+
+def mark(repo: Repo, job_id: str, path: Path) -> None:
+    """Record, in the worktree's own admin folder, that this clone checked it out for `job_id`."""
+    admin = admin_dir(repo, path)
+    if admin != expected_admin(repo, job_id):
+        raise SubtaskError("fatal", f"git registered the worktree {path} as {admin}, not {expected_admin(repo, job_id)}",
+                           hint="git worktree prune, then try again")
+    tmp = admin / f".{MARKER}.tmp"
+    tmp.write_text(job_id + "\n")
+    os.replace(tmp, admin / MARKER)
+
+
+def under_worktree_folder(repo: Repo, path: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(repo.worktree_dir().resolve())
+    except OSError:
+        return False
+
+
+def created_here(repo: Repo, job_id: str, path: Path) -> bool:
+    """True only when this clone's worker checked `path` out for `job_id` (see the module docstring)."""
+    if not under_worktree_folder(repo, path):
+        return False
+    admin = admin_dir(repo, path)
+    if admin is None:
+        return False
+    try:
+        return (admin / MARKER).read_text().strip() == job_id
+    except OSError:
+        return False
+
+
+def why_not_ours(repo: Repo, job_id: str, path: Path) -> str:
+    """Words for a refusal: which of the ownership facts is missing."""
+    if not under_worktree_folder(repo, path):
+        return f"{path} is not under the worktree folder {repo.worktree_dir()}: a record's path is never trusted"
+    if admin_dir(repo, path) is None:
+        return f"{path} is not a worktree of this repository"
+    return (f"{path} was not checked out by this clone for {job_id} (no ownership marker; "
+            f"remove it by hand if it is yours: git worktree remove '{path}')")
+
+
+def check_runnable(repo: Repo, job_id: str, path: Path) -> None:
+    """Refuse to start an attempt whose recorded worktree is not this clone's to run in."""
+    if not under_worktree_folder(repo, path) or path.name != job_id:
+        raise SubtaskError("negative", f"{job_id}: its record names the worktree {path}, not {job_id} in this "
+                           f"clone's worktree folder {repo.worktree_dir()}: not running anything there",
+                           hint="a record pulled from a teammate is theirs to reply to")
+    if not path.exists():
+        return
+    admin = admin_dir(repo, path)
+    try:
+        marked = (admin / MARKER).read_text().strip() if admin is not None else None
+    except OSError:
+        marked = None  # made before markers existed
+    if admin is None or (marked is not None and marked != job_id):
+        raise SubtaskError("negative", f"{job_id}: {path} is not this job's worktree: not running anything there",
+                           hint="git worktree list")
+
+
+class MetadataChanged(Exception):
+    """A file git follows from a job's worktree to the repository is not what git wrote: the job's
+    own doing, since nothing else writes them. Its git is not run, its worktree never removed."""
+
+
+# Our git on a job's worktree: nothing the job may write names a program that runs.
+JOB_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "submodule.recurse=false")
+# Variables that would point git elsewhere than where `job_git` says.
+_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+                  "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES", "GIT_PREFIX")
+
+
+def expected_admin(repo: Repo, job_id: str) -> Path:
+    """The admin folder git makes for `<worktreeDir>/<id>`: named after the worktree's folder."""
+    return repo.common_dir / "worktrees" / job_id
+
+
+def _read_plain(path: Path) -> str:
+    """A regular file's text, never through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise MetadataChanged(f"{path} cannot be read ({exc.strerror})") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MetadataChanged(f"{path} is not a regular file")
+        return os.read(fd, 65536).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _points_at(value: str, relative_to: Path) -> str:
+    """Where a path git wrote into a file points, lexically (a symlink the job made is not followed)."""
+    return os.path.normpath(os.path.join(relative_to, value.strip()))
+
+
+def check_metadata(repo: Repo, job_id: str, worktree: Path, branch: str | None, base: str, *,
+                   head: bool = True) -> Path:
+    """The worktree's admin folder, once the files git follows from the worktree to the repository
+    say what git wrote: the worktree's `.git` names the admin folder, its `commondir` names this
+    repository, its `gitdir` names the worktree, its `HEAD` the job's branch (a read-only job: its
+    base; not asked with `head=False`, for a reader that does not commit), and it holds no
+    `config.worktree` git would read. Else `MetadataChanged`, naming what."""
+    admin = expected_admin(repo, job_id)
+    if not os.path.isdir(admin) or os.path.islink(admin):
+        raise MetadataChanged(f"its worktree's admin folder {admin} is missing or not a folder")
+    dotgit = _read_plain(worktree / ".git")
+    if not dotgit.startswith("gitdir:") or _points_at(dotgit[len("gitdir:"):], worktree) != str(admin):
+        raise MetadataChanged(f"its worktree's .git file no longer names {admin}: {dotgit.strip()[:200]!r}")
+    common = _read_plain(admin / "commondir")
+    if _points_at(common, admin) != os.path.normpath(repo.common_dir):
+        raise MetadataChanged(f"its admin folder's commondir names {common.strip()[:200]!r}, not this repository")
+    gitdir = _read_plain(admin / "gitdir")
+    if _points_at(gitdir, admin) != os.path.normpath(worktree / ".git"):
+        raise MetadataChanged(f"its admin folder's gitdir names {gitdir.strip()[:200]!r}, not {worktree / '.git'}")
+    said = _read_plain(admin / "HEAD").strip()
+    wanted = f"ref: refs/heads/{branch}" if branch else base
+    if head and said != wanted:
+        raise MetadataChanged(f"its worktree's HEAD says {said[:200]!r}, not {wanted!r}")
+    if os.path.lexists(admin / "config.worktree") and _worktree_config_on(repo):
+        raise MetadataChanged(f"its admin folder holds a config.worktree, which git would read ({admin})")
+    return admin
+
+
+def _worktree_config_on(repo: Repo) -> bool:
+    proc = subprocess.run(["git", "-C", str(repo.common_dir), "config", "--bool", "extensions.worktreeConfig"],
+                          capture_output=True, text=True, check=False)
+    return proc.stdout.strip() == "true"
+
+
+def job_git(repo: Repo, admin: Path, worktree: Path, *args: str, input: str | None = None,
+            env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """git on a job's worktree through the paths git-subtask made, never discovery (see the module
+    docstring); call `check_metadata` first, with nothing of the job running."""
+    base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
+    full = dict(base, GIT_DIR=str(admin), GIT_WORK_TREE=str(worktree), GIT_COMMON_DIR=str(repo.common_dir))
+    proc = subprocess.run(["git", *JOB_GIT, *args], cwd=worktree, env=full, capture_output=True, text=True,
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL, check=False)
+    if check and proc.returncode != 0:
+        raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def stale_admin(repo: Repo, job_id: str, path: Path) -> Path | None:
+    """The admin folder git still keeps for `job_id`'s worktree whose folder was removed by hand
+    (what `git worktree prune` would drop), when it is this clone's, for this job; else None."""
+    if path.exists() or not under_worktree_folder(repo, path):
+        return None
+    admin = admin_dir(repo, path)
+    try:
+        return admin if admin is not None and (admin / MARKER).read_text().strip() == job_id else None
+    except OSError:
+        return None
+
+
+def drop_stale(repo: Repo, job_id: str, path: Path) -> bool:
+    """Forget the registration of `job_id`'s worktree whose folder was removed by hand (only that
+    one: `git worktree prune` would drop every missing one), so git can check it out again and
+    `git worktree list` shows nothing stale. True when there was one."""
+    import shutil
+
+    admin = stale_admin(repo, job_id, path)
+    if admin is None:
+        return False
+    shutil.rmtree(admin, ignore_errors=True)
+    return not admin.exists()

@@ -1,0 +1,1 @@
+"""Records as data, errors, settings, redaction, the words shown to people, fault points, the one description of a start. Imports nothing of ours from above."""

@@ -1,0 +1,195 @@
+"""The spend that the records in git hold; the ledger is a cache of it plus the open reservations.
+
+Every paid attempt's record carries its reservation id, what was reserved and, once it ended,
+what it was charged (`Attempt.cost`); the reservation's month is the month the attempt was
+queued (`start` reserves with that time). So the month's spend can always be told from git:
+
+- `sync_ledger`: when the ledger holds no mark for this repository (the state directory was lost,
+  or the ledger predates the mark), the ledger is rebuilt from this clone's records: a reserve row
+  for each paid attempt it does not know (so a running job's money stays reserved and its worker's
+  close still lands), a close row for each ended one, then the mark. Checking for the mark is a
+  byte scan of the ledger, so a start pays nothing for it once the mark is there.
+- `team_spend`: one month's spend of every clone whose records are here (pushed and pulled with
+  `git subtask push/pull`), from the records only: the team's figure, not this clone's cap.
+
+Invariants:
+- Never read records while holding the slots or ledger lock, because reading thousands of records
+  is slow and every start passes through those locks: the charges are read first, and the ledger
+  lock is held only to append what is still missing (idempotent: a second rebuild adds nothing).
+- Only this clone's records (`ownership`: the jobs whose record it created) are charged to this
+  clone's cap, because a teammate's pulled records are their spend, against their cap; never
+  decided by `spec.repo`, which a pulled record can set to our path.
+- The charges of a record are cached by its tip (`<state>/spend-cache-<repo>.json`): a commit id
+  never changes meaning, so the cache can be incomplete but never stale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from subtask.git import ownership, records
+from subtask.git.gitrepo import Repo
+from subtask.state import ledger
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One paid attempt as its record tells it."""
+
+    rid: str
+    job: str
+    attempt: int
+    engine: str
+    month: str
+    reserved: float
+    charged: float | None  # None while the attempt has not ended
+    clone: str  # spec.repo: the main worktree of the clone that ran it
+
+
+@dataclass
+class TeamSpend:
+    month: str
+    committed_usd: float
+    open_usd: float
+    clones: dict[str, dict] = field(default_factory=dict)  # clone -> {committed, open, jobs}
+
+    def to_dict(self) -> dict:
+        return {"month": self.month, "committed_usd": self.committed_usd, "open_usd": self.open_usd,
+                "clones": self.clones, "source": "records"}
+
+
+def month_of(timestamp: float) -> str:
+    """The ledger month of an attempt queued at `timestamp` (UTC)."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m")
+
+
+def reserved_at(timestamp: float) -> datetime:
+    """The time `start` reserves with, so the ledger's month is the record's month."""
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+# ---------------------------------------------------------------- reading the records
+
+def record_charges(repo: Repo) -> list[Charge]:
+    """Every paid attempt of every record here (this clone's and pulled ones)."""
+    cached = _read_cache(repo)
+    fresh: dict[str, list[dict]] = {}
+    for _, ref in records.record_refs(repo):
+        try:
+            tip = ref.target
+            rows = cached.get(tip)
+            if rows is None:
+                rows = _charges_of(records.read_commit(repo, tip))
+        except Exception as exc:  # a damaged record must not hide the others' spend
+            warnings.warn(f"skipping damaged record {ref.name} in the spend: {exc}", stacklevel=2)
+            continue
+        fresh[tip] = rows
+    if fresh.keys() != cached.keys():
+        _write_cache(repo, fresh)
+    return [Charge(**row) for rows in fresh.values() for row in rows]
+
+
+def _charges_of(job: records.Job) -> list[dict]:
+    out = []
+    for attempt in job.state.attempts:
+        if not attempt.rid:
+            continue
+        reserved = float(attempt.cost.reserved or 0.0)
+        charged = None
+        if attempt.terminal:
+            # An ended attempt with no known charge was charged its whole reservation.
+            charged = attempt.cost.charged if _is_money(attempt.cost.charged) else reserved
+        out.append(asdict(Charge(rid=attempt.rid, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                 month=month_of(attempt.queued_at), reserved=reserved, charged=charged,
+                                 clone=job.spec.repo)))
+    return out
+
+
+def _is_money(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _cache_path(repo: Repo) -> Path:
+    return repo.state_file("spend-cache")
+
+
+def _read_cache(repo: Repo) -> dict[str, list[dict]]:
+    try:
+        data = json.loads(_cache_path(repo).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) and data.get("v") == 1 else None
+    if not isinstance(entries, dict):
+        return {}
+    fields = set(Charge.__dataclass_fields__)
+    return {tip: rows for tip, rows in entries.items()
+            if isinstance(rows, list) and all(isinstance(r, dict) and set(r) == fields for r in rows)}
+
+
+def _write_cache(repo: Repo, entries: dict[str, list[dict]]) -> None:
+    """Best effort: a cache that cannot be written only costs the next reader some reads."""
+    from subtask.state.statefiles import write_atomic
+
+    try:
+        write_atomic(_cache_path(repo), json.dumps({"v": 1, "entries": entries}, separators=(",", ":"),
+                                                   ensure_ascii=True).encode(), durable=False)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- the ledger as a cache
+
+def sync_ledger(repo: Repo) -> int:
+    """Rebuild the ledger's rows from this clone's records unless it holds this repository's mark.
+
+    Returns the rows added. Call outside the slots and ledger locks.
+    """
+    mark = str(repo.common_dir)
+    if ledger.has_mark(repo.state_dir, mark):
+        return 0
+    owned = ownership.owned_keys(repo)
+    own = [c for c in record_charges(repo) if c.job in owned]
+    added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])
+    _close_ended_meanwhile(repo, [c for c in own if c.charged is None])
+    return added
+
+
+def _close_ended_meanwhile(repo: Repo, running: list[Charge]) -> None:
+    """A job that ended after its record was read found no reservation to close (the ledger was
+    lost) and closed nothing; its final record came first, so read it again and close it now."""
+    for charge in running:
+        try:
+            job = records.read(repo, charge.job)
+        except Exception:
+            continue
+        for attempt in job.state.attempts:
+            if attempt.rid == charge.rid and attempt.terminal:
+                ledger.close(repo.state_dir, charge.rid, attempt.cost.charged, reason="restored from the record")
+
+
+def team_spend(repo: Repo, month: str | None = None) -> TeamSpend:
+    """One month's spend of every clone whose records are here, from the records alone."""
+    month = ledger.check_month(month) if month is not None else month_of(datetime.now(UTC).timestamp())
+    clones: dict[str, dict] = {}
+    committed: list[float] = []
+    opened: list[float] = []
+    jobs: dict[str, set[str]] = {}
+    for charge in record_charges(repo):
+        if charge.month != month:
+            continue
+        row = clones.setdefault(charge.clone, {"committed": [], "open": []})
+        jobs.setdefault(charge.clone, set()).add(charge.job)
+        if charge.charged is None:
+            row["open"].append(charge.reserved)
+            opened.append(charge.reserved)
+        else:
+            row["committed"].append(charge.charged)
+            committed.append(charge.charged)
+    summed = {clone: {"committed": math.fsum(row["committed"]), "open": math.fsum(row["open"]),
+                      "jobs": len(jobs[clone])} for clone, row in sorted(clones.items())}
+    return TeamSpend(month, math.fsum(committed), math.fsum(opened), summed)

@@ -1,0 +1,154 @@
+"""One landing built off to the side: a job integrated onto a target's tip in a scratch worktree.
+
+`land` (subtask/landqueue.py) builds each landing here before anything moves: a worktree checked
+out detached at the tip (`Scratch`, `<worktreeDir>/.land/queue-<random>`), the job's head merged
+(`merge`, `no-ff`), squashed (`squash`) or replayed (`rebase`) onto it by git itself, so the
+result is what `git merge` would make; then the verify runs there, on that very commit
+(`reverify.run_in`: confined as a job's verify is).
+
+Invariants:
+- Never integrate in the user's checkout, because a conflict or a failed verify must leave it
+  untouched: only the ref moves later, by compare-and-swap, once the integrated commit passed.
+- Never find the scratch's repository through its `.git` file or trust its admin folder's
+  `HEAD`, because a verify (a job's command, or the job's code it runs) may rewrite them: our
+  git runs with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` named (as `worktrees.job_git`
+  does), and moves HEAD itself, detached, before each landing.
+- Never reuse the scratch after a build or verify that did not pass, nor after a verify command
+  this clone does not trust (a teammate's unsigned record names it), because what that command
+  left (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone)
+  would be in the next job's checkout, which does not carry the code that did it: the scratch is
+  spoiled, and the next build gets a fresh checkout. Otherwise it is reused (moved to the next
+  tip, untracked files removed): checking out every file again per job cost the queue more than
+  the merges and verifies themselves, and the landed job's code is in every later tree anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask.git import worktrees
+from subtask.git.gitrepo import Repo, git
+from subtask.git.records import Job
+from subtask.ops import landing
+
+MODES = ("merge", "no-ff", "squash", "rebase")
+SCRATCH = ".land"
+SIDE_COMMITS = 3  # commits named per side of a conflict
+
+
+@dataclass
+class Built:
+    kind: str  # built | already (the tip has the job's work) | conflict | failed
+    onto: str
+    commit: str | None = None  # the integrated commit (the tip itself for "already")
+    conflicts: list[str] = field(default_factory=list)
+    why: str = ""
+    how: str = ""  # what git did: fast-forward, merge, no-ff, squash, rebase
+
+
+class Scratch:
+    """A scratch worktree of the queue: made fresh at first and once spoiled, else reused."""
+
+    def __init__(self, repo: Repo):
+        self.repo = repo
+        self.path: Path | None = None
+        self.admin: Path | None = None
+        self.spoiled = False
+
+    def at(self, commit: str) -> Path:
+        """The scratch worktree, detached at `commit`, with nothing but its files."""
+        if self.path is not None and not self.spoiled:
+            if self.git("checkout", "--quiet", "--force", "--detach", commit).returncode == 0 and \
+                    self.git("clean", "-ffdxq").returncode == 0:
+                return self.path
+        self.close()
+        from subtask.ops import reverify
+
+        self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
+        self.admin = Path(git(self.path, "rev-parse", "--absolute-git-dir").stdout.strip())  # before anything ran there
+        return self.path
+
+    def spoil(self) -> None:
+        """A command ran here and has not passed, or a build stopped half-way: never reused."""
+        self.spoiled = True
+
+    def passed(self) -> None:
+        self.spoiled = False
+
+    def head(self) -> str:
+        """HEAD, detached, as our own git just left it (read from the file: no process)."""
+        assert self.admin is not None
+        return (self.admin / "HEAD").read_text().strip()
+
+    def git(self, *args: str, input: str | None = None, check: bool = False):
+        assert self.path is not None and self.admin is not None
+        env = dict(os.environ, GIT_EDITOR=":")
+        return worktrees.job_git(self.repo, self.admin, self.path, *args, input=input, env=env, check=check)
+
+    def close(self) -> None:
+        if self.path is not None:
+            from subtask.ops import reverify
+
+            reverify.remove_scratch(self.repo, self.path)
+        self.path = self.admin = None
+        self.spoiled = False
+
+
+def integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
+    """Integrate `head` (the job's) in the scratch worktree, detached at `onto`; a build that did
+    not end with a commit spoils the scratch (git left its state half-way)."""
+    built = _integrate(repo, scratch, job, head, onto, mode)
+    if built.kind in ("conflict", "failed"):
+        scratch.spoil()
+    return built
+
+
+def _integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
+    run = scratch.git
+    if mode == "rebase":
+        proc = run("rebase", "--quiet", "--onto", onto, landing.work_base(job), head)
+    else:
+        args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "squash": ["--squash"]}[mode]
+        proc = run("merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode), head)
+    if proc.returncode != 0:
+        return _not_built(run, onto, proc)
+    if mode == "squash":
+        if run("diff", "--cached", "--quiet").returncode == 0:
+            return Built("already", onto, onto, how="squash")
+        proc = run("commit", "--quiet", "--no-verify", "-F", "-", input=landing.merge_message(repo, job, head, mode))
+        if proc.returncode != 0:
+            return _not_built(run, onto, proc)
+    commit = scratch.head()
+    if commit == onto:
+        return Built("already", onto, onto, how=mode)
+    how = "fast-forward" if mode == "merge" and commit == head else mode
+    return Built("built", onto, commit, how=how)
+
+
+def _not_built(run, onto: str, proc) -> Built:
+    conflicts = [f for f in run("diff", "--name-only", "--diff-filter=U").stdout.split("\n") if f]
+    if conflicts:
+        return Built("conflict", onto, conflicts=conflicts)
+    words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    why = " ".join(words[-3:]) if words else f"git exited {proc.returncode}"
+    if landing.IDENTITY_RE.search(why):
+        why += " (set your identity: git config user.name ...; git config user.email ...)"
+    return Built("failed", onto, why=why)
+
+
+def sides(repo: Repo, job: Job, head: str, onto: str, files: list[str]) -> dict[str, list[str]]:
+    """Both sides of a conflict in `files`: the target's commits since the job's base that touched
+    them, and the job's own (its summary first), a few lines each."""
+    from subtask.model.render import safe_line, task_title
+
+    def commits(rev_range: str) -> list[str]:
+        out = git(repo.root, "log", f"-{SIDE_COMMITS}", "--no-merges", "--format=%h %s", rev_range, "--", *files,
+                  check=False).stdout
+        return [safe_line(line) for line in out.splitlines() if line.strip()]
+
+    summary = (job.summary or "").strip()
+    said = task_title(summary, 80) if summary else task_title(job.spec.task, 80)
+    base = landing.work_base(job)
+    return {"target": commits(f"{base}..{onto}"), "job": [safe_line(said), *commits(f"{base}..{head}")]}

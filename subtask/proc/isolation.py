@@ -1,0 +1,653 @@
+"""Confinement of engines: what a job's process tree may write, enforced by the kernel (Landlock).
+
+Modes (`JobSpec.isolation`, `--isolation`, `git config subtask.isolation`):
+- `none`: the engine runs with the user's permissions (cwd is the worktree, nothing more).
+- `worktree`: the engine's process tree may write only its worktree; the parts of the git dir its
+  own commits need (`objects/`, its worktree's admin folder `worktrees/<name>/`, the job-branch
+  folders `refs/heads/subtask/` and `logs/refs/heads/subtask/`); a private temp dir (`TMPDIR`);
+  a few devices (`/dev/null`, ttys, `/dev/shm`); the paths the engine declares it needs; and
+  `git config --add subtask.isolation.writable PATH`.
+- `readonly`: the same minus everything of the repository (worktree and git dir).
+
+Reading and executing are never restricted, and the network is left as it is.
+
+How: a Landlock ruleset that handles only write-type rights is built in the parent (the worker)
+while `confined(policy)` is active; `procs` asks `child_hook()` for a pre-exec hook, and the
+child calls prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self on that ruleset just before exec.
+Landlock is inherited by every descendant and cannot be lifted.
+
+What Landlock cannot express (path hierarchies, no per-name rules inside a folder): any file in
+`refs/heads/subtask/` may be written, so a job can move another job's branch, never `main` or
+any other branch, tag, remote ref, `packed-refs` or config; inside `objects/` a job can delete
+objects as well as add them. See docs/security.md "Confinement".
+
+Invariants:
+- Never run an engine less confined than its spec says: a policy that cannot be built fails the
+  attempt (`IsolationError`) before any engine process exists.
+- Never downgrade what was asked (`--isolation`, `subtask.isolation`): `resolve` refuses at start
+  when this machine or this engine cannot provide it. Only an engine's *default* falls back to
+  `none` where Landlock is missing, and the spec then records `none` with the reason.
+- Between fork and exec the child makes two syscalls on a ruleset built in the parent, nothing
+  that imports, locks or builds paths; a failure there exits 126 with a message on stderr, never
+  an unconfined exec.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import platform
+import re
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask.model.errors import SubtaskError
+from subtask.proc import namespaces
+
+MODES = ("none", "worktree", "readonly")
+MIN_ABI = 3  # ABI 2 adds REFER (git renames objects across folders), ABI 3 TRUNCATE (truncate(2))
+ABI_ENV = "SUBTASK_LANDLOCK_ABI"  # tests: pretend the kernel offers at most this ABI (0 = none)
+NAMESPACES_ENV = namespaces.ENV  # tests: "0" pretends this machine offers no namespaces
+ACTIVE_ENV = "SUBTASK_ISOLATION"  # set for confined engines: nested `start` says why it cannot work
+WRITABLE_KEY = "subtask.isolation.writable"
+
+# -- the kernel interface -------------------------------------------------------------------------
+
+_SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (444, 445, 446)}
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
+
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+
+# What we handle: every write-type right, so whatever no rule grants is denied. Reads are not handled.
+HANDLED = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
+           | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM | REFER | TRUNCATE)
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the only rights a rule on a file may carry
+ALL = HANDLED & ~(MAKE_CHAR | MAKE_BLOCK)
+OBJECTS = MAKE_REG | MAKE_DIR | WRITE_FILE | REMOVE_FILE | REFER  # add objects (temp file, link, unlink)
+REF_FILES = MAKE_REG | WRITE_FILE | REMOVE_FILE | TRUNCATE  # <ref>.lock, then rename onto <ref>
+DEVICE = WRITE_FILE | TRUNCATE
+
+# Not /dev/pts or /dev/ptmx: a job could write to your open terminals (grant them if tests need ptys).
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")
+DEVICE_DIRS = ("/dev/shm",)
+
+
+SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox (the worker, your editor)
+SCOPED_ABI = 6
+
+
+class _RulesetAttr(ctypes.Structure):
+    # Below ABI 6 only the first field is passed (the kernel accepts a shorter, older struct).
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+if _libc is not None:
+    _libc.syscall.restype = ctypes.c_long
+    _libc.prctl.restype = ctypes.c_int
+
+
+class IsolationError(Exception):
+    """The policy could not be built: the engine must not run."""
+
+
+@dataclass(frozen=True)
+class Support:
+    abi: int  # 0 = no Landlock here
+    reason: str  # why not, when abi < MIN_ABI
+
+    @property
+    def available(self) -> bool:
+        return self.abi >= MIN_ABI
+
+    def describe(self) -> str:
+        if self.available:
+            return f"Landlock ABI {self.abi}"
+        return self.reason
+
+
+def _kernel_abi() -> tuple[int, str]:
+    if _libc is None:
+        return 0, f"Landlock is Linux-only (this is {sys.platform})"
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return 0, f"Landlock syscall numbers unknown for {platform.machine()}"
+    abi = _libc.syscall(ctypes.c_long(numbers[0]), None, ctypes.c_long(0), ctypes.c_long(_CREATE_RULESET_VERSION))
+    if abi < 0:
+        err = ctypes.get_errno()
+        why = {errno.ENOSYS: "the kernel has no Landlock (Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK)",
+               errno.EOPNOTSUPP: "Landlock is disabled at boot (add landlock to the lsm= kernel parameter)"}
+        return 0, why.get(err, f"landlock_create_ruleset failed: {os.strerror(err)}")
+    return int(abi), ""
+
+
+_support_cache: Support | None = None
+
+
+def support() -> Support:
+    """What this machine can enforce (asked once per process; costs one syscall)."""
+    global _support_cache
+    if _support_cache is None:
+        abi, reason = _kernel_abi()
+        cap = os.environ.get(ABI_ENV)
+        if cap is not None and cap.strip().isdigit() and int(cap) < abi:
+            abi, reason = int(cap), f"Landlock ABI capped at {cap} by {ABI_ENV}"
+        if 0 < abi < MIN_ABI:
+            reason = f"Landlock ABI {abi} is too old: git-subtask needs ABI {MIN_ABI} (Linux 6.2+)"
+        _support_cache = Support(abi, reason)
+    return _support_cache
+
+
+# -- which mode a job gets ------------------------------------------------------------------------
+
+
+def engine_default(engine) -> str:
+    """The mode an engine gets when nobody asked: its own choice (`none` unless it declares one)."""
+    return getattr(engine, "default_isolation", "none")
+
+
+def engine_confinable(engine) -> bool:
+    """Whether every process of this engine is started through `procs.run` (so it can be confined)."""
+    return bool(getattr(engine, "confinable", False))
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str
+    source: str  # flag | config | default
+    note: str = ""  # why a default fell back to none
+
+
+def check_mode(value: str | None, where: str) -> str | None:
+    if value is None:
+        return None
+    mode = value.strip().lower()
+    if mode not in MODES:
+        kind = "usage" if where.startswith("--") else "fatal"
+        raise SubtaskError(kind, f"{where} must be one of {', '.join(MODES)}, not {value!r}")
+    return mode
+
+
+def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None) -> Choice:
+    """The mode a new job runs with. Asked for (flag, then config) and not possible: refused."""
+    asked = check_mode(flag, "--isolation")
+    source = "flag"
+    if asked is None:
+        asked, source = check_mode(configured, "git config subtask.isolation"), "config"
+    if asked is not None:
+        if asked != "none":
+            _require(engine, asked, source)
+        return Choice(asked, source)
+    mode = engine_default(engine)
+    if mode == "worktree" and readonly:
+        mode = "readonly"
+    if mode != "none" and not support().available:
+        return Choice("none", "default", f"{mode} isolation unavailable here: {support().reason}")
+    if mode != "none" and not namespaces.support().available:
+        return Choice(mode, "default", f"{PARTIAL}: {namespaces.support().reason}")
+    return Choice(mode, "default")
+
+
+PARTIAL = "writes only (Landlock): metadata outside the worktree and children that outlive the job are not confined here"
+
+
+def _require(engine, mode: str, source: str) -> None:
+    how = "--isolation" if source == "flag" else "git config subtask.isolation"
+    if not engine_confinable(engine):
+        raise SubtaskError("fatal", f"the {engine.name} engine cannot be confined by git-subtask ({how} {mode}): "
+                           "its processes are not started through git-subtask; it keeps its own sandbox",
+                           hint=f"git subtask start --isolation none --engine {engine.name} ...")
+    if not support().available:
+        raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: {support().reason}",
+                           hint="git subtask doctor; or run unconfined on purpose: --isolation none")
+    refusal = getattr(engine, "confinement_refusal", None)
+    reason = refusal(mode) if callable(refusal) else None
+    if reason:  # the engine's own sandbox cannot work inside ours: refused, never downgraded
+        raise SubtaskError("fatal", f"{how} {mode}: {reason}",
+                           hint=getattr(engine, "CONFINEMENT_HINT", None) or f"git subtask start --isolation none --engine {engine.name} ...")
+    if not namespaces.support().available:
+        raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: it needs user, mount and pid "
+                           f"namespaces (for the metadata of files outside the worktree, and for children that "
+                           f"outlive the job): {namespaces.support().reason}",
+                           hint="git subtask doctor; or run unconfined on purpose: --isolation none")
+
+
+NETWORK_MODES = ("allow", "none")
+
+
+def resolve_network(configured: str | None) -> str:
+    """`subtask.isolation.network`: `allow` (default) or `none` (loopback only), refused where it
+    cannot be enforced."""
+    value = (configured or "allow").strip().lower()
+    if value not in NETWORK_MODES:
+        raise SubtaskError("fatal", f"git config subtask.isolation.network must be allow or none, not {configured!r}",
+                           hint="git config subtask.isolation.network none")
+    if value == "none" and not namespaces.support().available:
+        raise SubtaskError("fatal", "git config subtask.isolation.network none cannot be enforced on this machine: "
+                           f"it needs a network namespace: {namespaces.support().reason}",
+                           hint="git config --unset subtask.isolation.network")
+    return value
+
+
+def enforcement(mode: str) -> str:
+    """What confines a job of this mode here, in words (`engines`, doctor)."""
+    parts = [f"{support().describe()} for writes"] if mode != "none" else []
+    ns = namespaces.support()
+    if not ns.available:
+        parts.append(f"no namespaces: {ns.reason}")
+    elif mode != "none":
+        parts.append("mount namespace for metadata; pid namespace for children")
+    else:
+        parts.append("children ended by the worker as their subreaper")
+    return "; ".join(parts)
+
+
+def describe(engine, configured: str | None = None) -> str:
+    """What an engine gets here when nothing is passed to `start`, in words, for `engines` and `doctor`."""
+    try:
+        mode = resolve(engine, readonly=False, flag=None, configured=configured)
+    except SubtaskError as exc:
+        return f"every start refused: {exc.message}"
+    if mode.source == "config":
+        return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
+    if mode.mode == "none":
+        if mode.note:
+            return f"none ({mode.note})"
+        if not engine_confinable(engine):
+            return "none (not started through git-subtask, so it cannot be confined; its own sandbox applies)"
+        extra = f"--isolation worktree|readonly on request ({support().describe()})" if support().available else support().reason
+        return f"none by default (its own sandbox applies); {extra}"
+    return f"{mode.mode} by default ({enforcement(mode.mode)})"
+
+
+# -- the policy of one run ------------------------------------------------------------------------
+
+
+@dataclass
+class Grant:
+    path: str
+    why: str
+    rights: int = ALL
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "why": self.why}
+
+
+@dataclass
+class Policy:
+    mode: str
+    grants: list[Grant] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # asked-for paths that do not exist (not granted)
+    tmpdir: str | None = None
+    plan: namespaces.Plan = field(default_factory=namespaces.Plan)  # set by `plan_namespaces`
+    children: str = "not confined"  # how no process of the job outlives it, in words
+
+    def enforced_by(self) -> str | None:
+        """What the kernel enforces for this run, or None: nothing of ours confined it."""
+        parts = [support().describe()] if self.mode != "none" else []
+        kinds = [kind for kind, on in (("mount", self.plan.mounts is not None), ("pid", self.plan.pid),
+                                       ("network", not self.plan.network)) if on]
+        if kinds:
+            parts.append("+".join(kinds) + (" namespace" if len(kinds) == 1 else " namespaces"))
+        return ", ".join(parts) or None
+
+    def to_dict(self) -> dict:
+        confined = self.mode != "none"
+        return {"mode": self.mode, "enforced_by": self.enforced_by(),
+                "signals": "only inside the sandbox" if confined and support().abi >= SCOPED_ABI else "not scoped",
+                "metadata": ("read-only outside the writable paths (mount namespace)" if self.plan.mounts is not None
+                             else "not confined"),
+                "children": self.children, "network": "allow" if self.plan.network else "none",
+                "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
+
+
+def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
+    """Decide the namespaces of the job's processes (`policy.plan`, `policy.children`).
+
+    Confined modes get a mount namespace (read-only outside the grants) and a pid namespace. Mode
+    `none` means the user's own permissions: no namespace (but a network one when asked), and the
+    worker ends what the job left running as the subreaper of its orphans instead.
+    `asked` (the mode came from a flag or config): where the namespaces are missing, the attempt
+    fails rather than running with less than the start promised."""
+    ns = namespaces.support()
+    if not ns.available:
+        if network == "none" or (asked and policy.mode != "none"):
+            raise IsolationError(f"namespaces unavailable here: {ns.reason}")
+        policy.children = "ended by the worker when the attempt ends (subreaper); not if the worker is killed"
+        return
+    confined = policy.mode != "none"
+    writable = [g.path for g in policy.grants if g.path not in DEVICE_FILES]
+    policy.plan = namespaces.Plan(pid=confined, mounts=namespaces.existing(writable) if confined else None,
+                                  network=network != "none")
+    policy.children = ("pid namespace: ended with the engine, on stop, and with a killed worker" if policy.plan.pid
+                       else "ended by the worker when the attempt ends (subreaper); not if the worker is killed")
+
+
+def worktree_admin_dir(worktree: Path) -> Path | None:
+    """`<common>/worktrees/<name>` from the worktree's `.git` file (git may suffix the name)."""
+    try:
+        text = (worktree / ".git").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    path = Path(text[len("gitdir:"):].strip())
+    return path if path.is_absolute() else (worktree / path).resolve()
+
+
+def configured_writable(repo_git, root: Path) -> list[str]:
+    """`git config --get-all subtask.isolation.writable`: `~` and `$VARS` expanded, relative to `root`."""
+    try:
+        values = list(repo_git.config.get_multivar(WRITABLE_KEY))
+    except (KeyError, ValueError):
+        return []
+    paths = [os.path.expanduser(os.path.expandvars(v.strip())) for v in values if v.strip()]
+    return [os.path.normpath(os.path.join(root, p)) for p in paths]
+
+
+def engine_paths(engine, env: dict) -> list[str]:
+    declared = getattr(engine, "writable_paths", None)
+    return [str(p) for p in (declared(env) if callable(declared) else [])]
+
+
+def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: bool, tmpdir: str,
+                 extra: list[str], engine_extra: list[str]) -> Policy:
+    """The grants for one run; raises IsolationError when the repository parts cannot be found."""
+    policy = Policy(mode, tmpdir=tmpdir)
+    if mode == "none":
+        return policy
+    if mode == "worktree":
+        admin = worktree_admin_dir(worktree)
+        if admin is None or not admin.is_dir():
+            raise IsolationError(f"cannot find the git admin folder of worktree {worktree}")
+        policy.grants += [Grant(str(worktree), "worktree"), Grant(str(admin), "git: this worktree's admin folder"),
+                          Grant(str(common_dir / "objects"), "git: objects (add)", OBJECTS)]
+        if has_branch:
+            for folder in (common_dir / "refs" / "heads" / "subtask", common_dir / "logs" / "refs" / "heads" / "subtask"):
+                folder.mkdir(parents=True, exist_ok=True)  # git could not create it inside the sandbox
+                policy.grants.append(Grant(str(folder), "git: job branches and their reflogs", REF_FILES))
+        if (common_dir / "reftable").is_dir():
+            policy.grants.append(Grant(str(common_dir / "reftable"), "git: reftable (every ref: not protected)"))
+    policy.grants.append(Grant(tmpdir, "private temp dir (TMPDIR)"))
+    for path in DEVICE_FILES + DEVICE_DIRS:
+        if os.path.exists(path):
+            policy.grants.append(Grant(path, "device", DEVICE if path in DEVICE_FILES else ALL))
+    for why, paths in (("engine", engine_extra), ("subtask.isolation.writable", extra)):
+        for path in paths:
+            (policy.grants.append(Grant(path, why)) if os.path.exists(path) else policy.missing.append(path))
+    return policy
+
+
+def outside_sandbox(repo, worktree: Path, tmpdir: Path, network: str) -> Sandbox | None:
+    """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
+    again, a best-of judge): its worktree writable, as a job's verify has it. Handed to
+    `procs.run(sandbox=...)`, never made active (other threads' children would get it). None only
+    where the machine has no Landlock."""
+    if not support().available:
+        return None
+    policy = build_policy("worktree", worktree=worktree, common_dir=repo.common_dir, has_branch=False,
+                          tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
+    plan_namespaces(policy, network=network, asked=False)
+    return Sandbox(policy)
+
+
+# -- applying it ----------------------------------------------------------------------------------
+
+
+def _syscall(index: int, *args) -> int:
+    number = _SYSCALLS[platform.machine()][index]
+    result = _libc.syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(result)
+
+
+def _handled(abi: int) -> int:
+    handled = HANDLED
+    if abi < 2:
+        handled &= ~REFER
+    if abi < 3:
+        handled &= ~TRUNCATE
+    return handled
+
+
+def build_ruleset(policy: Policy) -> int:
+    """A Landlock ruleset fd (close-on-exec) holding the policy's grants."""
+    state = support()
+    if not state.available:
+        raise IsolationError(f"isolation {policy.mode} cannot be enforced: {state.reason}")
+    handled = _handled(state.abi)
+    scoped = state.abi >= SCOPED_ABI
+    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL if scoped else 0)
+    size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
+    try:
+        fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    except OSError as exc:
+        raise IsolationError(f"landlock_create_ruleset: {exc.strerror}") from exc
+    try:
+        for grant in policy.grants:
+            _add_rule(fd, grant, handled)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _add_rule(ruleset: int, grant: Grant, handled: int) -> None:
+    try:
+        path_fd = os.open(grant.path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IsolationError(f"cannot grant {grant.path}: {exc.strerror}") from exc
+    try:
+        rights = grant.rights & handled
+        if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
+            rights &= FILE_RIGHTS
+        beneath = _PathBeneath(rights, path_fd)
+        _syscall(1, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(beneath), ctypes.c_uint32(0))
+    except OSError as exc:
+        raise IsolationError(f"landlock_add_rule {grant.path}: {exc.strerror}") from exc
+    finally:
+        os.close(path_fd)
+
+
+# Process-wide, not per thread: a worker runs one engine at a time, and an engine that starts its
+# children from another thread must not escape.
+_active: Sandbox | None = None
+_active_lock = threading.Lock()
+
+
+class Sandbox:
+    """A policy made into a kernel ruleset and a namespace plan, once, before any engine runs (so
+    a failure stops the job). Mode `none` may still have a plan: a pid namespace, no network."""
+
+    def __init__(self, policy: Policy):
+        self.mode = policy.mode
+        self.policy = policy
+        self.plan = policy.plan
+        self.fd: int | None = build_ruleset(policy) if policy.mode != "none" else None
+
+    @property
+    def active(self) -> bool:
+        return self.fd is not None or self.plan.active
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+@contextmanager
+def confined(sandbox: Sandbox) -> Iterator[None]:
+    """While active, every child `procs` starts in this process runs in the sandbox."""
+    global _active
+    if not sandbox.active:
+        yield
+        return
+    with _active_lock:
+        previous, _active = _active, sandbox
+    try:
+        yield
+    finally:
+        with _active_lock:
+            _active = previous
+
+
+def _restrict_self_call(fd: int):
+    """`landlock_restrict_self(fd)` after PR_SET_NO_NEW_PRIVS, made ready to call in a forked child."""
+    prctl, syscall = _libc.prctl, _libc.syscall
+    no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0))
+    restrict = (ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0))
+    return lambda: prctl(*no_new_privs) == 0 and syscall(*restrict) == 0
+
+
+def child_hook(sandbox: Sandbox | None = None) -> Callable[[], None] | None:
+    """The pre-exec hook for a child started now in `sandbox` (else the active one), or None when
+    nothing is to be confined."""
+    sandbox = sandbox if sandbox is not None else _active
+    if sandbox is None or not sandbox.active:
+        return None
+    # Everything the child needs is made here, in the parent: between fork and exec it only calls.
+    enter = sandbox.plan.prepare() if sandbox.plan.active else None
+    restrict = _restrict_self_call(sandbox.fd) if sandbox.fd is not None else None
+    write, exit_ = os.write, os._exit
+    message = b"git-subtask: could not confine this process (Landlock); it was not started\n"
+
+    def confine_self() -> None:
+        if enter is not None:
+            enter()  # namespaces first: a Landlock-confined process may not mount
+        if restrict is not None and not restrict():
+            write(2, message)
+            exit_(126)
+
+    return confine_self
+
+
+def wrap_argv(argv: list[str], sandbox: Sandbox | None = None) -> list[str]:
+    """The argv a child started now execs: through `unshare --fork` when it gets a pid namespace."""
+    sandbox = sandbox if sandbox is not None else _active
+    return sandbox.plan.wrap(argv) if sandbox is not None else argv
+
+
+def active() -> bool:
+    return _active is not None
+
+
+def launch_spec() -> dict | None:
+    """The active sandbox, as `launch` rebuilds it in its own process: for a spawner that takes no
+    pre-exec hook and closes every fd (the claude SDK), so no ruleset fd can cross it. None when
+    nothing is confined."""
+    sandbox = _active
+    if sandbox is None:
+        return None
+    return {"v": 1, "mode": sandbox.mode, "grants": [[g.path, g.rights] for g in sandbox.policy.grants],
+            "plan": sandbox.plan.to_json()}
+
+
+LAUNCH_USAGE = ("usage: python -m subtask.proc.isolation [--parent PID] [--session] [--pid-file FILE] "
+                "[--sandbox FILE] -- PROGRAM [ARG...]")
+
+
+def launch(args: list[str]) -> int:
+    """`python -m subtask.proc.isolation ... -- PROGRAM ARG...`: become what a child `procs.run` starts
+    would be, then exec PROGRAM. `--parent PID`: die with it (PR_SET_PDEATHSIG), and not start when
+    it is already gone; `--session`: a session and process group of its own; `--pid-file FILE`:
+    say its pid there (the spawner cannot); `--sandbox FILE`: a `launch_spec`, entered as the
+    pre-exec hook would (namespaces, then Landlock). A failure exits 126 before any exec."""
+    options: dict[str, str | bool] = {}
+    while args and args[0] != "--":
+        flag = args.pop(0)
+        if flag == "--session":
+            options["session"] = True
+        elif flag in ("--parent", "--pid-file", "--sandbox") and args:
+            options[flag[2:]] = args.pop(0)
+        else:
+            print(LAUNCH_USAGE, file=sys.stderr)
+            return 129
+    if len(args) < 2:
+        print(LAUNCH_USAGE, file=sys.stderr)
+        return 129
+    argv = args[1:]
+    if "parent" in options:
+        _libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0), ctypes.c_ulong(0))
+        if str(os.getppid()) != options["parent"]:
+            return 126  # the parent died before the signal was armed
+    if options.get("session"):
+        os.setsid()
+    if "pid-file" in options:
+        tmp = f"{options['pid-file']}.{os.getpid()}"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.replace(tmp, options["pid-file"])
+    if "sandbox" in options:
+        try:
+            with open(options["sandbox"], encoding="utf-8") as fh:
+                spec = json.load(fh)
+            policy = Policy(spec["mode"], [Grant(path, "", rights) for path, rights in spec["grants"]],
+                            plan=namespaces.Plan.from_json(spec["plan"]))
+            fd = build_ruleset(policy) if policy.mode != "none" else None
+        except (OSError, ValueError, KeyError, TypeError, IsolationError) as exc:
+            sys.stderr.write(f"git-subtask: could not confine this process ({exc}); it was not started\n")
+            return 126
+        if policy.plan.active:
+            policy.plan.prepare()()  # exits 126 with a message when it cannot
+        if fd is not None:
+            if not _restrict_self_call(fd)():
+                sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
+                return 126
+            os.close(fd)
+        argv = policy.plan.wrap(argv)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write(f"{argv[0]}: {exc.strerror}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+
+# -- what the run's output tells about refused writes ---------------------------------------------
+
+_REFUSED_RE = re.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
+                         re.IGNORECASE)
+MAX_REFUSED = 20
+
+
+def looks_refused(text: str) -> bool:
+    """An output line that reports a refused access (how a confined write fails)."""
+    return bool(_REFUSED_RE.search(text or ""))
+
+
+if __name__ == "__main__":
+    sys.exit(launch(sys.argv[1:]))

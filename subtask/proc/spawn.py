@@ -1,0 +1,123 @@
+"""The local executor: start a detached worker process by fork, by the fork server, or by exec.
+
+Below the worker in the layers (the worker starts its hand-offs through here), so nothing here
+imports the worker or anything above it. What the worker *is* reaches this module only by being
+handed in:
+- `use_worker_main(fn)`: how a forked child runs the worker in this interpreter. The entry points
+  hand it over (the CLI; a worker hands its own `run_detached` for its hand-offs). A process that
+  handed nothing (a library caller) starts each worker as a fresh interpreter instead.
+- `use_fork_server(server)`: the zygote (`subtask.worker.zygote`), which registers itself when a
+  threaded face starts it.
+
+Invariants:
+- Fork only from a single-threaded process (a fork copies only the calling thread; a lock another
+  thread held would stay locked in the child); threaded callers ask the fork server, or exec.
+- Any failure of the fork server falls back to exec: a job never fails to start because of it.
+- The spawned worker inherits the run-lock fd; the caller keeps and closes its own copy.
+- Standard library only: the CLI and the MCP front end import this before anything heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
+EXEC_ENTRY = "subtask.worker.attempt"  # `python -m subtask.worker.attempt JOB ROOT`, the run-lock in SUBTASK_LOCK_FD
+
+# (job id, repository: its root, or in a forked child the caller's open Repo, run-lock fd) -> exit code
+WorkerMain = Callable[[str, object, int], int]
+
+_worker_main: WorkerMain | None = None
+_fork_server = None  # a subtask.worker.zygote.Zygote (not imported: the zygote sits above the worker)
+
+
+def use_worker_main(main: WorkerMain) -> None:
+    """Hand over how a forked child of this process runs a worker (see the module docstring)."""
+    global _worker_main
+    _worker_main = main
+
+
+def use_fork_server(server: object) -> None:
+    global _fork_server
+    _fork_server = server
+
+
+def fork_server():
+    """This process's fork server, if it registered one that has not retired."""
+    server = _fork_server
+    if server is None or server.retired or server.owner != os.getpid():
+        return None
+    return server
+
+
+def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object = None) -> int:
+    """Start the detached worker for `job_id` in `root`, its output on `log_fd`; its pid.
+
+    A single-threaded caller that was handed a worker main forks: the child already has every
+    module imported, which saves the worker's ~0.1 s of interpreter start-up and imports, and it
+    gets `repo` (the caller's open repository, if given) rather than the root, so it need not ask
+    git again what the caller found out. A caller with other threads (the MCP server, `wait`'s
+    watchers) asks its fork server when it has one, and starts a fresh interpreter otherwise, or
+    when the fork server fails in any way.
+    """
+    if _may_fork():
+        return _fork_worker(root, job_id, lock_fd, log_fd, repo)
+    return _zygote_or_exec_worker(root, job_id, lock_fd, log_fd, repo)
+
+
+def _may_fork() -> bool:
+    return (_worker_main is not None and os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork")
+            and threading.active_count() == 1)
+
+
+def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
+    server = fork_server() if os.environ.get(SPAWN_ENV) != "exec" else None
+    if server is not None:
+        try:
+            return server.spawn(job_id, root, lock_fd, log_fd, repo)
+        except Exception as exc:  # the zygote's worker will not run: this one must
+            print(f"git-subtask: the worker fork server failed ({exc}); starting {job_id} "
+                  "as a fresh interpreter", file=sys.stderr)
+    return _exec_worker(root, job_id, lock_fd, log_fd)
+
+
+def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
+    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", EXEC_ENTRY, job_id, str(root)],
+        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, cwd=str(root),
+        env=env, start_new_session=True, pass_fds=(lock_fd,), close_fds=True,
+    )
+    return proc.pid
+
+
+def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
+    main = _worker_main
+    assert main is not None  # _may_fork checked
+    sys.stdout.flush()  # or the child would write the parent's buffered output a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the child: detach like the exec path does, then run the worker in this interpreter
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.chdir(root)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        code = main(job_id, str(root) if repo is None else repo, lock_fd)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never return into the caller's code, nor run its exit handlers

@@ -1,0 +1,581 @@
+"""The spend ledger: every dollar a job may spend is reserved here before it runs and settled after.
+
+Owns `<state_dir>/ledger.jsonl` (append-only JSON lines, one row per reservation or close) and
+`<state_dir>/ledger.lock` (a `filelock.FileLock` that serialises every read-decide-append).
+
+Invariants:
+- A row is written with exactly one `os.write` on an `O_APPEND` descriptor, so rows never
+  interleave. If the file does not end in a newline (a crash tore the last row), the newline is
+  prepended to that same write, so a torn row never swallows the next one.
+- Every row carries `"v": 1`. Readers skip unparsable rows and rows of an unknown version with one
+  warning per read; they never crash and never rewrite the file.
+- A reservation id (`rid = f"{job}.{attempt}"`) is reserved at most once and closed at most once;
+  the first close row wins and later ones are ignored, so settlement is exactly-once.
+- Spend belongs to the month of its reservation: the close row repeats the reservation's month,
+  so a November reservation settled in December stays in November.
+- For the current month, committed + open never exceeds the cap after a reservation is granted
+  (up to a nano-dollar tolerance for float noise).
+- Files are 0600, the state directory 0700 when this module creates it.
+- The ledger is a cache of what the records in git hold, plus the open reservations: a `mark` row
+  (`{"op": "mark", "of": <git dir>}`) says this repository's records are in it; without it,
+  `subtask.ops.books.sync_ledger` restores their rows (`restore`), so a lost state directory never
+  resets the month's committed spend to $0.
+
+Lock order: the admission critical section takes the slots lock, then `lock(state_dir)`; this
+module takes only the ledger lock and never another lock while holding it. Nothing slow (no
+subprocess, no network) happens under it: read the file, decide, append one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from subtask.model.errors import SubtaskError
+from subtask.state import paths
+from subtask.state.statefiles import naming
+
+LEDGER_NAME = paths.LEDGER_FILE
+LOCK_NAME = paths.LEDGER_LOCK
+ROW_VERSION = 1
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+# The lock is held for a read and one append; a minute means a stuck holder, not contention.
+LOCK_TIMEOUT_S = 60.0
+# Sums of float dollars pick up ~1e-16 noise; an exact fit (7 x $7 under $49) must still pass.
+_TOLERANCE_USD = 1e-9
+_MONTH_RE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+_SPEND_HINT = "git subtask spend"
+
+
+class LedgerWarning(RuntimeWarning):
+    """The ledger holds rows this version cannot use; they are skipped, not removed."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    rid: str
+    job: str
+    attempt: int
+    engine: str
+    usd: float
+    month: str
+
+
+@dataclass(frozen=True)
+class Spend:
+    """One month's spend: settled charges, open reservations, and what is left under the cap."""
+
+    month: str
+    committed_usd: float
+    open_usd: float
+    open_reservations: list[Reservation]
+    per_engine: dict[str, dict[str, float]]
+    cap_usd: float
+    # Negative when the cap was lowered below what is already committed or reserved.
+    left_usd: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "month": self.month,
+            "committed_usd": self.committed_usd,
+            "open_usd": self.open_usd,
+            "open_reservations": [r.__dict__.copy() for r in self.open_reservations],
+            "per_engine": {e: dict(v) for e, v in self.per_engine.items()},
+            "cap_usd": self.cap_usd,
+            "left_usd": self.left_usd,
+        }
+
+
+@dataclass(frozen=True)
+class _Close:
+    rid: str
+    usd_charged: float
+    month: str
+
+
+@dataclass
+class _State:
+    """The ledger as read: first reserve row and first close row per rid, in file order."""
+
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    closes: dict[str, _Close] = field(default_factory=dict)
+
+    def open(self) -> list[Reservation]:
+        return [r for rid, r in self.reservations.items() if rid not in self.closes]
+
+    def committed(self, month: str) -> float:
+        return math.fsum(c.usd_charged for c in self.closes.values() if c.month == month)
+
+    def open_usd(self, month: str) -> float:
+        return math.fsum(r.usd for r in self.open() if r.month == month)
+
+
+# ---------------------------------------------------------------- paths and the lock
+
+def ledger_path(state_dir: Path) -> Path:
+    return Path(state_dir) / LEDGER_NAME
+
+
+def lock_path(state_dir: Path) -> Path:
+    return Path(state_dir) / LOCK_NAME
+
+
+# One FileLock per lock path per process: the same instance is reentrant in one thread, so a
+# caller holding lock() may call summary()/reserve_locked() without deadlocking on its own flock.
+# filelock is imported on first use: free jobs never touch the ledger, and the import costs ~20 ms
+# on every CLI call and worker start.
+_locks: dict[str, Any] = {}
+_locks_guard = threading.Lock()
+
+
+def lock(state_dir: Path):
+    """The ledger lock (a `filelock.FileLock`). Use this instance so nesting stays reentrant."""
+    import filelock
+
+    _ensure_state_dir(Path(state_dir))
+    # Keyed by pid too: filelock refuses an instance inherited across a fork (the worker is
+    # forked from the CLI), so a forked child builds its own.
+    key = f"{os.getpid()}:{os.path.abspath(lock_path(state_dir))}"
+    with _locks_guard:
+        lk = _locks.get(key)
+        if lk is None:
+            lk = filelock.FileLock(os.path.abspath(lock_path(state_dir)), timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
+            _locks[key] = lk
+        return lk
+
+
+@contextmanager
+def _held(state_dir: Path) -> Iterator[None]:
+    import filelock
+
+    lk = lock(state_dir)
+    try:
+        lk.acquire()
+    except filelock.Timeout:
+        raise SubtaskError(
+            "fatal",
+            f"the spend ledger in {state_dir} stayed locked for {LOCK_TIMEOUT_S:.0f}s",
+            hint="look for a stuck git-subtask process",
+        ) from None
+    try:
+        yield
+    finally:
+        lk.release()
+
+
+def _ensure_state_dir(state_dir: Path) -> None:
+    if state_dir.is_dir():
+        return
+    try:
+        state_dir.mkdir(mode=DIR_MODE, parents=True)
+    except FileExistsError:
+        return  # another process won the race; it set the mode
+    # mkdir's mode is filtered by umask; state may hold job names and costs, so make it exact.
+    os.chmod(state_dir, DIR_MODE)
+
+
+# ---------------------------------------------------------------- time and validation
+
+def _utc(now: datetime | None) -> datetime:
+    if now is None:
+        return datetime.now(UTC)
+    if now.tzinfo is None:
+        return now.replace(tzinfo=UTC)  # naive datetimes are taken to be UTC
+    return now.astimezone(UTC)
+
+
+def _month_of(now: datetime) -> str:
+    return now.strftime("%Y-%m")
+
+
+def _is_money(x: object) -> bool:
+    """A finite, non-negative number of dollars (bools are not money)."""
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and x >= 0
+    )
+
+
+def _fmt_usd(x: float) -> str:
+    cents = f"{x:.2f}"
+    # Show sub-cent amounts rather than print "$50.00 > $50.00".
+    return "$" + (cents if abs(float(cents) - x) < 1e-12 else f"{x:.6f}".rstrip("0"))
+
+
+def check_month(month: str) -> str:
+    if not isinstance(month, str) or not _MONTH_RE.match(month):
+        raise SubtaskError("usage", f"month must look like YYYY-MM, not {month!r}")
+    return month
+
+
+def _check_reserve_args(job: str, attempt: int, engine: str, usd: float, cap_usd: float) -> None:
+    if not isinstance(job, str) or not job:
+        raise SubtaskError("usage", f"job must be a non-empty string, not {job!r}")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        raise SubtaskError("usage", f"attempt must be a non-negative integer, not {attempt!r}")
+    if not isinstance(engine, str) or not engine:
+        raise SubtaskError("usage", f"engine must be a non-empty string, not {engine!r}")
+    if not _is_money(usd):
+        raise SubtaskError("usage", f"a reservation must be a finite amount >= $0, not {usd!r}")
+    if not _is_money(cap_usd):
+        raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
+
+
+# ---------------------------------------------------------------- reading
+
+def _parse_reserve(row: dict[str, Any]) -> Reservation | None:
+    rid, job, attempt, engine = row.get("rid"), row.get("job"), row.get("attempt"), row.get("engine")
+    usd, month = row.get("usd"), row.get("month")
+    if not (isinstance(rid, str) and isinstance(job, str) and isinstance(engine, str)):
+        return None
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not _is_money(usd):
+        return None
+    if not isinstance(month, str) or not _MONTH_RE.match(month):
+        return None
+    return Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=float(usd), month=month)
+
+
+def _parse_close(row: dict[str, Any]) -> _Close | None:
+    rid, charged, month = row.get("rid"), row.get("usd_charged"), row.get("month")
+    if not isinstance(rid, str) or not _is_money(charged):
+        return None
+    if not isinstance(month, str) or not _MONTH_RE.match(month):
+        return None
+    return _Close(rid=rid, usd_charged=float(charged), month=month)
+
+
+def _parse_mark(row: dict[str, Any]) -> str | None:
+    return "mark" if isinstance(row.get("of"), str) else None
+
+
+def _parse_line(raw: bytes) -> Reservation | _Close | str:
+    """A parsed row, or "bad" / "future" naming why it is skipped ("mark" for a mark row)."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "bad"
+    if not isinstance(row, dict):
+        return "bad"
+    if row.get("v") != ROW_VERSION:
+        return "future"
+    parsed = {"reserve": _parse_reserve, "close": _parse_close, "mark": _parse_mark}.get(
+        row.get("op"), lambda _r: None)(row)
+    return "bad" if parsed is None else parsed
+
+
+def _read_state(path: Path) -> _State:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return _State()
+    state = _State()
+    skipped = {"bad": 0, "future": 0}
+    first_skipped: int | None = None
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        parsed = _parse_line(raw)
+        if parsed == "mark":
+            continue
+        if isinstance(parsed, str):
+            skipped[parsed] += 1
+            first_skipped = first_skipped or lineno
+        elif isinstance(parsed, Reservation):
+            state.reservations.setdefault(parsed.rid, parsed)
+        else:
+            # First close wins; a close for an rid never reserved is kept for the money it records.
+            state.closes.setdefault(parsed.rid, parsed)
+    if first_skipped is not None:
+        _warn_skipped(path, skipped, first_skipped)
+    return state
+
+
+def _warn_skipped(path: Path, skipped: dict[str, int], first: int) -> None:
+    # One warning per read, not per line; identical messages are shown once by `warnings`.
+    parts = []
+    if skipped["bad"]:
+        parts.append(f"{skipped['bad']} unparsable")
+    if skipped["future"]:
+        parts.append(f"{skipped['future']} of an unknown version")
+    warnings.warn(
+        f"{path}: skipped {' and '.join(parts)} row(s), first at line {first}; the file is left as is",
+        LedgerWarning,
+        stacklevel=4,
+    )
+
+
+# ---------------------------------------------------------------- writing
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    data = (json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        st = os.fstat(fd)
+        _tighten_mode(fd, st.st_mode)
+        # A crash mid-row leaves no trailing newline; end that torn row in the same write.
+        if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+            data = b"\n" + data
+        with naming(path):
+            written = os.write(fd, data)
+    finally:
+        os.close(fd)
+    if written != len(data):
+        # The next append will end this torn row; say so now rather than lose money silently.
+        raise SubtaskError("fatal", f"short write to {path} ({written} of {len(data)} bytes)",
+                           hint="check free disk space")
+
+
+def _tighten_mode(fd: int, st_mode: int) -> None:
+    if st_mode & 0o777 == FILE_MODE:
+        return
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:
+        pass  # the mode is hygiene; refusing to record spend over it would be worse
+
+
+# ---------------------------------------------------------------- public API
+
+def reserve(
+    state_dir: Path,
+    *,
+    job: str,
+    attempt: int,
+    engine: str,
+    usd: float,
+    cap_usd: float,
+    now: datetime | None = None,
+) -> Reservation:
+    """Reserve `usd` for one attempt of a job this month, or refuse if it would break the cap."""
+    with _held(Path(state_dir)):
+        return reserve_locked(state_dir, job=job, attempt=attempt, engine=engine,
+                              usd=usd, cap_usd=cap_usd, now=now)
+
+
+def reserve_locked(
+    state_dir: Path,
+    *,
+    job: str,
+    attempt: int,
+    engine: str,
+    usd: float,
+    cap_usd: float,
+    now: datetime | None = None,
+) -> Reservation:
+    """`reserve` for a caller already holding `lock(state_dir)` (the admission critical section)."""
+    state_dir = Path(state_dir)
+    if not lock(state_dir).is_locked:
+        raise RuntimeError("reserve_locked called without holding ledger.lock(state_dir)")
+    _check_reserve_args(job, attempt, engine, usd, cap_usd)
+    at = _utc(now)
+    month = _month_of(at)
+    rid = f"{job}.{attempt}"
+    state = _read_state(ledger_path(state_dir))
+    if rid in state.reservations:
+        raise SubtaskError("conflict", f"reservation {rid} already exists in the spend ledger",
+                           hint=_SPEND_HINT)
+    _refuse_over_cap(rid, month, state, float(usd), float(cap_usd))
+    res = Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=float(usd), month=month)
+    _append(ledger_path(state_dir), {
+        "v": ROW_VERSION, "op": "reserve", "rid": rid, "job": job, "attempt": attempt,
+        "engine": engine, "usd": res.usd, "month": month, "at": at.isoformat(),
+    })
+    return res
+
+
+def check_fits_locked(state_dir: Path, amounts: list[float], cap_usd: float, *, what: str,
+                      now: datetime | None = None) -> None:
+    """Refuse, before any row is written, reservations that together would break the cap.
+
+    A best-of-N group reserves all its members' money or none: reserving them one by one would
+    leave the first ones' rows behind when a later one is refused. The caller holds
+    `lock(state_dir)` and then reserves each with `reserve_locked`, which re-checks.
+    """
+    state_dir = Path(state_dir)
+    if not lock(state_dir).is_locked:
+        raise RuntimeError("check_fits_locked called without holding ledger.lock(state_dir)")
+    month = _month_of(_utc(now))
+    state = _read_state(ledger_path(state_dir))
+    total = math.fsum(float(a) for a in amounts)
+    committed, open_usd = state.committed(month), state.open_usd(month)
+    if math.fsum([committed, open_usd, total]) <= float(cap_usd) + _TOLERANCE_USD:
+        return
+    left = max(0.0, float(cap_usd) - math.fsum([committed, open_usd]))
+    each = max(amounts) if amounts else 0.0
+    fits = int((left + _TOLERANCE_USD) // each) if each > 0 else len(amounts)
+    raise SubtaskError(
+        "budget",
+        f"reserving {_fmt_usd(total)} for {what} would exceed the monthly cap for {month}: "
+        f"{_fmt_usd(committed)} committed + {_fmt_usd(open_usd)} open + {_fmt_usd(total)} requested "
+        f"> {_fmt_usd(cap_usd)}; {_fmt_usd(left)} is left under the cap (room for {fits} of {len(amounts)})",
+        hint=_SPEND_HINT,
+    )
+
+
+def _refuse_over_cap(rid: str, month: str, state: _State, usd: float, cap: float) -> None:
+    committed, open_usd = state.committed(month), state.open_usd(month)
+    if math.fsum([committed, open_usd, usd]) <= cap + _TOLERANCE_USD:
+        return
+    raise SubtaskError(
+        "budget",
+        f"reserving {_fmt_usd(usd)} for {rid} would exceed the monthly cap for {month}: "
+        f"{_fmt_usd(committed)} committed + {_fmt_usd(open_usd)} open + {_fmt_usd(usd)} requested "
+        f"> {_fmt_usd(cap)}",
+        hint=_SPEND_HINT,
+    )
+
+
+def _charge(reserved: float, cost: float | None, charge_all: bool) -> float:
+    # An unknown or nonsensical cost may have spent anything up to the reservation: charge it all.
+    if charge_all or not _is_money(cost):
+        return reserved
+    return min(float(cost), reserved)  # type: ignore[arg-type]  # _is_money checked it
+
+
+def _observed(cost: float | None) -> float | None:
+    # Record what the engine reported when JSON can hold it; NaN/inf become null.
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+        return float(cost)
+    return None
+
+
+def close(
+    state_dir: Path,
+    rid: str,
+    cost: float | None,
+    *,
+    reason: str = "",
+    charge_all: bool = False,
+    now: datetime | None = None,
+) -> float | None:
+    """Settle a reservation once; return the amount charged, or None if unknown or already closed.
+
+    `close(rid, 0.0)` releases it. An unknown cost (None, NaN, inf, negative) or `charge_all`
+    charges the whole reservation; a known cost is capped at the reservation.
+    """
+    state_dir = Path(state_dir)
+    with _held(state_dir):
+        state = _read_state(ledger_path(state_dir))
+        res = state.reservations.get(rid)
+        if res is None or rid in state.closes:
+            return None
+        charged = _charge(res.usd, cost, charge_all)
+        _append(ledger_path(state_dir), {
+            "v": ROW_VERSION, "op": "close", "rid": rid, "usd_charged": charged,
+            "observed": _observed(cost), "month": res.month,
+            "at": _utc(now).isoformat(), "reason": str(reason),
+        })
+        return charged
+
+
+def summary(
+    state_dir: Path,
+    cap_usd: float,
+    month: str | None = None,
+    *,
+    now: datetime | None = None,
+) -> Spend:
+    """Spend for `month` (default: the current UTC month) against `cap_usd`."""
+    state_dir = Path(state_dir)
+    if not _is_money(cap_usd):
+        raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
+    month = check_month(month) if month is not None else _month_of(_utc(now))
+    with _held(state_dir):
+        state = _read_state(ledger_path(state_dir))
+    committed, open_usd = state.committed(month), state.open_usd(month)
+    return Spend(
+        month=month,
+        committed_usd=committed,
+        open_usd=open_usd,
+        open_reservations=[r for r in state.open() if r.month == month],
+        per_engine=_per_engine(state, month),
+        cap_usd=float(cap_usd),
+        left_usd=float(cap_usd) - math.fsum([committed, open_usd]),
+    )
+
+
+def _per_engine(state: _State, month: str) -> dict[str, dict[str, float]]:
+    committed: dict[str, list[float]] = {}
+    opened: dict[str, list[float]] = {}
+    for c in state.closes.values():
+        if c.month == month:
+            res = state.reservations.get(c.rid)
+            committed.setdefault(res.engine if res else "unknown", []).append(c.usd_charged)
+    for r in state.open():
+        if r.month == month:
+            opened.setdefault(r.engine, []).append(r.usd)
+    engines = sorted(set(committed) | set(opened))
+    return {e: {"committed": math.fsum(committed.get(e, [])), "open": math.fsum(opened.get(e, []))}
+            for e in engines}
+
+
+def open_reservations(state_dir: Path) -> list[Reservation]:
+    """Every reservation not yet closed, in any month, oldest first."""
+    state_dir = Path(state_dir)
+    with _held(state_dir):
+        return _read_state(ledger_path(state_dir)).open()
+
+
+# ---------------------------------------------------------------- restoring from the records
+
+def _mark_needle(of: str) -> bytes:
+    return b'"op":"mark","of":' + json.dumps(of).encode()
+
+
+def has_mark(state_dir: Path, of: str) -> bool:
+    """Does the ledger say the records of `of` are in it? A byte scan, no lock: rows are appended
+    whole, and a missed mark only costs an idempotent `restore`."""
+    try:
+        return _mark_needle(of) in ledger_path(state_dir).read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: datetime | None = None) -> int:
+    """Append the rows the ledger lacks for these paid attempts (from the records), then the mark.
+
+    Each charge: rid, job, attempt, engine, month, reserved, charged (None: not ended). A missing
+    reservation is reserved again (a running job's money stays counted; its close still lands);
+    an ended attempt's missing close is closed at what its record says it was charged. Rows the
+    ledger already has are kept as they are. Returns the rows added.
+    """
+    state_dir = Path(state_dir)
+    at = _utc(now).isoformat()
+    added = 0
+    with _held(state_dir):
+        path = ledger_path(state_dir)
+        if _mark_needle(of) in (path.read_bytes() if path.exists() else b""):
+            return 0  # another process restored it meanwhile
+        state = _read_state(path)
+        for c in charges:
+            rid, month = c["rid"], c["month"]
+            if not (_is_money(c["reserved"]) and isinstance(month, str) and _MONTH_RE.match(month)):
+                continue
+            if rid not in state.reservations:
+                _append(path, {"v": ROW_VERSION, "op": "reserve", "rid": rid, "job": c["job"],
+                               "attempt": c["attempt"], "engine": c["engine"], "usd": float(c["reserved"]),
+                               "month": month, "at": at, "from": "record"})
+                added += 1
+            if c["charged"] is not None and rid not in state.closes and _is_money(c["charged"]):
+                _append(path, {"v": ROW_VERSION, "op": "close", "rid": rid,
+                               "usd_charged": min(float(c["charged"]), float(c["reserved"])),
+                               "observed": None, "month": month, "at": at, "reason": "restored from the record"})
+                added += 1
+        if added or path.exists():
+            # No ledger and nothing to restore: leave no file (a refused start changes nothing);
+            # the next look at the records is cheap, and finds the same nothing or real rows.
+            _append(path, {"v": ROW_VERSION, "op": "mark", "of": of, "at": at})
+    return added

@@ -1,0 +1,75 @@
+"""Every name in the state folder (`<git-common-dir>/subtask/`, or `subtask.stateDir`), and the
+reservation ids of the ledger, spelled once.
+
+```
+slots.json, slots.lock          running attempts and the queue (state/slots)
+ledger.jsonl, ledger.lock       reservations and closes (state/ledger)
+ports.json, ports.lock          each running attempt's ports (state/ports)
+notes.lock, worktree.lock, land.lock, clone-id.lock, index-<key>.lock, packed-<repo>.lock
+groups/<gid>.lock               a group's settle lock
+land-sweep.json, patch-ids.json, main-index/       caches of the sweep, landing and the worker
+logs/<id>.log                   a worker's stderr
+run/<id>.lock                   the run-lock, held (flock) for a worker's life (state/liveness)
+run/<id>.pid, .stop, .engine, .events.jsonl, .env.json; run/<gid>.judge.json
+run/<id>.<n>.private.json, .task, .verify.txt      an attempt's words as written, 0600
+```
+
+Invariant: never build a state-folder path outside this module, because a second spelling of a
+name is a file one side writes and the other never reads (a stop marker nobody sees).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from subtask.state.statefiles import ensure_dir
+
+SLOTS_FILE, SLOTS_LOCK = "slots.json", "slots.lock"
+LEDGER_FILE, LEDGER_LOCK = "ledger.jsonl", "ledger.lock"
+PORTS_FILE, PORTS_LOCK = "ports.json", "ports.lock"
+NOTES_LOCK, WORKTREE_LOCK, LAND_LOCK, CLONE_ID_LOCK = "notes.lock", "worktree.lock", "land.lock", "clone-id.lock"
+SWEEP_STAMP, PATCH_ID_CACHE, MAIN_INDEX_COPIES = "land-sweep.json", "patch-ids.json", "main-index"
+
+
+def reservation_id(job_id: str, attempt: int) -> str:
+    """The ledger's id of an attempt's reservation: one per attempt, closed exactly once."""
+    return f"{job_id}.{int(attempt)}"
+
+
+def run_dir(state_dir: Path) -> Path:
+    return ensure_dir(state_dir / "run")
+
+
+def logs_dir(state_dir: Path) -> Path:
+    return ensure_dir(state_dir / "logs")
+
+
+def groups_dir(state_dir: Path) -> Path:
+    return ensure_dir(state_dir / "groups")
+
+
+def run_file(state_dir: Path, job_id: str, kind: str, *, make: bool = True) -> Path:
+    """`run/<id>.<kind>`: lock, pid, stop, engine, events.jsonl, env.json. `make=False` for a
+    probe that must not create the folder."""
+    return (run_dir(state_dir) if make else state_dir / "run") / f"{job_id}.{kind}"
+
+
+def attempt_file(state_dir: Path, job_id: str, attempt: int, kind: str) -> Path:
+    """`run/<id>.<n>.<kind>`: private.json, task, verify.txt."""
+    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.{kind}"
+
+
+def index_lock(state_dir: Path, key: str) -> Path:
+    """`index-<key>.lock`: one checkout's index, held while a merge or a landing moves it."""
+    return state_dir / f"index-{key}.lock"
+
+
+def repo_file(state_dir: Path, common_dir: Path, stem: str, suffix: str) -> Path:
+    """`<stem>-<repo><suffix>`: a file of one repository's own in a state folder several may share."""
+    import hashlib
+
+    return state_dir / f"{stem}-{hashlib.sha1(str(common_dir).encode()).hexdigest()[:8]}{suffix}"
+
+
+def log_file(state_dir: Path, job_id: str) -> Path:
+    return logs_dir(state_dir) / f"{job_id}.log"

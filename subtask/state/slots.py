@@ -1,0 +1,290 @@
+"""Admission: at most `subtask.maxRunning` workers, a FIFO queue, hand-off, crash recovery.
+
+`slots.json` (guarded by `slots.lock`) lists the running attempts and the queue. It is a cache:
+the truth is the records plus the run-locks, and a damaged file is rebuilt from them.
+
+Invariants:
+- Lock order: slots, then ledger (`ledger.lock`). Nothing slow (git checkout, spawn, network) runs
+  while either is held.
+- An entry is an attempt (`job`, `attempt`), so a stale release by an old attempt's worker never
+  frees the slot of a newer attempt.
+- Whoever frees a slot hands it to the head of the queue in the same critical section and takes
+  that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
+  still being written by its starter, which fills free slots itself when it lets go.
+- A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
+- A running job lends its slot to one of its own children at a time (`slot_of`, see `admit`): a
+  lent slot does not count against maxRunning, so a parent waiting on its child never deadlocks,
+  and the child takes the lender's place if the lender ends first, so `taken` never grows.
+- A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
+  one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
+- A map member (`pool`, `pool_max`) takes a slot only while fewer than `pool_max` entries of its
+  pool run; until then it waits in the queue without holding up the entries behind it.
+- `waiting` lists the jobs recorded `waiting` (subtask/plans.py) with the jobs they wait for
+  (`until`): no slot, nothing counted. It lets every command see, from this file alone, whether a
+  waiting job may be ready (none of those jobs is listed here any more), without reading records.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask.state import liveness, paths
+from subtask.state.statefiles import file_lock, write_json
+
+SLOTS_FILE = paths.SLOTS_FILE
+
+
+@dataclass
+class Slots:
+    running: list[dict] = field(default_factory=list)
+    queue: list[dict] = field(default_factory=list)
+    waiting: list[dict] = field(default_factory=list)  # {job, attempt, git_dir, until: [job ids], since}
+    damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "running": self.running, "queue": self.queue, **({"waiting": self.waiting} if self.waiting else {})}
+
+    def position(self, job: str) -> int | None:
+        """1-based position in the queue, or None."""
+        for index, entry in enumerate(self.queue):
+            if entry["job"] == job:
+                return index + 1
+        return None
+
+
+@dataclass
+class HandOff:
+    """A queued attempt that just got a slot; `fd` holds its run-lock for the worker to inherit."""
+
+    entry: dict
+    fd: int
+
+
+def lock(state_dir: Path):
+    return file_lock(state_dir / paths.SLOTS_LOCK)
+
+
+def read(state_dir: Path) -> Slots:
+    """The slots file as it is (no lock); a damaged one reads as empty with `damaged` set."""
+    path = state_dir / SLOTS_FILE
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("running"), list) or not isinstance(data.get("queue"), list):
+            raise ValueError("unexpected shape")
+        running = [e for e in data["running"] if _valid(e)]
+        queue = [e for e in data["queue"] if _valid(e)]
+        waiting = data.get("waiting") if isinstance(data.get("waiting"), list) else []  # v1 files before it
+        return Slots(running, queue, [e for e in waiting if _valid(e) and _ids(e.get("until"))])
+    except FileNotFoundError:
+        # Missing while the lock file exists means it was deleted, not never made: a running job
+        # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
+        return Slots(damaged=(state_dir / paths.SLOTS_LOCK).exists())
+    except (ValueError, OSError) as exc:
+        warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
+        return Slots(damaged=True)
+
+
+def _valid(entry) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("job"), str) and isinstance(entry.get("attempt"), int)
+
+
+def _ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+@contextmanager
+def transaction(state_dir: Path, rebuild: Callable[[], Slots]) -> Iterator[Slots]:
+    """Hold the slots lock; yield the slots; save them on a clean exit.
+
+    `rebuild` (records + run-locks) replaces a damaged or deleted file; it is required, because
+    reading a damaged file as empty and saving that would forget every running job.
+    """
+    with lock(state_dir):
+        slots = read(state_dir)
+        if slots.damaged:
+            slots = rebuild()
+        yield slots
+        save(state_dir, slots)
+
+
+def save(state_dir: Path, slots: Slots) -> None:
+    """Write the slots file now. Caller holds the lock (the transaction saves again at its end).
+
+    Not fsynced: it is a cache, and the records it caches are not fsynced either (libgit2 does not
+    by default). A crash that loses the write loses every worker too, and the file is then either
+    the old one (its running entries' run-locks are free: settled as dead) or damaged (rebuilt).
+    An fsync here ran under the slots lock, on each start and each end: 0.35 ms at the median but
+    up to 16 ms beside ten checkouts, with every other start and hand-off queued behind it.
+    """
+    write_json(state_dir / SLOTS_FILE, slots.to_dict(), durable=False)
+
+
+def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None, pool: str | None = None,
+               pool_max: int | None = None) -> dict:
+    entry = {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
+    if parent:
+        entry["parent"] = parent  # started from inside this running job: it may lend its slot
+    if pool and pool_max:
+        entry["pool"], entry["pool_max"] = pool, pool_max  # a map member: its group's bound
+    return entry
+
+
+def _pool_full(slots: Slots, entry: dict) -> bool:
+    """Does `entry`'s pool (a map group) already run as many entries as it may?"""
+    pool, most = entry.get("pool"), entry.get("pool_max")
+    if not pool or not isinstance(most, int):
+        return False
+    return sum(1 for e in slots.running if e.get("pool") == pool) >= most
+
+
+def _next_eligible(slots: Slots) -> dict | None:
+    """The first queued entry whose pool lets it run (FIFO among those that may run)."""
+    return next((e for e in slots.queue if not _pool_full(slots, e)), None)
+
+
+# Waiting jobs (subtask/plans.py): recorded, holding nothing, until the jobs in `until` end.
+
+def add_waiting(slots: Slots, job: str, git_dir: Path, until: list[str]) -> None:
+    slots.waiting = [e for e in slots.waiting if e["job"] != job]
+    slots.waiting.append({"job": job, "attempt": 1, "git_dir": str(git_dir), "until": list(until),
+                          "since": time.time()})
+
+
+def remove_waiting(slots: Slots, job: str) -> bool:
+    before = len(slots.waiting)
+    slots.waiting = [e for e in slots.waiting if e["job"] != job]
+    return len(slots.waiting) != before
+
+
+def listed(slots: Slots) -> set[str]:
+    """Every job this file holds: running, queued or waiting."""
+    return {e["job"] for e in slots.running + slots.queue + slots.waiting}
+
+
+def ready_waiting(slots: Slots) -> list[dict]:
+    """Waiting entries none of whose jobs is listed any more: they may be ready (their records say)."""
+    active = listed(slots)
+    return [e for e in slots.waiting if not active.intersection(e["until"])]
+
+
+# Lent slots (issue 11 item 9). A job that starts a child and waits for it would deadlock under
+# maxRunning=1: the child queues behind the slot its parent holds. So a running job lends its slot
+# to one of its own children at a time: the child runs "in" the parent's slot (`slot_of`) and does
+# not count against maxRunning. Its other children queue for that lent slot or a free one. When
+# the lender ends first, the child keeps the slot (it takes the lender's own place), so the count
+# of taken slots never grows past maxRunning, and at most maxDepth + 1 engines share one slot.
+
+
+def taken(slots: Slots) -> int:
+    """Slots counted against maxRunning: running entries not in a slot lent by their parent."""
+    return sum(1 for e in slots.running if not e.get("slot_of"))
+
+
+def _lender(slots: Slots, entry: dict) -> str | None:
+    """The parent that can lend `entry` its slot now: running, and not lending it already."""
+    parent = entry.get("parent")
+    if not parent or not any(e["job"] == parent for e in slots.running):
+        return None
+    return None if any(e.get("slot_of") == parent for e in slots.running) else parent
+
+
+def admit(slots: Slots, entry: dict, max_running: int) -> int:
+    """Take a slot (returns 0) or join the queue (returns the 1-based position). Caller holds the lock."""
+    if _pool_full(slots, entry):
+        slots.queue.append(entry)
+        return len(slots.queue)
+    lender = _lender(slots, entry)
+    if lender is not None:
+        slots.running.append(dict(entry, slot_of=lender))
+        return 0
+    if taken(slots) < max_running and _next_eligible(slots) is None:
+        slots.running.append(entry)
+        return 0
+    slots.queue.append(entry)
+    return len(slots.queue)
+
+
+def remove(slots: Slots, job: str, attempt: int) -> bool:
+    """Drop this attempt from running or queue; a child in its lent slot takes its place. Caller holds the lock."""
+    before = len(slots.running) + len(slots.queue)
+    gone = [e for e in slots.running if e["job"] == job and e["attempt"] == attempt]
+    slots.running = [e for e in slots.running if not (e["job"] == job and e["attempt"] == attempt)]
+    slots.queue = [e for e in slots.queue if not (e["job"] == job and e["attempt"] == attempt)]
+    for lender in gone:
+        for borrower in slots.running:
+            if borrower.get("slot_of") == job:
+                # The lender's own place passes on: a normal slot, or the one its own parent lent it.
+                if lender.get("slot_of"):
+                    borrower["slot_of"] = lender["slot_of"]
+                else:
+                    borrower.pop("slot_of")
+    return len(slots.running) + len(slots.queue) != before
+
+
+def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
+    """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock.
+
+    Stops at a queue head whose run-lock is busy: its starter is still writing its branch and
+    record, and fills the slot itself when it lets go. Never blocks on that lock here: the starter
+    may need the slots lock to undo a failed start (a deadlock), and skipping the head would break
+    the FIFO order.
+    """
+    handed = []
+    while taken(slots) < max_running:
+        entry = _next_eligible(slots)
+        if entry is None:
+            break
+        fd = _try_lock(state_dir, entry["job"])
+        if fd is None:
+            break
+        slots.queue.remove(entry)
+        entry["since"] = time.time()
+        slots.running.append(entry)
+        handed.append(HandOff(entry, fd))
+    # Children waiting for the slot their running parent lends (out of FIFO order: that slot is
+    # their parent's, not the queue's). A busy one is skipped: its starter fills when it lets go.
+    for entry in list(slots.queue):
+        lender = _lender(slots, entry)
+        if lender is None or _pool_full(slots, entry):
+            continue
+        fd = _try_lock(state_dir, entry["job"])
+        if fd is None:
+            continue
+        slots.queue.remove(entry)
+        entry.update(since=time.time(), slot_of=lender)
+        slots.running.append(entry)
+        handed.append(HandOff(entry, fd))
+    return handed
+
+
+def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
+    # A liveness probe holds a shared lock for microseconds; a starter holds it for many
+    # milliseconds. A few quick tries tell the two apart.
+    for _ in range(tries):
+        fd = liveness.acquire(state_dir, job, block=False)
+        if fd is not None:
+            return fd
+        time.sleep(0.002)
+    return None
+
+
+def reap_dead(slots: Slots, state_dir: Path) -> list[HandOff]:
+    """Take the run-lock of each running entry nobody holds (its worker is dead). Caller holds the lock.
+
+    The entries stay in the file until they are settled (`lifecycle.settle_reaped`): the taken
+    run-lock tells every other process that someone is settling them, and if the settler itself
+    crashes the lock goes with it and the next command reaps them again, so a dead worker's money
+    is never forgotten between "removed from the slots" and "settled".
+    """
+    reaped = []
+    for entry in slots.running:
+        fd = liveness.acquire(state_dir, entry["job"], block=False)
+        if fd is not None:
+            reaped.append(HandOff(entry, fd))
+    return reaped

@@ -1,0 +1,69 @@
+"""Executors behind one registry: the core asks `subtask.executors` what a job's executor can do
+and hands a job run elsewhere to its backend, never comparing names (issue 30)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from conftest import git, refs
+
+from subtask import api, executors
+from subtask.git import records
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--after", "st-00000000"], "--after"),
+    (["--verify", "true", "--retries", "1"], "--retries"),
+    (["--verify", "true", "--best-of", "2"], "--best-of"),
+])
+def test_what_an_executor_elsewhere_cannot_do_is_refused_naming_it_and_changes_nothing(cli, repo, args, flag):
+    before = refs(repo)
+    refused = cli("start", "--on", "ray", *args, "echo hi")
+    assert refused.returncode == 129, refused.stderr
+    assert f"{flag} is not supported for a job on ray" in refused.stderr
+    assert "--on local" in refused.stderr and "Traceback" not in refused.stderr
+    assert refs(repo) == before
+
+
+def test_map_on_an_executor_elsewhere_is_refused(cli, repo):
+    git(repo, "config", "subtask.executor", "ray")
+    refused = cli("map", "*.md", "look at {files}")
+    assert refused.returncode == 129 and "map is not supported for a job on ray" in refused.stderr
+
+
+def test_an_unknown_executor_is_a_usage_error(cli, repo):
+    refused = cli("start", "--on", "moon", "echo hi")
+    assert refused.returncode == 129 and "it must be local or ray" in refused.stderr
+
+
+def test_a_new_executor_is_one_registry_entry_and_the_core_hands_it_its_jobs(repo, monkeypatch):
+    """An executor registered with a backend gets the job at start, `wait`'s watch and `stop`; the
+    start says where the job is and `list` shows it `on` that executor."""
+    calls: list[str] = []
+    backend = types.ModuleType("fake_elsewhere")
+
+    def submit(repo_, job, paid):
+        calls.append("submit")
+        job.spec.extra["executor"] = {"kind": "fake"}
+        records.create(repo_, job)
+        return job
+
+    def stop(repo_, job_id):
+        calls.append("stop")
+        return records.update(repo_, job_id, lambda job: setattr(job.state.current, "state", "stopped"))
+
+    backend.submit, backend.stop = submit, stop
+    backend.settle_active = lambda repo_, entries: calls.append(f"settle {len(entries)}") or []
+    monkeypatch.setitem(sys.modules, "fake_elsewhere", backend)
+    monkeypatch.setitem(executors.REGISTRY, "fake", executors.Executor("fake", "fake_elsewhere", frozenset()))
+    monkeypatch.chdir(repo)
+    here = api.repo_at(repo)
+
+    started = api.start(here, api.StartRequest(task="echo hi", engine="shell", on="fake"))
+    assert (started.on, started.state) == ("fake", "queued")
+    [entry] = [e for e in api.list_jobs(here).jobs if e["id"] == started.job.id]
+    assert entry["on"] == "fake"
+    assert api.stop(here, started.job.id).state.current.state == "stopped"
+    assert calls[0] == "submit" and "stop" in calls
