@@ -62,7 +62,8 @@ SESSION = [
 ]
 
 # docs/orchestration.md: chains, a skip, a map and the namespace, in one scratch repository. `$GATE`
-# is a file the first job waits for (so the listing shows its waiters waiting); `$G1` the map's group.
+# is a file the first job waits for (so the listing shows its waiters waiting), `$GATE2` one the
+# failing job waits for (so its waiter is recorded waiting, never found it ended); `$G1` the map's group.
 ORCHESTRATION_SESSION = [
     ("git subtask start --engine shell --verify 'python3 -c \"import api\"' "
      "'while [ ! -e \"$GATE\" ]; do sleep 0.05; done; echo \"VERSION = 2\" > api.py'", True),
@@ -73,9 +74,9 @@ ORCHESTRATION_SESSION = [
     ("touch \"$GATE\"; git subtask wait $J3", True),
     ("git subtask show $J3 | sed -n 1,7p", True),
     ("git --no-pager log --format='%s' subtask/$J3", True),
-    ("git subtask start --engine shell 'exit 3'", True),
+    ("git subtask start --engine shell 'while [ ! -e \"$GATE2\" ]; do sleep 0.05; done; exit 3'", True),
     ("git subtask start --engine shell --after $J4 'echo never'", True),
-    ("git subtask wait $J5; echo \"exit $?\"", True),
+    ("touch \"$GATE2\"; git subtask wait $J5; echo \"exit $?\"", True),
     ("mkdir src; for n in 1 2 3 4 5 6; do echo \"x = $n\" > src/m$n.py; done; git add src; git commit -qm 'six modules'",
      True),
     ("git subtask map 'src/*.py' 'for f in {files}; do echo \"# reviewed\" >> \"$f\"; done' --batch 2 "
@@ -168,7 +169,7 @@ def session_blocks(session=None) -> list[tuple[str, str, bool]]:
     """(command, what it printed, checked) for each entry of `session` (SESSION), run for real.
     `$J<n>` is the n-th job a start printed, `$G<n>` the n-th group a map printed."""
     tmp, repo, env = _scratch()
-    env = dict(env, GATE=str(tmp / "gate"))
+    env = dict(env, GATE=str(tmp / "gate"), GATE2=str(tmp / "gate2"))
     named: dict[str, list[str]] = {"J": [], "G": []}
     out = []
     for command, checked in SESSION if session is None else session:
