@@ -1047,15 +1047,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
 
 def _acquire_for_reply(repo: Repo, job_id: str) -> int:
     """The job's run-lock, once its previous worker has let go; busy means another reply has it."""
-    deadline = time.monotonic() + REPLY_LOCK_WAIT
-    while True:
-        fd = liveness.acquire(repo.state_dir, job_id, block=False)
-        if fd is not None:
-            return fd
-        if time.monotonic() >= deadline:
-            raise SubtaskError("not_finished", f"{job_id} is busy: another reply or its worker holds it",
-                               hint=f"git subtask wait {job_id}")
-        time.sleep(0.02)
+    return liveness.acquire_within(repo.state_dir, job_id, REPLY_LOCK_WAIT)
 
 
 # ---------------------------------------------------------------- reading

@@ -797,12 +797,7 @@ def index_lock(repo: Repo, workdir: Path, git_dir: Path | None = None) -> Iterat
 @contextmanager
 def _run_lock_for_merge(repo: Repo, job_id: str) -> Iterator[None]:
     """The job's run-lock for the whole merge; a gc or cleanup holds it only briefly, so wait a little."""
-    deadline = time.monotonic() + MERGE_RUN_LOCK_WAIT
-    while (fd := liveness.acquire(repo.state_dir, job_id, block=False)) is None:
-        if time.monotonic() >= deadline:
-            raise SubtaskError("not_finished", f"{job_id} is busy: its worker or a reply holds it",
-                               hint=f"git subtask wait {job_id}")
-        time.sleep(0.02)
+    fd = liveness.acquire_within(repo.state_dir, job_id, MERGE_RUN_LOCK_WAIT)
     try:
         yield
     finally:

@@ -32,7 +32,6 @@ checkout's `index_lock` (only around the move).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -514,7 +513,7 @@ class Queue:
         try:
             ended = self.replier(job.id, message)
         finally:
-            item.fd = _take(repo, job.id)
+            item.fd = liveness.acquire_within(repo.state_dir, job.id, RUN_LOCK_WAIT)
         fresh = item.job = records.read(repo, job.id)
         attempt = fresh.state.current
         verify = attempt.verify
@@ -662,7 +661,7 @@ def gate(repo: Repo, item: Item, opts: Options) -> None:
         item.job = records.read(repo, item.group.pick)
     item.job = records.read(repo, item.job.id)
     check(repo, item, opts)  # a job still running is refused at once, not after waiting for its lock
-    item.fd = _take(repo, item.job.id)
+    item.fd = liveness.acquire_within(repo.state_dir, item.job.id, RUN_LOCK_WAIT)
     try:
         item.job = records.read(repo, item.job.id)
         check(repo, item, opts)  # the record as it is now that no reply can start
@@ -684,16 +683,6 @@ def check(repo: Repo, item: Item, opts: Options) -> None:
         raise SubtaskError("negative", f"{job.id}: nothing to run on the integrated commit (it was started "
                            "without --verify)", hint=f"git subtask land --verify 'make test' {job.id}   "
                                                       f"(land it unverified: --force)")
-
-
-def _take(repo: Repo, job_id: str) -> int:
-    deadline = time.monotonic() + RUN_LOCK_WAIT
-    while (fd := liveness.acquire(repo.state_dir, job_id, block=False)) is None:
-        if time.monotonic() >= deadline:
-            raise SubtaskError("not_finished", f"{job_id} is busy: its worker or a reply holds it",
-                               hint=f"git subtask wait {job_id}")
-        time.sleep(0.02)
-    return fd
 
 
 # ---------------------------------------------------------------- leftovers

@@ -569,41 +569,10 @@ def _start(argv: list[str], cwd, env: dict | None, with_stdin: bool, sandbox=Non
         raise
 
 
-def run(
-    argv: list[str],
-    *,
-    cwd,
-    env: dict | None = None,
-    timeout: float | None = None,
-    on_stdout_line: LineCallback | None = None,
-    on_stderr_line: LineCallback | None = None,
-    tail_bytes: int = 4096,
-    stdin_data: bytes | None = None,
-    on_start: Callable[[int], None] | None = None,
-    kill_grace: float = 2.0,
-    stdout_grace: float | None = None,
-    redact: bool = False,
-    sandbox=None,
-) -> ProcResult:
-    """Run argv to completion (or timeout) in its own process group; see the module docstring.
-
-    `env=None` inherits our environment; a dict replaces it entirely. The two line callbacks run
-    on two different reader threads, possibly at the same time. If a callback raises, its
-    stream is still drained, and the exception is re-raised once the child has finished.
-
-    `stdout_grace`: once the leader has exited, wait at most this long for stdout to close
-    (a background process the child left behind may hold it forever); None waits until the
-    timeout.
-
-    `redact`: both streams are redacted (statefully, see the module docstring) before the
-    callbacks and the tails see them.
-
-    `sandbox`: an `isolation.Sandbox` the child runs in, whatever is active in this process (a
-    threaded caller must not make one active: every thread's children would get it).
-    """
-    return start(argv, cwd=cwd, env=env, timeout=timeout, on_stdout_line=on_stdout_line,
-                 on_stderr_line=on_stderr_line, tail_bytes=tail_bytes, stdin_data=stdin_data, on_start=on_start,
-                 kill_grace=kill_grace, stdout_grace=stdout_grace, redact=redact, sandbox=sandbox).wait()
+def run(argv: list[str], **options) -> ProcResult:
+    """Run argv to completion (or timeout) in its own process group: `start(argv, **options).wait()`
+    (the options are `start`'s)."""
+    return start(argv, **options).wait()
 
 
 class Running:
@@ -667,7 +636,23 @@ def start(
     redact: bool = False,
     sandbox=None,
 ) -> Running:
-    """`run`, returning once the child is started and its pipes are being drained (`Running`)."""
+    """Start argv in its own process group; returns once the child is started and its pipes are
+    being drained (`Running`; `run` waits for it). See the module docstring.
+
+    `env=None` inherits our environment; a dict replaces it entirely. The two line callbacks run
+    on two different reader threads, possibly at the same time. If a callback raises, its
+    stream is still drained, and the exception is re-raised once the child has finished.
+
+    `stdout_grace`: once the leader has exited, wait at most this long for stdout to close
+    (a background process the child left behind may hold it forever); None waits until the
+    timeout.
+
+    `redact`: both streams are redacted (statefully, see the module docstring) before the
+    callbacks and the tails see them.
+
+    `sandbox`: an `isolation.Sandbox` the child runs in, whatever is active in this process (a
+    threaded caller must not make one active: every thread's children would get it).
+    """
     if not argv:
         raise ValueError("run() needs a program to run")
     started = time.monotonic()

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
+from subtask.model.errors import SubtaskError
 from subtask.state import paths
 
 
@@ -81,6 +83,18 @@ def acquire(state_dir: Path, job_id: str, *, block: bool = True, new: bool = Fal
         return None
     os.set_inheritable(fd, True)
     _owned[fd] = job_id
+    return fd
+
+
+def acquire_within(state_dir: Path, job_id: str, seconds: float) -> int:
+    """The job's run-lock for a short operation on a finished job (a reply, a merge, a landing): a
+    gc or cleanup holds it only briefly, so wait up to `seconds`; past that the job is busy."""
+    deadline = time.monotonic() + seconds
+    while (fd := acquire(state_dir, job_id, block=False)) is None:
+        if time.monotonic() >= deadline:
+            raise SubtaskError("not_finished", f"{job_id} is busy: its worker or a reply holds it",
+                               hint=f"git subtask wait {job_id}")
+        time.sleep(0.02)
     return fd
 
 
