@@ -941,3 +941,22 @@ def test_land_over_mcp_answers_the_clis_words_and_json_and_verifies_confined(rep
     assert data.pop("reply") == words and data["ok"] and [j["state"] for j in data["jobs"]] == ["landed", "landed"]
     assert words.splitlines()[-1].endswith("(2 of 2 landed)") and "(unconfined)" not in words
     assert all(j["confined"] for j in data["jobs"]) and (repo / "one.txt").exists() and (repo / "two.txt").exists()
+
+
+def test_mcp_land_lands_in_the_repository_the_call_names_whatever_the_server_was_started_with(repo, tmp_path, cli):
+    """`land` runs in a child process; a SUBTASK_REPO the server was given (as `install codex`
+    forwards it) must not send that child to another repository than the call's `repo`."""
+    from conftest import make_repo
+
+    other = make_repo(tmp_path / "other")
+    job = cli.start("echo landed > landed.txt", "--verify", "test -f landed.txt")
+    cli("wait", job)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(other),
+                                   env=dict(server_env(), SUBTASK_REPO=str(other)))
+
+    async def main() -> str:
+        async with Client(params, mode="legacy") as client:
+            return (await call_json(client, "land", {"ids": [job], "repo": str(repo)}))[0]
+
+    landed = anyio.run(main)
+    assert job in landed and git(repo, "show", "main:landed.txt") == "landed", landed

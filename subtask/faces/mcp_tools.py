@@ -491,21 +491,24 @@ async def land(ids: list[str], verify: str | None = None, atomic: bool = False, 
     dry_run=true says what would happen and which jobs change the same files, changing nothing.
     The structured content's `ok` is false unless every job landed.
     """
-    where = open_repo(repo)
     args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
             *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
             *(["--force"] if force else []), *(["--dry-run"] if dry_run else []), "--json", "--", *_id_list(ids)]
-    return await _call(_land_in_child, str(where.workdir() or where.root), args)
+    return await _call(_land_in_child, repo, args)
 
 
-def _land_in_child(cwd: str, args: list[str]) -> replies.Reply:
+def _land_in_child(repo: str | None, args: list[str]) -> replies.Reply:
     """`git-subtask land` in a child process: the verifies it runs on integrated commits are
     confined only from a process with no other thread (`isolation.outside_sandbox`), and this
-    server has many. Its `--json` is the reply's data; its error, this tool's."""
+    server has many. Its `--json` is the reply's data; its error, this tool's. The child is told
+    the repository (`SUBTASK_REPO`, which it reads before its working directory), so one this
+    server was started with never wins over the call's `repo`."""
     import subprocess
 
+    where = open_repo(repo)
+    cwd = str(where.workdir() or where.root)
     proc = subprocess.run([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False)
+                          stdin=subprocess.DEVNULL, check=False, env={**os.environ, "SUBTASK_REPO": cwd})
     if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
         return replies.landed(json.loads(proc.stdout))
     said = [line for line in proc.stderr.splitlines() if line.strip()]
