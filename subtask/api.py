@@ -363,6 +363,9 @@ def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[l
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
         raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
     names = _list(request.after)
+    if not names and request.after not in (None, [], ()):  # `--after "$ID"` with an empty $ID
+        raise SubtaskError("usage", f"--after names no job: {request.after!r}",
+                           hint="git subtask start --after ID '...'")
     if request.on_fail is not None and request.on_fail not in ON_FAIL:
         raise SubtaskError("usage", f"--on-fail must be {' or '.join(ON_FAIL)}, not {request.on_fail!r}")
     if not names:

@@ -286,6 +286,8 @@ def test_a_paid_waiter_reserves_when_it_starts_and_a_full_cap_fails_it_then(cli,
     (["--on-fail", "run"], "--on-fail goes with --after"),
     (["--after", "{a}", "--on-fail", "maybe"], "on-fail"),
     (["--after", "{a}", "--base", "HEAD~0"], "give --base or --after"),
+    (["--after", ""], "--after names no job"),  # `--after "$ID"` with $ID empty: never a job started at once
+    (["--after", ","], "--after names no job"),
 ])
 def test_bad_after_input_is_refused_and_leaves_nothing(cli, repo, args, words):
     a = cli.start("true")
