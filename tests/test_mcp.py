@@ -960,3 +960,20 @@ def test_mcp_land_lands_in_the_repository_the_call_names_whatever_the_server_was
 
     landed = anyio.run(main)
     assert job in landed and git(repo, "show", "main:landed.txt") == "landed", landed
+
+
+def test_mcp_list_says_what_its_sweep_removed(repo, cli):
+    """A job merged by plain git is cleaned up by the next `list`'s sweep: an agent's `list` says
+    so, as the CLI does on stderr, never removing a branch without a word."""
+    git(repo, "config", "subtask.sweepInterval", "0")
+    job = cli.start("echo hi > hi.txt")
+    cli("wait", job)
+    git(repo, "merge", "-q", "--no-edit", f"subtask/{job}")
+
+    async def main() -> str:
+        async with connect("stdio", repo) as client:
+            return await call(client, "list", {})
+
+    listed = anyio.run(main)
+    assert f"found 1 landed job: {job}" in listed, listed
+    assert not git(repo, "branch", "--list", f"subtask/{job}")

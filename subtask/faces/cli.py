@@ -240,8 +240,9 @@ def list_(state, include_all, limit, as_json):
     listing = api.list_jobs(repo, state=state, include_all=include_all, limit=limit)
     reply = replies.listed(repo, api.list_groups(repo, listing.jobs), listing, state=state, unfold=include_all,
                            facts=as_json)
-    for line in listing.swept:  # once: the sweep that removed them runs once (stderr: stdout stays the listing)
-        echo(line, err=True)
+    if as_json:  # the words print the sweep's lines as notes (stderr: stdout stays the listing)
+        for line in listing.swept:
+            echo(line, err=True)
     _emit(reply, as_json)
 
 

@@ -118,7 +118,8 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
         nothing = (f"no {state} jobs" if state else
                    f"no jobs to show ({listing.hidden} landed: git subtask list --all)" if listing.hidden else
                    "no jobs yet (start one: git subtask start '...')")
-    notes = [f"({listing.more} older jobs not shown: {more_hint})"] if listing.more else []
+    # What this call's lazy sweep removed: said once (the sweep runs once), to an agent too.
+    notes = [*listing.swept, *([f"({listing.more} older jobs not shown: {more_hint})"] if listing.more else [])]
     return Reply(text, data, notes, nothing)
 
 
