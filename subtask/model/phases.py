@@ -21,6 +21,14 @@ PHASES_ENV = "SUBTASK_PHASES"
 
 _marks: list[list] = []
 _modules_at_begin: set[str] = set()
+_modules_before_worker: set[str] | None = None  # a forked worker's modules before it imported the worker
+
+
+def before_worker_import() -> None:
+    """Count what a forked worker imports from here on (the zygote calls it before it imports the
+    worker, so a module its preload left out shows in "imported")."""
+    global _modules_before_worker
+    _modules_before_worker = set(sys.modules)
 
 
 def begin(at: float | None = None) -> None:
@@ -28,7 +36,7 @@ def begin(at: float | None = None) -> None:
     global _modules_at_begin
     _marks.clear()
     if os.environ.get(PHASES_ENV):
-        _modules_at_begin = set(sys.modules)
+        _modules_at_begin = _modules_before_worker if _modules_before_worker is not None else set(sys.modules)
     mark("worker_start", at)
 
 

@@ -271,8 +271,9 @@ def _preload() -> None:
     import pygit2  # noqa: F401
 
     from subtask.engines import command, shell  # noqa: F401
-
-    # noqa: F401  (signing: a signed job's note says whose)
+    from subtask.git import signing  # noqa: F401  (a signed job's note says whose)
+    from subtask.proc import procs  # noqa: F401
+    from subtask.worker import attempt  # noqa: F401
 
 
 def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
@@ -296,6 +297,9 @@ def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.pop("SUBTASK_LOCK_FD", None)
         os.set_inheritable(lock_fd, True)  # as the exec'd and CLI-forked workers have it
         os.chdir(request["root"])
+        from subtask.model import phases
+
+        phases.before_worker_import()
         from subtask.worker import attempt as worker
 
         code = worker.run_detached(request["job"], request.get("repo") or request["root"], lock_fd)
