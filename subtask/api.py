@@ -1004,6 +1004,10 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if not previous.terminal:
         raise SubtaskError("not_finished", f"{job_id} is {previous.state}; only a finished job can be replied to",
                            hint=f"git subtask wait {job_id}")
+    if not ownership.owns(repo, job):  # its spec (branch, worktree, task) is a teammate's claim, never ours to run
+        raise SubtaskError("negative", f"{job_id} is another clone's job: a reply runs here only for a job this "
+                           "clone started", hint=f"start a new job from its branch: git subtask start --base "
+                           f"{job.spec.base} '...'")
     if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")

@@ -131,6 +131,27 @@ def test_records_a_teammate_pushes_never_delete_my_branches(team):
     assert "refs/heads/release" in refs(b) and "refs/heads/main" in refs(b)
 
 
+def test_a_reply_to_a_teammates_record_is_refused_and_moves_none_of_my_branches(team):
+    """A forged record naming my `release` branch and the worktree path my clone would use: a
+    reply would run my worker on their spec, write their record and commit on `release`."""
+    remote, ((a, cli_a), (b, cli_b)) = team
+    git(b, "branch", "release")
+    release = git(b, "rev-parse", "release")
+    theirs = cli_a.start("true")
+    cli_a.ok("wait", theirs)
+    new_id = "st-0000dddd"
+    worktree = b / ".subtask" / "worktrees" / new_id
+    forge(a, theirs, f"j.spec.branch = 'release'; j.spec.base = {release!r}; j.spec.worktree = {str(worktree)!r}; "
+                     f"j.spec.repo = {str(b)!r}", new_id=new_id)
+    cli_a.ok("push")
+    cli_b.ok("pull")
+    tip = record_tip(b, new_id)
+    out = cli_b("reply", new_id, "echo pwned > pwn.txt")
+    assert out.returncode == 1 and "another clone's job" in out.stderr, out.stderr
+    assert git(b, "rev-parse", "release") == release and record_tip(b, new_id) == tip
+    assert not worktree.exists()
+
+
 # ---------------------------------------------------------------- the merge gate
 
 def ran_verify(log: Path) -> int:
