@@ -168,3 +168,23 @@ def test_a_pulled_record_whose_evidence_lacks_fields_is_shown_without_a_crash(re
                  ("list",), ("log", job), ("status",), ("notes", "rebuild")):
         proc = cli(*args)
         assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, (args, proc.stderr)
+
+
+def test_a_dead_workers_damaged_record_gives_back_its_ports(repo, cli):
+    """The worker held a range of ports (`$SUBTASK_PORT`) when it was killed and its record was
+    damaged: whoever settles it frees the range, or those ports are gone from the pool for good."""
+    import signal
+
+    from test_crashes import pids_of, state_dir
+
+    gate = repo.parent / "go"
+    job_id = cli.start(f"while [ ! -e '{gate}' ]; do sleep 0.05; done")
+    ports_file = state_dir(repo) / "ports.json"
+    try:
+        assert wait_until(lambda: "engine" in pids_of(repo, job_id), timeout=60)
+        assert job_id in ports_file.read_text()
+        damage(repo, job_id, "unrelated-commit")
+        os.kill(pids_of(repo, job_id)["worker"], signal.SIGKILL)
+        assert wait_until(lambda: cli("list").returncode == 0 and job_id not in ports_file.read_text(), timeout=60)
+    finally:
+        gate.touch()

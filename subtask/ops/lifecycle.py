@@ -175,7 +175,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
             return False
         if attempt.rid:
             attempt.cost.charged = charge
-            attempt.cost.billing = "charged" if charge else "not_started"
+            attempt.cost.billing = "charged" if spent else "not_started"
         ended[:] = [job]
         return True
 
@@ -275,6 +275,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     # The engine dies before the attempt is settled and its slot freed: a dead worker's engine
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
+    ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
     try:
         recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
@@ -289,9 +290,8 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         privatetext.discard(target.state_dir, job_id, attempt_n)
         ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
         return False
-    ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
     if recorded.state.attempts and recorded.state.current.n < attempt_n:
-        job_id, attempt_n, rid = _retry_never_recorded(target, recorded, attempt_n)
+        attempt_n = _retry_never_recorded(target, recorded, attempt_n)
         ports.release(target.state_dir, job_id, attempt_n)
     if stop_marker(target.state_dir, job_id).exists():
         # `stop` killed it (or it died while being stopped): that is the end the user asked for.
@@ -309,15 +309,14 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     return job is not None
 
 
-def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> tuple[str, int, str]:
+def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
     """A slot entry of an attempt the record does not hold: a verify loop's retry (subtask/
     retries.py) whose worker died after it renamed its slot entry and reserved the retry's money,
     before the record took it. Nothing of the retry ran: its money and words go, and what is
     settled is the attempt the record holds (the one the dead worker was ending)."""
-    ledger.close(repo.state_dir, f"{job.id}.{attempt_n}", 0.0, reason="retry did not start")
+    ledger.close(repo.state_dir, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
     privatetext.discard(repo.state_dir, job.id, attempt_n)
-    current = job.state.current.n
-    return job.id, current, f"{job.id}.{current}"
+    return job.state.current.n
 
 
 def missing_after_end(repo: Repo, job: Job) -> list[str]:
