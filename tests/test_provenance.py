@@ -152,6 +152,23 @@ def test_a_reply_to_a_teammates_record_is_refused_and_moves_none_of_my_branches(
     assert not worktree.exists()
 
 
+def test_a_teammates_commits_on_my_ended_cluster_job_are_kept_aside(team):
+    """A job of mine placed on a cluster takes its node's pushed record while it runs; once my
+    record says it ended, nobody else writes it: a teammate's commit on it is kept aside."""
+    remote, ((a, cli_a), (b, cli_b)) = team
+    mine = cli_b.start("true", "--verify", "false")
+    cli_b("wait", mine)
+    forge(b, mine, "j.spec.extra['executor'] = {'kind': 'ray', 'url': 'x'}")
+    cli_b.ok("push")
+    cli_a.ok("pull")
+    forge(a, mine, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0")
+    cli_a.ok("push")
+    tip = record_tip(b, mine)
+    cli_b.ok("pull")
+    assert record_tip(b, mine) == tip
+    assert cli_b.json("show", mine)["state_detail"]["attempts"][-1]["verify"]["passed"] is False
+
+
 # ---------------------------------------------------------------- the merge gate
 
 def ran_verify(log: Path) -> int:

@@ -344,14 +344,16 @@ def _owner_key(ref: str) -> tuple[str | None, str]:
 
 
 def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
-    """A job of ours placed on Ray: its node writes its record and pushes it, and a pull brings
-    that record home (the one case where another writer's commits are this clone's job's)."""
+    """A job of ours placed on Ray and not ended here: its node writes its record and pushes it,
+    and a pull brings that record home (the one case where another writer's commits are this
+    clone's job's). Once our record says it ended, nobody else writes it."""
     from subtask import executors
 
     try:
-        return executors.runs_remotely(records.read(repo, key))
+        job = records.read(repo, key)
     except SubtaskError:
         return False
+    return not executors.of(job).runs_here and not job.state.current.terminal
 
 
 def _keep_ours(repo: Repo, remote: str, ref: str, key: str, which: str, theirs: str, result: SyncResult) -> None:
