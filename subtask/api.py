@@ -52,6 +52,7 @@ from subtask.model.job import (
     JobSpec,
     JobState,
     is_job_id,
+    job_passed,
     new_job_id,
     now,
 )
@@ -90,11 +91,6 @@ class WaitResult:
 MAX_RETRIES = 5
 QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
 WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of whose jobs runs yet
-
-
-def job_passed(job: Job) -> bool:
-    attempt = job.state.current
-    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
 
 
 def repo_at(path: str | os.PathLike | None = None) -> Repo:

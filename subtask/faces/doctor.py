@@ -12,6 +12,7 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
+from subtask import executors
 from subtask.model.errors import SubtaskError
 
 SCHEMA_VERSION = 1
@@ -212,7 +213,7 @@ def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orp
     if age is not None and age >= repo.config.number("refLockStale"):
         locked.append(job_id)
     if entry.get("state") in ("queued", "running"):
-        if job_id in queued or liveness.is_held(repo.state_dir, job_id) or entry.get("on") not in (None, "local"):
+        if job_id in queued or liveness.is_held(repo.state_dir, job_id) or not executors.of_entry(entry).runs_here:
             return  # a cluster runs it: no local worker (settled by list/wait from Ray's status)
         job = records.read(repo, job_id)
         if ownership.owns(repo, job) and not job.state.current.terminal:

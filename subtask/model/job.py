@@ -387,6 +387,12 @@ def placement(spec) -> dict | None:
     return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
 
 
+def job_passed(job) -> bool:
+    """Ended done with verify passed, or done with no verify: what `wait`, `--after` and a map count as passing."""
+    attempt = job.state.current
+    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
+
+
 def runs_remotely(job) -> bool:
     return placement(job.spec) is not None
 

@@ -59,10 +59,10 @@ def admit(repo: Repo, launches: list, what: str | None = None
                     for launch in paid:
                         job, attempt = launch.job, launch.job.state.current
                         # Dated when queued: the record alone then tells the reservation's month.
-                        ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                              usd=attempt.cost.reserved, cap_usd=cap,
-                                              now=books.reserved_at(attempt.queued_at))
-                        reserved.append(attempt.rid)
+                        reservation = ledger.reserve_locked(
+                            state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                            usd=attempt.cost.reserved, cap_usd=cap, now=books.reserved_at(attempt.queued_at))
+                        reserved.append(reservation.rid)
                 faults.point("after_reserve")
         except BaseException as exc:
             for launch in launches:

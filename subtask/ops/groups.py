@@ -49,7 +49,7 @@ from subtask.git.records import Job
 from subtask.model import faults, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
-from subtask.model.job import _Record, now
+from subtask.model.job import _Record, job_passed, now
 from subtask.model.redact import redact
 from subtask.ops import lifecycle
 from subtask.state import liveness, paths
@@ -247,14 +247,6 @@ def passed(job: Job | None) -> bool:
     return attempt.state == "done" and attempt.verify is not None and attempt.verify.passed
 
 
-def map_member_passed(job: Job | None) -> bool:
-    """A map member passes when it ended done with verify passed, or done with no verify."""
-    if job is None:
-        return False
-    attempt = job.state.current
-    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
-
-
 def passed_group(group: Group) -> bool:
     """What `wait` exits 0 for, and a job `--after` the group starts on: a pick, or a map done."""
     return group.state == "picked" or (group.is_map and group.state == "done")
@@ -351,7 +343,7 @@ def decide(repo: Repo, group: Group, jobs: dict[str, Job | None]) -> tuple[list[
     rows = [member_row(n, job_id, jobs.get(job_id)) for n, job_id in enumerate(group.members, 1)]
     if group.is_map:
         for row in rows:
-            row["passed"] = map_member_passed(jobs.get(row["member"]))
+            row["passed"] = (job := jobs.get(row["member"])) is not None and job_passed(job)
         failed = [row["member"] for row in rows if not row["passed"]]
         return rows, None, (f"all {len(rows)} passed" if not failed else
                             f"{len(failed)} of {len(rows)} did not pass: {', '.join(failed[:10])}")

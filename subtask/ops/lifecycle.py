@@ -24,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+from subtask import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
@@ -414,7 +415,7 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
             # (`plans.move_on` reads the group) at every pass until the group has ended.
             slots.add_waiting(rebuilt, entry["id"], repo.common_dir, [str(n) for n in entry["after"]])
             continue
-        if entry.get("state") not in ("queued", "running") or entry.get("on") not in (None, "local"):
+        if entry.get("state") not in ("queued", "running") or not executors.of_entry(entry).runs_here:
             continue  # a job a cluster runs holds no local slot (subtask/executors)
         concurrency = entry.get("concurrency") if isinstance(entry.get("concurrency"), int) else None
         item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir,

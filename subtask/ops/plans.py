@@ -42,9 +42,9 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, render
 from subtask.model.errors import SubtaskError, undo_uninterrupted
-from subtask.model.job import WAITING, Cost, is_job_id, now
+from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.ops import admission, lifecycle
-from subtask.state import jobenv, ledger, liveness, privatetext, slots
+from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 MAX_ROUNDS = 100  # passes of `advance`: each job it ends may let the next one in a chain move on
 LOCK_TRIES = 5  # a liveness probe holds a run-lock (shared) for microseconds: a few tries tell it apart
@@ -85,11 +85,6 @@ class Dependency:
     passed: bool = False
     heads: list[str] = field(default_factory=list)  # what the waiting job's base integrates
     words: str = ""  # how it ended, for a skip's reason
-
-
-def job_passed(job: Job) -> bool:
-    attempt = job.state.current
-    return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
 
 
 def _head(job: Job) -> str:
@@ -322,7 +317,7 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
             attempt.state, attempt.queued_at = "queued", now()  # its reservation is dated now
             if paid:
                 usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or 0.0)
-                attempt.rid, attempt.cost = f"{j.id}.{attempt.n}", Cost(reserved=usd, billing="reserved")
+                attempt.rid, attempt.cost = paths.reservation_id(j.id, attempt.n), Cost(reserved=usd, billing="reserved")
             return True
 
         job = records.update(repo, job.id, leave_waiting)
@@ -426,13 +421,3 @@ def stop_waiting(repo: Repo, job_id: str, reason: str = "stopped while waiting")
         if time.monotonic() >= deadline:
             raise SubtaskError("not_finished", f"{job_id} is being started by another process", hint=f"git subtask stop {job_id}")
         time.sleep(0.02)
-
-
-def waiting_words(job: Job) -> str:
-    """`after st-1a2b3c4d, sg-…` (and `, runs even if they fail` with --on-fail run)."""
-    names = ", ".join(job.spec.after or [])
-    return f"after {names}" + (" (runs whatever they end)" if job.spec.on_fail == "run" else "")
-
-
-def is_after_name(text: str) -> bool:
-    return is_job_id(text) or text.startswith("sg-")

@@ -561,10 +561,6 @@ def wrap_argv(argv: list[str], sandbox: Sandbox | None = None) -> list[str]:
     return sandbox.plan.wrap(argv) if sandbox is not None else argv
 
 
-def active() -> bool:
-    return _active is not None
-
-
 def launch_spec() -> dict | None:
     """The active sandbox, as `launch` rebuilds it in its own process: for a spawner that takes no
     pre-exec hook and closes every fd (the claude SDK), so no ruleset fd can cross it. None when

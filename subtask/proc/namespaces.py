@@ -33,7 +33,7 @@ import os
 import platform
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "SUBTASK_NAMESPACES"  # tests: "0" pretends this machine offers none
@@ -132,7 +132,6 @@ class Plan:
     pid: bool = False
     mounts: list[str] | None = None  # writable paths; None: no mount namespace
     network: bool = True
-    _calls: list = field(default_factory=list, repr=False)
 
     @property
     def active(self) -> bool:
@@ -218,18 +217,6 @@ class Plan:
                 close(sock)
 
         return enter
-
-
-def describe_plan(plan: Plan) -> list[str]:
-    """What the plan enforces, in words, for the record."""
-    said = []
-    if plan.mounts is not None:
-        said.append("mount namespace (read-only outside the writable paths: no writes, modes, owners, times or xattrs)")
-    if plan.pid:
-        said.append("pid namespace (no process outlives the engine)")
-    if not plan.network:
-        said.append("network namespace (loopback only)")
-    return said
 
 
 def existing(paths: list[str]) -> list[str]:

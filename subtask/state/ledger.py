@@ -9,7 +9,7 @@ Invariants:
   prepended to that same write, so a torn row never swallows the next one.
 - Every row carries `"v": 1`. Readers skip unparsable rows and rows of an unknown version with one
   warning per read; they never crash and never rewrite the file.
-- A reservation id (`rid = f"{job}.{attempt}"`) is reserved at most once and closed at most once;
+- A reservation id (`paths.reservation_id`: `<job>.<attempt>`) is reserved at most once and closed at most once;
   the first close row wins and later ones are ignored, so settlement is exactly-once.
 - Spend belongs to the month of its reservation: the close row repeats the reservation's month,
   so a November reservation settled in December stays in November.
@@ -382,7 +382,7 @@ def reserve_locked(
     _check_reserve_args(job, attempt, engine, usd, cap_usd)
     at = _utc(now)
     month = _month_of(at)
-    rid = f"{job}.{attempt}"
+    rid = paths.reservation_id(job, attempt)
     state = _read_state(ledger_path(state_dir))
     if rid in state.reservations:
         raise SubtaskError("conflict", f"reservation {rid} already exists in the spend ledger",

@@ -231,7 +231,7 @@ def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts:
                 if e["job"] == job.id and e["attempt"] == n:
                     e["attempt"] = old
         if usd is not None:
-            ledger.close(state_dir, f"{job.id}.{n}", 0.0, reason="retry not started")
+            ledger.close(state_dir, paths.reservation_id(job.id, n), 0.0, reason="retry not started")
 
     plan._undo.append(give_back)
     return None
