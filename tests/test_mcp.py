@@ -240,7 +240,9 @@ def test_status_answers_while_a_wait_blocks(repo, how, tmp_path):
 
             async with anyio.create_task_group() as group:
                 group.start_soon(waiter)
-                await anyio.sleep(0.3)
+                # The wait is under way (its watcher blocked on the run-lock), seen, not slept for.
+                assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: blocked_on_run_lock(repo, job),
+                                                                         timeout=60))
                 status = await call(client, "status", {})
                 answers["status"] = time.monotonic()
                 gate.touch()
