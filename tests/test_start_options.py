@@ -9,7 +9,7 @@ import anyio
 import pytest
 from conftest import git
 
-from subtask.model.start_options import OPTIONS, StartRequest
+from subtask.model.start_options import MAP_OPTIONS, OPTIONS, StartRequest
 
 # What each option is set to, and where the record keeps it (None: a group option, kept by the group).
 VALUES = {
@@ -43,6 +43,9 @@ def test_the_cli_takes_every_option(cli):
     shown = cli.ok("start", "-h")
     for option in OPTIONS:
         assert (option.name.upper() if option.argument else option.flag) in shown, option.name
+    mapped = cli.ok("map", "-h")  # map passes the same options to each of its jobs
+    for option in MAP_OPTIONS:
+        assert option.flag in mapped, option.name
 
 
 def test_the_mcp_start_tool_and_start_many_items_take_every_option(repo, monkeypatch):
@@ -63,6 +66,10 @@ def test_the_mcp_start_tool_and_start_many_items_take_every_option(repo, monkeyp
         assert start["properties"][option.name]["description"] == option.help_for("mcp")
         assert items["properties"][option.name]["description"] == option.help_for("mcp")
     assert start["required"] == ["task"] and items["required"] == ["task"]
+    mapped = tools["map"].input_schema
+    for option in MAP_OPTIONS:
+        assert mapped["properties"][option.name]["description"] == option.help_for("mcp"), option.name
+    assert sorted(mapped["required"]) == ["pattern", "task"]
 
 
 def _cli_args() -> list[str]:

@@ -98,11 +98,12 @@ def cli() -> None:
     """
 
 
-def start_options(command):
-    """The options of `start`, from the one description of a start (`subtask.model.start_options`)."""
+def start_options(command, options=None):
+    """The options of `start` (or the given ones), from the one description of a start
+    (`subtask.model.start_options`)."""
     from subtask.model.start_options import OPTIONS
 
-    for option in reversed(OPTIONS):
+    for option in reversed(options or OPTIONS):
         if option.argument:
             command = click.argument(option.name, metavar=option.name.upper())(command)
             continue
@@ -111,14 +112,13 @@ def start_options(command):
             command = click.option(*decls, is_flag=True, help=option.help_for("cli"))(command)
             continue
         kind = click.Choice(option.choices) if option.choices else option.kind
-        if option.multiple:  # repeatable; none given is the default (None), not ()
+        if option.multiple or option.repeat:  # repeatable; none given is the default (None), not ()
             command = click.option(*decls, type=kind, multiple=True, metavar=option.metavar,
                                    callback=lambda ctx, param, value: list(value) or None,
                                    help=option.help_for("cli"))(command)
             continue
         command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
-                               show_default=option.show_default, multiple=option.repeat,
-                               help=option.help_for("cli"))(command)
+                               show_default=option.show_default, help=option.help_for("cli"))(command)
     return command
 
 
@@ -136,9 +136,14 @@ def start(as_json, **options):
 
     if options["task"] == "-":
         options["task"] = sys.stdin.read()
-    options = {name: (list(value) or None) if isinstance(value, tuple) else value for name, value in options.items()}
     started = api.launch(_repo(), api.StartRequest(**options))
     _emit(replies.started(started), as_json)
+
+
+def _map_options(command):
+    from subtask.model.start_options import MAP_OPTIONS
+
+    return start_options(command, MAP_OPTIONS)
 
 
 @cli.command("map", context_settings=CONTEXT)
@@ -146,17 +151,9 @@ def start(as_json, **options):
 @click.argument("template", metavar="TASK")
 @click.option("--batch", type=int, default=1, show_default=True, help="files per job")
 @click.option("--concurrency", type=int, help="at most this many of its jobs run at once (within subtask.maxRunning)")
-@click.option("--engine", "-e", help="the engine of every job (default: git config subtask.engine, else claude)")
-@click.option("--base", "-b", default="HEAD", show_default=True, help="commit or branch every job starts from")
-@click.option("--verify", help="command run in each job's worktree on its final commit; exit 0 = passed")
-@click.option("--verify-timeout", type=float, help="seconds verify may run (default: subtask.verifyTimeout = 600)")
-@click.option("--timeout", type=float, help="seconds each job's engine may run")
-@click.option("--max-usd", type=float, help="budget reserved for each job of a paid engine")
-@click.option("--model", help="model for agent engines")
-@click.option("--isolation", metavar="MODE", help="none, worktree or readonly: what each engine may write")
+@_map_options
 @click.option("--json", "as_json", is_flag=True, help="print the group and its jobs as JSON")
-def map_(pattern, template, batch, concurrency, engine, base, verify, verify_timeout, timeout, max_usd, model,
-         isolation, as_json):
+def map_(pattern, template, batch, concurrency, as_json, **options):
     """Fan a task out over files: one job per batch of tracked files matching GLOB, as one group.
 
     TASK is a template: {files} becomes the batch's paths, shell-quoted and separated by spaces.
@@ -169,8 +166,7 @@ def map_(pattern, template, batch, concurrency, engine, base, verify, verify_tim
 
     if template == "-":
         template = sys.stdin.read()
-    request = api.StartRequest(task=template, engine=engine, base=base, verify=verify, verify_timeout=verify_timeout,
-                               timeout=timeout, max_usd=max_usd, model=model, isolation=isolation)
+    request = api.StartRequest(task=template, **options)
     _emit(replies.started(api.start_map(_repo(), pattern, request, batch=batch, concurrency=concurrency)), as_json)
 
 

@@ -206,11 +206,12 @@ MAX_BYTES = Annotated[int, Field(description="at most this many bytes of git's o
 
 # ---------------------------------------------------------------- starting
 
-def _start_signature() -> inspect.Signature:
-    """`start`'s parameters: the options of a start (`subtask.model.start_options`), then `repo`."""
+def _start_signature(options=None, leading: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+    """`start`'s parameters: the options of a start (or the given ones, after `leading`), from
+    `subtask.model.start_options`, then `repo`."""
     kinds = {str: str, int: int, float: float, bool: bool}
-    params = []
-    for option in start_options.OPTIONS:
+    params = list(leading)
+    for option in options or start_options.OPTIONS:
         kind: Any = Literal[option.choices] if option.choices else kinds[option.kind]
         if option.names or option.multiple:
             kind = kind | list[kind]
@@ -257,20 +258,25 @@ async def start_many(tasks: START_ITEMS) -> replies.Reply:
     return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
 
 
-@tool("map", title="Fan a task out over files")
-async def map_files(pattern: str, task: str, batch: int = 1, concurrency: int | None = None, repo: REPO = None,
-                    base: str = "HEAD", engine: str | None = None, verify: str | None = None,
-                    max_usd: float | None = None, model: str | None = None,
-                    timeout: float | None = None) -> replies.Reply:
+async def map_files(*, pattern: str, task: str, batch: int = 1, concurrency: int | None = None,
+                    repo: str | None = None, **options: Any) -> replies.Reply:
     """One job per batch of tracked files matching pattern (git's glob: * within a folder, ** across),
     as one group (sg-...). task is a template: {files} becomes the batch's paths, shell-quoted.
     concurrency: at most this many of its jobs run at once. wait, list, result and stop take the
     group id; start with after=[the group id] starts a job from all their heads merged.
     """
-    request = api.StartRequest(task=task, engine=engine, base=base, verify=verify, timeout=timeout,
-                               max_usd=max_usd, model=model)
+    request = api.StartRequest(task=task, **options)
     return await _call(lambda: replies.started(api.start_map(open_repo(repo), pattern, request, batch=batch,
                                                              concurrency=concurrency)))
+
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+map_files.__signature__ = _start_signature(start_options.MAP_OPTIONS, (  # type: ignore[attr-defined]
+    inspect.Parameter("pattern", _KW, annotation=str),
+    inspect.Parameter("task", _KW, annotation=str),
+    inspect.Parameter("batch", _KW, default=1, annotation=int),
+    inspect.Parameter("concurrency", _KW, default=None, annotation=int | None)))
+tool("map", title="Fan a task out over files")(map_files)
 
 
 # ---------------------------------------------------------------- waiting

@@ -103,6 +103,9 @@ class StartRequest:
 
 
 GROUP_ONLY = ("pick", "judge", "first_pass")  # meaningful with best_of alone
+# What `map` passes to each of its jobs: a start's options but the task (its template is map's own),
+# grouping (a map is its own group), waiting and read-only (a map's jobs start now and write).
+NOT_FOR_MAP = ("task", "best_of", *GROUP_ONLY, "after", "on_fail", "readonly")
 
 
 def _options() -> tuple[Option, ...]:
@@ -115,6 +118,7 @@ def _options() -> tuple[Option, ...]:
 
 OPTIONS: tuple[Option, ...] = _options()
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+MAP_OPTIONS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.name not in NOT_FOR_MAP)
 
 
 def item_schema() -> dict[str, Any]:
