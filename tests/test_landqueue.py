@@ -428,3 +428,26 @@ def test_a_job_that_deleted_a_test_is_never_landed_not_even_forced(cli, repo):
     forced = land(cli, "--force", job)
     assert forced.returncode == 1 and "check no-test-deletion failed" in forced.stdout, forced.stdout
     assert git(repo, "rev-parse", "main") == before and (repo / "tests" / "test_x.py").exists()
+
+
+def test_a_branch_switched_to_in_the_target_checkout_during_the_queue_is_never_moved(cli, repo, tmp_path):
+    """The checkout's HEAD commit alone does not say main is still what it has checked out: after
+    `git switch -c topic` there, `git merge --ff-only` would move topic and the job be recorded
+    landed in a commit main never got."""
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", a], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        before = git(repo, "rev-parse", "main")
+        git(repo, "switch", "-q", "-c", "topic")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1, out + err
+    assert f"{a}: stopped: the worktree {repo} has topic checked out, not main" in out, out
+    assert git(repo, "rev-parse", "main") == before and git(repo, "rev-parse", "topic") == before
+    assert not (repo / "a.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] is None and f"refs/heads/subtask/{a}" in refs(repo)

@@ -156,7 +156,7 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
         raise SubtaskError("usage", "--reconcile needs a way to reply to jobs (the CLI or the MCP server)")
     target = find_target(repo)
     items = resolve(repo, asked)
-    if target.checkout is not None and (changed := _checkout_state(target.checkout)[1]):
+    if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
         raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
                            f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
                            hint="commit or stash them yourself, then land again")
@@ -597,13 +597,19 @@ def move(repo: Repo, target: Target, old: str, new: str) -> str:
 
     Where the target is checked out, `git merge --ff-only` in that worktree moves the branch, the
     index and the files in one git run, under the worktree's `index_lock`, after the same checks
-    as `merge` (no uncommitted changes; HEAD still at `old`); else one compare-and-swap of the ref.
+    as `merge` (no uncommitted changes; HEAD still at `old`), and with the target still the branch
+    checked out there (a `Stop` if not: `merge --ff-only` moves whatever branch is checked out);
+    else one compare-and-swap of the ref.
     """
     message = f"git-subtask land: {old[:7]} -> {new[:7]}"
     if target.checkout is None:
         return "ok" if records.cas_ref(repo, target.ref, old, new, message) else "moved"
     with landing.index_lock(repo, target.checkout, target.git_dir):
-        head, changed = _checkout_state(target.checkout)
+        branch, head, changed = _checkout_state(target.checkout)
+        if branch != target.name:  # `git merge --ff-only` there would move that branch, not ours
+            raise Stop("negative", f"the worktree {target.checkout} has {_words(branch)} checked out, not "
+                                   f"{target.name}: the queue stopped before moving {target.name}",
+                       hint=f"git switch {target.name} there, then land the rest again")
         if changed:
             raise Stop("dirty", f"the worktree {target.checkout} has uncommitted changes ({', '.join(changed[:10])}): "
                                 f"the queue stopped before moving {target.name} (your work is never stashed)",
@@ -613,24 +619,32 @@ def move(repo: Repo, target: Target, old: str, new: str) -> str:
         proc = git(target.checkout, "merge", "--ff-only", "--quiet", new, check=False)
         if proc.returncode == 0:
             return "ok"
-        if _checkout_state(target.checkout)[0] != old:
+        branch, head, _ = _checkout_state(target.checkout)
+        if branch != target.name or head != old:
             return "moved"
         words = " ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
         raise Stop("negative", f"git would not move {target.name} in {target.checkout}: {words}: the queue stopped "
                                "(nothing of this landing changed)")
 
 
-def _checkout_state(checkout: Path) -> tuple[str, list[str]]:
-    """The checkout's HEAD commit and its uncommitted changes to tracked files (`merge`'s rule:
-    never merged into; untracked files are git's to refuse), from one `git status`."""
+def _checkout_state(checkout: Path) -> tuple[str, str, list[str]]:
+    """The checkout's branch (`(detached)` for a detached HEAD), its HEAD commit and its
+    uncommitted changes to tracked files (`merge`'s rule: never merged into; untracked files are
+    git's to refuse), from one `git status`."""
     out = git(checkout, "status", "--porcelain=v2", "--branch", "--untracked-files=no").stdout
-    head, changed = "", []
+    branch, head, changed = "", "", []
     for line in out.splitlines():
-        if line.startswith("# branch.oid "):
+        if line.startswith("# branch.head "):
+            branch = line[len("# branch.head "):]
+        elif line.startswith("# branch.oid "):
             head = line[len("# branch.oid "):]
         elif line and not line.startswith("#"):
             changed.append(line.split(" ")[-1] if line[0] in "12u" else line)
-    return head, changed
+    return branch, head, changed
+
+
+def _words(branch: str) -> str:
+    return "a detached HEAD" if branch in ("", "(detached)") else branch
 
 
 # ---------------------------------------------------------------- the jobs
