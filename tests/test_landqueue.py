@@ -451,3 +451,50 @@ def test_a_branch_switched_to_in_the_target_checkout_during_the_queue_is_never_m
     assert git(repo, "rev-parse", "main") == before and git(repo, "rev-parse", "topic") == before
     assert not (repo / "a.txt").exists() and clean(repo)
     assert detail(cli, a)["landed_in"] is None and f"refs/heads/subtask/{a}" in refs(repo)
+
+
+def test_a_reconciled_job_is_checked_and_rechecked_from_where_it_was_moved(cli, repo):
+    """After `land --reconcile` its branch holds the target's commits too: its checks, `verify`'s
+    evidence and `verify --run`'s checks count its work from `rebased_onto`, so a test the
+    target deleted is not the job's deletion, and its evidence is no mismatch."""
+    (repo / "log.txt").write_text("start\n")
+    (repo / "test_x.py").write_text("def test_one():\n    assert True\n")
+    git(repo, "add", "log.txt", "test_x.py")
+    git(repo, "commit", "-qm", "a log and a test")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A") + " && git rm -q test_x.py && git commit -qm 'drop test'",
+                 "--verify", verify, "--check", "none")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    assert land(cli, a).returncode == 0
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = detail(cli, b)
+    assert state["landed_in"] and state["attempts"][1]["state"] == "done", state["attempts"][1]
+    assert not state["attempts"][1]["verify"].get("checks_failed")
+    checked = cli("verify", b)
+    assert checked.returncode == 0 and "MISMATCH" not in checked.stdout, checked.stdout + checked.stderr
+    assert f"since {state['rebased_onto'][:7]}, as recorded" in checked.stdout, checked.stdout
+    rerun = cli("verify", "--run", b)
+    assert rerun.returncode == 0 and "MISMATCH" not in rerun.stdout, rerun.stdout + rerun.stderr
+    assert "check no-test-deletion failed" not in rerun.stdout
+
+
+def test_a_reconciliation_that_leaves_no_commit_of_its_own_is_nothing_to_land(cli, repo):
+    """Its branch at the tip it was moved onto holds commits beyond its first base (the target's),
+    none of its own: it is never recorded as landed."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, "grep -q A log.txt || { " + APPEND.format(name="log.txt", text="B") + "; }", "--verify", verify)
+    assert land(cli, a).returncode == 0
+    main = git(repo, "rev-parse", "main")
+    proc = land(cli, "--reconcile", "--json", b, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    outcome = json.loads(proc.stdout)["jobs"][0]
+    assert outcome["state"] == "conflict" and f"nothing to merge: {b} made no commits" in outcome["why"], outcome
+    assert git(repo, "rev-parse", "main") == main
+    state = detail(cli, b)
+    assert state["rebased_onto"] == main and state["landed_in"] is None
+    assert not any(x.get("landed") for x in state["landings"]), state["landings"]

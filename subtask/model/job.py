@@ -387,6 +387,13 @@ def placement(spec) -> dict | None:
     return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
 
 
+def work_base(job) -> str:
+    """Where the job's own work starts: the commit `land --reconcile` moved it onto
+    (`state.rebased_onto`), else its base. Its branch then holds the target's commits too, so its
+    evidence, checks, re-runs and "made no commits" all count from here, never from `spec.base`."""
+    return job.state.rebased_onto or job.spec.base
+
+
 def runs_remotely(job) -> bool:
     return placement(job.spec) is not None
 

@@ -41,7 +41,7 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
-from subtask.model.job import Landing, VerifyResult, is_group_ref, now
+from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import groups, integrate, landing, reconcile, reverify
 from subtask.state import liveness, paths
@@ -423,7 +423,7 @@ class Queue:
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
         # The job's own checks run on its own change (did it delete a test?), as a re-run does.
-        change = (landing.work_base(item.job), item.head, item.job.spec.checks)
+        change = (work_base(item.job), item.head, item.job.spec.checks)
         return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
                                  timeout=item.timeout, network=item.job.spec.network, change=change)
 
