@@ -498,3 +498,21 @@ def test_a_reconciliation_that_leaves_no_commit_of_its_own_is_nothing_to_land(cl
     state = detail(cli, b)
     assert state["rebased_onto"] == main and state["landed_in"] is None
     assert not any(x.get("landed") for x in state["landings"]), state["landings"]
+
+
+def test_a_failed_reconciliation_leaves_the_verified_head_pinned(cli, repo):
+    """The reconciliation moves the branch and its reply's worker the head pin: the head that
+    passed its verify before is pinned as its attempt's (`refs/subtask/<id>/attempts/<n>`), so
+    more than the reflog keeps it when the reply fails."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    old = git(repo, "rev-parse", f"subtask/{b}")
+    assert land(cli, a).returncode == 0
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 1 and "reconciliation (attempt 2) ended done, verify failed" in proc.stdout, proc.stdout
+    assert git(repo, "rev-parse", f"subtask/{b}") != old and git(repo, "rev-parse", f"refs/subtask/{b}/head") != old
+    assert git(repo, "rev-parse", f"refs/subtask/{b}/attempts/1") == old
+    assert detail(cli, b)["attempts"][0]["head"] == old
