@@ -516,3 +516,25 @@ def test_a_failed_reconciliation_leaves_the_verified_head_pinned(cli, repo):
     assert git(repo, "rev-parse", f"subtask/{b}") != old and git(repo, "rev-parse", f"refs/subtask/{b}/head") != old
     assert git(repo, "rev-parse", f"refs/subtask/{b}/attempts/1") == old
     assert detail(cli, b)["attempts"][0]["head"] == old
+
+
+def test_a_forced_landing_of_a_job_with_no_verify_command_still_runs_its_checks(cli, repo):
+    """Nothing to run on the integrated commit (--force) is not nothing to check: the job's checks
+    run on its own change all the same, so a deleted test fails it, --force or not."""
+    (repo / "test_x.py").write_text("def test_one():\n    assert True\n")
+    git(repo, "add", "test_x.py")
+    git(repo, "commit", "-qm", "a test")
+    job = finished(cli, "git rm -q test_x.py && git commit -qm 'drop the test'", "--check", "no-test-deletion")
+    before = git(repo, "rev-parse", "main")
+    forced = land(cli, "--force", job)
+    assert forced.returncode == 1, forced.stdout + forced.stderr
+    assert f"{job}: failed: check no-test-deletion failed" in forced.stdout, forced.stdout
+    assert git(repo, "rev-parse", "main") == before and (repo / "test_x.py").exists()
+    state = detail(cli, job)
+    assert state["landed_in"] is None and state["landings"][-1]["outcome"] == "failed"
+    assert f"refs/heads/subtask/{job}" in refs(repo)
+    # A job whose checks pass lands forced as before, unverified.
+    ok = finished(cli, ADD.format(name="a.txt", text="a"), "--check", "no-test-deletion")
+    landed = land(cli, "--force", ok)
+    assert landed.returncode == 0 and f"{ok}: landed" in landed.stdout, landed.stdout + landed.stderr
+    assert detail(cli, ok)["landings"][-1]["outcome"] == "unverified"

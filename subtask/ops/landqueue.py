@@ -17,7 +17,9 @@ Invariants:
 - Never record a landing on a teammate's record (`ownership`): its verify runs here on the
   integrated commit all the same (that is the re-run `merge` would do), and is reported only.
 - Never land a job with nothing to run on the integrated commit unless `force`, because landing
-  many is only worth more than merging them one by one if what lands is what was tested.
+  many is only worth more than merging them one by one if what lands is what was tested; and
+  never without its checks on its own change, `force` or not, a command or not (`checks_of`, once
+  per head), because a job that deleted its failing test would pass everything else.
 - A kill at any step leaves the target before or after a whole landing: the integrated commit
   is built and verified off to the side, and the move is one ref update (or one `git merge
   --ff-only` in the checkout). A landing that lands is recorded after its move, its verify and
@@ -36,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask.git import notes, records
+from subtask.git import checks, notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
@@ -140,6 +142,7 @@ class Item:
     timeout: float = 600.0
     fd: int | None = None
     entry: Landing | None = None  # its latest build's landing, until recorded
+    checked: tuple[tuple, list[dict]] | None = None  # its checks' results, and on what (`Queue.checks_of`)
 
 
 class Stop(SubtaskError):
@@ -422,10 +425,17 @@ class Queue:
             return None
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
-        # The job's own checks run on its own change (did it delete a test?), as a re-run does.
-        change = (work_base(item.job), item.head, item.job.spec.checks)
+        # The job's own checks are `judge`'s (`checks_of`): they run with a command or without one.
         return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
-                                 timeout=item.timeout, network=item.job.spec.network, change=change)
+                                 timeout=item.timeout, network=item.job.spec.network)
+
+    def checks_of(self, item: Item) -> list[dict]:
+        """The job's own checks on its own change (did it delete a test?), as a re-run runs them:
+        once per head, whatever the rebuilds, and whether or not there is a command to run."""
+        on = (work_base(item.job), item.head, tuple(item.job.spec.checks or ()))
+        if item.checked is None or item.checked[0] != on:
+            item.checked = (on, checks.run(self.repo, on[0], on[1], list(on[2])))
+        return item.checked[1]
 
     def judge(self, item: Item, out: Outcome, built: integrate.Built, pending: reverify.Pending | None,
               scratch: integrate.Scratch | None = None) -> None:
@@ -444,9 +454,15 @@ class Queue:
         elif built.kind == "already":
             out.state = "already"
             return
-        elif rerun is None:
-            out.state, out.why = "passed", "nothing was run on it (--force)"
+        elif rerun is None:  # --force: nothing to run, its checks all the same (a deleted test fails it)
+            found = self.checks_of(item)
+            failed = checks.failed(found)
+            out.state = "failed" if failed else "passed"
+            out.why = (checks.failure_text(found) + " (on its own change: --force skips the gate, never its checks)"
+                       if failed else "nothing was run on it (--force)")
         else:
+            if failed := checks.failed(self.checks_of(item)):  # fail it whatever the command exited
+                rerun.result.checks_failed, rerun.result.passed = failed, False
             rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
