@@ -538,3 +538,25 @@ def test_a_forced_landing_of_a_job_with_no_verify_command_still_runs_its_checks(
     landed = land(cli, "--force", ok)
     assert landed.returncode == 0 and f"{ok}: landed" in landed.stdout, landed.stdout + landed.stderr
     assert detail(cli, ok)["landings"][-1]["outcome"] == "unverified"
+
+
+def test_an_atomic_queue_whose_reconciliation_fails_records_the_conflict_once(cli, repo):
+    """`--atomic --reconcile` answers a conflict as the pipeline does: judged and recorded once,
+    its reply started; a reply that fails leaves that one conflict (with both sides as they were
+    when it conflicted), not a second judgement of the moved branch."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, "--atomic", "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reconciliation (attempt 2) ended done, verify failed" in proc.stdout, proc.stdout
+    assert f"{b} broke the queue (conflict): nothing landed (--atomic)" in proc.stdout, proc.stdout
+    sides = [line for line in proc.stdout.splitlines() if line.startswith("  main: ")]
+    assert len(sides) == 1 and sides[0].endswith(" append A to log.txt"), proc.stdout  # the side it conflicted with
+    assert git(repo, "rev-parse", "main") == before
+    landings = detail(cli, b)["landings"]
+    assert [x["outcome"] for x in landings] == ["conflict"], landings
+    assert detail(cli, a)["landings"][-1]["outcome"] == "passed" and detail(cli, a)["landed_in"] is None

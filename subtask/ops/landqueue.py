@@ -298,9 +298,7 @@ class Queue:
         """Take one job from verifying to landed (or reported); the stage that verifies next."""
         item, out, built = stage.item, stage.out, stage.built
         if built.kind == "conflict" and self.opts.reconcile and not stage.reconciled:
-            self.judge(item, out, built, None)
-            self.finish_landed()  # before a reply that may take long
-            if self.reconcile(item, stage.onto, built, out):  # the reply passed: build it on the tip as it is now
+            if self.answer_conflict(item, out, stage.onto, built):  # build it on the tip as it is now
                 return self.stage(item, out, stage.scratch, rebuilds=stage.rebuilds, reconciled=True)
             self.release(item)
             return None
@@ -373,16 +371,13 @@ class Queue:
             start = chain = tip(self.repo, self.target)
             landed: list[tuple[Item, Outcome, str]] = []
             for n, (item, out) in enumerate(zip(items, result.outcomes, strict=True)):
-                reconciled = False
-                while True:
-                    built = self.integrated(item, chain, scratch)
-                    if built.kind == "conflict" and self.opts.reconcile and not reconciled:
-                        reconciled = True
-                        self.judge(item, out, built, None)
-                        if self.reconcile(item, chain, built, out):
-                            continue
-                    break
-                self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
+                built = self.integrated(item, chain, scratch)
+                if built.kind == "conflict" and self.opts.reconcile:
+                    if self.answer_conflict(item, out, chain, built):  # built again, once, on the same chain
+                        built = self.integrated(item, chain, scratch)
+                        self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
+                else:
+                    self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
                 if built.kind == "already":
                     landed.append((item, out, landing.merge_point(self.repo, item.head, chain)))
                     continue
@@ -508,6 +503,15 @@ class Queue:
             out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
         if item.group is not None:
             out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
+
+    def answer_conflict(self, item: Item, out: Outcome, onto: str, built: integrate.Built) -> bool:
+        """A conflict under `--reconcile`, for the pipeline and `--atomic` alike: judged (and
+        recorded) once, then answered by a reply (`reconcile`). True: the reply passed, build the
+        job again; False: the conflict as judged is its outcome (never judged a second time, on a
+        branch the reply moved)."""
+        self.judge(item, out, built, None)
+        self.finish_landed()  # before a reply that may take long
+        return self.reconcile(item, onto, built, out)
 
     def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
         """Answer a conflict with a reply to the job, on `onto` (`reconcile.prepare`); True once
