@@ -428,3 +428,135 @@ def test_a_job_that_deleted_a_test_is_never_landed_not_even_forced(cli, repo):
     forced = land(cli, "--force", job)
     assert forced.returncode == 1 and "check no-test-deletion failed" in forced.stdout, forced.stdout
     assert git(repo, "rev-parse", "main") == before and (repo / "tests" / "test_x.py").exists()
+
+
+def test_a_branch_switched_to_in_the_target_checkout_during_the_queue_is_never_moved(cli, repo, tmp_path):
+    """The checkout's HEAD commit alone does not say main is still what it has checked out: after
+    `git switch -c topic` there, `git merge --ff-only` would move topic and the job be recorded
+    landed in a commit main never got."""
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", a], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        before = git(repo, "rev-parse", "main")
+        git(repo, "switch", "-q", "-c", "topic")
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 1, out + err
+    assert f"{a}: stopped: the worktree {repo} has topic checked out, not main" in out, out
+    assert git(repo, "rev-parse", "main") == before and git(repo, "rev-parse", "topic") == before
+    assert not (repo / "a.txt").exists() and clean(repo)
+    assert detail(cli, a)["landed_in"] is None and f"refs/heads/subtask/{a}" in refs(repo)
+
+
+def test_a_reconciled_job_is_checked_and_rechecked_from_where_it_was_moved(cli, repo):
+    """After `land --reconcile` its branch holds the target's commits too: its checks, `verify`'s
+    evidence and `verify --run`'s checks count its work from `rebased_onto`, so a test the
+    target deleted is not the job's deletion, and its evidence is no mismatch."""
+    (repo / "log.txt").write_text("start\n")
+    (repo / "test_x.py").write_text("def test_one():\n    assert True\n")
+    git(repo, "add", "log.txt", "test_x.py")
+    git(repo, "commit", "-qm", "a log and a test")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A") + " && git rm -q test_x.py && git commit -qm 'drop test'",
+                 "--verify", verify, "--check", "none")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify)
+    assert land(cli, a).returncode == 0
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = detail(cli, b)
+    assert state["landed_in"] and state["attempts"][1]["state"] == "done", state["attempts"][1]
+    assert not state["attempts"][1]["verify"].get("checks_failed")
+    checked = cli("verify", b)
+    assert checked.returncode == 0 and "MISMATCH" not in checked.stdout, checked.stdout + checked.stderr
+    assert f"since {state['rebased_onto'][:7]}, as recorded" in checked.stdout, checked.stdout
+    rerun = cli("verify", "--run", b)
+    assert rerun.returncode == 0 and "MISMATCH" not in rerun.stdout, rerun.stdout + rerun.stderr
+    assert "check no-test-deletion failed" not in rerun.stdout
+
+
+def test_a_reconciliation_that_leaves_no_commit_of_its_own_is_nothing_to_land(cli, repo):
+    """Its branch at the tip it was moved onto holds commits beyond its first base (the target's),
+    none of its own: it is never recorded as landed."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    verify = "grep -q start log.txt"
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", verify)
+    b = finished(cli, "grep -q A log.txt || { " + APPEND.format(name="log.txt", text="B") + "; }", "--verify", verify)
+    assert land(cli, a).returncode == 0
+    main = git(repo, "rev-parse", "main")
+    proc = land(cli, "--reconcile", "--json", b, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    outcome = json.loads(proc.stdout)["jobs"][0]
+    assert outcome["state"] == "conflict" and f"nothing to merge: {b} made no commits" in outcome["why"], outcome
+    assert git(repo, "rev-parse", "main") == main
+    state = detail(cli, b)
+    assert state["rebased_onto"] == main and state["landed_in"] is None
+    assert not any(x.get("landed") for x in state["landings"]), state["landings"]
+
+
+def test_a_failed_reconciliation_leaves_the_verified_head_pinned(cli, repo):
+    """The reconciliation moves the branch and its reply's worker the head pin: the head that
+    passed its verify before is pinned as its attempt's (`refs/subtask/<id>/attempts/<n>`), so
+    more than the reflog keeps it when the reply fails."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    old = git(repo, "rev-parse", f"subtask/{b}")
+    assert land(cli, a).returncode == 0
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 1 and "reconciliation (attempt 2) ended done, verify failed" in proc.stdout, proc.stdout
+    assert git(repo, "rev-parse", f"subtask/{b}") != old and git(repo, "rev-parse", f"refs/subtask/{b}/head") != old
+    assert git(repo, "rev-parse", f"refs/subtask/{b}/attempts/1") == old
+    assert detail(cli, b)["attempts"][0]["head"] == old
+
+
+def test_a_forced_landing_of_a_job_with_no_verify_command_still_runs_its_checks(cli, repo):
+    """Nothing to run on the integrated commit (--force) is not nothing to check: the job's checks
+    run on its own change all the same, so a deleted test fails it, --force or not."""
+    (repo / "test_x.py").write_text("def test_one():\n    assert True\n")
+    git(repo, "add", "test_x.py")
+    git(repo, "commit", "-qm", "a test")
+    job = finished(cli, "git rm -q test_x.py && git commit -qm 'drop the test'", "--check", "no-test-deletion")
+    before = git(repo, "rev-parse", "main")
+    forced = land(cli, "--force", job)
+    assert forced.returncode == 1, forced.stdout + forced.stderr
+    assert f"{job}: failed: check no-test-deletion failed" in forced.stdout, forced.stdout
+    assert git(repo, "rev-parse", "main") == before and (repo / "test_x.py").exists()
+    state = detail(cli, job)
+    assert state["landed_in"] is None and state["landings"][-1]["outcome"] == "failed"
+    assert f"refs/heads/subtask/{job}" in refs(repo)
+    # A job whose checks pass lands forced as before, unverified.
+    ok = finished(cli, ADD.format(name="a.txt", text="a"), "--check", "no-test-deletion")
+    landed = land(cli, "--force", ok)
+    assert landed.returncode == 0 and f"{ok}: landed" in landed.stdout, landed.stdout + landed.stderr
+    assert detail(cli, ok)["landings"][-1]["outcome"] == "unverified"
+
+
+def test_an_atomic_queue_whose_reconciliation_fails_records_the_conflict_once(cli, repo):
+    """`--atomic --reconcile` answers a conflict as the pipeline does: judged and recorded once,
+    its reply started; a reply that fails leaves that one conflict (with both sides as they were
+    when it conflicted), not a second judgement of the moved branch."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    before = git(repo, "rev-parse", "main")
+    proc = land(cli, "--atomic", "--reconcile", a, b, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reconciliation (attempt 2) ended done, verify failed" in proc.stdout, proc.stdout
+    assert f"{b} broke the queue (conflict): nothing landed (--atomic)" in proc.stdout, proc.stdout
+    sides = [line for line in proc.stdout.splitlines() if line.startswith("  main: ")]
+    assert len(sides) == 1 and sides[0].endswith(" append A to log.txt"), proc.stdout  # the side it conflicted with
+    assert git(repo, "rev-parse", "main") == before
+    landings = detail(cli, b)["landings"]
+    assert [x["outcome"] for x in landings] == ["conflict"], landings
+    assert detail(cli, a)["landings"][-1]["outcome"] == "passed" and detail(cli, a)["landed_in"] is None

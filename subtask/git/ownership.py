@@ -44,7 +44,7 @@ def owned_ref(key: str) -> str:
 
 def aside_ref(remote: str, key: str, which: str) -> str:
     """Where a teammate's commits on one of our refs are kept: `which` is record, base, head or
-    attempts/<n> (a verify loop's attempt pin)."""
+    attempts/<n> (an attempt's pin: a verify loop's, or the head `land --reconcile` moved away from)."""
     return f"{THEIRS_PREFIX}{remote}/{key}/{which}"
 
 

@@ -321,6 +321,12 @@ def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
         cas_ref(repo, name, old, commit)
 
 
+def pin_attempt(repo: Repo, job_id: str, n: int, head: str) -> None:
+    """Keep attempt `n`'s head alive whatever happens to the branch: `refs/subtask/<id>/attempts/<n>`
+    (a verify loop's attempts; the head a reconciliation moves the branch away from)."""
+    set_pin(repo, job_id, f"attempts/{n}", head)
+
+
 def all_ids(repo: Repo) -> list[str]:
     """Every job id with a record (reads ref names only)."""
     return [job_id for job_id, _ in record_refs(repo)]

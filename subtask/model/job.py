@@ -393,6 +393,13 @@ def job_passed(job) -> bool:
     return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
 
 
+def work_base(job) -> str:
+    """Where the job's own work starts: the commit `land --reconcile` moved it onto
+    (`state.rebased_onto`), else its base. Its branch then holds the target's commits too, so its
+    evidence, checks, re-runs and "made no commits" all count from here, never from `spec.base`."""
+    return job.state.rebased_onto or job.spec.base
+
+
 def runs_remotely(job) -> bool:
     return placement(job.spec) is not None
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
+from subtask.model.job import work_base
 from subtask.ops import landing
 
 MODES = ("merge", "no-ff", "squash", "rebase")
@@ -108,7 +109,7 @@ def integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode
 def _integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mode: str) -> Built:
     run = scratch.git
     if mode == "rebase":
-        proc = run("rebase", "--quiet", "--onto", onto, landing.work_base(job), head)
+        proc = run("rebase", "--quiet", "--onto", onto, work_base(job), head)
     else:
         args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "squash": ["--squash"]}[mode]
         proc = run("merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode), head)
@@ -150,5 +151,5 @@ def sides(repo: Repo, job: Job, head: str, onto: str, files: list[str]) -> dict[
 
     summary = (job.summary or "").strip()
     said = task_title(summary, 80) if summary else task_title(job.spec.task, 80)
-    base = landing.work_base(job)
+    base = work_base(job)
     return {"target": commits(f"{base}..{onto}"), "job": [safe_line(said), *commits(f"{base}..{head}")]}

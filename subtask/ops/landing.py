@@ -52,6 +52,7 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import SubtaskError
+from subtask.model.job import work_base
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
@@ -258,11 +259,6 @@ def branch_ref(job: Job) -> str | None:
 def recorded_head(job: Job) -> str:
     """Where the job's record says its work ends: the evidence's head, the attempt's, else its base."""
     return (job.evidence.head if job.evidence is not None else None) or job.state.current.head or job.spec.base
-
-
-def work_base(job: Job) -> str:
-    """Where the job's own work starts: its base, or the commit `land --reconcile` moved it onto."""
-    return job.state.rebased_onto or job.spec.base
 
 
 def why_not_deletable(repo: Repo, job: Job, tip: str) -> str:
@@ -844,11 +840,12 @@ def check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> s
 
 
 def _check_has_commits(repo: Repo, job: Job, head: str) -> None:
-    if head == job.spec.base or repo.git.descendant_of(job.spec.base, head):
+    base = work_base(job)  # a reconciled job's branch holds the target's commits: none of them is its work
+    if head == base or repo.git.descendant_of(base, head):
         # Not even --force: merging the base would be "Already up to date" dressed as a merge, and
         # recording it landed would claim work that never existed.
         raise SubtaskError("negative", f"nothing to merge: {job.id} made no commits (its branch is at its base "
-                           f"{job.spec.base[:7]})",
+                           f"{base[:7]})",
                            hint=f"git subtask show {job.id}   (remove its empty branch: git subtask cleanup {job.id})")
 
 

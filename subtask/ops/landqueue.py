@@ -17,7 +17,9 @@ Invariants:
 - Never record a landing on a teammate's record (`ownership`): its verify runs here on the
   integrated commit all the same (that is the re-run `merge` would do), and is reported only.
 - Never land a job with nothing to run on the integrated commit unless `force`, because landing
-  many is only worth more than merging them one by one if what lands is what was tested.
+  many is only worth more than merging them one by one if what lands is what was tested; and
+  never without its checks on its own change, `force` or not, a command or not (`checks_of`, once
+  per head), because a job that deleted its failing test would pass everything else.
 - A kill at any step leaves the target before or after a whole landing: the integrated commit
   is built and verified off to the side, and the move is one ref update (or one `git merge
   --ff-only` in the checkout). A landing that lands is recorded after its move, its verify and
@@ -36,12 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from subtask.git import notes, records
+from subtask.git import checks, notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
-from subtask.model.job import Landing, VerifyResult, is_group_ref, now
+from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import groups, integrate, landing, reconcile, reverify
 from subtask.state import liveness, paths
@@ -140,6 +142,7 @@ class Item:
     timeout: float = 600.0
     fd: int | None = None
     entry: Landing | None = None  # its latest build's landing, until recorded
+    checked: tuple[tuple, list[dict]] | None = None  # its checks' results, and on what (`Queue.checks_of`)
 
 
 class Stop(SubtaskError):
@@ -156,7 +159,7 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
         raise SubtaskError("usage", "--reconcile needs a way to reply to jobs (the CLI or the MCP server)")
     target = find_target(repo)
     items = resolve(repo, asked)
-    if target.checkout is not None and (changed := _checkout_state(target.checkout)[1]):
+    if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
         raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
                            f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
                            hint="commit or stash them yourself, then land again")
@@ -295,9 +298,7 @@ class Queue:
         """Take one job from verifying to landed (or reported); the stage that verifies next."""
         item, out, built = stage.item, stage.out, stage.built
         if built.kind == "conflict" and self.opts.reconcile and not stage.reconciled:
-            self.judge(item, out, built, None)
-            self.finish_landed()  # before a reply that may take long
-            if self.reconcile(item, stage.onto, built, out):  # the reply passed: build it on the tip as it is now
+            if self.answer_conflict(item, out, stage.onto, built):  # build it on the tip as it is now
                 return self.stage(item, out, stage.scratch, rebuilds=stage.rebuilds, reconciled=True)
             self.release(item)
             return None
@@ -370,16 +371,13 @@ class Queue:
             start = chain = tip(self.repo, self.target)
             landed: list[tuple[Item, Outcome, str]] = []
             for n, (item, out) in enumerate(zip(items, result.outcomes, strict=True)):
-                reconciled = False
-                while True:
-                    built = self.integrated(item, chain, scratch)
-                    if built.kind == "conflict" and self.opts.reconcile and not reconciled:
-                        reconciled = True
-                        self.judge(item, out, built, None)
-                        if self.reconcile(item, chain, built, out):
-                            continue
-                    break
-                self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
+                built = self.integrated(item, chain, scratch)
+                if built.kind == "conflict" and self.opts.reconcile:
+                    if self.answer_conflict(item, out, chain, built):  # built again, once, on the same chain
+                        built = self.integrated(item, chain, scratch)
+                        self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
+                else:
+                    self.judge(item, out, built, self.start_verify(item, built, scratch), scratch)
                 if built.kind == "already":
                     landed.append((item, out, landing.merge_point(self.repo, item.head, chain)))
                     continue
@@ -422,10 +420,17 @@ class Queue:
             return None
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
-        # The job's own checks run on its own change (did it delete a test?), as a re-run does.
-        change = (landing.work_base(item.job), item.head, item.job.spec.checks)
+        # The job's own checks are `judge`'s (`checks_of`): they run with a command or without one.
         return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
-                                 timeout=item.timeout, network=item.job.spec.network, change=change)
+                                 timeout=item.timeout, network=item.job.spec.network)
+
+    def checks_of(self, item: Item) -> list[dict]:
+        """The job's own checks on its own change (did it delete a test?), as a re-run runs them:
+        once per head, whatever the rebuilds, and whether or not there is a command to run."""
+        on = (work_base(item.job), item.head, tuple(item.job.spec.checks or ()))
+        if item.checked is None or item.checked[0] != on:
+            item.checked = (on, checks.run(self.repo, on[0], on[1], list(on[2])))
+        return item.checked[1]
 
     def judge(self, item: Item, out: Outcome, built: integrate.Built, pending: reverify.Pending | None,
               scratch: integrate.Scratch | None = None) -> None:
@@ -444,9 +449,15 @@ class Queue:
         elif built.kind == "already":
             out.state = "already"
             return
-        elif rerun is None:
-            out.state, out.why = "passed", "nothing was run on it (--force)"
+        elif rerun is None:  # --force: nothing to run, its checks all the same (a deleted test fails it)
+            found = self.checks_of(item)
+            failed = checks.failed(found)
+            out.state = "failed" if failed else "passed"
+            out.why = (checks.failure_text(found) + " (on its own change: --force skips the gate, never its checks)"
+                       if failed else "nothing was run on it (--force)")
         else:
+            if failed := checks.failed(self.checks_of(item)):  # fail it whatever the command exited
+                rerun.result.checks_failed, rerun.result.passed = failed, False
             rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
@@ -492,6 +503,15 @@ class Queue:
             out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
         if item.group is not None:
             out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
+
+    def answer_conflict(self, item: Item, out: Outcome, onto: str, built: integrate.Built) -> bool:
+        """A conflict under `--reconcile`, for the pipeline and `--atomic` alike: judged (and
+        recorded) once, then answered by a reply (`reconcile`). True: the reply passed, build the
+        job again; False: the conflict as judged is its outcome (never judged a second time, on a
+        branch the reply moved)."""
+        self.judge(item, out, built, None)
+        self.finish_landed()  # before a reply that may take long
+        return self.reconcile(item, onto, built, out)
 
     def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
         """Answer a conflict with a reply to the job, on `onto` (`reconcile.prepare`); True once
@@ -597,13 +617,19 @@ def move(repo: Repo, target: Target, old: str, new: str) -> str:
 
     Where the target is checked out, `git merge --ff-only` in that worktree moves the branch, the
     index and the files in one git run, under the worktree's `index_lock`, after the same checks
-    as `merge` (no uncommitted changes; HEAD still at `old`); else one compare-and-swap of the ref.
+    as `merge` (no uncommitted changes; HEAD still at `old`), and with the target still the branch
+    checked out there (a `Stop` if not: `merge --ff-only` moves whatever branch is checked out);
+    else one compare-and-swap of the ref.
     """
     message = f"git-subtask land: {old[:7]} -> {new[:7]}"
     if target.checkout is None:
         return "ok" if records.cas_ref(repo, target.ref, old, new, message) else "moved"
     with landing.index_lock(repo, target.checkout, target.git_dir):
-        head, changed = _checkout_state(target.checkout)
+        branch, head, changed = _checkout_state(target.checkout)
+        if branch != target.name:  # `git merge --ff-only` there would move that branch, not ours
+            raise Stop("negative", f"the worktree {target.checkout} has {_words(branch)} checked out, not "
+                                   f"{target.name}: the queue stopped before moving {target.name}",
+                       hint=f"git switch {target.name} there, then land the rest again")
         if changed:
             raise Stop("dirty", f"the worktree {target.checkout} has uncommitted changes ({', '.join(changed[:10])}): "
                                 f"the queue stopped before moving {target.name} (your work is never stashed)",
@@ -613,24 +639,32 @@ def move(repo: Repo, target: Target, old: str, new: str) -> str:
         proc = git(target.checkout, "merge", "--ff-only", "--quiet", new, check=False)
         if proc.returncode == 0:
             return "ok"
-        if _checkout_state(target.checkout)[0] != old:
+        branch, head, _ = _checkout_state(target.checkout)
+        if branch != target.name or head != old:
             return "moved"
         words = " ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
         raise Stop("negative", f"git would not move {target.name} in {target.checkout}: {words}: the queue stopped "
                                "(nothing of this landing changed)")
 
 
-def _checkout_state(checkout: Path) -> tuple[str, list[str]]:
-    """The checkout's HEAD commit and its uncommitted changes to tracked files (`merge`'s rule:
-    never merged into; untracked files are git's to refuse), from one `git status`."""
+def _checkout_state(checkout: Path) -> tuple[str, str, list[str]]:
+    """The checkout's branch (`(detached)` for a detached HEAD), its HEAD commit and its
+    uncommitted changes to tracked files (`merge`'s rule: never merged into; untracked files are
+    git's to refuse), from one `git status`."""
     out = git(checkout, "status", "--porcelain=v2", "--branch", "--untracked-files=no").stdout
-    head, changed = "", []
+    branch, head, changed = "", "", []
     for line in out.splitlines():
-        if line.startswith("# branch.oid "):
+        if line.startswith("# branch.head "):
+            branch = line[len("# branch.head "):]
+        elif line.startswith("# branch.oid "):
             head = line[len("# branch.oid "):]
         elif line and not line.startswith("#"):
             changed.append(line.split(" ")[-1] if line[0] in "12u" else line)
-    return head, changed
+    return branch, head, changed
+
+
+def _words(branch: str) -> str:
+    return "a detached HEAD" if branch in ("", "(detached)") else branch
 
 
 # ---------------------------------------------------------------- the jobs

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from subtask.git.gitrepo import Repo, git
 from subtask.model.errors import SubtaskError
+from subtask.model.job import work_base
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 MAX_FILES = 200  # files kept per job for the comparison
@@ -231,7 +232,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
     """What `land` would do with these jobs (`opts`: `landqueue.Options`), changing nothing: each
     job's files and how stale its base is, the pairs that change the same files or lines, and
     each job merged in turn onto the one before (`git merge-tree`) to predict conflicts."""
-    from subtask.ops import landing, landqueue
+    from subtask.ops import landqueue
 
     target = landqueue.find_target(repo)
     items = landqueue.resolve(repo, asked)
@@ -250,7 +251,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
         except SubtaskError as exc:
             planned.append(Planned(item.job.id, group, [], None, "refused", exc.message))
             continue
-        base = landing.work_base(item.job)
+        base = work_base(item.job)
         files = changes(repo, base, item.head)
         compared.append((item.job.id, base, files))
         entry = Planned(item.job.id, group, list(files), behind(repo, base, tip), "land",

@@ -18,6 +18,7 @@ from subtask.git import ownership, records, signing
 from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
+from subtask.model.job import work_base
 from subtask.ops import landing
 
 
@@ -102,11 +103,12 @@ def _evidence(repo: Repo, job: Job, head: str, add) -> None:
     if evidence is None:
         add(Finding("evidence", None, "the record holds none (the attempt ended before it was computed)"))
         return
-    if evidence.head != head or evidence.base != job.spec.base:
+    base = work_base(job)  # a reconciled job's evidence counts from where land moved it
+    if evidence.head != head or evidence.base != base:
         add(Finding("evidence", False, f"it covers {evidence.base[:7]}..{evidence.head[:7]}, the record's job is "
-                                       f"{job.spec.base[:7]}..{head[:7]}"))
+                                       f"{base[:7]}..{head[:7]}"))
         return
-    commits, files, totals = diff_stats(repo, job.spec.base, head)
+    commits, files, totals = diff_stats(repo, base, head)
     said = {(f.get("path"), f.get("status"), f.get("added"), f.get("deleted")) for f in evidence.files}
     seen = {(f["path"], f["status"], f["added"], f["deleted"]) for f in files}
     problems = []
@@ -120,7 +122,7 @@ def _evidence(repo: Repo, job: Job, head: str, add) -> None:
     if any(evidence.totals.get(k) != totals[k] for k in keys):
         problems.append(f"totals: the record says {_totals(evidence.totals)}, git says {_totals(totals)}")
     add(Finding("evidence", not problems, "; ".join(problems) if problems else
-                f"{_totals(totals)} since {job.spec.base[:7]}, as recorded"))
+                f"{_totals(totals)} since {base[:7]}, as recorded"))
 
 
 def _totals(t: dict) -> str:

@@ -11,8 +11,10 @@ Invariants:
   job only, and never over uncommitted changes in its worktree, because they may be the only
   copy of someone's work; git runs there only through the paths git-subtask made
   (`worktrees.check_metadata`, `worktrees.job_git`).
-- The head before the reconciliation stays in the record (its attempts, its landings) and in the
-  branch's reflog; the job's work is counted from `state.rebased_onto` afterwards.
+- Never move a job's branch away from its head before that head is pinned as its attempt's
+  (`refs/subtask/<id>/attempts/<n>`), because the reply's worker then moves the head pin, and a
+  failed reply would leave the verified head to the reflog alone. It also stays in the record
+  (its attempts, its landings); the job's work is counted from `state.rebased_onto` afterwards.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ def prepare(repo: Repo, job: Job, head: str, onto: str, target: str, conflicts: 
     be moved (changes in its worktree, a branch that moved). `theirs`: what the target changed
     in the conflicting files (`integrate.sides`)."""
     shell = job.spec.engine == "shell"
+    # Its reply's worker moves the head pin: the head it is moved away from keeps its attempt's
+    # pin, so more than the reflog keeps it when the reply fails. (A tip no attempt recorded, landed
+    # with --force, names no attempt: never pinned as one.)
+    kept = job.state.kept
+    if head != job.spec.base and kept.head == head:
+        records.pin_attempt(repo, job.id, kept.n, head)
     applied = _move_onto(repo, job, head, onto, apply_old=not shell)
     records.update(repo, job.id, lambda j: setattr(j.state, "rebased_onto", onto))
     return job.spec.task if shell else agent_message(target, head, onto, conflicts, theirs, applied)

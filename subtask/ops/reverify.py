@@ -18,7 +18,7 @@ Invariants:
   handed to `procs.run(sandbox=...)` for this one child. Unconfined only where the machine has no
   Landlock, and the result says so (`confined` False).
 - Never pass a re-run on the command's exit alone: the checks the job recorded (`spec.checks`,
-  subtask/checks.py) run on base..commit here too, because a record that claims a pass is what
+  subtask/checks.py) run on its work's base (`work_base`)..commit here too, because a record that claims a pass is what
   a job that deleted its failing test would also have.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from subtask.git import checks
 from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
-from subtask.model.job import VerifyResult
+from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
 from subtask.proc import isolation, procs
 from subtask.state import paths
@@ -66,7 +66,7 @@ def run(repo: Repo, job, head: str) -> Rerun:
     tree = _tree_of(repo, head)
     with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
         return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network,
-                      change=(job.spec.base, head, job.spec.checks))
+                      change=(work_base(job), head, job.spec.checks))
 
 
 @contextmanager

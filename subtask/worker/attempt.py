@@ -57,7 +57,7 @@ from subtask.git.gitrepo import (
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases, render
 from subtask.model.errors import SubtaskError
-from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult
+from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.ops import groups, lifecycle, plans
 from subtask.ops.stall import StallWatch
@@ -760,7 +760,7 @@ MAX_EVIDENCE_FILES = 1000
 
 def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict | None,
                    verify: VerifyResult | None, state: str) -> Evidence:
-    base = job.state.rebased_onto or job.spec.base  # a reconciled job's work starts where land moved it
+    base = work_base(job)
     commits, files, totals = diff_stats(repo, base, head)
     # Bounded, so a job that writes 100,000 files leaves a record every later `list` can read.
     omitted, files, commits = max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES], commits[:MAX_EVIDENCE_FILES]
@@ -796,12 +796,12 @@ def _seen_by(watch: claims.Watch, sink):
 
 
 def run_checks(repo: Repo, job: Job, head: str, sink) -> list[dict] | None:
-    """The job's checks on base..head, read from git objects (never git in its worktree); None
-    for a job with none."""
+    """The job's checks on its work (`work_base`..head), read from git objects (never git in its
+    worktree); None for a job with none."""
     if not job.spec.checks or job.spec.readonly:
         return None
     sink({"type": "state", "state": "checking", "checks": job.spec.checks})
-    return checks.run(repo, job.spec.base, head, job.spec.checks)
+    return checks.run(repo, work_base(job), head, job.spec.checks)
 
 
 def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome) -> Outcome:

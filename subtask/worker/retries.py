@@ -274,7 +274,7 @@ def retry_to_run(job: Job, ended: int) -> bool:
 def pin_attempt(repo: Repo, job: Job, head: str) -> None:
     """Keep this attempt's head alive whatever happens to the branch (a job with retries)."""
     if job.spec.retries and head != job.spec.base:
-        records.set_pin(repo, job.id, f"attempts/{job.state.current.n}", head)
+        records.pin_attempt(repo, job.id, job.state.current.n, head)
 
 
 def _leave_at_best(repo: Repo, job: Job, facts: Facts, plan: Plan, loop: list[Attempt], admin, worktree) -> None:
@@ -308,7 +308,7 @@ def _move_branch(repo: Repo, job: Job, admin, worktree, old: str, new: str) -> b
     and files (git through the admin folder the worker checked, never by discovery)."""
     for attempt in loop_of(job)[:-1]:
         if attempt.head and attempt.head != job.spec.base:
-            records.set_pin(repo, job.id, f"attempts/{attempt.n}", attempt.head)
+            records.pin_attempt(repo, job.id, attempt.n, attempt.head)
     pin_attempt(repo, job, old)
     if not records.cas_ref(repo, f"refs/heads/{job.spec.branch}", old, new,
                            f"subtask: left at attempt with the best verify ({new[:7]})"):
