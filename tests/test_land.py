@@ -589,7 +589,7 @@ def test_a_forged_pulled_record_never_removes_a_local_checkout(team, tmp_path):
     assert not our_worktree.exists(), "gc still removes our own job's clean worktree"
     for forged in (forged_out, forged_in):
         proc = cli_b("reply", forged, "touch pwned")
-        assert proc.returncode == 1 and "not running anything there" in proc.stderr, proc.stderr
+        assert proc.returncode == 1 and "another clone's job" in proc.stderr, proc.stderr
     assert not (victim / "pwned").exists()
 
 
