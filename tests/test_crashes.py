@@ -512,6 +512,55 @@ def test_a_job_stopped_during_its_checkout_is_cleaned_up(cli, repo, tmp_path):
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 
+@pytest.mark.parametrize("command,edits", [("cleanup", "edited"), ("cleanup", "added"), ("gc", "edited+added")])
+def test_a_person_s_edits_in_the_worktree_of_a_job_whose_engine_never_ran_are_kept(cli, repo, command, edits):
+    """The other side of the rule above: a job that failed at its setup never ran an engine, but
+    its checkout is whole and a person may work in it. Their edit and their new file are kept,
+    with the usual words (the worktree used to be removed with --force, edits and all)."""
+    git(repo, "config", "subtask.setup", "exit 3")
+    job = cli.start("echo never > never.txt")
+    cli("wait", job, timeout=60)
+    attempt = cli.json("show", job)["state_detail"]["attempts"][-1]
+    assert attempt["state"] == "failed" and attempt["engine_started_at"] is None, attempt
+    worktree = repo / ".subtask" / "worktrees" / job
+    mine = {name: f"{name} by a person\n" for name, kind in (("README.md", "edited"), ("notes.txt", "added"))
+            if kind in edits}
+    for name, text in mine.items():
+        (worktree / name).write_text(text)
+    proc = cli(command, *([job] if command == "cleanup" else ["--older-than", "0s"]))
+    said = proc.stdout + proc.stderr
+    assert "removed worktree" not in said and "uncommitted changes or untracked files" in said, said
+    if command == "cleanup":
+        assert proc.returncode == 1 and "keeping the worktree" in proc.stderr, said
+    for name, text in mine.items():
+        assert (worktree / name).read_text() == text
+
+
+@pytest.mark.parametrize("written", ["as_git_wrote_it", "changed_by_a_person"])
+def test_a_checkout_stopped_half_way_goes_unless_a_file_in_it_differs_from_git_s(cli, repo, tmp_path, written):
+    """A checkout stopped while git wrote its files (no index yet: git writes it last) reads as
+    every file deleted and the files written so far untracked: those are git's own, so the
+    worktree goes; a file that is not what git would have written there is a person's, and stays."""
+    gate = tmp_path / "gate"
+    job = cli.start("echo never > never.txt", env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        cli.ok("stop", job)
+    finally:
+        gate.touch()
+    worktree = repo / ".subtask" / "worktrees" / job
+    assert not (repo / ".git" / "worktrees" / job / "index").exists()
+    text = "hello\n" if written == "as_git_wrote_it" else "hello, from a person\n"
+    (worktree / "README.md").write_text(text)  # the one file git wrote before the stop, or a person's
+    proc = cli("cleanup", job)
+    if written == "as_git_wrote_it":
+        assert proc.returncode == 0 and "removed worktree" in proc.stdout, proc.stdout + proc.stderr
+        assert not worktree.exists()
+    else:
+        assert proc.returncode == 1 and "keeping the worktree" in proc.stderr, proc.stdout + proc.stderr
+        assert (worktree / "README.md").read_text() == text
+
+
 def test_a_job_whose_engine_ran_keeps_a_worktree_that_reads_as_changed(cli, repo):
     """The other side of the rule above: once an engine ran, a worktree git sees changed in (here
     its index is gone, so every file reads deleted) is kept, whatever made it so."""

@@ -101,6 +101,44 @@ def test_a_job_waiting_on_its_child_lends_it_its_slot_under_max_running_one(cli,
     check_books(cli, repo)
 
 
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_a_child_that_outlives_its_parent_runs_on_in_the_slot_it_was_lent(cli, repo, tmp_path, spawn):
+    """A job starts a child and ends without waiting for it. The child's worker, orphaned once the
+    nested `start` exits, is adopted by the parent's worker, which ends what its attempt left
+    running when it ends: the child's worker is no leftover of the parent's (it carried the
+    parent's SUBTASK_RUN mark, and was killed: `failed: worker died`). Under maxRunning=1 the
+    child runs in the slot its parent lent it, and takes its place when the parent ends first."""
+    git(repo, "config", "subtask.maxRunning", "1")
+    gate, child_id = tmp_path / "gate", tmp_path / "child_id"
+    env = {"SUBTASK_SPAWN": "exec"} if spawn == "exec" else {}  # kept for the parent, so its nested start execs too
+    child_task = f"{HOLD.format(release=gate)}; echo child-ran"
+    nested = f"git subtask start --engine shell --isolation none '{child_task}' | cut -d' ' -f1 > {child_id}"
+    parent = cli.start(nested, "--isolation", "none", env=env)  # a confined job may not start jobs
+    child = None
+    try:
+        cli.ok("wait", parent, timeout=60)
+        child = child_id.read_text().strip()
+        assert cli.json("show", child)["state"] == "running", cli.ok("show", child)
+    finally:
+        gate.touch()
+    cli("wait", child, timeout=60)
+    shown = cli.json("show", child)
+    attempt = shown["state_detail"]["attempts"][-1]
+    assert shown["state"] == "done", (attempt.get("error_kind"), attempt.get("reason"))
+    assert "child-ran" in cli.ok("result", child)
+    check_books(cli, repo)
+
+
+def test_a_job_started_inside_another_keeps_no_run_mark_of_its_parent(tmp_path):
+    """The kept environment of a job started inside another's engine leaves the parent's run mark
+    out: the worker adopts it as its whole environment, and its git calls would carry the mark."""
+    from subtask.proc import procs
+    from subtask.state import jobenv
+
+    jobenv.save(tmp_path, "st-child", {procs.RUN_MARKER_ENV: "st-parent.1.4242", "AWS_PROFILE": "dev"})
+    assert jobenv.load(tmp_path, "st-child") == {"AWS_PROFILE": "dev"}
+
+
 def test_a_running_job_lends_its_slot_to_one_child_at_a_time_and_the_count_never_grows(tmp_path):
     from subtask.state import slots
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 import warnings
@@ -301,8 +302,6 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
         return False, worktrees.why_not_ours(repo, job.id, path)
     if not ownership.owns(repo, job):
         return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
-    if never_ran(job):
-        return True, ""  # git's checkout alone, maybe half-written (stopped in it): nothing to lose
     try:
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
     except worktrees.MetadataChanged as exc:
@@ -311,7 +310,7 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
                                "--ignore-submodules=none", check=False)
     if status.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
-    if status.stdout.strip():
+    if status.stdout.strip() and not checkout_leftovers(repo, job):
         return False, f"worktree {path} has uncommitted changes or untracked files"
     proc = worktrees.job_git(repo, admin, path, "rev-parse", "HEAD", check=False)
     head = proc.stdout.strip()
@@ -324,16 +323,69 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
 
 def never_ran(job: Job) -> bool:
     """No engine of this job ever started (this clone's record says so: the worker records it
-    before it starts one), so its worktree holds git's checkout and nothing else."""
+    before it starts one), so its worktree holds git's checkout and what a person put there."""
     return all(attempt.engine_started_at is None for attempt in job.state.attempts)
 
 
+# Where a checkout's status may read as changed with nothing to lose: a tracked file missing.
+_MISSING = ("D ", " D")
+
+
+def checkout_leftovers(repo: Repo, job: Job) -> bool:
+    """The worktree of a job whose engine never ran reads as changed, and only by what git's
+    checkout stopped half-way leaves: tracked files missing (no index yet: git writes it last, so
+    every file reads deleted) and, while there is no index, files exactly as the commit holds them
+    at their path (the ones git wrote before the stop). What `git worktree remove` must be forced
+    over; anything else (a file edited or added by a person: the checkout may be whole, the job
+    failed at its setup) is kept by the usual check. Read through the job-safe git, never by discovery."""
+    path = Path(job.spec.worktree)
+    if not never_ran(job):
+        return False
+    try:
+        admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
+    except worktrees.MetadataChanged:
+        return False
+    quiet = dict(os.environ, GIT_OPTIONAL_LOCKS="0")  # never write an index: "none yet" is what the checkout goes by
+    status = worktrees.job_git(repo, admin, path, "status", "--porcelain", "--untracked-files=all",
+                               "--ignore-submodules=none", env=quiet, check=False)
+    lines = [line for line in status.stdout.splitlines() if line]
+    if status.returncode != 0 or not lines:
+        return False
+    written = [line[3:] for line in lines if line[:2] == "??"]
+    if any(line[:2] not in _MISSING and line[:2] != "??" for line in lines):
+        return False
+    return not written or (not (admin / "index").exists() and _as_committed(repo, admin, path, written, quiet))
+
+
+def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict) -> bool:
+    """Is each of these files (as git's status names them) a regular file whose bytes are the
+    blob the worktree's commit holds at its path? No filter runs: a file a filter would have
+    changed reads as different, and is kept."""
+    if any(name.startswith('"') for name in names):
+        return False  # a name git quoted: not one to compare byte for byte
+    if any((path / name).is_symlink() or not (path / name).is_file() for name in names):
+        return False
+    tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", "HEAD", env=env, check=False)
+    hashed = worktrees.job_git(repo, admin, path, "hash-object", "--no-filters", "--stdin-paths",
+                               input="".join(f"{name}\n" for name in names), env=env, check=False)
+    if tree.returncode != 0 or hashed.returncode != 0:
+        return False
+    blobs = {}
+    for entry in tree.stdout.split("\0"):
+        meta, _, name = entry.partition("\t")
+        fields = meta.split()
+        if len(fields) == 3 and fields[0] in ("100644", "100755"):
+            blobs[name] = fields[2]
+    shas = hashed.stdout.split()
+    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas))
+
+
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
-    """`git worktree remove`, never forced but for a job whose engine never ran (`never_ran`: a
-    checkout stopped half-way reads as every file deleted); say so in the record. Its own status
-    of the worktree runs with fsmonitor off: `worktree_removable` checked the admin folder git
-    reads, not the config of what it names."""
-    force = ["--force"] if never_ran(job) else []
+    """`git worktree remove`, never forced but over what git's own checkout of a job whose engine
+    never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
+    so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
+    checked the admin folder git reads, not the config of what it names."""
+    force = ["--force"] if checkout_leftovers(repo, job) else []
     removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
                   check=False).returncode == 0
     if removed and record:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from subtask.model.errors import SubtaskError
+from subtask.proc import spawn
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt
+RUN_MARKER_ENV = spawn.RUN_MARKER_ENV  # `<job>.<attempt>.<worker pid>` in every process of an attempt, no worker
 
 
 def _marked(pid: int, marker: bytes, exact: bool) -> bool:

@@ -14,6 +14,12 @@ Invariants:
   thread held would stay locked in the child); threaded callers ask the fork server, or exec.
 - Any failure of the fork server falls back to exec: a job never fails to start because of it.
 - The spawned worker inherits the run-lock fd; the caller keeps and closes its own copy.
+- No worker carries an attempt's run mark (`RUN_MARKER_ENV`) in its environment. A `start` run
+  inside a job's engine (a nested delegation) has its parent's: its worker would outlive that
+  command, be adopted by the parent's worker (their subreaper) and be ended with the parent's
+  leftovers (`procs.end_adopted`, `procs.end_marked` find them by that mark). A fork keeps the
+  environment block the process was started with (what /proc/<pid>/environ shows), whatever
+  `os.environ` says by then, so such a caller starts a fresh interpreter without the mark.
 - Standard library only: the CLI and the MCP front end import this before anything heavy.
 """
 
@@ -28,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
+RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt (`procs`)
 EXEC_ENTRY = "subtask.worker.attempt"  # `python -m subtask.worker.attempt JOB ROOT`, the run-lock in SUBTASK_LOCK_FD
 
 # (job id, repository: its root, or in a forked child the caller's open Repo, run-lock fd) -> exit code
@@ -64,8 +71,11 @@ def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
     gets `repo` (the caller's open repository, if given) rather than the root, so it need not ask
     git again what the caller found out. A caller with other threads (the MCP server, `wait`'s
     watchers) asks its fork server when it has one, and starts a fresh interpreter otherwise, or
-    when the fork server fails in any way.
+    when the fork server fails in any way. A caller that carries an attempt's run mark (a `start`
+    inside a job) starts a fresh interpreter without it (see the module docstring).
     """
+    if _carries_run_mark():
+        return _exec_worker(root, job_id, lock_fd, log_fd)
     if _may_fork():
         return _fork_worker(root, job_id, lock_fd, log_fd, repo)
     return _zygote_or_exec_worker(root, job_id, lock_fd, log_fd, repo)
@@ -74,6 +84,20 @@ def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
 def _may_fork() -> bool:
     return (_worker_main is not None and os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork")
             and threading.active_count() == 1)
+
+
+def _carries_run_mark() -> bool:
+    """Does this process (its `os.environ`, or the environment block it was started with, which a
+    fork copies) carry an attempt's run mark?"""
+    if RUN_MARKER_ENV in os.environ:
+        return True
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            block = fh.read()
+    except OSError:
+        return False
+    mark = f"{RUN_MARKER_ENV}=".encode()
+    return block.startswith(mark) or b"\0" + mark in block
 
 
 def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
@@ -88,7 +112,8 @@ def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, r
 
 
 def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
-    env = dict(os.environ, SUBTASK_LOCK_FD=str(lock_fd))
+    env = {k: v for k, v in os.environ.items() if k != RUN_MARKER_ENV}  # never a worker's (module docstring)
+    env["SUBTASK_LOCK_FD"] = str(lock_fd)
     proc = subprocess.Popen(
         [sys.executable, "-m", EXEC_ENTRY, job_id, str(root)],
         stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, cwd=str(root),

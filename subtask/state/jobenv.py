@@ -30,8 +30,11 @@ from pathlib import Path
 from subtask.state import paths
 from subtask.state.statefiles import write_json
 
-# Per-process plumbing, never part of a job's environment.
-_NOT_KEPT = ("SUBTASK_LOCK_FD",)
+# Per-process plumbing, never part of a job's environment: the run-lock fd a worker is handed, and
+# the run mark of the attempt whose engine the starter runs in (`procs.RUN_MARKER_ENV`: a nested
+# `start`): the worker gives each attempt's processes their own, and one of the parent's would have
+# this job's setup, verify and git calls ended with the parent's leftovers.
+_NOT_KEPT = ("SUBTASK_LOCK_FD", "SUBTASK_RUN")
 
 
 def env_file(state_dir: Path, job_id: str) -> Path:
