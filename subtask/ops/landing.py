@@ -377,7 +377,7 @@ def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: di
         if len(fields) == 3 and fields[0] in ("100644", "100755"):
             blobs[name] = fields[2]
     shas = hashed.stdout.split()
-    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas))
+    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas, strict=True))
 
 
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
