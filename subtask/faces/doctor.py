@@ -340,11 +340,11 @@ def check_provenance(repo) -> Check:
                      "# lines: <email> <key type> <public key>")
     aside = ownership.set_aside(repo)
     if aside:
-        shown = ", ".join(name for *_, name in aside[:5]) + (" …" if len(aside) > 5 else "")
+        shown = ", ".join(aside[:5]) + (" …" if len(aside) > 5 else "")
         problems.append(f"{len(aside)} refs of this clone's jobs had commits on the remote that this clone did not "
                         f"write (kept aside, never read as the job's state): {shown}")
-        steps += [f"git log {aside[0][3]}   # what the teammate wrote",
-                  f"git update-ref -d {aside[0][3]}   # once looked at (it comes back if the remote still has it)"]
+        steps += [f"git log {aside[0]}   # what the teammate wrote",
+                  f"git update-ref -d {aside[0]}   # once looked at (it comes back if the remote still has it)"]
     if problems:
         return Check("provenance", "warn", "; ".join(parts + problems), steps)
     return Check("provenance", "ok", "; ".join(parts))

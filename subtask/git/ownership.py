@@ -132,11 +132,6 @@ def owns(repo: Repo, job, owned: set[str] | None = None) -> bool:
     return job.id in owned if owned is not None else started_here(repo, job.id)
 
 
-def set_aside(repo: Repo) -> list[tuple[str, str, str, str]]:
-    """(remote, key, which, ref name) of every teammate's copy kept aside, for `doctor`."""
-    found = []
-    for ref in repo.objects.refs(THEIRS_PREFIX):
-        parts = ref.name[len(THEIRS_PREFIX):].rsplit("/", 2)
-        if len(parts) == 3:
-            found.append((parts[0], parts[1], parts[2], ref.name))
-    return found
+def set_aside(repo: Repo) -> list[str]:
+    """The refs holding a teammate's copy kept aside (`refs/subtask-theirs/...`), for `doctor`."""
+    return [ref.name for ref in repo.objects.refs(THEIRS_PREFIX)]
