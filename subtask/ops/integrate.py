@@ -67,7 +67,7 @@ class Scratch:
         from subtask.ops import reverify
 
         self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
-        self.admin = Path(git(self.path, "rev-parse", "--absolute-git-dir").stdout.strip())  # before anything ran there
+        self.admin = reverify.scratch_admin(self.path)  # before anything ran there
         return self.path
 
     def spoil(self) -> None:

@@ -424,7 +424,7 @@ class Queue:
         tree = str(self.repo.git[built.commit].tree_id)
         # The job's own checks run on its own change (did it delete a test?), as a re-run does.
         change = (landing.work_base(item.job), item.head, item.job.spec.checks)
-        return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
+        return reverify.start_in(self.repo, scratch.path, item.command, built.commit, admin=scratch.admin, tree=tree,
                                  timeout=item.timeout, network=item.job.spec.network, change=change)
 
     def judge(self, item: Item, out: Outcome, built: integrate.Built, pending: reverify.Pending | None,

@@ -557,8 +557,10 @@ class Confinement:
         self.worktree = worktree
         try:
             self.env.update(namespace_env(repo, job))
+            # The admin folder git made for `<worktreeDir>/<id>`, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
-                job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
+                job.spec.isolation, worktree=worktree, admin=worktrees.expected_admin(repo, job.id),
+                common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
                 engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
             isolation.plan_namespaces(self.policy, network=job.spec.network,
