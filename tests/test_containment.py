@@ -114,6 +114,47 @@ def test_a_job_that_points_its_head_at_another_ref_moves_nothing(cli, repo, targ
 
 
 @needs_landlock
+def test_a_reply_after_a_job_pointed_its_dot_git_at_the_git_dir_is_granted_nothing_of_it(cli, repo):
+    """Case 7: the sandbox granted the admin folder the worktree's `.git` named. A job that wrote
+    `gitdir: <repo>/.git` there ended failed, as it should; its reply's sandbox then held the whole
+    git dir (its config, every ref). A reply now checks the metadata before anything of it runs."""
+    common = repo / ".git"
+    main_before = git(repo, "rev-parse", "main")
+    job = cli.start(f"printf 'gitdir: {common}\\n' > .git")
+    first = ended(cli, job)
+    assert first["state"] == "failed" and first["error_kind"] == "isolation", first
+    cli.ok("reply", job, f"echo pwned > '{common}/pwned'; echo x > '{common}/refs/heads/evil'; touch replied")
+    reply = ended(cli, job)
+    assert not (common / "pwned").exists() and not (common / "refs" / "heads" / "evil").exists(), \
+        "a reply's sandbox granted the folder the job's .git named"
+    assert reply["state"] == "failed" and reply["error_kind"] == "isolation" and ".git" in reply["reason"], reply
+    assert not (repo / ".subtask" / "worktrees" / job / "replied").exists(), "the reply's engine ran"
+    untouched(repo, main_before)
+
+
+@needs_landlock
+def test_a_reply_checks_out_no_files_through_a_repository_the_job_made(cli, repo, tmp_path):
+    """Case 8: a reply whose worktree has no index writes its files again (`git read-tree`); that
+    git found its repository through the worktree's `.git`, which the job had pointed at a
+    repository of its own whose smudge filter then ran unconfined."""
+    marker = tmp_path / "escaped"
+    script = ("set -e; W=$PWD; A=$(sed 's/^gitdir: //' .git); "
+              "git init -q fake; cd fake; echo '* filter=x' > .gitattributes; echo hi > f; "
+              f"git config filter.x.smudge \"sh -c 'touch {marker}; cat'\"; "
+              "git add -A; git commit -qm x; cd $W; "
+              "rm -f $A/index; printf \"gitdir: $W/fake/.git\\n\" > .git")
+    job = cli.start(script)
+    first = ended(cli, job)
+    assert first["state"] == "failed" and first["error_kind"] == "isolation", first
+    assert not marker.exists()
+    cli.ok("reply", job, "touch replied")
+    reply = ended(cli, job)
+    assert not marker.exists(), "a program the job named ran outside its sandbox"
+    assert reply["state"] == "failed" and reply["error_kind"] == "isolation" and ".git" in reply["reason"], reply
+    assert not (repo / ".subtask" / "worktrees" / job / "replied").exists(), "the reply's engine ran"
+
+
+@needs_landlock
 def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outside(cli, repo, tmp_path):
     """Case 4: the job rewrites `setup.sh` (it is committed to its branch); after cleanup and a
     reply, the new worktree ran the job's setup.sh unconfined."""

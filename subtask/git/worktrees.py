@@ -184,12 +184,18 @@ def _worktree_config_on(repo: Repo) -> bool:
     return proc.stdout.strip() == "true"
 
 
+def job_git_env(repo: Repo, admin: Path, worktree: Path, env: dict | None = None) -> dict:
+    """The environment of `job_git` (for a git started in the background: run it as
+    `git *JOB_GIT ...` in `worktree`)."""
+    base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
+    return dict(base, GIT_DIR=str(admin), GIT_WORK_TREE=str(worktree), GIT_COMMON_DIR=str(repo.common_dir))
+
+
 def job_git(repo: Repo, admin: Path, worktree: Path, *args: str, input: str | None = None,
             env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """git on a job's worktree through the paths git-subtask made, never discovery (see the module
     docstring); call `check_metadata` first, with nothing of the job running."""
-    base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
-    full = dict(base, GIT_DIR=str(admin), GIT_WORK_TREE=str(worktree), GIT_COMMON_DIR=str(repo.common_dir))
+    full = job_git_env(repo, admin, worktree, env)
     proc = subprocess.run(["git", *JOB_GIT, *args], cwd=worktree, env=full, capture_output=True, text=True,
                           input=input, stdin=None if input is not None else subprocess.DEVNULL, check=False)
     if check and proc.returncode != 0:
