@@ -294,6 +294,57 @@ def test_atomic_with_reconcile_lands_both_at_once(cli, repo):
     assert git(repo, "reflog", "-1", "--format=%gs", "main").startswith("merge")
 
 
+def conflicting_pair(cli, repo, verify_b: str = "grep -q start log.txt") -> tuple[str, str]:
+    """Two finished jobs appending to the same file; the first landed, so the second conflicts."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify_b)
+    assert land(cli, a).returncode == 0
+    return a, b
+
+
+def test_reconcile_moves_no_branch_but_the_jobs_whatever_its_worktrees_head_names(cli, repo):
+    """A job's verify runs after the worker's last look at its metadata: it pointed its worktree's
+    HEAD at `release` (files to match, so the worktree looked clean), and `land --reconcile` then
+    reset `release` onto main's tip."""
+    git(repo, "branch", "release")
+    release = git(repo, "rev-parse", "release")
+    evil = ("grep -q start log.txt && printf 'ref: refs/heads/release\\n' > \"$(git rev-parse --git-dir)/HEAD\""
+            " && git read-tree -u --reset release")
+    _, b = conflicting_pair(cli, repo, evil)
+    head = git(repo, "rev-parse", f"subtask/{b}")
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert git(repo, "rev-parse", "release") == release, "land --reconcile moved a branch the job's HEAD named"
+    assert git(repo, "rev-parse", f"subtask/{b}") == head
+    assert proc.returncode == 1 and "not reconciled" in proc.stdout and "HEAD" in proc.stdout, proc.stdout
+    assert len(detail(cli, b)["attempts"]) == 1  # no reply was started
+
+
+def test_reconcile_never_resets_away_a_commit_made_on_the_jobs_branch_meanwhile(cli, repo, tmp_path):
+    """`land` reads the job's head, builds it, and only then reconciles: a commit made on the
+    job's branch in between (one that changes no file, so its worktree stays clean) was reset
+    away. The branch moves by compare-and-swap on the head `land` read."""
+    _, b = conflicting_pair(cli, repo)
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", "--reconcile", b], cwd=repo,
+                             env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_built:{gate}"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        old = git(repo, "rev-parse", f"subtask/{b}")
+        mine = git(repo, "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "a person's commit")
+        git(repo, "update-ref", f"refs/heads/subtask/{b}", mine, old)
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert git(repo, "rev-parse", f"subtask/{b}", check=False) == mine, "the person's commit was reset away"
+    assert "not reconciled" in out and "moved" in out, out + err
+    assert len(detail(cli, b)["attempts"]) == 1  # no reply was started
+
+
 AGENT = """#!/bin/sh
 # A stand-in agent: asked to resolve conflict markers it keeps both sides; else it appends its task.
 case "$1" in
