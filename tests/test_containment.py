@@ -154,6 +154,50 @@ def test_a_reply_checks_out_no_files_through_a_repository_the_job_made(cli, repo
     assert not (repo / ".subtask" / "worktrees" / job / "replied").exists(), "the reply's engine ran"
 
 
+def test_our_git_on_a_jobs_worktree_runs_not_while_its_admin_folder_holds_a_config_worktree(repo, tmp_path):
+    """`check_metadata` looks once, and a job's command may run between that look and our git (a
+    verify before its branch is moved back, a landing's verify before its scratch is reused): a
+    filter it then wrote into the admin folder's config.worktree ran unconfined. `job_git` runs
+    no git while a config.worktree git would read is there."""
+    from subtask.git import worktrees
+    from subtask.git.gitrepo import open_repo
+    from subtask.model.errors import SubtaskError
+
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    worktree = repo / ".subtask" / "worktrees" / "st-1"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+    opened = open_repo(repo)
+    admin = worktrees.check_metadata(opened, "st-1", worktree, None, git(repo, "rev-parse", "HEAD"))
+    # what the job's command does after the check
+    git(worktree, "config", "--worktree", "filter.x.smudge", f"sh -c 'touch {marker}; cat'")
+    (worktree / ".gitattributes").write_text("* filter=x\n")
+    (worktree / "README.md").unlink()
+    proc = worktrees.job_git(opened, admin, worktree, "checkout", "--force", "HEAD", "--", "README.md", check=False)
+    assert not marker.exists(), "a filter the job wrote ran outside its sandbox"
+    assert proc.returncode == 128 and "config.worktree" in proc.stderr, proc
+    with pytest.raises(SubtaskError, match="config.worktree"):
+        worktrees.job_git(opened, admin, worktree, "status")
+
+
+def test_the_worktree_settings_git_copies_from_the_main_worktree_are_not_taken_for_a_jobs(cli, repo):
+    """With extensions.worktreeConfig on, `git worktree add` copies the main worktree's
+    config.worktree into every new admin folder: that one is git's (the user's own settings), so
+    a job runs and lands as without it; one the job changed is still refused."""
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    git(repo, "config", "--worktree", "user.note", "mine")
+    jobs = [cli.start(f"echo {n} > {n}.txt", "--verify", f"test -f {n}.txt") for n in "ab"]
+    for job in jobs:
+        assert ended(cli, job)["state"] == "done", cli.json("show", job)["state_detail"]
+    proc = cli("land", *jobs, timeout=120)
+    assert proc.returncode == 0 and all(f"{j}: landed" in proc.stdout for j in jobs), proc.stdout + proc.stderr
+    job = cli.start('git config --worktree user.note theirs; echo c > c.txt')
+    attempt = ended(cli, job)
+    assert attempt["state"] == "failed" and "config.worktree" in attempt["reason"], attempt
+
+
 @needs_landlock
 def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outside(cli, repo, tmp_path):
     """Case 4: the job rewrites `setup.sh` (it is committed to its branch); after cleanup and a
