@@ -451,6 +451,56 @@ def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_ve
     assert f"{a}: failed" in proc.stdout and f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
 
 
+# Code a landing's verify runs (a test suite, a conftest.py): in a scratch it writes a smudge filter
+# into the scratch's config.worktree, which git reads (extensions.worktreeConfig), and passes.
+FILTER_IN_SCRATCH = """case "$PWD" in */.land/*)
+  d=$(git rev-parse --git-dir)
+  git config -f "$d/config.worktree" filter.x.smudge "sh -c 'touch {marker}; cat'"
+  git config -f "$d/config.worktree" core.attributesFile "$d/attrs"
+  echo '* filter=x' > "$d/attrs";;
+esac
+"""
+
+
+def test_a_passed_verify_that_wrote_a_config_worktree_in_the_scratch_runs_nothing_of_it(cli, repo, tmp_path):
+    """A scratch is reused after a verify that passed (`checkout --force` to the next tip): that
+    checkout ran a smudge filter the verify had written into the scratch's config.worktree,
+    unconfined. Such a scratch is made anew."""
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    (repo / "check.sh").write_text(FILTER_IN_SCRATCH.format(marker=marker))
+    git(repo, "add", "check.sh")
+    git(repo, "commit", "-qm", "a check script")
+    jobs = [finished(cli, ADD.format(name=f"{n}.txt", text=n), "--verify", f"sh check.sh && test -f {n}.txt")
+            for n in "abc"]
+    proc = land(cli, *jobs, timeout=120)
+    assert not marker.exists(), "a filter a verify wrote ran outside its sandbox"
+    assert proc.returncode == 0 and all(f"{j}: landed" in proc.stdout for j in jobs), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("tamper", ["config.worktree", ".git"])
+def test_a_scratch_whose_git_metadata_a_verify_changed_is_made_anew(repo, tamper):
+    """What a verify left in a scratch's admin folder (a config.worktree, even one git would not
+    read now) or its `.git` is never reused: the next landing gets a fresh checkout."""
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import integrate
+
+    scratch = integrate.Scratch(open_repo(repo))
+    main = git(repo, "rev-parse", "main")
+    try:
+        first = scratch.at(main)
+        assert scratch.at(main) == first  # reused, as long as nothing changed
+        if tamper == "config.worktree":
+            (scratch.admin / "config.worktree").write_text("[core]\n\tfsmonitor = false\n")
+        else:
+            (first / ".git").write_text(f"gitdir: {repo / '.git'}\n")
+        second = scratch.at(main)
+        assert second != first and not first.exists()
+    finally:
+        scratch.close()
+
+
 def test_a_job_still_running_is_refused_and_the_rest_land(cli, repo, control_dir):
     gate = control_dir / "gate"
     running = cli.start(f"while [ ! -f {gate} ]; do sleep 0.05; done; echo r > r.txt")
