@@ -114,6 +114,91 @@ def test_a_job_that_points_its_head_at_another_ref_moves_nothing(cli, repo, targ
 
 
 @needs_landlock
+def test_a_reply_after_a_job_pointed_its_dot_git_at_the_git_dir_is_granted_nothing_of_it(cli, repo):
+    """Case 7: the sandbox granted the admin folder the worktree's `.git` named. A job that wrote
+    `gitdir: <repo>/.git` there ended failed, as it should; its reply's sandbox then held the whole
+    git dir (its config, every ref). A reply now checks the metadata before anything of it runs."""
+    common = repo / ".git"
+    main_before = git(repo, "rev-parse", "main")
+    job = cli.start(f"printf 'gitdir: {common}\\n' > .git")
+    first = ended(cli, job)
+    assert first["state"] == "failed" and first["error_kind"] == "isolation", first
+    cli.ok("reply", job, f"echo pwned > '{common}/pwned'; echo x > '{common}/refs/heads/evil'; touch replied")
+    reply = ended(cli, job)
+    assert not (common / "pwned").exists() and not (common / "refs" / "heads" / "evil").exists(), \
+        "a reply's sandbox granted the folder the job's .git named"
+    assert reply["state"] == "failed" and reply["error_kind"] == "isolation" and ".git" in reply["reason"], reply
+    assert not (repo / ".subtask" / "worktrees" / job / "replied").exists(), "the reply's engine ran"
+    untouched(repo, main_before)
+
+
+@needs_landlock
+def test_a_reply_checks_out_no_files_through_a_repository_the_job_made(cli, repo, tmp_path):
+    """Case 8: a reply whose worktree has no index writes its files again (`git read-tree`); that
+    git found its repository through the worktree's `.git`, which the job had pointed at a
+    repository of its own whose smudge filter then ran unconfined."""
+    marker = tmp_path / "escaped"
+    script = ("set -e; W=$PWD; A=$(sed 's/^gitdir: //' .git); "
+              "git init -q fake; cd fake; echo '* filter=x' > .gitattributes; echo hi > f; "
+              f"git config filter.x.smudge \"sh -c 'touch {marker}; cat'\"; "
+              "git add -A; git commit -qm x; cd $W; "
+              "rm -f $A/index; printf \"gitdir: $W/fake/.git\\n\" > .git")
+    job = cli.start(script)
+    first = ended(cli, job)
+    assert first["state"] == "failed" and first["error_kind"] == "isolation", first
+    assert not marker.exists()
+    cli.ok("reply", job, "touch replied")
+    reply = ended(cli, job)
+    assert not marker.exists(), "a program the job named ran outside its sandbox"
+    assert reply["state"] == "failed" and reply["error_kind"] == "isolation" and ".git" in reply["reason"], reply
+    assert not (repo / ".subtask" / "worktrees" / job / "replied").exists(), "the reply's engine ran"
+
+
+def test_our_git_on_a_jobs_worktree_runs_not_while_its_admin_folder_holds_a_config_worktree(repo, tmp_path):
+    """`check_metadata` looks once, and a job's command may run between that look and our git (a
+    verify before its branch is moved back, a landing's verify before its scratch is reused): a
+    filter it then wrote into the admin folder's config.worktree ran unconfined. `job_git` runs
+    no git while a config.worktree git would read is there."""
+    from subtask.git import worktrees
+    from subtask.git.gitrepo import open_repo
+    from subtask.model.errors import SubtaskError
+
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    worktree = repo / ".subtask" / "worktrees" / "st-1"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+    opened = open_repo(repo)
+    admin = worktrees.check_metadata(opened, "st-1", worktree, None, git(repo, "rev-parse", "HEAD"))
+    # what the job's command does after the check
+    git(worktree, "config", "--worktree", "filter.x.smudge", f"sh -c 'touch {marker}; cat'")
+    (worktree / ".gitattributes").write_text("* filter=x\n")
+    (worktree / "README.md").unlink()
+    proc = worktrees.job_git(opened, admin, worktree, "checkout", "--force", "HEAD", "--", "README.md", check=False)
+    assert not marker.exists(), "a filter the job wrote ran outside its sandbox"
+    assert proc.returncode == 128 and "config.worktree" in proc.stderr, proc
+    with pytest.raises(SubtaskError, match="config.worktree"):
+        worktrees.job_git(opened, admin, worktree, "status")
+
+
+def test_the_worktree_settings_git_copies_from_the_main_worktree_are_not_taken_for_a_jobs(cli, repo):
+    """With extensions.worktreeConfig on, `git worktree add` copies the main worktree's
+    config.worktree into every new admin folder: that one is git's (the user's own settings), so
+    a job runs and lands as without it; one the job changed is still refused."""
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    git(repo, "config", "--worktree", "user.note", "mine")
+    jobs = [cli.start(f"echo {n} > {n}.txt", "--verify", f"test -f {n}.txt") for n in "ab"]
+    for job in jobs:
+        assert ended(cli, job)["state"] == "done", cli.json("show", job)["state_detail"]
+    proc = cli("land", *jobs, timeout=120)
+    assert proc.returncode == 0 and all(f"{j}: landed" in proc.stdout for j in jobs), proc.stdout + proc.stderr
+    job = cli.start('git config --worktree user.note theirs; echo c > c.txt')
+    attempt = ended(cli, job)
+    assert attempt["state"] == "failed" and "config.worktree" in attempt["reason"], attempt
+
+
+@needs_landlock
 def test_setup_runs_confined_so_a_setup_script_the_job_rewrote_cannot_write_outside(cli, repo, tmp_path):
     """Case 4: the job rewrites `setup.sh` (it is committed to its branch); after cleanup and a
     reply, the new worktree ran the job's setup.sh unconfined."""

@@ -112,7 +112,7 @@ def repo(tmp_path: Path) -> dict[str, Any]:
     (root / "README.md").write_text("hi\n")
     git("add", "README.md")
     git("commit", "-q", "-m", "init")
-    worktree = tmp_path / "wt"
+    worktree = tmp_path / "job1"  # named after its job, as the worker names them
     git("worktree", "add", "-q", "-b", "subtask/job1", str(worktree))
 
     bin_dir = tmp_path / "bin"
@@ -199,7 +199,7 @@ def test_argv_runs_exec_json_in_a_writable_sandbox(repo):
     add_dirs = [argv[i + 1] for i, a in enumerate(argv) if a == "--add-dir"]
     assert str(repo["common"]) in add_dirs
     # the linked worktree's own admin dir (index, HEAD) is named too
-    assert str(repo["common"] / "worktrees" / "wt") in add_dirs
+    assert str(repo["common"] / "worktrees" / "job1") in add_dirs
     assert argv[argv.index("-C") + 1] == str(repo["worktree"])
     assert "--skip-git-repo-check" in argv
     assert argv[argv.index("-m") + 1] == "gpt-5-codex"
@@ -208,6 +208,19 @@ def test_argv_runs_exec_json_in_a_writable_sandbox(repo):
     assert prompt.startswith("Add hello.txt")
     assert "STATUS: done" in prompt and "commit" in prompt.lower()
     assert Path(call["cwd"]).resolve() == repo["worktree"].resolve()
+
+
+def test_the_admin_dir_added_is_the_jobs_never_what_its_dot_git_names(repo):
+    """The worktree's `.git` is the job's to write: read from it, a reply's sandbox took in any
+    folder the job named there."""
+    elsewhere = repo["tmp"] / "elsewhere"
+    elsewhere.mkdir()
+    (repo["worktree"] / ".git").write_text(f"gitdir: {elsewhere}\n")
+    ctx, _ = make_ctx(repo, RECORDED)
+    CodexEngine().run(ctx)
+    argv = calls(repo)[0]["argv"]
+    add_dirs = [argv[i + 1] for i, a in enumerate(argv) if a == "--add-dir"]
+    assert str(elsewhere) not in add_dirs and str(repo["common"] / "worktrees" / "job1") in add_dirs, add_dirs
 
 
 def test_reply_resumes_the_session(repo):
@@ -450,7 +463,8 @@ def test_fake_codex_commits_under_worktree_isolation_with_its_home_writable(repo
     ctx.env[isolation.ACTIVE_ENV] = "worktree"  # as the worker sets it
     tmpdir = repo["tmp"] / "job-tmp"
     tmpdir.mkdir()
-    policy = isolation.build_policy("worktree", worktree=repo["worktree"], common_dir=repo["common"],
+    policy = isolation.build_policy("worktree", worktree=repo["worktree"], admin=repo["common"] / "worktrees" / "job1",
+                                    common_dir=repo["common"],
                                     has_branch=True, tmpdir=str(tmpdir), extra=[],
                                     engine_extra=isolation.engine_paths(CodexEngine(), ctx.env))
     assert str(codex_home) in [g.path for g in policy.grants]

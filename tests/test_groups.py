@@ -136,6 +136,23 @@ def test_a_judge_runs_in_the_members_sandbox(cli, repo, tmp_path):
     assert not outside.exists(), "the judge ran a member's script outside its sandbox"
 
 
+def test_a_judge_is_granted_the_members_admin_folder_never_what_its_dot_git_names(cli, repo):
+    """A member's verify runs after the worker's last look at its metadata, and may point the
+    worktree's `.git` at the git dir: the judge's sandbox, read from that file, then let the
+    member's judge.sh write the repository's git dir (its config, every ref)."""
+    from subtask.proc import isolation
+
+    if not isolation.support().available:
+        pytest.skip(f"no usable Landlock here: {isolation.support().reason}")
+    common = repo / ".git"
+    gid, members = started_group(cli.ok("start", "--best-of", "2", f"echo 'touch {common}/judge-wrote' > judge.sh",
+                                        "--verify", f"printf 'gitdir: {common}\\n' > .git",
+                                        "--judge", "sh judge.sh; echo 1"))
+    cli("wait", gid)
+    assert [cli.json("show", m)["state_detail"]["attempts"][-1]["state"] for m in members] == ["done", "done"]
+    assert not (common / "judge-wrote").exists(), "the judge's sandbox granted the folder a member's .git named"
+
+
 def test_a_judge_run_from_a_threaded_process_is_confined_too(cli, repo, tmp_path):
     """Whoever settles the group judges (a worker, `wait` with its watcher threads, the MCP
     server): with other threads alive the judge is still confined (its sandbox is handed to the

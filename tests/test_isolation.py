@@ -203,6 +203,23 @@ def test_verify_runs_confined_too(cli, repo, tmp_path):
     assert any("verify-wrote" in line for line in ev["isolation"]["refused"])
 
 
+def test_the_admin_folder_granted_is_the_one_its_caller_names_never_what_dot_git_says(repo, tmp_path):
+    """The worktree's `.git` is the job's to write: a policy read from it (a reply's, a judge's, a
+    landing's verify in a reused scratch) granted whatever folder the job named, the git dir too."""
+    worktree = repo / ".subtask" / "worktrees" / "st-1"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+    common = repo / ".git"
+    admin = common / "worktrees" / "st-1"
+    (worktree / ".git").write_text(f"gitdir: {common}\n")
+    policy = isolation.build_policy("worktree", worktree=worktree, admin=admin, common_dir=common,
+                                    has_branch=False, tmpdir=str(tmp_path), extra=[], engine_extra=[])
+    granted = [g.path for g in policy.grants]
+    assert str(admin) in granted and str(common) not in granted, granted
+    with pytest.raises(isolation.IsolationError, match="admin folder"):
+        isolation.build_policy("worktree", worktree=worktree, admin=common / "worktrees" / "gone", common_dir=common,
+                               has_branch=False, tmpdir=str(tmp_path), extra=[], engine_extra=[])
+
+
 @needs_landlock
 def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
     """The pre-exec hook fails closed: a bad ruleset means exit 126, not an unconfined exec."""

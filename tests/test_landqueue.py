@@ -294,6 +294,57 @@ def test_atomic_with_reconcile_lands_both_at_once(cli, repo):
     assert git(repo, "reflog", "-1", "--format=%gs", "main").startswith("merge")
 
 
+def conflicting_pair(cli, repo, verify_b: str = "grep -q start log.txt") -> tuple[str, str]:
+    """Two finished jobs appending to the same file; the first landed, so the second conflicts."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", verify_b)
+    assert land(cli, a).returncode == 0
+    return a, b
+
+
+def test_reconcile_moves_no_branch_but_the_jobs_whatever_its_worktrees_head_names(cli, repo):
+    """A job's verify runs after the worker's last look at its metadata: it pointed its worktree's
+    HEAD at `release` (files to match, so the worktree looked clean), and `land --reconcile` then
+    reset `release` onto main's tip."""
+    git(repo, "branch", "release")
+    release = git(repo, "rev-parse", "release")
+    evil = ("grep -q start log.txt && printf 'ref: refs/heads/release\\n' > \"$(git rev-parse --git-dir)/HEAD\""
+            " && git read-tree -u --reset release")
+    _, b = conflicting_pair(cli, repo, evil)
+    head = git(repo, "rev-parse", f"subtask/{b}")
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert git(repo, "rev-parse", "release") == release, "land --reconcile moved a branch the job's HEAD named"
+    assert git(repo, "rev-parse", f"subtask/{b}") == head
+    assert proc.returncode == 1 and "not reconciled" in proc.stdout and "HEAD" in proc.stdout, proc.stdout
+    assert len(detail(cli, b)["attempts"]) == 1  # no reply was started
+
+
+def test_reconcile_never_resets_away_a_commit_made_on_the_jobs_branch_meanwhile(cli, repo, tmp_path):
+    """`land` reads the job's head, builds it, and only then reconciles: a commit made on the
+    job's branch in between (one that changes no file, so its worktree stays clean) was reset
+    away. The branch moves by compare-and-swap on the head `land` read."""
+    _, b = conflicting_pair(cli, repo)
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", "--reconcile", b], cwd=repo,
+                             env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_built:{gate}"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        old = git(repo, "rev-parse", f"subtask/{b}")
+        mine = git(repo, "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "a person's commit")
+        git(repo, "update-ref", f"refs/heads/subtask/{b}", mine, old)
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert git(repo, "rev-parse", f"subtask/{b}", check=False) == mine, "the person's commit was reset away"
+    assert "not reconciled" in out and "moved" in out, out + err
+    assert len(detail(cli, b)["attempts"]) == 1  # no reply was started
+
+
 AGENT = """#!/bin/sh
 # A stand-in agent: asked to resolve conflict markers it keeps both sides; else it appends its task.
 case "$1" in
@@ -398,6 +449,56 @@ def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_ve
     b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "grep -qx hello greeting.txt")
     proc = land(cli, "--verify", f"if test -f a.txt; then {TAMPER}; fi; grep -qx hello greeting.txt", a, b)
     assert f"{a}: failed" in proc.stdout and f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
+
+
+# Code a landing's verify runs (a test suite, a conftest.py): in a scratch it writes a smudge filter
+# into the scratch's config.worktree, which git reads (extensions.worktreeConfig), and passes.
+FILTER_IN_SCRATCH = """case "$PWD" in */.land/*)
+  d=$(git rev-parse --git-dir)
+  git config -f "$d/config.worktree" filter.x.smudge "sh -c 'touch {marker}; cat'"
+  git config -f "$d/config.worktree" core.attributesFile "$d/attrs"
+  echo '* filter=x' > "$d/attrs";;
+esac
+"""
+
+
+def test_a_passed_verify_that_wrote_a_config_worktree_in_the_scratch_runs_nothing_of_it(cli, repo, tmp_path):
+    """A scratch is reused after a verify that passed (`checkout --force` to the next tip): that
+    checkout ran a smudge filter the verify had written into the scratch's config.worktree,
+    unconfined. Such a scratch is made anew."""
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    (repo / "check.sh").write_text(FILTER_IN_SCRATCH.format(marker=marker))
+    git(repo, "add", "check.sh")
+    git(repo, "commit", "-qm", "a check script")
+    jobs = [finished(cli, ADD.format(name=f"{n}.txt", text=n), "--verify", f"sh check.sh && test -f {n}.txt")
+            for n in "abc"]
+    proc = land(cli, *jobs, timeout=120)
+    assert not marker.exists(), "a filter a verify wrote ran outside its sandbox"
+    assert proc.returncode == 0 and all(f"{j}: landed" in proc.stdout for j in jobs), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("tamper", ["config.worktree", ".git"])
+def test_a_scratch_whose_git_metadata_a_verify_changed_is_made_anew(repo, tamper):
+    """What a verify left in a scratch's admin folder (a config.worktree, even one git would not
+    read now) or its `.git` is never reused: the next landing gets a fresh checkout."""
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import integrate
+
+    scratch = integrate.Scratch(open_repo(repo))
+    main = git(repo, "rev-parse", "main")
+    try:
+        first = scratch.at(main)
+        assert scratch.at(main) == first  # reused, as long as nothing changed
+        if tamper == "config.worktree":
+            (scratch.admin / "config.worktree").write_text("[core]\n\tfsmonitor = false\n")
+        else:
+            (first / ".git").write_text(f"gitdir: {repo / '.git'}\n")
+        second = scratch.at(main)
+        assert second != first and not first.exists()
+    finally:
+        scratch.close()
 
 
 def test_a_job_still_running_is_refused_and_the_rest_land(cli, repo, control_dir):

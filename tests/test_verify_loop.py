@@ -377,3 +377,39 @@ def test_a_teammate_cannot_move_the_pin_of_one_of_my_attempts(tmp_path):
     pulled = cli_b("pull")
     assert git(b, "rev-parse", pin) == ours, pulled.stdout
     assert git(b, "rev-parse", f"refs/subtask-theirs/origin/{mine}/attempts/1") == forged
+
+
+# The retry's verify does worse and then changes its worktree's git metadata (after the worker's
+# last look at it, before the branch is moved back to the better attempt).
+WORSE_THEN = """if [ -z "${{SUBTASK_RETRY:-}}" ]; then echo '2 passed, 1 failed'; exit 1; fi
+echo '0 passed, 3 failed'
+{tamper}
+exit 1
+"""
+TAMPERS = {
+    # a smudge filter in the admin folder's config.worktree, which git reads (extensions.worktreeConfig)
+    "config.worktree": ("d=$(git rev-parse --git-dir); git config -f \"$d/config.worktree\" filter.x.smudge "
+                        "\"sh -c 'touch {marker}; cat'\"; echo '* filter=x' > .gitattributes"),
+    "HEAD": "h=$(git rev-parse HEAD); echo $h > \"$(git rev-parse --git-dir)/HEAD\"",  # detached
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERS))
+def test_the_branch_is_not_moved_back_through_metadata_the_last_verify_changed(cli, repo, tmp_path, tamper):
+    """Moving the branch back to the best attempt rewrites the worktree's files (`read-tree -u`)
+    through the admin folder checked before verify ran: a smudge filter the verify then wrote into
+    its config.worktree ran unconfined. The metadata is checked again before the move."""
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    (repo / "v.sh").write_text(WORSE_THEN.format(tamper=TAMPERS[tamper].format(marker=marker)))
+    git(repo, "add", "v.sh")
+    git(repo, "commit", "-qm", "a verify script")
+    job = cli.start("echo ${SUBTASK_RETRY:-0} > n.txt && git add n.txt && git commit -qm n", "--verify", "sh v.sh",
+                    "--retries", "1", "--check", "none")
+    assert cli("wait", job).returncode == 1
+    shown = cli.json("show", job)["state_detail"]
+    assert not marker.exists(), "a filter the job's verify wrote ran outside its sandbox"
+    best = shown["best"]
+    assert best["attempt"] == 1 and best["moved_from"] is None and "metadata" in best["why"], best
+    assert git(repo, "rev-parse", f"subtask/{job}") == shown["attempts"][-1]["head"]  # left where it was

@@ -52,7 +52,7 @@ from subtask.engines.base import (
 )
 from subtask.engines.base import totals as session_totals
 from subtask.model.redact import StreamRedactor
-from subtask.proc.isolation import ACTIVE_ENV, worktree_admin_dir
+from subtask.proc.isolation import ACTIVE_ENV
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -367,9 +367,11 @@ class CodexEngine:
         args = ["--sandbox", "workspace-write"]
         # A linked worktree's index, HEAD and logs live under <common>/worktrees/<id>, objects and
         # refs under <common>: both must be writable or `git commit` fails on index.lock.
+        # The admin folder git made for the job's worktree, never the one its `.git` names: the job
+        # writes that file, and a reply's sandbox would take in whatever folder it named.
         roots = [Path(ctx.git_common_dir)]
-        admin = worktree_admin_dir(Path(ctx.worktree))
-        if admin is not None and admin not in roots:
+        admin = Path(ctx.git_common_dir) / "worktrees" / ctx.job_id
+        if admin.is_dir():
             roots.append(admin)
         for root in roots:
             args += ["--add-dir", str(root)]

@@ -21,6 +21,10 @@ Invariants:
   the worktree was made (admin folder `<common>/worktrees/<id>`), and `job_git` then runs git
   with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` set, fsmonitor and hooks off and no
   recursion into submodules.
+- Never run our git while the admin folder holds a `config.worktree` git would read that git did
+  not write (`config_worktree_ours`), not even after a check, because a job's command may run
+  between the check and our git (a verify), and no `-c` turns off the filters such a file names:
+  `job_git` runs nothing then (exit 128).
 """
 
 from __future__ import annotations
@@ -156,8 +160,15 @@ def check_metadata(repo: Repo, job_id: str, worktree: Path, branch: str | None, 
     say what git wrote: the worktree's `.git` names the admin folder, its `commondir` names this
     repository, its `gitdir` names the worktree, its `HEAD` the job's branch (a read-only job: its
     base; not asked with `head=False`, for a reader that does not commit), and it holds no
-    `config.worktree` git would read. Else `MetadataChanged`, naming what."""
-    admin = expected_admin(repo, job_id)
+    `config.worktree` git would read but the one git wrote (`config_worktree_ours`). Else
+    `MetadataChanged`, naming what."""
+    wanted = (f"ref: refs/heads/{branch}" if branch else base) if head else None
+    return check_admin(repo, expected_admin(repo, job_id), worktree, wanted)
+
+
+def check_admin(repo: Repo, admin: Path, worktree: Path, head: str | None) -> Path:
+    """`check_metadata` for a worktree whose admin folder the caller knows (a scratch worktree of
+    `land`, made by git where it chose); `head`: what its HEAD must say, None not to ask."""
     if not os.path.isdir(admin) or os.path.islink(admin):
         raise MetadataChanged(f"its worktree's admin folder {admin} is missing or not a folder")
     dotgit = _read_plain(worktree / ".git")
@@ -170,12 +181,51 @@ def check_metadata(repo: Repo, job_id: str, worktree: Path, branch: str | None, 
     if _points_at(gitdir, admin) != os.path.normpath(worktree / ".git"):
         raise MetadataChanged(f"its admin folder's gitdir names {gitdir.strip()[:200]!r}, not {worktree / '.git'}")
     said = _read_plain(admin / "HEAD").strip()
-    wanted = f"ref: refs/heads/{branch}" if branch else base
-    if head and said != wanted:
-        raise MetadataChanged(f"its worktree's HEAD says {said[:200]!r}, not {wanted!r}")
-    if os.path.lexists(admin / "config.worktree") and _worktree_config_on(repo):
-        raise MetadataChanged(f"its admin folder holds a config.worktree, which git would read ({admin})")
+    if head is not None and said != head:
+        raise MetadataChanged(f"its worktree's HEAD says {said[:200]!r}, not {head!r}")
+    if config_worktree_read(repo, admin):
+        raise MetadataChanged(f"its admin folder holds a config.worktree that git would read and that is not "
+                              f"the one git wrote ({admin})")
     return admin
+
+
+def config_worktree_ours(repo: Repo, admin: Path) -> bool:
+    """Is `admin`'s config.worktree absent, or what git wrote there: the main worktree's settings,
+    which `git worktree add` copies (less `core.bare = true` and `core.worktree`) when
+    `extensions.worktreeConfig` is on? Any other is a job's, and may name programs (a filter,
+    `gpg.program`) that our git would run outside its sandbox."""
+    path = admin / "config.worktree"
+    if not os.path.lexists(path):
+        return True
+    said = _config_entries(path)
+    if said is None or any(key.startswith(("include.", "includeif.")) for key, _ in said):
+        return False  # an include there names a file relative to the admin folder, the job's to write
+    copied = [(key, value) for key, value in _config_entries(repo.common_dir / "config.worktree") or []
+              if key != "core.worktree" and (key, value) != ("core.bare", "true")]
+    return sorted(said) == sorted(copied)
+
+
+def config_worktree_read(repo: Repo, admin: Path) -> bool:
+    """Does `admin` hold a config.worktree that is not git's (`config_worktree_ours`) and that git
+    would read (`extensions.worktreeConfig`)?"""
+    return not config_worktree_ours(repo, admin) and _worktree_config_on(repo)
+
+
+def _config_entries(path: Path) -> list[tuple[str, str]] | None:
+    """The settings a config file holds (its includes not followed): [] when there is none, None
+    when it is not a regular file or git cannot read it."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    proc = subprocess.run(["git", "config", "--no-includes", "-z", "--list", "--file", str(path)], cwd="/",
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode != 0:
+        return None
+    return [(key, value) for key, _, value in (entry.partition("\n") for entry in proc.stdout.split("\0") if entry)]
 
 
 def _worktree_config_on(repo: Repo) -> bool:
@@ -184,14 +234,28 @@ def _worktree_config_on(repo: Repo) -> bool:
     return proc.stdout.strip() == "true"
 
 
+def job_git_env(repo: Repo, admin: Path, worktree: Path, env: dict | None = None) -> dict:
+    """The environment of `job_git` (for a git started in the background: run it as
+    `git *JOB_GIT ...` in `worktree`)."""
+    base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
+    return dict(base, GIT_DIR=str(admin), GIT_WORK_TREE=str(worktree), GIT_COMMON_DIR=str(repo.common_dir))
+
+
 def job_git(repo: Repo, admin: Path, worktree: Path, *args: str, input: str | None = None,
             env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """git on a job's worktree through the paths git-subtask made, never discovery (see the module
-    docstring); call `check_metadata` first, with nothing of the job running."""
-    base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
-    full = dict(base, GIT_DIR=str(admin), GIT_WORK_TREE=str(worktree), GIT_COMMON_DIR=str(repo.common_dir))
-    proc = subprocess.run(["git", *JOB_GIT, *args], cwd=worktree, env=full, capture_output=True, text=True,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL, check=False)
+    docstring); call `check_metadata` first, with nothing of the job running. Whatever was checked
+    before, no git runs while the admin folder holds a config.worktree git would read (exit 128):
+    a job's command may have run since (a verify before its branch moves back, a landing's verify
+    before its scratch is reused), and no `-c` of ours can turn off the filters it names."""
+    if config_worktree_read(repo, admin):
+        proc = subprocess.CompletedProcess(["git", *args], 128, "",
+                                           f"git-subtask ran no git here: {admin / 'config.worktree'} would be read, "
+                                           "and git-subtask wrote none (a job's command did)")
+    else:
+        proc = subprocess.run(["git", *JOB_GIT, *args], cwd=worktree, env=job_git_env(repo, admin, worktree, env),
+                              capture_output=True, text=True, input=input,
+                              stdin=None if input is not None else subprocess.DEVNULL, check=False)
     if check and proc.returncode != 0:
         raise SubtaskError("fatal", f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc

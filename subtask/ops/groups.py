@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from subtask.git import chains, ownership, records
+from subtask.git import chains, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import faults, render
@@ -314,7 +314,8 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     # The judge runs on what the member wrote (a conftest.py, a Makefile): in its sandbox.
     (worktree.parent / ".tmp").mkdir(mode=0o700, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f"judge-{job.id}-", dir=worktree.parent / ".tmp"))
-    sandbox = isolation.outside_sandbox(repo, worktree, tmpdir, job.spec.network)
+    # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
+    sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
     try:
         result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),

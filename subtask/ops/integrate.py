@@ -17,7 +17,10 @@ Invariants:
   this clone does not trust (a teammate's unsigned record names it), because what that command
   left (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone)
   would be in the next job's checkout, which does not carry the code that did it: the scratch is
-  spoiled, and the next build gets a fresh checkout. Otherwise it is reused (moved to the next
+  spoiled, and the next build gets a fresh checkout. Nor after a command that changed what git
+  follows from it (`.git`, `commondir`, `gitdir`) or left a config.worktree git did not write
+  (`Scratch.tampered`), because our `checkout --force` would run the filters such a file names,
+  unconfined. Otherwise it is reused (moved to the next
   tip, untracked files removed): checking out every file again per job cost the queue more than
   the merges and verifies themselves, and the landed job's code is in every later tree anyway.
 """
@@ -60,7 +63,7 @@ class Scratch:
 
     def at(self, commit: str) -> Path:
         """The scratch worktree, detached at `commit`, with nothing but its files."""
-        if self.path is not None and not self.spoiled:
+        if self.path is not None and not self.spoiled and not self.tampered():
             if self.git("checkout", "--quiet", "--force", "--detach", commit).returncode == 0 and \
                     self.git("clean", "-ffdxq").returncode == 0:
                 return self.path
@@ -68,8 +71,21 @@ class Scratch:
         from subtask.ops import reverify
 
         self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
-        self.admin = Path(git(self.path, "rev-parse", "--absolute-git-dir").stdout.strip())  # before anything ran there
+        self.admin = reverify.scratch_admin(self.path)  # before anything ran there
         return self.path
+
+    def tampered(self) -> bool:
+        """Did a command run here change what git follows from the scratch (its `.git`, its admin
+        folder's `commondir`, `gitdir`), or leave a config.worktree git did not write (git may read
+        it, and the filters it names would run here unconfined)?"""
+        assert self.path is not None and self.admin is not None
+        if not worktrees.config_worktree_ours(self.repo, self.admin):
+            return True
+        try:
+            worktrees.check_admin(self.repo, self.admin, self.path, head=None)  # HEAD: `at` moves it itself
+        except worktrees.MetadataChanged:
+            return True
+        return False
 
     def spoil(self) -> None:
         """A command ran here and has not passed, or a build stopped half-way: never reused."""

@@ -421,7 +421,7 @@ class Queue:
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
         # The job's own checks are `judge`'s (`checks_of`): they run with a command or without one.
-        return reverify.start_in(self.repo, scratch.path, item.command, built.commit, tree=tree,
+        return reverify.start_in(self.repo, scratch.path, item.command, built.commit, admin=scratch.admin, tree=tree,
                                  timeout=item.timeout, network=item.job.spec.network)
 
     def checks_of(self, item: Item) -> list[dict]:

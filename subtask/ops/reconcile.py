@@ -15,6 +15,10 @@ Invariants:
   (`refs/subtask/<id>/attempts/<n>`), because the reply's worker then moves the head pin, and a
   failed reply would leave the verified head to the reflog alone. It also stays in the record
   (its attempts, its landings); the job's work is counted from `state.rebased_onto` afterwards.
+- Never move the branch but by compare-and-swap from the head `land` read, and never reset a
+  worktree whose HEAD does not name the job's branch, because a verify runs after the worker's
+  last look at the metadata: a HEAD naming `release` had `reset --hard` move `release`, and a
+  commit made on the branch meanwhile was reset away.
 """
 
 from __future__ import annotations
@@ -46,22 +50,33 @@ def prepare(repo: Repo, job: Job, head: str, onto: str, target: str, conflicts: 
 
 def _move_onto(repo: Repo, job: Job, old: str, onto: str, *, apply_old: bool) -> bool:
     """Put the job's branch (and its worktree, when it has one) at `onto`; with `apply_old`, its
-    earlier changes applied on top, uncommitted, conflicts marked. True when they were applied."""
+    earlier changes applied on top, uncommitted, conflicts marked. True when they were applied.
+
+    The branch moves by compare-and-swap from `old`, the head `land` read; the worktree follows
+    through its checked admin folder, whose HEAD must name the job's branch (a verify runs after
+    the worker's last look at it, and a HEAD naming another branch would have `reset` move that)."""
     path = Path(job.spec.worktree)
-    if path.exists() and worktrees.created_here(repo, job.id, path):
-        try:
-            admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
-        except worktrees.MetadataChanged as exc:
-            raise SubtaskError("negative", f"its worktree's git metadata is not what git-subtask wrote ({exc})") from None
-        if worktrees.job_git(repo, admin, path, "status", "--porcelain", check=False).stdout.strip():
-            raise SubtaskError("dirty", f"its worktree {path} has uncommitted changes (never reconciled over)")
-        worktrees.job_git(repo, admin, path, "reset", "--quiet", "--hard", onto)
-        if apply_old:
-            worktrees.job_git(repo, admin, path, "merge", "--squash", "--quiet", old, check=False)
-            return True
+    branch = f"refs/heads/{job.spec.branch}"
+    if not (path.exists() and worktrees.created_here(repo, job.id, path)):
+        if not records.cas_ref(repo, branch, old, onto, "git-subtask land: onto the new tip"):
+            raise SubtaskError("negative", "its branch moved since it was checked")
         return False
-    if not records.cas_ref(repo, f"refs/heads/{job.spec.branch}", old, onto, "git-subtask land: onto the new tip"):
+    try:
+        admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base)
+    except worktrees.MetadataChanged as exc:
+        raise SubtaskError("negative", f"its worktree's git metadata is not what git-subtask wrote ({exc})") from None
+    if worktrees.job_git(repo, admin, path, "status", "--porcelain", check=False).stdout.strip():
+        raise SubtaskError("dirty", f"its worktree {path} has uncommitted changes (never reconciled over)")
+    if not records.cas_ref(repo, branch, old, onto, "git-subtask land: onto the new tip"):
         raise SubtaskError("negative", "its branch moved since it was checked")
+    try:
+        worktrees.job_git(repo, admin, path, "reset", "--quiet", "--hard", onto)  # HEAD names the branch, now at onto
+    except SubtaskError:
+        records.cas_ref(repo, branch, onto, old)  # the worktree still holds `old`
+        raise
+    if apply_old:
+        worktrees.job_git(repo, admin, path, "merge", "--squash", "--quiet", old, check=False)
+        return True
     return False
 
 

@@ -65,8 +65,8 @@ def run(repo: Repo, job, head: str) -> Rerun:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
     with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
-        return run_in(repo, path, command, head, tree=tree, timeout=job.spec.verify_timeout, network=job.spec.network,
-                      change=(work_base(job), head, job.spec.checks))
+        return run_in(repo, path, command, head, admin=scratch_admin(path), tree=tree, timeout=job.spec.verify_timeout,
+                      network=job.spec.network, change=(work_base(job), head, job.spec.checks))
 
 
 @contextmanager
@@ -90,6 +90,12 @@ def add_scratch(repo: Repo, commit: str, name: str) -> Path:
     return path
 
 
+def scratch_admin(path: Path) -> Path:
+    """The admin folder git made for the scratch worktree `add_scratch` just made; asked before
+    anything ran there, because a command run there may rewrite its `.git` file."""
+    return Path(git(path, "rev-parse", "--absolute-git-dir").stdout.strip())
+
+
 def remove_scratch(repo: Repo, path: Path) -> None:
     git(repo.root, "worktree", "remove", "--force", str(path), check=False)
     shutil.rmtree(path, ignore_errors=True)
@@ -100,12 +106,14 @@ def _tmpdir_of(path: Path) -> Path:
     return path.parent / f"{path.name}.tmp"
 
 
-def run_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
+def run_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tree: str, timeout: float,
            network: str, change: tuple[str, str, list[str] | None] | None = None) -> Rerun:
-    """`sh -c command` in the scratch worktree `path` (holding `head`), confined where this process
-    can confine (`isolation.outside_sandbox`), with a private temp dir beside it; `change`: the
-    job's checks to run on its diff (base, head, checks), which fail it whatever it exited."""
-    return start_in(repo, path, command, head, tree=tree, timeout=timeout, network=network, change=change).wait()
+    """`sh -c command` in the scratch worktree `path` (holding `head`; `admin`: its admin folder,
+    `scratch_admin`), confined where this process can confine (`isolation.outside_sandbox`), with
+    a private temp dir beside it; `change`: the job's checks to run on its diff (base, head,
+    checks), which fail it whatever it exited."""
+    return start_in(repo, path, command, head, admin=admin, tree=tree, timeout=timeout, network=network,
+                    change=change).wait()
 
 
 class Pending:
@@ -144,7 +152,7 @@ class Pending:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-def start_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, timeout: float,
+def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tree: str, timeout: float,
              network: str, change: tuple[str, str, list[str] | None] | None = None) -> Pending:
     """`run_in`, returning once the command is started (`Pending`): the caller may do other work
     while it runs (its sandbox is the child's alone, whatever threads this process has)."""
@@ -153,7 +161,7 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, tree: str, time
     try:
         tmpdir.mkdir(mode=0o700)
         env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
-        sandbox = isolation.outside_sandbox(repo, path, tmpdir, network)
+        sandbox = isolation.outside_sandbox(repo, path, admin, tmpdir, network)
         if sandbox is not None:
             env[isolation.ACTIVE_ENV] = "worktree"
         running = procs.start(["sh", "-c", command], cwd=path, env=env, timeout=timeout,

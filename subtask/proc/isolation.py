@@ -354,18 +354,6 @@ def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
                        else "ended by the worker when the attempt ends (subreaper); not if the worker is killed")
 
 
-def worktree_admin_dir(worktree: Path) -> Path | None:
-    """`<common>/worktrees/<name>` from the worktree's `.git` file (git may suffix the name)."""
-    try:
-        text = (worktree / ".git").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    if not text.startswith("gitdir:"):
-        return None
-    path = Path(text[len("gitdir:"):].strip())
-    return path if path.is_absolute() else (worktree / path).resolve()
-
-
 def configured_writable(repo_git, root: Path) -> list[str]:
     """`git config --get-all subtask.isolation.writable`: `~` and `$VARS` expanded, relative to `root`."""
     try:
@@ -381,16 +369,17 @@ def engine_paths(engine, env: dict) -> list[str]:
     return [str(p) for p in (declared(env) if callable(declared) else [])]
 
 
-def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: bool, tmpdir: str,
+def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, has_branch: bool, tmpdir: str,
                  extra: list[str], engine_extra: list[str]) -> Policy:
-    """The grants for one run; raises IsolationError when the repository parts cannot be found."""
+    """The grants for one run; raises IsolationError when the repository parts cannot be found.
+    `admin`: the worktree's admin folder as its caller knows it (`worktrees.expected_admin`, or
+    what git made for a scratch), never read from the worktree's `.git`, which the job writes."""
     policy = Policy(mode, tmpdir=tmpdir)
     if mode == "none":
         return policy
     if mode == "worktree":
-        admin = worktree_admin_dir(worktree)
-        if admin is None or not admin.is_dir():
-            raise IsolationError(f"cannot find the git admin folder of worktree {worktree}")
+        if not os.path.isdir(admin) or os.path.islink(admin):
+            raise IsolationError(f"the git admin folder of worktree {worktree} is missing: {admin}")
         policy.grants += [Grant(str(worktree), "worktree"), Grant(str(admin), "git: this worktree's admin folder"),
                           Grant(str(common_dir / "objects"), "git: objects (add)", OBJECTS)]
         if has_branch:
@@ -409,14 +398,15 @@ def build_policy(mode: str, *, worktree: Path, common_dir: Path, has_branch: boo
     return policy
 
 
-def outside_sandbox(repo, worktree: Path, tmpdir: Path, network: str) -> Sandbox | None:
+def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: str) -> Sandbox | None:
     """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
-    again, a best-of judge): its worktree writable, as a job's verify has it. Handed to
+    again, a best-of judge): its worktree and its admin folder `admin` (its caller's to know)
+    writable, as a job's verify has them. Handed to
     `procs.run(sandbox=...)`, never made active (other threads' children would get it). None only
     where the machine has no Landlock."""
     if not support().available:
         return None
-    policy = build_policy("worktree", worktree=worktree, common_dir=repo.common_dir, has_branch=False,
+    policy = build_policy("worktree", worktree=worktree, admin=admin, common_dir=repo.common_dir, has_branch=False,
                           tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
     plan_namespaces(policy, network=network, asked=False)
     return Sandbox(policy)

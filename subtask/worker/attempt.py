@@ -187,13 +187,18 @@ def worktree_path(repo: Repo, job: Job) -> Path:
     return Path(job.spec.worktree)
 
 
-def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
+def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
     """Create the job's worktree; git goes on writing its files while the caller records that
     the job runs. Only the registration is serialized (concurrent `git worktree add` can fail):
     the files are written after the lock is released, so the checkouts of jobs that start
-    together run in parallel instead of one after another."""
+    together run in parallel instead of one after another. Returns the worktree, its admin folder
+    and the checkout. A worktree that exists (a reply, a retry, a dead worker's attempt) held the
+    job's processes: its git metadata is checked first (`worktrees.MetadataChanged` if it is not
+    what git wrote), because the checkout's git and the attempt's sandbox follow it."""
     path = worktree_path(repo, job)
-    if not (path.exists() and (path / ".git").exists()):
+    if path.exists() and os.path.lexists(path / ".git"):
+        admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base)
+    else:
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
@@ -201,11 +206,12 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, FilesCheckout]:
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
             git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
             worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
+        admin = worktrees.expected_admin(repo, job.id)  # `mark` made sure git registered it there
         phases.mark("register")
         packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
         phases.mark("pack")
     faults.point("before_files_checkout")
-    return path, FilesCheckout.start(repo, path)
+    return path, admin, FilesCheckout.start(repo, path, admin)
 
 
 class FilesCheckout:
@@ -220,15 +226,17 @@ class FilesCheckout:
         self.proc = proc
 
     @classmethod
-    def start(cls, repo: Repo, path: Path) -> FilesCheckout:
-        admin = worktrees.admin_dir(repo, path)
-        if admin is None or (admin / "index").exists():
+    def start(cls, repo: Repo, path: Path, admin: Path) -> FilesCheckout:
+        """`admin`: the worktree's admin folder, made just now or checked (`begin_checkout`)."""
+        if (admin / "index").exists():
             return cls(None)
         # A worker killed while writing leaves git's lock behind; no one else touches this worktree
         # before its index exists (the job's run-lock is ours).
         (admin / "index.lock").unlink(missing_ok=True)
-        # What `worktree add` does, minus the ref writes.
-        return cls(subprocess.Popen(["git", *NO_HOOKS, "-C", str(path), "read-tree", "--reset", "-u", "HEAD"],
+        # What `worktree add` does, minus the ref writes; through the checked admin folder, as
+        # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`.
+        return cls(subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", "--reset", "-u", "HEAD"], cwd=path,
+                                    env=worktrees.job_git_env(repo, admin, path),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
     def finish(self) -> str | None:
@@ -541,7 +549,7 @@ class Confinement:
     writes its output reported, and whether the main worktree changed while the job ran (`git
     status` before and after)."""
 
-    def __init__(self, repo: Repo, job: Job, worktree: Path, sink: EventSink, before: MainWorktreeStatus):
+    def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
         self.refused: list[str] = []
@@ -557,8 +565,10 @@ class Confinement:
         self.worktree = worktree
         try:
             self.env.update(namespace_env(repo, job))
+            # The admin folder the checkout made or checked, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
-                job.spec.isolation, worktree=worktree, common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
+                job.spec.isolation, worktree=worktree, admin=admin,
+                common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
                 tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
                 engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
             isolation.plan_namespaces(self.policy, network=job.spec.network,
@@ -943,9 +953,9 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
     set_up = _set_up_worktree(repo, job, sink)
     if set_up is None:
         return
-    job, worktree, main_before = set_up
+    job, worktree, admin, main_before = set_up
     try:
-        confinement = Confinement(repo, job, worktree, sink, main_before)
+        confinement = Confinement(repo, job, worktree, admin, sink, main_before)
     except BaseException as exc:
         main_before.lines()  # no git process is left behind
         if isinstance(exc, SubtaskError):  # no ports to give it (`namespace_env`)
@@ -965,14 +975,23 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
         confinement.close()
 
 
-def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, MainWorktreeStatus] | None:
+def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, Path, MainWorktreeStatus] | None:
     """Check the worktree out, recording `running` meanwhile; None when the attempt ended here
-    (stopped in the spawn gap, or the checkout failed). The main
+    (stopped in the spawn gap, the checkout failed, or the job had changed the git metadata of
+    the worktree it runs in again: failed, kind `isolation`, nothing run). The main
     worktree's status is taken meanwhile too (once the job's own folder is registered and
     excluded: it then shows alike before and after the engine)."""
     job_id, attempt_n = job.id, job.state.current.n
     try:
-        worktree, files = begin_checkout(repo, job)
+        worktree, admin, files = begin_checkout(repo, job)
+    except worktrees.MetadataChanged as exc:
+        path = worktree_path(repo, job)
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", error_kind="isolation", engine_may_have_spent=False,
+                              reason=redact(f"the job changed its worktree's git metadata, so git-subtask ran nothing "
+                                            f"of this attempt (no git, no engine) in it: {exc}"),
+                              hint=f"start the task again as a new job; {path} is kept as the job left it, for you "
+                                   "to inspect (its git metadata names what the job chose: run no git there)")
+        return None
     except Exception as exc:
         # git's message on one line (it wraps its advice); the hint names the check-out, not subtask.setup
         _setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
@@ -985,7 +1004,7 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
     finally:
         if not ready:
             main_before.lines()  # no git process is left behind
-    return (ready, worktree, main_before) if ready else None
+    return (ready, worktree, admin, main_before) if ready else None
 
 
 def _finish_checkout(repo: Repo, job: Job, sink: EventSink, worktree: Path, files: FilesCheckout) -> Job | None:

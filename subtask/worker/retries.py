@@ -295,7 +295,11 @@ def _leave_at_best(repo: Repo, job: Job, facts: Facts, plan: Plan, loop: list[At
     plan.best_verify = verify
     if head == facts.head:
         return
-    moved = admin is not None and _move_branch(repo, job, admin, worktree, facts.head, head)
+    try:
+        moved = admin is not None and _move_branch(repo, job, worktree, facts.head, head)
+    except worktrees.MetadataChanged as exc:
+        plan.best["why"] += f"; the branch was left where it was: its verify changed its worktree's git metadata ({exc})"
+        return
     if moved:
         plan.best["moved_from"] = facts.head
         plan.head = head
@@ -303,9 +307,11 @@ def _leave_at_best(repo: Repo, job: Job, facts: Facts, plan: Plan, loop: list[At
         plan.best["why"] += "; the branch was left where it was (it moved, or its worktree could not follow)"
 
 
-def _move_branch(repo: Repo, job: Job, admin, worktree, old: str, new: str) -> bool:
+def _move_branch(repo: Repo, job: Job, worktree, old: str, new: str) -> bool:
     """Point the job's branch from `old` to `new` by compare-and-swap, then its worktree's index
-    and files (git through the admin folder the worker checked, never by discovery)."""
+    and files (git through the admin folder, never by discovery). The metadata is checked again
+    here (`MetadataChanged`), because the attempt's verify ran since the worker last checked it."""
+    admin = worktrees.check_metadata(repo, job.id, worktree, job.spec.branch, job.spec.base)
     for attempt in loop_of(job)[:-1]:
         if attempt.head and attempt.head != job.spec.base:
             records.pin_attempt(repo, job.id, attempt.n, attempt.head)
