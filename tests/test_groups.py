@@ -321,3 +321,24 @@ def test_a_stale_ref_lock_on_a_group_record_is_removed_and_the_group_still_settl
     finally:
         go.touch()
         lock.unlink(missing_ok=True)
+
+
+def test_completing_a_group_never_waits_for_a_run_lock_this_process_holds(cli, repo, monkeypatch):
+    """`merge` and `land` hold the pick's run-lock while they record the group's end: waiting for
+    that lock to be released waited for ourselves (30 s per landing of a group)."""
+    from subtask import api
+    from subtask.ops import groups, lifecycle
+    from subtask.state import liveness
+
+    gid, members = started_group(cli.ok("start", "--best-of", "2", DIFFERENT_WORK, "--verify", NOT_BROKEN))
+    cli("wait", gid)
+    monkeypatch.chdir(repo)
+    here = api.repo_at(repo)
+    waited: list[str] = []
+    monkeypatch.setattr(lifecycle, "wait_lock_released", lambda state_dir, job_id, timeout: waited.append(job_id))
+    fd = liveness.acquire(here.state_dir, members[1])
+    try:
+        groups.complete(here, groups.read(here, gid)[0], wait_for_workers=True)
+    finally:
+        liveness.release(fd)
+    assert waited == []

@@ -435,7 +435,9 @@ def complete(repo: Repo, group: Group, *, wait_for_workers: bool = False) -> Non
     from subtask.git import notes
 
     for job_id in group.members:
-        if liveness.is_held(repo.state_dir, job_id):
+        # A run-lock this process holds (a merge or a land holds the pick's) is nobody's to wait
+        # for: waiting on it stalled every landing of a group for the whole 30 s.
+        if not liveness.owns(job_id) and liveness.is_held(repo.state_dir, job_id):
             if not wait_for_workers:
                 continue  # its worker completes its own place once its note is written
             lifecycle.wait_lock_released(repo.state_dir, job_id, 30.0)
