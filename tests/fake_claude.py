@@ -185,6 +185,31 @@ def tool_turn(name: str, tool_input: dict[str, Any], text: str = "") -> dict[str
     return {"tool": name, "input": tool_input, "text": text}
 
 
+def cli_options(argv: list[str]) -> dict[str, str | bool]:
+    """The options an argv gives Claude Code, read as its own parser (commander) reads them.
+
+    `--flag value` and `--flag=value` mean the same to the CLI; SDK releases have used both, so
+    tests ask what reached the CLI, never how the SDK spelled it. A flag followed by another flag
+    (or nothing) is a switch (True). The last occurrence wins, as in commander.
+    """
+    options: dict[str, str | bool] = {}
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        index += 1
+        if not item.startswith("--"):
+            continue
+        name, eq, value = item.partition("=")
+        if eq:
+            options[name] = value
+        elif index < len(argv) and not argv[index].startswith("--"):
+            options[name] = argv[index]
+            index += 1
+        else:
+            options[name] = True
+    return options
+
+
 class FakeMessagesAPI:
     """A local Anthropic Messages API for the real CLI, scripted with a list of turns.
 

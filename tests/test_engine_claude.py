@@ -14,6 +14,7 @@ from fake_claude import (
     FAKE_SESSION,
     FakeMessagesAPI,
     api_error,
+    cli_options,
     read_record,
     record_path,
     text_turn,
@@ -99,24 +100,23 @@ def test_options_reach_the_cli(fake_cli, repo: Path) -> None:
     record = read_record(cli)
     argv = record["argv"]
     assert arg_after(argv, "--permission-mode") == "acceptEdits"
-    assert arg_after(argv, "--max-budget-usd") == "0.5"
-    assert arg_after(argv, "--max-turns") == "7"
+    assert float(arg_after(argv, "--max-budget-usd")) == 0.5
+    assert int(arg_after(argv, "--max-turns")) == 7
     assert arg_after(argv, "--model") == "claude-test"
     allowed = arg_after(argv, "--allowedTools").split(",")
     assert {"Read", "Write", "Edit", "Bash", "Glob", "Grep"} <= set(allowed)
     protocol = arg_after(argv, "--append-system-prompt")
     assert "job j7" in protocol and str(repo) in protocol and "STATUS: done|partial|blocked" in protocol
-    assert "--setting-sources=user,project,local" in argv
+    assert arg_after(argv, "--setting-sources") == "user,project,local"
     assert "bypassPermissions" not in argv and "--dangerously-skip-permissions" not in argv
-    assert not any(a.startswith("--resume") for a in argv)
+    assert "--resume" not in cli_options(argv)
     assert Path(record["cwd"]).resolve() == repo.resolve()
 
 
 def test_resume_passes_the_session(fake_cli, repo: Path) -> None:
     _, _, cli = fake_cli("success", repo=repo, session_id="sess-42")
     argv = read_record(cli)["argv"]
-    # The SDK binds the value with "=" so a dash-leading id can never read as a flag.
-    assert "--resume=sess-42" in argv
+    assert arg_after(argv, "--resume") == "sess-42"
 
 
 def test_readonly_allows_only_reading(fake_cli, repo: Path) -> None:
@@ -329,6 +329,20 @@ def test_real_cli_readonly_cannot_write(real_cli, repo: Path) -> None:
 
 
 @pytest.mark.slow
+def test_real_cli_stops_at_the_budget(real_cli, repo: Path) -> None:
+    """The budget reaches Claude Code and binds it: each answer costs more than the whole budget
+    (a million tokens in), so the CLI itself ends the run after the first call, whichever way the
+    SDK spells the option."""
+    turns = [tool_turn("Bash", {"command": "true", "description": "Do nothing"}) for _ in range(5)]
+    turns.append(text_turn("Finished.\nSTATUS: done"))
+    with FakeMessagesAPI(turns, usage=(1_000_000, 1_000)) as api:
+        outcome, _, _ = real_cli(api, repo, max_usd=0.05, max_turns=10)
+    assert not outcome.ok and outcome.error_kind == "budget", outcome.error
+    assert len(api.main_requests()) < len(turns)
+    assert outcome.cost_usd is not None and outcome.cost_usd > 0.05
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("status, kind, message, expected", [
     (401, "authentication_error", "invalid x-api-key", "auth"),
     (529, "overloaded_error", "Overloaded", "api_error"),
@@ -345,7 +359,10 @@ def test_real_cli_api_errors(real_cli, repo: Path, status: int, kind: str, messa
 
 
 def arg_after(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
+    """The value Claude Code reads for `flag`, whichever spelling the SDK chose."""
+    value = cli_options(argv)[flag]
+    assert isinstance(value, str), f"{flag} has no value in {argv}"
+    return value
 
 
 def wait_gone(pid: int, seconds: float = 5.0) -> bool:

@@ -12,6 +12,7 @@ from conftest import git, refs
 from fake_claude import (
     FAKE_SESSION,
     FakeMessagesAPI,
+    cli_options,
     read_record,
     text_turn,
     tool_turn,
@@ -127,11 +128,11 @@ def test_claude_job_through_the_sdk_records_cost_session_and_resumes_on_reply(cl
     seen = [c["command"] for c in shown["evidence"]["commands"]["seen"]]
     assert seen == ["git status", "make test"]
     assert cli.json("spend")["committed_usd"] == pytest.approx(0.0123)
-    argv = read_record(fake)["argv"]
-    assert "--max-budget-usd" in argv and "acceptEdits" in argv
+    options = cli_options(read_record(fake)["argv"])
+    assert float(options["--max-budget-usd"]) == 1.0 and options["--permission-mode"] == "acceptEdits"
     cli.ok("reply", job, "now fix it", env=env)
     cli.ok("wait", job, env=env)
-    assert f"--resume={FAKE_SESSION}" in read_record(fake)["argv"]
+    assert cli_options(read_record(fake)["argv"])["--resume"] == FAKE_SESSION
     assert [a["n"] for a in cli.json("show", job)["state_detail"]["attempts"]] == [1, 2]
 
 
