@@ -12,8 +12,10 @@ keep=0
 [ "${1:-}" = "--keep" ] && keep=1
 here="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${QUICKSTART_SKIP_INSTALL:-}" ]; then
-    python3 -m venv "$here/.venv"
-    "$here/.venv/bin/pip" install -q "$here"
+    # The same editable install as the README's test command, in the same .venv: either may come
+    # first, and neither turns the other's install into a frozen copy of the checkout.
+    [ -x "$here/.venv/bin/pip" ] || python3 -m venv "$here/.venv"
+    "$here/.venv/bin/pip" install -q -e "$here"
     export PATH="$here/.venv/bin:$PATH"
 fi
 tmp="$(mktemp -d)"

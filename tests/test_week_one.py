@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -276,6 +277,29 @@ def test_completion_knows_group_ids_and_option_values(cli, repo):
 
 
 # -- 13: the quick start leaves no scratch repository and no process behind --
+
+
+def test_the_quick_start_keeps_the_test_commands_editable_install(tmp_path):
+    """Tests first, then the quick start, in the same checkout: its .venv stays an editable
+    install of the checkout (a plain `pip install .` would freeze a copy the tests then run)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "quickstart.sh", checkout / "scripts")
+    venv_bin = checkout / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    (venv_bin / "pip").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (venv_bin / "pip").chmod(0o755)
+    (venv_bin / "git-subtask").symlink_to(shutil.which("git-subtask"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    env.pop("QUICKSTART_SKIP_INSTALL", None)
+    proc = subprocess.run(["bash", str(checkout / "scripts" / "quickstart.sh")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert calls.read_text().split() == ["install", "-q", "-e", str(checkout)]
+    assert (venv_bin / "pip").read_text().startswith("#!/bin/sh")  # the venv was kept, not made anew
 
 
 def test_the_quick_start_leaves_nothing_behind(tmp_path):
