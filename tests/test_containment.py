@@ -211,6 +211,23 @@ def test_an_include_in_a_jobs_config_worktree_is_refused_as_git_copied_it(repo, 
     assert proc.returncode == 128 and "config.worktree" in proc.stderr, proc
 
 
+def test_a_reply_never_runs_in_a_worktree_not_named_for_its_job(cli, repo):
+    """A record's worktree path is data: one naming a folder of the worktree folder that is not
+    named for the job (here the person's own worktree, with no job's marker) is refused."""
+    from test_provenance import forge
+
+    job = cli.start("echo a > a.txt")
+    assert ended(cli, job)["state"] == "done"
+    mine = repo / ".subtask" / "worktrees" / "mine"
+    git(repo, "worktree", "add", "-q", "--detach", str(mine))
+    forge(repo, job, f"j.spec.worktree = {str(mine)!r}")
+    refused = cli("reply", job, "touch replied")
+    assert refused.returncode == 1 and "not running anything there" in refused.stderr, refused
+    assert "Traceback" not in refused.stderr
+    assert not (mine / "replied").exists() and git(mine, "status", "--porcelain") == ""
+    assert len(cli.json("show", job)["state_detail"]["attempts"]) == 1
+
+
 def test_the_worktree_settings_git_copies_from_the_main_worktree_are_not_taken_for_a_jobs(cli, repo):
     """With extensions.worktreeConfig on, `git worktree add` copies the main worktree's
     config.worktree into every new admin folder: that one is git's (the user's own settings), so
