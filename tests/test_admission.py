@@ -131,6 +131,48 @@ def test_a_start_refused_over_the_cap_changes_nothing(cli, repo):
     check_books(cli, repo)
 
 
+def test_a_group_refused_at_a_later_member_closes_the_earlier_ones_and_frees_their_slots(repo):
+    """A group is reserved all or none: the ledger refusing its third member (that attempt's
+    reservation id is taken already) must close the first two members' reservations, once each,
+    and take every member's slot back; what the ledger held before is left as it was."""
+    from types import SimpleNamespace
+
+    from subtask.git.gitrepo import open_repo
+    from subtask.git.records import Job
+    from subtask.model.errors import SubtaskError
+    from subtask.model.job import Attempt, Cost, JobSpec, JobState, now
+    from subtask.ops import admission
+    from subtask.state import ledger
+
+    use_paid_engine(repo, monthlyCapUsd="10", maxRunning="2")
+    opened, sdir = open_repo(repo), state_dir(repo)
+    base, worktrees = git(repo, "rev-parse", "HEAD"), repo / ".subtask" / "worktrees"
+
+    def member(n: int) -> SimpleNamespace:
+        job_id = f"st-0000000{n}"
+        spec = JobSpec(id=job_id, task="cost=0.1", engine="fakepaid", base_ref="HEAD", base=base,
+                       branch=f"subtask/{job_id}", worktree=str(worktrees / job_id), repo=str(repo),
+                       created_at=now(), group="sg-00000001", member=n)
+        attempt = Attempt(n=1, state="queued", message="cost=0.1", queued_at=now(),
+                          cost=Cost(reserved=1.0), rid=f"{job_id}.1")
+        job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
+        return SimpleNamespace(job=job, paid=True)
+
+    with ledger.lock(sdir):
+        ledger.reserve_locked(sdir, job="st-00000003", attempt=1, engine="fakepaid", usd=1.0,
+                              cap_usd=10.0)
+    with pytest.raises(SubtaskError) as refused:
+        admission.admit(opened, [member(n) for n in (1, 2, 3)], "a group of 3")
+    assert refused.value.kind == "conflict" and "st-00000003.1" in refused.value.message
+    assert slot_entries(repo) == {"running": [], "queue": []}
+    ops = {rid: [r["op"] for r in ledger_rows(repo) if r.get("rid") == rid]
+           for rid in ("st-00000001.1", "st-00000002.1", "st-00000003.1")}
+    assert ops == {"st-00000001.1": ["reserve", "close"], "st-00000002.1": ["reserve", "close"],
+                   "st-00000003.1": ["reserve"]}, ops
+    assert [r.rid for r in ledger.open_reservations(sdir)] == ["st-00000003.1"]
+    assert all(r["usd_charged"] == 0.0 for r in ledger_rows(repo) if r["op"] == "close")  # released
+
+
 # ---------------------------------------------------------------- death noticed by many at once
 
 def test_a_killed_worker_is_charged_once_however_many_commands_notice(cli, repo):

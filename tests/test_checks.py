@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,21 @@ def test_a_change_that_touches_nothing_passes_every_check(project):
     head = git(project, "rev-parse", "HEAD")
     assert all(r["passed"] for r in checks.run(open_repo(project), head, head,
                                                ["no-test-deletion", "no-suppression", "paths=src/**"]))
+
+
+def test_a_change_of_more_files_than_the_checks_read_fails_every_check_and_says_why(project):
+    """5,000 files are read at most: the test file deleted after them is never looked at, so no
+    check may pass on that change. Each fails closed, saying how many files it did not read."""
+    base = git(project, "rev-parse", "HEAD")
+    blob = git(project, "hash-object", "-w", "src/parse.py")
+    many = "".join(f"100644 {blob}\taaa/{n:05}.py\n" for n in range(checks.MAX_FILES))
+    subprocess.run(["git", "-C", str(project), "update-index", "--index-info"], input=many,
+                   text=True, check=True)
+    git(project, "rm", "-q", "tests/test_parse.py")  # sorts after aaa/: the 5,001st changed file
+    git(project, "commit", "-q", "-m", "5,000 files and a deleted test")
+    which = [checks.NO_TEST_DELETION, checks.NO_SUPPRESSION, "paths=aaa/**"]
+    results = checks.run(open_repo(project), base, git(project, "rev-parse", "HEAD"), which)
+    assert [(r["check"], r["passed"]) for r in results] == [(n, False) for n in which], results
+    for r in results:
+        assert r["found"][-1] == f"1 changed file beyond the first {checks.MAX_FILES} was not read"
+    assert "was not read" in checks.failure_text(results)

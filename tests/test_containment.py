@@ -181,6 +181,53 @@ def test_our_git_on_a_jobs_worktree_runs_not_while_its_admin_folder_holds_a_conf
         worktrees.job_git(opened, admin, worktree, "status")
 
 
+@pytest.mark.parametrize("include", ["include.path", "includeIf.gitdir:/.path"])
+def test_an_include_in_a_jobs_config_worktree_is_refused_as_git_copied_it(repo, tmp_path, include):
+    """An include in an admin folder's config.worktree names a file relative to that folder, which
+    the job may write: with the main worktree's config.worktree holding one, git's copy in a job's
+    admin folder reads whatever the job put beside it. Refused as damaged metadata, and our git
+    runs nothing there."""
+    from subtask.git import worktrees
+    from subtask.git.gitrepo import open_repo
+
+    marker = tmp_path / "escaped"
+    git(repo, "config", "core.repositoryformatversion", "1")
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    git(repo, "config", "--worktree", include, "extra.inc")
+    worktree = repo / ".subtask" / "worktrees" / "st-1"
+    git(repo, "worktree", "add", "-q", "--detach", str(worktree))
+    admin = repo / ".git" / "worktrees" / "st-1"
+    assert include.split(".")[0] in (admin / "config.worktree").read_text()  # git copied it
+    # what the job writes: the file its include names, and an attribute that runs its filter
+    (admin / "extra.inc").write_text(f"[filter \"x\"]\n\tsmudge = sh -c 'touch {marker}; cat'\n")
+    (worktree / ".gitattributes").write_text("* filter=x\n")
+    (worktree / "README.md").unlink()
+    opened = open_repo(repo)
+    with pytest.raises(worktrees.MetadataChanged, match="config.worktree"):
+        worktrees.check_metadata(opened, "st-1", worktree, None, git(repo, "rev-parse", "HEAD"))
+    proc = worktrees.job_git(opened, admin, worktree, "checkout", "--force", "HEAD", "--",
+                             "README.md", check=False)
+    assert not marker.exists(), "a filter the job's include named ran outside its sandbox"
+    assert proc.returncode == 128 and "config.worktree" in proc.stderr, proc
+
+
+def test_a_reply_never_runs_in_a_worktree_not_named_for_its_job(cli, repo):
+    """A record's worktree path is data: one naming a folder of the worktree folder that is not
+    named for the job (here the person's own worktree, with no job's marker) is refused."""
+    from test_provenance import forge
+
+    job = cli.start("echo a > a.txt")
+    assert ended(cli, job)["state"] == "done"
+    mine = repo / ".subtask" / "worktrees" / "mine"
+    git(repo, "worktree", "add", "-q", "--detach", str(mine))
+    forge(repo, job, f"j.spec.worktree = {str(mine)!r}")
+    refused = cli("reply", job, "touch replied")
+    assert refused.returncode == 1 and "not running anything there" in refused.stderr, refused
+    assert "Traceback" not in refused.stderr
+    assert not (mine / "replied").exists() and git(mine, "status", "--porcelain") == ""
+    assert len(cli.json("show", job)["state_detail"]["attempts"]) == 1
+
+
 def test_the_worktree_settings_git_copies_from_the_main_worktree_are_not_taken_for_a_jobs(cli, repo):
     """With extensions.worktreeConfig on, `git worktree add` copies the main worktree's
     config.worktree into every new admin folder: that one is git's (the user's own settings), so

@@ -81,6 +81,13 @@ if mode == "events_then_sleep":  # what an engine says, then silence
     for event in events:
         print(json.dumps(event), flush=True)
     time.sleep(60)
+if mode == "events_then_repeat":  # what an engine says, then its last event again and again
+    for event in events:
+        print(json.dumps(event), flush=True)
+    for _ in range(1200):
+        print(json.dumps(events[-1]), flush=True)
+        time.sleep(0.05)
+    sys.exit(1)
 if mode == "commit":
     workdir = sys.argv[sys.argv.index("-C") + 1]
     with open(os.path.join(workdir, "hello.txt"), "w") as f:

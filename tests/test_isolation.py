@@ -18,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from subtask.proc import isolation, procs
+from subtask.proc import isolation, namespaces, procs
 from tests.conftest import git, refs
 
 LANDLOCK = isolation.support()
 needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
 NO_LANDLOCK = {isolation.ABI_ENV: "0"}
+NAMESPACES = namespaces.support()
+needs_namespaces = pytest.mark.skipif(
+    not NAMESPACES.available, reason=f"no user/mount/pid namespaces here: {NAMESPACES.reason}")
 
 
 def hostile_script(repo: Path, decoy: Path) -> str:
@@ -234,6 +237,42 @@ def test_a_child_that_cannot_be_confined_is_never_started(tmp_path):
         os.close(fd)
     assert result.exit_code == 126 and "could not confine" in result.stderr_tail
     assert not marker.exists()
+
+
+SAY_NAMESPACES = "for n in mnt pid user; do echo ns-$n=$(readlink /proc/self/ns/$n); done"
+
+
+def namespaces_seen(repo: Path, job: str) -> dict[str, bool]:
+    """Which of its namespaces the job's process saw differ from this test's."""
+    said = outputs(repo, job)
+    return {n: said[f"ns-{n}"] != os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "user")}
+
+
+@needs_landlock
+@needs_namespaces
+@pytest.mark.parametrize("flags, configured", [(["--isolation", "worktree"], None),
+                                                (["--readonly", "--isolation", "readonly"], None),
+                                                ([], "worktree")])
+def test_a_confined_mode_asked_for_runs_the_job_in_namespaces_of_its_own(cli, repo, flags,
+                                                                          configured):
+    """Seen from inside the job: a mount and a pid namespace of its own (and a user namespace,
+    which lends them, unless we are root); `none` shares ours. A reply where the namespaces are
+    gone fails, never runs with less than was asked."""
+    if configured:
+        git(repo, "config", "subtask.isolation", configured)
+    job = cli.start(SAY_NAMESPACES, *flags)
+    cli.ok("wait", job)
+    own = {"mnt": True, "pid": True, "user": not namespaces.root()}
+    assert namespaces_seen(repo, job) == own, outputs(repo, job)
+    assert "mount+pid namespaces" in evidence(cli, job)["isolation"]["enforced_by"]
+    cli.ok("reply", job, SAY_NAMESPACES, env={namespaces.ENV: "0"})
+    assert cli("wait", job).returncode == 1
+    reply = cli.json("show", job)["state_detail"]["attempts"][-1]
+    assert reply["state"] == "failed" and reply["error_kind"] == "isolation", reply
+    assert "namespaces unavailable" in reply["reason"], reply
+    unconfined = cli.start(SAY_NAMESPACES, "--isolation", "none")
+    cli.ok("wait", unconfined)
+    assert namespaces_seen(repo, unconfined) == {"mnt": False, "pid": False, "user": False}
 
 
 def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):

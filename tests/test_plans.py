@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, refs, wait_until
+from conftest import git, make_team, refs, wait_until
 from test_admission import check_books, ledger_rows, slot_entries, state_dir, use_paid_engine
 
 
@@ -136,6 +136,33 @@ def test_after_a_job_that_already_ended_starts_at_once(cli, repo):
     b = line.split()[0]
     assert line.split()[1] in ("running", "queued"), line
     assert cli("wait", b).returncode == 0
+
+
+def test_a_teammates_waiting_job_pulled_here_is_never_started_here(tmp_path):
+    """Their job waits for one that ended; a rebuild of our slots file from the records lists it
+    as waiting here too, and its jobs have ended: the next command must drop it, never start it
+    (no branch, worktree, slot or record change of ours), because its task is theirs to run."""
+    remote, ((a, cli_a), (b, cli_b)) = make_team(tmp_path)
+    first = cli_a.start("echo x > x.txt")
+    assert cli_a("wait", first).returncode == 0
+    # their start dies before it moves its job on: it stays waiting, its job ended
+    crashed = cli_a("start", "--after", first, "echo theirs > w.txt",
+                    env={"SUBTASK_FAULT": "before_leaving_waiting"})
+    assert crashed.returncode == 99, crashed.stderr
+    theirs = next(r.split("/")[2] for r in refs(a, "refs/subtask") if r.endswith("/record")
+                  and first not in r)
+    git(a, "push", "-q", "origin", "refs/subtask/*:refs/subtask/*")  # what `git subtask push` sends
+    cli_b.ok("pull")
+    pulled = git(b, "rev-parse", f"refs/subtask/{theirs}/record")
+    assert cli_b.json("show", theirs)["state"] == "waiting"
+    (state_dir(b) / "slots.json").write_text("{damaged")
+    cli_b.ok("list")  # rebuilds the slots file from every record here, then moves waiting jobs on
+    cli_b.ok("list")
+    assert cli_b.json("show", theirs)["state"] == "waiting"
+    assert git(b, "rev-parse", f"refs/subtask/{theirs}/record") == pulled
+    assert refs(b, "refs/heads/subtask") == []
+    assert not (b / ".subtask" / "worktrees" / theirs).exists()
+    assert slot_entries(b) == {"running": [], "queue": []} and theirs not in waiting_entries(b)
 
 
 # ---------------------------------------------------------------- stop

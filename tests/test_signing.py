@@ -5,7 +5,11 @@ Real ed25519 keys made in the test with ssh-keygen, an allowed-signers file, no 
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +117,49 @@ def test_a_record_signed_by_a_key_not_in_the_allowed_signers_is_reported_untrust
     keys["allowed"].write_text(keys["allowed"].read_text() + "mallory@example.com "
                                + " ".join((keys["mallory"].parent / "mallory.pub").read_text().split()[:2]) + "\n")
     assert cli.json("show", job)["signature"]["signer"] == "mallory@example.com"  # the cache saw the file change
+
+
+# A git that answers `%G?` with a letter this git-subtask does not know (a later git may add one):
+# the real git's answer, its letter for the commit replaced.
+GIT_WITH_A_NEW_LETTER = """#!{python}
+import subprocess, sys
+proc = subprocess.run([{git!r}, *sys.argv[1:]], capture_output=True)
+out = proc.stdout
+if any("%G?" in arg for arg in sys.argv[1:]):
+    out = out.replace(b"\\x1fG\\x1f", b"\\x1f{letter}\\x1f")
+sys.stdout.buffer.write(out)
+sys.stderr.buffer.write(proc.stderr)
+sys.exit(proc.returncode)
+"""
+
+
+@pytest.mark.parametrize("letter", ["Z", "g"])
+def test_a_signature_letter_unknown_here_is_never_a_good_one(cli, repo, keys, tmp_path, letter):
+    """Only `G` (a valid signature by an allowed signer) is good: any other answer git gives for
+    a record signed by an allowed signer, one unknown here included, is not trusted."""
+    sign_with(repo, keys["alice"], keys["allowed"])
+    job = cli.start("true")
+    cli.ok("wait", job)
+    assert cli.json("show", job)["signature"]["status"] == "good"  # what the real git says
+    bin_dir = tmp_path / "newer-git"
+    bin_dir.mkdir()
+    fake = bin_dir / "git"
+    real = shutil.which("git")
+    fake.write_text(GIT_WITH_A_NEW_LETTER.format(python=sys.executable, git=real, letter=letter))
+    fake.chmod(0o755)
+    for cached in (repo / ".git" / "subtask").glob("signatures-*"):
+        cached.unlink()  # asked again, of the git below
+    # git-subtask itself, not through `git subtask`: git would put its own folder first on PATH
+    newer = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def show(*args: str) -> str:
+        return subprocess.run([shutil.which("git-subtask"), "show", job, *args], cwd=repo,
+                              env=newer, capture_output=True, text=True, check=True).stdout
+
+    shown = json.loads(show("--json"))["signature"]
+    assert shown["status"] == "unverifiable" and shown["trusted"] is False, shown
+    words = show()
+    assert "an allowed signer" not in words and "git cannot check it here" in words, words
 
 
 # ---------------------------------------------------------------- a teammate's signed record at merge

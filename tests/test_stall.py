@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import git
+from conftest import git, wait_until
 
 FAKE_AGENT = Path(__file__).parent / "fake_agent.py"
 
@@ -28,6 +28,21 @@ def paid_agent(repo: Path) -> None:
     git(repo, "config", "subtask.engine.agent.command", json.dumps([sys.executable, str(FAKE_AGENT), "{task}"]))
     git(repo, "config", "subtask.engine.agent.paid", "true")
     git(repo, "config", "subtask.engine.agent.costPattern", r"cost: \$([0-9.]+)")
+
+
+def unreachable_codex(repo: Path, tmp_path: Path, mode: str) -> dict[str, str]:
+    """The fake codex as `repo`'s codex, replaying what the real CLI printed while it could not
+    reach its API (its "Reconnecting..." retries) in `mode`; the environment to start it with."""
+    from test_engine_codex import FAKE_CODEX, recorded
+
+    fake = tmp_path / "bin" / "codex"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_CODEX.format(python=sys.executable))
+    fake.chmod(0o755)
+    git(repo, "config", "subtask.engine.codex.path", str(fake))
+    return {"OPENAI_API_KEY": "sk-test-fake", "FAKE_CODEX_LOG": str(tmp_path / "argv.jsonl"),
+            "FAKE_CODEX_MODE": mode,
+            "FAKE_CODEX_EVENTS": json.dumps(recorded("codex-0.171-unreachable.jsonl"))}
 
 
 def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo, tmp_path):
@@ -87,17 +102,8 @@ def test_stall_action_stop_ends_a_silent_paid_engine_charged_by_the_usual_rule(c
 def test_a_stalled_engine_that_the_model_never_answered_is_charged_nothing(cli, repo, tmp_path):
     """codex retrying an API it cannot reach ("Reconnecting...", recorded from the real CLI) makes
     no progress: it stalls, is stopped, and since no answer or usage ever came, costs nothing."""
-    from test_engine_codex import FAKE_CODEX, recorded
-
     stall_after(repo, action="stop")
-    fake = tmp_path / "bin" / "codex"
-    fake.parent.mkdir()
-    fake.write_text(FAKE_CODEX.format(python=sys.executable))
-    fake.chmod(0o755)
-    git(repo, "config", "subtask.engine.codex.path", str(fake))
-    env = {"OPENAI_API_KEY": "sk-test-fake", "FAKE_CODEX_LOG": str(tmp_path / "argv.jsonl"),
-           "FAKE_CODEX_MODE": "events_then_sleep",
-           "FAKE_CODEX_EVENTS": json.dumps(recorded("codex-0.171-unreachable.jsonl"))}
+    env = unreachable_codex(repo, tmp_path, "events_then_sleep")
     job = cli.start("do it", "--engine", "codex", "--max-usd", "2", env=env)
     try:
         assert cli("wait", job, timeout=60).returncode == 1
@@ -109,6 +115,30 @@ def test_a_stalled_engine_that_the_model_never_answered_is_charged_nothing(cli, 
     assert attempt["cost"]["charged"] == 0.0 and attempt["cost"]["billing"] == "not_billed"
     assert cli.json("spend")["committed_usd"] == 0.0
     assert "nothing billed" in cli.ok("show", job)
+
+
+def test_an_engine_that_only_retries_is_stalled_and_stays_so_while_it_retries(cli, repo, tmp_path):
+    """codex says "Reconnecting..." again and again while it cannot reach its API (recorded from
+    the real CLI): a retry is no progress, so `wait` returns on the stall, and each retry after
+    the mark leaves it marked."""
+    stall_after(repo)
+    env = unreachable_codex(repo, tmp_path, "events_then_repeat")
+    job = cli.start("do it", "--engine", "codex", "--max-usd", "2", env=env)
+    events = repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl"
+
+    def retries_after_the_mark() -> int:
+        kinds = [json.loads(line).get("type") for line in events.read_text().splitlines()]
+        return kinds[kinds.index("stalled"):].count("retry") if "stalled" in kinds else 0
+
+    try:
+        waited = cli("wait", job, "--timeout", "20", timeout=60)
+        assert waited.returncode == 1 and f"{job} is stalled and still running" in waited.stderr
+        assert wait_until(lambda: retries_after_the_mark() >= 3)
+        assert '"stall_ended"' not in events.read_text()
+        assert next(e for e in cli.json("list")["jobs"] if e["id"] == job)["stalled"]
+    finally:
+        cli("stop", job)
+    assert cli.json("show", job)["state_detail"]["attempts"][0]["state"] == "stopped"
 
 
 def test_a_paid_engine_without_a_timeout_gets_the_default_one(cli, repo, tmp_path):

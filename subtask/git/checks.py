@@ -204,9 +204,11 @@ def run(repo, base: str, head: str, checks: list[str] | None) -> list[dict]:
             results.append(_no_suppression(change))
     if globs:
         results.append(_paths(change, globs))
+    unread = (f"1 changed file beyond the first {MAX_FILES} was not read" if change.unread == 1
+              else f"{change.unread} changed files beyond the first {MAX_FILES} were not read")
     for r in results:
         if change.unread:
-            r.found.append(f"{change.unread} changed files beyond the first {MAX_FILES} were not read")
+            r.found.append(unread)
             r.passed = False
     return [r.to_dict() for r in results]
 
