@@ -582,14 +582,36 @@ class Session:
         return self.proc.stderr.read().decode()
 
 
-def test_the_cached_description_is_what_the_sdk_says():
-    """subtask/faces/mcp_cache.json must be the SDK's replies now: regenerate it with scripts/mcp_cache.py."""
+def cached_sdk_versions() -> dict[str, str]:
     from subtask.faces import mcp_server
-    from subtask.faces.mcp_tools import describe
 
     with open(mcp_server.CACHE, encoding="utf-8") as f:
+        return json.load(f)["sdk"]
+
+
+def test_the_cached_description_is_what_the_sdk_says():
+    """subtask/faces/mcp_cache.json must be the SDK's replies now: regenerate it with scripts/mcp_cache.py.
+
+    Only where the SDK installed is the one the cache was made with: any other release (an older or
+    a newer one the dependency range allows) gets its replies from the SDK itself, which the test
+    below defends."""
+    from subtask.faces import mcp_server
+    from subtask.faces.mcp_tools import describe
+    from subtask.faces.mcp_versions import installed_versions
+
+    if cached_sdk_versions() != installed_versions():
+        pytest.skip(f"the cache was made with {cached_sdk_versions()}, this is {installed_versions()}")
+    with open(mcp_server.CACHE, encoding="utf-8") as f:
         assert json.load(f) == describe(), "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
-    assert mcp_server.load_cache() is not None, "the cache was made with other mcp/pydantic versions"
+    assert mcp_server.load_cache() is not None
+
+
+def test_a_cache_made_with_another_sdk_is_never_served(monkeypatch):
+    from subtask.faces import mcp_server
+
+    other = {**cached_sdk_versions(), "mcp": "0.0.1"}
+    monkeypatch.setattr(mcp_server, "installed_versions", lambda: other)
+    assert mcp_server.load_cache() is None
 
 
 def test_the_front_end_loads_no_sdk():
