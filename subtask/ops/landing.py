@@ -947,12 +947,15 @@ def check_clean(workdir: Path) -> None:
                            hint="commit or stash them yourself, then merge again")
 
 
+SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's commit message
+
+
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
     from subtask.model.render import task_title
 
     if mode == "squash":
         return _squash_message(repo, job, head)
-    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\nSubtask-Id: {job.id}\n"
+    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\n{SUBTASK_ID}{job.id}\n"
 
 
 def _squash_message(repo: Repo, job: Job, head: str) -> str:
@@ -961,10 +964,11 @@ def _squash_message(repo: Repo, job: Job, head: str) -> str:
     from subtask.model.render import task_title
 
     commits = _commits_since_base(repo, work_base(job), head)
-    trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
+    trailer = f"Squashed from subtask {job.id}.\n\n{SUBTASK_ID}{job.id}\n"
     if len(commits) == 1:
         subject, _, body = commits[0].message.strip().partition("\n")
-        body = body.strip()
+        # The worker's own commit carries the trailer already: said once, in the trailer above.
+        body = "\n".join(line for line in body.splitlines() if line.strip() != f"{SUBTASK_ID}{job.id}").strip()
         return f"{subject.strip()}\n\n" + (f"{body}\n\n" if body else "") + trailer
     summary = (job.summary or "").strip()
     title = task_title(summary, 72) if summary else task_title(job.spec.task, 60)
