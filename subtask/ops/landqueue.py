@@ -500,7 +500,7 @@ class Queue:
                                           checked_out=self.checked_out)
             out.lines += (lines or [""])[1:]
         else:
-            out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
+            out.lines.append(landing.landed_elsewhere(self.repo, job, commit))
         if item.group is not None:
             out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
 
