@@ -426,6 +426,8 @@ def test_a_squash_landing_killed_after_the_move_is_found_by_cleanup_merged(cli, 
     out = cli.ok("cleanup", "--merged")
     assert f"{a}: landed in {git(repo, 'rev-parse', '--short=7', 'main')}" in out
     assert detail(cli, a)["landed_in"] == git(repo, "rev-parse", "main")
+    head = git(repo, "rev-parse", f"refs/subtask/{a}/head")
+    assert f"landed:  here, from its head {head[:7]}" in git(repo, "notes", "--ref=subtask", "show", "main")
 
 
 def test_two_modes_at_once_are_a_usage_error_and_completion_knows_land(cli, repo):

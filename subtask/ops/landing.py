@@ -21,6 +21,9 @@ Invariants:
   the record leaves the job (`why_not_deletable`), never a branch a record names.
 - `merge` takes a record's verify only from a record this clone wrote or one an allowed signer
   signed (`trust_of`); otherwise it runs the verify here on the exact commit it then merges.
+- `merge` takes a job whose branch is gone (a teammate's, pulled without it) from its head pin,
+  only where the record leaves the job, through the same gate; a teammate's job that landed is
+  this clone's mark (`where_landed`), never a write to its record.
 - `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
