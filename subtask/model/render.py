@@ -440,8 +440,8 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         lines.append(f"land:    {landing_line(job.state.landings[-1])}")
     landed = landed or job.state.landed_in
     if from_head:
-        lines.append(f"landed:  here, from its head {short(from_head)} (a new commit; verify ran at that head)"
-                     if attempt.verify else f"landed:  here, from its head {short(from_head)} (a new commit)")
+        lines.append(f"landed:  here, from its head {short(from_head)} (a new commit"
+                     + ("; verify ran at that head)" if attempt.verify else ")"))
     elif landed:
         lines.append(f"landed:  in {short(landed)}")
     if provenance is not None and provenance.signed:

@@ -32,11 +32,9 @@ def changes(repo: Repo, base: str, head: str) -> dict[str, list[tuple[int, int]]
     current = None
     for line in out.splitlines():
         if line.startswith("diff --git "):
-            current = _diff_name(line[len("diff --git "):])
-            if current is not None and current not in files and len(files) >= MAX_FILES:
-                current = None
+            current = _diff_name(line[len("diff --git "):]) if len(files) < MAX_FILES else None
             if current is not None:
-                files.setdefault(current, [])
+                files[current] = []
         elif current is not None and (match := _HUNK.match(line)):
             files[current].append((int(match.group(1)), int(match.group(2) or 1)))
     return files
