@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import executors
-from subtask.git import ownership, records, worktrees
+from subtask.git import ownership, records, where_landed, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
@@ -1100,6 +1100,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         before = {e["id"] for e in listed if e.get("landed")}
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
         swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
+    where_landed.add_to_entries(repo, listed)  # a teammate's job landed here: its record cannot say so
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT

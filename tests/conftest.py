@@ -102,6 +102,12 @@ def git(cwd, *args, check=True) -> str:
     return proc.stdout.strip()
 
 
+def is_ancestor(repo, commit: str, of: str) -> bool:
+    """Does `of` carry `commit` (git merge-base --is-ancestor: its exit code, not its empty output)?"""
+    return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", commit, of],
+                          capture_output=True, check=False).returncode == 0
+
+
 def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")

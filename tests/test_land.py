@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, make_team, refs, wait_until
+from conftest import git, is_ancestor, make_team, refs, wait_until
 
 COMMIT = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
 
@@ -729,3 +729,47 @@ def test_an_empty_branch_that_gets_a_commit_while_gc_decides_is_kept(cli, repo, 
     finally:
         gate.touch()
         sweeper.wait(timeout=60)
+
+
+# ---------------------------------------------------------------- the review block on main (issue 38)
+
+LANDINGS = [  # (command, its options, main moves on first) -> every way a job can land
+    ("merge", [], False), ("merge", [], True), ("merge", ["--no-ff"], False), ("merge", ["--ff-only"], False),
+    ("merge", ["--squash"], False), ("merge", ["--squash"], True),
+    ("land", [], False), ("land", [], True), ("land", ["--no-ff"], False),
+    ("land", ["--squash"], True), ("land", ["--rebase"], True), ("land", ["--rebase"], False),
+]
+
+
+def blocks_on_main(repo: Path, job: str) -> list[str]:
+    """The commits of main's log whose notes hold the job's review block."""
+    out = git(repo, "log", "--notes=subtask", "--format=%H%n%N%x00", "main")
+    return [entry.strip().split("\n", 1)[0] for entry in out.split("\0") if f"subtask {job} ·" in entry]
+
+
+@pytest.mark.parametrize("command,options,moved", LANDINGS,
+                         ids=[f"{c}{''.join(o)}{'-moved' if m else ''}" for c, o, m in LANDINGS])
+def test_the_review_block_shows_once_in_mains_log_whatever_the_landing(cli, repo, command, options, moved):
+    # Left uncommitted: the worker's commit carries the Subtask-Id trailer a squash must not repeat.
+    job = cli.start("echo x > f.txt", "--verify", "test -f f.txt")
+    cli.ok("wait", job)
+    head = git(repo, "rev-parse", f"subtask/{job}")
+    if moved:
+        (repo / "other.txt").write_text("other\n")
+        git(repo, "add", "other.txt")
+        git(repo, "commit", "-qm", "main moves on")
+    cli.ok(command, *options, job)
+    landed = state(cli, job)["landed_in"]
+    assert landed and is_ancestor(repo, landed, "main")
+    reaches_head = is_ancestor(repo, head, "main")
+    for _ in range(2):  # as written by the landing, and as `notes rebuild` writes it again
+        found = blocks_on_main(repo, job)
+        assert found == [head if reaches_head else landed], found
+        note = git(repo, "notes", "--ref=subtask", "show", found[0])
+        if reaches_head:
+            assert "landed:  here" not in note, note
+        else:  # a new commit (squash, rebase): the block there says where it came from
+            assert f"landed:  here, from its head {head[:7]}" in note, note
+            assert f"subtask {job} ·" in git(repo, "notes", "--ref=subtask", "show", head), "the head keeps its own"
+        cli.ok("notes", "rebuild")
+    assert git(repo, "log", "-1", "--format=%B", landed).count("Subtask-Id:") == 1

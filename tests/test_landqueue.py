@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, refs, wait_until
+from conftest import git, is_ancestor, refs, wait_until
 
 ADD = "echo {text} > {name} && git add {name} && git commit -qm 'add {name}'"
 APPEND = "echo {text} >> {name} && git add {name} && git commit -qm 'append {text} to {name}'"
@@ -55,7 +55,7 @@ def test_three_jobs_on_disjoint_files_land_in_order_each_verified_on_its_integra
         landing = state["landings"][-1]
         assert state["landed_in"] == landing["commit"] and landing["landed"] is True
         assert landing["verify"]["head"] == landing["commit"] and landing["verify"]["passed"]
-        assert git(repo, "merge-base", "--is-ancestor", landing["commit"], "main", check=False) == ""
+        assert is_ancestor(repo, landing["commit"], "main")
         assert landing["onto"] == git(repo, "rev-parse", f"{landing['commit']}^1")  # built on the tip of its time
         # Its note names the integrated commit its verify ran on.
         assert f"= {landing['commit'][:7]}" in note_of(repo, job), note_of(repo, job)
@@ -136,7 +136,7 @@ def test_a_commit_a_person_makes_on_main_during_the_queue_is_kept(cli, repo, tmp
         queue.kill()
     assert queue.returncode == 0, out + err
     assert "moved while it was built" in out
-    assert git(repo, "merge-base", "--is-ancestor", mine, "main", check=False) == ""
+    assert is_ancestor(repo, mine, "main")
     assert all((repo / f).exists() for f in ("a.txt", "b.txt", "mine.txt")) and clean(repo)
     landing = detail(cli, a)["landings"][-1]
     assert landing["onto"] == mine and landing["landed"], "the landing was built again on the person's commit"
@@ -426,6 +426,8 @@ def test_a_squash_landing_killed_after_the_move_is_found_by_cleanup_merged(cli, 
     out = cli.ok("cleanup", "--merged")
     assert f"{a}: landed in {git(repo, 'rev-parse', '--short=7', 'main')}" in out
     assert detail(cli, a)["landed_in"] == git(repo, "rev-parse", "main")
+    head = git(repo, "rev-parse", f"refs/subtask/{a}/head")
+    assert f"landed:  here, from its head {head[:7]}" in git(repo, "notes", "--ref=subtask", "show", "main")
 
 
 def test_two_modes_at_once_are_a_usage_error_and_completion_knows_land(cli, repo):
@@ -661,3 +663,135 @@ def test_an_atomic_queue_whose_reconciliation_fails_records_the_conflict_once(cl
     landings = detail(cli, b)["landings"]
     assert [x["outcome"] for x in landings] == ["conflict"], landings
     assert detail(cli, a)["landings"][-1]["outcome"] == "passed" and detail(cli, a)["landed_in"] is None
+
+
+# ---------------------------------------------------------------- what a one-line bug would break (issue 38)
+
+def test_a_commit_made_on_a_target_nobody_has_checked_out_during_the_queue_is_kept(cli, repo, tmp_path):
+    """With the target checked out nowhere, the move is one compare-and-swap of the ref: from the
+    tip the landing was built on, never from the tip as it is now (that would drop a commit made
+    in between: the landing was built without it)."""
+    git(repo, "branch", "release")
+    git(repo, "config", "subtask.landTarget", "release")
+    a = finished(cli, ADD.format(name="a.txt", text="a"), "--verify", "test -f a.txt")
+    gate = tmp_path / "gate"
+    queue = subprocess.Popen(["git", "subtask", "land", a], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists()), "the queue never reached the hold"
+        old = git(repo, "rev-parse", "release")
+        mine = git(repo, "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "a person's commit on release")
+        git(repo, "update-ref", "refs/heads/release", mine, old)
+        gate.touch()
+        out, err = queue.communicate(timeout=120)
+    finally:
+        queue.kill()
+    assert queue.returncode == 0, out + err
+    assert "moved while it was built" in out, out
+    assert is_ancestor(repo, mine, "release"), "the person's commit was lost"
+    assert git(repo, "show", "release:a.txt") == "a"
+    assert detail(cli, a)["landings"][-1]["onto"] == mine
+
+
+def test_a_secret_in_lands_verify_command_is_recorded_redacted(cli, repo):
+    token = "ghp_" + "Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAz12"
+    a = finished(cli, ADD.format(name="a.txt", text="a"))
+    proc = land(cli, "--verify", f"test '{token}' = '{token}' && test -f a.txt", a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # it ran as written
+    verify = detail(cli, a)["landings"][-1]["verify"]
+    assert verify["passed"] and verify["command"].count("[REDACTED]") == 2, verify
+    record = git(repo, "log", "-p", f"refs/subtask/{a}/record")
+    assert token not in record and token not in note_of(repo, a) and token not in proc.stdout
+
+
+def teammates_job(tmp_path, script: str, verify: str, setup: str = ""):
+    """A job the teammate (a) ran and pushed with its branch, pulled here (b): (b, cli_b, job)."""
+    from conftest import make_team
+
+    remote, ((a, cli_a), (b, cli_b)) = make_team(tmp_path)
+    if setup:
+        subprocess.run(setup, shell=True, cwd=a, check=True)
+        git(a, "push", "-q", "origin", "main")
+        git(b, "pull", "-q", "--ff-only")
+    theirs = cli_a.start(script, "--verify", verify)
+    cli_a("wait", theirs)
+    cli_a.ok("push", "--branches")
+    cli_b.ok("pull")
+    git(b, "fetch", "-q", "origin", f"refs/heads/subtask/{theirs}:refs/heads/subtask/{theirs}")
+    return b, cli_b, theirs
+
+
+def test_a_failed_landing_of_a_teammates_job_is_never_written_on_its_record(tmp_path):
+    b, cli_b, theirs = teammates_job(tmp_path, ADD.format(name="x.txt", text="x"), "test -f x.txt")
+    record = git(b, "rev-parse", f"refs/subtask/{theirs}/record")
+    main = git(b, "rev-parse", "main")
+    proc = cli_b("land", "--verify", "false", theirs)
+    assert proc.returncode == 1 and f"{theirs}: failed" in proc.stdout, proc.stdout + proc.stderr
+    assert git(b, "rev-parse", f"refs/subtask/{theirs}/record") == record, "a teammate's record is theirs to write"
+    assert git(b, "rev-parse", "main") == main
+
+
+GREETING = ("echo hello > greeting.txt && git add greeting.txt && "
+            "git -c user.name=t -c user.email=t@t commit -qm 'a greeting'")
+# A teammate's verify that passes, and in a land scratch (not in its own worktree) leaves a
+# tracked file rewritten where `checkout --force` does not look (skip-worktree).
+TAMPER_AND_PASS = ('case "$PWD" in */.land/*) printf "HACKED\\n" > greeting.txt && '
+                   'git update-index --skip-worktree greeting.txt;; esac; test -f x.txt')
+
+
+def test_a_scratch_a_teammates_verify_command_passed_in_is_made_anew(tmp_path):
+    """The command a teammate's unsigned record names ran in the scratch and passed: what it left
+    there must not be in the next job's checkout (that job's tree does not carry the command)."""
+    b, cli_b, theirs = teammates_job(tmp_path, ADD.format(name="x.txt", text="x"), TAMPER_AND_PASS, setup=GREETING)
+    ours = [finished(cli_b, ADD.format(name=f"{n}.txt", text=n), "--verify", "grep -qx hello greeting.txt")
+            for n in "cd"]
+    proc = cli_b("land", theirs, *ours, timeout=120)
+    assert f"{theirs}: landed" in proc.stdout, proc.stdout + proc.stderr
+    assert all(f"{job}: landed" in proc.stdout for job in ours), proc.stdout + proc.stderr
+    assert proc.returncode == 0
+
+
+def test_a_build_that_stopped_half_way_leaves_no_scratch_the_next_job_is_built_in(cli, repo):
+    """A rebase that conflicts stops half-way in the scratch (git's rebase state in its admin
+    folder): the next job is built in a fresh scratch, not on top of that state."""
+    (repo / "log.txt").write_text("start\n")
+    git(repo, "add", "log.txt")
+    git(repo, "commit", "-qm", "a log")
+    a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
+    b = finished(cli, ADD.format(name="b.txt", text="b"), "--verify", "test -f b.txt")
+    (repo / "log.txt").write_text("start\nmain\n")
+    git(repo, "commit", "-qam", "main appends too")
+    proc = land(cli, "--rebase", a, b)
+    assert f"{a}: conflict" in proc.stdout, proc.stdout + proc.stderr
+    assert f"{b}: landed" in proc.stdout, proc.stdout + proc.stderr
+    assert (repo / "b.txt").exists() and clean(repo)
+
+
+def test_reconcile_never_resets_over_uncommitted_work_in_the_jobs_worktree(cli, repo):
+    _, b = conflicting_pair(cli, repo)
+    work = repo / ".subtask" / "worktrees" / b
+    (work / "log.txt").write_text("start\nB\nsomeone's unsaved edit\n")
+    head = git(repo, "rev-parse", f"subtask/{b}")
+    proc = land(cli, "--reconcile", b, timeout=120)
+    assert proc.returncode == 1 and "not reconciled" in proc.stdout and "uncommitted changes" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert (work / "log.txt").read_text() == "start\nB\nsomeone's unsaved edit\n"
+    assert git(repo, "rev-parse", f"subtask/{b}") == head and len(detail(cli, b)["attempts"]) == 1
+
+
+BINARY = "printf '{text}\\000' > x.bin && git add x.bin && git commit -qm 'binary {text}'"
+
+
+def test_dry_run_says_two_jobs_that_change_one_binary_file_meet(cli, repo):
+    """A binary (or mode-only) change has no hunks to compare: it meets any other change of the
+    same file, and the dry run says so beside the conflict it predicts."""
+    (repo / "x.bin").write_bytes(b"start\0")
+    git(repo, "add", "x.bin")
+    git(repo, "commit", "-qm", "a binary file")
+    a = finished(cli, BINARY.format(text="a"), "--verify", "test -f x.bin")
+    b = finished(cli, BINARY.format(text="b"), "--verify", "test -f x.bin")
+    proc = land(cli, "--dry-run", a, b)
+    assert f"{a}: 1 file" in proc.stdout and f"{a} and {b} both change x.bin (same lines)" in proc.stdout, proc.stdout
+    assert "would conflict in x.bin" in proc.stdout
+    data = json.loads(land(cli, "--dry-run", "--json", a, b).stdout)
+    assert data["pairs"] == [{"v": 1, "a": a, "b": b, "files": ["x.bin"], "same_lines": ["x.bin"]}]

@@ -246,6 +246,47 @@ def test_a_teammates_job_without_a_verify_command_is_not_merged_on_its_claim(tea
     assert "Traceback" not in refused.stderr
 
 
+def test_a_teammates_job_pulled_without_its_branch_merges_from_its_head_pin_through_the_gate(team, shared_log):
+    """`pull` brings records, pins and notes, not branches: `merge` takes the head pin, runs the
+    unsigned record's verify here on it first (a forged pass is refused), and `list` then says
+    the job landed, while its record stays the teammate's."""
+    remote, ((a, cli_a), (b, cli_b)) = team
+    log = shared_log / "ran"
+    forged = cli_a.start(MAKES_X, "--verify", f"echo ran >> {log}; test -f y.txt")
+    honest = cli_a.start("echo z > z.txt && git add z.txt && git commit -qm 'add z'", "--verify",
+                         f"echo ran >> {log}; test -f z.txt")
+    pinned = cli_a.start(MAKES_X, "--verify", "test -f x.txt")
+    cli_a("wait", forged, honest, pinned)
+    forge(a, forged, "j.state.current.verify.passed = True; j.state.current.verify.exit_code = 0")
+    old = git(a, "rev-parse", f"refs/subtask/{pinned}/head")  # its pin moved on to a commit no record names
+    git(a, "update-ref", f"refs/subtask/{pinned}/head", git(a, "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "x"))
+    cli_a.ok("push")
+    cli_b.ok("pull")
+    assert not refs(b, "refs/heads/subtask/")
+    main, ran = git(b, "rev-parse", "main"), ran_verify(log)
+    refused = cli_b("merge", forged)
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert git(b, "rev-parse", "main") == main and ran_verify(log) == ran + 1
+    refused = cli_b("merge", "--force", pinned)
+    assert refused.returncode == 1 and f"not where its record leaves the job ({old[:7]})" in refused.stderr, \
+        refused.stdout + refused.stderr
+    assert git(b, "rev-parse", "main") == main
+    head, record = git(b, "rev-parse", f"refs/subtask/{honest}/head"), record_tip(b, honest)
+    merged = cli_b("merge", "--squash", honest)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert f"{honest}: re-ran verify here on {head[:7]}" in merged.stdout and ran_verify(log) == ran + 2
+    assert (b / "z.txt").read_text() == "z\n" and record_tip(b, honest) == record
+    landed = git(b, "rev-parse", "main")
+    listed = {e["id"]: e for e in cli_b.json("list", "--all")["jobs"]}
+    assert listed[honest]["landed"] == landed and not listed[forged]["landed"]
+    assert honest not in cli_b.ok("list") and forged in cli_b.ok("list")  # landed jobs are left out
+    again = cli_b("merge", honest)
+    assert again.returncode == 1 and f"already landed in {landed[:7]}" in again.stderr, again.stderr
+    assert f"landed:  here, from its head {head[:7]}" in git(b, "notes", "--ref=subtask", "show", landed)
+    cli_a.ok("pull")  # the mark is this clone's alone: it never travels
+    assert not refs(a, "refs/subtask-landed/") and record_tip(a, honest) == record
+
+
 def test_merge_reverify_re_runs_even_my_own_jobs_verify(cli, repo, tmp_path):
     log = writable_folder(tmp_path / "log")
     job = cli.start(MAKES_X, "--verify", f"echo ran >> {log / 'ran'}; test -f x.txt")

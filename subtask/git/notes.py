@@ -1,7 +1,12 @@
 """The review view: a block per job in `refs/notes/subtask`, derived from the records.
 
 The block stands on the job's final head commit, or on its base when it made no commit, so
-`git log --notes=subtask` shows what was delegated where it landed. Notes are derived data:
+`git log --notes=subtask` shows what was delegated where it landed. When the commit it landed in
+does not carry that head (a squash, a rebase, a cherry-pick: a new commit), a copy of the block
+stands there too, saying so (`landed:  here, from its head …`), so the target's log shows it
+exactly once: a fast-forward or a merge commit carries the head, whose block the log shows
+already (a merge commit's is on its second parent: `git log --first-parent` does not show it, the
+merge commit's `Subtask-Id:` trailer names the job). Notes are derived data:
 `rebuild` regenerates every block from the records and is idempotent, and drops every block no
 record explains: a note's block is data, a record is its only authority. The writing itself
 (compare-and-swap, fanout, file lock) lives in `notes_store`.
@@ -12,7 +17,7 @@ that was never tested.
 
 from __future__ import annotations
 
-from subtask.git import notes_store, records
+from subtask.git import notes_store, records, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model.render import note_block
@@ -40,16 +45,42 @@ def previous_targets(job: Job) -> set[str]:
     return targets
 
 
-def write_for_job(repo: Repo, job: Job) -> None:
+def landed_copy(repo: Repo, job: Job, landed_in: str | None) -> str | None:
+    """The commit the job landed in when it does not carry the commit its block stands on (a new
+    commit: squash, rebase); None when it does, or the job has not landed."""
+    import pygit2
+
+    head = target_commit(job)
+    if not landed_in or landed_in == head:
+        return None
+    try:
+        carried = repo.git.descendant_of(landed_in, head)
+    except (KeyError, ValueError, pygit2.GitError):  # a commit this clone lacks: no block to put there
+        return None
+    return None if carried else landed_in
+
+
+def blocks_of(repo: Repo, job: Job, provenance=None, landed_in: str | None = None) -> list[tuple[str, str, str]]:
+    """(commit, job id, block) of each block the job's record makes: on its head, and a copy on
+    the commit it landed in when that is a new commit (`landed_copy`)."""
     target = target_commit(job)
+    landed_in = landed_in or job.state.landed_in
+    found = [(target, job.id, note_block(job, provenance, landed_in))]
+    copy = landed_copy(repo, job, landed_in)
+    if copy is not None:
+        found.append((copy, job.id, note_block(job, provenance, landed_in, from_head=target)))
+    return found
+
+
+def write_for_job(repo: Repo, job: Job) -> None:
     provenance = None
     if job.signed:  # only then is there anything to check (and the module to load)
         from subtask.git import signing
 
         provenance = signing.check_one(repo, job.tip, job.signed)
-    block = note_block(job, provenance)
-    notes_store.set_block(repo.git, target, job.id, block, lock_path(repo))
-    for old in previous_targets(job) - {target}:
+    items = blocks_of(repo, job, provenance, where_landed.commit_of(repo, job))
+    notes_store.set_blocks_bulk(repo.git, items, lock_path(repo))
+    for old in previous_targets(job) - {commit for commit, _, _ in items}:
         if job.id in notes_store.read_blocks(repo.git, old):
             notes_store.remove_block(repo.git, old, job.id, lock_path(repo))
 
@@ -60,22 +91,26 @@ def rebuild(repo: Repo) -> int:
     stands on). Human text in a note stays. Returns how many blocks changed."""
     ended = []
     places: dict[str, set[str] | None] = {}  # job id -> commits its blocks may stand on (None: any)
+    marked = where_landed.marks(repo)
     for job_id in records.all_ids(repo):
         try:
             job = records.read(repo, job_id)
         except Exception:
             places[job_id] = None  # a damaged record: keep its blocks, they may be all that is left
             continue
+        copy = landed_copy(repo, job, job.state.landed_in or marked.get(job_id))
         if job.state.attempts and job.state.current.terminal:
             ended.append(job)
             places[job_id] = {target_commit(job)}
         else:  # running again: its earlier block stays until the worker rewrites it
             places[job_id] = {target_commit(job)} | previous_targets(job)
+        places[job_id] |= {copy} if copy else set()
 
     from subtask.git import signing
 
     signed = signing.check(repo, [job.tip for job in ended if job.signed])  # one git run for them all
-    items = [(target_commit(job), job.id, note_block(job, signed.get(job.tip) if job.signed else None)) for job in ended]
+    items = [item for job in ended
+             for item in blocks_of(repo, job, signed.get(job.tip) if job.signed else None, marked.get(job.id))]
 
     def explained(commit: str, job_id: str) -> bool:
         if job_id not in places:

@@ -393,9 +393,11 @@ def engine_line(job) -> str:
     return text
 
 
-def note_block(job, provenance=None) -> str:
+def note_block(job, provenance=None, landed: str | None = None, from_head: str | None = None) -> str:
     """The review block under the job's head commit in `git log --notes=subtask`; `provenance`
-    (`signing.Provenance` of the record tip, as this clone checked it) adds a `signed:` line."""
+    (`signing.Provenance` of the record tip, as this clone checked it) adds a `signed:` line.
+    `landed`: the commit it landed in, when the record does not say (a teammate's job landed
+    here); `from_head`: this copy stands on that commit, a new one made from the job's head."""
     attempt = job.state.current
     elapsed = (attempt.ended_at - attempt.started_at) if attempt.started_at and attempt.ended_at else None
     head = f"subtask {job.id} · {attempt.state}"
@@ -436,8 +438,12 @@ def note_block(job, provenance=None) -> str:
         lines.extend(f"         {line}" for line in rest)
     if job.state.landings:
         lines.append(f"land:    {landing_line(job.state.landings[-1])}")
-    if job.state.landed_in:
-        lines.append(f"landed:  in {short(job.state.landed_in)}")
+    landed = landed or job.state.landed_in
+    if from_head:
+        lines.append(f"landed:  here, from its head {short(from_head)} (a new commit"
+                     + ("; verify ran at that head)" if attempt.verify else ")"))
+    elif landed:
+        lines.append(f"landed:  in {short(landed)}")
     if provenance is not None and provenance.signed:
         lines.append(safe_line(f"record:  {provenance.words()}"))
     if job.state.group_place:

@@ -21,6 +21,9 @@ Invariants:
   the record leaves the job (`why_not_deletable`), never a branch a record names.
 - `merge` takes a record's verify only from a record this clone wrote or one an allowed signer
   signed (`trust_of`); otherwise it runs the verify here on the exact commit it then merges.
+- `merge` takes a job whose branch is gone (a teammate's, pulled without it) from its head pin,
+  only where the record leaves the job, through the same gate; a teammate's job that landed is
+  this clone's mark (`where_landed`), never a write to its record.
 - `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
   or `git reset --merge` for a squash), leaving the worktree as it was.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.git import notes, ownership, records, worktrees
+from subtask.git import notes, ownership, records, where_landed, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
@@ -811,9 +814,18 @@ def _merge_locked(repo: Repo, job: Job, head: str, workdir: Path, mode: str, lin
     target = Target(into, commit)
     if owned:
         lines += (finish_landed(repo, job, head, landed, target, held=True) or [""])[1:]
-    else:  # a teammate's record is theirs to update, its branch and worktree never ours to remove
-        lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
+    else:
+        lines.append(landed_elsewhere(repo, job, landed))
     return MergeResult(records.read(repo, job.id), mode, commit, into, lines)
+
+
+def landed_elsewhere(repo: Repo, job: Job, commit: str) -> str:
+    """A teammate's job landed here in `commit`: its record is theirs to update, its branch and
+    worktree never ours to remove, so the fact is this clone's mark (`where_landed`), and its
+    review block is written where the landing put it; the line that says so."""
+    where_landed.mark(repo, job.id, commit)
+    notes.write_for_job(repo, job)
+    return f"{job.id}: its record and branch are left as they are (another clone's job)"
 
 
 INDEX_LOCK_WAIT = 120.0
@@ -878,16 +890,32 @@ def check_mergeable(repo: Repo, job: Job, force: bool, claims: bool = True) -> s
     if not attempt.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {attempt.state}: it has not finished",
                            hint=f"git subtask wait {job.id}")
-    if job.state.landed_in:
-        raise SubtaskError("negative", f"{job.id} already landed in {job.state.landed_in[:7]}")
-    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
-    if ref is None:
-        raise SubtaskError("fatal", f"the branch {job.spec.branch} of {job.id} is gone",
-                           hint=f"its commits are pinned: git merge {records.pin_ref(job.id, 'head')}")
-    head = str(ref.target)
+    if landed_in := where_landed.commit_of(repo, job):
+        raise SubtaskError("negative", f"{job.id} already landed in {landed_in[:7]}")
+    head = _head_to_merge(repo, job)
     if not force:
         _check_gate(job, head, claims)
     _check_has_commits(repo, job, head)
+    return head
+
+
+def _head_to_merge(repo: Repo, job: Job) -> str:
+    """The job's branch tip; once the branch is gone (a teammate's job pulled without it), its
+    head pin, where the record leaves the job: the gate then judges that commit as it would the
+    branch's (a record this clone cannot trust has its verify run here on it)."""
+    ref = repo.git.references.get(f"refs/heads/{job.spec.branch}")
+    if ref is not None:
+        return str(ref.target)
+    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    if pin is None:
+        raise SubtaskError("fatal", f"the branch {job.spec.branch} of {job.id} is gone, and so is its head pin "
+                           f"{records.pin_ref(job.id, 'head')}: nothing says what its work is",
+                           hint=f"git subtask verify {job.id}")
+    head = str(pin.target)
+    if head != recorded_head(job):
+        raise SubtaskError("negative", f"{job.id}: its branch is gone and its head pin points at {head[:7]}, not "
+                           f"where its record leaves the job ({recorded_head(job)[:7]}): not merging either",
+                           hint=f"git subtask verify {job.id}")
     return head
 
 
@@ -947,12 +975,15 @@ def check_clean(workdir: Path) -> None:
                            hint="commit or stash them yourself, then merge again")
 
 
+SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's commit message
+
+
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
     from subtask.model.render import task_title
 
     if mode == "squash":
         return _squash_message(repo, job, head)
-    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\nSubtask-Id: {job.id}\n"
+    return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\n{SUBTASK_ID}{job.id}\n"
 
 
 def _squash_message(repo: Repo, job: Job, head: str) -> str:
@@ -961,10 +992,11 @@ def _squash_message(repo: Repo, job: Job, head: str) -> str:
     from subtask.model.render import task_title
 
     commits = _commits_since_base(repo, work_base(job), head)
-    trailer = f"Squashed from subtask {job.id}.\n\nSubtask-Id: {job.id}\n"
+    trailer = f"Squashed from subtask {job.id}.\n\n{SUBTASK_ID}{job.id}\n"
     if len(commits) == 1:
         subject, _, body = commits[0].message.strip().partition("\n")
-        body = body.strip()
+        # The worker's own commit carries the trailer already: said once, in the trailer above.
+        body = "\n".join(line for line in body.splitlines() if line.strip() != f"{SUBTASK_ID}{job.id}").strip()
         return f"{subject.strip()}\n\n" + (f"{body}\n\n" if body else "") + trailer
     summary = (job.summary or "").strip()
     title = task_title(summary, 72) if summary else task_title(job.spec.task, 60)

@@ -15,7 +15,8 @@ Invariants:
 - Never move the target but from the tip the landing was built on (compare-and-swap), because a
   commit made meanwhile by a person must stay: the landing is built again on top of it.
 - Never record a landing on a teammate's record (`ownership`): its verify runs here on the
-  integrated commit all the same (that is the re-run `merge` would do), and is reported only.
+  integrated commit all the same (that is the re-run `merge` would do), and is reported only;
+  one that lands is this clone's mark (`where_landed`), as after `merge`.
 - Never land a job with nothing to run on the integrated commit unless `force`, because landing
   many is only worth more than merging them one by one if what lands is what was tested; and
   never without its checks on its own change, `force` or not, a command or not (`checks_of`, once
@@ -500,7 +501,7 @@ class Queue:
                                           checked_out=self.checked_out)
             out.lines += (lines or [""])[1:]
         else:
-            out.lines.append(f"{job.id}: its record and branch are left as they are (another clone's job)")
+            out.lines.append(landing.landed_elsewhere(self.repo, job, commit))
         if item.group is not None:
             out.lines += groups.pick_landed(self.repo, item.group, commit, self.target.name)[1]
 

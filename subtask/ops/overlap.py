@@ -24,21 +24,34 @@ MAX_FILES = 200  # files kept per job for the comparison
 
 def changes(repo: Repo, base: str, head: str) -> dict[str, list[tuple[int, int]]]:
     """The files base..head changes, each with the base's line ranges its hunks replace
-    ((start, count); count 0 for lines inserted after `start`)."""
-    out = git(repo.root, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", base, head, check=False).stdout
+    ((start, count); count 0 for lines inserted after `start`). A binary or mode-only change has
+    no hunks (an empty list): its name comes from the `diff --git` line, which every change has."""
+    out = git(repo.root, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",
+              "--dst-prefix=b/", base, head, check=False).stdout
     files: dict[str, list[tuple[int, int]]] = {}
     current = None
     for line in out.splitlines():
         if line.startswith("diff --git "):
-            current = None
-        elif line.startswith(("--- ", "+++ ")):
-            name = line[4:]
-            if name != "/dev/null" and current is None and len(files) < MAX_FILES:
-                current = name[2:] if name[:2] in ("a/", "b/") else name
-                files.setdefault(current, [])
+            current = _diff_name(line[len("diff --git "):]) if len(files) < MAX_FILES else None
+            if current is not None:
+                files[current] = []
         elif current is not None and (match := _HUNK.match(line)):
             files[current].append((int(match.group(1)), int(match.group(2) or 1)))
     return files
+
+
+def _diff_name(names: str) -> str | None:
+    """The path of a `diff --git a/<path> b/<path>` line (`"a/<path>" "b/<path>"` when git quotes
+    it): with no renames both halves name the same path, so the line splits in the middle."""
+    half = (len(names) - 1) // 2
+    old, new = names[:half], names[half + 1:]
+    if names[half:half + 1] != " ":
+        return None
+    if old[:1] == '"' and new[:1] == '"':
+        old, new = old[1:-1], new[1:-1]
+    if not (old.startswith("a/") and new.startswith("b/") and old[2:] == new[2:]):
+        return None
+    return old[2:]
 
 
 def hunks_meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
