@@ -582,11 +582,33 @@ class Session:
         return self.proc.stderr.read().decode()
 
 
-def cached_sdk_versions() -> dict[str, str]:
-    from subtask.faces import mcp_server
+SHIPPED_CACHE = Path(WORKTREE) / "subtask" / "faces" / "mcp_cache.json"
 
-    with open(mcp_server.CACHE, encoding="utf-8") as f:
-        return json.load(f)["sdk"]
+
+def cached_sdk_versions() -> dict[str, str]:
+    return json.loads(SHIPPED_CACHE.read_text(encoding="utf-8"))["sdk"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def a_cache_for_the_installed_sdk(tmp_path_factory):
+    """The early path (replies sent before the SDK loads) under test with whatever SDK release is
+    installed: where the shipped cache was made with another one, which the server would not
+    serve, a cache for this one is made as scripts/mcp_cache.py makes it."""
+    from subtask.faces import mcp_server
+    from subtask.faces.mcp_versions import installed_versions
+
+    if cached_sdk_versions() == installed_versions():
+        yield
+        return
+    from subtask.faces.mcp_tools import describe
+
+    path = tmp_path_factory.mktemp("mcp-cache") / "mcp_cache.json"
+    path.write_text(json.dumps(describe()), encoding="utf-8")
+    saved = mcp_server.CACHE
+    mcp_server.CACHE = os.environ["SUBTASK_MCP_CACHE"] = str(path)
+    yield
+    mcp_server.CACHE = saved
+    del os.environ["SUBTASK_MCP_CACHE"]
 
 
 def test_the_cached_description_is_what_the_sdk_says():
@@ -601,8 +623,8 @@ def test_the_cached_description_is_what_the_sdk_says():
 
     if cached_sdk_versions() != installed_versions():
         pytest.skip(f"the cache was made with {cached_sdk_versions()}, this is {installed_versions()}")
-    with open(mcp_server.CACHE, encoding="utf-8") as f:
-        assert json.load(f) == describe(), "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
+    assert json.loads(SHIPPED_CACHE.read_text(encoding="utf-8")) == describe(), \
+        "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
     assert mcp_server.load_cache() is not None
 
 
