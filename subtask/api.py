@@ -201,11 +201,18 @@ def _check_depth(repo: Repo) -> Delegation:
 
 
 def default_engine(repo: Repo) -> str:
-    configured = repo.config.get("engine")
-    if configured:
-        return configured
+    """`subtask.engine` (refused, exit 128, when it names no engine), else claude when it can run."""
     from subtask.engines import get_engine
     from subtask.engines.base import preflight
+
+    configured = repo.config.get("engine")
+    if configured:
+        try:
+            get_engine(configured, repo.config)
+        except SubtaskError as exc:
+            raise SubtaskError("fatal", f"git config subtask.engine names no engine: {exc.message}",
+                               hint="git config subtask.engine shell   (the engines here: git subtask engines)") from None
+        return configured
 
     if preflight(get_engine("claude", repo.config)) is None:  # cheap: no `claude --version`
         return "claude"
@@ -304,9 +311,11 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     from subtask.engines import get_engine
 
     task = _check_task(request.task)
+    repo.config.require_valid()
     on = executors.choose(repo.config, request.on)
     engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
+    repo.config.require_valid(engine_name)  # and the keys of its engine (`subtask.engine.<name>.*`)
     _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
     timeout = _positive(request.timeout, "--timeout") or _default_timeout(repo, engine)
@@ -427,7 +436,7 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
-    return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
+    return retries, checks.resolve(given, repo.config.get("git.checks"), has_verify=bool(request.verify))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -629,6 +638,7 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     and reserved all or none, and the group record that names them (the pick is `groups.settle`'s).
     `request.engine` and `.model` may name several, cycled over the members."""
     groups = _groups()
+    repo.config.require_valid()
     how = request
     n = how.best_of
     if isinstance(n, bool) or not isinstance(n, int) or not groups.MIN_MEMBERS <= n <= groups.MAX_MEMBERS:
@@ -696,6 +706,7 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
     import shlex
 
     groups = _groups()
+    repo.config.require_valid()
     batch = int(_positive(batch, "--batch", allow_none=False, integer=True))
     if concurrency is not None:
         concurrency = int(_positive(concurrency, "--concurrency", integer=True))
@@ -1011,6 +1022,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if "reply" not in executor.can:
         raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
+    repo.config.require_valid(job.spec.engine)
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)

@@ -108,11 +108,11 @@ def _provider(env: Mapping[str, str]) -> dict[str, Any] | None:
 
     try:
         with open(_codex_home(env) / "config.toml", "rb") as fh:
-            config = tomllib.load(fh)
+            codex_toml = tomllib.load(fh)
     except (OSError, ValueError):
         return None
-    name = config.get("model_provider")
-    providers = config.get("model_providers")
+    name = codex_toml.get("model_provider")
+    providers = codex_toml.get("model_providers")
     if not isinstance(name, str) or name == "openai":
         return None
     provider = providers.get(name) if isinstance(providers, dict) else None

@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.model.config import parse_argv
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -46,17 +46,7 @@ def template_error(name: str, key: str = "command") -> str:
 
 def parse_template(raw: str | None) -> list[str] | None:
     """The argv template from its JSON text, or None when missing or not a list of strings."""
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        return None
-    if not value[0].strip():
-        return None
-    return value
+    return parse_argv(raw)
 
 
 def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
