@@ -473,7 +473,7 @@ class CodexEngine:
 
 
 def _sandbox_setting(config: ConfigReader) -> str:
-    return (config("engine.codex.sandbox") or "workspace-write").strip()
+    return (config("engine.codex.sandbox") or "workspace-write").strip().lower()
 
 
 def _confined(ctx: EngineContext) -> bool:

@@ -91,9 +91,9 @@ SETTINGS: dict[str, Setting] = {
     "defaultMaxUsd": _n("2", "a paid job's budget in USD when `start` has no `--max-usd`"),
     "maxJobUsd": _n("20", "the largest budget one job may reserve, in USD"),
     "worktreeDir": Setting("path", "where job worktrees go (never under `.git/`)",
-                           shown="<repo>/.subtask/worktrees", example=".subtask/worktrees"),
+                           shown="`<repo>/.subtask/worktrees`", example=".subtask/worktrees"),
     "stateDir": Setting("path", "the bookkeeping folder; share one across repositories for a user-wide cap",
-                        shown="<git-common-dir>/subtask", example="~/.local/state/subtask"),
+                        shown="`<git-common-dir>/subtask`", example="~/.local/state/subtask"),
     "verify": Setting("text", "the verify command of a best-of group when `start` has no `--verify`",
                       example="'pytest -q'"),
     "verifyTimeout": _n("600", "seconds verify may run", 1),
@@ -122,10 +122,10 @@ SETTINGS: dict[str, Setting] = {
     "refLockStale": _n("10", "seconds after which a job record's ref lock is a dead writer's leftover, removed", 1),
     "packLooseObjects": _i("1024", "loose objects added since the last pack that make a worker pack them (one new "
                            "pack, nothing deleted) before its checkout (`0`: never). See docs/benchmarks.md", 0),
-    "executor": Setting("words", "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster. "
-                        "See docs/scale-out.md", "local", words=("local", "ray")),
+    "executor": Setting("words", "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster, results "
+                        "back through the remote. See docs/scale-out.md", "local", words=("local", "ray")),
     "remote": Setting("text", "the remote Ray nodes fetch a job from and push it to", "origin"),
-    "ray.address": Setting("text", "the Ray job server (its dashboard), `http://<head>:8265`", shown="$RAY_ADDRESS",
+    "ray.address": Setting("text", "the Ray job server (its dashboard), `http://<head>:8265`", shown="`$RAY_ADDRESS`",
                            example="http://127.0.0.1:8265"),
     "ray.resources": Setting("amounts", "extra Ray resources each job asks for, beside one `subtask_slot`",
                              example="'{\"gpu_box\": 1}'"),
@@ -133,12 +133,14 @@ SETTINGS: dict[str, Setting] = {
                        example="MY_TOKEN"),
     "ray.command": Setting("text", "the command Ray nodes run (`<command> run-remote <id> ...`)", "git-subtask"),
     "sign": Setting("words", "sign every record and notes commit when git has a signing key (`user.signingKey`, "
-                    "`gpg.format`); `always` refuses to start without one; `never`. See docs/review.md", "auto",
+                    "`gpg.format`); `always` refuses to start without one; `never`. A teammate's record merges on its "
+                    "verify only when an allowed signer (`gpg.ssh.allowedSignersFile`) signed it. See docs/review.md",
+                    "auto",
                     words=("auto", "always", "never")),
     "cloneId": Setting("clone-id", "this clone's identity, recorded in each job it starts (made at the first "
                        "start; never copy it to another clone)", shown="made at the first start"),
-    "isolation": Setting("words", "what the engine may write, kernel-enforced (Landlock, mount and pid namespaces). "
-                         "See docs/security.md", shown="the engine's (`worktree` for shell and command)",
+    "isolation": Setting("words", "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
+                         "metadata, a pid namespace so no child outlives the job). See docs/security.md", shown="the engine's (`worktree` for shell and command)",
                          words=("none", "worktree", "readonly")),
     "isolation.writable": Setting("path", "a path confined jobs may write too (`~` and `$VARS` expanded)",
                                   multi=True, example="~/.cache"),
@@ -163,7 +165,7 @@ SETTINGS: dict[str, Setting] = {
                                      "`$SUBTASK_CLAUDE_CLI`, else the SDK's own)", shown="the SDK's",
                                      example="/usr/local/bin/claude", engine="claude"),
     "engine.codex.path": Setting("path", "the codex binary (else `$SUBTASK_CODEX_BIN`, else `codex` on PATH)",
-                                 shown="codex", example="codex", engine="codex"),
+                                 shown="`codex` on PATH", example="codex", engine="codex"),
     "engine.codex.sandbox": Setting("words", "codex's own sandbox; `danger-full-access` leaves confinement to "
                                     "git-subtask alone", "workspace-write",
                                     words=("read-only", "workspace-write", "danger-full-access"), engine="codex"),
@@ -177,6 +179,17 @@ SETTINGS: dict[str, Setting] = {
                                                 "price", minimum=0, example="0.125", engine="codex"),
 }
 DEFAULTS: dict[str, str] = {key: s.default for key, s in SETTINGS.items() if s.default is not None}
+
+
+def documented() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) of every row, as the man page and README show them."""
+    rows = []
+    for key, setting in SETTINGS.items():
+        kind = setting.expect + (" (repeatable)" if setting.multi else "")
+        default = f"`{setting.default}`" if setting.default is not None else setting.shown or "none"
+        old = "".join(f" (old name: `subtask.{name}`)" for name in setting.old_names)
+        rows.append((f"subtask.{key}", kind, default, setting.meaning + old))
+    return rows
 
 
 def _parts(key: str) -> tuple[str, str]:
