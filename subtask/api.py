@@ -1268,9 +1268,13 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
 
 def _activity_text(event: dict) -> str | None:
     kind = event.get("type")
-    if kind == "stalled":
-        after = event.get("after")
-        return "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
+    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
+        from subtask.model.render import duration
+
+        since, after = event.get("since"), event.get("after")
+        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
+        return (f"stalled: no event from the engine{silent}"
+                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
     if kind == "command":
         return f"running: {event.get('command')}"
     if kind == "tool":
