@@ -61,7 +61,7 @@ class Setting:
                 what += f" and <= {self.maximum:g}"
             return what
         if self.kind == "words":
-            return ", ".join(self.words[:-1]) + f" or {self.words[-1]}"
+            return " or ".join(self.words) if len(self.words) == 2 else f"one of {', '.join(self.words)}"
         return {
             "flag": "true or false",
             "text": "text",
