@@ -51,6 +51,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model.config import TRUE_WORDS
 from subtask.model.redact import StreamRedactor
 from subtask.proc.isolation import ACTIVE_ENV
 
@@ -375,7 +376,7 @@ class CodexEngine:
             roots.append(admin)
         for root in roots:
             args += ["--add-dir", str(root)]
-        if (ctx.config("engine.codex.network") or "").strip().lower() in ("true", "yes", "on", "1"):
+        if (ctx.config("engine.codex.network") or "").strip().lower() in TRUE_WORDS:
             args += ["-c", "sandbox_workspace_write.network_access=true"]
         return args
 

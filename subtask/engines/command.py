@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
-from subtask.model.config import parse_argv
+from subtask.model.config import TRUE_WORDS, parse_argv
 
 ConfigReader = Callable[[str], "str | None"]
 
 _PLACEHOLDER_RE = re.compile(r"\{(task|task_file|worktree|model|session)\}")
-_TRUE = ("true", "yes", "on", "1")
 _KEEP_LINES = 400  # enough output for a 10-line summary and a trailing STATUS line
 
 
@@ -108,7 +107,7 @@ class CommandEngine:
     def __init__(self, name: str, config: ConfigReader) -> None:
         self.name = name
         self._config = config
-        self.paid = (config(f"engine.{name}.paid") or "").strip().lower() in _TRUE
+        self.paid = (config(f"engine.{name}.paid") or "").strip().lower() in TRUE_WORDS
 
     def _key(self, key: str) -> str | None:
         return self._config(f"engine.{self.name}.{key}")

@@ -17,11 +17,9 @@ The same process reads the settings git signs and verifies commits with (`user.s
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -178,7 +176,6 @@ SETTINGS: dict[str, Setting] = {
     "engine.codex.costPerMTokCachedIn": Setting("number", "USD per million cached input tokens", shown="the input "
                                                 "price", minimum=0, example="0.125", engine="codex"),
 }
-DEFAULTS: dict[str, str] = {key: s.default for key, s in SETTINGS.items() if s.default is not None}
 
 
 def documented() -> list[tuple[str, str, str, str]]:
@@ -329,6 +326,8 @@ def fix_hint(key: str) -> str:
     if not value:
         return f"git config --unset subtask.{key}"
     if setting.default is not None:
+        import shlex
+
         value = shlex.quote(value)
     return f"git config subtask.{key} {value}"
 
@@ -356,6 +355,8 @@ def unknown_key_problem(key: str) -> Problem:
 def nearest(key: str) -> str | None:
     """The table's key closest to `key`, spelled with `key`'s engine name where the row has one (an
     old name suggests the new one)."""
+    import difflib  # doctor's, not every command's
+
     name = engine_name(key)
     suggest = {}
     for k, setting in SETTINGS.items():
@@ -373,10 +374,7 @@ class Config:
     def get(self, key: str, default: str | None = None) -> str | None:
         """The value of `key`, else of its old names, else `default`, else the table's default.
         `key` must be in the table: reading one outside it raises KeyError (a bug here)."""
-        table_key = row(key)
-        if table_key is None or (NAME not in table_key and _parts(key) != _parts(table_key)):
-            raise KeyError(f"subtask.{key} is not in the table of settings (subtask/model/config.py SETTINGS)")
-        setting = SETTINGS[table_key]
+        setting = SETTINGS[_readable(key)]
         value = self._read("subtask." + key)
         for old in setting.old_names if value is None else ():
             value = self._read("subtask." + old)
@@ -395,8 +393,7 @@ class Config:
 
     def remember(self, key: str, value: str) -> None:
         """A `subtask.*` value this process just wrote with `git config`, read back from now on."""
-        if row(key) is None:
-            raise KeyError(f"subtask.{key} is not in the table of settings (subtask/model/config.py SETTINGS)")
+        _readable(key)
         if isinstance(self._read, GitSettings):
             self._read.set(_canonical("subtask." + key), value)
 
@@ -425,7 +422,7 @@ class Config:
 
     def choice(self, key: str) -> str:
         """One of the key's words; the default for anything else (start refuses it, doctor names it)."""
-        setting = SETTINGS[row(key) or key]
+        setting = SETTINGS[_readable(key)]
         value = (self.get(key) or "").strip().lower()
         return value if value in setting.words else setting.default or setting.words[0]
 
@@ -435,10 +432,7 @@ class Config:
     def problems(self) -> list[Problem]:
         """Every `subtask.*` key set here that the table refuses, lacks, or knows by an old name."""
         found = []
-        for spelled_as_git, raw in (self.settings() or {}).items():
-            if not spelled_as_git.startswith("subtask."):
-                continue
-            key = spelled(spelled_as_git)
+        for key, raw in self._set():
             table_key = row(key)
             if table_key is None:
                 found.append(unknown_key_problem(key))
@@ -446,22 +440,39 @@ class Config:
             problem = refusal(key, raw)
             if problem:
                 found.append(Problem(key, "bad", problem, fix_hint(key)))
-            if _parts(key) != _parts(table_key) and NAME not in table_key:
-                new_set = self._read("subtask." + table_key) is not None
-                found.append(Problem(key, "old", f"subtask.{key} is the old name of subtask.{table_key}"
-                                     + (f", which is set too: subtask.{key} is not read" if new_set else ""),
-                                     f"git config subtask.{table_key} \"$(git config subtask.{key})\" && "
-                                     f"git config --unset subtask.{key}" if not new_set
-                                     else f"git config --unset subtask.{key}"))
+            if NAME not in table_key and _parts(key) != _parts(table_key):
+                found.append(self._old_name_problem(key, table_key))
         return found
 
     def require_valid(self, engine: str | None = None) -> None:
         """Refuse (exit 128, the key and its fix named) a value the table refuses, of every key but
         those of engines other than `engine`: what `start` checks before it makes anything."""
-        bad = [p for p in self.problems() if p.level == "bad" and _applies(p.key, engine)]
+        bad = [(key, problem) for key, raw in self._set() if row(key) is not None and _applies(key, engine)
+               for problem in [refusal(key, raw)] if problem]
         if bad:
+            key, problem = bad[0]
             more = f" (and {len(bad) - 1} more: git subtask doctor)" if len(bad) > 1 else ""
-            raise SubtaskError("fatal", bad[0].message + more, hint=bad[0].fix)
+            raise SubtaskError("fatal", problem + more, hint=fix_hint(key))
+
+    def _set(self) -> list[tuple[str, str]]:
+        """(key as the table spells it, value) of every `subtask.*` key git gave."""
+        return [(spelled(key), value) for key, value in (self.settings() or {}).items() if key.startswith("subtask.")]
+
+    def _old_name_problem(self, old: str, new: str) -> Problem:
+        if self._read("subtask." + new) is not None:
+            return Problem(old, "old", f"subtask.{old} is the old name of subtask.{new}, which is set too: "
+                           f"subtask.{old} is not read", f"git config --unset subtask.{old}")
+        return Problem(old, "old", f"subtask.{old} is the old name of subtask.{new}",
+                       f"git config subtask.{new} \"$(git config subtask.{old})\" && git config --unset subtask.{old}")
+
+
+def _readable(key: str) -> str:
+    """The table's key the code may read as `key` (its own spelling, or a patterned row's with an
+    engine's name); KeyError for any other, an old name included: a bug here, never a user's."""
+    table_key = row(key)
+    if table_key is None or (NAME not in table_key and _parts(key) != _parts(table_key)):
+        raise KeyError(f"subtask.{key} is not in the table of settings (subtask/model/config.py SETTINGS)")
+    return table_key
 
 
 def _applies(key: str, engine: str | None) -> bool:
