@@ -638,7 +638,6 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     and reserved all or none, and the group record that names them (the pick is `groups.settle`'s).
     `request.engine` and `.model` may name several, cycled over the members."""
     groups = _groups()
-    repo.config.require_valid()
     how = request
     n = how.best_of
     if isinstance(n, bool) or not isinstance(n, int) or not groups.MIN_MEMBERS <= n <= groups.MAX_MEMBERS:
@@ -706,7 +705,6 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
     import shlex
 
     groups = _groups()
-    repo.config.require_valid()
     batch = int(_positive(batch, "--batch", allow_none=False, integer=True))
     if concurrency is not None:
         concurrency = int(_positive(concurrency, "--concurrency", integer=True))
