@@ -1672,6 +1672,13 @@ def engines(repo: Repo):
     return probes
 
 
+def engine_plugins() -> list[str]:
+    """The engines other packages register: they read `subtask.engine.<name>.*` keys of their own."""
+    from subtask.engines import plugin_names
+
+    return plugin_names()
+
+
 def evidence_envelope(job: Job) -> dict:
     """The JSON envelope: what the runner observed, apart from what the engine reported."""
     attempt = job.state.current

@@ -305,3 +305,42 @@ def test_a_failed_test_deletion_check_hints_dropping_only_that_check(tmp_path, c
     attempt = run.json("show", job)["state_detail"]["attempts"][0]
     assert attempt["error_kind"] == "check", attempt
     assert "--check none --check no-suppression" in attempt["hint"], attempt["hint"]
+
+
+# ---------------------------------------------------------------- an engine from another package
+
+GREETER = '''
+from subtask.engines.base import Outcome, Probe
+
+
+class Greeter:
+    """An engine another package registers: it reads a setting of its own and one of ours."""
+    name = "greeter"
+    paid = False
+    isolation = "none of its own"
+
+    def probe(self):
+        return Probe(self.name, True, True, "1.0", False, self.isolation)
+
+    def run(self, ctx):
+        words = f"{ctx.config('engine.greeter.greeting')} {ctx.config('stallAfter')}"
+        (ctx.worktree / "greeting.txt").write_text(words + "\\n")
+        return Outcome(True, summary=words)
+'''
+
+
+def test_an_engine_from_another_package_reads_its_own_keys_and_doctor_leaves_them_to_it(cli, repo, tmp_path,
+                                                                                     monkeypatch):
+    site = tmp_path / "site"
+    (site / "greeter-1.0.dist-info").mkdir(parents=True)
+    (site / "greeter.py").write_text(GREETER)
+    (site / "greeter-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: greeter\nVersion: 1.0\n")
+    (site / "greeter-1.0.dist-info" / "entry_points.txt").write_text("[subtask.engines]\ngreeter = greeter:Greeter\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    git(repo, "config", "subtask.engine.greeter.greeting", "hello")
+    job = cli.start("greet", "--engine", "greeter")
+    cli("wait", job)
+    shown = cli.json("show", job)
+    assert shown["state"] == "done", shown["state_detail"]
+    assert git(repo, "show", f"subtask/{job}:greeting.txt") == "hello 600"
+    assert settings_check(cli)["status"] == "ok"

@@ -85,7 +85,9 @@ def check_libgit2() -> Check:
 def check_settings(repo) -> Check:
     """Every `subtask.*` key set here against the table of settings (`model/config.py`): a value
     it refuses fails (start refuses it too), a key it lacks or knows by an old name warns."""
-    problems = repo.config.problems()
+    from subtask import api
+
+    problems = repo.config.problems(engine_plugins=api.engine_plugins())
     if not problems:
         return Check("settings", "ok", "every subtask.* setting is valid")
     status = "fail" if any(p.level == "bad" for p in problems) else "warn"

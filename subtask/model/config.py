@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from subtask.model import checknames
@@ -406,6 +406,19 @@ class Config:
         """The key git signs with (`user.signingKey`), unless `subtask.sign` is never."""
         return signing_key_of(self._read)
 
+    def for_engine_plugin(self, name: str) -> Callable[[str], str | None]:
+        """The reader an engine from another package (`subtask.engines` entry point) gets: the
+        table's keys as `get` reads them, and its own `engine.<name>.*` keys, which the table
+        cannot list, as git gave them."""
+        own = f"engine.{name}."
+
+        def read(key: str) -> str | None:
+            if key.startswith(own) and row(key) is None:
+                return self._read("subtask." + key)
+            return self.get(key)
+
+        return read
+
     def settings(self) -> dict[str, str] | None:
         """Every setting as git gave them (None when they do not come from git)."""
         return self._read.all() if isinstance(self._read, GitSettings) else None
@@ -429,13 +442,15 @@ class Config:
     def flag(self, key: str) -> bool:
         return (self.get(key) or "").strip().lower() in TRUE_WORDS
 
-    def problems(self) -> list[Problem]:
-        """Every `subtask.*` key set here that the table refuses, lacks, or knows by an old name."""
+    def problems(self, engine_plugins: Collection[str] = ()) -> list[Problem]:
+        """Every `subtask.*` key set here that the table refuses, lacks, or knows by an old name
+        (`engine.<name>.*` keys of `engine_plugins` aside: those engines read their own)."""
         found = []
         for key, raw in self._set():
             table_key = row(key)
-            if table_key is None:
+            if table_key is None and engine_name(key) not in engine_plugins:
                 found.append(unknown_key_problem(key))
+            if table_key is None:
                 continue
             problem = refusal(key, raw)
             if problem:

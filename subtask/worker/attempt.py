@@ -40,7 +40,7 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask.engines import get_engine
+from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
 from subtask.git import checks, notes, packing, records, worktrees
 from subtask.git.gitrepo import (
@@ -427,7 +427,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config,
+        config=settings_reader(engine, repo.config),
         on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
         state_dir=repo.state_dir,
