@@ -201,7 +201,7 @@ def _check_depth(repo: Repo) -> Delegation:
 
 
 def default_engine(repo: Repo) -> str:
-    """`subtask.engine` (refused, exit 128, when it names no engine), else claude when it can run."""
+    """`subtask.engine` (refused, exit 128, when it names no engine), else claude if it can run."""
     from subtask.engines import get_engine
     from subtask.engines.base import preflight
 
@@ -211,7 +211,8 @@ def default_engine(repo: Repo) -> str:
             get_engine(configured, repo.config)
         except SubtaskError as exc:
             raise SubtaskError("fatal", f"git config subtask.engine names no engine: {exc.message}",
-                               hint="git config subtask.engine shell   (the engines here: git subtask engines)") from None
+                               hint="git config subtask.engine shell   (see: git subtask engines)"
+                               ) from None
         return configured
 
     if preflight(get_engine("claude", repo.config)) is None:  # cheap: no `claude --version`
@@ -436,7 +437,8 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
-    return retries, checks.resolve(given, repo.config.get("git.checks"), has_verify=bool(request.verify))
+    configured = repo.config.get("git.checks")
+    return retries, checks.resolve(given, configured, has_verify=bool(request.verify))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -1673,7 +1675,7 @@ def engines(repo: Repo):
 
 
 def engine_plugins() -> list[str]:
-    """The engines other packages register: they read `subtask.engine.<name>.*` keys of their own."""
+    """The engines other packages register (each reads `subtask.engine.<name>.*` of its own)."""
     from subtask.engines import plugin_names
 
     return plugin_names()

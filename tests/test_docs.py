@@ -71,8 +71,8 @@ def test_the_readme_settings_table_is_the_table_of_settings():
 def test_the_man_page_and_the_readme_name_every_setting_the_code_reads():
     from subtask.model.config import SETTINGS
 
-    page = (ROOT / "man" / "git-subtask.1").read_text().replace("\\-", "-").split(".SH SETTINGS", 1)[1]
-    page = page.split(".SH ", 1)[0]
+    page = (ROOT / "man" / "git-subtask.1").read_text().replace("\\-", "-")
+    page = page.split(".SH SETTINGS", 1)[1].split(".SH ", 1)[0]
     readme = (ROOT / "README.md").read_text().split("## Settings", 1)[1].split("\n## ", 1)[0]
     for key in SETTINGS:
         assert f"\\fBsubtask.{key}\\fR" in page, f"man page: subtask.{key}"

@@ -31,15 +31,16 @@ def _text(node: ast.expr) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(part.value if isinstance(part, ast.Constant) else "<name>" for part in node.values)
+        return "".join(part.value if isinstance(part, ast.Constant) else "<name>"
+                       for part in node.values)
     return None
 
 
 def _is_module(dotted: str) -> bool:
-    """`subtask.worker.attempt`, `subtask.engines`: a module of ours (or its attribute), not a key."""
-    parts = dotted.split(".")
-    return (PACKAGE.joinpath(*parts[:1]).with_suffix(".py").exists() or PACKAGE.joinpath(parts[0]).is_dir()) \
-        and not config.row(dotted)
+    """`subtask.worker.attempt`, `subtask.engines`: a module of ours (or its attribute)."""
+    first = dotted.split(".")[0]
+    ours = PACKAGE.joinpath(first).with_suffix(".py").exists() or PACKAGE.joinpath(first).is_dir()
+    return ours and not config.row(dotted)
 
 
 def keys_read(path: Path) -> list[tuple[int, str]]:
@@ -52,7 +53,8 @@ def keys_read(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args:
             func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            name = (func.attr if isinstance(func, ast.Attribute)
+                    else func.id if isinstance(func, ast.Name) else "")
             owner = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
             text = _text(node.args[0])
             if text is None or name not in READERS or text.startswith("subtask."):
@@ -78,7 +80,8 @@ def test_every_setting_the_code_names_is_a_row_of_the_table():
             if "<name>" in key.split(".")[-1]:
                 continue  # the name itself is variable: the runtime check in Config.get covers it
             table_key = config.row(key)
-            if table_key is None or any(key.lower() == old.lower() for old in config.SETTINGS[table_key].old_names):
+            old_names = config.SETTINGS[table_key].old_names if table_key else ()
+            if table_key is None or any(key.lower() == old.lower() for old in old_names):
                 missing.append(f"{path.relative_to(ROOT)}:{line}: subtask.{key}")
     assert missing == [], "keys outside subtask/model/config.py SETTINGS:\n" + "\n".join(missing)
 
@@ -87,9 +90,9 @@ def test_the_scan_sees_the_reads_it_must_see():
     """The scan above finds reads written each way the code writes them (a scan that finds nothing
     passes whatever the code reads)."""
     keys = {key for path in PACKAGE.rglob("*.py") for _, key in keys_read(path)}
-    for expected in ("stallAfter", "git.checks", "landTarget", "engine.<name>.command", "engine.<name>.costPattern",
-                     "engine.codex.sandbox", "engine.claude.cliPath", "isolation.writable", "ray.env",
-                     "engine.<name>.exclude", "sign", "cloneId"):
+    for expected in ("stallAfter", "git.checks", "landTarget", "engine.<name>.command",
+                     "engine.<name>.costPattern", "engine.codex.sandbox", "engine.claude.cliPath",
+                     "isolation.writable", "ray.env", "engine.<name>.exclude", "sign", "cloneId"):
         assert expected in keys, expected
 
 
@@ -97,7 +100,7 @@ def test_reading_a_key_outside_the_table_is_a_programming_error():
     settings = config.Config(config.GitSettings({"subtask.checkz": "none"}))
     with pytest.raises(KeyError, match="subtask.checkz"):
         settings.get("checkz")
-    with pytest.raises(KeyError, match="subtask.checks"):  # an old name is read through the new one only
+    with pytest.raises(KeyError, match="subtask.checks"):  # an old name: read through the new one
         settings.get("checks")
     assert settings.get("engine.aider.costPattern") is None  # a patterned row: any engine's name
     assert settings.get("stallAfter") == "600"
@@ -127,12 +130,13 @@ def leftovers(repo: Path) -> dict:
     common = Path(git(repo, "rev-parse", "--git-common-dir"))
     common = common if common.is_absolute() else repo / common
     state = common / "subtask"
-    files = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file()) if state.exists() else []
+    files = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
     return {"refs": refs(repo), "branches": git(repo, "branch", "--list", "--all"),
             "worktrees": git(repo, "worktree", "list", "--porcelain"),
             "state": [f for f in files if not f.endswith(".lock")],
             "slots": (state / "slots.json").read_text() if (state / "slots.json").exists() else "",
-            "ledger": (state / "ledger.jsonl").read_text() if (state / "ledger.jsonl").exists() else "",
+            "ledger": (state / "ledger.jsonl").read_text() if (state / "ledger.jsonl").exists()
+            else "",
             "config": (common / "config").read_text()}
 
 
@@ -184,7 +188,8 @@ def test_reply_refuses_a_bad_setting_before_its_attempt(cli, repo):
 
 
 def test_a_bad_setting_of_the_jobs_engine_is_refused_and_another_engines_is_not(cli, repo):
-    git(repo, "config", "subtask.engine.agent.command", json.dumps([sys.executable, "-c", "print('hi')"]))
+    argv = json.dumps([sys.executable, "-c", "print('hi')"])
+    git(repo, "config", "subtask.engine.agent.command", argv)
     git(repo, "config", "subtask.engine.agent.costPattern", "cost: ([0-9.]+")
     before = leftovers(repo)
     proc = cli("start", "--engine", "agent", "do it")
@@ -197,7 +202,8 @@ def test_a_bad_setting_of_the_jobs_engine_is_refused_and_another_engines_is_not(
 def test_best_of_and_map_refuse_a_bad_setting_too(cli, repo):
     git(repo, "config", "subtask.stallAction", "explode")
     before = leftovers(repo)
-    for args in (["start", "--best-of", "2", "--verify", "true", "true"], ["map", "README.md", "cat {files}"]):
+    for args in (["start", "--best-of", "2", "--verify", "true", "true"],
+                 ["map", "README.md", "cat {files}"]):
         proc = cli(*args)
         assert proc.returncode == 128 and "subtask.stallAction" in proc.stderr, (args, proc.stderr)
     assert leftovers(repo) == before
@@ -329,13 +335,14 @@ class Greeter:
 '''
 
 
-def test_an_engine_from_another_package_reads_its_own_keys_and_doctor_leaves_them_to_it(cli, repo, tmp_path,
-                                                                                     monkeypatch):
+def test_an_engine_from_another_package_reads_its_own_keys_and_doctor_leaves_them_to_it(
+        cli, repo, tmp_path, monkeypatch):
     site = tmp_path / "site"
-    (site / "greeter-1.0.dist-info").mkdir(parents=True)
+    info = site / "greeter-1.0.dist-info"
+    info.mkdir(parents=True)
     (site / "greeter.py").write_text(GREETER)
-    (site / "greeter-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: greeter\nVersion: 1.0\n")
-    (site / "greeter-1.0.dist-info" / "entry_points.txt").write_text("[subtask.engines]\ngreeter = greeter:Greeter\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: greeter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[subtask.engines]\ngreeter = greeter:Greeter\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
     git(repo, "config", "subtask.engine.greeter.greeting", "hello")
     job = cli.start("greet", "--engine", "greeter")

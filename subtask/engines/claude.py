@@ -302,8 +302,9 @@ class _Attempt:
         if cli is None:  # never let the SDK find one of its own: it would run unconfined, in our group
             from claude_agent_sdk import CLINotFoundError
 
-            self.error = CLINotFoundError("no Claude Code CLI found (pip install claude-agent-sdk bundles it; "
-                                          f"or set {CLI_ENV} or git config subtask.engine.claude.cliPath)")
+            self.error = CLINotFoundError(
+                "no Claude Code CLI found (pip install claude-agent-sdk bundles it; "
+                f"or set {CLI_ENV} or git config subtask.engine.claude.cliPath)")
             return self._outcome()
         launch = _Launch(self.ctx, cli)
         try:

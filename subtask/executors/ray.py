@@ -261,7 +261,8 @@ def _resources(repo: Repo) -> dict[str, float]:
     if raw:
         extra = config.amounts(raw)
         if extra is None:
-            raise SubtaskError("fatal", config.refusal("ray.resources", raw) or raw, hint=config.fix_hint("ray.resources"))
+            raise SubtaskError("fatal", config.refusal("ray.resources", raw) or raw,
+                               hint=config.fix_hint("ray.resources"))
         wanted.update(extra)
     return wanted
 

@@ -91,7 +91,8 @@ def check_settings(repo) -> Check:
     if not problems:
         return Check("settings", "ok", "every subtask.* setting is valid")
     status = "fail" if any(p.level == "bad" for p in problems) else "warn"
-    return Check("settings", status, "; ".join(p.message for p in problems), [p.fix for p in problems])
+    return Check("settings", status, "; ".join(p.message for p in problems),
+                 [p.fix for p in problems])
 
 
 def check_hooks(repo) -> Check:

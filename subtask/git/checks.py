@@ -123,10 +123,12 @@ def retry_hint(results: list[dict] | None, recorded: list[str]) -> str:
     dropped = any(c in failed_names and not c.startswith(PATHS) for c in recorded)
     # A path as a glob that matches it: `?` stands for each character a glob or a list would read.
     added = [PATHS + re.sub(r"[*?{},\[\]]", "?", p) for p in outside[:HINT_PATHS]]
-    more = f" (and {len(outside) - HINT_PATHS} more paths: git subtask show <id>)" if len(outside) > HINT_PATHS else ""
-    flags = " ".join(f"--check {shlex.quote(c)}" for c in ([NONE] if dropped else []) + kept + added)
-    return (f"see what the checks found: git subtask show <id>; if the change is meant, start it again with the "
-            f"other checks kept: git subtask start {flags} ...{more}")
+    left = len(outside) - HINT_PATHS
+    more = f" (and {left} more paths: git subtask show <id>)" if left > 0 else ""
+    given = ([NONE] if dropped else []) + kept + added
+    flags = " ".join(f"--check {shlex.quote(c)}" for c in given)
+    return (f"see what the checks found: git subtask show <id>; if the change is meant, start it "
+            f"again with the other checks kept: git subtask start {flags} ...{more}")
 
 
 @dataclass
@@ -426,4 +428,5 @@ def _paths(change: Change, globs: list[str]) -> Result:
     patterns = [glob_regex(g) for g in globs]
     outside = [p for p in change.paths() if not any(r.match(p) for r in patterns)]
     shown = "paths=" + ",".join(globs)
-    return Result(shown, not outside, [f"{p} is outside {', '.join(globs)}" for p in outside], outside)
+    found = [f"{p} is outside {', '.join(globs)}" for p in outside]
+    return Result(shown, not outside, found, outside)

@@ -45,11 +45,12 @@ def check_name(item: str, given_as: str = "--check ") -> str:
     if item.startswith(PATHS):
         glob = item[len(PATHS):].strip()
         if not glob or glob.startswith("/") or "\0" in glob or ".." in PurePosixPath(glob).parts:
-            raise SubtaskError("usage", f"{given_as}{item!r}: give a glob relative to the repository's top, "
-                               "e.g. paths=src/** or paths=**/*.md")
+            raise SubtaskError("usage", f"{given_as}{item!r}: give a glob relative to the "
+                               "repository's top, e.g. paths=src/** or paths=**/*.md")
         return PATHS + glob
-    raise SubtaskError("usage", f"unknown check {item!r}; checks: {', '.join(NAMED)}, paths=GLOB, none",
-                       hint="git subtask start --check no-test-deletion --check paths='src/**' ...")
+    raise SubtaskError("usage", f"unknown check {item!r}; checks: {', '.join(NAMED)}, "
+                       "paths=GLOB, none",
+                       hint="git subtask start --check no-test-deletion --check 'paths=src/**'")
 
 
 def problem(value: str) -> str | None:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from subtask.model import checknames
 from subtask.model.errors import SubtaskError
 
-KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "checks", "amounts", "clone-id")
+KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "checks", "amounts",
+         "clone-id")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 TRUE_WORDS = FLAG_WORDS[:4]
 NAME = "<name>"  # in a row's key: any engine's name
@@ -38,7 +39,8 @@ class Setting:
 
     kind: str  # one of KINDS
     meaning: str
-    default: str | None = None  # the value read when unset; None: unset means none (or what `shown` says)
+    # The value read when unset; None: unset means none (or what `shown` says).
+    default: str | None = None
     shown: str = ""  # the default as a person reads it, where `default` is None or computed
     minimum: float | None = None
     maximum: float | None = None
@@ -46,7 +48,8 @@ class Setting:
     multi: bool = False  # repeatable (git config --add)
     example: str = ""  # a value the fix suggests when there is no default
     old_names: tuple[str, ...] = ()  # read too when this key is unset (doctor names them as old)
-    engine: str | None = None  # a key only that engine reads; NAME: any engine's (by the key's name)
+    # A key only that engine reads; NAME: any engine's (the one the key names).
+    engine: str | None = None
 
     @property
     def expect(self) -> str:
@@ -59,122 +62,184 @@ class Setting:
                 what += f" and <= {self.maximum:g}"
             return what
         if self.kind == "words":
-            return " or ".join(self.words) if len(self.words) == 2 else f"one of {', '.join(self.words)}"
+            if len(self.words) == 2:
+                return " or ".join(self.words)
+            return f"one of {', '.join(self.words)}"
         return {
             "flag": "true or false",
             "text": "text",
             "path": "a path",
             "argv": "a JSON list of strings, the program first",
             "regex": "a regular expression with one group",
-            "checks": "checks separated by commas: no-test-deletion, no-suppression, paths=GLOB, none",
+            "checks": "checks separated by commas: no-test-deletion, no-suppression, paths=GLOB, "
+                      "none",
             "amounts": "a JSON object of amounts >= 0",
             "clone-id": "c- and 16 hex digits",
         }[self.kind]
 
 
-def _n(default: str, meaning: str, minimum: float = 0, **kw) -> Setting:
-    return Setting("number", meaning, default, minimum=minimum, **kw)
-
-
-def _i(default: str, meaning: str, minimum: float = 1, **kw) -> Setting:
-    return Setting("int", meaning, default, minimum=minimum, **kw)
-
-
 SETTINGS: dict[str, Setting] = {
-    "engine": Setting("text", "the engine a job runs with when `start` names none", shown="claude if usable",
-                      example="shell"),
-    "maxRunning": _i("4", "workers running at once (across all processes); more jobs queue"),
-    "maxDepth": _i("2", "how deep jobs may start jobs"),
-    "monthlyCapUsd": _n("100", "monthly spend cap for paid engines, in USD"),
-    "defaultMaxUsd": _n("2", "a paid job's budget in USD when `start` has no `--max-usd`"),
-    "maxJobUsd": _n("20", "the largest budget one job may reserve, in USD"),
-    "worktreeDir": Setting("path", "where job worktrees go (never under `.git/`)",
-                           shown="`<repo>/.subtask/worktrees`", example=".subtask/worktrees"),
-    "stateDir": Setting("path", "the bookkeeping folder; share one across repositories for a user-wide cap",
-                        shown="`<git-common-dir>/subtask`", example="~/.local/state/subtask"),
-    "verify": Setting("text", "the verify command of a best-of group when `start` has no `--verify`",
-                      example="'pytest -q'"),
-    "verifyTimeout": _n("600", "seconds verify may run", 1),
-    "git.checks": Setting("checks", "the checks on the diff every job with a verify runs before it (`none`: none); "
-                          "`start --check` adds to them. See docs/verify.md", checknames.DEFAULT,
-                          old_names=("checks",)),
-    "defaultTimeout": _n("3600", "seconds a paid engine may run when `start` has no `--timeout` (`0`: no limit)"),
-    "stallAfter": _n("600", "seconds an engine may be silent before its job is marked stalled (`wait` returns "
-                     "on it; `0`: never). See docs/engines.md"),
-    "stallAction": Setting("words", "what follows a stall: `mark` the job, or `stop` its engine", "mark",
-                           words=("mark", "stop")),
-    "stopGrace": _n("5", "seconds between SIGTERM and SIGKILL when a job is stopped"),
-    "landTarget": Setting("text", "the branch a job has landed in when its work is there, and the one `land` moves",
-                          shown="the current branch", example="main"),
-    "deleteLandedBranches": Setting("flag", "delete a job's branch once it has landed", "true"),
-    "sweepInterval": _n("30", "seconds between the lazy landed-job sweeps inside other commands"),
-    "setup": Setting("text", "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
-                     example="'make deps'"),
-    "setupTimeout": _n("600", "seconds `subtask.setup` (and `subtask.teardown`) may run", 1),
-    "teardown": Setting("text", "a command run (`sh -c`, confined as the job) when each attempt ends, to stop "
-                        "what the job started (`docker compose down`)", example="'docker compose down'"),
-    "portBase": _i("20000", "the first port handed to running jobs (`$SUBTASK_PORT`); ports are never shared "
-                   "by two running jobs nor bound by anything else at a job's start (docs/orchestration.md)",
-                   maximum=65535),
-    "portsPerJob": _i("10", "consecutive ports each running job gets from `$SUBTASK_PORT`", maximum=65535),
-    "refLockStale": _n("10", "seconds after which a job record's ref lock is a dead writer's leftover, removed", 1),
-    "packLooseObjects": _i("1024", "loose objects added since the last pack that make a worker pack them (one new "
-                           "pack, nothing deleted) before its checkout (`0`: never). See docs/benchmarks.md", 0),
-    "executor": Setting("words", "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster, results "
-                        "back through the remote. See docs/scale-out.md", "local", words=("local", "ray")),
-    "remote": Setting("text", "the remote Ray nodes fetch a job from and push it to", "origin"),
-    "ray.address": Setting("text", "the Ray job server (its dashboard), `http://<head>:8265`", shown="`$RAY_ADDRESS`",
-                           example="http://127.0.0.1:8265"),
-    "ray.resources": Setting("amounts", "extra Ray resources each job asks for, beside one `subtask_slot`",
-                             example="'{\"gpu_box\": 1}'"),
-    "ray.env": Setting("text", "names of more environment variables to send with a Ray job", multi=True,
-                       example="MY_TOKEN"),
-    "ray.command": Setting("text", "the command Ray nodes run (`<command> run-remote <id> ...`)", "git-subtask"),
-    "sign": Setting("words", "sign every record and notes commit when git has a signing key (`user.signingKey`, "
-                    "`gpg.format`); `always` refuses to start without one; `never`. A teammate's record merges on its "
-                    "verify only when an allowed signer (`gpg.ssh.allowedSignersFile`) signed it. See docs/review.md",
-                    "auto",
-                    words=("auto", "always", "never")),
-    "cloneId": Setting("clone-id", "this clone's identity, recorded in each job it starts (made at the first "
-                       "start; never copy it to another clone)", shown="made at the first start"),
-    "isolation": Setting("words", "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
-                         "metadata, a pid namespace so no child outlives the job). See docs/security.md", shown="the engine's (`worktree` for shell and command)",
-                         words=("none", "worktree", "readonly")),
-    "isolation.writable": Setting("path", "a path confined jobs may write too (`~` and `$VARS` expanded)",
-                                  multi=True, example="~/.cache"),
-    "isolation.network": Setting("words", "`none`: a job's processes get a network namespace with only their own "
-                                 "loopback (refused where it cannot be enforced)", "allow", words=("allow", "none")),
-    "engine.<name>.command": Setting("argv", "a command engine's argv template: `{task}`, `{task_file}`, "
-                                     "`{worktree}`, `{model}`, `{session}`. See docs/engines.md",
-                                     example="'[\"aider\", \"--message-file\", \"{task_file}\"]'", engine=NAME),
-    "engine.<name>.resumeCommand": Setting("argv", "a command engine's argv template for a reply to a known "
-                                           "session", example="'[\"agent\", \"--resume\", \"{session}\"]'",
-                                           engine=NAME),
-    "engine.<name>.paid": Setting("flag", "a command engine that costs money: a budget is reserved for it", "false",
-                                  engine=NAME),
-    "engine.<name>.costPattern": Setting("regex", "finds a paid command engine's cost in its output (group 1, "
-                                         "dollars; the last match counts)", example="'cost: \\$([0-9.]+)'",
-                                         engine=NAME),
-    "engine.<name>.sessionPattern": Setting("regex", "finds a command engine's session id in its output (group 1)",
-                                            example="'session: (\\S+)'", engine=NAME),
-    "engine.<name>.exclude": Setting("text", "a pathspec kept out of what the worker commits for this engine",
-                                     multi=True, example="'.aider*'", engine=NAME),
-    "engine.claude.cliPath": Setting("path", "the Claude Code CLI the claude engine runs (else "
-                                     "`$SUBTASK_CLAUDE_CLI`, else the SDK's own)", shown="the SDK's",
-                                     example="/usr/local/bin/claude", engine="claude"),
-    "engine.codex.path": Setting("path", "the codex binary (else `$SUBTASK_CODEX_BIN`, else `codex` on PATH)",
-                                 shown="`codex` on PATH", example="codex", engine="codex"),
-    "engine.codex.sandbox": Setting("words", "codex's own sandbox; `danger-full-access` leaves confinement to "
-                                    "git-subtask alone", "workspace-write",
-                                    words=("read-only", "workspace-write", "danger-full-access"), engine="codex"),
-    "engine.codex.network": Setting("flag", "let codex's sandbox reach the network", "false", engine="codex"),
-    "engine.codex.costPerMTokIn": Setting("number", "USD per million input tokens (with `costPerMTokOut`: codex "
-                                          "jobs are charged their tokens, not their whole reservation)",
-                                          minimum=0, example="1.25", engine="codex"),
-    "engine.codex.costPerMTokOut": Setting("number", "USD per million output tokens", minimum=0, example="10",
-                                           engine="codex"),
-    "engine.codex.costPerMTokCachedIn": Setting("number", "USD per million cached input tokens", shown="the input "
-                                                "price", minimum=0, example="0.125", engine="codex"),
+    "engine": Setting("text",
+        "the engine a job runs with when `start` names none",
+        shown="claude if usable", example="shell"),
+    "maxRunning": Setting("int",
+        "workers running at once (across all processes); more jobs queue",
+        default="4", minimum=1),
+    "maxDepth": Setting("int", "how deep jobs may start jobs", default="2", minimum=1),
+    "monthlyCapUsd": Setting("number",
+        "monthly spend cap for paid engines, in USD",
+        default="100", minimum=0),
+    "defaultMaxUsd": Setting("number",
+        "a paid job's budget in USD when `start` has no `--max-usd`",
+        default="2", minimum=0),
+    "maxJobUsd": Setting("number",
+        "the largest budget one job may reserve, in USD",
+        default="20", minimum=0),
+    "worktreeDir": Setting("path",
+        "where job worktrees go (never under `.git/`)",
+        shown="`<repo>/.subtask/worktrees`", example=".subtask/worktrees"),
+    "stateDir": Setting("path",
+        "the bookkeeping folder; share one across repositories for a user-wide cap",
+        shown="`<git-common-dir>/subtask`", example="~/.local/state/subtask"),
+    "verify": Setting("text",
+        "the verify command of a best-of group when `start` has no `--verify`",
+        example="'pytest -q'"),
+    "verifyTimeout": Setting("number", "seconds verify may run", default="600", minimum=1),
+    "git.checks": Setting("checks",
+        "the checks on the diff every job with a verify runs before it (`none`: none); `start "
+        "--check` adds to them. See docs/verify.md",
+        default="no-test-deletion,no-suppression", old_names=("checks",)),
+    "defaultTimeout": Setting("number",
+        "seconds a paid engine may run when `start` has no `--timeout` (`0`: no limit)",
+        default="3600", minimum=0),
+    "stallAfter": Setting("number",
+        "seconds an engine may be silent before its job is marked stalled (`wait` returns on "
+        "it; `0`: never). See docs/engines.md",
+        default="600", minimum=0),
+    "stallAction": Setting("words",
+        "what follows a stall: `mark` the job, or `stop` its engine",
+        default="mark", words=("mark", "stop")),
+    "stopGrace": Setting("number",
+        "seconds between SIGTERM and SIGKILL when a job is stopped",
+        default="5", minimum=0),
+    "landTarget": Setting("text",
+        "the branch a job has landed in when its work is there, and the one `land` moves",
+        shown="the current branch", example="main"),
+    "deleteLandedBranches": Setting("flag",
+        "delete a job's branch once it has landed",
+        default="true"),
+    "sweepInterval": Setting("number",
+        "seconds between the lazy landed-job sweeps inside other commands",
+        default="30", minimum=0),
+    "setup": Setting("text",
+        "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
+        example="'make deps'"),
+    "setupTimeout": Setting("number",
+        "seconds `subtask.setup` (and `subtask.teardown`) may run",
+        default="600", minimum=1),
+    "teardown": Setting("text",
+        "a command run (`sh -c`, confined as the job) when each attempt ends, to stop what the "
+        "job started (`docker compose down`)",
+        example="'docker compose down'"),
+    "portBase": Setting("int",
+        "the first port handed to running jobs (`$SUBTASK_PORT`); ports are never shared by two "
+        "running jobs nor bound by anything else at a job's start (docs/orchestration.md)",
+        default="20000", minimum=1, maximum=65535),
+    "portsPerJob": Setting("int",
+        "consecutive ports each running job gets from `$SUBTASK_PORT`",
+        default="10", minimum=1, maximum=65535),
+    "refLockStale": Setting("number",
+        "seconds after which a job record's ref lock is a dead writer's leftover, removed",
+        default="10", minimum=1),
+    "packLooseObjects": Setting("int",
+        "loose objects added since the last pack that make a worker pack them (one new pack, "
+        "nothing deleted) before its checkout (`0`: never). See docs/benchmarks.md",
+        default="1024", minimum=0),
+    "executor": Setting("words",
+        "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster, results "
+        "back through the remote. See docs/scale-out.md",
+        default="local", words=("local", "ray")),
+    "remote": Setting("text",
+        "the remote Ray nodes fetch a job from and push it to",
+        default="origin"),
+    "ray.address": Setting("text",
+        "the Ray job server (its dashboard), `http://<head>:8265`",
+        shown="`$RAY_ADDRESS`", example="http://127.0.0.1:8265"),
+    "ray.resources": Setting("amounts",
+        "extra Ray resources each job asks for, beside one `subtask_slot`",
+        example='\'{"gpu_box": 1}\''),
+    "ray.env": Setting("text",
+        "names of more environment variables to send with a Ray job",
+        multi=True, example="MY_TOKEN"),
+    "ray.command": Setting("text",
+        "the command Ray nodes run (`<command> run-remote <id> ...`)",
+        default="git-subtask"),
+    "sign": Setting("words",
+        "sign every record and notes commit when git has a signing key (`user.signingKey`, "
+        "`gpg.format`); `always` refuses to start without one; `never`. A teammate's record "
+        "merges on its verify only when an allowed signer (`gpg.ssh.allowedSignersFile`) signed "
+        "it. See docs/review.md",
+        default="auto", words=("auto", "always", "never")),
+    "cloneId": Setting("clone-id",
+        "this clone's identity, recorded in each job it starts (made at the first start; never "
+        "copy it to another clone)",
+        shown="made at the first start"),
+    "isolation": Setting("words",
+        "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
+        "metadata, a pid namespace so no child outlives the job). See docs/security.md",
+        shown="the engine's (`worktree` for shell and command)",
+        words=("none", "worktree", "readonly")),
+    "isolation.writable": Setting("path",
+        "a path confined jobs may write too (`~` and `$VARS` expanded)",
+        multi=True, example="~/.cache"),
+    "isolation.network": Setting("words",
+        "`none`: a job's processes get a network namespace with only their own loopback "
+        "(refused where it cannot be enforced)",
+        default="allow", words=("allow", "none")),
+    "engine.<name>.command": Setting("argv",
+        "a command engine's argv template: `{task}`, `{task_file}`, `{worktree}`, `{model}`, "
+        "`{session}`. See docs/engines.md",
+        example='\'["aider", "--message-file", "{task_file}"]\'', engine=NAME),
+    "engine.<name>.resumeCommand": Setting("argv",
+        "a command engine's argv template for a reply to a known session",
+        example='\'["agent", "--resume", "{session}"]\'', engine=NAME),
+    "engine.<name>.paid": Setting("flag",
+        "a command engine that costs money: a budget is reserved for it",
+        default="false", engine=NAME),
+    "engine.<name>.costPattern": Setting("regex",
+        "finds a paid command engine's cost in its output (group 1, dollars; the last match "
+        "counts)",
+        example="'cost: \\$([0-9.]+)'", engine=NAME),
+    "engine.<name>.sessionPattern": Setting("regex",
+        "finds a command engine's session id in its output (group 1)",
+        example="'session: (\\S+)'", engine=NAME),
+    "engine.<name>.exclude": Setting("text",
+        "a pathspec kept out of what the worker commits for this engine",
+        multi=True, example="'.aider*'", engine=NAME),
+    "engine.claude.cliPath": Setting("path",
+        "the Claude Code CLI the claude engine runs (else `$SUBTASK_CLAUDE_CLI`, else the SDK's "
+        "own)",
+        shown="the SDK's", example="/usr/local/bin/claude", engine="claude"),
+    "engine.codex.path": Setting("path",
+        "the codex binary (else `$SUBTASK_CODEX_BIN`, else `codex` on PATH)",
+        shown="`codex` on PATH", example="codex", engine="codex"),
+    "engine.codex.sandbox": Setting("words",
+        "codex's own sandbox; `danger-full-access` leaves confinement to git-subtask alone",
+        default="workspace-write", words=("read-only", "workspace-write", "danger-full-access"),
+        engine="codex"),
+    "engine.codex.network": Setting("flag",
+        "let codex's sandbox reach the network",
+        default="false", engine="codex"),
+    "engine.codex.costPerMTokIn": Setting("number",
+        "USD per million input tokens (with `costPerMTokOut`: codex jobs are charged their "
+        "tokens, not their whole reservation)",
+        minimum=0, example="1.25", engine="codex"),
+    "engine.codex.costPerMTokOut": Setting("number",
+        "USD per million output tokens",
+        minimum=0, example="10", engine="codex"),
+    "engine.codex.costPerMTokCachedIn": Setting("number",
+        "USD per million cached input tokens",
+        shown="the input price", minimum=0, example="0.125", engine="codex"),
 }
 
 
@@ -202,7 +267,8 @@ for _key, _setting in SETTINGS.items():
     for _spelling in (_key, *_setting.old_names):
         _sub, _name = _parts(_spelling)
         if NAME in _sub:
-            _PATTERNS.append((re.compile(re.escape(_sub).replace(re.escape(NAME), r"[^.]+")), _name, _key))
+            _sub_re = re.compile(re.escape(_sub).replace(re.escape(NAME), r"[^.]+"))
+            _PATTERNS.append((_sub_re, _name, _key))
         else:
             _EXACT[(_sub, _name)] = _key
 _ROWS: dict[str, str | None] = {}
@@ -217,7 +283,8 @@ def row(key: str) -> str | None:
     sub, name = _parts(bare)
     found = _EXACT.get((sub, name))
     if found is None:
-        found = next((k for pattern, n, k in _PATTERNS if n == name and pattern.fullmatch(sub)), None)
+        found = next((k for pattern, n, k in _PATTERNS if n == name and pattern.fullmatch(sub)),
+                     None)
     _ROWS[key] = found
     return found
 
@@ -268,7 +335,9 @@ def value_problem(key: str, raw: str) -> str | None:
         return None if parse_argv(raw) is not None else ""
     if kind == "regex":
         try:
-            return None if re.compile(raw).groups >= 1 else "has no group (the part in parentheses is read)"
+            if re.compile(raw).groups >= 1:
+                return None
+            return "has no group (the part in parentheses is read)"
         except re.error as exc:
             return f"is not a regular expression ({exc})"
     if kind == "checks":
@@ -315,11 +384,12 @@ def refusal(key: str, raw: str) -> str | None:
     setting = SETTINGS[row(key) or key]
     if setting.kind == "checks":  # the grammar's own words name the item that is wrong
         return f"git config subtask.{key}: {found}"
-    return f"git config subtask.{key} must be {setting.expect}, not {raw!r}" + (f": it {found}" if found else "")
+    why = f": it {found}" if found else ""
+    return f"git config subtask.{key} must be {setting.expect}, not {raw!r}{why}"
 
 
 def fix_hint(key: str) -> str:
-    """A command that sets `key` to a good value (its default, else an example), with what it means."""
+    """A command that sets `key` to a good value: its default, else an example."""
     key = spelled(key)
     setting = SETTINGS[row(key) or key]
     value = setting.default if setting.default is not None else setting.example
@@ -347,9 +417,14 @@ def unknown_key_problem(key: str) -> Problem:
     """A key nobody reads, and the nearest one the table has (a typo, most likely)."""
     near = nearest(key)
     said = f"; did you mean subtask.{near}?" if near else ""
-    fix = (f"git config subtask.{near} \"$(git config subtask.{key})\" && git config --unset subtask.{key}"
-           if near else f"git config --unset subtask.{key}")
+    fix = _move(key, near) if near else f"git config --unset subtask.{key}"
     return Problem(key, "unknown", f"git-subtask reads no subtask.{key}{said}", fix)
+
+
+def _move(old: str, new: str) -> str:
+    """The commands that give `new` the value of `old`, and unset `old`."""
+    return (f"git config subtask.{new} \"$(git config subtask.{old})\" && "
+            f"git config --unset subtask.{old}")
 
 
 def nearest(key: str) -> str | None:
@@ -434,7 +509,7 @@ class Config:
         return int(self.number(key))
 
     def choice(self, key: str) -> str:
-        """One of the key's words; the default for anything else (start refuses it, doctor names it)."""
+        """One of the key's words; the default for anything else (start refuses it)."""
         setting = SETTINGS[_readable(key)]
         value = (self.get(key) or "").strip().lower()
         return value if value in setting.words else setting.default or setting.words[0]
@@ -462,7 +537,8 @@ class Config:
     def require_valid(self, engine: str | None = None) -> None:
         """Refuse (exit 128, the key and its fix named) a value the table refuses, of every key but
         those of engines other than `engine`: what `start` checks before it makes anything."""
-        bad = [(key, problem) for key, raw in self._set() if row(key) is not None and _applies(key, engine)
+        bad = [(key, problem) for key, raw in self._set()
+               if row(key) is not None and _applies(key, engine)
                for problem in [refusal(key, raw)] if problem]
         if bad:
             key, problem = bad[0]
@@ -471,14 +547,15 @@ class Config:
 
     def _set(self) -> list[tuple[str, str]]:
         """(key as the table spells it, value) of every `subtask.*` key git gave."""
-        return [(spelled(key), value) for key, value in (self.settings() or {}).items() if key.startswith("subtask.")]
+        given = self.settings() or {}
+        return [(spelled(key), value) for key, value in given.items() if key.startswith("subtask.")]
 
     def _old_name_problem(self, old: str, new: str) -> Problem:
+        said = f"subtask.{old} is the old name of subtask.{new}"
         if self._read("subtask." + new) is not None:
-            return Problem(old, "old", f"subtask.{old} is the old name of subtask.{new}, which is set too: "
-                           f"subtask.{old} is not read", f"git config --unset subtask.{old}")
-        return Problem(old, "old", f"subtask.{old} is the old name of subtask.{new}",
-                       f"git config subtask.{new} \"$(git config subtask.{old})\" && git config --unset subtask.{old}")
+            return Problem(old, "old", f"{said}, which is set too: subtask.{old} is not read",
+                           f"git config --unset subtask.{old}")
+        return Problem(old, "old", said, _move(old, new))
 
 
 def _readable(key: str) -> str:
@@ -486,7 +563,8 @@ def _readable(key: str) -> str:
     engine's name); KeyError for any other, an old name included: a bug here, never a user's."""
     table_key = row(key)
     if table_key is None or (NAME not in table_key and _parts(key) != _parts(table_key)):
-        raise KeyError(f"subtask.{key} is not in the table of settings (subtask/model/config.py SETTINGS)")
+        raise KeyError(f"subtask.{key} is not in the table of settings "
+                       "(subtask/model/config.py SETTINGS)")
     return table_key
 
 

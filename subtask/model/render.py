@@ -116,7 +116,8 @@ def stall_facts(attempt) -> dict | None:
     number = (int, float)
     silent = until - since if isinstance(since, number) and isinstance(until, number) else None
     return {"since": since, "silent_s": round(max(0.0, silent), 1) if silent is not None else None,
-            "after_s": after if isinstance(after, number) else None, "action": stalled.get("action")}
+            "after_s": after if isinstance(after, number) else None,
+            "action": stalled.get("action")}
 
 
 def stalled_text(attempt) -> str:

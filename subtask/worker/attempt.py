@@ -817,7 +817,8 @@ def run_checks(repo: Repo, job: Job, head: str, sink) -> list[dict] | None:
 def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome,
           recorded: list[str] | None = None) -> Outcome:
     """A failed check fails verify, whatever it exited, and the attempt (kind `check`, its hint
-    keeping the other checks, `recorded`: the job's); verify's test counts are read from its output."""
+    keeping the other checks, `recorded`: the job's); verify's test counts are read from its
+    output."""
     failed = checks.failed(found)
     if verify is not None:
         counts = claims.test_counts(verify.output_tail)
