@@ -201,11 +201,19 @@ def _check_depth(repo: Repo) -> Delegation:
 
 
 def default_engine(repo: Repo) -> str:
-    configured = repo.config.get("engine")
-    if configured:
-        return configured
+    """`subtask.engine` (refused, exit 128, when it names no engine), else claude if it can run."""
     from subtask.engines import get_engine
     from subtask.engines.base import preflight
+
+    configured = repo.config.get("engine")
+    if configured:
+        try:
+            get_engine(configured, repo.config)
+        except SubtaskError as exc:
+            raise SubtaskError("fatal", f"git config subtask.engine names no engine: {exc.message}",
+                               hint="git config subtask.engine shell   (see: git subtask engines)"
+                               ) from None
+        return configured
 
     if preflight(get_engine("claude", repo.config)) is None:  # cheap: no `claude --version`
         return "claude"
@@ -304,9 +312,11 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     from subtask.engines import get_engine
 
     task = _check_task(request.task)
+    repo.config.require_valid()
     on = executors.choose(repo.config, request.on)
     engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
     engine = get_engine(engine_name, repo.config)
+    repo.config.require_valid(engine_name)  # and the keys of its engine (`subtask.engine.<name>.*`)
     _check_engine_can_run(engine)
     verify_timeout = _positive(request.verify_timeout, "--verify-timeout") or repo.config.number("verifyTimeout")
     timeout = _positive(request.timeout, "--timeout") or _default_timeout(repo, engine)
@@ -427,7 +437,8 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
-    return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
+    configured = repo.config.get("git.checks")
+    return retries, checks.resolve(given, configured, has_verify=bool(request.verify))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -1011,6 +1022,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if "reply" not in executor.can:
         raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
                            hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
+    repo.config.require_valid(job.spec.engine)
     engine = get_engine(job.spec.engine, repo.config)
     _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
@@ -1257,9 +1269,13 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
 
 def _activity_text(event: dict) -> str | None:
     kind = event.get("type")
-    if kind == "stalled":
-        after = event.get("after")
-        return "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
+    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
+        from subtask.model.render import duration
+
+        since, after = event.get("since"), event.get("after")
+        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
+        return (f"stalled: no event from the engine{silent}"
+                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
     if kind == "command":
         return f"running: {event.get('command')}"
     if kind == "tool":
@@ -1657,6 +1673,13 @@ def engines(repo: Repo):
 
             probes.append(Probe(name, False, None, None, False, "unknown", detail=str(exc)))
     return probes
+
+
+def engine_plugins() -> list[str]:
+    """The engines other packages register (each reads `subtask.engine.<name>.*` of its own)."""
+    from subtask.engines import plugin_names
+
+    return plugin_names()
 
 
 def evidence_envelope(job: Job) -> dict:

@@ -142,7 +142,9 @@ def test_paths_names_each_change_outside_the_globs(project):
                  ["paths=src/**", "paths=docs/*.md"])
     assert result == {"paths=src/**,docs/*.md": {
         "check": "paths=src/**,docs/*.md", "passed": False,
-        "found": ["README.md is outside src/**, docs/*.md", "tests/test_parse.py is outside src/**, docs/*.md"]}}
+        "found": ["README.md is outside src/**, docs/*.md",
+                  "tests/test_parse.py is outside src/**, docs/*.md"],
+        "outside": ["README.md", "tests/test_parse.py"]}}
 
 
 @pytest.mark.parametrize("glob, inside, outside", [

@@ -60,3 +60,20 @@ def test_the_orchestration_session_shows_what_the_commands_print():
     for (command, shown), (_, printed, checked) in zip(committed, fresh, strict=True):
         if checked:
             assert gen_docs.normalize(shown) == gen_docs.normalize(printed), f"{command}: {stale}"
+
+
+def test_the_readme_settings_table_is_the_table_of_settings():
+    text = (ROOT / "README.md").read_text()
+    assert gen_docs.generated(text, "settings", flag="") == gen_docs.settings_table(), \
+        "stale: python scripts/gen_docs.py"
+
+
+def test_the_man_page_and_the_readme_name_every_setting_the_code_reads():
+    from subtask.model.config import SETTINGS
+
+    page = (ROOT / "man" / "git-subtask.1").read_text().replace("\\-", "-")
+    page = page.split(".SH SETTINGS", 1)[1].split(".SH ", 1)[0]
+    readme = (ROOT / "README.md").read_text().split("## Settings", 1)[1].split("\n## ", 1)[0]
+    for key in SETTINGS:
+        assert f"\\fBsubtask.{key}\\fR" in page, f"man page: subtask.{key}"
+        assert f"| `subtask.{key}` |" in readme, f"README: subtask.{key}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,11 @@ def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo,
         assert "running (stalled: no event from the engine" in cli.ok("status", job)
         activity = api.latest_activity(open_repo(repo), job)  # what MCP progress shows
         assert activity.startswith("stalled: no event from the engine")
+        since = cli.json("show", job)["state_detail"]["attempts"][0]["stalled"]["since"]
+        [row] = cli.json("status", job)["jobs"]
+        assert row["stalled"]["after_s"] == 0.3 and row["stalled"]["since"] == since
+        assert row["stalled"]["silent_s"] == pytest.approx(time.time() - since, abs=5)
+        assert row["stalled"]["silent_s"] >= 0.3
         attempt = cli.json("show", job)["state_detail"]["attempts"][0]
         assert attempt["state"] == "running" and attempt["stalled"]["action"] == "mark"
     finally:
@@ -74,6 +80,23 @@ def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo,
     shown = cli.json("show", job)
     assert shown["state_detail"]["attempts"][0]["stalled"] is None
     assert "stalled" not in git(repo, "notes", "--ref=subtask", "show", "HEAD")
+
+
+def test_what_a_stall_says_is_how_long_the_engine_was_silent_beside_the_threshold():
+    """A stall's activity line and `status --json` say the time silent, and the threshold apart
+    (they said the threshold as the time silent: "for 5s" after minutes of silence)."""
+    from subtask import api
+    from subtask.model import render
+    from subtask.model.job import Attempt
+
+    since = time.time() - 100
+    text = api._activity_text({"type": "stalled", "since": since, "after": 5, "action": "mark"})
+    assert "for 1m40s" in text and "stallAfter 5s" in text, text
+    attempt = Attempt(n=1, state="running", message="x", queued_at=since,
+                      stalled={"since": since, "after": 5, "action": "mark"})
+    facts = render.stall_facts(attempt)
+    assert facts["after_s"] == 5 and facts["since"] == since
+    assert facts["silent_s"] == pytest.approx(100, abs=5)
 
 
 def test_stall_action_stop_ends_a_silent_paid_engine_charged_by_the_usual_rule(cli, repo, tmp_path):
@@ -167,7 +190,10 @@ def test_a_paid_engine_without_a_timeout_gets_the_default_one(cli, repo, tmp_pat
     cli.ok("wait", *jobs, timeout=60)
 
 
-def test_a_wrong_stall_action_reads_as_mark_and_doctor_names_it(cli, repo):
+def test_a_wrong_stall_action_is_refused_at_start_and_doctor_names_it(cli, repo):
     git(repo, "config", "subtask.stallAction", "explode")
     out = cli("doctor").stdout + cli("doctor").stderr
     assert "subtask.stallAction must be mark or stop" in out
+    refused = cli("start", "true")
+    assert refused.returncode == 128
+    assert "subtask.stallAction must be mark or stop" in refused.stderr

@@ -70,6 +70,19 @@ def get_engine(name: str, config: ConfigReader, known_commands: list[str] | None
                        hint="git subtask engines")
 
 
+def plugin_names() -> list[str]:
+    """The engines other packages register (`subtask.engines` entry points), ours aside."""
+    return [name for name in _entry_points() if name not in BUILTIN]
+
+
+def settings_reader(engine: Engine, config) -> ConfigReader:
+    """How `engine` reads `subtask.*`: ours through the table of settings (a key outside it is a
+    bug here); an engine from another package also its own `engine.<name>.*` keys."""
+    if type(engine).__module__.startswith("subtask."):
+        return config
+    return config.for_engine_plugin(engine.name)
+
+
 def engine_names(known_commands: list[str] | None = None) -> list[str]:
     names = list(BUILTIN) + [n for n in (known_commands or []) if n not in BUILTIN]
     names += [n for n in _entry_points() if n not in names]

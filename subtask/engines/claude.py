@@ -40,7 +40,6 @@ from subtask.engines.base import totals as session_totals
 from subtask.model.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
-CLI_CONFIG = "engine.claude.cliPath"
 
 # Tools a normal job may use without a prompt. Anything else would ask, and with no one to answer
 # the SDK denies it.
@@ -144,7 +143,7 @@ def _explicit_cli(ctx: EngineContext | None) -> str | None:
         return ctx.env[CLI_ENV]
     if os.environ.get(CLI_ENV):
         return os.environ[CLI_ENV]
-    return ctx.config(CLI_CONFIG) if ctx is not None else None
+    return ctx.config("engine.claude.cliPath") if ctx is not None else None
 
 
 def _cli_version(cli: str) -> str | None:
@@ -303,8 +302,9 @@ class _Attempt:
         if cli is None:  # never let the SDK find one of its own: it would run unconfined, in our group
             from claude_agent_sdk import CLINotFoundError
 
-            self.error = CLINotFoundError("no Claude Code CLI found (pip install claude-agent-sdk bundles it; "
-                                          f"or set {CLI_ENV} or git config subtask.{CLI_CONFIG})")
+            self.error = CLINotFoundError(
+                "no Claude Code CLI found (pip install claude-agent-sdk bundles it; "
+                f"or set {CLI_ENV} or git config subtask.engine.claude.cliPath)")
             return self._outcome()
         launch = _Launch(self.ctx, cli)
         try:

@@ -51,6 +51,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model.config import TRUE_WORDS
 from subtask.model.redact import StreamRedactor
 from subtask.proc.isolation import ACTIVE_ENV
 
@@ -108,11 +109,11 @@ def _provider(env: Mapping[str, str]) -> dict[str, Any] | None:
 
     try:
         with open(_codex_home(env) / "config.toml", "rb") as fh:
-            config = tomllib.load(fh)
+            codex_toml = tomllib.load(fh)
     except (OSError, ValueError):
         return None
-    name = config.get("model_provider")
-    providers = config.get("model_providers")
+    name = codex_toml.get("model_provider")
+    providers = codex_toml.get("model_providers")
     if not isinstance(name, str) or name == "openai":
         return None
     provider = providers.get(name) if isinstance(providers, dict) else None
@@ -375,7 +376,7 @@ class CodexEngine:
             roots.append(admin)
         for root in roots:
             args += ["--add-dir", str(root)]
-        if (ctx.config("engine.codex.network") or "").strip().lower() in ("true", "yes", "on", "1"):
+        if (ctx.config("engine.codex.network") or "").strip().lower() in TRUE_WORDS:
             args += ["-c", "sandbox_workspace_write.network_access=true"]
         return args
 
@@ -473,7 +474,7 @@ class CodexEngine:
 
 
 def _sandbox_setting(config: ConfigReader) -> str:
-    return (config("engine.codex.sandbox") or "workspace-write").strip()
+    return (config("engine.codex.sandbox") or "workspace-write").strip().lower()
 
 
 def _confined(ctx: EngineContext) -> bool:

@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.model.config import TRUE_WORDS, parse_argv
 
 ConfigReader = Callable[[str], "str | None"]
 
 _PLACEHOLDER_RE = re.compile(r"\{(task|task_file|worktree|model|session)\}")
-_TRUE = ("true", "yes", "on", "1")
 _KEEP_LINES = 400  # enough output for a 10-line summary and a trailing STATUS line
 
 
@@ -46,17 +45,7 @@ def template_error(name: str, key: str = "command") -> str:
 
 def parse_template(raw: str | None) -> list[str] | None:
     """The argv template from its JSON text, or None when missing or not a list of strings."""
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        return None
-    if not value[0].strip():
-        return None
-    return value
+    return parse_argv(raw)
 
 
 def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
@@ -118,7 +107,7 @@ class CommandEngine:
     def __init__(self, name: str, config: ConfigReader) -> None:
         self.name = name
         self._config = config
-        self.paid = (config(f"engine.{name}.paid") or "").strip().lower() in _TRUE
+        self.paid = (config(f"engine.{name}.paid") or "").strip().lower() in TRUE_WORDS
 
     def _key(self, key: str) -> str | None:
         return self._config(f"engine.{self.name}.{key}")

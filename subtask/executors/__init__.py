@@ -81,7 +81,8 @@ def choose(config, flag: str | None) -> Executor:
     value = (flag or config.get("executor") or "local").strip().lower()
     if value not in REGISTRY:
         source = "--on" if flag else "git config subtask.executor"
-        raise SubtaskError("usage", f"{source} is {value!r}; it must be {' or '.join(EXECUTORS)}",
+        raise SubtaskError("usage" if flag else "fatal",
+                           f"{source} is {value!r}; it must be {' or '.join(EXECUTORS)}",
                            hint="git config subtask.executor local")
     return REGISTRY[value]
 

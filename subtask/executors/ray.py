@@ -42,6 +42,7 @@ from subtask.executors import placement, ray_job_id
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
+from subtask.model import config
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.ops import books, lifecycle, sync
 from subtask.state import ledger, liveness
@@ -255,18 +256,14 @@ def entrypoint(repo: Repo, job: Job, where: Target) -> str:
 
 def _resources(repo: Repo) -> dict[str, float]:
     """One subtask_slot, plus what `git config subtask.ray.resources` adds (JSON, e.g. {"gpu_box": 1})."""
-    import json
-
     wanted: dict[str, float] = {RESOURCE: 1.0}
     raw = repo.config.get("ray.resources")
     if raw:
-        try:
-            extra = json.loads(raw)
-            assert isinstance(extra, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in extra.values())
-        except (ValueError, AssertionError):
-            raise SubtaskError("usage", f"git config subtask.ray.resources is not a JSON object of amounts: {raw!r}",
-                               hint="git config subtask.ray.resources '{\"gpu_box\": 1}'") from None
-        wanted.update({str(k): float(v) for k, v in extra.items()})
+        extra = config.amounts(raw)
+        if extra is None:
+            raise SubtaskError("fatal", config.refusal("ray.resources", raw) or raw,
+                               hint=config.fix_hint("ray.resources"))
+        wanted.update(extra)
     return wanted
 
 

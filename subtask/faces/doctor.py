@@ -83,11 +83,16 @@ def check_libgit2() -> Check:
 
 
 def check_settings(repo) -> Check:
-    problems = repo.config.problems()
-    if problems:
-        return Check("settings", "fail", "; ".join(message for message, _ in problems),
-                     [fix for _, fix in problems])
-    return Check("settings", "ok", "every subtask.* setting is valid")
+    """Every `subtask.*` key set here against the table of settings (`model/config.py`): a value
+    it refuses fails (start refuses it too), a key it lacks or knows by an old name warns."""
+    from subtask import api
+
+    problems = repo.config.problems(engine_plugins=api.engine_plugins())
+    if not problems:
+        return Check("settings", "ok", "every subtask.* setting is valid")
+    status = "fail" if any(p.level == "bad" for p in problems) else "warn"
+    return Check("settings", status, "; ".join(p.message for p in problems),
+                 [p.fix for p in problems])
 
 
 def check_hooks(repo) -> Check:

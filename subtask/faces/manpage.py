@@ -28,19 +28,14 @@ EXIT_STATUS = [("0", "success"), ("1", "a negative answer: verify failed, a job 
                ("129", "usage: bad option or argument")]
 FILES = [("<git-common-dir>/subtask/", "slots.json, ledger.jsonl, run/<id>.lock, run/<id>.events.jsonl, logs/<id>.log"),
          ("<main worktree>/.subtask/worktrees/<id>", "job worktrees (subtask.worktreeDir)")]
-SETTINGS = [("subtask.engine", "default engine"), ("subtask.maxRunning", "workers at once (4)"),
-            ("subtask.monthlyCapUsd", "monthly cap (100)"), ("subtask.defaultMaxUsd", "a paid job's budget (2)"),
-            ("subtask.maxJobUsd", "budget ceiling (20)"), ("subtask.maxDepth", "delegation depth (2)"),
-            ("subtask.worktreeDir", "where worktrees go"), ("subtask.stateDir", "bookkeeping folder"),
-            ("subtask.verifyTimeout", "seconds verify may run (600)"), ("subtask.setup", "command run in a new worktree"),
-            ("subtask.defaultTimeout", "seconds a paid engine may run without --timeout (3600; 0 none)"),
-            ("subtask.stallAfter", "seconds without an engine event that mark a job stalled (600; 0 never)"),
-            ("subtask.stallAction", "mark (default) or stop a stalled job's engine"),
-            ("subtask.landTarget", "branch whose history counts as landed"),
-            ("subtask.deleteLandedBranches", "delete branches of landed jobs (true)"),
-            ("subtask.packLooseObjects", "loose objects added that make a worker pack them first (1024; 0 never)"),
-            ("subtask.engine.<name>.command", "argv template (JSON list) of a command engine"),
-            ("subtask.engine.<name>.exclude", "pathspec kept out of the worker's commits (repeatable)")]
+
+
+def settings() -> list[tuple[str, str]]:
+    """The SETTINGS section: every row of the table of settings (`model/config.py`), in words."""
+    from subtask.model.config import documented
+
+    return [(key, f"{meaning} ({kind}; default {default})".replace("`", ""))
+            for key, kind, default, meaning in documented()]
 
 
 def commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
@@ -113,7 +108,7 @@ def roff(group: click.Group) -> str:
         for flags, help_text in options(cmd):
             lines += [".RS", ".TP", f"\\fB{_roff(flags)}\\fR", _roff(help_text or "-"), ".RE"]
     lines.append(".SH SETTINGS")
-    for key, meaning in SETTINGS:
+    for key, meaning in settings():
         lines += [".TP", f"\\fB{_roff(key)}\\fR", _roff(meaning)]
     lines.append(".SH EXIT STATUS")
     for code, meaning in EXIT_STATUS:
@@ -144,7 +139,7 @@ def to_html(group: click.Group) -> str:
             parts.append("<dl>" + "".join(f"<dt>{esc(f)}</dt><dd>{esc(h)}</dd>" for f, h in rows) + "</dl>")
         parts.append("</dd>")
     parts.append("</dl><h2>Settings</h2><dl>")
-    parts.extend(f"<dt>{esc(k)}</dt><dd>{esc(m)}</dd>" for k, m in SETTINGS)
+    parts.extend(f"<dt>{esc(k)}</dt><dd>{esc(m)}</dd>" for k, m in settings())
     parts.append("</dl><h2>Exit status</h2><dl>")
     parts.extend(f"<dt>{c}</dt><dd>{esc(m)}</dd>" for c, m in EXIT_STATUS)
     parts.append("</dl></body></html>\n")

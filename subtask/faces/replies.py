@@ -146,7 +146,9 @@ def status(rows: list) -> Reply:
     return Reply("\n".join(render.status_line(*row) for row in rows),
                  {"v": 1, "jobs": [{"id": job.id, "state": job.state.current.state, "position": position,
                                     "activity": activity, "line": render.status_line(job, position, activity, marks),
-                                    **({"marks": marks} if marks else {})}
+                                    **({"marks": marks} if marks else {}),
+                                    **({"stalled": render.stall_facts(job.state.current)}
+                                       if job.state.current.stalled else {})}
                                    for job, position, activity, marks in rows]},
                  nothing="no active jobs")
 

@@ -36,52 +36,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, for callers)
+    DEFAULT,
+    NAMED,
+    NO_SUPPRESSION,
+    NO_TEST_DELETION,
+    NONE,
+    PATHS,
+    check_name,
+    split,
+)
 from subtask.model.claims import LazyPattern
 from subtask.model.errors import SubtaskError
 
-NO_TEST_DELETION = "no-test-deletion"
-NO_SUPPRESSION = "no-suppression"
-NAMED = (NO_TEST_DELETION, NO_SUPPRESSION)
-DEFAULT = f"{NO_TEST_DELETION},{NO_SUPPRESSION}"
-PATHS = "paths="
-NONE = "none"
 MAX_FILES = 5000
 MAX_BLOB = 2 << 20
 MAX_FOUND = 20  # findings kept per check
 
 
 # ---------------------------------------------------------------- which checks a job runs
-
-def split(value: str) -> list[str]:
-    """`a,b,paths=src/{x,y}/**` -> [a, b, paths=src/{x,y}/**]: commas inside braces stay."""
-    items, depth, current = [], 0, ""
-    for char in value:
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth = max(0, depth - 1)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    items.append(current)
-    return [item.strip() for item in items if item.strip()]
-
-
-def check_name(item: str) -> str:
-    """`item` if it names a check (or `none`); a usage error that lists the checks otherwise."""
-    if item == NONE or item in NAMED:
-        return item
-    if item.startswith(PATHS):
-        glob = item[len(PATHS):].strip()
-        if not glob or glob.startswith("/") or "\0" in glob or ".." in PurePosixPath(glob).parts:
-            raise SubtaskError("usage", f"--check {item!r}: give a glob relative to the repository's top, "
-                               "e.g. paths=src/** or paths=**/*.md")
-        return PATHS + glob
-    raise SubtaskError("usage", f"unknown check {item!r}; checks: {', '.join(NAMED)}, paths=GLOB, none",
-                       hint="git subtask start --check no-test-deletion --check paths='src/**' ...")
-
 
 def resolve(given: Iterable[str] | None, configured: str | None, *, has_verify: bool) -> list[str]:
     """The checks a job records: the configured default (`subtask.git.checks`, else `DEFAULT`) when
@@ -111,9 +84,11 @@ class Result:
     check: str
     passed: bool
     found: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # paths=: the changed paths no glob matched
 
     def to_dict(self) -> dict:
-        return {"check": self.check, "passed": self.passed, "found": self.found[:MAX_FOUND]}
+        return {"check": self.check, "passed": self.passed, "found": self.found[:MAX_FOUND],
+                **({"outside": self.outside[:MAX_FOUND]} if self.outside else {})}
 
 
 def failed(results: list[dict] | None) -> list[str]:
@@ -130,6 +105,30 @@ def failure_text(results: list[dict] | None, limit: int = 3) -> str:
             more = f" (+{len(found) - limit} more)" if len(found) > limit else ""
             parts.append(f"check {r.get('check')} failed" + (f": {'; '.join(found[:limit])}{more}" if found else ""))
     return "; ".join(parts)
+
+
+HINT_PATHS = 5  # outside paths a hint names
+
+
+def retry_hint(results: list[dict] | None, recorded: list[str]) -> str:
+    """What a person whose change means what the failed checks found runs next, keeping every other
+    check: the paths it needed added to its `paths=` globs, only the failed named checks dropped
+    (`--check none` then the rest: `none` alone would drop the others too)."""
+    import shlex
+
+    failed_names = set(failed(results))
+    outside = [p for r in results or () if isinstance(r, dict) and r.get("passed") is False
+               for p in r.get("outside") or () if isinstance(p, str)]
+    kept = [c for c in recorded if c not in failed_names or c.startswith(PATHS)]
+    dropped = any(c in failed_names and not c.startswith(PATHS) for c in recorded)
+    # A path as a glob that matches it: `?` stands for each character a glob or a list would read.
+    added = [PATHS + re.sub(r"[*?{},\[\]]", "?", p) for p in outside[:HINT_PATHS]]
+    left = len(outside) - HINT_PATHS
+    more = f" (and {left} more paths: git subtask show <id>)" if left > 0 else ""
+    given = ([NONE] if dropped else []) + kept + added
+    flags = " ".join(f"--check {shlex.quote(c)}" for c in given)
+    return (f"see what the checks found: git subtask show <id>; if the change is meant, start it "
+            f"again with the other checks kept: git subtask start {flags} ...{more}")
 
 
 @dataclass
@@ -431,4 +430,5 @@ def _paths(change: Change, globs: list[str]) -> Result:
     patterns = [glob_regex(g) for g in globs]
     outside = [p for p in change.paths() if not any(r.match(p) for r in patterns)]
     shown = "paths=" + ",".join(globs)
-    return Result(shown, not outside, [f"{p} is outside {', '.join(globs)}" for p in outside])
+    found = [f"{p} is outside {', '.join(globs)}" for p in outside]
+    return Result(shown, not outside, found, outside)

@@ -1,4 +1,12 @@
-"""Settings from `git config subtask.*`, with their defaults in one place.
+"""Settings from `git config subtask.*`: the one table of every key (`SETTINGS`), and their reading.
+
+`SETTINGS` is every `subtask.*` key the code reads: its kind, range or words, default and meaning.
+`start` refuses a bad value of any of them before it makes anything (`Config.require_valid`),
+`doctor` reports each bad value and every key the table lacks (`Config.problems`), and the man
+page's SETTINGS and README's settings table are made from it (`scripts/gen_docs.py`). A key read
+outside the table is a programming error (`Config.get` raises `KeyError`; tests/test_settings.py
+also scans the code for keys it names). A row's key may hold `<name>`, an engine's name
+(`engine.<name>.command`).
 
 Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). The repository's
 `subtask.*` settings are read once, by one `git config` process, when the first is asked for (git's
@@ -9,51 +17,429 @@ The same process reads the settings git signs and verifies commits with (`user.s
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from subtask.model import checknames
 from subtask.model.errors import SubtaskError
+
+KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "checks", "amounts",
+         "clone-id")
+FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
+TRUE_WORDS = FLAG_WORDS[:4]
+NAME = "<name>"  # in a row's key: any engine's name
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A numeric or boolean `subtask.*` key: its default and what values make sense."""
+    """One `subtask.*` key: what it holds, what values make sense, what it means."""
 
-    default: str
-    kind: str  # "int" | "number" | "flag"
-    minimum: float = 0.0
-    meaning: str = ""
+    kind: str  # one of KINDS
+    meaning: str
+    # The value read when unset; None: unset means none (or what `shown` says).
+    default: str | None = None
+    shown: str = ""  # the default as a person reads it, where `default` is None or computed
+    minimum: float | None = None
+    maximum: float | None = None
+    words: tuple[str, ...] = ()  # kind "words": the allowed ones
+    multi: bool = False  # repeatable (git config --add)
+    example: str = ""  # a value the fix suggests when there is no default
+    old_names: tuple[str, ...] = ()  # read too when this key is unset (doctor names them as old)
+    # A key only that engine reads; NAME: any engine's (the one the key names).
+    engine: str | None = None
+
+    @property
+    def expect(self) -> str:
+        """What a value must be, in words: the table's "type" column and every refusal."""
+        if self.kind in ("int", "number"):
+            what = "a whole number" if self.kind == "int" else "a number"
+            if self.minimum is not None:
+                what += f" >= {self.minimum:g}"
+            if self.maximum is not None:
+                what += f" and <= {self.maximum:g}"
+            return what
+        if self.kind == "words":
+            if len(self.words) == 2:
+                return " or ".join(self.words)
+            return f"one of {', '.join(self.words)}"
+        return {
+            "flag": "true or false",
+            "text": "text",
+            "path": "a path",
+            "argv": "a JSON list of strings, the program first",
+            "regex": "a regular expression with one group",
+            "checks": "checks separated by commas: no-test-deletion, no-suppression, paths=GLOB, "
+                      "none",
+            "amounts": "a JSON object of amounts >= 0",
+            "clone-id": "c- and 16 hex digits",
+        }[self.kind]
 
 
 SETTINGS: dict[str, Setting] = {
-    "maxRunning": Setting("4", "int", 1, "workers at once"),
-    "maxDepth": Setting("2", "int", 1, "how deep jobs may start jobs"),
-    "monthlyCapUsd": Setting("100", "number", 0, "monthly spend cap in USD"),
-    "defaultMaxUsd": Setting("2", "number", 0, "a paid job's budget in USD"),
-    "maxJobUsd": Setting("20", "number", 0, "the largest budget one job may reserve"),
-    "verifyTimeout": Setting("600", "number", 1, "seconds verify may run"),
-    "deleteLandedBranches": Setting("true", "flag"),
-    "stopGrace": Setting("5", "number", 0, "seconds between SIGTERM and SIGKILL on stop"),
-    "sweepInterval": Setting("30", "number", 0, "seconds between lazy landed-job sweeps"),
-    "setupTimeout": Setting("600", "number", 1, "seconds `subtask.setup` may run"),
-    "defaultTimeout": Setting("3600", "number", 0, "seconds a paid engine may run when no --timeout is given (0: no limit)"),
-    "stallAfter": Setting("600", "number", 0, "seconds without an event from the engine after which a job is marked stalled (0: never)"),
-    "refLockStale": Setting("10", "number", 1, "seconds after which a record's ref lock is a dead writer's leftover"),
-    "portBase": Setting("20000", "int", 1, "the first port handed to running jobs ($SUBTASK_PORT)"),
-    "portsPerJob": Setting("10", "int", 1, "consecutive ports each running job gets from $SUBTASK_PORT"),
-    "packLooseObjects": Setting("1024", "int", 0, "loose objects added since the last pack that make a "
-                                "worker pack them before its checkout (0: never)"),
+    "engine": Setting("text",
+        "the engine a job runs with when `start` names none",
+        shown="claude if usable", example="shell"),
+    "maxRunning": Setting("int",
+        "workers running at once (across all processes); more jobs queue",
+        default="4", minimum=1),
+    "maxDepth": Setting("int", "how deep jobs may start jobs", default="2", minimum=1),
+    "monthlyCapUsd": Setting("number",
+        "monthly spend cap for paid engines, in USD",
+        default="100", minimum=0),
+    "defaultMaxUsd": Setting("number",
+        "a paid job's budget in USD when `start` has no `--max-usd`",
+        default="2", minimum=0),
+    "maxJobUsd": Setting("number",
+        "the largest budget one job may reserve, in USD",
+        default="20", minimum=0),
+    "worktreeDir": Setting("path",
+        "where job worktrees go (never under `.git/`)",
+        shown="`<repo>/.subtask/worktrees`", example=".subtask/worktrees"),
+    "stateDir": Setting("path",
+        "the bookkeeping folder; share one across repositories for a user-wide cap",
+        shown="`<git-common-dir>/subtask`", example="~/.local/state/subtask"),
+    "verify": Setting("text",
+        "the verify command of a best-of group when `start` has no `--verify`",
+        example="'pytest -q'"),
+    "verifyTimeout": Setting("number", "seconds verify may run", default="600", minimum=1),
+    "git.checks": Setting("checks",
+        "the checks on the diff every job with a verify runs before it (`none`: none); `start "
+        "--check` adds to them. See docs/verify.md",
+        default="no-test-deletion,no-suppression", old_names=("checks",)),
+    "defaultTimeout": Setting("number",
+        "seconds a paid engine may run when `start` has no `--timeout` (`0`: no limit)",
+        default="3600", minimum=0),
+    "stallAfter": Setting("number",
+        "seconds an engine may be silent before its job is marked stalled (`wait` returns on "
+        "it; `0`: never). See docs/engines.md",
+        default="600", minimum=0),
+    "stallAction": Setting("words",
+        "what follows a stall: `mark` the job, or `stop` its engine",
+        default="mark", words=("mark", "stop")),
+    "stopGrace": Setting("number",
+        "seconds between SIGTERM and SIGKILL when a job is stopped",
+        default="5", minimum=0),
+    "landTarget": Setting("text",
+        "the branch a job has landed in when its work is there, and the one `land` moves",
+        shown="the current branch", example="main"),
+    "deleteLandedBranches": Setting("flag",
+        "delete a job's branch once it has landed",
+        default="true"),
+    "sweepInterval": Setting("number",
+        "seconds between the lazy landed-job sweeps inside other commands",
+        default="30", minimum=0),
+    "setup": Setting("text",
+        "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
+        example="'make deps'"),
+    "setupTimeout": Setting("number",
+        "seconds `subtask.setup` (and `subtask.teardown`) may run",
+        default="600", minimum=1),
+    "teardown": Setting("text",
+        "a command run (`sh -c`, confined as the job) when each attempt ends, to stop what the "
+        "job started (`docker compose down`)",
+        example="'docker compose down'"),
+    "portBase": Setting("int",
+        "the first port handed to running jobs (`$SUBTASK_PORT`); ports are never shared by two "
+        "running jobs nor bound by anything else at a job's start (docs/orchestration.md)",
+        default="20000", minimum=1, maximum=65535),
+    "portsPerJob": Setting("int",
+        "consecutive ports each running job gets from `$SUBTASK_PORT`",
+        default="10", minimum=1, maximum=65535),
+    "refLockStale": Setting("number",
+        "seconds after which a job record's ref lock is a dead writer's leftover, removed",
+        default="10", minimum=1),
+    "packLooseObjects": Setting("int",
+        "loose objects added since the last pack that make a worker pack them (one new pack, "
+        "nothing deleted) before its checkout (`0`: never). See docs/benchmarks.md",
+        default="1024", minimum=0),
+    "executor": Setting("words",
+        "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster, results "
+        "back through the remote. See docs/scale-out.md",
+        default="local", words=("local", "ray")),
+    "remote": Setting("text",
+        "the remote Ray nodes fetch a job from and push it to",
+        default="origin"),
+    "ray.address": Setting("text",
+        "the Ray job server (its dashboard), `http://<head>:8265`",
+        shown="`$RAY_ADDRESS`", example="http://127.0.0.1:8265"),
+    "ray.resources": Setting("amounts",
+        "extra Ray resources each job asks for, beside one `subtask_slot`",
+        example='\'{"gpu_box": 1}\''),
+    "ray.env": Setting("text",
+        "names of more environment variables to send with a Ray job",
+        multi=True, example="MY_TOKEN"),
+    "ray.command": Setting("text",
+        "the command Ray nodes run (`<command> run-remote <id> ...`)",
+        default="git-subtask"),
+    "sign": Setting("words",
+        "sign every record and notes commit when git has a signing key (`user.signingKey`, "
+        "`gpg.format`); `always` refuses to start without one; `never`. A teammate's record "
+        "merges on its verify only when an allowed signer (`gpg.ssh.allowedSignersFile`) signed "
+        "it. See docs/review.md",
+        default="auto", words=("auto", "always", "never")),
+    "cloneId": Setting("clone-id",
+        "this clone's identity, recorded in each job it starts (made at the first start; never "
+        "copy it to another clone)",
+        shown="made at the first start"),
+    "isolation": Setting("words",
+        "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
+        "metadata, a pid namespace so no child outlives the job). See docs/security.md",
+        shown="the engine's (`worktree` for shell and command)",
+        words=("none", "worktree", "readonly")),
+    "isolation.writable": Setting("path",
+        "a path confined jobs may write too (`~` and `$VARS` expanded)",
+        multi=True, example="~/.cache"),
+    "isolation.network": Setting("words",
+        "`none`: a job's processes get a network namespace with only their own loopback "
+        "(refused where it cannot be enforced)",
+        default="allow", words=("allow", "none")),
+    "engine.<name>.command": Setting("argv",
+        "a command engine's argv template: `{task}`, `{task_file}`, `{worktree}`, `{model}`, "
+        "`{session}`. See docs/engines.md",
+        example='\'["aider", "--message-file", "{task_file}"]\'', engine=NAME),
+    "engine.<name>.resumeCommand": Setting("argv",
+        "a command engine's argv template for a reply to a known session",
+        example='\'["agent", "--resume", "{session}"]\'', engine=NAME),
+    "engine.<name>.paid": Setting("flag",
+        "a command engine that costs money: a budget is reserved for it",
+        default="false", engine=NAME),
+    "engine.<name>.costPattern": Setting("regex",
+        "finds a paid command engine's cost in its output (group 1, dollars; the last match "
+        "counts)",
+        example="'cost: \\$([0-9.]+)'", engine=NAME),
+    "engine.<name>.sessionPattern": Setting("regex",
+        "finds a command engine's session id in its output (group 1)",
+        example="'session: (\\S+)'", engine=NAME),
+    "engine.<name>.exclude": Setting("text",
+        "a pathspec kept out of what the worker commits for this engine",
+        multi=True, example="'.aider*'", engine=NAME),
+    "engine.claude.cliPath": Setting("path",
+        "the Claude Code CLI the claude engine runs (else `$SUBTASK_CLAUDE_CLI`, else the SDK's "
+        "own)",
+        shown="the SDK's", example="/usr/local/bin/claude", engine="claude"),
+    "engine.codex.path": Setting("path",
+        "the codex binary (else `$SUBTASK_CODEX_BIN`, else `codex` on PATH)",
+        shown="`codex` on PATH", example="codex", engine="codex"),
+    "engine.codex.sandbox": Setting("words",
+        "codex's own sandbox; `danger-full-access` leaves confinement to git-subtask alone",
+        default="workspace-write", words=("read-only", "workspace-write", "danger-full-access"),
+        engine="codex"),
+    "engine.codex.network": Setting("flag",
+        "let codex's sandbox reach the network",
+        default="false", engine="codex"),
+    "engine.codex.costPerMTokIn": Setting("number",
+        "USD per million input tokens (with `costPerMTokOut`: codex jobs are charged their "
+        "tokens, not their whole reservation)",
+        minimum=0, example="1.25", engine="codex"),
+    "engine.codex.costPerMTokOut": Setting("number",
+        "USD per million output tokens",
+        minimum=0, example="10", engine="codex"),
+    "engine.codex.costPerMTokCachedIn": Setting("number",
+        "USD per million cached input tokens",
+        shown="the input price", minimum=0, example="0.125", engine="codex"),
 }
-# Word settings: the allowed words, the first one the default (a wrong word reads as the default).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "stallAction": ("mark", "stop"),  # what follows a stall: mark the job, or stop its engine
-}
-DEFAULTS: dict[str, str] = {key: setting.default for key, setting in SETTINGS.items()}
-DEFAULTS.update({key: words[0] for key, words in CHOICES.items()})
-# subtask.sign: auto (sign when git has a signing key), always (refuse to start without one), never.
-SIGN_MODES = ("auto", "always", "never")
-FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
+
+
+def documented() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) of every row, as the man page and README show them."""
+    rows = []
+    for key, setting in SETTINGS.items():
+        kind = setting.expect + (" (repeatable)" if setting.multi else "")
+        default = f"`{setting.default}`" if setting.default is not None else setting.shown or "none"
+        old = "".join(f" (old name: `subtask.{name}`)" for name in setting.old_names)
+        rows.append((f"subtask.{key}", kind, default, setting.meaning + old))
+    return rows
+
+
+def _parts(key: str) -> tuple[str, str]:
+    """(subsection, name) of a key without `subtask.`: the name compared as git does (any case),
+    the subsection as written."""
+    sub, _, name = key.rpartition(".")
+    return sub, name.lower()
+
+
+_EXACT: dict[tuple[str, str], str] = {}
+_PATTERNS: list[tuple[re.Pattern[str], str, str]] = []
+for _key, _setting in SETTINGS.items():
+    for _spelling in (_key, *_setting.old_names):
+        _sub, _name = _parts(_spelling)
+        if NAME in _sub:
+            _sub_re = re.compile(re.escape(_sub).replace(re.escape(NAME), r"[^.]+"))
+            _PATTERNS.append((_sub_re, _name, _key))
+        else:
+            _EXACT[(_sub, _name)] = _key
+_ROWS: dict[str, str | None] = {}
+
+
+def row(key: str) -> str | None:
+    """The table's key for `key` (with or without `subtask.`, as git prints it or as code spells
+    it: `stallafter`, `engine.aider.costPattern`), or None when the table lacks it."""
+    if key in _ROWS:
+        return _ROWS[key]
+    bare = key[len("subtask."):] if key[:8].lower() == "subtask." else key
+    sub, name = _parts(bare)
+    found = _EXACT.get((sub, name))
+    if found is None:
+        found = next((k for pattern, n, k in _PATTERNS if n == name and pattern.fullmatch(sub)),
+                     None)
+    _ROWS[key] = found
+    return found
+
+
+def spelled(key: str) -> str:
+    """`key` without `subtask.`, its name as the table spells it (git prints names lower-cased):
+    `stallafter` -> `stallAfter`, `engine.aider.costpattern` -> `engine.aider.costPattern`."""
+    bare = key[len("subtask."):] if key[:8].lower() == "subtask." else key
+    table_key = row(bare)
+    if table_key is None:
+        return bare
+    sub, name = _parts(bare)
+    for candidate in (table_key, *SETTINGS[table_key].old_names):
+        written = candidate.rpartition(".")[2]
+        if written.lower() == name:
+            return f"{sub}.{written}" if sub else written
+    return bare
+
+
+def engine_name(key: str) -> str | None:
+    """The engine a patterned key is about (`engine.aider.paid` -> aider)."""
+    bare = key[len("subtask."):] if key[:8].lower() == "subtask." else key
+    parts = bare.split(".")
+    return parts[1] if len(parts) == 3 and parts[0].lower() == "engine" else None
+
+
+def value_problem(key: str, raw: str) -> str | None:
+    """What is wrong with `raw` as the value of `key` (a key of the table), or None. Words and flags
+    are read as git reads them: any case, surrounding blanks ignored."""
+    setting = SETTINGS[row(key) or key]
+    value = raw.strip()
+    kind = setting.kind
+    if kind in ("int", "number"):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        if not math.isfinite(number) or (setting.minimum is not None and number < setting.minimum) \
+                or (setting.maximum is not None and number > setting.maximum) \
+                or (kind == "int" and number != int(number)):
+            return ""
+        return None
+    if kind == "flag":
+        return None if value.lower() in FLAG_WORDS else ""
+    if kind == "words":
+        return None if value.lower() in setting.words else ""
+    if kind == "argv":
+        return None if parse_argv(raw) is not None else ""
+    if kind == "regex":
+        try:
+            if re.compile(raw).groups >= 1:
+                return None
+            return "has no group (the part in parentheses is read)"
+        except re.error as exc:
+            return f"is not a regular expression ({exc})"
+    if kind == "checks":
+        return checknames.problem(raw)
+    if kind == "amounts":
+        return None if amounts(raw) is not None else ""
+    if kind == "clone-id":
+        return None if re.fullmatch(r"c-[0-9a-f]{16}", value) else ""
+    return None  # text, path: any value
+
+
+def parse_argv(raw: str | None) -> list[str] | None:
+    """An argv template from its JSON text, or None when missing or not a list of strings."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        return None
+    return value if value[0].strip() else None
+
+
+def amounts(raw: str) -> dict[str, float] | None:
+    """A JSON object of amounts >= 0 (`{"gpu_box": 1}`), or None."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in value.values()):
+        return None
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def refusal(key: str, raw: str) -> str | None:
+    """`git config subtask.stallAfter must be a number >= 0, not '-1'`, or None for a good value."""
+    found = value_problem(key, raw)
+    if found is None:
+        return None
+    key = spelled(key)
+    setting = SETTINGS[row(key) or key]
+    if setting.kind == "checks":  # the grammar's own words name the item that is wrong
+        return f"git config subtask.{key}: {found}"
+    why = f": it {found}" if found else ""
+    return f"git config subtask.{key} must be {setting.expect}, not {raw!r}{why}"
+
+
+def fix_hint(key: str) -> str:
+    """A command that sets `key` to a good value: its default, else an example."""
+    key = spelled(key)
+    setting = SETTINGS[row(key) or key]
+    value = setting.default if setting.default is not None else setting.example
+    if not value:
+        return f"git config --unset subtask.{key}"
+    if setting.default is not None:
+        import shlex
+
+        value = shlex.quote(value)
+    return f"git config subtask.{key} {value}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A `subtask.*` key set to a value the table refuses (`bad`), a key the table lacks
+    (`unknown`), or an old name of a key (`old`)."""
+
+    key: str  # as git spells it, without `subtask.`
+    level: str  # bad | unknown | old
+    message: str
+    fix: str
+
+
+def unknown_key_problem(key: str) -> Problem:
+    """A key nobody reads, and the nearest one the table has (a typo, most likely)."""
+    near = nearest(key)
+    said = f"; did you mean subtask.{near}?" if near else ""
+    fix = _move(key, near) if near else f"git config --unset subtask.{key}"
+    return Problem(key, "unknown", f"git-subtask reads no subtask.{key}{said}", fix)
+
+
+def _move(old: str, new: str) -> str:
+    """The commands that give `new` the value of `old`, and unset `old`."""
+    return (f"git config subtask.{new} \"$(git config subtask.{old})\" && "
+            f"git config --unset subtask.{old}")
+
+
+def nearest(key: str) -> str | None:
+    """The table's key closest to `key`, spelled with `key`'s engine name where the row has one (an
+    old name suggests the new one)."""
+    import difflib  # doctor's, not every command's
+
+    name = engine_name(key)
+    suggest = {}
+    for k, setting in SETTINGS.items():
+        spelled = k.replace(NAME, name) if name and NAME in k else k
+        suggest[spelled.lower()] = spelled
+        suggest.update({old.lower(): k for old in setting.old_names})
+    close = difflib.get_close_matches(key.lower(), list(suggest), n=1, cutoff=0.75)
+    return suggest[close[0]] if close else None
 
 
 class Config:
@@ -61,9 +447,16 @@ class Config:
         self._read = reader
 
     def get(self, key: str, default: str | None = None) -> str | None:
+        """The value of `key`, else of its old names, else `default`, else the table's default.
+        `key` must be in the table: reading one outside it raises KeyError (a bug here)."""
+        setting = SETTINGS[_readable(key)]
         value = self._read("subtask." + key)
+        for old in setting.old_names if value is None else ():
+            value = self._read("subtask." + old)
+            if value is not None:
+                break
         if value is None:
-            return default if default is not None else DEFAULTS.get(key)
+            return default if default is not None else setting.default
         return value
 
     def __call__(self, key: str) -> str | None:
@@ -75,77 +468,117 @@ class Config:
 
     def remember(self, key: str, value: str) -> None:
         """A `subtask.*` value this process just wrote with `git config`, read back from now on."""
+        _readable(key)
         if isinstance(self._read, GitSettings):
             self._read.set(_canonical("subtask." + key), value)
 
     def sign_mode(self) -> str:
-        """`subtask.sign` (auto, always, never); a value that is none of them reads as auto (doctor says so)."""
+        """`subtask.sign` (auto, always, never); a value that is none of them reads as auto (start
+        refuses it, doctor names it)."""
         return sign_mode_of(self.get("sign"))
 
     def signing_key(self) -> str | None:
         """The key git signs with (`user.signingKey`), unless `subtask.sign` is never."""
         return signing_key_of(self._read)
 
+    def for_engine_plugin(self, name: str) -> Callable[[str], str | None]:
+        """The reader an engine from another package (`subtask.engines` entry point) gets: the
+        table's keys as `get` reads them, and its own `engine.<name>.*` keys, which the table
+        cannot list, as git gave them."""
+        own = f"engine.{name}."
+
+        def read(key: str) -> str | None:
+            if key.startswith(own) and row(key) is None:
+                return self._read("subtask." + key)
+            return self.get(key)
+
+        return read
+
     def settings(self) -> dict[str, str] | None:
         """Every setting as git gave them (None when they do not come from git)."""
         return self._read.all() if isinstance(self._read, GitSettings) else None
 
     def number(self, key: str) -> float:
-        value, problem = self._checked(key)
+        raw = self.get(key) or ""
+        problem = refusal(key, raw)
         if problem:
             raise SubtaskError("fatal", problem, hint=fix_hint(key))
-        return value
+        return float(raw)
 
     def integer(self, key: str) -> int:
         return int(self.number(key))
 
     def choice(self, key: str) -> str:
-        """One of `CHOICES[key]`; the default for anything else (`problems` names it)."""
+        """One of the key's words; the default for anything else (start refuses it)."""
+        setting = SETTINGS[_readable(key)]
         value = (self.get(key) or "").strip().lower()
-        return value if value in CHOICES[key] else CHOICES[key][0]
+        return value if value in setting.words else setting.default or setting.words[0]
 
     def flag(self, key: str) -> bool:
-        return (self.get(key) or "").strip().lower() in ("1", "true", "yes", "on")
+        return (self.get(key) or "").strip().lower() in TRUE_WORDS
 
-    def problems(self) -> list[tuple[str, str]]:
-        """(message, fix) for every known `subtask.*` setting whose value would be refused at use."""
+    def problems(self, engine_plugins: Collection[str] = ()) -> list[Problem]:
+        """Every `subtask.*` key set here that the table refuses, lacks, or knows by an old name
+        (`engine.<name>.*` keys of `engine_plugins` aside: those engines read their own)."""
         found = []
-        for key, setting in SETTINGS.items():
-            if setting.kind == "flag":
-                raw = self.get(key) or ""
-                if raw.strip().lower() not in FLAG_WORDS:
-                    found.append((f"git config subtask.{key} is not true or false: {raw!r}", fix_hint(key)))
+        for key, raw in self._set():
+            table_key = row(key)
+            if table_key is None and engine_name(key) not in engine_plugins:
+                found.append(unknown_key_problem(key))
+            if table_key is None:
                 continue
-            problem = self._checked(key)[1]
+            problem = refusal(key, raw)
             if problem:
-                found.append((problem, fix_hint(key)))
-        for key, words in CHOICES.items():
-            raw = self.get(key) or ""
-            if raw.strip().lower() not in words:
-                found.append((f"git config subtask.{key} must be {' or '.join(words)}, not {raw!r} (read as {words[0]})",
-                              f"git config subtask.{key} {words[0]}"))
-        sign = self.get("sign")
-        if sign is not None and sign.strip().lower() not in SIGN_MODES:
-            found.append((f"git config subtask.sign is not auto, always or never: {sign!r}", "git config subtask.sign auto"))
+                found.append(Problem(key, "bad", problem, fix_hint(key)))
+            if NAME not in table_key and _parts(key) != _parts(table_key):
+                found.append(self._old_name_problem(key, table_key))
         return found
 
-    def _checked(self, key: str) -> tuple[float, str | None]:
-        raw = self.get(key)
-        setting = SETTINGS.get(key, Setting("", "number"))
-        try:
-            value = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return 0.0, f"git config subtask.{key} is not a number: {raw!r}"
-        if not math.isfinite(value) or value < setting.minimum:
-            return 0.0, f"git config subtask.{key} must be a finite number >= {setting.minimum:g}, not {raw!r}"
-        if setting.kind == "int" and value != int(value):
-            return 0.0, f"git config subtask.{key} must be a whole number, not {raw!r}"
-        return value, None
+    def require_valid(self, engine: str | None = None) -> None:
+        """Refuse (exit 128, the key and its fix named) a value the table refuses, of every key but
+        those of engines other than `engine`: what `start` checks before it makes anything."""
+        bad = [(key, problem) for key, raw in self._set()
+               if row(key) is not None and _applies(key, engine)
+               for problem in [refusal(key, raw)] if problem]
+        if bad:
+            key, problem = bad[0]
+            more = f" (and {len(bad) - 1} more: git subtask doctor)" if len(bad) > 1 else ""
+            raise SubtaskError("fatal", problem + more, hint=fix_hint(key))
+
+    def _set(self) -> list[tuple[str, str]]:
+        """(key as the table spells it, value) of every `subtask.*` key git gave."""
+        given = self.settings() or {}
+        return [(spelled(key), value) for key, value in given.items() if key.startswith("subtask.")]
+
+    def _old_name_problem(self, old: str, new: str) -> Problem:
+        said = f"subtask.{old} is the old name of subtask.{new}"
+        if self._read("subtask." + new) is not None:
+            return Problem(old, "old", f"{said}, which is set too: subtask.{old} is not read",
+                           f"git config --unset subtask.{old}")
+        return Problem(old, "old", said, _move(old, new))
+
+
+def _readable(key: str) -> str:
+    """The table's key the code may read as `key` (its own spelling, or a patterned row's with an
+    engine's name); KeyError for any other, an old name included: a bug here, never a user's."""
+    table_key = row(key)
+    if table_key is None or (NAME not in table_key and _parts(key) != _parts(table_key)):
+        raise KeyError(f"subtask.{key} is not in the table of settings "
+                       "(subtask/model/config.py SETTINGS)")
+    return table_key
+
+
+def _applies(key: str, engine: str | None) -> bool:
+    """Does a job of `engine` read `key`? Every key but another engine's."""
+    owner = SETTINGS[row(key) or key].engine
+    if owner is None:
+        return True
+    return (engine_name(key) if owner == NAME else owner) == engine
 
 
 def sign_mode_of(value: str | None) -> str:
     value = (value or "auto").strip().lower()
-    return value if value in SIGN_MODES else "auto"
+    return value if value in SETTINGS["sign"].words else "auto"
 
 
 def signing_key_of(read: Callable[[str], str | None]) -> str | None:
@@ -154,12 +587,6 @@ def signing_key_of(read: Callable[[str], str | None]) -> str | None:
     if sign_mode_of(read("subtask.sign")) == "never":
         return None
     return (read("user.signingkey") or "").strip() or None
-
-
-def fix_hint(key: str) -> str:
-    setting = SETTINGS.get(key)
-    what = f" ({setting.meaning})" if setting and setting.meaning else ""
-    return f"git config subtask.{key} {DEFAULTS.get(key, 'N')}{what}"
 
 
 class GitSettings:

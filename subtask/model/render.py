@@ -104,13 +104,27 @@ def job_cost(job) -> float | None:
     return math.fsum(costs) if costs else None
 
 
-def stalled_text(attempt) -> str:
-    """`stalled: no event from the engine for 10m05s`: so far, or until the attempt ended."""
-    stalled = attempt.stalled if isinstance(attempt.stalled, dict) else {}
+def stall_facts(attempt) -> dict | None:
+    """A stalled attempt's numbers: when its engine last spoke (`since`), how long it has been
+    silent so far or was until the attempt ended (`silent_s`), the threshold (`after_s`, the
+    `subtask.stallAfter` it ran with), and `action`. None when it is not stalled."""
+    stalled = attempt.stalled if isinstance(attempt.stalled, dict) else None
+    if not stalled:
+        return None
     since, after = stalled.get("since"), stalled.get("after")
     until = attempt.ended_at if attempt.terminal else time.time()
-    silent = until - since if isinstance(since, (int, float)) and isinstance(until, (int, float)) else after
-    return f"stalled: no event from the engine for {duration(silent if isinstance(silent, (int, float)) else None)}"
+    number = (int, float)
+    silent = until - since if isinstance(since, number) and isinstance(until, number) else None
+    return {"since": since, "silent_s": round(max(0.0, silent), 1) if silent is not None else None,
+            "after_s": after if isinstance(after, number) else None,
+            "action": stalled.get("action")}
+
+
+def stalled_text(attempt) -> str:
+    """`stalled: no event from the engine for 10m05s`: so far, or until the attempt ended."""
+    facts = stall_facts(attempt) or {}
+    silent = facts.get("silent_s") if facts.get("silent_s") is not None else facts.get("after_s")
+    return f"stalled: no event from the engine for {duration(silent)}"
 
 
 def one_line(job, position: int | None = None) -> str:

@@ -40,7 +40,7 @@ import time
 import traceback
 from pathlib import Path
 
-from subtask.engines import get_engine
+from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
 from subtask.git import checks, notes, packing, records, worktrees
 from subtask.git.gitrepo import (
@@ -427,7 +427,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         max_usd=attempt.max_usd if attempt.max_usd is not None else job.spec.max_usd,
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
-        config=repo.config,
+        config=settings_reader(engine, repo.config),
         on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
         state_dir=repo.state_dir,
@@ -814,9 +814,11 @@ def run_checks(repo: Repo, job: Job, head: str, sink) -> list[dict] | None:
     return checks.run(repo, work_base(job), head, job.spec.checks)
 
 
-def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome) -> Outcome:
-    """A failed check fails verify, whatever it exited, and the attempt (kind `check`); verify's
-    test counts are read from its output."""
+def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcome,
+          recorded: list[str] | None = None) -> Outcome:
+    """A failed check fails verify, whatever it exited, and the attempt (kind `check`, its hint
+    keeping the other checks, `recorded`: the job's); verify's test counts are read from its
+    output."""
     failed = checks.failed(found)
     if verify is not None:
         counts = claims.test_counts(verify.output_tail)
@@ -825,6 +827,7 @@ def judge(verify: VerifyResult | None, found: list[dict] | None, outcome: Outcom
             verify.checks_failed, verify.passed = failed, False
     if failed and outcome.ok:
         outcome.ok, outcome.error_kind, outcome.error = False, "check", redact(checks.failure_text(found))
+        outcome.error_hint = redact(checks.retry_hint(found, recorded or []))
     return outcome
 
 
@@ -1117,7 +1120,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
             stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")
-    outcome = judge(verify, found, outcome)
+    outcome = judge(verify, found, outcome, job.spec.checks)
     state = "stopped" if stopped else ("done" if outcome.ok else "failed")
     evidence = build_evidence(repo, job, head, outcome, auto, verify, state)
     evidence.isolation, evidence.main_worktree = confinement.evidence(verify)
