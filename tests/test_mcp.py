@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -539,47 +541,100 @@ def request(ident: int | str, method: str, params: dict | None = None) -> dict:
     return {"jsonrpc": "2.0", "id": ident, "method": method, **({"params": params} if params is not None else {})}
 
 
-class Session:
-    """A server subprocess driven line by line: raw bytes in, raw lines out."""
+LIVE_SESSIONS: list[Session] = []
 
-    def __init__(self, repo: Path, *, front: bool = True):
+
+@pytest.fixture(autouse=True)
+def _no_server_left_running():
+    """A test that failed half way leaves no server behind (a live one is killed, the zygote dies with it)."""
+    yield
+    while LIVE_SESSIONS:
+        proc = LIVE_SESSIONS.pop().proc
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+class Session:
+    """A server subprocess driven line by line: raw bytes in, raw lines out. A read waits at most
+    READ_TIMEOUT seconds (a server that answers nothing fails the test instead of hanging it)."""
+
+    READ_TIMEOUT = 60.0
+
+    def __init__(self, repo: Path, *, front: bool = True, hold: Path | None = None):
+        """`hold`: the server waits before it loads the SDK until the test creates that file (the
+        front end alone serves meanwhile), and creates `<hold>.reached` when it is there."""
         env = dict(server_env(), SUBTASK_MCP_FRONT="1" if front else "0")
+        if hold is not None:
+            env["SUBTASK_FAULT_HOLD"] = f"mcp_before_sdk:{hold}"
         self.started = time.monotonic()
+        self.errors = tempfile.TemporaryFile()  # a file, not a pipe: the server never blocks on stderr
         self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
+        LIVE_SESSIONS.append(self)
         self.seen: list[bytes] = []
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        for line in iter(self.proc.stdout.readline, b""):
+            self.lines.put(line)
+        self.lines.put(b"")
+
+    def stderr(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read().decode(errors="replace")
 
     def send(self, *messages: dict | bytes) -> None:
         data = b"".join(m if isinstance(m, bytes) else (json.dumps(m) + "\n").encode() for m in messages)
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
+    def next_line(self) -> bytes:
+        """The next line on stdout (kept in `seen`)."""
+        try:
+            line = self.lines.get(timeout=self.READ_TIMEOUT)
+        except queue.Empty:
+            self.proc.kill()
+            pytest.fail(f"no reply in {self.READ_TIMEOUT:g}s; stderr: {self.stderr()[-2000:]}")
+        if not line:
+            self.lines.put(b"")
+            pytest.fail(f"the server closed stdout; stderr: {self.stderr()[-2000:]}")
+        self.seen.append(line)
+        return line
+
+    def next_message(self) -> Any:
+        return json.loads(self.next_line())
+
     def reply(self, ident: int | str) -> bytes:
         """The raw line answering `ident` (notifications read on the way are kept in `seen`)."""
         while True:
-            line = self.proc.stdout.readline()
-            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
-            self.seen.append(line)
+            line = self.next_line()
             message = json.loads(line)
-            if "method" not in message and message.get("id") == ident:
+            if isinstance(message, dict) and "method" not in message and message.get("id") == ident:
                 return line
 
     def read_until(self, marker: bytes) -> bytes:
         """The next line containing `marker` (every line read on the way is kept in `seen`)."""
-        while True:
-            line = self.proc.stdout.readline()
-            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
-            self.seen.append(line)
-            if marker in line:
-                return line
+        while marker not in (line := self.next_line()):
+            pass
+        return line
+
+    def rest(self) -> bytes:
+        """Everything on stdout until the server closes it."""
+        out = []
+        while line := self.lines.get(timeout=self.READ_TIMEOUT):
+            out.append(line)
+        self.lines.put(b"")
+        return b"".join(out)
 
     def close(self) -> str:
         """Close stdin, wait for the exit; its stderr."""
         self.proc.stdin.close()
         assert self.proc.wait(timeout=30) == 0
-        rest = self.proc.stdout.read()
+        rest = self.rest()
         assert rest == b"", f"more on stdout after the last reply: {rest[:200]!r}"
-        return self.proc.stderr.read().decode()
+        return self.stderr()
 
 
 def test_the_cached_description_is_what_the_sdk_says():
@@ -648,7 +703,7 @@ def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
     front = mcp_server.Front(wire, mcp_server.load_cache())
     front.open((json.dumps(INITIALIZE) + "\n").encode())
     assert json.loads(wire.written[0])["result"]["protocolVersion"] == "2025-06-18"
-    assert front.lines.get_nowait() == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
+    assert front.lines.get_nowait()[0] == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
     front.from_sdk(wire.written[0].decode())  # the SDK's identical reply: dropped silently
     front.from_sdk('{"jsonrpc":"2.0","id":1,"result":{}}\n')  # a later reply with the same id passes
     assert len(wire.written) == 2 and capsys.readouterr().err == ""
@@ -718,6 +773,171 @@ def test_a_client_that_leaves_after_initialize_does_not_wait_for_the_sdk(repo):
         session.close()
         took[front] = time.monotonic() - session.started
     assert took[True] < took[False], took
+
+
+# --------------------------------------------------------------------------- JSON-RPC 2.0 on the wire (issue 38)
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+# (what, the line, its answer: a (code, id) error; a list of them for a batch; None: no answer)
+BAD_LINES: list[tuple[str, dict | bytes, Any]] = [
+    ("100,000 nested [", b"[" * 100_000 + b"\n", (-32700, None)),
+    ("not JSON", b'{"jsonrpc": "2.0", "id": 60, "method"\n', (-32700, None)),
+    ("NaN", b'{"jsonrpc": "2.0", "id": 61, "method": "ping", "params": {"x": NaN}}\n', (-32700, None)),
+    ("batch", (json.dumps([request(62, "ping"), INITIALIZED, request("b", "tools/list")]) + "\n").encode(),
+     [(-32600, 62), (-32600, "b")]),
+    ("empty batch", b"[]\n", (-32600, None)),
+    ("id without method", {"jsonrpc": "2.0", "id": 63}, (-32600, 63)),
+    ("array params", {"jsonrpc": "2.0", "id": 64, "method": "tools/call", "params": ["list", {}]}, (-32602, 64)),
+    ("object id", {"jsonrpc": "2.0", "id": {"n": 65}, "method": "ping"}, (-32600, None)),
+    ("null id", {"jsonrpc": "2.0", "id": None, "method": "tools/call", "params": {"name": "list"}}, (-32600, None)),
+    ("fractional id", {"jsonrpc": "2.0", "id": 66.5, "method": "ping"}, (-32600, 66.5)),
+    ("no jsonrpc member", {"id": 67, "method": "ping"}, (-32600, 67)),
+    ("a number", b"68\n", (-32600, None)),
+    ("method not a string", {"jsonrpc": "2.0", "id": 69, "method": 69}, (-32600, 69)),
+    ("a malformed response", {"jsonrpc": "2.0", "id": 70, "result": 70}, (-32600, None)),
+    ("nested deeper than the SDK reads",
+     request(71, "tools/call", {"name": "list", "arguments": {"x": nested(300)}}), (-32600, 71)),
+    ("a notification with array params", {"jsonrpc": "2.0", "method": "notifications/x", "params": [1]}, None),
+]
+
+
+def expected_errors() -> list:
+    found: list = []
+    for _what, _line, answer in BAD_LINES:
+        if isinstance(answer, list):
+            found.append(("batch", tuple(answer)))
+        elif answer is not None:
+            found.append(answer)
+    return sorted(found, key=repr)
+
+
+@pytest.mark.parametrize("when", ["before the SDK loads", "after the SDK loaded"])
+def test_each_bad_line_gets_its_json_rpc_error_and_the_session_goes_on(repo, tmp_path, when):
+    """JSON-RPC 2.0: -32700 for what is not JSON, -32600 for what is not a request, -32602 for
+    params that are not an object; each answered, and the next request still is."""
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED)
+    session.reply(1)
+    if when == "after the SDK loaded":
+        gate.touch()
+        session.send(request("warm", "ping"))  # only the SDK answers a ping
+        session.reply("warm")
+    else:
+        assert wait_until(Path(f"{gate}.reached").exists), "the server never reached the SDK's load"
+    errors, lists = [], []
+
+    def read_until_reply(ident: str) -> dict:
+        while True:
+            message = session.next_message()
+            if isinstance(message, list):
+                assert all(set(m) == {"jsonrpc", "id", "error"} for m in message), message
+                errors.append(("batch", tuple((m["error"]["code"], m["id"]) for m in message)))
+                assert all("batch" in m["error"]["message"] for m in message), message
+            elif message.get("id") == ident:
+                return message
+            elif "error" in message:
+                assert message["error"]["message"].startswith(
+                    {-32700: "Parse error", -32600: "Invalid Request", -32602: "Invalid params"}[message["error"]["code"]]
+                ), message
+                errors.append((message["error"]["code"], message["id"]))
+
+    for n, (_what, line, _answer) in enumerate(BAD_LINES):
+        session.send(line, request(f"list-{n}", "tools/list"))
+        lists.append(read_until_reply(f"list-{n}"))
+    assert all(len(m["result"]["tools"]) == len(TOOLS) for m in lists)
+    gate.touch()
+    session.send(request("call", "tools/call", {"name": "list", "arguments": {}}))
+    called = read_until_reply("call")
+    assert called["result"]["content"][0]["text"].startswith("no jobs yet"), called
+    assert sorted(errors, key=repr) == expected_errors()
+    assert "Traceback" not in session.close()
+
+
+def test_a_call_read_before_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
+    """The client sends a call and closes stdin before the SDK is loaded: the call is still answered."""
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", {"name": "list", "arguments": {}}))
+    session.reply(1)
+    assert wait_until(Path(f"{gate}.reached").exists), "the server never reached the SDK's load"
+    session.proc.stdin.close()
+    gate.touch()
+    answer = json.loads(session.reply(2))
+    assert answer["result"]["content"][0]["text"].startswith("no jobs yet"), answer
+    assert session.proc.wait(timeout=30) == 0
+
+
+def test_a_call_under_way_at_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
+    """A wait in progress when the client closes stdin ends as a wait does (the job's end), not cancelled."""
+    gate = tmp_path / "gate"  # the job runs until the test has closed the server's stdin
+    session = Session(repo)
+    session.send(INITIALIZE, INITIALIZED,
+                 request(2, "tools/call", {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
+    job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
+    session.send(request(3, "tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 60},
+                                           "_meta": {"progressToken": "w"}}))
+    watchdog = threading.Timer(60, gate.touch)
+    watchdog.start()
+    try:
+        session.read_until(b'"notifications/progress"')  # the wait is under way
+        session.proc.stdin.close()
+        session.read_until(b'"notifications/progress"')  # and goes on after the end of input
+    finally:
+        watchdog.cancel()
+        gate.touch()
+    waited = json.loads(session.reply(3))
+    assert waited["result"]["content"][0]["text"].startswith(f"{job} done"), waited
+    assert session.proc.wait(timeout=30) == 0
+
+
+def test_a_call_the_client_cancelled_is_not_waited_for_at_the_end_of_input(repo, tmp_path):
+    """A cancelled request gets no answer (MCP): the server exits at the end of input, the job runs on."""
+    gate = tmp_path / "gate"  # the job runs until the test ends
+    session = Session(repo)
+    try:
+        session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", {
+            "name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
+        job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
+        session.send(request(3, "tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 60},
+                                               "_meta": {"progressToken": "w"}}))
+        session.read_until(b'"notifications/progress"')  # the wait is under way
+        session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
+        session.proc.stdin.close()
+        assert session.proc.wait(timeout=30) == 0
+        assert b'"id":3' not in session.rest()
+    finally:
+        gate.touch()
+
+
+LISTS_WITH_PARAMS = [request(10, "tools/list", {"cursor": 5}), request(11, "tools/list", {"_meta": 5}),
+                     request(12, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
+                     request(13, "prompts/list", {"cursor": "x"}), request(14, "tools/list", {"cursor": "next"})]
+
+
+def test_list_requests_with_params_are_answered_as_the_sdk_answers_them(repo, tmp_path):
+    """A cursor or a `_meta` is the SDK's to judge (an invalid one is an error, a 2026 envelope is
+    refused on this connection): the front end never answers those from its cache."""
+    plain = Session(repo, front=False)
+    plain.send(INITIALIZE, INITIALIZED, *LISTS_WITH_PARAMS)
+    expected = {m["id"]: plain.reply(m["id"]) for m in LISTS_WITH_PARAMS}
+    plain.close()
+    assert "error" in json.loads(expected[10]) and "error" in json.loads(expected[12])
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED, *LISTS_WITH_PARAMS, request("plain", "tools/list"))
+    session.reply("plain")  # from the cache, the SDK held: anything answered before it came from the cache too
+    early = {json.loads(line).get("id") for line in session.seen}
+    assert not early & {m["id"] for m in LISTS_WITH_PARAMS}, f"answered from the cache: {early}"
+    gate.touch()
+    assert {m["id"]: session.reply(m["id"]) for m in LISTS_WITH_PARAMS} == expected
+    session.close()
 
 
 # --------------------------------------------------------------------------- the whole loop over MCP (issue 31)

@@ -43,10 +43,11 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
-from subtask.faces import replies
+from subtask.faces import jsonrpc, replies
 from subtask.model import render, start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
@@ -546,6 +547,20 @@ async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
 
 
 # ---------------------------------------------------------------- serving and describing
+
+def sdk_refusal(line: str, message: dict | None) -> bytes | None:
+    """The error for a line the SDK's transport cannot read, which it would drop unanswered; None
+    when it reads it. `subtask.faces.jsonrpc` passed the line (`message`, None for the initialize
+    the front end answered); the SDK's reader is stricter (a nesting deeper than ~250 levels, a
+    lone surrogate), and its word is final."""
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        ident = message["id"] if jsonrpc.is_request(message) else None
+        why = exc.errors(include_url=False)[0]["msg"] if exc.errors() else str(exc)
+        return jsonrpc.line_of(jsonrpc.error(jsonrpc.INVALID_REQUEST, ident, f"this server cannot read it: {why}"))
+    return None
+
 
 async def serve(stdin: Any, stdout: Any) -> None:
     """`MCPServer.run_stdio_async` over the given line streams instead of fd 0 and 1.
