@@ -1062,6 +1062,7 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
                 ("start", {"task": "x", "pick": "best"}),
                 ("merge", {"id": "st-00000000", "mode": "rebase"}),
                 ("start", {"task": "x", "verfiy": "true"}),
+                ("land", {"ids": []}),
             )]
             return answers
 
@@ -1074,12 +1075,128 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"
         "hint: merge takes: id (required), mode, force, repo",
         answers[6],
+        "error: ids must not be empty\nhint: land takes: ids (required), verify, atomic, reconcile, mode, force, "
+        "dry_run, repo",
     ]
     assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
     assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
     assert answers[6].startswith("error: start takes no 'verfiy'\n")
     for answer in answers:
         assert "validation error" not in answer and "pydantic" not in answer and "Input should" not in answer
+
+
+# Argument mistakes an operation finds (not the schema): each tool's words name its parameters
+# (`timeout`, `best_of`), never the CLI's flags (`--timeout`); a whole `git subtask ...` command in
+# a hint is a command, and stays one.
+OPERATION_ARGUMENT_ERRORS = [
+    ("wait", {"ids": ["st-00000000"], "timeout": -1}, "timeout must be"),
+    ("wait", {"ids": []}, "wait needs at least one job id"),
+    ("start", {"task": "x", "timeout": 0}, "timeout must be"),
+    ("start", {"task": "x", "verify_timeout": -1}, "verify_timeout must be"),
+    ("start", {"task": "x", "max_usd": -1}, "max_usd must be"),
+    ("start", {"task": "x", "max_turns": 0}, "max_turns must be"),
+    ("start", {"task": "x", "verify": " "}, "verify is empty"),
+    ("start", {"task": "x", "after": "nope"}, "not a job id"),
+    ("start", {"task": "x", "on_fail": "run"}, "on_fail goes with after"),
+    ("start", {"task": "x", "after": "st-00000000", "base": "main"}, "after starts the job"),
+    ("start", {"task": "x", "retries": 99}, "retries must be"),
+    ("start", {"task": "x", "retries": 1}, "retries needs verify"),
+    ("start", {"task": "x", "retries": 1, "verify": "true", "readonly": True}, "retries makes no sense with readonly"),
+    ("start", {"task": "x", "check": "paths=src/**", "readonly": True}, "check has nothing to look at"),
+    ("start", {"task": "x", "best_of": 1}, "best_of must be"),
+    ("start", {"task": "x", "best_of": 2}, "best_of needs verify"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "judge": " "}, "judge needs a command"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "first_pass": True, "pick": "smallest"}, "first_pass"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "readonly": True}, "best_of makes no sense"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "after": "st-00000000"}, "a group cannot wait (after)"),
+    ("start", {"task": "x", "engine": ["shell", "shell"]}, "engine takes one name"),
+    ("start", {"task": "x", "on": "bogus"}, "on is 'bogus'"),
+    ("start", {"task": "x", "pick": "smallest"}, "pick goes with best_of"),
+    ("start", {"task": "x", "first_pass": True}, "first_pass goes with best_of"),
+    ("map", {"pattern": "*.py", "task": "x {files}", "batch": 0}, "batch must be"),
+    ("map", {"pattern": "*.py", "task": "x {files}", "concurrency": 0}, "concurrency must be"),
+    ("reply", {"id": "st-00000000", "message": "x", "timeout": 0}, "timeout must be"),
+    ("land", {"ids": ["st-00000000"], "reconcile": True, "atomic": True}, ""),
+]
+CLI_FLAG = re.compile(r"(?<![\w'\"-])--[a-z]")
+A_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
+
+
+def test_argument_errors_name_the_tools_parameters_never_the_clis_flags(repo, cli, monkeypatch):
+    monkeypatch.chdir(repo)  # the in-process server works in its working directory
+    job = cli.start("true")
+    cli("wait", job)
+
+    async def main() -> list[str]:
+        async with connect("inproc", repo) as client:
+            answers = []
+            for tool, args, _words in OPERATION_ARGUMENT_ERRORS:
+                args = {k: job if v == "st-00000000" else v for k, v in args.items()}
+                answers.append(await call(client, tool, args, ok=False))
+            _, data = await call_json(client, "start_many", {"tasks": [{"task": "x", "timeout": 0},
+                                                                       {"task": "y", "retries": 1}]})
+            answers.append(data["reply"])
+            return answers
+
+    answers = anyio.run(main)
+    for (tool, args, words), answer in zip(OPERATION_ARGUMENT_ERRORS, answers, strict=False):
+        assert words in answer, f"{tool} {args}: {answer!r} lacks {words!r}"
+    for answer in answers:
+        assert not CLI_FLAG.search(A_CLI_COMMAND.sub("", answer)), f"a CLI flag in {answer!r}"
+    first, second = answers[-1].splitlines()  # start_many's items: its errors are said in the same words
+    assert first.startswith("1. error: timeout must be") and second.startswith("2. error: retries needs verify")
+
+
+def test_a_land_that_lands_nothing_is_an_error_as_a_merge_of_the_same_job_is(repo, cli, how):
+    """Every job refused or failed: `land` exits 1 as `merge` does, and over MCP both are tool
+    errors naming why. A land that landed some is an answer (ok false), and a dry run is a plan."""
+    failed = cli.start("echo x > x.txt", "--verify", "false")
+    good = cli.start("echo y > y.txt", "--verify", "test -f y.txt")
+    cli("wait", failed, good)
+    assert cli("merge", failed).returncode == cli("land", failed).returncode == 1
+    before = git(repo, "rev-parse", "main")
+
+    async def main():
+        async with connect(how, repo) as client:
+            merged = await call(client, "merge", {"id": failed}, ok=False)
+            landed = await call(client, "land", {"ids": [failed]}, ok=False)
+            assert git(repo, "rev-parse", "main") == before
+            planned, plan = await call_json(client, "land", {"ids": [failed], "dry_run": True})
+            partial, data = await call_json(client, "land", {"ids": [failed, good]})
+            return merged, landed, planned, partial, data
+
+    merged, landed, planned, partial, data = anyio.run(main)
+    assert merged.startswith(f"error: {failed}: verify failed")
+    assert landed.startswith(f"error: nothing landed onto main ({failed} refused)\n"), landed
+    assert f"{failed}: refused: {failed}: verify failed" in landed and "main: stays at" in landed
+    assert "nothing was changed (dry run)" in planned
+    assert data["ok"] is False and [j["state"] for j in data["jobs"]] == ["refused", "landed"]
+    assert partial.endswith("(1 of 2 landed)")
+
+
+def test_wait_with_timeout_zero_answers_the_current_states_at_once(repo, cli, how, tmp_path):
+    """A poll: the jobs as they are now, without waiting; `timed_out` says some are still running."""
+    gate = tmp_path / "gate"
+    ended = cli.start("true")
+    cli("wait", ended)
+    running = cli.start(held(gate, "true"))
+    try:
+        polled = cli("wait", "--timeout", "0", running)
+        assert polled.returncode == 1 and polled.stdout.startswith(f"{running} running"), polled
+        assert "still running (they continue)" in polled.stderr and "timed out" not in polled.stderr
+        assert cli("wait", "--timeout", "-1", running).returncode == 129
+
+        async def main():
+            async with connect(how, repo) as client:
+                now, data = await call_json(client, "wait", {"ids": [running, ended], "timeout": 0})
+                done, done_data = await call_json(client, "wait", {"ids": [ended], "timeout": 0})
+                return now, data, done, done_data
+
+        now, data, done, done_data = anyio.run(main)
+    finally:
+        gate.touch()
+    assert now.startswith(f"{running} running") and f"{ended} done" in now and data["timed_out"] is True
+    assert done.startswith(f"{ended} done") and done_data["timed_out"] is False
 
 
 def test_list_folds_a_group_as_the_cli_does(repo, cli, how):
