@@ -916,6 +916,29 @@ def test_a_call_the_client_cancelled_is_not_waited_for_at_the_end_of_input(repo,
         gate.touch()
 
 
+def test_a_client_gone_at_the_end_of_input_is_not_waited_for(repo, tmp_path):
+    """The client died (both pipes closed) during a wait: the server exits at its next progress
+    write, not when the wait would have ended."""
+    gate = tmp_path / "gate"  # the job runs until the test ends
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=server_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    rpc = JsonRpc(proc)
+    try:
+        rpc.initialize()
+        job = job_id_in(rpc.call_tool("start", {"task": held(gate, "true"), "engine": "shell"}))
+        rpc.send("tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 120},
+                                "_meta": {"progressToken": "w"}})
+        while b'"notifications/progress"' not in proc.stdout.readline():
+            pass  # the wait is under way
+        proc.stdin.close()
+        proc.stdout.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        gate.touch()
+
+
 LISTS_WITH_PARAMS = [request(10, "tools/list", {"cursor": 5}), request(11, "tools/list", {"_meta": 5}),
                      request(12, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
                      request(13, "prompts/list", {"cursor": "x"}), request(14, "tools/list", {"cursor": "next"})]
