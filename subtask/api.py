@@ -99,7 +99,8 @@ def repo_at(path: str | os.PathLike | None = None) -> Repo:
 
 # ---------------------------------------------------------------- validation
 
-def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False, zero: bool = False):
+def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False,
+              zero: bool = False):
     """`value` as a number > 0 (`zero`: >= 0), or a usage error naming `what`."""
     if value is None:
         if allow_none:
@@ -112,7 +113,8 @@ def _positive(value, what: str, *, allow_none: bool = True, integer: bool = Fals
     except (TypeError, ValueError, OverflowError):
         raise SubtaskError("usage", f"{wanted}, not {value!r}") from None
     too_small = number < 0 if zero else number <= 0
-    if isinstance(value, bool) or not math.isfinite(number) or too_small or (integer and number != float(value)):
+    not_whole = integer and number != float(value)
+    if isinstance(value, bool) or not math.isfinite(number) or too_small or not_whole:
         raise SubtaskError("usage", f"{wanted}, not {value!r}")
     return number
 
@@ -780,7 +782,9 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
     pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
-    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout", zero=True)
+    if timeout is not None:
+        timeout = _positive(timeout, "--timeout", zero=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     while pending and not timed_out:
         # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.

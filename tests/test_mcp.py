@@ -546,7 +546,7 @@ LIVE_SESSIONS: list[Session] = []
 
 @pytest.fixture(autouse=True)
 def _no_server_left_running():
-    """A test that failed half way leaves no server behind (a live one is killed, the zygote dies with it)."""
+    """A test that failed half way leaves no server behind (the zygote dies with its server)."""
     yield
     while LIVE_SESSIONS:
         proc = LIVE_SESSIONS.pop().proc
@@ -568,9 +568,10 @@ class Session:
         if hold is not None:
             env["SUBTASK_FAULT_HOLD"] = f"mcp_before_sdk:{hold}"
         self.started = time.monotonic()
-        self.errors = tempfile.TemporaryFile()  # a file, not a pipe: the server never blocks on stderr
-        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
+        self.errors = tempfile.TemporaryFile()  # not a pipe: the server never blocks on stderr
+        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.errors)
         LIVE_SESSIONS.append(self)
         self.seen: list[bytes] = []
         self.lines: queue.Queue[bytes] = queue.Queue()
@@ -703,7 +704,8 @@ def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
     front = mcp_server.Front(wire, mcp_server.load_cache())
     front.open((json.dumps(INITIALIZE) + "\n").encode())
     assert json.loads(wire.written[0])["result"]["protocolVersion"] == "2025-06-18"
-    assert front.lines.get_nowait()[0] == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
+    line, _ = front.lines.get_nowait()
+    assert line == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
     front.from_sdk(wire.written[0].decode())  # the SDK's identical reply: dropped silently
     front.from_sdk('{"jsonrpc":"2.0","id":1,"result":{}}\n')  # a later reply with the same id passes
     assert len(wire.written) == 2 and capsys.readouterr().err == ""
@@ -775,7 +777,7 @@ def test_a_client_that_leaves_after_initialize_does_not_wait_for_the_sdk(repo):
     assert took[True] < took[False], took
 
 
-# --------------------------------------------------------------------------- JSON-RPC 2.0 on the wire (issue 38)
+# ------------------------------------------------------------ JSON-RPC 2.0 on the wire (issue 38)
 
 def nested(depth: int) -> Any:
     value: Any = 1
@@ -784,27 +786,34 @@ def nested(depth: int) -> Any:
     return value
 
 
+def rpc(**members: Any) -> dict:
+    return {"jsonrpc": "2.0", **members}
+
+
+LIST_CALL = {"name": "list", "arguments": {}}
 # (what, the line, its answer: a (code, id) error; a list of them for a batch; None: no answer)
 BAD_LINES: list[tuple[str, dict | bytes, Any]] = [
     ("100,000 nested [", b"[" * 100_000 + b"\n", (-32700, None)),
     ("not JSON", b'{"jsonrpc": "2.0", "id": 60, "method"\n', (-32700, None)),
-    ("NaN", b'{"jsonrpc": "2.0", "id": 61, "method": "ping", "params": {"x": NaN}}\n', (-32700, None)),
-    ("batch", (json.dumps([request(62, "ping"), INITIALIZED, request("b", "tools/list")]) + "\n").encode(),
-     [(-32600, 62), (-32600, "b")]),
+    ("NaN", b'{"jsonrpc": "2.0", "id": 61, "method": "ping", "params": {"x": NaN}}\n',
+     (-32700, None)),
+    ("batch", json.dumps([request(62, "ping"), INITIALIZED, request("b", "tools/list")]).encode()
+     + b"\n", [(-32600, 62), (-32600, "b")]),
     ("empty batch", b"[]\n", (-32600, None)),
-    ("id without method", {"jsonrpc": "2.0", "id": 63}, (-32600, 63)),
-    ("array params", {"jsonrpc": "2.0", "id": 64, "method": "tools/call", "params": ["list", {}]}, (-32602, 64)),
-    ("object id", {"jsonrpc": "2.0", "id": {"n": 65}, "method": "ping"}, (-32600, None)),
-    ("null id", {"jsonrpc": "2.0", "id": None, "method": "tools/call", "params": {"name": "list"}}, (-32600, None)),
-    ("fractional id", {"jsonrpc": "2.0", "id": 66.5, "method": "ping"}, (-32600, 66.5)),
+    ("id without method", rpc(id=63), (-32600, 63)),
+    ("array params", rpc(id=64, method="tools/call", params=["list", {}]), (-32602, 64)),
+    ("object id", rpc(id={"n": 65}, method="ping"), (-32600, None)),
+    ("null id", rpc(id=None, method="tools/call", params=LIST_CALL), (-32600, None)),
+    ("fractional id", rpc(id=66.5, method="ping"), (-32600, 66.5)),
     ("no jsonrpc member", {"id": 67, "method": "ping"}, (-32600, 67)),
     ("a number", b"68\n", (-32600, None)),
-    ("method not a string", {"jsonrpc": "2.0", "id": 69, "method": 69}, (-32600, 69)),
-    ("a malformed response", {"jsonrpc": "2.0", "id": 70, "result": 70}, (-32600, None)),
+    ("method not a string", rpc(id=69, method=69), (-32600, 69)),
+    ("a malformed response", rpc(id=70, result=70), (-32600, None)),
     ("nested deeper than the SDK reads",
      request(71, "tools/call", {"name": "list", "arguments": {"x": nested(300)}}), (-32600, 71)),
-    ("a notification with array params", {"jsonrpc": "2.0", "method": "notifications/x", "params": [1]}, None),
+    ("a notification with array params", rpc(method="notifications/x", params=[1]), None),
 ]
+TITLES = {-32700: "Parse error", -32600: "Invalid Request", -32602: "Invalid params"}
 
 
 def expected_errors() -> list:
@@ -843,10 +852,9 @@ def test_each_bad_line_gets_its_json_rpc_error_and_the_session_goes_on(repo, tmp
             elif message.get("id") == ident:
                 return message
             elif "error" in message:
-                assert message["error"]["message"].startswith(
-                    {-32700: "Parse error", -32600: "Invalid Request", -32602: "Invalid params"}[message["error"]["code"]]
-                ), message
-                errors.append((message["error"]["code"], message["id"]))
+                code = message["error"]["code"]
+                assert message["error"]["message"].startswith(TITLES[code]), message
+                errors.append((code, message["id"]))
 
     for n, (_what, line, _answer) in enumerate(BAD_LINES):
         session.send(line, request(f"list-{n}", "tools/list"))
@@ -861,10 +869,10 @@ def test_each_bad_line_gets_its_json_rpc_error_and_the_session_goes_on(repo, tmp
 
 
 def test_a_call_read_before_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
-    """The client sends a call and closes stdin before the SDK is loaded: the call is still answered."""
+    """The client sends a call and closes stdin before the SDK is loaded: the call is answered."""
     gate = tmp_path / "sdk-gate"
     session = Session(repo, hold=gate)
-    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", {"name": "list", "arguments": {}}))
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", LIST_CALL))
     session.reply(1)
     assert wait_until(Path(f"{gate}.reached").exists), "the server never reached the SDK's load"
     session.proc.stdin.close()
@@ -874,21 +882,28 @@ def test_a_call_read_before_the_end_of_input_is_answered_then_the_server_exits(r
     assert session.proc.wait(timeout=30) == 0
 
 
+def start_held(session: Session, gate: Path) -> str:
+    """Start a shell job that runs until `gate` exists, and a wait for it (request 3)."""
+    start = {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", start))
+    job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
+    wait = {"ids": [job], "timeout": 60}
+    session.send(request(3, "tools/call", {"name": "wait", "arguments": wait,
+                                           "_meta": {"progressToken": "w"}}))
+    session.read_until(b'"notifications/progress"')  # the wait is under way
+    return job
+
+
 def test_a_call_under_way_at_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
-    """A wait in progress when the client closes stdin ends as a wait does (the job's end), not cancelled."""
+    """A wait under way when the client closes stdin ends as a wait does (the job's end)."""
     gate = tmp_path / "gate"  # the job runs until the test has closed the server's stdin
     session = Session(repo)
-    session.send(INITIALIZE, INITIALIZED,
-                 request(2, "tools/call", {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
-    job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
-    session.send(request(3, "tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 60},
-                                           "_meta": {"progressToken": "w"}}))
     watchdog = threading.Timer(60, gate.touch)
     watchdog.start()
     try:
-        session.read_until(b'"notifications/progress"')  # the wait is under way
+        job = start_held(session, gate)
         session.proc.stdin.close()
-        session.read_until(b'"notifications/progress"')  # and goes on after the end of input
+        session.read_until(b'"notifications/progress"')  # the wait goes on after the end of input
     finally:
         watchdog.cancel()
         gate.touch()
@@ -898,17 +913,12 @@ def test_a_call_under_way_at_the_end_of_input_is_answered_then_the_server_exits(
 
 
 def test_a_call_the_client_cancelled_is_not_waited_for_at_the_end_of_input(repo, tmp_path):
-    """A cancelled request gets no answer (MCP): the server exits at the end of input, the job runs on."""
+    """A cancelled request gets no answer (MCP): the server exits at the end of input."""
     gate = tmp_path / "gate"  # the job runs until the test ends
     session = Session(repo)
     try:
-        session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", {
-            "name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
-        job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
-        session.send(request(3, "tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 60},
-                                               "_meta": {"progressToken": "w"}}))
-        session.read_until(b'"notifications/progress"')  # the wait is under way
-        session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
+        start_held(session, gate)
+        session.send(rpc(method="notifications/cancelled", params={"requestId": 3}))
         session.proc.stdin.close()
         assert session.proc.wait(timeout=30) == 0
         assert b'"id":3' not in session.rest()
@@ -920,14 +930,15 @@ def test_a_client_gone_at_the_end_of_input_is_not_waited_for(repo, tmp_path):
     """The client died (both pipes closed) during a wait: the server exits at its next progress
     write, not when the wait would have ended."""
     gate = tmp_path / "gate"  # the job runs until the test ends
-    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=server_env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    rpc = JsonRpc(proc)
+    # Not a Session: its reader thread holds stdout, which this test closes.
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                            env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = JsonRpc(proc)
     try:
-        rpc.initialize()
-        job = job_id_in(rpc.call_tool("start", {"task": held(gate, "true"), "engine": "shell"}))
-        rpc.send("tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 120},
-                                "_meta": {"progressToken": "w"}})
+        client.initialize()
+        job = job_id_in(client.call_tool("start", {"task": held(gate, "true"), "engine": "shell"}))
+        client.send("tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 120},
+                                   "_meta": {"progressToken": "w"}})
         while b'"notifications/progress"' not in proc.stdout.readline():
             pass  # the wait is under way
         proc.stdin.close()
@@ -939,9 +950,12 @@ def test_a_client_gone_at_the_end_of_input_is_not_waited_for(repo, tmp_path):
         gate.touch()
 
 
-LISTS_WITH_PARAMS = [request(10, "tools/list", {"cursor": 5}), request(11, "tools/list", {"_meta": 5}),
-                     request(12, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}),
-                     request(13, "prompts/list", {"cursor": "x"}), request(14, "tools/list", {"cursor": "next"})]
+META_2026 = {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}
+LISTS_WITH_PARAMS = [request(10, "tools/list", {"cursor": 5}),
+                     request(11, "tools/list", {"_meta": 5}),
+                     request(12, "tools/list", META_2026),
+                     request(13, "prompts/list", {"cursor": "x"}),
+                     request(14, "tools/list", {"cursor": "next"})]
 
 
 def test_list_requests_with_params_are_answered_as_the_sdk_answers_them(repo, tmp_path):
@@ -955,7 +969,7 @@ def test_list_requests_with_params_are_answered_as_the_sdk_answers_them(repo, tm
     gate = tmp_path / "sdk-gate"
     session = Session(repo, hold=gate)
     session.send(INITIALIZE, INITIALIZED, *LISTS_WITH_PARAMS, request("plain", "tools/list"))
-    session.reply("plain")  # from the cache, the SDK held: anything answered before it came from the cache too
+    session.reply("plain")  # from the cache, the SDK held: what was answered before it came from it
     early = {json.loads(line).get("id") for line in session.seen}
     assert not early & {m["id"] for m in LISTS_WITH_PARAMS}, f"answered from the cache: {early}"
     gate.touch()
@@ -1098,8 +1112,8 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"
         "hint: merge takes: id (required), mode, force, repo",
         answers[6],
-        "error: ids must not be empty\nhint: land takes: ids (required), verify, atomic, reconcile, mode, force, "
-        "dry_run, repo",
+        "error: ids must not be empty\n"
+        "hint: land takes: ids (required), verify, atomic, reconcile, mode, force, dry_run, repo",
     ]
     assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
     assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
@@ -1112,7 +1126,7 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
 # (`timeout`, `best_of`), never the CLI's flags (`--timeout`); a whole `git subtask ...` command in
 # a hint is a command, and stays one.
 OPERATION_ARGUMENT_ERRORS = [
-    ("wait", {"ids": ["st-00000000"], "timeout": -1}, "timeout must be"),
+    ("wait", {"ids": ["JOB"], "timeout": -1}, "timeout must be"),
     ("wait", {"ids": []}, "wait needs at least one job id"),
     ("start", {"task": "x", "timeout": 0}, "timeout must be"),
     ("start", {"task": "x", "verify_timeout": -1}, "verify_timeout must be"),
@@ -1121,25 +1135,31 @@ OPERATION_ARGUMENT_ERRORS = [
     ("start", {"task": "x", "verify": " "}, "verify is empty"),
     ("start", {"task": "x", "after": "nope"}, "not a job id"),
     ("start", {"task": "x", "on_fail": "run"}, "on_fail goes with after"),
-    ("start", {"task": "x", "after": "st-00000000", "base": "main"}, "after starts the job"),
+    ("start", {"task": "x", "after": "JOB", "base": "main"}, "after starts the job"),
     ("start", {"task": "x", "retries": 99}, "retries must be"),
     ("start", {"task": "x", "retries": 1}, "retries needs verify"),
-    ("start", {"task": "x", "retries": 1, "verify": "true", "readonly": True}, "retries makes no sense with readonly"),
-    ("start", {"task": "x", "check": "paths=src/**", "readonly": True}, "check has nothing to look at"),
+    ("start", {"task": "x", "retries": 1, "verify": "true", "readonly": True},
+     "retries makes no sense with readonly"),
+    ("start", {"task": "x", "check": "paths=src/**", "readonly": True},
+     "check has nothing to look at"),
     ("start", {"task": "x", "best_of": 1}, "best_of must be"),
     ("start", {"task": "x", "best_of": 2}, "best_of needs verify"),
     ("start", {"task": "x", "best_of": 2, "verify": "true", "judge": " "}, "judge needs a command"),
-    ("start", {"task": "x", "best_of": 2, "verify": "true", "first_pass": True, "pick": "smallest"}, "first_pass"),
-    ("start", {"task": "x", "best_of": 2, "verify": "true", "readonly": True}, "best_of makes no sense"),
-    ("start", {"task": "x", "best_of": 2, "verify": "true", "after": "st-00000000"}, "a group cannot wait (after)"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "first_pass": True, "pick": "smallest"},
+     "first_pass"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "readonly": True},
+     "best_of makes no sense"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "after": "JOB"},
+     "a group cannot wait (after)"),
     ("start", {"task": "x", "engine": ["shell", "shell"]}, "engine takes one name"),
     ("start", {"task": "x", "on": "bogus"}, "on is 'bogus'"),
     ("start", {"task": "x", "pick": "smallest"}, "pick goes with best_of"),
     ("start", {"task": "x", "first_pass": True}, "first_pass goes with best_of"),
     ("map", {"pattern": "*.py", "task": "x {files}", "batch": 0}, "batch must be"),
     ("map", {"pattern": "*.py", "task": "x {files}", "concurrency": 0}, "concurrency must be"),
-    ("reply", {"id": "st-00000000", "message": "x", "timeout": 0}, "timeout must be"),
-    ("land", {"ids": ["st-00000000"], "reconcile": True, "atomic": True}, ""),
+    ("reply", {"id": "JOB", "message": "x", "timeout": 0}, "timeout must be"),
+    ("land", {"ids": ["JOB"], "atomic": True}, "nothing landed (atomic)"),
+    ("land", {"ids": ["JOB", "JOB"]}, "named twice"),
 ]
 CLI_FLAG = re.compile(r"(?<![\w'\"-])--[a-z]")
 A_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
@@ -1147,18 +1167,22 @@ A_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
 
 def test_argument_errors_name_the_tools_parameters_never_the_clis_flags(repo, cli, monkeypatch):
     monkeypatch.chdir(repo)  # the in-process server works in its working directory
-    job = cli.start("true")
+    job = cli.start("true")  # ended, nothing to land
     cli("wait", job)
+
+    def with_job(value: Any) -> Any:
+        if isinstance(value, list):
+            return [with_job(v) for v in value]
+        return job if value == "JOB" else value
 
     async def main() -> list[str]:
         async with connect("inproc", repo) as client:
             answers = []
             for tool, args, _words in OPERATION_ARGUMENT_ERRORS:
-                args = {k: job if v == "st-00000000" else v for k, v in args.items()}
+                args = {name: with_job(value) for name, value in args.items()}
                 answers.append(await call(client, tool, args, ok=False))
-            _, data = await call_json(client, "start_many", {"tasks": [{"task": "x", "timeout": 0},
-                                                                       {"task": "y", "retries": 1}]})
-            answers.append(data["reply"])
+            items = [{"task": "x", "timeout": 0}, {"task": "y", "retries": 1}]
+            answers.append((await call_json(client, "start_many", {"tasks": items}))[1]["reply"])
             return answers
 
     answers = anyio.run(main)
@@ -1166,8 +1190,9 @@ def test_argument_errors_name_the_tools_parameters_never_the_clis_flags(repo, cl
         assert words in answer, f"{tool} {args}: {answer!r} lacks {words!r}"
     for answer in answers:
         assert not CLI_FLAG.search(A_CLI_COMMAND.sub("", answer)), f"a CLI flag in {answer!r}"
-    first, second = answers[-1].splitlines()  # start_many's items: its errors are said in the same words
-    assert first.startswith("1. error: timeout must be") and second.startswith("2. error: retries needs verify")
+    first, second = answers[-1].splitlines()  # start_many's item errors, in the same words
+    assert first.startswith("1. error: timeout must be")
+    assert second.startswith("2. error: retries needs verify")
 
 
 def test_a_land_that_lands_nothing_is_an_error_as_a_merge_of_the_same_job_is(repo, cli, how):
@@ -1198,7 +1223,7 @@ def test_a_land_that_lands_nothing_is_an_error_as_a_merge_of_the_same_job_is(rep
 
 
 def test_wait_with_timeout_zero_answers_the_current_states_at_once(repo, cli, how, tmp_path):
-    """A poll: the jobs as they are now, without waiting; `timed_out` says some are still running."""
+    """A poll: the jobs as they are now, at once; `timed_out` says some are still running."""
     gate = tmp_path / "gate"
     ended = cli.start("true")
     cli("wait", ended)

@@ -28,8 +28,14 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
-_TITLES = {PARSE_ERROR: "Parse error", INVALID_REQUEST: "Invalid Request", INVALID_PARAMS: "Invalid params"}
-NO_BATCHES = "batches are not read here (MCP has none since 2025-06-18): send each message on its own line"
+_TITLES = {
+    PARSE_ERROR: "Parse error",
+    INVALID_REQUEST: "Invalid Request",
+    INVALID_PARAMS: "Invalid params",
+}
+NO_BATCHES = (
+    "batches are not read here (MCP has none since 2025-06-18): send each message on its own line"
+)
 
 
 def _not_json(constant: str) -> object:
@@ -37,7 +43,7 @@ def _not_json(constant: str) -> object:
 
 
 def loads(data: bytes | str) -> object:
-    """`json.loads`, strict: NaN and Infinity refused, too deep a nesting a ValueError like any other."""
+    """`json.loads`, strict: NaN and Infinity refused; too deep a nesting is a ValueError too."""
     try:
         return json.loads(data, parse_constant=_not_json)
     except RecursionError:
@@ -49,7 +55,11 @@ def dumps(value: object, ensure_ascii: bool = True) -> str:
 
 
 def error(code: int, ident: object, why: str) -> dict:
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": f"{_TITLES[code]}: {why}"[:300]}}
+    return {
+        "jsonrpc": "2.0",
+        "id": ident,
+        "error": {"code": code, "message": f"{_TITLES[code]}: {why}"[:300]},
+    }
 
 
 def line_of(value: object) -> bytes:
@@ -60,8 +70,12 @@ def is_request(message: object) -> bool:
     return isinstance(message, dict) and "method" in message and "id" in message
 
 
+def is_notification(message: object) -> bool:
+    return isinstance(message, dict) and "method" in message and "id" not in message
+
+
 def _usable_id(ident: object) -> bool:
-    """An id MCP takes: a string or an integer (JSON-RPC also allows null and fractions; MCP does not)."""
+    """An id MCP takes: a string or an integer (JSON-RPC also allows null and fractions)."""
     return isinstance(ident, str) or (isinstance(ident, int) and not isinstance(ident, bool))
 
 
@@ -76,7 +90,7 @@ def reply_id(message: object) -> object:
 
 
 def problem(message: object) -> tuple[int, str] | None:
-    """(code, why) when `message` (parsed JSON, not an array) is not an MCP message; None when it is."""
+    """(code, why) when `message` (parsed JSON, not an array) is not an MCP message, else None."""
     if not isinstance(message, dict):
         return INVALID_REQUEST, f"a message is a JSON object, not {type(message).__name__}"
     if message.get("jsonrpc") != "2.0":
@@ -85,21 +99,31 @@ def problem(message: object) -> tuple[int, str] | None:
         if not isinstance(message["method"], str):
             return INVALID_REQUEST, "method is a string"
         if "id" in message and not _usable_id(message["id"]):
-            return INVALID_REQUEST, f"an id is a string or an integer, not {dumps(message['id'])[:40]}"
+            return (
+                INVALID_REQUEST,
+                f"an id is a string or an integer, not {dumps(message['id'])[:40]}",
+            )
         if message.get("params") is not None and not isinstance(message["params"], dict):
             return INVALID_PARAMS, "params is an object (MCP passes parameters by name)"
         return None
     if "result" in message or "error" in message:
         return _response_problem(message)
-    return INVALID_REQUEST, "a request has a method" if "id" in message else "neither a request nor a response"
+    return (
+        INVALID_REQUEST,
+        "a request has a method" if "id" in message else "neither a request nor a response",
+    )
 
 
 def _response_problem(message: dict) -> tuple[int, str] | None:
     ident = message.get("id")
     if "error" in message:
         failure = message["error"]
-        if (isinstance(failure, dict) and isinstance(failure.get("code"), int)
-                and isinstance(failure.get("message"), str) and (ident is None or _usable_id(ident))):
+        if (
+            isinstance(failure, dict)
+            and isinstance(failure.get("code"), int)
+            and isinstance(failure.get("message"), str)
+            and (ident is None or _usable_id(ident))
+        ):
             return None
         return INVALID_REQUEST, "an error response has an id and an error with a code and a message"
     if isinstance(message["result"], dict) and _usable_id(ident):
@@ -121,13 +145,14 @@ def check(line: bytes) -> tuple[dict | None, bytes | None]:
     found = problem(message)
     if found is None:
         return message, None
-    if isinstance(message, dict) and "method" in message and "id" not in message:
-        return None, None  # a notification: never answered
+    if is_notification(message):
+        return None, None  # never answered
     code, why = found
     return None, line_of(error(code, reply_id(message), why))
 
 
 def _batch_reply(batch: list) -> bytes:
-    answers = [error(INVALID_REQUEST, reply_id(m) if isinstance(m, dict) else None, NO_BATCHES)
-               for m in batch if not (isinstance(m, dict) and "method" in m and "id" not in m)]
-    return line_of(answers or error(INVALID_REQUEST, None, NO_BATCHES if batch else "an empty batch"))
+    requests = [m for m in batch if not is_notification(m)]
+    answers = [error(INVALID_REQUEST, reply_id(m), NO_BATCHES) for m in requests]
+    why = NO_BATCHES if batch else "an empty batch"
+    return line_of(answers or error(INVALID_REQUEST, None, why))

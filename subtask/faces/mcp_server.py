@@ -161,7 +161,8 @@ class Front:
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
         self.asked = None  # a threading.Condition over `unanswered`, made by `open`
-        self.unanswered: dict[int | str, int] = {}  # request id -> how many the SDK read and has not answered
+        # request id -> how many such requests the SDK read and has not answered
+        self.unanswered: dict[int | str, int] = {}
         self.client_gone = False  # it stopped reading: nothing more can reach it
 
     def open(self, first: bytes) -> None:
@@ -222,12 +223,12 @@ class Front:
         """Answer a list request from the cache, if it is one."""
         if self.replies is None:
             return False
-        method, ident = message.get("method"), message.get("id")
-        result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
+        method = message.get("method")
+        result = self.replies.get(method) if method != "initialize" else None
         # Only params-less lists: a cursor, or a `_meta` (a 2026 envelope), is the SDK's to judge.
-        if result is None or message.get("params") not in (None, {}) or not jsonrpc.is_request(message):
+        if result is None or message.get("params") not in (None, {}) or "id" not in message:
             return False
-        self.write(reply_line(ident, result))
+        self.write(reply_line(message["id"], result))
         return True
 
     def write(self, data: bytes) -> None:
@@ -243,12 +244,13 @@ class Front:
                     self.asked.notify_all()
 
     def handed_to_sdk(self, message: dict) -> None:
-        """The SDK is about to read `message`: count the answer it owes (a cancelled request gets none)."""
+        """The SDK is about to read `message`: count the answers it owes (a cancel settles one)."""
+        params = message.get("params")
         with self.asked:
             if jsonrpc.is_request(message):
                 self.unanswered[message["id"]] = self.unanswered.get(message["id"], 0) + 1
-            elif message.get("method") == "notifications/cancelled" and isinstance(message.get("params"), dict):
-                self._settle(message["params"].get("requestId"))
+            elif message.get("method") == "notifications/cancelled" and isinstance(params, dict):
+                self._settle(params.get("requestId"))
 
     def _settle(self, ident: object) -> None:
         if isinstance(ident, int | str) and self.unanswered.get(ident):
@@ -275,9 +277,10 @@ class Front:
             self.drop = None
             if message != ours:
                 # stderr only: stdout is the protocol channel
-                sys.stderr.write("subtask-mcp: the SDK's initialize reply differs from the one sent from "
-                                 "subtask/faces/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
-                                 f"  sent: {jsonrpc.dumps(ours)}\n  sdk:  {text.strip()}\n")
+                sys.stderr.write(
+                    "subtask-mcp: the SDK's initialize reply differs from the one sent from "
+                    "subtask/faces/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
+                    f"  sent: {jsonrpc.dumps(ours)}\n  sdk:  {text.strip()}\n")
             return
         self.write(text.encode())
         if is_reply:

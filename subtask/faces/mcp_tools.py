@@ -144,10 +144,12 @@ server = Server("subtask", instructions=INSTRUCTIONS, version=__version__, log_l
 
 def _error_text(exc: SubtaskError) -> str:
     """The CLI's `error: ...` and `hint: ...`, its flags spelt as this face's parameters."""
-    return f"error: {mcp_words(exc.message)}" + (f"\nhint: {mcp_words(exc.hint)}" if exc.hint else "")
+    hint = f"\nhint: {mcp_words(exc.hint)}" if exc.hint else ""
+    return f"error: {mcp_words(exc.message)}{hint}"
 
 
-PARAMETERS: set[str] = {option.name for option in start_options.OPTIONS}  # and every tool's (`tool`)
+# Every tool's parameters (`tool` adds each tool's), and a start_many item's fields.
+PARAMETERS: set[str] = {option.name for option in start_options.OPTIONS}
 _CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
 _CLI_FLAG = re.compile(r"(?<![\w'\"-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)\b(?!-)")
 
@@ -156,8 +158,12 @@ def mcp_words(text: str) -> str:
     """`text` (the CLI's words: `--best-of needs --verify`) with each flag that is a parameter of
     a tool spelt as the parameter (`best_of needs verify`): an agent calls tools, not the CLI.
     A whole `git subtask ...` command line stays as it is: it is a command, and says so."""
+    def parameter(flag: re.Match) -> str:
+        name = flag[1].replace("-", "_")
+        return name if name in PARAMETERS else flag[0]
+
     def respell(prose: str) -> str:
-        return _CLI_FLAG.sub(lambda m: name if (name := m[1].replace("-", "_")) in PARAMETERS else m[0], prose)
+        return _CLI_FLAG.sub(parameter, prose)
 
     out, done = [], 0
     for command in _CLI_COMMAND.finditer(text):
@@ -192,7 +198,7 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
                 return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
             words = render.safe(reply.full_text())
             if reply.failed:  # it did none of what it was asked: an error, as a refused merge is
-                return _tool_error(f"error: {reply.failed}\n{words}")
+                return _tool_error(mcp_words(f"error: {reply.failed}\n{words}"))
             # Claude Code shows a model the structured content instead of the text: the words go first in it (`reply`).
             return CallToolResult(content=[TextContent(type="text", text=words)],
                                   structured_content={"reply": words, **reply.data})
@@ -282,7 +288,8 @@ async def start_many(tasks: START_ITEMS) -> replies.Reply:
     items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
     [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
     """
-    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo), words=mcp_words))
+    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo),
+                                                    words=mcp_words))
 
 
 async def map_files(*, pattern: str, task: str, batch: int = 1, concurrency: int | None = None,
@@ -513,7 +520,8 @@ async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = 
 
 
 @tool("land", destructive=True, title="Land many jobs")
-async def land(ids: Annotated[list[str], Field(min_length=1)], verify: str | None = None, atomic: bool = False, reconcile: bool = False,
+async def land(ids: Annotated[list[str], Field(min_length=1)], verify: str | None = None,
+               atomic: bool = False, reconcile: bool = False,
                mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
                dry_run: bool = False, repo: REPO = None) -> replies.Reply:
     """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
@@ -586,7 +594,8 @@ def sdk_refusal(line: str, message: dict | None) -> bytes | None:
     except ValidationError as exc:
         ident = message["id"] if jsonrpc.is_request(message) else None
         why = exc.errors(include_url=False)[0]["msg"] if exc.errors() else str(exc)
-        return jsonrpc.line_of(jsonrpc.error(jsonrpc.INVALID_REQUEST, ident, f"this server cannot read it: {why}"))
+        refused = jsonrpc.error(jsonrpc.INVALID_REQUEST, ident, f"this server cannot read it: {why}")
+        return jsonrpc.line_of(refused)
     return None
 
 

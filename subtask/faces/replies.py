@@ -97,7 +97,7 @@ def waited(repo, result, timeout: float | None) -> Reply:
 
 
 def _timed_out(timeout: float | None) -> str:
-    """How a wait that ended before its jobs says so; a timeout of 0 is a poll, which did not wait."""
+    """How a wait that ended before its jobs says so (a timeout of 0 is a poll: it did not wait)."""
     return f"timed out after {timeout:g}s; " if timeout else ""
 
 
