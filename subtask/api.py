@@ -99,17 +99,23 @@ def repo_at(path: str | os.PathLike | None = None) -> Repo:
 
 # ---------------------------------------------------------------- validation
 
-def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False):
+def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False,
+              zero: bool = False):
+    """`value` as a number > 0 (`zero`: >= 0), or a usage error naming `what`."""
     if value is None:
         if allow_none:
             return None
         raise SubtaskError("usage", f"{what} is required")
+    noun = "whole number" if integer else "number"
+    wanted = f"{what} must be a " + (f"finite {noun} >= 0" if zero else f"positive finite {noun}")
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError, OverflowError):
-        raise SubtaskError("usage", f"{what} must be a positive finite number, not {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != float(value)):
-        raise SubtaskError("usage", f"{what} must be a positive finite {'whole ' if integer else ''}number, not {value!r}")
+        raise SubtaskError("usage", f"{wanted}, not {value!r}") from None
+    too_small = number < 0 if zero else number <= 0
+    not_whole = integer and number != float(value)
+    if isinstance(value, bool) or not math.isfinite(number) or too_small or not_whole:
+        raise SubtaskError("usage", f"{wanted}, not {value!r}")
     return number
 
 
@@ -787,7 +793,9 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
     pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
-    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    if timeout is not None:
+        timeout = _positive(timeout, "--timeout", zero=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     while pending and not timed_out:
         # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
@@ -1306,8 +1314,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     """
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
-    if timeout is not None:
-        timeout = _positive(timeout, "--timeout")
+    if timeout is not None:  # 0: look once, as a poll
+        timeout = _positive(timeout, "--timeout", zero=True)
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
     first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
     started = time.monotonic()

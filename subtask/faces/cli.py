@@ -198,7 +198,8 @@ def reply(job_id, message, max_usd, timeout, as_json):
 @cli.command(context_settings=CONTEXT)
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--any", "any_", is_flag=True, help="return when the first job ends")
-@click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
+@click.option("--timeout", type=float,
+              help="give up after this many seconds (exit 1); 0: look once")
 @click.option("--json", "as_json", is_flag=True)
 def wait(ids, any_, timeout, as_json):
     """Block until the jobs end, or one stalls; print one line per job.

@@ -31,6 +31,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -43,10 +44,11 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
-from subtask.faces import replies
+from subtask.faces import jsonrpc, replies
 from subtask.model import render, start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
@@ -126,6 +128,8 @@ def _argument_error(name: str, schema: dict, exc: ValidationError) -> SubtaskErr
         field = str(error["loc"][0]) if error["loc"] else "?"
         if error["type"] == "missing":
             text = f"{name} needs {field}"
+        elif error["type"] == "too_short":
+            text = f"{field} must not be empty"
         else:
             text = f"{field} must be {_expected(props.get(field, {}))}, not {error.get('input')!r}"
         if text not in messages:
@@ -139,7 +143,33 @@ server = Server("subtask", instructions=INSTRUCTIONS, version=__version__, log_l
 # ---------------------------------------------------------------- plumbing
 
 def _error_text(exc: SubtaskError) -> str:
-    return f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+    """The CLI's `error: ...` and `hint: ...`, its flags spelt as this face's parameters."""
+    hint = f"\nhint: {mcp_words(exc.hint)}" if exc.hint else ""
+    return f"error: {mcp_words(exc.message)}{hint}"
+
+
+# Every tool's parameters (`tool` adds each tool's), and a start_many item's fields.
+PARAMETERS: set[str] = {option.name for option in start_options.OPTIONS}
+_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
+_CLI_FLAG = re.compile(r"(?<![\w'\"-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)\b(?!-)")
+
+
+def mcp_words(text: str) -> str:
+    """`text` (the CLI's words: `--best-of needs --verify`) with each flag that is a parameter of
+    a tool spelt as the parameter (`best_of needs verify`): an agent calls tools, not the CLI.
+    A whole `git subtask ...` command line stays as it is: it is a command, and says so."""
+    def parameter(flag: re.Match) -> str:
+        name = flag[1].replace("-", "_")
+        return name if name in PARAMETERS else flag[0]
+
+    def respell(prose: str) -> str:
+        return _CLI_FLAG.sub(parameter, prose)
+
+    out, done = [], 0
+    for command in _CLI_COMMAND.finditer(text):
+        out += [respell(text[done:command.start()]), command[0]]
+        done = command.end()
+    return "".join([*out, respell(text[done:])])
 
 
 def _tool_error(text: str) -> CallToolResult:
@@ -167,10 +197,13 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
                     traceback.print_exc(file=sys.stderr)
                 return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
             words = render.safe(reply.full_text())
+            if reply.failed:  # it did none of what it was asked: an error, as a refused merge is
+                return _tool_error(mcp_words(f"error: {reply.failed}\n{words}"))
             # Claude Code shows a model the structured content instead of the text: the words go first in it (`reply`).
             return CallToolResult(content=[TextContent(type="text", text=words)],
                                   structured_content={"reply": words, **reply.data})
 
+        PARAMETERS.update(inspect.signature(fn).parameters)
         annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
                                       idempotentHint=read_only or None, openWorldHint=False)
         server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
@@ -255,7 +288,8 @@ async def start_many(tasks: START_ITEMS) -> replies.Reply:
     items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
     [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
     """
-    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
+    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo),
+                                                    words=mcp_words))
 
 
 async def map_files(*, pattern: str, task: str, batch: int = 1, concurrency: int | None = None,
@@ -301,7 +335,8 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
     """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
-    activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
+    activity). On timeout the jobs keep running: call wait again. timeout=0 answers at once with the
+    jobs as they are (a poll). Prefer one wait over polling.
     A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
     """
     job_ids = _id_list(ids)
@@ -485,7 +520,8 @@ async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = 
 
 
 @tool("land", destructive=True, title="Land many jobs")
-async def land(ids: list[str], verify: str | None = None, atomic: bool = False, reconcile: bool = False,
+async def land(ids: Annotated[list[str], Field(min_length=1)], verify: str | None = None,
+               atomic: bool = False, reconcile: bool = False,
                mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
                dry_run: bool = False, repo: REPO = None) -> replies.Reply:
     """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
@@ -495,7 +531,8 @@ async def land(ids: list[str], verify: str | None = None, atomic: bool = False, 
     both sides, verify output) and skipped; atomic=true lands all or nothing; reconcile=true
     answers a conflict with a reply to the job on the new tip and lands it once that passes.
     dry_run=true says what would happen and which jobs change the same files, changing nothing.
-    The structured content's `ok` is false unless every job landed.
+    The structured content's `ok` is false unless every job landed; a land that landed none is a
+    tool error, as a refused merge is, with the same report.
     """
     args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
             *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
@@ -546,6 +583,21 @@ async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
 
 
 # ---------------------------------------------------------------- serving and describing
+
+def sdk_refusal(line: str, message: dict | None) -> bytes | None:
+    """The error for a line the SDK's transport cannot read, which it would drop unanswered; None
+    when it reads it. `subtask.faces.jsonrpc` passed the line (`message`, None for the initialize
+    the front end answered); the SDK's reader is stricter (a nesting deeper than ~250 levels, a
+    lone surrogate), and its word is final."""
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        ident = message["id"] if jsonrpc.is_request(message) else None
+        why = exc.errors(include_url=False)[0]["msg"] if exc.errors() else str(exc)
+        refused = jsonrpc.error(jsonrpc.INVALID_REQUEST, ident, f"this server cannot read it: {why}")
+        return jsonrpc.line_of(refused)
+    return None
+
 
 async def serve(stdin: Any, stdout: Any) -> None:
     """`MCPServer.run_stdio_async` over the given line streams instead of fd 0 and 1.

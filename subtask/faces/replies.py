@@ -27,6 +27,10 @@ class Reply:
     notes: list[str] = field(default_factory=list)
     nothing: str | None = None
     exit_code: int = 0
+    # The operation did none of what it was asked (a land that landed nothing): the CLI prints
+    # the words and exits `exit_code`, as ever; the MCP tool answers a tool error, `error: <this>`
+    # then the words, as it does for a refused merge.
+    failed: str | None = None
 
     def full_text(self) -> str:
         """The text with its notes, or what to say when there is none (the MCP tool's words)."""
@@ -61,13 +65,14 @@ def started(result) -> Reply:
                  job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
 
 
-def started_many(results: list) -> Reply:
-    """`start_many`: one numbered line per item, its start or its error, in order."""
+def started_many(results: list, words=str) -> Reply:
+    """`start_many`: one numbered line per item, its start or its error (`words`: as the face
+    spells an error), in order."""
     lines, items = [], []
     for n, result in enumerate(results, 1):
         if isinstance(result, Exception):
-            hint = f" (hint: {result.hint})" if getattr(result, "hint", None) else ""
-            lines.append(f"{n}. error: {result.message}{hint}")
+            hint = f" (hint: {words(result.hint)})" if getattr(result, "hint", None) else ""
+            lines.append(f"{n}. error: {words(result.message)}{hint}")
             items.append({"v": 1, "error": result.to_dict()})
         else:
             reply = started(result)
@@ -85,16 +90,21 @@ def waited(repo, result, timeout: float | None) -> Reply:
     notes = [render.stalled_hint(job) for job in result.jobs if job.id in result.stalled]
     if result.timed_out:
         still = sum(1 for job in result.jobs if not job.state.current.terminal)
-        notes.append(f"timed out after {timeout:g}s; {still} still running (they continue): wait again")
+        notes.append(f"{_timed_out(timeout)}{still} still running (they continue): wait again")
     return Reply("\n".join(lines), {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
                                     "stalled": result.stalled, "jobs": [job_json(j) for j in result.jobs]},
                  notes, exit_code=0 if result.all_passed else 1)
 
 
+def _timed_out(timeout: float | None) -> str:
+    """How a wait that ended before its jobs says so (a timeout of 0 is a poll: it did not wait)."""
+    return f"timed out after {timeout:g}s; " if timeout else ""
+
+
 def waited_groups(repo, result, timeout: float | None) -> Reply:
     from subtask.ops import groups
 
-    notes = [f"timed out after {timeout:g}s; the attempts continue: wait again"] if result.timed_out else []
+    notes = [f"{_timed_out(timeout)}the attempts continue: wait again"] if result.timed_out else []
     return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
                  {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                   "groups": [g.to_dict() for g in result.groups]},
@@ -217,9 +227,15 @@ def merged(result) -> Reply:
 def landed(data: dict) -> Reply:
     """`land` (`landqueue.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
     the data, so the MCP tool, which gets it from a `git-subtask land --json` child, says the same.
-    Exit 1 unless every job landed (would land)."""
-    text = land_plan_text(data) if data.get("dry_run") else land_text(data)
-    return Reply(text, data, exit_code=0 if data.get("ok") else 1)
+    Exit 1 unless every job landed (would land); `failed` when none did, as `merge` fails."""
+    if data.get("dry_run"):
+        return Reply(land_plan_text(data), data, exit_code=0 if data.get("ok") else 1)
+    jobs = data.get("jobs") or []
+    failed = None
+    if jobs and not any(job.get("state") in ("landed", "already") for job in jobs):
+        said = ", ".join(f"{job.get('id')} {job.get('state')}" for job in jobs)
+        failed = render.safe_line(f"nothing landed onto {data.get('target', '?')} ({said})")
+    return Reply(land_text(data), data, exit_code=0 if data.get("ok") else 1, failed=failed)
 
 
 def land_text(data: dict) -> str:
