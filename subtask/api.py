@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from subtask import executors
@@ -39,7 +40,7 @@ from subtask.git.gitrepo import (
     resolve_commit,
 )
 from subtask.git.records import Job, branch_name
-from subtask.model import faults
+from subtask.model import faults, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import (
     ACTIVE,
@@ -225,22 +226,22 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
-def _max_usd(repo: Repo, engine, requested) -> float:
-    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, (int, float))
-                                  or not math.isfinite(requested) or requested < 0):
+def _max_usd(repo: Repo, engine, requested) -> Decimal:
+    """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
+    free one."""
+    if requested is not None and (not isinstance(requested, (int, float, Decimal)) or not money.is_money(requested)):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
     if requested is None and not engine.paid:
-        return 0.0
-    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else float(requested)
-    cap = repo.config.number("maxJobUsd")
+        return money.ZERO
+    usd = money.usd(repo.config.number("defaultMaxUsd") if requested is None else requested)
+    cap = money.usd(repo.config.number("maxJobUsd"))
     if usd > cap:
-        raise SubtaskError("usage", f"--max-usd {_usd(usd)} is above subtask.maxJobUsd={_usd(cap)}",
-                           hint=f"git config subtask.maxJobUsd {_usd(usd)}")
-    return usd if engine.paid else 0.0
+        raise SubtaskError("usage", f"--max-usd {money.plain(usd)} is above subtask.maxJobUsd={money.plain(cap)}",
+                           hint=f"git config subtask.maxJobUsd {money.plain(usd)}")
+    return usd if engine.paid else money.ZERO
 
 
-def _reserved_cost(usd: float, engine) -> Cost:
+def _reserved_cost(usd: Decimal, engine) -> Cost:
     """A new attempt's cost: a paid engine's says "reserved" until the attempt is settled."""
     return Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=usd)
 
@@ -250,11 +251,6 @@ def _default_timeout(repo: Repo, engine) -> float | None:
     agent that can no longer progress (an API it cannot reach, retried forever) must end some
     time, or its whole reservation is spent on waiting."""
     return (repo.config.number("defaultTimeout") or None) if engine.paid else None
-
-
-def _usd(amount: float) -> str:
-    """An amount as a person types it: 1000000000, 2.5 (never 1e+09)."""
-    return f"{amount:.2f}".rstrip("0").rstrip(".")
 
 
 # ---------------------------------------------------------------- start

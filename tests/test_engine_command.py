@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def test_cost_pattern_takes_the_last_match(setup):
     ctx, _ = make_ctx(setup, settings)
     e = engine(settings)
     assert e.paid is True
-    assert e.run(ctx).cost_usd == pytest.approx(0.42)
+    assert e.run(ctx).cost_usd == Decimal("0.42")
 
 
 def test_cost_unknown_when_pattern_does_not_match(setup):

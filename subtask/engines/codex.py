@@ -39,6 +39,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model import money
 from subtask.model.redact import StreamRedactor
 from subtask.proc.isolation import ACTIVE_ENV
 
@@ -416,7 +418,8 @@ class CodexEngine:
     def _outcome(self, ctx: EngineContext, stream: _Stream, result: Any,
                  stderr: list[str]) -> Outcome:
         session = stream.session_id or ctx.session_id
-        tokens, since = ctx.baseline.tokens_since(stream.tokens) if ctx.baseline else (stream.tokens, False)
+        baseline = ctx.baseline.of(session) if ctx.baseline else None  # None: a thread of its own
+        tokens, since = baseline.tokens_since(stream.tokens) if baseline else (stream.tokens, False)
         outcome = Outcome(
             ok=True,
             summary=last_lines(stream.final_message),
@@ -459,17 +462,19 @@ class CodexEngine:
         return None, None
 
     @staticmethod
-    def _cost(ctx: EngineContext, tokens: dict[str, int] | None) -> float | None:
-        """Dollars from configured prices; None (charge the reservation) when unpriced."""
-        price_in = _float(ctx.config("engine.codex.costPerMTokIn"))
-        price_out = _float(ctx.config("engine.codex.costPerMTokOut"))
+    def _cost(ctx: EngineContext, tokens: dict[str, int] | None) -> Decimal | None:
+        """Exact dollars from configured prices (to the micro-dollar); None (charge the
+        reservation) when unpriced."""
+        price_in = _price(ctx.config("engine.codex.costPerMTokIn"))
+        price_out = _price(ctx.config("engine.codex.costPerMTokOut"))
         if tokens is None or price_in is None or price_out is None:
             return None
         # cached_input_tokens is a subset of input_tokens (OpenAI usage semantics).
-        price_cached = _float(ctx.config("engine.codex.costPerMTokCachedIn"))
+        price_cached = _price(ctx.config("engine.codex.costPerMTokCachedIn"))
         cached = tokens.get("cached_input", 0) if price_cached is not None else 0
-        return ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0.0)
-                + tokens.get("output", 0) * price_out) / 1_000_000
+        per_million = ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0)
+                       + tokens.get("output", 0) * price_out)
+        return money.usd(per_million / 1_000_000)
 
 
 def _sandbox_setting(config: ConfigReader) -> str:
@@ -481,8 +486,8 @@ def _confined(ctx: EngineContext) -> bool:
     return (ctx.env.get(ACTIVE_ENV) or "none") != "none"
 
 
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+def _price(value: str | None) -> Decimal | None:
+    """A configured price in dollars per million tokens, exact as written ("0.075"); None when
+    unset or not a finite amount >= 0."""
+    price = money.usd(value) if isinstance(value, str) else None
+    return price if price is not None and price >= 0 else None

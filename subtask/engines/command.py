@@ -14,8 +14,9 @@ Invariants:
   folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
   Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
 - The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
-- Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
-  unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
+- Cost: the last match of `costPattern` in the output, in dollars, exact as printed. A paid
+  engine whose cost is unknown reports None, so the worker charges the reservation; a free
+  engine reports $0.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
   timeout come back as an Outcome with `error_kind` set.
 """
@@ -27,10 +28,12 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.model import money
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -84,7 +87,7 @@ class _Output:
         self.cost_re = cost_re
         self.session_re = session_re
         self.stdout: list[str] = []
-        self.cost: float | None = None
+        self.cost: Decimal | None = None
         self.session_id: str | None = None
 
     def on(self, stream: str) -> Callable[[str], None]:
@@ -101,9 +104,11 @@ class _Output:
         if self.cost_re is not None:
             for match in self.cost_re.finditer(line):
                 try:
-                    self.cost = float(match.group(1))
-                except (IndexError, TypeError, ValueError):
-                    pass
+                    cost = money.usd(match.group(1))  # exact as printed: "0.0149" is $0.0149
+                except IndexError:
+                    cost = None
+                if cost is not None:
+                    self.cost = cost
         if self.session_re is not None:
             match = self.session_re.search(line)
             if match and match.groups() and match.group(1):
@@ -208,12 +213,12 @@ class CommandEngine:
             outcome.error = f"{self.name} exited with code {result.exit_code}"
         return outcome
 
-    def _cost(self, output: _Output) -> float | None:
+    def _cost(self, output: _Output) -> Decimal | None:
         if output.cost is not None:
             return output.cost
         if self._key("costPattern"):
             return None  # configured but not found: let the worker charge the reservation
-        return None if self.paid else 0.0
+        return None if self.paid else money.ZERO
 
 
 _BLOCK_START = re.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")
