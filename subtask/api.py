@@ -69,6 +69,7 @@ class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
+    warnings: list[str] = field(default_factory=list)  # one line each, said with the start
 
     @property
     def state(self) -> str:
@@ -274,16 +275,18 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
-        return _start_waiting(repo, prepared)
-    if not prepared.on.runs_here:
-        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
-        return StartResult(job, 0, on=prepared.on.name)
-    if prepared.paid:
-        _sync_ledger(repo)
-    return _admit_and_launch(repo, prepared.job, prepared.paid,
-                             branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
-                             as_written=prepared.as_written)
+        result = _start_waiting(repo, prepared)
+    elif not prepared.on.runs_here:
+        result = StartResult(prepared.on.backend().submit(repo, prepared.job, prepared.paid), 0, on=prepared.on.name)
+    else:
+        if prepared.paid:
+            _sync_ledger(repo)
+        result = _admit_and_launch(repo, prepared.job, prepared.paid,
+                                   branch_at=None if request.readonly else prepared.job.spec.base,
+                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                                   as_written=prepared.as_written)
+    result.warnings = prepared.warnings
+    return result
 
 
 @dataclass
@@ -293,6 +296,7 @@ class _Prepared:
     as_written: dict
     on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
+    warnings: list[str] = field(default_factory=list)  # what `start` says along (`StartResult.warnings`)
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -344,7 +348,10 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written, on, until)
+    from subtask.proc import isolation
+
+    unconfined = isolation.unconfined_warning(engine, choice.mode, bool(request.readonly))
+    return _Prepared(job, engine.paid, as_written, on, until, [f"warning: {unconfined}"] if unconfined else [])
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
@@ -746,7 +753,10 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         groups.keep_judge(repo, gid, judge)
         groups.create(repo, group)
 
-    return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+    results = _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+    for result, p in zip(results, prepared, strict=True):
+        result.warnings = p.warnings
+    return results
 
 
 def get_group(repo: Repo, gid_or_prefix: str):

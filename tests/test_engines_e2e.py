@@ -610,3 +610,59 @@ def test_real_codex_pointed_at_a_closed_port_is_charged_nothing(cli, repo, tmp_p
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert attempt["state"] == "failed", attempt
     assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed"), attempt
+
+
+# -- codex's own sandbox, said as it is (issue 38, money 3) ------------------------------------
+
+def test_engines_and_start_say_when_codex_runs_with_its_sandbox_off(cli, repo, tmp_path):
+    """`subtask.engine.codex.sandbox danger-full-access` turns codex's own sandbox off: `engines`
+    no longer says "writes limited to the worktree", and `start` warns in one line when nothing
+    else confines the job (a job then wrote in /var/tmp)."""
+    env = _fake_codex(repo, tmp_path, [{"type": "thread.started", "thread_id": "t1"}])
+
+    def codex_row():
+        return next(e for e in cli.json("engines")["engines"] if e["name"] == "codex")
+
+    assert "writes limited to the worktree" in codex_row()["isolation"]
+    started = cli("start", "--engine", "codex", "x", env=env)
+    assert started.returncode == 0 and "warning" not in started.stderr
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    row = codex_row()
+    assert "writes limited" not in row["isolation"] and "sandbox is off" in row["isolation"], row
+    assert "nothing confines it" in row["confinement"], row
+    started = cli("start", "--engine", "codex", "y", env=env)
+    assert started.returncode == 0, started.stderr
+    warnings = [line for line in started.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "danger-full-access" in warnings[0] and "--isolation worktree" in warnings[0]
+    as_json = json.loads(cli.ok("start", "--engine", "codex", "--json", "z", env=env))
+    assert as_json["warnings"] == [warnings[0]]
+    if _landlock_available():  # confined by ours: nothing to warn of
+        confined = cli("start", "--engine", "codex", "--isolation", "worktree", "w", env=env)
+        assert confined.returncode == 0 and "warning" not in confined.stderr, confined.stderr
+    for job in [line.split()[0] for line in cli.ok("list").splitlines() if line.startswith("st-")]:
+        cli("wait", job, timeout=60)
+
+
+def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path):
+    """Under isolation none codex's own sandbox (workspace-write) confines it: a write it refused,
+    printed in the output of codex's command, is listed as a refusal, with who refused it."""
+    refused = "touch: cannot touch '/var/tmp/x': Read-only file system"
+    events = [{"type": "thread.started", "thread_id": "t1"},
+              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /var/tmp/x",
+                                                  "aggregated_output": refused + "\n", "exit_code": 1,
+                                                  "status": "failed"}},
+              {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "No.\nSTATUS: blocked"}},
+              {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 0, "output_tokens": 1}}]
+    env = _fake_codex(repo, tmp_path, events)
+    job = cli.start("try it", "--engine", "codex", env=env)
+    cli.ok("wait", job)
+    isolation = cli.json("show", job)["evidence"]["isolation"]
+    assert isolation["mode"] == "none" and isolation["refused"] == [refused]
+    assert isolation["engine_sandbox"] == "codex workspace-write"
+    assert "confinement: none (codex workspace-write sandbox) · 1 refused access in the output" in cli.ok("show", job)
+
+
+def _landlock_available() -> bool:
+    from subtask.proc import isolation
+
+    return isolation.support().available

@@ -66,6 +66,17 @@ REPLY_REMINDER = """
 
 ISOLATION = ("codex sandbox workspace-write: writes limited to the worktree and the repository's"
              " git dir")
+# What each `subtask.engine.codex.sandbox` setting means for a job that may write, in words.
+SANDBOX_WORDS = {
+    "workspace-write": ISOLATION,
+    "read-only": "codex sandbox read-only: it writes nothing (not even its commits)",
+    "danger-full-access": ("none: its sandbox is off (subtask.engine.codex.sandbox danger-full-access); it may "
+                           "write anywhere this user can unless git-subtask's isolation confines it "
+                           "(--isolation worktree)"),
+}
+UNCONFINED = ("codex runs with its own sandbox off (git config subtask.engine.codex.sandbox "
+              "danger-full-access) and --isolation none: it may write anywhere this user can; "
+              "--isolation worktree confines it")
 NOT_FOUND = ("codex not found: install it (npm i -g @openai/codex) or set"
              " git config subtask.engine.codex.path")
 
@@ -264,7 +275,6 @@ class CodexEngine:
     name = "codex"
     paid = True
     resumes = True  # `codex exec resume <session>`
-    isolation = ISOLATION
     confinable = True  # runs through procs.run; default stays none: its own sandbox applies
     default_isolation = "none"
 
@@ -275,6 +285,23 @@ class CodexEngine:
 
     def __init__(self, config: ConfigReader | None = None) -> None:
         self._config: ConfigReader = config or (lambda key: None)
+
+    @property
+    def isolation(self) -> str:
+        """What codex's own sandbox enforces for a job that may write, as configured."""
+        return SANDBOX_WORDS[_sandbox_in_effect(self._config)]
+
+    def own_sandbox(self, readonly: bool = False) -> str | None:
+        """The sandbox codex itself enforces on a job run without git-subtask's isolation (its
+        `--sandbox` mode), or None when it is off (danger-full-access)."""
+        if readonly:
+            return "read-only"
+        setting = _sandbox_in_effect(self._config)
+        return None if setting == "danger-full-access" else setting
+
+    def unconfined_warning(self, mode: str, readonly: bool = False) -> str | None:
+        """One line for `start` when nothing confines the job: its sandbox off and isolation none."""
+        return UNCONFINED if mode == "none" and self.own_sandbox(readonly) is None else None
 
     # -- finding the binary -------------------------------------------------------------------
 
@@ -479,6 +506,12 @@ class CodexEngine:
 
 def _sandbox_setting(config: ConfigReader) -> str:
     return (config("engine.codex.sandbox") or "workspace-write").strip()
+
+
+def _sandbox_in_effect(config: ConfigReader) -> str:
+    """The setting as `_sandbox_args` applies it: anything it does not know runs workspace-write."""
+    setting = _sandbox_setting(config)
+    return setting if setting in SANDBOX_WORDS else "workspace-write"
 
 
 def _confined(ctx: EngineContext) -> bool:

@@ -55,10 +55,14 @@ def started(result) -> Reply:
             first = f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}"
             note = f"(wait {group.id} for the pick)"
         lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
+        warnings = list(dict.fromkeys(w for r in result.members for w in r.warnings))
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]}, notes=[note])
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
+            "warnings": warnings}, notes=[note, *warnings])
     return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
+                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on,
+                                                                   "warnings": result.warnings},
+                 notes=list(result.warnings))
 
 
 def started_many(results: list) -> Reply:

@@ -244,7 +244,11 @@ def isolation_line(evidence) -> str | None:
     parts = []
     if iso:
         mode = iso.get("mode", "none")
-        parts.append(mode if mode == "none" else f"{mode} ({iso.get('enforced_by', '?')})")
+        own = iso.get("engine_sandbox")  # codex's own, when ours was not used
+        if mode != "none":
+            parts.append(f"{mode} ({iso.get('enforced_by', '?')})")
+        else:
+            parts.append(f"none ({own} sandbox)" if own else mode)
         refused = iso.get("refused") or []
         if refused:
             parts.append(f"{len(refused)} refused access{'' if len(refused) == 1 else 'es'} in the output")

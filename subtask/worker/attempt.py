@@ -564,7 +564,8 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 class Confinement:
     """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
     writes its output reported, and whether the main worktree changed while the job ran (`git
-    status` before and after)."""
+    status` before and after). Without ours, an engine's own sandbox (codex's) may refuse: the
+    refusals printed in the output of the commands it ran are listed too."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
@@ -572,6 +573,8 @@ class Confinement:
         self.refused: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
+        self.engine_sandbox = (isolation.own_sandbox(engine, job.spec.readonly)
+                               if job.spec.isolation == "none" else None)
         self.env = engine_env(job, repo.state_dir)
         self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
         if job.spec.isolation != "none":
@@ -599,9 +602,9 @@ class Confinement:
     def watch(self, event: dict) -> None:
         """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
         self.sink(event)
-        if self.policy.mode == "none":
+        if self.policy.mode == "none" and not self.engine_sandbox:
             return
-        if event.get("type") in ("output", "log"):
+        if event.get("type") in ("output", "log") and self.policy.mode != "none":
             self.note_refused(str(event.get("text", "")))
         elif event.get("type") == "command" and isinstance(event.get("output"), str):
             for line in event["output"].splitlines():  # what an agent's command printed (codex)
@@ -627,7 +630,8 @@ class Confinement:
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+        own = {"engine_sandbox": f"{self.job.spec.engine} {self.engine_sandbox}"} if self.engine_sandbox else {}
+        return self.policy.to_dict() | own | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
