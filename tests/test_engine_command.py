@@ -194,6 +194,20 @@ def test_probe(setup, monkeypatch):
     assert not engine(missing).probe().installed
 
 
+def test_the_program_behind_an_env_prefix_is_the_one_looked_for(setup, monkeypatch):
+    """A recipe may give its agent variables with `env NAME=VALUE ... program` (aider's identity):
+    `env` is always there, so the program after it is the one `engines` and `start` look for."""
+    monkeypatch.setenv("PATH", setup["env"]["PATH"])
+    present = {"engine.fake.command": json.dumps(["env", "GIT_CONFIG_COUNT=0", "fake-agent", "{task}"])}
+    assert engine(present).probe().installed
+    missing = {"engine.fake.command": json.dumps(["env", "A=1", "no-such-agent-xyz", "--yes"])}
+    probe = engine(missing).probe()
+    assert not probe.installed and probe.detail == "no-such-agent-xyz not found on PATH"
+    ctx, _ = make_ctx(setup, missing)
+    out = engine(missing).run(ctx)
+    assert out.error_kind == "not_installed" and "no-such-agent-xyz" in out.error
+
+
 def test_reply_without_resume_template_sends_the_message_as_the_task(setup):
     settings = {"engine.fake.command": json.dumps(["fake-agent", "{task}"])}
     ctx, _ = make_ctx(setup, settings, task="now add tests", session_id="abc")

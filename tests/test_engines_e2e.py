@@ -666,3 +666,63 @@ def _landlock_available() -> bool:
     from subtask.proc import isolation
 
     return isolation.support().available
+
+
+# -- the aider recipe (docs/engines.md), with a stand-in aider (tests/fake_aider.py) -----------
+
+FAKE_AIDER = Path(__file__).parent / "fake_aider.py"
+
+
+def _documented_aider_recipe(repo: Path, *, identity: bool = True) -> list[str]:
+    """Set every `git config subtask.engine.aider.*` line of docs/engines.md's recipe, with the
+    stand-in aider as its program; `identity=False` leaves out the `env` prefix that gives aider a
+    git identity (an older recipe). Returns the command template as set."""
+    import re
+    import shlex
+
+    doc = (Path(__file__).parent.parent / "docs" / "engines.md").read_text()
+    command = None
+    for line in doc.splitlines():
+        if not re.match(r"git config (--add )?subtask\.engine\.aider\.", line):
+            continue
+        args = shlex.split(line.split("  #")[0])[2:]
+        if args[-2] == "subtask.engine.aider.command":
+            template = json.loads(args[-1])
+            at = template.index("aider")
+            command = (template if identity else template[at:])
+            command = [*command[:command.index("aider")], sys.executable, str(FAKE_AIDER),
+                       *command[command.index("aider") + 1:]]
+            args[-1] = json.dumps(command)
+        git(repo, "config", *args)
+    assert command is not None, "docs/engines.md has no aider command"
+    return command
+
+
+def test_the_documented_aider_recipe_runs_without_a_git_identity_and_is_charged_its_session(cli, repo):
+    """Issue 38, money 5: with no git identity anywhere, aider writes one into `.git/config`, which
+    the job's sandbox refuses: it exited 1 after no model call and was charged $1.00. The recipe
+    gives it an identity (never written), keeps its commit-message calls out (`--no-auto-commits`:
+    the worker commits), and it is charged the session figure it printed."""
+    assert git(repo, "config", "--get", "user.name", check=False) == ""
+    _documented_aider_recipe(repo)
+    job = cli.start("add a line", "--engine", "aider", "--max-usd", "1")
+    cli.ok("wait", job)
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "done", attempt
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.01, "observed")  # aider printed $0.01
+    assert git(repo, "config", "--get", "user.name", check=False) == ""  # nothing written in .git/config
+    # aider made no commit (no commit-message call): the worker committed what it left
+    assert git(repo, "log", "--format=%s", f"main..subtask/{job}").splitlines() == \
+        [f"subtask {job}: work left uncommitted by the aider engine"]
+
+
+def test_an_aider_that_never_reached_its_model_is_charged_nothing(cli, repo):
+    """aider (without the recipe's identity) refused its `.git/config` write and exited before any
+    model call: its output has no `Tokens:` line (`answerPattern`), so nothing is charged."""
+    _documented_aider_recipe(repo, identity=False)
+    job = cli.start("add a line", "--engine", "aider", "--max-usd", "1")
+    assert cli("wait", job).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert (attempt["state"], attempt["error_kind"]) == ("failed", "exit"), attempt
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
+    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["refused"])
