@@ -230,7 +230,7 @@ def _check_engine_can_run(engine) -> None:
 def _max_usd(repo: Repo, engine, requested) -> Decimal:
     """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
     free one."""
-    if requested is not None and (not isinstance(requested, (int, float, Decimal)) or not money.is_money(requested)):
+    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
     if requested is None and not engine.paid:
         return money.ZERO
@@ -277,7 +277,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
     if prepared.until:
         result = _start_waiting(repo, prepared)
     elif not prepared.on.runs_here:
-        result = StartResult(prepared.on.backend().submit(repo, prepared.job, prepared.paid), 0, on=prepared.on.name)
+        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
+        result = StartResult(job, 0, on=prepared.on.name)
     else:
         if prepared.paid:
             _sync_ledger(repo)
@@ -296,7 +297,7 @@ class _Prepared:
     as_written: dict
     on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
-    warnings: list[str] = field(default_factory=list)  # what `start` says along (`StartResult.warnings`)
+    warnings: list[str] = field(default_factory=list)  # `StartResult.warnings`
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -351,7 +352,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     from subtask.proc import isolation
 
     unconfined = isolation.unconfined_warning(engine, choice.mode, bool(request.readonly))
-    return _Prepared(job, engine.paid, as_written, on, until, [f"warning: {unconfined}"] if unconfined else [])
+    warnings = [f"warning: {unconfined}"] if unconfined else []
+    return _Prepared(job, engine.paid, as_written, on, until, warnings)
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
@@ -753,7 +755,8 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         groups.keep_judge(repo, gid, judge)
         groups.create(repo, group)
 
-    results = _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+    results = _launch_all(repo, launches, what=what, then_record=write_group,
+                          undo_record=lambda: groups.delete(repo, gid))
     for result, p in zip(results, prepared, strict=True):
         result.warnings = p.warnings
     return results

@@ -95,7 +95,8 @@ def totals(session_id: str | None, cost_usd: Decimal | None = None,
     the cost as its exact JSON number)."""
     if not session_id or (cost_usd is None and not tokens):
         return None
-    return {"session_id": session_id, "cost_usd": money.to_json(cost_usd), "tokens": dict(tokens) if tokens else None}
+    return {"session_id": session_id, "cost_usd": money.to_json(cost_usd),
+            "tokens": dict(tokens) if tokens else None}
 
 
 def _is_number(value: Any) -> bool:

@@ -70,9 +70,9 @@ ISOLATION = ("codex sandbox workspace-write: writes limited to the worktree and 
 SANDBOX_WORDS = {
     "workspace-write": ISOLATION,
     "read-only": "codex sandbox read-only: it writes nothing (not even its commits)",
-    "danger-full-access": ("none: its sandbox is off (subtask.engine.codex.sandbox danger-full-access); it may "
-                           "write anywhere this user can unless git-subtask's isolation confines it "
-                           "(--isolation worktree)"),
+    "danger-full-access": ("none: its sandbox is off (subtask.engine.codex.sandbox "
+                           "danger-full-access); it may write anywhere this user can unless "
+                           "git-subtask's isolation confines it (--isolation worktree)"),
 }
 UNCONFINED = ("codex runs with its own sandbox off (git config subtask.engine.codex.sandbox "
               "danger-full-access) and --isolation none: it may write anywhere this user can; "
@@ -300,7 +300,7 @@ class CodexEngine:
         return None if setting == "danger-full-access" else setting
 
     def unconfined_warning(self, mode: str, readonly: bool = False) -> str | None:
-        """One line for `start` when nothing confines the job: its sandbox off and isolation none."""
+        """One line for `start` when nothing confines the job: sandbox off, isolation none."""
         return UNCONFINED if mode == "none" and self.own_sandbox(readonly) is None else None
 
     # -- finding the binary -------------------------------------------------------------------

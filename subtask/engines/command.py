@@ -96,7 +96,8 @@ class _Output:
     a line said the model answered."""
 
     def __init__(self, emit: Callable[[dict[str, Any]], None], cost_re: re.Pattern[str] | None,
-                 session_re: re.Pattern[str] | None, answer_re: re.Pattern[str] | None = None) -> None:
+                 session_re: re.Pattern[str] | None,
+                 answer_re: re.Pattern[str] | None = None) -> None:
         self.emit = emit
         self.cost_re = cost_re
         self.session_re = session_re

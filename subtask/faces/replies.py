@@ -59,10 +59,9 @@ def started(result) -> Reply:
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
             job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
             "warnings": warnings}, notes=[note, *warnings])
-    return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on,
-                                                                   "warnings": result.warnings},
-                 notes=list(result.warnings))
+    data = job_json(result.job, result.position or None)
+    data |= {"state": result.state, "on": result.on, "warnings": result.warnings}
+    return Reply(render.started_line(result.job, result.position), data, notes=list(result.warnings))
 
 
 def started_many(results: list) -> Reply:

@@ -183,7 +183,7 @@ class Cost(_Record):
     observed: Decimal | None = None  # what the engine reported
     charged: Decimal | None = None  # what the ledger closed at
     # reserved (a paid attempt not ended yet) | free | observed | charged (unknown cost: whole
-    # reservation) | not_started | not_billed (stalled, and the engine never reported a model answer)
+    # reservation) | not_started | not_billed (the engine saw no model answer and knows no cost)
     billing: str = "free"
     # Taken off what the engine's session figures showed for this attempt: what earlier attempts of
     # the same session were charged without a figure of their own (docs/engines.md "Resumed sessions").

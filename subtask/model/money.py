@@ -1,4 +1,4 @@
-"""Money: dollars as exact decimals to the micro-dollar, from where they enter to where they are shown.
+"""Money: exact decimals to the micro-dollar, from where an amount enters to where it is shown.
 
 What it owns: turning whatever reports or holds an amount (an engine's float, a config string, a
 JSON number in a record or a ledger row, a price times tokens) into a `Decimal` rounded to the

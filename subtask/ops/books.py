@@ -58,7 +58,8 @@ class Charge:
                              "charged": money.money_or_none(row["charged"])}))
 
     def to_row(self) -> dict:
-        return asdict(self) | {"reserved": money.to_json(self.reserved), "charged": money.to_json(self.charged)}
+        amounts = {"reserved": money.to_json(self.reserved), "charged": money.to_json(self.charged)}
+        return asdict(self) | amounts
 
 
 @dataclass
@@ -71,7 +72,7 @@ class TeamSpend:
     def to_dict(self) -> dict:
         return {"month": self.month, "committed_usd": money.to_json(self.committed_usd),
                 "open_usd": money.to_json(self.open_usd),
-                "clones": {clone: row | {"committed": money.to_json(row["committed"]), "open": money.to_json(row["open"])}
+                "clones": {clone: row | {key: money.to_json(row[key]) for key in ("committed", "open")}
                            for clone, row in self.clones.items()},
                 "source": "records"}
 

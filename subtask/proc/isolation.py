@@ -295,7 +295,8 @@ def describe(engine, configured: str | None = None) -> str:
         return f"every start refused: {exc.message}"
     if mode.mode == "none" and unconfined_warning(engine, "none"):
         how = "(git config subtask.isolation)" if mode.source == "config" else "by default"
-        extra = f"--isolation worktree on request ({support().describe()})" if support().available else support().reason
+        available = support().available
+        extra = f"--isolation worktree on request ({support().describe()})" if available else support().reason
         return f"none {how}, and its own sandbox is off: nothing confines it; {extra}"
     if mode.source == "config":
         return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")

@@ -630,8 +630,10 @@ class Confinement:
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        own = {"engine_sandbox": f"{self.job.spec.engine} {self.engine_sandbox}"} if self.engine_sandbox else {}
-        return self.policy.to_dict() | own | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+        seen = {"source": self.job.spec.isolation_source, "refused": self.refused}
+        if self.engine_sandbox:  # none of ours: the engine's own confined it
+            seen["engine_sandbox"] = f"{self.job.spec.engine} {self.engine_sandbox}"
+        return self.policy.to_dict() | seen, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
