@@ -689,9 +689,8 @@ def _documented_aider_recipe(repo: Path, *, identity: bool = True) -> list[str]:
         if args[-2] == "subtask.engine.aider.command":
             template = json.loads(args[-1])
             at = template.index("aider")
-            command = (template if identity else template[at:])
-            command = [*command[:command.index("aider")], sys.executable, str(FAKE_AIDER),
-                       *command[command.index("aider") + 1:]]
+            prefix = template[:at] if identity else []
+            command = [*prefix, sys.executable, str(FAKE_AIDER), *template[at + 1:]]
             args[-1] = json.dumps(command)
         git(repo, "config", *args)
     assert command is not None, "docs/engines.md has no aider command"
