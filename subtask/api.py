@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from subtask import executors
@@ -39,7 +40,7 @@ from subtask.git.gitrepo import (
     resolve_commit,
 )
 from subtask.git.records import Job, branch_name
-from subtask.model import faults
+from subtask.model import faults, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import (
     ACTIVE,
@@ -68,6 +69,7 @@ class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
+    warnings: list[str] = field(default_factory=list)  # one line each, said with the start
 
     @property
     def state(self) -> str:
@@ -239,22 +241,22 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
-def _max_usd(repo: Repo, engine, requested) -> float:
-    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, (int, float))
-                                  or not math.isfinite(requested) or requested < 0):
+def _max_usd(repo: Repo, engine, requested) -> Decimal:
+    """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
+    free one."""
+    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
     if requested is None and not engine.paid:
-        return 0.0
-    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else float(requested)
-    cap = repo.config.number("maxJobUsd")
+        return money.ZERO
+    usd = money.usd(repo.config.number("defaultMaxUsd") if requested is None else requested)
+    cap = money.usd(repo.config.number("maxJobUsd"))
     if usd > cap:
-        raise SubtaskError("usage", f"--max-usd {_usd(usd)} is above subtask.maxJobUsd={_usd(cap)}",
-                           hint=f"git config subtask.maxJobUsd {_usd(usd)}")
-    return usd if engine.paid else 0.0
+        raise SubtaskError("usage", f"--max-usd {money.plain(usd)} is above subtask.maxJobUsd={money.plain(cap)}",
+                           hint=f"git config subtask.maxJobUsd {money.plain(usd)}")
+    return usd if engine.paid else money.ZERO
 
 
-def _reserved_cost(usd: float, engine) -> Cost:
+def _reserved_cost(usd: Decimal, engine) -> Cost:
     """A new attempt's cost: a paid engine's says "reserved" until the attempt is settled."""
     return Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=usd)
 
@@ -264,11 +266,6 @@ def _default_timeout(repo: Repo, engine) -> float | None:
     agent that can no longer progress (an API it cannot reach, retried forever) must end some
     time, or its whole reservation is spent on waiting."""
     return (repo.config.number("defaultTimeout") or None) if engine.paid else None
-
-
-def _usd(amount: float) -> str:
-    """An amount as a person types it: 1000000000, 2.5 (never 1e+09)."""
-    return f"{amount:.2f}".rstrip("0").rstrip(".")
 
 
 # ---------------------------------------------------------------- start
@@ -292,16 +289,19 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
-        return _start_waiting(repo, prepared)
-    if not prepared.on.runs_here:
+        result = _start_waiting(repo, prepared)
+    elif not prepared.on.runs_here:
         job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
-        return StartResult(job, 0, on=prepared.on.name)
-    if prepared.paid:
-        _sync_ledger(repo)
-    return _admit_and_launch(repo, prepared.job, prepared.paid,
-                             branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
-                             as_written=prepared.as_written)
+        result = StartResult(job, 0, on=prepared.on.name)
+    else:
+        if prepared.paid:
+            _sync_ledger(repo)
+        result = _admit_and_launch(repo, prepared.job, prepared.paid,
+                                   branch_at=None if request.readonly else prepared.job.spec.base,
+                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                                   as_written=prepared.as_written)
+    result.warnings = prepared.warnings
+    return result
 
 
 @dataclass
@@ -311,6 +311,7 @@ class _Prepared:
     as_written: dict
     on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
+    warnings: list[str] = field(default_factory=list)  # `StartResult.warnings`
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -364,7 +365,11 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written, on, until)
+    from subtask.proc import isolation
+
+    unconfined = isolation.unconfined_warning(engine, choice.mode, bool(request.readonly))
+    warnings = [f"warning: {unconfined}"] if unconfined else []
+    return _Prepared(job, engine.paid, as_written, on, until, warnings)
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
@@ -767,7 +772,11 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         groups.keep_judge(repo, gid, judge)
         groups.create(repo, group)
 
-    return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+    results = _launch_all(repo, launches, what=what, then_record=write_group,
+                          undo_record=lambda: groups.delete(repo, gid))
+    for result, p in zip(results, prepared, strict=True):
+        result.warnings = p.warnings
+    return results
 
 
 def get_group(repo: Repo, gid_or_prefix: str):

@@ -37,6 +37,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model import money
 from subtask.model.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
@@ -184,7 +185,7 @@ def build_options(ctx: EngineContext, stderr: Any = None, cli_path: str | None =
         cwd=str(ctx.worktree),
         model=ctx.model,
         max_turns=ctx.max_turns,
-        max_budget_usd=ctx.max_usd,
+        max_budget_usd=float(ctx.max_usd) if ctx.max_usd is not None else None,
         resume=ctx.session_id,
         env=dict(ctx.env),
         # The repo's own .claude/settings*.json and CLAUDE.md apply, as they would interactively.
@@ -443,9 +444,11 @@ class _Attempt:
         exit_code = getattr(self.error, "exit_code", None)
         # A resumed session's total_cost_usd counts on from the session's earlier runs (measured:
         # Claude Code 2.1.332 restores it from the transcript, also after a run that was killed);
-        # its usage and num_turns are this run's alone.
-        total = _float_or_none(getattr(result, "total_cost_usd", None))
-        cost, since = self.ctx.baseline.cost_since(total) if self.ctx.baseline else (total, False)
+        # its usage and num_turns are this run's alone. A run that started a session of its own
+        # (the one asked for could not be resumed) counts from zero.
+        total = money.usd(getattr(result, "total_cost_usd", None))
+        baseline = self.ctx.baseline.of(self.session_id) if self.ctx.baseline else None
+        cost, since = baseline.cost_since(total) if baseline else (total, False)
         return Outcome(
             ok=False,
             exit_code=exit_code if isinstance(exit_code, int) else None,
@@ -558,6 +561,3 @@ def _tokens(usage: Any) -> dict[str, int] | None:
               if isinstance(usage.get(key), (int, float))}
     return tokens or None
 
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None

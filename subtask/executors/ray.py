@@ -42,7 +42,7 @@ from subtask.executors import placement, ray_job_id
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import config
+from subtask.model import config, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.ops import books, lifecycle, sync
 from subtask.state import ledger, liveness
@@ -306,7 +306,7 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         old = job.tip
         attempt.finish("stopped", reason="stopped while queued")
         if attempt.rid:
-            attempt.cost.charged, attempt.cost.billing = 0.0, "not_started"
+            attempt.cost.charged, attempt.cost.billing = money.ZERO, "not_started"
         new = records.write_commit(repo, job, old)
         ref = records.record_ref(job_id)
         proc = git(repo.root, "push", "--porcelain", url, f"{new}:{ref}", check=False, timeout=120)

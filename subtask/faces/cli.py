@@ -34,7 +34,7 @@ def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
 def _emit_json(obj) -> None:
     from subtask.model.render import json_text
 
-    click.echo(json_text(obj, indent=2, sort_keys=False, default=str))
+    click.echo(json_text(obj, indent=2, sort_keys=False))  # amounts as numbers, the rest as text
 
 
 def _repo():

@@ -392,7 +392,7 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: REPO
         reply = (replies.group_result(where, api.get_group(where, id)) if is_group_ref(id)
                  else replies.result(where, api.get(where, id), full=full))
         if evidence:
-            reply.text = render.json_text(reply.data, default=str)
+            reply.text = render.json_text(reply.data)
         return reply
 
     return await _call(run)

@@ -59,10 +59,13 @@ def started(result) -> Reply:
             first = f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}"
             note = f"(wait {group.id} for the pick)"
         lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
+        warnings = list(dict.fromkeys(w for r in result.members for w in r.warnings))
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]}, notes=[note])
-    return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
+            "warnings": warnings}, notes=[note, *warnings])
+    data = job_json(result.job, result.position or None)
+    data |= {"state": result.state, "on": result.on, "warnings": result.warnings}
+    return Reply(render.started_line(result.job, result.position), data, notes=list(result.warnings))
 
 
 def started_many(results: list, words=str) -> Reply:

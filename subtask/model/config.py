@@ -213,6 +213,10 @@ SETTINGS: dict[str, Setting] = {
     "engine.<name>.sessionPattern": Setting("regex",
         "finds a command engine's session id in its output (group 1)",
         example="'session: (\\S+)'", engine=NAME),
+    "engine.<name>.answerPattern": Setting("regex",
+        "a line a command engine prints for every model answer: a run that printed none, and no "
+        "cost, is charged $0",
+        example="'^Tokens: '", engine=NAME),
     "engine.<name>.exclude": Setting("text",
         "a pathspec kept out of what the worker commits for this engine",
         multi=True, example="'.aider*'", engine=NAME),

@@ -19,8 +19,10 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from subtask.model import money
 from subtask.model.errors import SubtaskError
 
 SCHEMA_VERSION = 1
@@ -73,6 +75,8 @@ class _Record:
             value = getattr(self, f.name)
             if isinstance(value, _Record):
                 value = value.to_dict()
+            elif isinstance(value, Decimal):  # money: the exact amount as a JSON number
+                value = money.to_json(value)
             elif isinstance(value, list):
                 value = [v.to_dict() if isinstance(v, _Record) else v for v in value]
             out[f.name] = value
@@ -116,7 +120,7 @@ class JobSpec(_Record):
     verify: str | None = None
     verify_timeout: float = 600.0
     timeout: float | None = None
-    max_usd: float | None = None
+    max_usd: Decimal | None = None
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
@@ -141,6 +145,8 @@ class JobSpec(_Record):
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
+        if key == "max_usd":
+            return money.money_or_none(value)
         if key == "retries":
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
         if key == "checks":
@@ -171,16 +177,28 @@ class VerifyResult(_Record):
 
 @dataclass
 class Cost(_Record):
-    reserved: float = 0.0
-    observed: float | None = None  # what the engine reported
-    charged: float | None = None  # what the ledger closed at
+    """An attempt's money, in exact dollars (`subtask.model.money`; JSON numbers on disk)."""
+
+    reserved: Decimal = money.ZERO
+    observed: Decimal | None = None  # what the engine reported
+    charged: Decimal | None = None  # what the ledger closed at
     # reserved (a paid attempt not ended yet) | free | observed | charged (unknown cost: whole
-    # reservation) | not_started | not_billed (stalled, and the engine never reported a model answer)
+    # reservation) | not_started | not_billed (the engine saw no model answer and knows no cost)
     billing: str = "free"
     # Taken off what the engine's session figures showed for this attempt: what earlier attempts of
     # the same session were charged without a figure of their own (docs/engines.md "Resumed sessions").
-    credit: float | None = None
+    credit: Decimal | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        # A record is input: an amount is read to the micro-dollar (float noise written by
+        # earlier versions included); anything that is not an amount reads as absent.
+        if key == "reserved":
+            return money.money_or_none(value) or money.ZERO
+        if key in ("observed", "charged", "credit"):
+            return money.money_or_none(value)
+        return value
 
 
 @dataclass
@@ -205,7 +223,7 @@ class Attempt(_Record):
     head: str | None = None
     verify: VerifyResult | None = None
     timeout: float | None = None
-    max_usd: float | None = None
+    max_usd: Decimal | None = None
     # What the engine reported for its whole session at the end of this attempt (a resumed session
     # reports running totals): {"session_id", "cost_usd", "tokens"}; the next attempt's own share is
     # the difference (engines/base.py `Baseline`).
@@ -231,7 +249,9 @@ class Attempt(_Record):
         if key == "retry":
             return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
         if key == "cost":
-            return Cost.from_dict(value)
+            return Cost.from_dict(value if isinstance(value, dict) else None)
+        if key == "max_usd":
+            return money.money_or_none(value)
         if key == "verify" and value is not None:
             return VerifyResult.from_dict(value)
         return value

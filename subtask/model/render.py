@@ -16,10 +16,11 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
+from decimal import Decimal
 
+from subtask.model import money as _money
 from subtask.model.job import placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
@@ -52,6 +53,7 @@ def safe_line(text: str) -> str:
 def json_text(obj, **options) -> str:
     """JSON with the exact values, and no raw control character for a terminal to obey: json
     escapes C0 itself; C1 and bidi characters, legal raw in JSON, are escaped too."""
+    options.setdefault("default", _money.json_default)  # an amount as its exact JSON number
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **options))
 
 
@@ -74,8 +76,9 @@ def duration(seconds: float | None) -> str:
     return f"{hours // 24}d"
 
 
-def money(usd: float | None) -> str:
-    return "-" if usd is None else f"${usd:.2f}"
+def money(usd) -> str:
+    """An amount exactly (`subtask.model.money.text`): $0.27, $0.135; "-" for none."""
+    return _money.text(usd)
 
 
 def short(sha: str | None) -> str:
@@ -93,15 +96,16 @@ def verify_word(verify) -> str:
     return "verify passed" if verify.passed else "verify failed"
 
 
-def attempt_cost(attempt) -> float | None:
+def attempt_cost(attempt) -> Decimal | None:
     cost = attempt.cost
     return cost.charged if cost.charged is not None else cost.observed
 
 
-def job_cost(job) -> float | None:
-    """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet)."""
-    costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if isinstance(c, (int, float))]
-    return math.fsum(costs) if costs else None
+def job_cost(job) -> Decimal | None:
+    """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet):
+    exactly the sum of the attempts' amounts, so the rows shown add up to it."""
+    costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if c is not None]
+    return _money.total(costs) if costs else None
 
 
 def stall_facts(attempt) -> dict | None:
@@ -254,7 +258,11 @@ def isolation_line(evidence) -> str | None:
     parts = []
     if iso:
         mode = iso.get("mode", "none")
-        parts.append(mode if mode == "none" else f"{mode} ({iso.get('enforced_by', '?')})")
+        own = iso.get("engine_sandbox")  # codex's own, when ours was not used
+        if mode != "none":
+            parts.append(f"{mode} ({iso.get('enforced_by', '?')})")
+        else:
+            parts.append(f"none ({own} sandbox)" if own else mode)
         refused = iso.get("refused") or []
         if refused:
             parts.append(f"{len(refused)} refused access{'' if len(refused) == 1 else 'es'} in the output")
@@ -364,11 +372,11 @@ def cost_line(attempt) -> str:
     if attempt.rid and not attempt.terminal:
         return f"{money(cost.reserved)} reserved"
     if cost.billing in ("free", "reserved"):
-        return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
+        return f"{money(cost.charged or 0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
     if cost.billing == "not_started":
         return "$0.00 (the engine never started: nothing spent)"
     if cost.billing == "not_billed":
-        return "$0.00 (stalled, and the model never answered: nothing billed)"
+        return "$0.00 (the model never answered: nothing billed)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     text = f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"

@@ -46,7 +46,7 @@ from typing import Any
 from subtask.git import chains, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import faults, render
+from subtask.model import faults, money, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now
@@ -265,7 +265,7 @@ def member_row(index: int, job_id: str, job: Job | None) -> dict[str, Any]:
     verify = None if attempt.verify is None else ("passed" if attempt.verify.passed else "failed")
     return {"member": job_id, "index": index, "state": attempt.state, "passed": passed(job), "verify": verify,
             "engine": job.spec.engine, "model": attempt.model or job.spec.model, "added": added,
-            "deleted": deleted, "lines": added + deleted, "cost": render.attempt_cost(attempt),
+            "deleted": deleted, "lines": added + deleted, "cost": money.to_json(render.attempt_cost(attempt)),
             "seconds": None if seconds is None else round(seconds, 3), "ended_at": attempt.ended_at,
             "note": attempt.reason if attempt.state != "done" else _verify_note(attempt.verify)}
 

@@ -28,7 +28,7 @@ from subtask import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model import faults
+from subtask.model import faults, money
 from subtask.model.job import WAITING
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
@@ -171,7 +171,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
             return False
         attempt = job.state.current
         spent = engine_may_have_spent if engine_may_have_spent is not None else attempt.engine_started_at is not None
-        charge = attempt.cost.reserved if (spent and attempt.rid) else 0.0
+        charge = attempt.cost.reserved if (spent and attempt.rid) else money.ZERO
         if not attempt.finish(state, reason=reason, error_kind=error_kind, hint=hint):
             return False
         if attempt.rid:

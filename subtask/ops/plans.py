@@ -40,7 +40,7 @@ from subtask.git import ownership, records
 from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import faults, render
+from subtask.model import faults, money, render
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.ops import admission, lifecycle
@@ -316,7 +316,7 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
             j.spec.base, j.spec.base_ref = base, base_ref
             attempt.state, attempt.queued_at = "queued", now()  # its reservation is dated now
             if paid:
-                usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or 0.0)
+                usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or money.ZERO)
                 attempt.rid, attempt.cost = paths.reservation_id(j.id, attempt.n), Cost(reserved=usd, billing="reserved")
             return True
 

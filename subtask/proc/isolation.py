@@ -273,12 +273,31 @@ def enforcement(mode: str) -> str:
     return "; ".join(parts)
 
 
+def own_sandbox(engine, readonly: bool = False) -> str | None:
+    """The sandbox an engine enforces itself on a job run without ours (codex's `--sandbox`
+    mode), or None: it has none, or it is turned off."""
+    own = getattr(engine, "own_sandbox", None)
+    return own(readonly) if callable(own) else None
+
+
+def unconfined_warning(engine, mode: str, readonly: bool = False) -> str | None:
+    """One line `start` prints when nothing would confine a job: the engine's own sandbox turned
+    off, and isolation `mode` none (None when something confines it)."""
+    warn = getattr(engine, "unconfined_warning", None)
+    return warn(mode, readonly) if callable(warn) else None
+
+
 def describe(engine, configured: str | None = None) -> str:
     """What an engine gets here when nothing is passed to `start`, in words, for `engines` and `doctor`."""
     try:
         mode = resolve(engine, readonly=False, flag=None, configured=configured)
     except SubtaskError as exc:
         return f"every start refused: {exc.message}"
+    if mode.mode == "none" and unconfined_warning(engine, "none"):
+        how = "(git config subtask.isolation)" if mode.source == "config" else "by default"
+        available = support().available
+        extra = f"--isolation worktree on request ({support().describe()})" if available else support().reason
+        return f"none {how}, and its own sandbox is off: nothing confines it; {extra}"
     if mode.source == "config":
         return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
     if mode.mode == "none":

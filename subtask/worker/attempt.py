@@ -29,7 +29,6 @@ import collections
 import contextlib
 import copy
 import json
-import math
 import os
 import shutil
 import signal
@@ -38,6 +37,7 @@ import subprocess
 import sys
 import time
 import traceback
+from decimal import Decimal
 from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
@@ -55,7 +55,7 @@ from subtask.git.gitrepo import (
     preload_pygit2,
 )
 from subtask.git.records import Job
-from subtask.model import claims, faults, phases, render
+from subtask.model import claims, faults, money, phases, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
@@ -397,21 +397,38 @@ def engine_env(job: Job, state_dir: Path | None = None) -> dict[str, str]:
     return env
 
 
-def resume_point(job: Job) -> tuple[str | None, Baseline | None, float]:
+def resume_point(job: Job) -> tuple[str | None, Baseline | None, Decimal]:
     """What a reply resumes: the session of the latest earlier attempt that has one; the figures
-    that session last reported (the baseline of this attempt's own share); and what the attempts
-    since then were charged without figures of their own (killed, timed out), which the engine's
-    next running total includes again: that much is credited, so nothing is charged twice."""
+    that session last reported (the baseline of this attempt's own share; `Baseline.start` when
+    no attempt of it recorded any); and what its attempts since then were charged without figures
+    of their own (killed, timed out), which the engine's next running total includes again: that
+    much is credited, so nothing is charged twice.
+
+    The session's attempts are those from the first that names it on: an earlier one belongs to
+    another session (a reply resumes only a session that an attempt named), and one in between
+    that names none (its worker died before it could) resumed this one, the latest there was."""
     earlier = job.state.attempts[:-1]
     session = next((a.session_id for a in reversed(earlier) if a.session_id), None)
-    unreported: list[float] = []
-    for attempt in reversed(earlier) if session else ():
+    if session is None:
+        return None, None, money.ZERO
+    first = next(i for i, a in enumerate(earlier) if a.session_id == session)
+    unreported: list[Decimal] = []
+    for attempt in reversed(earlier[first:]):
         baseline = Baseline.from_totals(attempt.totals)
-        if baseline is not None:
-            return (session, baseline, math.fsum(unreported)) if baseline.session_id == session else (session, None, 0.0)
-        charged = attempt.cost.charged
-        unreported.append(charged if isinstance(charged, (int, float)) else (attempt.cost.reserved if attempt.rid else 0.0))
-    return session, None, 0.0
+        if baseline is not None and baseline.session_id == session:
+            return session, baseline, money.total(unreported)
+        if baseline is not None or attempt.session_id not in (None, session):
+            break  # figures of another session: nothing before it is in this one's total
+        unreported.append(charged_so_far(attempt))
+    return session, Baseline.start(session), money.total(unreported)
+
+
+def charged_so_far(attempt) -> Decimal:
+    """What an ended attempt was charged, as its record (and the ledger's close) says: its whole
+    reservation when the record knows no charge."""
+    if attempt.cost.charged is not None:
+        return attempt.cost.charged
+    return attempt.cost.reserved if attempt.rid else money.ZERO
 
 
 def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = None) -> Outcome:
@@ -547,7 +564,8 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 class Confinement:
     """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
     writes its output reported, and whether the main worktree changed while the job ran (`git
-    status` before and after)."""
+    status` before and after). Without ours, an engine's own sandbox (codex's) may refuse: the
+    refusals printed in the output of the commands it ran are listed too."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
@@ -555,6 +573,8 @@ class Confinement:
         self.refused: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
+        self.engine_sandbox = (isolation.own_sandbox(engine, job.spec.readonly)
+                               if job.spec.isolation == "none" else None)
         self.env = engine_env(job, repo.state_dir)
         self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
         if job.spec.isolation != "none":
@@ -582,9 +602,9 @@ class Confinement:
     def watch(self, event: dict) -> None:
         """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
         self.sink(event)
-        if self.policy.mode == "none":
+        if self.policy.mode == "none" and not self.engine_sandbox:
             return
-        if event.get("type") in ("output", "log"):
+        if event.get("type") in ("output", "log") and self.policy.mode != "none":
             self.note_refused(str(event.get("text", "")))
         elif event.get("type") == "command" and isinstance(event.get("output"), str):
             for line in event["output"].splitlines():  # what an agent's command printed (codex)
@@ -610,7 +630,10 @@ class Confinement:
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+        seen = {"source": self.job.spec.isolation_source, "refused": self.refused}
+        if self.engine_sandbox:  # none of ours: the engine's own confined it
+            seen["engine_sandbox"] = f"{self.job.spec.engine} {self.engine_sandbox}"
+        return self.policy.to_dict() | seen, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
@@ -845,13 +868,19 @@ def claims_of(evidence: Evidence, verify: VerifyResult | None, found: list[dict]
     return said or None
 
 
-def charge_of(job: Job, outcome: Outcome) -> float | None:
+def charge_of(job: Job, outcome: Outcome) -> Decimal | None:
     """What the current attempt is about to be charged (`finish` settles it the same way)."""
     attempt = copy.deepcopy(job.state.current)
-    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
-                credit=resume_point(job)[2] if outcome.since_baseline else 0.0,
-                never_billed=attempt.stalled is not None and outcome.billed is False)
+    settle_outcome(job, attempt, outcome)
     return attempt.cost.charged
+
+
+def settle_outcome(job: Job, attempt, outcome: Outcome) -> None:
+    """`settle_cost` with what the engine said: the credit applies to a share of the resumed
+    session's running figures; an engine that saw no answer is never billed."""
+    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
+                credit=resume_point(job)[2] if outcome.since_baseline else money.ZERO,
+                never_billed=outcome.billed is False)
 
 
 def evidence_at_best(repo: Repo, job: Job, plan: retries.Plan, outcome: Outcome, state: str,
@@ -883,9 +912,7 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
                        turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify,
                        totals=outcome.totals or None)
-        credit = resume_point(job)[2] if outcome.since_baseline else 0.0
-        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched, credit=credit,
-                    never_billed=attempt.stalled is not None and outcome.billed is False)
+        settle_outcome(job, attempt, outcome)
         if evidence is not None:
             evidence.state = state
             evidence.cost = attempt.cost.to_dict()
@@ -905,26 +932,28 @@ def owner_lock_wait(repo: Repo) -> float:
     return repo.config.number("refLockStale") + 2 * records.LOCK_WAIT
 
 
-def settle_cost(attempt, observed: float | None, *, launched: bool = True, credit: float = 0.0,
+def settle_cost(attempt, observed: object, *, launched: bool = True, credit: object = money.ZERO,
                 never_billed: bool = False) -> None:
-    """The attempt's charge from what its engine observed: capped at the reservation; the whole
-    reservation when unknown; nothing when no engine process ever ran, or when it stalled and the
-    model never answered (`never_billed`); `credit` (charged already, see `resume_point`) is
-    taken off an observed share of a resumed session."""
+    """The attempt's charge from what its engine observed, in exact dollars: capped at the
+    reservation; the whole reservation when unknown; nothing when no engine process ever ran, or
+    when the engine saw no model answer and knows no cost (`never_billed`: an API it could not
+    reach, however the attempt ended); `credit` (charged already, see `resume_point`) is taken
+    off an observed share of a resumed session."""
     cost = attempt.cost
-    cost.observed = observed if observed is not None and observed == observed else None
+    observed, credit = money.usd(observed), money.usd(credit) or money.ZERO
+    cost.observed = observed
     if attempt.rid and not launched:
         # Not installed, or failed to launch: no process of the engine ever ran, nothing was spent.
-        cost.charged, cost.billing = 0.0, "not_started"
+        cost.charged, cost.billing = money.ZERO, "not_started"
         attempt.engine_started_at = None
         return
     if not attempt.rid:
         cost.billing = "free"
-        cost.charged = 0.0 if observed is None else None
+        cost.charged = money.ZERO if observed is None else None
         return
-    unknown = observed is None or not (0 <= observed < float("inf"))
+    unknown = observed is None or observed < 0
     if unknown and never_billed:
-        cost.charged, cost.billing = 0.0, "not_billed"
+        cost.charged, cost.billing = money.ZERO, "not_billed"
         return
     if not unknown and credit > 0:
         cost.credit = min(credit, observed)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from subtask.engines import get_engine
@@ -42,7 +43,7 @@ from subtask.engines.base import resumes
 from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import claims, faults
+from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult
 from subtask.ops import books, lifecycle
@@ -68,7 +69,7 @@ class Facts:
     verify: VerifyResult | None
     head: str  # the job's branch tip now
     started_from: str  # the branch tip when the attempt's engine started
-    charged: float | None  # what the attempt is about to be charged (paid engines)
+    charged: Decimal | None  # what the attempt is about to be charged (paid engines)
     checks: list[dict] | None = None  # each check's result on the attempt's diff
     session_id: str | None = None  # the engine's session, as the attempt's engine reported it
 
@@ -170,12 +171,12 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     attempt = job.state.current
     engine = get_engine(job.spec.engine, repo.config)
     n, retry = attempt.n + 1, len(loop_of(job))
-    usd = 0.0
+    usd = money.ZERO
     if engine.paid:
-        usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or 0.0)
-        cap = repo.config.number("maxJobUsd")
+        usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
+        cap = money.usd(repo.config.number("maxJobUsd"))
         if usd > cap:
-            return f"refused: its budget ${usd:.2f} is above subtask.maxJobUsd=${cap:.2f}"
+            return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
         books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     verify = facts.verify
     checks_results = facts.checks
@@ -186,7 +187,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     if refusal:
         return refusal
     nxt = Attempt(n=n, state="running", message=stored, queued_at=time.time(),
-                  cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=0.0),
+                  cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(),
                   rid=paths.reservation_id(job.id, n) if engine.paid else None, timeout=attempt.timeout,
                   max_usd=usd if engine.paid else None, retry=retry)
     plan.next = nxt
@@ -200,7 +201,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     return None
 
 
-def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts: Facts, plan: Plan) -> str | None:
+def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: Decimal | None, facts: Facts, plan: Plan) -> str | None:
     """Rename the worker's slot entry to attempt `n` and reserve `usd` (None: a free engine), in
     the one critical section (slots, then ledger); the refusal, or None (and `plan` can undo it)."""
     state_dir, old = repo.state_dir, n - 1
@@ -231,20 +232,20 @@ def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts:
                 if e["job"] == job.id and e["attempt"] == n:
                     e["attempt"] = old
         if usd is not None:
-            ledger.close(state_dir, paths.reservation_id(job.id, n), 0.0, reason="retry not started")
+            ledger.close(state_dir, paths.reservation_id(job.id, n), money.ZERO, reason="retry not started")
 
     plan._undo.append(give_back)
     return None
 
 
-def _reserve(repo: Repo, job: Job, n: int, usd: float, facts: Facts) -> None:
+def _reserve(repo: Repo, job: Job, n: int, usd: Decimal, facts: Facts) -> None:
     """Reserve under the cap, counting the ending attempt at its charge: the cap is checked as
     if its reservation were already closed, as it will be once its record is written."""
     attempt = job.state.current
-    slack = 0.0
-    if attempt.rid and isinstance(facts.charged, (int, float)):
-        slack = max(0.0, attempt.cost.reserved - facts.charged)
-    cap = repo.config.number("monthlyCapUsd")
+    slack = money.ZERO
+    if attempt.rid and facts.charged is not None:
+        slack = max(money.ZERO, attempt.cost.reserved - facts.charged)
+    cap = money.usd(repo.config.number("monthlyCapUsd"))
     with ledger.lock(repo.state_dir):
         ledger.reserve_locked(repo.state_dir, job=job.id, attempt=n, engine=job.spec.engine, usd=usd,
                               cap_usd=cap + slack, now=books.reserved_at(time.time()))
