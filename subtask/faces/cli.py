@@ -844,6 +844,7 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     from subtask.faces import manpage
+    from subtask.model import faults
     from subtask.model.errors import INTERRUPTED, interrupt_once
     from subtask.proc import spawn
 
@@ -851,6 +852,7 @@ def main(argv: list[str] | None = None) -> None:
     spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
     warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
+    faults.point("cli_dispatch")
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

@@ -1,0 +1,127 @@
+"""Issue 38, git's habits: what a person who knows git expects of a git command, each held by a test.
+
+An interrupt is exit 130 and at most one line, at any point of a command's life; a refusal git
+would call fatal exits 128; a repository with no commits is named as such and read commands create
+nothing in it; `start` says what the job will not see of the caller's checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import blocked_on_run_lock, wait_until
+
+
+def held(gate: Path) -> str:
+    """A shell task that runs until the test creates `gate`."""
+    return f"while [ ! -e '{gate}' ]; do sleep 0.02; done"
+
+
+def running(repo: Path, job: str) -> None:
+    from subtask.git.gitrepo import open_repo
+    from subtask.state import liveness
+
+    state = open_repo(repo).state_dir
+    assert wait_until(lambda: liveness.is_held(state, job)), f"{job} never ran"
+
+
+# -- 1: an interrupt is never a traceback --
+
+
+def interrupted(repo: Path, args: list[str], arrived, gap: float, env: dict | None = None):
+    """`git-subtask ARGS` sent SIGINT once `arrived()` is true, and again `gap` seconds later (a
+    terminal's Ctrl-C reaches git's child twice: from the terminal, and from git, which passes it
+    on)."""
+    proc = subprocess.Popen(["git-subtask", *args], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
+                            # Ctrl-C must reach it even when the suite runs with SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert wait_until(arrived, timeout=60), "the command never reached the point"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("point", ["cli_start", "cli_dispatch", "cli_end"])
+def test_ctrl_c_at_any_point_of_a_command_exits_130_without_a_word(repo, control_dir, point):
+    """A Ctrl-C (twice) held at each point of `wait`'s life, from the first line of ours that runs
+    to the command's end: 130, nothing on stderr but click's end of the ^C line. Early on it was a
+    traceback out of an import; later `OSError: Signal 2 ignored due to race condition`."""
+    gate = control_dir / "gate"
+    job = subprocess.run(["git", "subtask", "start", held(gate)], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout.split()[0]
+    args = ["wait", job, *(["--timeout", "0.1"] if point == "cli_end" else [])]
+    try:
+        for n, gap in enumerate((0, 0.0005, 0.002, 0.01)):
+            reached = control_dir / f"hold-{n}.reached"
+            code, out, err = interrupted(repo, args, reached.exists, gap,
+                                         env={"SUBTASK_FAULT_HOLD": f"{point}:{control_dir}/hold-{n}"})
+            assert code == 130, (point, gap, code, err)
+            if point == "cli_end":  # what the command said before it ended, and nothing else
+                assert err.startswith("timed out after 0.1s") and len(err.splitlines()) <= 2, (gap, err)
+            else:
+                assert err.strip() == "" and out == "", (point, gap, err)
+    finally:
+        gate.touch()
+
+
+def test_ctrl_c_while_wait_blocks_on_a_job_exits_130_without_a_word(repo, control_dir):
+    gate = control_dir / "gate"
+    job = subprocess.run(["git", "subtask", "start", held(gate)], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout.split()[0]
+    running(repo, job)
+    try:
+        for gap in (0, 0.0002, 0.001, 0.005):
+            code, out, err = interrupted(repo, ["wait", job], lambda: blocked_on_run_lock(repo, job), gap)
+            assert code == 130, (gap, code, err)
+            assert err.strip() == "" and out == "", (gap, err)
+    finally:
+        gate.touch()
+
+
+SWALLOWED = """
+import os, signal, sys, time, weakref
+from subtask.model import errors
+
+errors.interrupt_once()
+class Lock: pass
+lock = Lock()
+def released(ref):  # as importlib's module-lock callback: Python swallows what is raised here
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10000):  # a few bytecodes: the handler runs here, inside the callback
+        pass
+kept = weakref.ref(lock, released)
+try:
+    del lock
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.exit(3)  # the Ctrl-C was lost
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_a_ctrl_c_python_swallows_interrupts_the_command_again():
+    """Measured under load: the Ctrl-C's KeyboardInterrupt raised inside importlib's module-lock
+    weakref callback, which Python swallows ("Exception ignored in ..."); `wait` went on waiting and
+    ignored every later Ctrl-C. Now nothing is printed and the command is interrupted again."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (proc.returncode, proc.stderr) == (130, ""), proc.stderr
+
+
