@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import blocked_on_run_lock, wait_until
+from conftest import blocked_on_run_lock, git, wait_until
 
 
 def held(gate: Path) -> str:
@@ -125,3 +125,20 @@ def test_a_ctrl_c_python_swallows_interrupts_the_command_again():
     assert (proc.returncode, proc.stderr) == (130, ""), proc.stderr
 
 
+# -- 2: a refusal git would call fatal exits 128 --
+
+
+def finished(cli, task: str = "echo done > done.txt") -> str:
+    job = cli.start(task)
+    cli.ok("wait", job)
+    return job
+
+
+def test_land_on_a_detached_head_is_fatal_and_changes_nothing(cli, repo):
+    job = finished(cli)
+    git(repo, "checkout", "-q", "--detach")
+    before = git(repo, "for-each-ref")
+    proc = cli("land", job)
+    assert proc.returncode == 128, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: HEAD is detached") and "hint: git switch main" in proc.stderr
+    assert git(repo, "for-each-ref") == before and not (repo / "done.txt").exists()

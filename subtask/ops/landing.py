@@ -52,7 +52,7 @@ from subtask.git import notes, ownership, records, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
-from subtask.model.errors import SubtaskError
+from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
@@ -927,7 +927,7 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
         # as landed: after `git switch main` the work would hang on the pin alone.
         configured = repo.config.get("landTarget")
         fix = f"git switch {configured}" if configured else "git switch <branch>  (e.g. git switch main)"
-        raise SubtaskError("negative", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
+        raise SubtaskError("fatal", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
                            "into a commit no branch keeps",
                            hint=f"{fix}, then: git subtask merge {job.id}")
     name = repo.git.head.shorthand
@@ -944,7 +944,7 @@ def check_clean(workdir: Path) -> None:
         files = [line[3:] for line in status.splitlines()][:10]
         raise SubtaskError("dirty", f"the worktree {workdir} has uncommitted changes ({', '.join(files)}): "
                            "not merging into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then merge again")
+                           hint="commit or stash them yourself, then merge again", exit_code=EXIT_FATAL)
 
 
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
