@@ -51,6 +51,7 @@ from subtask.model.job import (
     Cost,
     JobSpec,
     JobState,
+    is_group_ref,
     is_job_id,
     job_passed,
     new_job_id,
@@ -790,6 +791,77 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
 
 
+@dataclass
+class MixedWait:
+    """`wait` over job ids and group ids: what each part answers, as its own `wait` would."""
+    jobs: WaitResult | None
+    groups: GroupWait | None
+
+    @property
+    def timed_out(self) -> bool:
+        return any(part.timed_out for part in (self.jobs, self.groups) if part is not None)
+
+    @property
+    def passed(self) -> bool:
+        return (self.jobs is None or self.jobs.all_passed) and (self.groups is None or self.groups.all_picked)
+
+
+def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+             on_tick=None, tick: float = 1.0) -> MixedWait:
+    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or stalled)
+    and every group is settled, or with `any_` until the first of them has."""
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    gids = [i for i in ids if is_group_ref(i)]
+    jids = [i for i in ids if not is_group_ref(i)]
+    if not gids:
+        return MixedWait(wait(repo, jids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick), None)
+    if not jids and not any_:
+        return MixedWait(None, wait_groups(repo, gids, timeout=timeout, on_tick=on_tick, tick=tick))
+    return _wait_mixed(repo, jids, gids, timeout, any_, on_tick, tick)
+
+
+def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | None, any_: bool,
+                on_tick, tick: float) -> MixedWait:
+    """One `wait` on the jobs and the groups' unended members at a time, first answer first; each
+    answer settles the groups it may decide. A stalled job answers; a stalled member does not (a
+    group waits for its members' ends, as `wait_groups` does)."""
+    groups = _groups()
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
+    found = [groups.read(repo, gid)[0] for gid in dict.fromkeys(groups.resolve(repo, g) for g in gids)]
+    for job_id in job_ids:
+        records.read(repo, job_id)  # a damaged record is named now, not waited on
+    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    answered: set[str] = set()
+    settled: set[str] = set()
+    timed_out = False
+    while True:
+        settled.update(g.id for g in found if g.id not in settled and groups.settle(repo, g.id).terminal)
+        if any_ and (answered or settled):
+            break
+        pending = [j for j in job_ids if j not in answered]
+        members = [m for g in found if g.id not in settled for m in g.members
+                   if repo.git.references.get(records.record_ref(m)) is not None
+                   and not records.read(repo, m).state.current.terminal]
+        if not pending and not members:
+            break
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        result = wait(repo, pending + members, timeout=left, any_=True, on_tick=on_tick, tick=tick,
+                      stalls=set(pending))
+        answered.update(j.id for j in result.jobs if j.id in pending
+                        and (j.state.current.terminal or j.id in result.stalled))
+        if result.timed_out:
+            timed_out = True
+            break
+    jobs = [records.read(repo, j) for j in job_ids]
+    stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
+    ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
+    return MixedWait(
+        WaitResult(jobs, timed_out=nothing and len(answered) < len(job_ids), stalled=stalled) if job_ids else None,
+        GroupWait(ended, nothing and not all(g.terminal for g in ended)))
+
+
 def stop_group(repo: Repo, gid_or_prefix: str):
     gid = _groups().resolve(repo, gid_or_prefix)
     if not ownership.started_here(repo, gid):
@@ -1279,11 +1351,12 @@ STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
     A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
-    too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
+    too, unless `stalls` is False (or a set of job ids that leaves it out: a group's members,
+    beside jobs): the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
     """
@@ -1300,7 +1373,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     for job in first_read:
         threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
     done: dict[str, Job] = {}
-    stalled = _StallLook(repo, first_read) if stalls else None
+    watched = [j for j in first_read if stalls is True or (stalls and j.id in stalls)]
+    stalled = _StallLook(repo, watched) if watched else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
     try:
@@ -1326,8 +1400,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     finally:
         cancel.set()  # watcher threads stop at their next look
     jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
-             and not j.state.current.terminal]
+    found = [j.id for j in jobs if stalled and j.id in stalled.sizes and j.id not in done
+             and j.state.current.stalled and not j.state.current.terminal]
     # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
     # only a deadline that passed is a timeout.
     answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)

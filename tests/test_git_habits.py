@@ -142,3 +142,39 @@ def test_land_on_a_detached_head_is_fatal_and_changes_nothing(cli, repo):
     assert proc.returncode == 128, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error: HEAD is detached") and "hint: git switch main" in proc.stderr
     assert git(repo, "for-each-ref") == before and not (repo / "done.txt").exists()
+
+
+# -- 3: wait takes any mix of job ids and group ids --
+
+
+def test_wait_takes_a_group_beside_a_job_and_answers_both(cli, repo, control_dir):
+    """`wait st-… sg-…` was refused ("job ids or group ids, not both"). Now it waits for the job
+    and settles the group, each said as its own `wait` says it, and its exit says whether all passed."""
+    gate = control_dir / "gate"
+    job = cli.start(f"{held(gate)}; echo job > job.txt")
+    started = cli.ok("start", "--best-of", "2", "echo $SUBTASK_GROUP_MEMBER > m.txt", "--verify", "true")
+    gid = started.split()[0]
+    proc = cli("wait", job, gid, "--timeout", "0.5")  # the job is held: a timeout, nothing refused
+    assert proc.returncode == 1 and "timed out" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"{job} running"), proc.stdout
+    gate.touch()
+    waited = cli.json("wait", gid, job)
+    assert waited["v"] == 1 and waited["passed"] and not waited["timed_out"], waited
+    assert [j["id"] for j in waited["jobs"]] == [job] and waited["jobs"][0]["state"] == "done"
+    assert [g["id"] for g in waited["groups"]] == [gid] and waited["groups"][0]["state"] == "picked"
+    words = cli.ok("wait", job, gid)
+    assert words.startswith(f"{job} done") and gid in words and "pick" in words, words
+
+
+def test_wait_any_over_a_mix_returns_when_the_first_answers(cli, repo, control_dir):
+    gate = control_dir / "gate"
+    job = cli.start(held(gate))
+    gid = cli.ok("start", "--best-of", "2", "echo $SUBTASK_GROUP_MEMBER > m.txt", "--verify", "true").split()[0]
+    try:
+        waited = cli("wait", "--any", job, gid, "--json", timeout=120)
+        assert waited.returncode == 1, waited.stdout + waited.stderr  # the job still runs
+        data = __import__("json").loads(waited.stdout)
+        assert not data["timed_out"] and data["groups"][0]["state"] == "picked", data
+        assert data["jobs"][0]["state"] == "running"
+    finally:
+        gate.touch()

@@ -204,19 +204,15 @@ def wait(ids, any_, timeout, as_json):
     """Block until the jobs end, or one stalls; print one line per job.
 
     A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
-    wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
-    verify passed (or no verify); 1 otherwise.
+    wait returns on it, naming it (it goes on running). A group id (sg-...), alone or beside job
+    ids, waits until its members end and says its pick. Exit 0 when every job ended done with
+    verify passed (or no verify) and every group has a passing pick; 1 otherwise.
     """
     from subtask import api
     from subtask.faces import replies
 
     repo = _repo()
-    if any(_is_group(i) for i in ids):
-        if not all(_is_group(i) for i in ids):
-            raise click.UsageError("wait takes job ids or group ids, not both")
-        _emit(replies.waited_groups(repo, api.wait_groups(repo, list(ids), timeout=timeout), timeout), as_json)
-    else:
-        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
+    _emit(replies.waited_any(repo, api.wait_ids(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
 
 
 @cli.command("list", context_settings=CONTEXT)

@@ -101,6 +101,20 @@ def waited_groups(repo, result, timeout: float | None) -> Reply:
                  notes, exit_code=0 if result.all_picked else 1)
 
 
+def waited_any(repo, result, timeout: float | None) -> Reply:
+    """`wait` over jobs, groups or both (`api.MixedWait`): each part in its own words, jobs first."""
+    if result.groups is None:
+        return waited(repo, result.jobs, timeout)
+    if result.jobs is None:
+        return waited_groups(repo, result.groups, timeout)
+    jobs, groups = waited(repo, result.jobs, timeout), waited_groups(repo, result.groups, timeout)
+    notes = [render.stalled_hint(job) for job in result.jobs.jobs if job.id in result.jobs.stalled]
+    if result.timed_out:
+        notes.append(f"timed out after {timeout:g}s; the jobs and attempts continue: wait again")
+    data = {**jobs.data, "groups": groups.data["groups"], "timed_out": result.timed_out, "passed": result.passed}
+    return Reply(f"{jobs.text}\n\n{groups.text}", data, notes, exit_code=0 if result.passed else 1)
+
+
 def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfold: bool = False,
            more_hint: str = "git subtask list --all", facts: bool = True) -> Reply:
     """`list`: a header and one row per job, each best-of group folded into one row (`unfold`:
