@@ -318,10 +318,10 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
-    choice = _isolation(repo, engine, request)
+    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
+    choice = _isolation(repo, engine, request)  # (probes the state folder: after every check that makes nothing)
     network = _network(repo)
     after, until, on_fail = _after(repo, request, on)
-    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)

@@ -178,3 +178,49 @@ def test_wait_any_over_a_mix_returns_when_the_first_answers(cli, repo, control_d
         assert data["jobs"][0]["state"] == "running"
     finally:
         gate.touch()
+
+
+# -- 4: a repository with no commits; read commands create nothing --
+
+READ_COMMANDS = [["list"], ["list", "--json"], ["status"], ["status", "--json"], ["spend"], ["spend", "--all-clones"],
+                 ["engines"], ["doctor"], ["hooks", "status"], ["gc", "--dry-run"], ["cleanup", "--merged", "--dry-run"]]
+
+
+def everything_in(repo: Path) -> list[str]:
+    """Every file and folder under the repository (its .git too), with refs and config."""
+    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) + [git(repo, "for-each-ref")]
+
+
+@pytest.fixture
+def unborn(tmp_path) -> Path:
+    path = tmp_path / "unborn"
+    git(tmp_path, "init", "-q", "-b", "main", str(path))
+    git(path, "config", "subtask.engine", "shell")
+    return path
+
+
+def test_start_in_a_repository_with_no_commits_says_so_and_makes_nothing(cli, unborn):
+    before = everything_in(unborn)
+    proc = cli("start", "echo hi > hi.txt", cwd=unborn)
+    assert proc.returncode == 128, proc.stderr
+    assert proc.stderr.splitlines()[0] == "error: this repository has no commits yet: a job starts from one", proc.stderr
+    assert "hint:" in proc.stderr and "git commit" in proc.stderr and "git log" not in proc.stderr, proc.stderr
+    assert everything_in(unborn) == before
+
+
+def test_start_on_a_branch_with_no_commits_names_it(cli, repo):
+    git(repo, "checkout", "-q", "--orphan", "fresh")
+    proc = cli("start", "echo hi > hi.txt")
+    assert proc.returncode == 128 and "error: the current branch fresh has no commits yet" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("where", ["unborn", "repo"])
+def test_read_commands_create_nothing(cli, request, where):
+    """`list` in a repository with no commits made `.git/subtask/`; in any repository a read
+    command (its lazy sweep, its ledger look) made the state folder."""
+    path = request.getfixturevalue(where)
+    before = everything_in(path)
+    for args in READ_COMMANDS:
+        proc = cli(*args, cwd=path)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert everything_in(path) == before, args

@@ -195,9 +195,25 @@ def resolve_commit(repo: Repo, rev: str) -> str:
         raise SubtaskError("usage", f"not a valid revision: {rev!r}")
     commit = repo.objects.commit_of(rev)
     if commit is None:
+        unborn = _unborn_branch(repo) if rev == "HEAD" else None
+        if unborn is not None:
+            raise unborn
         raise SubtaskError("fatal", f"unknown revision '{rev}': it names no commit in {repo.root}",
                            hint="git log --oneline -5")
     return commit
+
+
+def _unborn_branch(repo: Repo) -> SubtaskError | None:
+    """What to say when HEAD names a branch with no commits yet (a fresh `git init`, `checkout
+    --orphan`): there is nothing to start from, and `git log` would only repeat it."""
+    head = git(repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
+    if not head or repo.objects.ref(f"refs/heads/{head}") is not None:
+        return None
+    if not git(repo.root, "for-each-ref", "--count=1", "--format=x", "refs/heads/", check=False).stdout.strip():
+        return SubtaskError("fatal", "this repository has no commits yet: a job starts from one",
+                            hint="make the first commit: git add -A && git commit -m 'Initial commit'")
+    return SubtaskError("fatal", f"the current branch {head} has no commits yet: a job starts from a commit",
+                        hint=f"commit on {head} first, or start from another branch: --base main")
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,

@@ -682,6 +682,8 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     failure must never break the command that hosts the sweep. Returns True when a job landed.
     """
     try:
+        if not repo.state_dir.is_dir():
+            return False  # no job ever started here: nothing to sweep, and a read command makes nothing
         interval = repo.config.number("sweepInterval")
         stamp = repo.state_dir / SWEEP_STAMP
         try:
