@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import executors
-from subtask.git import ownership, records, worktrees
+from subtask.git import leftout, ownership, records, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
@@ -38,6 +38,7 @@ from subtask.git.gitrepo import (
     open_repo,
     resolve_commit,
 )
+from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
 from subtask.model import faults
 from subtask.model.errors import SubtaskError, undo_uninterrupted
@@ -69,6 +70,7 @@ class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
+    left_out: LeftOut | None = None  # what the job does not see of the checkout it was started from
 
     @property
     def state(self) -> str:
@@ -260,16 +262,35 @@ def _usd(amount: float) -> str:
 
 # ---------------------------------------------------------------- start
 
-def launch(repo: Repo, request: StartRequest) -> StartResult | GroupStart:
-    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`)."""
+def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> StartResult | GroupStart:
+    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`);
+    with what it leaves out of the caller's checkout (`said`: those already found, by base, so a
+    call that starts many looks once)."""
     if request.best_of is not None:
-        return start_group(repo, request)
-    given = [name for name in GROUP_ONLY if getattr(request, name)]
-    if given:
-        raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
-                           f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
-                           hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
-    return start(repo, request)
+        result = start_group(repo, request)
+    else:
+        given = [name for name in GROUP_ONLY if getattr(request, name)]
+        if given:
+            raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
+                               f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
+                               hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
+        result = start(repo, request)
+    base = result.group.base if isinstance(result, GroupStart) else result.job.spec.base
+    result.left_out = left_out(repo, request, None if request.after else base, said)
+    return result
+
+
+def left_out(repo: Repo, request: StartRequest, base: str | None, said: dict | None = None) -> LeftOut:
+    """What a job from `base` does not see of the checkout the start was run in: found after it
+    started (a failed start has nothing to say), never a reason to refuse."""
+    from_checkout = base is not None and request.base in (None, "HEAD")
+    key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
+    if said is not None and key in said:
+        return said[key]
+    found = leftout.left_out(repo, base, from_checkout=from_checkout)
+    if said is not None:
+        said[key] = found
+    return found
 
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
@@ -279,16 +300,17 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
-        return _start_waiting(repo, prepared)
-    if not prepared.on.runs_here:
-        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
-        return StartResult(job, 0, on=prepared.on.name)
-    if prepared.paid:
-        _sync_ledger(repo)
-    return _admit_and_launch(repo, prepared.job, prepared.paid,
-                             branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
-                             as_written=prepared.as_written)
+        result = _start_waiting(repo, prepared)
+    elif not prepared.on.runs_here:
+        result = StartResult(prepared.on.backend().submit(repo, prepared.job, prepared.paid), 0, on=prepared.on.name)
+    else:
+        if prepared.paid:
+            _sync_ledger(repo)
+        result = _admit_and_launch(repo, prepared.job, prepared.paid,
+                                   branch_at=None if request.readonly else prepared.job.spec.base,
+                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                                   as_written=prepared.as_written)
+    return result
 
 
 @dataclass
@@ -530,6 +552,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
     opened: dict[str | None, Repo] = {}
+    said: dict = {}  # what the jobs leave out of each checkout, looked at once per base
 
     def repo_of(path: str | None) -> Repo:
         if path not in opened:
@@ -566,7 +589,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
             path, request = request_from_dict(item)
             if request.after:  # this call's ids become the jobs (or groups) they started
                 request.after = [_started_id(results[local[a]]) if a in local else a for a in _list(request.after)]
-            results[n] = launch(repo_of(path), request)
+            results[n] = launch(repo_of(path), request, said)
         except SubtaskError as exc:
             results[n] = exc
     return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
@@ -613,6 +636,7 @@ def _groups():
 class GroupStart:
     group: object  # groups.Group
     members: list[StartResult]
+    left_out: LeftOut | None = None
 
 
 def _names(values, what: str) -> list[str] | None:
@@ -730,7 +754,7 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                          members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
                          rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
     results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
-    return MapStart(group, results, batches)
+    return MapStart(group, results, left_out=left_out(repo, request, base), batches=batches)
 
 
 def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, what: str, judge: str | None = None

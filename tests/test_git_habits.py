@@ -224,3 +224,69 @@ def test_read_commands_create_nothing(cli, request, where):
         proc = cli(*args, cwd=path)
         assert "Traceback" not in proc.stderr, (args, proc.stderr)
         assert everything_in(path) == before, args
+
+
+# -- 5: start says what the job will not see of the caller's checkout --
+
+
+def notes_of(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line]
+
+
+def test_start_says_uncommitted_edits_and_a_subfolder_are_left_behind(cli, repo):
+    (repo / "src").mkdir()
+    (repo / "src" / "app.py").write_text("print('hi')\n")
+    git(repo, "add", "src")
+    git(repo, "commit", "-qm", "src")
+    head = git(repo, "rev-parse", "--short", "HEAD")
+    clean = cli("start", "true")
+    assert clean.returncode == 0 and notes_of(clean) == [], clean.stderr  # nothing left out: nothing said
+    (repo / "README.md").write_text("my unsaved edit\n")
+    (repo / "src" / "new.py").write_text("x = 1\n")
+    proc = cli("start", "cat README.md > seen.txt; pwd > where.txt", cwd=repo / "src")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split()[0]
+    assert notes_of(proc) == [
+        f"note: 2 uncommitted changes here are not in the job (README.md, src/new.py): it starts from {head}",
+        "note: started in src/: the job runs at the top of the repository (paths in the task are read from there)",
+    ], proc.stderr
+    data = cli.json("start", "true", cwd=repo / "src")
+    assert data["left_out"] == {"uncommitted": ["README.md", "src/new.py"], "subfolder": "src/", "submodules": []}
+    cli.ok("wait", job)
+    shown = cli.ok("diff", job)
+    assert "+hello" in shown and "unsaved" not in shown  # the job read README.md as committed
+
+
+def test_start_says_the_bases_submodules_are_not_checked_out(cli, repo, tmp_path):
+    from conftest import make_repo
+
+    dep = make_repo(tmp_path / "dep", {"lib.txt": "dep\n"})
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(dep), "vendor/dep")
+    git(repo, "commit", "-qm", "add a submodule")
+    proc = cli("start", "ls -A vendor/dep | wc -l > count.txt; git add count.txt; git commit -qm count")
+    assert proc.returncode == 0, proc.stderr
+    assert notes_of(proc) == ["note: the base has 1 submodule the job's worktree does not check out "
+                              "(vendor/dep): the job sees an empty folder there"], proc.stderr
+    job = proc.stdout.split()[0]
+    cli.ok("wait", job)
+    assert git(repo, "show", f"subtask/{job}:count.txt").strip() == "0"
+
+
+def test_mcp_start_says_what_is_left_out_too(repo, monkeypatch):
+    import anyio
+    from mcp import Client
+
+    monkeypatch.chdir(repo)
+    (repo / "README.md").write_text("my unsaved edit\n")
+
+    async def main():
+        from subtask.faces.mcp_server import server
+
+        async with Client(server, mode="legacy") as client:
+            result = await client.call_tool("start", {"task": "true"})
+            words = "\n".join(block.text for block in result.content if block.type == "text")
+            assert not result.is_error, words
+            assert words.splitlines()[1].startswith("note: 1 uncommitted change here is not in the job (README.md)")
+            assert result.structured_content["left_out"]["uncommitted"] == ["README.md"]
+
+    anyio.run(main)

@@ -130,6 +130,9 @@ def start(as_json, **options):
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
+    The job runs in its own worktree, from a commit, at the top of the repository: a note on
+    stderr says when your uncommitted changes, the folder you are in or the base's submodules are
+    not in it.
     """
     from subtask import api
     from subtask.faces import replies

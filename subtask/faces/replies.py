@@ -56,14 +56,22 @@ def started(result) -> Reply:
             note = f"(wait {group.id} for the pick)"
         lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]}, notes=[note])
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
+            **_left_out_json(result)}, notes=[note, *render.left_out_lines(result.left_out)])
     return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
+                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on,
+                                                                   **_left_out_json(result)},
+                 notes=render.left_out_lines(result.left_out))
+
+
+def _left_out_json(result) -> dict[str, Any]:
+    left_out = getattr(result, "left_out", None)
+    return {"left_out": left_out.to_dict()} if left_out is not None else {}
 
 
 def started_many(results: list) -> Reply:
     """`start_many`: one numbered line per item, its start or its error, in order."""
-    lines, items = [], []
+    lines, items, notes = [], [], []
     for n, result in enumerate(results, 1):
         if isinstance(result, Exception):
             hint = f" (hint: {result.hint})" if getattr(result, "hint", None) else ""
@@ -73,7 +81,8 @@ def started_many(results: list) -> Reply:
             reply = started(result)
             lines.append(f"{n}. " + reply.text.replace("\n", "\n   "))
             items.append(reply.data)
-    return Reply("\n".join(lines), {"v": 1, "items": items})
+            notes += render.left_out_lines(result.left_out)
+    return Reply("\n".join(lines), {"v": 1, "items": items}, notes=[*dict.fromkeys(notes)])
 
 
 # ---------------------------------------------------------------- waiting and reading

@@ -43,6 +43,7 @@ class Repo:
     common_dir: Path
     config: Config
     _git: pygit2.Repository | None = field(default=None, repr=False)
+    opened_at: Path | None = None  # the folder it was found from (a command's working directory)
 
     @property
     def git(self) -> pygit2.Repository:
@@ -143,7 +144,8 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)),
+                opened_at=Path(start).resolve())
 
 
 _preload: threading.Thread | None = None

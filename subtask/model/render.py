@@ -171,6 +171,29 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
+def left_out_lines(left_out) -> list[str]:
+    """`start`'s notes: one line for each thing of the caller's checkout the job will not see
+    (`git/leftout.LeftOut`: its uncommitted changes, the subfolder it stood in, the base's
+    submodules)."""
+    if left_out is None:
+        return []
+    lines = []
+    if changed := left_out.uncommitted:
+        n = len(changed)
+        named = ", ".join(changed[:3]) + (f", and {n - 3} more" if n > 3 else "")
+        lines.append(f"note: {n} uncommitted {'change' if n == 1 else 'changes'} here "
+                     f"{'is' if n == 1 else 'are'} not in the job ({named}): it starts from {left_out.base[:7]}")
+    if left_out.subfolder:
+        lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the repository "
+                     "(paths in the task are read from there)")
+    if subs := left_out.submodules:
+        n = len(subs)
+        named = ", ".join(subs[:3]) + (f", and {n - 3} more" if n > 3 else "")
+        lines.append(f"note: the base has {n} {'submodule' if n == 1 else 'submodules'} the job's worktree does "
+                     f"not check out ({named}): the job sees {'an empty folder' if n == 1 else 'empty folders'} there")
+    return [safe_line(line) for line in lines]
+
+
 def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active, and
     `marks_text` (a stale base, jobs that change the same files)."""
