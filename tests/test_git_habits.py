@@ -290,3 +290,50 @@ def test_mcp_start_says_what_is_left_out_too(repo, monkeypatch):
             assert result.structured_content["left_out"]["uncommitted"] == ["README.md"]
 
     anyio.run(main)
+
+
+# -- 6: smaller words --
+
+SAME = "echo {text} > same.txt && git add same.txt && git commit -qm {text}"
+
+
+def test_list_says_same_file_once_per_row_and_only_between_jobs_that_may_land(cli, repo):
+    done = [finished(cli, SAME.format(text=f"d{n}")) for n in range(4)]
+    failed = cli.start(SAME.format(text="f") + " && exit 3")
+    assert cli("wait", failed).returncode == 1
+    rows = {line.split()[0]: line for line in cli.ok("list").splitlines()[1:]}
+    assert rows[failed].split()[1] == "failed" and "same file" not in rows[failed], rows[failed]
+    for job in done:
+        assert rows[job].count("same file") == 1 and failed not in rows[job], rows[job]
+        assert "and 2 others" in rows[job] and rows[job].endswith(": same.txt)"), rows[job]
+    marks = {e["id"]: e.get("marks") for e in cli.json("list")["jobs"]}
+    assert failed not in marks[done[0]]["overlaps"] and marks[failed] is None, marks
+
+
+def test_group_rows_keep_to_the_columns(cli, repo):
+    gid = cli.ok("start", "--best-of", "2", "echo $SUBTASK_GROUP_MEMBER > m.txt", "--verify", "true").split()[0]
+    cli.ok("wait", gid)
+    header, *rows = cli.ok("list").splitlines()
+    row = next(r for r in rows if r.startswith(gid))
+    for column in ("VERIFY", "AGE", "COST", "ENGINE", "TASK"):  # each column's text starts under its name
+        at = header.index(column)
+        assert row[at - 1] == " " and row[at] != " " or column in ("AGE", "COST"), (column, header, row)
+    assert row[header.index("VERIFY"):].startswith("passed "), row
+    assert row[header.index("ENGINE"):].startswith("shell "), row
+    assert "best of 2" in row[header.index("TASK"):], row
+
+
+def test_verify_counts_in_words_that_agree_with_the_number(cli, repo):
+    job = finished(cli, "echo x > one.txt && git add one.txt && git commit -qm one")
+    said = cli.ok("verify", job)
+    assert "1 file, +1 -0, 1 commit since" in said, said
+
+
+def test_a_wait_line_names_the_check_that_failed(cli, repo):
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.py").write_text("def test_a():\n    assert True\n")
+    git(repo, "add", "tests")
+    git(repo, "commit", "-qm", "a test")
+    job = cli.start("git rm -q tests/test_a.py && git commit -qm 'drop a test'", "--verify", "true")
+    line = cli("wait", job).stdout.splitlines()[0]
+    assert " · check no-test-deletion failed · " in line and " · check · " not in line, line

@@ -159,7 +159,7 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
         if gid in shown:
             continue
         shown.add(gid)
-        lines.append(groups.list_line(found_groups[gid]))
+        lines.append(groups.list_line(found_groups[gid], [e for e in entries if e.get("group") == gid], now))
         if unfold:
             lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
     return lines

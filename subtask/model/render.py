@@ -128,7 +128,7 @@ def one_line(job, position: int | None = None) -> str:
     elif attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
-            parts.append(attempt.error_kind)
+            parts.append(error_words(attempt))
         parts.append(money(job_cost(job)))
         if attempt.started_at and attempt.ended_at:
             parts.append(duration(attempt.ended_at - attempt.started_at))
@@ -137,6 +137,13 @@ def one_line(job, position: int | None = None) -> str:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
     return safe_line(" · ".join(parts))
+
+
+def error_words(attempt) -> str:
+    """The kind of a failed attempt, in words: which checks failed (`check no-suppression failed`),
+    not the bare kind `check`."""
+    failed = attempt.verify.checks_failed if attempt.error_kind == "check" and attempt.verify else None
+    return f"check {', '.join(failed)} failed" if failed else attempt.error_kind
 
 
 def after_text(job) -> str:
@@ -209,9 +216,13 @@ def marks_text(marks: dict | None) -> str:
     if not marks:
         return ""
     parts = [f"base: {marks['behind']} behind {marks.get('target')}"] if marks.get("behind") else []
-    for other, files in (marks.get("overlaps") or {}).items():
+    overlaps = marks.get("overlaps") or {}
+    if overlaps:  # once per row: the first job, how many more, the files they share
+        others = list(overlaps)
+        files = sorted({f for named in overlaps.values() for f in named})
         shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
-        parts.append(f"same file{'' if len(files) == 1 else 's'} as {other}: {shown}")
+        more = f" and {len(others) - 1} other{'' if len(others) == 2 else 's'}" if len(others) > 1 else ""
+        parts.append(f"same file{'' if len(files) == 1 else 's'} as {others[0]}{more}: {shown}")
     return " · ".join(parts)
 
 
@@ -228,8 +239,13 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
     marks = marks_text(entry.get("marks"))
-    return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
-                     f"{entry.get('engine', '?'):<6}  {task}" + (f"  ({marks})" if marks else ""))
+    return list_row(entry.get("id", "?"), state, verify, age, cost, entry.get("engine", "?"),
+                    task + (f"  ({marks})" if marks else ""))
+
+
+def list_row(ident: str, state: str, verify: str, age: str, cost: str, engine: str, text: str) -> str:
+    """A row of `list` in its columns (`LIST_HEADER`): a job's, or a group's."""
+    return safe_line(f"{ident:<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {engine:<6}  {text}")
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"
