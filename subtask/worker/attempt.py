@@ -556,7 +556,7 @@ class Confinement:
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
         self.env = engine_env(job, repo.state_dir)
-        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        self.env.update(isolation.temp_env(self.tmpdir))
         if job.spec.isolation != "none":
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask.proc import procs
