@@ -300,17 +300,16 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
-        result = _start_waiting(repo, prepared)
-    elif not prepared.on.runs_here:
-        result = StartResult(prepared.on.backend().submit(repo, prepared.job, prepared.paid), 0, on=prepared.on.name)
-    else:
-        if prepared.paid:
-            _sync_ledger(repo)
-        result = _admit_and_launch(repo, prepared.job, prepared.paid,
-                                   branch_at=None if request.readonly else prepared.job.spec.base,
-                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
-                                   as_written=prepared.as_written)
-    return result
+        return _start_waiting(repo, prepared)
+    if not prepared.on.runs_here:
+        job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
+        return StartResult(job, 0, on=prepared.on.name)
+    if prepared.paid:
+        _sync_ledger(repo)
+    return _admit_and_launch(repo, prepared.job, prepared.paid,
+                             branch_at=None if request.readonly else prepared.job.spec.base,
+                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                             as_written=prepared.as_written)
 
 
 @dataclass

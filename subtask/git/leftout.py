@@ -16,7 +16,6 @@ from pathlib import Path
 
 from subtask.git.gitrepo import Repo
 
-MAX_NAMED = 3  # paths named in a line; the rest are counted
 _PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
 
 

@@ -186,19 +186,22 @@ def left_out_lines(left_out) -> list[str]:
         return []
     lines = []
     if changed := left_out.uncommitted:
-        n = len(changed)
-        named = ", ".join(changed[:3]) + (f", and {n - 3} more" if n > 3 else "")
-        lines.append(f"note: {n} uncommitted {'change' if n == 1 else 'changes'} here "
-                     f"{'is' if n == 1 else 'are'} not in the job ({named}): it starts from {left_out.base[:7]}")
+        one = len(changed) == 1
+        lines.append(f"note: {len(changed)} uncommitted {'change' if one else 'changes'} here {'is' if one else 'are'} "
+                     f"not in the job ({_some(changed)}): it starts from {short(left_out.base)}")
     if left_out.subfolder:
         lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the repository "
                      "(paths in the task are read from there)")
     if subs := left_out.submodules:
-        n = len(subs)
-        named = ", ".join(subs[:3]) + (f", and {n - 3} more" if n > 3 else "")
-        lines.append(f"note: the base has {n} {'submodule' if n == 1 else 'submodules'} the job's worktree does "
-                     f"not check out ({named}): the job sees {'an empty folder' if n == 1 else 'empty folders'} there")
+        one = len(subs) == 1
+        lines.append(f"note: the base has {len(subs)} {'submodule' if one else 'submodules'} the job's worktree "
+                     f"does not check out ({_some(subs)}): the job sees {'an empty folder' if one else 'empty folders'} there")
     return [safe_line(line) for line in lines]
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """`a, b, c, and 2 more`."""
+    return ", ".join(names[:shown]) + (f", and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
