@@ -280,7 +280,8 @@ def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> Start
     return result
 
 
-def left_out(repo: Repo, request: StartRequest, base: str | None, said: dict | None = None) -> LeftOut:
+def left_out(repo: Repo, request: StartRequest, base: str | None,
+             said: dict | None = None) -> LeftOut:
     """What a job from `base` does not see of the checkout the start was run in: found after it
     started (a failed start has nothing to say), never a reason to refuse."""
     from_checkout = base is not None and request.base in (None, "HEAD")
@@ -339,8 +340,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
-    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
-    choice = _isolation(repo, engine, request)  # (probes the state folder: after every check that makes nothing)
+    base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
+    choice = _isolation(repo, engine, request)  # probes the state folder: after what makes nothing
     network = _network(repo)
     after, until, on_fail = _after(repo, request, on)
     job_id = new_job_id()
@@ -826,21 +827,22 @@ class MixedWait:
 
     @property
     def passed(self) -> bool:
-        return (self.jobs is None or self.jobs.all_passed) and (self.groups is None or self.groups.all_picked)
+        return ((self.jobs is None or self.jobs.all_passed)
+                and (self.groups is None or self.groups.all_picked))
 
 
 def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
              on_tick=None, tick: float = 1.0) -> MixedWait:
-    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or stalled)
-    and every group is settled, or with `any_` until the first of them has."""
+    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
+    stalled) and every group is settled, or with `any_` until the first of them has."""
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
     gids = [i for i in ids if is_group_ref(i)]
     jids = [i for i in ids if not is_group_ref(i)]
     if not gids:
-        return MixedWait(wait(repo, jids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick), None)
+        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick), None)
     if not jids and not any_:
-        return MixedWait(None, wait_groups(repo, gids, timeout=timeout, on_tick=on_tick, tick=tick))
+        return MixedWait(None, wait_groups(repo, gids, timeout, on_tick=on_tick, tick=tick))
     return _wait_mixed(repo, jids, gids, timeout, any_, on_tick, tick)
 
 
@@ -851,7 +853,8 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
     group waits for its members' ends, as `wait_groups` does)."""
     groups = _groups()
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
-    found = [groups.read(repo, gid)[0] for gid in dict.fromkeys(groups.resolve(repo, g) for g in gids)]
+    gids = list(dict.fromkeys(groups.resolve(repo, g) for g in gids))
+    found = [groups.read(repo, gid)[0] for gid in gids]
     for job_id in job_ids:
         records.read(repo, job_id)  # a damaged record is named now, not waited on
     deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
@@ -859,7 +862,8 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
     settled: set[str] = set()
     timed_out = False
     while True:
-        settled.update(g.id for g in found if g.id not in settled and groups.settle(repo, g.id).terminal)
+        settled.update(g.id for g in found
+                       if g.id not in settled and groups.settle(repo, g.id).terminal)
         if any_ and (answered or settled):
             break
         pending = [j for j in job_ids if j not in answered]
@@ -880,9 +884,9 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
     stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
     ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
     nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
-    return MixedWait(
-        WaitResult(jobs, timed_out=nothing and len(answered) < len(job_ids), stalled=stalled) if job_ids else None,
-        GroupWait(ended, nothing and not all(g.terminal for g in ended)))
+    jobs_part = WaitResult(jobs, nothing and len(answered) < len(job_ids), stalled)
+    groups_part = GroupWait(ended, nothing and not all(g.terminal for g in ended))
+    return MixedWait(jobs_part if job_ids else None, groups_part)
 
 
 def stop_group(repo: Repo, gid_or_prefix: str):

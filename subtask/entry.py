@@ -20,7 +20,7 @@ def main() -> None:
         try:
             from subtask.model import errors, faults
 
-            errors.interrupt_once()  # a second Ctrl-C (git passes the first on again) changes nothing
+            errors.interrupt_once()  # a second Ctrl-C (git passes it on again) changes nothing
             faults.point("cli_start")
             from subtask.faces.cli import main as cli_main
 

@@ -99,8 +99,8 @@ def claude_code_temp(tmp_path, monkeypatch):
     yield
     shared = Path(tempfile.gettempdir()) / f"claude-{os.getuid()}"
     mine = claude_code_folder(tmp_path)
-    left = sorted(p.name for p in shared.glob(f"{mine}*") if p.name == mine or p.name.startswith(f"{mine}-")) \
-        if shared.is_dir() else []
+    found = shared.glob(f"{mine}*") if shared.is_dir() else []
+    left = sorted(p.name for p in found if p.name == mine or p.name.startswith(f"{mine}-"))
     assert not left, f"the test left folders in Claude Code's shared temp dir {shared}: {left}"
 
 

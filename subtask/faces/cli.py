@@ -215,7 +215,8 @@ def wait(ids, any_, timeout, as_json):
     from subtask.faces import replies
 
     repo = _repo()
-    _emit(replies.waited_any(repo, api.wait_ids(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
+    waited = api.wait_ids(repo, list(ids), timeout=timeout, any_=any_)
+    _emit(replies.waited_any(repo, waited, timeout), as_json)
 
 
 @cli.command("list", context_settings=CONTEXT)

@@ -319,7 +319,8 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     def run() -> replies.Reply:
         where = open_repo(repo)
-        waited = api.wait_ids(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
+        waited = api.wait_ids(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick,
+                              tick=PROGRESS_TICK)
         return replies.waited_any(where, waited, timeout)
 
     try:

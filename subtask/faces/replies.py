@@ -58,9 +58,8 @@ def started(result) -> Reply:
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
             job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
             **_left_out_json(result)}, notes=[note, *render.left_out_lines(result.left_out)])
-    return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on,
-                                                                   **_left_out_json(result)},
+    data = job_json(result.job, result.position or None) | {"state": result.state, "on": result.on}
+    return Reply(render.started_line(result.job, result.position), data | _left_out_json(result),
                  notes=render.left_out_lines(result.left_out))
 
 
@@ -111,7 +110,7 @@ def waited_groups(repo, result, timeout: float | None) -> Reply:
 
 
 def waited_any(repo, result, timeout: float | None) -> Reply:
-    """`wait` over jobs, groups or both (`api.MixedWait`): each part in its own words, jobs first."""
+    """`wait` over jobs, groups or both (`api.MixedWait`): each part in its own words."""
     if result.groups is None:
         return waited(repo, result.jobs, timeout)
     if result.jobs is None:
@@ -120,7 +119,8 @@ def waited_any(repo, result, timeout: float | None) -> Reply:
     notes = [render.stalled_hint(job) for job in result.jobs.jobs if job.id in result.jobs.stalled]
     if result.timed_out:
         notes.append(f"timed out after {timeout:g}s; the jobs and attempts continue: wait again")
-    data = {**jobs.data, "groups": groups.data["groups"], "timed_out": result.timed_out, "passed": result.passed}
+    data = {**jobs.data, "groups": groups.data["groups"], "timed_out": result.timed_out,
+            "passed": result.passed}
     return Reply(f"{jobs.text}\n\n{groups.text}", data, notes, exit_code=0 if result.passed else 1)
 
 
@@ -159,9 +159,10 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
         if gid in shown:
             continue
         shown.add(gid)
-        lines.append(groups.list_line(found_groups[gid], [e for e in entries if e.get("group") == gid], now))
+        members = [e for e in entries if e.get("group") == gid]
+        lines.append(groups.list_line(found_groups[gid], members, now))
         if unfold:
-            lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
+            lines += ["  " + render.list_line(e, e.get("position"), now) for e in members]
     return lines
 
 

@@ -211,11 +211,12 @@ def _unborn_branch(repo: Repo) -> SubtaskError | None:
     head = git(repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
     if not head or repo.objects.ref(f"refs/heads/{head}") is not None:
         return None
-    if not git(repo.root, "for-each-ref", "--count=1", "--format=x", "refs/heads/", check=False).stdout.strip():
+    branches = git(repo.root, "for-each-ref", "--count=1", "--format=x", "refs/heads/", check=False)
+    if not branches.stdout.strip():
         return SubtaskError("fatal", "this repository has no commits yet: a job starts from one",
-                            hint="make the first commit: git add -A && git commit -m 'Initial commit'")
-    return SubtaskError("fatal", f"the current branch {head} has no commits yet: a job starts from a commit",
-                        hint=f"commit on {head} first, or start from another branch: --base main")
+                            hint="make the first one: git add -A && git commit -m 'Initial commit'")
+    return SubtaskError("fatal", f"the current branch {head} has no commits yet: a job starts "
+                        "from a commit", hint=f"commit on {head} first, or give --base main")
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,

@@ -22,12 +22,13 @@ _PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
 @dataclass
 class LeftOut:
     uncommitted: list[str] = field(default_factory=list)  # changed, staged or untracked paths
-    subfolder: str | None = None  # where in the checkout the start was run ("src/"); None at the top
+    subfolder: str | None = None  # where in the checkout it was started ("src/"); None: the top
     submodules: list[str] = field(default_factory=list)  # the base's submodule paths
     base: str = ""  # the commit the job starts from
 
     def to_dict(self) -> dict:
-        return {"uncommitted": self.uncommitted, "subfolder": self.subfolder, "submodules": self.submodules}
+        return {"uncommitted": self.uncommitted, "subfolder": self.subfolder,
+                "submodules": self.submodules}
 
 
 def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
@@ -38,10 +39,12 @@ def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
     found = LeftOut(base=base or "")
     if top is None:
         return found
-    status = subprocess.Popen(
-        ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(top), "status",
-         "--porcelain=v1", "-z", "--untracked-files=normal"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) if from_checkout else None
+    status = None
+    if from_checkout:  # beside the object read below: two small git processes at once
+        status = subprocess.Popen(
+            ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(top),
+             "status", "--porcelain=v1", "-z", "--untracked-files=normal"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     found.subfolder = _subfolder(repo.opened_at, top)
     if base:
         found.submodules = _submodules(repo, base)

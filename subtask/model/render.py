@@ -142,7 +142,8 @@ def one_line(job, position: int | None = None) -> str:
 def error_words(attempt) -> str:
     """The kind of a failed attempt, in words: which checks failed (`check no-suppression failed`),
     not the bare kind `check`."""
-    failed = attempt.verify.checks_failed if attempt.error_kind == "check" and attempt.verify else None
+    verify = attempt.verify if attempt.error_kind == "check" else None
+    failed = verify.checks_failed if verify is not None else None
     return f"check {', '.join(failed)} failed" if failed else attempt.error_kind
 
 
@@ -186,22 +187,28 @@ def left_out_lines(left_out) -> list[str]:
         return []
     lines = []
     if changed := left_out.uncommitted:
-        one = len(changed) == 1
-        lines.append(f"note: {len(changed)} uncommitted {'change' if one else 'changes'} here {'is' if one else 'are'} "
+        n = len(changed)
+        lines.append(f"note: {_count(n, 'uncommitted change')} here {'is' if n == 1 else 'are'} "
                      f"not in the job ({_some(changed)}): it starts from {short(left_out.base)}")
     if left_out.subfolder:
-        lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the repository "
-                     "(paths in the task are read from there)")
+        lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the "
+                     "repository (paths in the task are read from there)")
     if subs := left_out.submodules:
-        one = len(subs) == 1
-        lines.append(f"note: the base has {len(subs)} {'submodule' if one else 'submodules'} the job's worktree "
-                     f"does not check out ({_some(subs)}): the job sees {'an empty folder' if one else 'empty folders'} there")
+        empty = "an empty folder" if len(subs) == 1 else "empty folders"
+        lines.append(f"note: the base has {_count(len(subs), 'submodule')} the job's worktree does "
+                     f"not check out ({_some(subs)}): the job sees {empty} there")
     return [safe_line(line) for line in lines]
+
+
+def _count(n: int, word: str) -> str:
+    """`1 commit`, `2 commits`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _some(names: list[str], shown: int = 3) -> str:
     """`a, b, c, and 2 more`."""
-    return ", ".join(names[:shown]) + (f", and {len(names) - shown} more" if len(names) > shown else "")
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f", and {more} more" if more > 0 else "")
 
 
 def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
@@ -224,7 +231,7 @@ def marks_text(marks: dict | None) -> str:
         others = list(overlaps)
         files = sorted({f for named in overlaps.values() for f in named})
         shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
-        more = f" and {len(others) - 1} other{'' if len(others) == 2 else 's'}" if len(others) > 1 else ""
+        more = f" and {_count(len(others) - 1, 'other')}" if len(others) > 1 else ""
         parts.append(f"same file{'' if len(files) == 1 else 's'} as {others[0]}{more}: {shown}")
     return " · ".join(parts)
 
@@ -246,9 +253,11 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
                     task + (f"  ({marks})" if marks else ""))
 
 
-def list_row(ident: str, state: str, verify: str, age: str, cost: str, engine: str, text: str) -> str:
+def list_row(ident: str, state: str, verify: str, age: str, cost: str, engine: str,
+             text: str) -> str:
     """A row of `list` in its columns (`LIST_HEADER`): a job's, or a group's."""
-    return safe_line(f"{ident:<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {engine:<6}  {text}")
+    return safe_line(f"{ident:<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {engine:<6}  "
+                     f"{text}")
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"

@@ -683,7 +683,7 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     """
     try:
         if not repo.state_dir.is_dir():
-            return False  # no job ever started here: nothing to sweep, and a read command makes nothing
+            return False  # no job ever started here: nothing to sweep (a read makes nothing)
         interval = repo.config.number("sweepInterval")
         stamp = repo.state_dir / SWEEP_STAMP
         try:
@@ -929,8 +929,8 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
         # as landed: after `git switch main` the work would hang on the pin alone.
         configured = repo.config.get("landTarget")
         fix = f"git switch {configured}" if configured else "git switch <branch>  (e.g. git switch main)"
-        raise SubtaskError("fatal", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
-                           "into a commit no branch keeps",
+        raise SubtaskError("fatal", f"HEAD is detached at {str(repo.git.head.target)[:7]}: "
+                           f"not merging {job.id} into a commit no branch keeps",
                            hint=f"{fix}, then: git subtask merge {job.id}")
     name = repo.git.head.shorthand
     if name == job.spec.branch:
@@ -946,7 +946,8 @@ def check_clean(workdir: Path) -> None:
         files = [line[3:] for line in status.splitlines()][:10]
         raise SubtaskError("dirty", f"the worktree {workdir} has uncommitted changes ({', '.join(files)}): "
                            "not merging into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then merge again", exit_code=EXIT_FATAL)
+                           hint="commit or stash them yourself, then merge again",
+                           exit_code=EXIT_FATAL)
 
 
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:

@@ -105,7 +105,8 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     job's base behind the land target (`{"behind": 12, "target": "main"}`), and the other jobs of
     `listed` that may land, not landed, that change a file it changes (`{"overlaps": {"st-…":
     ["a.txt"]}}`). Advisory: anything git cannot answer leaves the mark out."""
-    jobs = [e for e in listed if e.get("state") in MAY_LAND and not e.get("landed") and not e.get("readonly")]
+    jobs = [e for e in listed
+            if e.get("state") in MAY_LAND and not e.get("landed") and not e.get("readonly")]
     if not jobs or not any(e.get("state") in MAY_LAND for e in shown):
         return
     # Bounded: every running job, and the newest finished ones (`listed` is newest first), so a
