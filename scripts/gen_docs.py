@@ -58,6 +58,7 @@ SESSION = [
     ("git subtask spend", False),
     ("git subtask engines", False),
     ("git subtask doctor", False),
+    ("echo draft >> README.md && mkdir -p src && cd src && git subtask start --engine shell 'ls'", True),
     ("git subtask show st-ffffffff; echo \"exit $?\"", True),
     ("git subtask start ''; echo \"exit $?\"", True),
 ]

@@ -30,7 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from subtask import executors
-from subtask.git import ownership, records, where_landed, worktrees
+from subtask.git import leftout, ownership, records, where_landed, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
@@ -39,6 +39,7 @@ from subtask.git.gitrepo import (
     open_repo,
     resolve_commit,
 )
+from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
 from subtask.model import faults, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
@@ -52,6 +53,7 @@ from subtask.model.job import (
     Cost,
     JobSpec,
     JobState,
+    is_group_ref,
     is_job_id,
     job_passed,
     new_job_id,
@@ -70,6 +72,7 @@ class StartResult:
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
     warnings: list[str] = field(default_factory=list)  # one line each, said with the start
+    left_out: LeftOut | None = None  # what the job does not see of the checkout it was started from
 
     @property
     def state(self) -> str:
@@ -270,16 +273,36 @@ def _default_timeout(repo: Repo, engine) -> float | None:
 
 # ---------------------------------------------------------------- start
 
-def launch(repo: Repo, request: StartRequest) -> StartResult | GroupStart:
-    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`)."""
+def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> StartResult | GroupStart:
+    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`);
+    with what it leaves out of the caller's checkout (`said`: those already found, by base, so a
+    call that starts many looks once)."""
     if request.best_of is not None:
-        return start_group(repo, request)
-    given = [name for name in GROUP_ONLY if getattr(request, name)]
-    if given:
-        raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
-                           f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
-                           hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
-    return start(repo, request)
+        result = start_group(repo, request)
+    else:
+        given = [name for name in GROUP_ONLY if getattr(request, name)]
+        if given:
+            raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
+                               f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
+                               hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
+        result = start(repo, request)
+    base = result.group.base if isinstance(result, GroupStart) else result.job.spec.base
+    result.left_out = left_out(repo, request, None if request.after else base, said)
+    return result
+
+
+def left_out(repo: Repo, request: StartRequest, base: str | None,
+             said: dict | None = None) -> LeftOut:
+    """What a job from `base` does not see of the checkout the start was run in: found after it
+    started (a failed start has nothing to say), never a reason to refuse."""
+    from_checkout = base is not None and request.base in (None, "HEAD")
+    key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
+    if said is not None and key in said:
+        return said[key]
+    found = leftout.left_out(repo, base, from_checkout=from_checkout)
+    if said is not None:
+        said[key] = found
+    return found
 
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
@@ -334,10 +357,10 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     retries, job_checks = _verify_loop(repo, request, on)
     delegated = _check_depth(repo)
     parent = delegated.parent
-    choice = _isolation(repo, engine, request)
+    base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
+    choice = _isolation(repo, engine, request)  # probes the state folder: after what makes nothing
     network = _network(repo)
     after, until, on_fail = _after(repo, request, on)
-    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
@@ -551,6 +574,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
     opened: dict[str | None, Repo] = {}
+    said: dict = {}  # what the jobs leave out of each checkout, looked at once per base
 
     def repo_of(path: str | None) -> Repo:
         if path not in opened:
@@ -587,7 +611,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
             path, request = request_from_dict(item)
             if request.after:  # this call's ids become the jobs (or groups) they started
                 request.after = [_started_id(results[local[a]]) if a in local else a for a in _list(request.after)]
-            results[n] = launch(repo_of(path), request)
+            results[n] = launch(repo_of(path), request, said)
         except SubtaskError as exc:
             results[n] = exc
     return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
@@ -634,6 +658,7 @@ def _groups():
 class GroupStart:
     group: object  # groups.Group
     members: list[StartResult]
+    left_out: LeftOut | None = None
 
 
 def _names(values, what: str) -> list[str] | None:
@@ -751,7 +776,7 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                          members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
                          rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
     results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
-    return MapStart(group, results, batches)
+    return MapStart(group, results, left_out=left_out(repo, request, base), batches=batches)
 
 
 def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, what: str, judge: str | None = None
@@ -816,6 +841,80 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
         pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
     settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
     return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
+
+
+@dataclass
+class MixedWait:
+    """`wait` over job ids and group ids: what each part answers, as its own `wait` would."""
+    jobs: WaitResult | None
+    groups: GroupWait | None
+
+    @property
+    def timed_out(self) -> bool:
+        return any(part.timed_out for part in (self.jobs, self.groups) if part is not None)
+
+    @property
+    def passed(self) -> bool:
+        return ((self.jobs is None or self.jobs.all_passed)
+                and (self.groups is None or self.groups.all_picked))
+
+
+def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+             on_tick=None, tick: float = 1.0) -> MixedWait:
+    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
+    stalled) and every group is settled, or with `any_` until the first of them has."""
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    gids = [i for i in ids if is_group_ref(i)]
+    jids = [i for i in ids if not is_group_ref(i)]
+    if not gids:
+        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick), None)
+    if not jids and not any_:
+        return MixedWait(None, wait_groups(repo, gids, timeout, on_tick=on_tick, tick=tick))
+    return _wait_mixed(repo, jids, gids, timeout, any_, on_tick, tick)
+
+
+def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | None, any_: bool,
+                on_tick, tick: float) -> MixedWait:
+    """One `wait` on the jobs and the groups' unended members at a time, first answer first; each
+    answer settles the groups it may decide. A stalled job answers; a stalled member does not (a
+    group waits for its members' ends, as `wait_groups` does)."""
+    groups = _groups()
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
+    gids = list(dict.fromkeys(groups.resolve(repo, g) for g in gids))
+    found = [groups.read(repo, gid)[0] for gid in gids]
+    for job_id in job_ids:
+        records.read(repo, job_id)  # a damaged record is named now, not waited on
+    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    answered: set[str] = set()
+    settled: set[str] = set()
+    timed_out = False
+    while True:
+        settled.update(g.id for g in found
+                       if g.id not in settled and groups.settle(repo, g.id).terminal)
+        if any_ and (answered or settled):
+            break
+        pending = [j for j in job_ids if j not in answered]
+        members = [m for g in found if g.id not in settled for m in g.members
+                   if repo.git.references.get(records.record_ref(m)) is not None
+                   and not records.read(repo, m).state.current.terminal]
+        if not pending and not members:
+            break
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        result = wait(repo, pending + members, timeout=left, any_=True, on_tick=on_tick, tick=tick,
+                      stalls=set(pending))
+        answered.update(j.id for j in result.jobs if j.id in pending
+                        and (j.state.current.terminal or j.id in result.stalled))
+        if result.timed_out:
+            timed_out = True
+            break
+    jobs = [records.read(repo, j) for j in job_ids]
+    stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
+    ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
+    jobs_part = WaitResult(jobs, nothing and len(answered) < len(job_ids), stalled)
+    groups_part = GroupWait(ended, nothing and not all(g.terminal for g in ended))
+    return MixedWait(jobs_part if job_ids else None, groups_part)
 
 
 def stop_group(repo: Repo, gid_or_prefix: str):
@@ -1313,11 +1412,12 @@ STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
     A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
-    too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
+    too, unless `stalls` is False (or a set of job ids that leaves it out: a group's members,
+    beside jobs): the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
     """
@@ -1334,7 +1434,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     for job in first_read:
         threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
     done: dict[str, Job] = {}
-    stalled = _StallLook(repo, first_read) if stalls else None
+    watched = [j for j in first_read if stalls is True or (stalls and j.id in stalls)]
+    stalled = _StallLook(repo, watched) if watched else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
     try:
@@ -1360,8 +1461,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     finally:
         cancel.set()  # watcher threads stop at their next look
     jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
-             and not j.state.current.terminal]
+    found = [j.id for j in jobs if stalled and j.id in stalled.sizes and j.id not in done
+             and j.state.current.stalled and not j.state.current.terminal]
     # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
     # only a deadline that passed is a timeout.
     answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)

@@ -76,6 +76,34 @@ def paid_engine_guard(tmp_path_factory, monkeypatch, request):
         pytest.fail(f"a paid engine was started during the test: {marker.read_text()}")
 
 
+def claude_code_folder(path: Path) -> str:
+    """The name Claude Code gives the folder of a working directory in its temp dir: the path
+    with every character but a letter or a digit made a `-`."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]", "-", str(path))
+
+
+@pytest.fixture(autouse=True)
+def claude_code_temp(tmp_path, monkeypatch):
+    """Claude Code (the CLI in claude-agent-sdk, which the real-CLI tests run) keeps a folder per
+    working directory in its temp dir (`$CLAUDE_CODE_TMPDIR`, else the system's:
+    /tmp/claude-<uid>/<cwd as a name>) and never removes it: each run of the suite left one per
+    test there. Its temp dir is this test's (a job's is its private TMPDIR); afterwards, nothing
+    named for this test may be in the system's one."""
+    import tempfile
+
+    private = tmp_path / "claude-code-tmp"
+    private.mkdir(mode=0o700)  # the CLI refuses a temp dir others may write
+    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(private))
+    yield
+    shared = Path(tempfile.gettempdir()) / f"claude-{os.getuid()}"
+    mine = claude_code_folder(tmp_path)
+    found = shared.glob(f"{mine}*") if shared.is_dir() else []
+    left = sorted(p.name for p in found if p.name == mine or p.name.startswith(f"{mine}-"))
+    assert not left, f"the test left folders in Claude Code's shared temp dir {shared}: {left}"
+
+
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Test Author",
     "GIT_AUTHOR_EMAIL": "author@example.com",

@@ -261,6 +261,7 @@ def offline_env(tmp_path: Path, url: str) -> dict[str, str]:
     config.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ANTHROPIC_", "CLAUDE_")) and k != "SUBTASK_CLAUDE_CLI"}
+    env["CLAUDE_CODE_TMPDIR"] = os.environ["CLAUDE_CODE_TMPDIR"]  # the test's (conftest.claude_code_temp)
     env.update(GIT_IDENTITY, HOME=str(home), CLAUDE_CONFIG_DIR=str(config),
                ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="sk-ant-test-fake",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1",

@@ -115,8 +115,8 @@ def test_merge_refuses_a_branch_that_moved_after_verify(cli, repo):
 def test_merge_refuses_a_dirty_main_worktree_and_never_stashes(cli, repo):
     job = done_job(cli)
     (repo / "README.md").write_text("my unsaved work\n")
-    proc = cli("merge", job)
-    assert proc.returncode == 1 and "uncommitted changes" in proc.stderr and "README.md" in proc.stderr
+    proc = cli("merge", job)  # git's word for a refusal that changes nothing: fatal, 128 (issue 38)
+    assert proc.returncode == 128 and "uncommitted changes" in proc.stderr and "README.md" in proc.stderr
     assert (repo / "README.md").read_text() == "my unsaved work\n"
     assert git(repo, "stash", "list") == ""
     assert f"refs/heads/subtask/{job}" in refs(repo)
@@ -512,13 +512,13 @@ def test_merge_refuses_a_detached_head_and_names_the_fix(cli, repo):
     job = done_job(cli)
     git(repo, "checkout", "-q", "--detach")
     before = git(repo, "rev-parse", "HEAD")
-    proc = cli("merge", job)
-    assert proc.returncode == 1 and "detached" in proc.stderr and "git switch" in proc.stderr, proc.stderr
+    proc = cli("merge", job)  # fatal, as git says it (issue 38)
+    assert proc.returncode == 128 and "detached" in proc.stderr and "git switch" in proc.stderr, proc.stderr
     assert git(repo, "rev-parse", "HEAD") == before and not (repo / "f.txt").exists()
     assert f"refs/heads/subtask/{job}" in refs(repo) and not _landed(repo, job)
     git(repo, "config", "subtask.landTarget", "main")
     proc = cli("merge", job)
-    assert proc.returncode == 1 and "git switch main" in proc.stderr, proc.stderr
+    assert proc.returncode == 128 and "git switch main" in proc.stderr, proc.stderr
     git(repo, "switch", "-q", "main")
     cli.ok("merge", job)
     assert _landed(repo, job)

@@ -487,6 +487,7 @@ def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     config.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env["CLAUDE_CODE_TMPDIR"] = os.environ["CLAUDE_CODE_TMPDIR"]  # the test's (conftest.claude_code_temp)
     env.update(HOME=str(home), CLAUDE_CONFIG_DIR=str(config), ANTHROPIC_BASE_URL=url,
                ANTHROPIC_API_KEY="sk-ant-test-fake", ENABLE_TOOL_SEARCH="false",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",

@@ -130,6 +130,9 @@ def start(as_json, **options):
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
+    The job runs in its own worktree, from a commit, at the top of the repository: a note on
+    stderr says when your uncommitted changes, the folder you are in or the base's submodules are
+    not in it.
     """
     from subtask import api
     from subtask.faces import replies
@@ -205,19 +208,16 @@ def wait(ids, any_, timeout, as_json):
     """Block until the jobs end, or one stalls; print one line per job.
 
     A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
-    wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
-    verify passed (or no verify); 1 otherwise.
+    wait returns on it, naming it (it goes on running). A group id (sg-...), alone or beside job
+    ids, waits until its members end and says its pick. Exit 0 when every job ended done with
+    verify passed (or no verify) and every group has a passing pick; 1 otherwise.
     """
     from subtask import api
     from subtask.faces import replies
 
     repo = _repo()
-    if any(_is_group(i) for i in ids):
-        if not all(_is_group(i) for i in ids):
-            raise click.UsageError("wait takes job ids or group ids, not both")
-        _emit(replies.waited_groups(repo, api.wait_groups(repo, list(ids), timeout=timeout), timeout), as_json)
-    else:
-        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
+    waited = api.wait_ids(repo, list(ids), timeout=timeout, any_=any_)
+    _emit(replies.waited_any(repo, waited, timeout), as_json)
 
 
 @cli.command("list", context_settings=CONTEXT)
@@ -845,6 +845,7 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     from subtask.faces import manpage
+    from subtask.model import faults
     from subtask.model.errors import INTERRUPTED, interrupt_once
     from subtask.proc import spawn
 
@@ -852,6 +853,7 @@ def main(argv: list[str] | None = None) -> None:
     spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
     warnings.showwarning = _show_warning
     manpage.ensure_installed(cli)
+    faults.point("cli_dispatch")
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

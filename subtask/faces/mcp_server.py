@@ -415,7 +415,10 @@ def claim_wire() -> Wire | None:
 
 
 def main() -> None:
-    """Serve on stdio until the client closes the pipe."""
+    """Serve on stdio until the client closes the pipe, or a Ctrl-C ends it (130, quietly)."""
+    from subtask.model import errors
+
+    errors.interrupt_once()
     try:
         wire = claim_wire()
         if wire is None:
@@ -434,6 +437,7 @@ def main() -> None:
             front.lines.put(None)  # frees a worker thread still waiting for a line, so the process can exit
     except KeyboardInterrupt:
         pass
+    errors.exit_if_interrupted()
 
 
 if __name__ == "__main__":

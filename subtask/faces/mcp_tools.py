@@ -354,11 +354,9 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     def run() -> replies.Reply:
         where = open_repo(repo)
-        if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
-            waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
-            return replies.waited_groups(where, waited, timeout)
-        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
-        return replies.waited(where, waited, timeout)
+        waited = api.wait_ids(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick,
+                              tick=PROGRESS_TICK)
+        return replies.waited_any(where, waited, timeout)
 
     try:
         return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)

@@ -62,16 +62,23 @@ def started(result) -> Reply:
         warnings = list(dict.fromkeys(w for r in result.members for w in r.warnings))
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
             job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
-            "warnings": warnings}, notes=[note, *warnings])
+            "warnings": warnings, **_left_out_json(result)},
+            notes=[note, *warnings, *render.left_out_lines(result.left_out)])
     data = job_json(result.job, result.position or None)
     data |= {"state": result.state, "on": result.on, "warnings": result.warnings}
-    return Reply(render.started_line(result.job, result.position), data, notes=list(result.warnings))
+    return Reply(render.started_line(result.job, result.position), data | _left_out_json(result),
+                 notes=[*result.warnings, *render.left_out_lines(result.left_out)])
+
+
+def _left_out_json(result) -> dict[str, Any]:
+    left_out = getattr(result, "left_out", None)
+    return {"left_out": left_out.to_dict()} if left_out is not None else {}
 
 
 def started_many(results: list, words=str) -> Reply:
     """`start_many`: one numbered line per item, its start or its error (`words`: as the face
     spells an error), in order."""
-    lines, items = [], []
+    lines, items, notes = [], [], []
     for n, result in enumerate(results, 1):
         if isinstance(result, Exception):
             hint = f" (hint: {words(result.hint)})" if getattr(result, "hint", None) else ""
@@ -81,7 +88,8 @@ def started_many(results: list, words=str) -> Reply:
             reply = started(result)
             lines.append(f"{n}. " + reply.text.replace("\n", "\n   "))
             items.append(reply.data)
-    return Reply("\n".join(lines), {"v": 1, "items": items})
+            notes += reply.notes
+    return Reply("\n".join(lines), {"v": 1, "items": items}, notes=[*dict.fromkeys(notes)])
 
 
 # ---------------------------------------------------------------- waiting and reading
@@ -112,6 +120,21 @@ def waited_groups(repo, result, timeout: float | None) -> Reply:
                  {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                   "groups": [g.to_dict() for g in result.groups]},
                  notes, exit_code=0 if result.all_picked else 1)
+
+
+def waited_any(repo, result, timeout: float | None) -> Reply:
+    """`wait` over jobs, groups or both (`api.MixedWait`): each part in its own words."""
+    if result.groups is None:
+        return waited(repo, result.jobs, timeout)
+    if result.jobs is None:
+        return waited_groups(repo, result.groups, timeout)
+    jobs, groups = waited(repo, result.jobs, timeout), waited_groups(repo, result.groups, timeout)
+    notes = [render.stalled_hint(job) for job in result.jobs.jobs if job.id in result.jobs.stalled]
+    if result.timed_out:
+        notes.append(f"timed out after {timeout:g}s; the jobs and attempts continue: wait again")
+    data = {**jobs.data, "groups": groups.data["groups"], "timed_out": result.timed_out,
+            "passed": result.passed}
+    return Reply(f"{jobs.text}\n\n{groups.text}", data, notes, exit_code=0 if result.passed else 1)
 
 
 def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfold: bool = False,
@@ -149,9 +172,10 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
         if gid in shown:
             continue
         shown.add(gid)
-        lines.append(groups.list_line(found_groups[gid]))
+        members = [e for e in entries if e.get("group") == gid]
+        lines.append(groups.list_line(found_groups[gid], members, now))
         if unfold:
-            lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
+            lines += ["  " + render.list_line(e, e.get("position"), now) for e in members]
     return lines
 
 

@@ -146,7 +146,7 @@ def one_line(job, position: int | None = None) -> str:
     elif attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
-            parts.append(attempt.error_kind)
+            parts.append(error_words(attempt))
         parts.append(money(job_cost(job)))
         if attempt.started_at and attempt.ended_at:
             parts.append(duration(attempt.ended_at - attempt.started_at))
@@ -155,6 +155,14 @@ def one_line(job, position: int | None = None) -> str:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
     return safe_line(" · ".join(parts))
+
+
+def error_words(attempt) -> str:
+    """The kind of a failed attempt, in words: which checks failed (`check no-suppression failed`),
+    not the bare kind `check`."""
+    verify = attempt.verify if attempt.error_kind == "check" else None
+    failed = verify.checks_failed if verify is not None else None
+    return f"check {', '.join(failed)} failed" if failed else attempt.error_kind
 
 
 def after_text(job) -> str:
@@ -189,6 +197,38 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
+def left_out_lines(left_out) -> list[str]:
+    """`start`'s notes: one line for each thing of the caller's checkout the job will not see
+    (`git/leftout.LeftOut`: its uncommitted changes, the subfolder it stood in, the base's
+    submodules)."""
+    if left_out is None:
+        return []
+    lines = []
+    if changed := left_out.uncommitted:
+        n = len(changed)
+        lines.append(f"note: {_count(n, 'uncommitted change')} here {'is' if n == 1 else 'are'} "
+                     f"not in the job ({_some(changed)}): it starts from {short(left_out.base)}")
+    if left_out.subfolder:
+        lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the "
+                     "repository (paths in the task are read from there)")
+    if subs := left_out.submodules:
+        empty = "an empty folder" if len(subs) == 1 else "empty folders"
+        lines.append(f"note: the base has {_count(len(subs), 'submodule')} the job's worktree does "
+                     f"not check out ({_some(subs)}): the job sees {empty} there")
+    return [safe_line(line) for line in lines]
+
+
+def _count(n: int, word: str) -> str:
+    """`1 commit`, `2 commits`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """`a, b, c, and 2 more`."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f", and {more} more" if more > 0 else "")
+
+
 def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active, and
     `marks_text` (a stale base, jobs that change the same files)."""
@@ -204,9 +244,13 @@ def marks_text(marks: dict | None) -> str:
     if not marks:
         return ""
     parts = [f"base: {marks['behind']} behind {marks.get('target')}"] if marks.get("behind") else []
-    for other, files in (marks.get("overlaps") or {}).items():
+    overlaps = marks.get("overlaps") or {}
+    if overlaps:  # once per row: the first job, how many more, the files they share
+        others = list(overlaps)
+        files = sorted({f for named in overlaps.values() for f in named})
         shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
-        parts.append(f"same file{'' if len(files) == 1 else 's'} as {other}: {shown}")
+        more = f" and {_count(len(others) - 1, 'other')}" if len(others) > 1 else ""
+        parts.append(f"same file{'' if len(files) == 1 else 's'} as {others[0]}{more}: {shown}")
     return " · ".join(parts)
 
 
@@ -223,8 +267,15 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
     marks = marks_text(entry.get("marks"))
-    return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
-                     f"{entry.get('engine', '?'):<6}  {task}" + (f"  ({marks})" if marks else ""))
+    return list_row(entry.get("id", "?"), state, verify, age, cost, entry.get("engine", "?"),
+                    task + (f"  ({marks})" if marks else ""))
+
+
+def list_row(ident: str, state: str, verify: str, age: str, cost: str, engine: str,
+             text: str) -> str:
+    """A row of `list` in its columns (`LIST_HEADER`): a job's, or a group's."""
+    return safe_line(f"{ident:<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {engine:<6}  "
+                     f"{text}")
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"

@@ -164,6 +164,8 @@ def sync_ledger(repo: Repo) -> int:
         return 0
     owned = ownership.owned_keys(repo)
     own = [c for c in record_charges(repo) if c.job in owned]
+    if not own and not repo.state_dir.is_dir():
+        return 0  # nothing to restore, and no state folder to make for it
     added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])  # amounts as Decimals
     _close_ended_meanwhile(repo, [c for c in own if c.charged is None])
     return added

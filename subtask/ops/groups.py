@@ -316,7 +316,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     tmpdir = Path(tempfile.mkdtemp(prefix=f"judge-{job.id}-", dir=worktree.parent / ".tmp"))
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
-    env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+    env.update(isolation.temp_env(tmpdir))
     try:
         result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
                            tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
@@ -726,12 +726,21 @@ def result_text(repo: Repo, group: Group) -> str:
     return render.safe("\n".join(lines))
 
 
-def list_line(group: Group) -> str:
-    """One line for `list`: the group and what it picked (its members are folded under it)."""
+def list_line(group: Group, members: list[dict], now: float) -> str:
+    """One row of `list` for the group, in the jobs' columns (its members, `members` as listed, are
+    folded under it): its state, the pick's verify (a map: its own), its age, what its listed
+    members cost, their engine, then what it is and its task."""
+    verify = ("passed" if group.pick or group.state == "done" else
+              "failed" if group.terminal and group.state != "stopped" else "-")
+    costs = [e["cost"] for e in members if isinstance(e.get("cost"), (int, float))]
+    engines = sorted(set(group.engines))
     if group.is_map:
-        return render.safe_line(f"{group.id:<11}  {group.state:<10}  map · {len(group.members)} jobs · "
-                                f"{group.concurrency or 'any'} at once · {render.task_title(group.task, 40)}")
-    what = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "-"
-    merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
-    return render.safe_line(f"{group.id:<11}  {group.state:<10}  {what} · {len(group.members)} members · "
-                            f"rule {group.rule_text}{merged} · {render.task_title(group.task, 40)}")
+        what = f"map · {len(group.members)} jobs · {group.concurrency or 'any'} at once"
+    else:
+        chosen = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "picking"
+        merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
+        what = f"best of {len(group.members)} · {chosen} · rule {group.rule_text}{merged}"
+    return render.list_row(group.id, group.state, verify, render.duration(now - group.created_at),
+                           render.money(math.fsum(costs)) if costs else "-",
+                           engines[0] if len(engines) == 1 else "mixed",
+                           f"{what} · {render.task_title(group.task, 40)}")

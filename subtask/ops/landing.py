@@ -55,7 +55,7 @@ from subtask.git import notes, ownership, records, where_landed, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
-from subtask.model.errors import SubtaskError
+from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
@@ -685,6 +685,8 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     failure must never break the command that hosts the sweep. Returns True when a job landed.
     """
     try:
+        if not repo.state_dir.is_dir():
+            return False  # no job ever started here: nothing to sweep (a read makes nothing)
         interval = repo.config.number("sweepInterval")
         stamp = repo.state_dir / SWEEP_STAMP
         try:
@@ -955,8 +957,8 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
         # as landed: after `git switch main` the work would hang on the pin alone.
         configured = repo.config.get("landTarget")
         fix = f"git switch {configured}" if configured else "git switch <branch>  (e.g. git switch main)"
-        raise SubtaskError("negative", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
-                           "into a commit no branch keeps",
+        raise SubtaskError("fatal", f"HEAD is detached at {str(repo.git.head.target)[:7]}: "
+                           f"not merging {job.id} into a commit no branch keeps",
                            hint=f"{fix}, then: git subtask merge {job.id}")
     name = repo.git.head.shorthand
     if name == job.spec.branch:
@@ -972,7 +974,8 @@ def check_clean(workdir: Path) -> None:
         files = [line[3:] for line in status.splitlines()][:10]
         raise SubtaskError("dirty", f"the worktree {workdir} has uncommitted changes ({', '.join(files)}): "
                            "not merging into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then merge again")
+                           hint="commit or stash them yourself, then merge again",
+                           exit_code=EXIT_FATAL)
 
 
 SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's commit message

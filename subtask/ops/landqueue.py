@@ -43,7 +43,7 @@ from subtask.git import checks, notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
-from subtask.model.errors import SubtaskError
+from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import groups, integrate, landing, reconcile, reverify
@@ -163,7 +163,8 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
     if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
         raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
                            f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then land again")
+                           hint="commit or stash them yourself, then land again",
+                           exit_code=EXIT_FATAL)
     phases.begin()
     with _queue_lock(repo):
         sweep_scratch(repo)
@@ -583,7 +584,8 @@ def find_target(repo: Repo) -> Target:
         proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
         name = proc.stdout.strip()
         if proc.returncode != 0 or not name:
-            raise SubtaskError("negative", "HEAD is detached: land moves a branch, and none is checked out here",
+            raise SubtaskError("fatal", "HEAD is detached: land moves a branch, and none is "
+                               "checked out here",
                                hint="git switch main   (or: git config subtask.landTarget main)")
         if repo.objects.ref(f"refs/heads/{name}") is None:
             raise SubtaskError("fatal", f"the current branch {name} has no commits yet")

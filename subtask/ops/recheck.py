@@ -126,7 +126,9 @@ def _evidence(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _totals(t: dict) -> str:
-    return f"{t.get('files')} files, +{t.get('added')} -{t.get('deleted')}, {t.get('commits')} commits"
+    files, commits = t.get("files"), t.get("commits")
+    return (f"{files} file{'' if files == 1 else 's'}, +{t.get('added')} -{t.get('deleted')}, "
+            f"{commits} commit{'' if commits == 1 else 's'}")
 
 
 def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:

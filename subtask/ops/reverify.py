@@ -160,7 +160,7 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tr
     sandbox = None
     try:
         tmpdir.mkdir(mode=0o700)
-        env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+        env = dict(os.environ, **isolation.temp_env(tmpdir))
         sandbox = isolation.outside_sandbox(repo, path, admin, tmpdir, network)
         if sandbox is not None:
             env[isolation.ACTIVE_ENV] = "worktree"

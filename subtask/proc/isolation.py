@@ -388,6 +388,14 @@ def engine_paths(engine, env: dict) -> list[str]:
     return [str(p) for p in (declared(env) if callable(declared) else [])]
 
 
+def temp_env(tmpdir) -> dict[str, str]:
+    """What points a child's temporary files at its private temp dir: TMPDIR and its aliases, and
+    CLAUDE_CODE_TMPDIR, which Claude Code reads before TMPDIR (a person's own would send a confined
+    job's Claude Code out of its sandbox, and leave its per-folder temp dirs where nobody removes
+    them)."""
+    return dict.fromkeys(("TMPDIR", "TMP", "TEMP", "CLAUDE_CODE_TMPDIR"), str(tmpdir))
+
+
 def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, has_branch: bool, tmpdir: str,
                  extra: list[str], engine_extra: list[str]) -> Policy:
     """The grants for one run; raises IsolationError when the repository parts cannot be found.

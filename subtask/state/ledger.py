@@ -480,8 +480,11 @@ def summary(
         raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
     cap = money.usd(cap_usd)
     month = check_month(month) if month is not None else _month_of(_utc(now))
-    with _held(state_dir):
-        state = _read_state(ledger_path(state_dir))
+    if state_dir.is_dir():
+        with _held(state_dir):
+            state = _read_state(ledger_path(state_dir))
+    else:
+        state = _State()  # no state folder, no ledger: nothing spent, and a look makes no folder
     committed, open_usd = state.committed(month), state.open_usd(month)
     return Spend(
         month=month,

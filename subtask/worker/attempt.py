@@ -576,7 +576,7 @@ class Confinement:
         self.engine_sandbox = (isolation.own_sandbox(engine, job.spec.readonly)
                                if job.spec.isolation == "none" else None)
         self.env = engine_env(job, repo.state_dir)
-        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
+        self.env.update(isolation.temp_env(self.tmpdir))
         if job.spec.isolation != "none":
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask.proc import procs
