@@ -315,6 +315,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     retries, job_checks = _verify_loop(repo, request, on)
+    harness = _harness(repo, request)
     delegated = _check_depth(repo)
     parent = delegated.parent
     choice = _isolation(repo, engine, request)
@@ -340,6 +341,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
                    network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
+                   harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
@@ -428,6 +430,22 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
     return retries, checks.resolve(given, repo.config.get("checks"), has_verify=bool(request.verify))
+
+
+def _harness(repo: Repo, request: StartRequest) -> list[str] | None:
+    """What judges the job's verify (docs/verify.md "The judge"): `subtask.verify.harness`, then
+    each `--harness`; [] for a job judged by its own tests; None for a job with no verify."""
+    given = [request.harness] if isinstance(request.harness, str) else request.harness
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"harness must be a list of globs, not {given!r}")
+    if not request.verify:
+        if given:
+            raise SubtaskError("usage", "--harness goes with --verify: it says what judges the verify",
+                               hint="git subtask start --verify 'pytest -q' --harness job '...'")
+        return None
+    from subtask.git import harness
+
+    return harness.resolve(given, repo.config.get("verify.harness"))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
