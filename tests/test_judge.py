@@ -9,14 +9,12 @@ text checks are off for them (`--check none`): the guarantee is the judge's, not
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, kill_worker_and_engine, make_repo, running_pids, wait_until
+from conftest import git, kill_worker_and_engine, make_repo, wait_until
 
 # Plugins of this suite's venv (ray, pytest-git) would cost each run a second or more.
 VERIFY = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:randomly"
@@ -139,3 +137,193 @@ def cli_of():
     from conftest import Cli
 
     return Cli
+
+
+def test_an_honest_job_that_adds_tests_passes_and_its_own_tests_are_reported_apart(calc, cli_of):
+    cli = cli_of(calc)
+    job = cli.start(HONEST["fix it and add a passing test file"], "--verify", VERIFY)
+    ended(cli, job)
+    result = cli("result", job).stdout
+    assert result.startswith(f"{job} done · verify passed")
+    assert "judge: tests from the base " in result
+    assert "not used, the job's: tests/test_more.py (added) · its own tests: passed" in result
+    verify = cli.json("show", job)["state_detail"]["attempts"][-1]["verify"]
+    base = git(calc, "rev-parse", f"refs/subtask/{job}/base")
+    assert verify["harness"]["source"] == "base" and verify["harness"]["commit"] == base
+    assert verify["harness"]["own"]["passed"] is True and verify["harness"]["own"]["tests"] == {"passed": 3, "failed": 0}
+    # the tree it ran on: the job's code and the base's tests (its new test file left out)
+    ran_on = verify["harness"]["tree"]
+    assert git(calc, "ls-tree", "--name-only", "-r", ran_on) == git(calc, "ls-tree", "--name-only", "-r", base)
+    assert git(calc, "rev-parse", f"{ran_on}:calc.py") == git(calc, "rev-parse", f"subtask/{job}:calc.py")
+
+
+def test_a_job_started_with_harness_job_is_judged_by_its_own_tests_and_says_so(tmp_path, cli_of):
+    wrong = "from calc import add\n\n\ndef test_add():\n    assert add(2, 2) == 5\n"  # the test is wrong
+    repo = make_repo(tmp_path / "wrong", {"calc.py": "def add(a, b):\n    return a + b\n", "tests/test_calc.py": wrong})
+    cli = cli_of(repo)
+    correct_the_test = "sed -i 's/== 5/== 4/' tests/test_calc.py"
+    ruled = cli.start(correct_the_test, "--verify", VERIFY)  # the base's wrong test judges it
+    own = cli.start(correct_the_test, "--verify", VERIFY, "--harness", "job")
+    ended(cli, ruled)
+    ended(cli, own)
+    assert one_line(cli, ruled).startswith(f"{ruled} done · verify failed")
+    assert "not used, the job's: tests/test_calc.py · its own tests: passed" in cli("result", ruled).stdout
+    assert one_line(cli, own).startswith(f"{own} done · verify passed")
+    assert cli.json("show", own)["spec"]["harness"] == []
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{own}")
+    for text in (cli("result", own).stdout, cli.ok("show", own), note, mcp_result(repo, own)):
+        assert "judged by its own tests (--harness job)" in text
+
+
+def mcp_result(repo: Path, job: str) -> str:
+    """What the MCP `result` tool answers (the real SDK client, in process)."""
+    import anyio
+    from mcp import Client
+
+    from subtask.faces.mcp_server import server
+
+    async def main() -> str:
+        async with Client(server, mode="legacy") as client:
+            answer = await client.call_tool("result", {"id": job})
+            return answer.content[0].text
+
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        return anyio.run(main)
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", ["pass for the assertion", "a new tests/conftest.py drops the test"])
+def test_land_verifies_with_the_targets_tests_and_lands_no_gamed_job(calc, cli_of, trick):
+    cli = cli_of(calc)
+    job = cli.start(TRICKS[trick], "--verify", VERIFY, "--check", "none")
+    ended(cli, job)
+    before = git(calc, "rev-parse", "main")
+    landed = cli("land", "--force", job)  # past the gate: the integrated commit is verified all the same
+    assert landed.returncode == 1, landed.stdout
+    assert f"{job}: failed: its verify failed on the integrated commit" in landed.stdout
+    assert f"judge:  tests from main at {before[:7]}" in landed.stdout
+    assert git(calc, "rev-parse", "main") == before
+    assert not list((calc / ".subtask" / "worktrees" / ".land").glob("*.harness"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", ["conftest exits 0", "a new test module patches the code at import"])
+def test_verify_run_judges_a_job_by_the_tests_of_the_branch_it_lands_on(calc, cli_of, trick):
+    cli = cli_of(calc)
+    job = cli.start(TRICKS[trick], "--verify", VERIFY, "--check", "none")
+    ended(cli, job)
+    checked = cli("verify", job, "--run")
+    run = next(line for line in checked.stdout.splitlines() if "verify --run:" in line)
+    assert "failed (exit 1) here" in run and f"tests from main at {git(calc, 'rev-parse', 'main')[:7]}" in run, run
+
+
+@pytest.mark.slow
+def test_a_teammates_record_that_opts_out_is_rerun_with_our_tests(tmp_path):
+    """`--harness job` in a record this clone cannot trust is the teammate's word: a re-run here
+    judges the job by the tests of the branch it lands on."""
+    from conftest import make_team
+
+    remote, ((theirs, their_cli), (ours, our_cli)) = make_team(tmp_path)
+    for path in (theirs,):
+        (path / "calc.py").write_text(CALC)
+        (path / "conftest.py").write_text(CONFTEST)
+        (path / "tests").mkdir()
+        (path / "tests" / "test_calc.py").write_text(TESTS)
+        git(path, "add", "-A")
+        git(path, "commit", "-qm", "calc")
+        git(path, "push", "-q", "origin", "HEAD:main")
+    git(ours, "pull", "-q", "origin", "main")
+    job = their_cli.start(TRICKS["conftest drops the test"], "--verify", VERIFY, "--check", "none",
+                          "--harness", "job")
+    their_cli("wait", job)
+    assert one_line(their_cli, job).startswith(f"{job} done · verify passed")  # by its own tests
+    their_cli.ok("push")
+    git(theirs, "push", "-q", "origin", f"subtask/{job}")
+    our_cli.ok("pull")
+    git(ours, "fetch", "-q", "origin", f"subtask/{job}")
+    checked = our_cli("verify", job, "--run")
+    run = next(line for line in checked.stdout.splitlines() if "verify --run:" in line)
+    assert run.startswith("MISMATCH") and "failed (exit 1) here" in run and "tests from main at" in run, run
+
+
+@pytest.mark.slow
+def test_a_job_that_replaces_the_tests_folder_by_a_link_never_gets_the_trusted_tests_written_through_it(
+        calc, cli_of, control_dir):
+    cli = cli_of(calc)
+    job = cli.start(f"git rm -rq tests && ln -s {control_dir} tests && git add tests", "--verify", VERIFY,
+                    "--check", "none")
+    ended(cli, job)
+    assert " · verify failed" in one_line(cli, job)  # the base's tests ran, in a real folder
+    assert list(control_dir.iterdir()) == []  # nothing was written through the link
+    assert os.readlink(worktree(calc, job) / "tests") == str(control_dir)
+
+
+@pytest.fixture
+def control_dir(calc, tmp_path) -> Path:
+    path = tmp_path / "outside"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.slow
+def test_files_the_setup_made_are_not_the_jobs_and_stay_for_the_verdict(calc, cli_of):
+    """An ignored test fixture `subtask.setup` writes is no file the job added."""
+    git(calc, "config", "subtask.setup", "echo 2 > tests/two.txt")
+    (calc / ".gitignore").write_text("__pycache__/\n.pytest_cache/\ntests/two.txt\n")
+    (calc / "conftest.py").write_text("import pathlib\n\nimport pytest\n\n\n@pytest.fixture\ndef two():\n"
+                                      "    return int(pathlib.Path('tests/two.txt').read_text())\n")
+    git(calc, "commit", "-qam", "two from a file the setup writes")
+    cli = cli_of(calc)
+    job = cli.start(FIX, "--verify", VERIFY)
+    ended(cli, job)
+    assert one_line(cli, job).startswith(f"{job} done · verify passed"), cli("result", job).stdout
+    assert "the job changed none of them" in cli("result", job).stdout
+
+
+@pytest.mark.slow
+def test_a_retry_is_told_what_the_trusted_tests_said(calc, cli_of):
+    cli = cli_of(calc)
+    told = "cp \"$SUBTASK_VERIFY_OUTPUT\" told.txt; " + FIX
+    job = cli.start(f"if [ -n \"$SUBTASK_RETRY\" ]; then {told}; else {TRICKS['pass for the assertion']}; fi",
+                    "--verify", VERIFY, "--check", "none", "--retries", "1")
+    ended(cli, job)
+    assert one_line(cli, job).startswith(f"{job} done · verify passed")
+    report = git(calc, "show", f"subtask/{job}:told.txt")
+    assert "judge: tests from the base" in report and "not used, the job's: tests/test_calc.py" in report
+    assert "FAILED tests/test_calc.py::test_add - assert -1 == 5" in report
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_its_verify_leaves_the_job_its_own_files(calc, cli_of, tmp_path):
+    gate = tmp_path / "gate"
+    git(calc, "config", "--add", "subtask.isolation.writable", str(tmp_path))
+    cli = cli_of(calc)
+    # verify waits while the trusted tests are laid over the job's: the worker is killed then
+    hold = f"touch {tmp_path}/verifying; while [ ! -e {gate} ]; do sleep 0.05; done; {VERIFY}"
+    job = cli.start("echo gamed > tests/conftest.py; " + TRICKS["pass for the assertion"], "--verify", hold,
+                    "--check", "none")
+    assert wait_until(lambda: (tmp_path / "verifying").exists(), timeout=120)
+    tree = worktree(calc, job)
+    assert (tree / "tests/test_calc.py").read_text() == TESTS and not (tree / "tests/conftest.py").exists()
+    kill_worker_and_engine(calc, job)
+    gate.touch()
+    # the next attempt (or whoever settles the dead worker) puts the job's files back first
+    cli("wait", job)
+    reply = "cat tests/conftest.py > seen.txt; grep -c pass tests/test_calc.py >> seen.txt"
+    cli.ok("reply", job, reply)
+    cli("wait", job)
+    assert git(calc, "show", f"subtask/{job}:seen.txt").split() == ["gamed", "1"]
+    assert not (calc / ".subtask" / "worktrees" / ".harness" / job / "overlay").exists()
+
+
+def test_harness_needs_a_verify_and_a_relative_glob(repo, cli_of):
+    cli = cli_of(repo)
+    refused = cli("start", "--harness", "job", "true")
+    assert refused.returncode == 129 and "--harness goes with --verify" in refused.stderr
+    refused = cli("start", "--verify", "true", "--harness", "../outside/**", "true")
+    assert refused.returncode == 129 and "relative to the repository's top" in refused.stderr
+    assert git(repo, "for-each-ref", "refs/subtask/") == ""
