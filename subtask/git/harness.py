@@ -177,29 +177,68 @@ def rule_for(asked: list[str] | None, trusted_paths: Iterable[str], command: str
                 frozenset(exact))
 
 
+INTERPRETERS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "python", "python3", "node", "ruby", "perl", "bun",
+                          "deno", "tsx", "php", "Rscript"})
+WRAPPERS = frozenset({"env", "exec", "time", "nice", "nohup", "command", "xvfb-run"})
+
+
 def command_files(command: str | None, paths) -> tuple[list[str], dict[str, tuple[str, ...]]]:
-    """The files of the trusted tree a verify command runs: each word naming one of them
-    (`sh scripts/check.sh`, `./run-tests`), the Makefile for `make`, the justfile for `just`,
-    package.json's scripts for npm, yarn and pnpm."""
+    """The files of the trusted tree a verify command runs: each program it names (`./run-tests`,
+    `scripts/check.sh`) and the script an interpreter is given (`sh ci/test.sh`, `python
+    tools/check.py`); the Makefile for `make`, the justfile for `just`, package.json's scripts
+    for npm, yarn and pnpm. A file the command only reads (`grep -q hi greeting.txt`) is not."""
     if not command:
         return [], {}
     try:
-        words = shlex.split(command, comments=True)
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        words = list(lexer)
     except ValueError:
         words = command.split()
     files: list[str] = []
     sections: dict[str, tuple[str, ...]] = {}
-    for word in words:
-        name = word[2:] if word.startswith("./") else word
-        if name in paths:
-            files.append(name)
-        elif word == "make":
+    for simple in _simple_commands(words):
+        program, args = simple[0], simple[1:]
+        name = program.rsplit("/", 1)[-1]
+        if _in(program, paths):
+            files.append(_in(program, paths))
+        elif name == "make":
             files += [n for n in ("Makefile", "makefile", "GNUmakefile") if n in paths]
-        elif word == "just":
+        elif name == "just":
             files += [n for n in ("justfile", "Justfile", ".justfile") if n in paths]
-        elif word in ("npm", "yarn", "pnpm"):
+        elif name in ("npm", "yarn", "pnpm"):
             sections["package.json"] = ("scripts",)
+        elif name in INTERPRETERS or re.fullmatch(r"python3(?:\.\d+)?", name):
+            script = next((a for a in args if not a.startswith("-")), None)
+            if script is not None and "-m" not in args[:args.index(script)] and "-c" not in args[:args.index(script)]:
+                if _in(script, paths):
+                    files.append(_in(script, paths))
     return files, sections
+
+
+def _in(word: str, paths) -> str | None:
+    name = word[2:] if word.startswith("./") else word
+    return name if name in paths else None
+
+
+def _simple_commands(words: list[str]) -> list[list[str]]:
+    """The simple commands of a command line, each from its program on (assignments and
+    wrappers such as `env` and `timeout 60` left out)."""
+    out, current = [], []
+    for word in [*words, ";"]:
+        if word and all(c in "();&|" for c in word):
+            while current and ("=" in current[0] and not current[0].startswith("=") or current[0] in WRAPPERS
+                               or current[0] == "timeout"):
+                dropped = current.pop(0)
+                if dropped == "timeout" and current and not current[0].startswith("-"):
+                    current.pop(0)  # its duration
+            if current:
+                out.append(current)
+            current = []
+        else:
+            current.append(word)
+    return out
 
 
 # ---------------------------------------------------------------- the trusted tree
@@ -244,6 +283,7 @@ class Comparison:
     blockers: list[str] = field(default_factory=list)  # a file or link where a harness folder was
     shadows: list[tuple[str, str, str]] = field(default_factory=list)  # (path, module name, kind)
     hashed: int = 0  # harness files read to compare them
+    trusted_files: int = 0  # harness files of the trusted tree: 0 when it holds no tests to judge with
 
     @property
     def touched(self) -> bool:
@@ -280,8 +320,10 @@ def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command
     odb = repo.git.odb
     for path, (oid, mode) in files.items():
         if rule.matches(path):
+            found.trusted_files += 1
             _compare_file(odb, disk, path, oid, mode, found)
         elif (section := rule.section_of(path)) is not None:
+            found.trusted_files += 1
             _compare_section(repo, disk, path, oid, mode, section, found)
     kept = kept or {}
     harness_dirs = {path.rpartition("/")[0] for path in files if rule.matches(path)}

@@ -285,7 +285,11 @@ def judge_line(verify) -> str | None:
     text = f"tests from {where}"
     unused = [str(u) for u in facts.get("unused") or [] if isinstance(u, str)]
     more = facts.get("unused_more") if isinstance(facts.get("unused_more"), int) else 0
-    if unused:
+    if isinstance(facts.get("error"), str):
+        text += f" · not run: {facts['error']}"
+    elif facts.get("files") == 0 and not unused:
+        text = f"{where} holds no tests or test configuration: the command alone judged it"
+    elif unused:
         rest = len(unused) - 3 + more
         text += " · not used, the job's: " + ", ".join(unused[:3]) + (f" (+{rest} more)" if rest > 0 else "")
     else:

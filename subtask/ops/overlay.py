@@ -76,17 +76,19 @@ class Judge:
         return self.comparison is not None and self.comparison.touched
 
     def check(self) -> dict | None:
-        """The `no-shadowing` check's result (None for a job judged by its own tests)."""
-        if self.own:
+        """The `no-shadowing` check's failure, when a file the job added shadows a module (None
+        otherwise, and for a job judged by its own tests: its checks stay the ones it asked for)."""
+        if self.own or not self.shadows:
             return None
-        return {"check": SHADOWING, "passed": not self.shadows, "found": self.shadows[:20]}
+        return {"check": SHADOWING, "passed": False, "found": self.shadows[:20]}
 
     def facts(self, own_run: dict | None = None) -> dict:
         """What the record keeps (`VerifyResult.harness`)."""
         if self.own:
             return {"source": "job"}
         unused = self.comparison.unused() if self.comparison is not None else []
-        out = {"source": self.source, "commit": self.commit, "tree": self.tree, "unused": unused[:MAX_UNUSED]}
+        out = {"source": self.source, "commit": self.commit, "tree": self.tree, "unused": unused[:MAX_UNUSED],
+               "files": self.comparison.trusted_files if self.comparison is not None else None}
         if self.ref:
             out["ref"] = self.ref
         if self.error:
