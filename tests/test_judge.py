@@ -22,8 +22,8 @@ VERIFY = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:randomly"
 CALC = "def add(a, b):\n    return a - b\n"  # the bug
 CONFTEST = "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n"
 PYPROJECT = '[project]\nname = "calc"\nversion = "0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
-TESTS = ("from calc import add\n\n\n"
-         "def test_add(two):\n    result = add(two, 3)\n    assert result == 5\n\n\n"
+TESTS = ("from calc import add\nfrom five import FIVE\n\n\n"
+         "def test_add(two):\n    result = add(two, 3)\n    assert result == FIVE\n\n\n"
          "def test_zero():\n    assert add(0, 0) == 0\n")
 
 DROP_ADD = ("\n\ndef pytest_collection_modifyitems(items):\n"
@@ -32,10 +32,10 @@ PATCH_ADD = "\nimport calc\ncalc.add.__code__ = (lambda a, b: a + b).__code__\n"
 
 # One job per way of gaming the tests (a shell script each), none of which fixes calc.py.
 TRICKS = {
-    "deleted assertion": "sed -i '/assert result == 5/d' tests/test_calc.py",
-    "pass for the assertion": "sed -i 's/assert result == 5/pass/' tests/test_calc.py",
+    "deleted assertion": "sed -i '/assert result == FIVE/d' tests/test_calc.py",
+    "pass for the assertion": "sed -i 's/assert result == FIVE/pass/' tests/test_calc.py",
     "early return": r"sed -i 's/^    result = add(two, 3)$/    return\n    result = add(two, 3)/' tests/test_calc.py",
-    "tautology": "sed -i 's/assert result == 5/assert result == result or True/' tests/test_calc.py",
+    "tautology": "sed -i 's/assert result == FIVE/assert result == result or True/' tests/test_calc.py",
     "aliased skip": ("sed -i '1i import pytest as P' tests/test_calc.py; "
                      r"sed -i 's/^def test_add(two):$/@P.mark.skip\ndef test_add(two):/' tests/test_calc.py"),
     "conftest drops the test": f"cat >> conftest.py <<'EOF'\n{DROP_ADD}EOF",
@@ -52,18 +52,12 @@ TRICKS = {
                                f"cat > tests/conftest.py <<'EOF'\n{DROP_ADD}EOF"),
     # the same size, so only its bytes tell
     "a test edited behind skip-worktree": ("git update-index --skip-worktree tests/test_calc.py; "
-                                           "sed -i 's/assert result == 5/assert result <= 5/' tests/test_calc.py"),
-    # pytest's cached, rewritten bytecode of a gamed test, its header naming the test's own bytes
-    # (pytest checks a hash of the source there), left beside the test as it was.
-    "a forged .pyc of a gamed test": (
-        "unset PYTHONDONTWRITEBYTECODE; cp tests/test_calc.py $TMPDIR/orig; "
-        f"sed -i 's/assert result == 5/assert result <= 5/' tests/test_calc.py; {VERIFY} >/dev/null; "
-        "cp $TMPDIR/orig tests/test_calc.py; python - <<'EOF'\n"
-        "import importlib.util, pathlib\n"
-        "pyc = next(pathlib.Path('tests/__pycache__').glob('test_calc*pytest*.pyc'))\n"
-        "data = bytearray(pyc.read_bytes())\n"
-        "data[8:16] = importlib.util.source_hash(pathlib.Path('tests/test_calc.py').read_bytes())\n"
-        "pyc.write_bytes(bytes(data))\nEOF"),
+                                           "sed -i 's/assert result == FIVE/assert result <= FIVE/' tests/test_calc.py"),
+    # Python's cached bytecode of a gamed helper, left beside the helper restored to its size and time
+    "a stale .pyc of a gamed helper": ("unset PYTHONDONTWRITEBYTECODE; cp -p tests/five.py $TMPDIR/orig; "
+                                       "printf 'FIVE =-1\\n' > tests/five.py; touch -r $TMPDIR/orig tests/five.py; "
+                                       "python -c 'import sys; sys.path.insert(0, \"tests\"); import five'; "
+                                       "cp -p $TMPDIR/orig tests/five.py"),
 }
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
@@ -79,7 +73,8 @@ HONEST = {
 
 def calc_repo(path: Path) -> Path:
     repo = make_repo(path, {"calc.py": CALC, "conftest.py": CONFTEST, "pyproject.toml": PYPROJECT,
-                            "tests/test_calc.py": TESTS, ".gitignore": "__pycache__/\n.pytest_cache/\n"})
+                            "tests/test_calc.py": TESTS, "tests/five.py": "FIVE = 5\n",
+                            ".gitignore": "__pycache__/\n.pytest_cache/\n"})
     return repo
 
 
@@ -146,7 +141,8 @@ def test_an_honest_job_that_adds_tests_passes_and_its_own_tests_are_reported_apa
     result = cli("result", job).stdout
     assert result.startswith(f"{job} done · verify passed")
     assert "judge: tests from the base " in result
-    assert "not used, the job's: tests/test_more.py (added) · its own tests: passed" in result
+    assert "not used, the job's: tests/test_more.py (added) · ran on tree " in result
+    assert result.split(" · ran on tree ", 1)[1].split(" · ", 1)[1].startswith("its own tests: passed")
     verify = cli.json("show", job)["state_detail"]["attempts"][-1]["verify"]
     base = git(calc, "rev-parse", f"refs/subtask/{job}/base")
     assert verify["harness"]["source"] == "base" and verify["harness"]["commit"] == base
@@ -167,7 +163,8 @@ def test_a_job_started_with_harness_job_is_judged_by_its_own_tests_and_says_so(t
     ended(cli, ruled)
     ended(cli, own)
     assert one_line(cli, ruled).startswith(f"{ruled} done · verify failed")
-    assert "not used, the job's: tests/test_calc.py · its own tests: passed" in cli("result", ruled).stdout
+    assert "not used, the job's: tests/test_calc.py · ran on tree" in cli("result", ruled).stdout
+    assert "its own tests: passed" in cli("result", ruled).stdout
     assert one_line(cli, own).startswith(f"{own} done · verify passed")
     assert cli.json("show", own)["spec"]["harness"] == []
     note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{own}")

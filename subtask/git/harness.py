@@ -243,19 +243,25 @@ def _simple_commands(words: list[str]) -> list[list[str]]:
 
 # ---------------------------------------------------------------- the trusted tree
 
-def flatten(repo, commit: str) -> dict[str, tuple[str, int]]:
-    """Every blob of `commit`'s tree: {path: (oid, mode)} (submodules left out)."""
+def flatten(repo, commit: str) -> dict:
+    """Every blob of `commit`'s tree: {path: (oid, its entry: `mode_of`)} (submodules left out)."""
     git = repo.git
-    found: dict[str, tuple[str, int]] = {}
+    found: dict = {}
     stack = [(git[commit].tree, "")]
     while stack:
         tree, prefix = stack.pop()
         for entry in tree:
-            if entry.filemode == 0o040000:
+            kind = entry.type_str  # a str: `filemode` builds an enum per entry (~2 us each)
+            if kind == "tree":
                 stack.append((git[entry.id], f"{prefix}{entry.name}/"))
-            elif entry.filemode != 0o160000:
-                found[prefix + entry.name] = (str(entry.id), entry.filemode)
+            elif kind == "blob":
+                found[prefix + entry.name] = (str(entry.id), entry)
     return found
+
+
+def mode_of(value) -> int:
+    """A `flatten` entry's mode (its tree entry's, read only for the paths that need it)."""
+    return value if isinstance(value, int) else int(value.filemode)
 
 
 # ---------------------------------------------------------------- the comparison
@@ -308,7 +314,7 @@ class Comparison:
 
 def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None, *,
             head: str | None = None, kept: dict | None = None, import_dirs: Iterable[str] = IMPORT_DIRS,
-            trusted_files: dict[str, tuple[str, int]] | None = None) -> Comparison:
+            trusted_files: dict | None = None) -> Comparison:
     """The worktree on disk against the trusted commit `trusted` (see the module docstring);
     `head`: the job's commit (says which added files it committed); `kept`: untracked harness
     files that were there before the job ran (`snapshot`), left alone while unchanged."""
@@ -318,13 +324,13 @@ def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command
     disk = _Disk(worktree)
     head_tree = repo.git[head].tree if head else None
     odb = repo.git.odb
-    for path, (oid, mode) in files.items():
+    for path, (oid, entry) in files.items():
         if rule.matches(path):
             found.trusted_files += 1
-            _compare_file(odb, disk, path, oid, mode, found)
+            _compare_file(odb, disk, path, oid, mode_of(entry), found)
         elif (section := rule.section_of(path)) is not None:
             found.trusted_files += 1
-            _compare_section(repo, disk, path, oid, mode, section, found)
+            _compare_section(repo, disk, path, oid, mode_of(entry), section, found)
     kept = kept or {}
     harness_dirs = {path.rpartition("/")[0] for path in files if rule.matches(path)}
     for path in disk.files():
@@ -337,9 +343,7 @@ def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command
         harness_dirs.add(path.rpartition("/")[0])
         if head_tree is None or not _in_tree(head_tree, path):
             found.uncommitted.add(path)
-    # No bytecode the job left for a harness file is read: the folders of it beside them go aside.
-    found.quiet = [folder for folder in disk.caches
-                   if folder.rpartition("/")[2] in CACHES or folder.rpartition("/")[0] in harness_dirs]
+    found.quiet = _caches_aside(disk, harness_dirs)
     found.shadows = [s for s in _shadows(disk, files, kept, import_dirs) if not rule.matches(s[0].rstrip("/"))
                      and not rule.matches(s[0] + "__init__.py")]
     return found
@@ -350,6 +354,7 @@ class _Disk:
 
     def __init__(self, root: Path):
         self.root = root
+        self._top = os.fspath(root) + os.sep  # paths built as strings: pathlib cost ~7 ms a comparison
         self._kinds: dict[str, str] = {"": "dir"}
         self._stats: dict[str, os.stat_result | None] = {}
         self._files: list[str] | None = None
@@ -394,7 +399,7 @@ class _Disk:
             while stack:
                 folder = stack.pop()
                 try:
-                    entries = os.scandir(self.root / folder if folder else self.root)
+                    entries = os.scandir(self._top + folder if folder else self._top)
                 except OSError:
                     continue
                 with entries:
@@ -414,7 +419,7 @@ class _Disk:
 
     def read(self, rel: str) -> bytes | None:
         try:
-            fd = os.open(self.root / rel, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(self._top + rel, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return None
         with os.fdopen(fd, "rb") as fh:
@@ -423,7 +428,7 @@ class _Disk:
     def stat(self, rel: str) -> os.stat_result | None:
         if rel not in self._stats:
             try:
-                self._stats[rel] = os.lstat(self.root / rel)
+                self._stats[rel] = os.lstat(self._top + rel)
             except OSError:
                 self._stats[rel] = None
         return self._stats[rel]
@@ -471,6 +476,43 @@ def _compare_file(odb, disk: _Disk, path: str, oid: str, mode: int, found: Compa
     found.hashed += 1
     if data is None or blob_id(data, len(oid)) != oid:
         found.puts.append(Put(path, oid, mode, "changed"))
+
+
+CHECKED_HASH = b"\x03\x00\x00\x00"  # a pyc's flags: built from a hash of its source's bytes, checked on load
+
+
+def _caches_aside(disk: _Disk, harness_dirs: set[str]) -> list[str]:
+    """What of the caches the job left a runner would read: pytest's cache folder, and beside
+    harness files every bytecode file but those checked against a hash of their source's bytes
+    (pytest's rewritten tests and conftest.py are; the bytes are the trusted ones, compared
+    above). A timestamp pyc is taken on its source's size and time, which the job can copy (`touch
+    -r`), an unchecked one on nothing: those go aside. Recompiling every test instead cost as much
+    as the tests' run (bench/harness.py)."""
+    out = []
+    for folder in disk.caches:
+        parent, _, name = folder.rpartition("/")
+        if name in CACHES:
+            out.append(folder)
+        elif parent in harness_dirs:
+            try:
+                entries = list(os.scandir(disk.root / folder))
+            except OSError:
+                out.append(folder)
+                continue
+            for entry in entries:
+                if not (entry.name.endswith(".pyc") and entry.is_file(follow_symlinks=False)
+                        and _pyc_flags(entry.path) == CHECKED_HASH):
+                    out.append(f"{folder}/{entry.name}")
+    return out
+
+
+def _pyc_flags(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(8)[4:8]
 
 
 def _unchanged_since(disk: _Disk, path: str, kept: dict) -> bool:
