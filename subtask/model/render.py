@@ -292,6 +292,8 @@ def judge_line(verify) -> str | None:
     elif unused:
         rest = len(unused) - 3 + more
         text += " · not used, the job's: " + ", ".join(unused[:3]) + (f" (+{rest} more)" if rest > 0 else "")
+        if isinstance(facts.get("tree"), str):  # the job's code with the trusted tests: a tree of its own
+            text += f" · ran on tree {short(facts['tree'])}"
     else:
         text += " · the job changed none of them"
     own = facts.get("own")
