@@ -36,7 +36,7 @@ ERROR_HINTS: dict[str, str] = {
     "setup": "fix the worktree setup (git config subtask.setup), then start again",
     "isolation": "check what this machine can enforce: git subtask doctor; or start again with --isolation none",
     "check": "see what the check found: git subtask show <id>; a change meant to do it (a test removed on "
-             "purpose) starts again with --check none",
+             "purpose) starts again with --check none --harness job",
     "stopped": "",
 }
 
