@@ -71,11 +71,12 @@ HONEST = {
 }
 
 
+CALC_FILES = {"calc.py": CALC, "conftest.py": CONFTEST, "pyproject.toml": PYPROJECT, "tests/test_calc.py": TESTS,
+              "tests/five.py": "FIVE = 5\n", ".gitignore": "__pycache__/\n.pytest_cache/\n"}
+
+
 def calc_repo(path: Path) -> Path:
-    repo = make_repo(path, {"calc.py": CALC, "conftest.py": CONFTEST, "pyproject.toml": PYPROJECT,
-                            "tests/test_calc.py": TESTS, "tests/five.py": "FIVE = 5\n",
-                            ".gitignore": "__pycache__/\n.pytest_cache/\n"})
-    return repo
+    return make_repo(path, CALC_FILES)
 
 
 @pytest.fixture
@@ -225,14 +226,12 @@ def test_a_teammates_record_that_opts_out_is_rerun_with_our_tests(tmp_path):
     from conftest import make_team
 
     remote, ((theirs, their_cli), (ours, our_cli)) = make_team(tmp_path)
-    for path in (theirs,):
-        (path / "calc.py").write_text(CALC)
-        (path / "conftest.py").write_text(CONFTEST)
-        (path / "tests").mkdir()
-        (path / "tests" / "test_calc.py").write_text(TESTS)
-        git(path, "add", "-A")
-        git(path, "commit", "-qm", "calc")
-        git(path, "push", "-q", "origin", "HEAD:main")
+    for name, text in CALC_FILES.items():
+        (theirs / name).parent.mkdir(exist_ok=True)
+        (theirs / name).write_text(text)
+    git(theirs, "add", "-A")
+    git(theirs, "commit", "-qm", "calc")
+    git(theirs, "push", "-q", "origin", "HEAD:main")
     git(ours, "pull", "-q", "origin", "main")
     job = their_cli.start(TRICKS["conftest drops the test"], "--verify", VERIFY, "--check", "none",
                           "--harness", "job")
