@@ -323,3 +323,17 @@ def test_harness_needs_a_verify_and_a_relative_glob(repo, cli_of):
     refused = cli("start", "--verify", "true", "--harness", "../outside/**", "true")
     assert refused.returncode == 129 and "relative to the repository's top" in refused.stderr
     assert git(repo, "for-each-ref", "refs/subtask/") == ""
+
+
+def test_a_pyproject_keeps_the_jobs_tables_and_takes_the_bases_pytest_table(calc, cli_of):
+    cli = cli_of(calc)
+    edit = (f"{FIX}; sed -i 's/^version = \"0\"$/version = \"0\"\\ndependencies = [\"requests\"]/' pyproject.toml; "
+            "printf 'addopts = \"-k not_here\"\\n' >> pyproject.toml")
+    # passes only on the job's [project] beside the base's [tool.pytest.ini_options]
+    verify = f"grep -q requests pyproject.toml && ! grep -q addopts pyproject.toml && {VERIFY}"
+    job = cli.start(edit, "--verify", verify, "--check", "none")
+    ended(cli, job)
+    result = cli("result", job).stdout
+    assert result.startswith(f"{job} done · verify passed"), result
+    assert "not used, the job's: pyproject.toml [tool.pytest]" in result
+    assert b"addopts" in (worktree(calc, job) / "pyproject.toml").read_bytes()  # the job's, back in place

@@ -313,26 +313,26 @@ class Comparison:
 
 
 def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None, *,
-            head: str | None = None, kept: dict | None = None, import_dirs: Iterable[str] = IMPORT_DIRS,
-            trusted_files: dict | None = None) -> Comparison:
+            head: str | None = None, kept: dict | None = None, import_dirs: Iterable[str] = IMPORT_DIRS) -> Comparison:
     """The worktree on disk against the trusted commit `trusted` (see the module docstring);
     `head`: the job's commit (says which added files it committed); `kept`: untracked harness
     files that were there before the job ran (`snapshot`), left alone while unchanged."""
-    files = trusted_files if trusted_files is not None else flatten(repo, trusted)
+    files = flatten(repo, trusted)
     rule = rule_for(asked, files, command)
     found = Comparison(trusted, rule)
     disk = _Disk(worktree)
     head_tree = repo.git[head].tree if head else None
     odb = repo.git.odb
+    harness_dirs = set()  # folders holding harness files: their bytecode is looked at
     for path, (oid, entry) in files.items():
         if rule.matches(path):
             found.trusted_files += 1
+            harness_dirs.add(path.rpartition("/")[0])
             _compare_file(odb, disk, path, oid, mode_of(entry), found)
         elif (section := rule.section_of(path)) is not None:
             found.trusted_files += 1
             _compare_section(repo, disk, path, oid, mode_of(entry), section, found)
     kept = kept or {}
-    harness_dirs = {path.rpartition("/")[0] for path in files if rule.matches(path)}
     for path in disk.files():
         if path in files:
             continue
@@ -344,8 +344,9 @@ def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command
         if head_tree is None or not _in_tree(head_tree, path):
             found.uncommitted.add(path)
     found.quiet = _caches_aside(disk, harness_dirs)
-    found.shadows = [s for s in _shadows(disk, files, kept, import_dirs) if not rule.matches(s[0].rstrip("/"))
-                     and not rule.matches(s[0] + "__init__.py")]
+    # a harness file the job added is out of the verdict's way already (moved aside)
+    found.shadows = [(shown, name, kind) for path, shown, name, kind in _shadows(disk, files, kept, import_dirs)
+                     if not rule.matches(path)]
     return found
 
 
@@ -717,9 +718,9 @@ def _on_import_path(path: str, import_dirs: Iterable[str]) -> bool:
     return name == "__init__.py" and parent in import_dirs
 
 
-def _shadows(disk: _Disk, files: dict, kept: dict, import_dirs: Iterable[str]) -> list[tuple[str, str, str]]:
+def _shadows(disk: _Disk, files: dict, kept: dict, import_dirs: Iterable[str]) -> list[tuple[str, str, str, str]]:
     """Files the job added (committed or not) directly in a folder on the verify's import path that
-    Python would import by a name: (path, name, kind) with kind module | package | pth | hook."""
+    Python would import by a name: (the file, as shown, module name, kind: module | package | pth | hook)."""
     dirs = tuple(dict.fromkeys(import_dirs))
     out = []
     for path in disk.files():
@@ -727,20 +728,18 @@ def _shadows(disk: _Disk, files: dict, kept: dict, import_dirs: Iterable[str]) -
             continue
         folder, _, name = path.rpartition("/")
         if name == "__init__.py" and folder.rpartition("/")[0] in dirs and folder not in dirs:
-            package = folder.rpartition("/")[2]
-            if f"{folder}/__init__.py" not in files:
-                out.append((folder + "/", package, "package"))
+            out.append((path, folder + "/", folder.rpartition("/")[2], "package"))
             continue
         if folder not in dirs or name == "__init__.py":
             continue
         if name.endswith(".pth"):
-            out.append((path, name, "pth"))
+            out.append((path, path, name, "pth"))
             continue
         stem, dot, suffix = name.partition(".")
         if not dot or not stem.isidentifier():
             continue
         if suffix == "py" or suffix.endswith(("so", "pyd")) or suffix == "pyc":
-            out.append((path, stem, "hook" if stem in SITE_HOOKS else "module"))
+            out.append((path, path, stem, "hook" if stem in SITE_HOOKS else "module"))
     return out
 
 
