@@ -385,12 +385,13 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
     checked the admin folder git reads, not the config of what it names."""
+    from subtask.ops import overlay
+
+    overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
     removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
                   check=False).returncode == 0
     if removed:
-        from subtask.ops import overlay
-
         overlay.forget(repo, job.id)  # its setup snapshot, beside the worktree
     if removed and record:
         records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))

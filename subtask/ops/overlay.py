@@ -183,8 +183,11 @@ def read_snapshot(repo: Repo, job_id: str) -> dict:
 
 
 def forget(repo: Repo, job_id: str) -> None:
-    """The job's folder beside its worktree, once the worktree is gone (its overlay undone first)."""
-    shutil.rmtree(repo.worktree_dir() / STASH / job_id, ignore_errors=True)
+    """The job's folder beside its worktree, once the worktree is gone: its setup snapshot; never
+    an overlay's moved files (`restore_left` puts those back first), which stay until they are."""
+    snapshot_file(repo, job_id).unlink(missing_ok=True)
+    if not stash_of(repo, job_id).exists():
+        shutil.rmtree(repo.worktree_dir() / STASH / job_id, ignore_errors=True)
 
 
 @contextlib.contextmanager
