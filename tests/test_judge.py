@@ -337,3 +337,17 @@ def test_a_pyproject_keeps_the_jobs_tables_and_takes_the_bases_pytest_table(calc
     assert result.startswith(f"{job} done · verify passed"), result
     assert "not used, the job's: pyproject.toml [tool.pytest]" in result
     assert b"addopts" in (worktree(calc, job) / "pyproject.toml").read_bytes()  # the job's, back in place
+
+
+@pytest.mark.slow
+def test_a_best_of_judge_scores_each_member_with_its_bases_tests(calc, cli_of):
+    """A member that adds tests of its own (collected by the judge's pytest) scores no higher for it."""
+    cli = cli_of(calc)
+    more = ("printf 'def test_a():\\n    pass\\n\\n\\ndef test_b():\\n    pass\\n' > tests/test_padding.py")
+    task = f'{FIX}; if [ "$SUBTASK_GROUP_MEMBER" = 1 ]; then {more}; fi'
+    judge = f"{VERIFY} --collect-only | grep -c '::'"  # the score: how many tests it collects
+    out = cli.ok("start", "--best-of", "2", task, "--verify", VERIFY, "--judge", judge)
+    gid = out.splitlines()[0].split()[0]
+    cli("wait", gid)
+    table = cli.json("show", gid)["table"]
+    assert sorted(row.get("score") for row in table) == [2, 2], table  # the base's two tests, for both
