@@ -378,7 +378,9 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
     if group.first_pass:
         return "first to pass verify"
     if group.rule == "judge":
-        return f"judge score {row.get('score'):g}"
+        score = row.get("score")
+        return f"judge score {score:g}" if isinstance(score, (int, float)) else \
+            "no judge score for any member: the first that passed verify"
     if group.rule == "cheapest":
         return f"cheapest: {render.money(row['cost'] or 0.0)}"
     if group.rule == "fastest":
