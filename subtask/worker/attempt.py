@@ -1205,6 +1205,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("note")
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
+        overlay.forget(repo, job_id)
     sink({"type": "state", "state": attempt.state})
     phases.mark("terminal_event")
     pack_refs_when_many(repo)
