@@ -355,6 +355,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     retries, job_checks = _verify_loop(repo, request, on)
+    harness = _harness(repo, request)
     delegated = _check_depth(repo)
     parent = delegated.parent
     base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
@@ -380,6 +381,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
                    network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
+                   harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
@@ -473,6 +475,22 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         return 0, []
     configured = repo.config.get("git.checks")
     return retries, checks.resolve(given, configured, has_verify=bool(request.verify))
+
+
+def _harness(repo: Repo, request: StartRequest) -> list[str] | None:
+    """What judges the job's verify (docs/verify.md "The judge"): `subtask.verify.harness`, then
+    each `--harness`; [] for a job judged by its own tests; None for a job with no verify."""
+    given = [request.harness] if isinstance(request.harness, str) else request.harness
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"harness must be a list of globs, not {given!r}")
+    if not request.verify:
+        if given:
+            raise SubtaskError("usage", "--harness goes with --verify: it says what judges the verify",
+                               hint="git subtask start --verify 'pytest -q' --harness job '...'")
+        return None
+    from subtask.git import harness
+
+    return harness.resolve(given, repo.config.get("verify.harness"))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):

@@ -38,7 +38,8 @@ ERROR_HINTS: dict[str, str] = {
     "setup": "fix the worktree setup (git config subtask.setup), then start again",
     "isolation": "check what this machine can enforce: git subtask doctor; or start again with --isolation none",
     "check": "see what the check found: git subtask show <id>; a change meant to do it starts "
-             "again with that check alone dropped (--check none, then --check for each to keep)",
+             "again with that check alone dropped (--check none, then --check for each to keep), "
+             "and with --harness job when it changes tests on purpose",
     "stopped": "",
 }
 

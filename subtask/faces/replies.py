@@ -287,6 +287,9 @@ def land_text(data: dict) -> str:
         verify = VerifyResult.from_dict(job["verify"]) if job.get("verify") else None
         if verify is not None:
             lines.append(f"  verify{'' if job.get('confined', True) else ' (unconfined)'}: {render.verify_line(verify)}")
+            judged = render.judge_line(verify)
+            if judged:
+                lines.append(f"  judge:  {judged}")
             lines += render.verify_tail(verify, prefix="    ")
         if state in ("landed", "passed") and job.get("why"):
             lines.append(safe_line(f"  {job['why']}"))

@@ -105,6 +105,12 @@ SETTINGS: dict[str, Setting] = {
         "the verify command of a best-of group when `start` has no `--verify`",
         example="'pytest -q'"),
     "verifyTimeout": Setting("number", "seconds verify may run", default="600", minimum=1),
+    "verify.harness": Setting("text",
+        "what judges a verify, taken from a trusted tree (the base; the target's tip in `land`): "
+        "`default` (each ecosystem's tests and test configuration, the verify command's own "
+        "script), globs added to it (`default,ci/**`), or `none` (judged by its own tests). See "
+        "docs/verify.md",
+        default="default"),
     "git.checks": Setting("checks",
         "the checks on the diff every job with a verify runs before it (`none`: none); `start "
         "--check` adds to them. See docs/verify.md",

@@ -136,6 +136,10 @@ class JobSpec(_Record):
     # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
     retries: int = 0
     checks: list[str] | None = None
+    # What judges its verify (subtask/git/harness.py): `default` and globs, taken from a trusted
+    # tree when verify runs; [] when it is judged by its own tests (`--harness job`); None: a
+    # record from before the harness, judged as `default` is.
+    harness: list[str] | None = None
     # Orchestration (subtask/plans.py). `after`: the jobs and groups it waits for (whole ids); its
     # `base` is then written once, when it leaves `waiting` (the only change a spec ever sees).
     after: list[str] | None = None
@@ -149,7 +153,7 @@ class JobSpec(_Record):
             return money.money_or_none(value)
         if key == "retries":
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
-        if key == "checks":
+        if key in ("checks", "harness"):
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
         if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return None  # damaged or foreign: waits for nothing
@@ -172,7 +176,17 @@ class VerifyResult(_Record):
     checks_failed: list[str] | None = None
     # Passed and failed tests as the runner's summary in the output says (`claims.test_counts`).
     tests: dict[str, int] | None = None
+    # What judged it (subtask/ops/overlay.py): {"source": base | target | job, "commit", "ref",
+    # "tree" (what it ran on: the head's with the trusted harness in place), "unused" (the
+    # job's harness changes not used), "own" (its own tests, run apart: passed, exit_code, ...)}.
+    harness: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "harness" and not isinstance(value, dict):
+            return None  # damaged or foreign: read as absent
+        return value
 
 
 @dataclass

@@ -339,6 +339,45 @@ def verify_line(verify) -> str:
     return safe_line(text)
 
 
+JUDGES = {"base": "the base", "target": "the target"}
+
+
+def judge_line(verify) -> str | None:
+    """Who judged a verify, in one line (show, result, the note): `tests from the base 1a2b3c4 ·
+    not used, the job's: tests/test_x.py · its own tests: failed (exit 1)`; `judged by its own
+    tests` for a job started with `--harness job`; None for a record from before the harness."""
+    facts = getattr(verify, "harness", None) if verify is not None else None
+    if not isinstance(facts, dict):
+        return None
+    source = facts.get("source")
+    if source == "job":
+        return "judged by its own tests (--harness job)"
+    commit = short(facts.get("commit") if isinstance(facts.get("commit"), str) else None)
+    ref = facts.get("ref")
+    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{JUDGES.get(source, str(source))} {commit}"
+    text = f"tests from {where}"
+    unused = [str(u) for u in facts.get("unused") or [] if isinstance(u, str)]
+    more = facts.get("unused_more") if isinstance(facts.get("unused_more"), int) else 0
+    if isinstance(facts.get("error"), str):
+        text += f" · not run: {facts['error']}"
+    elif facts.get("files") == 0 and not unused:
+        text = f"{where} holds no tests or test configuration: the command alone judged it"
+    elif unused:
+        rest = len(unused) - 3 + more
+        text += " · not used, the job's: " + ", ".join(unused[:3]) + (f" (+{rest} more)" if rest > 0 else "")
+        if isinstance(facts.get("tree"), str):  # the job's code with the trusted tests: a tree of its own
+            text += f" · ran on tree {short(facts['tree'])}"
+    else:
+        text += " · the job changed none of them"
+    own = facts.get("own")
+    if isinstance(own, dict):
+        if own.get("passed") is True:
+            text += " · its own tests: passed"
+        else:
+            text += " · its own tests: " + ("timed out" if own.get("timed_out") else f"failed (exit {own.get('exit_code')})")
+    return safe_line(text)
+
+
 def verify_brief(verify) -> str:
     """`verify failed (exit 1; 2 passed, 3 failed)`, `verify failed (check no-suppression)`."""
     if verify is None:
@@ -483,6 +522,9 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
     elif attempt.n > 1:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
+    judged = judge_line(attempt.verify)
+    if judged:
+        lines.append(f"judge:   {judged}")
     lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
                                                       if attempt.n > 1 else ""))
     if attempt.stalled:
@@ -590,6 +632,9 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
         lines.extend(verify_tail(attempt.verify))
+    judged = judge_line(attempt.verify)
+    if judged:
+        lines.append(f"judge: {judged}")
     if len(job.state.attempts) > 1:
         lines.append("attempts: " + " | ".join(attempt_brief(a) for a in job.state.attempts))
     best = best_line(job)
@@ -703,6 +748,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
             lines.extend(verify_tail(attempt.verify, prefix="    "))
+            judged = judge_line(attempt.verify)
+            if judged:
+                lines.append(f"  judge:   {judged}")
         if tokens_text(attempt.tokens):
             lines.append(f"  tokens:  {tokens_text(attempt.tokens)}")
         if attempt.session_id:

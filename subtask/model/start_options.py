@@ -86,6 +86,12 @@ class StartRequest:
                                       "subtask.git.checks (default no-test-deletion,no-suppression when there is a "
                                       "verify); none drops the checks named before it", metavar="CHECK",
                                       multiple=True)
+    harness: list[str] | None = _option(str, "what judges {verify} (repeatable): the tests, test configuration and "
+                                        "verify script are taken from the base when verify runs, never from the "
+                                        "job (git config subtask.verify.harness, default: each ecosystem's test "
+                                        "files); a GLOB adds files to it; job: judged by its own tests (a task that "
+                                        "changes tests), and drops what was named before it", metavar="GLOB",
+                                        multiple=True)
     best_of: int | None = _option(int, "start a group of N attempts (2-8) at the task and pick the best by "
                                   "{verify}; answers the group id (sg-...)", metavar="N")
     pick: str | None = _option(str, "with {best_of}: how passing attempts rank (default smallest: fewest changed "

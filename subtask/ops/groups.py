@@ -49,7 +49,7 @@ from subtask.git.records import Job
 from subtask.model import faults, money, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
-from subtask.model.job import _Record, job_passed, now
+from subtask.model.job import _Record, job_passed, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import lifecycle
 from subtask.state import liveness, paths
@@ -317,9 +317,21 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(isolation.temp_env(tmpdir))
+    # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
+    from subtask.ops import landing, overlay
+
+    head = landing.recorded_head(job)
+    judge = overlay.prepare(repo, asked=job.spec.harness, command=command, trusted=work_base(job), source="base",
+                            worktree=worktree, head=head, kept=overlay.read_snapshot(repo, job.id), env=env)
     try:
-        result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
-                           tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
+        if judge.error:
+            return None, redact(f"judge: {judge.error}")
+        if judge.shadows:
+            return None, redact(f"judge: check {overlay.SHADOWING} failed: {judge.shadows[0]}")
+        with overlay.overlaid(repo, judge, worktree, overlay.stash_of(repo, job.id), tmpdir) as extra:
+            result = procs.run(["sh", "-c", command], cwd=worktree, env={**env, **extra},
+                               timeout=repo.config.number("verifyTimeout"), tail_bytes=JUDGE_TAIL_BYTES,
+                               stdout_grace=2.0, redact=True, sandbox=sandbox)
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -366,7 +378,9 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
     if group.first_pass:
         return "first to pass verify"
     if group.rule == "judge":
-        return f"judge score {row.get('score'):g}"
+        score = row.get("score")
+        return f"judge score {score:g}" if isinstance(score, (int, float)) else \
+            "no judge score for any member: the first that passed verify"
     if group.rule == "cheapest":
         return f"cheapest: {render.money(row['cost'] or 0.0)}"
     if group.rule == "fastest":

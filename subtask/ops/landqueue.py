@@ -422,9 +422,12 @@ class Queue:
             return None
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
+        # Judged by the target's tests as they are at the tip it was built on, never the job's.
+        trusted = reverify.Trusted(reverify.asked_harness(item.job, bool(item.trust and item.trust.vouched)),
+                                   built.onto, "target", self.target.name)
         # The job's own checks are `judge`'s (`checks_of`): they run with a command or without one.
         return reverify.start_in(self.repo, scratch.path, item.command, built.commit, admin=scratch.admin, tree=tree,
-                                 timeout=item.timeout, network=item.job.spec.network)
+                                 timeout=item.timeout, network=item.job.spec.network, trusted=trusted)
 
     def checks_of(self, item: Item) -> list[dict]:
         """The job's own checks on its own change (did it delete a test?), as a re-run runs them:
@@ -459,7 +462,8 @@ class Queue:
                        if failed else "nothing was run on it (--force)")
         else:
             if failed := checks.failed(self.checks_of(item)):  # fail it whatever the command exited
-                rerun.result.checks_failed, rerun.result.passed = failed, False
+                rerun.result.checks_failed = [*failed, *(c for c in rerun.result.checks_failed or () if c not in failed)]
+                rerun.result.passed = False
             rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
@@ -730,10 +734,8 @@ def sweep_scratch(repo: Repo) -> None:
     if not folder.is_dir():
         return
     for path in folder.iterdir():
-        if not path.name.endswith(".tmp"):
-            reverify.remove_scratch(repo, path)
-        else:
-            reverify.remove_scratch(repo, path.with_name(path.name.removesuffix(".tmp")))
+        name = path.name.removesuffix(".tmp").removesuffix(reverify.SIDE_SUFFIX)
+        reverify.remove_scratch(repo, path.with_name(name))
 
 
 def _queue_lock(repo: Repo):

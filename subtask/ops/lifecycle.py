@@ -277,6 +277,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
     ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
+    _undo_overlay(target, job_id)
     try:
         recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
@@ -318,6 +319,18 @@ def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
     ledger.close(repo.state_dir, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
     privatetext.discard(repo.state_dir, job.id, attempt_n)
     return job.state.current.n
+
+
+def _undo_overlay(repo: Repo, job_id: str) -> None:
+    """A worker killed during its verify leaves the trusted tests over the job's: put the job's
+    files back (the next attempt would too, before its engine starts)."""
+    from subtask.ops import overlay
+
+    try:
+        overlay.restore_left(repo, job_id)
+    except OSError as exc:
+        print(f"git-subtask: {job_id}: could not put back the files its verify moved aside ({exc}); "
+              f"they are in {overlay.stash_of(repo, job_id)}", file=sys.stderr)
 
 
 def missing_after_end(repo: Repo, job: Job) -> list[str]:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
-from subtask.git import checks, notes, packing, records, worktrees
+from subtask.git import checks, harness, notes, packing, records, worktrees
 from subtask.git.gitrepo import (
     NO_HOOKS,
     Repo,
@@ -59,7 +59,7 @@ from subtask.model import claims, faults, money, phases, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
-from subtask.ops import groups, lifecycle, plans
+from subtask.ops import groups, lifecycle, overlay, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
 from subtask.proc import isolation, spawn
@@ -197,6 +197,7 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
     what git wrote), because the checkout's git and the attempt's sandbox follow it."""
     path = worktree_path(repo, job)
     if path.exists() and os.path.lexists(path / ".git"):
+        overlay.restore_left(repo, job.id)  # a killed worker's trusted tests never reach the engine
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base)
     else:
         ensure_excluded(repo.common_dir)
@@ -541,24 +542,61 @@ def current_head(repo: Repo, job: Job) -> str:
         return job.spec.base
 
 
-def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
+def verify_command(repo: Repo, job: Job) -> str:
+    """The verify command as written (the record holds it redacted)."""
+    return privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
+
+
+def judge_of(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> overlay.Judge:
+    """What judges the attempt's verify: the job's base's harness over its worktree (docs/verify.md
+    "The judge"), or its own tests (`--harness job`)."""
+    return overlay.prepare(repo, asked=job.spec.harness, command=verify_command(repo, job), trusted=work_base(job),
+                           source="base", worktree=worktree, head=head, kept=overlay.read_snapshot(repo, job.id),
+                           env=env)
+
+
+def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge: overlay.Judge | None = None,
+               tmpdir: str | None = None) -> VerifyResult | None:
+    """Verify on the job's commit, judged by the trusted harness (`judge`); when the job changed
+    that harness, run again on its tree as it wrote it: its own tests, recorded apart."""
     if not job.spec.verify:
         return None
-    from subtask.proc import procs
-
     tree = str(repo.git[head].tree_id)
-    command = privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
-    # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
-    result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
-                       on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
-    output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
-    output = redact(output)[-VERIFY_TAIL_BYTES:]
+    if judge is None:
+        judge = overlay.Judge("job")
+    if judge.error:
+        return VerifyResult(command=job.spec.verify, exit_code=None, seconds=0.0, head=head, tree=tree, passed=False,
+                            output_tail=redact(f"not run: {judge.error}"), harness=judge.facts())
+    with overlay.overlaid(repo, judge, worktree, overlay.stash_of(repo, job.id), tmpdir or worktree.parent) as extra:
+        result = _verify_once(repo, job, worktree, {**env, **extra})
     # A timeout is reported as the limit it hit: the run also took the kill and the pipes' grace.
     seconds = min(result.seconds, job.spec.verify_timeout) if result.timed_out else result.seconds
-    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
-                        head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
-                        timed_out=result.timed_out, output_tail=output)
+    verify = VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
+                          head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
+                          timed_out=result.timed_out, output_tail=_verify_output(result))
+    own = None
+    if judge.touched:
+        mine = _verify_once(repo, job, worktree, env)
+        counts = claims.test_counts(_verify_output(mine))
+        own = {"passed": mine.exit_code == 0 and not mine.timed_out, "exit_code": mine.exit_code,
+               "timed_out": mine.timed_out, "seconds": round(mine.seconds, 3),
+               "tests": {"passed": counts.passed, "failed": counts.failed} if counts else None}
+    verify.harness = judge.facts(own)
+    return verify
+
+
+def _verify_once(repo: Repo, job: Job, worktree: Path, env: dict):
+    from subtask.proc import procs
+
+    # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
+    return procs.run(["sh", "-c", verify_command(repo, job)], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+                     tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
+                     on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
+
+
+def _verify_output(result) -> str:
+    output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+    return redact(output)[-VERIFY_TAIL_BYTES:]
 
 
 class Confinement:
@@ -1073,6 +1111,10 @@ def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement)
         with isolation.confined(confinement.sandbox):
             failure = run_setup(repo, job, worktree, confinement.env)
         confinement.end_leftovers()
+        if not failure and job.spec.verify and not harness.judged_by_job(job.spec.harness):
+            # what the worktree held beyond its tree before the job ran is not the job's
+            overlay.keep_snapshot(repo, job.id, harness.snapshot(repo, work_base(job), worktree, job.spec.harness,
+                                                                 verify_command(repo, job)))
     except Exception as exc:
         failure = redact(f"could not set up the worktree: {exc}")
     if failure:
@@ -1133,13 +1175,18 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     verify = found = None
     if not stopped and outcome.ok:
         found = run_checks(repo, job, head, sink)
+        judged_by = None
+        if job.spec.verify:
+            judged_by = judge_of(repo, job, worktree, head, confinement.env)
+            if judged_by.check() is not None:
+                found = [*(found or []), judged_by.check()]
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
         signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             with isolation.confined(confinement.sandbox):
-                verify = run_verify(repo, job, worktree, head, confinement.env)
+                verify = run_verify(repo, job, worktree, head, confinement.env, judged_by, confinement.tmpdir)
         except StopRequested:
             stopped = True
         finally:
@@ -1190,6 +1237,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("note")
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
+        overlay.forget(repo, job_id)
     sink({"type": "state", "state": attempt.state})
     phases.mark("terminal_event")
     pack_refs_when_many(repo)

@@ -43,7 +43,7 @@ from subtask.engines.base import resumes
 from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import claims, faults, money
+from subtask.model import claims, faults, money, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult
 from subtask.ops import books, lifecycle
@@ -147,8 +147,10 @@ def retry_message(job: Job, verify: VerifyResult, checks_results: list[dict] | N
     failed = checks.failure_text(checks_results)
     lines = [f"git-subtask ran the verify command on your work and it failed, so it resumed this session "
              f"(retry {retry} of {job.spec.retries}).", verify_report(verify, failed, MESSAGE_TAIL),
-             "Fix the cause. Do not delete, skip or weaken tests, and do not silence warnings to get there. "
-             "Commit your work, then end as before: a short summary and the STATUS line."]
+             "Fix the cause. Do not delete, skip or weaken tests, and do not silence warnings to get there"
+             + (" (verify runs the tests as they are in your base, whatever you change in them)"
+                if isinstance(verify.harness, dict) and verify.harness.get("source") != "job" else "")
+             + ". Commit your work, then end as before: a short summary and the STATUS line."]
     return "\n\n".join(lines)
 
 
@@ -156,6 +158,9 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     """`verify: CMD -> exit 1 on 1a2b3c4`, the failed checks, and the end of its output."""
     ending = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
     lines = [f"verify: {verify.command} -> {ending} on {verify.head[:7]}"]
+    judged = render.judge_line(verify)
+    if judged:  # the output below is the trusted tests': changes to them were not what judged it
+        lines.append(f"judge: {judged}")
     if failed_checks:
         lines.append(f"checks: {failed_checks}")
     output = (verify.output_tail or "").strip()
