@@ -82,6 +82,7 @@ class WaitResult:
     jobs: list[Job]
     timed_out: bool
     stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
+    feed: object | None = None  # `wait --since`: the events after the cursor and the next cursor (`ops.feed.Feed`)
 
     @property
     def all_passed(self) -> bool:
@@ -1256,37 +1257,16 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
     lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
     import json
 
+    from subtask.model import render
+
     for line in reversed(lines):
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        text = _activity_text(event)
+        text = render.activity_text(event)
         if text:
             return text[:120]
-    return None
-
-
-def _activity_text(event: dict) -> str | None:
-    kind = event.get("type")
-    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
-        from subtask.model.render import duration
-
-        since, after = event.get("since"), event.get("after")
-        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
-        return (f"stalled: no event from the engine{silent}"
-                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
-    if kind == "command":
-        return f"running: {event.get('command')}"
-    if kind == "tool":
-        return f"tool: {event.get('name')}"
-    if kind in ("text", "output"):
-        text = (event.get("text") or "").strip()
-        return text.splitlines()[-1] if text else None
-    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
-        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
-    if kind == "state":
-        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 
@@ -1296,14 +1276,41 @@ STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool = True, since: str | None = None) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
     A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
     too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
+
+    `since` (a cursor, `0` for the beginning; `ops.feed`): answer as soon as any job has an event
+    after it, or as `wait` would; `feed` then holds those events and the cursor after them.
     """
+    if since is not None:
+        return _wait_since(repo, ids, since, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick)
+    return _wait(repo, ids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick, stalls=stalls)
+
+
+def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
+    from subtask.ops import feed
+
+    positions = feed.parse(since)  # a bad cursor is refused before anything is read
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
+    found = feed.collect(repo, job_ids, positions)
+    if found.events or found.more:
+        jobs = [records.read(repo, job_id) for job_id in job_ids]
+        return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
+    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions), **options)
+    result.feed = feed.collect(repo, job_ids, positions)
+    return result
+
+
+def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+          on_tick=None, tick: float = 1.0, stalls: bool = True, wake=None) -> WaitResult:
+    """`wait` without a cursor; `wake()`, asked every STALL_LOOK seconds, ends it early when True."""
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
     if timeout is not None:
@@ -1320,18 +1327,23 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     stalled = _StallLook(repo, first_read) if stalls else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
+    next_wake = started if wake else None
     try:
         while len(done) + len(stalled.found if stalled else ()) < needed:
             now_ = time.monotonic()
             if deadline is not None and now_ >= deadline:
                 break
+            if next_wake is not None and now_ >= next_wake:
+                next_wake = now_ + STALL_LOOK
+                if wake():
+                    break
             if on_tick and now_ >= next_tick:
                 next_tick = now_ + tick
                 on_tick(now_ - started, len(done), len(job_ids),
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
             if stalled is not None and stalled.look(done, now_):
                 continue
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600,
+            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600, next_wake,
                                     stalled.next_look if stalled else None) if t is not None)
             try:
                 job_id, seen = ended.get(timeout=max(0.0, until - now_))

@@ -199,13 +199,20 @@ def reply(job_id, message, max_usd, timeout, as_json):
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--any", "any_", is_flag=True, help="return when the first job ends")
 @click.option("--timeout", type=float, help="give up after this many seconds (exit 1)")
+@click.option("--since", metavar="CURSOR", help="answer the events after CURSOR (0: from the beginning) as soon as "
+              "there is one, and the cursor after them")
 @click.option("--json", "as_json", is_flag=True)
-def wait(ids, any_, timeout, as_json):
+def wait(ids, any_, timeout, since, as_json):
     """Block until the jobs end, or one stalls; print one line per job.
 
     A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
     wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
     verify passed (or no verify); 1 otherwise.
+
+    With --since CURSOR, wait answers as soon as a job has an event after the cursor (a state
+    change, a stall mark set or cleared, a line of progress), with every such event, the jobs'
+    lines and `cursor: ...`: pass that cursor to the next wait --since and no event is missed or
+    told twice. Exit codes as without it (1 while a job still runs).
     """
     from subtask import api
     from subtask.faces import replies
@@ -214,9 +221,12 @@ def wait(ids, any_, timeout, as_json):
     if any(_is_group(i) for i in ids):
         if not all(_is_group(i) for i in ids):
             raise click.UsageError("wait takes job ids or group ids, not both")
+        if since is not None:
+            raise click.UsageError("wait --since takes job ids (git subtask show GROUP names its jobs)")
         _emit(replies.waited_groups(repo, api.wait_groups(repo, list(ids), timeout=timeout), timeout), as_json)
     else:
-        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_), timeout), as_json)
+        _emit(replies.waited(repo, api.wait(repo, list(ids), timeout=timeout, any_=any_, since=since), timeout),
+              as_json)
 
 
 @cli.command("list", context_settings=CONTEXT)

@@ -291,18 +291,25 @@ def _progress_message(elapsed: float, ended: int, total: int, activities: dict[s
     return render.safe_line(" · ".join(parts))
 
 
+SINCE_HELP = ("a cursor from the last wait's answer (0: from the beginning): answer the events after it (state "
+              "changes, stall marks, progress lines) as soon as there is one, and the next cursor")
+
+
 class _Abandoned(Exception):
     """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
 
 
 @tool("wait", read_only=True, title="Wait for jobs")
 async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
+               since: Annotated[str | None, Field(description=SINCE_HELP)] = None,
                repo: REPO = None) -> replies.Reply:
     """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
     activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
     A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
+    With since (a client that shows no progress): answers as soon as a job has an event after
+    that cursor, with the events and the next cursor; pass it back and nothing is missed.
     """
     job_ids = _id_list(ids)
     first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
@@ -320,9 +327,12 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
     def run() -> replies.Reply:
         where = open_repo(repo)
         if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
+            if since is not None:
+                raise SubtaskError("usage", "wait with since takes job ids", hint="show the group: it names its jobs")
             waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
             return replies.waited_groups(where, waited, timeout)
-        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
+        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK,
+                          since=since)
         return replies.waited(where, waited, timeout)
 
     try:

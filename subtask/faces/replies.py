@@ -86,9 +86,15 @@ def waited(repo, result, timeout: float | None) -> Reply:
     if result.timed_out:
         still = sum(1 for job in result.jobs if not job.state.current.terminal)
         notes.append(f"timed out after {timeout:g}s; {still} still running (they continue): wait again")
-    return Reply("\n".join(lines), {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
-                                    "stalled": result.stalled, "jobs": [job_json(j) for j in result.jobs]},
-                 notes, exit_code=0 if result.all_passed else 1)
+    data = {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed, "stalled": result.stalled,
+            "jobs": [job_json(j) for j in result.jobs]}
+    feed = result.feed
+    if feed is not None:  # wait --since: the events first, then where each job stands, then the cursor
+        lines = [*(render.event_line(e) for e in feed.events), *lines, f"cursor: {feed.cursor}"]
+        data.update(events=feed.events, cursor=feed.cursor, more=feed.more)
+        if feed.more:
+            notes.append("more events than one answer holds: wait --since the cursor again")
+    return Reply("\n".join(lines), data, notes, exit_code=0 if result.all_passed else 1)
 
 
 def waited_groups(repo, result, timeout: float | None) -> Reply:

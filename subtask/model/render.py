@@ -20,7 +20,7 @@ import math
 import re
 import time
 
-from subtask.model.job import placement, ray_job_id
+from subtask.model.job import ACTIVE, TERMINAL, placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
@@ -125,6 +125,53 @@ def stalled_text(attempt) -> str:
     facts = stall_facts(attempt) or {}
     silent = facts.get("silent_s") if facts.get("silent_s") is not None else facts.get("after_s")
     return f"stalled: no event from the engine for {duration(silent)}"
+
+
+def activity_text(event: dict) -> str | None:
+    """What an event of a job's events file says it did ("running: pytest -q"); None: nothing to say."""
+    kind = event.get("type")
+    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
+        since, after = event.get("since"), event.get("after")
+        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
+        return (f"stalled: no event from the engine{silent}"
+                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
+    if kind == "command":
+        return f"running: {event.get('command')}"
+    if kind == "tool":
+        return f"tool: {event.get('name')}"
+    if kind in ("text", "output"):
+        text = (event.get("text") or "").strip()
+        return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
+    if kind == "state":
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
+    return None
+
+
+def event_line(event: dict) -> str:
+    """One line of `wait --since`: `st-1a2b3c4d 14:02:07 attempt 1 done · verify passed`."""
+    kind, t = event.get("type"), event.get("t")
+    when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
+    if kind == "state" and event.get("state") in (*ACTIVE, *TERMINAL):
+        words = f"attempt {event.get('attempt')} {event.get('state')}"
+        if event.get("verify"):
+            words += f" · verify {event['verify']}"
+        if event.get("reason"):
+            words += f": {event['reason']}"
+    elif kind == "stalled":
+        after = event.get("after")
+        words = "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
+    elif kind == "stall_ended":
+        words = "no longer stalled: the engine spoke again"
+    elif kind == "isolation":
+        words = f"isolation {event.get('mode')}" + (f": refused {event['refused']}" if event.get("refused") else "")
+    else:
+        text = event.get("text")
+        words = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
+        words = words if words is not None else f"{kind}: " + json.dumps(
+            {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
+    return safe_line(f"{event.get('job', '')} {when} {words}".strip())
 
 
 def one_line(job, position: int | None = None) -> str:
