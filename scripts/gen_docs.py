@@ -54,6 +54,7 @@ SESSION = [
     ("git subtask list", True),
     ("git subtask land --dry-run $J4 $J5 $J6; echo \"exit $?\"", True),
     ("git subtask land $J4 $J5 $J6; echo \"exit $?\"", True),
+    ("git subtask du", True),
     ("git subtask cleanup $J1", True),
     ("git subtask install all --scope project --dry-run", True),
     ("git subtask spend", False),
@@ -116,6 +117,7 @@ MCP_SESSION = [
     ("land", {"ids": ["$G1"], "dry_run": True}, True),
     ("land", {"ids": ["$G1"]}, False),
     ("list", {}, False),
+    ("du", {}, False),
     ("wait", {"ids": ["$J1"], "timeout": "soon"}, False),
     ("start", {"task": "x", "verfiy": "true"}, False),
     ("result", {"id": "st-deadbeef"}, False),
@@ -140,6 +142,7 @@ def normalize(text: str) -> str:
     text = re.sub(r"subtask-docs-[^/]+", "<tmp>", text)
     text = re.sub(r"\d{10}\.\d+", "<time>", text)
     text = re.sub(r"\b\d{2}:\d{2}:\d{2}\b", "<clock>", text)
+    text = re.sub(r"\b\d+(?:\.\d)? (?:B|KiB|MiB|GiB)\b", "<size>", text)  # du: blocks differ by file system
     text = re.sub(r"(<sha>|\.)\.\d+\b", r"\1.<offset>", text)  # a wait cursor's byte offsets
     return "\n".join(re.sub(r"[ \t]+", " ", line).rstrip() for line in text.splitlines())
 

@@ -1847,6 +1847,14 @@ def cleanup_merged(repo: Repo, dry_run: bool = False):
     return landing.cleanup_merged(repo, dry_run=dry_run)
 
 
+def du(repo: Repo):
+    """What each job's worktree costs on disk (tracked, untracked, ignored), the objects only its
+    refs keep, the other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    from subtask.ops import disk
+
+    return disk.usage(repo)
+
+
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
     from subtask.ops import landing
 

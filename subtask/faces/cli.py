@@ -566,6 +566,22 @@ def gc(dry_run, older_than, as_json):
 
 
 @cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def du(as_json):
+    """What jobs cost on disk, and what cleanup --merged and gc would free.
+
+    Per job whose worktree this clone checked out: its bytes on disk, split into tracked,
+    untracked and ignored files (a running job's is measured whole), and the objects only its
+    branch and pins keep; every other folder in the worktree folder (scratch worktrees, temp
+    dirs); the total; and the worktrees cleanup --merged and gc would remove, with their bytes.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.disk(api.du(_repo())), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
 @click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
 def init(display):
     """Set the repository up for git-subtask (notes merge strategy, notes ref; optional display)."""

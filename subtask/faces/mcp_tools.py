@@ -456,6 +456,13 @@ async def spend(month: str | None = None, all_clones: bool = False, repo: REPO =
     return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
 
 
+@tool("du", read_only=True, title="Disk usage")
+async def du(repo: REPO = None) -> replies.Reply:
+    """What each job's worktree costs on disk (tracked, untracked, ignored files), the objects only
+    its refs keep, other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    return await _call(lambda: replies.disk(api.du(open_repo(repo))))
+
+
 @tool("engines", read_only=True, title="Engines")
 async def engines(repo: REPO = None) -> replies.Reply:
     """The engines a job can use: installed, authenticated, paid or free, version, isolation."""

@@ -353,3 +353,30 @@ def engines(probes: list, *, compact: bool) -> Reply:
                        f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}"
                        + (f"\n         confinement here: {p.confinement}" if p.confinement else ""))
     return Reply("\n".join(out), {"v": 1, "engines": [p.__dict__ | {"usable": p.usable} for p in probes]})
+
+
+# ---------------------------------------------------------------- disk
+
+DU_HEADER = f"{'ID':<12} {'STATE':<8} {'WORKTREE':>10} {'TRACKED':>10} {'UNTRACKED':>10} {'IGNORED':>10} {'OBJECTS':>10}"
+
+
+def disk(found) -> Reply:
+    """`du`: a row per job's worktree, the other folders, the total, what cleanup and gc would free."""
+    rows = []
+    for job in found.jobs:
+        split = job.split or {}
+        rows.append(f"{job.id:<12} {job.state:<8} {render.size(job.total):>10} "
+                    + " ".join(f"{render.size(split.get(c)) if job.split else '-':>10}"
+                               for c in ("tracked", "untracked", "ignored"))
+                    + f" {render.size(job.objects):>10}" + (f"  ({job.why})" if job.why else ""))
+    lines = [DU_HEADER, *rows] if rows else []
+    lines += [f"{name + '/':<21} {render.size(size):>10}  (no job's worktree)" for name, size in found.other.items()]
+    data = found.to_dict()
+    if lines:
+        lines.append(f"total: {render.size(found.total)} in {len(found.jobs)} worktree(s)"
+                     + (f" and {len(found.other)} other folder(s)" if found.other else "")
+                     + f"; objects only job refs keep: {render.size(data['objects'])}")
+    for what, freed in found.frees.items() if lines else ():
+        lines.append(f"{what} would free {render.size(freed['bytes'])}"
+                     + (f" ({', '.join(freed['jobs'])})" if freed["jobs"] else ""))
+    return Reply("\n".join(lines), data, nothing="no job worktrees on disk")

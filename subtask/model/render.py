@@ -74,6 +74,18 @@ def duration(seconds: float | None) -> str:
     return f"{hours // 24}d"
 
 
+def size(n: int | None) -> str:
+    """Bytes for a person: `0 B`, `812 B`, `4.0 KiB`, `1.2 MiB`, `15.3 GiB` (None: `-`)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
 def money(usd: float | None) -> str:
     return "-" if usd is None else f"${usd:.2f}"
 
