@@ -1888,15 +1888,18 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False):
 def pull(repo: Repo, remote: str = "origin"):
     from subtask.ops import sync
 
+    active_elsewhere = {e["id"] for e in records.list_entries(repo) if e.get("on") and e.get("state") in ACTIVE}
     result = sync.pull(repo, remote)
     arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
-    _bring_home_from_elsewhere(repo, arrived + result.new_jobs)
+    _bring_home_from_elsewhere(repo, arrived + result.new_jobs, active_elsewhere)
     return result
 
 
-def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
-    reservation, note."""
+    reservation, note; the end told (`ops.notify`) of those this pull found still active."""
+    from subtask.ops import notify
+
     for job_id in job_ids:
         try:
             job = records.read(repo, job_id)
@@ -1911,3 +1914,5 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
             executor.backend().bring_home(repo, records.read(repo, job_id))
+            if job_id in active:
+                notify.attempt_ended(repo, records.read(repo, job_id))

@@ -44,7 +44,7 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import config
 from subtask.model.errors import SubtaskError, undo_uninterrupted
-from subtask.ops import books, lifecycle, sync
+from subtask.ops import books, lifecycle, notify, sync
 from subtask.state import ledger, liveness
 
 RESOURCE = "subtask_slot"
@@ -318,7 +318,9 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         if attempt.rid:
             ledger.close(repo.state_dir, attempt.rid, 0.0, reason="stopped while queued")
         jobenv.drop(repo.state_dir, job_id)
-        notes.write_for_job(repo, records.read(repo, job_id))
+        ended = records.read(repo, job_id)
+        notes.write_for_job(repo, ended)
+        notify.attempt_ended(repo, ended)
         return True
     finally:
         liveness.release(fd)
@@ -380,12 +382,16 @@ def settle(repo: Repo, job_id: str, *, state: RayState | None = None) -> bool:
     try:
         state = state or ray_state(job)
         if state.status is None:  # Ray not reached (this machine offline?): what git already has
-            return _fetch_home(repo, job_id, quiet=True)
+            if not _fetch_home(repo, job_id, quiet=True):
+                return False
+            notify.attempt_ended(repo, records.read(repo, job_id))
+            return True
         if state.status == "RUNNING" and job.state.current.state == "queued":
             _fetch_home(repo, job_id, quiet=True)  # the node pushes `running` once it starts
         if state.status not in TERMINAL and state.status != "MISSING":
             return False
         if _fetch_home(repo, job_id, quiet=state.status == "MISSING"):
+            notify.attempt_ended(repo, records.read(repo, job_id))  # its end came home under our hold: told once
             return True
         _end_here(repo, records.read(repo, job_id), state)
         return True

@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -80,6 +81,8 @@ class Server(MCPServer):
     _schemas: dict[str, dict] | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if context is not None:
+            ATTENTION.listen(context)
         schema = (await self._input_schemas()).get(name)
         if schema is not None:
             unknown = sorted(set(arguments or {}) - set(schema.get("properties", {})))
@@ -180,14 +183,138 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
 
 
 def open_repo(path: str | None) -> api.Repo:
-    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
+    """The repository a tool works on: an absolute path to a work tree, or the server's directory.
+    From then on the client is told its jobs' events (`ATTENTION`)."""
     if path is None or path == "":
-        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
-    if not os.path.isabs(path):
+        where = api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
+    elif not os.path.isabs(path):
         raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
                            hint="give the full path, e.g. /home/me/project, or leave repo out for "
                                 f"the server's directory ({os.getcwd()})")
-    return api.repo_at(path)
+    else:
+        where = api.repo_at(path)
+    ATTENTION.watch(where.state_dir)
+    return where
+
+
+class Attention:
+    """A log notification to the connected client for each job event `ops/notify` tells (a job
+    ended, failed verify, waits for a reply, stalled), while it is connected: the state folders
+    of the repositories its calls named are watched (their `notify.jsonl`, from the end it had
+    when first named), every `LOOK` seconds, by one thread that sends on the client's session."""
+
+    LOOK = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._feeds: dict[Path, tuple[int, int]] = {}  # state folder -> (inode, offset) of notify.jsonl
+        # The latest call's session (a per-request proxy the SDK makes; a handshake-era session
+        # sends on its connection) and its event loop's token: a stdio server has one client.
+        self._session: tuple[Any, Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def listen(self, context: Context) -> None:
+        """Called in the event loop with a call's context: its client is told from now on."""
+        try:
+            session, token = context.session, anyio.lowlevel.current_token()
+        except Exception:
+            return
+        with self._lock:
+            self._session = (session, token)
+
+    def watch(self, state_dir: Path) -> None:
+        from subtask.state import paths
+
+        with self._lock:
+            if state_dir not in self._feeds:
+                try:
+                    found = os.stat(paths.notify_feed(state_dir))
+                    self._feeds[state_dir] = (found.st_ino, found.st_size)
+                except OSError:
+                    self._feeds[state_dir] = (0, 0)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="subtask-attention", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            time.sleep(self.LOOK)
+            with self._lock:
+                feeds = dict(self._feeds)
+            for state_dir, seen in feeds.items():
+                lines, now = _feed_lines(state_dir, *seen)
+                with self._lock:
+                    self._feeds[state_dir] = now
+                for line in lines:
+                    self._tell(line)
+
+    def _tell(self, event: dict) -> None:
+        import warnings
+
+        level = "info" if event.get("event") == "ended" and event.get("state") == "done" else "warning"
+        data = {"message": render.safe_line(f"{event.get('event')}: {event.get('summary')}"),
+                **{k: event.get(k) for k in ("job", "event", "state", "reason", "attempt", "repo")}}
+        with self._lock:
+            listening = self._session
+        if listening is None:
+            return
+        session, token = listening
+        try:
+            with warnings.catch_warnings():  # the SDK marks logging deprecated (SEP-2577): still sent
+                warnings.simplefilter("ignore")
+                anyio.from_thread.run(functools.partial(session.send_log_message, level=level, data=data,
+                                                        logger="subtask"), token=token)
+        except Exception:  # gone: its connection closed
+            with self._lock:
+                if self._session is listening:
+                    self._session = None
+
+
+def _feed_lines(state_dir: Path, inode: int, offset: int) -> tuple[list[dict], tuple[int, int]]:
+    """The events added to a state folder's notify.jsonl since (inode, offset), the rest of the
+    rotated file first, and the new (inode, offset)."""
+    from subtask.state import paths
+
+    found: list[dict] = []
+    path = paths.notify_feed(state_dir)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return found, (inode, offset)
+    if now.st_ino != inode:
+        old = paths.notify_feed(state_dir, old=True)
+        try:
+            if inode and os.stat(old).st_ino == inode:
+                found += _read_lines(old, offset)[0]
+        except OSError:
+            pass
+        inode, offset = now.st_ino, 0
+    lines, offset = _read_lines(path, offset)
+    return found + lines, (inode, offset)
+
+
+def _read_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        return [], offset
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    found = []
+    for line in whole.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            found.append(event)
+    return found, offset + len(whole)
+
+
+ATTENTION = Attention()
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:

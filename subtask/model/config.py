@@ -131,6 +131,11 @@ SETTINGS: dict[str, Setting] = {
     "sweepInterval": Setting("number",
         "seconds between the lazy landed-job sweeps inside other commands",
         default="30", minimum=0),
+    "notify": Setting("text",
+        "a command run (`sh -c`, unconfined: your own hook) once when a job ends, fails verify, "
+        "stalls or waits for a reply; `$SUBTASK_JOB_ID`, `$SUBTASK_EVENT`, `$SUBTASK_STATE`, "
+        "`$SUBTASK_REASON`, `$SUBTASK_SUMMARY` in its environment. See docs/engines.md",
+        example='\'notify-send "$SUBTASK_SUMMARY"\''),
     "setup": Setting("text",
         "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
         example="'make deps'"),

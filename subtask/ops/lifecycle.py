@@ -192,8 +192,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
+    from subtask.ops import notify
 
     notes.write_for_job(repo, job)
+    notify.attempt_ended(repo, job)  # this call wrote the end: it tells it, once
     return job
 
 
