@@ -60,6 +60,7 @@ SESSION = [
     ("git subtask spend", False),
     ("git subtask engines", False),
     ("git subtask doctor", False),
+    ("git config subtask.routing.engines shell; git subtask routing explain 'echo routed > routed.txt'", False),
     ("git subtask show st-ffffffff; echo \"exit $?\"", True),
     ("git subtask start ''; echo \"exit $?\"", True),
 ]

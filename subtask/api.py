@@ -207,6 +207,8 @@ def default_engine(repo: Repo) -> str:
     from subtask.engines.base import preflight
 
     configured = repo.config.get("engine")
+    if configured and configured.strip() == "auto":
+        return "auto"  # routed per job (`ops/routing`)
     if configured:
         try:
             get_engine(configured, repo.config)
@@ -234,11 +236,15 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
-def _max_usd(repo: Repo, engine, requested) -> float:
-    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
+def _check_max_usd(requested) -> None:
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, (int, float))
                                   or not math.isfinite(requested) or requested < 0):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+
+
+def _max_usd(repo: Repo, engine, requested) -> float:
+    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
+    _check_max_usd(requested)
     if requested is None and not engine.paid:
         return 0.0
     usd = float(repo.config.number("defaultMaxUsd")) if requested is None else float(requested)
@@ -316,6 +322,12 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     repo.config.require_valid()
     on = executors.choose(repo.config, request.on)
     engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
+    routed = None
+    if engine_name == "auto":
+        routed = _routing(repo, request)
+        if routed.chosen is None:
+            raise routed.refusal()
+        engine_name = routed.chosen.name
     engine = get_engine(engine_name, repo.config)
     repo.config.require_valid(engine_name)  # and the keys of its engine (`subtask.engine.<name>.*`)
     _check_engine_can_run(engine)
@@ -356,10 +368,27 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
+    if routed is not None:  # the record says which engine --engine auto chose, and why
+        spec.extra["routing"] = routed.record()
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
     return _Prepared(job, engine.paid, as_written, on, until)
+
+
+def _routing(repo: Repo, request: StartRequest):
+    from subtask.ops import routing
+
+    _check_max_usd(request.max_usd)
+    return routing.route(repo, readonly=bool(request.readonly), isolation=request.isolation, max_usd=request.max_usd)
+
+
+def routing_explain(repo: Repo, request: StartRequest):
+    """Which engine `--engine auto` would choose for this start, every candidate's filter or
+    score and terms (`ops/routing`); nothing is started."""
+    _check_task(request.task)
+    repo.config.require_valid()
+    return _routing(repo, request)
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:

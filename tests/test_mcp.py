@@ -24,8 +24,8 @@ from conftest import blocked_on_run_lock, git, make_repo, refs, wait_until
 from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
-TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines", "du",
-         "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
+TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
+         "du", "routing", "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:

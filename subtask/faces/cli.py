@@ -565,6 +565,29 @@ def gc(dry_run, older_than, as_json):
                 nothing="nothing to collect", dry_run=dry_run)
 
 
+@cli.group(context_settings=CONTEXT)
+def routing():
+    """How --engine auto chooses an engine (docs/engines.md, "Routing")."""
+
+
+@routing.command("explain", context_settings=CONTEXT)
+@start_options
+@click.option("--json", "as_json", is_flag=True)
+def routing_explain(as_json, **options):
+    """Which engine --engine auto would choose for this start, and why; starts nothing.
+
+    Every candidate, with the filter that removed it (installed, authenticated, isolation,
+    budget, room) or its score and the terms of it (pass rate, cost and time of its jobs in this
+    repository, room left). Exit 1 when no candidate is left (start --engine auto refuses then).
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if options["task"] == "-":
+        options["task"] = sys.stdin.read()
+    _emit(replies.routed(api.routing_explain(_repo(), api.StartRequest(**options))), as_json)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True)
 def du(as_json):

@@ -583,6 +583,17 @@ async def spend(month: str | None = None, all_clones: bool = False, repo: REPO =
     return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
 
 
+async def routing(*, repo: str | None = None, **options: Any) -> replies.Reply:
+    """Which engine engine="auto" would choose for this start, and why; starts nothing: every
+    candidate with the filter that removed it (installed, authenticated, isolation, budget, room)
+    or its score and terms (pass rate, cost and time of its jobs in this repository, room left)."""
+    return await _call(lambda: replies.routed(api.routing_explain(open_repo(repo), api.StartRequest(**options))))
+
+
+routing.__signature__ = _start_signature()  # type: ignore[attr-defined]
+tool("routing", read_only=True, title="Explain --engine auto")(routing)
+
+
 @tool("du", read_only=True, title="Disk usage")
 async def du(repo: REPO = None) -> replies.Reply:
     """What each job's worktree costs on disk (tracked, untracked, ignored files), the objects only

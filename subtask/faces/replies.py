@@ -380,3 +380,26 @@ def disk(found) -> Reply:
         lines.append(f"{what} would free {render.size(freed['bytes'])}"
                      + (f" ({', '.join(freed['jobs'])})" if freed["jobs"] else ""))
     return Reply("\n".join(lines), data, nothing="no job worktrees on disk")
+
+
+# ---------------------------------------------------------------- routing
+
+def routed(found) -> Reply:
+    """`routing explain`: each candidate's score and terms, or the filter that removed it; the choice."""
+    weights = found.weights
+    chosen = found.chosen
+    lines = [f"{'ENGINE':<12} {'SCORE':>7}  {'PASS':>6} {'USD':>7} {'MINUTES':>8} {'ROOM':>5}  HISTORY HERE"]
+    for c in found.candidates:
+        if c.score is None:
+            lines.append(render.safe_line(f"{c.name:<12} {'-':>7}  removed by {c.filter}: {c.why}"))
+            continue
+        t = {term: c.terms[term]["value"] for term in c.terms}
+        h = c.history
+        past = (f"{h['ended']} ended, {h['passed']} passed" if h.get("ended") else "none")
+        lines.append(render.safe_line(f"{c.name:<12} {c.score:>7.3f}  {t['pass']:>6.2f} {t['cost']:>7.2f} "
+                                      f"{t['time']:>8.1f} {t['room']:>5.2f}  {past}"))
+    lines.append(f"score = {weights['pass']:g} x pass - {weights['cost']:g} x usd - {weights['time']:g} x minutes"
+                 f" + {weights['room']:g} x room   (git config subtask.routing.weightPass, weightCost, weightTime, "
+                 "weightRoom)")
+    lines.append(f"chosen: {chosen.name}" if chosen else "chosen: none: every candidate was removed")
+    return Reply("\n".join(lines), found.to_dict(), exit_code=0 if chosen else 1)

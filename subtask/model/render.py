@@ -478,6 +478,9 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         head += f" ({attempt.outcome})"
     head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing: {routed}")
     if attempt.retry:  # the verify loop's: its message is the task again, or what verify said
         lines.append(f"attempt: {attempt.n} (retry {attempt.retry} of {job.spec.retries}, while verify failed)")
     elif attempt.n > 1:
@@ -523,6 +526,33 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def routing_text(routed) -> str | None:
+    """What `--engine auto` chose and why, from the record's `spec.routing`: `auto chose aider
+    (score 0.85: pass 0.75, $0.00, 0.1 min, room 1.00); over codex 0.41, claude (authenticated:
+    no credentials)`."""
+    if not isinstance(routed, dict) or not isinstance(routed.get("chosen"), str):
+        return None
+    terms = routed.get("terms") if isinstance(routed.get("terms"), dict) else {}
+
+    def value(term: str) -> float | None:
+        found = terms.get(term)
+        return found.get("value") if isinstance(found, dict) and isinstance(found.get("value"), (int, float)) else None
+
+    said = [f"pass {value('pass'):.2f}" if value("pass") is not None else None,
+            f"${value('cost'):.2f}" if value("cost") is not None else None,
+            f"{value('time'):.1f} min" if value("time") is not None else None,
+            f"room {value('room'):.2f}" if value("room") is not None else None]
+    score = routed.get("score")
+    text = f"auto chose {routed['chosen']} (score {score:.2f}" if isinstance(score, (int, float)) else \
+        f"auto chose {routed['chosen']} ("
+    text += ": " + ", ".join(w for w in said if w) + ")"
+    others = routed.get("others") if isinstance(routed.get("others"), dict) else {}
+    if others:
+        text += "; over " + ", ".join(f"{name} {why:.2f}" if isinstance(why, (int, float)) else f"{name} ({why})"
+                                      for name, why in others.items())
+    return safe_line(text)
 
 
 def landing_line(entry) -> str:
@@ -653,6 +683,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing:   {routed}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})" if job.state.current.state != "waiting" else
                  "base:      the head of what it waits for, once that ended")
     waiting = job.state.current.state == "waiting"
