@@ -14,14 +14,18 @@ Invariants:
   folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
   Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
 - The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
-- Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
-  unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
+- Cost: the last match of `costPattern` in the output, in dollars (with `costSum`, the sum of
+  every match). A paid engine whose cost is unknown reports None, so the worker charges the
+  reservation; a free engine reports 0.0.
+- With `textPattern`, the summary and the STATUS line are read from the agent's words in its
+  output (group 1 of each match, JSON escapes decoded), not from every line: JSON-lines agents.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
   timeout come back as an Outcome with `error_kind` set.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -65,13 +69,18 @@ def _which(name: str, env: Mapping[str, str]) -> str | None:
 
 
 class _Output:
-    """Output lines as events, the stdout tail for the summary, and the last cost match."""
+    """Output lines as events, the stdout tail for the summary (or, with `textPattern`, the
+    agent's own words in it), and the cost: the last `costPattern` match, or with `costSum` the
+    sum of every match (an agent that prints each step's cost, as OpenCode does)."""
 
     def __init__(self, emit: Callable[[dict[str, Any]], None], cost_re: re.Pattern[str] | None,
-                 session_re: re.Pattern[str] | None) -> None:
+                 session_re: re.Pattern[str] | None, text_re: re.Pattern[str] | None = None,
+                 cost_sum: bool = False) -> None:
         self.emit = emit
         self.cost_re = cost_re
         self.session_re = session_re
+        self.text_re = text_re
+        self.cost_sum = cost_sum
         self.stdout: list[str] = []
         self.cost: float | None = None
         self.session_id: str | None = None
@@ -79,20 +88,36 @@ class _Output:
     def on(self, stream: str) -> Callable[[str], None]:
         def handle(line: str) -> None:
             if stream == "stdout":
-                self.stdout.append(line)
+                self.stdout += self.words(line)
                 del self.stdout[:-_KEEP_LINES]
             self.scan(line)
             self.emit({"type": "output", "stream": stream, "text": line})
 
         return handle
 
+    def words(self, line: str) -> list[str]:
+        """What of a stdout line the summary reads: the line, or the `textPattern` matches in it
+        (group 1; a JSON string's escapes decoded: `\\n` is a new line)."""
+        if self.text_re is None:
+            return [line]
+        found = []
+        for match in self.text_re.finditer(line):
+            text = match.group(1) if match.groups() and match.group(1) is not None else ""
+            try:
+                text = json.loads(f'"{text}"')
+            except ValueError:
+                pass  # not JSON string content: the text as it stands
+            found += text.splitlines()
+        return found
+
     def scan(self, line: str) -> None:
         if self.cost_re is not None:
             for match in self.cost_re.finditer(line):
                 try:
-                    self.cost = float(match.group(1))
+                    amount = float(match.group(1))
                 except (IndexError, TypeError, ValueError):
-                    pass
+                    continue
+                self.cost = (self.cost or 0.0) + amount if self.cost_sum else amount
         if self.session_re is not None:
             match = self.session_re.search(line)
             if match and match.groups() and match.group(1):
@@ -142,8 +167,9 @@ class CommandEngine:
         if _which(template[0], ctx.env) is None:
             return Outcome(False, session_id=ctx.session_id, error_kind="not_installed",
                            error=f"{template[0]} not found on PATH (engine {self.name})")
-        output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
-                         self._regex(ctx, "sessionPattern"))
+        output = _Output(ctx.emit, self._regex(ctx, "costPattern"), self._regex(ctx, "sessionPattern"),
+                         self._regex(ctx, "textPattern"),
+                         cost_sum=(self._key("costSum") or "").strip().lower() in TRUE_WORDS)
         task_file = ctx.task_file() if _uses(template, "task_file") else None
         try:
             argv = substitute(template, {

@@ -235,6 +235,14 @@ SETTINGS: dict[str, Setting] = {
         "finds a paid command engine's cost in its output (group 1, dollars; the last match "
         "counts)",
         example="'cost: \\$([0-9.]+)'", engine=NAME),
+    "engine.<name>.costSum": Setting("flag",
+        "add up every `costPattern` match instead of taking the last (an agent that prints each "
+        "step's cost: OpenCode)",
+        default="false", engine=NAME),
+    "engine.<name>.textPattern": Setting("regex",
+        "finds the agent's own words in its output (group 1, JSON escapes decoded): the summary "
+        "and the STATUS line are read from them (an agent that prints JSON lines)",
+        example=r"""'"text": *"((?:[^"\\]|\\.)*)"'""", engine=NAME),
     "engine.<name>.sessionPattern": Setting("regex",
         "finds a command engine's session id in its output (group 1)",
         example="'session: (\\S+)'", engine=NAME),
