@@ -293,6 +293,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
+        if not prepared.on.runs_here:  # checked now, and its record says where it will run
+            prepared.on.backend().place(repo, prepared.job)
         return _start_waiting(repo, prepared)
     if not prepared.on.runs_here:
         job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
@@ -439,7 +441,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     liveness.release(fd)
     plans.advance(repo)
     job = records.read(repo, job.id)
-    return StartResult(job, queue_position(repo, job.id) or 0)
+    return StartResult(job, queue_position(repo, job.id) or 0, on=prepared.on.name)
 
 
 def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[int, list[str]]:
@@ -686,7 +688,10 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
-    executors.choose(repo.config, request.on).require("best_of")
+    on = executors.choose(repo.config, request.on)
+    on.require("best_of")
+    if how.judge is not None:
+        on.require("judge")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -746,7 +751,10 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                            hint="git subtask map 'src/*.py' 'add type hints to {files}'")
     if request.readonly or request.after:
         raise SubtaskError("usage", "map starts writing jobs now: no --readonly or --after")
-    executors.choose(repo.config, request.on).require("map")
+    on = executors.choose(repo.config, request.on)
+    on.require("map")
+    if concurrency is not None:
+        on.require("concurrency")
     base = resolve_commit(repo, request.base or "HEAD")
     files = map_files(repo, pattern, base)
     if not files:
@@ -777,6 +785,13 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
                   ) -> list[StartResult]:
     """Admit and start a group's members all or none, then write the group record."""
     groups = _groups()
+
+    def write_group() -> None:
+        groups.keep_judge(repo, gid, judge)
+        groups.create(repo, group)
+
+    if not prepared[0].on.runs_here:
+        return _launch_elsewhere(repo, prepared, what=what, then_record=write_group)
     launches = []
     try:
         for p in prepared:
@@ -786,12 +801,33 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
         raise
-
-    def write_group() -> None:
-        groups.keep_judge(repo, gid, judge)
-        groups.create(repo, group)
-
     return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+
+
+def _launch_elsewhere(repo: Repo, prepared: list[_Prepared], *, what: str, then_record) -> list[StartResult]:
+    """A group's members handed to the executor that runs them elsewhere, all or none: their
+    money is checked against the cap together first; a member that cannot be handed over stops
+    the ones handed over before it (charged nothing: none has run)."""
+    on = prepared[0].on
+    usd = math.fsum(p.job.state.current.cost.reserved * (1 + (p.job.spec.retries or 0)) for p in prepared if p.paid)
+    if usd:
+        left = ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd")).left_usd
+        if usd > left:
+            raise SubtaskError("budget", f"{what} reserve {_usd(usd)} together, more than this month's cap has "
+                               f"left ({_usd(max(left, 0.0))})", hint="git subtask spend")
+    started: list[StartResult] = []
+    try:
+        for p in prepared:
+            started.append(StartResult(on.backend().submit(repo, p.job, p.paid), 0, on=on.name))
+        then_record()
+    except BaseException:
+        for result in started:
+            try:
+                on.backend().stop(repo, result.job.id)
+            except Exception as exc:  # said, never hidden: that one still runs there
+                warnings.warn(f"{result.job.id} could not be stopped: {getattr(exc, 'message', exc)}", stacklevel=2)
+        raise
+    return started
 
 
 def get_group(repo: Repo, gid_or_prefix: str):
@@ -1049,17 +1085,17 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     executor = executors.of(job)
-    if "reply" not in executor.can:
-        raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
-                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
+    executor.require("reply")
     repo.config.require_valid(job.spec.engine)
     engine = get_engine(job.spec.engine, repo.config)
-    _check_engine_can_run(engine)
+    if executor.runs_here:  # elsewhere, the node that runs it needs the engine, not this machine
+        _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
-    worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
-    worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
+    if executor.runs_here:
+        worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
+        worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -1077,6 +1113,11 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    if not executor.runs_here:
+        try:
+            return StartResult(executor.backend().reply(repo, job, attempt, engine.paid), 0, on=executor.name)
+        finally:
+            liveness.release(lock_fd)
     if engine.paid:
         _sync_ledger(repo)
     # A branch that cleanup or gc deleted (no commits beyond its base, or landed) comes back where
@@ -1943,5 +1984,11 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
             executor.backend().bring_home(repo, records.read(repo, job_id))
+            ended = records.read(repo, job_id)
             if job_id in active:
-                notify.attempt_ended(repo, records.read(repo, job_id))
+                notify.attempt_ended(repo, ended)
+            if ended.spec.group:  # a member brought home may be the last its group waited for
+                _groups().after_member_ended(repo, ended)
+    from subtask.ops import plans
+
+    plans.advance_quietly(repo)  # ... and the jobs waiting for what came home
