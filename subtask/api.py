@@ -27,6 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from subtask import executors
 from subtask.git import ownership, records, where_landed, worktrees
@@ -62,6 +63,9 @@ from subtask.model.start_options import GROUP_ONLY, StartRequest
 from subtask.ops import admission, books, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
+if TYPE_CHECKING:
+    from subtask.ops.feed import Feed
+
 
 @dataclass
 class StartResult:
@@ -82,7 +86,7 @@ class WaitResult:
     jobs: list[Job]
     timed_out: bool
     stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
-    feed: object | None = None  # `wait --since`: the events after the cursor and the next cursor (`ops.feed.Feed`)
+    feed: Feed | None = None  # `wait --since`: the events after the cursor and the next cursor
 
     @property
     def all_passed(self) -> bool:
@@ -1343,6 +1347,7 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
 # ---------------------------------------------------------------- wait
 
 STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
+RECORD_LOOKS = 8  # `wait --since` reads the record refs every 8th look (2 s): what only they say
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
@@ -1358,6 +1363,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     after it, or as `wait` would; `feed` then holds those events and the cursor after them.
     """
     if since is not None:
+        if timeout is not None:
+            timeout = _positive(timeout, "--timeout")  # refused even when events answer at once
         return _wait_since(repo, ids, since, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick)
     return _wait(repo, ids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick, stalls=stalls)
 
@@ -1373,7 +1380,11 @@ def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult
     if found.events or found.more:
         jobs = [records.read(repo, job_id) for job_id in job_ids]
         return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
-    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions), **options)
+    import itertools
+
+    looks = itertools.count()  # the record refs every RECORD_LOOKS-th look, the events files every look
+    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions,
+                                                         records_too=next(looks) % RECORD_LOOKS == 0), **options)
     result.feed = feed.collect(repo, job_ids, positions)
     return result
 

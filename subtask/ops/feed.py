@@ -72,8 +72,10 @@ def render_cursor(positions: dict[str, Position]) -> str:
     return ",".join(parts) or "0"
 
 
-def grew(repo: Repo, job_ids: list[str], positions: dict[str, Position]) -> bool:
-    """Whether any job has an event after its position (cheap: a stat and a ref read each)."""
+def grew(repo: Repo, job_ids: list[str], positions: dict[str, Position], *, records_too: bool = True) -> bool:
+    """Whether any job has an event after its position: a stat of its events file, and with
+    `records_too` a read of its record's ref (a process, before pygit2 is loaded: the caller asks
+    less often; a worker says each state it records in the events file too)."""
     for job_id in job_ids:
         seen = positions.get(job_id, Position())
         try:
@@ -81,7 +83,7 @@ def grew(repo: Repo, job_ids: list[str], positions: dict[str, Position]) -> bool
                 return True
         except OSError:
             pass
-        ref = repo.objects.ref(records.record_ref(job_id))
+        ref = repo.objects.ref(records.record_ref(job_id)) if records_too else None
         if ref is not None and not ref.target.startswith(seen.tip or "-"):
             return True
     return False
