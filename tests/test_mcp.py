@@ -27,7 +27,7 @@ from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
 TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
-         "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
+         "du", "routing", "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:
@@ -1150,8 +1150,8 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
 
     answers = anyio.run(main)
     assert answers == [
-        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, repo",
-        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, repo",
+        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, since, repo",
+        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, since, repo",
         "error: result needs id\nhint: result takes: id (required), full, evidence, repo",
         answers[3], answers[4],
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"

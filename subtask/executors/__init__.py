@@ -25,7 +25,8 @@ from typing import Protocol
 from subtask.model.errors import SubtaskError
 from subtask.model.job import placement, ray_job_id, runs_remotely
 
-FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", "map": "map", "reply": "reply"}
+FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", "map": "map", "reply": "reply",
+            "concurrency": "map --concurrency", "judge": "--judge"}
 
 
 class Elsewhere(Protocol):
@@ -33,6 +34,17 @@ class Elsewhere(Protocol):
 
     def submit(self, repo, job, paid: bool):
         """Check the job can run there, then branch, pin, record, reservation, hand-over; the Job."""
+
+    def place(self, repo, job) -> None:
+        """Check the job can run there and say so in its (not yet written) record: a job that
+        waits (`--after`) is recorded placed, and handed over once it may start."""
+
+    def hand_over(self, repo, job, paid: bool) -> None:
+        """A placed job whose record says queued (a waiting job moved on, `ops/plans`): its
+        reservation, its refs where the executor reads them, the hand-over. Raises, undone."""
+
+    def reply(self, repo, job, attempt, paid: bool):
+        """Attempt n+1 of a job that ran there, run there too; the Job. The caller holds the run-lock."""
 
     def watch(self, repo, job_id: str, cancel: threading.Event) -> None:
         """Block (bounded) until the job may have ended there; `wait` calls it in a loop."""
@@ -52,6 +64,7 @@ class Executor:
     name: str
     backend_module: str | None  # None: runs here (api's admission and spawn); else an `Elsewhere` module
     can: frozenset[str]  # the FEATURES a job run by it may ask for
+    missing: tuple[tuple[str, str], ...] = ()  # (feature, why it cannot) for the FEATURES it lacks
 
     @property
     def runs_here(self) -> bool:
@@ -63,15 +76,21 @@ class Executor:
         return importlib.import_module(self.backend_module)  # type: ignore[return-value]
 
     def require(self, feature: str) -> None:
-        """Refuse (exit 129) what this executor cannot do for a job."""
+        """Refuse (exit 129) what this executor cannot do for a job, saying what is missing."""
         if feature not in self.can:
-            raise SubtaskError("usage", f"{FEATURES[feature]} is not supported for a job on {self.name} yet: "
-                               "it runs here only", hint=f"git subtask start --on local {FEATURES[feature]} ...")
+            why = dict(self.missing).get(feature, "it runs here only")
+            raise SubtaskError("usage", f"{FEATURES[feature]} is not supported for a job on {self.name}: {why}",
+                               hint=f"git subtask start --on local {FEATURES[feature]} ...")
 
 
 REGISTRY: dict[str, Executor] = {
     "local": Executor("local", None, frozenset(FEATURES)),
-    "ray": Executor("ray", "subtask.executors.ray", frozenset()),
+    "ray": Executor("ray", "subtask.executors.ray", frozenset(FEATURES) - {"concurrency", "judge"}, (
+        ("concurrency", "it bounds a map's jobs by this machine's slots, and a job on Ray holds none: the "
+                        "cluster's subtask_slot resources bound how many run (a resource of the map's own: "
+                        "git config subtask.ray.resources)"),
+        ("judge", "a judge runs in each attempt's worktree, which is on the node that ran it, and only until "
+                  "its results are pushed: pick by a rule (--pick smallest|cheapest|fastest, --first-pass)"))),
 }
 EXECUTORS = tuple(REGISTRY)
 

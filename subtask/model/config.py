@@ -80,8 +80,28 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {
     "engine": Setting("text",
-        "the engine a job runs with when `start` names none",
+        "the engine a job runs with when `start` names none (`auto`: chosen per job, see "
+        "`subtask.routing.*` and docs/engines.md)",
         shown="claude if usable", example="shell"),
+    "routing.engines": Setting("text",
+        "the engines `--engine auto` chooses from, in order of preference on a tie",
+        shown="every agent engine here (not shell)", example="'claude codex aider'"),
+    "routing.weightPass": Setting("number",
+        "`--engine auto`: points per unit of an engine's pass rate in this repository's records",
+        default="1", minimum=0),
+    "routing.weightCost": Setting("number",
+        "`--engine auto`: points taken per dollar of an engine's mean cost here",
+        default="0.2", minimum=0),
+    "routing.weightTime": Setting("number",
+        "`--engine auto`: points taken per minute of an engine's mean time here",
+        default="0.01", minimum=0),
+    "routing.weightRoom": Setting("number",
+        "`--engine auto`: points per unit of the share of an engine's `routing.<name>.maxRunning` "
+        "left",
+        default="0.1", minimum=0),
+    "routing.<name>.maxRunning": Setting("int",
+        "`--engine auto` passes over this engine while this many of its jobs run here",
+        minimum=1, example="2"),
     "maxRunning": Setting("int",
         "workers running at once (across all processes); more jobs queue",
         default="4", minimum=1),
@@ -137,6 +157,11 @@ SETTINGS: dict[str, Setting] = {
     "sweepInterval": Setting("number",
         "seconds between the lazy landed-job sweeps inside other commands",
         default="30", minimum=0),
+    "notify": Setting("text",
+        "a command run (`sh -c`, unconfined: your own hook) once when a job ends, fails verify, "
+        "stalls or waits for a reply; `$SUBTASK_JOB_ID`, `$SUBTASK_EVENT`, `$SUBTASK_STATE`, "
+        "`$SUBTASK_REASON`, `$SUBTASK_SUMMARY` in its environment. See docs/engines.md",
+        example='\'notify-send "$SUBTASK_SUMMARY"\''),
     "setup": Setting("text",
         "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
         example="'make deps'"),
@@ -216,6 +241,14 @@ SETTINGS: dict[str, Setting] = {
         "finds a paid command engine's cost in its output (group 1, dollars; the last match "
         "counts)",
         example="'cost: \\$([0-9.]+)'", engine=NAME),
+    "engine.<name>.costSum": Setting("flag",
+        "add up every `costPattern` match instead of taking the last (an agent that prints each "
+        "step's cost: OpenCode)",
+        default="false", engine=NAME),
+    "engine.<name>.textPattern": Setting("regex",
+        "finds the agent's own words in its output (group 1, JSON escapes decoded): the summary "
+        "and the STATUS line are read from them (an agent that prints JSON lines)",
+        example=r"""'"text": *"((?:[^"\\]|\\.)*)"'""", engine=NAME),
     "engine.<name>.sessionPattern": Setting("regex",
         "finds a command engine's session id in its output (group 1)",
         example="'session: (\\S+)'", engine=NAME),

@@ -21,7 +21,7 @@ import time
 from decimal import Decimal
 
 from subtask.model import money as _money
-from subtask.model.job import placement, ray_job_id
+from subtask.model.job import ACTIVE, TERMINAL, placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
@@ -81,6 +81,19 @@ def money(usd) -> str:
     return _money.text(usd)
 
 
+def size(n: int | None) -> str:
+    """Bytes for a person: `0 B`, `812 B`, `4.0 KiB`, `1.2 MiB`, `15.3 GiB` (None: `-`)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+
 def short(sha: str | None) -> str:
     return (sha or "")[:7]
 
@@ -129,6 +142,53 @@ def stalled_text(attempt) -> str:
     facts = stall_facts(attempt) or {}
     silent = facts.get("silent_s") if facts.get("silent_s") is not None else facts.get("after_s")
     return f"stalled: no event from the engine for {duration(silent)}"
+
+
+def activity_text(event: dict) -> str | None:
+    """What an event of a job's events file says it did ("running: pytest -q"); None: nothing to say."""
+    kind = event.get("type")
+    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
+        since, after = event.get("since"), event.get("after")
+        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
+        return (f"stalled: no event from the engine{silent}"
+                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
+    if kind == "command":
+        return f"running: {event.get('command')}"
+    if kind == "tool":
+        return f"tool: {event.get('name')}"
+    if kind in ("text", "output"):
+        text = (event.get("text") or "").strip()
+        return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
+    if kind == "state":
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
+    return None
+
+
+def event_line(event: dict) -> str:
+    """One line of `wait --since`: `st-1a2b3c4d 14:02:07 attempt 1 done · verify passed`."""
+    kind, t = event.get("type"), event.get("t")
+    when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
+    if kind == "state" and event.get("state") in (*ACTIVE, *TERMINAL):
+        words = f"attempt {event.get('attempt')} {event.get('state')}"
+        if event.get("verify"):
+            words += f" · verify {event['verify']}"
+        if event.get("reason"):
+            words += f": {event['reason']}"
+    elif kind == "stalled":
+        after = event.get("after")
+        words = "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
+    elif kind == "stall_ended":
+        words = "no longer stalled: the engine spoke again"
+    elif kind == "isolation":
+        words = f"isolation {event.get('mode')}" + (f": refused {event['refused']}" if event.get("refused") else "")
+    else:
+        text = event.get("text")
+        words = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
+        words = words if words is not None else f"{kind}: " + json.dumps(
+            {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
+    return safe_line(f"{event.get('job', '')} {when} {words}".strip())
 
 
 def one_line(job, position: int | None = None) -> str:
@@ -517,6 +577,9 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         head += f" ({attempt.outcome})"
     head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing: {routed}")
     if attempt.retry:  # the verify loop's: its message is the task again, or what verify said
         lines.append(f"attempt: {attempt.n} (retry {attempt.retry} of {job.spec.retries}, while verify failed)")
     elif attempt.n > 1:
@@ -565,6 +628,33 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def routing_text(routed) -> str | None:
+    """What `--engine auto` chose and why, from the record's `spec.routing`: `auto chose aider
+    (score 0.85: pass 0.75, $0.00, 0.1 min, room 1.00); over codex 0.41, claude (authenticated:
+    no credentials)`."""
+    if not isinstance(routed, dict) or not isinstance(routed.get("chosen"), str):
+        return None
+    terms = routed.get("terms") if isinstance(routed.get("terms"), dict) else {}
+
+    def value(term: str) -> float | None:
+        found = terms.get(term)
+        return found.get("value") if isinstance(found, dict) and isinstance(found.get("value"), (int, float)) else None
+
+    said = [f"pass {value('pass'):.2f}" if value("pass") is not None else None,
+            f"${value('cost'):.2f}" if value("cost") is not None else None,
+            f"{value('time'):.1f} min" if value("time") is not None else None,
+            f"room {value('room'):.2f}" if value("room") is not None else None]
+    score = routed.get("score")
+    text = f"auto chose {routed['chosen']} (score {score:.2f}" if isinstance(score, (int, float)) else \
+        f"auto chose {routed['chosen']} ("
+    text += ": " + ", ".join(w for w in said if w) + ")"
+    others = routed.get("others") if isinstance(routed.get("others"), dict) else {}
+    if others:
+        text += "; over " + ", ".join(f"{name} {why:.2f}" if isinstance(why, (int, float)) else f"{name} ({why})"
+                                      for name, why in others.items())
+    return safe_line(text)
 
 
 def landing_line(entry) -> str:
@@ -698,6 +788,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing:   {routed}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})" if job.state.current.state != "waiting" else
                  "base:      the head of what it waits for, once that ended")
     waiting = job.state.current.state == "waiting"

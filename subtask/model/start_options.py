@@ -60,8 +60,9 @@ class StartRequest:
 
     task: str = _option(str, "what the engine should do (for the shell engine: a bash script)", "", argument=True)
     engine: str | list[str] | None = _option(
-        str, "shell, claude, codex, or a configured command engine (default: git config subtask.engine, else "
-        "claude); with {best_of}: several, cycled over the attempts", short="-e", names=True)
+        str, "shell, claude, codex, a configured command engine, or auto: the best one here by its record "
+        "(git subtask routing explain) (default: git config subtask.engine, else claude); with {best_of}: several, "
+        "cycled over the attempts", short="-e", names=True)
     base: str = _option(str, "commit or branch the job starts from", "HEAD", short="-b", show_default=True)
     verify: str | None = _option(str, "command run with sh -c (POSIX sh, not bash) in the worktree on the job's "
                                  "final commit; exit 0 = passed")

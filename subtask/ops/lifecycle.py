@@ -192,8 +192,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
+    from subtask.ops import notify
 
     notes.write_for_job(repo, job)
+    notify.attempt_ended(repo, job)  # this call wrote the end: it tells it, once
     return job
 
 
@@ -445,9 +447,14 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
 def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> bool:
     """End a job's current attempt `stopped`: drop it from the queue, or end its worker's process
     groups (TERM, then KILL). False when it had already ended."""
-    attempt = records.read(repo, job_id).state.current
+    job = records.read(repo, job_id)
+    attempt = job.state.current
     if attempt.terminal:
         return False
+    executor = executors.of(job)
+    if not executor.runs_here:  # its node writes its record while it runs: its executor stops it
+        executor.backend().stop(repo, job_id)
+        return True
     state_dir = repo.state_dir
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)

@@ -59,7 +59,7 @@ from subtask.model import claims, faults, money, phases, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
-from subtask.ops import groups, lifecycle, overlay, plans
+from subtask.ops import groups, lifecycle, notify, overlay, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
 from subtask.proc import isolation, spawn
@@ -1240,6 +1240,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
         overlay.forget(repo, job_id)
     sink({"type": "state", "state": attempt.state})
     phases.mark("terminal_event")
+    notify.attempt_ended(repo, job, attempt_n)  # `finish` wrote the end: told once, here
     pack_refs_when_many(repo)
 
 

@@ -45,7 +45,7 @@ from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import claims, faults, money, render
 from subtask.model.errors import SubtaskError
-from subtask.model.job import Attempt, Cost, VerifyResult
+from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.ops import books, lifecycle
 from subtask.state import ledger, paths, privatetext, slots
 
@@ -176,25 +176,31 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     attempt = job.state.current
     engine = get_engine(job.spec.engine, repo.config)
     n, retry = attempt.n + 1, len(loop_of(job))
+    # On a cluster node the job holds no slot here, and its loop's money was reserved at home
+    # with the job (executors/ray.py `reserve`): the retry runs in the same Ray job.
+    elsewhere = runs_remotely(job)
     usd = money.ZERO
     if engine.paid:
         usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
         cap = money.usd(repo.config.number("maxJobUsd"))
-        if usd > cap:
+        if usd > cap and not elsewhere:
             return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
-        books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
+        if not elsewhere:
+            books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     verify = facts.verify
     checks_results = facts.checks
     resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
     stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
     as_written = stored if resumed else privatetext.message(state_dir, job.id, attempt)
-    refusal = _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
+    refusal = None if elsewhere else _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
     if refusal:
         return refusal
     nxt = Attempt(n=n, state="running", message=stored, queued_at=time.time(),
                   cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(),
                   rid=paths.reservation_id(job.id, n) if engine.paid else None, timeout=attempt.timeout,
                   max_usd=usd if engine.paid else None, retry=retry)
+    if elsewhere:  # the same Ray job on the same node runs it: home follows it by that job
+        nxt.extra.update({key: attempt.extra[key] for key in ("ray_job", "node") if key in attempt.extra})
     plan.next = nxt
     verify_as_written = privatetext.verify(state_dir, job.id, attempt.n, job.spec.verify)
     plan._undo.append(lambda: privatetext.discard(state_dir, job.id, n))
