@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from subtask.model import checknames
 from subtask.model.errors import SubtaskError
 
-KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "checks", "amounts",
-         "clone-id")
+KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "pattern", "checks",
+         "amounts", "clone-id")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 TRUE_WORDS = FLAG_WORDS[:4]
 NAME = "<name>"  # in a row's key: any engine's name
@@ -71,6 +71,7 @@ class Setting:
             "path": "a path",
             "argv": "a JSON list of strings, the program first",
             "regex": "a regular expression with one group",
+            "pattern": "a regular expression",
             "checks": "checks separated by commas: no-test-deletion, no-suppression, paths=GLOB, "
                       "none",
             "amounts": "a JSON object of amounts >= 0",
@@ -252,7 +253,7 @@ SETTINGS: dict[str, Setting] = {
     "engine.<name>.sessionPattern": Setting("regex",
         "finds a command engine's session id in its output (group 1)",
         example="'session: (\\S+)'", engine=NAME),
-    "engine.<name>.answerPattern": Setting("regex",
+    "engine.<name>.answerPattern": Setting("pattern",
         "a line a command engine prints for every model answer: a run that printed none, and no "
         "cost, is charged $0",
         example="'^Tokens: '", engine=NAME),
@@ -381,6 +382,12 @@ def value_problem(key: str, raw: str) -> str | None:
             if re.compile(raw).groups >= 1:
                 return None
             return "has no group (the part in parentheses is read)"
+        except re.error as exc:
+            return f"is not a regular expression ({exc})"
+    if kind == "pattern":
+        try:
+            re.compile(raw)
+            return None
         except re.error as exc:
             return f"is not a regular expression ({exc})"
     if kind == "checks":
