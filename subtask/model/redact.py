@@ -72,6 +72,12 @@ _PREFIXED = [
                r"(?!\[REDACTED\])[^\s\"'][^\n\"']{5,4096}"),
     # Credentials in URLs: scheme://user:password@host.
     re.compile(r"(://[^/\s:@]{1,256}:)[^/\s@]{1,256}(?=@)"),
+    # `.netrc`'s `password X` (no `=`): after `machine`/`login`/`account NAME` or `default` on its
+    # line, or alone on a line with its value (the file spread over lines). Prose ("your login
+    # name and password") has neither shape.
+    re.compile(r"(?im)(^[ \t]*(?:(?:(?:machine|login|account)[ \t]+\S{1,256}[ \t]+|default[ \t]+){1,8}"
+               r"password[ \t]+(?!\[REDACTED\])|password[ \t]+(?!\[REDACTED\])"
+               r"(?=\S{1,4096}[ \t]*(?:$|(?:machine|login|account|default)[ \t]))))\S{1,4096}"),
 ]
 
 # -- assignments: name kept, value replaced ------------------------------------------------------
@@ -145,7 +151,7 @@ def _env_redactor(env: Mapping[str, str] | None) -> re.Pattern[str] | None:
 # sensitive needles for _TOKENS, lower-case ones (tested on the lowered text) for the rest.
 _TOKEN_NEEDLES = (("-----BEGIN",), ("-----BEGIN",), ("sk-",), ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), ("github_pat_",), ("AKIA", "ASIA"),
                   ("AIza",), ("xox",), ("eyJ",))
-_PREFIXED_NEEDLES = (("hooks.slack.com",), ("bearer",), ("authorization",), ("://",))
+_PREFIXED_NEEDLES = (("hooks.slack.com",), ("bearer",), ("authorization",), ("://",), ("password",))
 _ASSIGNMENT_NEEDLES = ("pass", "token", "secret", "api", "access", "private", "credential")
 
 
