@@ -555,11 +555,16 @@ def launch_spec() -> dict | None:
     """The active sandbox, as `launch` rebuilds it in its own process: for a spawner that takes no
     pre-exec hook and closes every fd (the claude SDK), so no ruleset fd can cross it. None when
     nothing is confined."""
-    sandbox = _active
-    if sandbox is None:
+    from subtask.proc import context
+
+    sandbox, starter = _active, context.spec()
+    if sandbox is None and starter is None:
         return None
-    return {"v": 1, "mode": sandbox.mode, "grants": [[g.path, g.rights] for g in sandbox.policy.grants],
-            "plan": sandbox.plan.to_json()}
+    spec: dict = {"v": 1, "context": starter}
+    if sandbox is not None:
+        spec.update(mode=sandbox.mode, grants=[[g.path, g.rights] for g in sandbox.policy.grants],
+                    plan=sandbox.plan.to_json())
+    return spec
 
 
 LAUNCH_USAGE = ("usage: python -m subtask.proc.isolation [--parent PID] [--session] [--pid-file FILE] "
@@ -602,6 +607,15 @@ def launch(args: list[str]) -> int:
         try:
             with open(options["sandbox"], encoding="utf-8") as fh:
                 spec = json.load(fh)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"git-subtask: could not confine this process ({exc}); it was not started\n")
+            return 126
+        if isinstance(spec, dict) and spec.get("context") is not None:
+            from subtask.proc import context
+
+            context.apply_spec(spec["context"])  # exits 126 when it cannot
+    if "sandbox" in options and "mode" in spec:
+        try:
             policy = Policy(spec["mode"], [Grant(path, "", rights) for path, rights in spec["grants"]],
                             plan=namespaces.Plan.from_json(spec["plan"]))
             fd = build_ruleset(policy) if policy.mode != "none" else None

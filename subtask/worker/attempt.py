@@ -62,7 +62,7 @@ from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.ops import groups, lifecycle, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
-from subtask.proc import isolation, spawn
+from subtask.proc import context, isolation, spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import file_lock, open_private
 from subtask.worker import retries
@@ -563,7 +563,9 @@ class Confinement:
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         self.worktree = worktree
+        self.context = None
         try:
+            self.context = starter_context(repo, job)
             self.env.update(namespace_env(repo, job))
             # The admin folder the checkout made or checked, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
@@ -576,6 +578,7 @@ class Confinement:
             self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
             release_namespace(repo, job)
+            context.use(None)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
 
@@ -626,11 +629,24 @@ class Confinement:
             run_teardown(self.repo, self.job, self.worktree, self)
         finally:
             release_namespace(self.repo, self.job)
+            context.use(None)
             self.sandbox.close()
             for status in (self.before, self.after):
                 if status is not None:
                     status.lines()  # no git process is left behind, whatever ended the attempt
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def starter_context(repo: Repo, job: Job) -> context.Prepared:
+    """The context of the job's starter (nice value, limits, umask, namespaces: `jobenv`), made
+    the context of every child this worker starts for the attempt; refused when it cannot be
+    given (a setup failure that names why), never replaced by this worker's own."""
+    try:
+        prepared = context.prepare(jobenv.load_context(repo.state_dir, job.id))
+    except context.ContextError as exc:
+        raise SubtaskError("fatal", f"cannot run as its starter ran: {exc}") from exc
+    context.use(prepared)
+    return prepared
 
 
 TMP_FOLDER = ".tmp"  # under the worktree folder: beside the job worktrees, outside .git and /tmp
