@@ -198,12 +198,13 @@ def test_secret_env_values_are_redacted_anywhere():
         "SHORT_KEY": "abc",  # too short to redact safely
         "HOME": "/home/someone",  # not a secret name
         "GIT_AUTHOR_NAME": "Jane Developer",  # AUTHOR is not AUTH
+        "SSH_AUTH_SOCK": "/tmp/ssh-XXXXabcd/agent.42",  # a socket's path is not a secret
     }
     text = ("calling with plain-looking-value-42 and correct horse battery staple, authvalue99; "
-            "abc in /home/someone by Jane Developer")
+            "abc in /home/someone by Jane Developer at /tmp/ssh-XXXXabcd/agent.42")
     out = redact(text, env)
     assert out == (f"calling with {MARKER} and {MARKER}, {MARKER}; "
-                   "abc in /home/someone by Jane Developer")
+                   "abc in /home/someone by Jane Developer at /tmp/ssh-XXXXabcd/agent.42")
 
 
 def test_env_defaults_to_os_environ(monkeypatch):

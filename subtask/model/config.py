@@ -69,6 +69,11 @@ class Config:
     def __call__(self, key: str) -> str | None:
         return self.get(key)
 
+    def get_all(self, key: str) -> list[str]:
+        """Every value of `subtask.<key>` (one of `MULTI_VALUED`), e.g. `isolation.socket`."""
+        return self._read.every("subtask." + key) if isinstance(self._read, GitSettings) else (
+            [v for v in [self._read("subtask." + key)] if v is not None])
+
     def git(self, key: str) -> str | None:
         """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
         return self._read(key)
@@ -172,8 +177,13 @@ class GitSettings:
     def __call__(self, key: str) -> str | None:
         return self._values.get(_canonical(key))
 
+    def every(self, key: str) -> list[str]:
+        """Every value of a `MULTI_VALUED` key, in the order git gave them."""
+        kept = self._values.get(_ALL + _canonical(key))
+        return kept.split("\0") if kept is not None else []
+
     def all(self) -> dict[str, str]:
-        return self._values
+        return self._values  # `_ALL` keys too: a worker forked with them reads what we read
 
     def set(self, key: str, value: str) -> None:
         self._values[key] = value
@@ -183,13 +193,23 @@ class GitSettings:
 SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
 
 
+# Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.
+MULTI_VALUED = ("subtask.isolation.writable", "subtask.isolation.readable", "subtask.isolation.socket",
+                "subtask.isolation.env")
+_ALL = "\0all:"  # the prefix of the key under which a multi-valued key's values are kept, NUL-separated
+
+
 def parse_settings(out: bytes) -> dict[str, str]:
-    """`git config -z --get-regexp` output as {key: last value}."""
-    values = {}
+    """`git config -z --get-regexp` output as {key: last value} (and every value of a
+    `MULTI_VALUED` key under `_ALL` + key)."""
+    values: dict[str, str] = {}
     for item in out.decode("utf-8", "surrogateescape").split("\0"):
         key, _, value = item.partition("\n")
         if key:
             values[key] = value
+            if key in MULTI_VALUED:
+                kept = values.get(_ALL + key)
+                values[_ALL + key] = value if kept is None else kept + "\0" + value
     return values
 
 

@@ -116,9 +116,10 @@ def _redact_assignment(match: re.Match[str]) -> str:
 
 # -- environment values ---------------------------------------------------------------------------
 
-# AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep.
-_SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)",
-                              re.IGNORECASE)
+# AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep. A socket's
+# path is not a secret either (SSH_AUTH_SOCK): a confined job's evidence names the one it tried.
+_SECRET_ENV_NAME = re.compile(
+    r"^(?!.*_SOCK(?:ET)?$).*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR))", re.IGNORECASE)
 _MIN_ENV_VALUE = 8
 
 

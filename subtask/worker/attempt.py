@@ -63,6 +63,7 @@ from subtask.ops import groups, lifecycle, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
 from subtask.proc import context, isolation, spawn
+from subtask.proc import view as views
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import file_lock, open_private
 from subtask.worker import retries
@@ -545,19 +546,20 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> Ve
 
 
 class Confinement:
-    """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
-    writes its output reported, and whether the main worktree changed while the job ran (`git
+    """One attempt's isolation: the policy and its sandbox (its view of the machine, its private
+    folders), the environment its processes get, what the view refused (observed) and what its
+    output claimed was refused, and whether the main worktree changed while the job ran (`git
     status` before and after)."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
-        self.refused: list[str] = []
+        self.claimed: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
+        confined = job.spec.isolation != "none"
         self.env = engine_env(job, repo.state_dir)
-        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
-        if job.spec.isolation != "none":
+        if confined:
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask.proc import procs
 
@@ -567,12 +569,19 @@ class Confinement:
         try:
             self.context = starter_context(repo, job)
             self.env.update(namespace_env(repo, job))
+            n = job.state.current.n
             # The admin folder the checkout made or checked, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, admin=admin,
                 common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
-                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
-                engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
+                tmpdir=self.tmpdir, extra=isolation.configured_writable(repo.config, repo.root),
+                engine_extra=isolation.engine_paths(engine, self.env) if confined else [],
+                env=self.env, state_dir=repo.state_dir,
+                readable=isolation.configured_paths(repo.config, repo.root, isolation.READABLE_KEY),
+                engine_readable=isolation.engine_paths(engine, self.env, "readable") if confined else [],
+                sockets=job.spec.sockets or [],
+                optional=[str(privatetext.task_file_path(repo.state_dir, job.id, n)),
+                          str(privatetext.verify_output_path(repo.state_dir, job.id, n))])
             isolation.plan_namespaces(self.policy, network=job.spec.network,
                                       asked=not job.spec.isolation_source.startswith("default"))
             self.sandbox = isolation.Sandbox(self.policy)
@@ -581,24 +590,38 @@ class Confinement:
             context.use(None)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
+        temp = "/tmp" if self.policy.view is not None else self.tmpdir
+        self.env.update(TMPDIR=temp, TMP=temp, TEMP=temp)
+        # What a confined job is not given (host sockets, credentials), but for the engine process
+        # its own credentials; granted by name with `subtask.isolation.env`.
+        self.withheld = views.withheld(self.env, set(isolation.configured_names(repo.config))) if confined else []
+        own = set(isolation.engine_credentials(engine, self.env)) if confined else set()
+        self.engine_env = {k: v for k, v in self.env.items() if k not in self.withheld or k in own}
+        self.env = {k: v for k, v in self.env.items() if k not in self.withheld}
 
     def watch(self, event: dict) -> None:
-        """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
+        """The engine's sink: every event goes on; an output line reading like a refused access is
+        noted as what the job claims (it can print anything)."""
         self.sink(event)
         if self.policy.mode == "none":
             return
         if event.get("type") in ("output", "log"):
-            self.note_refused(str(event.get("text", "")))
+            self.note_claim(str(event.get("text", "")))
         elif event.get("type") == "command" and isinstance(event.get("output"), str):
             for line in event["output"].splitlines():  # what an agent's command printed (codex)
-                self.note_refused(line)
+                self.note_claim(line)
 
-    def note_refused(self, text: str) -> None:
-        if not isolation.looks_refused(text) or len(self.refused) >= isolation.MAX_REFUSED:
+    def note_claim(self, text: str) -> None:
+        if not isolation.looks_refused(text) or len(self.claimed) >= isolation.MAX_REFUSED:
             return
         line = redact(text.strip())[:300]
-        self.refused.append(line)
-        self.sink({"type": "isolation", "mode": self.policy.mode, "refused": line})
+        self.claimed.append(line)
+        self.sink({"type": "isolation", "mode": self.policy.mode, "claimed": line})
+
+    def observe(self) -> None:
+        """What the view refused during the last sandboxed run, as the kernel saw it: an event each."""
+        for line in self.sandbox.accounting.collect():
+            self.sink({"type": "isolation", "mode": self.policy.mode, "refused": redact(line)})
 
     def look_after(self) -> None:
         """Take the main worktree's status once nothing confined runs any more (the engine, or
@@ -609,19 +632,24 @@ class Confinement:
     def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
         if verify is not None and self.policy.mode != "none":
             for line in verify.output_tail.splitlines():
-                self.note_refused(line)
+                self.note_claim(line)
+        self.observe()
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+        refused = [redact(line) for line in self.sandbox.accounting.seen]
+        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": refused,
+                                        "claimed": self.claimed, "env_withheld": self.withheld}, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
-        its pid 1 exited; else they are orphans this worker (their subreaper) adopted."""
+        its pid 1 exited; else they are orphans this worker (their subreaper) adopted. Then take
+        what its view refused."""
         if not self.policy.plan.pid:
             from subtask.proc import procs
 
             procs.end_adopted(self.token)
+        self.observe()
 
     def close(self) -> None:
         self.end_leftovers()
@@ -1084,7 +1112,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("record_engine_started")
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
-              "writable": [g.path for g in confinement.policy.grants]})
+              "writable": [g.to_dict()["path"] for g in confinement.policy.grants]})
     started_from = current_head(repo, job)  # an attempt that leaves it here changed nothing
     watch = claims.Watch()  # the order of the engine's edits and test runs, for its claims
     stopped = False
@@ -1093,7 +1121,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     try:
         with isolation.confined(confinement.sandbox), stall:
             outcome = run_engine(repo, job, worktree, stall.emitter(_seen_by(watch, confinement.watch)),
-                                 confinement.env)
+                                 confinement.engine_env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")

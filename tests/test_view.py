@@ -1,0 +1,273 @@
+"""A confined job sees only what it needs (issue 40, docs/security.md "The job's view").
+
+Tried as an adversary would: a real `ssh-agent` (one socket in the scratch tree, named by
+`SSH_AUTH_SOCK`, one in the scratch HOME), a unix-socket service outside that writes a file when
+asked, git's credential-cache daemon holding a password, and secret files in the scratch HOME.
+Each test runs the same probe as a control under `--isolation none` first, where it reaches them
+all (so the probe works), then confined (default network, and `network none`), where it reaches
+none: the agents keep their key, the service writes nothing, no secret reaches the job's output,
+branch, record or note, and the evidence lists what the view refused, as the view saw it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import git, wait_until
+
+from subtask.proc import isolation, namespaces
+
+LANDLOCK = isolation.support()
+NAMESPACES = namespaces.support()
+needs_view = pytest.mark.skipif(not (LANDLOCK.available and NAMESPACES.available),
+                                reason=f"no confinement here: {LANDLOCK.reason or NAMESPACES.reason}")
+SSH = shutil.which("ssh-agent") and shutil.which("ssh-add") and shutil.which("ssh-keygen")
+needs_ssh = pytest.mark.skipif(not SSH, reason="no ssh-agent here (Debian: apt-get install openssh-client; .ci/run does)")
+
+# Secret texts no redaction pattern knows: only the view can keep them out.
+NETRC_SECRET = "amber-falcon-9137"
+AWS_SECRET = "quiet-meadow-2264"
+NOTES_SECRET = "violet-harbor-5521"
+CACHE_SECRET = "copper-lantern-8806"
+ENV_SECRET = "silver-canyon-4410"
+SECRETS = (NETRC_SECRET, AWS_SECRET, NOTES_SECRET, CACHE_SECRET, ENV_SECRET)
+
+
+@dataclass
+class Host:
+    """What the user's machine holds outside the job: agents, a service, a credential cache, files."""
+
+    home: Path
+    key: Path
+    agent_tree: Path
+    agent_home: Path
+    service: Path
+    service_wrote: Path
+    cache_socket: Path
+
+    def agent_keys(self, sock: Path) -> str:
+        proc = subprocess.run(["ssh-add", "-l"], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+                              capture_output=True, text=True, check=False)
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def env(self) -> dict[str, str]:
+        return {"SSH_AUTH_SOCK": str(self.agent_tree), "SERVICE_SOCK": str(self.service),
+                "DEPLOY_TOKEN": ENV_SECRET}
+
+
+def _agent(sock: Path, key: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    assert wait_until(sock.exists, timeout=30), "ssh-agent never made its socket"
+    subprocess.run(["ssh-add", "-q", str(key)], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+                   check=True, capture_output=True)
+    return proc
+
+
+def _service(sock: Path, wrote: Path) -> socket.socket:
+    """A unix-socket service that writes a file when asked (like a docker daemon would run one)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(1024)
+                if data:
+                    wrote.write_bytes(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def host(tmp_path, isolated_git):
+    if not SSH:
+        pytest.skip("no ssh-agent here (Debian: apt-get install openssh-client; .ci/run does)")
+    home = isolated_git
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    key = scratch / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user@host", "-f", str(key)], check=True)
+    (home / ".ssh").mkdir(mode=0o700)
+    shutil.copy(key, home / ".ssh" / "id_ed25519")
+    (home / ".netrc").write_text(f"machine example.com login bob password {NETRC_SECRET}\n")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {AWS_SECRET}\n")
+    (home / ".private").mkdir()
+    (home / ".private" / "notes.txt").write_text(f"{NOTES_SECRET}\n")
+    h = Host(home, key, scratch / "agent.sock", home / ".ssh" / "agent.sock", scratch / "service.sock",
+             scratch / "service-wrote", home / ".cache" / "git" / "credential" / "socket")
+    agents = [_agent(h.agent_tree, key), _agent(h.agent_home, key)]
+    server = _service(h.service, h.service_wrote)
+    subprocess.run(["git", "-c", "credential.helper=cache", "credential", "approve"], check=True,
+                   input=f"protocol=https\nhost=example.com\nusername=bob\npassword={CACHE_SECRET}\n\n", text=True)
+    assert h.cache_socket.exists(), "git's credential-cache daemon made no socket where git looks"
+    try:
+        yield h
+    finally:
+        subprocess.run(["git", "credential-cache", "exit"], check=False, capture_output=True)
+        server.close()
+        for agent in agents:
+            agent.terminate()
+            agent.wait(timeout=30)
+
+
+def probe(h: Host) -> str:
+    """What a hostile job tries: every door, then commits and prints what it got."""
+    connect = ('python3 -c "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); '
+               's.sendall(b\'write please\')" ')
+    return "\n".join([
+        f"for s in '{h.agent_tree}' '{h.agent_home}'; do SSH_AUTH_SOCK=$s ssh-add -D; echo agent-delete=$?; done",
+        "printf 'protocol=https\\nhost=example.com\\n\\n' | git credential-cache get > loot-cache.txt; echo cache=$?",
+        f"{connect} '{h.service}'; echo service=$?",
+        f"cat '{h.home}/.netrc' '{h.home}/.aws/credentials' '{h.home}/.ssh/id_ed25519' "
+        f"'{h.home}/.private/notes.txt' > loot-files.txt; echo files=$?",
+        'echo "$DEPLOY_TOKEN" > loot-env.txt; echo "sock=${SSH_AUTH_SOCK:-unset} service=${SERVICE_SOCK:-unset}"',
+        "cat loot-files.txt loot-cache.txt loot-env.txt",
+        "git add loot-*.txt && git commit -qm loot; echo commit=$?",
+    ])
+
+
+def outputs(repo: Path, job: str) -> str:
+    events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text().splitlines()
+    return "\n".join(e.get("text", "") for e in map(json.loads, events) if e.get("type") == "output")
+
+
+def said(repo: Path, job: str) -> dict[str, str]:
+    lines = outputs(repo, job).splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
+
+
+def everything_kept(cli, repo: Path, job: str) -> str:
+    """Every place a job's text goes: its branch, record, note, output and evidence."""
+    return "\n".join([
+        git(repo, "log", "-p", f"subtask/{job}"),
+        git(repo, "log", "-p", f"refs/subtask/{job}/record"),
+        git(repo, "log", "--notes=subtask", "-1", f"subtask/{job}"),
+        outputs(repo, job), cli.ok("show", job), cli.ok("result", job, "--full"),
+        cli.ok("result", job, "--evidence"),
+    ])
+
+
+@needs_view
+@needs_ssh
+def test_the_probe_reaches_every_door_unconfined(cli, repo, host):
+    """The control: under `isolation none` the same probe lists and deletes the agents' keys,
+    reads the cached password and every secret file, and makes the service write its file."""
+    job = cli.start(probe(host), "--isolation", "none", env=host.env())
+    cli.ok("wait", job)
+    assert said(repo, job)["commit"] == "0"
+    assert host.agent_keys(host.agent_tree) == "" and host.agent_keys(host.agent_home) == ""
+    assert host.service_wrote.read_bytes() == b"write please"
+    branch = git(repo, "log", "-p", f"subtask/{job}")
+    for secret in SECRETS:
+        assert secret in branch, secret
+
+
+@needs_view
+@needs_ssh
+@pytest.mark.parametrize("network", ["allow", "none"])
+def test_a_confined_job_reaches_no_host_socket_and_no_secret(cli, repo, host, network):
+    git(repo, "config", "subtask.isolation.network", network)
+    job = cli.start(probe(host), "--isolation", "worktree", env=host.env())
+    cli.ok("wait", job)
+    values = said(repo, job)
+    assert values["commit"] == "0", outputs(repo, job)  # it ran, and could commit in its worktree
+    assert "ED25519" in host.agent_keys(host.agent_tree) and "ED25519" in host.agent_keys(host.agent_home)
+    assert not host.service_wrote.exists()
+    kept = everything_kept(cli, repo, job)
+    for secret in SECRETS:
+        assert secret not in kept, secret
+    assert "sock=unset service=unset" in outputs(repo, job)
+    iso = cli.json("show", job)["evidence"]["isolation"]
+    refused = "\n".join(iso["refused"])
+    for path in (host.agent_tree, host.agent_home, host.service, host.cache_socket):
+        assert f"connect {path}" in refused, "\n".join(iso["refused"])
+    for name in (".netrc", ".aws/credentials", ".ssh/id_ed25519"):
+        assert f"open {host.home / name}" in refused, (name, iso["refused"])
+    assert {"SSH_AUTH_SOCK", "SERVICE_SOCK", "DEPLOY_TOKEN"} <= set(iso["env_withheld"]), iso
+    assert iso["view"] == "allowlist" and iso["network"] == network
+
+
+@needs_view
+@needs_ssh
+def test_a_socket_and_a_variable_granted_by_name_are_reached_and_shown(cli, repo, host):
+    """`subtask.isolation.socket PATH` lets one socket in, recorded in the spec and the evidence;
+    `subtask.isolation.env NAME` passes one variable; every other door stays shut."""
+    git(repo, "config", "--add", "subtask.isolation.socket", str(host.service))
+    git(repo, "config", "--add", "subtask.isolation.env", "SERVICE_SOCK")
+    job = cli.start(probe(host), "--isolation", "worktree", env=host.env())
+    cli.ok("wait", job)
+    assert host.service_wrote.read_bytes() == b"write please"
+    assert f"service={host.service}" in outputs(repo, job) and "sock=unset" in outputs(repo, job)
+    assert "ED25519" in host.agent_keys(host.agent_tree)
+    shown = cli.json("show", job)
+    assert shown["spec"]["sockets"] == [str(host.service)]
+    iso = shown["evidence"]["isolation"]
+    assert iso["sockets"] == [str(host.service)]
+    assert "SERVICE_SOCK" not in iso["env_withheld"] and "SSH_AUTH_SOCK" in iso["env_withheld"]
+    assert f"connect {host.service}" not in "\n".join(iso["refused"])
+
+
+@needs_view
+def test_output_that_reads_like_a_refusal_is_a_claim_never_an_observation(cli, repo):
+    """A job can print "Permission denied" about anything; that is what it claims, not what the
+    sandbox saw, and it is listed apart."""
+    job = cli.start("echo \"cat: /etc/shadow: Permission denied\"; echo done", "--isolation", "worktree")
+    cli.ok("wait", job)
+    iso = cli.json("show", job)["evidence"]["isolation"]
+    assert iso["refused"] == [] and iso["claimed"] == ["cat: /etc/shadow: Permission denied"], iso
+
+
+PROJECT = {
+    ".gitignore": ".venv/\n",
+    "calc/__init__.py": "def add(a, b):\n    return a + b\n",
+    "tests/test_calc.py": ("import unittest\n\nfrom calc import add\n\n\n"
+                           "class AddTest(unittest.TestCase):\n    def test_add(self):\n"
+                           "        self.assertEqual(add(2, 3), 5)\n"),
+}
+
+
+@needs_view
+def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_uses_tmp_and_git(cli, repo):
+    """What the view must keep working: Python (its interpreter lives in the user's HOME here,
+    under pyenv), a venv made inside the worktree, `$TMPDIR` and `/tmp`, and git; while other
+    jobs' worktrees, the main checkout and the state folder (but the job's own task file) are not
+    there at all."""
+    for name, text in PROJECT.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "project")
+    other = cli.start("echo other > other.txt")
+    cli.ok("wait", other)
+    task = "\n".join([
+        "python3 -m venv --without-pip .venv && .venv/bin/python -m unittest discover -s tests -q; echo unittest=$?",
+        'echo t > "$TMPDIR/t" && echo u > /tmp/u && cat "$TMPDIR/t" /tmp/u; echo tmp=$?',
+        "echo change > change.txt && git add change.txt && git commit -qm change; echo commit=$?",
+        f"ls '{repo}/.subtask/worktrees/{other}' 2>/dev/null | wc -l | sed 's/^/other-worktree=/'",
+        f"test -e '{repo}/README.md'; echo main-checkout=$?",
+        f"find '{repo}/.git/subtask' -type f ! -name \"$SUBTASK_JOB_ID.1.task\" | wc -l | sed 's/^/state-folder=/'",
+    ])
+    job = cli.start(task, "--isolation", "worktree")
+    cli.ok("wait", job)
+    values = said(repo, job)
+    assert values["unittest"] == "0", outputs(repo, job)
+    assert values["tmp"] == "0" and values["commit"] == "0", outputs(repo, job)
+    assert values["other-worktree"] == "0" and values["main-checkout"] != "0" and values["state-folder"] == "0"
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "change"
+    assert not list((repo / ".subtask" / "worktrees" / ".tmp").glob(f"{job}*"))  # its private folders went
