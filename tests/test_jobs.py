@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import HOST_PID, git, kill_worker_and_engine, processes_with, running_pids, wait_until
+from conftest import git, host_pid, kill_worker_and_engine, processes_with, running_pids, wait_until
 
 
 def state_dir(repo: Path) -> Path:
@@ -156,10 +156,9 @@ def test_note_stands_under_the_head_commit_and_two_jobs_on_one_commit_both_show(
 
 
 def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo, control_dir):
-    marker = control_dir / "child.pid"
-    job = cli.start(f"sh -c 'trap \"\" TERM; {HOST_PID} > {marker}; sleep 60' & wait")
-    assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=30)
-    child = int(marker.read_text())
+    token = f"stop-child-{control_dir.parent.name}"
+    job = cli.start(f"sh -c 'trap \"\" TERM; sleep 60; :' {token} & wait")
+    child = host_pid(token)
     out = cli.ok("stop", job, env={"GIT_CONFIG_PARAMETERS": "'subtask.stopgrace=1'"})
     assert f"{job} stopped" in out
     assert wait_until(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], timeout=30)
@@ -247,10 +246,10 @@ def test_cleanup_removes_a_clean_worktree_and_keeps_a_dirty_one(cli, repo):
     cli.ok("stop", running)
 
 
-def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, tmp_path):
+def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, control_dir):
     job = cli.start("echo one > a.txt")
     cli.ok("wait", job)
-    gate = tmp_path / "gate"
+    gate = control_dir / "gate"
     hold = f"while [ ! -e '{gate}' ]; do sleep 0.02; done"
     try:
         running = cli.start(hold)
@@ -272,9 +271,9 @@ def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, tmp_pat
     assert "attempt: 2" in note
 
 
-def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo):
+def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo, control_dir):
     key = "sk-ant-api03-" + "A" * 40
-    secrets_file = repo.parent / "secrets.txt"
+    secrets_file = control_dir / "secrets.txt"
     secrets_file.write_text(f"using {key}\npassword=hunter2hunter2\n")
     job = cli.start(f"cat '{secrets_file}'; cat '{secrets_file}' >&2", "--verify", f"cat '{secrets_file}'; false")
     cli("wait", job)
@@ -303,8 +302,8 @@ def test_engine_timeout_ends_the_job_failed_with_kind_timeout(cli):
 
 
 @pytest.mark.parametrize("engine_output", [b"\xff\xfe broken utf-8 \xc3\x28\n", "\ud800".encode("utf-8", "surrogatepass")])
-def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, engine_output):
-    script = repo.parent / "emit.py"
+def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, control_dir, engine_output):
+    script = control_dir / "emit.py"
     script.write_bytes(b"import sys; sys.stdout.buffer.write(" + repr(engine_output).encode() + b")")
     job = cli.start(f"python3 '{script}'")
     cli.ok("wait", job)

@@ -216,7 +216,7 @@ def withheld(env: Mapping[str, str], granted: set[str]) -> list[str]:
     carry a credential, unless granted by name (`subtask.isolation.env`)."""
     names = []
     for name, value in env.items():
-        if name in granted or name.startswith("SUBTASK_") or name in _NOT_SECRET:
+        if name in granted or name in _NOT_SECRET:
             continue
         if (name in SOCKET_VARIABLES or _SECRET_NAME.search(name) or _URL_PASSWORD.search(value)
                 or any(_is_socket(p) for p in socket_paths(value))):
