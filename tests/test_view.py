@@ -246,8 +246,8 @@ PROJECT = {
 def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_uses_tmp_and_git(cli, repo):
     """What the view must keep working: Python (its interpreter lives in the user's HOME here,
     under pyenv), a venv made inside the worktree, `$TMPDIR` and `/tmp`, and git; while other
-    jobs' worktrees, the main checkout and the state folder (but the job's own task file) are not
-    there at all."""
+    jobs' worktrees, the main checkout and the state folder (but the job's own attempt files, its
+    task) are not there at all."""
     for name, text in PROJECT.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text(text)
@@ -261,7 +261,7 @@ def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_us
         "echo change > change.txt && git add change.txt && git commit -qm change; echo commit=$?",
         f"ls '{repo}/.subtask/worktrees/{other}' 2>/dev/null | wc -l | sed 's/^/other-worktree=/'",
         f"test -e '{repo}/README.md'; echo main-checkout=$?",
-        f"find '{repo}/.git/subtask' -type f ! -name \"$SUBTASK_JOB_ID.1.task\" | wc -l | sed 's/^/state-folder=/'",
+        f"find '{repo}/.git/subtask' -type f ! -name \"$SUBTASK_JOB_ID.1.*\" | wc -l | sed 's/^/state-folder=/'",
     ])
     job = cli.start(task, "--isolation", "worktree")
     cli.ok("wait", job)

@@ -80,6 +80,7 @@ DEVICE_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
                 ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"))
 MAX_DECOYS = 64
 MAX_STANDINS = 256
+MAX_STANDINS_PER_FOLDER = 32
 MAX_OBSERVED = 50  # lines of accounting kept per run (a job that knocks 10,000 times is told once)
 
 # A variable carries a credential when its name says so (the names `redact` treats as secret) or
@@ -119,7 +120,16 @@ class View:
     mounts: list[Mount] = field(default_factory=list)
     decoys: list[Decoy] = field(default_factory=list)
     observed: str = ""  # the host file the decoys' accounting goes to (outside the view)
-    standins: list[tuple[str, str]] = field(default_factory=list)  # (host path, shown path): the worker watches them
+    # Watched by the worker: (host folder, the folder the job sees, the names in it that are
+    # stand-ins; None: every name, and the folder itself).
+    standins: list[tuple[str, str, tuple[str, ...] | None]] = field(default_factory=list)
+
+    def stand_in(self, host: Path, shown: str, folder: bool) -> None:
+        """Watch a stand-in: a folder as itself, a file through its folder (files are links of one)."""
+        if folder:
+            self.standins.append((str(host), shown, None))
+        else:
+            self.standins.append((str(host.parent), os.path.dirname(shown), (host.name,)))
 
     def to_json(self) -> dict:
         return {"root": self.root, "mounts": [m.to_json() for m in self.mounts],
@@ -168,10 +178,15 @@ class Private:
     def observed(self) -> Path:
         return self.area / "observed.jsonl"
 
+    @property
+    def empty_file(self) -> Path:
+        return self.spare / "empty-file"
+
     def make(self) -> None:
-        for folder in (self.area, self.home, self.tmp, self.run, self.shm, self.root, self.spare,
-                       self.spare / "empty"):
+        for folder in (self.area, self.home, self.tmp, self.run, self.shm, self.root, self.spare):
             folder.mkdir(mode=0o700, exist_ok=True)
+        if not self.empty_file.exists():
+            _empty_file(self.empty_file)
 
 
 def _under(path: str, folder: str) -> bool:
@@ -282,7 +297,7 @@ def plan(inputs: Inputs) -> View:
     # worktree, and its task file, are bound back in it).
     hidden = [inputs.state_dir, os.path.join(inputs.common_dir, "worktrees"), os.path.dirname(inputs.worktree)]
     shown = _ordered(mounts)
-    for n, folder in enumerate(f for f in dict.fromkeys(hidden) if _shown_by_bind(f, shown)):
+    for n, folder in enumerate(f for f in dict.fromkeys(hidden) if os.path.isdir(f) and _shown_by_bind(f, shown)):
         spare = private.spare / f"hidden-{n}"
         spare.mkdir(exist_ok=True, mode=0o700)
         mounts.append(Mount(RO, folder, str(spare), HIDDEN))
@@ -301,8 +316,9 @@ HIDDEN = "hidden"  # an empty read-only folder of ours over one a shown folder h
 def _make_mountpoints_in_hidden(mounts: list[Mount]) -> None:
     """A hidden folder is shown read-only, so what is bound inside it (the job's own admin folder,
     its task file) gets its mount point made here, on the host, in the empty folder."""
+    by_target = {m.target: m for m in mounts}
     for mount in mounts:
-        above = _nearest(mount.target, mounts, strict=True)
+        above = _nearest(mount.target, by_target, strict=True)
         if above is None or above.why != HIDDEN or mount.kind == LINK:
             continue
         point = Path(above.source) / os.path.relpath(mount.target, above.target)
@@ -343,7 +359,7 @@ def _ordered(mounts: list[Mount]) -> list[Mount]:
         kept = by_target.get(mount.target)
         if kept is None or _RANK[mount.kind] > _RANK[kept.kind]:
             by_target[mount.target] = mount
-    result: list[Mount] = []
+    result: dict[str, Mount] = {}
     for mount in sorted(by_target.values(), key=lambda m: (m.target.count("/"), m.target)):
         above = _nearest(mount.target, result, strict=True)
         if above is not None and above.kind == LINK:
@@ -351,18 +367,25 @@ def _ordered(mounts: list[Mount]) -> list[Mount]:
         if (above is not None and mount.kind in (RO, OPTIONAL) and _identity(above)
                 and mount.source == mount.target):
             continue  # the bind above shows it already
-        result.append(mount)
-    return result
+        result[mount.target] = mount
+    return list(result.values())
 
 
 def _identity(mount: Mount) -> bool:
     return mount.kind in (RO, RW) and mount.source == mount.target
 
 
-def _nearest(path: str, mounts: list[Mount], strict: bool = False) -> Mount | None:
-    """The mount that shows `path` (the deepest whose target holds it)."""
-    return max((m for m in mounts if _under(path, m.target) and not (strict and m.target == path)),
-               key=lambda m: len(m.target), default=None)
+def _nearest(path: str, mounts: list[Mount] | dict[str, Mount], strict: bool = False) -> Mount | None:
+    """The mount that shows `path` (the deepest whose target holds it): its folders looked up, one
+    by one, in the mounts by target."""
+    by_target = mounts if isinstance(mounts, dict) else {m.target: m for m in mounts}
+    here = os.path.dirname(path) if strict else path
+    while True:
+        if here in by_target and not (strict and here == path):
+            return by_target[here]
+        if here in ("/", ""):
+            return None
+        here = os.path.dirname(here)
 
 
 def _shown_by_bind(path: str, mounts: list[Mount]) -> bool:
@@ -392,21 +415,19 @@ def _standins(view: View, inputs: Inputs, home: str) -> None:
             continue
         if os.path.isdir(shown) and not os.path.islink(shown):
             host.mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:
-                entries = sorted(os.scandir(shown), key=lambda e: e.name)[:64]
+            try:  # its files, one level (sockets get decoys: `_decoys`)
+                names = sorted(e.name for e in os.scandir(shown) if e.is_file(follow_symlinks=False))
             except OSError:
-                entries = []
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    (host / entry.name).mkdir(exist_ok=True, mode=0o700)
-                elif not _is_socket(entry.path):  # sockets: decoys (`_decoys`)
-                    _empty_file(host / entry.name)
-            count += len(entries)
+                names = []
+            for name in names[:MAX_STANDINS_PER_FOLDER]:
+                _empty_file(host / name, inputs.private)
+            count += len(names)
+            view.stand_in(host, shown, folder=True)
         else:
             host.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _empty_file(host)
+            _empty_file(host, inputs.private)
             count += 1
-        view.standins.append((str(host), shown))
+            view.stand_in(host, shown, folder=False)
     secrets = [p for p in SECRET_SYSTEM if os.path.exists(p)]
     for folder, pattern in SECRET_SYSTEM_GLOBS:
         try:
@@ -420,15 +441,23 @@ def _standins(view: View, inputs: Inputs, home: str) -> None:
         if os.path.isdir(path):
             spare.mkdir(exist_ok=True, mode=0o700)
         else:
-            _empty_file(spare)
+            _empty_file(spare, inputs.private)
         view.mounts.append(Mount(RO, path, str(spare)))
-        view.standins.append((str(spare), path))
+        view.stand_in(spare, path, folder=os.path.isdir(path))
 
 
-def _empty_file(path: Path) -> None:
-    with open(path, "w", encoding="ascii"):
-        pass
-    path.chmod(0o600)
+def _empty_file(path: Path, private: Private | None = None) -> None:
+    """An empty 0600 file at `path`: a hard link of the attempt's one empty file when there is
+    one (cheaper than a new inode, and the folder's watch tells the names apart)."""
+    if private is not None:
+        try:
+            os.link(private.empty_file, path)
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
 def _decoys(view: View, inputs: Inputs, home: str, runtime: str | None) -> None:
@@ -646,44 +675,64 @@ _IN_OPEN, _IN_NONBLOCK, _IN_CLOEXEC = 0x20, 0o4000, 0o2000000
 _EVENT = struct.Struct("iIII")
 
 
+_inotify = -1  # one per process: closing one costs the kernel a grace period (~10 ms); watches are cheap
+
+
+def _watcher() -> int:
+    global _inotify
+    if _inotify < 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _inotify = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    return _inotify
+
+
 class Accounting:
     """What the view kept out, as the kernel saw it: the decoys' file, and inotify on the stand-ins."""
 
     def __init__(self, view: View | None) -> None:
         self.view = view
         self.fd = -1
-        self._watches: dict[int, str] = {}
+        self._watches: dict[int, tuple[str, tuple[str, ...] | None]] = {}
         self.seen: list[str] = []
         self._offset = 0
         if view is None or not view.standins:
             return
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        self.fd = _watcher()
         if self.fd < 0:
             return
-        for host, shown in view.standins:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for host, shown, names in view.standins:
             wd = libc.inotify_add_watch(self.fd, os.fsencode(host), _IN_OPEN)
-            if wd >= 0:
-                self._watches[wd] = shown
+            if wd < 0:
+                continue
+            kept = self._watches.get(wd)
+            if kept is not None and kept[1] is not None and names is not None:
+                names = kept[1] + names  # files of one folder: one watch
+            self._watches[wd] = (shown, names)
+
+    def _events(self) -> list[str]:
+        found = []
+        while self.fd >= 0:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                break
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                name = os.fsdecode(data[offset + _EVENT.size: offset + _EVENT.size + length].rstrip(b"\0"))
+                offset += _EVENT.size + length
+                watch = self._watches.get(wd)
+                if watch is None or not mask & _IN_OPEN:
+                    continue
+                shown, names = watch
+                if names is None or name in names:
+                    found.append(os.path.join(shown, name) if name else shown)
+        return found
 
     def collect(self) -> list[str]:
         """What was refused since the last call (also kept in `seen`), in words."""
-        new = []
-        if self.fd >= 0:
-            while True:
-                try:
-                    data = os.read(self.fd, 65536)
-                except (BlockingIOError, OSError):
-                    break
-                offset = 0
-                while offset + _EVENT.size <= len(data):
-                    wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                    name = data[offset + _EVENT.size: offset + _EVENT.size + length].rstrip(b"\0")
-                    offset += _EVENT.size + length
-                    shown = self._watches.get(wd)
-                    if shown is not None and mask & _IN_OPEN:
-                        path = os.path.join(shown, os.fsdecode(name)) if name else shown
-                        new.append(f"open {path} (a secret not in the view: an empty stand-in was read)")
+        new = [f"open {path} (a secret not in the view: an empty stand-in was read)" for path in self._events()]
         if self.view is not None and self.view.observed:
             try:
                 with open(self.view.observed, "rb") as fh:
@@ -705,6 +754,12 @@ class Accounting:
         return new
 
     def close(self) -> None:
+        """Stop watching (the process's inotify stays for the next attempt); what is queued for
+        these watches is read and dropped."""
         if self.fd >= 0:
-            os.close(self.fd)
+            self._events()
+            libc = ctypes.CDLL(None, use_errno=True)
+            for wd in self._watches:
+                libc.inotify_rm_watch(self.fd, wd)
+            self._watches = {}
             self.fd = -1
