@@ -92,6 +92,23 @@ def isolated_git(tmp_path_factory, monkeypatch):
     return home
 
 
+# The tests of the view itself see exactly what a user's confined job sees.
+OWN_VIEW_MODULES = ("test_view", "test_isolation", "test_containment")
+
+
+@pytest.fixture(autouse=True)
+def scratch_visible_to_jobs(request, isolated_git):
+    """Most tests hold a confined job on a gate file in their scratch folder, or hand it a script
+    from there, as a user grants a folder: `subtask.isolation.readable` of the test's tmp_path, in
+    this test's own global git config (a confined job's view holds nothing of the machine it is not
+    given). The tests of the view itself (`OWN_VIEW_MODULES`) grant nothing."""
+    if request.module.__name__.rpartition(".")[2] in OWN_VIEW_MODULES or "tmp_path" not in request.fixturenames:
+        return
+    scratch = request.getfixturevalue("tmp_path")
+    with open(isolated_git / ".gitconfig", "a", encoding="utf-8") as fh:
+        fh.write(f'[subtask "isolation"]\n\treadable = {scratch}\n')
+
+
 def git(cwd, *args, check=True) -> str:
     proc = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:

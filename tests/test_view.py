@@ -52,6 +52,8 @@ class Host:
     service: Path
     service_wrote: Path
     cache_socket: Path
+    abstract: str  # an abstract unix socket's name (no file: the network namespace or Landlock scopes it)
+    abstract_wrote: Path
 
     def agent_keys(self, sock: Path) -> str:
         proc = subprocess.run(["ssh-add", "-l"], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
@@ -72,10 +74,10 @@ def _agent(sock: Path, key: Path) -> subprocess.Popen:
     return proc
 
 
-def _service(sock: Path, wrote: Path) -> socket.socket:
+def _service(sock: Path | str, wrote: Path) -> socket.socket:
     """A unix-socket service that writes a file when asked (like a docker daemon would run one)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(sock))
+    server.bind(str(sock) if isinstance(sock, Path) else sock)
     server.listen(8)
 
     def serve() -> None:
@@ -110,9 +112,11 @@ def host(tmp_path, isolated_git):
     (home / ".private").mkdir()
     (home / ".private" / "notes.txt").write_text(f"{NOTES_SECRET}\n")
     h = Host(home, key, scratch / "agent.sock", home / ".ssh" / "agent.sock", scratch / "service.sock",
-             scratch / "service-wrote", home / ".cache" / "git" / "credential" / "socket")
+             scratch / "service-wrote", home / ".cache" / "git" / "credential" / "socket",
+             f"subtask-test-{scratch.parent.name}", scratch / "abstract-wrote")
     agents = [_agent(h.agent_tree, key), _agent(h.agent_home, key)]
     server = _service(h.service, h.service_wrote)
+    abstract = _service("\0" + h.abstract, h.abstract_wrote)
     subprocess.run(["git", "-c", "credential.helper=cache", "credential", "approve"], check=True,
                    input=f"protocol=https\nhost=example.com\nusername=bob\npassword={CACHE_SECRET}\n\n", text=True)
     assert h.cache_socket.exists(), "git's credential-cache daemon made no socket where git looks"
@@ -121,6 +125,7 @@ def host(tmp_path, isolated_git):
     finally:
         subprocess.run(["git", "credential-cache", "exit"], check=False, capture_output=True)
         server.close()
+        abstract.close()
         for agent in agents:
             agent.terminate()
             agent.wait(timeout=30)
@@ -128,12 +133,13 @@ def host(tmp_path, isolated_git):
 
 def probe(h: Host) -> str:
     """What a hostile job tries: every door, then commits and prints what it got."""
-    connect = ('python3 -c "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); '
-               's.sendall(b\'write please\')" ')
+    connect = ('python3 -c "import socket, sys; a = sys.argv[1]; s = socket.socket(socket.AF_UNIX); '
+               's.connect(chr(0) + a[1:] if a[0] == \'@\' else a); s.sendall(b\'write please\')" ')
     return "\n".join([
         f"for s in '{h.agent_tree}' '{h.agent_home}'; do SSH_AUTH_SOCK=$s ssh-add -D; echo agent-delete=$?; done",
         "printf 'protocol=https\\nhost=example.com\\n\\n' | git credential-cache get > loot-cache.txt; echo cache=$?",
         f"{connect} '{h.service}'; echo service=$?",
+        f"{connect} '@{h.abstract}'; echo abstract=$?",
         f"cat '{h.home}/.netrc' '{h.home}/.aws/credentials' '{h.home}/.ssh/id_ed25519' "
         f"'{h.home}/.private/notes.txt' > loot-files.txt; echo files=$?",
         'echo "$DEPLOY_TOKEN" > loot-env.txt; echo "sock=${SSH_AUTH_SOCK:-unset} service=${SERVICE_SOCK:-unset}"',
@@ -173,6 +179,7 @@ def test_the_probe_reaches_every_door_unconfined(cli, repo, host):
     assert said(repo, job)["commit"] == "0"
     assert host.agent_keys(host.agent_tree) == "" and host.agent_keys(host.agent_home) == ""
     assert host.service_wrote.read_bytes() == b"write please"
+    assert host.abstract_wrote.read_bytes() == b"write please"
     branch = git(repo, "log", "-p", f"subtask/{job}")
     for secret in SECRETS:
         assert secret in branch, secret
@@ -188,7 +195,7 @@ def test_a_confined_job_reaches_no_host_socket_and_no_secret(cli, repo, host, ne
     values = said(repo, job)
     assert values["commit"] == "0", outputs(repo, job)  # it ran, and could commit in its worktree
     assert "ED25519" in host.agent_keys(host.agent_tree) and "ED25519" in host.agent_keys(host.agent_home)
-    assert not host.service_wrote.exists()
+    assert not host.service_wrote.exists() and not host.abstract_wrote.exists()
     kept = everything_kept(cli, repo, job)
     for secret in SECRETS:
         assert secret not in kept, secret
@@ -271,3 +278,21 @@ def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_us
     assert values["other-worktree"] == "0" and values["main-checkout"] != "0" and values["state-folder"] == "0"
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "change"
     assert not list((repo / ".subtask" / "worktrees" / ".tmp").glob(f"{job}*"))  # its private folders went
+
+
+@needs_view
+def test_a_confined_job_commits_as_the_user_whose_identity_is_only_in_the_global_config(repo, isolated_git):
+    """The user's global git config is not in the view (it may name credential helpers, URLs with
+    tokens): the job's git gets the identity it names through GIT_AUTHOR_*/GIT_COMMITTER_*."""
+    git(repo, "config", "--global", "user.name", "Global Person")
+    git(repo, "config", "--global", "user.email", "global@example.com")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_AUTHOR_", "GIT_COMMITTER_"))}
+
+    def run(*args: str) -> str:
+        return subprocess.run(["git", "subtask", *args], cwd=repo, env=env, capture_output=True, text=True,
+                              check=True, timeout=120).stdout
+
+    job = run("start", "--isolation", "worktree", "echo x > x.txt && git add x.txt && git commit -qm mine").split()[0]
+    run("wait", job)
+    assert git(repo, "log", "-1", "--format=%an <%ae> / %cn <%ce>", f"subtask/{job}") == \
+        "Global Person <global@example.com> / Global Person <global@example.com>"

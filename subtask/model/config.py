@@ -75,7 +75,8 @@ class Config:
             [v for v in [self._read("subtask." + key)] if v is not None])
 
     def git(self, key: str) -> str | None:
-        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
+        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `user.name`,
+        `user.email`, `gpg.*`)."""
         return self._read(key)
 
     def remember(self, key: str, value: str) -> None:
@@ -190,7 +191,7 @@ class GitSettings:
 
 
 # Every `subtask.*` setting, and those git signs commits with (one process reads them all).
-SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$")
 
 
 # Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.

@@ -317,6 +317,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+    env = sandbox.withhold(env) if sandbox is not None else env
     try:
         result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
                            tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)

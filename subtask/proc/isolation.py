@@ -103,7 +103,10 @@ DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random"
 DEVICE_DIRS = ("/dev/shm",)
 
 
-SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox (the worker, your editor)
+# ABI 6: no connection to an abstract unix socket (a name, no file: no view can hide one) made
+# outside the sandbox, and no signal to a process outside it (the worker, your editor).
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
 SCOPED_ABI = 6
 
 
@@ -225,7 +228,8 @@ def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None)
     return Choice(mode, "default")
 
 
-PARTIAL = "writes only (Landlock): metadata outside the worktree and children that outlive the job are not confined here"
+PARTIAL = ("writes only (Landlock): the job sees the whole machine (no view of its own), and metadata outside "
+           "the worktree and children that outlive the job are not confined here")
 
 
 def _require(engine, mode: str, source: str) -> None:
@@ -273,7 +277,7 @@ def enforcement(mode: str) -> str:
     if not ns.available:
         parts.append(f"no namespaces: {ns.reason}")
     elif mode != "none":
-        parts.append("mount namespace for metadata; pid namespace for children")
+        parts.append("a view of its own (mount namespace); pid namespace for children")
     else:
         parts.append("children ended by the worker as their subreaper")
     return "; ".join(parts)
@@ -342,6 +346,8 @@ class Policy:
         return {"mode": self.mode, "enforced_by": self.enforced_by(),
                 "view": "allowlist" if view is not None else ("the host's" if confined else "none"),
                 "signals": "only inside the sandbox" if confined and support().abi >= SCOPED_ABI else "not scoped",
+                "abstract_sockets": ("only inside the sandbox" if confined and support().abi >= SCOPED_ABI
+                                     else "network namespace" if not self.plan.network else "not scoped"),
                 "metadata": ("read-only outside the writable paths (mount namespace)" if view is not None
                              else "not confined"),
                 "children": self.children, "network": "allow" if self.plan.network else "none",
@@ -473,9 +479,9 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
     """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
     again, a best-of judge): its worktree and its admin folder `admin` (its caller's to know)
     writable, as a job's verify has them, `tmpdir` too (its caller's TMPDIR), in a view of its own
-    (whose private folders the sandbox removes when closed). Handed to `procs.run(sandbox=...)`,
-    never made active (other threads' children would get it). None only where the machine has
-    no Landlock."""
+    (whose private folders the sandbox removes when closed); its environment through
+    `Sandbox.withhold`. Handed to `procs.run(sandbox=...)`, never made active (other threads'
+    children would get it). None only where the machine has no Landlock."""
     if not support().available:
         return None
     area = Path(tempfile.mkdtemp(prefix=f"{tmpdir.name}.view-", dir=tmpdir.parent))
@@ -485,7 +491,7 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
                               engine_extra=[], state_dir=repo.state_dir,
                               readable=configured_paths(repo.config, repo.root, READABLE_KEY))
         plan_namespaces(policy, network=network, asked=False)
-        return Sandbox(policy, owns=area)
+        return Sandbox(policy, owns=area, granted=configured_names(repo.config))
     except BaseException:
         shutil.rmtree(area, ignore_errors=True)
         raise
@@ -519,7 +525,7 @@ def build_ruleset(policy: Policy) -> int:
         raise IsolationError(f"isolation {policy.mode} cannot be enforced: {state.reason}")
     handled = _handled(state.abi)
     scoped = state.abi >= SCOPED_ABI
-    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL if scoped else 0)
+    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET if scoped else 0)
     size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
     try:
         fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
@@ -561,8 +567,9 @@ class Sandbox:
     """A policy made into a kernel ruleset and a namespace plan, once, before any engine runs (so
     a failure stops the job). Mode `none` may still have a plan: a pid namespace, no network."""
 
-    def __init__(self, policy: Policy, owns: Path | None = None):
+    def __init__(self, policy: Policy, owns: Path | None = None, granted: list[str] = ()):
         self.mode = policy.mode
+        self.granted = set(granted)  # variables `subtask.isolation.env` lets through
         self.policy = policy
         self.plan = policy.plan
         self._owns = owns  # a private folder this sandbox removes when closed
@@ -572,6 +579,13 @@ class Sandbox:
     @property
     def active(self) -> bool:
         return self.fd is not None or self.plan.active
+
+    def withhold(self, env: dict) -> dict:
+        """`env` without what a confined process is not given (host sockets, credentials)."""
+        if self.mode == "none":
+            return env
+        withheld = set(views.withheld(env, self.granted))
+        return {k: v for k, v in env.items() if k not in withheld}
 
     def close(self) -> None:
         if self.fd is not None:

@@ -592,6 +592,8 @@ class Confinement:
             raise
         temp = "/tmp" if self.policy.view is not None else self.tmpdir
         self.env.update(TMPDIR=temp, TMP=temp, TEMP=temp)
+        if self.policy.view is not None:
+            self.env.update(git_identity(repo, self.env))
         # What a confined job is not given (host sockets, credentials), but for the engine process
         # its own credentials; granted by name with `subtask.isolation.env`.
         self.withheld = views.withheld(self.env, set(isolation.configured_names(repo.config))) if confined else []
@@ -663,6 +665,20 @@ class Confinement:
                 if status is not None:
                     status.lines()  # no git process is left behind, whatever ended the attempt
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def git_identity(repo: Repo, env: dict[str, str]) -> dict[str, str]:
+    """The identity git commits with, for a job whose view holds no global git config (it may
+    name credential helpers or URLs with tokens): `user.name`/`user.email` as git resolves them
+    here, passed as the variables git reads first, unless the environment already sets them."""
+    found = {}
+    for key, names in (("user.name", ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME")),
+                       ("user.email", ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"))):
+        value = repo.config.git(key)
+        for name in names if value else ():
+            if name not in env:
+                found[name] = value
+    return found
 
 
 def starter_context(repo: Repo, job: Job) -> context.Prepared:
