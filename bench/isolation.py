@@ -10,6 +10,8 @@ written to bench/results/isolation.json.
 - job: start -> wait of a trivial shell job (`echo hi`) with `--isolation worktree`, each tree's
   CLI, and `--isolation none` with ours.
 `--before` (default `main`): a revision of git-subtask, taken with `git archive` ("today's").
+`--bwrap PATH`: also spawn `true` in the same kind of view built by bubblewrap (what Claude Code's
+and Codex's sandboxes use), for docs/security.md's choice.
 """
 
 from __future__ import annotations
@@ -57,7 +59,26 @@ for _ in range(n):
     procs.run(["true"], cwd=worktree)
     plain.append(time.perf_counter() - t)
 sandbox.close()
-print(json.dumps({"build": build, "confined": confined, "plain": plain}))
+bwrap = []
+if len(sys.argv) > 7:  # the same kind of view built by bubblewrap, for comparison (`--bwrap`)
+    git_dir = str(repo / ".git")
+    view = [sys.argv[7], "--die-with-parent", "--new-session", "--unshare-pid", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", str(Path.home())]
+    for folder in ("/usr", "/etc", "/opt", "/sys"):
+        view += ["--ro-bind", folder, folder]
+    for link in ("/bin", "/sbin", "/lib", "/lib64"):
+        if Path(link).is_symlink():
+            view += ["--symlink", str(Path(link).readlink()), link]
+    for folder in dict.fromkeys([sys.prefix, sys.base_prefix]):
+        view += ["--ro-bind", folder, folder]
+    view += ["--ro-bind", git_dir, git_dir, "--bind", str(admin), str(admin), "--bind", git_dir + "/objects",
+             git_dir + "/objects", "--bind", str(worktree), str(worktree), "--chdir", str(worktree)]
+    for _ in range(n):
+        t = time.perf_counter()
+        result = procs.run([*view, "true"], cwd=worktree)
+        bwrap.append(time.perf_counter() - t)
+        assert result.exit_code == 0, result
+print(json.dumps({"build": build, "confined": confined, "plain": plain, "bwrap": bwrap}))
 """
 
 
@@ -68,11 +89,12 @@ def worktree_of(repo: Path) -> tuple[Path, Path]:
     return path, repo / ".git" / "worktrees" / name
 
 
-def spawn_round(tree: Path, repo: Path, worktree: Path, admin: Path, area: Path, spawns: int) -> dict:
+def spawn_round(tree: Path, repo: Path, worktree: Path, admin: Path, area: Path, spawns: int,
+                bwrap: str | None = None) -> dict:
     shutil.rmtree(area, ignore_errors=True)
     area.mkdir()
     proc = subprocess.run([sys.executable, "-c", SPAWN, str(tree), str(repo), str(worktree), str(admin), str(area),
-                           str(spawns)], capture_output=True, text=True, cwd=area.parent)
+                           str(spawns), *([bwrap] if bwrap else [])], capture_output=True, text=True, cwd=area.parent)
     if proc.returncode != 0:
         raise SystemExit(f"spawning in {tree} failed: {proc.stderr}")
     return json.loads(proc.stdout)
@@ -109,6 +131,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7, help="rounds (each: every tree, every mode)")
     parser.add_argument("--spawns", type=int, default=20, help="confined spawns per tree per round")
     parser.add_argument("--before", default="main", help="the revision to compare with (git archive)")
+    parser.add_argument("--bwrap", help="a bubblewrap binary: also spawn `true` in the same kind of view built by it")
     parser.add_argument("--no-save", action="store_true", help="print only; write no results file")
     args = parser.parse_args()
     if not (isolation.support().available and namespaces.support().available):
@@ -124,23 +147,28 @@ def main() -> int:
         repos = {name: make_repo(root / f"repo-{name}", files=200, folders=10) for name in trees}
         for name, repo in repos.items():
             start_to_wait(clis[name], repo, "worktree")  # warm caches once, outside the figures
-        spawns = {name: {"build": [], "confined": [], "plain": []} for name in trees}
+        spawns = {name: {"build": [], "confined": [], "plain": [], "bwrap": []} for name in trees}
         jobs: dict[str, list[float]] = {"none": [], "ours": [], "before": []}
         for _ in range(args.runs):
             for name, tree in trees.items():
-                got = spawn_round(tree, spawn_repo, worktree, admin, root / f"area-{name}", args.spawns)
+                got = spawn_round(tree, spawn_repo, worktree, admin, root / f"area-{name}", args.spawns,
+                                  args.bwrap if name == "ours" else None)
                 spawns[name]["build"].append(got["build"])
-                spawns[name]["confined"] += got["confined"]
-                spawns[name]["plain"] += got["plain"]
+                for kind in ("confined", "plain", "bwrap"):
+                    spawns[name][kind] += got.get(kind, [])
             jobs["none"].append(start_to_wait(clis["ours"], repos["ours"], "none"))
             for name in trees:
                 jobs[name].append(start_to_wait(clis[name], repos[name], "worktree"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    spawn_ms = {name: {kind: median_ms(values) for kind, values in figures.items()} for name, figures in spawns.items()}
+    spawn_ms = {name: {kind: median_ms(values) for kind, values in figures.items() if values}
+                for name, figures in spawns.items()}
     job_ms = {name: median_ms(values) for name, values in jobs.items()}
     print(f"spawn (median of {args.runs * args.spawns}): confined true  ours {spawn_ms['ours']['confined']:.1f} ms, "
           f"before {spawn_ms['before']['confined']:.1f} ms; unconfined {spawn_ms['ours']['plain']:.1f} ms")
+    if "bwrap" in spawn_ms["ours"]:
+        print(f"spawn: true in the same kind of view built by bubblewrap ({args.bwrap}): "
+              f"{spawn_ms['ours']['bwrap']:.1f} ms")
     print(f"sandbox built once per attempt: ours {spawn_ms['ours']['build']:.1f} ms, "
           f"before {spawn_ms['before']['build']:.1f} ms")
     print(f"isolation none      start -> wait  median {job_ms['none']:7.1f} ms  ({args.runs} runs, ours)")

@@ -16,6 +16,8 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,18 +264,22 @@ def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_us
     git(repo, "commit", "-qm", "project")
     other = cli.start("echo other > other.txt")
     cli.ok("wait", other)
+    activated = repo.parent / "activated-venv"  # a venv on the starter's PATH, outside the worktree
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(activated)], check=True)
     task = "\n".join([
         "python3 -m venv --without-pip .venv && .venv/bin/python -m unittest discover -s tests -q; echo unittest=$?",
+        "python -c 'import sys; print(\"prefix=\" + sys.prefix)'",
         'echo t > "$TMPDIR/t" && echo u > /tmp/u && cat "$TMPDIR/t" /tmp/u; echo tmp=$?',
         "echo change > change.txt && git add change.txt && git commit -qm change; echo commit=$?",
         f"ls '{repo}/.subtask/worktrees/{other}' 2>/dev/null | wc -l | sed 's/^/other-worktree=/'",
         f"test -e '{repo}/README.md'; echo main-checkout=$?",
         f"find '{repo}/.git/subtask' -type f ! -name \"$SUBTASK_JOB_ID.1.*\" | wc -l | sed 's/^/state-folder=/'",
     ])
-    job = cli.start(task, "--isolation", "worktree")
+    job = cli.start(task, "--isolation", "worktree", env={"PATH": f"{activated}/bin:{os.environ['PATH']}"})
     cli.ok("wait", job)
     values = said(repo, job)
     assert values["unittest"] == "0", outputs(repo, job)
+    assert values["prefix"] == str(activated), outputs(repo, job)
     assert values["tmp"] == "0" and values["commit"] == "0", outputs(repo, job)
     assert values["other-worktree"] == "0" and values["main-checkout"] != "0" and values["state-folder"] == "0"
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "change"
@@ -296,3 +302,57 @@ def test_a_confined_job_commits_as_the_user_whose_identity_is_only_in_the_global
     run("wait", job)
     assert git(repo, "log", "-1", "--format=%an <%ae> / %cn <%ce>", f"subtask/{job}") == \
         "Global Person <global@example.com> / Global Person <global@example.com>"
+
+
+AS_ANOTHER_USER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from subtask.proc import isolation, procs
+repo, area, outside = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+worktree, admin = repo / ".subtask" / "worktrees" / "st-x", repo / ".git" / "worktrees" / "st-x"
+policy = isolation.build_policy("worktree", worktree=worktree, admin=admin, common_dir=repo / ".git",
+                                has_branch=True, tmpdir=str(area), extra=[], engine_extra=[])
+isolation.plan_namespaces(policy, network="allow", asked=True)
+with isolation.confined(isolation.Sandbox(policy)):
+    result = procs.run(["sh", "-c", "read -r inside outside count < /proc/self/uid_map; echo uid=$inside:$outside; "
+                        "grep -q subtask-init /proc/1/cmdline; echo pid1=$?; touch /etc/x; echo etc=$?; "
+                        f"cat {outside}; echo outside=$?; echo w > w.txt; echo worktree=$?; "
+                        "git add w.txt && git -c user.name=n -c user.email=e commit -qm w; echo commit=$?"], cwd=worktree)
+print(result.stdout_tail + result.stderr_tail)
+"""
+
+
+@needs_view
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="switching to another user needs root, setpriv and a system python3")
+def test_the_view_is_built_for_a_user_who_is_not_root():
+    """Where the code differs for a user (a user namespace lends the capabilities; a fresh /proc
+    needs one shown first): the same view, built by `nobody` with the system's python3."""
+    root = Path(tempfile.mkdtemp(prefix="subtask-nobody-"))  # pytest's own folders are 0700
+    try:
+        _as_nobody(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _as_nobody(root: Path) -> None:
+    root.chmod(0o755)
+    repo = root / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "a").write_text("a\n")
+    git(repo, "add", "a")
+    git(repo, "commit", "-qm", "a")
+    git(repo, "worktree", "add", "-q", "-b", "subtask/st-x", str(repo / ".subtask" / "worktrees" / "st-x"))
+    (root / "area").mkdir()
+    outside = root / "outside.txt"
+    outside.write_text("not for the job\n")
+    subprocess.run(["chown", "-R", "65534:65534", str(root)], check=True)
+    package = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"HOME={root}",
+                           "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", AS_ANOTHER_USER, package, str(repo),
+                           str(root / "area"), str(outside)], capture_output=True, text=True, timeout=120)
+    said = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line and " " not in line)
+    assert said.get("uid") == "65534:65534", proc.stdout + proc.stderr  # its own user namespace, mapped to itself
+    assert said["pid1"] == "0" and said["etc"] != "0" and said["outside"] != "0", said  # its own /proc
+    assert said["worktree"] == "0" and said["commit"] == "0", said

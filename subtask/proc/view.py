@@ -333,13 +333,17 @@ PRIVATE = "private"
 
 
 def _tool_paths(env: Mapping[str, str], home: str, inputs: Inputs) -> list[str]:
-    """This Python's prefixes and the folders of the job's PATH: never HOME itself or a folder
-    holding it, nor the repository's own folders (they are the job's, shown as such)."""
+    """This Python's prefixes and the folders of the job's PATH (a venv's bin: the whole venv):
+    never HOME itself or a folder holding it, nor the repository's own folders (they are the
+    job's, shown as such)."""
     found = []
     for path in [*_python_prefixes(), *(env.get("PATH") or "").split(os.pathsep)]:
         if not path.startswith("/"):
             continue
         path = os.path.normpath(path)
+        prefix = os.path.dirname(path)
+        if any(os.path.exists(os.path.join(prefix, marker)) for marker in ("pyvenv.cfg", "conda-meta")):
+            path = prefix  # a venv's (or conda env's) bin: its interpreter needs the whole env
         if path == "/" or _under(home, path) or _under(path, inputs.state_dir) or _under(path, inputs.worktree):
             continue
         if os.path.isdir(path):
