@@ -578,9 +578,9 @@ class Build:
         self._obs_fd = -1
         self._stat_buf = ctypes.create_string_buffer(256)
 
-    def fail(self, what: bytes) -> None:
+    def fail(self, what: bytes, errno: int | None = None) -> None:
         self._write(2, b"git-subtask: could not build the job's view (" + what + b": errno %d); "
-                    b"it was not started\n" % self._errno())
+                    b"it was not started\n" % (self._errno() if errno is None else errno))
         self._exit(126)
 
     def build(self) -> None:
@@ -642,7 +642,8 @@ class Build:
         if self._obs_fd >= 0:
             libc.close(self._obs_fd)
         if libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
-            self.fail(b"/proc")
+            errno = self._errno()
+            self.fail(b"/proc" if libc.access(b"/proc", 0) == 0 else b"/proc, not in the view", errno)
 
     def account(self, pid: int) -> None:
         """In pid 1's parent, while pid 1 lives: answer every decoy's caller by hanging up, and
