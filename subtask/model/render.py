@@ -661,7 +661,7 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
                 lines.append(safe_line(f"  not granted (missing): {path}"))
             for path in iso.get("sockets") or []:
                 lines.append(safe_line(f"  socket: {path} (subtask.isolation.socket)"))
-            readable = [g.get("path") for g in iso.get("readable") or [] if g.get("why") not in ("system", "tools")]
+            readable = [g.get("path") for g in iso.get("readable") or [] if g.get("why") not in ("system", "tools", "git dir")]
             if readable:
                 lines.append(safe_line(f"  readable: {', '.join(str(p) for p in readable)}"))
             if iso.get("env_withheld"):

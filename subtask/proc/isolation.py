@@ -340,6 +340,13 @@ class Policy:
             parts.append("+".join(kinds) + (" namespace" if len(kinds) == 1 else " namespaces"))
         return ", ".join(parts) or None
 
+    def _shown(self, grant: Grant) -> bool:
+        """Is the grant something the job sees? In a view, the private folder itself is not (only
+        the folders of it shown elsewhere: HOME, /tmp, …)."""
+        if self.plan.view is None or not self.tmpdir or grant.shown is not None:
+            return True
+        return not (grant.path == self.tmpdir or grant.path.startswith(self.tmpdir.rstrip("/") + "/"))
+
     def to_dict(self) -> dict:
         confined = self.mode != "none"
         view = self.plan.view
@@ -351,8 +358,8 @@ class Policy:
                 "metadata": ("read-only outside the writable paths (mount namespace)" if view is not None
                              else "not confined"),
                 "children": self.children, "network": "allow" if self.plan.network else "none",
-                "writable": [g.to_dict() for g in self.grants], "missing": self.missing,
-                "readable": [g.to_dict() for g in self.readable] + (view.readable() if view is not None else []),
+                "writable": [g.to_dict() for g in self.grants if self._shown(g)], "missing": self.missing,
+                "readable": view.readable() if view is not None else [g.to_dict() for g in self.readable],
                 "sockets": self.sockets}
 
 

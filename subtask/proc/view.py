@@ -141,7 +141,8 @@ class View:
                    [Decoy(str(a), str(b)) for a, b in data["decoys"]], str(data["observed"]))
 
     def readable(self) -> list[dict]:
-        return [{"path": m.target, "why": m.why} for m in self.mounts if m.kind == RO and m.why]
+        """What it may read, with why (the system, its tools, the git dir, grants, the engine's)."""
+        return [{"path": m.target, "why": m.why} for m in self.mounts if m.kind == RO and m.why and m.why != HIDDEN]
 
 
 @dataclass(frozen=True)
