@@ -8,7 +8,8 @@ written to bench/results/isolation.json.
   tree's own (the job's view built, Landlock, pid 1 of a pid namespace), `--spawns` a round; the
   same `true` unconfined for reference; and building the sandbox (once per attempt).
 - job: start -> wait of a trivial shell job (`echo hi`) with `--isolation worktree`, each tree's
-  CLI, and `--isolation none` with ours.
+  CLI, and `--isolation none` with ours; and the part of its worker's time the sandbox takes
+  (its phases `confinement`, `engine` and `wrap_up`), less noisy than start -> wait.
 `--before` (default `main`): a revision of git-subtask, taken with `git archive` ("today's").
 `--bwrap PATH`: also spawn `true` in the same kind of view built by bubblewrap (what Claude Code's
 and Codex's sandboxes use), for docs/security.md's choice.
@@ -111,6 +112,21 @@ def cli_of(tree: Path) -> tuple[list[str], dict]:
     return [sys.executable, "-c", CLI], dict(os.environ, PYTHONPATH=str(tree))
 
 
+# The phases of a worker's attempt that confinement touches (subtask/model/phases.py): building the
+# sandbox, running the engine in it, and closing it.
+SANDBOX_PHASES = ("confinement", "engine", "wrap_up")
+
+
+def sandbox_phases(path: Path) -> list[float]:
+    """Per attempt written to `path` (SUBTASK_PHASES), the seconds of `SANDBOX_PHASES`."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        marks = json.loads(line)["marks"]
+        steps = zip(marks, marks[1:], strict=False)
+        found.append(sum(t1 - t0 for (_, t0), (name, t1) in steps if name in SANDBOX_PHASES))
+    return found
+
+
 def start_to_wait(cli: tuple[list[str], dict], repo: Path, mode: str) -> float:
     command, env = cli
     t0 = time.perf_counter()
@@ -120,9 +136,13 @@ def start_to_wait(cli: tuple[list[str], dict], repo: Path, mode: str) -> float:
 
 
 def archive(rev: str, where: Path) -> Path:
+    """The tree of `rev`, compiled as an installed package is (else every process of it compiles)."""
+    import compileall
+
     where.mkdir()
     data = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=data, check=True)
+    compileall.compile_dir(str(where / "subtask"), quiet=1)
     return where
 
 
@@ -144,6 +164,8 @@ def main() -> int:
         spawn_repo = make_repo(root / "spawn-repo", files=20, folders=2)
         worktree, admin = worktree_of(spawn_repo)
         clis = {name: cli_of(tree) for name, tree in trees.items()}
+        for name, (_, env) in clis.items():
+            env["SUBTASK_PHASES"] = str(root / f"phases-{name}.jsonl")
         repos = {name: make_repo(root / f"repo-{name}", files=200, folders=10) for name in trees}
         for name, repo in repos.items():
             start_to_wait(clis[name], repo, "worktree")  # warm caches once, outside the figures
@@ -159,11 +181,13 @@ def main() -> int:
             jobs["none"].append(start_to_wait(clis["ours"], repos["ours"], "none"))
             for name in trees:
                 jobs[name].append(start_to_wait(clis[name], repos[name], "worktree"))
+        phases = {name: sandbox_phases(root / f"phases-{name}.jsonl")[2:] for name in trees}  # warm-ups aside
     finally:
         shutil.rmtree(root, ignore_errors=True)
     spawn_ms = {name: {kind: median_ms(values) for kind, values in figures.items() if values}
                 for name, figures in spawns.items()}
     job_ms = {name: median_ms(values) for name, values in jobs.items()}
+    phase_ms = {name: median_ms(values) for name, values in phases.items() if values}
     print(f"spawn (median of {args.runs * args.spawns}): confined true  ours {spawn_ms['ours']['confined']:.1f} ms, "
           f"before {spawn_ms['before']['confined']:.1f} ms; unconfined {spawn_ms['ours']['plain']:.1f} ms")
     if "bwrap" in spawn_ms["ours"]:
@@ -174,13 +198,17 @@ def main() -> int:
     print(f"isolation none      start -> wait  median {job_ms['none']:7.1f} ms  ({args.runs} runs, ours)")
     print(f"isolation worktree  start -> wait  median {job_ms['ours']:7.1f} ms ours, {job_ms['before']:7.1f} ms "
           f"before ({args.before})")
+    if len(phase_ms) == 2:
+        print(f"the sandbox's part of a job (the worker's {', '.join(SANDBOX_PHASES)} phases): "
+              f"ours {phase_ms['ours']:.1f} ms, before {phase_ms['before']:.1f} ms")
     overhead = spawn_ms["ours"]["confined"] - spawn_ms["before"]["confined"]
-    print(f"the view's cost against {args.before}: {overhead:+.1f} ms per confined child, "
-          f"{job_ms['ours'] - job_ms['before']:+.1f} ms per job (target <= 10 ms); "
-          f"{isolation.support().describe()}; load {os.getloadavg()[0]:.1f}")
+    per_job = phase_ms["ours"] - phase_ms["before"] if len(phase_ms) == 2 else job_ms["ours"] - job_ms["before"]
+    print(f"the view's cost against {args.before}: {overhead:+.1f} ms per confined child, {per_job:+.1f} ms "
+          f"per trivial job (target <= 10 ms); {isolation.support().describe()}; load {os.getloadavg()[0]:.1f}")
     if not args.no_save:
         path = save("isolation", {"runs": args.runs, "spawns": args.spawns, "before": args.before,
-                                  "spawn_median_ms": spawn_ms, "job_median_ms": job_ms})
+                                  "spawn_median_ms": spawn_ms, "job_median_ms": job_ms,
+                                  "sandbox_phases_median_ms": phase_ms})
         print(f"wrote {path}")
     return 0
 

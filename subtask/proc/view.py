@@ -41,7 +41,6 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import platform
