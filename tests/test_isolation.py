@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from subtask.proc import isolation, namespaces, procs
-from tests.conftest import git, refs
+from tests.conftest import git, refs, wait_until
 
 LANDLOCK = isolation.support()
 needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
@@ -85,7 +85,8 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     writable = {g["path"] for g in iso["writable"]}
     assert str(repo / ".subtask" / "worktrees" / job) in writable and str(repo) not in writable
     assert "/tmp" in writable and str(home) in writable  # its private /tmp and HOME
-    assert not (repo / ".subtask" / "worktrees" / ".tmp" / job).exists()  # private to the job, gone after it
+    private = repo / ".subtask" / "worktrees" / ".tmp"  # private to the job, gone after it
+    assert wait_until(lambda: not [p for p in private.iterdir() if job in p.name], timeout=30), list(private.iterdir())
     claimed = "\n".join(iso["claimed"])  # what its output says was refused: claims, not observations
     assert "refs/heads/main" in claimed and "Read-only file system" in claimed
     assert evidence(cli, job)["main_worktree"] == {"changed": False, "paths": []}

@@ -283,7 +283,8 @@ def test_a_confined_job_runs_a_projects_tests_from_a_venv_in_its_worktree_and_us
     assert values["tmp"] == "0" and values["commit"] == "0", outputs(repo, job)
     assert values["other-worktree"] == "0" and values["main-checkout"] != "0" and values["state-folder"] == "0"
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "change"
-    assert not list((repo / ".subtask" / "worktrees" / ".tmp").glob(f"{job}*"))  # its private folders went
+    private = repo / ".subtask" / "worktrees" / ".tmp"  # its private folders go (moved aside, then removed)
+    assert wait_until(lambda: not [p for p in private.iterdir() if job in p.name], timeout=30), list(private.iterdir())
 
 
 @needs_view
