@@ -165,7 +165,8 @@ def reference() -> str:
 def _scratch() -> tuple[Path, Path, dict[str, str]]:
     tmp = Path(tempfile.mkdtemp(prefix="subtask-docs-"))
     repo = tmp / "demo"
-    env = dict(os.environ, GIT_AUTHOR_NAME="Ada", GIT_AUTHOR_EMAIL="ada@example.com",
+    (tmp / "home").mkdir()
+    env = dict(os.environ, HOME=str(tmp / "home"), GIT_AUTHOR_NAME="Ada", GIT_AUTHOR_EMAIL="ada@example.com",
                GIT_COMMITTER_NAME="Ada", GIT_COMMITTER_EMAIL="ada@example.com", NO_COLOR="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", SUBTASK_SERVER="0")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
@@ -179,7 +180,10 @@ def session_blocks(session=None) -> list[tuple[str, str, bool]]:
     """(command, what it printed, checked) for each entry of `session` (SESSION), run for real.
     `$J<n>` is the n-th job a start printed, `$G<n>` the n-th group a map printed."""
     tmp, repo, env = _scratch()
-    env = dict(env, GATE=str(tmp / "gate"), GATE2=str(tmp / "gate2"))
+    gates = tmp / "gates"  # jobs see them read-only (a confined job's view holds nothing it is not given)
+    gates.mkdir()
+    subprocess.run(["git", "-C", str(repo), "config", "--add", "subtask.isolation.readable", str(gates)], check=True)
+    env = dict(env, GATE=str(gates / "gate"), GATE2=str(gates / "gate2"))
     named: dict[str, list[str]] = {"J": [], "G": []}
     out = []
     for command, checked in SESSION if session is None else session:

@@ -380,6 +380,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
     choice = _isolation(repo, engine, request)  # probes the state folder: after what makes nothing
     network = _network(repo)
+    sockets = _sockets(repo) if choice.mode != "none" else None
     after, until, on_fail = _after(repo, request, on)
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -399,8 +400,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
-                   harness=harness,
+                   network=network, sockets=sockets, group=group, member=member, clone=clone, retries=retries,
+                   checks=job_checks, harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
@@ -564,6 +565,14 @@ def _network(repo: Repo) -> str:
     from subtask.proc import isolation
 
     return isolation.resolve_network(repo.config.get("isolation.network"))
+
+
+def _sockets(repo: Repo) -> list[str] | None:
+    """The host sockets a confined job may reach, granted by name (`subtask.isolation.socket`),
+    as its spec records them."""
+    from subtask.proc import isolation
+
+    return isolation.configured_paths(repo.config, repo.root, isolation.SOCKET_KEY) or None
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:

@@ -66,6 +66,9 @@ _API_RE = re.compile(r"api error|overloaded|internal server error|connection err
                      r"rate.?limit|\b(?:http|status)\s*5\d\d\b", re.IGNORECASE)
 
 
+CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN")
+
+
 class ClaudeEngine:
     name = "claude"
     paid = True
@@ -87,6 +90,19 @@ class ClaudeEngine:
             folder, files = home / ".claude", [home / ".claude.json"]
         folder.mkdir(parents=True, exist_ok=True)
         return [folder, *files]
+
+    @staticmethod
+    def readable_paths(env: Mapping[str, str]) -> list[Path]:
+        """A CLI named outside this package (`SUBTASK_CLAUDE_CLI`): its folder, for a confined view."""
+        explicit = env.get(CLI_ENV)
+        found = shutil.which(explicit) if explicit else None
+        return [Path(os.path.realpath(found)).parent] if found else []
+
+    @staticmethod
+    def credential_env(env: Mapping[str, str]) -> list[str]:
+        """What the CLI authenticates with: given to it, withheld from every other process of a
+        confined job (setup, verify)."""
+        return list(CREDENTIAL_VARIABLES)
 
     def probe(self) -> Probe:
         cli = _find_cli(None)
@@ -158,7 +174,7 @@ def _cli_version(cli: str) -> str | None:
 
 def _auth_state() -> tuple[bool, str]:
     """Whether credentials are present, as far as can be told without calling the service."""
-    for var in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN"):
+    for var in CREDENTIAL_VARIABLES:
         if os.environ.get(var):
             return True, f"{var} is set"
     for var in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"):

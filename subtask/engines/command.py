@@ -168,6 +168,19 @@ class CommandEngine:
     def template(self) -> list[str] | None:
         return parse_template(self._key("command"))
 
+    def readable_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """The files its templates name (the agent's program, a script it runs), for a confined
+        view: the user's own configuration says them, nothing the job chose."""
+        found: list[Path] = []
+        for key in ("command", "resumeCommand"):
+            for word in parse_template(self._key(key)) or []:
+                if _PLACEHOLDER_RE.search(word):
+                    continue
+                path = _which(word, env) if "/" not in word else word
+                if path and os.path.isabs(path) and os.path.exists(path):
+                    found += [Path(path), Path(os.path.realpath(path))]
+        return list(dict.fromkeys(found))
+
     # -- probe --------------------------------------------------------------------------------
 
     def probe(self) -> Probe:

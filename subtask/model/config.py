@@ -217,13 +217,25 @@ SETTINGS: dict[str, Setting] = {
         "copy it to another clone)",
         shown="made at the first start"),
     "isolation": Setting("words",
-        "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
-        "metadata, a pid namespace so no child outlives the job). See docs/security.md",
+        "what the engine may see and write, kernel-enforced (a view of its own built from an "
+        "allowlist, Landlock for writes, a pid namespace so no child outlives the job). See "
+        "docs/security.md",
         shown="the engine's (`worktree` for shell and command)",
         words=("none", "worktree", "readonly")),
     "isolation.writable": Setting("path",
         "a path confined jobs may write too (`~` and `$VARS` expanded)",
         multi=True, example="~/.cache"),
+    "isolation.readable": Setting("path",
+        "a path a confined job's view shows read-only (`~` and `$VARS` expanded)",
+        multi=True, example="~/.config/pip"),
+    "isolation.socket": Setting("path",
+        "a host socket a confined job may connect to (recorded in the job's spec, shown in its "
+        "evidence); no other host socket is in its view",
+        multi=True, example="$SSH_AUTH_SOCK"),
+    "isolation.env": Setting("text",
+        "a variable passed to a confined job although it looks like a credential or names a host "
+        "socket",
+        multi=True, example="GITHUB_TOKEN"),
     "isolation.network": Setting("words",
         "`none`: a job's processes get a network namespace with only their own loopback "
         "(refused where it cannot be enforced)",
@@ -512,8 +524,14 @@ class Config:
     def __call__(self, key: str) -> str | None:
         return self.get(key)
 
+    def get_all(self, key: str) -> list[str]:
+        """Every value of `subtask.<key>` (one of `MULTI_VALUED`), e.g. `isolation.socket`."""
+        return self._read.every("subtask." + key) if isinstance(self._read, GitSettings) else (
+            [v for v in [self._read("subtask." + key)] if v is not None])
+
     def git(self, key: str) -> str | None:
-        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
+        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `user.name`,
+        `user.email`, `gpg.*`)."""
         return self._read(key)
 
     def remember(self, key: str, value: str) -> None:
@@ -649,24 +667,39 @@ class GitSettings:
     def __call__(self, key: str) -> str | None:
         return self._values.get(_canonical(key))
 
+    def every(self, key: str) -> list[str]:
+        """Every value of a `MULTI_VALUED` key, in the order git gave them."""
+        kept = self._values.get(_ALL + _canonical(key))
+        return kept.split("\0") if kept is not None else []
+
     def all(self) -> dict[str, str]:
-        return self._values
+        return self._values  # `_ALL` keys too: a worker forked with them reads what we read
 
     def set(self, key: str, value: str) -> None:
         self._values[key] = value
 
 
 # Every `subtask.*` setting, and those git signs commits with (one process reads them all).
-SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$")
+
+
+# Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.
+MULTI_VALUED = ("subtask.isolation.writable", "subtask.isolation.readable", "subtask.isolation.socket",
+                "subtask.isolation.env")
+_ALL = "\0all:"  # the prefix of the key under which a multi-valued key's values are kept, NUL-separated
 
 
 def parse_settings(out: bytes) -> dict[str, str]:
-    """`git config -z --get-regexp` output as {key: last value}."""
-    values = {}
+    """`git config -z --get-regexp` output as {key: last value} (and every value of a
+    `MULTI_VALUED` key under `_ALL` + key)."""
+    values: dict[str, str] = {}
     for item in out.decode("utf-8", "surrogateescape").split("\0"):
         key, _, value = item.partition("\n")
         if key:
             values[key] = value
+            if key in MULTI_VALUED:
+                kept = values.get(_ALL + key)
+                values[_ALL + key] = value if kept is None else kept + "\0" + value
     return values
 
 

@@ -129,6 +129,9 @@ class JobSpec(_Record):
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
     network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
+    # Host sockets a confined job may connect to, granted by name (`subtask.isolation.socket`) when
+    # it started (None: none; an unconfined job reaches every socket its user can).
+    sockets: list[str] | None = None
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
@@ -153,7 +156,7 @@ class JobSpec(_Record):
             return money.money_or_none(value)
         if key == "retries":
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
-        if key in ("checks", "harness"):
+        if key in ("checks", "harness", "sockets"):
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
         if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return None  # damaged or foreign: waits for nothing

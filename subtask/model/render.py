@@ -374,9 +374,11 @@ def isolation_line(evidence) -> str | None:
             parts.append(f"{mode} ({iso.get('enforced_by', '?')})")
         else:
             parts.append(f"none ({own} sandbox)" if own else mode)
-        refused = iso.get("refused") or []
+        refused, claimed = iso.get("refused") or [], iso.get("claimed") or []
         if refused:
-            parts.append(f"{len(refused)} refused access{'' if len(refused) == 1 else 'es'} in the output")
+            parts.append(f"{len(refused)} access{'' if len(refused) == 1 else 'es'} refused by its view")
+        if claimed:
+            parts.append(f"{len(claimed)} refusal{'' if len(claimed) == 1 else 's'} claimed in the output")
     if main is not None:
         if main.get("changed"):
             paths = main.get("paths") or []
@@ -738,7 +740,7 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
         refused = (job.evidence.isolation or {}).get("refused") or []
         if refused:
             lines.append(f"isolation {job.evidence.isolation.get('mode')} refused (see git subtask show {job.id}):")
-            lines.extend("  " + line for line in refused[:3])
+            lines.extend("  " + safe_line(line) for line in refused[:3])
     text = job.summary.strip() if full else summary_lines(job.summary)
     if text:
         lines.append(text)
@@ -877,8 +879,17 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
                 lines.append(safe_line(f"  writable devices: {', '.join(devices)}"))
             for path in iso.get("missing", []):
                 lines.append(safe_line(f"  not granted (missing): {path}"))
+            for path in iso.get("sockets") or []:
+                lines.append(safe_line(f"  socket: {path} (subtask.isolation.socket)"))
+            readable = [g.get("path") for g in iso.get("readable") or [] if g.get("why") not in ("system", "tools", "git dir")]
+            if readable:
+                lines.append(safe_line(f"  readable: {', '.join(str(p) for p in readable)}"))
+            if iso.get("env_withheld"):
+                lines.append(safe_line(f"  environment withheld: {', '.join(iso['env_withheld'])}"))
             for line in iso.get("refused", []):
                 lines.append(safe_line(f"  refused: {line}"))
+            for line in iso.get("claimed") or []:
+                lines.append(safe_line(f"  claimed in its output: {line}"))
     if job.summary.strip():
         lines.append("summary:")
         lines.append(_indent(summary_lines(job.summary)))

@@ -245,7 +245,7 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tr
             env.update(laid.enter_context(overlay.overlaid(repo, judge, path, _stash_of(path), tmpdir)))
         sandbox = isolation.outside_sandbox(repo, path, admin, tmpdir, network)
         if sandbox is not None:
-            env[isolation.ACTIVE_ENV] = "worktree"
+            env = sandbox.withhold(env) | {isolation.ACTIVE_ENV: "worktree"}
         running = procs.start(["sh", "-c", command], cwd=path, env=env, timeout=timeout,
                               tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
     except BaseException:

@@ -62,7 +62,8 @@ from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
 from subtask.ops import groups, lifecycle, notify, overlay, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
-from subtask.proc import isolation, spawn
+from subtask.proc import context, isolation, spawn
+from subtask.proc import view as views
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import file_lock, open_private
 from subtask.worker import retries
@@ -600,60 +601,86 @@ def _verify_output(result) -> str:
 
 
 class Confinement:
-    """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
-    writes its output reported, and whether the main worktree changed while the job ran (`git
-    status` before and after). Without ours, an engine's own sandbox (codex's) may refuse: the
-    refusals printed in the output of the commands it ran are listed too."""
+    """One attempt's isolation: the policy and its sandbox (its view of the machine, its private
+    folders), the environment its processes get, what the view refused (observed) and what its
+    output claimed was refused, and whether the main worktree changed while the job ran (`git
+    status` before and after). Without ours, an engine's own sandbox (codex's) may refuse: what the
+    commands it ran printed about refusals is listed as claims too."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
-        self.refused: list[str] = []
+        self.claimed: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
-        self.engine_sandbox = (isolation.own_sandbox(engine, job.spec.readonly)
-                               if job.spec.isolation == "none" else None)
+        confined = job.spec.isolation != "none"
+        self.engine_sandbox = None if confined else isolation.own_sandbox(engine, job.spec.readonly)
         self.env = engine_env(job, repo.state_dir)
-        self.env.update(isolation.temp_env(self.tmpdir))
-        if job.spec.isolation != "none":
+        if confined:
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask.proc import procs
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         self.worktree = worktree
+        self.context = None
         try:
+            self.context = starter_context(repo, job)
             self.env.update(namespace_env(repo, job))
+            n = job.state.current.n
             # The admin folder the checkout made or checked, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, admin=admin,
                 common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
-                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
-                engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
+                tmpdir=self.tmpdir, extra=isolation.configured_writable(repo.config, repo.root),
+                engine_extra=isolation.engine_paths(engine, self.env) if confined else [],
+                env=self.env, state_dir=repo.state_dir,
+                readable=isolation.configured_paths(repo.config, repo.root, isolation.READABLE_KEY),
+                engine_readable=isolation.engine_paths(engine, self.env, "readable") if confined else [],
+                sockets=job.spec.sockets or [],
+                optional=[str(privatetext.task_file_path(repo.state_dir, job.id, n)),
+                          str(privatetext.verify_output_path(repo.state_dir, job.id, n))])
             isolation.plan_namespaces(self.policy, network=job.spec.network,
                                       asked=not job.spec.isolation_source.startswith("default"))
             self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
             release_namespace(repo, job)
+            context.use(None)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
+        temp = "/tmp" if self.policy.view is not None else self.tmpdir
+        self.env.update(isolation.temp_env(temp))
+        if self.policy.view is not None:
+            self.env.update(git_identity(repo, self.env))
+        # What a confined job is not given (host sockets, credentials), but for the engine process
+        # its own credentials; granted by name with `subtask.isolation.env`.
+        self.withheld = views.withheld(self.env, set(isolation.configured_names(repo.config))) if confined else []
+        own = set(isolation.engine_credentials(engine, self.env)) if confined else set()
+        self.engine_env = {k: v for k, v in self.env.items() if k not in self.withheld or k in own}
+        self.env = {k: v for k, v in self.env.items() if k not in self.withheld}
 
     def watch(self, event: dict) -> None:
-        """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
+        """The engine's sink: every event goes on; an output line reading like a refused access is
+        noted as what the job claims (it can print anything)."""
         self.sink(event)
         if self.policy.mode == "none" and not self.engine_sandbox:
             return
         if event.get("type") in ("output", "log") and self.policy.mode != "none":
-            self.note_refused(str(event.get("text", "")))
+            self.note_claim(str(event.get("text", "")))
         elif event.get("type") == "command" and isinstance(event.get("output"), str):
             for line in event["output"].splitlines():  # what an agent's command printed (codex)
-                self.note_refused(line)
+                self.note_claim(line)
 
-    def note_refused(self, text: str) -> None:
-        if not isolation.looks_refused(text) or len(self.refused) >= isolation.MAX_REFUSED:
+    def note_claim(self, text: str) -> None:
+        if not isolation.looks_refused(text) or len(self.claimed) >= isolation.MAX_REFUSED:
             return
         line = redact(text.strip())[:300]
-        self.refused.append(line)
-        self.sink({"type": "isolation", "mode": self.policy.mode, "refused": line})
+        self.claimed.append(line)
+        self.sink({"type": "isolation", "mode": self.policy.mode, "claimed": line})
+
+    def observe(self) -> None:
+        """What the view refused during the last sandboxed run, as the kernel saw it: an event each."""
+        for line in self.sandbox.accounting.collect():
+            self.sink({"type": "isolation", "mode": self.policy.mode, "refused": redact(line)})
 
     def look_after(self) -> None:
         """Take the main worktree's status once nothing confined runs any more (the engine, or
@@ -664,22 +691,27 @@ class Confinement:
     def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
         if verify is not None and self.policy.mode != "none":
             for line in verify.output_tail.splitlines():
-                self.note_refused(line)
+                self.note_claim(line)
+        self.observe()
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        seen = {"source": self.job.spec.isolation_source, "refused": self.refused}
+        refused = [redact(line) for line in self.sandbox.accounting.seen]
+        seen = {"source": self.job.spec.isolation_source, "refused": refused, "claimed": self.claimed,
+                "env_withheld": self.withheld}
         if self.engine_sandbox:  # none of ours: the engine's own confined it
             seen["engine_sandbox"] = f"{self.job.spec.engine} {self.engine_sandbox}"
         return self.policy.to_dict() | seen, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
-        its pid 1 exited; else they are orphans this worker (their subreaper) adopted."""
+        its pid 1 exited; else they are orphans this worker (their subreaper) adopted. Then take
+        what its view refused."""
         if not self.policy.plan.pid:
             from subtask.proc import procs
 
             procs.end_adopted(self.token)
+        self.observe()
 
     def close(self) -> None:
         self.end_leftovers()
@@ -687,21 +719,90 @@ class Confinement:
             run_teardown(self.repo, self.job, self.worktree, self)
         finally:
             release_namespace(self.repo, self.job)
+            context.use(None)
             self.sandbox.close()
             for status in (self.before, self.after):
                 if status is not None:
                     status.lines()  # no git process is left behind, whatever ended the attempt
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            discard_private(self.tmpdir)
+
+
+def git_identity(repo: Repo, env: dict[str, str]) -> dict[str, str]:
+    """The identity git commits with, for a job whose view holds no global git config (it may
+    name credential helpers or URLs with tokens): `user.name`/`user.email` as git resolves them
+    here, passed as the variables git reads first, unless the environment already sets them."""
+    found = {}
+    for key, names in (("user.name", ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME")),
+                       ("user.email", ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"))):
+        value = repo.config.git(key)
+        for name in names if value else ():
+            if name not in env:
+                found[name] = value
+    return found
+
+
+def starter_context(repo: Repo, job: Job) -> context.Prepared:
+    """The context of the job's starter (nice value, limits, umask, namespaces: `jobenv`), made
+    the context of every child this worker starts for the attempt; refused when it cannot be
+    given (a setup failure that names why), never replaced by this worker's own."""
+    try:
+        prepared = context.prepare(jobenv.load_context(repo.state_dir, job.id))
+    except context.ContextError as exc:
+        raise SubtaskError("fatal", f"cannot run as its starter ran: {exc}") from exc
+    context.use(prepared)
+    return prepared
 
 
 TMP_FOLDER = ".tmp"  # under the worktree folder: beside the job worktrees, outside .git and /tmp
 
 
+GONE = ".gone-"  # a private folder moved aside at its attempt's end, removed once nothing waits for it
+_gone: list[Path] = []
+
+
+def discard_private(folder: str) -> None:
+    """Take the attempt's private folder away now (one rename: nothing of it is where it was), and
+    remove it after the run-lock is released (`remove_discarded`): deleting its few dozen
+    folders costs ~60 ms on a file system mounted with `discard`, which `wait` need not wait for."""
+    path = Path(folder)
+    aside = path.with_name(f"{GONE}{path.name}.{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    _gone.append(aside)
+
+
+def _alive(pid: str) -> bool:
+    """Is the worker that moved a folder aside alive (it removes its own)? A reused pid keeps a
+    dead one's folder until that process ends: garbage, never anyone's work."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
+
+
+def remove_discarded() -> None:
+    while _gone:
+        shutil.rmtree(_gone.pop(), ignore_errors=True)
+
+
 def private_tmpdir(repo: Repo, job_id: str) -> str:
     """A fresh 0700 temp dir for the job's engine (`<worktreeDir>/.tmp/<id>`). One a killed worker
-    left behind is replaced here, so a crash leaks at most one empty folder per job, in the repo."""
+    left behind is replaced here, and the folders killed workers had moved aside are removed, so
+    a crash leaks at most one folder per job, in the repo, until the next attempt of any job."""
     path = repo.worktree_dir() / TMP_FOLDER / job_id
     shutil.rmtree(path, ignore_errors=True)
+    try:
+        for entry in os.scandir(path.parent):
+            if entry.name.startswith(GONE) and not _alive(entry.name.rpartition(".")[2]):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        pass
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.mkdir(mode=0o700)
     return str(path)
@@ -1142,7 +1243,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("record_engine_started")
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
-              "writable": [g.path for g in confinement.policy.grants]})
+              "writable": [g.to_dict()["path"] for g in confinement.policy.grants]})
     started_from = current_head(repo, job)  # an attempt that leaves it here changed nothing
     watch = claims.Watch()  # the order of the engine's edits and test runs, for its claims
     stopped = False
@@ -1151,7 +1252,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     try:
         with isolation.confined(confinement.sandbox), stall:
             outcome = run_engine(repo, job, worktree, stall.emitter(_seen_by(watch, confinement.watch)),
-                                 confinement.env)
+                                 confinement.engine_env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -1286,6 +1387,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
+        remove_discarded()  # the attempt's private folder, moved aside: `wait` has returned meanwhile
         phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
