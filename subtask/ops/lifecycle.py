@@ -24,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import executors
+from subtask.model import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job

@@ -36,7 +36,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from subtask import executors
+from subtask.model import executors
 from subtask.git import ownership, records
 from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
