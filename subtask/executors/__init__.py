@@ -6,8 +6,19 @@ The registry of executors (which exist, what each can do, which runs a job) is d
 folders never import each other both ways. Its names are re-exported here for the layers above.
 """
 
-from subtask.model.executors import (EXECUTORS, REGISTRY, Elsewhere, Executor, choose, elsewhere, of,
-                                     of_entry, placement, ray_job_id, runs_remotely)
+from subtask.model.executors import (
+                                     EXECUTORS,
+                                     REGISTRY,
+                                     Elsewhere,
+                                     Executor,
+                                     choose,
+                                     elsewhere,
+                                     of,
+                                     of_entry,
+                                     placement,
+                                     ray_job_id,
+                                     runs_remotely,
+)
 
 __all__ = ["EXECUTORS", "Elsewhere", "Executor", "REGISTRY", "choose", "elsewhere", "of", "of_entry",
            "placement", "ray_job_id", "runs_remotely"]
