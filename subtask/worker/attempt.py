@@ -68,7 +68,9 @@ def run_attempt(repo: Repo, job: Job) -> None:
 
 def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
     """The flow of one attempt: checkout, confinement, engine, evidence, verify, finish. Each
-    step that can end the attempt says so with None, having recorded why."""
+    step that can end the attempt says so with None, having recorded why. The evidence comes in
+    two halves: the work committed before verify runs on it, the evidence gathered after (it
+    holds verify's result)."""
     fresh = not worktree_path(repo, job).exists()
     set_up = set_up_worktree(repo, job, sink)
     if set_up is None:
