@@ -41,6 +41,7 @@ import traceback
 from decimal import Decimal
 from pathlib import Path
 
+from subtask import words as render
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
 from subtask.git import checks, harness, notes, packing, records, worktrees
@@ -56,7 +57,7 @@ from subtask.git.gitrepo import (
     preload_pygit2,
 )
 from subtask.git.records import Job
-from subtask.model import claims, faults, money, phases, render
+from subtask.model import claims, faults, money, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
