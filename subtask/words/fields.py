@@ -2,8 +2,9 @@
 routing, evidence and landing, each as the short text `show`, `result`, the note and the
 one-line status put together.
 
-Invariant: a part that carries text a job or a teammate wrote returns it through
-`terminal.safe_line`, so it stays on its line.
+Invariant: a part that may be shown alone returns text already through `terminal.safe_line`
+(`verify_line`, `judge_line`, `landing_line`, `attempt_brief`…); the rest are safe only inside
+the line or page that uses them (`lines`, `pages`), which pass the whole through `terminal`.
 """
 
 from __future__ import annotations

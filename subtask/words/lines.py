@@ -1,8 +1,9 @@
 """A job, a list row or an event in one line: the record subject, `status`, `list`, `start`'s
 and `wait`'s answers, `wait --since`'s events, what a running job is doing now.
 
-Invariant: every line returned went through `terminal.safe_line` (one line, nothing a terminal
-obeys).
+Invariant: every line a command prints from here went through `terminal.safe_line` (one line,
+nothing a terminal obeys); `activity_text` and `marks_text` are parts of `status_line` and
+`list_line`, made safe there.
 """
 
 from __future__ import annotations

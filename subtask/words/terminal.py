@@ -22,8 +22,6 @@ from subtask.model import money as _money
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 _UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n\t]")
 
 
