@@ -1481,7 +1481,7 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
     lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
     import json
 
-    from subtask.model import render
+    from subtask import words as render
 
     for line in reversed(lines):
         try:

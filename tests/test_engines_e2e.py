@@ -258,7 +258,7 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
 
 def _money_agrees(cli, repo, job: str, total: float) -> None:
     """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
-    from subtask.model.render import money
+    from subtask.words import money
 
     assert cli.json("spend")["committed_usd"] == pytest.approx(total)
     listed = {e["id"]: e for e in cli.json("list")["jobs"]}

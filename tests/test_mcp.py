@@ -476,10 +476,9 @@ def last_tool_result(body: dict) -> str:
 
 
 def render_one_line(repo: Path, job: str) -> str:
-    from subtask import api
-    from subtask.model import render
+    from subtask import api, words
 
-    return render.one_line(api.get(api.repo_at(repo), job))
+    return words.one_line(api.get(api.repo_at(repo), job))
 
 
 def claude_env(tmp_path: Path, url: str) -> dict[str, str]:

@@ -102,7 +102,7 @@ def test_a_figure_below_its_baseline_is_taken_whole():
 
 def test_damaged_totals_and_stall_marks_read_as_absent_and_render():
     """A record is input: a teammate's or a damaged one may hold anything in these fields."""
-    from subtask.model.render import one_line, show_text
+    from subtask.words import one_line, show_text
 
     read = Attempt.from_dict({"n": 1, "state": "running", "message": "m", "queued_at": 0.0,
                               "totals": 5, "stalled": "yes"})

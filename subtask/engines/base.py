@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from subtask.model import money
-from subtask.model.render import SUMMARY_MAX_LINES
+from subtask.words import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.
 ERROR_HINTS: dict[str, str] = {

@@ -26,13 +26,13 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
     """Print text for a person: control characters made visible (`render.safe`), since jobs carry
     text from models and teammates; the faces print nothing any other way (JSON: `_emit_json`)."""
-    from subtask.model.render import safe
+    from subtask.words import safe
 
     click.echo(safe(str(text)), err=err, nl=nl)
 
 
 def _emit_json(obj) -> None:
-    from subtask.model.render import json_text
+    from subtask.words import json_text
 
     click.echo(json_text(obj, indent=2, sort_keys=False))  # amounts as numbers, the rest as text
 
@@ -271,7 +271,7 @@ def watch(ids, timeout):
     Exit codes as for wait.
     """
     from subtask import api
-    from subtask.model import render
+    from subtask import words as render
 
     repo = _repo()
     live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"

@@ -49,8 +49,9 @@ from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
+from subtask import words as render
 from subtask.faces import jsonrpc, replies
-from subtask.model import render, start_options
+from subtask.model import start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
 

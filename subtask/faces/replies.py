@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from subtask.model import render
+from subtask import words as render
 from subtask.model.job import VerifyResult
 
 

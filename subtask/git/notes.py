@@ -20,8 +20,8 @@ from __future__ import annotations
 from subtask.git import notes_store, records, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model.render import note_block
 from subtask.state import paths
+from subtask.words import note_block
 
 
 def lock_path(repo: Repo):

@@ -45,11 +45,11 @@ from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.model.render import judge_line
 from subtask.ops import overlay
 from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
+from subtask.words import judge_line
 
 TAIL_BYTES = 4096  # as much output as a job's own verify keeps
 SCRATCH = ".verify"

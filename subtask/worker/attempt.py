@@ -28,11 +28,12 @@ import sys
 import time
 import traceback
 
+from subtask import words as render
 from subtask.engines.base import ERROR_HINTS
 from subtask.git import records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model import faults, phases, render
+from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING
 from subtask.ops import groups, lifecycle, plans
