@@ -19,9 +19,20 @@ import json
 import re
 import time
 from decimal import Decimal
+from typing import Any, Protocol
 
 from subtask.model import money as _money
-from subtask.model.job import ACTIVE, TERMINAL, placement, ray_job_id
+from subtask.model.job import (
+    ACTIVE,
+    TERMINAL,
+    Attempt,
+    Evidence,
+    JobLike,
+    Landing,
+    VerifyResult,
+    placement,
+    ray_job_id,
+)
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
@@ -29,6 +40,28 @@ _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029
 _UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n\t]")
 
 SUMMARY_MAX_LINES = 10  # the lines of an engine's output a summary keeps
+
+
+class LeftOutLike(Protocol):
+    """What `left_out_lines` reads of `git.leftout.LeftOut` (a layer above this one)."""
+
+    @property
+    def uncommitted(self) -> list[str]: ...
+    @property
+    def subfolder(self) -> str | None: ...
+    @property
+    def submodules(self) -> list[str]: ...
+    @property
+    def base(self) -> str: ...
+
+
+class ProvenanceLike(Protocol):
+    """What the record lines read of `git.signing.Provenance` (a layer above this one)."""
+
+    @property
+    def signed(self) -> bool: ...
+
+    def words(self) -> str: ...
 
 
 def _visible(match: re.Match[str]) -> str:
@@ -50,7 +83,7 @@ def safe_line(text: str) -> str:
     return _UNSAFE_LINE.sub(_visible, text) if text else text
 
 
-def json_text(obj, **options) -> str:
+def json_text(obj: object, **options: Any) -> str:
     """JSON with the exact values, and no raw control character for a terminal to obey: json
     escapes C0 itself; C1 and bidi characters, legal raw in JSON, are escaped too."""
     options.setdefault("default", _money.json_default)  # an amount as its exact JSON number
@@ -76,7 +109,7 @@ def duration(seconds: float | None) -> str:
     return f"{hours // 24}d"
 
 
-def money(usd) -> str:
+def money(usd: object) -> str:
     """An amount exactly (`subtask.model.money.text`): $0.27, $0.135; "-" for none."""
     return _money.text(usd)
 
@@ -103,25 +136,25 @@ def task_title(task: str, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def verify_word(verify) -> str:
+def verify_word(verify: VerifyResult | None) -> str:
     if verify is None:
         return "no verify"
     return "verify passed" if verify.passed else "verify failed"
 
 
-def attempt_cost(attempt) -> Decimal | None:
+def attempt_cost(attempt: Attempt) -> Decimal | None:
     cost = attempt.cost
     return cost.charged if cost.charged is not None else cost.observed
 
 
-def job_cost(job) -> Decimal | None:
+def job_cost(job: JobLike) -> Decimal | None:
     """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet):
     exactly the sum of the attempts' amounts, so the rows shown add up to it."""
     costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if c is not None]
     return _money.total(costs) if costs else None
 
 
-def stall_facts(attempt) -> dict | None:
+def stall_facts(attempt: Attempt) -> dict[str, Any] | None:
     """A stalled attempt's numbers: when its engine last spoke (`since`), how long it has been
     silent so far or was until the attempt ended (`silent_s`), the threshold (`after_s`, the
     `subtask.stallAfter` it ran with), and `action`. None when it is not stalled."""
@@ -137,14 +170,14 @@ def stall_facts(attempt) -> dict | None:
             "action": stalled.get("action")}
 
 
-def stalled_text(attempt) -> str:
+def stalled_text(attempt: Attempt) -> str:
     """`stalled: no event from the engine for 10m05s`: so far, or until the attempt ended."""
     facts = stall_facts(attempt) or {}
     silent = facts.get("silent_s") if facts.get("silent_s") is not None else facts.get("after_s")
     return f"stalled: no event from the engine for {duration(silent)}"
 
 
-def activity_text(event: dict) -> str | None:
+def activity_text(event: dict[str, Any]) -> str | None:
     """What an event of a job's events file says it did ("running: pytest -q"); None: nothing to say."""
     kind = event.get("type")
     if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
@@ -166,7 +199,7 @@ def activity_text(event: dict) -> str | None:
     return None
 
 
-def event_line(event: dict) -> str:
+def event_line(event: dict[str, Any]) -> str:
     """One line of `wait --since`: `st-1a2b3c4d 14:02:07 attempt 1 done · verify passed`."""
     kind, t = event.get("type"), event.get("t")
     when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
@@ -185,13 +218,13 @@ def event_line(event: dict) -> str:
         words = f"isolation {event.get('mode')}" + (f": refused {event['refused']}" if event.get("refused") else "")
     else:
         text = event.get("text")
-        words = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
-        words = words if words is not None else f"{kind}: " + json.dumps(
+        said = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
+        words = said if said is not None else f"{kind}: " + json.dumps(
             {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
     return safe_line(f"{event.get('job', '')} {when} {words}".strip())
 
 
-def one_line(job, position: int | None = None) -> str:
+def one_line(job: JobLike, position: int | None = None) -> str:
     """`st-1a2b3c4d done · verify passed · $0.00 · 3.2s · shell · echo hi` — the job in one line."""
     attempt = job.state.current
     parts = [f"{job.id} {attempt.state}"]
@@ -217,33 +250,33 @@ def one_line(job, position: int | None = None) -> str:
     return safe_line(" · ".join(parts))
 
 
-def error_words(attempt) -> str:
+def error_words(attempt: Attempt) -> str:
     """The kind of a failed attempt, in words: which checks failed (`check no-suppression failed`),
     not the bare kind `check`."""
     verify = attempt.verify if attempt.error_kind == "check" else None
     failed = verify.checks_failed if verify is not None else None
-    return f"check {', '.join(failed)} failed" if failed else attempt.error_kind
+    return f"check {', '.join(failed)} failed" if failed else attempt.error_kind or ""
 
 
-def after_text(job) -> str:
+def after_text(job: JobLike) -> str:
     """`after st-1a2b3c4d, sg-…` for a job started --after others (`, whatever they end`: --on-fail run)."""
     names = ", ".join(job.spec.after or [])
     return f"after {names}" + (" (whatever they end)" if job.spec.on_fail == "run" else "")
 
 
-def stalled_hint(job) -> str:
+def stalled_hint(job: JobLike) -> str:
     """What `wait` adds for a job it returned on because it stalled."""
     return safe_line(f"{job.id} is stalled and still running: stop it (git subtask stop {job.id}), "
                      f"or wait for it again (git subtask wait {job.id})")
 
 
-def ended_lines(job, position: int | None = None) -> str:
+def ended_lines(job: JobLike, position: int | None = None) -> str:
     """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
     best = best_line(job)  # a verify loop that never passed: where it left the branch
     return "\n".join([one_line(job, position), *([f"  {best}"] if best else []), *verify_tail(job.state.current.verify)])
 
 
-def started_line(job, position: int) -> str:
+def started_line(job: JobLike, position: int) -> str:
     """What `start` and `reply` answer: `st-1a2b3c4d running · shell · branch subtask/st-1a2b3c4d`
     (`· attempt N` for a reply)."""
     where = f"branch {job.spec.branch}" if job.spec.branch else "read-only"
@@ -257,7 +290,7 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
-def left_out_lines(left_out) -> list[str]:
+def left_out_lines(left_out: LeftOutLike | None) -> list[str]:
     """`start`'s notes: one line for each thing of the caller's checkout the job will not see
     (`git/leftout.LeftOut`: its uncommitted changes, the subfolder it stood in, the base's
     submodules)."""
@@ -289,7 +322,8 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f", and {more} more" if more > 0 else "")
 
 
-def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
+def status_line(job: JobLike, position: int | None = None, activity: str | None = None,
+                marks: dict[str, Any] | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active, and
     `marks_text` (a stale base, jobs that change the same files)."""
     line = one_line(job, position) + (f" · {marks_text(marks)}" if marks else "")
@@ -298,7 +332,7 @@ def status_line(job, position: int | None = None, activity: str | None = None, m
     return safe_line(f"{line} · now: {activity}") if activity else safe_line(line)
 
 
-def marks_text(marks: dict | None) -> str:
+def marks_text(marks: dict[str, Any] | None) -> str:
     """`base: 12 behind main · same file as st-1a2b3c4d: a.txt`: what makes a landing likely to
     conflict or to test something other than what lands (`overlap.mark`)."""
     if not marks:
@@ -314,7 +348,7 @@ def marks_text(marks: dict | None) -> str:
     return " · ".join(parts)
 
 
-def list_line(entry: dict, position: int | None = None, now: float | None = None) -> str:
+def list_line(entry: dict[str, Any], position: int | None = None, now: float | None = None) -> str:
     """One row of `list`: id, state, verify, age, cost, task (from the compact list entry)."""
     now = now or time.time()
     state = entry.get("state", "?")
@@ -348,7 +382,7 @@ def summary_lines(text: str, limit: int = SUMMARY_MAX_LINES) -> str:
     return "\n".join(lines)
 
 
-def changes_line(evidence) -> str:
+def changes_line(evidence: Evidence | None) -> str:
     if evidence is None:
         return "-"
     totals = evidence.totals or {}
@@ -360,7 +394,7 @@ def changes_line(evidence) -> str:
     return text
 
 
-def isolation_line(evidence) -> str | None:
+def isolation_line(evidence: Evidence | None) -> str | None:
     """What confined the engine, what it refused, and whether the main worktree changed meanwhile."""
     iso = getattr(evidence, "isolation", None) if evidence is not None else None
     main = getattr(evidence, "main_worktree", None) if evidence is not None else None
@@ -389,7 +423,7 @@ def isolation_line(evidence) -> str | None:
     return " · ".join(parts)
 
 
-def verify_line(verify) -> str:
+def verify_line(verify: VerifyResult | None) -> str:
     if verify is None:
         return "not run"
     if verify.timed_out:
@@ -404,7 +438,7 @@ def verify_line(verify) -> str:
 JUDGES = {"base": "the base", "target": "the target"}
 
 
-def judge_line(verify) -> str | None:
+def judge_line(verify: VerifyResult | None) -> str | None:
     """Who judged a verify, in one line (show, result, the note): `tests from the base 1a2b3c4 ·
     not used, the job's: tests/test_x.py · its own tests: failed (exit 1)`; `judged by its own
     tests` for a job started with `--harness job`; None for a record from before the harness."""
@@ -416,10 +450,11 @@ def judge_line(verify) -> str | None:
         return "judged by its own tests (--harness job)"
     commit = short(facts.get("commit") if isinstance(facts.get("commit"), str) else None)
     ref = facts.get("ref")
-    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{JUDGES.get(source, str(source))} {commit}"
+    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{JUDGES.get(str(source), str(source))} {commit}"
     text = f"tests from {where}"
     unused = [str(u) for u in facts.get("unused") or [] if isinstance(u, str)]
-    more = facts.get("unused_more") if isinstance(facts.get("unused_more"), int) else 0
+    more = facts.get("unused_more")
+    more = more if isinstance(more, int) else 0
     if isinstance(facts.get("error"), str):
         text += f" · not run: {facts['error']}"
     elif facts.get("files") == 0 and not unused:
@@ -440,7 +475,7 @@ def judge_line(verify) -> str | None:
     return safe_line(text)
 
 
-def verify_brief(verify) -> str:
+def verify_brief(verify: VerifyResult | None) -> str:
     """`verify failed (exit 1; 2 passed, 3 failed)`, `verify failed (check no-suppression)`."""
     if verify is None:
         return "no verify"
@@ -455,7 +490,7 @@ def verify_brief(verify) -> str:
     return verify_word(verify) + (f" ({'; '.join(why)})" if why else "")
 
 
-def attempt_brief(attempt) -> str:
+def attempt_brief(attempt: Attempt) -> str:
     """One attempt in one line: `2: retry 1 · done · verify passed · $0.42 · 1a2b3c4`."""
     state = attempt.state
     if state == "failed" and attempt.error_kind and attempt.error_kind != "check":
@@ -471,7 +506,7 @@ def attempt_brief(attempt) -> str:
     return safe_line(" · ".join(parts))
 
 
-def best_line(job) -> str | None:
+def best_line(job: JobLike) -> str | None:
     """`left at attempt 2: most tests passed (4 passed, 1 failed)` when a loop's attempts all failed."""
     best = job.state.best if isinstance(job.state.best, dict) else None
     if not best:
@@ -480,7 +515,7 @@ def best_line(job) -> str | None:
     return safe_line(f"left at attempt {best.get('attempt')}: {best.get('why')}{moved}")
 
 
-def claims_line(evidence) -> str | None:
+def claims_line(evidence: Evidence | None) -> str | None:
     """`"all tests pass" — verify failed`: what the engine claimed and the record contradicts."""
     found = getattr(evidence, "claims", None) if evidence is not None else None
     if not found:
@@ -490,7 +525,7 @@ def claims_line(evidence) -> str | None:
     return line(found)
 
 
-def checks_text(found) -> str:
+def checks_text(found: list[Any] | None) -> str:
     """Each check's verdict: `no-test-deletion passed, no-suppression failed: src/a.py:3 adds # noqa`."""
     parts = []
     for r in found or ():
@@ -507,7 +542,7 @@ def checks_text(found) -> str:
 VERIFY_TAIL_LINES = 5
 
 
-def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> list[str]:
+def verify_tail(verify: VerifyResult | None, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> list[str]:
     """The last lines verify printed when it did not pass (its reason: `sh: 1: [[: not found`),
     each kept on its own line; nothing when it passed."""
     if verify is None or verify.passed:
@@ -516,7 +551,7 @@ def verify_tail(verify, limit: int = VERIFY_TAIL_LINES, prefix: str = "  ") -> l
     return [prefix + safe_line(line.rstrip()) for line in tail]
 
 
-def cost_line(attempt) -> str:
+def cost_line(attempt: Attempt) -> str:
     """The attempt's money in words: a paid attempt (it has a reservation id) is never "free"."""
     cost = attempt.cost
     if attempt.state == "waiting":
@@ -542,7 +577,7 @@ _TOKEN_WORDS = (("input", "in"), ("cached_input", "cached in"), ("cache_read", "
                 ("cache_creation", "cache write"), ("output", "out"))
 
 
-def tokens_text(tokens) -> str:
+def tokens_text(tokens: object) -> str:
     """`12,345 in, 1,000 cached in, 567 out`, or "" when the engine reported none."""
     if not isinstance(tokens, dict) or not tokens:
         return ""
@@ -556,7 +591,7 @@ def tokens_text(tokens) -> str:
     return safe_line(", ".join(parts))
 
 
-def engine_line(job) -> str:
+def engine_line(job: JobLike) -> str:
     attempt = job.state.current
     text = job.spec.engine
     model = attempt.model or job.spec.model
@@ -567,7 +602,8 @@ def engine_line(job) -> str:
     return text
 
 
-def note_block(job, provenance=None, landed: str | None = None, from_head: str | None = None) -> str:
+def note_block(job: JobLike, provenance: ProvenanceLike | None = None, landed: str | None = None,
+               from_head: str | None = None) -> str:
     """The review block under the job's head commit in `git log --notes=subtask`; `provenance`
     (`signing.Provenance` of the record tip, as this clone checked it) adds a `signed:` line.
     `landed`: the commit it landed in, when the record does not say (a teammate's job landed
@@ -632,13 +668,14 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
     return safe("\n".join(lines))
 
 
-def routing_text(routed) -> str | None:
+def routing_text(routed: object) -> str | None:
     """What `--engine auto` chose and why, from the record's `spec.routing`: `auto chose aider
     (score 0.85: pass 0.75, $0.00, 0.1 min, room 1.00); over codex 0.41, claude (authenticated:
     no credentials)`."""
     if not isinstance(routed, dict) or not isinstance(routed.get("chosen"), str):
         return None
-    terms = routed.get("terms") if isinstance(routed.get("terms"), dict) else {}
+    terms = routed.get("terms")
+    terms = terms if isinstance(terms, dict) else {}
 
     def value(term: str) -> float | None:
         found = terms.get(term)
@@ -659,7 +696,7 @@ def routing_text(routed) -> str | None:
     return safe_line(text)
 
 
-def landing_line(entry) -> str:
+def landing_line(entry: Landing) -> str:
     """`land`'s latest landing of a job: `main 9f8e7d6 + this job (merge) = 1a2b3c4 · verify make test
     -> exit 0 in 0.1s · landed`: the verify ran on the integrated commit after `=`."""
     built = f"{entry.target} {short(entry.onto)} + this job ({entry.mode})"
@@ -678,7 +715,7 @@ def landing_line(entry) -> str:
     return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))
 
 
-def _loop_lines(job, title: str, indent: str, best_label: str) -> list[str]:
+def _loop_lines(job: JobLike, title: str, indent: str, best_label: str) -> list[str]:
     """A job with more than one attempt: each in one line; where its loop left the branch."""
     if len(job.state.attempts) < 2:
         return []
@@ -689,7 +726,7 @@ def _loop_lines(job, title: str, indent: str, best_label: str) -> list[str]:
     return lines
 
 
-def group_place_line(place: dict) -> str:
+def group_place_line(place: dict[str, Any]) -> str:
     """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`; a map
     member's: `sg-1a2b3c4d · job 2 of 4 · map done`."""
     if place.get("kind") == "map":
@@ -704,16 +741,16 @@ def group_place_line(place: dict) -> str:
                      + (" · superseded" if place.get("superseded") else ""))
 
 
-def moved_line(job, moved: str | None) -> list[str]:
+def moved_line(job: JobLike, moved: str | None) -> list[str]:
     """What `result` and `show` say under a job whose branch moved after its verify passed."""
-    if not moved:
-        return []
     verify = job.state.current.verify
+    if not moved or verify is None:  # (it moved after a verify: `api.branch_moved`)
+        return []
     return [f"verify passed on {short(verify.head)}, but the branch moved to {short(moved)} since: that tip is "
             f"untested (merge refuses it; git subtask diff {job.id})"]
 
 
-def result_text(job, full: bool = False, moved: str | None = None) -> str:
+def result_text(job: JobLike, full: bool = False, moved: str | None = None) -> str:
     """What `result` prints: the one-line status, then the summary (at most 10 lines)."""
     attempt = job.state.current
     lines = [one_line(job), *moved_line(job, moved)]
@@ -737,9 +774,10 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
         lines.append(safe_line(f"claims: {said}"))
     if job.evidence is not None:
         lines.append(f"changes: {changes_line(job.evidence)}")
-        refused = (job.evidence.isolation or {}).get("refused") or []
+        iso = job.evidence.isolation or {}
+        refused = iso.get("refused") or []
         if refused:
-            lines.append(f"isolation {job.evidence.isolation.get('mode')} refused (see git subtask show {job.id}):")
+            lines.append(f"isolation {iso.get('mode')} refused (see git subtask show {job.id}):")
             lines.extend("  " + safe_line(line) for line in refused[:3])
     text = job.summary.strip() if full else summary_lines(job.summary)
     if text:
@@ -747,7 +785,7 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
     return safe("\n".join(lines))
 
 
-def worktree_note(job, present: bool | None) -> str:
+def worktree_note(job: JobLike, present: bool | None) -> str:
     """What `show` adds after the worktree path: ` (removed)` when it is not on disk (cleaned up,
     or a read-only job's, which goes when the job ends), ` (not created yet)` for a queued job."""
     if present or (present is None and not job.state.worktree_removed):
@@ -757,14 +795,14 @@ def worktree_note(job, present: bool | None) -> str:
     return " (removed)"
 
 
-def branch_note(job) -> str:
+def branch_note(job: JobLike) -> str:
     """What `show` adds after the branch name once cleanup, gc or a landing deleted it."""
     if not job.state.branch_deleted:
         return ""
     return " (deleted after landing)" if job.state.landed_in else " (deleted: no commits beyond its base)"
 
 
-def reason_text(attempt) -> str:
+def reason_text(attempt: Attempt) -> str:
     """`failed: exit: the script exited with code 3` reads `exit: the script…`; a reason that
     already says its state (`stopped by request`) is not prefixed again."""
     label = attempt.error_kind or attempt.state
@@ -772,7 +810,7 @@ def reason_text(attempt) -> str:
     return reason if reason.lower().startswith(label.lower()) else f"{label}: {reason}"
 
 
-def record_line(provenance, mine: bool | None) -> str:
+def record_line(provenance: ProvenanceLike | None, mine: bool | None) -> str:
     """Who wrote the record: its signature (`signing.Provenance`) and whether this clone started the job."""
     parts = [provenance.words() if provenance is not None else "signature not checked"]
     if mine is not None:
@@ -781,8 +819,8 @@ def record_line(provenance, mine: bool | None) -> str:
     return safe_line("record:    " + " · ".join(parts))
 
 
-def show_text(job, position: int | None = None, worktree_present: bool | None = None, provenance=None,
-              mine: bool | None = None, moved: str | None = None) -> str:
+def show_text(job: JobLike, position: int | None = None, worktree_present: bool | None = None,
+              provenance: ProvenanceLike | None = None, mine: bool | None = None, moved: str | None = None) -> str:
     """`git subtask show`: the record in words (`worktree_present`: whether it is on disk;
     `provenance` and `mine`: who wrote the record, `record_line`; `moved`: the branch's tip when
     it moved after verify passed)."""
