@@ -73,7 +73,7 @@ class Executor:
     def backend(self) -> Elsewhere:
         if self.backend_module is None:
             raise SubtaskError("fatal", f"the {self.name} executor runs jobs here: it has no backend")
-        return importlib.import_module(self.backend_module)  # type: ignore[return-value]
+        return importlib.import_module(self.backend_module)
 
     def require(self, feature: str) -> None:
         """Refuse (exit 129) what this executor cannot do for a job, saying what is missing."""
@@ -111,7 +111,7 @@ def of(job) -> Executor:
     where = placement(job.spec)
     if where is None:
         return REGISTRY["local"]
-    found = REGISTRY.get(where.get("kind"))
+    found = REGISTRY.get(where["kind"])  # (`placement`: a name)
     if found is None:
         raise SubtaskError("fatal", f"{job.spec.id} runs on {where.get('kind')!r}, an executor this "
                            "git-subtask does not know", hint="upgrade git-subtask")
