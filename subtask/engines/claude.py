@@ -239,7 +239,7 @@ class _Launch:
 
         from subtask.proc import isolation
 
-        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=_private_dir(ctx)))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=ctx.private_dir))
         self.pid_file = self.folder / "pid"
         self.script = self.folder / "claude"
         words = [sys.executable, "-m", "subtask.proc.isolation", "--parent", str(os.getpid()), "--session",
@@ -261,15 +261,6 @@ class _Launch:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _private_dir(ctx: EngineContext) -> str | None:
-    """The state folder's private run/ (0700) for the launcher's files, else the system's temp."""
-    if ctx.state_dir is None:
-        return None
-    from subtask.state import paths
-
-    return str(paths.run_dir(Path(ctx.state_dir)))
 
 
 def _own_group(pid: int) -> bool:

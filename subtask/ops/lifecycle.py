@@ -24,11 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model import faults, money
+from subtask.model import executors, faults, money
 from subtask.model.job import WAITING
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots

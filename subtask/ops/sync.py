@@ -39,6 +39,7 @@ import pygit2
 
 from subtask.git import notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
+from subtask.model import executors
 from subtask.model.errors import SubtaskError
 
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
@@ -350,8 +351,6 @@ def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
     """A job of ours placed on Ray and not ended here: its node writes its record and pushes it,
     and a pull brings that record home (the one case where another writer's commits are this
     clone's job's). Once our record says it ended, nobody else writes it."""
-    from subtask import executors
-
     try:
         job = records.read(repo, key)
     except SubtaskError:

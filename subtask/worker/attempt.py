@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import json
 import os
 import shutil
@@ -449,7 +450,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         config=settings_reader(engine, repo.config),
         on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
-        state_dir=repo.state_dir,
+        private_dir=paths.run_dir(repo.state_dir),
+        write_task_file=functools.partial(privatetext.task_file, repo.state_dir, job.id, attempt.n),
     )
     try:
         outcome = engine.run(ctx)
