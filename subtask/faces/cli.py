@@ -12,6 +12,7 @@ SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -63,6 +64,31 @@ def _say_nothing(text: str) -> None:
     terminal, else on stderr, so a script reading stdout sees what it always saw (nothing) and
     whoever reads the rest (a harness, an agent) still learns that there was nothing."""
     echo(text, err=not on_terminal())
+
+
+PROGRESS_ENV = "SUBTASK_PROGRESS"  # "json": progress as JSON lines on stderr (the MCP `land` tool reads them)
+
+
+def _land_progress():
+    """How `land` shows its window while it works: a live line on a terminal's stderr, JSON lines
+    for the MCP server's child (`SUBTASK_PROGRESS=json`), else nothing."""
+    from subtask.model import render
+
+    if os.environ.get(PROGRESS_ENV) == "json":
+        def as_json(snapshot: dict) -> None:
+            sys.stderr.write(json.dumps({"progress": snapshot}, separators=(",", ":")) + "\n")
+            sys.stderr.flush()
+
+        return as_json
+    if not on_terminal(sys.stderr) or os.environ.get("TERM") == "dumb":
+        return None
+
+    def live(snapshot: dict) -> None:
+        line = "" if snapshot.get("final") else render.land_progress(snapshot)
+        sys.stderr.write("\r\x1b[K" + line)
+        sys.stderr.flush()
+
+    return live
 
 
 def _emit(reply, as_json: bool = False) -> None:
@@ -464,8 +490,18 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
               "nothing to verify (the integrated commit is still verified when there is a command)")
 @click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
               "change nothing")
+@click.option("--window", type=int, metavar="K", help="verify up to K integrated states at once (default: "
+              "subtask.land.window, else the cores, at most the free worker slots)")
+@click.option("--batch", type=int, metavar="N", is_flag=False, flag_value=0, default=None,
+              help="verify only the last state of each batch of N jobs (alone: subtask.land.batch, else the "
+              "whole queue); a failed batch is cut until its culprit is found")
+@click.option("--no-reuse", "no_reuse", is_flag=True, help="run every verify, even for a tree whose result is "
+              "already known")
+@click.option("--first", "first", metavar="ID", multiple=True, help="put this job at the head of the queue "
+              "(the hotfix lane)")
 @click.option("--json", "as_json", is_flag=True)
-def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, as_json):
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, window, batch, no_reuse, first,
+         as_json):
     """Land finished jobs in the order given, each verified on the commit that lands.
 
     For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
@@ -481,7 +517,8 @@ def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, 
 
     mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
     result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
-                      force=force, dry_run=dry_run)
+                      force=force, dry_run=dry_run, window=window, batch=batch, reuse=False if no_reuse else None,
+                      first=list(first), progress=_land_progress())
     _emit(replies.landed(result.to_dict()), as_json)
 
 

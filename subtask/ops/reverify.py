@@ -138,13 +138,27 @@ def add_scratch(repo: Repo, commit: str, name: str) -> Path:
 
 
 def scratch_admin(path: Path) -> Path:
-    """The admin folder git made for the scratch worktree `add_scratch` just made; asked before
-    anything ran there, because a command run there may rewrite its `.git` file."""
+    """The admin folder git made for the scratch worktree `add_scratch` just made; read before
+    anything ran there, because a command run there may rewrite its `.git` file (git writes the
+    absolute path there: read without a process; asked of git otherwise)."""
+    try:
+        said = (path / ".git").read_text().strip()
+    except OSError:
+        said = ""
+    admin = Path(said.removeprefix("gitdir: ")) if said.startswith("gitdir: ") else None
+    if admin is not None and admin.is_absolute() and (admin / "HEAD").is_file():
+        return admin
     return Path(git(path, "rev-parse", "--absolute-git-dir").stdout.strip())
 
 
-def remove_scratch(repo: Repo, path: Path) -> None:
-    git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+def remove_scratch(repo: Repo, path: Path, admin: Path | None = None) -> None:
+    """Remove a scratch worktree, its temp dir and its overlay's stash. Given its `admin` folder
+    (as `scratch_admin` read it when it was made), without a git process: the admin folder first,
+    then the files, as `git worktree remove` does; else by git."""
+    if admin is not None and admin.parent == repo.common_dir / "worktrees" and not admin.is_symlink():
+        shutil.rmtree(admin, ignore_errors=True)
+    else:
+        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(_tmpdir_of(path), ignore_errors=True)
     shutil.rmtree(_stash_of(path), ignore_errors=True)
