@@ -1909,12 +1909,14 @@ def notes_rebuild(repo: Repo) -> int:
     return notes.rebuild(repo)
 
 
-def verify(repo: Repo, id_or_prefix: str, run: bool = False):
+def verify(repo: Repo, id_or_prefix: str, run: bool = False, reuse: bool | None = None):
     """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
-    verify result; with `run`, its verify command on the exact commit). Returns a `recheck.Recheck`."""
+    verify result; with `run`, its verify command on the exact commit, unless a result for the
+    same tree, command, harness and environment is known and `reuse` is not False). Returns a
+    `recheck.Recheck`."""
     from subtask.ops import recheck
 
-    return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
+    return recheck.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
 
 
 def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = False) -> str:

@@ -90,3 +90,91 @@ def test_twelve_jobs_with_a_bad_one_in_the_middle_land_the_other_eleven_each_ver
     assert len(commits) == 11 and not (repo / "bad.txt").exists()
     assert all(passes_alone(repo, commit, verify) for commit in commits), "a landed commit fails its verify"
     assert cli.json("show", jobs[6])["state_detail"]["landings"][-1]["outcome"] == "failed"
+
+
+@pytest.mark.slow
+def test_a_batch_of_sixteen_with_one_bad_job_needs_at_most_nine_verify_runs(cli, repo, control_dir):
+    names = [f"f{n:02d}.txt" for n in range(16)]
+    names[9] = "bad.txt"
+    jobs = finished_jobs(cli, names)
+    verify = counted(control_dir, "! test -f bad.txt")
+    before = git(repo, "rev-parse", "main")
+    proc = cli("land", "--batch", "--verify", verify, *jobs, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "(15 of 16 landed)" in proc.stdout and f"{jobs[9]}: failed" in proc.stdout, proc.stdout
+    assert runs(control_dir) <= 9, f"{runs(control_dir)} verify runs"
+    assert "verified as part of batch" in proc.stdout
+    commits = first_parent_commits(repo, before)
+    assert len(commits) == 15 and not (repo / "bad.txt").exists()
+    assert passes_alone(repo, commits[-1], verify), "the last state landed is the one a batch verified"
+    landings = [cli.json("show", job)["state_detail"]["landings"][-1] for job in jobs]
+    assert landings[9]["outcome"] == "failed" and not landings[9]["landed"]
+    covered = [x for n, x in enumerate(landings) if n != 9 and x["batch"]]
+    assert covered, "jobs verified only as part of a batch say so in their record"
+    for x in covered:
+        assert x["landed"] and x["verify"]["passed"] and x["batch_commit"] in commits
+        assert x["batch"] == git(repo, "rev-parse", f"{x['batch_commit']}^{{tree}}")
+
+
+def test_re_landing_an_unchanged_tree_runs_its_verify_zero_times_and_says_it_reused(cli, repo, control_dir):
+    a, b = finished_jobs(cli, ["a.txt", "bad.txt"])
+    verify = counted(control_dir, "! test -f bad.txt")
+    first = cli("land", "--atomic", "--verify", verify, a, b)
+    assert first.returncode == 1 and f"{b} broke the queue" in first.stdout, first.stdout + first.stderr
+    ran = runs(control_dir)
+    again = cli("land", "--verify", verify, a)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert runs(control_dir) == ran, "the same tree, command, harness and environment: verified once"
+    assert "verify reused: passed on the same tree" in again.stdout, again.stdout
+    landing = cli.json("show", a)["state_detail"]["landings"][-1]
+    assert landing["landed"] and landing["verify"]["reused"]["job"] == a
+    forced = cli("land", "--no-reuse", "--verify", verify, b)
+    assert forced.returncode == 1 and runs(control_dir) == ran + 1, "--no-reuse runs it"
+
+
+def test_a_job_landed_as_the_very_tree_its_own_verify_passed_on_is_not_verified_again(cli, repo, control_dir):
+    job = finished_jobs(cli, ["a.txt"], verify=counted(control_dir))[0]
+    assert runs(control_dir) == 1  # its own verify, in its worker
+    proc = cli("land", job)
+    assert proc.returncode == 0 and "(fast-forward)" in proc.stdout, proc.stdout + proc.stderr
+    assert runs(control_dir) == 1 and "verify reused" in proc.stdout, proc.stdout
+
+
+def test_verify_run_of_an_unchanged_tree_reuses_the_result_unless_told_not_to(cli, repo, control_dir):
+    job = finished_jobs(cli, ["a.txt"], verify=counted(control_dir))[0]
+    proc = cli("verify", job, "--run")
+    assert proc.returncode == 0 and "reused, not run again" in proc.stdout, proc.stdout + proc.stderr
+    assert runs(control_dir) == 1
+    proc = cli("verify", job, "--run", "--no-reuse")
+    assert proc.returncode == 0 and "passed here on" in proc.stdout, proc.stdout + proc.stderr
+    assert runs(control_dir) == 2
+
+
+def test_a_commit_a_person_makes_while_the_window_verifies_is_kept(cli, repo, control_dir):
+    """Made after the three states verified at once and before the target moves (held there):
+    the compare-and-swap fails, and all three are built again on top of it."""
+    jobs = finished_jobs(cli, ["a.txt", "b.txt", "c.txt"])
+    gate, hold = control_dir / "gate", control_dir / "hold"
+    verify = f"echo run >> {control_dir}/runs; while [ ! -f {gate} ]; do sleep 0.05; done"
+    queue = subprocess.Popen(["git", "subtask", "land", "--window", "3", "--verify", verify, *jobs], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, SUBTASK_FAULT_HOLD=f"land_verified:{hold}"))
+    try:
+        assert wait_until(lambda: runs(control_dir) >= 3, timeout=120), "the three states never verified at once"
+        gate.touch()
+        assert wait_until(lambda: Path(f"{hold}.reached").exists(), timeout=120), "no move was ever ready"
+        (repo / "mine.txt").write_text("a person's work\n")
+        git(repo, "add", "mine.txt")
+        git(repo, "commit", "-qm", "a person's commit")
+        mine = git(repo, "rev-parse", "HEAD")
+        hold.touch()
+        out, err = queue.communicate(timeout=300)
+    finally:
+        queue.kill()
+    assert queue.returncode == 0, out + err
+    assert "moved while it was built: building it again on top" in out
+    assert is_ancestor(repo, mine, "main") and git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    assert all((repo / name).exists() for name in ("a.txt", "b.txt", "c.txt", "mine.txt"))
+    for job in jobs:
+        landing = cli.json("show", job)["state_detail"]["landings"][-1]
+        assert landing["landed"] and is_ancestor(repo, mine, landing["onto"]), "built again on the person's commit"

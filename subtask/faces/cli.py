@@ -525,9 +525,10 @@ def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, 
 @cli.command("verify", context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
 @click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "
-              "its record names, in a scratch worktree")
+              "its record names, in a scratch worktree (a result already known for that tree is reused)")
+@click.option("--no-reuse", "no_reuse", is_flag=True, help="with --run: run it even when its result is known")
 @click.option("--json", "as_json", is_flag=True)
-def verify_(job_id, run, as_json):
+def verify_(job_id, run, no_reuse, as_json):
     """Check a finished job's record against git: what matches and what does not.
 
     From the record alone: its signature (as git checks it with gpg.ssh.allowedSignersFile or
@@ -537,7 +538,7 @@ def verify_(job_id, run, as_json):
     """
     from subtask import api
 
-    report = api.verify(_repo(), job_id, run=run)
+    report = api.verify(_repo(), job_id, run=run, reuse=False if no_reuse else None)
     if as_json:
         _emit_json(report.to_dict())
     else:

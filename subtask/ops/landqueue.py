@@ -416,7 +416,7 @@ class Queue:
     def reset(self, entry: landwindow.Entry) -> None:
         """Built on a state that is no longer the chain ahead of it: built again."""
         self.drop_probe(entry)
-        entry.built, entry.failing = None, False
+        entry.built, entry.probe, entry.failing = None, None, False
 
     def moved_under(self, now: str) -> None:
         """The target moved, not by us (a person's commit): every state is built again on it."""
@@ -523,9 +523,11 @@ class Queue:
         self.progress()
 
     def drop_probe(self, entry: landwindow.Entry) -> None:
-        probe, entry.probe = entry.probe, None
+        """End the entry's verify if it still runs (an answer it has stays: it is its state's)."""
+        probe = entry.probe
         if probe is None or not probe.running:
             return
+        entry.probe = None
         probe.dropped = True
         if probe.ready is not None:
             return  # its scratch is still being checked out: `launch` frees it

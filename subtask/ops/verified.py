@@ -25,7 +25,8 @@ Invariants:
 - Never reuse a result from a record no allowed signer vouches for, because a teammate's record
   saying "passed" for a tree is what a job that gamed its tests would also push.
 - Never reuse a result that timed out or never ran (the harness could not be laid), because it
-  says nothing about the tree: a loaded machine or a missing file, not the code.
+  says nothing about the tree: a loaded machine or a missing file, not the code; nor one a
+  job's checks failed, because checks judge a change (base..head), not a tree.
 - Never key a result by less than all four parts, because a tree passing one command, or one
   harness, says nothing of another: the key is recomputed by whoever looks it up, never read
   from the result it would match.
@@ -99,7 +100,7 @@ def _digest(obj) -> str:
 def reusable(result: VerifyResult | None) -> bool:
     """A result that says something about its tree: it ran to an exit of its own."""
     return (result is not None and bool(result.key) and result.exit_code is not None and not result.timed_out
-            and result.reused is None)
+            and result.reused is None and not result.checks_failed)
 
 
 # ---------------------------------------------------------------- known results

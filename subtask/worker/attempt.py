@@ -59,7 +59,7 @@ from subtask.model import claims, faults, money, phases, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
-from subtask.ops import groups, lifecycle, overlay, plans
+from subtask.ops import groups, lifecycle, overlay, plans, verified
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
 from subtask.proc import isolation, spawn
@@ -582,6 +582,10 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
                "timed_out": mine.timed_out, "seconds": round(mine.seconds, 3),
                "tests": {"passed": counts.passed, "failed": counts.failed} if counts else None}
     verify.harness = judge.facts(own)
+    # What it answers, so a landing of this very tree judged the same way runs nothing (verified.py).
+    verify.key = verified.key_of(repo, tree=tree, command=job.spec.verify, trusted=None if judge.own else work_base(job),
+                                 asked=job.spec.harness, confined=job.spec.isolation != "none",
+                                 network=job.spec.network)
     return verify
 
 
