@@ -8,7 +8,6 @@ appends to a file in a folder the sandbox lets it write (`control_dir`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
