@@ -177,3 +177,47 @@ def test_a_commit_a_person_makes_while_the_window_verifies_is_kept(cli, repo, co
     for job in jobs:
         landing = cli.json("show", job)["state_detail"]["landings"][-1]
         assert landing["landed"] and is_ancestor(repo, mine, landing["onto"]), "built again on the person's commit"
+
+
+def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cli, repo, control_dir):
+    """The hotfix lane: a queue blocked verifying two jobs is handed a third by `land --first`,
+    which lands first; the two are built again on it; the second process prints its outcome."""
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import landfirst
+
+    a, b, hotfix = finished_jobs(cli, ["a.txt", "b.txt", "hotfix.txt"])
+    gate = control_dir / "gate"
+    verify = f"echo run >> {control_dir}/runs; while [ ! -f {gate} ]; do sleep 0.05; done"
+    before = git(repo, "rev-parse", "main")
+    queue = subprocess.Popen(["git", "subtask", "land", "--window", "2", "--verify", verify, a, b], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = None
+    try:
+        assert wait_until(lambda: runs(control_dir) >= 2, timeout=120), "the queue never verified"
+        first = subprocess.Popen(["git", "subtask", "land", "--first", hotfix], cwd=repo, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        taken = landfirst.folder(open_repo(repo)) / f"{hotfix}{landfirst.TAKEN}"
+        assert wait_until(taken.exists, timeout=120), "the running queue never took the hotfix"
+        gate.touch()
+        out, err = queue.communicate(timeout=300)
+        said, said_err = first.communicate(timeout=300)
+    finally:
+        queue.kill()
+        if first is not None:
+            first.kill()
+    assert queue.returncode == 0, out + err
+    assert first.returncode == 0, said + said_err
+    assert f"{hotfix}: landed as" in said and "put at the head of the queue by land --first" in said, said
+    commits = first_parent_commits(repo, before)
+    landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (hotfix, a, b)]
+    assert commits == landed, "the hotfix landed first, the others after it"
+    assert not list(landfirst.folder(open_repo(repo)).glob("*")), "no request is left behind"
+
+
+def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
+    a, b = finished_jobs(cli, ["a.txt", "b.txt"])
+    before = git(repo, "rev-parse", "main")
+    proc = cli("land", "--first", b, a)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (b, a)]
+    assert first_parent_commits(repo, before) == landed

@@ -476,7 +476,7 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("ids", nargs=-1, required=True, metavar="ID|GID...")
+@click.argument("ids", nargs=-1, metavar="ID|GID...")
 @click.option("--verify", "verify", metavar="CMD", help="run this on every integrated commit instead of each job's "
               "own verify (sh -c, in a scratch worktree)")
 @click.option("--atomic", is_flag=True, help="all or nothing: the branch moves once, only if every job integrated "
@@ -497,20 +497,23 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
               "whole queue); a failed batch is cut until its culprit is found")
 @click.option("--no-reuse", "no_reuse", is_flag=True, help="run every verify, even for a tree whose result is "
               "already known")
-@click.option("--first", "first", metavar="ID", multiple=True, help="put this job at the head of the queue "
-              "(the hotfix lane)")
+@click.option("--first", "first", metavar="ID", multiple=True, help="put this job at the head of the queue (the "
+              "hotfix lane): while another land runs, it is handed to that queue")
 @click.option("--json", "as_json", is_flag=True)
 def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, window, batch, no_reuse, first,
          as_json):
     """Land finished jobs in the order given, each verified on the commit that lands.
 
-    For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
-    worktree, run its verify (or --verify) there on the integrated commit, and move the branch
-    to that commit only if it passed, by compare-and-swap: a commit made meanwhile is kept and
-    the landing is built again on it. The checkout is updated as merge does (never when it has
-    uncommitted changes). A job that conflicts or fails is reported (files, both sides, verify
-    output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
-    lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
+    Each job is integrated on the one before it, from the current branch's tip (or
+    subtask.landTarget), and up to --window of those states are verified at once, each in a
+    scratch worktree (--verify, else each job's own verify). The branch moves, by
+    compare-and-swap, to the longest prefix that passed: a commit made meanwhile is kept and the
+    states are built again on it. A job that conflicts or fails is reported (files, both sides,
+    verify output) and the states after it are built again without it; with --atomic nothing
+    lands unless all pass; with --batch only each batch's last state is verified, and a failed
+    batch is cut until its culprit is found. A result already known for the same tree, command,
+    harness and environment is reused (--no-reuse runs it). A best-of group (sg-...) lands its
+    pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
     """
     from subtask import api
     from subtask.faces import replies

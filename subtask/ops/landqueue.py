@@ -35,6 +35,7 @@ checkout's `index_lock` (only around the move).
 
 from __future__ import annotations
 
+import os
 import queue as queue_module
 import threading
 import time
@@ -50,7 +51,16 @@ from subtask.model import faults, phases
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
-from subtask.ops import groups, integrate, landing, landwindow, reconcile, reverify, verified
+from subtask.ops import (
+    groups,
+    integrate,
+    landfirst,
+    landing,
+    landwindow,
+    reconcile,
+    reverify,
+    verified,
+)
 from subtask.proc import isolation
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock
@@ -59,6 +69,7 @@ KEEP_LANDINGS = 10  # landings kept per record, latest last
 MAX_REBUILDS = 5  # a target that moved under this many landings in a row stops the job
 RUN_LOCK_WAIT = 3.0
 QUEUE_LOCK_WAIT = 10.0
+HANDED_POLL = 0.2  # seconds between looks for the answer of a queue a job was handed to
 PROGRESS_TICK = 1.0  # seconds between progress reports while verifies run
 MAX_WINDOW = 64
 SCRATCH_MAKERS = 4  # scratch worktrees checked out at once, beside the verifies
@@ -116,6 +127,7 @@ class Outcome:
     why: str = ""
     events: list[str] = field(default_factory=list)  # what happened on the way: rebuilds, a reconciliation
     lines: list[str] = field(default_factory=list)  # what followed its landing: the cleanup
+    batch: str | None = None  # the tree of the batch state whose verify covers it (--batch)
 
     @property
     def ok(self) -> bool:
@@ -125,7 +137,27 @@ class Outcome:
         return {"v": 1, "id": self.job, "group": self.group, "state": self.state, "onto": self.onto,
                 "commit": self.commit, "how": self.how, "verify": self.verify.to_dict() if self.verify else None,
                 "confined": self.confined, "conflicts": self.conflicts, "sides": self.sides, "why": self.why,
-                "events": self.events, "lines": self.lines}
+                "events": self.events, "lines": self.lines, "batch": self.batch}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Outcome:
+        """An outcome another queue answered (`landfirst`): read as input, what does not fit left out."""
+        def text(key: str, default: str = "") -> str:
+            value = data.get(key)
+            return value if isinstance(value, str) else default
+
+        def texts(key: str) -> list[str]:
+            value = data.get(key)
+            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+        verify = data.get("verify")
+        sides = data.get("sides") if isinstance(data.get("sides"), dict) else {}
+        return cls(text("id", "?"), data.get("group") if isinstance(data.get("group"), str) else None,
+                   text("state", "not reached"), text("onto") or None, text("commit") or None, text("how"),
+                   VerifyResult.from_dict(verify) if isinstance(verify, dict) else None,
+                   data.get("confined") is not False, texts("conflicts"),
+                   {k: [x for x in v if isinstance(x, str)] for k, v in sides.items() if isinstance(v, list)},
+                   text("why"), texts("events"), texts("lines"), text("batch") or None)
 
 
 @dataclass
@@ -168,6 +200,7 @@ class Item:
     fd: int | None = None
     entry: Landing | None = None  # its latest build's landing, until recorded
     checked: tuple[tuple, list[dict]] | None = None  # its checks' results, and on what (`Queue.checks_of`)
+    handed: str | None = None  # taken from `land --first` of another process: the target's tip then
 
 
 class Stop(SubtaskError):
@@ -178,7 +211,8 @@ class Stop(SubtaskError):
 
 def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = None) -> LandResult:
     """Land the jobs (or best-of groups: their picks) in the order given (`first` ahead of the
-    rest); see the module docstring."""
+    rest); see the module docstring. With `first` while another queue runs, the jobs are handed
+    to it (`landfirst`) and their outcomes come back from it."""
     if opts.mode not in integrate.MODES:
         raise SubtaskError("usage", f"unknown land mode {opts.mode!r} ({', '.join(integrate.MODES)})")
     if opts.reconcile and replier is None:
@@ -199,31 +233,92 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
         opts.batch = opts.batch or repo.config.integer("land.batch") or len(items)
     if opts.reuse is None:
         opts.reuse = repo.config.flag("verify.reuse")
+    lock = _queue_lock(repo, wait=0.0 if opts.first else QUEUE_LOCK_WAIT)
+    if not lock.take():
+        if not opts.first:
+            raise SubtaskError("negative", "another git subtask land is running in this repository",
+                               hint="wait for it to finish, then land again   (a hotfix: git subtask land --first ID)")
+        if len(items) != len(opts.first):
+            raise SubtaskError("usage", "another git subtask land is running: --first hands it only the jobs it "
+                               "names", hint="git subtask land --first ID   (land the others once it ended)")
+        return hand_over(repo, target, items, opts, replier, lock)
+    try:
+        return run_queue(repo, target, items, opts, replier)
+    finally:
+        lock.release()
+
+
+def run_queue(repo: Repo, target: Target, items: list[Item], opts: Options, replier: Replier | None,
+              handed: dict[str, str] | None = None) -> LandResult:
+    """The queue itself, under the land lock (see `Queue`)."""
     phases.begin()
-    with _queue_lock(repo):
-        sweep_scratch(repo)
-        before = tip(repo, target)
-        queue = Queue(repo, target, opts, replier,
-                      LandResult(target.name, before, before, opts.mode, opts.atomic,
-                                 [Outcome(i.job.id, i.group.id if i.group else None) for i in items]))
+    sweep_scratch(repo)
+    before = tip(repo, target)
+    queue = Queue(repo, target, opts, replier,
+                  LandResult(target.name, before, before, opts.mode, opts.atomic,
+                             [Outcome(i.job.id, i.group.id if i.group else None) for i in items]))
+    queue.items = list(items)
+    try:
+        queue.run(items)
+    finally:
         try:
-            queue.run(items)
+            queue.finish_landed()
         finally:
-            try:
-                queue.finish_landed()
-            finally:
-                for scratch in queue.scratches:
-                    scratch.close()
-                for item in items:
-                    liveness.release(item.fd)
-                    item.fd = None
-        queue.result.after = tip(repo, target)
-        queue.result.window, queue.result.batch = opts.window, opts.batch
-        queue.result.runs, queue.result.reused = queue.runs, queue.reused
-        queue.result.seconds = round(time.monotonic() - queue.started, 3)
+            queue.answer_handed()  # a handed job the queue did not end: said as it stands
+            for scratch in queue.scratches:
+                scratch.close()
+            for item in queue.items:
+                liveness.release(item.fd)
+                item.fd = None
+    queue.result.after = tip(repo, target)
+    queue.result.window, queue.result.batch = opts.window, opts.batch
+    queue.result.runs, queue.result.reused = queue.runs, queue.reused
+    queue.result.seconds = round(time.monotonic() - queue.started, 3)
     phases.mark("end")
-    phases.flush("land", len(items))
+    phases.flush("land", len(queue.items))
     return queue.result
+
+
+def hand_over(repo: Repo, target: Target, items: list[Item], opts: Options, replier: Replier | None,
+              lock) -> LandResult:
+    """`land --first` while another queue runs: hand it the jobs (`landfirst`) and wait for their
+    outcomes; a job the queue ends without (it ended first, it is --atomic, it was killed) is
+    taken back and landed here once the lock is free."""
+    before = tip(repo, target)
+    ids = [item.job.id for item in items]
+    for job_id in ids:
+        landfirst.ask(repo, job_id)
+    answers: dict[str, dict] = {}
+    try:
+        while True:
+            for job_id in ids:
+                if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
+                    answers[job_id] = said
+            if len(answers) == len(ids):
+                break
+            if not lock.take():
+                time.sleep(HANDED_POLL)
+                continue
+            try:  # no queue runs now: what it did not answer is landed here
+                for job_id in ids:
+                    if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
+                        answers[job_id] = said
+                rest = [item for item in items if item.job.id not in answers]
+                for item in rest:
+                    landfirst.take_back(repo, item.job.id)
+                mine = run_queue(repo, target, rest, opts, replier) if rest else None
+            finally:
+                lock.release()
+            for outcome in mine.outcomes if mine else []:
+                answers[outcome.job] = {"outcome": outcome.to_dict()}
+            break
+    except BaseException:
+        for job_id in ids:
+            if job_id not in answers and landfirst.pending(repo, job_id):
+                landfirst.take_back(repo, job_id)
+        raise
+    outcomes = [Outcome.from_dict(answers[job_id].get("outcome") or {"id": job_id}) for job_id in ids]
+    return LandResult(target.name, before, tip(repo, target), opts.mode, opts.atomic, outcomes)
 
 
 def first_of(asked: list[str], first: list[str]) -> list[str]:
@@ -237,8 +332,6 @@ def window_width(repo: Repo, asked: int | None) -> int:
     width = asked or repo.config.integer("land.window")
     if width:
         return min(width, MAX_WINDOW)
-    import os
-
     from subtask.state import slots
 
     running = len(slots.read(repo.state_dir).running)
@@ -291,6 +384,7 @@ class Queue:
         self.makers: ThreadPoolExecutor | None = None  # threads checking scratches out (git only)
         self.finisher: ThreadPoolExecutor | None = None  # the thread finishing landings
         self.finisher_repo: Repo | None = None
+        self.items: list[Item] = []  # every job it holds, those handed to it (`land --first`) too
 
     # ------------------------------------------------------------ the loop
 
@@ -326,7 +420,7 @@ class Queue:
     def plan(self) -> bool:
         """Build what the window needs and start the verifies it has room for; True when anything
         changed."""
-        changed = False
+        changed = self.take_handed()
         now = tip(self.repo, self.target)
         if now != self.tip and not self.opts.atomic:
             self.moved_under(now)
@@ -342,6 +436,7 @@ class Queue:
             if not self.gated(entry.item, entry.out):
                 self.line.remove(entry)  # refused: reported as it is
                 self.release(entry.item)
+                self.answer_handed(entry.item, entry.out)
                 changed = True
                 continue
             self.build(entry, landwindow.chain_tip(self.line, self.tip))
@@ -358,6 +453,53 @@ class Queue:
             self.start_probe(entry)
             started = True
         return started
+
+    def take_handed(self) -> bool:
+        """Jobs another `land --first` handed to this queue: put at its head (the states of the
+        jobs behind them are built again on them). Not into an --atomic queue: all or nothing
+        is about the jobs it was given."""
+        if self.opts.atomic:
+            return False
+        taken = landfirst.take(self.repo)
+        for job_id in reversed(taken):
+            entry = next((e for e in self.line if e.item.job.id == job_id), None)
+            if entry is not None:
+                self.line.remove(entry)
+            else:
+                done = next((o for o in self.result.outcomes if o.job == job_id), None)
+                if done is not None:  # it ended in this queue already
+                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, done))
+                    continue
+                try:
+                    item = resolve(self.repo, [job_id])[0]
+                except SubtaskError as exc:
+                    out = Outcome(job_id)
+                    _refused(out, exc)
+                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, out))
+                    continue
+                entry = landwindow.Entry(item, Outcome(item.job.id, item.group.id if item.group else None))
+                self.items.append(item)
+                self.result.outcomes.append(entry.out)
+            entry.item.handed = self.tip
+            entry.out.events.append("put at the head of the queue by land --first")
+            self.line.insert(0, entry)
+        return bool(taken)
+
+    def handed_answer(self, before: str, out: Outcome, after: str | None = None) -> dict:
+        return {"target": self.target.name, "before": before, "after": after or tip(self.repo, self.target),
+                "outcome": out.to_dict(), "queue": os.getpid()}
+
+    def answer_handed(self, item: Item | None = None, out: Outcome | None = None) -> None:
+        """Say the outcome of a job handed to this queue (or of every one not said yet)."""
+        if item is None:
+            for one in self.items:
+                if one.handed is not None:
+                    self.answer_handed(one, next((o for o in self.result.outcomes if o.job == one.job.id), None))
+            return
+        if item.handed is None or out is None:
+            return
+        before, item.handed = item.handed, None
+        landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out))
 
     def room_to_build(self) -> bool:
         """Build ahead only as far as the window verifies: `width` states unverified (batches of
@@ -431,6 +573,7 @@ class Queue:
                 entry.out.why = f"{self.target.name} moved under each of {MAX_REBUILDS} landings in a row"
                 self.line.remove(entry)
                 self.release(entry.item)
+                self.answer_handed(entry.item, entry.out)
         self.tip = now
 
     # ------------------------------------------------------------ verifying
@@ -567,6 +710,7 @@ class Queue:
                     self.verdict(front)
                     _record(self.repo, front.item)
                 self.release(front.item)
+                self.answer_handed(front.item, front.out)
                 self.line.pop(0)
                 changed = True
                 continue
@@ -703,7 +847,7 @@ class Queue:
         item, out, built = entry.item, entry.out, entry.built
         repo, job = self.repo, item.job
         out.onto, out.commit, out.how = built.onto, built.commit, built.how
-        out.verify, out.conflicts, out.sides, out.why = None, [], {}, ""
+        out.verify, out.conflicts, out.sides, out.why, out.batch = None, [], {}, "", None
         batch = None
         if built.kind == "conflict":
             out.state, out.conflicts = "conflict", built.conflicts
@@ -728,8 +872,8 @@ class Queue:
                 out.why = "" if rerun.result.passed else "its verify failed on the integrated commit"
                 if probe is not entry.probe:
                     batch = cover.built.commit
-                    out.why = (f"verified as part of batch {str(repo.git[batch].tree_id)[:7]} "
-                               f"(its last state, {batch[:7]}: {cover.item.job.id})")
+                    out.batch = str(repo.git[batch].tree_id)
+                    out.why = f"verified as part of batch {out.batch[:7]} (its last state, {batch[:7]}: {cover.item.job.id})"
                 elif rerun.result.reused:
                     out.events.append(_reused_words(rerun.result))
             else:
@@ -737,7 +881,7 @@ class Queue:
         outcome = {"passed": "unverified" if out.verify is None and not batch else "passed"}.get(out.state, out.state)
         item.entry = Landing(at=now(), target=self.target.name, onto=built.onto, mode=self.opts.mode,
                              outcome=outcome, commit=built.commit, verify=out.verify, conflicts=built.conflicts,
-                             batch=str(repo.git[batch].tree_id) if batch else None, batch_commit=batch)
+                             batch=out.batch, batch_commit=batch)
 
     def finish_later(self, item: Item, out: Outcome, commit: str, now_at: str) -> None:
         """A landing that moved, finished (recorded, cleaned up) by a thread of its own while the
@@ -754,6 +898,9 @@ class Queue:
         finally:
             liveness.release(item.fd)
             item.fd = None
+            if item.handed is not None:
+                before, item.handed = item.handed, None
+                landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out, after=now_at))
             phases.mark("finish")
 
     def finish_landed(self) -> None:
@@ -1022,19 +1169,24 @@ def sweep_scratch(repo: Repo) -> None:
         reverify.remove_scratch(repo, path.with_name(name))
 
 
-def _queue_lock(repo: Repo):
+def _queue_lock(repo: Repo, wait: float = QUEUE_LOCK_WAIT):
+    """The land lock (one queue per repository): `take()` it (False when another holds it past
+    `wait`), `release()` it."""
     repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=QUEUE_LOCK_WAIT)
 
-    class _Held:
-        def __enter__(self):
+    class _Lock:
+        def __init__(self) -> None:
+            self.lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=wait)
+
+        def take(self) -> bool:
             try:
-                lock.acquire()
+                self.lock.acquire()
             except LockTimeout:
-                raise SubtaskError("negative", "another git subtask land is running in this repository",
-                                   hint="wait for it to finish, then land again") from None
+                self.lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=0.0)  # later looks do not wait
+                return False
+            return True
 
-        def __exit__(self, *exc):
-            lock.release()
+        def release(self) -> None:
+            self.lock.release()
 
-    return _Held()
+    return _Lock()
