@@ -194,6 +194,9 @@ def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cl
     first = None
     try:
         assert wait_until(lambda: runs(control_dir) >= 2, timeout=120), "the queue never verified"
+        mixed = cli("land", "--first", hotfix, a)
+        assert mixed.returncode == 129 and "--first hands it only the jobs it names" in mixed.stderr, mixed.stderr
+        assert not list(landfirst.folder(open_repo(repo)).glob("*")), "a refused --first leaves no request"
         first = subprocess.Popen(["git", "subtask", "land", "--first", hotfix], cwd=repo, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         taken = landfirst.folder(open_repo(repo)) / f"{hotfix}{landfirst.TAKEN}"
@@ -221,3 +224,60 @@ def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (b, a)]
     assert first_parent_commits(repo, before) == landed
+
+
+def test_land_first_of_an_unknown_job_is_refused_and_changes_nothing(cli, repo):
+    from subtask.git.gitrepo import open_repo
+    from subtask.ops import landfirst
+
+    (a,) = finished_jobs(cli, ["a.txt"])
+    before = git(repo, "rev-parse", "main")
+    proc = cli("land", "--first", "st-0000dead", a)
+    assert proc.returncode == 128 and "no job matches 'st-0000dead'" in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert git(repo, "rev-parse", "main") == before and cli.json("show", a)["state"] == "done"
+    assert not list(landfirst.folder(open_repo(repo)).glob("*")), "no request is left behind"
+
+
+def test_land_first_naming_a_job_also_in_the_list_lands_it_once_first(cli, repo):
+    a, b = finished_jobs(cli, ["a.txt", "b.txt"])
+    before = git(repo, "rev-parse", "main")
+    proc = cli("land", "--first", b, a, b)
+    assert proc.returncode == 0 and "(2 of 2 landed)" in proc.stdout, proc.stdout + proc.stderr
+    landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (b, a)]
+    assert first_parent_commits(repo, before) == landed
+
+
+def test_land_on_a_terminal_shows_a_live_line_of_the_window_and_clears_it(cli, repo, control_dir):
+    jobs = finished_jobs(cli, ["a.txt", "b.txt"])
+    gate = control_dir / "gate"
+    verify = f"echo run >> {control_dir}/runs; while [ ! -f {gate} ]; do sleep 0.05; done"
+    queue = subprocess.Popen(["git", "subtask", "land", "--window", "2", "--verify", verify, *jobs], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # bytes: text mode reads \r as \n
+                             env=dict(os.environ, SUBTASK_TTY="1"))
+    try:
+        assert wait_until(lambda: runs(control_dir) >= 2, timeout=120)
+        time.sleep(1.5)  # a tick of the live line while both verify (it only redraws, nothing waits on it)
+        gate.touch()
+        out, err = (stream.decode() for stream in queue.communicate(timeout=300))
+    finally:
+        queue.kill()
+    assert queue.returncode == 0 and "(2 of 2 landed)" in out, out + err
+    lines = [line for line in err.split("\r\x1b[K") if line]
+    assert any(line.startswith("land ") and "0 of 2 landed · verifying" in line and all(j in line for j in jobs)
+               and "(window 2)" in line for line in lines), repr(err)
+    assert err.endswith("\r\x1b[K"), "the live line is cleared before the report"
+
+
+def test_atomic_lands_nothing_when_one_job_is_refused_whatever_the_window(cli, repo):
+    """--atomic keeps its meaning in the window: a job refused at the gate (here: no commits)
+    stops the queue, and the good job before it does not land."""
+    (good,) = finished_jobs(cli, ["a.txt"])
+    empty = cli.start("true", "--verify", "true")
+    cli.ok("wait", empty)
+    before = git(repo, "rev-parse", "main")
+    proc = cli("land", "--atomic", "--window", "2", "--verify", "true", good, empty)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{empty} was refused: nothing landed (--atomic)" in proc.stdout, proc.stdout
+    assert git(repo, "rev-parse", "main") == before and not (repo / "a.txt").exists()
+    assert cli.json("show", good)["state_detail"]["landed_in"] is None

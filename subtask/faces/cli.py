@@ -492,16 +492,17 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
               "change nothing")
 @click.option("--window", type=int, metavar="K", help="verify up to K integrated states at once (default: "
               "subtask.land.window, else the cores, at most the free worker slots)")
-@click.option("--batch", type=int, metavar="N", is_flag=False, flag_value=0, default=None,
-              help="verify only the last state of each batch of N jobs (alone: subtask.land.batch, else the "
-              "whole queue); a failed batch is cut until its culprit is found")
+@click.option("--batch", is_flag=True, help="verify only the last state of each batch of jobs; a failed batch is "
+              "cut until its culprit is found")
+@click.option("--batch-size", "batch_size", type=int, metavar="N", help="jobs per batch (default: "
+              "subtask.land.batch, else the whole queue); implies --batch")
 @click.option("--no-reuse", "no_reuse", is_flag=True, help="run every verify, even for a tree whose result is "
               "already known")
 @click.option("--first", "first", metavar="ID", multiple=True, help="put this job at the head of the queue (the "
               "hotfix lane): while another land runs, it is handed to that queue")
 @click.option("--json", "as_json", is_flag=True)
-def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, window, batch, no_reuse, first,
-         as_json):
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, window, batch, batch_size, no_reuse,
+         first, as_json):
     """Land finished jobs in the order given, each verified on the commit that lands.
 
     Each job is integrated on the one before it, from the current branch's tip (or
@@ -520,7 +521,9 @@ def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, 
 
     mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
     result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
-                      force=force, dry_run=dry_run, window=window, batch=batch, reuse=False if no_reuse else None,
+                      force=force, dry_run=dry_run, window=window,
+                      batch=batch_size if batch_size is not None else (0 if batch else None),
+                      reuse=False if no_reuse else None,
                       first=list(first), progress=_land_progress())
     _emit(replies.landed(result.to_dict()), as_json)
 

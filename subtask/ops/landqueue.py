@@ -220,7 +220,7 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
     if opts.window is not None and not 1 <= opts.window <= MAX_WINDOW:
         raise SubtaskError("usage", f"--window must be a whole number from 1 to {MAX_WINDOW}, not {opts.window}")
     if opts.batch is not None and opts.batch < 0:
-        raise SubtaskError("usage", f"--batch must be a whole number >= 0, not {opts.batch}")
+        raise SubtaskError("usage", f"--batch-size must be a whole number >= 0, not {opts.batch}")
     target = find_target(repo)
     items = resolve(repo, first_of(asked, opts.first))
     if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
@@ -434,6 +434,9 @@ class Queue:
             if not self.room_to_build():
                 break
             if not self.gated(entry.item, entry.out):
+                if self.opts.atomic:  # all or nothing: one refused, none lands
+                    self.result.stopped = f"{entry.item.job.id} was refused: nothing landed (--atomic)"
+                    return True
                 self.line.remove(entry)  # refused: reported as it is
                 self.release(entry.item)
                 self.answer_handed(entry.item, entry.out)
@@ -874,8 +877,8 @@ class Queue:
                     batch = cover.built.commit
                     out.batch = str(repo.git[batch].tree_id)
                     out.why = f"verified as part of batch {out.batch[:7]} (its last state, {batch[:7]}: {cover.item.job.id})"
-                elif rerun.result.reused:
-                    out.events.append(_reused_words(rerun.result))
+                elif rerun.result.reused and (words := _reused_words(rerun.result)) not in out.events:
+                    out.events.append(words)  # said once, however often the entry is judged
             else:
                 out.state, out.why = "failed", "its batch failed on the integrated commit"
         outcome = {"passed": "unverified" if out.verify is None and not batch else "passed"}.get(out.state, out.state)
