@@ -115,6 +115,20 @@ def test_a_batch_of_sixteen_with_one_bad_job_needs_at_most_nine_verify_runs(cli,
         assert x["batch"] == git(repo, "rev-parse", f"{x['batch_commit']}^{{tree}}")
 
 
+def test_a_job_landed_by_a_batch_says_so_in_its_record(cli, repo, control_dir):
+    """The first of two jobs in one batch is never verified on its own state: its record (the
+    note `show` prints, and its JSON) says which batch's tree covered it."""
+    a, b = finished_jobs(cli, ["a.txt", "b.txt"])
+    proc = cli("land", "--batch", "--verify", counted(control_dir), a, b)
+    assert proc.returncode == 0 and "(2 of 2 landed)" in proc.stdout, proc.stdout + proc.stderr
+    assert runs(control_dir) == 1, "one verify for the batch's last state"
+    landing = cli.json("show", a)["state_detail"]["landings"][-1]
+    tree = git(repo, "rev-parse", "main^{tree}")
+    assert landing["landed"] and landing["batch"] == tree
+    assert f"verified as part of batch {tree[:7]}" in cli.ok("show", a)
+    assert "part of batch" not in cli.ok("show", b), "the batch's last job was verified on its own state"
+
+
 def test_re_landing_an_unchanged_tree_runs_its_verify_zero_times_and_says_it_reused(cli, repo, control_dir):
     a, b = finished_jobs(cli, ["a.txt", "bad.txt"])
     verify = counted(control_dir, "! test -f bad.txt")
@@ -124,9 +138,10 @@ def test_re_landing_an_unchanged_tree_runs_its_verify_zero_times_and_says_it_reu
     again = cli("land", "--verify", verify, a)
     assert again.returncode == 0, again.stdout + again.stderr
     assert runs(control_dir) == ran, "the same tree, command, harness and environment: verified once"
-    assert "verify reused: passed on the same tree" in again.stdout, again.stdout
+    assert again.stdout.count("verify reused: passed on the same tree") == 1, again.stdout
     landing = cli.json("show", a)["state_detail"]["landings"][-1]
     assert landing["landed"] and landing["verify"]["reused"]["job"] == a
+    assert "verify reused: passed on the same tree" in cli.ok("show", a), "its record says it was reused"
     forced = cli("land", "--no-reuse", "--verify", verify, b)
     assert forced.returncode == 1 and runs(control_dir) == ran + 1, "--no-reuse runs it"
 
