@@ -1,10 +1,11 @@
 """`git subtask land`: many finished jobs landed in order, each verified on the commit that lands.
 
-For each job in turn: integrate it onto the target's current tip in a scratch worktree
-(`integrate.py`), run verify there on the integrated commit, record that result in the job's
-record and note (this clone's jobs only), and only then move the target, by compare-and-swap
-against the tip it was built on. A person committing meanwhile makes the landing rebuild on
-their commit. The target's checkout, where it has one, is moved as `merge` moves it: under
+Each job is integrated on the one before it, from the target's tip (`integrate.py`), and up to
+`--window` of those integrated states are verified at once, each in a scratch worktree (the
+window's rules: `landwindow.py`; a result already known for the same tree is reused:
+`verified.py`); each result is recorded in the job's record and note (this clone's jobs only),
+and the target moves, by compare-and-swap against the tip the states were built on, to the end of
+the verified prefix. A person committing meanwhile makes the states rebuild on their commit. The target's checkout, where it has one, is moved as `merge` moves it: under
 `landing.index_lock`, never when it has uncommitted changes, by `git merge --ff-only` (one git
 run moves the branch, the index and the files). With `atomic` the target moves once, to the
 last integrated commit, only if every job integrated and passed. `reconcile` answers a conflict
