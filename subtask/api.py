@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from subtask import executors
 from subtask.git import leftout, ownership, records, where_landed, worktrees
@@ -65,6 +66,9 @@ from subtask.model.start_options import GROUP_ONLY, StartRequest
 from subtask.ops import admission, books, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
+if TYPE_CHECKING:
+    from subtask.ops.feed import Feed
+
 
 @dataclass
 class StartResult:
@@ -87,6 +91,7 @@ class WaitResult:
     jobs: list[Job]
     timed_out: bool
     stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
+    feed: Feed | None = None  # `wait --since`: the events after the cursor and the next cursor
 
     @property
     def all_passed(self) -> bool:
@@ -217,6 +222,8 @@ def default_engine(repo: Repo) -> str:
     from subtask.engines.base import preflight
 
     configured = repo.config.get("engine")
+    if configured and configured.strip() == "auto":
+        return "auto"  # routed per job (`ops/routing`)
     if configured:
         try:
             get_engine(configured, repo.config)
@@ -244,11 +251,15 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
+def _check_max_usd(requested) -> None:
+    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
+        raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+
+
 def _max_usd(repo: Repo, engine, requested) -> Decimal:
     """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
     free one."""
-    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
-        raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+    _check_max_usd(requested)
     if requested is None and not engine.paid:
         return money.ZERO
     usd = money.usd(repo.config.number("defaultMaxUsd") if requested is None else requested)
@@ -312,6 +323,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
+        if not prepared.on.runs_here:  # checked now, and its record says where it will run
+            prepared.on.backend().place(repo, prepared.job)
         result = _start_waiting(repo, prepared)
     elif not prepared.on.runs_here:
         job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
@@ -345,6 +358,12 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     repo.config.require_valid()
     on = executors.choose(repo.config, request.on)
     engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
+    routed = None
+    if engine_name == "auto":
+        routed = _routing(repo, request)
+        if routed.chosen is None:
+            raise routed.refusal()
+        engine_name = routed.chosen.name
     engine = get_engine(engine_name, repo.config)
     repo.config.require_valid(engine_name)  # and the keys of its engine (`subtask.engine.<name>.*`)
     _check_engine_can_run(engine)
@@ -361,6 +380,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
     choice = _isolation(repo, engine, request)  # probes the state folder: after what makes nothing
     network = _network(repo)
+    sockets = _sockets(repo) if choice.mode != "none" else None
     after, until, on_fail = _after(repo, request, on)
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
@@ -380,13 +400,15 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
-                   harness=harness,
+                   network=network, sockets=sockets, group=group, member=member, clone=clone, retries=retries,
+                   checks=job_checks, harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
+    if routed is not None:  # the record says which engine --engine auto chose, and why
+        spec.extra["routing"] = routed.record()
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
@@ -395,6 +417,21 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     unconfined = isolation.unconfined_warning(engine, choice.mode, bool(request.readonly))
     warnings = [f"warning: {unconfined}"] if unconfined else []
     return _Prepared(job, engine.paid, as_written, on, until, warnings)
+
+
+def _routing(repo: Repo, request: StartRequest):
+    from subtask.ops import routing
+
+    _check_max_usd(request.max_usd)
+    return routing.route(repo, readonly=bool(request.readonly), isolation=request.isolation, max_usd=request.max_usd)
+
+
+def routing_explain(repo: Repo, request: StartRequest):
+    """Which engine `--engine auto` would choose for this start, every candidate's filter or
+    score and terms (`ops/routing`); nothing is started."""
+    _check_task(request.task)
+    repo.config.require_valid()
+    return _routing(repo, request)
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
@@ -445,7 +482,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     liveness.release(fd)
     plans.advance(repo)
     job = records.read(repo, job.id)
-    return StartResult(job, queue_position(repo, job.id) or 0)
+    return StartResult(job, queue_position(repo, job.id) or 0, on=prepared.on.name)
 
 
 def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[int, list[str]]:
@@ -528,6 +565,14 @@ def _network(repo: Repo) -> str:
     from subtask.proc import isolation
 
     return isolation.resolve_network(repo.config.get("isolation.network"))
+
+
+def _sockets(repo: Repo) -> list[str] | None:
+    """The host sockets a confined job may reach, granted by name (`subtask.isolation.socket`),
+    as its spec records them."""
+    from subtask.proc import isolation
+
+    return isolation.configured_paths(repo.config, repo.root, isolation.SOCKET_KEY) or None
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
@@ -710,7 +755,10 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
-    executors.choose(repo.config, request.on).require("best_of")
+    on = executors.choose(repo.config, request.on)
+    on.require("best_of")
+    if how.judge is not None:
+        on.require("judge")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -770,7 +818,10 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                            hint="git subtask map 'src/*.py' 'add type hints to {files}'")
     if request.readonly or request.after:
         raise SubtaskError("usage", "map starts writing jobs now: no --readonly or --after")
-    executors.choose(repo.config, request.on).require("map")
+    on = executors.choose(repo.config, request.on)
+    on.require("map")
+    if concurrency is not None:
+        on.require("concurrency")
     base = resolve_commit(repo, request.base or "HEAD")
     files = map_files(repo, pattern, base)
     if not files:
@@ -801,6 +852,13 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
                   ) -> list[StartResult]:
     """Admit and start a group's members all or none, then write the group record."""
     groups = _groups()
+
+    def write_group() -> None:
+        groups.keep_judge(repo, gid, judge)
+        groups.create(repo, group)
+
+    if not prepared[0].on.runs_here:
+        return _launch_elsewhere(repo, prepared, what=what, then_record=write_group)
     launches = []
     try:
         for p in prepared:
@@ -810,16 +868,38 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
         raise
-
-    def write_group() -> None:
-        groups.keep_judge(repo, gid, judge)
-        groups.create(repo, group)
-
     results = _launch_all(repo, launches, what=what, then_record=write_group,
                           undo_record=lambda: groups.delete(repo, gid))
     for result, p in zip(results, prepared, strict=True):
         result.warnings = p.warnings
     return results
+
+
+def _launch_elsewhere(repo: Repo, prepared: list[_Prepared], *, what: str, then_record) -> list[StartResult]:
+    """A group's members handed to the executor that runs them elsewhere, all or none: their
+    money is checked against the cap together first; a member that cannot be handed over stops
+    the ones handed over before it (charged nothing: none has run)."""
+    on = prepared[0].on
+    usd = sum((p.job.state.current.cost.reserved * (1 + (p.job.spec.retries or 0)) for p in prepared if p.paid),
+              money.ZERO)
+    if usd:
+        left = ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd")).left_usd
+        if usd > left:
+            raise SubtaskError("budget", f"{what} reserve {money.text(usd)} together, more than this month's cap "
+                               f"has left ({money.text(max(left, money.ZERO))})", hint="git subtask spend")
+    started: list[StartResult] = []
+    try:
+        for p in prepared:
+            started.append(StartResult(on.backend().submit(repo, p.job, p.paid), 0, on=on.name))
+        then_record()
+    except BaseException:
+        for result in started:
+            try:
+                on.backend().stop(repo, result.job.id)
+            except Exception as exc:  # said, never hidden: that one still runs there
+                warnings.warn(f"{result.job.id} could not be stopped: {getattr(exc, 'message', exc)}", stacklevel=2)
+        raise
+    return started
 
 
 def get_group(repo: Repo, gid_or_prefix: str):
@@ -878,13 +958,19 @@ class MixedWait:
 
 
 def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-             on_tick=None, tick: float = 1.0) -> MixedWait:
+             on_tick=None, tick: float = 1.0, since: str | None = None) -> MixedWait:
     """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
-    stalled) and every group is settled, or with `any_` until the first of them has."""
+    stalled) and every group is settled, or with `any_` until the first of them has. With
+    `since` (a cursor, `ops.feed`), jobs only: their events after it (`wait`)."""
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
     gids = [i for i in ids if is_group_ref(i)]
     jids = [i for i in ids if not is_group_ref(i)]
+    if since is not None:
+        if gids:
+            raise SubtaskError("usage", "wait --since takes job ids, not a group's",
+                               hint=f"git subtask show {gids[0]} names its jobs")
+        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick, since=since), None)
     if not gids:
         return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick), None)
     if not jids and not any_:
@@ -1153,17 +1239,17 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     executor = executors.of(job)
-    if "reply" not in executor.can:
-        raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
-                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
+    executor.require("reply")
     repo.config.require_valid(job.spec.engine)
     engine = get_engine(job.spec.engine, repo.config)
-    _check_engine_can_run(engine)
+    if executor.runs_here:  # elsewhere, the node that runs it needs the engine, not this machine
+        _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
-    worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
-    worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
+    if executor.runs_here:
+        worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
+        worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -1181,6 +1267,11 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    if not executor.runs_here:
+        try:
+            return StartResult(executor.backend().reply(repo, job, attempt, engine.paid), 0, on=executor.name)
+        finally:
+            liveness.release(lock_fd)
     if engine.paid:
         _sync_ledger(repo)
     # A branch that cleanup or gc deleted (no commits beyond its base, or landed) comes back where
@@ -1390,47 +1481,28 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
     lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
     import json
 
+    from subtask import words as render
+
     for line in reversed(lines):
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        text = _activity_text(event)
+        text = render.activity_text(event)
         if text:
             return text[:120]
-    return None
-
-
-def _activity_text(event: dict) -> str | None:
-    kind = event.get("type")
-    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
-        from subtask.model.render import duration
-
-        since, after = event.get("since"), event.get("after")
-        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
-        return (f"stalled: no event from the engine{silent}"
-                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
-    if kind == "command":
-        return f"running: {event.get('command')}"
-    if kind == "tool":
-        return f"tool: {event.get('name')}"
-    if kind in ("text", "output"):
-        text = (event.get("text") or "").strip()
-        return text.splitlines()[-1] if text else None
-    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
-        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
-    if kind == "state":
-        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 
 # ---------------------------------------------------------------- wait
 
 STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
+RECORD_LOOKS = 8  # `wait --since` reads the record refs every 8th look (2 s): what only they say
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True,
+         since: str | None = None) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
     A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
@@ -1438,7 +1510,40 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     beside jobs): the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
+
+    `since` (a cursor, `0` for the beginning; `ops.feed`): answer as soon as any job has an event
+    after it, or as `wait` would; `feed` then holds those events and the cursor after them.
     """
+    if since is not None:
+        if timeout is not None:
+            timeout = _positive(timeout, "--timeout")  # refused even when events answer at once
+        return _wait_since(repo, ids, since, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick)
+    return _wait(repo, ids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick, stalls=stalls)
+
+
+def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
+    from subtask.ops import feed
+
+    positions = feed.parse(since)  # a bad cursor is refused before anything is read
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
+    found = feed.collect(repo, job_ids, positions)
+    if found.events or found.more:
+        jobs = [records.read(repo, job_id) for job_id in job_ids]
+        return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
+    import itertools
+
+    looks = itertools.count()  # the record refs every RECORD_LOOKS-th look, the events files every look
+    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions,
+                                                         records_too=next(looks) % RECORD_LOOKS == 0), **options)
+    result.feed = feed.collect(repo, job_ids, positions)
+    return result
+
+
+def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+          on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True, wake=None) -> WaitResult:
+    """`wait` without a cursor; `wake()`, asked every STALL_LOOK seconds, ends it early when True."""
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
     if timeout is not None:  # 0: look once, as a poll
@@ -1456,18 +1561,23 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     stalled = _StallLook(repo, watched) if watched else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
+    next_wake = started if wake else None
     try:
         while len(done) + len(stalled.found if stalled else ()) < needed:
             now_ = time.monotonic()
             if deadline is not None and now_ >= deadline:
                 break
+            if next_wake is not None and now_ >= next_wake:
+                next_wake = now_ + STALL_LOOK
+                if wake():
+                    break
             if on_tick and now_ >= next_tick:
                 next_tick = now_ + tick
                 on_tick(now_ - started, len(done), len(job_ids),
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
             if stalled is not None and stalled.look(done, now_):
                 continue
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600,
+            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600, next_wake,
                                     stalled.next_look if stalled else None) if t is not None)
             try:
                 job_id, seen = ended.get(timeout=max(0.0, until - now_))
@@ -1979,6 +2089,14 @@ def cleanup_merged(repo: Repo, dry_run: bool = False):
     return landing.cleanup_merged(repo, dry_run=dry_run)
 
 
+def du(repo: Repo):
+    """What each job's worktree costs on disk (tracked, untracked, ignored), the objects only its
+    refs keep, the other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    from subtask.ops import disk
+
+    return disk.usage(repo)
+
+
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
     from subtask.ops import landing
 
@@ -2012,15 +2130,18 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False):
 def pull(repo: Repo, remote: str = "origin"):
     from subtask.ops import sync
 
+    active_elsewhere = {e["id"] for e in records.list_entries(repo) if e.get("on") and e.get("state") in ACTIVE}
     result = sync.pull(repo, remote)
     arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
-    _bring_home_from_elsewhere(repo, arrived + result.new_jobs)
+    _bring_home_from_elsewhere(repo, arrived + result.new_jobs, active_elsewhere)
     return result
 
 
-def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
-    reservation, note."""
+    reservation, note; the end told (`ops.notify`) of those this pull found still active."""
+    from subtask.ops import notify
+
     for job_id in job_ids:
         try:
             job = records.read(repo, job_id)
@@ -2035,3 +2156,11 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
             executor.backend().bring_home(repo, records.read(repo, job_id))
+            ended = records.read(repo, job_id)
+            if job_id in active:
+                notify.attempt_ended(repo, ended)
+            if ended.spec.group:  # a member brought home may be the last its group waited for
+                _groups().after_member_ended(repo, ended)
+    from subtask.ops import plans
+
+    plans.advance_quietly(repo)  # ... and the jobs waiting for what came home

@@ -190,7 +190,9 @@ def test_recorded_run_becomes_an_outcome(repo):
     assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed",
             "output": "README.md\n"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
-    from subtask.api import _activity_text  # what `status` and MCP progress show
+    from subtask.words import (
+        activity_text as _activity_text,  # what `status` and MCP progress show
+    )
 
     tools = [_activity_text(e) for e in emitted if e["type"] == "tool"]
     assert tools and all(t and "None" not in t for t in tools), tools

@@ -72,7 +72,7 @@ def make_ctx(setup: dict[str, Any], settings: dict[str, str], *, task: str = NAS
     ctx = EngineContext(job_id="job1", attempt=1, task=task, worktree=setup["root"],
                         repo_root=setup["root"], git_common_dir=setup["root"] / ".git",
                         env=dict(setup["env"], **(extra_env or {})), emit=emitted.append,
-                        config=settings.get, **kwargs)
+                        config=settings.get, private_dir=setup["tmp"], **kwargs)
     return ctx, emitted
 
 

@@ -18,7 +18,7 @@ from fake_claude import (
     tool_turn,
     write_fake_cli,
 )
-from fake_codex import FakeResponsesAPI, codex_env, real_codex
+from fake_codex import FAKE_KEY_VAR, FakeResponsesAPI, codex_env, real_codex
 from fake_codex import command_turn as codex_command
 from fake_codex import text_turn as codex_text
 from test_engine_claude import offline_env
@@ -180,9 +180,12 @@ def test_real_claude_code_cli_does_a_job_end_to_end(cli, repo, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch):
-    """`--isolation worktree` with the real bundled CLI against the fake Messages API: it writes
-    and commits in its worktree; a Bash write outside is refused; the record says worktree."""
+@pytest.mark.parametrize("config", ["CLAUDE_CONFIG_DIR", "HOME"])
+def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch, config):
+    """`--isolation worktree` with the real bundled CLI against the fake Messages API: it
+    authenticates (its credentials and config are in its view, in `$CLAUDE_CONFIG_DIR` or in
+    `~/.claude` and `~/.claude.json`), writes and commits in its worktree; a Bash write outside
+    lands in its private /tmp, not on the host; the record says worktree."""
     from subtask.proc import isolation
 
     if _bundled_cli() is None:
@@ -204,6 +207,9 @@ def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, mon
     with FakeMessagesAPI(turns) as api:
         env = offline_env(tmp_path, api.url)
         env.pop("SUBTASK_CLAUDE_CLI", None)
+        if config == "HOME":
+            env.pop("CLAUDE_CONFIG_DIR")
+            (Path(env["HOME"]) / ".claude.json").write_text("{}")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         out = cli.ok("start", "--engine", "claude", "--isolation", "worktree", "--max-usd", "1",
                      "--timeout", "120", "write hello.txt and commit it", env=env)
@@ -215,9 +221,14 @@ def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, mon
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "Add hello"
     assert not outside.exists()
     assert shown["evidence"]["isolation"]["mode"] == "worktree"
-    assert str(tmp_path / "claude-config") in [g["path"] for g in shown["evidence"]["isolation"]["writable"]]
+    writable = [g["path"] for g in shown["evidence"]["isolation"]["writable"]]
+    if config == "HOME":
+        assert str(tmp_path / "home" / ".claude") in writable and str(tmp_path / "home" / ".claude.json") in writable
+        assert (tmp_path / "home" / ".claude.json").read_text() != "{}"  # it kept its state there
+    else:
+        assert str(tmp_path / "claude-config") in writable
     commands = {c["command"]: c["exit"] for c in shown["evidence"]["commands"]["seen"]}
-    assert commands[f"echo x > '{outside}'"] not in (0, None)
+    assert commands[f"echo x > '{outside}'"] == 0  # into its private /tmp, gone with it
 
 
 def test_readonly_job_has_no_branch_and_leaves_no_worktree(cli, repo):
@@ -247,7 +258,7 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
 
 def _money_agrees(cli, repo, job: str, total: float) -> None:
     """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
-    from subtask.model.render import money
+    from subtask.words import money
 
     assert cli.json("spend")["committed_usd"] == pytest.approx(total)
     listed = {e["id"]: e for e in cli.json("list")["jobs"]}
@@ -345,6 +356,28 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
     _money_agrees(cli, repo, job, 6 * per_call)
 
 
+@pytest.mark.slow
+def test_real_codex_runs_confined_in_git_subtasks_sandbox(cli, repo, tmp_path):
+    """With its own sandbox off (`subtask.engine.codex.sandbox danger-full-access`, the user's
+    choice), the real codex runs in git-subtask's view against the fake Responses API: it
+    authenticates with its provider's key, which is given to codex alone (verify, run with the
+    job's environment, finds none), and runs a command that commits in its worktree."""
+    _landlock_or_skip()
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    turns = [codex_command("echo one > one.txt && git add one.txt && git commit -qm one"),
+             codex_text("One.\nSTATUS: done")]
+    with FakeResponsesAPI(turns) as api:
+        env = _real_codex_env(repo, tmp_path, api.url)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--isolation", "worktree",
+                        "--max-usd", "5", "--timeout", "100", "--verify", f'test -z "${{{FAKE_KEY_VAR}:-}}"', env=env)
+        cli.ok("wait", job, env=env, timeout=120)
+    shown = cli.json("show", job)
+    assert shown["state"] == "done", shown["state_detail"]["attempts"][-1]
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "one"
+    iso = shown["evidence"]["isolation"]
+    assert iso["mode"] == "worktree" and iso["view"] == "allowlist" and FAKE_KEY_VAR in iso["env_withheld"]
+
+
 def _landlock_or_skip():
     from subtask.proc import isolation
 
@@ -394,7 +427,7 @@ def test_refusals_printed_inside_codex_commands_are_in_the_evidence(cli, repo, t
     cli.ok("wait", job)
     evidence = cli.json("show", job)["evidence"]
     assert evidence["isolation"]["mode"] == "worktree"
-    assert evidence["isolation"]["refused"] == [refused]
+    assert evidence["isolation"]["claimed"] == [refused]  # what its output said: a claim
     argv = json.loads((logs / "argv.jsonl").read_text().splitlines()[0])["argv"]
     assert "--dangerously-bypass-approvals-and-sandbox" in argv
 
@@ -645,7 +678,8 @@ def test_engines_and_start_say_when_codex_runs_with_its_sandbox_off(cli, repo, t
 
 def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path):
     """Under isolation none codex's own sandbox (workspace-write) confines it: a write it refused,
-    printed in the output of codex's command, is listed as a refusal, with who refused it."""
+    printed in the output of codex's command, is listed as what the job claims (it printed it;
+    no view of ours saw it), with who confined it."""
     refused = "touch: cannot touch '/var/tmp/x': Read-only file system"
     events = [{"type": "thread.started", "thread_id": "t1"},
               {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /var/tmp/x",
@@ -657,9 +691,9 @@ def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path)
     job = cli.start("try it", "--engine", "codex", env=env)
     cli.ok("wait", job)
     isolation = cli.json("show", job)["evidence"]["isolation"]
-    assert isolation["mode"] == "none" and isolation["refused"] == [refused]
+    assert isolation["mode"] == "none" and isolation["claimed"] == [refused] and isolation["refused"] == []
     assert isolation["engine_sandbox"] == "codex workspace-write"
-    assert "confinement: none (codex workspace-write sandbox) · 1 refused access in the output" in cli.ok("show", job)
+    assert "confinement: none (codex workspace-write sandbox) · 1 refusal claimed in the output" in cli.ok("show", job)
 
 
 def _landlock_available() -> bool:
@@ -724,4 +758,4 @@ def test_an_aider_that_never_reached_its_model_is_charged_nothing(cli, repo):
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert (attempt["state"], attempt["error_kind"]) == ("failed", "exit"), attempt
     assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
-    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["refused"])
+    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["claimed"])

@@ -499,8 +499,8 @@ def test_two_gcs_at_once_never_abort(cli, repo):
         procs = [subprocess.Popen(["git", "subtask", "gc", "--older-than", "0s"], cwd=repo, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(2)]
         results = [(p.wait(timeout=60), p.stdout.read(), p.stderr.read()) for p in procs]
-        for rc, out, err in results:
-            assert rc == 0 and not err.strip(), (trial, rc, out, err)
+        for rc, out, err in results:  # the other gc may have taken every job first: nothing left here
+            assert rc == 0 and err.strip() in ("", "nothing to collect"), (trial, rc, out, err)
         # A job one gc holds while the other looks is left to a later pass, never half-removed:
         # the next gc finds it quiet and removes it.
         cli.ok("gc", "--older-than", "0s")

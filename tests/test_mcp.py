@@ -27,7 +27,7 @@ from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
 TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
-         "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
+         "du", "routing", "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:
@@ -512,10 +512,9 @@ def last_tool_result(body: dict) -> str:
 
 
 def render_one_line(repo: Path, job: str) -> str:
-    from subtask import api
-    from subtask.model import render
+    from subtask import api, words
 
-    return render.one_line(api.get(api.repo_at(repo), job))
+    return words.one_line(api.get(api.repo_at(repo), job))
 
 
 def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
@@ -1186,8 +1185,8 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
 
     answers = anyio.run(main)
     assert answers == [
-        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, repo",
-        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, repo",
+        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, since, repo",
+        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, since, repo",
         "error: result needs id\nhint: result takes: id (required), full, evidence, repo",
         answers[3], answers[4],
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"

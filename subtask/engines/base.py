@@ -14,7 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from subtask.model import money
-from subtask.model.render import SUMMARY_MAX_LINES
+from subtask.words import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.
 ERROR_HINTS: dict[str, str] = {
@@ -130,15 +132,22 @@ class EngineContext:
     # Report that a process of the engine exists (on_pid says so too): an engine that never got
     # this far (not installed, failed to launch) spent nothing and is charged nothing.
     on_launch: Callable[[int], None] = lambda pid: None
-    state_dir: Path | None = None  # <git-common-dir>/subtask unless subtask.stateDir says otherwise
+    # Given by the worker, because the state folder is not the engines' to know (they never
+    # import `state`): a private folder (0700) for a launcher's files, and the writer of the
+    # attempt's private task file (removed when the attempt ends).
+    private_dir: Path | None = None
+    write_task_file: Callable[[str], Path] | None = None
 
     def task_file(self) -> Path:
-        """The task in a private file for this attempt (`privatetext.task_file`): an argv element
-        holds at most 128 KiB, a task up to 1 MiB. Removed when the attempt ends."""
-        from subtask.state import privatetext
-
-        state_dir = self.state_dir or self.git_common_dir / "subtask"
-        return privatetext.task_file(state_dir, self.job_id, self.attempt, self.task)
+        """The task in a private file (0600): an argv element holds at most 128 KiB, a task up to
+        1 MiB. Without the worker's writer (an engine run on its own), a temporary file in
+        `private_dir`, else the system's temp folder."""
+        if self.write_task_file is not None:
+            return self.write_task_file(self.task)
+        fd, name = tempfile.mkstemp(prefix=f"task-{self.job_id}-", dir=self.private_dir)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
+            out.write(self.task)
+        return Path(name)
 
 
 @dataclass
@@ -197,17 +206,19 @@ class Probe:
 
 
 class Engine(Protocol):
+    """An engine. It may also have `preflight() -> str | None`: why a job on it cannot run here
+    (not installed, no credentials), with the fix; None when it may. Cheap: no subprocess, no
+    network (`start` asks it every time); `probe` is the full check. Optional: an engine without
+    it is never refused (`preflight` below)."""
+
     name: str
     paid: bool
-    isolation: str  # what the engine enforces, in words
+
+    @property
+    def isolation(self) -> str:  # what the engine enforces, in words
+        ...
 
     def probe(self) -> Probe: ...
-
-    def preflight(self) -> str | None:
-        """Why a job on this engine cannot run here (not installed, no credentials), with the fix;
-        None when it may. Cheap: no subprocess, no network (`start` asks it every time); `probe`
-        is the full check. Optional: an engine without it is never refused."""
-        ...
 
     def run(self, ctx: EngineContext) -> Outcome: ...
 

@@ -66,6 +66,9 @@ _API_RE = re.compile(r"api error|overloaded|internal server error|connection err
                      r"rate.?limit|\b(?:http|status)\s*5\d\d\b", re.IGNORECASE)
 
 
+CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN")
+
+
 class ClaudeEngine:
     name = "claude"
     paid = True
@@ -87,6 +90,19 @@ class ClaudeEngine:
             folder, files = home / ".claude", [home / ".claude.json"]
         folder.mkdir(parents=True, exist_ok=True)
         return [folder, *files]
+
+    @staticmethod
+    def readable_paths(env: Mapping[str, str]) -> list[Path]:
+        """A CLI named outside this package (`SUBTASK_CLAUDE_CLI`): its folder, for a confined view."""
+        explicit = env.get(CLI_ENV)
+        found = shutil.which(explicit) if explicit else None
+        return [Path(os.path.realpath(found)).parent] if found else []
+
+    @staticmethod
+    def credential_env(env: Mapping[str, str]) -> list[str]:
+        """What the CLI authenticates with: given to it, withheld from every other process of a
+        confined job (setup, verify)."""
+        return list(CREDENTIAL_VARIABLES)
 
     def probe(self) -> Probe:
         cli = _find_cli(None)
@@ -153,12 +169,12 @@ def _cli_version(cli: str) -> str | None:
                              check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return (out.stdout.strip().splitlines() or [None])[0]
+    return next(iter(out.stdout.strip().splitlines()), None)
 
 
 def _auth_state() -> tuple[bool, str]:
     """Whether credentials are present, as far as can be told without calling the service."""
-    for var in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN"):
+    for var in CREDENTIAL_VARIABLES:
         if os.environ.get(var):
             return True, f"{var} is set"
     for var in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"):
@@ -223,7 +239,7 @@ class _Launch:
 
         from subtask.proc import isolation
 
-        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=_private_dir(ctx)))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=ctx.private_dir))
         self.pid_file = self.folder / "pid"
         self.script = self.folder / "claude"
         words = [sys.executable, "-m", "subtask.proc.isolation", "--parent", str(os.getpid()), "--session",
@@ -245,15 +261,6 @@ class _Launch:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _private_dir(ctx: EngineContext) -> str | None:
-    """The state folder's private run/ (0700) for the launcher's files, else the system's temp."""
-    if ctx.state_dir is None:
-        return None
-    from subtask.state import paths
-
-    return str(paths.run_dir(Path(ctx.state_dir)))
 
 
 def _own_group(pid: int) -> bool:
@@ -338,8 +345,8 @@ class _Attempt:
             await anyio.sleep(0.01)
         self._on_spawn(pid)
 
-    def _on_stderr(self, line: str) -> None:
-        line = self._stderr_redactor.line(line)
+    def _on_stderr(self, raw: str) -> None:
+        line = self._stderr_redactor.line(raw)
         if line is not None:
             self.stderr_tail.append(line)
 

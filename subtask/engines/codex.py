@@ -284,6 +284,27 @@ class CodexEngine:
         """Codex keeps sessions and logs in its home; under --isolation it must stay writable."""
         return [_codex_home(env)]
 
+    def readable_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Where the codex binary really lives (an npm package, with its native part beside it),
+        for a confined view: the `node_modules` folder holding it, else its package folder."""
+        found = self._which(self._binary_name(self._config, env), env)
+        if found is None:
+            return []
+        real = Path(os.path.realpath(found))
+        for parent in real.parents:
+            if parent.name == "node_modules":
+                return [parent]
+        return [real.parent.parent if real.parent.name == "bin" else real.parent]
+
+    def credential_env(self, env: Mapping[str, str]) -> list[str]:
+        """What codex authenticates with (its API keys, its provider's `env_key`): given to it,
+        withheld from every other process of a confined job."""
+        names = ["OPENAI_API_KEY", "CODEX_API_KEY"]
+        provider = _provider(env)
+        if provider is not None and isinstance(provider.get("env_key"), str):
+            names.append(provider["env_key"])
+        return names
+
     def __init__(self, config: ConfigReader | None = None) -> None:
         self._config: ConfigReader = config or (lambda key: None)
 
@@ -429,8 +450,8 @@ class CodexEngine:
         # is free text, where a key may span lines.
         stderr_redactor = StreamRedactor()
 
-        def on_stderr(line: str) -> None:
-            line = stderr_redactor.line(line)
+        def on_stderr(raw: str) -> None:
+            line = stderr_redactor.line(raw)
             if line is None:
                 return
             stderr.append(line)

@@ -14,10 +14,13 @@ Invariants:
   folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
   Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
 - The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
-- Cost: the last match of `costPattern` in the output, in dollars, exact as printed. A paid
-  engine whose cost is unknown reports None, so the worker charges the reservation; a free
-  engine reports $0. With `answerPattern` (a line its program prints for every model answer),
-  a run that printed none was never answered (`billed=False`): the worker charges it nothing.
+- Cost: the last match of `costPattern` in the output, in dollars, exact as printed (with
+  `costSum`, the sum of every match). A paid engine whose cost is unknown reports None, so the
+  worker charges the reservation; a free engine reports $0. With `answerPattern` (a line its
+  program prints for every model answer), a run that printed none was never answered
+  (`billed=False`): the worker charges it nothing.
+- With `textPattern`, the summary and the STATUS line are read from the agent's words in its
+  output (group 1 of each match, JSON escapes decoded), not from every line: JSON-lines agents.
 - The program is the template's first element, or the one after a leading `env NAME=VALUE ...`
   (a recipe may give the agent variables that way): that one must be on PATH.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
@@ -26,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -81,16 +85,20 @@ def _which(name: str, env: Mapping[str, str]) -> str | None:
 
 
 class _Output:
-    """Output lines as events, the stdout tail for the summary, the last cost match, and whether
-    a line said the model answered."""
+    """Output lines as events, the stdout tail for the summary (or, with `textPattern`, the
+    agent's own words in it), the cost (the last `costPattern` match, or with `costSum` the sum
+    of every match: an agent that prints each step's cost, as OpenCode does), and whether a line
+    said the model answered."""
 
     def __init__(self, emit: Callable[[dict[str, Any]], None], cost_re: re.Pattern[str] | None,
-                 session_re: re.Pattern[str] | None,
-                 answer_re: re.Pattern[str] | None = None) -> None:
+                 session_re: re.Pattern[str] | None, answer_re: re.Pattern[str] | None = None,
+                 text_re: re.Pattern[str] | None = None, cost_sum: bool = False) -> None:
         self.emit = emit
         self.cost_re = cost_re
         self.session_re = session_re
         self.answer_re = answer_re
+        self.text_re = text_re
+        self.cost_sum = cost_sum
         self.stdout: list[str] = []
         self.cost: Decimal | None = None
         self.session_id: str | None = None
@@ -99,12 +107,27 @@ class _Output:
     def on(self, stream: str) -> Callable[[str], None]:
         def handle(line: str) -> None:
             if stream == "stdout":
-                self.stdout.append(line)
+                self.stdout += self.words(line)
                 del self.stdout[:-_KEEP_LINES]
             self.scan(line)
             self.emit({"type": "output", "stream": stream, "text": line})
 
         return handle
+
+    def words(self, line: str) -> list[str]:
+        """What of a stdout line the summary reads: the line, or the `textPattern` matches in it
+        (group 1; a JSON string's escapes decoded: `\\n` is a new line)."""
+        if self.text_re is None:
+            return [line]
+        found: list[str] = []
+        for match in self.text_re.finditer(line):
+            text = match.group(1) if match.groups() and match.group(1) is not None else ""
+            try:
+                text = json.loads(f'"{text}"')
+            except ValueError:
+                pass  # not JSON string content: the text as it stands
+            found += text.splitlines()
+        return found
 
     def scan(self, line: str) -> None:
         if self.cost_re is not None:
@@ -114,13 +137,14 @@ class _Output:
                 except IndexError:
                     cost = None
                 if cost is not None:
-                    self.cost, self.answered = cost, True
+                    self.cost = (self.cost or money.ZERO) + cost if self.cost_sum else cost
+                    self.answered = True
         if self.answer_re is not None and self.answer_re.search(line):
             self.answered = True
         if self.session_re is not None:
-            match = self.session_re.search(line)
-            if match and match.groups() and match.group(1):
-                self.session_id = match.group(1)
+            said = self.session_re.search(line)
+            if said and said.groups() and said.group(1):
+                self.session_id = said.group(1)
 
 
 class CommandEngine:
@@ -143,6 +167,19 @@ class CommandEngine:
 
     def template(self) -> list[str] | None:
         return parse_template(self._key("command"))
+
+    def readable_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """The files its templates name (the agent's program, a script it runs), for a confined
+        view: the user's own configuration says them, nothing the job chose."""
+        found: list[Path] = []
+        for key in ("command", "resumeCommand"):
+            for word in parse_template(self._key(key)) or []:
+                if _PLACEHOLDER_RE.search(word):
+                    continue
+                path = _which(word, env) if "/" not in word else word
+                if path and os.path.isabs(path) and os.path.exists(path):
+                    found += [Path(path), Path(os.path.realpath(path))]
+        return list(dict.fromkeys(found))
 
     # -- probe --------------------------------------------------------------------------------
 
@@ -168,8 +205,9 @@ class CommandEngine:
         if _which(program, ctx.env) is None:
             return Outcome(False, session_id=ctx.session_id, error_kind="not_installed",
                            error=f"{program} not found on PATH (engine {self.name})")
-        output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
-                         self._regex(ctx, "sessionPattern"), self._regex(ctx, "answerPattern"))
+        output = _Output(ctx.emit, self._regex(ctx, "costPattern"), self._regex(ctx, "sessionPattern"),
+                         self._regex(ctx, "answerPattern"), self._regex(ctx, "textPattern"),
+                         cost_sum=(self._key("costSum") or "").strip().lower() in TRUE_WORDS)
         task_file = ctx.task_file() if _uses(template, "task_file") else None
         try:
             argv = substitute(template, {

@@ -27,13 +27,13 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
     """Print text for a person: control characters made visible (`render.safe`), since jobs carry
     text from models and teammates; the faces print nothing any other way (JSON: `_emit_json`)."""
-    from subtask.model.render import safe
+    from subtask.words import safe
 
     click.echo(safe(str(text)), err=err, nl=nl)
 
 
 def _emit_json(obj) -> None:
-    from subtask.model.render import json_text
+    from subtask.words import json_text
 
     click.echo(json_text(obj, indent=2, sort_keys=False))  # amounts as numbers, the rest as text
 
@@ -72,7 +72,7 @@ PROGRESS_ENV = "SUBTASK_PROGRESS"  # "json": progress as JSON lines on stderr (t
 def _land_progress():
     """How `land` shows its window while it works: a live line on a terminal's stderr, JSON lines
     for the MCP server's child (`SUBTASK_PROGRESS=json`), else nothing."""
-    from subtask.model import render
+    from subtask import words as render
 
     if os.environ.get(PROGRESS_ENV) == "json":
         def as_json(snapshot: dict) -> None:
@@ -229,20 +229,27 @@ def reply(job_id, message, max_usd, timeout, as_json):
 @click.option("--any", "any_", is_flag=True, help="return when the first job ends")
 @click.option("--timeout", type=float,
               help="give up after this many seconds (exit 1); 0: look once")
+@click.option("--since", metavar="CURSOR", help="answer the events after CURSOR (0: from the beginning) as soon as "
+              "there is one, and the cursor after them")
 @click.option("--json", "as_json", is_flag=True)
-def wait(ids, any_, timeout, as_json):
+def wait(ids, any_, timeout, since, as_json):
     """Block until the jobs end, or one stalls; print one line per job.
 
     A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
     wait returns on it, naming it (it goes on running). A group id (sg-...), alone or beside job
     ids, waits until its members end and says its pick. Exit 0 when every job ended done with
     verify passed (or no verify) and every group has a passing pick; 1 otherwise.
+
+    With --since CURSOR, wait answers as soon as a job has an event after the cursor (a state
+    change, a stall mark set or cleared, a line of progress), with every such event, the jobs'
+    lines and `cursor: ...`: pass that cursor to the next wait --since and no event is missed or
+    told twice. Exit codes as without it (1 while a job still runs).
     """
     from subtask import api
     from subtask.faces import replies
 
     repo = _repo()
-    waited = api.wait_ids(repo, list(ids), timeout=timeout, any_=any_)
+    waited = api.wait_ids(repo, list(ids), timeout=timeout, any_=any_, since=since)
     _emit(replies.waited_any(repo, waited, timeout), as_json)
 
 
@@ -290,7 +297,7 @@ def watch(ids, timeout):
     Exit codes as for wait.
     """
     from subtask import api
-    from subtask.model import render
+    from subtask import words as render
 
     repo = _repo()
     live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
@@ -598,6 +605,45 @@ def gc(dry_run, older_than, as_json):
 
     _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json,
                 nothing="nothing to collect", dry_run=dry_run)
+
+
+@cli.group(context_settings=CONTEXT)
+def routing():
+    """How --engine auto chooses an engine (docs/engines.md, "Routing")."""
+
+
+@routing.command("explain", context_settings=CONTEXT)
+@start_options
+@click.option("--json", "as_json", is_flag=True)
+def routing_explain(as_json, **options):
+    """Which engine --engine auto would choose for this start, and why; starts nothing.
+
+    Every candidate, with the filter that removed it (installed, authenticated, isolation,
+    budget, room) or its score and the terms of it (pass rate, cost and time of its jobs in this
+    repository, room left). Exit 1 when no candidate is left (start --engine auto refuses then).
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if options["task"] == "-":
+        options["task"] = sys.stdin.read()
+    _emit(replies.routed(api.routing_explain(_repo(), api.StartRequest(**options))), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def du(as_json):
+    """What jobs cost on disk, and what cleanup --merged and gc would free.
+
+    Per job whose worktree this clone checked out: its bytes on disk, split into tracked,
+    untracked and ignored files (a running job's is measured whole), and the objects only its
+    branch and pins keep; every other folder in the worktree folder (scratch worktrees, temp
+    dirs); the total; and the worktrees cleanup --merged and gc would remove, with their bytes.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.disk(api.du(_repo())), as_json)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -49,8 +49,9 @@ from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
+from subtask import words as render
 from subtask.faces import jsonrpc, replies
-from subtask.model import render, start_options
+from subtask.model import start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
 
@@ -83,6 +84,8 @@ class Server(MCPServer):
     _schemas: dict[str, dict] | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if context is not None:
+            ATTENTION.listen(context)
         schema = (await self._input_schemas()).get(name)
         if schema is not None:
             unknown = sorted(set(arguments or {}) - set(schema.get("properties", {})))
@@ -214,14 +217,138 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
 
 
 def open_repo(path: str | None) -> api.Repo:
-    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
+    """The repository a tool works on: an absolute path to a work tree, or the server's directory.
+    From then on the client is told its jobs' events (`ATTENTION`)."""
     if path is None or path == "":
-        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
-    if not os.path.isabs(path):
+        where = api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
+    elif not os.path.isabs(path):
         raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
                            hint="give the full path, e.g. /home/me/project, or leave repo out for "
                                 f"the server's directory ({os.getcwd()})")
-    return api.repo_at(path)
+    else:
+        where = api.repo_at(path)
+    ATTENTION.watch(where.state_dir)
+    return where
+
+
+class Attention:
+    """A log notification to the connected client for each job event `ops/notify` tells (a job
+    ended, failed verify, waits for a reply, stalled), while it is connected: the state folders
+    of the repositories its calls named are watched (their `notify.jsonl`, from the end it had
+    when first named), every `LOOK` seconds, by one thread that sends on the client's session."""
+
+    LOOK = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._feeds: dict[Path, tuple[int, int]] = {}  # state folder -> (inode, offset) of notify.jsonl
+        # The latest call's session (a per-request proxy the SDK makes; a handshake-era session
+        # sends on its connection) and its event loop's token: a stdio server has one client.
+        self._session: tuple[Any, Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def listen(self, context: Context) -> None:
+        """Called in the event loop with a call's context: its client is told from now on."""
+        try:
+            session, token = context.session, anyio.lowlevel.current_token()
+        except Exception:
+            return
+        with self._lock:
+            self._session = (session, token)
+
+    def watch(self, state_dir: Path) -> None:
+        from subtask.state import paths
+
+        with self._lock:
+            if state_dir not in self._feeds:
+                try:
+                    found = os.stat(paths.notify_feed(state_dir))
+                    self._feeds[state_dir] = (found.st_ino, found.st_size)
+                except OSError:
+                    self._feeds[state_dir] = (0, 0)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="subtask-attention", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            time.sleep(self.LOOK)
+            with self._lock:
+                feeds = dict(self._feeds)
+            for state_dir, seen in feeds.items():
+                lines, now = _feed_lines(state_dir, *seen)
+                with self._lock:
+                    self._feeds[state_dir] = now
+                for line in lines:
+                    self._tell(line)
+
+    def _tell(self, event: dict) -> None:
+        import warnings
+
+        level = "info" if event.get("event") == "ended" and event.get("state") == "done" else "warning"
+        data = {"message": render.safe_line(f"{event.get('event')}: {event.get('summary')}"),
+                **{k: event.get(k) for k in ("job", "event", "state", "reason", "attempt", "repo")}}
+        with self._lock:
+            listening = self._session
+        if listening is None:
+            return
+        session, token = listening
+        try:
+            with warnings.catch_warnings():  # the SDK marks logging deprecated (SEP-2577): still sent
+                warnings.simplefilter("ignore")
+                anyio.from_thread.run(functools.partial(session.send_log_message, level=level, data=data,
+                                                        logger="subtask"), token=token)
+        except Exception:  # gone: its connection closed
+            with self._lock:
+                if self._session is listening:
+                    self._session = None
+
+
+def _feed_lines(state_dir: Path, inode: int, offset: int) -> tuple[list[dict], tuple[int, int]]:
+    """The events added to a state folder's notify.jsonl since (inode, offset), the rest of the
+    rotated file first, and the new (inode, offset)."""
+    from subtask.state import paths
+
+    found: list[dict] = []
+    path = paths.notify_feed(state_dir)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return found, (inode, offset)
+    if now.st_ino != inode:
+        old = paths.notify_feed(state_dir, old=True)
+        try:
+            if inode and os.stat(old).st_ino == inode:
+                found += _read_lines(old, offset)[0]
+        except OSError:
+            pass
+        inode, offset = now.st_ino, 0
+    lines, offset = _read_lines(path, offset)
+    return found + lines, (inode, offset)
+
+
+def _read_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        return [], offset
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    found = []
+    for line in whole.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            found.append(event)
+    return found, offset + len(whole)
+
+
+ATTENTION = Attention()
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -326,12 +453,17 @@ def _progress_message(elapsed: float, ended: int, total: int, activities: dict[s
     return render.safe_line(" · ".join(parts))
 
 
+SINCE_HELP = ("a cursor from the last wait's answer (0: from the beginning): answer the events after it (state "
+              "changes, stall marks, progress lines) as soon as there is one, and the next cursor")
+
+
 class _Abandoned(Exception):
     """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
 
 
 @tool("wait", read_only=True, title="Wait for jobs")
 async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
+               since: Annotated[str | None, Field(description=SINCE_HELP)] = None,
                repo: REPO = None) -> replies.Reply:
     """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
@@ -339,6 +471,8 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
     activity). On timeout the jobs keep running: call wait again. timeout=0 answers at once with the
     jobs as they are (a poll). Prefer one wait over polling.
     A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
+    With since (a client that shows no progress): answers as soon as a job has an event after
+    that cursor, with the events and the next cursor; pass it back and nothing is missed.
     """
     job_ids = _id_list(ids)
     first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
@@ -356,7 +490,7 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
     def run() -> replies.Reply:
         where = open_repo(repo)
         waited = api.wait_ids(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick,
-                              tick=PROGRESS_TICK)
+                              tick=PROGRESS_TICK, since=since)
         return replies.waited_any(where, waited, timeout)
 
     try:
@@ -478,6 +612,24 @@ async def spend(month: str | None = None, all_clones: bool = False, repo: REPO =
     """Spend of paid engines this month (month: YYYY-MM): committed, reserved by running jobs, per
     engine, and what is left of subtask.monthlyCapUsd. all_clones: every clone whose records are here."""
     return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
+
+
+async def routing(*, repo: str | None = None, **options: Any) -> replies.Reply:
+    """Which engine engine="auto" would choose for this start, and why; starts nothing: every
+    candidate with the filter that removed it (installed, authenticated, isolation, budget, room)
+    or its score and terms (pass rate, cost and time of its jobs in this repository, room left)."""
+    return await _call(lambda: replies.routed(api.routing_explain(open_repo(repo), api.StartRequest(**options))))
+
+
+routing.__signature__ = _start_signature()  # type: ignore[attr-defined]
+tool("routing", read_only=True, title="Explain --engine auto")(routing)
+
+
+@tool("du", read_only=True, title="Disk usage")
+async def du(repo: REPO = None) -> replies.Reply:
+    """What each job's worktree costs on disk (tracked, untracked, ignored files), the objects only
+    its refs keep, other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    return await _call(lambda: replies.disk(api.du(open_repo(repo))))
 
 
 @tool("engines", read_only=True, title="Engines")

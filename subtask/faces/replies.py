@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from subtask.model import render
+from subtask import words as render
 from subtask.model.job import VerifyResult
 
 
@@ -102,9 +102,15 @@ def waited(repo, result, timeout: float | None) -> Reply:
     if result.timed_out:
         still = sum(1 for job in result.jobs if not job.state.current.terminal)
         notes.append(f"{_timed_out(timeout)}{still} still running (they continue): wait again")
-    return Reply("\n".join(lines), {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
-                                    "stalled": result.stalled, "jobs": [job_json(j) for j in result.jobs]},
-                 notes, exit_code=0 if result.all_passed else 1)
+    data = {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed, "stalled": result.stalled,
+            "jobs": [job_json(j) for j in result.jobs]}
+    feed = result.feed
+    if feed is not None:  # wait --since: the events first, then where each job stands, then the cursor
+        lines = [*(render.event_line(e) for e in feed.events), *lines, f"cursor: {feed.cursor}"]
+        data.update(events=feed.events, cursor=feed.cursor, more=feed.more)
+        if feed.more:
+            notes.append("more events than one answer holds: wait --since the cursor again")
+    return Reply("\n".join(lines), data, notes, exit_code=0 if result.all_passed else 1)
 
 
 def _timed_out(timeout: float | None) -> str:
@@ -393,3 +399,53 @@ def engines(probes: list, *, compact: bool) -> Reply:
                        f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}"
                        + (f"\n         confinement here: {p.confinement}" if p.confinement else ""))
     return Reply("\n".join(out), {"v": 1, "engines": [p.__dict__ | {"usable": p.usable} for p in probes]})
+
+
+# ---------------------------------------------------------------- disk
+
+DU_HEADER = f"{'ID':<12} {'STATE':<8} {'WORKTREE':>10} {'TRACKED':>10} {'UNTRACKED':>10} {'IGNORED':>10} {'OBJECTS':>10}"
+
+
+def disk(found) -> Reply:
+    """`du`: a row per job's worktree, the other folders, the total, what cleanup and gc would free."""
+    rows = []
+    for job in found.jobs:
+        split = job.split or {}
+        rows.append(f"{job.id:<12} {job.state:<8} {render.size(job.total):>10} "
+                    + " ".join(f"{render.size(split.get(c)) if job.split else '-':>10}"
+                               for c in ("tracked", "untracked", "ignored"))
+                    + f" {render.size(job.objects):>10}" + (f"  ({job.why})" if job.why else ""))
+    lines = [DU_HEADER, *rows] if rows else []
+    lines += [f"{name + '/':<21} {render.size(size):>10}  (no job's worktree)" for name, size in found.other.items()]
+    data = found.to_dict()
+    if lines:
+        lines.append(f"total: {render.size(found.total)} in {len(found.jobs)} worktree(s)"
+                     + (f" and {len(found.other)} other folder(s)" if found.other else "")
+                     + f"; objects only job refs keep: {render.size(data['objects'])}")
+    for what, freed in found.frees.items() if lines else ():
+        lines.append(f"{what} would free {render.size(freed['bytes'])}"
+                     + (f" ({', '.join(freed['jobs'])})" if freed["jobs"] else ""))
+    return Reply("\n".join(lines), data, nothing="no job worktrees on disk")
+
+
+# ---------------------------------------------------------------- routing
+
+def routed(found) -> Reply:
+    """`routing explain`: each candidate's score and terms, or the filter that removed it; the choice."""
+    weights = found.weights
+    chosen = found.chosen
+    lines = [f"{'ENGINE':<12} {'SCORE':>7}  {'PASS':>6} {'USD':>7} {'MINUTES':>8} {'ROOM':>5}  HISTORY HERE"]
+    for c in found.candidates:
+        if c.score is None:
+            lines.append(render.safe_line(f"{c.name:<12} {'-':>7}  removed by {c.filter}: {c.why}"))
+            continue
+        t = {term: c.terms[term]["value"] for term in c.terms}
+        h = c.history
+        past = (f"{h['ended']} ended, {h['passed']} passed" if h.get("ended") else "none")
+        lines.append(render.safe_line(f"{c.name:<12} {c.score:>7.3f}  {t['pass']:>6.2f} {t['cost']:>7.2f} "
+                                      f"{t['time']:>8.1f} {t['room']:>5.2f}  {past}"))
+    lines.append(f"score = {weights['pass']:g} x pass - {weights['cost']:g} x usd - {weights['time']:g} x minutes"
+                 f" + {weights['room']:g} x room   (git config subtask.routing.weightPass, weightCost, weightTime, "
+                 "weightRoom)")
+    lines.append(f"chosen: {chosen.name}" if chosen else "chosen: none: every candidate was removed")
+    return Reply("\n".join(lines), found.to_dict(), exit_code=0 if chosen else 1)

@@ -5,14 +5,17 @@ submodules: the caller's uncommitted changes, the folder they stood in and the b
 are not there. Each is a fact a person would otherwise find out from a job that "ignored" them.
 
 Read-only: `git --no-optional-locks status` (never refreshes the caller's index), one object read.
+Where pygit2 is loaded already (the MCP server), libgit2's status instead: no git process.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from subtask.git.gitrepo import Repo
 
@@ -26,7 +29,7 @@ class LeftOut:
     submodules: list[str] = field(default_factory=list)  # the base's submodule paths
     base: str = ""  # the commit the job starts from
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"uncommitted": self.uncommitted, "subfolder": self.subfolder,
                 "submodules": self.submodules}
 
@@ -40,7 +43,9 @@ def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
     if top is None:
         return found
     status = None
-    if from_checkout:  # beside the object read below: two small git processes at once
+    if from_checkout and "pygit2" in sys.modules:  # a server that has it: in-process, no git process
+        found.uncommitted = _changed_in_process(top)
+    elif from_checkout:  # beside the object read below: two small git processes at once
         status = subprocess.Popen(
             ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(top),
              "status", "--porcelain=v1", "-z", "--untracked-files=normal"],
@@ -85,3 +90,15 @@ def _changed_paths(out: bytes) -> list[str]:
         paths.append(entry[3:])
         skip = entry[0] in "RC"
     return paths
+
+
+def _changed_in_process(top: Path) -> list[str]:
+    """The paths `git status --untracked-files=normal` names, read by libgit2 (which, unasked,
+    writes no index)."""
+    import pygit2
+
+    try:
+        flags = pygit2.Repository(str(top)).status(untracked_files="normal", ignored=False)
+    except (pygit2.GitError, ValueError):
+        return []
+    return sorted(path for path, flag in flags.items() if flag not in (pygit2.GIT_STATUS_CURRENT, pygit2.GIT_STATUS_IGNORED))

@@ -13,6 +13,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Any
+
 from subtask.git.chains import cas_ref
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
@@ -45,7 +47,7 @@ def marks(repo: Repo) -> dict[str, str]:
     return {r.name[len(PREFIX):]: r.target for r in repo.objects.refs(PREFIX) if not r.symbolic}
 
 
-def add_to_entries(repo: Repo, entries: list[dict]) -> None:
+def add_to_entries(repo: Repo, entries: list[dict[str, Any]]) -> None:
     """Set `landed` on the `list` entries of jobs marked landed here whose record does not say so."""
     if not any(not e.get("landed") for e in entries):
         return

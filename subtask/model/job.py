@@ -20,7 +20,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar, Protocol, Self
 
 from subtask.model import money
 from subtask.model.errors import SubtaskError
@@ -66,9 +66,10 @@ class _Record:
     """JSON round trip that keeps unknown fields instead of dropping them."""
 
     extra: dict[str, Any]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # every subclass is a dataclass
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"v": SCHEMA_VERSION}
+        out: dict[str, Any] = {"v": SCHEMA_VERSION}
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 continue
@@ -84,12 +85,12 @@ class _Record:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None):
+    def from_dict(cls, data: dict[str, Any] | None) -> Self:
         data = dict(data or {})
         data.pop("v", None)
         known = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
-        extra = {}
+        extra: dict[str, Any] = {}
         for key, value in data.items():
             if key in known and key != "extra":
                 kwargs[key] = cls._decode(key, value)
@@ -129,6 +130,9 @@ class JobSpec(_Record):
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
     network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
+    # Host sockets a confined job may connect to, granted by name (`subtask.isolation.socket`) when
+    # it started (None: none; an unconfined job reaches every socket its user can).
+    sockets: list[str] | None = None
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
@@ -153,7 +157,7 @@ class JobSpec(_Record):
             return money.money_or_none(value)
         if key == "retries":
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
-        if key in ("checks", "harness"):
+        if key in ("checks", "harness", "sockets"):
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
         if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return None  # damaged or foreign: waits for nothing
@@ -400,7 +404,7 @@ class Evidence(_Record):
 
     # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
     # (an entry that is not an object is dropped, a missing or mistyped field gets its empty value).
-    _SHAPES = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
+    _SHAPES: ClassVar[dict[str, dict[str, type]]] = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
                "commits": {"sha": str, "subject": str}}
 
     @classmethod
@@ -427,29 +431,48 @@ def _shaped(entry: dict[str, Any], shape: dict[str, type]) -> dict[str, Any]:
     return out
 
 
-def placement(spec) -> dict | None:
+class JobLike(Protocol):
+    """What the helpers below read of a job (`git.records.Job`, a layer above this one)."""
+
+    @property
+    def spec(self) -> JobSpec: ...
+
+    @property
+    def state(self) -> JobState: ...
+
+    @property
+    def evidence(self) -> Evidence | None: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def id(self) -> str: ...
+
+
+def placement(spec: JobSpec) -> dict[str, Any] | None:
     """The executor facts a job's spec carries when it runs elsewhere (None: runs locally)."""
     value = getattr(spec, "extra", {}).get("executor")
     return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
 
 
-def job_passed(job) -> bool:
+def job_passed(job: JobLike) -> bool:
     """Ended done with verify passed, or done with no verify: what `wait`, `--after` and a map count as passing."""
     attempt = job.state.current
     return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
 
 
-def work_base(job) -> str:
+def work_base(job: JobLike) -> str:
     """Where the job's own work starts: the commit `land --reconcile` moved it onto
     (`state.rebased_onto`), else its base. Its branch then holds the target's commits too, so its
     evidence, checks, re-runs and "made no commits" all count from here, never from `spec.base`."""
     return job.state.rebased_onto or job.spec.base
 
 
-def runs_remotely(job) -> bool:
+def runs_remotely(job: JobLike) -> bool:
     return placement(job.spec) is not None
 
 
-def ray_job_id(attempt) -> str | None:
+def ray_job_id(attempt: Attempt) -> str | None:
     value = getattr(attempt, "extra", {}).get("ray_job")
     return value if isinstance(value, str) else None

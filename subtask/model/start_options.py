@@ -49,7 +49,7 @@ class Option:
         return self.help.format(**{o.name: (o.flag if face == "cli" else o.name) for o in OPTIONS})
 
 
-def _option(kind: type, help: str, default: Any = None, **how: Any):
+def _option(kind: type, help: str, default: Any = None, **how: Any) -> Any:
     return field(default=default, metadata={"option": (kind, help, how)})
 
 
@@ -60,8 +60,9 @@ class StartRequest:
 
     task: str = _option(str, "what the engine should do (for the shell engine: a bash script)", "", argument=True)
     engine: str | list[str] | None = _option(
-        str, "shell, claude, codex, or a configured command engine (default: git config subtask.engine, else "
-        "claude); with {best_of}: several, cycled over the attempts", short="-e", names=True)
+        str, "shell, claude, codex, a configured command engine, or auto: the best one here by its record "
+        "(git subtask routing explain) (default: git config subtask.engine, else claude); with {best_of}: several, "
+        "cycled over the attempts", short="-e", names=True)
     base: str = _option(str, "commit or branch the job starts from", "HEAD", short="-b", show_default=True)
     verify: str | None = _option(str, "command run with sh -c (POSIX sh, not bash) in the worktree on the job's "
                                  "final commit; exit 0 = passed")
@@ -131,7 +132,7 @@ def item_schema() -> dict[str, Any]:
     """The JSON schema of one start_many item: the fields of a start, plus `repo`."""
     props: dict[str, Any] = {}
     for o in OPTIONS:
-        base = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
+        base: dict[str, Any] = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
                 bool: {"type": "boolean"}}[o.kind]
         if o.choices:
             base = {**base, "enum": list(o.choices)}

@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from subtask import words as render
 from subtask.git import chains, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import faults, money, render
+from subtask.model import faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base
@@ -317,6 +318,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(isolation.temp_env(tmpdir))
+    env = sandbox.withhold(env) if sandbox is not None else env
     # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
     from subtask.ops import landing, overlay
 

@@ -239,7 +239,7 @@ def _failed(onto: str, proc) -> Built:
 def sides(repo: Repo, job: Job, head: str, onto: str, files: list[str]) -> dict[str, list[str]]:
     """Both sides of a conflict in `files`: the target's commits since the job's base that touched
     them, and the job's own (its summary first), a few lines each."""
-    from subtask.model.render import safe_line, task_title
+    from subtask.words import safe_line, task_title
 
     def commits(rev_range: str) -> list[str]:
         out = git(repo.root, "log", f"-{SIDE_COMMITS}", "--no-merges", "--format=%h %s", rev_range, "--", *files,

@@ -86,6 +86,7 @@ class Sweep:
     lines: list[str] = field(default_factory=list)
     landed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    removed: dict[str, str] = field(default_factory=dict)  # job id -> the worktree removed (or that would be)
 
 
 # ---------------------------------------------------------------- the land target
@@ -543,21 +544,23 @@ def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
 
 def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
                   dry_run: bool = False, checked_out: set[str] | None = None, held: bool = False,
-                  also: Callable[[Job], None] | None = None) -> list[str] | None:
+                  also: Callable[[Job], None] | None = None, sweep: Sweep | None = None) -> list[str] | None:
     """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch.
 
     All of it under the job's run-lock (`quiet_job`); None when the job is busy or changed, and
     then nothing was done (a later pass sees it again). `also` changes the record in the same
-    write (`land` marks its landing there).
+    write (`land` marks its landing there); `sweep.removed` learns the worktree removed.
     """
     with quiet_job(repo, job, held=held) as fresh:
         if fresh is None:
             return None
-        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out, also=also)
+        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out, also=also,
+                              sweep=sweep)
 
 
 def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
-                   dry_run: bool, checked_out: set[str] | None, also: Callable[[Job], None] | None = None) -> list[str]:
+                   dry_run: bool, checked_out: set[str] | None, also: Callable[[Job], None] | None = None,
+                   sweep: Sweep | None = None) -> list[str]:
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
@@ -572,6 +575,8 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
             if not dry_run:
                 removed = remove_worktree(repo, job, record=False)  # recorded with the landing below
+            if sweep is not None and (dry_run or removed):
+                sweep.removed[job.id] = str(path)
         else:
             lines.append(f"{job.id}: kept worktree: {why}")
     deleted = False
@@ -672,7 +677,8 @@ def cleanup_merged(repo: Repo, dry_run: bool = False, entries: list[dict] | None
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
-        lines = finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out)
+        lines = finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out,
+                              sweep=sweep)
         if lines is None:
             sweep.kept.append(job.id)
             sweep.lines.append(f"{job.id}: skipped: {BUSY}")
@@ -988,7 +994,7 @@ SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's com
 
 
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
-    from subtask.model.render import task_title
+    from subtask.words import task_title
 
     if mode == "squash":
         return _squash_message(repo, job, head)
@@ -998,7 +1004,7 @@ def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
 def _squash_message(repo: Repo, job: Job, head: str) -> str:
     """One commit's message stays its own; several are named by the job's summary (else its task)
     and listed, oldest first, so the squash says what it holds."""
-    from subtask.model.render import task_title
+    from subtask.words import task_title
 
     commits = _commits_since_base(repo, work_base(job), head)
     trailer = f"Squashed from subtask {job.id}.\n\n{SUBTASK_ID}{job.id}\n"
@@ -1096,6 +1102,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         removal, branch = clean_job(repo, job, target, dry_run=dry_run)
         branch_goes = branch.kind == "removed"
         if removal.kind == "removed":
+            sweep.removed[job.id] = str(path)
             sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
                                + ("" if branch_goes else " (branch kept)"))
         elif removal.kind == "pruned":

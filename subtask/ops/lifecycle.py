@@ -24,11 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model import faults, money
+from subtask.model import executors, faults, money
 from subtask.model.job import WAITING
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
@@ -192,8 +191,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
+    from subtask.ops import notify
 
     notes.write_for_job(repo, job)
+    notify.attempt_ended(repo, job)  # this call wrote the end: it tells it, once
     return job
 
 
@@ -337,7 +338,7 @@ def missing_after_end(repo: Repo, job: Job) -> list[str]:
     """What a finished job's record promises but is not there: "head pin", "note" (a writer was
     killed after the final record). Empty for a job that has not ended."""
     from subtask.git import notes, notes_store
-    from subtask.model.render import note_block
+    from subtask.words import note_block
 
     if not job.state.attempts or not job.state.current.terminal:
         return []
@@ -445,9 +446,14 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
 def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> bool:
     """End a job's current attempt `stopped`: drop it from the queue, or end its worker's process
     groups (TERM, then KILL). False when it had already ended."""
-    attempt = records.read(repo, job_id).state.current
+    job = records.read(repo, job_id)
+    attempt = job.state.current
     if attempt.terminal:
         return False
+    executor = executors.of(job)
+    if not executor.runs_here:  # its node writes its record while it runs: its executor stops it
+        executor.backend().stop(repo, job_id)
+        return True
     state_dir = repo.state_dir
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)

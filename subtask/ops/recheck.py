@@ -19,8 +19,8 @@ from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.model.render import judge_line
 from subtask.ops import landing
+from subtask.words import judge_line
 
 
 @dataclass

@@ -45,11 +45,11 @@ from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.model.render import judge_line
 from subtask.ops import overlay
 from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
+from subtask.words import judge_line
 
 TAIL_BYTES = 4096  # as much output as a job's own verify keeps
 SCRATCH = ".verify"
@@ -281,7 +281,7 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tr
             env.update(laid.enter_context(overlay.overlaid(repo, judge, path, _stash_of(path), tmpdir)))
         sandbox = isolation.outside_sandbox(repo, path, admin, tmpdir, network)
         if sandbox is not None:
-            env[isolation.ACTIVE_ENV] = "worktree"
+            env = sandbox.withhold(env) | {isolation.ACTIVE_ENV: "worktree"}
         running = procs.start(["sh", "-c", command], cwd=path, env=env, timeout=timeout,
                               tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
     except BaseException:

@@ -17,9 +17,9 @@ A result already known for the same key is reused instead of run again, and reco
 - this clone's own runs that no record of its own holds (a teammate's job landed here, `verify
   --run`): `<state>/verified-<repo>.jsonl`, appended by `remember`;
 - job records: each attempt's verify and each landing's verify carrying a key, from a record this
-  clone wrote or one an allowed signer signed (`landing.trust_of`: vouched). Read once per record
-  tip into `<state>/verified-index-<repo>.json` (a tip never changes meaning: the index can be
-  incomplete, never stale).
+  clone wrote or one an allowed signer signed (`_signer`, as `landing.trust_of` decides). Read
+  once per record tip into `<state>/verified-index-<repo>.json` (a tip never changes meaning: the
+  index can be incomplete, never stale).
 
 Invariants:
 - Never reuse a result from a record no allowed signer vouches for, because a teammate's record
@@ -162,7 +162,6 @@ class Known:
 
     def _load_records(self) -> None:
         from subtask.git import ownership
-        from subtask.ops import landing
 
         index = _read_index(self.repo)
         fresh: dict[str, dict] = {}
@@ -182,10 +181,9 @@ class Known:
                     job = records.read_commit(self.repo, ref.target, job_id)
                 except Exception:  # a damaged record vouches for nothing
                     continue
-                trust = landing.trust_of(self.repo, job)
-                if not trust.vouched:
-                    continue
                 by = _signer(self.repo, job)
+                if by is None:
+                    continue
             for item in entry["results"]:
                 try:
                     result = VerifyResult.from_dict(item["result"])
@@ -197,11 +195,14 @@ class Known:
             _write_index(self.repo, fresh)
 
 
-def _signer(repo: Repo, job) -> str:
+def _signer(repo: Repo, job) -> str | None:
+    """Who vouches for a teammate's record: the allowed signer git names, None when none does
+    (as `landing.trust_of` decides, without importing it: landing imports reverify, which imports
+    this module)."""
     from subtask.git import signing
 
     provenance = signing.check_one(repo, job.tip, job.signed)
-    return provenance.signer or "an allowed signer"
+    return (provenance.signer or "an allowed signer") if provenance.trusted else None
 
 
 def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:

@@ -26,6 +26,7 @@ Invariants:
 - With `redact=True` both streams pass a `redact.StreamRedactor` before anything else sees them:
   the line callbacks and the tails get redacted text only (a key block printed over many lines
   and reads is redacted whole), so no caller can store what a child printed raw.
+- While a job runs, every child gets its starter's context before exec (`proc/context`).
 - While a job's isolation is active (`isolation.confined`), every child is confined before exec
   (its namespaces, then Landlock) and, given a pid namespace, run as pid 1 of it by `unshare --fork`.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
@@ -46,7 +47,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 from subtask.model.errors import SubtaskError
 from subtask.proc import spawn
@@ -88,7 +90,7 @@ class _Deferred:
     do signals raise), until `deliver()` restores them and re-sends what arrived meanwhile."""
 
     def __init__(self) -> None:
-        self.saved: dict[int, object] = {}
+        self.saved: dict[int, Callable[[int, FrameType | None], Any]] = {}
         self.pending: list[int] = []
         if threading.current_thread() is not threading.main_thread():
             return
@@ -418,6 +420,7 @@ class _Reader(threading.Thread):
 
     def _feed_redacted(self, text: str, end: bool = False) -> None:
         """Only what the redactor releases reaches the tail and the line callback."""
+        assert self._redactor is not None  # (its callers feed through it only when it is there)
         out = self._redactor.feed(text) + (self._redactor.close() if end else "")
         if out:
             self._feed(out.encode("utf-8", "surrogatepass"))
@@ -488,15 +491,20 @@ def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
 
 
 def _child_setup(sandbox=None):
-    """What every child runs before exec: die with its spawner, then (in a job) its confinement."""
+    """What every child runs before exec: die with its spawner, then (in a job) its starter's
+    context (`proc/context`: nice value, limits, umask, namespaces) and its confinement, which
+    makes its namespaces inside the starter's."""
+    from subtask.proc import context
+
     setup = child_setup_for(os.getpid())
-    confine = _confinement_hook(sandbox)
-    if confine is None:
+    steps = [step for step in (context.child_call(), _confinement_hook(sandbox)) if step is not None]
+    if not steps:
         return setup
 
     def setup_and_confine() -> None:
         setup()
-        confine()
+        for step in steps:
+            step()
 
     return setup_and_confine
 
@@ -596,8 +604,9 @@ class Running:
     def wait(self) -> ProcResult:
         if self._result is not None:
             return self._result
-        proc, (out, err) = self.proc, self.readers
-        assert proc is not None
+        proc, readers = self.proc, self.readers
+        assert proc is not None and readers is not None
+        out, err = readers
         try:
             exit_code, timed_out = _wait(proc, out, self.started, self.timeout, self.stdout_grace)
             if timed_out:

@@ -43,11 +43,12 @@ from subtask.engines.base import resumes
 from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import claims, faults, money, render
+from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
-from subtask.model.job import Attempt, Cost, VerifyResult
+from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.ops import books, lifecycle
 from subtask.state import ledger, paths, privatetext, slots
+from subtask.words import judge_line
 
 VERIFY_OUTPUT_ENV = "SUBTASK_VERIFY_OUTPUT"
 RETRY_ENV = "SUBTASK_RETRY"
@@ -158,7 +159,7 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     """`verify: CMD -> exit 1 on 1a2b3c4`, the failed checks, and the end of its output."""
     ending = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
     lines = [f"verify: {verify.command} -> {ending} on {verify.head[:7]}"]
-    judged = render.judge_line(verify)
+    judged = judge_line(verify)
     if judged:  # the output below is the trusted tests': changes to them were not what judged it
         lines.append(f"judge: {judged}")
     if failed_checks:
@@ -176,25 +177,31 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     attempt = job.state.current
     engine = get_engine(job.spec.engine, repo.config)
     n, retry = attempt.n + 1, len(loop_of(job))
+    # On a cluster node the job holds no slot here, and its loop's money was reserved at home
+    # with the job (executors/ray.py `reserve`): the retry runs in the same Ray job.
+    elsewhere = runs_remotely(job)
     usd = money.ZERO
     if engine.paid:
         usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
         cap = money.usd(repo.config.number("maxJobUsd"))
-        if usd > cap:
+        if usd > cap and not elsewhere:
             return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
-        books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
+        if not elsewhere:
+            books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     verify = facts.verify
     checks_results = facts.checks
     resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
     stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
     as_written = stored if resumed else privatetext.message(state_dir, job.id, attempt)
-    refusal = _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
+    refusal = None if elsewhere else _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
     if refusal:
         return refusal
     nxt = Attempt(n=n, state="running", message=stored, queued_at=time.time(),
                   cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(),
                   rid=paths.reservation_id(job.id, n) if engine.paid else None, timeout=attempt.timeout,
                   max_usd=usd if engine.paid else None, retry=retry)
+    if elsewhere:  # the same Ray job on the same node runs it: home follows it by that job
+        nxt.extra.update({key: attempt.extra[key] for key in ("ray_job", "node") if key in attempt.extra})
     plan.next = nxt
     verify_as_written = privatetext.verify(state_dir, job.id, attempt.n, job.spec.verify)
     plan._undo.append(lambda: privatetext.discard(state_dir, job.id, n))
