@@ -589,7 +589,8 @@ class Queue:
         tree = str(self.repo.git[built.commit].tree_id)
         asked = reverify.asked_harness(item.job, bool(item.trust and item.trust.vouched))
         confined = isolation.support().available
-        key = verified.key_of(self.repo, tree=tree, command=redact(item.command), trusted=built.onto, asked=asked,
+        trusted = self.judge_of(entry)
+        key = verified.key_of(self.repo, tree=tree, command=redact(item.command), trusted=trusted, asked=asked,
                               confined=confined, network=item.job.spec.network)
         found = self.known.find(key) if self.opts.reuse else None
         if found is not None:
@@ -597,13 +598,20 @@ class Queue:
             self.reused += 1
             self.answered(entry.probe, entry)
             return
-        probe = entry.probe = landwindow.Probe(key, tree=tree, asked=asked)
+        probe = entry.probe = landwindow.Probe(key, tree=tree, asked=asked, trusted=trusted)
         probe.scratch = self.scratch()
         if self.makers is None:
             self.makers = ThreadPoolExecutor(max_workers=min(self.width, SCRATCH_MAKERS),
                                              thread_name_prefix="subtask-land-scratch")
         probe.ready = self.makers.submit(probe.scratch.at, built.commit)
         probe.ready.add_done_callback(lambda _done, p=probe: self.answers.put(("ready", p)))
+
+    def judge_of(self, entry: landwindow.Entry) -> str:
+        """The commit whose harness judges the entry's state, never the job's own: the state it
+        was built on, whose jobs' tests each passed a verify of their own judged the same way
+        (or will, else this state is built again); with batches, the target's tip, because a
+        job inside a batch was never judged on its own, so its tests may judge nothing."""
+        return self.tip if self.batch else entry.built.onto
 
     def launch(self, probe: landwindow.Probe) -> None:
         """Its scratch is checked out at its state: start its verify (here, in the main thread:
@@ -619,8 +627,7 @@ class Queue:
         item, built = entry.item, entry.built
         phases.mark("scratch")
         probe.scratch.spoil()  # until it passed
-        # Judged by the target's tests as they are at the state it was built on, never the job's.
-        trusted = reverify.Trusted(probe.asked, built.onto, "target", self.target.name)
+        trusted = reverify.Trusted(probe.asked, probe.trusted, "target", self.target.name)
         probe.pending = reverify.start_in(self.repo, probe.scratch.path, item.command, built.commit,
                                           admin=probe.scratch.admin, tree=probe.tree, timeout=item.timeout,
                                           network=item.job.spec.network, trusted=trusted)

@@ -41,6 +41,7 @@ class Probe:
     key: str | None
     tree: str = ""  # of the state
     asked: Any = None  # the harness the job asks for (`reverify.asked_harness`)
+    trusted: str = ""  # the commit whose harness judges it (`Queue.judge_of`)
     scratch: Any = None  # integrate.Scratch
     ready: Any = None  # a Future: its scratch being checked out at the state
     pending: Any = None  # reverify.Pending
