@@ -184,12 +184,20 @@ class VerifyResult(_Record):
     # "tree" (what it ran on: the head's with the trusted harness in place), "unused" (the
     # job's harness changes not used), "own" (its own tests, run apart: passed, exit_code, ...)}.
     harness: dict[str, Any] | None = None
+    # What it answers (subtask/ops/verified.py): a digest of (tree, command, harness source,
+    # environment fingerprint); a result with the same key is reused instead of run again.
+    key: str | None = None
+    # Set when it was not run here but reused (`verified.reuse`): {"job", "commit" (where it
+    # ran), "at", "by" (this clone, or the allowed signer of the record it came from)}.
+    reused: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
-        if key == "harness" and not isinstance(value, dict):
+        if key in ("harness", "reused") and not isinstance(value, dict):
             return None  # damaged or foreign: read as absent
+        if key == "key" and not isinstance(value, str):
+            return None
         return value
 
 
@@ -304,6 +312,10 @@ class Landing(_Record):
     verify: VerifyResult | None = None  # run on `commit`
     conflicts: list[str] = field(default_factory=list)
     landed: bool = False  # the target moved to `commit` (or to a commit built on it, --atomic)
+    # `land --batch`: not verified on its own, but as part of a batch whose last state, this
+    # tree (on `batch_commit`), passed (`verify` is then that state's result).
+    batch: str | None = None
+    batch_commit: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -47,6 +47,7 @@ from subtask.words.lines import (
     activity_text,
     ended_lines,
     event_line,
+    land_progress,
     left_out_lines,
     list_line,
     list_row,
@@ -60,7 +61,7 @@ from subtask.words.terminal import json_text, safe, safe_line
 
 __all__ = [
     "LIST_HEADER", "SUMMARY_MAX_LINES", "activity_text", "attempt_cost", "duration", "ended_lines",
-    "event_line", "job_cost", "json_text", "judge_line", "left_out_lines", "list_line", "list_row",
+    "event_line", "job_cost", "land_progress", "json_text", "judge_line", "left_out_lines", "list_line", "list_row",
     "money", "note_block", "one_line", "reason_text", "result_text", "safe", "safe_line", "short",
     "show_text", "size", "stall_facts", "stalled_hint", "stalled_text", "started_line",
     "status_line", "summary_lines", "task_title", "verify_line", "verify_tail",

@@ -328,7 +328,8 @@ def isolation_line(evidence) -> str | None:
 
 def landing_line(entry) -> str:
     """`land`'s latest landing of a job: `main 9f8e7d6 + this job (merge) = 1a2b3c4 · verify make test
-    -> exit 0 in 0.1s · landed`: the verify ran on the integrated commit after `=`."""
+    -> exit 0 in 0.1s · landed`: the verify ran on the integrated commit after `=` (or was reused:
+    a result for the same tree, or a batch's, whose tree it names)."""
     built = f"{entry.target} {short(entry.onto)} + this job ({entry.mode})"
     if entry.commit and entry.commit != entry.onto:
         built += f" = {short(entry.commit)}"
@@ -340,6 +341,11 @@ def landing_line(entry) -> str:
         said = f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} in {duration(verify.seconds)}"
         if verify.checks_failed:
             said += " · check " + ", ".join(verify.checks_failed) + " failed"
+        if verify.reused:
+            said = (f"verify reused: {'passed' if verify.passed else 'failed'} on the same tree at "
+                    f"{short(str(verify.reused.get('commit') or ''))} ({verify.reused.get('job')}): {verify.command}")
+        if entry.batch:
+            said += f" · verified as part of batch {short(entry.batch)} (its last state {short(entry.batch_commit)})"
     else:
         said = {"unverified": "nothing verified (--force)", "already": "already there"}.get(entry.outcome, entry.outcome)
     return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))

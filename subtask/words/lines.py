@@ -195,3 +195,22 @@ def event_line(event: dict) -> str:
         words = words if words is not None else f"{kind}: " + json.dumps(
             {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
     return safe_line(f"{event.get('job', '')} {when} {words}".strip())
+
+
+def land_progress(snapshot: dict) -> str:
+    """`land`'s window in one line (a terminal's live line, an MCP progress message): `land 4.2s:
+    3 of 12 landed · verifying st-1a2b3c4d 1.2s, st-5e6f7a8b 0.8s (window 4) · 5 run, 2 reused`."""
+    parts = [f"land {duration(snapshot.get('elapsed'))}: {snapshot.get('landed', 0)} of {snapshot.get('total', 0)} "
+             "landed"]
+    if snapshot.get("failed"):
+        parts[0] += f", {snapshot['failed']} not"
+    verifying = snapshot.get("verifying") or []
+    if verifying:
+        shown = ", ".join(f"{v.get('id')} {duration(v.get('seconds'))}" for v in verifying[:6])
+        more = f" +{len(verifying) - 6}" if len(verifying) > 6 else ""
+        batch = f", batches of {snapshot['batch']}" if snapshot.get("batch") else ""
+        parts.append(f"verifying {shown}{more} (window {snapshot.get('window')}{batch})")
+    runs, reused = snapshot.get("runs", 0), snapshot.get("reused", 0)
+    if runs or reused:
+        parts.append(f"{runs} run" + (f", {reused} reused" if reused else ""))
+    return safe_line(" · ".join(parts))

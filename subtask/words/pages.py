@@ -178,6 +178,8 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
         lines.append(safe_line(f"verify:    {spec.verify}"))
     if job.state.landed_in:
         lines.append(f"landed:    in {short(job.state.landed_in)}")
+    if job.state.landings:
+        lines.append(f"land:      {landing_line(job.state.landings[-1])}")
     if spec.checks:
         lines.append(safe_line(f"checks:    {', '.join(spec.checks)}"))
     if spec.retries:

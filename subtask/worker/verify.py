@@ -25,7 +25,7 @@ from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle, overlay
+from subtask.ops import lifecycle, overlay, verified
 from subtask.proc import isolation
 from subtask.state import privatetext
 from subtask.worker.confinement import Confinement
@@ -118,6 +118,10 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
                "timed_out": mine.timed_out, "seconds": round(mine.seconds, 3),
                "tests": {"passed": counts.passed, "failed": counts.failed} if counts else None}
     verify.harness = judge.facts(own)
+    # What it answers, so a landing of this very tree judged the same way runs nothing (verified.py).
+    verify.key = verified.key_of(repo, tree=tree, command=job.spec.verify, trusted=None if judge.own else work_base(job),
+                                 asked=job.spec.harness, confined=job.spec.isolation != "none",
+                                 network=job.spec.network)
     return verify
 
 
