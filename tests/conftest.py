@@ -185,6 +185,16 @@ def repo(tmp_path) -> Path:
     return make_repo(tmp_path / "repo")
 
 
+def ray_node_env(tmp_path_factory, home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a test Ray cluster's nodes: their own HOME, and a global git config that
+    shows a confined job on a node this worker's scratch folders, read-only, as
+    `scratch_visible_to_jobs` does here (the gates and scripts the tests hand their jobs)."""
+    config = home / ".gitconfig"
+    config.write_text(f'[subtask "isolation"]\n\treadable = {tmp_path_factory.getbasetemp()}\n')
+    return dict(os.environ, HOME=str(home), **GIT_ENV, GIT_CONFIG_GLOBAL=str(config),
+                PATH=f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
+
+
 def gate_folder(repo: Path) -> Path:
     """A folder outside the repository that confined jobs see (read-only), for the gates a test
     opens while a job waits: a confined job's view holds nothing of the machine it is not given

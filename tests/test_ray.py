@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN_DIR, GIT_ENV, Cli, git, make_team, refs, wait_until
+from conftest import Cli, git, make_team, ray_node_env, refs, wait_until
 
 sys.path.insert(0, str(Path(__file__).parent))
 from raycluster import Cluster  # noqa: E402
@@ -28,11 +28,10 @@ RAY_WAIT = float(os.environ.get("SUBTASK_TEST_RAY_WAIT", 180))  # only bounds a 
 def cluster(tmp_path_factory):
     pytest.importorskip("ray.job_submission")
     home = tmp_path_factory.mktemp("ray-home")
-    env = dict(os.environ, HOME=str(home), **GIT_ENV,
-               # the head notices a lost node in ~3 s, not Ray's default ~30 s
-               RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",
-               RAY_health_check_failure_threshold="3",
-               PATH=f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = ray_node_env(tmp_path_factory, home,
+                       # the head notices a lost node in ~3 s, not Ray's default ~30 s
+                       RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",
+                       RAY_health_check_failure_threshold="3")
     started = time.monotonic()
     running = Cluster.start(env=env)
     running.seconds_to_start = time.monotonic() - started

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BIN_DIR, GIT_ENV, git, make_team
+from conftest import git, make_team, ray_node_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 from raycluster import Cluster  # noqa: E402
@@ -36,7 +36,7 @@ echo 'cost: $0.25'
 def cluster(tmp_path_factory):
     pytest.importorskip("ray.job_submission")
     home = tmp_path_factory.mktemp("ray-home")
-    env = dict(os.environ, HOME=str(home), **GIT_ENV, PATH=f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = ray_node_env(tmp_path_factory, home)
     running = Cluster.start(env=env)
     running.home = home
     try:
