@@ -283,3 +283,22 @@ def test_a_pulled_group_arrives_as_a_group_and_shows_in_the_other_clone(team):
     pulled = cli_b.ok("pull")
     assert f"new group {gid}" in pulled and "new job groups/" not in pulled, pulled
     assert cli_b.json("show", gid)["pick"], "the pulled group has no pick in the other clone"
+
+
+def test_the_chain_store_tells_whose_ref_it_is():
+    """One definition per kind of record (`chains.KINDS`): a group's refs are not a job's, a job's
+    pins are its own, and a ref of another shape is nobody's (sync parses no ref names itself)."""
+    from subtask.git import chains
+
+    def owner(ref):
+        found = chains.owner_of(ref)
+        return (found.kind.name, found.id, found.part) if found else None
+
+    assert owner("refs/subtask/st-0123abcd/record") == ("job", "st-0123abcd", "record")
+    assert owner("refs/subtask/st-0123abcd/attempts/3") == ("job", "st-0123abcd", "attempts/3")
+    assert owner("refs/subtask/groups/sg-0123abcd/record") == ("group", "sg-0123abcd", "record")
+    assert owner("refs/subtask/groups/sg-0123abcd/base") is None  # a group has no pins
+    assert owner("refs/subtask/groups/record") is None
+    assert owner("refs/subtask/st-0123abcd/attempts/x") is None
+    assert owner("refs/subtask/../st-0123abcd/record") is None
+    assert owner("refs/heads/subtask/st-0123abcd") is None

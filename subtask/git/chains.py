@@ -13,22 +13,64 @@ Invariants:
 - Never break a ref lock younger than `subtask.refLockStale`, nor one whose owner's worker is
   alive (its run-lock held by another process), because a live writer is inside its update.
 - The kinds keep their own serialisation (each file carries a `"v"` format version); this module
-  only moves refs.
+  only moves refs, and says which entity a ref belongs to (`KINDS`, `owner_of`): the one place
+  a job's refs are told from a group's, so nobody parses ref names.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
+from subtask.model.job import JOB_ID_RE
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of entity kept as a commit chain: where its refs live, what its ids look like and
+    which refs besides its record (`parts`) are its own (a job's pins)."""
+
+    name: str
+    prefix: str
+    id_re: re.Pattern[str]
+    parts: re.Pattern[str]
+
+    def record_ref(self, entity_id: str) -> str:
+        return f"{self.prefix}{entity_id}/record"
+
+
+GROUP = Kind("group", "refs/subtask/groups/", re.compile(r"sg-[0-9a-f]{8}"), re.compile(r"record"))
+JOB = Kind("job", "refs/subtask/", JOB_ID_RE, re.compile(r"record|base|head|attempts/[0-9]+"))
+KINDS = (GROUP, JOB)  # the longer prefix first: a group's refs are under the jobs' prefix too
+
+
+@dataclass(frozen=True)
+class Owner:
+    kind: Kind
+    id: str
+    part: str  # "record", or a job's "base", "head", "attempts/<n>"
+
+
+def owner_of(ref: str) -> Owner | None:
+    """The entity a ref under `refs/subtask/` belongs to, and which of its refs it is; None for
+    any other shape (a ref nobody of ours writes)."""
+    for kind in KINDS:
+        if ref.startswith(kind.prefix):
+            entity_id, _, part = ref[len(kind.prefix):].partition("/")
+            if kind.id_re.fullmatch(entity_id) and kind.parts.fullmatch(part):
+                return Owner(kind, entity_id, part)
+    return None
+
 
 LOCK_WAIT = 2.0  # how long an update waits by default for a young ref lock before it gives up
 ATTEMPTS = 200  # lost races before an update gives up ("too much contention")

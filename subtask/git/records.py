@@ -28,7 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from subtask.git import chains
-from subtask.git.chains import LOCK_WAIT, cas_ref, ref_lock_age  # noqa: F401  (the names callers use)
+from subtask.git.chains import LOCK_WAIT as LOCK_WAIT  # the names callers use
+from subtask.git.chains import cas_ref as cas_ref
+from subtask.git.chains import ref_lock_age as ref_lock_age
 from subtask.git.gitobjects import Ref, commit_message, commit_signed
 from subtask.git.gitrepo import Repo
 from subtask.git.ownership import owned_ref
@@ -44,14 +46,14 @@ from subtask.model.job import (
     placement,
 )
 
-PREFIX = "refs/subtask/"
+PREFIX = chains.JOB.prefix
 LIST_TAG = "Subtask-List: "
 EVENTS_TAIL_LINES = 200
 ATTEMPT_STATES = (*ACTIVE, *TERMINAL)
 
 
 def record_ref(job_id: str) -> str:
-    return f"{PREFIX}{job_id}/record"
+    return chains.JOB.record_ref(job_id)
 
 
 def pin_ref(job_id: str, which: str) -> str:

@@ -56,9 +56,9 @@ from subtask.ops import lifecycle
 from subtask.state import liveness, paths
 from subtask.state.statefiles import file_lock, write_json
 
-GROUP_ID_RE = re.compile(r"sg-[0-9a-f]{8}")
+GROUP_ID_RE = chains.GROUP.id_re
 GROUP_PREFIX_RE = re.compile(r"sg-[0-9a-f]{0,8}")
-GROUPS_PREFIX = "refs/subtask/groups/"
+GROUPS_PREFIX = chains.GROUP.prefix
 RULES = ("smallest", "cheapest", "fastest")
 MIN_MEMBERS, MAX_MEMBERS = 2, 8
 TERMINAL = ("picked", "no_pick", "stopped", "done", "failed")  # done, failed: a map's ends
@@ -72,7 +72,7 @@ def new_group_id() -> str:
 
 
 def group_ref(gid: str) -> str:
-    return f"{GROUPS_PREFIX}{gid}/record"
+    return chains.GROUP.record_ref(gid)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import pygit2
 
-from subtask.git import notes, notes_store, ownership, records
+from subtask.git import chains, notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
 from subtask.model import executors
 from subtask.model.errors import SubtaskError
@@ -60,6 +60,7 @@ SAME, THEIRS_NEWER, OURS_NEWER, DIVERGED = "same", "theirs newer", "ours newer",
 class SyncResult:
     remote: str
     new_jobs: list[str] = field(default_factory=list)  # pull: jobs that arrived
+    new_groups: list[str] = field(default_factory=list)  # pull: groups that arrived
     updated: list[str] = field(default_factory=list)  # refs that moved
     kept_local: list[str] = field(default_factory=list)  # refs that diverged (or could not be synced)
     older_here: list[str] = field(default_factory=list)  # push: the remote has a newer copy (not a conflict)
@@ -316,9 +317,7 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
             _keep_ours(repo, remote, ref, key, which, theirs, result)
         else:
             _take(repo, ref, theirs, result)
-    # a group's record (refs/subtask/groups/<gid>/record) arrives as "groups/<gid>"
-    result.lines += [f"new group {j.partition('/')[2]}" if j.startswith("groups/") else f"new job {j}"
-                     for j in result.new_jobs]
+    result.lines += [f"new job {j}" for j in result.new_jobs] + [f"new group {g}" for g in result.new_groups]
     result.lines += [f"updated {ref} (fast-forward)" for ref in result.updated]
     result.lines += [f"kept local: {ref} diverged from {remote}'s copy; ours was not overwritten "
                      f"(compare: git log {ref} and git ls-remote {remote} {ref})" for ref in result.kept_local]
@@ -335,16 +334,10 @@ def pull(repo: Repo, remote: str = "origin") -> SyncResult:
 
 
 def _owner_key(ref: str) -> tuple[str | None, str]:
-    """(job or group id, record|base|head|attempts/<n>) of a ref under refs/subtask/; (None, "")
-    for another shape. A verify loop's attempt pins are the job's as its other pins are."""
-    parts = ref[len(records.PREFIX):].split("/")
-    if len(parts) == 2 and parts[1] in ("record", "base", "head"):
-        return parts[0], parts[1]
-    if len(parts) == 3 and parts[1] == "attempts" and parts[2].isdigit():
-        return parts[0], f"attempts/{parts[2]}"
-    if len(parts) == 3 and parts[0] == "groups" and parts[2] == "record":
-        return parts[1], "record"
-    return None, ""
+    """(job or group id, record|base|head|attempts/<n>) of a ref under refs/subtask/ (`chains.owner_of`);
+    (None, "") for another shape."""
+    owner = chains.owner_of(ref)
+    return (owner.id, owner.part) if owner is not None else (None, "")
 
 
 def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
@@ -393,8 +386,8 @@ def _take(repo: Repo, ref: str, theirs: str, result: SyncResult) -> None:
         if records.cas_ref(repo, ref, ours, theirs, "git-subtask: pull (fast-forward)"):
             if ours is not None:
                 result.updated.append(ref)
-            elif ref.endswith("/record"):
-                result.new_jobs.append(ref[len(records.PREFIX):-len("/record")])
+            elif (owner := chains.owner_of(ref)) is not None and owner.part == "record":
+                (result.new_groups if owner.kind is chains.GROUP else result.new_jobs).append(owner.id)
             return
         time.sleep(0.002 * (attempt + 1) * random.random())  # a worker or another pull moved it: look again
     result.kept_local.append(ref)
