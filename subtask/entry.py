@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False  # not `typing`'s: importing it costs the console script's start ms
+if TYPE_CHECKING:
+    from types import ModuleType
+
 
 def main() -> None:
-    code: object = 0
-    errors = None
+    code: str | int | None = 0  # what SystemExit carries
+    errors: ModuleType | None = None
     try:
         try:
-            from subtask.model import errors, faults
+            from subtask.model import errors as loaded
+            from subtask.model import faults
 
-            errors.interrupt_once()  # a second Ctrl-C (git passes it on again) changes nothing
+            errors = loaded  # the `finally` below knows it was imported
+            loaded.interrupt_once()  # a second Ctrl-C (git passes it on again) changes nothing
             faults.point("cli_start")
             from subtask.faces.cli import main as cli_main
 

@@ -83,6 +83,24 @@ def test_an_engines_exclude_list_keeps_its_own_files_out_of_the_jobs_commits(tmp
     assert git(repo, "rev-list", "--count", f"{evidence['base']}..subtask/{job}") == "1"
 
 
+def test_an_exclude_entry_without_a_value_is_read_as_no_pattern(tmp_path):
+    """`exclude` written with no `=` (git reads it as a bare true) names no file: the worker
+    skips it and keeps the patterns beside it, where it used to fail on it."""
+    repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    cli = Cli(repo)
+    script = tmp_path / "agent.sh"
+    script.write_text(AIDER_LEFTOVERS + "\n")
+    git(repo, "config", "subtask.engine.aider.command", f'["sh", "{script}"]')
+    git(repo, "config", "--add", "subtask.engine.aider.exclude", ".aider*")
+    with (repo / ".git" / "config").open("a") as config:
+        config.write('[subtask "engine.aider"]\n\texclude\n')
+    job = cli.start("add work.txt", "--engine", "aider")
+    cli.ok("wait", job)
+    evidence = cli.json("show", job)["evidence"]
+    assert evidence["state"] == "done", evidence
+    assert evidence["autocommit"]["files"] == ["work.txt"]
+
+
 def test_without_an_exclude_list_the_engines_files_are_committed(tmp_path):
     repo = make_repo(tmp_path / "repo", {"a.txt": "a\n"})
     cli = Cli(repo)

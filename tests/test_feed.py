@@ -113,6 +113,16 @@ def test_a_stall_mark_set_and_cleared_are_events_of_the_record():
     assert feed._changes(before, before, 9.0) == []
 
 
+def test_an_attempt_no_record_could_hold_gives_no_event_and_no_crash():
+    """The feed reads every state.json of the record chain, which a pull may have brought from
+    anywhere: an attempt whose `n` or `state` is not one (a list: no dict key) used to end `wait
+    --since` with a TypeError."""
+    good = {"attempts": [{"n": 1, "state": "running", "started_at": 5.0}]}
+    damaged = {"attempts": [{"n": 1, "state": ["done"]}, {"n": [2], "state": "done"}, "x"]}
+    assert feed._changes(good, damaged, 8.0) == []
+    assert [(e["state"], e["attempt"]) for e in feed._changes(damaged, good, 9.0)] == [("running", 1)]
+
+
 def test_mcp_wait_with_since_answers_the_events_and_the_next_cursor(repo, cli, monkeypatch):
     from mcp import Client
 

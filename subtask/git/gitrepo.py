@@ -263,6 +263,13 @@ def author_signature(repo: Repo) -> pygit2.Signature:
         return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
 
 
+def tree_of(repo: Repo, commit: str) -> str:
+    """The id of the tree a commit (its id, or a name git resolves to one) holds."""
+    import pygit2
+
+    return str(repo.git[commit].peel(pygit2.Commit).tree_id)
+
+
 def diff_stats(repo: Repo, base: str,
                head: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
     """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""

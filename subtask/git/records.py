@@ -26,12 +26,14 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from subtask.git import chains
 from subtask.git.chains import LOCK_WAIT as LOCK_WAIT  # the names callers use
 from subtask.git.chains import cas_ref as cas_ref
 from subtask.git.chains import ref_lock_age as ref_lock_age
-from subtask.git.gitobjects import Ref, commit_message, commit_signed
+from subtask.git.gitobjects import Ref, RefUpdate, commit_message, commit_signed
 from subtask.git.gitrepo import Repo
 from subtask.git.ownership import owned_ref
 from subtask.model.errors import SubtaskError
@@ -79,7 +81,7 @@ class Job:
         return self.spec.id
 
 
-def _dumps(obj) -> bytes:
+def _dumps(obj: object) -> bytes:
     # ensure_ascii keeps lone surrogates and odd bytes from breaking the encoder.
     return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
@@ -101,7 +103,7 @@ def inspect_hint(job_id: str) -> str:
             f"git update-ref {ref} <commit>)")
 
 
-def _loads(blob: bytes, what: str) -> dict:
+def _loads(blob: bytes, what: str) -> dict[str, Any]:
     """A JSON object from a record file; raises ValueError (with `what` in it) when it is not one."""
     try:
         data = json.loads(blob.decode("utf-8", errors="replace"))
@@ -119,7 +121,7 @@ def status_line(job: Job) -> str:
     return one_line(job)
 
 
-def list_entry(job: Job) -> dict:
+def list_entry(job: Job) -> dict[str, Any]:
     """The compact facts `list` needs, stored in the record commit message."""
     from subtask.model import money
     from subtask.words import job_cost
@@ -146,7 +148,7 @@ def list_entry(job: Job) -> dict:
         "base": job.spec.base,
         **({"onto": job.state.rebased_onto} if job.state.rebased_onto else {}),  # land --reconcile moved it
         **({"group": job.spec.group, "placed": job.state.group_place is not None} if job.spec.group else {}),
-        **({"on": placement(job.spec)["kind"]} if placement(job.spec) else {}),  # runs elsewhere (a cluster)
+        **({"on": where["kind"]} if (where := placement(job.spec)) else {}),  # runs elsewhere (a cluster)
         **({"clone": job.spec.clone} if job.spec.clone else {}),  # where it was started (ownership.owns)
         **({"after": job.spec.after} if job.spec.after else {}),  # what it waits (or waited) for
         **({"concurrency": job.spec.concurrency} if job.spec.concurrency else {}),  # a map member's bound
@@ -177,7 +179,9 @@ def create(repo: Repo, job: Job, *, owned: bool = True) -> None:
     """
     # Under subtask.sign=always a record that cannot be signed is not started (start undoes it all).
     tip = _write_commit(repo, job, None, must_sign=repo.config.sign_mode() == "always")
-    updates = [(record_ref(job.id), None, tip)] + ([(owned_ref(job.id), None, tip)] if owned else [])
+    updates: list[RefUpdate] = [(record_ref(job.id), None, tip)]
+    if owned:
+        updates.append((owned_ref(job.id), None, tip))
     if repo.objects.update_refs(updates, "git-subtask: create") != "ok":
         raise SubtaskError("fatal", f"a record for {job.id} already exists")
     job.tip, job.signed = tip, repo.config.signing_key() is not None
@@ -214,8 +218,9 @@ class _NotARecord(Exception):
     pass
 
 
-_SPEC_TYPES = {"id": str, "task": str, "engine": str, "base": str, "created_at": (int, float)}
-_ATTEMPT_TYPES = {"n": int, "state": str, "queued_at": (int, float)}
+_TypeSpec = dict[str, type | tuple[type, ...]]  # a key, and the types its value may have
+_SPEC_TYPES: _TypeSpec = {"id": str, "task": str, "engine": str, "base": str, "created_at": (int, float)}
+_ATTEMPT_TYPES: _TypeSpec = {"n": int, "state": str, "queued_at": (int, float)}
 
 
 RECORD_FILES = ("spec.json", "state.json", "evidence.json", "summary.md", "events.jsonl")
@@ -243,8 +248,14 @@ def _parse_commit(repo: Repo, tip: str) -> Job:
             raise _NotARecord(f"{name} is not a file")
         return entry[1]
 
+    def required(name: str) -> bytes:
+        data = blob(name)
+        if data is None:  # not reached: `missing` above said so first
+            raise _NotARecord(f"a commit without {name}")
+        return data
+
     try:
-        spec_data, state_data = _loads(blob("spec.json"), "spec.json"), _loads(blob("state.json"), "state.json")
+        spec_data, state_data = _loads(required("spec.json"), "spec.json"), _loads(required("state.json"), "state.json")
         _check_types(spec_data, _SPEC_TYPES, "spec.json")
         attempts = state_data.get("attempts")
         if not isinstance(attempts, list) or not attempts:
@@ -262,7 +273,7 @@ def _parse_commit(repo: Repo, tip: str) -> Job:
     return Job(spec, state, _evidence(blob("evidence.json"), spec.id), summary, events, tip, commit_signed(raw))
 
 
-def _check_types(data, types: dict, what: str) -> None:
+def _check_types(data: object, types: _TypeSpec, what: str) -> None:
     if not isinstance(data, dict):
         raise ValueError(f"{what} is not a JSON object")
     for key, kind in types.items():
@@ -290,6 +301,7 @@ def update(repo: Repo, job_id: str, change: Callable[[Job], bool | None], *, att
     """
     def load() -> tuple[Job, str]:
         job = read(repo, job_id)
+        assert job.tip is not None  # `read` sets it to the commit it read
         return job, job.tip
 
     job, tip = chains.update(repo, record_ref(job_id), owner=job_id, what=job_id, load=load, change=change,
@@ -364,11 +376,11 @@ def resolve(repo: Repo, text: str) -> str:
 LIST_CACHE_VERSION = 2  # 2: entries say whether their tip is signed
 
 
-def _list_cache_path(repo: Repo):
+def _list_cache_path(repo: Repo) -> Path:
     return repo.state_file("list-cache")
 
 
-def list_entries(repo: Repo) -> list[dict]:
+def list_entries(repo: Repo) -> list[dict[str, Any]]:
     """The compact list facts of every job, newest first; damaged records are skipped with a warning.
 
     Each entry comes from the record tip's message (one object read, no trees), or from
@@ -379,7 +391,7 @@ def list_entries(repo: Repo) -> list[dict]:
     refs = record_refs(repo)
     unread = [ref.target for _, ref in refs if not ref.symbolic and ref.target not in cached]
     messages = dict(zip(unread, repo.objects.read(unread), strict=True))
-    fresh: dict[str, dict] = {}
+    fresh: dict[str, dict[str, Any]] = {}
     for job_id, ref in refs:
         entry = cached.get(ref.target)
         if entry is None:
@@ -396,7 +408,7 @@ def list_entries(repo: Repo) -> list[dict]:
     return entries
 
 
-def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict:
+def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict[str, Any]:
     """The `Subtask-List` entry of a record tip; ValueError saying what is wrong when there is none."""
     if ref.symbolic:
         raise ValueError(f"a symbolic ref to {ref.target}")
@@ -418,7 +430,7 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict:
     return entry
 
 
-def _read_list_cache(repo: Repo) -> dict[str, dict]:
+def _read_list_cache(repo: Repo) -> dict[str, dict[str, Any]]:
     try:
         data = json.loads(_list_cache_path(repo).read_bytes())
         entries = data.get("entries") if isinstance(data, dict) and data.get("v") == LIST_CACHE_VERSION else None
@@ -427,7 +439,7 @@ def _read_list_cache(repo: Repo) -> dict[str, dict]:
         return {}
 
 
-def _write_list_cache(repo: Repo, entries: dict[str, dict]) -> None:
+def _write_list_cache(repo: Repo, entries: dict[str, dict[str, Any]]) -> None:
     """Best effort: a cache that cannot be written only costs the next `list` some reads."""
     from subtask.state.statefiles import write_atomic
 

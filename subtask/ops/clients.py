@@ -83,16 +83,16 @@ def codex_home() -> Path:
 
 def server_config(client: str, scope: str, root: Path | None) -> Path:
     if client == "claude":
-        return claude_json() if scope == "user" else root / ".mcp.json"
-    return (codex_home() if scope == "user" else root / ".codex") / "config.toml"
+        return claude_json() if scope == "user" else _project_root(root) / ".mcp.json"
+    return (codex_home() if scope == "user" else _project_root(root) / ".codex") / "config.toml"
 
 
 def guide_path(client: str, scope: str, root: Path | None) -> Path:
     if client == "claude":
         base = (Path(os.environ["CLAUDE_CONFIG_DIR"]) if os.environ.get("CLAUDE_CONFIG_DIR") else Path.home() / ".claude") \
-            if scope == "user" else root / ".claude"
+            if scope == "user" else _project_root(root) / ".claude"
     else:
-        base = (Path.home() if scope == "user" else root) / ".agents"
+        base = (Path.home() if scope == "user" else _project_root(root)) / ".agents"
     return base / "skills" / SKILL / "SKILL.md"
 
 
@@ -209,7 +209,8 @@ def _members(text: str, start: int) -> tuple[int, list[tuple[str, int, int, int]
     decoder = json.JSONDecoder()
     ws = " \t\n\r"
     assert text[start] == "{"
-    i, found = start + 1, []
+    i = start + 1
+    found: list[tuple[str, int, int, int]] = []
     while True:
         while text[i] in ws:
             i += 1
@@ -461,9 +462,16 @@ def _clients(which: str) -> tuple[str, ...]:
 def _check_scope(scope: str, root: Path | None) -> None:
     if scope not in SCOPES:
         raise SubtaskError("usage", f"unknown scope {scope!r} (user or project)")
-    if scope == "project" and root is None:
+    if scope == "project":
+        _project_root(root)
+
+
+def _project_root(root: Path | None) -> Path:
+    """The repository a project-scope install goes into; a fatal error outside one."""
+    if root is None:
         raise SubtaskError("fatal", "--scope project installs into a repository: run it in one",
                            hint="cd into the project, then: git subtask install --scope project ...")
+    return root
 
 
 def plan_install(which: str, scope: str, root: Path | None) -> Plan:
@@ -476,8 +484,8 @@ def plan_install(which: str, scope: str, root: Path | None) -> Plan:
         if any(_same_target(r, client, scope, path) for r in installs):
             notes.append(f"{client}: the server is already installed in {_show(path)}")
             step, note = None, None
-        elif client == "claude" and scope == "user" and claude_cli():
-            step, note = _claude_cli_install(scope, value, claude_cli())
+        elif client == "claude" and scope == "user" and (cli := claude_cli()):
+            step, note = _claude_cli_install(scope, value, cli)
         elif client == "claude":
             step, note = _json_install(client, scope, path, value)
         else:

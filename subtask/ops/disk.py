@@ -123,8 +123,8 @@ def _walk(top: Path, seen: set[tuple[int, int]], names: dict[str, set[str]] | No
     """Allocated bytes under `top` by class (everything "ignored" that git neither tracks nor
     lists as untracked; without `names`, all of it under one key), symlinks never followed."""
     holds: dict[str, set[str]] = {c: {""} if c == "tracked" else set() for c in CLASSES}
-    for kind, files in (names or {}).items():
-        for name in files:
+    for kind, listed in (names or {}).items():
+        for name in listed:
             parent = os.path.dirname(name)
             while parent and parent not in holds[kind]:
                 holds[kind].add(parent)

@@ -102,8 +102,13 @@ def collect(repo: Repo, job_ids: list[str], positions: dict[str, Position]) -> F
         events += [dict(e, job=job_id) for e in record_events + file_events]
         moved[job_id] = Position(tip or seen.tip, offset)
         more = more or left
-    events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0)
+    events.sort(key=_time_of)
     return Feed(events, render_cursor(moved), more)
+
+
+def _time_of(event: dict) -> float:
+    when = event.get("t")
+    return when if isinstance(when, (int, float)) else 0.0
 
 
 # ---------------------------------------------------------------- the record chain
@@ -153,7 +158,7 @@ def _changes(before: dict | None, after: dict, when: float) -> list[dict]:
 
 
 def _state_event(attempt: dict, when: float) -> dict:
-    state = attempt.get("state")
+    state = attempt["state"]
     at = {"running": attempt.get("started_at")}.get(state) or (
         attempt.get("ended_at") if state in TERMINAL else attempt.get("queued_at") if state in ACTIVE else None)
     event = {"type": "state", "attempt": attempt.get("n"), "state": state,
@@ -168,8 +173,12 @@ def _state_event(attempt: dict, when: float) -> dict:
 
 
 def _attempts(state: dict | None) -> list[dict]:
+    """The attempts of a state.json that are ones: a number and a state (what `records` asks)."""
     attempts = (state or {}).get("attempts")
-    return [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+    if not isinstance(attempts, list):
+        return []
+    return [a for a in attempts
+            if isinstance(a, dict) and isinstance(a.get("n"), int) and isinstance(a.get("state"), str)]
 
 
 def _json(data: bytes) -> dict | None:

@@ -365,8 +365,8 @@ def decide(repo: Repo, group: Group, jobs: dict[str, Job | None]) -> tuple[list[
     if group.rule == "judge" and not group.first_pass:
         command = _judge_as_written(repo, group)
         for row in rows:
-            if row["passed"]:
-                row["score"], why = run_judge(repo, group, command, jobs[row["member"]])
+            if row["passed"] and (job := jobs.get(row["member"])) is not None:  # (a passed row has one)
+                row["score"], why = run_judge(repo, group, command, job)
                 if why:
                     row["note"] = why
     table = rank(rows, group.rule, group.first_pass)
@@ -559,8 +559,8 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
     """
     from subtask.ops import landing
 
-    group = picked(repo, gid)
-    result = landing.merge(repo, group.pick, mode=mode, force=force, reverify=reverify)
+    group, pick = picked_with_pick(repo, gid)
+    result = landing.merge(repo, pick, mode=mode, force=force, reverify=reverify)
     group, lines = pick_landed(repo, group, result.commit, result.into)
     return group, list(result.lines) + lines
 
@@ -579,6 +579,13 @@ def picked(repo: Repo, gid: str) -> Group:
     if group.pick not in group.members:
         raise SubtaskError("negative", f"{gid}: its pick {group.pick} is not one of its members: not merging it")
     return group
+
+
+def picked_with_pick(repo: Repo, gid: str) -> tuple[Group, str]:
+    """`picked`, and the id of its pick."""
+    group = picked(repo, gid)
+    assert group.pick is not None  # `picked` refuses a group without one
+    return group, group.pick
 
 
 def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group, list[str]]:

@@ -69,12 +69,12 @@ def read_pids(state_dir: Path, job_id: str) -> dict:
     return {**_read_json(pid_file(state_dir, job_id)), **_read_json(engine_file(state_dir, job_id))}
 
 
-def record_pid(state_dir: Path, job_id: str, **pids: int) -> None:
+def record_pid(state_dir: Path, job_id: str, **pids: int | None) -> None:
     """Write the worker's pid and the engine's group each to its own file. One file per writer:
     the starter records the worker it forked while that worker may already be recording its
     engine, and a read-modify-write of one shared file dropped the engine's entry. Neither is
     fsynced: they name live processes, which a crash that could lose the write ends too (a lost
-    or empty file reads as no pids)."""
+    or empty file reads as no pids). A pid's start time is None when unknown (it is gone)."""
     engine = {key: value for key, value in pids.items() if key.startswith("engine")}
     worker = {key: value for key, value in pids.items() if key not in engine}
     if worker:
@@ -144,7 +144,7 @@ def start_handoffs(repo: Repo, handed: list[slots.HandOff]) -> None:
     """Spawn workers for attempts that were just given slots (run-locks already held)."""
     for hand in handed:
         try:
-            spawn_worker(repo_of(repo, hand.entry, strict=True), hand.entry["job"], hand.fd)
+            spawn_worker(entry_repo(repo, hand.entry), hand.entry["job"], hand.fd)
         except Exception as exc:  # a broken queued job must not block the rest of the queue
             print(f"git-subtask: could not start queued job {hand.entry['job']}: {exc}", file=sys.stderr)
         finally:
@@ -380,8 +380,9 @@ def complete_ended(repo: Repo, job: Job) -> list[str]:
     from subtask.git import notes
 
     missing = missing_after_end(repo, job)
-    if "head pin" in missing:
-        records.set_pin(repo, job.id, "head", pinned_head(job))
+    head = pinned_head(job)
+    if "head pin" in missing and head:  # (it is missing only where there is a head to pin)
+        records.set_pin(repo, job.id, "head", head)
     if "note" in missing:
         notes.write_for_job(repo, job)
     return missing
@@ -407,17 +408,20 @@ def in_repo(repo: Repo, entry: dict) -> bool:
     return Path(entry["git_dir"]) == repo.common_dir
 
 
-def repo_of(repo: Repo, entry: dict, strict: bool = False) -> Repo | None:
+def repo_of(repo: Repo, entry: dict) -> Repo | None:
     """The repository of a slot entry: `repo` itself, or the other one it names (None if that one
-    is gone, unless `strict`)."""
+    is gone)."""
+    try:
+        return entry_repo(repo, entry)
+    except Exception:
+        return None
+
+
+def entry_repo(repo: Repo, entry: dict) -> Repo:
+    """`repo_of`, raising when the other repository cannot be opened."""
     if in_repo(repo, entry):
         return repo
-    try:
-        return open_repo(Path(entry["git_dir"]))
-    except Exception:
-        if strict:
-            raise
-        return None
+    return open_repo(Path(entry["git_dir"]))
 
 
 def rebuild_slots(repo: Repo) -> slots.Slots:

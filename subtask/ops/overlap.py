@@ -261,8 +261,8 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
                 from subtask.git import records
                 from subtask.ops import groups
 
-                item.group = groups.picked(repo, item.group.id)
-                item.job = records.read(repo, item.group.pick)
+                item.group, pick = groups.picked_with_pick(repo, item.group.id)
+                item.job = records.read(repo, pick)
             landqueue.check(repo, item, opts)
         except SubtaskError as exc:
             planned.append(Planned(item.job.id, group, [], None, "refused", exc.message))

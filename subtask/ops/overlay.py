@@ -44,9 +44,10 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from subtask.git import harness
-from subtask.git.gitrepo import Repo
+from subtask.git.gitrepo import Repo, tree_of
 from subtask.state.statefiles import write_atomic
 
 STASH = ".harness"  # <worktreeDir>/.harness/<id>/: a job's moved files and its setup snapshot
@@ -87,7 +88,7 @@ class Judge:
         if self.own:
             return {"source": "job"}
         unused = self.comparison.unused() if self.comparison is not None else []
-        out = {"source": self.source, "commit": self.commit, "tree": self.tree, "unused": unused[:MAX_UNUSED],
+        out: dict[str, Any] = {"source": self.source, "commit": self.commit, "tree": self.tree, "unused": unused[:MAX_UNUSED],
                "files": self.comparison.trusted_files if self.comparison is not None else None}
         if self.ref:
             out["ref"] = self.ref
@@ -118,7 +119,7 @@ def _prepare(repo: Repo, asked, command, trusted: str, source: str, worktree: Pa
                                  import_dirs=import_dirs(worktree, env))
     names = harness.names_to_probe(comparison.shadows)
     installed = installed_names(names, command, env) if names else set()
-    tree = harness.overlaid_tree(repo, head, comparison) if comparison.touched else str(repo.git[head].tree_id)
+    tree = harness.overlaid_tree(repo, head, comparison) if comparison.touched else tree_of(repo, head)
     return Judge(source, trusted, ref, comparison, harness.shadow_findings(comparison.shadows, installed), tree)
 
 
@@ -252,7 +253,7 @@ def apply(repo: Repo, found: harness.Comparison, worktree: Path, stash: Path) ->
             os.mkdir(target)
         elif entry["kind"] in ("replaced", "written"):
             put = puts[entry["path"]]
-            _write(target, put.content if put.content is not None else repo.git[put.oid].data, put.mode)
+            _write(target, put.content if put.content is not None else repo.git[put.oid].read_raw(), put.mode)
 
 
 def _missing_folders(worktree: Path, path: str, gone: list[str], made: list[str]) -> list[str]:
@@ -295,7 +296,7 @@ def restore(stash: Path, worktree: Path) -> bool:
 
 def _undo(stash: Path, worktree: Path, entry) -> None:
     rel = entry.get("path") if isinstance(entry, dict) else None
-    if not _safe(worktree, rel):
+    if not isinstance(rel, str) or not _safe(worktree, rel):
         return
     target = worktree / rel
     kind = entry.get("kind")
@@ -317,8 +318,8 @@ def restore_left(repo: Repo, job_id: str) -> bool:
     return restore(stash, repo.worktree_dir() / job_id)
 
 
-def _safe(worktree: Path, rel) -> bool:
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+def _safe(worktree: Path, rel: str) -> bool:
+    if not rel or rel.startswith("/") or "\0" in rel:
         return False
     parts = PurePosixPath(rel).parts
     if ".." in parts or "." in parts:

@@ -385,14 +385,15 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
     except BaseException:
         liveness.release(fd)
         raise
+    handed_to_worker = False
     if positions[0] == 0:
         try:
             lifecycle.spawn_worker(repo, job.id, fd)
             lifecycle.close_fd_keep_lock(fd)
-            fd = None
+            handed_to_worker = True
         except Exception as exc:  # its slot entry is a dead worker's now: the sweep ends it
             print(f"git-subtask: could not start the worker of {job.id}: {exc}", file=sys.stderr)
-    if fd is not None:
+    if not handed_to_worker:
         liveness.release(fd)
         handed += admission.fill_after_queueing(repo)
     admission.after_admission(repo, (dead, handed))

@@ -63,8 +63,11 @@ class Routing:
 
     @property
     def chosen(self) -> Candidate | None:
-        scored = [c for c in self.candidates if c.score is not None]
-        return max(scored, key=lambda c: c.score, default=None)  # max keeps the first of equals
+        best, top = None, None
+        for c in self.candidates:
+            if c.score is not None and (top is None or c.score > top):  # the first of equals stays
+                best, top = c, c.score
+        return best
 
     def to_dict(self) -> dict:
         chosen = self.chosen
@@ -75,6 +78,8 @@ class Routing:
         """What the job's record keeps: the choice, its score and terms, each other candidate's
         score or the filter that removed it."""
         chosen = self.chosen
+        if chosen is None or chosen.score is None:  # callers ask `chosen` first, `refusal` if none
+            raise ValueError("a routing that chose no engine has no record")
         return {"v": 1, "chosen": chosen.name, "score": round(chosen.score, 4), "terms": chosen.terms,
                 "weights": self.weights,
                 "others": {c.name: (round(c.score, 4) if c.score is not None else f"{c.filter}: {c.why}")

@@ -91,12 +91,13 @@ def settle_cost(attempt, observed: object, *, launched: bool = True, credit: obj
         cost.billing = "free"
         cost.charged = money.ZERO if observed is None else None
         return
-    unknown = observed is None or observed < 0
-    if unknown and never_billed:
-        cost.charged, cost.billing = money.ZERO, "not_billed"
+    if observed is None or observed < 0:  # unknown
+        if never_billed:
+            cost.charged, cost.billing = money.ZERO, "not_billed"
+        else:
+            cost.charged, cost.billing = cost.reserved, "charged"
         return
-    if not unknown and credit > 0:
+    if credit > 0:
         cost.credit = min(credit, observed)
         observed = observed - cost.credit
-    cost.charged = cost.reserved if unknown else min(observed, cost.reserved)
-    cost.billing = "charged" if unknown else "observed"
+    cost.charged, cost.billing = min(observed, cost.reserved), "observed"

@@ -77,7 +77,8 @@ class Confinement:
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
-        self.before, self.after = before, None
+        self.before = before
+        self.after: MainWorktreeStatus | None = None
         self.claimed: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
@@ -150,19 +151,20 @@ class Confinement:
         for line in self.sandbox.accounting.collect():
             self.sink({"type": "isolation", "mode": self.policy.mode, "refused": redact(line)})
 
-    def look_after(self) -> None:
+    def look_after(self) -> MainWorktreeStatus:
         """Take the main worktree's status once nothing confined runs any more (the engine, or
         verify), in the background: the autocommit and the evidence need not wait for it."""
         if self.after is None:
             self.after = MainWorktreeStatus(self.repo)
+        return self.after
 
     def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
         if verify is not None and self.policy.mode != "none":
             for line in verify.output_tail.splitlines():
                 self.note_claim(line)
         self.observe()
-        self.look_after()
-        changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
+        after = self.look_after()
+        changed = sorted(set(self.before.lines()) ^ set(after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
         refused = [redact(line) for line in self.sandbox.accounting.seen]
         seen = {"source": self.job.spec.isolation_source, "refused": refused, "claimed": self.claimed,
@@ -211,11 +213,13 @@ def git_identity(repo: Repo, env: dict[str, str]) -> dict[str, str]:
     """The identity git commits with, for a job whose view holds no global git config (it may
     name credential helpers or URLs with tokens): `user.name`/`user.email` as git resolves them
     here, passed as the variables git reads first, unless the environment already sets them."""
-    found = {}
+    found: dict[str, str] = {}
     for key, names in (("user.name", ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME")),
                        ("user.email", ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"))):
         value = repo.config.git(key)
-        for name in names if value else ():
+        if not value:
+            continue
+        for name in names:
             if name not in env:
                 found[name] = value
     return found

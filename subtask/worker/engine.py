@@ -45,6 +45,11 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     session, baseline, _ = resume_point(job)
     engine = get_engine(job.spec.engine, repo.config)
     launched: list[int] = []  # a process of the engine started: from here it may have spent
+
+    def on_pid(pid: int) -> None:
+        launched.append(pid)
+        lifecycle.record_engine(repo.state_dir, job.id, pid)
+
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
         worktree=worktree, repo_root=repo.root,
@@ -54,8 +59,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         max_turns=job.spec.max_turns, readonly=job.spec.readonly,
         timeout=attempt.timeout if attempt.timeout is not None else job.spec.timeout,
         config=settings_reader(engine, repo.config),
-        on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
-        on_launch=lambda pid: launched.append(pid),
+        on_pid=on_pid,
+        on_launch=launched.append,
         private_dir=paths.run_dir(repo.state_dir),
         write_task_file=functools.partial(privatetext.task_file, repo.state_dir, job.id, attempt.n),
     )
@@ -97,9 +102,10 @@ def run_engine_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink,
     it left running; None when the attempt ended before (stopped meanwhile)."""
     state_dir = repo.state_dir
     job_id, attempt_n = job.id, job.state.current.n
-    job = mark_engine_started(repo, job_id, attempt_n, job.state.current.started_at)
-    if job is None:
+    started = mark_engine_started(repo, job_id, attempt_n, job.state.current.started_at)
+    if started is None:
         return None
+    job = started
     # The main worktree as it was before the engine, whole: a status still running into the
     # engine's first writes would see them "before" as well, and their change would go unseen.
     confinement.before.lines()

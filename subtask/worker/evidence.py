@@ -71,7 +71,8 @@ def engine_excludes(repo: Repo, engine: str) -> list[str]:
     """The pathspec that keeps an engine's own files (`git config --add subtask.engine.<name>.exclude
     PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
     try:
-        patterns = [p.strip() for p in repo.git.config.get_multivar(f"subtask.engine.{engine}.exclude") if p.strip()]
+        values = repo.git.config.get_multivar(f"subtask.engine.{engine}.exclude")
+        patterns = [p.strip() for p in values if p and p.strip()]  # None: `exclude` with no `=`
     except (KeyError, ValueError):
         return []
     return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []

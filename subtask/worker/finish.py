@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from subtask.engines.base import Outcome
@@ -55,10 +56,15 @@ def finish_attempt(repo: Repo, worktree: Path, sink: EventSink, ran: EngineRun, 
         # finished job whose commits nothing keeps alive once its branch is squashed away.
         records.set_pin(repo, job_id, "head", plan.head)
     phases.mark("pins")
+
+    def then(ended: Job) -> None:
+        _record_checks(ended, found)
+        plan.apply(ended)
+
     try:
         job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
                      stop_reason=stall.reason if stall.stopped and not lifecycle.stop_marker(state_dir, job_id).exists() else None,
-                     then=lambda ended: (_record_checks(ended, found), plan.apply(ended)))
+                     then=then)
     except BaseException:
         plan.undo()  # no record of the next attempt: its slot entry and money go back
         raise
@@ -88,7 +94,7 @@ def finish_attempt(repo: Repo, worktree: Path, sink: EventSink, ran: EngineRun, 
 
 def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome, evidence: Evidence | None,
            verify: VerifyResult | None, head: str | None, sink: EventSink, stop_reason: str | None = None,
-           then=None) -> Job:
+           then: Callable[[Job], None] | None = None) -> Job:
     """Write the final record once: state, cost, evidence, summary, events tail; `then(job)`
     adds to that same write (the verify loop's next attempt: `retries.Plan.apply`)."""
     def change(job: Job) -> bool:

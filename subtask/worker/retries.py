@@ -122,7 +122,7 @@ def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
     if verify is not None:  # verify failed: retry, unless there is a reason not to
         reason = _why_not(repo, job, facts, len(loop) - 1)
         if reason is None:
-            reason = _reserve_next(repo, job, facts, plan)
+            reason = _reserve_next(repo, job, facts, verify, plan)
         if reason is None:
             return plan
         plan.not_retried = reason
@@ -170,9 +170,10 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     return "\n".join(lines)
 
 
-def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
-    """Reserve the next attempt (slot, then money) and keep its words; None when it is ready,
-    else the refusal."""
+def _reserve_next(repo: Repo, job: Job, facts: Facts, verify: VerifyResult,
+                  plan: Plan) -> str | None:
+    """Reserve the next attempt (slot, then money) and keep its words, after `verify` failed; None
+    when it is ready, else the refusal."""
     state_dir = repo.state_dir
     attempt = job.state.current
     engine = get_engine(job.spec.engine, repo.config)
@@ -183,12 +184,11 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     usd = money.ZERO
     if engine.paid:
         usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
-        cap = money.usd(repo.config.number("maxJobUsd"))
+        cap = _setting_usd(repo, "maxJobUsd")
         if usd > cap and not elsewhere:
             return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
         if not elsewhere:
             books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
-    verify = facts.verify
     checks_results = facts.checks
     resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
     stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
@@ -257,10 +257,17 @@ def _reserve(repo: Repo, job: Job, n: int, usd: Decimal, facts: Facts) -> None:
     slack = money.ZERO
     if attempt.rid and facts.charged is not None:
         slack = max(money.ZERO, attempt.cost.reserved - facts.charged)
-    cap = money.usd(repo.config.number("monthlyCapUsd"))
+    cap = _setting_usd(repo, "monthlyCapUsd")
     with ledger.lock(repo.state_dir):
         ledger.reserve_locked(repo.state_dir, job=job.id, attempt=n, engine=job.spec.engine, usd=usd,
                               cap_usd=cap + slack, now=books.reserved_at(time.time()))
+
+
+def _setting_usd(repo: Repo, key: str) -> Decimal:
+    """A dollar setting, exact: `config.number` has refused whatever is not a finite number."""
+    amount = money.usd(repo.config.number(key))
+    assert amount is not None  # a finite number is always an amount
+    return amount
 
 
 def env_for(state_dir, job: Job) -> dict[str, str]:
@@ -296,8 +303,8 @@ def _leave_at_best(repo: Repo, job: Job, facts: Facts, plan: Plan, loop: list[At
     usable = [(n, v, h) for n, v, h in tried if v is not None and h and not v.checks_failed]
     if not usable:
         return
-    counted = [(claims.test_counts(v.output_tail), n, v, h) for n, v, h in usable]
-    counted = [c for c in counted if c[0] is not None]
+    counted = [(counts, n, v, h) for n, v, h in usable
+               if (counts := claims.test_counts(v.output_tail)) is not None]
     if counted:
         counts, n, verify, head = max(counted, key=lambda c: (c[0].passed, -c[0].failed, c[1]))
         why = f"most tests passed ({counts.words()})"

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterator
+from types import FrameType
+from typing import NoReturn
 
 
 class StopRequested(KeyboardInterrupt):
     """Raised in the worker by SIGTERM (from `stop`); a KeyboardInterrupt so child runners kill their group."""
 
 
-def on_sigterm(signum, frame):
+def on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
     raise StopRequested()
 
 
 @contextlib.contextmanager
-def stop_deferred():
+def stop_deferred() -> Iterator[None]:
     """A `stop` arriving inside waits until the block is done, then is raised: a `git worktree
     add` killed half-way leaves a folder that is no registered worktree, which no cleanup may
     then remove (it is not provably ours). (Run such git `own_group`: stop signals our group.)"""

@@ -17,10 +17,11 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from subtask.engines.base import Outcome
 from subtask.git import checks
-from subtask.git.gitrepo import Repo
+from subtask.git.gitrepo import Repo, tree_of
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.job import VerifyResult, work_base
@@ -31,6 +32,9 @@ from subtask.state import privatetext
 from subtask.worker.confinement import Confinement
 from subtask.worker.events import EventSink
 from subtask.worker.stop import StopRequested, on_sigterm
+
+if TYPE_CHECKING:
+    from subtask.proc.procs import ProcResult
 
 VERIFY_TAIL_BYTES = 4096
 
@@ -55,8 +59,8 @@ def verify_work(repo: Repo, job: Job, worktree: Path, sink: EventSink, confineme
         judged_by = None
         if job.spec.verify:
             judged_by = judge_of(repo, job, worktree, head, confinement.env)
-            if judged_by.check() is not None:
-                found = [*(found or []), judged_by.check()]
+            if (shadowing := judged_by.check()) is not None:
+                found = [*(found or []), shadowing]
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
@@ -78,8 +82,8 @@ def verify_work(repo: Repo, job: Job, worktree: Path, sink: EventSink, confineme
     return Verdict(outcome, state, verify, found)
 
 
-def verify_command(repo: Repo, job: Job) -> str:
-    """The verify command as written (the record holds it redacted)."""
+def verify_command(repo: Repo, job: Job) -> str | None:
+    """The verify command as written (the record holds it redacted); None for a job without one."""
     return privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
 
 
@@ -95,16 +99,17 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
                tmpdir: str | None = None) -> VerifyResult | None:
     """Verify on the job's commit, judged by the trusted harness (`judge`); when the job changed
     that harness, run again on its tree as it wrote it: its own tests, recorded apart."""
-    if not job.spec.verify:
+    command = verify_command(repo, job)
+    if not job.spec.verify or command is None:  # (None only for a job without a verify command)
         return None
-    tree = str(repo.git[head].tree_id)
+    tree = tree_of(repo, head)
     if judge is None:
         judge = overlay.Judge("job")
     if judge.error:
         return VerifyResult(command=job.spec.verify, exit_code=None, seconds=0.0, head=head, tree=tree, passed=False,
                             output_tail=redact(f"not run: {judge.error}"), harness=judge.facts())
     with overlay.overlaid(repo, judge, worktree, overlay.stash_of(repo, job.id), tmpdir or worktree.parent) as extra:
-        result = _verify_once(repo, job, worktree, {**env, **extra})
+        result = _verify_once(repo, job, command, worktree, {**env, **extra})
     # A timeout is reported as the limit it hit: the run also took the kill and the pipes' grace.
     seconds = min(result.seconds, job.spec.verify_timeout) if result.timed_out else result.seconds
     verify = VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
@@ -112,7 +117,7 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
                           timed_out=result.timed_out, output_tail=_verify_output(result))
     own = None
     if judge.touched:
-        mine = _verify_once(repo, job, worktree, env)
+        mine = _verify_once(repo, job, command, worktree, env)
         counts = claims.test_counts(_verify_output(mine))
         own = {"passed": mine.exit_code == 0 and not mine.timed_out, "exit_code": mine.exit_code,
                "timed_out": mine.timed_out, "seconds": round(mine.seconds, 3),
@@ -125,16 +130,16 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
     return verify
 
 
-def _verify_once(repo: Repo, job: Job, worktree: Path, env: dict):
+def _verify_once(repo: Repo, job: Job, command: str, worktree: Path, env: dict) -> ProcResult:
     from subtask.proc import procs
 
     # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
-    return procs.run(["sh", "-c", verify_command(repo, job)], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+    return procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
                      tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
                      on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
 
 
-def _verify_output(result) -> str:
+def _verify_output(result: ProcResult) -> str:
     output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
     return redact(output)[-VERIFY_TAIL_BYTES:]
 
