@@ -1842,6 +1842,24 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
     return landing.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
+def pool_status(repo: Repo):
+    """The worktree pool: its entries (commit, bytes), what `subtask.pool` and `poolMaxBytes` ask."""
+    from subtask.git import pool
+
+    return pool.status(repo)
+
+
+def pool_fill(repo: Repo, count: int | None = None):
+    """Fill the worktree pool now, in this process, to `count` entries (default `subtask.pool`)
+    at the main worktree's HEAD; (the entries made, the pool after)."""
+    from subtask.git import pool
+
+    if count is not None:
+        count = _positive(count, "the number of worktrees", integer=True) if count != 0 else 0
+    made = pool.fill(repo, count, wait=600.0)
+    return made, pool.status(repo)
+
+
 def hooks(repo: Repo, action: str):
     from subtask.ops import hooks as hooks_mod
 

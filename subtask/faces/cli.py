@@ -555,6 +555,35 @@ def gc(dry_run, older_than, as_json):
                 nothing="nothing to collect", dry_run=dry_run)
 
 
+@cli.group(context_settings=CONTEXT, invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def pool(ctx, as_json):
+    """The pool of ready worktrees: how many (of subtask.pool), at which commits, their disk.
+
+    A job's worker takes one (rewriting only the files that differ from the job's base) and
+    refills the pool in the background of that job; a landed or cleaned-up job's clean worktree
+    comes back to it, emptied of every untracked and ignored file. gc empties it.
+    """
+    if ctx.invoked_subcommand is None:
+        from subtask import api
+        from subtask.faces import replies
+
+        _emit(replies.pool(api.pool_status(_repo())), as_json)
+
+
+@pool.command("fill", context_settings=CONTEXT)
+@click.argument("count", type=click.IntRange(min=0), required=False, metavar="[N]")
+@click.option("--json", "as_json", is_flag=True)
+def pool_fill(count, as_json):
+    """Fill the pool now to N ready worktrees (default subtask.pool) at HEAD, within subtask.poolMaxBytes."""
+    from subtask import api
+    from subtask.faces import replies
+
+    made, status = api.pool_fill(_repo(), count)
+    _emit(replies.pool(status, made), as_json)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
 def init(display):

@@ -318,6 +318,23 @@ def report(lines: list[str], nothing: str | None = None, **facts: Any) -> Reply:
     return Reply("\n".join(lines), {"v": 1, **facts, "lines": lines}, nothing=nothing)
 
 
+def pool(status, made: list | None = None) -> Reply:
+    """`pool` (and `pool fill`): how many ready worktrees of how many wanted, their disk of the
+    bound, one line each (its commit, size, age); `made`: what `pool fill` made."""
+    lines = []
+    if made is not None:
+        lines.append(f"made {len(made)} pooled worktree{'s' if len(made) != 1 else ''}"
+                     + (f" at {render.short(made[0].commit)}" if made else ""))
+    lines.append(f"pool: {len(status.entries)} of {status.target} ready worktrees (subtask.pool), "
+                 f"{render.size(status.bytes)} of {render.size(status.max_bytes)} (subtask.poolMaxBytes)"
+                 + (f"; {status.debris} half-made, removed by the next fill or gc" if status.debris else ""))
+    now = time.time()
+    lines += [f"  {entry.name}  {render.short(entry.commit)}  {render.size(entry.bytes):>10}  "
+              f"made {render.duration(now - entry.made)} ago" for entry in status.entries]
+    data = status.to_dict() | ({"made": [e.to_dict() for e in made]} if made is not None else {})
+    return Reply("\n".join(lines), data)
+
+
 def spend(summary, all_clones: bool) -> Reply:
     if all_clones:
         lines = [f"{summary.month}, every clone (from the records): {render.money(summary.committed_usd)} "

@@ -15,7 +15,8 @@ before_group_decide (whoever settles a best-of group, once it saw every member e
 wait_found_busy (wait, when an ended job it waits on is still held by its worker or a reply);
 before_advance, after_advance (a worker, its job ended and its slot freed, before and after it
 starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting, after_launch_admit (whoever starts a waiting
-job: its branch made, its record moved to queued, its slot taken).
+job: its branch made, its record moved to queued, its slot taken); pool_building (whoever fills the
+worktree pool: an entry registered under `.pool/.building/`, its files not yet written).
 """
 
 from __future__ import annotations

@@ -78,6 +78,16 @@ def money(usd: float | None) -> str:
     return "-" if usd is None else f"${usd:.2f}"
 
 
+def size(n: int | float) -> str:
+    """Bytes as a person reads them: 512 B, 12.3 KiB, 2.0 GiB."""
+    unit = "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if n < 1024:
+            break
+        n, unit = n / 1024, bigger
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+
+
 def short(sha: str | None) -> str:
     return (sha or "")[:7]
 

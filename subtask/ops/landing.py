@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.git import notes, ownership, records, where_landed, worktrees
+from subtask.git import notes, ownership, pool, records, where_landed, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
@@ -389,8 +389,13 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
     checked the admin folder git reads, not the config of what it names."""
     force = ["--force"] if checkout_leftovers(repo, job) else []
-    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
-                  check=False).returncode == 0
+    pooled = touched = False
+    if not force:  # a clean, whole worktree: the next job's, when the pool has room (`pool.give_back`)
+        pooled, touched = pool.give_back(repo, job.id, Path(job.spec.worktree), job.spec.branch, job.spec.base)
+    if touched and not pooled:
+        force = ["--force"]  # its index was rebuilt from HEAD: clean as the caller saw it, but git cannot tell
+    removed = pooled or git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force,
+                            job.spec.worktree, check=False).returncode == 0
     if removed and record:
         records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
     return removed
@@ -1077,7 +1082,8 @@ def parse_age(text: str) -> float:
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
-    """Land what has landed, remove clean worktrees of old finished jobs, prune, `git gc --auto`."""
+    """Land what has landed, remove clean worktrees of old finished jobs, empty the worktree pool,
+    prune, `git gc --auto`."""
     cutoff = time.time() - parse_age(older_than)
     sweep = cleanup_merged(repo, dry_run=dry_run)
     target = land_target(repo)
@@ -1101,6 +1107,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         line = branch_line(job, branch, dry_run) if removal.kind != "busy" else None
         if line:
             sweep.lines.append(line)
+    sweep.lines += pool.empty(repo, dry_run)  # gc leaves no spare worktree: the next job's start refills
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:

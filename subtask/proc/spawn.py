@@ -146,3 +146,45 @@ def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
         traceback.print_exc()
     finally:
         os._exit(code)  # never return into the caller's code, nor run its exit handlers
+
+
+_background: list[int] = []  # children `in_background` forked, not yet reaped
+
+
+def in_background(work: Callable[[], object]) -> int | None:
+    """Run `work` in a forked child of this single-threaded process, at the lowest CPU priority,
+    in this process's group (a `stop` of the worker ends it too); its pid, or None when this
+    process cannot fork now. The child never returns into the caller's code and runs none of its
+    exit handlers. Reap it with `reap_background` before this process ends."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return None
+    sys.stdout.flush()  # or the child would write the parent's buffered output a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        _background.append(pid)
+        return pid
+    code = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        os.nice(19)  # behind the job it runs beside: on two cores, the job's own work first
+        work()
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def reap_background(block: bool = True) -> None:
+    """Wait for the children `in_background` started (or, `block=False`, reap those that ended)."""
+    for pid in list(_background):
+        try:
+            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere
+            done = pid
+        if done:
+            _background.remove(pid)

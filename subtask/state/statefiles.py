@@ -114,6 +114,13 @@ class StateLock:
             fcntl.flock(fd, fcntl.LOCK_UN)  # a forked child may share the fd: unlock for it too
             os.close(fd)
 
+    def forget(self) -> None:
+        """Close this process's copy without unlocking: a forked child holds the lock now (if
+        no child took it, closing the last copy releases it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def __enter__(self) -> StateLock:
         self.acquire()
         return self

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
-from subtask.git import checks, notes, packing, records, worktrees
+from subtask.git import checks, notes, packing, pool, records, worktrees
 from subtask.git.gitrepo import (
     NO_HOOKS,
     Repo,
@@ -202,14 +202,18 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
+        head = f"ref: refs/heads/{job.spec.branch}" if job.spec.branch else job.spec.base
         with stop_deferred(), file_lock(repo.state_dir / paths.WORKTREE_LOCK):
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
-            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
+            pooled = pool.take(repo, job.id, path, head, job.spec.base)  # the files that differ, below
+            if not pooled:
+                git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
             worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         admin = worktrees.expected_admin(repo, job.id)  # `mark` made sure git registered it there
-        phases.mark("register")
-        packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
-        phases.mark("pack")
+        phases.mark("pool" if pooled else "register")
+        if not pooled:
+            packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
+            phases.mark("pack")
     faults.point("before_files_checkout")
     return path, admin, FilesCheckout.start(repo, path, admin)
 
@@ -222,29 +226,34 @@ class FilesCheckout:
     deletion of every file. `finish` must follow `start`, whatever happens in between: no git
     process is left running."""
 
-    def __init__(self, proc: subprocess.Popen | None):
-        self.proc = proc
-
     @classmethod
     def start(cls, repo: Repo, path: Path, admin: Path) -> FilesCheckout:
         """`admin`: the worktree's admin folder, made just now or checked (`begin_checkout`)."""
-        if (admin / "index").exists():
+        if not worktrees.needs_files(admin):
             return cls(None)
         # A worker killed while writing leaves git's lock behind; no one else touches this worktree
-        # before its index exists (the job's run-lock is ours).
+        # before its files are written (the job's run-lock is ours).
         (admin / "index.lock").unlink(missing_ok=True)
         # What `worktree add` does, minus the ref writes; through the checked admin folder, as
-        # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`.
-        return cls(subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", "--reset", "-u", "HEAD"], cwd=path,
-                                    env=worktrees.job_git_env(repo, admin, path),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`. With an
+        # index (a pooled worktree's), git rewrites only the files that differ from HEAD.
+        proc = subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", "--reset", "-u", "HEAD"], cwd=path,
+                                env=worktrees.job_git_env(repo, admin, path),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return cls(proc, admin)
+
+    def __init__(self, proc: subprocess.Popen | None, admin: Path | None = None):
+        self.proc, self.admin = proc, admin
 
     def finish(self) -> str | None:
         """Wait for git; what went wrong, or None."""
         if self.proc is None:
             return None
         _, err = self.proc.communicate()
-        return None if self.proc.returncode == 0 else f"git read-tree failed: {err.decode(errors='replace').strip()}"
+        if self.proc.returncode != 0:
+            return f"git read-tree failed: {err.decode(errors='replace').strip()}"
+        (self.admin / worktrees.PENDING_CHECKOUT).unlink(missing_ok=True)
+        return None
 
 
 WORKTREE_INCLUDE = ".worktreeinclude"
@@ -957,6 +966,7 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
     if set_up is None:
         return
     job, worktree, admin, main_before = set_up
+    refill_pool(repo, job)
     try:
         confinement = Confinement(repo, job, worktree, admin, sink, main_before)
     except BaseException as exc:
@@ -976,6 +986,28 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
         _run_confined(repo, job, worktree, sink, confinement)
     finally:
         confinement.close()
+
+
+def refill_pool(repo: Repo, job: Job) -> None:
+    """Make the next job's worktree while this one runs: a forked child fills the pool at this
+    job's base (`pool.fill`, at the lowest priority), unless the pool has what it should or is
+    being filled. The child holds `pool-fill.lock` (taken here, before the fork) and none of our
+    run-locks: `wait` wakes when this worker lets go, whatever the child still does."""
+    if not pool.wanted(repo):
+        return
+    lock = pool.filler(repo)
+    if lock is None:
+        return
+    base = job.spec.base
+
+    def fill() -> None:
+        liveness.close_others(-1)
+        pool.fill(repo, commit=base, lock=lock)
+
+    try:
+        spawn.in_background(fill)
+    finally:
+        lock.forget()  # the child's now: closed here, never unlocked
 
 
 def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, Path, MainWorktreeStatus] | None:
@@ -1310,7 +1342,10 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
-    serve(repo, job_id, lock_fd, started_at)
+    try:
+        serve(repo, job_id, lock_fd, started_at)
+    finally:
+        spawn.reap_background()  # a pool refill this worker started: ours to wait for, never left behind
     return 0
 
 
