@@ -54,6 +54,7 @@ SESSION = [
     ("git subtask land --dry-run $J4 $J5 $J6; echo \"exit $?\"", True),
     ("git subtask land $J4 $J5 $J6; echo \"exit $?\"", True),
     ("git subtask cleanup $J1", True),
+    ("git subtask pool", False),  # sizes on disk are the file system's
     ("git subtask install all --scope project --dry-run", True),
     ("git subtask spend", False),
     ("git subtask engines", False),

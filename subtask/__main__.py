@@ -1,5 +1,5 @@
-"""`python -m subtask` runs the CLI."""
+"""`python -m subtask` runs the CLI, as the console script does."""
 
-from subtask.faces.cli import main
+from subtask.entry import main
 
 main()

@@ -125,8 +125,8 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
 
 def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
     """List rows with each group's members folded under one group line (`unfold`: shown under it)."""
-    from subtask.ops import groups
-
+    if found_groups:
+        from subtask.ops import groups
     lines, shown = [], set()
     for entry in entries:
         gid = entry.get("group")

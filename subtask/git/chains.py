@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -119,4 +118,6 @@ def update(repo: Repo, name: str, *, owner: str, what: str, load: Callable[[], t
         raced += 1
         if raced >= attempts:
             raise SubtaskError("fatal", f"could not update the record of {what}: too much contention")
+        import random  # only when writers race: never on a reading command's path
+
         time.sleep(min(0.05, 0.001 * raced) * random.random())

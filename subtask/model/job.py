@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,8 @@ DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation 
 
 
 def new_job_id() -> str:
+    import secrets  # not at import: its random and hmac cost a reading command ~3 ms
+
     return "st-" + secrets.token_hex(4)
 
 

@@ -57,7 +57,7 @@ from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.state import liveness, paths
+from subtask.state import liveness, paths, stamps
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
 if TYPE_CHECKING:
@@ -690,16 +690,9 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     failure must never break the command that hosts the sweep. Returns True when a job landed.
     """
     try:
-        interval = repo.config.number("sweepInterval")
-        stamp = repo.state_dir / SWEEP_STAMP
-        try:
-            last = json.loads(stamp.read_text()).get("t", 0)
-        except (OSError, ValueError, AttributeError):
-            last = 0
-        now = time.time()
-        if now - last < interval:
+        if not stamps.due(repo.state_dir, SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
-        write_json(stamp, {"v": 1, "t": now})  # first, so concurrent commands skip
+        stamps.stamp(repo.state_dir, SWEEP_STAMP)  # first, so concurrent commands skip
         return bool(cleanup_merged(repo, entries=entries).landed)
     except Exception:
         return False

@@ -152,10 +152,12 @@ _background: list[int] = []  # children `in_background` forked, not yet reaped
 
 
 def in_background(work: Callable[[], object]) -> int | None:
-    """Run `work` in a forked child of this single-threaded process, at the lowest CPU priority,
-    in this process's group (a `stop` of the worker ends it too); its pid, or None when this
-    process cannot fork now. The child never returns into the caller's code and runs none of its
-    exit handlers. Reap it with `reap_background` before this process ends."""
+    """Run `work` in a forked child of this single-threaded process, in this process's group (a
+    `stop` of the worker ends it too); its pid, or None when this process cannot fork now. The
+    child never returns into the caller's code and runs none of its exit handlers. Reap it with
+    `reap_background` before this process ends. At the caller's priority, not below: on a busy
+    machine a niced child waited seconds behind everything else (measured: a pool refill at nice
+    19 never finished between two jobs at load 17), and on two cores it runs beside the job."""
     if not hasattr(os, "fork") or threading.active_count() != 1:
         return None
     sys.stdout.flush()  # or the child would write the parent's buffered output a second time
@@ -168,7 +170,6 @@ def in_background(work: Callable[[], object]) -> int | None:
     try:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
-        os.nice(19)  # behind the job it runs beside: on two cores, the job's own work first
         work()
         code = 0
     except BaseException:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +47,8 @@ def naming(path: Path) -> Iterator[None]:
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches)."""
     ensure_dir(path.parent)
+    import tempfile  # a writer's: a reading command never pays its imports (shutil, random)
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with naming(path):

@@ -990,7 +990,7 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
 
 def refill_pool(repo: Repo, job: Job) -> None:
     """Make the next job's worktree while this one runs: a forked child fills the pool at this
-    job's base (`pool.fill`, at the lowest priority), unless the pool has what it should or is
+    job's base (`pool.fill`), unless the pool has what it should or is
     being filled. The child holds `pool-fill.lock` (taken here, before the fork) and none of our
     run-locks: `wait` wakes when this worker lets go, whatever the child still does."""
     if not pool.wanted(repo):

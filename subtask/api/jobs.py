@@ -1,8 +1,5 @@
-"""Every operation, once. The CLI and the MCP server call only this module.
-
-Functions take plain arguments, validate them before changing anything, and return data
-(`Job`, `StartResult`, `WaitResult`, …); they never print. Failures a user can act on raise
-`SubtaskError` with git's exit code.
+"""Starting, replying, stopping, landing and the rest of the operations on jobs (`api` reads and
+`wait` are `api/read.py` and `api/waiting.py`).
 
 Invariants:
 - `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
@@ -20,29 +17,26 @@ from __future__ import annotations
 
 import math
 import os
-import queue
 import sys
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import executors
-from subtask.git import ownership, records, where_landed, worktrees
+from subtask.api.read import _groups, _positive, get, queue_position, repo_at, sweep
+from subtask.api.waiting import wait
+from subtask.git import ownership, records, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
     ensure_excluded,
     git,
-    open_repo,
     resolve_commit,
 )
 from subtask.git.records import Job, branch_name
 from subtask.model import faults
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import (
-    ACTIVE,
     DEPTH_ENV,
     MAX_TASK_BYTES,
     TERMINAL,
@@ -52,7 +46,6 @@ from subtask.model.job import (
     JobSpec,
     JobState,
     is_job_id,
-    job_passed,
     new_job_id,
     now,
 )
@@ -77,40 +70,10 @@ class StartResult:
         return "running" if self.position == 0 and executors.REGISTRY[self.on].runs_here else "queued"
 
 
-@dataclass
-class WaitResult:
-    jobs: list[Job]
-    timed_out: bool
-    stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
-
-    @property
-    def all_passed(self) -> bool:
-        return not self.timed_out and all(job_passed(j) for j in self.jobs)
-
-
 MAX_RETRIES = 5
-QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
-WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of whose jobs runs yet
-
-
-def repo_at(path: str | os.PathLike | None = None) -> Repo:
-    return open_repo(path)
 
 
 # ---------------------------------------------------------------- validation
-
-def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False):
-    if value is None:
-        if allow_none:
-            return None
-        raise SubtaskError("usage", f"{what} is required")
-    try:
-        number = int(value) if integer else float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise SubtaskError("usage", f"{what} must be a positive finite number, not {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != float(value)):
-        raise SubtaskError("usage", f"{what} must be a positive finite {'whole ' if integer else ''}number, not {value!r}")
-    return number
 
 
 def _check_task(task) -> str:
@@ -613,11 +576,6 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
 
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
 
-def _groups():
-    from subtask.ops import groups
-
-    return groups
-
 
 @dataclass
 class GroupStart:
@@ -764,43 +722,6 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
     return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
 
 
-def get_group(repo: Repo, gid_or_prefix: str):
-    """The group, settled if every member has ended (whoever looks first decides it)."""
-    sweep(repo)
-    return _groups().settle(repo, _groups().resolve(repo, gid_or_prefix))
-
-
-@dataclass
-class GroupWait:
-    groups: list  # groups.Group, settled where their members ended
-    timed_out: bool
-
-    @property
-    def all_picked(self) -> bool:
-        """Every group has a passing pick (a map: every job passed)."""
-        return not self.timed_out and all(_groups().passed_group(g) for g in self.groups)
-
-
-def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,
-                tick: float = 1.0) -> GroupWait:
-    """Block until every member of the groups has ended, then settle each group (exit 0: a passing pick)."""
-    groups = _groups()
-    found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
-    pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
-    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
-    timed_out = False
-    while pending and not timed_out:
-        # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
-        left = None if deadline is None else max(0.01, deadline - time.monotonic())
-        # A stalled member does not end a group's wait: the group waits for its members' ends.
-        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick, stalls=False).timed_out
-        for group in found:
-            groups.settle(repo, group.id)
-        pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
-    settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
-    return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
-
-
 def stop_group(repo: Repo, gid_or_prefix: str):
     gid = _groups().resolve(repo, gid_or_prefix)
     if not ownership.started_here(repo, gid):
@@ -837,19 +758,6 @@ def compare(repo: Repo, gid_or_prefix: str, stat: bool = True, limit: int | None
         pairs.append({"a": a, "head_a": head_a, "b": b, "head_b": head_b, "text": text, "truncated": truncated,
                       "bytes": size})
     return {"v": 1, "group": gid, "stat": stat, "pairs": pairs}
-
-
-def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
-    """The groups of the listed jobs (settling those whose members have all ended), by id."""
-    groups = _groups()
-    groups.settle_listed(repo, entries)
-    found = {}
-    for gid in dict.fromkeys(e["group"] for e in entries if e.get("group")):
-        try:
-            found[gid] = groups.read(repo, gid)[0]
-        except SubtaskError:
-            continue  # a member whose group record is missing lists as an ordinary job
-    return found
 
 
 def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None, lock_fd: int,
@@ -984,18 +892,8 @@ def _delete_branch(repo: Repo, branch: str) -> None:
         records.cas_ref(repo, ref.name, ref.target, None)
 
 
-def sweep(repo: Repo) -> None:
-    """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
-    ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
-    from subtask.ops import plans
-
-    lifecycle.reconcile(repo)
-    plans.advance(repo)
-
-
 # ---------------------------------------------------------------- reply
 
-WRAP_UP_WAIT = 60.0  # seconds `wait` gives an ended job's worker to let go of it
 REPLY_LOCK_WAIT = 3.0
 
 
@@ -1067,433 +965,8 @@ def _acquire_for_reply(repo: Repo, job_id: str) -> int:
 
 # ---------------------------------------------------------------- reading
 
-def get(repo: Repo, id_or_prefix: str) -> Job:
-    if isinstance(id_or_prefix, str) and is_job_id(id_or_prefix):  # a whole id: one ref lookup, not two
-        try:
-            return records.read(repo, id_or_prefix)
-        except SubtaskError as exc:
-            if exc.kind != "not_found":
-                raise
-    return records.read(repo, records.resolve(repo, id_or_prefix))
-
-
-def queue_position(repo: Repo, job_id: str) -> int | None:
-    return slots.read(repo.state_dir).position(job_id)
-
-
-DEFAULT_LIST_LIMIT = 50
-LIST_STATES = (*ACTIVE, *TERMINAL)
-
-
-@dataclass
-class Listing:
-    jobs: list[dict]
-    more: int  # jobs left out by the limit
-    swept: list[str] = field(default_factory=list)  # lines: what this call's lazy sweep did
-    hidden: int = 0  # landed jobs left out (shown with include_all)
-
-
-def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
-    """Compact entries, newest first.
-
-    By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
-    landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
-    """
-    if state is not None and state not in (*LIST_STATES, "active", "ended"):
-        raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
-    sweep(repo)
-    from subtask.ops import landing
-
-    listed = records.list_entries(repo)
-    if _settle_elsewhere(repo, listed):
-        listed = records.list_entries(repo)
-    swept: list[str] = []
-    if landing.maybe_sweep(repo, listed):
-        before = {e["id"] for e in listed if e.get("landed")}
-        listed = records.list_entries(repo)  # the sweep marked some jobs landed
-        swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
-    where_landed.add_to_entries(repo, listed)  # a teammate's job landed here: its record cannot say so
-    current = slots.read(repo.state_dir)
-    if limit is None and not include_all:
-        limit = DEFAULT_LIST_LIMIT
-    entries = []
-    more = 0
-    hidden = 0
-    for entry in listed:
-        if not include_all and entry.get("landed") and state is None:
-            hidden += 1
-            continue
-        job_state = entry.get("state")
-        if state == "active" and job_state not in ACTIVE:
-            continue
-        if state == "ended" and job_state not in TERMINAL:
-            continue
-        if state not in (None, "active", "ended") and job_state != state:
-            continue
-        entry["position"] = current.position(entry["id"]) if job_state == "queued" else None
-        if limit and len(entries) >= limit and job_state in TERMINAL:
-            more += 1
-            continue
-        entries.append(entry)
-    _mark_moved(repo, entries)
-    _mark_overlap(repo, entries, listed)
-    return Listing(entries, more, swept, hidden)
-
-
-def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
-    """`marks`: a finished job's base behind the land target, jobs that change the same files
-    (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
-    from subtask.ops import overlap
-
-    try:
-        overlap.mark(repo, shown, listed)
-    except (SubtaskError, OSError) as exc:
-        warnings.warn(f"could not tell which jobs overlap: {exc}", stacklevel=2)
-
-
-def _mark_moved(repo: Repo, entries: list[dict]) -> None:
-    """`moved`: the branch of a job whose verify passed has moved since (a commit verify never
-    tested): `list` must not say "passed" of a tip merge refuses. One ref listing, only when needed."""
-    verified = [e for e in entries if e.get("verified") and not e.get("landed")]
-    if not verified:
-        return
-    tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/" + records.branch_name(""))}
-    for entry in verified:
-        tip = tips.get("refs/heads/" + records.branch_name(entry["id"]))
-        if tip is not None and tip != entry["verified"]:
-            entry["moved"] = tip
-
-
-def branch_moved(repo: Repo, job: Job) -> str | None:
-    """The tip of a job's branch when it moved after its verify passed (untested), else None."""
-    verify = job.state.current.verify
-    if verify is None or not verify.passed or not job.spec.branch or job.state.landed_in:
-        return None
-    ref = repo.objects.ref(f"refs/heads/{job.spec.branch}")
-    return ref.target if ref is not None and ref.target != verify.head else None
-
-
-def _settle_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
-    """Bring home the active jobs run elsewhere that their executor says ended (one status request
-    each; none active: no import of the executor)."""
-    settled = []
-    for executor in executors.elsewhere():
-        active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]
-        if active:
-            settled += executor.backend().settle_active(repo, active)
-    return settled
-
-
-def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
-    """One line saying what the lazy sweep did for the jobs it found landed (their branches and
-    clean worktrees removed), so `list` does not remove a person's branches silently."""
-    if not landed_ids:
-        return []
-    removed = []
-    for job_id in landed_ids:
-        try:
-            state = records.read(repo, job_id).state
-        except SubtaskError:
-            continue
-        what = [word for word, gone in (("branch", state.branch_deleted), ("worktree", state.worktree_removed)) if gone]
-        removed.append(f"{job_id}" + (f" ({' and '.join(what)} removed)" if what else ""))
-    jobs = "job" if len(landed_ids) == 1 else "jobs"
-    return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
-
-
-def record_facts(repo: Repo, job: Job) -> dict:
-    """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
-    clone started the job (`ownership`)."""
-    from subtask.git import signing
-
-    return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
-
-
-def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
-    """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
-    tip) and `mine`, from the clone id and one listing of ownership refs."""
-    from subtask.git import signing
-
-    checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
-    clone = ownership.clone_id(repo)
-    owned = ownership.owned_keys(repo) if clone else set()
-    for entry in entries:
-        found = checked.get(entry.get("tip")) if entry.get("signed") else None
-        entry["signature"] = (found or signing.UNSIGNED).to_dict()
-        entry["mine"] = entry.get("clone") == clone and entry["id"] in owned
-    return entries
-
-
-def worktree_present(job: Job) -> bool:
-    """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
-    return Path(job.spec.worktree).is_dir()
-
-
-def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None, dict]]:
-    """(job, queue position, latest activity, marks) for one job, or for every active job; the
-    marks as `list` has them (a stale base, jobs changing the same files)."""
-    marks: dict[str, dict] = {}
-    if id_or_prefix is not None:
-        jobs = [get(repo, id_or_prefix)]
-        entry = dict(records.list_entry(jobs[0]), tip=jobs[0].tip)
-        _mark_overlap(repo, [entry], [e for e in records.list_entries(repo) if e["id"] != entry["id"]] + [entry])
-        marks[entry["id"]] = entry.get("marks") or {}
-    else:
-        jobs = []
-        for entry in list_jobs(repo, state="active").jobs:
-            marks[entry["id"]] = entry.get("marks") or {}
-            try:
-                jobs.append(records.read(repo, entry["id"]))
-            except records.DamagedRecord as exc:  # the others still show
-                warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
-    current = slots.read(repo.state_dir)
-    return [(job, current.position(job.id), None if job.state.current.terminal else latest_activity(repo, job.id),
-             marks.get(job.id) or {}) for job in jobs]
-
-
-def latest_activity(repo: Repo, job_id: str) -> str | None:
-    """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
-    lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
-    import json
-
-    for line in reversed(lines):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        text = _activity_text(event)
-        if text:
-            return text[:120]
-    return None
-
-
-def _activity_text(event: dict) -> str | None:
-    kind = event.get("type")
-    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
-        from subtask.model.render import duration
-
-        since, after = event.get("since"), event.get("after")
-        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
-        return (f"stalled: no event from the engine{silent}"
-                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
-    if kind == "command":
-        return f"running: {event.get('command')}"
-    if kind == "tool":
-        return f"tool: {event.get('name')}"
-    if kind in ("text", "output"):
-        text = (event.get("text") or "").strip()
-        return text.splitlines()[-1] if text else None
-    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
-        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
-    if kind == "state":
-        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
-    return None
-
 
 # ---------------------------------------------------------------- wait
-
-STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
-
-
-def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
-    """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
-
-    A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
-    too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
-    `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
-    waiting (the MCP server sends progress notifications from it).
-    """
-    if not ids:
-        raise SubtaskError("usage", "wait needs at least one job id")
-    if timeout is not None:
-        timeout = _positive(timeout, "--timeout")
-    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
-    first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    ended: queue.Queue[tuple[str, Job | BaseException]] = queue.Queue()
-    cancel = threading.Event()
-    for job in first_read:
-        threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
-    done: dict[str, Job] = {}
-    stalled = _StallLook(repo, first_read) if stalls else None
-    needed = 1 if any_ else len(job_ids)
-    next_tick = started + tick
-    try:
-        while len(done) + len(stalled.found if stalled else ()) < needed:
-            now_ = time.monotonic()
-            if deadline is not None and now_ >= deadline:
-                break
-            if on_tick and now_ >= next_tick:
-                next_tick = now_ + tick
-                on_tick(now_ - started, len(done), len(job_ids),
-                        {j: latest_activity(repo, j) for j in job_ids if j not in done})
-            if stalled is not None and stalled.look(done, now_):
-                continue
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600,
-                                    stalled.next_look if stalled else None) if t is not None)
-            try:
-                job_id, seen = ended.get(timeout=max(0.0, until - now_))
-            except queue.Empty:
-                continue
-            if isinstance(seen, BaseException):
-                raise seen  # its watcher could not read it: say why, never wait on
-            done[job_id] = seen
-    finally:
-        cancel.set()  # watcher threads stop at their next look
-    jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
-             and not j.state.current.terminal]
-    # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
-    # only a deadline that passed is a timeout.
-    answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)
-    timed_out = deadline is not None and time.monotonic() >= deadline and answered < needed
-    return WaitResult(jobs, timed_out=timed_out, stalled=found)
-
-
-class _StallLook:
-    """`wait`'s look for stalled jobs, every STALL_LOOK seconds: a stat of each job's events file,
-    its tail read only when it grew, the record only when the tail's last word on stalls is
-    "stalled" (the stall watch records it before it says it). The ends still wake `wait` at once
-    through the run-locks; a stall is a fact that no lock announces."""
-
-    def __init__(self, repo: Repo, jobs: list[Job]):
-        self.repo = repo
-        self.sizes: dict[str, int | None] = {job.id: None for job in jobs}
-        self.found: set[str] = set()
-        self.next_look = time.monotonic()
-
-    def look(self, done: dict[str, Job], now_: float) -> bool:
-        """Look if it is time; True when a job was found stalled (or no longer stalled)."""
-        if now_ < self.next_look:
-            return False
-        self.next_look = now_ + STALL_LOOK
-        changed = False
-        for job_id, seen in self.sizes.items():
-            if job_id in done:
-                continue
-            path = lifecycle.events_file(self.repo.state_dir, job_id)
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                continue
-            if size == seen:
-                continue
-            self.sizes[job_id] = size
-            stalled = _last_stall_event(path) == "stalled"
-            if stalled:
-                attempt = records.read(self.repo, job_id).state.current
-                stalled = bool(attempt.stalled) and not attempt.terminal
-            if stalled != (job_id in self.found):
-                (self.found.add if stalled else self.found.discard)(job_id)
-                changed = True
-        return changed
-
-
-def _last_stall_event(path: Path) -> str | None:
-    """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
-    import json
-
-    for line in reversed(_tail_lines(path)):
-        if '"stall' not in line:
-            continue
-        try:
-            kind = json.loads(line).get("type")
-        except (ValueError, AttributeError):
-            continue
-        if kind in ("stalled", "stall_ended"):
-            return kind
-    return None
-
-
-def _tail_lines(path: Path, size: int = 4096) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - size))
-            return fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-
-
-def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
-    """Report (its id, the job) on `ended` when `job`'s current attempt is terminal (as read, or
-    once read again). Runs in its own thread.
-
-    Any failure (a record damaged while we wait) is reported as (`job_id`, error) rather than
-    ending the thread silently, because `wait` would then wait for a report that never comes.
-    """
-    try:
-        _watch_until_ended(repo, job, ended, cancel)
-    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-        ended.put((job.id, exc))
-
-
-def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
-    state_dir, job_id = repo.state_dir, job.id
-    next_fill = 0.0
-    latest: Job | None = job  # as `wait` read it; read again at each later look
-    while not cancel.is_set():
-        latest = latest or records.read(repo, job_id)
-        if latest.state.current.terminal:
-            ended.put((job_id, _after_wrap_up(repo, latest, cancel)))
-            return
-        if latest.state.current.state == WAITING:
-            # Nothing holds a waiting job: look again now and then, moving it on when it can be
-            # (the worker that ends the last job it waits for does it too, at once).
-            latest = None
-            if time.monotonic() >= next_fill:
-                next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-                sweep(open_repo(repo.root))
-            running = _running_dependency(state_dir, job_id)
-            if running is not None:
-                liveness.wait_released(state_dir, running)  # in the kernel until its worker lets go
-            else:
-                time.sleep(WAITING_LOOK)
-            continue
-        executor, latest = executors.of(latest), None
-        if not executor.runs_here:
-            executor.backend().watch(repo, job_id, cancel)  # its executor's status (Ray: at most once a second)
-            continue
-        if liveness.is_held(state_dir, job_id):
-            liveness.wait_released(state_dir, job_id)
-            continue
-        if slots.read(state_dir).position(job_id) is None:
-            sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
-            lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
-        elif time.monotonic() >= next_fill:
-            # Queued: fill idle slots now and then, with the settings as they are now (a fixed
-            # maxRunning must take effect without another command).
-            next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-            lifecycle.reconcile(open_repo(repo.root))
-        time.sleep(0.02)
-
-
-def _running_dependency(state_dir: Path, job_id: str) -> str | None:
-    """A job the waiting `job_id` waits for whose worker runs now (its run-lock is held), if any."""
-    for entry in slots.read(state_dir).waiting:
-        if entry["job"] == job_id:
-            return next((other for other in entry["until"] if liveness.is_held(state_dir, other)), None)
-    return None
-
-
-def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
-    """`job`, whose attempt ended, once its worker has let go of it.
-
-    A worker writes the terminal record before its wrap-up (the note, the reservation, the slot)
-    and releases the run-lock after it: a caller's next step (`git log --notes=subtask`, cleanup)
-    must find all of it done. A reply's starter holds the same lock before it appends its attempt:
-    a new attempt ends the wait, and so does WRAP_UP_WAIT, so a stuck holder never keeps us.
-    """
-    deadline = time.monotonic() + WRAP_UP_WAIT
-    if liveness.is_held(repo.state_dir, job.id):
-        faults.point("wait_found_busy")
-    while liveness.is_held(repo.state_dir, job.id) and time.monotonic() < deadline and not cancel.is_set():
-        time.sleep(0.005)
-        if records.read(repo, job.id).state.current.n != job.state.current.n:
-            break
-    return job
 
 
 # ---------------------------------------------------------------- stop, cleanup
@@ -1680,53 +1153,6 @@ def engine_plugins() -> list[str]:
     from subtask.engines import plugin_names
 
     return plugin_names()
-
-
-def evidence_envelope(job: Job) -> dict:
-    """The JSON envelope: what the runner observed, apart from what the engine reported."""
-    attempt = job.state.current
-    evidence = job.evidence.to_dict() if job.evidence else None
-    return {
-        "v": 1,
-        "id": job.id,
-        "engine": job.spec.engine,
-        "model": attempt.model or job.spec.model,
-        "kind": "readonly" if job.spec.readonly else "worktree",
-        "state": attempt.state,
-        "outcome": attempt.outcome,
-        "attempts": len(job.state.attempts),
-        "task": job.spec.task,
-        "git": {
-            "base": job.spec.base,
-            "head": evidence["head"] if evidence else None,
-            "branch": job.spec.branch,
-            "commits": evidence["commits"] if evidence else [],
-            "changed_files": evidence["files"] if evidence else [],
-            "totals": evidence["totals"] if evidence else {},
-            "autocommit": evidence["autocommit"] if evidence else None,
-        },
-        "verification": attempt.verify.to_dict() if attempt.verify else None,
-        "isolation": {"mode": job.spec.isolation, "source": job.spec.isolation_source}
-        | ((evidence or {}).get("isolation") or {}),
-        "main_worktree": (evidence or {}).get("main_worktree"),
-        "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
-        "summary": job.summary,
-        "cost": attempt.cost.to_dict() | ({"billing": "reserved"} if attempt.rid and not attempt.terminal else {}),
-        "tokens": attempt.tokens,
-        "session_id": attempt.session_id,
-        "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
-                  if attempt.state == "failed" else None),
-        "landed_in": job.state.landed_in,
-        # the verify loop (docs/verify.md): each check's verdict, each attempt's, where it was left
-        "checks": attempt.checks,
-        "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
-                  "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
-                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
-                  "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
-        "best": job.state.best,
-        # what the engine's summary claimed and the evidence contradicts (never decided on)
-        "claims": (evidence or {}).get("claims"),
-    }
 
 
 def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
