@@ -69,7 +69,7 @@ def _start_params() -> list[Param]:
     params = []
     for option in OPTIONS:
         if option.argument:
-            params.append(Param(option.name, metavar=option.name.upper()))
+            params.append(Param(option.name, metavar=option.name.upper(), required=True))
             continue
         flags = (option.flag, *((option.short,) if option.short else ()))
         if option.kind is bool:
