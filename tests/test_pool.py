@@ -50,10 +50,19 @@ def pooled(repo: Path) -> list[str]:
 
 
 def run_job(cli, repo: Path, task: str, *args: str, passes: bool = True) -> str:
-    job = cli.start(task, *args)
+    job = cli.start(task, *args, env={"SUBTASK_PHASES": str(repo.parent / "phases.jsonl")})
     assert cli("wait", job).returncode == (0 if passes else 1)
     settle(repo, job)
     return job
+
+
+def took_from_pool(repo: Path, job: str) -> bool:
+    """Did the job's worker take a pooled worktree? (Its phase marks say `pool`, else `register`.)"""
+    for line in (repo.parent / "phases.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["job"] == job:
+            return "pool" in dict(entry["marks"])
+    raise AssertionError(f"{job}: no phase marks")
 
 
 SNAPSHOT = ('s=$(git status --porcelain --ignored --untracked-files=all); h=$(git symbolic-ref HEAD); '
@@ -75,7 +84,7 @@ def test_a_job_takes_a_pooled_worktree_at_its_base_with_a_clean_status(cli, repo
     (repo / "src" / "app.py").write_text("print('app 2')\n")
     git(repo, "commit", "-q", "-am", "a file differs from the pooled one")
     job = run_job(cli, repo, SNAPSHOT)
-    assert entry not in pooled(repo)  # taken
+    assert took_from_pool(repo, job) and entry not in pooled(repo)
     status, head, commit, files = seen(repo, job)
     assert status == ""
     assert head == f"refs/heads/subtask/{job}"
@@ -100,7 +109,7 @@ def test_a_jobs_untracked_and_ignored_files_never_reach_the_next_job_from_the_po
                        if ".git" not in p.parts)
     assert "leak.log" not in leftovers and not any(p.startswith(("build", "empty")) for p in leftovers)
     second = run_job(cli, repo, SNAPSHOT)
-    assert back[0] not in pooled(repo)  # the second job took it
+    assert took_from_pool(repo, second) and back[0] not in pooled(repo)  # the second job took it
     status, head, commit, files = seen(repo, second)
     assert status == "" and head == f"refs/heads/subtask/{second}" and commit == git(repo, "rev-parse", "main")
     assert files == ["./.gitignore", "./README.md", "./src/app.py"]  # not kept.txt (the first job's commit)
@@ -115,6 +124,7 @@ def test_what_worktreeinclude_brings_is_there_again_for_the_next_job(cli, repo):
     cli.ok("cleanup", first)
     assert len(pooled(repo)) == 1
     second = run_job(cli, repo, "cat local.log > copy.txt; ls *.log > logs.txt")
+    assert took_from_pool(repo, second)
     assert git(repo, "show", f"subtask/{second}:copy.txt") == "the user's own"
     assert git(repo, "show", f"subtask/{second}:logs.txt") == "local.log"
 
@@ -167,6 +177,7 @@ def test_a_pooled_worktree_whose_admin_files_changed_is_discarded(cli, repo, dam
     git(repo, "config", "subtask.pool", "0")  # no refill: the job's worktree is what we look at
     job = run_job(cli, repo, SNAPSHOT)
     assert pooled(repo) == [] and not admin.exists() and not Path(made["path"]).exists()  # discarded
+    assert not took_from_pool(repo, job)
     assert not {"config.worktree", "MERGE_HEAD"} & set(os.listdir(repo / ".git" / "worktrees" / job))
     status, head, commit, files = seen(repo, job)
     assert status == "" and head == f"refs/heads/subtask/{job}" and commit == git(repo, "rev-parse", "main")

@@ -135,11 +135,14 @@ def _job_of_env(repo: Repo) -> Job | None:
 def _job_of_ancestry(repo: Repo) -> Job | None:
     """The running job whose engine (its recorded process) this process descends from, or whose
     engine's process group it is in."""
+    running = [entry for entry in slots.read(repo.state_dir).running if lifecycle.in_repo(repo, entry)]
+    if not running:
+        return None  # no job runs: none can be an ancestor (and /proc need not be walked)
     from subtask.proc import procs
 
     mine = set(procs.ancestors()) | {os.getpgrp()}
-    for entry in slots.read(repo.state_dir).running:
-        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
+    for entry in running:
+        if lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])
     return None
 

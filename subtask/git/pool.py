@@ -303,6 +303,7 @@ def _build(repo: Repo, commit: str) -> Entry:
         faults.point("pool_building")
         worktrees.job_git(repo, admin, building, "read-tree", "--reset", "-u", "HEAD")
         _settle_index(repo, admin, building)
+        _drop_transient(admin)  # the reflog `worktree add` wrote: an entry holds git's own files only
         size, linked = measure(building)
         if linked:
             raise SubtaskError("fatal", f"{building}: a file with other links")
@@ -327,6 +328,17 @@ def _settle_index(repo: Repo, admin: Path, path: Path) -> None:
     if wait > 0:
         time.sleep(wait)
     worktrees.job_git(repo, admin, path, "update-index", "-q", "--refresh", check=False)
+
+
+def _drop_transient(admin: Path) -> None:
+    """Remove what git writes for a worktree's own history (`GIT_TRANSIENT`: its HEAD's reflog,
+    ORIG_HEAD, the last commit message): the next job starts with none of it."""
+    for name in GIT_TRANSIENT:
+        path = admin / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
 
 
 def measure(path: Path) -> tuple[int, bool]:
@@ -439,9 +451,7 @@ def give_back(repo: Repo, job_id: str, path: Path, branch: str | None, base: str
     commit = proc.stdout.strip()
     if proc.returncode != 0 or not commit:
         return False, False
-    for name in GIT_TRANSIENT & names:
-        target_path = admin / name
-        shutil.rmtree(target_path) if target_path.is_dir() and not target_path.is_symlink() else target_path.unlink()
+    _drop_transient(admin)
     # The job wrote its index: rebuilt from the commit, every file is hashed against it.
     (admin / "index").unlink(missing_ok=True)
     ok = worktrees.job_git(repo, admin, path, "read-tree", commit, check=False).returncode == 0 \
