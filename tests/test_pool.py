@@ -251,3 +251,43 @@ def test_doctor_reports_the_pool(cli, repo):
     cli.ok("pool", "fill", "1")
     checks = {c["name"]: c for c in cli.json("doctor")["checks"]}
     assert checks["pool"]["status"] == "ok" and "1 of 2 ready" in checks["pool"]["message"]
+
+
+def test_a_worker_stopped_while_it_moves_a_pooled_worktree_leaves_the_next_attempt_its_base(cli, repo, tmp_path):
+    """Taken, not yet moved to the job's base (stopped at that moment, a file half-written as a
+    killed `read-tree` leaves it): the reply's attempt still gets exactly its base, and `cleanup`
+    of a job whose engine never ran removes such a worktree as it removes git's own half checkout."""
+    cli.ok("pool", "fill", "1")
+    (repo / "src" / "app.py").write_text("print('app 2')\n")
+    git(repo, "commit", "-q", "-am", "the base moves on")
+    gate = tmp_path / "gate"
+    job = cli.start(SNAPSHOT, env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        cli.ok("stop", job)
+    finally:
+        gate.touch()
+    worktree = repo / ".subtask" / "worktrees" / job
+    assert (worktree / "src" / "app.py").read_text() == "print('app')\n"  # the pooled commit's files
+    (worktree / "src" / "app.py").write_text("print('ap")  # as a killed read-tree leaves a file it was writing
+    assert cli("reply", job, SNAPSHOT).returncode == 0
+    cli.ok("wait", job)
+    status, head, commit, files = seen(repo, job)
+    assert status == "" and head == f"refs/heads/subtask/{job}" and commit == git(repo, "rev-parse", "main")
+    assert git(repo, "show", f"subtask/{job}:src/app.py") == "print('app 2')"
+
+
+def test_cleanup_removes_a_pooled_worktree_a_stopped_job_never_moved(cli, repo, tmp_path):
+    cli.ok("pool", "fill", "1")
+    (repo / "src" / "app.py").write_text("print('app 2')\n")
+    git(repo, "commit", "-q", "-am", "the base moves on")
+    gate = tmp_path / "gate"
+    job = cli.start("echo never > never.txt", env={"SUBTASK_FAULT_HOLD": f"before_files_checkout:{gate}"})
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        cli.ok("stop", job)
+    finally:
+        gate.touch()
+    out = cli.ok("cleanup", job)
+    assert "removed worktree" in out, out
+    assert not (repo / ".subtask" / "worktrees" / job).exists()

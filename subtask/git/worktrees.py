@@ -198,6 +198,17 @@ def needs_files(admin: Path) -> bool:
     return not (admin / "index").exists() or os.path.lexists(admin / PENDING_CHECKOUT)
 
 
+def pending_checkout(admin: Path) -> str | None:
+    """The commit whose files a taken pooled worktree still holds (`PENDING_CHECKOUT`), when its
+    marker names one and git has written its index; else None."""
+    try:
+        said = read_plain(admin / PENDING_CHECKOUT).strip()
+    except MetadataChanged:
+        return None
+    ok = len(said) in (40, 64) and all(c in "0123456789abcdef" for c in said)
+    return said if ok and (admin / "index").exists() else None
+
+
 def config_worktree_ours(repo: Repo, admin: Path) -> bool:
     """Is `admin`'s config.worktree absent, or what git wrote there: the main worktree's settings,
     which `git worktree add` copies (less `core.bare = true` and `core.worktree`) when

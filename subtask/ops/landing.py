@@ -354,33 +354,45 @@ def checkout_leftovers(repo: Repo, job: Job) -> bool:
     lines = [line for line in status.stdout.splitlines() if line]
     if status.returncode != 0 or not lines:
         return False
+    moved_from = worktrees.pending_checkout(admin)
+    if moved_from is not None:
+        # A pooled worktree taken and not yet moved to HEAD (`pool.take`): every file that reads
+        # as changed is the pooled commit's or HEAD's, or missing, as the move leaves them.
+        present = [line[3:] for line in lines if line[:2] != " D"]
+        return _as_committed(repo, admin, path, present, quiet, ("HEAD", moved_from))
     written = [line[3:] for line in lines if line[:2] == "??"]
     if any(line[:2] not in _MISSING and line[:2] != "??" for line in lines):
         return False
     return not written or (not (admin / "index").exists() and _as_committed(repo, admin, path, written, quiet))
 
 
-def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict) -> bool:
+def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict,
+                  commits: tuple[str, ...] = ("HEAD",)) -> bool:
     """Is each of these files (as git's status names them) a regular file whose bytes are the
-    blob the worktree's commit holds at its path? No filter runs: a file a filter would have
-    changed reads as different, and is kept."""
+    blob one of `commits` holds at its path? No filter runs: a file a filter would have changed
+    reads as different, and is kept."""
+    if not names:
+        return True
     if any(name.startswith('"') for name in names):
         return False  # a name git quoted: not one to compare byte for byte
     if any((path / name).is_symlink() or not (path / name).is_file() for name in names):
         return False
-    tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", "HEAD", env=env, check=False)
     hashed = worktrees.job_git(repo, admin, path, "hash-object", "--no-filters", "--stdin-paths",
                                input="".join(f"{name}\n" for name in names), env=env, check=False)
-    if tree.returncode != 0 or hashed.returncode != 0:
+    if hashed.returncode != 0:
         return False
-    blobs = {}
-    for entry in tree.stdout.split("\0"):
-        meta, _, name = entry.partition("\t")
-        fields = meta.split()
-        if len(fields) == 3 and fields[0] in ("100644", "100755"):
-            blobs[name] = fields[2]
+    blobs: dict[str, set[str]] = {}
+    for commit in commits:
+        tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", commit, env=env, check=False)
+        if tree.returncode != 0:
+            return False
+        for entry in tree.stdout.split("\0"):
+            meta, _, name = entry.partition("\t")
+            fields = meta.split()
+            if len(fields) == 3 and fields[0] in ("100644", "100755"):
+                blobs.setdefault(name, set()).add(fields[2])
     shas = hashed.stdout.split()
-    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas, strict=True))
+    return len(shas) == len(names) and all(sha in blobs.get(name, ()) for name, sha in zip(names, shas, strict=True))
 
 
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:

@@ -222,9 +222,16 @@ class FilesCheckout:
     """git writing the files of a worktree registered without them, unless that was done: git
     writes the worktree's index last, once every file is written, so no index means not (or not
     all) written, also when a worker died in the middle; then it is done again from the start.
-    Never skipped: the engine would run in an empty folder and the autocommit would record the
-    deletion of every file. `finish` must follow `start`, whatever happens in between: no git
-    process is left running."""
+    A pooled worktree just taken (`pool.take`) has the index and files of the commit its marker
+    names: git moves them to HEAD rewriting only the files that differ (a two-tree merge, which
+    looks at no other file), or, when that fails (a worker killed half-way), makes them HEAD's
+    whatever they are. Never skipped: the engine would run in an empty folder and the autocommit
+    would record the deletion of every file. `finish` must follow `start`, whatever happens in
+    between: no git process is left running."""
+
+    def __init__(self, proc: subprocess.Popen | None, repo: Repo | None = None, path: Path | None = None,
+                 admin: Path | None = None):
+        self.proc, self.repo, self.path, self.admin = proc, repo, path, admin
 
     @classmethod
     def start(cls, repo: Repo, path: Path, admin: Path) -> FilesCheckout:
@@ -234,22 +241,26 @@ class FilesCheckout:
         # A worker killed while writing leaves git's lock behind; no one else touches this worktree
         # before its files are written (the job's run-lock is ours).
         (admin / "index.lock").unlink(missing_ok=True)
+        moved_from = worktrees.pending_checkout(admin)
         # What `worktree add` does, minus the ref writes; through the checked admin folder, as
-        # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`. With an
-        # index (a pooled worktree's), git rewrites only the files that differ from HEAD.
-        proc = subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", "--reset", "-u", "HEAD"], cwd=path,
+        # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`.
+        how = ["-m", "-u", moved_from, "HEAD"] if moved_from else ["--reset", "-u", "HEAD"]
+        return cls(cls._git(repo, path, admin, how), repo, path, admin)
+
+    @staticmethod
+    def _git(repo: Repo, path: Path, admin: Path, how: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", *how], cwd=path,
                                 env=worktrees.job_git_env(repo, admin, path),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return cls(proc, admin)
-
-    def __init__(self, proc: subprocess.Popen | None, admin: Path | None = None):
-        self.proc, self.admin = proc, admin
 
     def finish(self) -> str | None:
         """Wait for git; what went wrong, or None."""
         if self.proc is None:
             return None
         _, err = self.proc.communicate()
+        if self.proc.returncode != 0 and "-m" in self.proc.args:  # not the commit's files: HEAD's, whatever they are
+            self.proc = self._git(self.repo, self.path, self.admin, ["--reset", "-u", "HEAD"])
+            _, err = self.proc.communicate()
         if self.proc.returncode != 0:
             return f"git read-tree failed: {err.decode(errors='replace').strip()}"
         (self.admin / worktrees.PENDING_CHECKOUT).unlink(missing_ok=True)
