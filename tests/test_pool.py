@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import git, make_repo, wait_until
+from conftest import Cli, git, make_repo, wait_until
 
 POOL = Path(".subtask") / "worktrees" / ".pool"
 
@@ -291,3 +293,32 @@ def test_cleanup_removes_a_pooled_worktree_a_stopped_job_never_moved(cli, repo, 
     out = cli.ok("cleanup", job)
     assert "removed worktree" in out, out
     assert not (repo / ".subtask" / "worktrees" / job).exists()
+
+
+def test_mcp_start_many_and_map_take_pooled_worktrees(repo, monkeypatch):
+    """The MCP server's `start_many` and `map` start their jobs as `start` does: each worker takes
+    a pooled worktree while there is one."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from test_mcp import call, server_env
+
+    git(repo, "config", "subtask.pool", "4")
+    assert Cli(repo).json("pool", "fill")["count"] == 4
+    env = dict(server_env(), SUBTASK_PHASES=str(repo.parent / "phases.jsonl"))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                                   env=env)
+
+    async def main() -> list[str]:
+        async with Client(params, mode="legacy") as client:
+            many = await call(client, "start_many", {"tasks": [{"task": "echo one > one.txt"},
+                                                               {"task": "echo two > two.txt"}]})
+            mapped = await call(client, "map", {"pattern": "src/*.py", "task": "echo '# seen' >> {files}"})
+            ids = list(dict.fromkeys(re.findall(r"\bst-[0-9a-f]{8}\b", many + mapped)))
+            await call(client, "wait", {"ids": ids})
+            return ids
+
+    ids = anyio.run(main)
+    assert len(ids) == 3
+    for job in ids:
+        settle(repo, job)
+        assert took_from_pool(repo, job), job
