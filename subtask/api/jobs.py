@@ -24,7 +24,6 @@ from pathlib import Path
 
 from subtask import executors
 from subtask.api.read import _groups, _positive, get, queue_position, repo_at, sweep
-from subtask.api.waiting import wait
 from subtask.git import ownership, records, worktrees
 from subtask.git.gitrepo import (
     Repo,
@@ -1251,6 +1250,8 @@ def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None 
 
 def _reply_and_wait(repo: Repo):
     """How `land --reconcile` answers a conflict: a reply to the job, waited for to its end."""
+    from subtask.api.waiting import wait
+
     def reply_and_wait(job_id: str, message: str) -> Job:
         reply(repo, job_id, message)
         return wait(repo, [job_id], stalls=False).jobs[0]
