@@ -174,10 +174,11 @@ def sound(repo: Repo, entry: Entry) -> str | None:
 # ---------------------------------------------------------------- handing one out
 
 def take(repo: Repo, job_id: str, path: Path, head: str, base: str) -> bool:
-    """Make a pooled worktree the job's at `path` (HEAD saying `head`); call it holding
-    `worktree.lock`. False when none is sound (each unsound one is removed). The files are not
-    moved yet: `subtask-checkout` in the admin folder says so, and the worker's files checkout
-    rewrites what differs from HEAD (`worktrees.needs_files`)."""
+    """Make a pooled worktree the job's at `path` (HEAD saying `head`, the branch at `base`); call
+    it holding `worktree.lock`. False when none is sound (each unsound one is removed). An entry
+    at `base` is the job's as it is; another one's files are not moved yet: `subtask-checkout` in
+    the admin folder says so, and the worker's files checkout rewrites what differs from HEAD
+    (`worktrees.needs_files`)."""
     ready, _ = _scan(repo)  # whatever `subtask.pool` says now: what is there is ready
     ready.sort(key=lambda e: e.commit != base)  # the job's own base first: nothing to rewrite
     for entry in ready:
@@ -185,12 +186,12 @@ def take(repo: Repo, job_id: str, path: Path, head: str, base: str) -> bool:
         if why is not None:
             _remove(repo, entry.path, entry.admin)
             continue
-        _claim(repo, entry, job_id, path, head)
+        _claim(repo, entry, job_id, path, head, moved=entry.commit != base)
         return True
     return False
 
 
-def _claim(repo: Repo, entry: Entry, job_id: str, path: Path, head: str) -> None:
+def _claim(repo: Repo, entry: Entry, job_id: str, path: Path, head: str, *, moved: bool) -> None:
     """Ordered so that a kill between two steps leaves what `worktrees.drop_stale` (the job's
     admin folder naming a missing `path`) or the next filler (a pool folder whose admin folder is
     gone) removes: never a worktree at `path` whose `.git` names another admin folder."""
@@ -199,7 +200,8 @@ def _claim(repo: Repo, entry: Entry, job_id: str, path: Path, head: str) -> None
     _write(admin / "gitdir", f"{path / '.git'}\n")
     _write(admin / "HEAD", f"{head}\n")
     _write(admin / worktrees.MARKER, f"{job_id}\n")
-    _write(admin / worktrees.PENDING_CHECKOUT, f"{entry.commit}\n")
+    if moved:  # at the job's base already, its index and files are the job's: nothing to write
+        _write(admin / worktrees.PENDING_CHECKOUT, f"{entry.commit}\n")
     (admin / MARKER).unlink()
     _write(entry.path / ".git", f"gitdir: {admin}\n")
     path.parent.mkdir(parents=True, exist_ok=True)
