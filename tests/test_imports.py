@@ -43,7 +43,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting", "subtask.model.faults"},
 }
-DIRECT = {"__future__", "dataclasses", "json", "pathlib", "signal", "subprocess", "typing"}
+DIRECT = {"__future__", "dataclasses", "json", "pathlib", "signal", "subprocess"}
 DIRECT_EXTRA = {"wait": {"queue"}}
 
 

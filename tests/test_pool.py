@@ -322,3 +322,35 @@ def test_mcp_start_many_and_map_take_pooled_worktrees(repo, monkeypatch):
     for job in ids:
         settle(repo, job)
         assert took_from_pool(repo, job), job
+
+
+def blocked_on_worktree_lock(repo: Path) -> bool:
+    inode = (repo / ".git" / "subtask" / "worktree.lock").stat().st_ino
+    with open("/proc/locks") as fh:
+        return any("->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{inode}") for line in fh)
+
+
+def test_a_filler_never_removes_an_entry_a_worker_is_taking(cli, repo, tmp_path):
+    """Half-way through a take (its admin folder renamed, its folder not yet moved) an entry looks
+    like debris; a filler clearing debris at that moment waits for the take instead of removing it."""
+    import subprocess
+
+    cli.ok("pool", "fill", "1")
+    gate = tmp_path / "gate"
+    job = cli.start(SNAPSHOT, env={"SUBTASK_FAULT_HOLD": f"pool_claiming:{gate}",
+                                   "SUBTASK_PHASES": str(repo.parent / "phases.jsonl")})
+    filler = None
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60)
+        filler = subprocess.Popen(["git", "subtask", "pool", "fill", "3"], cwd=repo, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert wait_until(lambda: blocked_on_worktree_lock(repo), timeout=60), "the filler did not wait for the take"
+    finally:
+        gate.touch()
+        if filler is not None:
+            filler.communicate(timeout=120)
+    assert cli("wait", job).returncode == 0
+    settle(repo, job)
+    assert took_from_pool(repo, job)
+    status, _, _, _ = seen(repo, job)
+    assert status == ""

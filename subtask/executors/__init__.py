@@ -20,12 +20,18 @@ from __future__ import annotations
 import importlib
 import threading
 from dataclasses import dataclass
-from typing import Protocol
 
 from subtask.model.errors import SubtaskError
 from subtask.model.job import placement, ray_job_id, runs_remotely
 
 FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", "map": "map", "reply": "reply"}
+
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # the protocol below is documentation and a type, never a base at run time
 
 
 class Elsewhere(Protocol):

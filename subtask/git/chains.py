@@ -22,12 +22,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
 
 LOCK_WAIT = 2.0  # how long an update waits by default for a young ref lock before it gives up
 ATTEMPTS = 200  # lost races before an update gives up ("too much contention")

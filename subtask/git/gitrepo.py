@@ -22,11 +22,11 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.model.errors import SubtaskError
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     import pygit2
 

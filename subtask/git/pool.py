@@ -197,6 +197,7 @@ def _claim(repo: Repo, entry: Entry, job_id: str, path: Path, head: str, *, move
     gone) removes: never a worktree at `path` whose `.git` names another admin folder."""
     admin = worktrees.expected_admin(repo, job_id)
     os.rename(entry.admin, admin)  # the claim: it fails if the job's admin folder exists
+    faults.point("pool_claiming")
     _write(admin / "gitdir", f"{path / '.git'}\n")
     _write(admin / "HEAD", f"{head}\n")
     _write(admin / worktrees.MARKER, f"{job_id}\n")
@@ -369,7 +370,13 @@ def measure(path: Path) -> tuple[int, bool]:
 def clear_debris(repo: Repo) -> int:
     """Remove what is not a complete entry: folders under `.building/` (a killed filler's; call it
     holding `pool-fill.lock`), pool folders without their marked admin folder, and marked admin
-    folders whose folder is gone."""
+    folders whose folder is gone. Under `worktree.lock`: an entry being taken or given back is
+    such a pair for a moment (its admin folder renamed, its folder not yet)."""
+    with file_lock(repo.state_dir / paths.WORKTREE_LOCK):
+        return _clear_debris(repo)
+
+
+def _clear_debris(repo: Repo) -> int:
     _, debris = _scan(repo)
     for folder in debris:
         admin = repo.common_dir / "worktrees" / folder.name
@@ -419,7 +426,7 @@ def empty(repo: Repo, dry_run: bool = False) -> list[str]:
         with file_lock(repo.state_dir / paths.WORKTREE_LOCK):
             for entry in _scan(repo)[0]:
                 _remove(repo, entry.path, entry.admin)
-        clear_debris(repo)
+            _clear_debris(repo)
     finally:
         lock.release()
     return lines

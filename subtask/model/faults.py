@@ -16,7 +16,8 @@ wait_found_busy (wait, when an ended job it waits on is still held by its worker
 before_advance, after_advance (a worker, its job ended and its slot freed, before and after it
 starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting, after_launch_admit (whoever starts a waiting
 job: its branch made, its record moved to queued, its slot taken); pool_building (whoever fills the
-worktree pool: an entry registered under `.pool/.building/`, its files not yet written).
+worktree pool: an entry registered under `.pool/.building/`, its files not yet written), pool_claiming (a worker
+taking a pooled worktree: its admin folder renamed to the job's, its folder not yet moved).
 """
 
 from __future__ import annotations

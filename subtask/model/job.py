@@ -18,9 +18,12 @@ import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from subtask.model.errors import SubtaskError
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")

@@ -91,18 +91,17 @@ class Sweep:
 # ---------------------------------------------------------------- the land target
 
 def land_target(repo: Repo) -> Target | None:
-    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main worktree)."""
-    import pygit2
-
+    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main
+    worktree). Through `Repo.objects` and `git symbolic-ref`: `cleanup` never loads pygit2 for it."""
     configured = repo.config.get("landTarget")
     if configured:
-        try:
-            return Target(configured, str(repo.git.revparse_single(configured).peel(pygit2.Commit).id))
-        except (KeyError, ValueError, pygit2.GitError):
+        commit = repo.objects.commit_of(configured) if not configured.startswith("-") else None
+        if commit is None:
             raise SubtaskError("fatal", f"git config subtask.landTarget names no commit: {configured!r}",
-                               hint="git config subtask.landTarget main") from None
-    for candidate in (repo.git, _main_repo(repo)):
-        target = _branch_target(candidate)
+                               hint="git config subtask.landTarget main")
+        return Target(configured, commit)
+    for where in (("--git-dir", str(repo.git_dir)), ("-C", str(repo.root))):
+        target = _branch_target(repo, where)
         if target is not None:
             return target
     # Detached (or unborn) everywhere: no branch keeps anything, so nothing counts as landed; a
@@ -110,20 +109,19 @@ def land_target(repo: Repo) -> Target | None:
     return None
 
 
-def _main_repo(repo: Repo) -> pygit2.Repository:
-    import pygit2
+def _branch_target(repo: Repo, where: tuple[str, str]) -> Target | None:
+    """The branch HEAD names there (`--git-dir`: this worktree's; `-C`: the main one's), unless
+    HEAD is detached, the branch unborn, or it is a job's."""
+    import subprocess
 
-    return pygit2.Repository(str(repo.root))
-
-
-def _branch_target(git_repo: pygit2.Repository) -> Target | None:
+    proc = subprocess.run(["git", *where, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    name = proc.stdout.strip()
     # A job branch is never a target: a job based on another would make it look landed.
-    if git_repo.head_is_detached or git_repo.head_is_unborn:
+    if proc.returncode != 0 or not name.startswith("refs/heads/") or name.startswith("refs/heads/subtask/"):
         return None
-    name = git_repo.head.shorthand
-    if name.startswith("subtask/"):
-        return None
-    return Target(name, str(git_repo.head.target))
+    ref = repo.objects.ref(name)
+    return Target(name[len("refs/heads/"):], ref.target) if ref is not None and ref.target else None
 
 
 # ---------------------------------------------------------------- landed?
@@ -282,12 +280,12 @@ def job_head(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin, else its base."""
     name = branch_ref(job)
     if name:
-        ref = repo.git.references.get(name)
+        ref = repo.objects.ref(name)
         if ref is not None:
-            return str(ref.target)
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+            return ref.target
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        return str(pin.target)
+        return pin.target
     return job.evidence.head if job.evidence else job.spec.base
 
 
@@ -319,7 +317,7 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     head = proc.stdout.strip()
     if proc.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
-    if not any(k == head or repo.git.descendant_of(k, head) for k in keepers if k):
+    if not any(repo.objects.is_ancestor(head, k) for k in keepers if k):
         return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps"
     return True, ""
 
@@ -497,11 +495,10 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
 def empty_branch_tip(repo: Repo, job: Job) -> str | None:
     """The tip of the job's branch when it is at its base (no commit beyond it)."""
     name = branch_ref(job)
-    ref = repo.git.references.get(name) if name else None
+    ref = repo.objects.ref(name) if name else None
     if ref is None:
         return None
-    tip = str(ref.target)
-    return tip if tip == job.spec.base else None
+    return ref.target if ref.target == job.spec.base else None
 
 
 def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
@@ -509,7 +506,7 @@ def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree
     so a commit made meanwhile (by hand, in another worktree) keeps it."""
     branch = job.spec.branch
     name = branch_ref(job)
-    if name is None or repo.git.references.get(name) is None:
+    if name is None or repo.objects.ref(name) is None:
         return Removal("missing")  # a record naming another branch: never ours to delete (nor news)
     tip = empty_branch_tip(repo, job)
     if tip is None:
@@ -545,9 +542,9 @@ def checked_out_branches(repo: Repo) -> set[str]:
 
 def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
     keep = [job_head(repo, job), job.spec.base]
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        keep.append(str(pin.target))
+        keep.append(pin.target)
     if target is not None:
         keep.append(target.sha)
     return keep
