@@ -219,6 +219,7 @@ def starts(where: Path, wheel: Path, env: dict, runs: int, files: int, label: st
     samples: dict[str, list[float]] = {k: [] for k in ("worktree_add", "start_prompt", "start_engine",
                                                      "first_start_prompt", "first_start_engine")}
     took = []
+    walls: dict[str, float] = {}
     for n in range(runs):
         samples["worktree_add"].append(worktree_add(repo, n + 1))
         pooled.fill()
@@ -228,6 +229,7 @@ def starts(where: Path, wheel: Path, env: dict, runs: int, files: int, label: st
         samples["start_prompt"].append(prompt)
         samples["start_engine"].append(pooled.until_engine(job, wall))
         took.append(pooled.took_pool(job))
+        walls[job] = wall
         pooled("cleanup", job)
         job, wall, prompt = nopool.start()
         nopool("wait", job)
@@ -240,11 +242,13 @@ def starts(where: Path, wheel: Path, env: dict, runs: int, files: int, label: st
     for k in ("start_prompt", "start_engine", "first_start_prompt", "first_start_engine"):
         row[f"{k}/worktree_add"] = round(row[k] / add, 2)
     row["pooled_starts"] = f"{sum(took)} of {len(took)}"
+    row["phases"] = peer.phase_breakdown(pooled.phases, walls)
     print(f"   {label}: worktree add -b {add} ms; with a filled pool: start {row['start_prompt']} "
           f"({row['start_prompt/worktree_add']}), until the engine runs {row['start_engine']} "
           f"({row['start_engine/worktree_add']}); no pool: start {row['first_start_prompt']}, until the engine "
           f"{row['first_start_engine']} ({row['first_start_engine/worktree_add']}); pool taken {row['pooled_starts']}",
           flush=True)
+    print("   phases with the pool: " + ", ".join(f"{k} {v}" for k, v in row["phases"].items()), flush=True)
     return row
 
 
@@ -308,6 +312,7 @@ def big(tmp: Path, wheel: Path, env: dict, runs: int, files: int) -> dict:
     samples: dict[str, list[float]] = {"worktree_add": [], "start_engine": [], "start_prompt": []}
     clean = []
     took = []
+    walls: dict[str, float] = {}
     for n in range(runs):
         samples["worktree_add"].append(worktree_add(repo, n))
         tool.fill()
@@ -317,6 +322,7 @@ def big(tmp: Path, wheel: Path, env: dict, runs: int, files: int) -> dict:
         samples["start_prompt"].append(prompt)
         samples["start_engine"].append(tool.until_engine(job, wall))
         took.append(tool.took_pool(job))
+        walls[job] = wall
         worktree = repo / ".subtask" / "worktrees" / job
         status = run(["git", "-C", str(worktree), "status", "--porcelain", "--untracked-files=all"], repo)
         branch = run(["git", "-C", str(worktree), "symbolic-ref", "HEAD"], repo).strip()
@@ -328,6 +334,8 @@ def big(tmp: Path, wheel: Path, env: dict, runs: int, files: int) -> dict:
     row["worktrees at their base, clean"] = f"{sum(clean)} of {len(clean)}"
     row["pooled_starts"] = f"{sum(took)} of {len(took)}"
     row["repository_made_s"] = made
+    row["phases"] = peer.phase_breakdown(tool.phases, walls)
+    print("   phases: " + ", ".join(f"{k} {v}" for k, v in row["phases"].items()), flush=True)
     print(f"   {files} files: worktree add -b {row['worktree_add']} ms; start until the engine runs "
           f"{row['start_engine']} ms (<= 300), {row['start_engine/worktree_add']} of worktree add (<= 0.33); "
           f"start (prompt) {row['start_prompt']} ms; pool taken {row['pooled_starts']}; "

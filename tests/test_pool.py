@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import Cli, git, make_repo, wait_until
 
+from subtask.git.gitrepo import open_repo
+from subtask.state import liveness
+
 POOL = Path(".subtask") / "worktrees" / ".pool"
 
 
@@ -189,8 +192,10 @@ def test_a_pooled_worktree_whose_admin_files_changed_is_discarded(cli, repo, dam
 def test_killing_a_worker_during_refill_leaves_no_half_made_entry_that_is_handed_out(cli, repo, tmp_path):
     gate = tmp_path / "gate"
     job = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
-    cli.ok("wait", job)
     assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=120)
+    assert wait_until(lambda: cli.json("show", job)["state"] == "done", timeout=120)
+    # The refill is part of the job: its worker keeps the run-lock (`wait` waits on) until it ends.
+    assert liveness.is_held(open_repo(repo).state_dir, job)
     building = list((repo / POOL / ".building").iterdir())
     assert len(building) == 1  # registered, its files not written
     os.killpg(worker_of(repo, job), signal.SIGKILL)  # the worker and its refill (one process group)

@@ -811,17 +811,19 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                 undo.append(lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            if launch.branch_at is not None:  # the job's branch is created (start) or restored (reply) here
+            if attempt.n == 1:  # its branch (none for a read-only job) and base pin: one ref transaction
+                branch = job.spec.branch if launch.branch_at is not None else None
+                records.create_start_refs(repo, job.id, branch, job.spec.base)
+                undo.append(lambda job=job, branch=branch: _drop_start_refs(repo, job.id, branch))
+                faults.point("after_branch")
+                records.create(repo, job)
+                continue
+            if launch.branch_at is not None:  # a reply restores the job's branch here
                 records.create_branch(repo, job.spec.branch, launch.branch_at)
                 undo.append(lambda job=job: _delete_branch(repo, job.spec.branch))
                 faults.point("after_branch")
-            if attempt.n == 1:
-                records.set_pin(repo, job.id, "base", job.spec.base)
-                undo.append(lambda job=job: records.delete(repo, job.id))
-                records.create(repo, job)
-            else:
-                _append_attempt(repo, job.id, attempt)
-                undo.append(lambda job=job, attempt=attempt: _drop_attempt(repo, job.id, attempt.n))
+            _append_attempt(repo, job.id, attempt)
+            undo.append(lambda job=job, attempt=attempt: _drop_attempt(repo, job.id, attempt.n))
         if then_record is not None:
             then_record()
             undo.append(undo_record)
@@ -886,6 +888,13 @@ def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
         liveness.lock_path(state_dir, job_id).unlink()
     except FileNotFoundError:
         pass
+
+
+def _drop_start_refs(repo: Repo, job_id: str, branch: str | None) -> None:
+    """Undo `records.create_start_refs` (and `records.create`): the branch, the pins, the record."""
+    if branch is not None:
+        _delete_branch(repo, branch)
+    records.delete(repo, job_id)
 
 
 def _delete_branch(repo: Repo, branch: str) -> None:

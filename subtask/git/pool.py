@@ -321,16 +321,15 @@ def _build(repo: Repo, commit: str) -> Entry:
 
 
 def _settle_index(repo: Repo, admin: Path, path: Path) -> None:
-    """Refresh the index once its own second has passed: a file written in the second git wrote
-    the index is "racily clean", and the job that takes the entry would read it again."""
+    """Refresh the index when its own second has passed already: a file written in the second
+    git wrote the index is "racily clean", and the first status of the job that takes the entry
+    would hash it again. Never waited for: the job this refill runs beside waits for the refill."""
     try:
         written = (admin / "index").stat().st_mtime
     except OSError:
         return
-    wait = int(written) + 1 - time.time()
-    if wait > 0:
-        time.sleep(wait)
-    worktrees.job_git(repo, admin, path, "update-index", "-q", "--refresh", check=False)
+    if time.time() >= int(written) + 1:
+        worktrees.job_git(repo, admin, path, "update-index", "-q", "--refresh", check=False)
 
 
 def _drop_transient(admin: Path) -> None:

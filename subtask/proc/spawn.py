@@ -155,7 +155,7 @@ def in_background(work: Callable[[], object]) -> int | None:
     """Run `work` in a forked child of this single-threaded process, in this process's group (a
     `stop` of the worker ends it too); its pid, or None when this process cannot fork now. The
     child never returns into the caller's code and runs none of its exit handlers. Reap it with
-    `reap_background` before this process ends. At the caller's priority, not below: on a busy
+    `reap_background` (a worker: before it lets go of its job). At the caller's priority: on a busy
     machine a niced child waited seconds behind everything else (measured: a pool refill at nice
     19 never finished between two jobs at load 17), and on two cores it runs beside the job."""
     if not hasattr(os, "fork") or threading.active_count() != 1:

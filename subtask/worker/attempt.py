@@ -977,7 +977,6 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
     if set_up is None:
         return
     job, worktree, admin, main_before = set_up
-    refill_pool(repo, job)
     try:
         confinement = Confinement(repo, job, worktree, admin, sink, main_before)
     except BaseException as exc:
@@ -1001,9 +1000,10 @@ def _run_attempt(repo: Repo, job: Job, sink: EventSink) -> None:
 
 def refill_pool(repo: Repo, job: Job) -> None:
     """Make the next job's worktree while this one runs: a forked child fills the pool at this
-    job's base (`pool.fill`), unless the pool has what it should or is
-    being filled. The child holds `pool-fill.lock` (taken here, before the fork) and none of our
-    run-locks: `wait` wakes when this worker lets go, whatever the child still does."""
+    job's base (`pool.fill`), unless the pool has what it should or is being filled. The child
+    holds `pool-fill.lock` (taken here, before the fork) and none of our run-locks; the worker
+    waits for it before it lets go of its run-lock (`serve`), so the refill is part of the job:
+    when `wait` returns, nothing of the job runs any more."""
     if not pool.wanted(repo):
         return
     lock = pool.filler(repo)
@@ -1043,6 +1043,7 @@ def _set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, 
         _setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
                       hint=f"see what git has: git worktree list; then try again: git subtask reply {job_id} '...'")
         return None
+    refill_pool(repo, job)  # beside the job from here on, on the core its checkout leaves free
     main_before = MainWorktreeStatus(repo)
     ready = None
     try:
@@ -1249,6 +1250,8 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
         start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
+        spawn.reap_background()  # the pool refill beside the job ends with it: when no job runs, nothing runs
+        phases.mark("refill_joined")
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         phases.flush(job_id, attempt_n)
@@ -1356,7 +1359,7 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     try:
         serve(repo, job_id, lock_fd, started_at)
     finally:
-        spawn.reap_background()  # a pool refill this worker started: ours to wait for, never left behind
+        spawn.reap_background()  # a pool refill of an attempt that ended in an error: never left behind
     return 0
 
 
