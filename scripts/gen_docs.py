@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SESSION = [
     ("git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt'", True),
     ("git subtask wait $J1", True),
+    ("git subtask wait --since 0 $J1", True),
     ("git subtask start --engine shell 'echo fix > fix.txt; git add fix.txt; git commit -qm \"Fix the thing\"; echo Fixed it; echo STATUS: done'", True),
     ("git subtask start --engine shell --verify false 'echo oops > oops.txt'", True),
     ("git subtask wait $J2 $J3", True),
@@ -53,12 +54,15 @@ SESSION = [
     ("git subtask list", True),
     ("git subtask land --dry-run $J4 $J5 $J6; echo \"exit $?\"", True),
     ("git subtask land $J4 $J5 $J6; echo \"exit $?\"", True),
+    ("git subtask du", True),
     ("git subtask cleanup $J1", True),
     ("git subtask pool", False),  # sizes on disk are the file system's
     ("git subtask install all --scope project --dry-run", True),
     ("git subtask spend", False),
     ("git subtask engines", False),
     ("git subtask doctor", False),
+    ("echo draft >> README.md && mkdir -p src && cd src && git subtask start --engine shell 'ls'", True),
+    ("git config subtask.routing.engines shell; git subtask routing explain 'echo routed > routed.txt'", False),
     ("git subtask show st-ffffffff; echo \"exit $?\"", True),
     ("git subtask start ''; echo \"exit $?\"", True),
 ]
@@ -101,6 +105,7 @@ MCP_SESSION = [
         {"task": "echo oops > oops.txt", "verify": "false"},
         {"task": "", "engine": "shell"}]}, False),
     ("wait", {"ids": ["$J1", "$J2", "$J3"], "timeout": 60}, False),
+    ("wait", {"ids": ["$J2"], "since": "0"}, False),
     ("diff", {"id": "$J1", "stat": True}, True),
     ("diff", {"id": "$J1"}, False),
     ("result", {"id": "$J3"}, False),
@@ -115,6 +120,7 @@ MCP_SESSION = [
     ("land", {"ids": ["$G1"], "dry_run": True}, True),
     ("land", {"ids": ["$G1"]}, False),
     ("list", {}, False),
+    ("du", {}, False),
     ("wait", {"ids": ["$J1"], "timeout": "soon"}, False),
     ("start", {"task": "x", "verfiy": "true"}, False),
     ("result", {"id": "st-deadbeef"}, False),
@@ -138,6 +144,9 @@ def normalize(text: str) -> str:
     text = re.sub(r"(Date|Author): .*", r"\1: <who or when>", text)
     text = re.sub(r"subtask-docs-[^/]+", "<tmp>", text)
     text = re.sub(r"\d{10}\.\d+", "<time>", text)
+    text = re.sub(r"\b\d{2}:\d{2}:\d{2}\b", "<clock>", text)
+    text = re.sub(r"\b\d+(?:\.\d)? (?:B|KiB|MiB|GiB)\b", "<size>", text)  # du: blocks differ by file system
+    text = re.sub(r"(<sha>|\.)\.\d+\b", r"\1.<offset>", text)  # a wait cursor's byte offsets
     return "\n".join(re.sub(r"[ \t]+", " ", line).rstrip() for line in text.splitlines())
 
 
@@ -157,7 +166,8 @@ def reference() -> str:
 def _scratch() -> tuple[Path, Path, dict[str, str]]:
     tmp = Path(tempfile.mkdtemp(prefix="subtask-docs-"))
     repo = tmp / "demo"
-    env = dict(os.environ, GIT_AUTHOR_NAME="Ada", GIT_AUTHOR_EMAIL="ada@example.com",
+    (tmp / "home").mkdir()
+    env = dict(os.environ, HOME=str(tmp / "home"), GIT_AUTHOR_NAME="Ada", GIT_AUTHOR_EMAIL="ada@example.com",
                GIT_COMMITTER_NAME="Ada", GIT_COMMITTER_EMAIL="ada@example.com", NO_COLOR="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", SUBTASK_SERVER="0")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
@@ -171,7 +181,10 @@ def session_blocks(session=None) -> list[tuple[str, str, bool]]:
     """(command, what it printed, checked) for each entry of `session` (SESSION), run for real.
     `$J<n>` is the n-th job a start printed, `$G<n>` the n-th group a map printed."""
     tmp, repo, env = _scratch()
-    env = dict(env, GATE=str(tmp / "gate"), GATE2=str(tmp / "gate2"))
+    gates = tmp / "gates"  # jobs see them read-only (a confined job's view holds nothing it is not given)
+    gates.mkdir()
+    subprocess.run(["git", "-C", str(repo), "config", "--add", "subtask.isolation.readable", str(gates)], check=True)
+    env = dict(env, GATE=str(gates / "gate"), GATE2=str(gates / "gate2"))
     named: dict[str, list[str]] = {"J": [], "G": []}
     out = []
     for command, checked in SESSION if session is None else session:

@@ -2,9 +2,12 @@
 
 A command of the registry (`faces/commands`: start, wait, list, status, show, result, cleanup)
 runs without click when its command line is one the registry's parser is sure of; every other
-command line goes to the click CLI. Ctrl-C while the CLI is still being imported exits 130
-quietly (a plain import would print a traceback). No process is left behind after a call (a warm
-command server used to be, on by default: it is gone, docs/architecture.md says why).
+command line goes to the click CLI. A Ctrl-C is exit 130 and never a traceback, wherever it lands
+from the first line of `main` on: while the CLI is still being imported (the script's own
+`from subtask.faces.cli import main` would print one), while the command runs, while it unwinds,
+and once it is over. Before that first line it is Python's own start-up (`site`), which no code
+of ours can reach. No process is left behind after a call (a warm command server used to be, on
+by default: it is gone, docs/architecture.md says why).
 """
 
 from __future__ import annotations
@@ -13,22 +16,37 @@ import sys
 
 
 def main() -> None:
+    code: object = 0
+    errors = None
     try:
-        from subtask.model.errors import interrupt_once
+        try:
+            from subtask.model import errors, faults
 
-        interrupt_once()  # a second Ctrl-C (git passes the first on again) must not interrupt the exit
-        from subtask.faces import commands
+            errors.interrupt_once()  # a second Ctrl-C (git passes it on again) changes nothing
+            faults.point("cli_start")
+            from subtask.faces import commands
 
-        found = commands.find(sys.argv[1:])
-        if found is not None or sys.argv[1:] == ["--version"]:
-            _man_page()
-            if found is None:
-                commands.version()
-            commands.call(*found)  # exits
-        from subtask.faces.cli import main as cli_main
+            found = commands.find(sys.argv[1:])
+            if found is not None or sys.argv[1:] == ["--version"]:
+                _man_page()
+                faults.point("cli_dispatch")  # as the click CLI's: loaded, the command not yet run
+                if found is None:
+                    commands.version()
+                commands.call(*found)  # exits
+            from subtask.faces.cli import main as cli_main
+
+            cli_main()
+        except SystemExit as done:
+            code = done.code
+            faults.point("cli_end")
+        finally:
+            if errors is not None:
+                errors.command_over()  # from here to the exit, a Ctrl-C changes nothing
     except KeyboardInterrupt:
-        sys.exit(130)
-    cli_main()
+        code = 130
+    if errors is not None:
+        errors.exit_if_interrupted()
+    sys.exit(code)
 
 
 def _man_page() -> None:

@@ -31,9 +31,6 @@ def pytest_configure(config):
     compileall.compile_dir(str(Path(subtask.__file__).parent), quiet=1)
 
 
-# Prints the calling shell's pid as this machine sees it: inside a job's pid namespace `$$` is the
-# namespace's own number, while /proc is the machine's.
-HOST_PID = "read -r p _ < /proc/self/stat; echo $p"
 
 BLACKHOLE = "http://127.0.0.1:9"
 GUARD_SCRIPT = """#!/bin/sh
@@ -76,6 +73,34 @@ def paid_engine_guard(tmp_path_factory, monkeypatch, request):
         pytest.fail(f"a paid engine was started during the test: {marker.read_text()}")
 
 
+def claude_code_folder(path: Path) -> str:
+    """The name Claude Code gives the folder of a working directory in its temp dir: the path
+    with every character but a letter or a digit made a `-`."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]", "-", str(path))
+
+
+@pytest.fixture(autouse=True)
+def claude_code_temp(tmp_path, monkeypatch):
+    """Claude Code (the CLI in claude-agent-sdk, which the real-CLI tests run) keeps a folder per
+    working directory in its temp dir (`$CLAUDE_CODE_TMPDIR`, else the system's:
+    /tmp/claude-<uid>/<cwd as a name>) and never removes it: each run of the suite left one per
+    test there. Its temp dir is this test's (a job's is its private TMPDIR); afterwards, nothing
+    named for this test may be in the system's one."""
+    import tempfile
+
+    private = tmp_path / "claude-code-tmp"
+    private.mkdir(mode=0o700)  # the CLI refuses a temp dir others may write
+    monkeypatch.setenv("CLAUDE_CODE_TMPDIR", str(private))
+    yield
+    shared = Path(tempfile.gettempdir()) / f"claude-{os.getuid()}"
+    mine = claude_code_folder(tmp_path)
+    found = shared.glob(f"{mine}*") if shared.is_dir() else []
+    left = sorted(p.name for p in found if p.name == mine or p.name.startswith(f"{mine}-"))
+    assert not left, f"the test left folders in Claude Code's shared temp dir {shared}: {left}"
+
+
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Test Author",
     "GIT_AUTHOR_EMAIL": "author@example.com",
@@ -93,6 +118,23 @@ def isolated_git(tmp_path_factory, monkeypatch):
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
     return home
+
+
+# The tests of the view itself see exactly what a user's confined job sees.
+OWN_VIEW_MODULES = ("test_view", "test_isolation", "test_containment")
+
+
+@pytest.fixture(autouse=True)
+def scratch_visible_to_jobs(request, isolated_git):
+    """Most tests hold a confined job on a gate file in their scratch folder, or hand it a script
+    from there, as a user grants a folder: `subtask.isolation.readable` of the test's tmp_path, in
+    this test's own global git config (a confined job's view holds nothing of the machine it is not
+    given). The tests of the view itself (`OWN_VIEW_MODULES`) grant nothing."""
+    if request.module.__name__.rpartition(".")[2] in OWN_VIEW_MODULES or "tmp_path" not in request.fixturenames:
+        return
+    scratch = request.getfixturevalue("tmp_path")
+    with open(isolated_git / ".gitconfig", "a", encoding="utf-8") as fh:
+        fh.write(f'[subtask "isolation"]\n\treadable = {scratch}\n')
 
 
 def git(cwd, *args, check=True) -> str:
@@ -150,6 +192,25 @@ def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
 def repo(tmp_path) -> Path:
     """A real git repository with one commit; the default engine is shell."""
     return make_repo(tmp_path / "repo")
+
+
+def gate_folder(repo: Path) -> Path:
+    """A folder outside the repository that confined jobs see (read-only), for the gates a test
+    opens while a job waits: a confined job's view holds nothing of the machine it is not given
+    (`subtask.isolation.readable`)."""
+    path = repo.parent / "gates"
+    if not path.exists():
+        path.mkdir()
+        git(repo, "config", "--add", "subtask.isolation.readable", str(path))
+    return path
+
+
+def host_pid(token: str, timeout: float = 30.0) -> int:
+    """The pid, as this machine numbers it, of the process whose command line holds `token` (a
+    job's process runs in a pid namespace with a /proc of its own: it cannot say its pid here).
+    Give it as an argument of the process, e.g. `sh -c '...' TOKEN` (its `$0`)."""
+    assert wait_until(lambda: processes_with(token), timeout=timeout), f"no process holds {token}"
+    return min(processes_with(token))
 
 
 def grant_writable(path: Path) -> Path:

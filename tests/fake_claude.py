@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("success", "budget", "max_turns", "auth", "usage_limit", "api_error", "hang",
-             "hang_stubborn", "crash")
+             "hang_stubborn", "crash", "session")
 FAKE_SESSION = "11111111-2222-3333-4444-555555555555"
 MAIN_MARKER = "background worker on job"  # from the engine's DELEGATION_PROTOCOL
 
@@ -93,6 +93,8 @@ def play():
     if SCENARIO == "crash":
         sys.stderr.write("boom: the fake CLI crashed\n")
         sys.exit(3)
+    if SCENARIO == "session":
+        session()
     bash("toolu_ok", "git status")
     tool_result("toolu_ok", "On branch main\nnothing to commit", False)
     bash("toolu_bad", "make test")
@@ -127,6 +129,26 @@ def play():
     # The real CLI exits non-zero on purpose after an error result.
     sys.exit(1)
 
+def session():
+    """One run of a session whose cost Claude Code reports as a running total: what this run's
+    calls cost (`<record>.run-cost`, dollars as text) on top of the session's earlier runs when
+    resumed, kept in `<record>.session-cost` as the transcript keeps it, also for a run that dies
+    after its answer without a result (`<record>.die` exists: killed, as far as anyone can tell)."""
+    resumed = any(a == "--resume" or a.startswith("--resume=") for a in sys.argv[1:])
+    kept = RECORD + ".session-cost"
+    earlier = float(open(kept).read()) if resumed and os.path.exists(kept) else 0.0
+    total = earlier + float(open(RECORD + ".run-cost").read())
+    with open(kept, "w") as f:
+        f.write(repr(total))
+    assistant([{"type": "text", "text": "Working on it."}])
+    if os.path.exists(RECORD + ".die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    final = "Did this run's part.\nSTATUS: done"
+    assistant([{"type": "text", "text": final}])
+    result(text=final, cost=total, stop_reason="end_turn", terminal_reason="completed")
+    wait_for_eof()
+    sys.exit(0)
+
 for line in sys.stdin:
     line = line.strip()
     if not line:
@@ -148,7 +170,8 @@ def write_fake_cli(path: Path | str, scenario: str) -> Path:
 
     The record (`read_record(path)`) holds argv, cwd, pid and the ANTHROPIC/CLAUDE/GIT env. The
     "hang" scenarios start a `sleep` child (pid in `<path>.json.child`) and never answer;
-    "hang_stubborn" also ignores SIGTERM.
+    "hang_stubborn" also ignores SIGTERM. "session" reports a running total over resumed runs
+    (see its `session()`: `<path>.json.run-cost` says what one run costs).
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")

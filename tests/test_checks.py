@@ -120,6 +120,42 @@ def test_an_added_suppression_fails_no_suppression_naming_file_and_line(project,
     assert len(found) == 1 and found[0].startswith(path) and found[0].endswith(f"adds {label}"), found
 
 
+ALIASED = {
+    "import pytest as P": ("import pytest as P\n", "@P.mark.skip\ndef test_parse():\n"),
+    "from pytest import skip as later": ("from pytest import skip as later\n", "def test_parse():\n    later('soon')\n"),
+    "from pytest import mark": ("from pytest import mark\n", "@mark.xfail\ndef test_parse():\n"),
+    "from unittest import skip": ("import pytest\nfrom unittest import skip\n", "@skip('later')\ndef test_parse():\n"),
+}
+
+
+@pytest.mark.parametrize("alias", list(ALIASED))
+def test_a_skip_spelled_through_an_alias_fails_no_suppression(project, alias):
+    """An early signal only: the judge (the base's tests) is what holds whatever the spelling."""
+    importing, skipping = ALIASED[alias]
+    text = PY_TESTS.replace("import pytest\n", importing, 1)
+    assert run(project, {"tests/test_parse.py": text}, [checks.NO_SUPPRESSION])["no-suppression"]["found"] == []
+    text = text.replace("def test_parse():\n", skipping, 1)
+    found = run(project, {"tests/test_parse.py": text}, [checks.NO_SUPPRESSION])["no-suppression"]["found"]
+    assert len(found) == 1 and found[0].startswith("tests/test_parse.py:") and "skip through an alias" in found[0], found
+
+
+@pytest.mark.parametrize("path, text, label", [
+    ("tests/conftest.py", "def pytest_collection_modifyitems(items):\n    items[:] = []\n",
+     "pytest_collection_modifyitems"),
+    ("conftest.py", "import os\nos._exit(0)\n", "os._exit"),
+    ("pytest.ini", "[pytest]\naddopts = --deselect tests/test_parse.py::test_parse\n", "--deselect"),
+    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = \"-k 'not parse'\"\n", "-k"),
+])
+def test_a_conftest_or_configuration_that_deselects_fails_no_suppression(project, path, text, label):
+    found = run(project, {path: text}, [checks.NO_SUPPRESSION])["no-suppression"]["found"]
+    assert len(found) == 1 and found[0].startswith(path) and label in found[0], found
+
+
+def test_a_conftest_with_fixtures_only_passes(project):
+    fixture = "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n"
+    assert run(project, {"tests/conftest.py": fixture}, [checks.NO_SUPPRESSION])["no-suppression"]["passed"] is True
+
+
 def test_a_suppression_that_only_moved_is_not_added(project):
     (project / "src/parse.py").write_text("import os  # noqa: F401\n\ndef parse(text):\n    return int(text)\n")
     git(project, "commit", "-qam", "noqa already there")

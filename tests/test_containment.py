@@ -31,7 +31,8 @@ needs_namespaces = pytest.mark.skipif(not NAMESPACES.available,
 
 def evil_monitor(repo: Path, folder: Path) -> Path:
     """A program that, run by any git unconfined, leaves a mark in the main checkout, sets the main
-    repository's hooks path and moves `main` to a forged commit."""
+    repository's hooks path and moves `main` to a forged commit. The job is let read it (it is not
+    in a confined job's view otherwise), as if it had written it itself."""
     script = folder / "evil.sh"
     script.write_text("#!/bin/sh\n"
                       f"echo pwned > '{repo}/PWNED'\n"
@@ -39,6 +40,7 @@ def evil_monitor(repo: Path, folder: Path) -> Path:
                       f"forged=$(git -C '{repo}' commit-tree -m forged 'main^{{tree}}')\n"
                       f"git -C '{repo}' update-ref refs/heads/main \"$forged\"\n")
     script.chmod(0o755)
+    git(repo, "config", "--add", "subtask.isolation.readable", str(script))
     return script
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOST_PID, git, grant_writable, wait_until
+from conftest import gate_folder, git, host_pid, wait_until
 
 from subtask.git.gitrepo import open_repo
 from subtask.ops import lifecycle
@@ -81,19 +81,17 @@ def test_a_killed_workers_engine_group_ends_before_its_slot_is_freed(cli, repo, 
     git(repo, "config", "subtask.maxRunning", "1")
     if engine == "command":
         use_sh_command_engine(repo)
-    go = repo.parent / "go"
-    control = repo.parent / "control"
-    control.mkdir()
-    grandchild = grant_writable(control) / "grandchild.pid"
+    go = gate_folder(repo) / "go"
+    token = f"grandchild-{repo.parent.name}"
     # A background member of the engine's group, so "the leader died" is not enough.
-    task = (f"(trap '' TERM; {HOST_PID} > '{grandchild}'; exec sleep 60) & "
+    task = (f"sh -c \"trap '' TERM; sleep 60; :\" {token} & "
             f"{HOLD.format(go=go)}; echo A > fa; git add fa; git commit -qm A")
     args = ["--engine", "sh"] if engine == "command" else []
     a = cli.start(task, *args)
     engine_pgid = None
     try:
-        assert wait_until(lambda: "engine" in pids_of(repo, a) and grandchild.exists()
-                          and grandchild.read_text().strip(), timeout=20)
+        host_pid(token)
+        assert wait_until(lambda: "engine" in pids_of(repo, a), timeout=20)
         pids = pids_of(repo, a)
         engine_pgid = pids["engine"]
         os.kill(pids["worker"], signal.SIGKILL)
@@ -119,17 +117,13 @@ def test_a_killed_workers_verify_group_ends_when_the_job_is_settled(cli, repo):
     """kill -9 the worker while verify runs: the parent-death signal ends verify's leader only;
     the command that settles the job ends the rest of verify's process group (a test server a
     suite started, say) as it does the engine's."""
-    go = repo.parent / "go"
-    control = repo.parent / "control"
-    control.mkdir()
-    member_file = grant_writable(control) / "member.pid"
-    verify = (f"(trap '' TERM; sh -c '{HOST_PID} > {member_file}; exec sleep 60') & "
-              f"{HOLD.format(go=go)}")
+    go = gate_folder(repo) / "go"
+    token = f"verify-member-{repo.parent.name}"
+    verify = f"sh -c \"trap '' TERM; sleep 60; :\" {token} & {HOLD.format(go=go)}"
     a = cli.start("echo A > fa", "--verify", verify)
     member = None
     try:
-        assert wait_until(lambda: member_file.exists() and member_file.read_text().strip(), timeout=30)
-        member = int(member_file.read_text())
+        member = host_pid(token)
         os.kill(pids_of(repo, a)["worker"], signal.SIGKILL)
         assert wait_until(lambda: not liveness.is_held(state_dir(repo), a), timeout=60)
         assert cli.json("list")["jobs"][0]["state"] == "failed"
@@ -142,7 +136,7 @@ def test_a_killed_workers_verify_group_ends_when_the_job_is_settled(cli, repo):
 
 def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
     """A recorded engine pgid that now names an unrelated process (pid reuse) is left alone."""
-    go = repo.parent / "go"
+    go = gate_folder(repo) / "go"
     # The stranger starts before the job, so its start time (in clock ticks of 10 ms) is provably
     # not the engine's: started together, they can share a tick, and then it passes for the engine.
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -266,7 +260,7 @@ def test_a_stale_record_lock_left_while_a_job_runs_does_not_stop_it_ending(cli, 
     """What a kill -9 inside a ref update leaves: the worker waits the lock out, removes it once it
     is stale, and records its successful end (not `failed`, not `running` forever)."""
     git(repo, "config", "subtask.refLockStale", "1")
-    go = repo.parent / "go"
+    go = gate_folder(repo) / "go"
     job = cli.start(f"{HOLD.format(go=go)}; echo ok")
     lock = record_lock(repo, job)
     try:
@@ -291,7 +285,7 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
     # "young" for as long as the test needs it (a loaded machine took >10 s, the default); the
     # test then ages the lock past this on purpose
     git(repo, "config", "subtask.refLockStale", "3600")
-    go = repo.parent / "go"
+    go = gate_folder(repo) / "go"
     job = cli.start(HOLD.format(go=go))
     lock = record_lock(repo, job)
     try:
@@ -322,7 +316,7 @@ def test_a_dead_workers_record_behind_a_ref_lock_keeps_its_slot_until_it_is_sett
 def test_wait_settles_a_running_record_that_no_slot_and_no_worker_holds(cli, repo):
     """A record left `running` with no slot entry and no run-lock (what the old "could not settle
     yet freed the slot" left): `wait` settles it instead of waiting forever, doctor names it."""
-    go = repo.parent / "go"
+    go = gate_folder(repo) / "go"
     job = cli.start(HOLD.format(go=go))
     try:
         assert wait_until(lambda: "engine" in pids_of(repo, job), timeout=60)

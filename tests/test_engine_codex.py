@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,9 @@ def test_recorded_run_becomes_an_outcome(repo):
     assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed",
             "output": "README.md\n"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
-    from subtask.api import _activity_text  # what `status` and MCP progress show
+    from subtask.model.render import (
+        activity_text as _activity_text,  # what `status` and MCP progress show
+    )
 
     tools = [_activity_text(e) for e in emitted if e["type"] == "tool"]
     assert tools and all(t and "None" not in t for t in tools), tools
@@ -317,7 +320,18 @@ def test_configured_prices_give_a_cost(repo):
     prices = {"engine.codex.costPerMTokIn": "1.25", "engine.codex.costPerMTokOut": "10"}
     ctx, _ = make_ctx(repo, RECORDED, config=prices)
     out = CodexEngine().run(ctx)
-    assert out.cost_usd == pytest.approx((24763 * 1.25 + 122 * 10) / 1e6)
+    assert out.cost_usd == Decimal("0.032174")  # $0.03217375, to the micro-dollar
+
+
+def test_cached_input_tokens_are_billed_at_their_own_price(repo):
+    """24,448 of the run's 24,763 input tokens came from the cache: they cost the cached price,
+    the other 315 the input price. At the full input price the run would cost $0.032174."""
+    prices = {"engine.codex.costPerMTokIn": "1.25", "engine.codex.costPerMTokCachedIn": "0.125",
+              "engine.codex.costPerMTokOut": "10"}
+    ctx, _ = make_ctx(repo, RECORDED, config=prices)
+    out = CodexEngine().run(ctx)
+    # (315 x 1.25 + 24,448 x 0.125 + 122 x 10) / 1e6 = $0.00466975, to the micro-dollar
+    assert out.cost_usd == Decimal("0.00467")
 
 
 def test_probe(repo, monkeypatch):
@@ -358,7 +372,7 @@ def test_recorded_real_run_and_resume_give_each_attempt_its_own_tokens(repo):
     session = first_events[0]["thread_id"]
     assert first.session_id == session
     assert first.tokens == {"input": 3600, "cached_input": 0, "output": 240}
-    assert first.cost_usd == pytest.approx((3600 * 2 + 240 * 8) / 1e6)
+    assert first.cost_usd == Decimal(3600 * 2 + 240 * 8) / 1_000_000
     assert first.totals == {"session_id": session, "cost_usd": None, "tokens": first.tokens}
     assert first.commands == [{"command": "/bin/bash -lc 'echo hello > hello.txt && ls'", "exit": 0},
                               {"command": "/bin/bash -lc 'cat missing.txt'", "exit": 1}]
@@ -372,7 +386,7 @@ def test_recorded_real_run_and_resume_give_each_attempt_its_own_tokens(repo):
     second = CodexEngine().run(ctx)
     assert second.ok, second.error
     assert second.tokens == {"input": 2400, "cached_input": 0, "output": 160}
-    assert second.cost_usd == pytest.approx((2400 * 2 + 160 * 8) / 1e6)
+    assert second.cost_usd == Decimal(2400 * 2 + 160 * 8) / 1_000_000
     assert second.since_baseline
     assert second.totals["tokens"] == {"input": 6000, "cached_input": 0, "output": 400}
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def make_ctx(setup: dict[str, Any], settings: dict[str, str], *, task: str = NAS
     ctx = EngineContext(job_id="job1", attempt=1, task=task, worktree=setup["root"],
                         repo_root=setup["root"], git_common_dir=setup["root"] / ".git",
                         env=dict(setup["env"], **(extra_env or {})), emit=emitted.append,
-                        config=settings.get, **kwargs)
+                        config=settings.get, private_dir=setup["tmp"], **kwargs)
     return ctx, emitted
 
 
@@ -125,7 +126,7 @@ def test_cost_pattern_takes_the_last_match(setup):
     ctx, _ = make_ctx(setup, settings)
     e = engine(settings)
     assert e.paid is True
-    assert e.run(ctx).cost_usd == pytest.approx(0.42)
+    assert e.run(ctx).cost_usd == Decimal("0.42")
 
 
 def test_cost_unknown_when_pattern_does_not_match(setup):
@@ -191,6 +192,20 @@ def test_probe(setup, monkeypatch):
     assert engine(by_path).probe().installed
     missing = {"engine.fake.command": json.dumps(["no-such-agent-xyz"])}
     assert not engine(missing).probe().installed
+
+
+def test_the_program_behind_an_env_prefix_is_the_one_looked_for(setup, monkeypatch):
+    """A recipe may give its agent variables with `env NAME=VALUE ... program` (aider's identity):
+    `env` is always there, so the program after it is the one `engines` and `start` look for."""
+    monkeypatch.setenv("PATH", setup["env"]["PATH"])
+    present = {"engine.fake.command": json.dumps(["env", "GIT_CONFIG_COUNT=0", "fake-agent", "{task}"])}
+    assert engine(present).probe().installed
+    missing = {"engine.fake.command": json.dumps(["env", "A=1", "no-such-agent-xyz", "--yes"])}
+    probe = engine(missing).probe()
+    assert not probe.installed and probe.detail == "no-such-agent-xyz not found on PATH"
+    ctx, _ = make_ctx(setup, missing)
+    out = engine(missing).run(ctx)
+    assert out.error_kind == "not_installed" and "no-such-agent-xyz" in out.error
 
 
 def test_reply_without_resume_template_sends_the_message_as_the_task(setup):

@@ -18,7 +18,7 @@ from fake_claude import (
     tool_turn,
     write_fake_cli,
 )
-from fake_codex import FakeResponsesAPI, codex_env, real_codex
+from fake_codex import FAKE_KEY_VAR, FakeResponsesAPI, codex_env, real_codex
 from fake_codex import command_turn as codex_command
 from fake_codex import text_turn as codex_text
 from test_engine_claude import offline_env
@@ -180,9 +180,12 @@ def test_real_claude_code_cli_does_a_job_end_to_end(cli, repo, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch):
-    """`--isolation worktree` with the real bundled CLI against the fake Messages API: it writes
-    and commits in its worktree; a Bash write outside is refused; the record says worktree."""
+@pytest.mark.parametrize("config", ["CLAUDE_CONFIG_DIR", "HOME"])
+def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, monkeypatch, config):
+    """`--isolation worktree` with the real bundled CLI against the fake Messages API: it
+    authenticates (its credentials and config are in its view, in `$CLAUDE_CONFIG_DIR` or in
+    `~/.claude` and `~/.claude.json`), writes and commits in its worktree; a Bash write outside
+    lands in its private /tmp, not on the host; the record says worktree."""
     from subtask.proc import isolation
 
     if _bundled_cli() is None:
@@ -204,6 +207,9 @@ def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, mon
     with FakeMessagesAPI(turns) as api:
         env = offline_env(tmp_path, api.url)
         env.pop("SUBTASK_CLAUDE_CLI", None)
+        if config == "HOME":
+            env.pop("CLAUDE_CONFIG_DIR")
+            (Path(env["HOME"]) / ".claude.json").write_text("{}")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         out = cli.ok("start", "--engine", "claude", "--isolation", "worktree", "--max-usd", "1",
                      "--timeout", "120", "write hello.txt and commit it", env=env)
@@ -215,9 +221,14 @@ def test_real_claude_code_cli_works_confined_on_request(cli, repo, tmp_path, mon
     assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "Add hello"
     assert not outside.exists()
     assert shown["evidence"]["isolation"]["mode"] == "worktree"
-    assert str(tmp_path / "claude-config") in [g["path"] for g in shown["evidence"]["isolation"]["writable"]]
+    writable = [g["path"] for g in shown["evidence"]["isolation"]["writable"]]
+    if config == "HOME":
+        assert str(tmp_path / "home" / ".claude") in writable and str(tmp_path / "home" / ".claude.json") in writable
+        assert (tmp_path / "home" / ".claude.json").read_text() != "{}"  # it kept its state there
+    else:
+        assert str(tmp_path / "claude-config") in writable
     commands = {c["command"]: c["exit"] for c in shown["evidence"]["commands"]["seen"]}
-    assert commands[f"echo x > '{outside}'"] not in (0, None)
+    assert commands[f"echo x > '{outside}'"] == 0  # into its private /tmp, gone with it
 
 
 def test_readonly_job_has_no_branch_and_leaves_no_worktree(cli, repo):
@@ -345,6 +356,28 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
     _money_agrees(cli, repo, job, 6 * per_call)
 
 
+@pytest.mark.slow
+def test_real_codex_runs_confined_in_git_subtasks_sandbox(cli, repo, tmp_path):
+    """With its own sandbox off (`subtask.engine.codex.sandbox danger-full-access`, the user's
+    choice), the real codex runs in git-subtask's view against the fake Responses API: it
+    authenticates with its provider's key, which is given to codex alone (verify, run with the
+    job's environment, finds none), and runs a command that commits in its worktree."""
+    _landlock_or_skip()
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    turns = [codex_command("echo one > one.txt && git add one.txt && git commit -qm one"),
+             codex_text("One.\nSTATUS: done")]
+    with FakeResponsesAPI(turns) as api:
+        env = _real_codex_env(repo, tmp_path, api.url)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--isolation", "worktree",
+                        "--max-usd", "5", "--timeout", "100", "--verify", f'test -z "${{{FAKE_KEY_VAR}:-}}"', env=env)
+        cli.ok("wait", job, env=env, timeout=120)
+    shown = cli.json("show", job)
+    assert shown["state"] == "done", shown["state_detail"]["attempts"][-1]
+    assert git(repo, "log", "-1", "--format=%s", f"subtask/{job}") == "one"
+    iso = shown["evidence"]["isolation"]
+    assert iso["mode"] == "worktree" and iso["view"] == "allowlist" and FAKE_KEY_VAR in iso["env_withheld"]
+
+
 def _landlock_or_skip():
     from subtask.proc import isolation
 
@@ -394,7 +427,7 @@ def test_refusals_printed_inside_codex_commands_are_in_the_evidence(cli, repo, t
     cli.ok("wait", job)
     evidence = cli.json("show", job)["evidence"]
     assert evidence["isolation"]["mode"] == "worktree"
-    assert evidence["isolation"]["refused"] == [refused]
+    assert evidence["isolation"]["claimed"] == [refused]  # what its output said: a claim
     argv = json.loads((logs / "argv.jsonl").read_text().splitlines()[0])["argv"]
     assert "--dangerously-bypass-approvals-and-sandbox" in argv
 
@@ -488,3 +521,240 @@ def test_real_claude_code_cli_is_told_what_verify_said_in_its_resumed_session(cl
     per_call = attempts[0]["cost"]["charged"] / 2
     assert attempts[1]["cost"]["charged"] == pytest.approx(2 * per_call)  # its own two calls, not the session's four
     _money_agrees(cli, repo, job, attempts[0]["cost"]["charged"] + attempts[1]["cost"]["charged"])
+
+
+# -- money through the claude engine's real SDK path, with a fake CLI that always runs ----------
+
+def _session_cli(tmp_path: Path, run_cost: str) -> tuple[Path, dict[str, str]]:
+    """A fake Claude Code whose session cost runs on over resumed runs; each run costs `run_cost`."""
+    fake = write_fake_cli(tmp_path / "claude-cli", "session")
+    _run_cost(fake, run_cost)
+    return fake, {"SUBTASK_CLAUDE_CLI": str(fake), **FAKE_CREDENTIALS}
+
+
+def _run_cost(fake: Path, dollars: str) -> None:
+    Path(f"{fake}.json.run-cost").write_text(dollars)
+
+
+def _ledger_rows(repo: Path, job: str) -> list[dict]:
+    rows = (repo / ".git" / "subtask" / "ledger.jsonl").read_text().splitlines()
+    return [json.loads(row) for row in rows if f'"{job}.' in row]
+
+
+def test_a_resumed_claude_session_is_charged_each_runs_own_share_exactly(cli, repo, tmp_path):
+    """Claude Code reports a resumed session's cost as its running total ($0.20, then $0.37):
+    each reply is charged its own run ($0.17, not $0.37, and not the float 0.16999999999999998),
+    and the ledger rows, the records and every face hold the exact amounts."""
+    fake, env = _session_cli(tmp_path, "0.20")
+    job = cli.start("first part", "--engine", "claude", "--max-usd", "1", env=env)
+    cli.ok("wait", job, env=env)
+    _run_cost(fake, "0.17")
+    cli.ok("reply", job, "second part", env=env)
+    cli.ok("wait", job, env=env)
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [a["cost"]["charged"] for a in attempts] == [0.2, 0.17]
+    assert attempts[1]["totals"]["cost_usd"] == 0.37  # what Claude Code said: the session's
+    assert [row["usd_charged"] for row in _ledger_rows(repo, job) if row["op"] == "close"] == [0.2, 0.17]
+    _money_agrees(cli, repo, job, 0.37)
+    note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
+    assert "cost:    $0.17 observed · job $0.37 over 2 attempts" in note
+
+
+def test_a_killed_first_attempt_is_credited_when_the_session_is_resumed(cli, repo, tmp_path):
+    """Issue 38, money 1: the first run answered one $0.09 call and died before its result. It was
+    charged its whole reservation ($0.09) and recorded no totals; Claude Code's report on resume
+    ($0.59) counts that call again. The reply is charged $0.50, crediting $0.09, never $0.59."""
+    fake, env = _session_cli(tmp_path, "0.09")
+    Path(f"{fake}.json.die").touch()
+    job = cli.start("first part", "--engine", "claude", "--max-usd", "0.09", env=env)
+    assert cli("wait", job, env=env).returncode == 1
+    first = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert first["state"] == "failed" and first["totals"] is None and first["session_id"] == FAKE_SESSION
+    assert (first["cost"]["charged"], first["cost"]["billing"]) == (0.09, "charged")
+    Path(f"{fake}.json.die").unlink()
+    _run_cost(fake, "0.50")
+    cli.ok("reply", job, "go on", "--max-usd", "1", env=env)
+    cli.ok("wait", job, env=env)
+    second = cli.json("show", job)["state_detail"]["attempts"][1]
+    assert cli_options(read_record(fake)["argv"])["--resume"] == FAKE_SESSION
+    assert second["cost"] == {"v": 1, "reserved": 1.0, "observed": 0.59, "charged": 0.5, "billing": "observed",
+                              "credit": 0.09}
+    _money_agrees(cli, repo, job, 0.59)
+    assert "$0.50 observed (less $0.09 charged already" in cli.ok("show", job)
+
+
+def test_a_claude_run_the_model_never_answered_is_charged_nothing_however_it_ended(cli, repo, tmp_path):
+    """Issue 38, money 2: the CLI never got an answer and ran into its --timeout (no stall rule
+    involved): no answered call was seen, so nothing is charged, not the whole reservation."""
+    fake = write_fake_cli(tmp_path / "claude-cli", "hang")
+    env = {"SUBTASK_CLAUDE_CLI": str(fake), **FAKE_CREDENTIALS}
+    job = cli.start("never answered", "--engine", "claude", "--max-usd", "1", "--timeout", "1", env=env)
+    assert cli("wait", job, env=env, timeout=60).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["error_kind"] == "timeout" and attempt["stalled"] is None
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
+    assert cli.json("spend")["committed_usd"] == 0.0
+    assert "$0.00 (the model never answered: nothing billed)" in cli.ok("show", job)
+
+
+def _fake_codex(repo: Path, tmp_path: Path, events: list[dict], mode: str = "ok") -> dict[str, str]:
+    """The suite's stand-in codex (test_engine_codex.FAKE_CODEX) replaying `events`: its env."""
+    from test_engine_codex import FAKE_CODEX
+
+    fake = tmp_path / "bin" / "codex"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(FAKE_CODEX.format(python=sys.executable))
+    fake.chmod(0o755)
+    git(repo, "config", "subtask.engine.codex.path", str(fake))
+    return {"OPENAI_API_KEY": "sk-test-fake", "FAKE_CODEX_LOG": str(tmp_path / "argv.jsonl"),
+            "FAKE_CODEX_MODE": mode, "FAKE_CODEX_EVENTS": json.dumps(events),
+            "CODEX_HOME": str(tmp_path / "codex-home")}
+
+
+@pytest.mark.parametrize("ended_by", ["timeout", "exit"])
+def test_a_codex_run_its_api_never_answered_is_charged_nothing_however_it_ended(cli, repo, tmp_path, ended_by):
+    """Issue 38, money 2: codex retrying an API it cannot reach (recorded from the real CLI), ended
+    by its --timeout or by giving up, with no stall rule: no answer, no usage, so $0.00, not the
+    whole reservation (the stall rule charged nothing; a timeout charged $1.00)."""
+    from test_engine_codex import recorded
+
+    events = recorded("codex-0.171-unreachable.jsonl")
+    env = _fake_codex(repo, tmp_path, events, mode="events_then_sleep" if ended_by == "timeout" else "ok")
+    env["FAKE_CODEX_EXIT"] = "1"
+    job = cli.start("do it", "--engine", "codex", "--max-usd", "1", "--timeout", "1", env=env)
+    assert cli("wait", job, timeout=60).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["error_kind"] == ("timeout" if ended_by == "timeout" else "api_error") and attempt["stalled"] is None
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
+    assert cli.json("spend")["committed_usd"] == 0.0
+
+
+@pytest.mark.slow
+def test_real_codex_pointed_at_a_closed_port_is_charged_nothing(cli, repo, tmp_path):
+    """The real codex with its provider at a port nobody listens on: it never gets an answer."""
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _real_codex_env(repo, tmp_path, f"http://127.0.0.1:{port}/v1")
+    job = cli.start("write one.txt", "--engine", "codex", "--max-usd", "1", "--timeout", "8", env=env)
+    assert cli("wait", job, env=env, timeout=120).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "failed", attempt
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed"), attempt
+
+
+# -- codex's own sandbox, said as it is (issue 38, money 3) ------------------------------------
+
+def test_engines_and_start_say_when_codex_runs_with_its_sandbox_off(cli, repo, tmp_path):
+    """`subtask.engine.codex.sandbox danger-full-access` turns codex's own sandbox off: `engines`
+    no longer says "writes limited to the worktree", and `start` warns in one line when nothing
+    else confines the job (a job then wrote in /var/tmp)."""
+    env = _fake_codex(repo, tmp_path, [{"type": "thread.started", "thread_id": "t1"}])
+
+    def codex_row():
+        return next(e for e in cli.json("engines")["engines"] if e["name"] == "codex")
+
+    assert "writes limited to the worktree" in codex_row()["isolation"]
+    started = cli("start", "--engine", "codex", "x", env=env)
+    assert started.returncode == 0 and "warning" not in started.stderr
+    git(repo, "config", "subtask.engine.codex.sandbox", "danger-full-access")
+    row = codex_row()
+    assert "writes limited" not in row["isolation"] and "sandbox is off" in row["isolation"], row
+    assert "nothing confines it" in row["confinement"], row
+    started = cli("start", "--engine", "codex", "y", env=env)
+    assert started.returncode == 0, started.stderr
+    warnings = [line for line in started.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "danger-full-access" in warnings[0] and "--isolation worktree" in warnings[0]
+    as_json = json.loads(cli.ok("start", "--engine", "codex", "--json", "z", env=env))
+    assert as_json["warnings"] == [warnings[0]]
+    if _landlock_available():  # confined by ours: nothing to warn of
+        confined = cli("start", "--engine", "codex", "--isolation", "worktree", "w", env=env)
+        assert confined.returncode == 0 and "warning" not in confined.stderr, confined.stderr
+    for job in [line.split()[0] for line in cli.ok("list").splitlines() if line.startswith("st-")]:
+        cli("wait", job, timeout=60)
+
+
+def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path):
+    """Under isolation none codex's own sandbox (workspace-write) confines it: a write it refused,
+    printed in the output of codex's command, is listed as a refusal, with who refused it."""
+    refused = "touch: cannot touch '/var/tmp/x': Read-only file system"
+    events = [{"type": "thread.started", "thread_id": "t1"},
+              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /var/tmp/x",
+                                                  "aggregated_output": refused + "\n", "exit_code": 1,
+                                                  "status": "failed"}},
+              {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "No.\nSTATUS: blocked"}},
+              {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 0, "output_tokens": 1}}]
+    env = _fake_codex(repo, tmp_path, events)
+    job = cli.start("try it", "--engine", "codex", env=env)
+    cli.ok("wait", job)
+    isolation = cli.json("show", job)["evidence"]["isolation"]
+    assert isolation["mode"] == "none" and isolation["refused"] == [refused]
+    assert isolation["engine_sandbox"] == "codex workspace-write"
+    assert "confinement: none (codex workspace-write sandbox) · 1 refused access in the output" in cli.ok("show", job)
+
+
+def _landlock_available() -> bool:
+    from subtask.proc import isolation
+
+    return isolation.support().available
+
+
+# -- the aider recipe (docs/engines.md), with a stand-in aider (tests/fake_aider.py) -----------
+
+FAKE_AIDER = Path(__file__).parent / "fake_aider.py"
+
+
+def _documented_aider_recipe(repo: Path, *, identity: bool = True) -> list[str]:
+    """Set every `git config subtask.engine.aider.*` line of docs/engines.md's recipe, with the
+    stand-in aider as its program; `identity=False` leaves out the `env` prefix that gives aider a
+    git identity (an older recipe). Returns the command template as set."""
+    import re
+    import shlex
+
+    doc = (Path(__file__).parent.parent / "docs" / "engines.md").read_text()
+    command = None
+    for line in doc.splitlines():
+        if not re.match(r"git config (--add )?subtask\.engine\.aider\.", line):
+            continue
+        args = shlex.split(line.split("  #")[0])[2:]
+        if args[-2] == "subtask.engine.aider.command":
+            template = json.loads(args[-1])
+            at = template.index("aider")
+            prefix = template[:at] if identity else []
+            command = [*prefix, sys.executable, str(FAKE_AIDER), *template[at + 1:]]
+            args[-1] = json.dumps(command)
+        git(repo, "config", *args)
+    assert command is not None, "docs/engines.md has no aider command"
+    return command
+
+
+def test_the_documented_aider_recipe_runs_without_a_git_identity_and_is_charged_its_session(cli, repo):
+    """Issue 38, money 5: with no git identity anywhere, aider writes one into `.git/config`, which
+    the job's sandbox refuses: it exited 1 after no model call and was charged $1.00. The recipe
+    gives it an identity (never written), keeps its commit-message calls out (`--no-auto-commits`:
+    the worker commits), and it is charged the session figure it printed."""
+    assert git(repo, "config", "--get", "user.name", check=False) == ""
+    _documented_aider_recipe(repo)
+    job = cli.start("add a line", "--engine", "aider", "--max-usd", "1")
+    cli.ok("wait", job)
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "done", attempt
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.01, "observed")  # aider printed $0.01
+    assert git(repo, "config", "--get", "user.name", check=False) == ""  # nothing written in .git/config
+    # aider made no commit (no commit-message call): the worker committed what it left
+    assert git(repo, "log", "--format=%s", f"main..subtask/{job}").splitlines() == \
+        [f"subtask {job}: work left uncommitted by the aider engine"]
+
+
+def test_an_aider_that_never_reached_its_model_is_charged_nothing(cli, repo):
+    """aider (without the recipe's identity) refused its `.git/config` write and exited before any
+    model call: its output has no `Tokens:` line (`answerPattern`), so nothing is charged."""
+    _documented_aider_recipe(repo, identity=False)
+    job = cli.start("add a line", "--engine", "aider", "--max-usd", "1")
+    assert cli("wait", job).returncode == 1
+    attempt = cli.json("show", job)["state_detail"]["attempts"][0]
+    assert (attempt["state"], attempt["error_kind"]) == ("failed", "exit"), attempt
+    assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
+    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["refused"])

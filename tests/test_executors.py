@@ -13,24 +13,29 @@ from subtask import api, executors
 from subtask.git import records
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["--after", "st-00000000"], "--after"),
-    (["--verify", "true", "--retries", "1"], "--retries"),
-    (["--verify", "true", "--best-of", "2"], "--best-of"),
+@pytest.mark.parametrize("args, flag, missing", [
+    (["--verify", "true", "--best-of", "2", "--judge", "true"], "--judge", "each attempt's worktree"),
 ])
-def test_what_an_executor_elsewhere_cannot_do_is_refused_naming_it_and_changes_nothing(cli, repo, args, flag):
+def test_what_an_executor_elsewhere_cannot_do_is_refused_naming_what_is_missing(cli, repo, args, flag, missing):
     before = refs(repo)
     refused = cli("start", "--on", "ray", *args, "echo hi")
     assert refused.returncode == 129, refused.stderr
-    assert f"{flag} is not supported for a job on ray" in refused.stderr
+    assert f"{flag} is not supported for a job on ray: " in refused.stderr and missing in refused.stderr
     assert "--on local" in refused.stderr and "Traceback" not in refused.stderr
     assert refs(repo) == before
 
 
-def test_map_on_an_executor_elsewhere_is_refused(cli, repo):
+def test_a_map_bounded_by_local_slots_is_refused_on_an_executor_elsewhere(cli, repo):
     git(repo, "config", "subtask.executor", "ray")
-    refused = cli("map", "*.md", "look at {files}")
-    assert refused.returncode == 129 and "map is not supported for a job on ray" in refused.stderr
+    refused = cli("map", "*.md", "look at {files}", "--concurrency", "2")
+    assert refused.returncode == 129 and "map --concurrency is not supported for a job on ray: " in refused.stderr
+    assert "subtask_slot" in refused.stderr and refs(repo, "refs/subtask") == []
+
+
+def test_ray_can_do_what_a_local_job_can_but_those_two(repo):
+    ray = executors.REGISTRY["ray"]
+    assert ray.can == frozenset(executors.FEATURES) - {"concurrency", "judge"}
+    assert set(dict(ray.missing)) == {"concurrency", "judge"}
 
 
 def test_an_unknown_executor_is_a_usage_error(cli, repo):

@@ -102,7 +102,8 @@ def test_the_repository_is_found_as_git_finds_it(tmp_path):
     assert linked.root == plain.resolve() and linked.git_dir != linked.common_dir
     assert linked.config.get("maxRunning") == "3" and linked.config.get("maxrunning") == "3"
     # git folds the case of the section and the name, never of a subsection
-    assert open_repo(main).config.get("Ray.ADDRESS") == "auto" and open_repo(main).config.get("ray.address") is None
+    config = open_repo(main).config
+    assert config.git("subtask.Ray.ADDRESS") == "auto" and config.get("ray.address") is None
 
 
 def test_a_job_looked_up_by_anything_but_an_id_is_a_usage_error(repo, cli):

@@ -342,3 +342,11 @@ def test_completing_a_group_never_waits_for_a_run_lock_this_process_holds(cli, r
     finally:
         liveness.release(fd)
     assert waited == []
+
+
+def test_a_judge_that_scores_no_member_still_settles_the_group_on_the_first_passing_one(cli, repo):
+    gid, members = started_group(cli.ok("start", "--best-of", "2", "echo $SUBTASK_GROUP_MEMBER > m.txt",
+                                        "--verify", "true", "--judge", "echo no number"))
+    assert cli("wait", gid).returncode == 0
+    shown = group_json(cli, gid)
+    assert shown["pick"] == members[0] and "no judge score" in shown["reason"], shown

@@ -31,8 +31,8 @@ OURS = {
     "subtask.faces", "subtask.faces.commands", "subtask.faces.output", "subtask.faces.replies",
     "subtask.git", "subtask.git.chains", "subtask.git.gitobjects", "subtask.git.gitrepo", "subtask.git.ownership",
     "subtask.git.records", "subtask.git.where_landed",
-    "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.errors", "subtask.model.job",
-    "subtask.model.render", "subtask.proc", "subtask.proc.spawn",
+    "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.errors",
+    "subtask.model.executors", "subtask.model.faults", "subtask.model.job", "subtask.model.money", "subtask.model.render", "subtask.proc", "subtask.proc.spawn",
     "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",
     "subtask.state.statefiles",
 }
@@ -41,9 +41,9 @@ EXTRA = {
     "status": {"subtask.faces.commands.status", "subtask.ops", "subtask.ops.overlap"},
     "show": {"subtask.faces.commands.show", "subtask.model.provenance"},
     "result": {"subtask.faces.commands.result"},
-    "wait": {"subtask.faces.commands.wait", "subtask.api.waiting", "subtask.model.faults"},
+    "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "dataclasses", "json", "pathlib", "signal", "subprocess"}
+DIRECT = {"__future__", "dataclasses", "decimal", "json", "pathlib", "signal", "subprocess"}
 DIRECT_EXTRA = {"wait": {"queue"}}
 
 

@@ -1,10 +1,12 @@
-"""Confinement of engines (subtask/isolation.py): what a job may write, enforced by Landlock.
+"""Confinement of engines (subtask/isolation.py): what a job may write, enforced by the kernel.
 
 The hostile job below tries what a model-written script might: delete a file outside its worktree
 and one in the main checkout, write to $HOME, move `main` and another branch, and commit. Under
-the default `worktree` isolation only its own work and commit go through, and the record says
-what was refused; with `--isolation none` it all happens, and the evidence says the main worktree
-changed. The Landlock tests are skipped (with the reason) on a kernel without Landlock.
+the default `worktree` isolation only its own work and commit go through (the files outside are
+not in its view, its HOME is a private one, the git dir is read-only but for its own parts), and
+the record lists what its output says was refused, as claims; with `--isolation none` it all
+happens, and the evidence says the main worktree changed. The Landlock tests are skipped (with
+the reason) on a kernel without Landlock.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from subtask.proc import isolation, namespaces, procs
-from tests.conftest import git, refs
+from tests.conftest import git, refs, wait_until
 
 LANDLOCK = isolation.support()
 needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
@@ -31,8 +33,8 @@ needs_namespaces = pytest.mark.skipif(
 
 def hostile_script(repo: Path, decoy: Path) -> str:
     return "\n".join([
-        f"rm -f '{decoy}'; echo rm-decoy=$?",
-        f"rm -f '{repo}/README.md'; echo rm-main=$?",
+        f"rm '{decoy}'; echo rm-decoy=$?",
+        f"rm '{repo}/README.md'; echo rm-main=$?",
         'echo pwned > "$HOME/pwned"; echo home=$?',
         "echo work > job.txt && git add job.txt && git commit -q -m 'job commit'; echo commit=$?",
         "git update-ref refs/heads/main HEAD; echo update-ref=$?",
@@ -69,7 +71,8 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     job = cli.start(script + "\ngit commit --allow-empty -q -m second; echo second=$?")
     cli.ok("wait", job)
     said = outputs(repo, job)
-    assert said["rm-decoy"] != "0" and said["rm-main"] != "0" and said["home"] != "0"
+    assert said["rm-decoy"] != "0" and said["rm-main"] != "0"  # neither is in its view
+    assert said["home"] == "0"  # its HOME is a private one, gone with it
     assert said["update-ref"] != "0" and said["branch"] != "0"
     assert said["commit"] == "0" and said["second"] == "0" and said["tmp"] == "0"
     if LANDLOCK.abi >= isolation.SCOPED_ABI:
@@ -81,15 +84,16 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     assert iso["mode"] == "worktree" and iso["source"] == "default"
     writable = {g["path"] for g in iso["writable"]}
     assert str(repo / ".subtask" / "worktrees" / job) in writable and str(repo) not in writable
-    tmpdir = repo / ".subtask" / "worktrees" / ".tmp" / job
-    assert str(tmpdir) in writable and not tmpdir.exists()  # private to the job, gone after it
-    refused = "\n".join(iso["refused"])
-    assert str(decoy) in refused and "README.md" in refused and "pwned" in refused and "refs/heads/main" in refused
+    assert "/tmp" in writable and str(home) in writable  # its private /tmp and HOME
+    private = repo / ".subtask" / "worktrees" / ".tmp"  # private to the job, gone after it
+    assert wait_until(lambda: not [p for p in private.iterdir() if job in p.name], timeout=30), list(private.iterdir())
+    claimed = "\n".join(iso["claimed"])  # what its output says was refused: claims, not observations
+    assert "refs/heads/main" in claimed and "Read-only file system" in claimed
     assert evidence(cli, job)["main_worktree"] == {"changed": False, "paths": []}
     envelope = json.loads(cli.ok("result", job, "--evidence"))
-    assert envelope["isolation"]["mode"] == "worktree" and envelope["isolation"]["refused"] == iso["refused"]
+    assert envelope["isolation"]["mode"] == "worktree" and envelope["isolation"]["claimed"] == iso["claimed"]
     note = git(repo, "notes", "--ref=subtask", "show", f"subtask/{job}")
-    assert "sandbox: worktree (Landlock ABI" in note and "refused" in note and "main worktree unchanged" in note
+    assert "sandbox: worktree (Landlock ABI" in note and "claimed" in note and "main worktree unchanged" in note
     events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text()
     assert '"type": "isolation"' in events and "decoy.txt" in events
 
@@ -162,7 +166,7 @@ def test_a_readonly_job_can_write_only_its_temp_dir(cli, repo, tmp_path):
     said = outputs(repo, job)
     assert said["write"] != "0" and said["commit"] != "0" and said["tmp"] == "0"
     ev = evidence(cli, job)
-    assert ev["isolation"]["mode"] == "readonly" and ev["isolation"]["refused"]
+    assert ev["isolation"]["mode"] == "readonly" and ev["isolation"]["claimed"]
     assert not any("worktree" in g["why"] or g["why"].startswith("git") for g in ev["isolation"]["writable"])
     assert refs(repo, "refs/heads/subtask") == []
 
@@ -189,21 +193,21 @@ def test_a_reply_runs_confined_like_the_first_attempt(cli, repo, tmp_path):
     decoy.write_text("keep me\n")
     job = cli.start("echo first > first.txt")
     cli.ok("wait", job)
-    cli.ok("reply", job, f"rm -f '{decoy}'; echo rm=$?")
+    cli.ok("reply", job, f"rm '{decoy}'; echo rm=$?; touch /etc/reply-wrote; echo etc=$?")
     cli.ok("wait", job)
-    assert decoy.exists() and outputs(repo, job)["rm"] != "0"
-    assert evidence(cli, job)["attempt"] == 2 and evidence(cli, job)["isolation"]["refused"]
+    assert decoy.exists() and outputs(repo, job)["rm"] != "0" and outputs(repo, job)["etc"] != "0"
+    assert evidence(cli, job)["attempt"] == 2 and "/etc/reply-wrote" in "".join(evidence(cli, job)["isolation"]["claimed"])
 
 
 @needs_landlock
 def test_verify_runs_confined_too(cli, repo, tmp_path):
     outside = tmp_path / "verify-wrote"
-    job = cli.start("true", "--verify", f"touch '{outside}'")
+    job = cli.start("true", "--verify", f"touch '{outside}' && touch /etc/verify-wrote")
     cli("wait", job)
-    assert not outside.exists()
+    assert not outside.exists()  # it wrote in its private /tmp, which went with it
     ev = evidence(cli, job)
     assert ev["verification"]["passed"] is False
-    assert any("verify-wrote" in line for line in ev["isolation"]["refused"])
+    assert any("/etc/verify-wrote" in line for line in ev["isolation"]["claimed"])
 
 
 def test_the_admin_folder_granted_is_the_one_its_caller_names_never_what_dot_git_says(repo, tmp_path):

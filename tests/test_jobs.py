@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import HOST_PID, git, kill_worker_and_engine, processes_with, running_pids, wait_until
+from conftest import git, host_pid, kill_worker_and_engine, processes_with, running_pids, wait_until
 
 
 def state_dir(repo: Path) -> Path:
@@ -119,7 +119,7 @@ def test_list_show_result_and_json(cli, repo):
     result = cli.ok("result", job)
     assert result.splitlines()[0].startswith(f"{job} done · verify passed")
     assert "line 12" in result
-    assert len(result.splitlines()) <= 12
+    assert len(result.splitlines()) <= 13  # its line, what judged it, its changes, 10 lines of summary
     envelope = json.loads(cli.ok("result", job, "--evidence"))
     assert envelope["v"] == 1 and envelope["state"] == "done"
     assert envelope["git"]["changed_files"][0]["path"] == "out.txt"
@@ -156,10 +156,9 @@ def test_note_stands_under_the_head_commit_and_two_jobs_on_one_commit_both_show(
 
 
 def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo, control_dir):
-    marker = control_dir / "child.pid"
-    job = cli.start(f"sh -c 'trap \"\" TERM; {HOST_PID} > {marker}; sleep 60' & wait")
-    assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=30)
-    child = int(marker.read_text())
+    token = f"stop-child-{control_dir.parent.name}"
+    job = cli.start(f"sh -c 'trap \"\" TERM; sleep 60; :' {token} & wait")
+    child = host_pid(token)
     out = cli.ok("stop", job, env={"GIT_CONFIG_PARAMETERS": "'subtask.stopgrace=1'"})
     assert f"{job} stopped" in out
     assert wait_until(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], timeout=30)
@@ -247,10 +246,10 @@ def test_cleanup_removes_a_clean_worktree_and_keeps_a_dirty_one(cli, repo):
     cli.ok("stop", running)
 
 
-def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, tmp_path):
+def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, control_dir):
     job = cli.start("echo one > a.txt")
     cli.ok("wait", job)
-    gate = tmp_path / "gate"
+    gate = control_dir / "gate"
     hold = f"while [ ! -e '{gate}' ]; do sleep 0.02; done"
     try:
         running = cli.start(hold)
@@ -272,9 +271,9 @@ def test_reply_starts_one_new_attempt_and_keeps_every_attempt(cli, repo, tmp_pat
     assert "attempt: 2" in note
 
 
-def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo):
+def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo, control_dir):
     key = "sk-ant-api03-" + "A" * 40
-    secrets_file = repo.parent / "secrets.txt"
+    secrets_file = control_dir / "secrets.txt"
     secrets_file.write_text(f"using {key}\npassword=hunter2hunter2\n")
     job = cli.start(f"cat '{secrets_file}'; cat '{secrets_file}' >&2", "--verify", f"cat '{secrets_file}'; false")
     cli("wait", job)
@@ -303,8 +302,8 @@ def test_engine_timeout_ends_the_job_failed_with_kind_timeout(cli):
 
 
 @pytest.mark.parametrize("engine_output", [b"\xff\xfe broken utf-8 \xc3\x28\n", "\ud800".encode("utf-8", "surrogatepass")])
-def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, engine_output):
-    script = repo.parent / "emit.py"
+def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, control_dir, engine_output):
+    script = control_dir / "emit.py"
     script.write_bytes(b"import sys; sys.stdout.buffer.write(" + repr(engine_output).encode() + b")")
     job = cli.start(f"python3 '{script}'")
     cli.ok("wait", job)
@@ -360,3 +359,72 @@ def test_a_stop_whose_wrap_up_fails_still_ends_stopped(cli, repo):
     shown = cli.json("show", job)
     assert shown["state"] == "stopped", shown["state_detail"]
     assert shown["state_detail"]["attempts"][-1]["reason"] == "stopped by request"
+
+
+SAY_CONTEXT = "echo nice=$(nice); echo fsize=$(ulimit -f); echo umask=$(umask); echo net=$(readlink /proc/self/ns/net)"
+
+
+def said(repo: Path, job: str) -> dict[str, str]:
+    """The `name=value` lines a job printed, from its events file."""
+    events = (state_dir(repo) / "run" / f"{job}.events.jsonl").read_text().splitlines()
+    lines = [e["text"] for e in map(json.loads, events) if e.get("type") == "output"]
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+@pytest.mark.parametrize("isolation", ["none", "worktree"])
+def test_a_queued_job_runs_with_its_starters_nice_value_limits_umask_and_network(cli, repo, control_dir, isolation):
+    """Issue 40: a job that waited for a slot is run by the worker that frees it, which has its own
+    nice value, limits, umask and network namespace; the job must get its starter's, as an
+    unqueued job (whose worker its starter forked) does. The starter holds a network namespace of
+    its own open (`unshare -n`), as a shell in one would."""
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of the starter's own needs root here (unshare -n)")
+    git(repo, "config", "subtask.maxRunning", "1")
+    go = control_dir / "go"
+    holder = cli.start(f"while [ ! -e '{go}' ]; do sleep 0.05; done", "--isolation", isolation)
+    started, release = control_dir / "started", control_dir / "release"
+    starter = subprocess.Popen(
+        ["unshare", "-n", "bash", "-c",
+         f"ulimit -f 2048; umask 027; nice -n 10 git subtask start --isolation {isolation} '{SAY_CONTEXT}' "
+         f"> '{started}.tmp' && mv '{started}.tmp' '{started}'; "
+         f"while [ ! -e '{release}' ]; do sleep 0.05; done"], cwd=repo)
+    try:
+        assert wait_until(started.exists, timeout=60), "the starter never started its job"
+        out = started.read_text()
+        assert "queued" in out, out
+        queued = out.split()[0]
+        starter_net = os.readlink(f"/proc/{starter.pid}/ns/net")
+        go.touch()
+        cli("wait", holder, queued, timeout=120)
+    finally:
+        release.touch()
+        starter.wait(timeout=30)
+    values = said(repo, queued)
+    assert cli.json("show", queued)["state"] == "done", values
+    assert values["nice"] == "10" and values["fsize"] == "2048" and values["umask"] == "0027", values
+    assert values["net"] == starter_net != os.readlink("/proc/self/ns/net"), values
+    # the control: started the same way with a free slot, the job's worker is its starter's fork
+    control = subprocess.run(["bash", "-c", f"ulimit -f 2048; umask 027; nice -n 10 git subtask start "
+                              f"--isolation {isolation} '{SAY_CONTEXT}'"],
+                             cwd=repo, capture_output=True, text=True, check=True).stdout.split()[0]
+    cli.ok("wait", control)
+    assert said(repo, control) | {"net": ""} == {"nice": "10", "fsize": "2048", "umask": "0027", "net": ""}
+
+
+def test_a_queued_job_whose_starters_namespace_is_gone_fails_and_says_why(cli, repo, control_dir):
+    """Refused, never lent: when nothing is left in the starter's network namespace by the time
+    a slot frees, the job is not run in the worker's; it fails before anything of it runs."""
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of the starter's own needs root here (unshare -n)")
+    git(repo, "config", "subtask.maxRunning", "1")
+    go, ran = control_dir / "go", control_dir / "ran"
+    holder = cli.start(f"while [ ! -e '{go}' ]; do sleep 0.05; done")
+    out = subprocess.run(["unshare", "-n", "git", "subtask", "start", f"touch '{ran}'"], cwd=repo,
+                         capture_output=True, text=True, check=True).stdout
+    assert "queued" in out, out
+    queued = out.split()[0]
+    go.touch()
+    assert cli("wait", holder, queued, timeout=120).returncode == 1
+    attempt = cli.json("show", queued)["state_detail"]["attempts"][0]
+    assert attempt["state"] == "failed" and "net namespace is gone" in attempt["reason"], attempt
+    assert not ran.exists()

@@ -121,6 +121,82 @@ def test_no_module_imports_a_higher_layer():
     assert upward == []
 
 
+# The whiteboard's rules as data: the folders each folder may import besides its own. The order
+# of LAYERS says up from down; this says which lower folders one may reach at all (engines run
+# with what the worker hands them and never touch the state folder; the faces talk to the api).
+FOLDER = {"entry": ("subtask.__main__", "subtask.entry"), "model": ("subtask",)}
+ALLOWED: dict[str, set[str]] = {
+    "entry": {"faces", "model"},
+    "faces": {"api", "model"},
+    "api": {"worker", "ops", "executors", "engines", "proc", "git", "state", "model"},
+    "worker": {"ops", "executors", "engines", "proc", "git", "state", "model"},
+    "executors": {"ops", "engines", "proc", "git", "state", "model"},
+    "ops": {"engines", "proc", "git", "state", "model"},
+    "engines": {"proc", "model"},
+    "proc": {"state", "model"},
+    "git": {"state", "model"},
+    "state": {"model"},
+    "model": set(),
+}
+# What the faces still reach below the api, to be moved behind it (issue 41). The list may only
+# shrink: an entry no longer used fails the test below.
+FACES_DEBT = {
+    ("subtask.faces.cli", "engines"), ("subtask.faces.cli", "git"), ("subtask.faces.cli", "ops"),
+    ("subtask.faces.cli", "worker"),
+    ("subtask.faces.doctor", "git"), ("subtask.faces.doctor", "ops"), ("subtask.faces.doctor", "proc"),
+    ("subtask.faces.doctor", "state"), ("subtask.faces.mcp_server", "worker"),
+    ("subtask.faces.mcp_tools", "state"), ("subtask.faces.replies", "ops"),
+}
+
+
+def folder_of(module: str) -> str:
+    """The folder a module sits in: `subtask.<folder>.…`; the console entry; `subtask` is model's."""
+    for name, modules_ in FOLDER.items():
+        if module in modules_:
+            return name
+    return module.split(".")[1]
+
+
+def forbidden_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Every import from one folder into another that ALLOWED does not list."""
+    return [f"{a} imports {b}" for a, deps in sorted(edges.items()) for b in sorted(deps)
+            if folder_of(b) != folder_of(a) and folder_of(b) not in ALLOWED[folder_of(a)]
+            and (a, folder_of(b)) not in FACES_DEBT]
+
+
+def two_way_pairs(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    pairs = {(folder_of(a), folder_of(b)) for a, deps in edges.items() for b in deps}
+    return sorted((a, b) for a, b in pairs if a < b and (b, a) in pairs)
+
+
+def test_every_folder_is_in_the_rules():
+    assert {folder_of(m) for m in modules()} <= set(ALLOWED)
+
+
+def test_each_folder_imports_only_what_the_rules_allow():
+    assert forbidden_imports(graph()) == []
+
+
+def test_no_two_folders_import_each_other():
+    assert two_way_pairs(graph()) == []
+
+
+def test_the_rules_catch_an_engine_reading_the_state_folder():
+    """The checker itself: an injected `engines -> state` import is reported, as is a face that
+    reaches the git layer, and a pair of folders importing each other."""
+    edges = {**graph(), "subtask.engines.shell": {"subtask.state.paths"}}
+    assert forbidden_imports(edges) == ["subtask.engines.shell imports subtask.state.paths"]
+    edges = {"subtask.faces.replies": {"subtask.git.records"}, "subtask.git.records": set()}
+    assert forbidden_imports(edges) == ["subtask.faces.replies imports subtask.git.records"]
+    assert two_way_pairs({"subtask.ops.a": {"subtask.executors.b"}, "subtask.executors.b": {"subtask.ops.a"}}) \
+        == [("executors", "ops")]
+
+
+def test_the_faces_debt_only_shrinks():
+    used = {(a, folder_of(b)) for a, deps in graph().items() for b in deps}
+    assert FACES_DEBT <= used, f"no longer imported, drop from FACES_DEBT: {sorted(FACES_DEBT - used)}"
+
+
 def test_the_worker_imports_nothing_of_api_or_the_faces():
     """The worker and its fork server run jobs with the layers below them only."""
     edges = graph()

@@ -378,7 +378,7 @@ _CLOSE_CHILD = textwrap.dedent("""
     (state.parent / f"ready2.{me}").touch()
     while not (state.parent / "go2").exists():
         time.sleep(0.001)
-    print(json.dumps({rid: ledger.close(state, rid, 7.0, reason="done") for rid in rids}))
+    print(json.dumps({rid: ledger.close(state, rid, 7.0, reason="done") for rid in rids}, default=float))
 """)
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -25,7 +27,7 @@ from mcp import Client, StdioServerParameters
 
 WORKTREE = str(Path(__file__).resolve().parents[1])
 TOOLS = {"start", "start_many", "map", "wait", "status", "result", "reply", "stop", "cleanup", "list", "engines",
-         "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
+         "du", "routing", "show", "diff", "log", "compare", "merge", "land", "spend", "verify"}
 
 
 def server_env() -> dict[str, str]:
@@ -485,6 +487,7 @@ def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     config.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env["CLAUDE_CODE_TMPDIR"] = os.environ["CLAUDE_CODE_TMPDIR"]  # the test's (conftest.claude_code_temp)
     env.update(HOME=str(home), CLAUDE_CONFIG_DIR=str(config), ANTHROPIC_BASE_URL=url,
                ANTHROPIC_API_KEY="sk-ant-test-fake", ENABLE_TOOL_SEARCH="false",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
@@ -539,47 +542,101 @@ def request(ident: int | str, method: str, params: dict | None = None) -> dict:
     return {"jsonrpc": "2.0", "id": ident, "method": method, **({"params": params} if params is not None else {})}
 
 
-class Session:
-    """A server subprocess driven line by line: raw bytes in, raw lines out."""
+LIVE_SESSIONS: list[Session] = []
 
-    def __init__(self, repo: Path, *, front: bool = True):
+
+@pytest.fixture(autouse=True)
+def _no_server_left_running():
+    """A test that failed half way leaves no server behind (the zygote dies with its server)."""
+    yield
+    while LIVE_SESSIONS:
+        proc = LIVE_SESSIONS.pop().proc
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+class Session:
+    """A server subprocess driven line by line: raw bytes in, raw lines out. A read waits at most
+    READ_TIMEOUT seconds (a server that answers nothing fails the test instead of hanging it)."""
+
+    READ_TIMEOUT = 60.0
+
+    def __init__(self, repo: Path, *, front: bool = True, hold: Path | None = None):
+        """`hold`: the server waits before it loads the SDK until the test creates that file (the
+        front end alone serves meanwhile), and creates `<hold>.reached` when it is there."""
         env = dict(server_env(), SUBTASK_MCP_FRONT="1" if front else "0")
+        if hold is not None:
+            env["SUBTASK_FAULT_HOLD"] = f"mcp_before_sdk:{hold}"
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.errors = tempfile.TemporaryFile()  # not a pipe: the server never blocks on stderr
+        self.proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.errors)
+        LIVE_SESSIONS.append(self)
         self.seen: list[bytes] = []
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        for line in iter(self.proc.stdout.readline, b""):
+            self.lines.put(line)
+        self.lines.put(b"")
+
+    def stderr(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read().decode(errors="replace")
 
     def send(self, *messages: dict | bytes) -> None:
         data = b"".join(m if isinstance(m, bytes) else (json.dumps(m) + "\n").encode() for m in messages)
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
+    def next_line(self) -> bytes:
+        """The next line on stdout (kept in `seen`)."""
+        try:
+            line = self.lines.get(timeout=self.READ_TIMEOUT)
+        except queue.Empty:
+            self.proc.kill()
+            pytest.fail(f"no reply in {self.READ_TIMEOUT:g}s; stderr: {self.stderr()[-2000:]}")
+        if not line:
+            self.lines.put(b"")
+            pytest.fail(f"the server closed stdout; stderr: {self.stderr()[-2000:]}")
+        self.seen.append(line)
+        return line
+
+    def next_message(self) -> Any:
+        return json.loads(self.next_line())
+
     def reply(self, ident: int | str) -> bytes:
         """The raw line answering `ident` (notifications read on the way are kept in `seen`)."""
         while True:
-            line = self.proc.stdout.readline()
-            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
-            self.seen.append(line)
+            line = self.next_line()
             message = json.loads(line)
-            if "method" not in message and message.get("id") == ident:
+            if isinstance(message, dict) and "method" not in message and message.get("id") == ident:
                 return line
 
     def read_until(self, marker: bytes) -> bytes:
         """The next line containing `marker` (every line read on the way is kept in `seen`)."""
-        while True:
-            line = self.proc.stdout.readline()
-            assert line, f"the server closed stdout; stderr: {self.proc.stderr.read().decode()}"
-            self.seen.append(line)
-            if marker in line:
-                return line
+        while marker not in (line := self.next_line()):
+            pass
+        return line
+
+    def rest(self) -> bytes:
+        """Everything on stdout until the server closes it."""
+        out = []
+        while line := self.lines.get(timeout=self.READ_TIMEOUT):
+            out.append(line)
+        self.lines.put(b"")
+        return b"".join(out)
 
     def close(self) -> str:
         """Close stdin, wait for the exit; its stderr."""
         self.proc.stdin.close()
         assert self.proc.wait(timeout=30) == 0
-        rest = self.proc.stdout.read()
+        rest = self.rest()
         assert rest == b"", f"more on stdout after the last reply: {rest[:200]!r}"
-        return self.proc.stderr.read().decode()
+        return self.stderr()
 
 
 SHIPPED_CACHE = Path(WORKTREE) / "subtask" / "faces" / "mcp_cache.json"
@@ -692,7 +749,8 @@ def test_the_sdks_own_initialize_reply_is_dropped_and_checked(capsys):
     front = mcp_server.Front(wire, mcp_server.load_cache())
     front.open((json.dumps(INITIALIZE) + "\n").encode())
     assert json.loads(wire.written[0])["result"]["protocolVersion"] == "2025-06-18"
-    assert front.lines.get_nowait() == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
+    line, _ = front.lines.get_nowait()
+    assert line == (json.dumps(INITIALIZE) + "\n").encode()  # the SDK sees it too
     front.from_sdk(wire.written[0].decode())  # the SDK's identical reply: dropped silently
     front.from_sdk('{"jsonrpc":"2.0","id":1,"result":{}}\n')  # a later reply with the same id passes
     assert len(wire.written) == 2 and capsys.readouterr().err == ""
@@ -762,6 +820,206 @@ def test_a_client_that_leaves_after_initialize_does_not_wait_for_the_sdk(repo):
         session.close()
         took[front] = time.monotonic() - session.started
     assert took[True] < took[False], took
+
+
+# ------------------------------------------------------------ JSON-RPC 2.0 on the wire (issue 38)
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def rpc(**members: Any) -> dict:
+    return {"jsonrpc": "2.0", **members}
+
+
+LIST_CALL = {"name": "list", "arguments": {}}
+# (what, the line, its answer: a (code, id) error; a list of them for a batch; None: no answer)
+BAD_LINES: list[tuple[str, dict | bytes, Any]] = [
+    ("100,000 nested [", b"[" * 100_000 + b"\n", (-32700, None)),
+    ("not JSON", b'{"jsonrpc": "2.0", "id": 60, "method"\n', (-32700, None)),
+    ("NaN", b'{"jsonrpc": "2.0", "id": 61, "method": "ping", "params": {"x": NaN}}\n',
+     (-32700, None)),
+    ("batch", json.dumps([request(62, "ping"), INITIALIZED, request("b", "tools/list")]).encode()
+     + b"\n", [(-32600, 62), (-32600, "b")]),
+    ("empty batch", b"[]\n", (-32600, None)),
+    ("id without method", rpc(id=63), (-32600, 63)),
+    ("array params", rpc(id=64, method="tools/call", params=["list", {}]), (-32602, 64)),
+    ("object id", rpc(id={"n": 65}, method="ping"), (-32600, None)),
+    ("null id", rpc(id=None, method="tools/call", params=LIST_CALL), (-32600, None)),
+    ("fractional id", rpc(id=66.5, method="ping"), (-32600, 66.5)),
+    ("no jsonrpc member", {"id": 67, "method": "ping"}, (-32600, 67)),
+    ("a number", b"68\n", (-32600, None)),
+    ("method not a string", rpc(id=69, method=69), (-32600, 69)),
+    ("a malformed response", rpc(id=70, result=70), (-32600, None)),
+    ("nested deeper than the SDK reads",
+     request(71, "tools/call", {"name": "list", "arguments": {"x": nested(300)}}), (-32600, 71)),
+    ("a notification with array params", rpc(method="notifications/x", params=[1]), None),
+]
+TITLES = {-32700: "Parse error", -32600: "Invalid Request", -32602: "Invalid params"}
+
+
+def expected_errors() -> list:
+    found: list = []
+    for _what, _line, answer in BAD_LINES:
+        if isinstance(answer, list):
+            found.append(("batch", tuple(answer)))
+        elif answer is not None:
+            found.append(answer)
+    return sorted(found, key=repr)
+
+
+@pytest.mark.parametrize("when", ["before the SDK loads", "after the SDK loaded"])
+def test_each_bad_line_gets_its_json_rpc_error_and_the_session_goes_on(repo, tmp_path, when):
+    """JSON-RPC 2.0: -32700 for what is not JSON, -32600 for what is not a request, -32602 for
+    params that are not an object; each answered, and the next request still is."""
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED)
+    session.reply(1)
+    if when == "after the SDK loaded":
+        gate.touch()
+        session.send(request("warm", "ping"))  # only the SDK answers a ping
+        session.reply("warm")
+    else:
+        assert wait_until(Path(f"{gate}.reached").exists), "the server never reached the SDK's load"
+    errors, lists = [], []
+
+    def read_until_reply(ident: str) -> dict:
+        while True:
+            message = session.next_message()
+            if isinstance(message, list):
+                assert all(set(m) == {"jsonrpc", "id", "error"} for m in message), message
+                errors.append(("batch", tuple((m["error"]["code"], m["id"]) for m in message)))
+                assert all("batch" in m["error"]["message"] for m in message), message
+            elif message.get("id") == ident:
+                return message
+            elif "error" in message:
+                code = message["error"]["code"]
+                assert message["error"]["message"].startswith(TITLES[code]), message
+                errors.append((code, message["id"]))
+
+    for n, (_what, line, _answer) in enumerate(BAD_LINES):
+        session.send(line, request(f"list-{n}", "tools/list"))
+        lists.append(read_until_reply(f"list-{n}"))
+    assert all(len(m["result"]["tools"]) == len(TOOLS) for m in lists)
+    gate.touch()
+    session.send(request("call", "tools/call", {"name": "list", "arguments": {}}))
+    called = read_until_reply("call")
+    assert called["result"]["content"][0]["text"].startswith("no jobs yet"), called
+    assert sorted(errors, key=repr) == expected_errors()
+    assert "Traceback" not in session.close()
+
+
+def test_a_call_read_before_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
+    """The client sends a call and closes stdin before the SDK is loaded: the call is answered."""
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", LIST_CALL))
+    session.reply(1)
+    assert wait_until(Path(f"{gate}.reached").exists), "the server never reached the SDK's load"
+    session.proc.stdin.close()
+    gate.touch()
+    answer = json.loads(session.reply(2))
+    assert answer["result"]["content"][0]["text"].startswith("no jobs yet"), answer
+    assert session.proc.wait(timeout=30) == 0
+
+
+def start_held(session: Session, gate: Path) -> str:
+    """Start a shell job that runs until `gate` exists, and a wait for it (request 3)."""
+    start = {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}
+    session.send(INITIALIZE, INITIALIZED, request(2, "tools/call", start))
+    job = job_id_in(json.loads(session.reply(2))["result"]["content"][0]["text"])
+    wait = {"ids": [job], "timeout": 60}
+    session.send(request(3, "tools/call", {"name": "wait", "arguments": wait,
+                                           "_meta": {"progressToken": "w"}}))
+    session.read_until(b'"notifications/progress"')  # the wait is under way
+    return job
+
+
+def test_a_call_under_way_at_the_end_of_input_is_answered_then_the_server_exits(repo, tmp_path):
+    """A wait under way when the client closes stdin ends as a wait does (the job's end)."""
+    gate = tmp_path / "gate"  # the job runs until the test has closed the server's stdin
+    session = Session(repo)
+    watchdog = threading.Timer(60, gate.touch)
+    watchdog.start()
+    try:
+        job = start_held(session, gate)
+        session.proc.stdin.close()
+        session.read_until(b'"notifications/progress"')  # the wait goes on after the end of input
+    finally:
+        watchdog.cancel()
+        gate.touch()
+    waited = json.loads(session.reply(3))
+    assert waited["result"]["content"][0]["text"].startswith(f"{job} done"), waited
+    assert session.proc.wait(timeout=30) == 0
+
+
+def test_a_call_the_client_cancelled_is_not_waited_for_at_the_end_of_input(repo, tmp_path):
+    """A cancelled request gets no answer (MCP): the server exits at the end of input."""
+    gate = tmp_path / "gate"  # the job runs until the test ends
+    session = Session(repo)
+    try:
+        start_held(session, gate)
+        session.send(rpc(method="notifications/cancelled", params={"requestId": 3}))
+        session.proc.stdin.close()
+        assert session.proc.wait(timeout=30) == 0
+        assert b'"id":3' not in session.rest()
+    finally:
+        gate.touch()
+
+
+def test_a_client_gone_at_the_end_of_input_is_not_waited_for(repo, tmp_path):
+    """The client died (both pipes closed) during a wait: the server exits at its next progress
+    write, not when the wait would have ended."""
+    gate = tmp_path / "gate"  # the job runs until the test ends
+    # Not a Session: its reader thread holds stdout, which this test closes.
+    proc = subprocess.Popen([sys.executable, "-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                            env=server_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = JsonRpc(proc)
+    try:
+        client.initialize()
+        job = job_id_in(client.call_tool("start", {"task": held(gate, "true"), "engine": "shell"}))
+        client.send("tools/call", {"name": "wait", "arguments": {"ids": [job], "timeout": 120},
+                                   "_meta": {"progressToken": "w"}})
+        while b'"notifications/progress"' not in proc.stdout.readline():
+            pass  # the wait is under way
+        proc.stdin.close()
+        proc.stdout.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        gate.touch()
+
+
+META_2026 = {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}
+LISTS_WITH_PARAMS = [request(10, "tools/list", {"cursor": 5}),
+                     request(11, "tools/list", {"_meta": 5}),
+                     request(12, "tools/list", META_2026),
+                     request(13, "prompts/list", {"cursor": "x"}),
+                     request(14, "tools/list", {"cursor": "next"})]
+
+
+def test_list_requests_with_params_are_answered_as_the_sdk_answers_them(repo, tmp_path):
+    """A cursor or a `_meta` is the SDK's to judge (an invalid one is an error, a 2026 envelope is
+    refused on this connection): the front end never answers those from its cache."""
+    plain = Session(repo, front=False)
+    plain.send(INITIALIZE, INITIALIZED, *LISTS_WITH_PARAMS)
+    expected = {m["id"]: plain.reply(m["id"]) for m in LISTS_WITH_PARAMS}
+    plain.close()
+    assert "error" in json.loads(expected[10]) and "error" in json.loads(expected[12])
+    gate = tmp_path / "sdk-gate"
+    session = Session(repo, hold=gate)
+    session.send(INITIALIZE, INITIALIZED, *LISTS_WITH_PARAMS, request("plain", "tools/list"))
+    session.reply("plain")  # from the cache, the SDK held: what was answered before it came from it
+    early = {json.loads(line).get("id") for line in session.seen}
+    assert not early & {m["id"] for m in LISTS_WITH_PARAMS}, f"answered from the cache: {early}"
+    gate.touch()
+    assert {m["id"]: session.reply(m["id"]) for m in LISTS_WITH_PARAMS} == expected
+    session.close()
 
 
 # --------------------------------------------------------------------------- the whole loop over MCP (issue 31)
@@ -886,24 +1144,152 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
                 ("start", {"task": "x", "pick": "best"}),
                 ("merge", {"id": "st-00000000", "mode": "rebase"}),
                 ("start", {"task": "x", "verfiy": "true"}),
+                ("land", {"ids": []}),
             )]
             return answers
 
     answers = anyio.run(main)
     assert answers == [
-        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, repo",
-        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, repo",
+        "error: timeout must be a number, not 'soon'\nhint: wait takes: ids (required), timeout, any, since, repo",
+        "error: wait takes no 'idz'\nhint: wait takes: ids (required), timeout, any, since, repo",
         "error: result needs id\nhint: result takes: id (required), full, evidence, repo",
         answers[3], answers[4],
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"
         "hint: merge takes: id (required), mode, force, repo",
         answers[6],
+        "error: ids must not be empty\n"
+        "hint: land takes: ids (required), verify, atomic, reconcile, mode, force, dry_run, repo",
     ]
     assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
     assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
     assert answers[6].startswith("error: start takes no 'verfiy'\n")
     for answer in answers:
         assert "validation error" not in answer and "pydantic" not in answer and "Input should" not in answer
+
+
+# Argument mistakes an operation finds (not the schema): each tool's words name its parameters
+# (`timeout`, `best_of`), never the CLI's flags (`--timeout`); a whole `git subtask ...` command in
+# a hint is a command, and stays one.
+OPERATION_ARGUMENT_ERRORS = [
+    ("wait", {"ids": ["JOB"], "timeout": -1}, "timeout must be"),
+    ("wait", {"ids": []}, "wait needs at least one job id"),
+    ("start", {"task": "x", "timeout": 0}, "timeout must be"),
+    ("start", {"task": "x", "verify_timeout": -1}, "verify_timeout must be"),
+    ("start", {"task": "x", "max_usd": -1}, "max_usd must be"),
+    ("start", {"task": "x", "max_turns": 0}, "max_turns must be"),
+    ("start", {"task": "x", "verify": " "}, "verify is empty"),
+    ("start", {"task": "x", "after": "nope"}, "not a job id"),
+    ("start", {"task": "x", "on_fail": "run"}, "on_fail goes with after"),
+    ("start", {"task": "x", "after": "JOB", "base": "main"}, "after starts the job"),
+    ("start", {"task": "x", "retries": 99}, "retries must be"),
+    ("start", {"task": "x", "retries": 1}, "retries needs verify"),
+    ("start", {"task": "x", "retries": 1, "verify": "true", "readonly": True},
+     "retries makes no sense with readonly"),
+    ("start", {"task": "x", "check": "paths=src/**", "readonly": True},
+     "check has nothing to look at"),
+    ("start", {"task": "x", "best_of": 1}, "best_of must be"),
+    ("start", {"task": "x", "best_of": 2}, "best_of needs verify"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "judge": " "}, "judge needs a command"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "first_pass": True, "pick": "smallest"},
+     "first_pass"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "readonly": True},
+     "best_of makes no sense"),
+    ("start", {"task": "x", "best_of": 2, "verify": "true", "after": "JOB"},
+     "a group cannot wait (after)"),
+    ("start", {"task": "x", "engine": ["shell", "shell"]}, "engine takes one name"),
+    ("start", {"task": "x", "on": "bogus"}, "on is 'bogus'"),
+    ("start", {"task": "x", "pick": "smallest"}, "pick goes with best_of"),
+    ("start", {"task": "x", "first_pass": True}, "first_pass goes with best_of"),
+    ("map", {"pattern": "*.py", "task": "x {files}", "batch": 0}, "batch must be"),
+    ("map", {"pattern": "*.py", "task": "x {files}", "concurrency": 0}, "concurrency must be"),
+    ("reply", {"id": "JOB", "message": "x", "timeout": 0}, "timeout must be"),
+    ("land", {"ids": ["JOB"], "atomic": True}, "nothing landed (atomic)"),
+    ("land", {"ids": ["JOB", "JOB"]}, "named twice"),
+]
+CLI_FLAG = re.compile(r"(?<![\w'\"-])--[a-z]")
+A_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
+
+
+def test_argument_errors_name_the_tools_parameters_never_the_clis_flags(repo, cli, monkeypatch):
+    monkeypatch.chdir(repo)  # the in-process server works in its working directory
+    job = cli.start("true")  # ended, nothing to land
+    cli("wait", job)
+
+    def with_job(value: Any) -> Any:
+        if isinstance(value, list):
+            return [with_job(v) for v in value]
+        return job if value == "JOB" else value
+
+    async def main() -> list[str]:
+        async with connect("inproc", repo) as client:
+            answers = []
+            for tool, args, _words in OPERATION_ARGUMENT_ERRORS:
+                args = {name: with_job(value) for name, value in args.items()}
+                answers.append(await call(client, tool, args, ok=False))
+            items = [{"task": "x", "timeout": 0}, {"task": "y", "retries": 1}]
+            answers.append((await call_json(client, "start_many", {"tasks": items}))[1]["reply"])
+            return answers
+
+    answers = anyio.run(main)
+    for (tool, args, words), answer in zip(OPERATION_ARGUMENT_ERRORS, answers, strict=False):
+        assert words in answer, f"{tool} {args}: {answer!r} lacks {words!r}"
+    for answer in answers:
+        assert not CLI_FLAG.search(A_CLI_COMMAND.sub("", answer)), f"a CLI flag in {answer!r}"
+    first, second = answers[-1].splitlines()  # start_many's item errors, in the same words
+    assert first.startswith("1. error: timeout must be")
+    assert second.startswith("2. error: retries needs verify")
+
+
+def test_a_land_that_lands_nothing_is_an_error_as_a_merge_of_the_same_job_is(repo, cli, how):
+    """Every job refused or failed: `land` exits 1 as `merge` does, and over MCP both are tool
+    errors naming why. A land that landed some is an answer (ok false), and a dry run is a plan."""
+    failed = cli.start("echo x > x.txt", "--verify", "false")
+    good = cli.start("echo y > y.txt", "--verify", "test -f y.txt")
+    cli("wait", failed, good)
+    assert cli("merge", failed).returncode == cli("land", failed).returncode == 1
+    before = git(repo, "rev-parse", "main")
+
+    async def main():
+        async with connect(how, repo) as client:
+            merged = await call(client, "merge", {"id": failed}, ok=False)
+            landed = await call(client, "land", {"ids": [failed]}, ok=False)
+            assert git(repo, "rev-parse", "main") == before
+            planned, plan = await call_json(client, "land", {"ids": [failed], "dry_run": True})
+            partial, data = await call_json(client, "land", {"ids": [failed, good]})
+            return merged, landed, planned, partial, data
+
+    merged, landed, planned, partial, data = anyio.run(main)
+    assert merged.startswith(f"error: {failed}: verify failed")
+    assert landed.startswith(f"error: nothing landed onto main ({failed} refused)\n"), landed
+    assert f"{failed}: refused: {failed}: verify failed" in landed and "main: stays at" in landed
+    assert "nothing was changed (dry run)" in planned
+    assert data["ok"] is False and [j["state"] for j in data["jobs"]] == ["refused", "landed"]
+    assert partial.endswith("(1 of 2 landed)")
+
+
+def test_wait_with_timeout_zero_answers_the_current_states_at_once(repo, cli, how, tmp_path):
+    """A poll: the jobs as they are now, at once; `timed_out` says some are still running."""
+    gate = tmp_path / "gate"
+    ended = cli.start("true")
+    cli("wait", ended)
+    running = cli.start(held(gate, "true"))
+    try:
+        polled = cli("wait", "--timeout", "0", running)
+        assert polled.returncode == 1 and polled.stdout.startswith(f"{running} running"), polled
+        assert "still running (they continue)" in polled.stderr and "timed out" not in polled.stderr
+        assert cli("wait", "--timeout", "-1", running).returncode == 129
+
+        async def main():
+            async with connect(how, repo) as client:
+                now, data = await call_json(client, "wait", {"ids": [running, ended], "timeout": 0})
+                done, done_data = await call_json(client, "wait", {"ids": [ended], "timeout": 0})
+                return now, data, done, done_data
+
+        now, data, done, done_data = anyio.run(main)
+    finally:
+        gate.touch()
+    assert now.startswith(f"{running} running") and f"{ended} done" in now and data["timed_out"] is True
+    assert done.startswith(f"{ended} done") and done_data["timed_out"] is False
 
 
 def test_list_folds_a_group_as_the_cli_does(repo, cli, how):

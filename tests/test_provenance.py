@@ -319,7 +319,7 @@ def test_verify_says_that_an_honest_record_matches_git(cli, repo):
     job = cli.start(MAKES_X, "--verify", "test -f x.txt")
     cli.ok("wait", job)
     out = cli.ok("verify", job, "--run")
-    for line in ("ok       base pin", "ok       head pin", "ok       evidence: 1 files, +1 -0, 1 commits",
+    for line in ("ok       base pin", "ok       head pin", "ok       evidence: 1 file, +1 -0, 1 commit",
                  "ok       verify: recorded passed", "ok       verify --run: test -f x.txt passed here",
                  "-        signature: the record", "-        clone: started in this clone",
                  f"{job}: what its record claims matches git"):
@@ -337,7 +337,7 @@ def test_verify_names_every_claim_of_a_forged_record_that_git_does_not_bear_out(
     proc = cli_b("verify", theirs)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "MISMATCH evidence" in proc.stdout and "other.txt" in proc.stdout and "x.txt" in proc.stdout
-    assert "the record says 1 files, +40 -0" in proc.stdout and "MISMATCH verify:" not in proc.stdout
+    assert "the record says 1 file, +40 -0" in proc.stdout and "MISMATCH verify:" not in proc.stdout
     assert "started in clone c-" in proc.stdout and "1 mismatch between its record and git" in proc.stdout
     run = cli_b("verify", theirs, "--run")
     assert run.returncode == 1 and "MISMATCH verify --run: test -f y.txt failed (exit 1) here" in run.stdout

@@ -117,6 +117,20 @@ def test_url_password():
     assert out == f"connecting to postgres://admin:{MARKER}@db:5432/app"
 
 
+@pytest.mark.parametrize("text", [
+    "machine example.com login bob password nebula-otter-4417",
+    "machine example.com\n  login bob\n  password nebula-otter-4417\n",
+    "default login anonymous password nebula-otter-4417",
+    "login bob password nebula-otter-4417 machine example.com",
+    "machine a.example login x password nebula-otter-4417 account y",
+])
+def test_netrc_password_without_an_equals_sign(text):
+    """`.netrc` writes `password X` (no `=` or `:`): a confined job that read one showed it."""
+    out = assert_gone("nebula-otter-4417", text)
+    assert f"password {MARKER}" in out and out.split()[:2] == text.split()[:2]  # the rest is kept
+    assert redact(out, NO_ENV) == out
+
+
 @pytest.mark.parametrize("kind", ["RSA ", "EC ", "OPENSSH ", "ENCRYPTED ", ""])
 def test_pem_private_key_block(kind):
     block = (f"-----BEGIN {kind}PRIVATE KEY-----\n"
@@ -184,12 +198,13 @@ def test_secret_env_values_are_redacted_anywhere():
         "SHORT_KEY": "abc",  # too short to redact safely
         "HOME": "/home/someone",  # not a secret name
         "GIT_AUTHOR_NAME": "Jane Developer",  # AUTHOR is not AUTH
+        "SSH_AUTH_SOCK": "/tmp/ssh-XXXXabcd/agent.42",  # a socket's path is not a secret
     }
     text = ("calling with plain-looking-value-42 and correct horse battery staple, authvalue99; "
-            "abc in /home/someone by Jane Developer")
+            "abc in /home/someone by Jane Developer at /tmp/ssh-XXXXabcd/agent.42")
     out = redact(text, env)
     assert out == (f"calling with {MARKER} and {MARKER}, {MARKER}; "
-                   "abc in /home/someone by Jane Developer")
+                   "abc in /home/someone by Jane Developer at /tmp/ssh-XXXXabcd/agent.42")
 
 
 def test_env_defaults_to_os_environ(monkeypatch):
@@ -234,6 +249,8 @@ def test_marker_text_as_env_value_does_not_break_idempotence():
     "commit 3f786850e387550fdab836ed7e6dc881de23001b (HEAD -> main)",
     "the tokenizer splits words; max_tokens=4096; input_tokens: 1200",
     "We planned a secret santa and kept the password policy doc short.",
+    "Enter your login name and password below.",
+    "machine learning needs no password manager here",
     "token_count = 3",
     "if password == expected:",
     "def login(password: str, token: str | None = None) -> bool:",

@@ -4,6 +4,8 @@ figure is credited, and nothing is ever charged twice or below zero."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from subtask.engines.base import Baseline
@@ -46,13 +48,25 @@ def test_a_session_found_only_before_a_worker_died_is_still_resumed():
     assert resume_point(job) == ("A", Baseline("A", 1.0), 2.0)
 
 
-def test_no_session_or_another_sessions_figures_give_no_baseline():
-    assert resume_point(job_of(attempt(1, state="running"))) == (None, None, 0.0)
+def test_no_session_gives_no_baseline_and_another_sessions_figures_count_from_zero():
+    assert resume_point(job_of(attempt(1, state="running"))) == (None, None, 0)
     job = job_of(attempt(1, session="A", totals={"session_id": "B", "cost_usd": 1.0}, charged=1.0),
                  attempt(2, state="running"))
-    assert resume_point(job) == ("A", None, 0.0)
+    assert resume_point(job) == ("A", Baseline.start("A"), 0)
+
+
+def test_a_session_no_attempt_reported_for_counts_from_zero_and_credits_what_its_attempts_were_charged():
+    """Issue 38, money 1: attempt 1 was killed before it reported (charged its reservation, or
+    what its record says); Claude Code's report on resume counts that run's calls again. The
+    credit holds also when no attempt of the session ever recorded totals."""
+    job = job_of(attempt(1, session="A", charged=0.09, state="failed"), attempt(2, state="running"))
+    assert resume_point(job) == ("A", Baseline.start("A"), Decimal("0.09"))
     job = job_of(attempt(1, session="A", totals="damaged", charged=1.0), attempt(2, state="running"))
-    assert resume_point(job) == ("A", None, 0.0)
+    assert resume_point(job) == ("A", Baseline.start("A"), 1)
+    # an attempt before the session's first one belongs to another session: never credited
+    job = job_of(attempt(1, charged=2.0, state="failed"), attempt(2, session="A", charged=0.5, state="stopped"),
+                 attempt(3, state="running"))
+    assert resume_point(job) == ("A", Baseline.start("A"), Decimal("0.5"))
 
 
 @pytest.mark.parametrize("observed, credit, charged, kept", [

@@ -27,6 +27,7 @@ VALUES = {
     "on": ("local", lambda spec: spec.get("extra", {}).get("on", "local") if "on" not in spec else spec["on"]),
     "retries": (2, lambda spec: spec["retries"]),
     "check": (["paths=*.txt"], lambda spec: spec["checks"][-1:]),
+    "harness": (["ci/**"], lambda spec: spec["harness"][-1:]),
     "best_of": (None, None), "pick": (None, None), "judge": (None, None), "first_pass": (False, None),
     # A job that waits needs one to wait for: tests/test_plans.py starts them on every face.
     "after": (None, lambda spec: spec.get("after")), "on_fail": (None, lambda spec: spec.get("on_fail")),

@@ -312,7 +312,7 @@ def test_mcp_start_takes_retries_and_checks_and_answers_like_the_cli(project, mo
     assert "check paths=src/** failed: NOTES.md is outside src/**" in text
     assert "attempts: 1: failed · verify failed (check paths=src/**; 1 passed, 1 failed)" in text
     assert "attempt 2 (retry 1): failed · verify failed (check paths=src/**; 2 passed, 0 failed)" in shown.content[0].text
-    assert bad.is_error and "--retries must be a whole number from 0 to 5" in bad.content[0].text
+    assert bad.is_error and "error: retries must be a whole number from 0 to 5" in bad.content[0].text  # its parameter, never the flag
 
 
 def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits(project):

@@ -15,16 +15,16 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from subtask import executors
 from subtask.api.read import _groups, _positive, get, queue_position, repo_at, sweep
-from subtask.git import ownership, records, worktrees
+from subtask.git import leftout, ownership, records, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
@@ -32,10 +32,12 @@ from subtask.git.gitrepo import (
     git,
     resolve_commit,
 )
+from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
-from subtask.model import faults
+from subtask.model import faults, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import (
+    ACTIVE,
     DEPTH_ENV,
     MAX_TASK_BYTES,
     TERMINAL,
@@ -60,6 +62,8 @@ class StartResult:
     job: Job
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
+    warnings: list[str] = field(default_factory=list)  # one line each, said with the start
+    left_out: LeftOut | None = None  # what the job does not see of the checkout it was started from
 
     @property
     def state(self) -> str:
@@ -171,6 +175,8 @@ def default_engine(repo: Repo) -> str:
     from subtask.engines.base import preflight
 
     configured = repo.config.get("engine")
+    if configured and configured.strip() == "auto":
+        return "auto"  # routed per job (`ops/routing`)
     if configured:
         try:
             get_engine(configured, repo.config)
@@ -198,22 +204,26 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
-def _max_usd(repo: Repo, engine, requested) -> float:
-    """The budget to reserve: validated alike for every engine, then $0 for a free one."""
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, (int, float))
-                                  or not math.isfinite(requested) or requested < 0):
+def _check_max_usd(requested) -> None:
+    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+
+
+def _max_usd(repo: Repo, engine, requested) -> Decimal:
+    """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
+    free one."""
+    _check_max_usd(requested)
     if requested is None and not engine.paid:
-        return 0.0
-    usd = float(repo.config.number("defaultMaxUsd")) if requested is None else float(requested)
-    cap = repo.config.number("maxJobUsd")
+        return money.ZERO
+    usd = money.usd(repo.config.number("defaultMaxUsd") if requested is None else requested)
+    cap = money.usd(repo.config.number("maxJobUsd"))
     if usd > cap:
-        raise SubtaskError("usage", f"--max-usd {_usd(usd)} is above subtask.maxJobUsd={_usd(cap)}",
-                           hint=f"git config subtask.maxJobUsd {_usd(usd)}")
-    return usd if engine.paid else 0.0
+        raise SubtaskError("usage", f"--max-usd {money.plain(usd)} is above subtask.maxJobUsd={money.plain(cap)}",
+                           hint=f"git config subtask.maxJobUsd {money.plain(usd)}")
+    return usd if engine.paid else money.ZERO
 
 
-def _reserved_cost(usd: float, engine) -> Cost:
+def _reserved_cost(usd: Decimal, engine) -> Cost:
     """A new attempt's cost: a paid engine's says "reserved" until the attempt is settled."""
     return Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=usd)
 
@@ -225,23 +235,38 @@ def _default_timeout(repo: Repo, engine) -> float | None:
     return (repo.config.number("defaultTimeout") or None) if engine.paid else None
 
 
-def _usd(amount: float) -> str:
-    """An amount as a person types it: 1000000000, 2.5 (never 1e+09)."""
-    return f"{amount:.2f}".rstrip("0").rstrip(".")
-
-
 # ---------------------------------------------------------------- start
 
-def launch(repo: Repo, request: StartRequest) -> StartResult | GroupStart:
-    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`)."""
+def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> StartResult | GroupStart:
+    """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`);
+    with what it leaves out of the caller's checkout (`said`: those already found, by base, so a
+    call that starts many looks once)."""
     if request.best_of is not None:
-        return start_group(repo, request)
-    given = [name for name in GROUP_ONLY if getattr(request, name)]
-    if given:
-        raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
-                           f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
-                           hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
-    return start(repo, request)
+        result = start_group(repo, request)
+    else:
+        given = [name for name in GROUP_ONLY if getattr(request, name)]
+        if given:
+            raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
+                               f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
+                               hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
+        result = start(repo, request)
+    base = result.group.base if isinstance(result, GroupStart) else result.job.spec.base
+    result.left_out = left_out(repo, request, None if request.after else base, said)
+    return result
+
+
+def left_out(repo: Repo, request: StartRequest, base: str | None,
+             said: dict | None = None) -> LeftOut:
+    """What a job from `base` does not see of the checkout the start was run in: found after it
+    started (a failed start has nothing to say), never a reason to refuse."""
+    from_checkout = base is not None and request.base in (None, "HEAD")
+    key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
+    if said is not None and key in said:
+        return said[key]
+    found = leftout.left_out(repo, base, from_checkout=from_checkout)
+    if said is not None:
+        said[key] = found
+    return found
 
 
 def start(repo: Repo, request: StartRequest) -> StartResult:
@@ -251,16 +276,21 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         raise SubtaskError("usage", "api.start starts one job: use api.launch or api.start_group for best_of")
     prepared = _prepare(repo, request)
     if prepared.until:
-        return _start_waiting(repo, prepared)
-    if not prepared.on.runs_here:
+        if not prepared.on.runs_here:  # checked now, and its record says where it will run
+            prepared.on.backend().place(repo, prepared.job)
+        result = _start_waiting(repo, prepared)
+    elif not prepared.on.runs_here:
         job = prepared.on.backend().submit(repo, prepared.job, prepared.paid)
-        return StartResult(job, 0, on=prepared.on.name)
-    if prepared.paid:
-        _sync_ledger(repo)
-    return _admit_and_launch(repo, prepared.job, prepared.paid,
-                             branch_at=None if request.readonly else prepared.job.spec.base,
-                             lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
-                             as_written=prepared.as_written)
+        result = StartResult(job, 0, on=prepared.on.name)
+    else:
+        if prepared.paid:
+            _sync_ledger(repo)
+        result = _admit_and_launch(repo, prepared.job, prepared.paid,
+                                   branch_at=None if request.readonly else prepared.job.spec.base,
+                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                                   as_written=prepared.as_written)
+    result.warnings = prepared.warnings
+    return result
 
 
 @dataclass
@@ -270,6 +300,7 @@ class _Prepared:
     as_written: dict
     on: executors.Executor = executors.REGISTRY["local"]
     until: list[str] | None = None  # --after: the jobs it waits to see end (a group's members)
+    warnings: list[str] = field(default_factory=list)  # `StartResult.warnings`
 
 
 def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, member: int | None = None) -> _Prepared:
@@ -280,6 +311,12 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     repo.config.require_valid()
     on = executors.choose(repo.config, request.on)
     engine_name = _one_name(request.engine, "--engine") or default_engine(repo)
+    routed = None
+    if engine_name == "auto":
+        routed = _routing(repo, request)
+        if routed.chosen is None:
+            raise routed.refusal()
+        engine_name = routed.chosen.name
     engine = get_engine(engine_name, repo.config)
     repo.config.require_valid(engine_name)  # and the keys of its engine (`subtask.engine.<name>.*`)
     _check_engine_can_run(engine)
@@ -290,12 +327,14 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     if request.verify is not None and not request.verify.strip():
         raise SubtaskError("usage", "--verify is empty: give a command, or leave --verify out")
     retries, job_checks = _verify_loop(repo, request, on)
+    harness = _harness(repo, request)
     delegated = _check_depth(repo)
     parent = delegated.parent
-    choice = _isolation(repo, engine, request)
+    base = resolve_commit(repo, request.base or "HEAD")  # --after: a placeholder until it starts
+    choice = _isolation(repo, engine, request)  # probes the state folder: after what makes nothing
     network = _network(repo)
+    sockets = _sockets(repo) if choice.mode != "none" else None
     after, until, on_fail = _after(repo, request, on)
-    base = resolve_commit(repo, request.base or "HEAD")  # with --after: a placeholder until it starts
     job_id = new_job_id()
     worktree = repo.worktree_dir() / job_id
     check_worktree_location(worktree)
@@ -314,16 +353,38 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
                    isolation=choice.mode, isolation_source=choice.source + (f": {choice.note}" if choice.note else ""),
-                   network=network, group=group, member=member, clone=clone, retries=retries, checks=job_checks,
+                   network=network, sockets=sockets, group=group, member=member, clone=clone, retries=retries,
+                   checks=job_checks, harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
                       rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
+    if routed is not None:  # the record says which engine --engine auto chose, and why
+        spec.extra["routing"] = routed.record()
     job = Job(spec, JobState(attempts=[attempt]), None, "", "", None)
     as_written = {"message": task, "stored_message": stored_task, "verify": request.verify,
                   "stored_verify": stored_verify}
-    return _Prepared(job, engine.paid, as_written, on, until)
+    from subtask.proc import isolation
+
+    unconfined = isolation.unconfined_warning(engine, choice.mode, bool(request.readonly))
+    warnings = [f"warning: {unconfined}"] if unconfined else []
+    return _Prepared(job, engine.paid, as_written, on, until, warnings)
+
+
+def _routing(repo: Repo, request: StartRequest):
+    from subtask.ops import routing
+
+    _check_max_usd(request.max_usd)
+    return routing.route(repo, readonly=bool(request.readonly), isolation=request.isolation, max_usd=request.max_usd)
+
+
+def routing_explain(repo: Repo, request: StartRequest):
+    """Which engine `--engine auto` would choose for this start, every candidate's filter or
+    score and terms (`ops/routing`); nothing is started."""
+    _check_task(request.task)
+    repo.config.require_valid()
+    return _routing(repo, request)
 
 
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
@@ -374,7 +435,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     liveness.release(fd)
     plans.advance(repo)
     job = records.read(repo, job.id)
-    return StartResult(job, queue_position(repo, job.id) or 0)
+    return StartResult(job, queue_position(repo, job.id) or 0, on=prepared.on.name)
 
 
 def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[int, list[str]]:
@@ -404,6 +465,22 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         return 0, []
     configured = repo.config.get("git.checks")
     return retries, checks.resolve(given, configured, has_verify=bool(request.verify))
+
+
+def _harness(repo: Repo, request: StartRequest) -> list[str] | None:
+    """What judges the job's verify (docs/verify.md "The judge"): `subtask.verify.harness`, then
+    each `--harness`; [] for a job judged by its own tests; None for a job with no verify."""
+    given = [request.harness] if isinstance(request.harness, str) else request.harness
+    if given is not None and not isinstance(given, list):
+        raise SubtaskError("usage", f"harness must be a list of globs, not {given!r}")
+    if not request.verify:
+        if given:
+            raise SubtaskError("usage", "--harness goes with --verify: it says what judges the verify",
+                               hint="git subtask start --verify 'pytest -q' --harness job '...'")
+        return None
+    from subtask.git import harness
+
+    return harness.resolve(given, repo.config.get("verify.harness"))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):
@@ -441,6 +518,14 @@ def _network(repo: Repo) -> str:
     from subtask.proc import isolation
 
     return isolation.resolve_network(repo.config.get("isolation.network"))
+
+
+def _sockets(repo: Repo) -> list[str] | None:
+    """The host sockets a confined job may reach, granted by name (`subtask.isolation.socket`),
+    as its spec records them."""
+    from subtask.proc import isolation
+
+    return isolation.configured_paths(repo.config, repo.root, isolation.SOCKET_KEY) or None
 
 
 def request_from_dict(item) -> tuple[str | None, StartRequest]:
@@ -505,6 +590,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
     if not isinstance(items, list) or not items:
         raise SubtaskError("usage", "start_many needs at least one task")
     opened: dict[str | None, Repo] = {}
+    said: dict = {}  # what the jobs leave out of each checkout, looked at once per base
 
     def repo_of(path: str | None) -> Repo:
         if path not in opened:
@@ -541,7 +627,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
             path, request = request_from_dict(item)
             if request.after:  # this call's ids become the jobs (or groups) they started
                 request.after = [_started_id(results[local[a]]) if a in local else a for a in _list(request.after)]
-            results[n] = launch(repo_of(path), request)
+            results[n] = launch(repo_of(path), request, said)
         except SubtaskError as exc:
             results[n] = exc
     return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
@@ -583,6 +669,7 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
 class GroupStart:
     group: object  # groups.Group
     members: list[StartResult]
+    left_out: LeftOut | None = None
 
 
 def _names(values, what: str) -> list[str] | None:
@@ -616,7 +703,10 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
-    executors.choose(repo.config, request.on).require("best_of")
+    on = executors.choose(repo.config, request.on)
+    on.require("best_of")
+    if how.judge is not None:
+        on.require("judge")
     verify = request.verify if request.verify is not None else repo.config.get("verify")
     if not verify or not verify.strip():
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
@@ -676,7 +766,10 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                            hint="git subtask map 'src/*.py' 'add type hints to {files}'")
     if request.readonly or request.after:
         raise SubtaskError("usage", "map starts writing jobs now: no --readonly or --after")
-    executors.choose(repo.config, request.on).require("map")
+    on = executors.choose(repo.config, request.on)
+    on.require("map")
+    if concurrency is not None:
+        on.require("concurrency")
     base = resolve_commit(repo, request.base or "HEAD")
     files = map_files(repo, pattern, base)
     if not files:
@@ -700,13 +793,20 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
                          members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
                          rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
     results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
-    return MapStart(group, results, batches)
+    return MapStart(group, results, left_out=left_out(repo, request, base), batches=batches)
 
 
 def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, what: str, judge: str | None = None
                   ) -> list[StartResult]:
     """Admit and start a group's members all or none, then write the group record."""
     groups = _groups()
+
+    def write_group() -> None:
+        groups.keep_judge(repo, gid, judge)
+        groups.create(repo, group)
+
+    if not prepared[0].on.runs_here:
+        return _launch_elsewhere(repo, prepared, what=what, then_record=write_group)
     launches = []
     try:
         for p in prepared:
@@ -716,12 +816,38 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
         for launch in launches:
             _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
         raise
+    results = _launch_all(repo, launches, what=what, then_record=write_group,
+                          undo_record=lambda: groups.delete(repo, gid))
+    for result, p in zip(results, prepared, strict=True):
+        result.warnings = p.warnings
+    return results
 
-    def write_group() -> None:
-        groups.keep_judge(repo, gid, judge)
-        groups.create(repo, group)
 
-    return _launch_all(repo, launches, what=what, then_record=write_group, undo_record=lambda: groups.delete(repo, gid))
+def _launch_elsewhere(repo: Repo, prepared: list[_Prepared], *, what: str, then_record) -> list[StartResult]:
+    """A group's members handed to the executor that runs them elsewhere, all or none: their
+    money is checked against the cap together first; a member that cannot be handed over stops
+    the ones handed over before it (charged nothing: none has run)."""
+    on = prepared[0].on
+    usd = sum((p.job.state.current.cost.reserved * (1 + (p.job.spec.retries or 0)) for p in prepared if p.paid),
+              money.ZERO)
+    if usd:
+        left = ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd")).left_usd
+        if usd > left:
+            raise SubtaskError("budget", f"{what} reserve {money.text(usd)} together, more than this month's cap "
+                               f"has left ({money.text(max(left, money.ZERO))})", hint="git subtask spend")
+    started: list[StartResult] = []
+    try:
+        for p in prepared:
+            started.append(StartResult(on.backend().submit(repo, p.job, p.paid), 0, on=on.name))
+        then_record()
+    except BaseException:
+        for result in started:
+            try:
+                on.backend().stop(repo, result.job.id)
+            except Exception as exc:  # said, never hidden: that one still runs there
+                warnings.warn(f"{result.job.id} could not be stopped: {getattr(exc, 'message', exc)}", stacklevel=2)
+        raise
+    return started
 
 
 def stop_group(repo: Repo, gid_or_prefix: str):
@@ -928,17 +1054,17 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
                            "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     executor = executors.of(job)
-    if "reply" not in executor.can:
-        raise SubtaskError("usage", f"{job_id} ran on {executor.name}; a reply to a job run there is not supported yet",
-                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch or job.spec.base} '...'")
+    executor.require("reply")
     repo.config.require_valid(job.spec.engine)
     engine = get_engine(job.spec.engine, repo.config)
-    _check_engine_can_run(engine)
+    if executor.runs_here:  # elsewhere, the node that runs it needs the engine, not this machine
+        _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
     timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
-    worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
-    worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
+    if executor.runs_here:
+        worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
+        worktrees.drop_stale(repo, job_id, Path(job.spec.worktree))  # removed by hand: the worker checks it out again
     lock_fd = _acquire_for_reply(repo, job_id)
     n = previous.n + 1
     stored = redact(message)
@@ -956,6 +1082,11 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         raise
     # The stop of an earlier attempt must not end this one before it starts.
     lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    if not executor.runs_here:
+        try:
+            return StartResult(executor.backend().reply(repo, job, attempt, engine.paid), 0, on=executor.name)
+        finally:
+            liveness.release(lock_fd)
     if engine.paid:
         _sync_ledger(repo)
     # A branch that cleanup or gc deleted (no commits beyond its base, or landed) comes back where
@@ -972,12 +1103,6 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
 def _acquire_for_reply(repo: Repo, job_id: str) -> int:
     """The job's run-lock, once its previous worker has let go; busy means another reply has it."""
     return liveness.acquire_within(repo.state_dir, job_id, REPLY_LOCK_WAIT)
-
-
-# ---------------------------------------------------------------- reading
-
-
-# ---------------------------------------------------------------- wait
 
 
 # ---------------------------------------------------------------- stop, cleanup
@@ -1274,6 +1399,14 @@ def cleanup_merged(repo: Repo, dry_run: bool = False):
     return landing.cleanup_merged(repo, dry_run=dry_run)
 
 
+def du(repo: Repo):
+    """What each job's worktree costs on disk (tracked, untracked, ignored), the objects only its
+    refs keep, the other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    from subtask.ops import disk
+
+    return disk.usage(repo)
+
+
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
     from subtask.ops import landing
 
@@ -1325,15 +1458,18 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False):
 def pull(repo: Repo, remote: str = "origin"):
     from subtask.ops import sync
 
+    active_elsewhere = {e["id"] for e in records.list_entries(repo) if e.get("on") and e.get("state") in ACTIVE}
     result = sync.pull(repo, remote)
     arrived = [ref[len(records.PREFIX):-len("/record")] for ref in result.updated if ref.endswith("/record")]
-    _bring_home_from_elsewhere(repo, arrived + result.new_jobs)
+    _bring_home_from_elsewhere(repo, arrived + result.new_jobs, active_elsewhere)
     return result
 
 
-def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
-    reservation, note."""
+    reservation, note; the end told (`ops.notify`) of those this pull found still active."""
+    from subtask.ops import notify
+
     for job_id in job_ids:
         try:
             job = records.read(repo, job_id)
@@ -1348,3 +1484,11 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str]) -> None:
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
             executor.backend().bring_home(repo, records.read(repo, job_id))
+            ended = records.read(repo, job_id)
+            if job_id in active:
+                notify.attempt_ended(repo, ended)
+            if ended.spec.group:  # a member brought home may be the last its group waited for
+                _groups().after_member_ended(repo, ended)
+    from subtask.ops import plans
+
+    plans.advance_quietly(repo)  # ... and the jobs waiting for what came home

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,17 +27,23 @@ def repo_at(path: str | os.PathLike | None = None) -> Repo:
     return open_repo(path)
 
 
-def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False):
+def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False,
+              zero: bool = False):
+    """`value` as a number > 0 (`zero`: >= 0), or a usage error naming `what`."""
     if value is None:
         if allow_none:
             return None
         raise SubtaskError("usage", f"{what} is required")
+    noun = "whole number" if integer else "number"
+    wanted = f"{what} must be a " + (f"finite {noun} >= 0" if zero else f"positive finite {noun}")
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError, OverflowError):
-        raise SubtaskError("usage", f"{what} must be a positive finite number, not {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != float(value)):
-        raise SubtaskError("usage", f"{what} must be a positive finite {'whole ' if integer else ''}number, not {value!r}")
+        raise SubtaskError("usage", f"{wanted}, not {value!r}") from None
+    too_small = number < 0 if zero else number <= 0
+    not_whole = integer and number != float(value)
+    if isinstance(value, bool) or not math.isfinite(number) or too_small or not_whole:
+        raise SubtaskError("usage", f"{wanted}, not {value!r}")
     return number
 
 
@@ -256,42 +261,29 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
              marks.get(job.id) or {}) for job in jobs]
 
 
+def worker_log(repo: Repo, job_id: str) -> str | None:
+    """The text of the job's worker log (`show --log`), None when there is none."""
+    try:
+        return paths.log_file(repo.state_dir, job_id).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
     lines = _tail_lines(paths.run_file(repo.state_dir, job_id, "events.jsonl", make=False))
     import json
+
+    from subtask.model import render
 
     for line in reversed(lines):
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        text = _activity_text(event)
+        text = render.activity_text(event)
         if text:
             return text[:120]
-    return None
-
-
-def _activity_text(event: dict) -> str | None:
-    kind = event.get("type")
-    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
-        from subtask.model.render import duration
-
-        since, after = event.get("since"), event.get("after")
-        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
-        return (f"stalled: no event from the engine{silent}"
-                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
-    if kind == "command":
-        return f"running: {event.get('command')}"
-    if kind == "tool":
-        return f"tool: {event.get('name')}"
-    if kind in ("text", "output"):
-        text = (event.get("text") or "").strip()
-        return text.splitlines()[-1] if text else None
-    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
-        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
-    if kind == "state":
-        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
     return None
 
 

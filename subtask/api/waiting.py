@@ -22,8 +22,12 @@ from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import SubtaskError
-from subtask.model.job import WAITING, job_passed
+from subtask.model.job import WAITING, is_group_ref, job_passed
 from subtask.state import liveness, paths, slots
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from subtask.ops.feed import Feed
 
 
 @dataclass
@@ -31,6 +35,7 @@ class WaitResult:
     jobs: list[Job]
     timed_out: bool
     stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
+    feed: Feed | None = None  # `wait --since`: the events after the cursor and the next cursor
 
     @property
     def all_passed(self) -> bool:
@@ -44,24 +49,60 @@ WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of w
 
 
 STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
+RECORD_LOOKS = 8  # `wait --since` reads the record refs every 8th look (2 s): what only they say
 
 
 WRAP_UP_WAIT = 60.0  # seconds `wait` gives an ended job's worker to let go of it
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool = True) -> WaitResult:
+         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True,
+         since: str | None = None) -> WaitResult:
     """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
 
     A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
-    too, unless `stalls` is False: the caller is told, and decides (stop it, or wait again).
+    too, unless `stalls` is False (or a set of job ids that leaves it out: a group's members,
+    beside jobs): the caller is told, and decides (stop it, or wait again).
     `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
     waiting (the MCP server sends progress notifications from it).
+
+    `since` (a cursor, `0` for the beginning; `ops.feed`): answer as soon as any job has an event
+    after it, or as `wait` would; `feed` then holds those events and the cursor after them.
     """
+    if since is not None:
+        if timeout is not None:
+            timeout = _positive(timeout, "--timeout")  # refused even when events answer at once
+        return _wait_since(repo, ids, since, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick)
+    return _wait(repo, ids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick, stalls=stalls)
+
+
+def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
+    from subtask.ops import feed
+
+    positions = feed.parse(since)  # a bad cursor is refused before anything is read
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
-    if timeout is not None:
-        timeout = _positive(timeout, "--timeout")
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
+    found = feed.collect(repo, job_ids, positions)
+    if found.events or found.more:
+        jobs = [records.read(repo, job_id) for job_id in job_ids]
+        return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
+    import itertools
+
+    looks = itertools.count()  # the record refs every RECORD_LOOKS-th look, the events files every look
+    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions,
+                                                         records_too=next(looks) % RECORD_LOOKS == 0), **options)
+    result.feed = feed.collect(repo, job_ids, positions)
+    return result
+
+
+def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+          on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True, wake=None) -> WaitResult:
+    """`wait` without a cursor; `wake()`, asked every STALL_LOOK seconds, ends it early when True."""
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    if timeout is not None:  # 0: look once, as a poll
+        timeout = _positive(timeout, "--timeout", zero=True)
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
     first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
     started = time.monotonic()
@@ -71,21 +112,27 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     for job in first_read:
         threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
     done: dict[str, Job] = {}
-    stalled = _StallLook(repo, first_read) if stalls else None
+    watched = [j for j in first_read if stalls is True or (stalls and j.id in stalls)]
+    stalled = _StallLook(repo, watched) if watched else None
     needed = 1 if any_ else len(job_ids)
     next_tick = started + tick
+    next_wake = started if wake else None
     try:
         while len(done) + len(stalled.found if stalled else ()) < needed:
             now_ = time.monotonic()
             if deadline is not None and now_ >= deadline:
                 break
+            if next_wake is not None and now_ >= next_wake:
+                next_wake = now_ + STALL_LOOK
+                if wake():
+                    break
             if on_tick and now_ >= next_tick:
                 next_tick = now_ + tick
                 on_tick(now_ - started, len(done), len(job_ids),
                         {j: latest_activity(repo, j) for j in job_ids if j not in done})
             if stalled is not None and stalled.look(done, now_):
                 continue
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600,
+            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600, next_wake,
                                     stalled.next_look if stalled else None) if t is not None)
             try:
                 job_id, seen = ended.get(timeout=max(0.0, until - now_))
@@ -97,8 +144,8 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
     finally:
         cancel.set()  # watcher threads stop at their next look
     jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    found = [j.id for j in jobs if stalled and j.id not in done and j.state.current.stalled
-             and not j.state.current.terminal]
+    found = [j.id for j in jobs if stalled and j.id in stalled.sizes and j.id not in done
+             and j.state.current.stalled and not j.state.current.terminal]
     # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
     # only a deadline that passed is a timeout.
     answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)
@@ -261,7 +308,9 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
     pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
-    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    if timeout is not None:
+        timeout = _positive(timeout, "--timeout", zero=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     while pending and not timed_out:
         # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
@@ -274,3 +323,82 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
     return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
 
+
+@dataclass
+class MixedWait:
+    """`wait` over job ids and group ids: what each part answers, as its own `wait` would."""
+    jobs: WaitResult | None
+    groups: GroupWait | None
+
+    @property
+    def timed_out(self) -> bool:
+        return any(part.timed_out for part in (self.jobs, self.groups) if part is not None)
+
+    @property
+    def passed(self) -> bool:
+        return ((self.jobs is None or self.jobs.all_passed)
+                and (self.groups is None or self.groups.all_picked))
+
+
+def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
+             on_tick=None, tick: float = 1.0, since: str | None = None) -> MixedWait:
+    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
+    stalled) and every group is settled, or with `any_` until the first of them has. With
+    `since` (a cursor, `ops.feed`), jobs only: their events after it (`wait`)."""
+    if not ids:
+        raise SubtaskError("usage", "wait needs at least one job id")
+    gids = [i for i in ids if is_group_ref(i)]
+    jids = [i for i in ids if not is_group_ref(i)]
+    if since is not None:
+        if gids:
+            raise SubtaskError("usage", "wait --since takes job ids, not a group's",
+                               hint=f"git subtask show {gids[0]} names its jobs")
+        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick, since=since), None)
+    if not gids:
+        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick), None)
+    if not jids and not any_:
+        return MixedWait(None, wait_groups(repo, gids, timeout, on_tick=on_tick, tick=tick))
+    return _wait_mixed(repo, jids, gids, timeout, any_, on_tick, tick)
+
+
+def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | None, any_: bool,
+                on_tick, tick: float) -> MixedWait:
+    """One `wait` on the jobs and the groups' unended members at a time, first answer first; each
+    answer settles the groups it may decide. A stalled job answers; a stalled member does not (a
+    group waits for its members' ends, as `wait_groups` does)."""
+    groups = _groups()
+    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
+    gids = list(dict.fromkeys(groups.resolve(repo, g) for g in gids))
+    found = [groups.read(repo, gid)[0] for gid in gids]
+    for job_id in job_ids:
+        records.read(repo, job_id)  # a damaged record is named now, not waited on
+    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
+    answered: set[str] = set()
+    settled: set[str] = set()
+    timed_out = False
+    while True:
+        settled.update(g.id for g in found
+                       if g.id not in settled and groups.settle(repo, g.id).terminal)
+        if any_ and (answered or settled):
+            break
+        pending = [j for j in job_ids if j not in answered]
+        members = [m for g in found if g.id not in settled for m in g.members
+                   if repo.git.references.get(records.record_ref(m)) is not None
+                   and not records.read(repo, m).state.current.terminal]
+        if not pending and not members:
+            break
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        result = wait(repo, pending + members, timeout=left, any_=True, on_tick=on_tick, tick=tick,
+                      stalls=set(pending))
+        answered.update(j.id for j in result.jobs if j.id in pending
+                        and (j.state.current.terminal or j.id in result.stalled))
+        if result.timed_out:
+            timed_out = True
+            break
+    jobs = [records.read(repo, j) for j in job_ids]
+    stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
+    ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
+    jobs_part = WaitResult(jobs, nothing and len(answered) < len(job_ids), stalled)
+    groups_part = GroupWait(ended, nothing and not all(g.terminal for g in ended))
+    return MixedWait(jobs_part if job_ids else None, groups_part)

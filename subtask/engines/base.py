@@ -14,12 +14,16 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+from subtask.model import money
 from subtask.model.render import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.
@@ -36,7 +40,8 @@ ERROR_HINTS: dict[str, str] = {
     "setup": "fix the worktree setup (git config subtask.setup), then start again",
     "isolation": "check what this machine can enforce: git subtask doctor; or start again with --isolation none",
     "check": "see what the check found: git subtask show <id>; a change meant to do it starts "
-             "again with that check alone dropped (--check none, then --check for each to keep)",
+             "again with that check alone dropped (--check none, then --check for each to keep), "
+             "and with --harness job when it changes tests on purpose",
     "stopped": "",
 }
 
@@ -48,22 +53,33 @@ class Baseline:
     are running totals), so an attempt's own share is its figure minus this one.
 
     A figure below its baseline cannot be a running total (the session was not resumed, or the
-    engine reports per run): it is taken as the attempt's own, whole."""
+    engine reports per run): it is taken as the attempt's own, whole. A session resumed before
+    any attempt recorded figures for it counts from zero (`start`): its running total is then
+    the share of every attempt of it, the ones killed before they reported included."""
 
     session_id: str
-    cost_usd: float | None = None
+    cost_usd: Decimal | None = None
     tokens: dict[str, int] | None = None
 
     @classmethod
     def from_totals(cls, totals: Any) -> Baseline | None:
         if not isinstance(totals, dict) or not isinstance(totals.get("session_id"), str):
             return None
-        cost = totals.get("cost_usd")
         tokens = totals.get("tokens")
-        return cls(totals["session_id"], float(cost) if _is_number(cost) else None,
+        return cls(totals["session_id"], money.money_or_none(totals.get("cost_usd")),
                    {k: int(v) for k, v in tokens.items() if _is_number(v)} if isinstance(tokens, dict) else None)
 
-    def cost_since(self, total: float | None) -> tuple[float | None, bool]:
+    @classmethod
+    def start(cls, session_id: str) -> Baseline:
+        """The baseline of a session no attempt recorded figures for: nothing yet."""
+        return cls(session_id, money.ZERO, {})
+
+    def of(self, session_id: str | None) -> Baseline | None:
+        """This baseline when the engine reported for its session; None for another one (the
+        engine started a new session instead of resuming this one)."""
+        return self if session_id == self.session_id else None
+
+    def cost_since(self, total: Decimal | None) -> tuple[Decimal | None, bool]:
         """(this attempt's own cost, whether the baseline was taken off)."""
         if total is None or self.cost_usd is None or total < self.cost_usd:
             return total, False
@@ -71,17 +87,19 @@ class Baseline:
 
     def tokens_since(self, tokens: dict[str, int] | None) -> tuple[dict[str, int] | None, bool]:
         """(this attempt's own tokens, whether the baseline was taken off)."""
-        if not tokens or not self.tokens or any(tokens.get(k, 0) < v for k, v in self.tokens.items()):
+        if not tokens or self.tokens is None or any(tokens.get(k, 0) < v for k, v in self.tokens.items()):
             return tokens, False
         return {k: v - self.tokens.get(k, 0) for k, v in tokens.items()}, True
 
 
-def totals(session_id: str | None, cost_usd: float | None = None,
+def totals(session_id: str | None, cost_usd: Decimal | None = None,
            tokens: dict[str, int] | None = None) -> dict[str, Any] | None:
-    """An Outcome's `totals`: the session's running figures as the engine reported them."""
+    """An Outcome's `totals`: the session's running figures as the engine reported them (JSON:
+    the cost as its exact JSON number)."""
     if not session_id or (cost_usd is None and not tokens):
         return None
-    return {"session_id": session_id, "cost_usd": cost_usd, "tokens": dict(tokens) if tokens else None}
+    return {"session_id": session_id, "cost_usd": money.to_json(cost_usd),
+            "tokens": dict(tokens) if tokens else None}
 
 
 def _is_number(value: Any) -> bool:
@@ -105,7 +123,7 @@ class EngineContext:
     # session, or nothing reported): the engine reports its own share since then (`Baseline`).
     baseline: Baseline | None = None
     model: str | None = None
-    max_usd: float | None = None
+    max_usd: Decimal | None = None
     max_turns: int | None = None
     readonly: bool = False
     timeout: float | None = None  # seconds for the engine run
@@ -114,15 +132,22 @@ class EngineContext:
     # Report that a process of the engine exists (on_pid says so too): an engine that never got
     # this far (not installed, failed to launch) spent nothing and is charged nothing.
     on_launch: Callable[[int], None] = lambda pid: None
-    state_dir: Path | None = None  # <git-common-dir>/subtask unless subtask.stateDir says otherwise
+    # Given by the worker, because the state folder is not the engines' to know (they never
+    # import `state`): a private folder (0700) for a launcher's files, and the writer of the
+    # attempt's private task file (removed when the attempt ends).
+    private_dir: Path | None = None
+    write_task_file: Callable[[str], Path] | None = None
 
     def task_file(self) -> Path:
-        """The task in a private file for this attempt (`privatetext.task_file`): an argv element
-        holds at most 128 KiB, a task up to 1 MiB. Removed when the attempt ends."""
-        from subtask.state import privatetext
-
-        state_dir = self.state_dir or self.git_common_dir / "subtask"
-        return privatetext.task_file(state_dir, self.job_id, self.attempt, self.task)
+        """The task in a private file (0600): an argv element holds at most 128 KiB, a task up to
+        1 MiB. Without the worker's writer (an engine run on its own), a temporary file in
+        `private_dir`, else the system's temp folder."""
+        if self.write_task_file is not None:
+            return self.write_task_file(self.task)
+        fd, name = tempfile.mkstemp(prefix=f"task-{self.job_id}-", dir=self.private_dir)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
+            out.write(self.task)
+        return Path(name)
 
 
 @dataclass
@@ -134,7 +159,9 @@ class Outcome:
     exit_code: int | None = None
     outcome: str | None = None  # done | partial | blocked, from a final STATUS: line
     session_id: str | None = None
-    cost_usd: float | None = None  # this attempt's own; None = unknown (a paid engine is then charged its reservation)
+    # This attempt's own, in exact dollars (`money.usd`); None = unknown (a paid engine is then
+    # charged its reservation).
+    cost_usd: Decimal | None = None
     tokens: dict[str, int] | None = None  # this attempt's own
     # The session's running figures as the engine reported them (`totals()`), for the next attempt's
     # baseline; and whether cost_usd/tokens are shares since `ctx.baseline` (the worker then credits
@@ -142,7 +169,8 @@ class Outcome:
     totals: dict[str, Any] | None = None
     since_baseline: bool = False
     # Whether the model answered at all: False when the engine saw no answer and no usage (an API it
-    # could not reach), None when it cannot tell. A stalled attempt never billed is charged nothing.
+    # could not reach), None when it cannot tell. An attempt whose engine saw no answer and knows no
+    # cost is charged nothing, however it ended (a timeout, a stall, an exit).
     billed: bool | None = None
     turns: int | None = None
     model: str | None = None

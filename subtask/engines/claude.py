@@ -37,6 +37,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model import money
 from subtask.model.redact import StreamRedactor
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
@@ -65,6 +66,9 @@ _API_RE = re.compile(r"api error|overloaded|internal server error|connection err
                      r"rate.?limit|\b(?:http|status)\s*5\d\d\b", re.IGNORECASE)
 
 
+CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN")
+
+
 class ClaudeEngine:
     name = "claude"
     paid = True
@@ -86,6 +90,19 @@ class ClaudeEngine:
             folder, files = home / ".claude", [home / ".claude.json"]
         folder.mkdir(parents=True, exist_ok=True)
         return [folder, *files]
+
+    @staticmethod
+    def readable_paths(env: Mapping[str, str]) -> list[Path]:
+        """A CLI named outside this package (`SUBTASK_CLAUDE_CLI`): its folder, for a confined view."""
+        explicit = env.get(CLI_ENV)
+        found = shutil.which(explicit) if explicit else None
+        return [Path(os.path.realpath(found)).parent] if found else []
+
+    @staticmethod
+    def credential_env(env: Mapping[str, str]) -> list[str]:
+        """What the CLI authenticates with: given to it, withheld from every other process of a
+        confined job (setup, verify)."""
+        return list(CREDENTIAL_VARIABLES)
 
     def probe(self) -> Probe:
         cli = _find_cli(None)
@@ -157,7 +174,7 @@ def _cli_version(cli: str) -> str | None:
 
 def _auth_state() -> tuple[bool, str]:
     """Whether credentials are present, as far as can be told without calling the service."""
-    for var in ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN"):
+    for var in CREDENTIAL_VARIABLES:
         if os.environ.get(var):
             return True, f"{var} is set"
     for var in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"):
@@ -184,7 +201,7 @@ def build_options(ctx: EngineContext, stderr: Any = None, cli_path: str | None =
         cwd=str(ctx.worktree),
         model=ctx.model,
         max_turns=ctx.max_turns,
-        max_budget_usd=ctx.max_usd,
+        max_budget_usd=float(ctx.max_usd) if ctx.max_usd is not None else None,
         resume=ctx.session_id,
         env=dict(ctx.env),
         # The repo's own .claude/settings*.json and CLAUDE.md apply, as they would interactively.
@@ -222,7 +239,7 @@ class _Launch:
 
         from subtask.proc import isolation
 
-        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=_private_dir(ctx)))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=ctx.private_dir))
         self.pid_file = self.folder / "pid"
         self.script = self.folder / "claude"
         words = [sys.executable, "-m", "subtask.proc.isolation", "--parent", str(os.getpid()), "--session",
@@ -244,15 +261,6 @@ class _Launch:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _private_dir(ctx: EngineContext) -> str | None:
-    """The state folder's private run/ (0700) for the launcher's files, else the system's temp."""
-    if ctx.state_dir is None:
-        return None
-    from subtask.state import paths
-
-    return str(paths.run_dir(Path(ctx.state_dir)))
 
 
 def _own_group(pid: int) -> bool:
@@ -443,9 +451,11 @@ class _Attempt:
         exit_code = getattr(self.error, "exit_code", None)
         # A resumed session's total_cost_usd counts on from the session's earlier runs (measured:
         # Claude Code 2.1.332 restores it from the transcript, also after a run that was killed);
-        # its usage and num_turns are this run's alone.
-        total = _float_or_none(getattr(result, "total_cost_usd", None))
-        cost, since = self.ctx.baseline.cost_since(total) if self.ctx.baseline else (total, False)
+        # its usage and num_turns are this run's alone. A run that started a session of its own
+        # (the one asked for could not be resumed) counts from zero.
+        total = money.usd(getattr(result, "total_cost_usd", None))
+        baseline = self.ctx.baseline.of(self.session_id) if self.ctx.baseline else None
+        cost, since = baseline.cost_since(total) if baseline else (total, False)
         return Outcome(
             ok=False,
             exit_code=exit_code if isinstance(exit_code, int) else None,
@@ -558,6 +568,3 @@ def _tokens(usage: Any) -> dict[str, int] | None:
               if isinstance(usage.get(key), (int, float))}
     return tokens or None
 
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None

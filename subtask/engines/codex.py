@@ -39,6 +39,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
+from subtask.model import money
 from subtask.model.config import TRUE_WORDS
 from subtask.model.redact import StreamRedactor
 from subtask.proc.isolation import ACTIVE_ENV
@@ -65,6 +67,17 @@ REPLY_REMINDER = """
 
 ISOLATION = ("codex sandbox workspace-write: writes limited to the worktree and the repository's"
              " git dir")
+# What each `subtask.engine.codex.sandbox` setting means for a job that may write, in words.
+SANDBOX_WORDS = {
+    "workspace-write": ISOLATION,
+    "read-only": "codex sandbox read-only: it writes nothing (not even its commits)",
+    "danger-full-access": ("none: its sandbox is off (subtask.engine.codex.sandbox "
+                           "danger-full-access); it may write anywhere this user can unless "
+                           "git-subtask's isolation confines it (--isolation worktree)"),
+}
+UNCONFINED = ("codex runs with its own sandbox off (git config subtask.engine.codex.sandbox "
+              "danger-full-access) and --isolation none: it may write anywhere this user can; "
+              "--isolation worktree confines it")
 NOT_FOUND = ("codex not found: install it (npm i -g @openai/codex) or set"
              " git config subtask.engine.codex.path")
 
@@ -263,7 +276,6 @@ class CodexEngine:
     name = "codex"
     paid = True
     resumes = True  # `codex exec resume <session>`
-    isolation = ISOLATION
     confinable = True  # runs through procs.run; default stays none: its own sandbox applies
     default_isolation = "none"
 
@@ -272,8 +284,46 @@ class CodexEngine:
         """Codex keeps sessions and logs in its home; under --isolation it must stay writable."""
         return [_codex_home(env)]
 
+    def readable_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Where the codex binary really lives (an npm package, with its native part beside it),
+        for a confined view: the `node_modules` folder holding it, else its package folder."""
+        found = self._which(self._binary_name(self._config, env), env)
+        if found is None:
+            return []
+        real = Path(os.path.realpath(found))
+        for parent in real.parents:
+            if parent.name == "node_modules":
+                return [parent]
+        return [real.parent.parent if real.parent.name == "bin" else real.parent]
+
+    def credential_env(self, env: Mapping[str, str]) -> list[str]:
+        """What codex authenticates with (its API keys, its provider's `env_key`): given to it,
+        withheld from every other process of a confined job."""
+        names = ["OPENAI_API_KEY", "CODEX_API_KEY"]
+        provider = _provider(env)
+        if provider is not None and isinstance(provider.get("env_key"), str):
+            names.append(provider["env_key"])
+        return names
+
     def __init__(self, config: ConfigReader | None = None) -> None:
         self._config: ConfigReader = config or (lambda key: None)
+
+    @property
+    def isolation(self) -> str:
+        """What codex's own sandbox enforces for a job that may write, as configured."""
+        return SANDBOX_WORDS[_sandbox_in_effect(self._config)]
+
+    def own_sandbox(self, readonly: bool = False) -> str | None:
+        """The sandbox codex itself enforces on a job run without git-subtask's isolation (its
+        `--sandbox` mode), or None when it is off (danger-full-access)."""
+        if readonly:
+            return "read-only"
+        setting = _sandbox_in_effect(self._config)
+        return None if setting == "danger-full-access" else setting
+
+    def unconfined_warning(self, mode: str, readonly: bool = False) -> str | None:
+        """One line for `start` when nothing confines the job: sandbox off, isolation none."""
+        return UNCONFINED if mode == "none" and self.own_sandbox(readonly) is None else None
 
     # -- finding the binary -------------------------------------------------------------------
 
@@ -417,7 +467,8 @@ class CodexEngine:
     def _outcome(self, ctx: EngineContext, stream: _Stream, result: Any,
                  stderr: list[str]) -> Outcome:
         session = stream.session_id or ctx.session_id
-        tokens, since = ctx.baseline.tokens_since(stream.tokens) if ctx.baseline else (stream.tokens, False)
+        baseline = ctx.baseline.of(session) if ctx.baseline else None  # None: a thread of its own
+        tokens, since = baseline.tokens_since(stream.tokens) if baseline else (stream.tokens, False)
         outcome = Outcome(
             ok=True,
             summary=last_lines(stream.final_message),
@@ -460,21 +511,29 @@ class CodexEngine:
         return None, None
 
     @staticmethod
-    def _cost(ctx: EngineContext, tokens: dict[str, int] | None) -> float | None:
-        """Dollars from configured prices; None (charge the reservation) when unpriced."""
-        price_in = _float(ctx.config("engine.codex.costPerMTokIn"))
-        price_out = _float(ctx.config("engine.codex.costPerMTokOut"))
+    def _cost(ctx: EngineContext, tokens: dict[str, int] | None) -> Decimal | None:
+        """Exact dollars from configured prices (to the micro-dollar); None (charge the
+        reservation) when unpriced."""
+        price_in = _price(ctx.config("engine.codex.costPerMTokIn"))
+        price_out = _price(ctx.config("engine.codex.costPerMTokOut"))
         if tokens is None or price_in is None or price_out is None:
             return None
         # cached_input_tokens is a subset of input_tokens (OpenAI usage semantics).
-        price_cached = _float(ctx.config("engine.codex.costPerMTokCachedIn"))
+        price_cached = _price(ctx.config("engine.codex.costPerMTokCachedIn"))
         cached = tokens.get("cached_input", 0) if price_cached is not None else 0
-        return ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0.0)
-                + tokens.get("output", 0) * price_out) / 1_000_000
+        per_million = ((tokens.get("input", 0) - cached) * price_in + cached * (price_cached or 0)
+                       + tokens.get("output", 0) * price_out)
+        return money.usd(per_million / 1_000_000)
 
 
 def _sandbox_setting(config: ConfigReader) -> str:
     return (config("engine.codex.sandbox") or "workspace-write").strip().lower()
+
+
+def _sandbox_in_effect(config: ConfigReader) -> str:
+    """The setting as `_sandbox_args` applies it: anything it does not know runs workspace-write."""
+    setting = _sandbox_setting(config)
+    return setting if setting in SANDBOX_WORDS else "workspace-write"
 
 
 def _confined(ctx: EngineContext) -> bool:
@@ -482,8 +541,8 @@ def _confined(ctx: EngineContext) -> bool:
     return (ctx.env.get(ACTIVE_ENV) or "none") != "none"
 
 
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+def _price(value: str | None) -> Decimal | None:
+    """A configured price in dollars per million tokens, exact as written ("0.075"); None when
+    unset or not a finite amount >= 0."""
+    price = money.usd(value) if isinstance(value, str) else None
+    return price if price is not None and price >= 0 else None

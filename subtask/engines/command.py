@@ -14,22 +14,32 @@ Invariants:
   folder's run/, outside the worktree so the agent cannot commit it); removed when the run ends.
   Use it rather than `{task}` for long tasks: one argv element holds at most 128 KiB.
 - The summary leaves out the edit blocks an agent printed (`without_edit_blocks`).
-- Cost: the last match of `costPattern` in the output, in dollars. A paid engine whose cost is
-  unknown reports None, so the worker charges the reservation; a free engine reports 0.0.
+- Cost: the last match of `costPattern` in the output, in dollars, exact as printed (with
+  `costSum`, the sum of every match). A paid engine whose cost is unknown reports None, so the
+  worker charges the reservation; a free engine reports $0. With `answerPattern` (a line its
+  program prints for every model answer), a run that printed none was never answered
+  (`billed=False`): the worker charges it nothing.
+- With `textPattern`, the summary and the STATUS line are read from the agent's words in its
+  output (group 1 of each match, JSON escapes decoded), not from every line: JSON-lines agents.
+- The program is the template's first element, or the one after a leading `env NAME=VALUE ...`
+  (a recipe may give the agent variables that way): that one must be on PATH.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
   timeout come back as an Outcome with `error_kind` set.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
+from subtask.model import money
 from subtask.model.config import TRUE_WORDS, parse_argv
 
 ConfigReader = Callable[[str], "str | None"]
@@ -58,6 +68,16 @@ def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
             for element in template]
 
 
+def program_of(template: list[str]) -> str:
+    """The program a template runs: its first element, or the one `env NAME=VALUE ...` runs."""
+    if Path(template[0]).name != "env":
+        return template[0]
+    rest = template[1:]
+    while rest and "=" in rest[0] and not rest[0].startswith("-"):
+        rest = rest[1:]
+    return rest[0] if rest and not rest[0].startswith("-") else template[0]
+
+
 def _which(name: str, env: Mapping[str, str]) -> str | None:
     if os.sep in name:
         return name if Path(name).is_file() and os.access(name, os.X_OK) else None
@@ -65,34 +85,62 @@ def _which(name: str, env: Mapping[str, str]) -> str | None:
 
 
 class _Output:
-    """Output lines as events, the stdout tail for the summary, and the last cost match."""
+    """Output lines as events, the stdout tail for the summary (or, with `textPattern`, the
+    agent's own words in it), the cost (the last `costPattern` match, or with `costSum` the sum
+    of every match: an agent that prints each step's cost, as OpenCode does), and whether a line
+    said the model answered."""
 
     def __init__(self, emit: Callable[[dict[str, Any]], None], cost_re: re.Pattern[str] | None,
-                 session_re: re.Pattern[str] | None) -> None:
+                 session_re: re.Pattern[str] | None, answer_re: re.Pattern[str] | None = None,
+                 text_re: re.Pattern[str] | None = None, cost_sum: bool = False) -> None:
         self.emit = emit
         self.cost_re = cost_re
         self.session_re = session_re
+        self.answer_re = answer_re
+        self.text_re = text_re
+        self.cost_sum = cost_sum
         self.stdout: list[str] = []
-        self.cost: float | None = None
+        self.cost: Decimal | None = None
         self.session_id: str | None = None
+        self.answered = False
 
     def on(self, stream: str) -> Callable[[str], None]:
         def handle(line: str) -> None:
             if stream == "stdout":
-                self.stdout.append(line)
+                self.stdout += self.words(line)
                 del self.stdout[:-_KEEP_LINES]
             self.scan(line)
             self.emit({"type": "output", "stream": stream, "text": line})
 
         return handle
 
+    def words(self, line: str) -> list[str]:
+        """What of a stdout line the summary reads: the line, or the `textPattern` matches in it
+        (group 1; a JSON string's escapes decoded: `\\n` is a new line)."""
+        if self.text_re is None:
+            return [line]
+        found = []
+        for match in self.text_re.finditer(line):
+            text = match.group(1) if match.groups() and match.group(1) is not None else ""
+            try:
+                text = json.loads(f'"{text}"')
+            except ValueError:
+                pass  # not JSON string content: the text as it stands
+            found += text.splitlines()
+        return found
+
     def scan(self, line: str) -> None:
         if self.cost_re is not None:
             for match in self.cost_re.finditer(line):
                 try:
-                    self.cost = float(match.group(1))
-                except (IndexError, TypeError, ValueError):
-                    pass
+                    cost = money.usd(match.group(1))  # exact as printed: "0.0149" is $0.0149
+                except IndexError:
+                    cost = None
+                if cost is not None:
+                    self.cost = (self.cost or money.ZERO) + cost if self.cost_sum else cost
+                    self.answered = True
+        if self.answer_re is not None and self.answer_re.search(line):
+            self.answered = True
         if self.session_re is not None:
             match = self.session_re.search(line)
             if match and match.groups() and match.group(1):
@@ -120,6 +168,19 @@ class CommandEngine:
     def template(self) -> list[str] | None:
         return parse_template(self._key("command"))
 
+    def readable_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """The files its templates name (the agent's program, a script it runs), for a confined
+        view: the user's own configuration says them, nothing the job chose."""
+        found: list[Path] = []
+        for key in ("command", "resumeCommand"):
+            for word in parse_template(self._key(key)) or []:
+                if _PLACEHOLDER_RE.search(word):
+                    continue
+                path = _which(word, env) if "/" not in word else word
+                if path and os.path.isabs(path) and os.path.exists(path):
+                    found += [Path(path), Path(os.path.realpath(path))]
+        return list(dict.fromkeys(found))
+
     # -- probe --------------------------------------------------------------------------------
 
     def probe(self) -> Probe:
@@ -127,8 +188,9 @@ class CommandEngine:
         if template is None:
             return Probe(self.name, False, None, None, self.paid, self.isolation,
                          template_error(self.name))
-        found = _which(template[0], os.environ)
-        detail = "" if found else f"{template[0]} not found on PATH"
+        program = program_of(template)
+        found = _which(program, os.environ)
+        detail = "" if found else f"{program} not found on PATH"
         # A generic CLI cannot be asked whether it is logged in without spending.
         return Probe(self.name, found is not None, None, None, self.paid, self.isolation, detail)
 
@@ -139,11 +201,13 @@ class CommandEngine:
         if template is None:
             return Outcome(False, session_id=ctx.session_id, error_kind="engine",
                            error=template_error(self.name, key))
-        if _which(template[0], ctx.env) is None:
+        program = program_of(template)
+        if _which(program, ctx.env) is None:
             return Outcome(False, session_id=ctx.session_id, error_kind="not_installed",
-                           error=f"{template[0]} not found on PATH (engine {self.name})")
-        output = _Output(ctx.emit, self._regex(ctx, "costPattern"),
-                         self._regex(ctx, "sessionPattern"))
+                           error=f"{program} not found on PATH (engine {self.name})")
+        output = _Output(ctx.emit, self._regex(ctx, "costPattern"), self._regex(ctx, "sessionPattern"),
+                         self._regex(ctx, "answerPattern"), self._regex(ctx, "textPattern"),
+                         cost_sum=(self._key("costSum") or "").strip().lower() in TRUE_WORDS)
         task_file = ctx.task_file() if _uses(template, "task_file") else None
         try:
             argv = substitute(template, {
@@ -188,7 +252,7 @@ class CommandEngine:
         text = "\n".join(output.stdout)
         outcome = Outcome(True, last_lines(without_edit_blocks(text)), result.exit_code, outcome=parse_status(text),
                           session_id=output.session_id or ctx.session_id,
-                          cost_usd=self._cost(output), model=ctx.model)
+                          cost_usd=self._cost(output), model=ctx.model, billed=self._billed(output))
         if result.timed_out:
             outcome.ok, outcome.exit_code, outcome.error_kind = False, None, "timeout"
             outcome.error = f"{self.name} ran past its timeout of {ctx.timeout:g}s"
@@ -197,12 +261,19 @@ class CommandEngine:
             outcome.error = f"{self.name} exited with code {result.exit_code}"
         return outcome
 
-    def _cost(self, output: _Output) -> float | None:
+    def _cost(self, output: _Output) -> Decimal | None:
         if output.cost is not None:
             return output.cost
         if self._key("costPattern"):
             return None  # configured but not found: let the worker charge the reservation
-        return None if self.paid else 0.0
+        return None if self.paid else money.ZERO
+
+    def _billed(self, output: _Output) -> bool | None:
+        """True when a line showed a model answer (a cost, or `answerPattern`); False when
+        `answerPattern` is set and no line matched it; None (cannot tell) without one."""
+        if output.answered:
+            return True
+        return False if output.answer_re is not None else None
 
 
 _BLOCK_START = re.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")

@@ -1,118 +1,25 @@
-"""Where a job runs, behind one registry as engines are: `local` (a detached worker on this
-machine: api's admission and `proc/spawn`) and `ray` (a node of a Ray cluster: `executors/ray.py`
-at home, `worker/remote.py` on the node).
+"""The executors' backends: a module per executor that runs jobs away from this machine (`ray`),
+at the operations layer (they settle, sync and move groups on with `ops`).
 
-`git config subtask.executor local|ray` (and `start --on`) picks it. A job run elsewhere says so in
-its record: `spec.executor = {"kind": "ray", "address": ..., "remote": ..., "url": ...}` and, per
-attempt, `attempt.ray_job` (the Ray submission id). Everything else about the job is the same.
-
-An executor that runs jobs elsewhere (`Executor.backend` names its module) provides the
-`Elsewhere` protocol: the core asks the registry, never compares executor names. What a job may
-ask of its executor beyond one attempt (`--after`, `--retries`, `--best-of`, `map`, `reply`) is
-the executor's `can`; everything else is refused at start with the executor named.
-
-Standard library only until a backend is used: `api` asks here which executor a job uses before
-anything heavy is imported (the CLI's hot path never imports Ray).
+The registry of executors (which exist, what each can do, which runs a job) is data, in
+`subtask.model.executors`, so that `ops` may ask it without importing its backends: the two
+folders never import each other both ways. Its names are re-exported here for the layers above.
 """
 
-from __future__ import annotations
+from subtask.model.executors import (
+                                     EXECUTORS,
+                                     FEATURES,
+                                     REGISTRY,
+                                     Elsewhere,
+                                     Executor,
+                                     choose,
+                                     elsewhere,
+                                     of,
+                                     of_entry,
+                                     placement,
+                                     ray_job_id,
+                                     runs_remotely,
+)
 
-import importlib
-import threading
-from dataclasses import dataclass
-
-from subtask.model.errors import SubtaskError
-from subtask.model.job import placement, ray_job_id, runs_remotely
-
-FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", "map": "map", "reply": "reply"}
-
-
-TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
-if TYPE_CHECKING:
-    from typing import Protocol
-else:
-    Protocol = object  # the protocol below is documentation and a type, never a base at run time
-
-
-class Elsewhere(Protocol):
-    """What an executor that runs jobs away from this machine does, at home."""
-
-    def submit(self, repo, job, paid: bool):
-        """Check the job can run there, then branch, pin, record, reservation, hand-over; the Job."""
-
-    def watch(self, repo, job_id: str, cancel: threading.Event) -> None:
-        """Block (bounded) until the job may have ended there; `wait` calls it in a loop."""
-
-    def stop(self, repo, job_id: str):
-        """Ask it to stop the job there; the Job as recorded after."""
-
-    def settle_active(self, repo, entries: list[dict]) -> list[str]:
-        """Bring home the listed active jobs it says ended; their ids."""
-
-    def bring_home(self, repo, job) -> None:
-        """A finished job whose final record a pull brought: its branch, reservation, note here."""
-
-
-@dataclass(frozen=True)
-class Executor:
-    name: str
-    backend_module: str | None  # None: runs here (api's admission and spawn); else an `Elsewhere` module
-    can: frozenset[str]  # the FEATURES a job run by it may ask for
-
-    @property
-    def runs_here(self) -> bool:
-        return self.backend_module is None
-
-    def backend(self) -> Elsewhere:
-        if self.backend_module is None:
-            raise SubtaskError("fatal", f"the {self.name} executor runs jobs here: it has no backend")
-        return importlib.import_module(self.backend_module)  # type: ignore[return-value]
-
-    def require(self, feature: str) -> None:
-        """Refuse (exit 129) what this executor cannot do for a job."""
-        if feature not in self.can:
-            raise SubtaskError("usage", f"{FEATURES[feature]} is not supported for a job on {self.name} yet: "
-                               "it runs here only", hint=f"git subtask start --on local {FEATURES[feature]} ...")
-
-
-REGISTRY: dict[str, Executor] = {
-    "local": Executor("local", None, frozenset(FEATURES)),
-    "ray": Executor("ray", "subtask.executors.ray", frozenset()),
-}
-EXECUTORS = tuple(REGISTRY)
-
-
-def choose(config, flag: str | None) -> Executor:
-    """The executor for a new job: `--on`, else `git config subtask.executor`, else local."""
-    value = (flag or config.get("executor") or "local").strip().lower()
-    if value not in REGISTRY:
-        source = "--on" if flag else "git config subtask.executor"
-        raise SubtaskError("usage" if flag else "fatal",
-                           f"{source} is {value!r}; it must be {' or '.join(EXECUTORS)}",
-                           hint="git config subtask.executor local")
-    return REGISTRY[value]
-
-
-def of(job) -> Executor:
-    """The executor a job's record says runs it (an unknown kind: refused, never run here)."""
-    where = placement(job.spec)
-    if where is None:
-        return REGISTRY["local"]
-    found = REGISTRY.get(where.get("kind"))
-    if found is None:
-        raise SubtaskError("fatal", f"{job.spec.id} runs on {where.get('kind')!r}, an executor this "
-                           "git-subtask does not know", hint="upgrade git-subtask")
-    return found
-
-
-def of_entry(entry: dict) -> Executor:
-    """The executor of a `list` entry (its `on`; none: local)."""
-    return REGISTRY.get(entry.get("on") or "local", REGISTRY["local"])
-
-
-def elsewhere() -> list[Executor]:
-    return [e for e in REGISTRY.values() if not e.runs_here]
-
-
-__all__ = ["EXECUTORS", "Elsewhere", "Executor", "REGISTRY", "choose", "elsewhere", "of", "of_entry",
+__all__ = ["EXECUTORS", "FEATURES", "Elsewhere", "Executor", "REGISTRY", "choose", "elsewhere", "of", "of_entry",
            "placement", "ray_job_id", "runs_remotely"]

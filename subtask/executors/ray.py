@@ -28,10 +28,12 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -42,9 +44,9 @@ from subtask.executors import placement, ray_job_id
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import config
+from subtask.model import config, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
-from subtask.ops import books, lifecycle, sync
+from subtask.ops import books, lifecycle, notify, sync
 from subtask.state import ledger, liveness
 
 RESOURCE = "subtask_slot"
@@ -176,27 +178,18 @@ def prepare(job: Job, where: Target) -> None:
 def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     """Create branch, base pin and record, reserve, push, submit; undo it all on any failure."""
     state_dir = repo.state_dir
-    attempt = job.state.current
     lock_fd = liveness.acquire(state_dir, job.id, new=True)  # settle passes over a job whose start is under way
     undo: list = []
-    pushed: dict[str, str] = {}
     try:
+        if paid:
+            books.sync_ledger(repo)
         if job.spec.branch:
             records.create_branch(repo, job.spec.branch, job.spec.base)
             undo.append(lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
         records.set_pin(repo, job.id, "base", job.spec.base)
         undo.append(lambda: records.delete(repo, job.id))
         records.create(repo, job)
-        if paid:
-            books.sync_ledger(repo)
-            with ledger.lock(state_dir):
-                ledger.reserve_locked(state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                      usd=attempt.cost.reserved, cap_usd=repo.config.number("monthlyCapUsd"),
-                                      now=books.reserved_at(attempt.queued_at))
-            undo.append(lambda: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
-        pushed = _push_start(repo, where, job.id)
-        undo.append(lambda: _unpush(repo, where.url, pushed))
-        _submit(repo, job, where)
+        _reserve_push_submit(repo, job, paid, where, undo)
     except BaseException:
         try:
             undo_uninterrupted(undo)
@@ -206,6 +199,56 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
         raise
     liveness.release(lock_fd)
     return job
+
+
+def _reserve_push_submit(repo: Repo, job: Job, paid: bool, where: Target, undo: list) -> None:
+    """The hand-over of a recorded attempt: its money, its refs on the remote, the Ray job. Each
+    step adds its undo to `undo` (the caller runs them on a failure)."""
+    if paid:
+        rid = reserve(repo, job)
+        undo.append(lambda: ledger.close(repo.state_dir, rid, 0.0, reason="start undone"))
+    pushed = _push_start(repo, where, job.id)
+    undo.append(lambda: _unpush(repo, where.url, pushed))
+    _submit(repo, job, where)
+
+
+def reserve(repo: Repo, job: Job) -> str:
+    """Reserve the current attempt's budget; for a verify loop (`--retries N`) N + 1 budgets in
+    that one reservation: a node runs the loop where this ledger cannot be asked, so the whole
+    loop's money is held here, under the cap, until the job comes home (`settle_money`). The
+    caller synced the ledger with the records (`books.sync_ledger`) before the record named it:
+    a ledger restored from a record that names it would hold it already."""
+    attempt = job.state.current
+    with ledger.lock(repo.state_dir):
+        found = ledger.reserve_locked(repo.state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                      usd=attempt.cost.reserved * (1 + (job.spec.retries or 0)),
+                                      cap_usd=repo.config.number("monthlyCapUsd"),
+                                      now=books.reserved_at(attempt.queued_at))
+    return found.rid
+
+
+def settle_money(repo: Repo, job: Job, *, lost_loop: bool = False) -> None:
+    """A job that came home: each ended attempt's reservation closed with its recorded charge. The
+    retries its node ran were held in their loop's first reservation (`reserve`), which closes
+    first, at its attempt's charge; each retry's is then written here and closed at its own.
+    `lost_loop`: its node was lost during a verify loop, any attempt of which may have run: the
+    loop's whole reservation is charged."""
+    for attempt in job.state.attempts:
+        if not attempt.rid or not attempt.terminal:
+            continue
+        if lost_loop and attempt is job.state.current:
+            ledger.close(repo.state_dir, attempt.rid, None, charge_all=True, reason="its node was lost during the loop")
+            continue
+        try:  # its money was spent under the loop's reservation: no cap refuses it now
+            with ledger.lock(repo.state_dir):
+                ledger.reserve_locked(repo.state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                                      usd=attempt.cost.reserved, cap_usd=sys.float_info.max,
+                                      now=books.reserved_at(attempt.queued_at))
+        except SubtaskError as exc:
+            if exc.kind != "conflict":
+                raise
+            # reserved here already: the loop's first attempt, or one settled before
+        ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=f"{attempt.state} on ray")
 
 
 def _push_start(repo: Repo, where: Target, job_id: str) -> dict[str, str]:
@@ -267,13 +310,16 @@ def _resources(repo: Repo) -> dict[str, float]:
     return wanted
 
 
-def _submit(repo: Repo, job: Job, where: Target) -> None:
+def _submit(repo: Repo, job: Job, where: Target, pinned: dict[str, float] | None = None) -> None:
     submission = ray_job_id(job.state.current)
+    resources = {**_resources(repo), **(pinned or {})}
     try:
         client(where.address).submit_job(
             entrypoint=entrypoint(repo, job, where), submission_id=submission,
-            entrypoint_num_cpus=0, entrypoint_resources=_resources(repo), runtime_env=runtime_env(repo, job),
-            metadata={"subtask_job": job.id, "subtask_attempt": str(job.state.current.n)})
+            entrypoint_num_cpus=0, entrypoint_resources=resources, runtime_env=runtime_env(repo, job),
+            # what it asked for, where `ray job list` shows it (Ray's job details leave it out)
+            metadata={"subtask_job": job.id, "subtask_attempt": str(job.state.current.n),
+                      "subtask_resources": json.dumps(resources, sort_keys=True)})
     except SubtaskError:
         raise
     except Exception as exc:
@@ -306,7 +352,7 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         old = job.tip
         attempt.finish("stopped", reason="stopped while queued")
         if attempt.rid:
-            attempt.cost.charged, attempt.cost.billing = 0.0, "not_started"
+            attempt.cost.charged, attempt.cost.billing = money.ZERO, "not_started"
         new = records.write_commit(repo, job, old)
         ref = records.record_ref(job_id)
         proc = git(repo.root, "push", "--porcelain", url, f"{new}:{ref}", check=False, timeout=120)
@@ -315,10 +361,11 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         if not records.cas_ref(repo, ref, old, new):
             return False  # cannot happen while we hold the run-lock; the remote's copy arrives by fetch
         privatetext.discard(repo.state_dir, job_id, attempt.n)
-        if attempt.rid:
-            ledger.close(repo.state_dir, attempt.rid, 0.0, reason="stopped while queued")
+        ended = records.read(repo, job_id)
+        settle_money(repo, ended)
         jobenv.drop(repo.state_dir, job_id)
-        notes.write_for_job(repo, records.read(repo, job_id))
+        notes.write_for_job(repo, ended)
+        notify.attempt_ended(repo, ended)
         return True
     finally:
         liveness.release(fd)
@@ -364,28 +411,56 @@ def log_tail(job: Job) -> str:
     return redact("\n".join(lines[-LOG_TAIL_LINES:]))
 
 
-def settle(repo: Repo, job_id: str, *, state: RayState | None = None) -> bool:
+def settle(repo: Repo, job_id: str, *, state: RayState | None = None, advance: bool = True) -> bool:
     """Bring a Ray job home once Ray says it ended; True when its attempt is now ended here.
 
     Fetches the node's refs; when no terminal record came, ends the attempt here with Ray's
     reason (stopped when Ray stopped it). Passes over a job whose run-lock is held (its start is
-    under way, or another command is settling it).
+    under way, or another command is settling it). A job it brought home is then what a local
+    worker's end is (`came_home`): its group settled, the jobs waiting for it moved on
+    (`advance` False: the caller is moving them on).
     """
     job = records.read(repo, job_id)
     if job.state.current.terminal:
         return True
+    ended = _settle(repo, job_id, state)
+    if ended:
+        came_home(repo, records.read(repo, job_id), advance=advance)
+    return ended
+
+
+def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
+    """What follows a job's end here as it follows a local worker's: a first pass stops the
+    group's other attempts, the group is settled, the jobs waiting for it move on."""
+    from subtask.ops import groups, plans
+
+    if job.spec.group:
+        groups.after_member_ended(repo, job, first_pass_only=True)
+        groups.after_member_ended(repo, job)
+    if advance:
+        plans.advance_quietly(repo)
+
+
+def _settle(repo: Repo, job_id: str, state: RayState | None) -> bool:
     fd = liveness.acquire(repo.state_dir, job_id, block=False)
     if fd is None:
         return False
     try:
+        job = records.read(repo, job_id)
+        if job.state.current.terminal:
+            return False  # settled by another command meanwhile: its wrap-up is that command's
         state = state or ray_state(job)
         if state.status is None:  # Ray not reached (this machine offline?): what git already has
-            return _fetch_home(repo, job_id, quiet=True)
+            if not _fetch_home(repo, job_id, quiet=True):
+                return False
+            notify.attempt_ended(repo, records.read(repo, job_id))
+            return True
         if state.status == "RUNNING" and job.state.current.state == "queued":
             _fetch_home(repo, job_id, quiet=True)  # the node pushes `running` once it starts
         if state.status not in TERMINAL and state.status != "MISSING":
             return False
         if _fetch_home(repo, job_id, quiet=state.status == "MISSING"):
+            notify.attempt_ended(repo, records.read(repo, job_id))  # its end came home under our hold: told once
             return True
         _end_here(repo, records.read(repo, job_id), state)
         return True
@@ -414,9 +489,7 @@ def _fetch_home(repo: Repo, job_id: str, quiet: bool = False) -> bool:
 def bring_home(repo: Repo, job: Job) -> None:
     """A Ray job whose terminal record arrived: close its reservation with the recorded cost,
     complete its head pin and note here (idempotent)."""
-    attempt = job.state.current
-    if attempt.rid:
-        ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=f"{attempt.state} on ray")
+    settle_money(repo, job)
     lifecycle.complete_ended(repo, job)
 
 
@@ -425,6 +498,9 @@ def _end_here(repo: Repo, job: Job, state: RayState) -> None:
     (whole reservation when the engine may have started: it was placed on a node)."""
     attempt = job.state.current
     spent = attempt.engine_started_at is not None or state.ran or bool(attempt.extra.get("node"))
+    lost_loop = spent and bool(job.spec.retries)
+    if lost_loop and attempt.rid:  # before end_attempt closes it at one attempt's budget
+        settle_money(repo, _ended_copy(job), lost_loop=True)
     if state.status == "STOPPED":
         reason = "stopped by request" if state.ran else "stopped while queued"
         lifecycle.end_attempt(repo, job.id, attempt.n, "stopped", reason=reason, engine_may_have_spent=spent)
@@ -436,6 +512,15 @@ def _end_here(repo: Repo, job: Job, state: RayState) -> None:
     lifecycle.end_attempt(repo, job.id, attempt.n, "failed", reason=reason[:2000], error_kind="engine",
                           hint=f"ray job logs {ray_job_id(attempt)} --address {placement(job.spec)['address']}",
                           engine_may_have_spent=spent)
+
+
+def _ended_copy(job: Job) -> Job:
+    """`job` as if its current attempt had ended (for `settle_money` before the record says so)."""
+    import copy
+
+    ended = copy.deepcopy(job)
+    ended.state.current.state = "failed"
+    return ended
 
 
 def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
@@ -544,6 +629,132 @@ def submit(repo: Repo, job: Job, paid: bool) -> Job:
     """`executors.Elsewhere.submit`: checked first (Ray, its address, a dry-run push to the remote),
     then the record says where it runs, then branch, pin, record, reservation, push, submit. The
     task as written stays here: nodes run it as recorded (redacted)."""
-    where = target(repo, job.id, job.spec.base)
-    prepare(job, where)
-    return start(repo, job, paid, where)
+    place(repo, job)
+    return start(repo, job, paid, _target_of(job))
+
+
+def place(repo: Repo, job: Job) -> None:
+    """`executors.Elsewhere.place`: everything a start on Ray needs, checked (changing nothing),
+    then said in the record about to be written (a job that waits is handed over later)."""
+    prepare(job, target(repo, job.id, job.spec.base))
+
+
+def _target_of(job: Job) -> Target:
+    where = placement(job.spec)
+    return Target(where["address"], where["remote"], where["url"])
+
+
+def hand_over(repo: Repo, job: Job, paid: bool) -> None:
+    """`executors.Elsewhere.hand_over`: a job that waited (`--after`), recorded queued now with its
+    branch at the base it starts from (`ops/plans`): reserve, push, submit; undone on a failure."""
+    where = _target_of(job)
+    client(where.address)
+    undo: list = []
+    try:
+        _reserve_push_submit(repo, job, paid, where, undo)
+    except BaseException:
+        undo_uninterrupted(undo)
+        raise
+
+
+def reply(repo: Repo, job: Job, attempt, paid: bool) -> Job:
+    """`executors.Elsewhere.reply`: attempt n+1 of a job that ran on Ray, on Ray. Checked first
+    (the cluster answers; for an engine that resumes its session, the node that holds it is alive:
+    the reply is pinned to it with its `node:<ip>` resource), then the record takes the attempt
+    (compare-and-swap on the ended one), the money is reserved, the record pushed (a fast-forward)
+    and the Ray job submitted. The caller holds the job's run-lock."""
+    where = _target_of(job)
+    client(where.address)
+    pinned = _session_node(repo, job)
+    attempt.extra["ray_job"] = f"subtask-{job.id}-{attempt.n}"
+    if pinned:
+        attempt.extra["pinned"] = pinned
+
+    def append(j: Job) -> bool:
+        if j.state.current.n != attempt.n - 1 or not j.state.current.terminal:
+            raise SubtaskError("not_finished", f"{j.id} changed meanwhile: attempt {j.state.current.n} is "
+                               f"{j.state.current.state}", hint=f"git subtask wait {j.id}")
+        j.state.attempts.append(attempt)
+        return True
+
+    if paid:
+        books.sync_ledger(repo)
+    job = records.update(repo, job.id, append)
+    undo: list = [lambda: _drop_attempt(repo, job.id, attempt.n)]
+    try:
+        if paid:
+            rid = reserve(repo, job)
+            undo.append(lambda: ledger.close(repo.state_dir, rid, 0.0, reason="reply undone"))
+        _push_record(repo, where, job.id)
+    except BaseException:
+        undo_uninterrupted(undo)
+        raise
+    try:
+        _submit(repo, job, where, pinned)
+    except SubtaskError:  # the remote holds the attempt now: it ends failed, nothing ran, nothing charged
+        lifecycle.end_attempt(repo, job.id, attempt.n, "failed", reason="its Ray job could not be submitted",
+                              error_kind="engine", engine_may_have_spent=False)
+        settle_money(repo, records.read(repo, job.id))
+        _push_record(repo, where, job.id, quiet=True)
+        raise
+    return job
+
+
+def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:
+    def change(j: Job) -> bool:
+        if j.state.current.n != n or j.state.current.terminal:
+            return False
+        j.state.attempts.pop()
+        return True
+
+    records.update(repo, job_id, change)
+
+
+def _push_record(repo: Repo, where: Target, job_id: str, quiet: bool = False) -> None:
+    """Push the job's record as a fast-forward of the remote's (never forced)."""
+    ref = records.record_ref(job_id)
+    proc = git(repo.root, "push", "--porcelain", where.url, f"{ref}:{ref}", check=False, timeout=300)
+    if quiet or (proc.returncode == 0 and any(line[:1] in ("*", " ", "=") and f":{ref}\t" in line
+                                               for line in proc.stdout.splitlines())):
+        return
+    lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    raise SubtaskError("fatal", f"could not push the record of {job_id} to {where.remote}: "
+                       f"{lines[-1] if lines else 'refused'}", hint=f"git subtask pull {where.remote}")
+
+
+def _session_node(repo: Repo, job: Job) -> dict[str, float]:
+    """For an engine that resumes its session (`resumes`), the resource that pins the reply to the
+    node that holds that session (`node:<ip>`, as Ray names every node); {} when nothing is resumed."""
+    from subtask.engines import get_engine
+    from subtask.engines.base import resumes
+
+    earlier = next((a for a in reversed(job.state.attempts) if a.session_id and ray_job_id(a)), None)
+    if earlier is None or not resumes(get_engine(job.spec.engine, repo.config)):
+        return {}
+    address = placement(job.spec)["address"]
+    try:
+        node_id = client(address).get_job_info(ray_job_id(earlier)).driver_node_id
+    except Exception as exc:
+        raise SubtaskError("fatal", f"{job.id}'s session is on the node that ran {ray_job_id(earlier)}, and Ray "
+                           f"cannot say which one it was: {_first_line(exc)}",
+                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch} --on ray '...'"
+                           ) from None
+    node = _alive_nodes(address).get(node_id or "")
+    if node is None:
+        raise SubtaskError("fatal", f"{job.id}'s session is on the node that ran {ray_job_id(earlier)} "
+                           f"({node_id or 'unknown'}), which is not in the cluster any more: a reply resumes it there",
+                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch} --on ray '...'")
+    return {f"node:{node}": 0.001}
+
+
+def _alive_nodes(address: str) -> dict[str, str]:
+    """{node id: its ip} of the cluster's live nodes (the dashboard's state API)."""
+    import urllib.request
+
+    url = f"{address.rstrip('/')}/api/v0/nodes?limit=10000&detail=true"
+    try:
+        with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT * 3) as resp:
+            listed = json.load(resp)["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _unreachable(address, exc) from None
+    return {n["node_id"]: n["node_ip"] for n in listed if n.get("state") == "ALIVE" and n.get("node_ip")}

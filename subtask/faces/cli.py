@@ -416,6 +416,45 @@ def pool_fill(count, as_json):
     _emit(replies.pool(status, made), as_json)
 
 
+@cli.group(context_settings=CONTEXT)
+def routing():
+    """How --engine auto chooses an engine (docs/engines.md, "Routing")."""
+
+
+@routing.command("explain", context_settings=CONTEXT)
+@start_options
+@click.option("--json", "as_json", is_flag=True)
+def routing_explain(as_json, **options):
+    """Which engine --engine auto would choose for this start, and why; starts nothing.
+
+    Every candidate, with the filter that removed it (installed, authenticated, isolation,
+    budget, room) or its score and the terms of it (pass rate, cost and time of its jobs in this
+    repository, room left). Exit 1 when no candidate is left (start --engine auto refuses then).
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    if options["task"] == "-":
+        options["task"] = sys.stdin.read()
+    _emit(replies.routed(api.routing_explain(_repo(), api.StartRequest(**options))), as_json)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def du(as_json):
+    """What jobs cost on disk, and what cleanup --merged and gc would free.
+
+    Per job whose worktree this clone checked out: its bytes on disk, split into tracked,
+    untracked and ignored files (a running job's is measured whole), and the objects only its
+    branch and pins keep; every other folder in the worktree folder (scratch worktrees, temp
+    dirs); the total; and the worktrees cleanup --merged and gc would remove, with their bytes.
+    """
+    from subtask import api
+    from subtask.faces import replies
+
+    _emit(replies.disk(api.du(_repo())), as_json)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
 def init(display):
@@ -684,11 +723,13 @@ def complete_words(words):
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path (`output.guarded`)."""
     from subtask.faces import manpage
+    from subtask.model import faults
     from subtask.model.errors import interrupt_once
 
     interrupt_once()
     output.prepare()
     manpage.ensure_installed(cli)
+    faults.point("cli_dispatch")
     output.guarded(lambda: _click_main(argv))
 
 

@@ -12,7 +12,7 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from subtask import executors
+from subtask.model import executors
 from subtask.model.errors import SubtaskError
 
 SCHEMA_VERSION = 1

@@ -16,7 +16,7 @@ Invariants:
   was made with the installed SDK; and, until the SDK reads its first line, list requests
   without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
   SDK does: the client's version if the SDK handshakes with it, else the SDK's latest.
-- The SDK sees every line read, in order, except the list requests the front end answered; so
+- The SDK sees every message read, in order, except the list requests the front end answered; so
   its session is initialized by the very `initialize` the client sent. Its own reply to that
   request is dropped (and reported on stderr if it differs from the cached one). JSON-RPC lets
   replies of different ids arrive in any order.
@@ -27,8 +27,16 @@ Invariants:
   the protocol uses private duplicates (close-on-exec) that no child or stray print can reach.
 - A client that closes stdin before the SDK is up, with nothing asked of it but what the front
   end answered, gets a server that exits at once instead of after loading the SDK.
-- A line that is not JSON at all gets JSON-RPC's parse error (-32700, id null) from the front
-  end, and the SDK never sees it (the SDK would drop it in silence, leaving the client waiting).
+- Every line is checked (`subtask.faces.jsonrpc.check`) before anything else: one that is not
+  a JSON-RPC message MCP reads (not JSON, a batch, an unusable id, params that are not an
+  object, ...) gets its JSON-RPC error from the front end at once, and the SDK never sees it: the
+  SDK would drop it in silence, leaving the client waiting, or run a request as a notification.
+  The SDK's own reader, stricter still, has the last word before it reads a line
+  (`mcp_tools.sdk_refusal`). `check` takes any bytes, however deep or broken (`json`'s
+  RecursionError included), so no line ends the reader thread, and the session goes on.
+- The SDK's input ends only once it answered every request it read (one the client cancelled
+  excepted) or the client stopped reading: at its end of input the SDK cancels what is under
+  way, and a client that sends a call and closes stdin must still get its answer.
 - SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
   own `MCPServer.run("stdio")`.
 - The workers' fork server (`subtask.worker.zygote`) is forked while the process has only its main
@@ -41,10 +49,10 @@ from __future__ import annotations
 
 # Not `typing` (2-3 ms: annotations stay strings, and `object` serves for Any), nor, before the
 # first reply, `threading` and `queue` (~5 ms).
-import json
 import os
 import sys
 
+from subtask.faces import jsonrpc
 from subtask.faces.mcp_versions import installed_versions
 
 # SUBTASK_MCP_CACHE: another file of the same shape (the tests make one for whatever SDK release
@@ -64,23 +72,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ---------------------------------------------------------------- JSON before the SDK
-
-def loads(data: bytes | str) -> object:
-    return json.loads(data)
-
-
-def dumps(value: object, ensure_ascii: bool = True) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii)
-
-
 # ---------------------------------------------------------------- the cache
 
 def load_cache() -> dict | None:
     """The cached replies, or None when they may not be what the installed SDK would say."""
     try:
         with open(CACHE, "rb") as f:
-            cache = loads(f.read())
+            cache = jsonrpc.loads(f.read())
         if cache["sdk"] != installed_versions():
             return None
         return cache
@@ -89,29 +87,6 @@ def load_cache() -> dict | None:
 
 
 # ---------------------------------------------------------------- reading messages
-
-def parse(line: bytes) -> object:
-    try:
-        return loads(line)
-    except ValueError:  # UnicodeDecodeError included
-        return None
-
-
-PARSE_ERROR = -32700
-
-
-def parse_error_line(line: bytes) -> bytes | None:
-    """The parse-error reply a line that is not JSON deserves; None for JSON (or a blank line)."""
-    if not line.strip():
-        return None
-    try:
-        loads(line)
-        return None
-    except ValueError as exc:  # UnicodeDecodeError included
-        body = {"jsonrpc": "2.0", "id": None,
-                "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"[:200]}}
-        return (dumps(body) + "\n").encode()
-
 
 def is_plain_initialize(message: object) -> bool:
     """An initialize the SDK is sure to accept: the front end may answer it for the SDK."""
@@ -129,14 +104,10 @@ def is_plain_initialize(message: object) -> bool:
             and isinstance(client.get("icons", []), list))
 
 
-def is_notification(message: object) -> bool:
-    return isinstance(message, dict) and "method" in message and "id" not in message
-
-
 def reply_line(ident: int | str, result: dict) -> bytes:
     """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8)."""
     body = {"jsonrpc": "2.0", "id": ident, "result": result}
-    return (dumps(body, ensure_ascii=False) + "\n").encode()
+    return (jsonrpc.dumps(body, ensure_ascii=False) + "\n").encode()
 
 
 # ---------------------------------------------------------------- the pipes
@@ -168,6 +139,7 @@ class Wire:
         return self.reader.readline()
 
     def write(self, data: bytes) -> None:
+        """Raises BrokenPipeError once the client stopped reading."""
         with self.lock:
             view = memoryview(data)
             while view:
@@ -177,47 +149,64 @@ class Wire:
 # ---------------------------------------------------------------- the front end
 
 class Front:
-    """Answers what it can from the cache and queues every other line for the SDK."""
+    """Answers what it can (a line that is not a message, a list from the cache), queues every
+    other line for the SDK, and keeps the SDK's input open until it answered what it was asked."""
 
     def __init__(self, wire: Wire, cache: dict | None) -> None:
         self.wire = wire
         self.cache = cache
-        self.lines = None  # a queue.Queue of the lines for the SDK (None: end of input), made by `open`
+        # A queue.Queue of (line, its message) for the SDK, None at end of input; made by `open`.
+        # The message is None for the initialize answered here (the SDK's reply to it is dropped).
+        self.lines = None
         self.replies: dict[str, dict] | None = None  # cached results for the session's version
         self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
+        self.asked = None  # a threading.Condition over `unanswered`, made by `open`
+        # request id -> how many such requests the SDK read and has not answered
+        self.unanswered: dict[int | str, int] = {}
+        self.client_gone = False  # it stopped reading: nothing more can reach it
 
     def open(self, first: bytes) -> None:
         """Handle the first line: answer it if it is a plain initialize, and queue it for the SDK
-        (a line that is not JSON gets its parse error instead). The queue comes after the reply."""
-        forward = self._answer_first(first)
+        (a line that is not a message gets its error instead). The queue comes after the reply."""
+        queued = self._answer_first(first)
         import queue
+        import threading
 
         self.lines = queue.Queue()
-        if forward:
-            self.lines.put(first or None)
+        self.asked = threading.Condition()
+        for item in queued:
+            self.lines.put(item)
 
-    def _answer_first(self, first: bytes) -> bool:
-        if self._malformed(first):
-            return False
-        message = parse(first) if self.cache else None
-        if first and is_plain_initialize(message):
-            version = message["params"]["protocolVersion"]
-            results = self.cache["results"]
-            self.replies = results.get(version) or results[self.cache["latest"]]
-            answer = reply_line(message["id"], self.replies["initialize"])
-            self.drop = (message["id"], answer)
-            self.owed = False
-            self.wire.write(answer)
-        return True
+    def _answer_first(self, first: bytes) -> list[tuple[bytes, dict | None] | None]:
+        """Answer the first line if it is a plain initialize (or not a message); what it leaves
+        for the SDK to read."""
+        if not first:
+            return [None]
+        message = self._checked(first)
+        if message is None:
+            return []
+        if self.cache is None or not is_plain_initialize(message):
+            return [(first, message)]
+        version = message["params"]["protocolVersion"]
+        results = self.cache["results"]
+        self.replies = results.get(version) or results[self.cache["latest"]]
+        answer = reply_line(message["id"], self.replies["initialize"])
+        self.drop = (message["id"], answer)
+        self.owed = False
+        self.write(answer)
+        return [(first, None)]
 
     def read_rest(self) -> None:
         """The reader thread: every further line, until end of input."""
         while line := self.wire.read_line():
-            if self._malformed(line) or (not self.sdk_reading and self._answered(line)):
+            message = self._checked(line)
+            if message is None or (not self.sdk_reading and self._answered(message)):
                 continue
-            self.lines.put(line)
+            if jsonrpc.is_request(message):
+                self.owed = True
+            self.lines.put((line, message))
         self.lines.put(None)
         if not self.sdk_reading and not self.owed:
             # The client is gone and asked nothing the SDK must answer: don't make it wait for
@@ -225,46 +214,85 @@ class Front:
             sys.stderr.flush()
             os._exit(0)
 
-    def _malformed(self, line: bytes) -> bool:
-        """Answer a line that is not JSON with a parse error; True if it was one."""
-        error = parse_error_line(line)
-        if error is not None:
-            self.wire.write(error)
-        return error is not None
+    def _checked(self, line: bytes) -> dict | None:
+        """The message `line` holds; None when it holds none (it was answered with its error)."""
+        message, refusal = jsonrpc.check(line)
+        if refusal is not None:
+            self.write(refusal)
+        return message
 
-    def _answered(self, line: bytes) -> bool:
-        """Answer a list request from the cache; note whether the SDK will owe a reply otherwise."""
-        message = parse(line)
-        if self.replies is not None and isinstance(message, dict) and message.get("jsonrpc") == "2.0":
-            method, ident = message.get("method"), message.get("id")
-            result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
-            # Only params-less lists: a cursor, or a 2026 `_meta` envelope, is the SDK's to judge.
-            if (result is not None and message.get("params") in (None, {})
-                    and not isinstance(ident, bool) and isinstance(ident, int | str)):
-                self.wire.write(reply_line(ident, result))
-                return True
-        if not is_notification(message):
-            self.owed = True
-        return False
+    def _answered(self, message: dict) -> bool:
+        """Answer a list request from the cache, if it is one."""
+        if self.replies is None:
+            return False
+        method = message.get("method")
+        result = self.replies.get(method) if method != "initialize" else None
+        # Only params-less lists: a cursor, or a `_meta` (a 2026 envelope), is the SDK's to judge.
+        if result is None or message.get("params") not in (None, {}) or "id" not in message:
+            return False
+        self.write(reply_line(message["id"], result))
+        return True
+
+    def write(self, data: bytes) -> None:
+        """Write to the client; once it stopped reading, drop what is left for it."""
+        if self.client_gone:
+            return
+        try:
+            self.wire.write(data)
+        except BrokenPipeError:
+            self.client_gone = True
+            if self.asked is not None:  # made after the first reply
+                with self.asked:
+                    self.asked.notify_all()
+
+    def handed_to_sdk(self, message: dict) -> None:
+        """The SDK is about to read `message`: count the answers it owes (a cancel settles one)."""
+        params = message.get("params")
+        with self.asked:
+            if jsonrpc.is_request(message):
+                self.unanswered[message["id"]] = self.unanswered.get(message["id"], 0) + 1
+            elif message.get("method") == "notifications/cancelled" and isinstance(params, dict):
+                self._settle(params.get("requestId"))
+
+    def _settle(self, ident: object) -> None:
+        if isinstance(ident, int | str) and self.unanswered.get(ident):
+            self.unanswered[ident] -= 1
+            if not self.unanswered[ident]:
+                del self.unanswered[ident]
+            self.asked.notify_all()
+
+    def wait_answered(self) -> None:
+        """Block until the SDK answered every request it read (or the client stopped reading)."""
+        with self.asked:
+            while self.unanswered and not self.client_gone:
+                self.asked.wait()
 
     def from_sdk(self, text: str) -> None:
         """Write one of the SDK's lines to the client, except its reply to our initialize."""
-        if self.drop is not None:
-            message = parse(text.encode())
-            if isinstance(message, dict) and "method" not in message and message.get("id") == self.drop[0]:
-                ours = loads(self.drop[1])
-                self.drop = None
-                if message != ours:
-                    # stderr only: stdout is the protocol channel
-                    sys.stderr.write("subtask-mcp: the SDK's initialize reply differs from the one sent from "
-                                     "subtask/faces/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
-                                     f"  sent: {dumps(ours)}\n  sdk:  {text.strip()}\n")
-                return
-        self.wire.write(text.encode())
+        try:
+            message = jsonrpc.loads(text)
+        except ValueError:
+            message = None
+        is_reply = isinstance(message, dict) and "method" not in message
+        if is_reply and self.drop is not None and message.get("id") == self.drop[0]:
+            ours = jsonrpc.loads(self.drop[1])
+            self.drop = None
+            if message != ours:
+                # stderr only: stdout is the protocol channel
+                sys.stderr.write(
+                    "subtask-mcp: the SDK's initialize reply differs from the one sent from "
+                    "subtask/faces/mcp_cache.json (regenerate it: python scripts/mcp_cache.py)\n"
+                    f"  sent: {jsonrpc.dumps(ours)}\n  sdk:  {text.strip()}\n")
+            return
+        self.write(text.encode())
+        if is_reply:
+            with self.asked:
+                self._settle(message.get("id"))
 
 
 class SdkInput:
-    """The SDK's stdin: the queued lines, as an async iterator of str."""
+    """The SDK's stdin: the queued lines, as an async iterator of str. Its end comes once the SDK
+    answered every request it read: the SDK cancels what is under way when its input ends."""
 
     def __init__(self, front: Front) -> None:
         self.front = front
@@ -273,19 +301,36 @@ class SdkInput:
         return self
 
     async def __anext__(self) -> str:
+        import anyio.to_thread
+
+        from subtask.faces.mcp_tools import sdk_refusal
+
+        self.front.sdk_reading = True  # from here on the SDK answers everything
+        while True:
+            item = await self._next()
+            if item is None:
+                self.front.lines.put(None)  # end of input stays the end
+                await anyio.to_thread.run_sync(self.front.wait_answered, abandon_on_cancel=True)
+                raise StopAsyncIteration
+            line, message = item
+            text = line.decode("utf-8", errors="replace")
+            refusal = sdk_refusal(text, message)
+            if refusal is not None:  # what the SDK would drop unanswered
+                self.front.write(refusal)
+                continue
+            if message is not None:
+                self.front.handed_to_sdk(message)
+            return text
+
+    async def _next(self) -> tuple[bytes, dict | None] | None:
         import queue
 
         import anyio.to_thread
 
-        self.front.sdk_reading = True  # from here on the SDK answers everything
         try:
-            line = self.front.lines.get_nowait()
+            return self.front.lines.get_nowait()
         except queue.Empty:
-            line = await anyio.to_thread.run_sync(self.front.lines.get)
-        if line is None:
-            self.front.lines.put(None)  # end of input stays the end
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
+            return await anyio.to_thread.run_sync(self.front.lines.get)
 
 
 class SdkOutput:
@@ -308,6 +353,9 @@ class SdkOutput:
 
 def serve_sdk(front: Front) -> None:
     """Load the SDK and the tools, then serve every queued and further line with them."""
+    from subtask.model import faults
+
+    faults.point("mcp_before_sdk")  # a test holds the SDK back here: the front end alone serves
     import anyio
 
     from subtask.faces.mcp_tools import serve
@@ -367,7 +415,10 @@ def claim_wire() -> Wire | None:
 
 
 def main() -> None:
-    """Serve on stdio until the client closes the pipe."""
+    """Serve on stdio until the client closes the pipe, or a Ctrl-C ends it (130, quietly)."""
+    from subtask.model import errors
+
+    errors.interrupt_once()
     try:
         wire = claim_wire()
         if wire is None:
@@ -386,6 +437,7 @@ def main() -> None:
             front.lines.put(None)  # frees a worker thread still waiting for a line, so the process can exit
     except KeyboardInterrupt:
         pass
+    errors.exit_if_interrupted()
 
 
 if __name__ == "__main__":

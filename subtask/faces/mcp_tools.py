@@ -31,6 +31,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -39,14 +40,16 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
-from subtask.faces import replies
+from subtask.faces import jsonrpc, replies
 from subtask.model import render, start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
@@ -80,6 +83,8 @@ class Server(MCPServer):
     _schemas: dict[str, dict] | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if context is not None:
+            ATTENTION.listen(context)
         schema = (await self._input_schemas()).get(name)
         if schema is not None:
             unknown = sorted(set(arguments or {}) - set(schema.get("properties", {})))
@@ -126,6 +131,8 @@ def _argument_error(name: str, schema: dict, exc: ValidationError) -> SubtaskErr
         field = str(error["loc"][0]) if error["loc"] else "?"
         if error["type"] == "missing":
             text = f"{name} needs {field}"
+        elif error["type"] == "too_short":
+            text = f"{field} must not be empty"
         else:
             text = f"{field} must be {_expected(props.get(field, {}))}, not {error.get('input')!r}"
         if text not in messages:
@@ -139,7 +146,33 @@ server = Server("subtask", instructions=INSTRUCTIONS, version=__version__, log_l
 # ---------------------------------------------------------------- plumbing
 
 def _error_text(exc: SubtaskError) -> str:
-    return f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
+    """The CLI's `error: ...` and `hint: ...`, its flags spelt as this face's parameters."""
+    hint = f"\nhint: {mcp_words(exc.hint)}" if exc.hint else ""
+    return f"error: {mcp_words(exc.message)}{hint}"
+
+
+# Every tool's parameters (`tool` adds each tool's), and a start_many item's fields.
+PARAMETERS: set[str] = {option.name for option in start_options.OPTIONS}
+_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
+_CLI_FLAG = re.compile(r"(?<![\w'\"-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)\b(?!-)")
+
+
+def mcp_words(text: str) -> str:
+    """`text` (the CLI's words: `--best-of needs --verify`) with each flag that is a parameter of
+    a tool spelt as the parameter (`best_of needs verify`): an agent calls tools, not the CLI.
+    A whole `git subtask ...` command line stays as it is: it is a command, and says so."""
+    def parameter(flag: re.Match) -> str:
+        name = flag[1].replace("-", "_")
+        return name if name in PARAMETERS else flag[0]
+
+    def respell(prose: str) -> str:
+        return _CLI_FLAG.sub(parameter, prose)
+
+    out, done = [], 0
+    for command in _CLI_COMMAND.finditer(text):
+        out += [respell(text[done:command.start()]), command[0]]
+        done = command.end()
+    return "".join([*out, respell(text[done:])])
 
 
 def _tool_error(text: str) -> CallToolResult:
@@ -167,10 +200,13 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
                     traceback.print_exc(file=sys.stderr)
                 return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
             words = render.safe(reply.full_text())
+            if reply.failed:  # it did none of what it was asked: an error, as a refused merge is
+                return _tool_error(mcp_words(f"error: {reply.failed}\n{words}"))
             # Claude Code shows a model the structured content instead of the text: the words go first in it (`reply`).
             return CallToolResult(content=[TextContent(type="text", text=words)],
                                   structured_content={"reply": words, **reply.data})
 
+        PARAMETERS.update(inspect.signature(fn).parameters)
         annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
                                       idempotentHint=read_only or None, openWorldHint=False)
         server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
@@ -180,14 +216,138 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
 
 
 def open_repo(path: str | None) -> api.Repo:
-    """The repository a tool works on: an absolute path to a work tree, or the server's directory."""
+    """The repository a tool works on: an absolute path to a work tree, or the server's directory.
+    From then on the client is told its jobs' events (`ATTENTION`)."""
     if path is None or path == "":
-        return api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
-    if not os.path.isabs(path):
+        where = api.repo_at(os.environ.get("SUBTASK_REPO") or os.getcwd())
+    elif not os.path.isabs(path):
         raise SubtaskError("usage", f"repo must be an absolute path to a git work tree, not {path!r}",
                            hint="give the full path, e.g. /home/me/project, or leave repo out for "
                                 f"the server's directory ({os.getcwd()})")
-    return api.repo_at(path)
+    else:
+        where = api.repo_at(path)
+    ATTENTION.watch(where.state_dir)
+    return where
+
+
+class Attention:
+    """A log notification to the connected client for each job event `ops/notify` tells (a job
+    ended, failed verify, waits for a reply, stalled), while it is connected: the state folders
+    of the repositories its calls named are watched (their `notify.jsonl`, from the end it had
+    when first named), every `LOOK` seconds, by one thread that sends on the client's session."""
+
+    LOOK = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._feeds: dict[Path, tuple[int, int]] = {}  # state folder -> (inode, offset) of notify.jsonl
+        # The latest call's session (a per-request proxy the SDK makes; a handshake-era session
+        # sends on its connection) and its event loop's token: a stdio server has one client.
+        self._session: tuple[Any, Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def listen(self, context: Context) -> None:
+        """Called in the event loop with a call's context: its client is told from now on."""
+        try:
+            session, token = context.session, anyio.lowlevel.current_token()
+        except Exception:
+            return
+        with self._lock:
+            self._session = (session, token)
+
+    def watch(self, state_dir: Path) -> None:
+        from subtask.state import paths
+
+        with self._lock:
+            if state_dir not in self._feeds:
+                try:
+                    found = os.stat(paths.notify_feed(state_dir))
+                    self._feeds[state_dir] = (found.st_ino, found.st_size)
+                except OSError:
+                    self._feeds[state_dir] = (0, 0)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="subtask-attention", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            time.sleep(self.LOOK)
+            with self._lock:
+                feeds = dict(self._feeds)
+            for state_dir, seen in feeds.items():
+                lines, now = _feed_lines(state_dir, *seen)
+                with self._lock:
+                    self._feeds[state_dir] = now
+                for line in lines:
+                    self._tell(line)
+
+    def _tell(self, event: dict) -> None:
+        import warnings
+
+        level = "info" if event.get("event") == "ended" and event.get("state") == "done" else "warning"
+        data = {"message": render.safe_line(f"{event.get('event')}: {event.get('summary')}"),
+                **{k: event.get(k) for k in ("job", "event", "state", "reason", "attempt", "repo")}}
+        with self._lock:
+            listening = self._session
+        if listening is None:
+            return
+        session, token = listening
+        try:
+            with warnings.catch_warnings():  # the SDK marks logging deprecated (SEP-2577): still sent
+                warnings.simplefilter("ignore")
+                anyio.from_thread.run(functools.partial(session.send_log_message, level=level, data=data,
+                                                        logger="subtask"), token=token)
+        except Exception:  # gone: its connection closed
+            with self._lock:
+                if self._session is listening:
+                    self._session = None
+
+
+def _feed_lines(state_dir: Path, inode: int, offset: int) -> tuple[list[dict], tuple[int, int]]:
+    """The events added to a state folder's notify.jsonl since (inode, offset), the rest of the
+    rotated file first, and the new (inode, offset)."""
+    from subtask.state import paths
+
+    found: list[dict] = []
+    path = paths.notify_feed(state_dir)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return found, (inode, offset)
+    if now.st_ino != inode:
+        old = paths.notify_feed(state_dir, old=True)
+        try:
+            if inode and os.stat(old).st_ino == inode:
+                found += _read_lines(old, offset)[0]
+        except OSError:
+            pass
+        inode, offset = now.st_ino, 0
+    lines, offset = _read_lines(path, offset)
+    return found + lines, (inode, offset)
+
+
+def _read_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        return [], offset
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    found = []
+    for line in whole.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            found.append(event)
+    return found, offset + len(whole)
+
+
+ATTENTION = Attention()
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -255,7 +415,8 @@ async def start_many(tasks: START_ITEMS) -> replies.Reply:
     items of this call, or job/group ids); it then starts once those ended, from their heads, e.g.
     [{"id": "api", "task": ...}, {"id": "client", "after": "api", "task": ...}].
     """
-    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo)))
+    return await _call(lambda: replies.started_many(api.start_many(tasks, repo_for=open_repo),
+                                                    words=mcp_words))
 
 
 async def map_files(*, pattern: str, task: str, batch: int = 1, concurrency: int | None = None,
@@ -291,18 +452,26 @@ def _progress_message(elapsed: float, ended: int, total: int, activities: dict[s
     return render.safe_line(" · ".join(parts))
 
 
+SINCE_HELP = ("a cursor from the last wait's answer (0: from the beginning): answer the events after it (state "
+              "changes, stall marks, progress lines) as soon as there is one, and the next cursor")
+
+
 class _Abandoned(Exception):
     """Raised from the tick callback when the caller has gone: ends `api.wait` early."""
 
 
 @tool("wait", read_only=True, title="Wait for jobs")
 async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bool = False,
+               since: Annotated[str | None, Field(description=SINCE_HELP)] = None,
                repo: REPO = None) -> replies.Reply:
     """Block until the jobs end (any=true: until the first one ends), or one stalls; one line per job.
 
     Sends a progress notification about once a second (elapsed, n of total ended, each job's latest
-    activity). On timeout the jobs keep running: call wait again. Prefer one wait over polling status.
+    activity). On timeout the jobs keep running: call wait again. timeout=0 answers at once with the
+    jobs as they are (a poll). Prefer one wait over polling.
     A best-of group id (sg-...) waits for every attempt, then answers the ranking and the pick.
+    With since (a client that shows no progress): answers as soon as a job has an event after
+    that cursor, with the events and the next cursor; pass it back and nothing is missed.
     """
     job_ids = _id_list(ids)
     first_only = any  # the parameter is named for the CLI's --any; keep the builtin out of it
@@ -319,11 +488,9 @@ async def wait(ids: list[str] | str, ctx: Context, timeout: float = 300, any: bo
 
     def run() -> replies.Reply:
         where = open_repo(repo)
-        if [i for i in job_ids if is_group_ref(i)]:  # (`any` is the parameter here)
-            waited = api.wait_groups(where, job_ids, timeout=timeout, on_tick=on_tick, tick=PROGRESS_TICK)
-            return replies.waited_groups(where, waited, timeout)
-        waited = api.wait(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick, tick=PROGRESS_TICK)
-        return replies.waited(where, waited, timeout)
+        waited = api.wait_ids(where, job_ids, timeout=timeout, any_=first_only, on_tick=on_tick,
+                              tick=PROGRESS_TICK, since=since)
+        return replies.waited_any(where, waited, timeout)
 
     try:
         return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
@@ -357,7 +524,7 @@ async def result(id: str, full: bool = False, evidence: bool = False, repo: REPO
         reply = (replies.group_result(where, api.get_group(where, id)) if is_group_ref(id)
                  else replies.result(where, api.get(where, id), full=full))
         if evidence:
-            reply.text = render.json_text(reply.data, default=str)
+            reply.text = render.json_text(reply.data)
         return reply
 
     return await _call(run)
@@ -446,6 +613,24 @@ async def spend(month: str | None = None, all_clones: bool = False, repo: REPO =
     return await _call(lambda: replies.spend(api.spend(open_repo(repo), month, all_clones=all_clones), all_clones))
 
 
+async def routing(*, repo: str | None = None, **options: Any) -> replies.Reply:
+    """Which engine engine="auto" would choose for this start, and why; starts nothing: every
+    candidate with the filter that removed it (installed, authenticated, isolation, budget, room)
+    or its score and terms (pass rate, cost and time of its jobs in this repository, room left)."""
+    return await _call(lambda: replies.routed(api.routing_explain(open_repo(repo), api.StartRequest(**options))))
+
+
+routing.__signature__ = _start_signature()  # type: ignore[attr-defined]
+tool("routing", read_only=True, title="Explain --engine auto")(routing)
+
+
+@tool("du", read_only=True, title="Disk usage")
+async def du(repo: REPO = None) -> replies.Reply:
+    """What each job's worktree costs on disk (tracked, untracked, ignored files), the objects only
+    its refs keep, other folders in the worktree folder, and what cleanup --merged and gc would free."""
+    return await _call(lambda: replies.disk(api.du(open_repo(repo))))
+
+
 @tool("engines", read_only=True, title="Engines")
 async def engines(repo: REPO = None) -> replies.Reply:
     """The engines a job can use: installed, authenticated, paid or free, version, isolation."""
@@ -485,7 +670,8 @@ async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = 
 
 
 @tool("land", destructive=True, title="Land many jobs")
-async def land(ids: list[str], verify: str | None = None, atomic: bool = False, reconcile: bool = False,
+async def land(ids: Annotated[list[str], Field(min_length=1)], verify: str | None = None,
+               atomic: bool = False, reconcile: bool = False,
                mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
                dry_run: bool = False, repo: REPO = None) -> replies.Reply:
     """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
@@ -495,7 +681,8 @@ async def land(ids: list[str], verify: str | None = None, atomic: bool = False, 
     both sides, verify output) and skipped; atomic=true lands all or nothing; reconcile=true
     answers a conflict with a reply to the job on the new tip and lands it once that passes.
     dry_run=true says what would happen and which jobs change the same files, changing nothing.
-    The structured content's `ok` is false unless every job landed.
+    The structured content's `ok` is false unless every job landed; a land that landed none is a
+    tool error, as a refused merge is, with the same report.
     """
     args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
             *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
@@ -546,6 +733,21 @@ async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
 
 
 # ---------------------------------------------------------------- serving and describing
+
+def sdk_refusal(line: str, message: dict | None) -> bytes | None:
+    """The error for a line the SDK's transport cannot read, which it would drop unanswered; None
+    when it reads it. `subtask.faces.jsonrpc` passed the line (`message`, None for the initialize
+    the front end answered); the SDK's reader is stricter (a nesting deeper than ~250 levels, a
+    lone surrogate), and its word is final."""
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        ident = message["id"] if jsonrpc.is_request(message) else None
+        why = exc.errors(include_url=False)[0]["msg"] if exc.errors() else str(exc)
+        refused = jsonrpc.error(jsonrpc.INVALID_REQUEST, ident, f"this server cannot read it: {why}")
+        return jsonrpc.line_of(refused)
+    return None
+
 
 async def serve(stdin: Any, stdout: Any) -> None:
     """`MCPServer.run_stdio_async` over the given line streams instead of fd 0 and 1.

@@ -43,13 +43,13 @@ def write(text: str, err: bool = False) -> None:
 def emit_json(obj) -> None:
     from subtask.model.render import json_text
 
-    write(json_text(obj, indent=2, sort_keys=False, default=str) + "\n")
+    write(json_text(obj, indent=2, sort_keys=False) + "\n")  # amounts as numbers, the rest as text
 
 
 def repo():
-    from subtask.git.gitrepo import open_repo
+    from subtask import api
 
-    return open_repo(os.environ.get("SUBTASK_REPO") or None)
+    return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
 
 
 def on_terminal(stream=None) -> bool:
@@ -107,21 +107,14 @@ def exit_with(exc: SubtaskError) -> None:
     sys.exit(exc.exit_code)
 
 
-def run_worker(job_id: str, root: str, lock_fd: int) -> int:
-    """A worker in a child forked from this process (`subtask.proc.spawn`): imported only there."""
-    from subtask.worker import attempt as worker
-
-    return worker.run_detached(job_id, root, lock_fd)
-
-
 def prepare() -> None:
     """What every command sets first: workers it starts are forks of it (it is single-threaded),
     warnings in git's words."""
     import warnings
 
-    from subtask.proc import spawn
+    from subtask import api
 
-    spawn.use_worker_main(run_worker)
+    api.use_forked_workers()
     warnings.showwarning = show_warning
 
 

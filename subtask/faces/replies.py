@@ -30,6 +30,10 @@ class Reply:
     notes: list[str] = field(default_factory=list)
     nothing: str | None = None
     exit_code: int = 0
+    # The operation did none of what it was asked (a land that landed nothing): the CLI prints
+    # the words and exits `exit_code`, as ever; the MCP tool answers a tool error, `error: <this>`
+    # then the words, as it does for a refused merge.
+    failed: str | None = None
 
     def full_text(self) -> str:
         """The text with its notes, or what to say when there is none (the MCP tool's words)."""
@@ -58,25 +62,37 @@ def started(result) -> Reply:
             first = f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}"
             note = f"(wait {group.id} for the pick)"
         lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
+        warnings = list(dict.fromkeys(w for r in result.members for w in r.warnings))
         return Reply("\n".join(lines), {"v": 1, "group": group.id, "kind": group.kind, "members": [
-            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members]}, notes=[note])
-    return Reply(render.started_line(result.job, result.position),
-                 job_json(result.job, result.position or None) | {"state": result.state, "on": result.on})
+            job_json(r.job, r.position or None) | {"state": r.state} for r in result.members],
+            "warnings": warnings, **_left_out_json(result)},
+            notes=[note, *warnings, *render.left_out_lines(result.left_out)])
+    data = job_json(result.job, result.position or None)
+    data |= {"state": result.state, "on": result.on, "warnings": result.warnings}
+    return Reply(render.started_line(result.job, result.position), data | _left_out_json(result),
+                 notes=[*result.warnings, *render.left_out_lines(result.left_out)])
 
 
-def started_many(results: list) -> Reply:
-    """`start_many`: one numbered line per item, its start or its error, in order."""
-    lines, items = [], []
+def _left_out_json(result) -> dict[str, Any]:
+    left_out = getattr(result, "left_out", None)
+    return {"left_out": left_out.to_dict()} if left_out is not None else {}
+
+
+def started_many(results: list, words=str) -> Reply:
+    """`start_many`: one numbered line per item, its start or its error (`words`: as the face
+    spells an error), in order."""
+    lines, items, notes = [], [], []
     for n, result in enumerate(results, 1):
         if isinstance(result, Exception):
-            hint = f" (hint: {result.hint})" if getattr(result, "hint", None) else ""
-            lines.append(f"{n}. error: {result.message}{hint}")
+            hint = f" (hint: {words(result.hint)})" if getattr(result, "hint", None) else ""
+            lines.append(f"{n}. error: {words(result.message)}{hint}")
             items.append({"v": 1, "error": result.to_dict()})
         else:
             reply = started(result)
             lines.append(f"{n}. " + reply.text.replace("\n", "\n   "))
             items.append(reply.data)
-    return Reply("\n".join(lines), {"v": 1, "items": items})
+            notes += reply.notes
+    return Reply("\n".join(lines), {"v": 1, "items": items}, notes=[*dict.fromkeys(notes)])
 
 
 # ---------------------------------------------------------------- waiting and reading
@@ -88,20 +104,46 @@ def waited(repo, result, timeout: float | None) -> Reply:
     notes = [render.stalled_hint(job) for job in result.jobs if job.id in result.stalled]
     if result.timed_out:
         still = sum(1 for job in result.jobs if not job.state.current.terminal)
-        notes.append(f"timed out after {timeout:g}s; {still} still running (they continue): wait again")
-    return Reply("\n".join(lines), {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed,
-                                    "stalled": result.stalled, "jobs": [job_json(j) for j in result.jobs]},
-                 notes, exit_code=0 if result.all_passed else 1)
+        notes.append(f"{_timed_out(timeout)}{still} still running (they continue): wait again")
+    data = {"v": 1, "timed_out": result.timed_out, "passed": result.all_passed, "stalled": result.stalled,
+            "jobs": [job_json(j) for j in result.jobs]}
+    feed = result.feed
+    if feed is not None:  # wait --since: the events first, then where each job stands, then the cursor
+        lines = [*(render.event_line(e) for e in feed.events), *lines, f"cursor: {feed.cursor}"]
+        data.update(events=feed.events, cursor=feed.cursor, more=feed.more)
+        if feed.more:
+            notes.append("more events than one answer holds: wait --since the cursor again")
+    return Reply("\n".join(lines), data, notes, exit_code=0 if result.all_passed else 1)
+
+
+def _timed_out(timeout: float | None) -> str:
+    """How a wait that ended before its jobs says so (a timeout of 0 is a poll: it did not wait)."""
+    return f"timed out after {timeout:g}s; " if timeout else ""
 
 
 def waited_groups(repo, result, timeout: float | None) -> Reply:
     from subtask.ops import groups
 
-    notes = [f"timed out after {timeout:g}s; the attempts continue: wait again"] if result.timed_out else []
+    notes = [f"{_timed_out(timeout)}the attempts continue: wait again"] if result.timed_out else []
     return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
                  {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                   "groups": [g.to_dict() for g in result.groups]},
                  notes, exit_code=0 if result.all_picked else 1)
+
+
+def waited_any(repo, result, timeout: float | None) -> Reply:
+    """`wait` over jobs, groups or both (`api.MixedWait`): each part in its own words."""
+    if result.groups is None:
+        return waited(repo, result.jobs, timeout)
+    if result.jobs is None:
+        return waited_groups(repo, result.groups, timeout)
+    jobs, groups = waited(repo, result.jobs, timeout), waited_groups(repo, result.groups, timeout)
+    notes = [render.stalled_hint(job) for job in result.jobs.jobs if job.id in result.jobs.stalled]
+    if result.timed_out:
+        notes.append(f"timed out after {timeout:g}s; the jobs and attempts continue: wait again")
+    data = {**jobs.data, "groups": groups.data["groups"], "timed_out": result.timed_out,
+            "passed": result.passed}
+    return Reply(f"{jobs.text}\n\n{groups.text}", data, notes, exit_code=0 if result.passed else 1)
 
 
 def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfold: bool = False,
@@ -139,9 +181,10 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
         if gid in shown:
             continue
         shown.add(gid)
-        lines.append(groups.list_line(found_groups[gid]))
+        members = [e for e in entries if e.get("group") == gid]
+        lines.append(groups.list_line(found_groups[gid], members, now))
         if unfold:
-            lines += ["  " + render.list_line(e, e.get("position"), now) for e in entries if e.get("group") == gid]
+            lines += ["  " + render.list_line(e, e.get("position"), now) for e in members]
     return lines
 
 
@@ -220,9 +263,15 @@ def merged(result) -> Reply:
 def landed(data: dict) -> Reply:
     """`land` (`landqueue.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
     the data, so the MCP tool, which gets it from a `git-subtask land --json` child, says the same.
-    Exit 1 unless every job landed (would land)."""
-    text = land_plan_text(data) if data.get("dry_run") else land_text(data)
-    return Reply(text, data, exit_code=0 if data.get("ok") else 1)
+    Exit 1 unless every job landed (would land); `failed` when none did, as `merge` fails."""
+    if data.get("dry_run"):
+        return Reply(land_plan_text(data), data, exit_code=0 if data.get("ok") else 1)
+    jobs = data.get("jobs") or []
+    failed = None
+    if jobs and not any(job.get("state") in ("landed", "already") for job in jobs):
+        said = ", ".join(f"{job.get('id')} {job.get('state')}" for job in jobs)
+        failed = render.safe_line(f"nothing landed onto {data.get('target', '?')} ({said})")
+    return Reply(land_text(data), data, exit_code=0 if data.get("ok") else 1, failed=failed)
 
 
 def land_text(data: dict) -> str:
@@ -247,6 +296,9 @@ def land_text(data: dict) -> str:
         verify = VerifyResult.from_dict(job["verify"]) if job.get("verify") else None
         if verify is not None:
             lines.append(f"  verify{'' if job.get('confined', True) else ' (unconfined)'}: {render.verify_line(verify)}")
+            judged = render.judge_line(verify)
+            if judged:
+                lines.append(f"  judge:  {judged}")
             lines += render.verify_tail(verify, prefix="    ")
         if state in ("landed", "passed") and job.get("why"):
             lines.append(safe_line(f"  {job['why']}"))
@@ -367,3 +419,53 @@ def engines(probes: list, *, compact: bool) -> Reply:
                        f"{'paid' if p.paid else 'free'}  {p.version or '-'}\n         isolation: {p.isolation}"
                        + (f"\n         confinement here: {p.confinement}" if p.confinement else ""))
     return Reply("\n".join(out), {"v": 1, "engines": [p.__dict__ | {"usable": p.usable} for p in probes]})
+
+
+# ---------------------------------------------------------------- disk
+
+DU_HEADER = f"{'ID':<12} {'STATE':<8} {'WORKTREE':>10} {'TRACKED':>10} {'UNTRACKED':>10} {'IGNORED':>10} {'OBJECTS':>10}"
+
+
+def disk(found) -> Reply:
+    """`du`: a row per job's worktree, the other folders, the total, what cleanup and gc would free."""
+    rows = []
+    for job in found.jobs:
+        split = job.split or {}
+        rows.append(f"{job.id:<12} {job.state:<8} {render.size(job.total):>10} "
+                    + " ".join(f"{render.size(split.get(c)) if job.split else '-':>10}"
+                               for c in ("tracked", "untracked", "ignored"))
+                    + f" {render.size(job.objects):>10}" + (f"  ({job.why})" if job.why else ""))
+    lines = [DU_HEADER, *rows] if rows else []
+    lines += [f"{name + '/':<21} {render.size(size):>10}  (no job's worktree)" for name, size in found.other.items()]
+    data = found.to_dict()
+    if lines:
+        lines.append(f"total: {render.size(found.total)} in {len(found.jobs)} worktree(s)"
+                     + (f" and {len(found.other)} other folder(s)" if found.other else "")
+                     + f"; objects only job refs keep: {render.size(data['objects'])}")
+    for what, freed in found.frees.items() if lines else ():
+        lines.append(f"{what} would free {render.size(freed['bytes'])}"
+                     + (f" ({', '.join(freed['jobs'])})" if freed["jobs"] else ""))
+    return Reply("\n".join(lines), data, nothing="no job worktrees on disk")
+
+
+# ---------------------------------------------------------------- routing
+
+def routed(found) -> Reply:
+    """`routing explain`: each candidate's score and terms, or the filter that removed it; the choice."""
+    weights = found.weights
+    chosen = found.chosen
+    lines = [f"{'ENGINE':<12} {'SCORE':>7}  {'PASS':>6} {'USD':>7} {'MINUTES':>8} {'ROOM':>5}  HISTORY HERE"]
+    for c in found.candidates:
+        if c.score is None:
+            lines.append(render.safe_line(f"{c.name:<12} {'-':>7}  removed by {c.filter}: {c.why}"))
+            continue
+        t = {term: c.terms[term]["value"] for term in c.terms}
+        h = c.history
+        past = (f"{h['ended']} ended, {h['passed']} passed" if h.get("ended") else "none")
+        lines.append(render.safe_line(f"{c.name:<12} {c.score:>7.3f}  {t['pass']:>6.2f} {t['cost']:>7.2f} "
+                                      f"{t['time']:>8.1f} {t['room']:>5.2f}  {past}"))
+    lines.append(f"score = {weights['pass']:g} x pass - {weights['cost']:g} x usd - {weights['time']:g} x minutes"
+                 f" + {weights['room']:g} x room   (git config subtask.routing.weightPass, weightCost, weightTime, "
+                 "weightRoom)")
+    lines.append(f"chosen: {chosen.name}" if chosen else "chosen: none: every candidate was removed")
+    return Reply("\n".join(lines), found.to_dict(), exit_code=0 if chosen else 1)

@@ -8,10 +8,15 @@ and fail the attempt's verify, naming the check, when it does:
   function removed (one moved to another test file is not removed). Test files are known by the
   usual names of Python, JavaScript/TypeScript, Go, Rust and Java; test functions are read with
   the standard library's `ast` for Python and by pattern elsewhere.
-- `no-suppression`: no added skip or xfail marker, `# noqa`, `# type: ignore`, `eslint-disable`,
-  `@ts-ignore`, `#[ignore]`, `t.Skip`, `@Disabled` (more of a marker in a file's added lines than
-  in its removed ones), and no test assertion turned into a no-op (commented out, or replaced by
-  one that always holds).
+- `no-suppression`: no added skip or xfail marker (also through an alias: `import pytest as P`,
+  `from pytest import skip`), `# noqa`, `# type: ignore`, `eslint-disable`, `@ts-ignore`,
+  `#[ignore]`, `t.Skip`, `@Disabled` (more of a marker in a file's added lines than in its removed
+  ones); no conftest.py hook that deselects or rewrites results, nor `os._exit`; no `-k`,
+  `--deselect`, `--ignore` or `-p no:` added to pytest's configuration; and no test assertion
+  turned into a no-op (commented out, or replaced by one that always holds).
+
+These read text, and the job moves last: they are early, cheap signals. What keeps a verdict
+honest is the judge (`ops/overlay.py`): the tests come from a tree the job could not touch.
 - `paths=GLOB` (several allowed): every changed path matches one of the globs; those outside are
   named. `*` and `?` stay inside one folder, `**` crosses folders (`src/**`, `**/*.md`).
 
@@ -342,23 +347,108 @@ _NOOP_ASSERTIONS = LazyPattern(
     r"|assert(?:True|Equals)\s*\(\s*(?:true|1)\s*(?:,\s*(?:true|1)\s*)?\))")
 
 
+# What a conftest.py or the runner's configuration adds that drops or rewrites tests: the hooks
+# that deselect, collect or report, an exit before the tests run; `-k`, `--deselect`, `--ignore`,
+# a plugin turned off in addopts.
+_HOOKS = ("collection_modifyitems", "ignore_collect", "deselected", "collect_file", "pycollect_makeitem",
+          "runtest_protocol", "runtest_setup", "runtest_call", "runtest_makereport", "pyfunc_call",
+          "report_teststatus")
+_CONFTEST_MARKERS: list[tuple[str, LazyPattern]] = [
+    *((f"pytest_{hook}", LazyPattern(rf"^\s*(?:async\s+)?def\s+pytest_{hook}\b")) for hook in _HOOKS),
+    ("os._exit", LazyPattern(r"\bos\._exit\s*\(")),
+]
+_CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg", "pyproject.toml")
+_CONFIG_MARKERS: list[tuple[str, LazyPattern]] = [
+    ("--deselect", LazyPattern(r"--deselect\b")),
+    ("--ignore", LazyPattern(r"--ignore(?:-glob)?\b")),
+    ("-k", LazyPattern(r"(?:^|[\s\"'=\[,])-k(?=[\s=\"']|$)")),
+    ("-p no:", LazyPattern(r"-p\s*no:")),
+]
+
+
 def _no_suppression(change: Change) -> Result:
     result = Result(NO_SUPPRESSION, True)
     for f in change.files:
         if f.new_path is None:
             continue
         suffix = _suffix(f.new_path)
-        for label, pattern, suffixes in _MARKERS:
-            if suffix not in suffixes:
-                continue
+        name = f.new_path.rpartition("/")[2]
+        markers = [(label, pattern) for label, pattern, suffixes in _MARKERS if suffix in suffixes]
+        if name == "conftest.py":
+            markers += _CONFTEST_MARKERS
+        if name in _CONFIG_FILES:
+            markers += _CONFIG_MARKERS
+        for label, pattern in markers:
             more = _count(pattern, f.added) - _count(pattern, f.removed)
             if more > 0:
                 where = _first_line(f.new, pattern, f.added)
                 result.found.append(f"{f.new_path}{where} adds {label}" + (f" ({more} times)" if more > 1 else ""))
+        if suffix == "py":
+            result.found.extend(_aliased_skips(f))
         if is_test_file(f.new_path) or _has_rust_tests(f.new_path, f.new):
             result.found.extend(f"{f.new_path}: {what}" for what in _assertions_made_noop(f))
     result.passed = not result.found
     return result
+
+
+_SKIPS = frozenset({"pytest.skip", "pytest.xfail", "pytest.importorskip", "pytest.mark.skip", "pytest.mark.skipif",
+                    "pytest.mark.xfail", "unittest.skip", "unittest.skipIf", "unittest.skipUnless",
+                    "unittest.expectedFailure"})
+
+
+def _aliased_skips(f: _File) -> list[str]:
+    """A skip spelled through an alias (`import pytest as P`, `from pytest import skip`, `from
+    pytest import mark`), more of them after the change than before: the literal spellings are
+    `_MARKERS`' to find."""
+    after, before = _skip_uses(f.new), _skip_uses(f.old)
+    if len(after) <= len(before):
+        return []
+    line, what = after[0]
+    more = len(after) - len(before)
+    return [f"{f.new_path}:{line} adds a skip through an alias ({what})" + (f" ({more} times)" if more > 1 else "")]
+
+
+def _skip_uses(data: bytes | None) -> list[tuple[int, str]]:
+    if not data:
+        return []
+    try:
+        tree = ast.parse(data.decode("utf-8", "replace"))
+    except (SyntaxError, ValueError):
+        return []
+    modules: dict[str, str] = {}  # a local name -> the module it stands for, under another name
+    names: dict[str, str] = {}  # a local name -> the skip it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in ("pytest", "unittest") and alias.asname and alias.asname != alias.name:
+                    modules[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module in ("pytest", "unittest", "pytest.mark"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in _SKIPS:
+                    names[alias.asname or alias.name] = full
+                elif full == "pytest.mark":
+                    modules[alias.asname or alias.name] = full
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names:
+            uses.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            root, _, rest = dotted.partition(".") if dotted else ("", "", "")
+            if root in modules and f"{modules[root]}.{rest}" in _SKIPS:
+                uses.append((node.lineno, dotted))
+    return sorted(uses)
+
+
+def _dotted(node) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 def _count(pattern, lines: list[str]) -> int:

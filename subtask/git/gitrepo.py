@@ -43,6 +43,7 @@ class Repo:
     common_dir: Path
     config: Config
     _git: pygit2.Repository | None = field(default=None, repr=False)
+    opened_at: Path | None = None  # the folder it was found from (a command's working directory)
 
     @property
     def git(self) -> pygit2.Repository:
@@ -143,7 +144,8 @@ def open_repo(path: str | os.PathLike | None = None) -> Repo:
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
-    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)))
+    return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)),
+                opened_at=Path(start).resolve())
 
 
 _preload: threading.Thread | None = None
@@ -195,9 +197,26 @@ def resolve_commit(repo: Repo, rev: str) -> str:
         raise SubtaskError("usage", f"not a valid revision: {rev!r}")
     commit = repo.objects.commit_of(rev)
     if commit is None:
+        unborn = _unborn_branch(repo) if rev == "HEAD" else None
+        if unborn is not None:
+            raise unborn
         raise SubtaskError("fatal", f"unknown revision '{rev}': it names no commit in {repo.root}",
                            hint="git log --oneline -5")
     return commit
+
+
+def _unborn_branch(repo: Repo) -> SubtaskError | None:
+    """What to say when HEAD names a branch with no commits yet (a fresh `git init`, `checkout
+    --orphan`): there is nothing to start from, and `git log` would only repeat it."""
+    head = git(repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
+    if not head or repo.objects.ref(f"refs/heads/{head}") is not None:
+        return None
+    branches = git(repo.root, "for-each-ref", "--count=1", "--format=x", "refs/heads/", check=False)
+    if not branches.stdout.strip():
+        return SubtaskError("fatal", "this repository has no commits yet: a job starts from one",
+                            hint="make the first one: git add -A && git commit -m 'Initial commit'")
+    return SubtaskError("fatal", f"the current branch {head} has no commits yet: a job starts "
+                        "from a commit", hint=f"commit on {head} first, or give --base main")
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,

@@ -119,6 +119,7 @@ def status_line(job: Job) -> str:
 
 def list_entry(job: Job) -> dict:
     """The compact facts `list` needs, stored in the record commit message."""
+    from subtask.model import money
     from subtask.model.render import job_cost
 
     attempt = job.state.current
@@ -133,7 +134,7 @@ def list_entry(job: Job) -> dict:
         "ended": attempt.ended_at,
         "verify": None if verify is None else ("passed" if verify.passed else "failed"),
         **({"verified": verify.head} if verify is not None and verify.passed else {}),  # `list` tells a moved branch
-        "cost": job_cost(job),  # every attempt's, as `spend` counts them
+        "cost": money.to_json(job_cost(job)),  # every attempt's, as `spend` counts them
         "billing": attempt.cost.billing,
         **({"stalled": attempt.stalled} if attempt.stalled and not attempt.terminal else {}),
         "task": job.spec.task.strip().splitlines()[0][:100] if job.spec.task.strip() else "",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from subtask.model import checknames
 from subtask.model.errors import SubtaskError
 
-KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "checks", "amounts",
-         "clone-id", "bytes")
+KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "pattern", "checks",
+         "amounts", "clone-id", "bytes")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 TRUE_WORDS = FLAG_WORDS[:4]
 NAME = "<name>"  # in a row's key: any engine's name
@@ -71,6 +71,7 @@ class Setting:
             "path": "a path",
             "argv": "a JSON list of strings, the program first",
             "regex": "a regular expression with one group",
+            "pattern": "a regular expression",
             "checks": "checks separated by commas: no-test-deletion, no-suppression, paths=GLOB, "
                       "none",
             "amounts": "a JSON object of amounts >= 0",
@@ -81,8 +82,28 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {
     "engine": Setting("text",
-        "the engine a job runs with when `start` names none",
+        "the engine a job runs with when `start` names none (`auto`: chosen per job, see "
+        "`subtask.routing.*` and docs/engines.md)",
         shown="claude if usable", example="shell"),
+    "routing.engines": Setting("text",
+        "the engines `--engine auto` chooses from, in order of preference on a tie",
+        shown="every agent engine here (not shell)", example="'claude codex aider'"),
+    "routing.weightPass": Setting("number",
+        "`--engine auto`: points per unit of an engine's pass rate in this repository's records",
+        default="1", minimum=0),
+    "routing.weightCost": Setting("number",
+        "`--engine auto`: points taken per dollar of an engine's mean cost here",
+        default="0.2", minimum=0),
+    "routing.weightTime": Setting("number",
+        "`--engine auto`: points taken per minute of an engine's mean time here",
+        default="0.01", minimum=0),
+    "routing.weightRoom": Setting("number",
+        "`--engine auto`: points per unit of the share of an engine's `routing.<name>.maxRunning` "
+        "left",
+        default="0.1", minimum=0),
+    "routing.<name>.maxRunning": Setting("int",
+        "`--engine auto` passes over this engine while this many of its jobs run here",
+        minimum=1, example="2"),
     "maxRunning": Setting("int",
         "workers running at once (across all processes); more jobs queue",
         default="4", minimum=1),
@@ -106,6 +127,12 @@ SETTINGS: dict[str, Setting] = {
         "the verify command of a best-of group when `start` has no `--verify`",
         example="'pytest -q'"),
     "verifyTimeout": Setting("number", "seconds verify may run", default="600", minimum=1),
+    "verify.harness": Setting("text",
+        "what judges a verify, taken from a trusted tree (the base; the target's tip in `land`): "
+        "`default` (each ecosystem's tests and test configuration, the verify command's own "
+        "script), globs added to it (`default,ci/**`), or `none` (judged by its own tests). See "
+        "docs/verify.md",
+        default="default"),
     "git.checks": Setting("checks",
         "the checks on the diff every job with a verify runs before it (`none`: none); `start "
         "--check` adds to them. See docs/verify.md",
@@ -132,6 +159,11 @@ SETTINGS: dict[str, Setting] = {
     "sweepInterval": Setting("number",
         "seconds between the lazy landed-job sweeps inside other commands",
         default="30", minimum=0),
+    "notify": Setting("text",
+        "a command run (`sh -c`, unconfined: your own hook) once when a job ends, fails verify, "
+        "stalls or waits for a reply; `$SUBTASK_JOB_ID`, `$SUBTASK_EVENT`, `$SUBTASK_STATE`, "
+        "`$SUBTASK_REASON`, `$SUBTASK_SUMMARY` in its environment. See docs/engines.md",
+        example='\'notify-send "$SUBTASK_SUMMARY"\''),
     "setup": Setting("text",
         "a command run (`sh -c`, confined as the job) in each new worktree before the engine",
         example="'make deps'"),
@@ -194,13 +226,25 @@ SETTINGS: dict[str, Setting] = {
         "copy it to another clone)",
         shown="made at the first start"),
     "isolation": Setting("words",
-        "what the engine may write, kernel-enforced (Landlock for writes, a mount namespace for "
-        "metadata, a pid namespace so no child outlives the job). See docs/security.md",
+        "what the engine may see and write, kernel-enforced (a view of its own built from an "
+        "allowlist, Landlock for writes, a pid namespace so no child outlives the job). See "
+        "docs/security.md",
         shown="the engine's (`worktree` for shell and command)",
         words=("none", "worktree", "readonly")),
     "isolation.writable": Setting("path",
         "a path confined jobs may write too (`~` and `$VARS` expanded)",
         multi=True, example="~/.cache"),
+    "isolation.readable": Setting("path",
+        "a path a confined job's view shows read-only (`~` and `$VARS` expanded)",
+        multi=True, example="~/.config/pip"),
+    "isolation.socket": Setting("path",
+        "a host socket a confined job may connect to (recorded in the job's spec, shown in its "
+        "evidence); no other host socket is in its view",
+        multi=True, example="$SSH_AUTH_SOCK"),
+    "isolation.env": Setting("text",
+        "a variable passed to a confined job although it looks like a credential or names a host "
+        "socket",
+        multi=True, example="GITHUB_TOKEN"),
     "isolation.network": Setting("words",
         "`none`: a job's processes get a network namespace with only their own loopback "
         "(refused where it cannot be enforced)",
@@ -219,9 +263,21 @@ SETTINGS: dict[str, Setting] = {
         "finds a paid command engine's cost in its output (group 1, dollars; the last match "
         "counts)",
         example="'cost: \\$([0-9.]+)'", engine=NAME),
+    "engine.<name>.costSum": Setting("flag",
+        "add up every `costPattern` match instead of taking the last (an agent that prints each "
+        "step's cost: OpenCode)",
+        default="false", engine=NAME),
+    "engine.<name>.textPattern": Setting("regex",
+        "finds the agent's own words in its output (group 1, JSON escapes decoded): the summary "
+        "and the STATUS line are read from them (an agent that prints JSON lines)",
+        example=r"""'"text": *"((?:[^"\\]|\\.)*)"'""", engine=NAME),
     "engine.<name>.sessionPattern": Setting("regex",
         "finds a command engine's session id in its output (group 1)",
         example="'session: (\\S+)'", engine=NAME),
+    "engine.<name>.answerPattern": Setting("pattern",
+        "a line a command engine prints for every model answer: a run that printed none, and no "
+        "cost, is charged $0",
+        example="'^Tokens: '", engine=NAME),
     "engine.<name>.exclude": Setting("text",
         "a pathspec kept out of what the worker commits for this engine",
         multi=True, example="'.aider*'", engine=NAME),
@@ -347,6 +403,12 @@ def value_problem(key: str, raw: str) -> str | None:
             if re.compile(raw).groups >= 1:
                 return None
             return "has no group (the part in parentheses is read)"
+        except re.error as exc:
+            return f"is not a regular expression ({exc})"
+    if kind == "pattern":
+        try:
+            re.compile(raw)
+            return None
         except re.error as exc:
             return f"is not a regular expression ({exc})"
     if kind == "checks":
@@ -486,8 +548,14 @@ class Config:
     def __call__(self, key: str) -> str | None:
         return self.get(key)
 
+    def get_all(self, key: str) -> list[str]:
+        """Every value of `subtask.<key>` (one of `MULTI_VALUED`), e.g. `isolation.socket`."""
+        return self._read.every("subtask." + key) if isinstance(self._read, GitSettings) else (
+            [v for v in [self._read("subtask." + key)] if v is not None])
+
     def git(self, key: str) -> str | None:
-        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `gpg.*`)."""
+        """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `user.name`,
+        `user.email`, `gpg.*`)."""
         return self._read(key)
 
     def remember(self, key: str, value: str) -> None:
@@ -631,24 +699,39 @@ class GitSettings:
     def __call__(self, key: str) -> str | None:
         return self._values.get(_canonical(key))
 
+    def every(self, key: str) -> list[str]:
+        """Every value of a `MULTI_VALUED` key, in the order git gave them."""
+        kept = self._values.get(_ALL + _canonical(key))
+        return kept.split("\0") if kept is not None else []
+
     def all(self) -> dict[str, str]:
-        return self._values
+        return self._values  # `_ALL` keys too: a worker forked with them reads what we read
 
     def set(self, key: str, value: str) -> None:
         self._values[key] = value
 
 
 # Every `subtask.*` setting, and those git signs commits with (one process reads them all).
-SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.signingkey$")
+SETTINGS_ARGS = ("config", "-z", "--get-regexp", r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$")
+
+
+# Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.
+MULTI_VALUED = ("subtask.isolation.writable", "subtask.isolation.readable", "subtask.isolation.socket",
+                "subtask.isolation.env")
+_ALL = "\0all:"  # the prefix of the key under which a multi-valued key's values are kept, NUL-separated
 
 
 def parse_settings(out: bytes) -> dict[str, str]:
-    """`git config -z --get-regexp` output as {key: last value}."""
-    values = {}
+    """`git config -z --get-regexp` output as {key: last value} (and every value of a
+    `MULTI_VALUED` key under `_ALL` + key)."""
+    values: dict[str, str] = {}
     for item in out.decode("utf-8", "surrogateescape").split("\0"):
         key, _, value = item.partition("\n")
         if key:
             values[key] = value
+            if key in MULTI_VALUED:
+                kept = values.get(_ALL + key)
+                values[_ALL + key] = value if kept is None else kept + "\0" + value
     return values
 
 

@@ -57,32 +57,102 @@ def from_os_error(exc: OSError) -> SubtaskError | None:
 
 
 INTERRUPTED: list[int] = []  # a Ctrl-C arrived: what fails after it is its consequence, not a bug to report
+_IGNORING: list[str] = []  # why a Ctrl-C now changes nothing: an undo under way, the command over
+_AGAIN: list[bool] = []  # the first one's KeyboardInterrupt was swallowed: raise it again
+_HOOK: dict = {}  # the unraisable hook `_swallowed` replaced, and the main thread's id
 
 
 def _interrupted(signum, frame) -> None:
-    import _signal
-
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    if _IGNORING or (INTERRUPTED and not _AGAIN):
+        return
+    if frame is not None and frame.f_code in (_swallowed.__code__, _interrupt_main_soon.__code__):
+        _interrupt_main_soon()  # not inside the hook, which would swallow it: once out of it
+        return
+    _AGAIN.clear()
     INTERRUPTED.append(signum)
+    _block_sigint()  # the children we start while unwinding ignore the second one, as we do
     raise KeyboardInterrupt
 
 
+def _block_sigint():
+    """Block SIGINT in this thread and return the mask it had. Blocked, never SIG_IGN: a SIGINT
+    caught while the disposition changes is reported by Python as `OSError: Signal 2 ignored due
+    to race condition`, a traceback (issue 38). A blocked one waits, and is dropped at exit."""
+    import _signal
+
+    return _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+
+
 def interrupt_once() -> None:
-    """SIGINT raises KeyboardInterrupt once; later ones are ignored while the command unwinds.
+    """SIGINT raises KeyboardInterrupt once; later ones change nothing while the command unwinds.
 
     A Ctrl-C reaches `git-subtask` twice: from the terminal, and again from `git`, which passes
     the signal on to the command it runs. The second KeyboardInterrupt landed in the unwinding of
     the first (a `with lock:` in `queue.get`, an `Event.set`, the handling of SystemExit) and came
     out as a traceback, a death by SIGINT instead of exit 130, or `RuntimeError: release unlocked
-    lock`. Main thread only (the only one that may set handlers); `_signal`, not `signal`: the
-    console script calls this before it imports anything.
+    lock`. The handler stays installed until the process ends (see `_block_sigint` for why it never
+    switches to SIG_IGN). Main thread only (the only one that may set handlers); `_signal`, not
+    `signal`: the console script calls this before it imports anything.
     """
     import _signal
+    import _thread
+    import sys
 
     try:
         _signal.signal(_signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread: its Ctrl-C is not ours to handle
-        pass
+        return
+    if sys.unraisablehook is not _swallowed:
+        _HOOK.update(previous=sys.unraisablehook, main=_thread.get_ident())
+        sys.unraisablehook = _swallowed
+
+
+def _swallowed(unraisable) -> None:
+    """Python swallows an exception raised where nothing can catch it (a weakref callback, a
+    `__del__`) and prints "Exception ignored in": our KeyboardInterrupt landed there (importlib's
+    module-lock callback, measured), so the command went on waiting and ignored every later
+    Ctrl-C. Say nothing, and interrupt the main thread again where it can unwind."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and INTERRUPTED and not _IGNORING:
+        _AGAIN.append(True)
+        _interrupt_main_soon()
+        return
+    _HOOK["previous"](unraisable)
+
+
+def _interrupt_main_soon() -> None:
+    """A SIGINT to the main thread (this one), sent from another thread: it is handled once the
+    hook has returned (else sent again), and it wakes a main thread blocked in a lock or a system
+    call, which `_thread.interrupt_main` would not."""
+    import _signal
+    import _thread
+
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
+    _thread.start_new_thread(_signal.pthread_kill, (_HOOK["main"], _signal.SIGINT))
+
+
+def command_over() -> None:
+    """The command has ended (or was interrupted): a Ctrl-C from here to the process's exit
+    changes nothing, in the main thread or any other one that receives it."""
+    _IGNORING.append("over")
+    _block_sigint()
+
+
+def exit_if_interrupted() -> None:
+    """End an interrupted command here (exit 130), its unwinding done, without Python's
+    finalization: that puts SIGINT back to its default while it tears the modules down, so git's
+    copy of the Ctrl-C, caught there by another thread (`wait`'s watchers), killed the process
+    instead of letting it exit 130."""
+    if not INTERRUPTED:
+        return
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 def fatal(message: str, hint: str | None = None) -> SubtaskError:
@@ -91,15 +161,18 @@ def fatal(message: str, hint: str | None = None) -> SubtaskError:
 
 def undo_uninterrupted(steps: list, then=None) -> None:
     """Undo a half-done operation: run `steps` last first, each one's failure ignored (the rest
-    must still run), then `then`. A second Ctrl-C must not interrupt the undo, so SIGINT is held
-    off meanwhile, in the main thread only (the only one that may set handlers: the MCP server
-    runs operations in other threads)."""
+    must still run), then `then`. A Ctrl-C must not interrupt the undo, nor the git it runs (a
+    terminal's Ctrl-C reaches the whole process group): in the main thread (the only one signals
+    are handled in: the MCP server runs operations in other threads) SIGINT is blocked meanwhile,
+    so the children inherit it blocked, and one that arrives meanwhile is dropped, as it was when
+    this was SIG_IGN."""
     import signal
     import threading
 
     main = threading.current_thread() is threading.main_thread()
     if main:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _IGNORING.append("undo")  # one caught before the block: our handler must not raise here
+        mask = _block_sigint()
     try:
         for step in reversed(steps):
             try:
@@ -110,4 +183,7 @@ def undo_uninterrupted(steps: list, then=None) -> None:
             then()
     finally:
         if main:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if signal.SIGINT not in mask:
+                signal.sigtimedwait({signal.SIGINT}, 0)  # drop the one that came meanwhile
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            _IGNORING.remove("undo")

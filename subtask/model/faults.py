@@ -6,7 +6,10 @@ or stop a process at exactly that step. `SUBTASK_FAULT_HOLD=<point>:<path>` crea
 `<path>.reached` there and waits until `<path>` exists, so a test can run another command at
 exactly that step without depending on timing.
 
-Points: after_admit, after_reserve, after_branch, after_record, before_spawn, recording_worker_pid (start);
+Points: cli_start (the console script, its Ctrl-C handler set, the CLI not yet imported),
+cli_dispatch (the CLI loaded, the command not yet parsed), cli_end (the command over, before the
+process exits);
+after_admit, after_reserve, after_branch, after_record, before_spawn, recording_worker_pid (start);
 worker_start, before_files_checkout (the worktree registered, its files not yet written), after_checkout, after_engine, after_verify, before_final_record,
 after_final_record (worker); after_retry_reserved (a verify loop's retry: its slot entry renamed,
 its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck (cleanup, cleanup

@@ -18,7 +18,9 @@ import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 
+from subtask.model import money
 from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
@@ -77,6 +79,8 @@ class _Record:
             value = getattr(self, f.name)
             if isinstance(value, _Record):
                 value = value.to_dict()
+            elif isinstance(value, Decimal):  # money: the exact amount as a JSON number
+                value = money.to_json(value)
             elif isinstance(value, list):
                 value = [v.to_dict() if isinstance(v, _Record) else v for v in value]
             out[f.name] = value
@@ -120,7 +124,7 @@ class JobSpec(_Record):
     verify: str | None = None
     verify_timeout: float = 600.0
     timeout: float | None = None
-    max_usd: float | None = None
+    max_usd: Decimal | None = None
     max_turns: int | None = None
     model: str | None = None
     readonly: bool = False
@@ -129,6 +133,9 @@ class JobSpec(_Record):
     isolation: str = "none"  # none | worktree | readonly: what the engine may write (subtask/isolation.py)
     isolation_source: str = ""  # flag | config | default (a default that fell back says why)
     network: str = "allow"  # allow | none: `subtask.isolation.network` when the job started
+    # Host sockets a confined job may connect to, granted by name (`subtask.isolation.socket`) when
+    # it started (None: none; an unconfined job reaches every socket its user can).
+    sockets: list[str] | None = None
     group: str | None = None  # the best-of-N group this job is a member of (subtask/groups.py)
     member: int | None = None  # its place in that group, 1..N (exported as SUBTASK_GROUP_MEMBER)
     clone: str | None = None  # the clone that started it (`subtask.cloneId`; subtask/ownership.py)
@@ -136,6 +143,10 @@ class JobSpec(_Record):
     # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
     retries: int = 0
     checks: list[str] | None = None
+    # What judges its verify (subtask/git/harness.py): `default` and globs, taken from a trusted
+    # tree when verify runs; [] when it is judged by its own tests (`--harness job`); None: a
+    # record from before the harness, judged as `default` is.
+    harness: list[str] | None = None
     # Orchestration (subtask/plans.py). `after`: the jobs and groups it waits for (whole ids); its
     # `base` is then written once, when it leaves `waiting` (the only change a spec ever sees).
     after: list[str] | None = None
@@ -145,9 +156,11 @@ class JobSpec(_Record):
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
+        if key == "max_usd":
+            return money.money_or_none(value)
         if key == "retries":
             return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 5 else 0
-        if key == "checks":
+        if key in ("checks", "harness", "sockets"):
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
         if key == "after" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return None  # damaged or foreign: waits for nothing
@@ -170,21 +183,43 @@ class VerifyResult(_Record):
     checks_failed: list[str] | None = None
     # Passed and failed tests as the runner's summary in the output says (`claims.test_counts`).
     tests: dict[str, int] | None = None
+    # What judged it (subtask/ops/overlay.py): {"source": base | target | job, "commit", "ref",
+    # "tree" (what it ran on: the head's with the trusted harness in place), "unused" (the
+    # job's harness changes not used), "own" (its own tests, run apart: passed, exit_code, ...)}.
+    harness: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        if key == "harness" and not isinstance(value, dict):
+            return None  # damaged or foreign: read as absent
+        return value
 
 
 @dataclass
 class Cost(_Record):
-    reserved: float = 0.0
-    observed: float | None = None  # what the engine reported
-    charged: float | None = None  # what the ledger closed at
+    """An attempt's money, in exact dollars (`subtask.model.money`; JSON numbers on disk)."""
+
+    reserved: Decimal = money.ZERO
+    observed: Decimal | None = None  # what the engine reported
+    charged: Decimal | None = None  # what the ledger closed at
     # reserved (a paid attempt not ended yet) | free | observed | charged (unknown cost: whole
-    # reservation) | not_started | not_billed (stalled, and the engine never reported a model answer)
+    # reservation) | not_started | not_billed (the engine saw no model answer and knows no cost)
     billing: str = "free"
     # Taken off what the engine's session figures showed for this attempt: what earlier attempts of
     # the same session were charged without a figure of their own (docs/engines.md "Resumed sessions").
-    credit: float | None = None
+    credit: Decimal | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, key: str, value: Any) -> Any:
+        # A record is input: an amount is read to the micro-dollar (float noise written by
+        # earlier versions included); anything that is not an amount reads as absent.
+        if key == "reserved":
+            return money.money_or_none(value) or money.ZERO
+        if key in ("observed", "charged", "credit"):
+            return money.money_or_none(value)
+        return value
 
 
 @dataclass
@@ -209,7 +244,7 @@ class Attempt(_Record):
     head: str | None = None
     verify: VerifyResult | None = None
     timeout: float | None = None
-    max_usd: float | None = None
+    max_usd: Decimal | None = None
     # What the engine reported for its whole session at the end of this attempt (a resumed session
     # reports running totals): {"session_id", "cost_usd", "tokens"}; the next attempt's own share is
     # the difference (engines/base.py `Baseline`).
@@ -235,7 +270,9 @@ class Attempt(_Record):
         if key == "retry":
             return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
         if key == "cost":
-            return Cost.from_dict(value)
+            return Cost.from_dict(value if isinstance(value, dict) else None)
+        if key == "max_usd":
+            return money.money_or_none(value)
         if key == "verify" and value is not None:
             return VerifyResult.from_dict(value)
         return value

@@ -72,6 +72,12 @@ _PREFIXED = [
                r"(?!\[REDACTED\])[^\s\"'][^\n\"']{5,4096}"),
     # Credentials in URLs: scheme://user:password@host.
     re.compile(r"(://[^/\s:@]{1,256}:)[^/\s@]{1,256}(?=@)"),
+    # `.netrc`'s `password X` (no `=`): after `machine`/`login`/`account NAME` or `default` on its
+    # line, or alone on a line with its value (the file spread over lines). Prose ("your login
+    # name and password") has neither shape.
+    re.compile(r"(?im)(^[ \t]*(?:(?:(?:machine|login|account)[ \t]+\S{1,256}[ \t]+|default[ \t]+){1,8}"
+               r"password[ \t]+(?!\[REDACTED\])|password[ \t]+(?!\[REDACTED\])"
+               r"(?=\S{1,4096}[ \t]*(?:$|(?:machine|login|account|default)[ \t]))))\S{1,4096}"),
 ]
 
 # -- assignments: name kept, value replaced ------------------------------------------------------
@@ -110,9 +116,10 @@ def _redact_assignment(match: re.Match[str]) -> str:
 
 # -- environment values ---------------------------------------------------------------------------
 
-# AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep.
-_SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)",
-                              re.IGNORECASE)
+# AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep. A socket's
+# path is not a secret either (SSH_AUTH_SOCK): a confined job's evidence names the one it tried.
+_SECRET_ENV_NAME = re.compile(
+    r"^(?!.*_SOCK(?:ET)?$).*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR))", re.IGNORECASE)
 _MIN_ENV_VALUE = 8
 
 
@@ -145,7 +152,7 @@ def _env_redactor(env: Mapping[str, str] | None) -> re.Pattern[str] | None:
 # sensitive needles for _TOKENS, lower-case ones (tested on the lowered text) for the rest.
 _TOKEN_NEEDLES = (("-----BEGIN",), ("-----BEGIN",), ("sk-",), ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), ("github_pat_",), ("AKIA", "ASIA"),
                   ("AIza",), ("xox",), ("eyJ",))
-_PREFIXED_NEEDLES = (("hooks.slack.com",), ("bearer",), ("authorization",), ("://",))
+_PREFIXED_NEEDLES = (("hooks.slack.com",), ("bearer",), ("authorization",), ("://",), ("password",))
 _ASSIGNMENT_NEEDLES = ("pass", "token", "secret", "api", "access", "private", "credential")
 
 

@@ -16,11 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
+from decimal import Decimal
 
-from subtask.model.job import placement, ray_job_id
+from subtask.model import money as _money
+from subtask.model.job import ACTIVE, TERMINAL, placement, ray_job_id
 
 # C0 controls but newline and tab, DEL, C1 controls, and the bidi marks, embeddings, overrides and
 # isolates (and the line/paragraph separators some terminals break lines at).
@@ -52,6 +53,7 @@ def safe_line(text: str) -> str:
 def json_text(obj, **options) -> str:
     """JSON with the exact values, and no raw control character for a terminal to obey: json
     escapes C0 itself; C1 and bidi characters, legal raw in JSON, are escaped too."""
+    options.setdefault("default", _money.json_default)  # an amount as its exact JSON number
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **options))
 
 
@@ -74,18 +76,21 @@ def duration(seconds: float | None) -> str:
     return f"{hours // 24}d"
 
 
-def money(usd: float | None) -> str:
-    return "-" if usd is None else f"${usd:.2f}"
+def money(usd) -> str:
+    """An amount exactly (`subtask.model.money.text`): $0.27, $0.135; "-" for none."""
+    return _money.text(usd)
 
 
-def size(n: int | float) -> str:
-    """Bytes as a person reads them: 512 B, 12.3 KiB, 2.0 GiB."""
-    unit = "B"
-    for bigger in ("KiB", "MiB", "GiB"):
-        if n < 1024:
-            break
-        n, unit = n / 1024, bigger
-    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def size(n: int | None) -> str:
+    """Bytes for a person: `0 B`, `812 B`, `4.0 KiB`, `1.2 MiB`, `15.3 GiB` (None: `-`)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 def short(sha: str | None) -> str:
@@ -103,15 +108,16 @@ def verify_word(verify) -> str:
     return "verify passed" if verify.passed else "verify failed"
 
 
-def attempt_cost(attempt) -> float | None:
+def attempt_cost(attempt) -> Decimal | None:
     cost = attempt.cost
     return cost.charged if cost.charged is not None else cost.observed
 
 
-def job_cost(job) -> float | None:
-    """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet)."""
-    costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if isinstance(c, (int, float))]
-    return math.fsum(costs) if costs else None
+def job_cost(job) -> Decimal | None:
+    """What the job cost over all its attempts, as `spend` counts it (None: nothing known yet):
+    exactly the sum of the attempts' amounts, so the rows shown add up to it."""
+    costs = [c for c in (attempt_cost(a) for a in job.state.attempts) if c is not None]
+    return _money.total(costs) if costs else None
 
 
 def stall_facts(attempt) -> dict | None:
@@ -137,6 +143,53 @@ def stalled_text(attempt) -> str:
     return f"stalled: no event from the engine for {duration(silent)}"
 
 
+def activity_text(event: dict) -> str | None:
+    """What an event of a job's events file says it did ("running: pytest -q"); None: nothing to say."""
+    kind = event.get("type")
+    if kind == "stalled":  # silent since `since`; `after` is the threshold, never the time silent
+        since, after = event.get("since"), event.get("after")
+        silent = f" for {duration(time.time() - since)}" if isinstance(since, (int, float)) else ""
+        return (f"stalled: no event from the engine{silent}"
+                + (f" (stallAfter {after:g}s)" if isinstance(after, (int, float)) else ""))
+    if kind == "command":
+        return f"running: {event.get('command')}"
+    if kind == "tool":
+        return f"tool: {event.get('name')}"
+    if kind in ("text", "output"):
+        text = (event.get("text") or "").strip()
+        return text.splitlines()[-1] if text else None
+    if kind == "state" and event.get("state") == "retrying":  # the verify loop (docs/verify.md)
+        return f"retrying as attempt {event.get('attempt')}: {event.get('why')}"
+    if kind == "state":
+        return str(event.get("state")) + (f": {event['command']}" if event.get("command") else "")
+    return None
+
+
+def event_line(event: dict) -> str:
+    """One line of `wait --since`: `st-1a2b3c4d 14:02:07 attempt 1 done · verify passed`."""
+    kind, t = event.get("type"), event.get("t")
+    when = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
+    if kind == "state" and event.get("state") in (*ACTIVE, *TERMINAL):
+        words = f"attempt {event.get('attempt')} {event.get('state')}"
+        if event.get("verify"):
+            words += f" · verify {event['verify']}"
+        if event.get("reason"):
+            words += f": {event['reason']}"
+    elif kind == "stalled":
+        after = event.get("after")
+        words = "stalled: no event from the engine" + (f" for {after:g}s" if isinstance(after, (int, float)) else "")
+    elif kind == "stall_ended":
+        words = "no longer stalled: the engine spoke again"
+    elif kind == "isolation":
+        words = f"isolation {event.get('mode')}" + (f": refused {event['refused']}" if event.get("refused") else "")
+    else:
+        text = event.get("text")
+        words = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
+        words = words if words is not None else f"{kind}: " + json.dumps(
+            {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
+    return safe_line(f"{event.get('job', '')} {when} {words}".strip())
+
+
 def one_line(job, position: int | None = None) -> str:
     """`st-1a2b3c4d done · verify passed · $0.00 · 3.2s · shell · echo hi` — the job in one line."""
     attempt = job.state.current
@@ -152,7 +205,7 @@ def one_line(job, position: int | None = None) -> str:
     elif attempt.state in ("done", "failed", "stopped"):
         parts.append(verify_word(attempt.verify))
         if attempt.error_kind and attempt.state == "failed":
-            parts.append(attempt.error_kind)
+            parts.append(error_words(attempt))
         parts.append(money(job_cost(job)))
         if attempt.started_at and attempt.ended_at:
             parts.append(duration(attempt.ended_at - attempt.started_at))
@@ -161,6 +214,14 @@ def one_line(job, position: int | None = None) -> str:
         parts.append(f"attempt {attempt.n}")
     parts.append(task_title(job.spec.task))
     return safe_line(" · ".join(parts))
+
+
+def error_words(attempt) -> str:
+    """The kind of a failed attempt, in words: which checks failed (`check no-suppression failed`),
+    not the bare kind `check`."""
+    verify = attempt.verify if attempt.error_kind == "check" else None
+    failed = verify.checks_failed if verify is not None else None
+    return f"check {', '.join(failed)} failed" if failed else attempt.error_kind
 
 
 def after_text(job) -> str:
@@ -195,6 +256,38 @@ def started_line(job, position: int) -> str:
     return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
+def left_out_lines(left_out) -> list[str]:
+    """`start`'s notes: one line for each thing of the caller's checkout the job will not see
+    (`git/leftout.LeftOut`: its uncommitted changes, the subfolder it stood in, the base's
+    submodules)."""
+    if left_out is None:
+        return []
+    lines = []
+    if changed := left_out.uncommitted:
+        n = len(changed)
+        lines.append(f"note: {_count(n, 'uncommitted change')} here {'is' if n == 1 else 'are'} "
+                     f"not in the job ({_some(changed)}): it starts from {short(left_out.base)}")
+    if left_out.subfolder:
+        lines.append(f"note: started in {left_out.subfolder}: the job runs at the top of the "
+                     "repository (paths in the task are read from there)")
+    if subs := left_out.submodules:
+        empty = "an empty folder" if len(subs) == 1 else "empty folders"
+        lines.append(f"note: the base has {_count(len(subs), 'submodule')} the job's worktree does "
+                     f"not check out ({_some(subs)}): the job sees {empty} there")
+    return [safe_line(line) for line in lines]
+
+
+def _count(n: int, word: str) -> str:
+    """`1 commit`, `2 commits`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """`a, b, c, and 2 more`."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f", and {more} more" if more > 0 else "")
+
+
 def status_line(job, position: int | None = None, activity: str | None = None, marks: dict | None = None) -> str:
     """One job now: its one-line status, plus what it is doing when it is still active, and
     `marks_text` (a stale base, jobs that change the same files)."""
@@ -210,9 +303,13 @@ def marks_text(marks: dict | None) -> str:
     if not marks:
         return ""
     parts = [f"base: {marks['behind']} behind {marks.get('target')}"] if marks.get("behind") else []
-    for other, files in (marks.get("overlaps") or {}).items():
+    overlaps = marks.get("overlaps") or {}
+    if overlaps:  # once per row: the first job, how many more, the files they share
+        others = list(overlaps)
+        files = sorted({f for named in overlaps.values() for f in named})
         shown = ", ".join(files[:3]) + (" …" if len(files) > 3 else "")
-        parts.append(f"same file{'' if len(files) == 1 else 's'} as {other}: {shown}")
+        more = f" and {_count(len(others) - 1, 'other')}" if len(others) > 1 else ""
+        parts.append(f"same file{'' if len(files) == 1 else 's'} as {others[0]}{more}: {shown}")
     return " · ".join(parts)
 
 
@@ -229,8 +326,15 @@ def list_line(entry: dict, position: int | None = None, now: float | None = None
     cost = money(entry.get("cost"))
     task = task_title(entry.get("task") or "", 50)
     marks = marks_text(entry.get("marks"))
-    return safe_line(f"{entry.get('id', '?'):<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  "
-                     f"{entry.get('engine', '?'):<6}  {task}" + (f"  ({marks})" if marks else ""))
+    return list_row(entry.get("id", "?"), state, verify, age, cost, entry.get("engine", "?"),
+                    task + (f"  ({marks})" if marks else ""))
+
+
+def list_row(ident: str, state: str, verify: str, age: str, cost: str, engine: str,
+             text: str) -> str:
+    """A row of `list` in its columns (`LIST_HEADER`): a job's, or a group's."""
+    return safe_line(f"{ident:<11}  {state:<10}  {verify:<7}  {age:>6}  {cost:>6}  {engine:<6}  "
+                     f"{text}")
 
 
 LIST_HEADER = f"{'ID':<11}  {'STATE':<10}  {'VERIFY':<7}  {'AGE':>6}  {'COST':>6}  {'ENGINE':<6}  TASK"
@@ -264,10 +368,16 @@ def isolation_line(evidence) -> str | None:
     parts = []
     if iso:
         mode = iso.get("mode", "none")
-        parts.append(mode if mode == "none" else f"{mode} ({iso.get('enforced_by', '?')})")
-        refused = iso.get("refused") or []
+        own = iso.get("engine_sandbox")  # codex's own, when ours was not used
+        if mode != "none":
+            parts.append(f"{mode} ({iso.get('enforced_by', '?')})")
+        else:
+            parts.append(f"none ({own} sandbox)" if own else mode)
+        refused, claimed = iso.get("refused") or [], iso.get("claimed") or []
         if refused:
-            parts.append(f"{len(refused)} refused access{'' if len(refused) == 1 else 'es'} in the output")
+            parts.append(f"{len(refused)} access{'' if len(refused) == 1 else 'es'} refused by its view")
+        if claimed:
+            parts.append(f"{len(claimed)} refusal{'' if len(claimed) == 1 else 's'} claimed in the output")
     if main is not None:
         if main.get("changed"):
             paths = main.get("paths") or []
@@ -287,6 +397,45 @@ def verify_line(verify) -> str:
         text = f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}"
     if verify.checks_failed:
         text += " · check " + ", ".join(verify.checks_failed) + " failed"
+    return safe_line(text)
+
+
+JUDGES = {"base": "the base", "target": "the target"}
+
+
+def judge_line(verify) -> str | None:
+    """Who judged a verify, in one line (show, result, the note): `tests from the base 1a2b3c4 ·
+    not used, the job's: tests/test_x.py · its own tests: failed (exit 1)`; `judged by its own
+    tests` for a job started with `--harness job`; None for a record from before the harness."""
+    facts = getattr(verify, "harness", None) if verify is not None else None
+    if not isinstance(facts, dict):
+        return None
+    source = facts.get("source")
+    if source == "job":
+        return "judged by its own tests (--harness job)"
+    commit = short(facts.get("commit") if isinstance(facts.get("commit"), str) else None)
+    ref = facts.get("ref")
+    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{JUDGES.get(source, str(source))} {commit}"
+    text = f"tests from {where}"
+    unused = [str(u) for u in facts.get("unused") or [] if isinstance(u, str)]
+    more = facts.get("unused_more") if isinstance(facts.get("unused_more"), int) else 0
+    if isinstance(facts.get("error"), str):
+        text += f" · not run: {facts['error']}"
+    elif facts.get("files") == 0 and not unused:
+        text = f"{where} holds no tests or test configuration: the command alone judged it"
+    elif unused:
+        rest = len(unused) - 3 + more
+        text += " · not used, the job's: " + ", ".join(unused[:3]) + (f" (+{rest} more)" if rest > 0 else "")
+        if isinstance(facts.get("tree"), str):  # the job's code with the trusted tests: a tree of its own
+            text += f" · ran on tree {short(facts['tree'])}"
+    else:
+        text += " · the job changed none of them"
+    own = facts.get("own")
+    if isinstance(own, dict):
+        if own.get("passed") is True:
+            text += " · its own tests: passed"
+        else:
+            text += " · its own tests: " + ("timed out" if own.get("timed_out") else f"failed (exit {own.get('exit_code')})")
     return safe_line(text)
 
 
@@ -374,11 +523,11 @@ def cost_line(attempt) -> str:
     if attempt.rid and not attempt.terminal:
         return f"{money(cost.reserved)} reserved"
     if cost.billing in ("free", "reserved"):
-        return f"{money(cost.charged or 0.0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
+        return f"{money(cost.charged or 0)} (reservation released)" if attempt.rid else "$0.00 (free engine)"
     if cost.billing == "not_started":
         return "$0.00 (the engine never started: nothing spent)"
     if cost.billing == "not_billed":
-        return "$0.00 (stalled, and the model never answered: nothing billed)"
+        return "$0.00 (the model never answered: nothing billed)"
     if cost.billing == "charged":
         return f"{money(cost.charged)} charged (cost unknown: whole reservation)"
     text = f"{money(cost.charged if cost.charged is not None else cost.observed)} observed"
@@ -429,11 +578,17 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         head += f" ({attempt.outcome})"
     head += f" · {verify_word(attempt.verify)} · {money(job_cost(job))} · {duration(elapsed)}"
     lines = [head, f"task:    {task_title(job.spec.task, 100)}", f"engine:  {engine_line(job)}"]
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing: {routed}")
     if attempt.retry:  # the verify loop's: its message is the task again, or what verify said
         lines.append(f"attempt: {attempt.n} (retry {attempt.retry} of {job.spec.retries}, while verify failed)")
     elif attempt.n > 1:
         lines.append(f"attempt: {attempt.n}: {task_title(attempt.message, 90)}")
     lines.append(f"verify:  {verify_line(attempt.verify)}")
+    judged = judge_line(attempt.verify)
+    if judged:
+        lines.append(f"judge:   {judged}")
     lines.append(f"cost:    {cost_line(attempt)}" + (f" · job {money(job_cost(job))} over {attempt.n} attempts"
                                                       if attempt.n > 1 else ""))
     if attempt.stalled:
@@ -474,6 +629,33 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
         lines.append(f"group:   {group_place_line(job.state.group_place)}")
     lines.append(f"more:    git subtask show {job.id} · git subtask diff {job.id}")
     return safe("\n".join(lines))
+
+
+def routing_text(routed) -> str | None:
+    """What `--engine auto` chose and why, from the record's `spec.routing`: `auto chose aider
+    (score 0.85: pass 0.75, $0.00, 0.1 min, room 1.00); over codex 0.41, claude (authenticated:
+    no credentials)`."""
+    if not isinstance(routed, dict) or not isinstance(routed.get("chosen"), str):
+        return None
+    terms = routed.get("terms") if isinstance(routed.get("terms"), dict) else {}
+
+    def value(term: str) -> float | None:
+        found = terms.get(term)
+        return found.get("value") if isinstance(found, dict) and isinstance(found.get("value"), (int, float)) else None
+
+    said = [f"pass {value('pass'):.2f}" if value("pass") is not None else None,
+            f"${value('cost'):.2f}" if value("cost") is not None else None,
+            f"{value('time'):.1f} min" if value("time") is not None else None,
+            f"room {value('room'):.2f}" if value("room") is not None else None]
+    score = routed.get("score")
+    text = f"auto chose {routed['chosen']} (score {score:.2f}" if isinstance(score, (int, float)) else \
+        f"auto chose {routed['chosen']} ("
+    text += ": " + ", ".join(w for w in said if w) + ")"
+    others = routed.get("others") if isinstance(routed.get("others"), dict) else {}
+    if others:
+        text += "; over " + ", ".join(f"{name} {why:.2f}" if isinstance(why, (int, float)) else f"{name} ({why})"
+                                      for name, why in others.items())
+    return safe_line(text)
 
 
 def landing_line(entry) -> str:
@@ -541,6 +723,9 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
     if attempt.verify is not None and not attempt.verify.passed:
         lines.append(f"verify: {verify_line(attempt.verify)}")
         lines.extend(verify_tail(attempt.verify))
+    judged = judge_line(attempt.verify)
+    if judged:
+        lines.append(f"judge: {judged}")
     if len(job.state.attempts) > 1:
         lines.append("attempts: " + " | ".join(attempt_brief(a) for a in job.state.attempts))
     best = best_line(job)
@@ -554,7 +739,7 @@ def result_text(job, full: bool = False, moved: str | None = None) -> str:
         refused = (job.evidence.isolation or {}).get("refused") or []
         if refused:
             lines.append(f"isolation {job.evidence.isolation.get('mode')} refused (see git subtask show {job.id}):")
-            lines.extend("  " + line for line in refused[:3])
+            lines.extend("  " + safe_line(line) for line in refused[:3])
     text = job.summary.strip() if full else summary_lines(job.summary)
     if text:
         lines.append(text)
@@ -604,6 +789,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     lines = [one_line(job, position), *moved_line(job, moved), ""]
     lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + _indent(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
+    routed = routing_text(job.spec.extra.get("routing"))
+    if routed:
+        lines.append(f"routing:   {routed}")
     lines.append(f"base:      {short(spec.base)} ({spec.base_ref})" if job.state.current.state != "waiting" else
                  "base:      the head of what it waits for, once that ended")
     waiting = job.state.current.state == "waiting"
@@ -654,6 +842,9 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
         if attempt.verify:
             lines.append(f"  verify:  {verify_line(attempt.verify)}")
             lines.extend(verify_tail(attempt.verify, prefix="    "))
+            judged = judge_line(attempt.verify)
+            if judged:
+                lines.append(f"  judge:   {judged}")
         if tokens_text(attempt.tokens):
             lines.append(f"  tokens:  {tokens_text(attempt.tokens)}")
         if attempt.session_id:
@@ -687,8 +878,17 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
                 lines.append(safe_line(f"  writable devices: {', '.join(devices)}"))
             for path in iso.get("missing", []):
                 lines.append(safe_line(f"  not granted (missing): {path}"))
+            for path in iso.get("sockets") or []:
+                lines.append(safe_line(f"  socket: {path} (subtask.isolation.socket)"))
+            readable = [g.get("path") for g in iso.get("readable") or [] if g.get("why") not in ("system", "tools", "git dir")]
+            if readable:
+                lines.append(safe_line(f"  readable: {', '.join(str(p) for p in readable)}"))
+            if iso.get("env_withheld"):
+                lines.append(safe_line(f"  environment withheld: {', '.join(iso['env_withheld'])}"))
             for line in iso.get("refused", []):
                 lines.append(safe_line(f"  refused: {line}"))
+            for line in iso.get("claimed") or []:
+                lines.append(safe_line(f"  claimed in its output: {line}"))
     if job.summary.strip():
         lines.append("summary:")
         lines.append(_indent(summary_lines(job.summary)))

@@ -60,8 +60,9 @@ class StartRequest:
 
     task: str = _option(str, "what the engine should do (for the shell engine: a bash script)", "", argument=True)
     engine: str | list[str] | None = _option(
-        str, "shell, claude, codex, or a configured command engine (default: git config subtask.engine, else "
-        "claude); with {best_of}: several, cycled over the attempts", short="-e", names=True)
+        str, "shell, claude, codex, a configured command engine, or auto: the best one here by its record "
+        "(git subtask routing explain) (default: git config subtask.engine, else claude); with {best_of}: several, "
+        "cycled over the attempts", short="-e", names=True)
     base: str = _option(str, "commit or branch the job starts from", "HEAD", short="-b", show_default=True)
     verify: str | None = _option(str, "command run with sh -c (POSIX sh, not bash) in the worktree on the job's "
                                  "final commit; exit 0 = passed")
@@ -86,6 +87,12 @@ class StartRequest:
                                       "subtask.git.checks (default no-test-deletion,no-suppression when there is a "
                                       "verify); none drops the checks named before it", metavar="CHECK",
                                       multiple=True)
+    harness: list[str] | None = _option(str, "what judges {verify} (repeatable): the tests, test configuration and "
+                                        "verify script are taken from the base when verify runs, never from the "
+                                        "job (git config subtask.verify.harness, default: each ecosystem's test "
+                                        "files); a GLOB adds files to it; job: judged by its own tests (a task that "
+                                        "changes tests), and drops what was named before it", metavar="GLOB",
+                                        multiple=True)
     best_of: int | None = _option(int, "start a group of N attempts (2-8) at the task and pick the best by "
                                   "{verify}; answers the group id (sg-...)", metavar="N")
     pick: str | None = _option(str, "with {best_of}: how passing attempts rank (default smallest: fewest changed "

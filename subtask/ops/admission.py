@@ -14,7 +14,7 @@ Invariants (docs/architecture.md):
 from __future__ import annotations
 
 from subtask.git.gitrepo import Repo
-from subtask.model import faults
+from subtask.model import faults, money
 from subtask.ops import books, lifecycle
 from subtask.state import ledger, slots
 
@@ -51,7 +51,7 @@ def admit(repo: Repo, launches: list, what: str | None = None
             paid = [launch for launch in launches if launch.paid]
             if paid:
                 slots.save(state_dir, current)
-                cap = repo.config.number("monthlyCapUsd")
+                cap = money.usd(repo.config.number("monthlyCapUsd"))
                 with ledger.lock(state_dir):
                     if len(launches) > 1:
                         ledger.check_fits_locked(state_dir, [p.job.state.current.cost.reserved for p in paid], cap,

@@ -26,14 +26,15 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
+from subtask.model import money
 from subtask.state import ledger
 
 
@@ -46,21 +47,34 @@ class Charge:
     attempt: int
     engine: str
     month: str
-    reserved: float
-    charged: float | None  # None while the attempt has not ended
+    reserved: Decimal
+    charged: Decimal | None  # None while the attempt has not ended
     clone: str  # spec.repo: the main worktree of the clone that ran it
+
+    @classmethod
+    def from_row(cls, row: dict) -> Charge:
+        """A cached row (amounts as JSON numbers) as a charge in exact dollars."""
+        return cls(**(row | {"reserved": money.money_or_none(row["reserved"]) or money.ZERO,
+                             "charged": money.money_or_none(row["charged"])}))
+
+    def to_row(self) -> dict:
+        amounts = {"reserved": money.to_json(self.reserved), "charged": money.to_json(self.charged)}
+        return asdict(self) | amounts
 
 
 @dataclass
 class TeamSpend:
     month: str
-    committed_usd: float
-    open_usd: float
+    committed_usd: Decimal
+    open_usd: Decimal
     clones: dict[str, dict] = field(default_factory=dict)  # clone -> {committed, open, jobs}
 
     def to_dict(self) -> dict:
-        return {"month": self.month, "committed_usd": self.committed_usd, "open_usd": self.open_usd,
-                "clones": self.clones, "source": "records"}
+        return {"month": self.month, "committed_usd": money.to_json(self.committed_usd),
+                "open_usd": money.to_json(self.open_usd),
+                "clones": {clone: row | {key: money.to_json(row[key]) for key in ("committed", "open")}
+                           for clone, row in self.clones.items()},
+                "source": "records"}
 
 
 def month_of(timestamp: float) -> str:
@@ -91,7 +105,7 @@ def record_charges(repo: Repo) -> list[Charge]:
         fresh[tip] = rows
     if fresh.keys() != cached.keys():
         _write_cache(repo, fresh)
-    return [Charge(**row) for rows in fresh.values() for row in rows]
+    return [Charge.from_row(row) for rows in fresh.values() for row in rows]
 
 
 def _charges_of(job: records.Job) -> list[dict]:
@@ -99,19 +113,15 @@ def _charges_of(job: records.Job) -> list[dict]:
     for attempt in job.state.attempts:
         if not attempt.rid:
             continue
-        reserved = float(attempt.cost.reserved or 0.0)
+        reserved = attempt.cost.reserved
         charged = None
         if attempt.terminal:
             # An ended attempt with no known charge was charged its whole reservation.
-            charged = attempt.cost.charged if _is_money(attempt.cost.charged) else reserved
-        out.append(asdict(Charge(rid=attempt.rid, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                                 month=month_of(attempt.queued_at), reserved=reserved, charged=charged,
-                                 clone=job.spec.repo)))
+            charged = attempt.cost.charged if attempt.cost.charged is not None else reserved
+        out.append(Charge(rid=attempt.rid, job=job.id, attempt=attempt.n, engine=job.spec.engine,
+                          month=month_of(attempt.queued_at), reserved=reserved, charged=charged,
+                          clone=job.spec.repo).to_row())
     return out
-
-
-def _is_money(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def _cache_path(repo: Repo) -> Path:
@@ -154,7 +164,9 @@ def sync_ledger(repo: Repo) -> int:
         return 0
     owned = ownership.owned_keys(repo)
     own = [c for c in record_charges(repo) if c.job in owned]
-    added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])
+    if not own and not repo.state_dir.is_dir():
+        return 0  # nothing to restore, and no state folder to make for it
+    added = ledger.restore(repo.state_dir, mark, [asdict(c) for c in own])  # amounts as Decimals
     _close_ended_meanwhile(repo, [c for c in own if c.charged is None])
     return added
 
@@ -176,8 +188,8 @@ def team_spend(repo: Repo, month: str | None = None) -> TeamSpend:
     """One month's spend of every clone whose records are here, from the records alone."""
     month = ledger.check_month(month) if month is not None else month_of(datetime.now(UTC).timestamp())
     clones: dict[str, dict] = {}
-    committed: list[float] = []
-    opened: list[float] = []
+    committed: list[Decimal] = []
+    opened: list[Decimal] = []
     jobs: dict[str, set[str]] = {}
     for charge in record_charges(repo):
         if charge.month != month:
@@ -190,6 +202,6 @@ def team_spend(repo: Repo, month: str | None = None) -> TeamSpend:
         else:
             row["committed"].append(charge.charged)
             committed.append(charge.charged)
-    summed = {clone: {"committed": math.fsum(row["committed"]), "open": math.fsum(row["open"]),
+    summed = {clone: {"committed": money.total(row["committed"]), "open": money.total(row["open"]),
                       "jobs": len(jobs[clone])} for clone, row in sorted(clones.items())}
-    return TeamSpend(month, math.fsum(committed), math.fsum(opened), summed)
+    return TeamSpend(month, money.total(committed), money.total(opened), summed)

@@ -46,10 +46,10 @@ from typing import Any
 from subtask.git import chains, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import faults, render
+from subtask.model import faults, money, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
-from subtask.model.job import _Record, job_passed, now
+from subtask.model.job import _Record, job_passed, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import lifecycle
 from subtask.state import liveness, paths
@@ -265,7 +265,7 @@ def member_row(index: int, job_id: str, job: Job | None) -> dict[str, Any]:
     verify = None if attempt.verify is None else ("passed" if attempt.verify.passed else "failed")
     return {"member": job_id, "index": index, "state": attempt.state, "passed": passed(job), "verify": verify,
             "engine": job.spec.engine, "model": attempt.model or job.spec.model, "added": added,
-            "deleted": deleted, "lines": added + deleted, "cost": render.attempt_cost(attempt),
+            "deleted": deleted, "lines": added + deleted, "cost": money.to_json(render.attempt_cost(attempt)),
             "seconds": None if seconds is None else round(seconds, 3), "ended_at": attempt.ended_at,
             "note": attempt.reason if attempt.state != "done" else _verify_note(attempt.verify)}
 
@@ -316,10 +316,23 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     tmpdir = Path(tempfile.mkdtemp(prefix=f"judge-{job.id}-", dir=worktree.parent / ".tmp"))
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
-    env.update(TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+    env.update(isolation.temp_env(tmpdir))
+    env = sandbox.withhold(env) if sandbox is not None else env
+    # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
+    from subtask.ops import landing, overlay
+
+    head = landing.recorded_head(job)
+    judge = overlay.prepare(repo, asked=job.spec.harness, command=command, trusted=work_base(job), source="base",
+                            worktree=worktree, head=head, kept=overlay.read_snapshot(repo, job.id), env=env)
     try:
-        result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=repo.config.number("verifyTimeout"),
-                           tail_bytes=JUDGE_TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
+        if judge.error:
+            return None, redact(f"judge: {judge.error}")
+        if judge.shadows:
+            return None, redact(f"judge: check {overlay.SHADOWING} failed: {judge.shadows[0]}")
+        with overlay.overlaid(repo, judge, worktree, overlay.stash_of(repo, job.id), tmpdir) as extra:
+            result = procs.run(["sh", "-c", command], cwd=worktree, env={**env, **extra},
+                               timeout=repo.config.number("verifyTimeout"), tail_bytes=JUDGE_TAIL_BYTES,
+                               stdout_grace=2.0, redact=True, sandbox=sandbox)
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -366,7 +379,9 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
     if group.first_pass:
         return "first to pass verify"
     if group.rule == "judge":
-        return f"judge score {row.get('score'):g}"
+        score = row.get("score")
+        return f"judge score {score:g}" if isinstance(score, (int, float)) else \
+            "no judge score for any member: the first that passed verify"
     if group.rule == "cheapest":
         return f"cheapest: {render.money(row['cost'] or 0.0)}"
     if group.rule == "fastest":
@@ -726,12 +741,21 @@ def result_text(repo: Repo, group: Group) -> str:
     return render.safe("\n".join(lines))
 
 
-def list_line(group: Group) -> str:
-    """One line for `list`: the group and what it picked (its members are folded under it)."""
+def list_line(group: Group, members: list[dict], now: float) -> str:
+    """One row of `list` for the group, in the jobs' columns (its members, `members` as listed, are
+    folded under it): its state, the pick's verify (a map: its own), its age, what its listed
+    members cost, their engine, then what it is and its task."""
+    verify = ("passed" if group.pick or group.state == "done" else
+              "failed" if group.terminal and group.state != "stopped" else "-")
+    costs = [e["cost"] for e in members if isinstance(e.get("cost"), (int, float))]
+    engines = sorted(set(group.engines))
     if group.is_map:
-        return render.safe_line(f"{group.id:<11}  {group.state:<10}  map · {len(group.members)} jobs · "
-                                f"{group.concurrency or 'any'} at once · {render.task_title(group.task, 40)}")
-    what = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "-"
-    merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
-    return render.safe_line(f"{group.id:<11}  {group.state:<10}  {what} · {len(group.members)} members · "
-                            f"rule {group.rule_text}{merged} · {render.task_title(group.task, 40)}")
+        what = f"map · {len(group.members)} jobs · {group.concurrency or 'any'} at once"
+    else:
+        chosen = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "picking"
+        merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
+        what = f"best of {len(group.members)} · {chosen} · rule {group.rule_text}{merged}"
+    return render.list_row(group.id, group.state, verify, render.duration(now - group.created_at),
+                           render.money(math.fsum(costs)) if costs else "-",
+                           engines[0] if len(engines) == 1 else "mixed",
+                           f"{what} · {render.task_title(group.task, 40)}")

@@ -55,7 +55,7 @@ from subtask.git import notes, ownership, pool, records, where_landed, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
-from subtask.model.errors import SubtaskError
+from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
 from subtask.state import liveness, paths, stamps
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
@@ -86,6 +86,7 @@ class Sweep:
     lines: list[str] = field(default_factory=list)
     landed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    removed: dict[str, str] = field(default_factory=dict)  # job id -> the worktree removed (or that would be)
 
 
 # ---------------------------------------------------------------- the land target
@@ -398,6 +399,9 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
     checked the admin folder git reads, not the config of what it names."""
+    from subtask.ops import overlay
+
+    overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
     pooled = touched = False
     if not force:  # a clean, whole worktree: the next job's, when the pool has room (`pool.give_back`)
@@ -406,6 +410,8 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
         force = ["--force"]  # its index was rebuilt from HEAD: clean as the caller saw it, but git cannot tell
     removed = pooled or git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force,
                             job.spec.worktree, check=False).returncode == 0
+    if removed:
+        overlay.forget(repo, job.id)  # its setup snapshot, beside the worktree
     if removed and record:
         records.update(repo, job.id, lambda j: setattr(j.state, "worktree_removed", True))
     return removed
@@ -552,21 +558,23 @@ def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
 
 def finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
                   dry_run: bool = False, checked_out: set[str] | None = None, held: bool = False,
-                  also: Callable[[Job], None] | None = None) -> list[str] | None:
+                  also: Callable[[Job], None] | None = None, sweep: Sweep | None = None) -> list[str] | None:
     """Record that the job landed in `landed`; remove its clean worktree; delete its landed branch.
 
     All of it under the job's run-lock (`quiet_job`); None when the job is busy or changed, and
     then nothing was done (a later pass sees it again). `also` changes the record in the same
-    write (`land` marks its landing there).
+    write (`land` marks its landing there); `sweep.removed` learns the worktree removed.
     """
     with quiet_job(repo, job, held=held) as fresh:
         if fresh is None:
             return None
-        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out, also=also)
+        return _finish_landed(repo, fresh, head, landed, target, dry_run=dry_run, checked_out=checked_out, also=also,
+                              sweep=sweep)
 
 
 def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target | None, *,
-                   dry_run: bool, checked_out: set[str] | None, also: Callable[[Job], None] | None = None) -> list[str]:
+                   dry_run: bool, checked_out: set[str] | None, also: Callable[[Job], None] | None = None,
+                   sweep: Sweep | None = None) -> list[str]:
     lines = [f"{job.id}: landed in {landed[:7]}"]
     removed = False
     path = Path(job.spec.worktree)
@@ -581,6 +589,8 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
             if not dry_run:
                 removed = remove_worktree(repo, job, record=False)  # recorded with the landing below
+            if sweep is not None and (dry_run or removed):
+                sweep.removed[job.id] = str(path)
         else:
             lines.append(f"{job.id}: kept worktree: {why}")
     deleted = False
@@ -681,7 +691,8 @@ def cleanup_merged(repo: Repo, dry_run: bool = False, entries: list[dict] | None
         if landed is None:
             continue
         checked_out = checked_out if checked_out is not None else checked_out_branches(repo)
-        lines = finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out)
+        lines = finish_landed(repo, job, heads[job.id], landed, target, dry_run=dry_run, checked_out=checked_out,
+                              sweep=sweep)
         if lines is None:
             sweep.kept.append(job.id)
             sweep.lines.append(f"{job.id}: skipped: {BUSY}")
@@ -699,6 +710,8 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     failure must never break the command that hosts the sweep. Returns True when a job landed.
     """
     try:
+        if not repo.state_dir.is_dir():
+            return False  # no job ever started here: nothing to sweep (a read makes nothing)
         if not stamps.due(repo.state_dir, SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
         stamps.stamp(repo.state_dir, SWEEP_STAMP)  # first, so concurrent commands skip
@@ -737,7 +750,7 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
     head = check_mergeable(repo, job, force, trust.claims)  # refuse at once, not after the locks
     lines = [trust.line] if trust.line else []
     if not force and not trust.claims:
-        lines.append(_rerun_gate(repo, job, head, trust.line))
+        lines.append(_rerun_gate(repo, job, head, trust.line, trust.vouched))
     workdir = Path(repo.git.workdir)
     with index_lock(repo, workdir), _run_lock_for_merge(repo, job_id):
         fresh = records.read(repo, job_id)
@@ -756,24 +769,25 @@ class Trust:
     claims: bool
     owned: bool
     line: str  # what merge says about it; "" for this clone's own job taken as recorded
+    vouched: bool = False  # this clone's record, or an allowed signer's: its opt-out of the harness holds
 
 
 def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
     from subtask.git import signing
 
     if ownership.owns(repo, job):
-        return Trust(not reverify, True, "")
+        return Trust(not reverify, True, "", True)
     provenance = signing.check_one(repo, job.tip, job.signed)
     if not provenance.trusted:
         return Trust(False, False, f"{job.id}: another clone's job, and its record is {provenance.words()}: "
                                    "its verify is run here before merging")
     if reverify:
-        return Trust(False, False, "")
+        return Trust(False, False, "", True)
     return Trust(True, False, f"{job.id}: another clone's job; its record is {provenance.words()}: "
-                              "its verify is taken as recorded")
+                              "its verify is taken as recorded", True)
 
 
-def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
+def _rerun_gate(repo: Repo, job: Job, head: str, why: str, vouched: bool) -> str:
     """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
     the record was not taken at its word) when it fails."""
     from subtask.ops import reverify
@@ -783,7 +797,7 @@ def _rerun_gate(repo: Repo, job: Job, head: str, why: str) -> str:
         raise SubtaskError("negative", f"{job.id}: its record names no verify command to run here, and nothing "
                            f"else says it works: not merging it{because}",
                            hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
-    rerun = reverify.run(repo, job, head)
+    rerun = reverify.run(repo, job, head, trusted_record=vouched)
     if not rerun.result.passed:
         how = "timed out" if rerun.result.timed_out else f"exit {rerun.result.exit_code}"
         if rerun.result.checks_failed:
@@ -962,8 +976,8 @@ def _check_into(repo: Repo, job: Job, workdir: Path) -> str:
         # as landed: after `git switch main` the work would hang on the pin alone.
         configured = repo.config.get("landTarget")
         fix = f"git switch {configured}" if configured else "git switch <branch>  (e.g. git switch main)"
-        raise SubtaskError("negative", f"HEAD is detached at {str(repo.git.head.target)[:7]}: not merging {job.id} "
-                           "into a commit no branch keeps",
+        raise SubtaskError("fatal", f"HEAD is detached at {str(repo.git.head.target)[:7]}: "
+                           f"not merging {job.id} into a commit no branch keeps",
                            hint=f"{fix}, then: git subtask merge {job.id}")
     name = repo.git.head.shorthand
     if name == job.spec.branch:
@@ -979,7 +993,8 @@ def check_clean(workdir: Path) -> None:
         files = [line[3:] for line in status.splitlines()][:10]
         raise SubtaskError("dirty", f"the worktree {workdir} has uncommitted changes ({', '.join(files)}): "
                            "not merging into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then merge again")
+                           hint="commit or stash them yourself, then merge again",
+                           exit_code=EXIT_FATAL)
 
 
 SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's commit message
@@ -1095,6 +1110,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         removal, branch = clean_job(repo, job, target, dry_run=dry_run)
         branch_goes = branch.kind == "removed"
         if removal.kind == "removed":
+            sweep.removed[job.id] = str(path)
             sweep.lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}"
                                + ("" if branch_goes else " (branch kept)"))
         elif removal.kind == "pruned":

@@ -43,7 +43,7 @@ from subtask.git import checks, notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
-from subtask.model.errors import SubtaskError
+from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
 from subtask.ops import groups, integrate, landing, reconcile, reverify
@@ -163,7 +163,8 @@ def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = 
     if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
         raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
                            f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then land again")
+                           hint="commit or stash them yourself, then land again",
+                           exit_code=EXIT_FATAL)
     phases.begin()
     with _queue_lock(repo):
         sweep_scratch(repo)
@@ -421,9 +422,12 @@ class Queue:
             return None
         scratch.spoil()  # until it passed
         tree = str(self.repo.git[built.commit].tree_id)
+        # Judged by the target's tests as they are at the tip it was built on, never the job's.
+        trusted = reverify.Trusted(reverify.asked_harness(item.job, bool(item.trust and item.trust.vouched)),
+                                   built.onto, "target", self.target.name)
         # The job's own checks are `judge`'s (`checks_of`): they run with a command or without one.
         return reverify.start_in(self.repo, scratch.path, item.command, built.commit, admin=scratch.admin, tree=tree,
-                                 timeout=item.timeout, network=item.job.spec.network)
+                                 timeout=item.timeout, network=item.job.spec.network, trusted=trusted)
 
     def checks_of(self, item: Item) -> list[dict]:
         """The job's own checks on its own change (did it delete a test?), as a re-run runs them:
@@ -458,7 +462,8 @@ class Queue:
                        if failed else "nothing was run on it (--force)")
         else:
             if failed := checks.failed(self.checks_of(item)):  # fail it whatever the command exited
-                rerun.result.checks_failed, rerun.result.passed = failed, False
+                rerun.result.checks_failed = [*failed, *(c for c in rerun.result.checks_failed or () if c not in failed)]
+                rerun.result.passed = False
             rerun.result.command = redact(item.command)  # a --verify as written never reaches a record
             out.verify, out.confined = rerun.result, rerun.confined
             out.state = "passed" if rerun.result.passed else "failed"
@@ -583,7 +588,8 @@ def find_target(repo: Repo) -> Target:
         proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
         name = proc.stdout.strip()
         if proc.returncode != 0 or not name:
-            raise SubtaskError("negative", "HEAD is detached: land moves a branch, and none is checked out here",
+            raise SubtaskError("fatal", "HEAD is detached: land moves a branch, and none is "
+                               "checked out here",
                                hint="git switch main   (or: git config subtask.landTarget main)")
         if repo.objects.ref(f"refs/heads/{name}") is None:
             raise SubtaskError("fatal", f"the current branch {name} has no commits yet")
@@ -728,10 +734,8 @@ def sweep_scratch(repo: Repo) -> None:
     if not folder.is_dir():
         return
     for path in folder.iterdir():
-        if not path.name.endswith(".tmp"):
-            reverify.remove_scratch(repo, path)
-        else:
-            reverify.remove_scratch(repo, path.with_name(path.name.removesuffix(".tmp")))
+        name = path.name.removesuffix(".tmp").removesuffix(reverify.SIDE_SUFFIX)
+        reverify.remove_scratch(repo, path.with_name(name))
 
 
 def _queue_lock(repo: Repo):

@@ -24,11 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
-from subtask import executors
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model import faults
+from subtask.model import executors, faults, money
 from subtask.model.job import WAITING
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
@@ -171,7 +170,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
             return False
         attempt = job.state.current
         spent = engine_may_have_spent if engine_may_have_spent is not None else attempt.engine_started_at is not None
-        charge = attempt.cost.reserved if (spent and attempt.rid) else 0.0
+        charge = attempt.cost.reserved if (spent and attempt.rid) else money.ZERO
         if not attempt.finish(state, reason=reason, error_kind=error_kind, hint=hint):
             return False
         if attempt.rid:
@@ -192,8 +191,10 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
+    from subtask.ops import notify
 
     notes.write_for_job(repo, job)
+    notify.attempt_ended(repo, job)  # this call wrote the end: it tells it, once
     return job
 
 
@@ -277,6 +278,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
     ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
+    _undo_overlay(target, job_id)
     try:
         recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
@@ -318,6 +320,18 @@ def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
     ledger.close(repo.state_dir, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
     privatetext.discard(repo.state_dir, job.id, attempt_n)
     return job.state.current.n
+
+
+def _undo_overlay(repo: Repo, job_id: str) -> None:
+    """A worker killed during its verify leaves the trusted tests over the job's: put the job's
+    files back (the next attempt would too, before its engine starts)."""
+    from subtask.ops import overlay
+
+    try:
+        overlay.restore_left(repo, job_id)
+    except OSError as exc:
+        print(f"git-subtask: {job_id}: could not put back the files its verify moved aside ({exc}); "
+              f"they are in {overlay.stash_of(repo, job_id)}", file=sys.stderr)
 
 
 def missing_after_end(repo: Repo, job: Job) -> list[str]:
@@ -432,9 +446,14 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
 def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> bool:
     """End a job's current attempt `stopped`: drop it from the queue, or end its worker's process
     groups (TERM, then KILL). False when it had already ended."""
-    attempt = records.read(repo, job_id).state.current
+    job = records.read(repo, job_id)
+    attempt = job.state.current
     if attempt.terminal:
         return False
+    executor = executors.of(job)
+    if not executor.runs_here:  # its node writes its record while it runs: its executor stops it
+        executor.backend().stop(repo, job_id)
+        return True
     state_dir = repo.state_dir
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)

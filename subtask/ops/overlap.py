@@ -96,7 +96,9 @@ def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list
 # ---------------------------------------------------------------- marks in status and list
 
 BEHIND_CACHE = "behind"  # <state>/behind-<repo>.json: "base..tip" -> commits; a pair never changes its answer
-ACTIVE = ("running", "done", "failed", "stopped")
+# Jobs that may still land: a failed or stopped one will not (merge refuses it), so its files
+# meeting another's, or its base being behind, is noise on every row it touches (issue 38).
+MAY_LAND = ("running", "done")
 MAX_COMPARED = 200  # finished jobs whose files `list` compares, newest first
 
 
@@ -112,12 +114,13 @@ def target_tip(repo: Repo) -> tuple[str, str] | None:
 
 
 def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
-    """Add `marks` to the `shown` list entries: a finished job's base behind the land target
-    (`{"behind": 12, "target": "main"}`), and the other running or finished jobs (of `listed`,
-    not landed) that change a file it changes (`{"overlaps": {"st-…": ["a.txt"]}}`). Advisory:
-    anything git cannot answer leaves the mark out."""
-    jobs = [e for e in listed if e.get("state") in ACTIVE and not e.get("landed") and not e.get("readonly")]
-    if not jobs or not any(e.get("state") in ACTIVE for e in shown):
+    """Add `marks` to the `shown` list entries of jobs that may land (running, or done): a done
+    job's base behind the land target (`{"behind": 12, "target": "main"}`), and the other jobs of
+    `listed` that may land, not landed, that change a file it changes (`{"overlaps": {"st-…":
+    ["a.txt"]}}`). Advisory: anything git cannot answer leaves the mark out."""
+    jobs = [e for e in listed
+            if e.get("state") in MAY_LAND and not e.get("landed") and not e.get("readonly")]
+    if not jobs or not any(e.get("state") in MAY_LAND for e in shown):
         return
     # Bounded: every running job, and the newest finished ones (`listed` is newest first), so a
     # repository with thousands of old unlanded jobs does not read every evidence on each `list`.
@@ -128,7 +131,7 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     cache = _read_behind(repo) if target else {}
     fresh = len(cache)
     for entry in shown:
-        mine = files.get(entry["id"])
+        mine = files.get(entry["id"]) if entry.get("state") in MAY_LAND else None
         if not mine:
             continue
         marks: dict = {}

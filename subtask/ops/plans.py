@@ -40,7 +40,7 @@ from subtask.git import ownership, records
 from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import faults, render
+from subtask.model import executors, faults, money, render
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.ops import admission, lifecycle
@@ -98,6 +98,12 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
     except SubtaskError as exc:
         return Dependency(job_id, True, words=f"{job_id} cannot be read: {exc.message}")
     attempt = job.state.current
+    if not attempt.terminal and not executors.of(job).runs_here:
+        # Nothing here notices a job elsewhere end but a look there (one status request, at most
+        # as often as `advance` runs); what it brings home is moved on by our caller, not by it.
+        executors.of(job).backend().settle(repo, job_id, advance=False)
+        job = records.read(repo, job_id)
+        attempt = job.state.current
     if not attempt.terminal:
         return Dependency(job_id, False)
     words = f"{job_id} ended {attempt.state}"
@@ -239,7 +245,8 @@ def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
             raise
         attempt = job.state.current
         if attempt.state != WAITING or not ownership.owns(repo, job):
-            if attempt.state == "queued" and attempt.n == 1 and ownership.owns(repo, job) and not _in_slots(repo, job_id):
+            if attempt.state == "queued" and attempt.n == 1 and ownership.owns(repo, job) and not _in_slots(repo, job_id) \
+                    and executors.of(job).runs_here:  # elsewhere, its executor's settle ends one never handed over
                 kept = True
                 _admit_and_spawn(repo, job, fd)  # its mover died between its record and its admission
                 return "started"
@@ -316,7 +323,7 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
             j.spec.base, j.spec.base_ref = base, base_ref
             attempt.state, attempt.queued_at = "queued", now()  # its reservation is dated now
             if paid:
-                usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or 0.0)
+                usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or money.ZERO)
                 attempt.rid, attempt.cost = paths.reservation_id(j.id, attempt.n), Cost(reserved=usd, billing="reserved")
             return True
 
@@ -329,8 +336,24 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
             _end(repo, job, "failed", f"could not start: {getattr(exc, 'message', exc)}", "setup", None)
         return False
     faults.point("after_leaving_waiting")
+    executor = executors.of(job)
+    if not executor.runs_here:
+        _hand_over(repo, job, executor, paid)
+        return False
     _admit_and_spawn(repo, job, fd)
     return True
+
+
+def _hand_over(repo: Repo, job: Job, executor, paid: bool) -> None:
+    """A job placed elsewhere leaves `waiting` for its executor (`Elsewhere.hand_over`: money,
+    refs, submission), under the run-lock our caller holds; a failure ends it failed, with why."""
+    try:
+        executor.backend().hand_over(repo, job, paid)
+    except Exception as exc:
+        _end(repo, job, "failed", f"could not start on {executor.name}: {getattr(exc, 'message', exc)}", "setup",
+             getattr(exc, "hint", None))
+        return
+    forget(repo, job.id)
 
 
 def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:

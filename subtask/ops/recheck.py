@@ -19,6 +19,7 @@ from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
+from subtask.model.render import judge_line
 from subtask.ops import landing
 
 
@@ -81,7 +82,7 @@ def recheck(repo: Repo, job: Job, run: bool = False) -> Recheck:
         add(Finding("branch", None, f"{job.spec.branch} moved on to {tip.target[:7]} after the job "
                                     f"(its record ends at {head[:7]})"))
     if run:
-        _run(repo, job, head, add)
+        _run(repo, job, head, add, trusted_record=mine or bool(provenance.trusted))
     return report
 
 
@@ -126,7 +127,9 @@ def _evidence(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _totals(t: dict) -> str:
-    return f"{t.get('files')} files, +{t.get('added')} -{t.get('deleted')}, {t.get('commits')} commits"
+    files, commits = t.get("files"), t.get("commits")
+    return (f"{files} file{'' if files == 1 else 's'}, +{t.get('added')} -{t.get('deleted')}, "
+            f"{commits} commit{'' if commits == 1 else 's'}")
 
 
 def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
@@ -144,19 +147,22 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
                 f"recorded {word} on {head[:7]} (exit {verify.exit_code})"))
 
 
-def _run(repo: Repo, job: Job, head: str, add) -> None:
+def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool) -> None:
     from subtask.ops import reverify
 
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))
         return
-    rerun = reverify.run(repo, job, head)
+    rerun = reverify.run(repo, job, head, trusted_record=trusted_record)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
                                                  f"failed (exit {rerun.result.exit_code}"
                                                  + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())
                                                  + ")")
     claim = job.state.kept.verify
     detail = f"{rerun.result.command} {here} here on {head[:7]}" + ("" if rerun.confined else " (unconfined)")
+    judged = judge_line(rerun.result)
+    if judged:
+        detail += f", {judged}"
     if claim is None:
         add(Finding("verify --run", None, detail + "; the record holds no result to compare"))
         return

@@ -9,7 +9,14 @@ happened, and, where Landlock can enforce it, confined as a job's verify is (`wo
 write its scratch worktree, its admin folder, new objects and a private temp dir, nothing else;
 in mount and pid namespaces where the machine has them, so nothing of it outlives the run).
 
+The verdict is judged as a job's own verify is (`overlay`, docs/verify.md "The judge"): the
+harness comes from the branch it lands on (`target_of`: the commit where the job's head meets
+it), never from the commit under test; a landing takes the target's tip (`land`).
+
 Invariants:
+- Never take a record's opt-out of the harness (`--harness job`) from a record this clone
+  cannot trust (`asked_harness`), because a teammate's record saying "judged by its own tests"
+  is what a job that gamed its tests would also push.
 - Never run a record's verify in the user's checkout or in the job's own worktree, because the
   record's command is a teammate's text: it gets a scratch checkout of exactly the commit that
   is about to be merged, and the merge then takes that very commit id.
@@ -24,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -32,11 +40,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask.git import checks
+from subtask.git import checks, harness
 from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
+from subtask.model.render import judge_line
+from subtask.ops import overlay
 from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
@@ -55,18 +65,55 @@ class Rerun:
         how = "timed out" if r.timed_out else f"exit {r.exit_code}"
         how += "".join(f"; check {c} failed" for c in r.checks_failed or ())
         where = "" if self.confined else " (unconfined)"
-        return f"{job_id}: re-ran verify here on {r.head[:7]}{where}: {r.command} -> {how} in {r.seconds:.1f}s"
+        judged = judge_line(r)
+        return (f"{job_id}: re-ran verify here on {r.head[:7]}{where}: {r.command} -> {how} in {r.seconds:.1f}s"
+                + (f" ({judged})" if judged else ""))
 
 
-def run(repo: Repo, job, head: str) -> Rerun:
-    """Run `job.spec.verify` on `head` in a scratch worktree (see the module docstring)."""
+@dataclass(frozen=True)
+class Trusted:
+    """What judges a re-run: the harness the job asks for (`asked`, its spec's), from `commit`,
+    which is the branch it lands on (`source` target, `ref` its name)."""
+
+    asked: list[str] | None
+    commit: str
+    source: str = "target"
+    ref: str | None = None
+
+
+def run(repo: Repo, job, head: str, *, trusted_record: bool = False) -> Rerun:
+    """Run `job.spec.verify` on `head` in a scratch worktree (see the module docstring);
+    `trusted_record`: the record is this clone's or an allowed signer's (its opt-out holds)."""
     command = job.spec.verify
     if not command:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
+    commit, ref = target_of(repo, head)
+    judged = Trusted(asked_harness(job, trusted_record), commit, "target", ref)
     with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
         return run_in(repo, path, command, head, admin=scratch_admin(path), tree=tree, timeout=job.spec.verify_timeout,
-                      network=job.spec.network, change=(work_base(job), head, job.spec.checks))
+                      network=job.spec.network, change=(work_base(job), head, job.spec.checks), trusted=judged)
+
+
+def asked_harness(job, trusted_record: bool) -> list[str] | None:
+    """The harness a re-run takes from the record: as recorded, but an opt-out (`--harness job`)
+    only from a record this clone can trust; any other is judged by the default."""
+    asked = job.spec.harness
+    return None if harness.judged_by_job(asked) and not trusted_record else asked
+
+
+def target_of(repo: Repo, head: str) -> tuple[str, str | None]:
+    """The trusted commit of a re-run and the branch's name: where `head` meets the branch this
+    worktree has checked out (the tip when `head` holds it; the job's own era of its tests, never
+    a commit of its own), or HEAD itself when detached."""
+    git_repo = repo.git
+    tip = str(git_repo.head.target)
+    ref = None if git_repo.head_is_detached else git_repo.head.shorthand
+    try:
+        meet = git_repo.merge_base(tip, head)
+    except (KeyError, ValueError):
+        meet = None
+    return (str(meet) if meet is not None else tip), ref
 
 
 @contextmanager
@@ -100,78 +147,116 @@ def remove_scratch(repo: Repo, path: Path) -> None:
     git(repo.root, "worktree", "remove", "--force", str(path), check=False)
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(_tmpdir_of(path), ignore_errors=True)
+    shutil.rmtree(_stash_of(path), ignore_errors=True)
 
 
 def _tmpdir_of(path: Path) -> Path:
     return path.parent / f"{path.name}.tmp"
 
 
+def _stash_of(path: Path) -> Path:
+    """Where the overlay of a scratch keeps what it moved: beside it, outside its sandbox."""
+    return path.parent / f"{path.name}{SIDE_SUFFIX}"
+
+
+SIDE_SUFFIX = ".harness"
+
+
 def run_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tree: str, timeout: float,
-           network: str, change: tuple[str, str, list[str] | None] | None = None) -> Rerun:
+           network: str, change: tuple[str, str, list[str] | None] | None = None,
+           trusted: Trusted | None = None) -> Rerun:
     """`sh -c command` in the scratch worktree `path` (holding `head`; `admin`: its admin folder,
     `scratch_admin`), confined where this process can confine (`isolation.outside_sandbox`), with
     a private temp dir beside it; `change`: the job's checks to run on its diff (base, head,
-    checks), which fail it whatever it exited."""
+    checks), which fail it whatever it exited; `trusted`: what judges it (the harness laid over
+    the scratch while it runs)."""
     return start_in(repo, path, command, head, admin=admin, tree=tree, timeout=timeout, network=network,
-                    change=change).wait()
+                    change=change, trusted=trusted).wait()
 
 
 class Pending:
     """A verify `start_in` started: `wait()` for its `Rerun`, `abort()` to end it; one of the two,
     always (its sandbox and temp dir go with it)."""
 
-    def __init__(self, repo: Repo, command: str, head: str, tree: str, tmpdir: Path, sandbox, running: procs.Running,
-                 change: tuple[str, str, list[str] | None] | None):
+    def __init__(self, repo: Repo, command: str, head: str, tree: str, tmpdir: Path, sandbox,
+                 running: procs.Running | None, change: tuple[str, str, list[str] | None] | None,
+                 judge: overlay.Judge | None = None, laid: contextlib.ExitStack | None = None):
         self.repo, self.command, self.head, self.tree, self.tmpdir = repo, command, head, tree, tmpdir
         self.sandbox, self.running, self.change = sandbox, running, change
+        self.judge, self.laid = judge, laid
 
     def wait(self) -> Rerun:
         confined = self.sandbox is not None
         try:
-            result = self.running.wait()
+            result = self.running.wait() if self.running is not None else None
         finally:
             self._close()
-        output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+        judge = self.judge
         failed = checks.failed(checks.run(self.repo, *self.change)) if self.change else []
+        if judge is not None and not judge.own and judge.shadows:
+            failed.append(overlay.SHADOWING)
+        if result is None:  # the harness could not be laid: nothing ran
+            return Rerun(VerifyResult(command=self.command, exit_code=None, seconds=0.0, head=self.head, tree=self.tree,
+                                      passed=False, output_tail=redact(f"not run: {judge.error if judge else '?'}"),
+                                      checks_failed=failed or None, harness=judge.facts() if judge else None), confined)
+        output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
         return Rerun(VerifyResult(command=self.command, exit_code=result.exit_code, seconds=round(result.seconds, 3),
                                   head=self.head, tree=self.tree,
                                   passed=result.exit_code == 0 and not result.timed_out and not failed,
                                   timed_out=result.timed_out, output_tail=redact(output)[-TAIL_BYTES:],
-                                  checks_failed=failed or None), confined)
+                                  checks_failed=failed or None, harness=judge.facts() if judge else None), confined)
 
     def abort(self) -> None:
         try:
-            self.running.abort()
+            if self.running is not None:
+                self.running.abort()
         finally:
             self._close()
 
     def _close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
-            self.sandbox = None
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        try:
+            if self.laid is not None:
+                self.laid.close()  # the scratch as it was checked out: the overlay undone
+                self.laid = None
+        finally:
+            if self.sandbox is not None:
+                self.sandbox.close()
+                self.sandbox = None
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tree: str, timeout: float,
-             network: str, change: tuple[str, str, list[str] | None] | None = None) -> Pending:
+             network: str, change: tuple[str, str, list[str] | None] | None = None,
+             trusted: Trusted | None = None) -> Pending:
     """`run_in`, returning once the command is started (`Pending`): the caller may do other work
     while it runs (its sandbox is the child's alone, whatever threads this process has)."""
     tmpdir = _tmpdir_of(path)
     sandbox = None
+    laid = contextlib.ExitStack()
     try:
         tmpdir.mkdir(mode=0o700)
-        env = dict(os.environ, TMPDIR=str(tmpdir), TMP=str(tmpdir), TEMP=str(tmpdir))
+        env = dict(os.environ, **isolation.temp_env(tmpdir))
+        judge = None
+        if trusted is not None:
+            judge = overlay.prepare(repo, asked=trusted.asked, command=command, trusted=trusted.commit,
+                                    source=trusted.source, worktree=path, head=head, ref=trusted.ref, env=env)
+            if judge.error:
+                return Pending(repo, command, head, tree, tmpdir, None, None, change, judge, laid)
+            env.update(laid.enter_context(overlay.overlaid(repo, judge, path, _stash_of(path), tmpdir)))
         sandbox = isolation.outside_sandbox(repo, path, admin, tmpdir, network)
         if sandbox is not None:
-            env[isolation.ACTIVE_ENV] = "worktree"
+            env = sandbox.withhold(env) | {isolation.ACTIVE_ENV: "worktree"}
         running = procs.start(["sh", "-c", command], cwd=path, env=env, timeout=timeout,
                               tail_bytes=TAIL_BYTES, stdout_grace=2.0, redact=True, sandbox=sandbox)
     except BaseException:
-        if sandbox is not None:
-            sandbox.close()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        try:
+            laid.close()
+        finally:
+            if sandbox is not None:
+                sandbox.close()
+            shutil.rmtree(tmpdir, ignore_errors=True)
         raise
-    return Pending(repo, command, head, tree, tmpdir, sandbox, running, change)
+    return Pending(repo, command, head, tree, tmpdir, sandbox, running, change, judge, laid)
 
 
 def _tree_of(repo: Repo, head: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo
-from subtask.ops import lifecycle
+from subtask.ops import lifecycle, notify
 
 NOT_PROGRESS = ("retry",)  # events that say the engine is waiting, not working
 
@@ -113,17 +113,19 @@ class StallWatch:
 
     def _mark(self, repo: Repo, since: float) -> None:
         stalled = {"since": round(since, 3), "after": self.after, "action": self.action}
-        self._write(repo, stalled)
+        job = self._write(repo, stalled)
         self.sink({"type": "stalled", **stalled})
         if self.action == "stop":
             self.stopped = True
-            self._stop_engine()
+            self._stop_engine()  # its end is told (ops/notify), the stall as its reason
+        elif job.state.current.n == self.attempt_n and job.state.current.stalled == stalled:
+            notify.stalled(repo, job)
 
     def _clear(self, repo: Repo) -> None:
         self._write(repo, None)
         self.sink({"type": "stall_ended"})
 
-    def _write(self, repo: Repo, stalled: dict | None) -> None:
+    def _write(self, repo: Repo, stalled: dict | None):
         def change(job) -> bool:
             attempt = job.state.current
             if attempt.n != self.attempt_n or attempt.terminal:
@@ -131,7 +133,7 @@ class StallWatch:
             attempt.stalled = stalled
             return True
 
-        records.update(repo, self.job_id, change)
+        return records.update(repo, self.job_id, change)
 
     def _stop_engine(self) -> None:
         """End the engine's process group as a timeout would: the engine then reports what it saw

@@ -39,6 +39,7 @@ import pygit2
 
 from subtask.git import notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
+from subtask.model import executors
 from subtask.model.errors import SubtaskError
 
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
@@ -272,6 +273,8 @@ def push_job(repo: Repo, remote: str, job_id: str, notes: bool = True) -> SyncRe
     """Push one job's refs that exist here, and the notes (merged on a race), never forced.
     `remote` may be a URL: a cluster node has no remote names of ours."""
     specs = [f"{ref}:{ref}" for ref in job_refs(job_id) if _local_tip(repo, ref) is not None]
+    specs += [f"{ref.name}:{ref.name}" for ref in repo.objects.refs(records.pin_ref(job_id, "attempts/"))
+              if not ref.symbolic]  # a verify loop's attempts, each kept whatever the loop did with the branch
     if notes:
         notes_store.ensure_ref(repo.git)
         specs.append(NOTES_SPEC)
@@ -282,7 +285,8 @@ def fetch_job(repo: Repo, remote: str, job_id: str) -> SyncResult:
     """Take one job's refs from the remote where the remote's copy is newer (fast-forward by CAS,
     never overwriting ours), and merge the remote's notes into ours."""
     result = SyncResult(remote)
-    tips = _fetched_tips(repo, remote, [*job_refs(job_id), notes_store.NOTES_REF])
+    tips = _fetched_tips(repo, remote, [*job_refs(job_id), records.pin_ref(job_id, "attempts/*"),
+                                        notes_store.NOTES_REF])
     for ref, theirs in sorted(tips.items()):
         if ref != notes_store.NOTES_REF:
             _take(repo, ref, theirs, result)
@@ -347,8 +351,6 @@ def _runs_on_our_cluster(repo: Repo, key: str) -> bool:
     """A job of ours placed on Ray and not ended here: its node writes its record and pushes it,
     and a pull brings that record home (the one case where another writer's commits are this
     clone's job's). Once our record says it ended, nobody else writes it."""
-    from subtask import executors
-
     try:
         job = records.read(repo, key)
     except SubtaskError:

@@ -39,9 +39,11 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,13 +52,17 @@ from pathlib import Path
 
 from subtask.model.errors import SubtaskError
 from subtask.proc import namespaces
+from subtask.proc import view as views
 
 MODES = ("none", "worktree", "readonly")
 MIN_ABI = 3  # ABI 2 adds REFER (git renames objects across folders), ABI 3 TRUNCATE (truncate(2))
 ABI_ENV = "SUBTASK_LANDLOCK_ABI"  # tests: pretend the kernel offers at most this ABI (0 = none)
 NAMESPACES_ENV = namespaces.ENV  # tests: "0" pretends this machine offers no namespaces
 ACTIVE_ENV = "SUBTASK_ISOLATION"  # set for confined engines: nested `start` says why it cannot work
-WRITABLE_KEY = "subtask.isolation.writable"
+WRITABLE_KEY = "isolation.writable"  # subtask.isolation.writable, and so on
+READABLE_KEY = "isolation.readable"
+SOCKET_KEY = "isolation.socket"
+ENV_KEY = "isolation.env"
 
 # -- the kernel interface -------------------------------------------------------------------------
 
@@ -96,7 +102,10 @@ DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random"
 DEVICE_DIRS = ("/dev/shm",)
 
 
-SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox (the worker, your editor)
+# ABI 6: no connection to an abstract unix socket (a name, no file: no view can hide one) made
+# outside the sandbox, and no signal to a process outside it (the worker, your editor).
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
 SCOPED_ABI = 6
 
 
@@ -218,7 +227,8 @@ def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None)
     return Choice(mode, "default")
 
 
-PARTIAL = "writes only (Landlock): metadata outside the worktree and children that outlive the job are not confined here"
+PARTIAL = ("writes only (Landlock): the job sees the whole machine (no view of its own), and metadata outside "
+           "the worktree and children that outlive the job are not confined here")
 
 
 def _require(engine, mode: str, source: str) -> None:
@@ -266,10 +276,24 @@ def enforcement(mode: str) -> str:
     if not ns.available:
         parts.append(f"no namespaces: {ns.reason}")
     elif mode != "none":
-        parts.append("mount namespace for metadata; pid namespace for children")
+        parts.append("a view of its own (mount namespace); pid namespace for children")
     else:
         parts.append("children ended by the worker as their subreaper")
     return "; ".join(parts)
+
+
+def own_sandbox(engine, readonly: bool = False) -> str | None:
+    """The sandbox an engine enforces itself on a job run without ours (codex's `--sandbox`
+    mode), or None: it has none, or it is turned off."""
+    own = getattr(engine, "own_sandbox", None)
+    return own(readonly) if callable(own) else None
+
+
+def unconfined_warning(engine, mode: str, readonly: bool = False) -> str | None:
+    """One line `start` prints when nothing would confine a job: the engine's own sandbox turned
+    off, and isolation `mode` none (None when something confines it)."""
+    warn = getattr(engine, "unconfined_warning", None)
+    return warn(mode, readonly) if callable(warn) else None
 
 
 def describe(engine, configured: str | None = None) -> str:
@@ -278,6 +302,11 @@ def describe(engine, configured: str | None = None) -> str:
         mode = resolve(engine, readonly=False, flag=None, configured=configured)
     except SubtaskError as exc:
         return f"every start refused: {exc.message}"
+    if mode.mode == "none" and unconfined_warning(engine, "none"):
+        how = "(git config subtask.isolation)" if mode.source == "config" else "by default"
+        available = support().available
+        extra = f"--isolation worktree on request ({support().describe()})" if available else support().reason
+        return f"none {how}, and its own sandbox is off: nothing confines it; {extra}"
     if mode.source == "config":
         return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
     if mode.mode == "none":
@@ -298,9 +327,10 @@ class Grant:
     path: str
     why: str
     rights: int = ALL
+    shown: str | None = None  # where the job sees it, when elsewhere (the private folders)
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "why": self.why}
+        return {"path": self.shown or self.path, "why": self.why}
 
 
 @dataclass
@@ -308,35 +338,55 @@ class Policy:
     mode: str
     grants: list[Grant] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # asked-for paths that do not exist (not granted)
-    tmpdir: str | None = None
+    tmpdir: str | None = None  # the attempt's private folder (`area`): TMPDIR where no view shows /tmp
     plan: namespaces.Plan = field(default_factory=namespaces.Plan)  # set by `plan_namespaces`
     children: str = "not confined"  # how no process of the job outlives it, in words
+    readable: list[Grant] = field(default_factory=list)  # beyond the system: grants, the engine's
+    sockets: list[str] = field(default_factory=list)  # host sockets granted by name
+    inputs: views.Inputs | None = None  # what its view is made of (confined modes)
+
+    @property
+    def view(self) -> views.View | None:
+        return self.plan.view
 
     def enforced_by(self) -> str | None:
         """What the kernel enforces for this run, or None: nothing of ours confined it."""
         parts = [support().describe()] if self.mode != "none" else []
-        kinds = [kind for kind, on in (("mount", self.plan.mounts is not None), ("pid", self.plan.pid),
+        kinds = [kind for kind, on in (("mount", self.plan.view is not None), ("pid", self.plan.pid),
                                        ("network", not self.plan.network)) if on]
         if kinds:
             parts.append("+".join(kinds) + (" namespace" if len(kinds) == 1 else " namespaces"))
         return ", ".join(parts) or None
 
+    def _shown(self, grant: Grant) -> bool:
+        """Is the grant something the job sees? In a view, the private folder itself is not (only
+        the folders of it shown elsewhere: HOME, /tmp, …)."""
+        if self.plan.view is None or not self.tmpdir or grant.shown is not None:
+            return True
+        return not (grant.path == self.tmpdir or grant.path.startswith(self.tmpdir.rstrip("/") + "/"))
+
     def to_dict(self) -> dict:
         confined = self.mode != "none"
+        view = self.plan.view
         return {"mode": self.mode, "enforced_by": self.enforced_by(),
+                "view": "allowlist" if view is not None else ("the host's" if confined else "none"),
                 "signals": "only inside the sandbox" if confined and support().abi >= SCOPED_ABI else "not scoped",
-                "metadata": ("read-only outside the writable paths (mount namespace)" if self.plan.mounts is not None
+                "abstract_sockets": ("only inside the sandbox" if confined and support().abi >= SCOPED_ABI
+                                     else "network namespace" if not self.plan.network else "not scoped"),
+                "metadata": ("read-only outside the writable paths (mount namespace)" if view is not None
                              else "not confined"),
                 "children": self.children, "network": "allow" if self.plan.network else "none",
-                "writable": [g.to_dict() for g in self.grants], "missing": self.missing}
+                "writable": [g.to_dict() for g in self.grants if self._shown(g)], "missing": self.missing,
+                "readable": view.readable() if view is not None else [g.to_dict() for g in self.readable],
+                "sockets": self.sockets}
 
 
 def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
     """Decide the namespaces of the job's processes (`policy.plan`, `policy.children`).
 
-    Confined modes get a mount namespace (read-only outside the grants) and a pid namespace. Mode
-    `none` means the user's own permissions: no namespace (but a network one when asked), and the
-    worker ends what the job left running as the subreaper of its orphans instead.
+    Confined modes get a mount namespace holding the job's view (`view.plan`: an allowlist), and a
+    pid namespace. Mode `none` means the user's own permissions: no namespace (but a network one
+    when asked), and the worker ends what the job left running as the subreaper of its orphans.
     `asked` (the mode came from a flag or config): where the namespaces are missing, the attempt
     fails rather than running with less than the start promised."""
     ns = namespaces.support()
@@ -345,34 +395,65 @@ def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
             raise IsolationError(f"namespaces unavailable here: {ns.reason}")
         policy.children = "ended by the worker when the attempt ends (subreaper); not if the worker is killed"
         return
-    confined = policy.mode != "none"
-    writable = [g.path for g in policy.grants if g.path not in DEVICE_FILES]
-    policy.plan = namespaces.Plan(pid=confined, mounts=namespaces.existing(writable) if confined else None,
-                                  network=network != "none")
+    confined = policy.mode != "none" and policy.inputs is not None
+    try:
+        view = views.plan(policy.inputs) if confined else None
+    except OSError as exc:
+        raise IsolationError(f"could not prepare the job's view: {exc}") from exc
+    policy.plan = namespaces.Plan(pid=confined, view=view, network=network != "none")
+    if view is not None:
+        shown = {m.source: m.target for m in view.mounts if m.why.startswith(views.PRIVATE)}
+        for grant in policy.grants:
+            grant.shown = shown.get(grant.path)
     policy.children = ("pid namespace: ended with the engine, on stop, and with a killed worker" if policy.plan.pid
                        else "ended by the worker when the attempt ends (subreaper); not if the worker is killed")
 
 
-def configured_writable(repo_git, root: Path) -> list[str]:
-    """`git config --get-all subtask.isolation.writable`: `~` and `$VARS` expanded, relative to `root`."""
-    try:
-        values = list(repo_git.config.get_multivar(WRITABLE_KEY))
-    except (KeyError, ValueError):
-        return []
-    paths = [os.path.expanduser(os.path.expandvars(v.strip())) for v in values if v.strip()]
+def configured_paths(config, root: Path, key: str) -> list[str]:
+    """Every value of `git config subtask.<key>` (`isolation.writable`, `isolation.readable`,
+    `isolation.socket`): `~` and `$VARS` expanded, relative to `root`."""
+    paths = [os.path.expanduser(os.path.expandvars(v.strip())) for v in config.get_all(key) if v.strip()]
     return [os.path.normpath(os.path.join(root, p)) for p in paths]
 
 
-def engine_paths(engine, env: dict) -> list[str]:
-    declared = getattr(engine, "writable_paths", None)
+def configured_writable(config, root: Path) -> list[str]:
+    return configured_paths(config, root, WRITABLE_KEY)
+
+
+def configured_names(config, key: str = ENV_KEY) -> list[str]:
+    """Every value of `git config subtask.<key>` as a plain word (`isolation.env`: variable names)."""
+    return [v.strip() for v in config.get_all(key) if v.strip()]
+
+
+def engine_paths(engine, env: dict, kind: str = "writable") -> list[str]:
+    """What the engine declares it needs (`writable_paths`, `readable_paths`, given the env)."""
+    declared = getattr(engine, f"{kind}_paths", None)
     return [str(p) for p in (declared(env) if callable(declared) else [])]
 
 
+def temp_env(tmpdir) -> dict[str, str]:
+    """What points a child's temporary files at its private temp dir: TMPDIR and its aliases, and
+    CLAUDE_CODE_TMPDIR, which Claude Code reads before TMPDIR (a person's own would send a confined
+    job's Claude Code out of its sandbox, and leave its per-folder temp dirs where nobody removes
+    them)."""
+    return dict.fromkeys(("TMPDIR", "TMP", "TEMP", "CLAUDE_CODE_TMPDIR"), str(tmpdir))
+
+
+def engine_credentials(engine, env: dict) -> list[str]:
+    """The variables the engine process itself needs to authenticate (never its children's)."""
+    declared = getattr(engine, "credential_env", None)
+    return [str(n) for n in (declared(env) if callable(declared) else [])]
+
+
 def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, has_branch: bool, tmpdir: str,
-                 extra: list[str], engine_extra: list[str]) -> Policy:
-    """The grants for one run; raises IsolationError when the repository parts cannot be found.
-    `admin`: the worktree's admin folder as its caller knows it (`worktrees.expected_admin`, or
-    what git made for a scratch), never read from the worktree's `.git`, which the job writes."""
+                 extra: list[str], engine_extra: list[str], env: dict | None = None, state_dir: Path | None = None,
+                 readable: list[str] = (), engine_readable: list[str] = (), sockets: list[str] = (),
+                 optional: list[str] = ()) -> Policy:
+    """The grants and the view's makings for one run; raises IsolationError when the repository
+    parts cannot be found. `admin`: the worktree's admin folder as its caller knows it
+    (`worktrees.expected_admin`, or what git made for a scratch), never read from the worktree's
+    `.git`, which the job writes. `tmpdir`: the attempt's private folder (made, and removed by
+    whoever made it), holding its private HOME, /tmp, runtime dir and /dev/shm."""
     policy = Policy(mode, tmpdir=tmpdir)
     if mode == "none":
         return policy
@@ -387,28 +468,66 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
                 policy.grants.append(Grant(str(folder), "git: job branches and their reflogs", REF_FILES))
         if (common_dir / "reftable").is_dir():
             policy.grants.append(Grant(str(common_dir / "reftable"), "git: reftable (every ref: not protected)"))
-    policy.grants.append(Grant(tmpdir, "private temp dir (TMPDIR)"))
+    private = views.Private(Path(tmpdir))
+    private.make()
+    policy.grants += [Grant(tmpdir, "private temp dir (TMPDIR)"),
+                      Grant(str(private.tmp), "private /tmp (TMPDIR), removed after the job"),
+                      Grant(str(private.home), "private HOME (only what the engine needs), removed after the job"),
+                      Grant(str(private.run), "private XDG_RUNTIME_DIR, removed after the job"),
+                      Grant(str(private.shm), "private /dev/shm, removed after the job")]
     for path in DEVICE_FILES + DEVICE_DIRS:
         if os.path.exists(path):
             policy.grants.append(Grant(path, "device", DEVICE if path in DEVICE_FILES else ALL))
-    for why, paths in (("engine", engine_extra), ("subtask.isolation.writable", extra)):
+    writable: list[tuple[str, str]] = []
+    for why, paths in (("engine", engine_extra), ("subtask." + WRITABLE_KEY, extra)):
         for path in paths:
-            (policy.grants.append(Grant(path, why)) if os.path.exists(path) else policy.missing.append(path))
+            if os.path.exists(path):
+                policy.grants.append(Grant(path, why))
+                writable.append((path, why))
+            else:
+                policy.missing.append(path)
+    shown: list[tuple[str, str]] = []
+    for why, paths in (("engine", engine_readable), ("subtask." + READABLE_KEY, readable)):
+        for path in paths:
+            if os.path.exists(path):
+                policy.readable.append(Grant(path, why))
+                shown.append((path, why))
+            else:
+                policy.missing.append(path)
+    for path in sockets:
+        (policy.sockets.append(path) if os.path.exists(path) else policy.missing.append(path))
+    env = dict(os.environ if env is None else env)
+    repository = {g.path for g in policy.grants if g.why.startswith("git")}
+    policy.inputs = views.Inputs(
+        mode=mode, private=private, env=env, worktree=str(worktree), admin=str(admin), common_dir=str(common_dir),
+        state_dir=str(state_dir or common_dir / "subtask"),
+        writable=[(p, why) for p, why in writable] + [(g.path, g.why) for g in policy.grants
+                                                       if g.path in repository and g.path != str(admin)],
+        readable=shown, optional=list(optional), sockets=list(policy.sockets),
+        engine_home=[*engine_extra, *engine_readable])
     return policy
 
 
 def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: str) -> Sandbox | None:
     """The sandbox for a command run on a job's files after the job ended (a verify `merge` runs
     again, a best-of judge): its worktree and its admin folder `admin` (its caller's to know)
-    writable, as a job's verify has them. Handed to
-    `procs.run(sandbox=...)`, never made active (other threads' children would get it). None only
-    where the machine has no Landlock."""
+    writable, as a job's verify has them, `tmpdir` too (its caller's TMPDIR), in a view of its own
+    (whose private folders the sandbox removes when closed); its environment through
+    `Sandbox.withhold`. Handed to `procs.run(sandbox=...)`, never made active (other threads'
+    children would get it). None only where the machine has no Landlock."""
     if not support().available:
         return None
-    policy = build_policy("worktree", worktree=worktree, admin=admin, common_dir=repo.common_dir, has_branch=False,
-                          tmpdir=str(tmpdir), extra=configured_writable(repo.git, repo.root), engine_extra=[])
-    plan_namespaces(policy, network=network, asked=False)
-    return Sandbox(policy)
+    area = Path(tempfile.mkdtemp(prefix=f"{tmpdir.name}.view-", dir=tmpdir.parent))
+    try:
+        policy = build_policy("worktree", worktree=worktree, admin=admin, common_dir=repo.common_dir, has_branch=False,
+                              tmpdir=str(area), extra=[str(tmpdir), *configured_writable(repo.config, repo.root)],
+                              engine_extra=[], state_dir=repo.state_dir,
+                              readable=configured_paths(repo.config, repo.root, READABLE_KEY))
+        plan_namespaces(policy, network=network, asked=False)
+        return Sandbox(policy, owns=area, granted=configured_names(repo.config))
+    except BaseException:
+        shutil.rmtree(area, ignore_errors=True)
+        raise
 
 
 # -- applying it ----------------------------------------------------------------------------------
@@ -439,7 +558,7 @@ def build_ruleset(policy: Policy) -> int:
         raise IsolationError(f"isolation {policy.mode} cannot be enforced: {state.reason}")
     handled = _handled(state.abi)
     scoped = state.abi >= SCOPED_ABI
-    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL if scoped else 0)
+    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET if scoped else 0)
     size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
     try:
         fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
@@ -481,20 +600,34 @@ class Sandbox:
     """A policy made into a kernel ruleset and a namespace plan, once, before any engine runs (so
     a failure stops the job). Mode `none` may still have a plan: a pid namespace, no network."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, owns: Path | None = None, granted: list[str] = ()):
         self.mode = policy.mode
+        self.granted = set(granted)  # variables `subtask.isolation.env` lets through
         self.policy = policy
         self.plan = policy.plan
+        self._owns = owns  # a private folder this sandbox removes when closed
         self.fd: int | None = build_ruleset(policy) if policy.mode != "none" else None
+        self.accounting = views.Accounting(policy.view if owns is None else None)
 
     @property
     def active(self) -> bool:
         return self.fd is not None or self.plan.active
 
+    def withhold(self, env: dict) -> dict:
+        """`env` without what a confined process is not given (host sockets, credentials)."""
+        if self.mode == "none":
+            return env
+        withheld = set(views.withheld(env, self.granted))
+        return {k: v for k, v in env.items() if k not in withheld}
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        self.accounting.close()
+        if self._owns is not None:
+            shutil.rmtree(self._owns, ignore_errors=True)
+            self._owns = None
 
 
 @contextmanager
@@ -554,11 +687,16 @@ def launch_spec() -> dict | None:
     """The active sandbox, as `launch` rebuilds it in its own process: for a spawner that takes no
     pre-exec hook and closes every fd (the claude SDK), so no ruleset fd can cross it. None when
     nothing is confined."""
-    sandbox = _active
-    if sandbox is None:
+    from subtask.proc import context
+
+    sandbox, starter = _active, context.spec()
+    if sandbox is None and starter is None:
         return None
-    return {"v": 1, "mode": sandbox.mode, "grants": [[g.path, g.rights] for g in sandbox.policy.grants],
-            "plan": sandbox.plan.to_json()}
+    spec: dict = {"v": 1, "context": starter}
+    if sandbox is not None:
+        spec.update(mode=sandbox.mode, grants=[[g.path, g.rights] for g in sandbox.policy.grants],
+                    plan=sandbox.plan.to_json())
+    return spec
 
 
 LAUNCH_USAGE = ("usage: python -m subtask.proc.isolation [--parent PID] [--session] [--pid-file FILE] "
@@ -601,6 +739,15 @@ def launch(args: list[str]) -> int:
         try:
             with open(options["sandbox"], encoding="utf-8") as fh:
                 spec = json.load(fh)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"git-subtask: could not confine this process ({exc}); it was not started\n")
+            return 126
+        if isinstance(spec, dict) and spec.get("context") is not None:
+            from subtask.proc import context
+
+            context.apply_spec(spec["context"])  # exits 126 when it cannot
+    if "sandbox" in options and isinstance(spec, dict) and "mode" in spec:
+        try:
             policy = Policy(spec["mode"], [Grant(path, "", rights) for path, rights in spec["grants"]],
                             plan=namespaces.Plan.from_json(spec["plan"]))
             fd = build_ruleset(policy) if policy.mode != "none" else None

@@ -26,6 +26,7 @@ Invariants:
 - With `redact=True` both streams pass a `redact.StreamRedactor` before anything else sees them:
   the line callbacks and the tails get redacted text only (a key block printed over many lines
   and reads is redacted whole), so no caller can store what a child printed raw.
+- While a job runs, every child gets its starter's context before exec (`proc/context`).
 - While a job's isolation is active (`isolation.confined`), every child is confined before exec
   (its namespaces, then Landlock) and, given a pid namespace, run as pid 1 of it by `unshare --fork`.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
@@ -488,15 +489,20 @@ def _spawn_failure(argv: list[str], exc: OSError, started: float) -> ProcResult:
 
 
 def _child_setup(sandbox=None):
-    """What every child runs before exec: die with its spawner, then (in a job) its confinement."""
+    """What every child runs before exec: die with its spawner, then (in a job) its starter's
+    context (`proc/context`: nice value, limits, umask, namespaces) and its confinement, which
+    makes its namespaces inside the starter's."""
+    from subtask.proc import context
+
     setup = child_setup_for(os.getpid())
-    confine = _confinement_hook(sandbox)
-    if confine is None:
+    steps = [step for step in (context.child_call(), _confinement_hook(sandbox)) if step is not None]
+    if not steps:
         return setup
 
     def setup_and_confine() -> None:
         setup()
-        confine()
+        for step in steps:
+            step()
 
     return setup_and_confine
 

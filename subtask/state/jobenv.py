@@ -7,6 +7,10 @@ repository, or a worker forked by the MCP server's zygote. Each of those has its
 environment in `<state>/run/<id>.env.json`, and the worker adopts it as its whole `os.environ`
 before it runs the job: the engine, setup, verify and the worker's own git calls all see it.
 
+The rest of what a process inherits is kept beside it (`Context`): the nice value, the resource
+limits, the umask and the namespaces (by inode) of the command that started the job, applied to
+the job's processes by `proc/context` (issue 40): whoever hands it a slot does not lend it theirs.
+
 Invariants:
 - Never in git and never readable by others: the file may hold secrets (API keys, tokens); it is
   written atomically, 0600, in the 0700 state directory.
@@ -16,15 +20,17 @@ Invariants:
   attempt ends (by the worker before it lets go of the run-lock, or by whoever ends an attempt no
   worker will finish), so a later reply writes its own.
 - A job without a file (written by an older version) runs with the environment of whoever runs
-  it, as before.
+  it, as before; a file without a context, with the context of whoever runs it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask.state import paths
@@ -37,18 +43,67 @@ from subtask.state.statefiles import write_json
 _NOT_KEPT = ("SUBTASK_LOCK_FD", "SUBTASK_RUN")
 
 
+# Every limit `ulimit -a` shows that this platform's `resource` names.
+RLIMITS = tuple(name for name in ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE",
+                                  "RLIMIT_LOCKS", "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE", "RLIMIT_NICE",
+                                  "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_RSS", "RLIMIT_RTPRIO",
+                                  "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_STACK")
+                if hasattr(resource, name))
+NAMESPACES = ("user", "mnt", "pid", "net", "uts", "ipc", "cgroup", "time")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a process inherits besides its environment, as its starter had it."""
+
+    nice: int
+    umask: int
+    rlimits: dict[str, tuple[int, int]] = field(default_factory=dict)  # RLIMIT_X -> (soft, hard)
+    namespaces: dict[str, int] = field(default_factory=dict)  # kind -> inode of /proc/self/ns/<kind>
+
+    @classmethod
+    def capture(cls) -> Context:
+        """This process's (a few syscalls: no process is started)."""
+        mask = os.umask(0o022)
+        os.umask(mask)
+        rlimits = {name: resource.getrlimit(getattr(resource, name)) for name in RLIMITS}
+        spaces = {}
+        for kind in NAMESPACES:
+            try:
+                spaces[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
+            except OSError:
+                pass  # not on this kernel (time: 5.6+), or no /proc
+        return cls(os.getpriority(os.PRIO_PROCESS, 0), mask, rlimits, spaces)
+
+    def to_json(self) -> dict:
+        return {"nice": self.nice, "umask": self.umask, "rlimits": {k: list(v) for k, v in self.rlimits.items()},
+                "namespaces": self.namespaces}
+
+    @classmethod
+    def from_json(cls, data: object) -> Context | None:
+        """The kept context, or None when it is missing or damaged (the worker's own then applies)."""
+        try:
+            rlimits = {str(k): (int(v[0]), int(v[1])) for k, v in data["rlimits"].items()}
+            spaces = {str(k): int(v) for k, v in data["namespaces"].items()}
+            return cls(int(data["nice"]), int(data["umask"]), rlimits, spaces)
+        except (TypeError, KeyError, ValueError, IndexError, AttributeError):
+            return None
+
+
 def env_file(state_dir: Path, job_id: str) -> Path:
     return paths.run_file(state_dir, job_id, "env.json")
 
 
-def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None) -> None:
-    """Keep the starter's environment (default: this process's) for the worker that runs the job."""
+def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None,
+         context: Context | None = None) -> None:
+    """Keep the starter's environment and context (default: this process's) for the worker that
+    runs the job."""
     env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _NOT_KEPT}
-    write_json(env_file(state_dir, job_id), {"v": 1, "env": env})
+    context = context if context is not None else Context.capture()
+    write_json(env_file(state_dir, job_id), {"v": 1, "env": env, "context": context.to_json()})
 
 
-def load(state_dir: Path, job_id: str) -> dict[str, str] | None:
-    """The kept environment, or None when there is none (or it is damaged: warned)."""
+def _read(state_dir: Path, job_id: str) -> dict | None:
     path = env_file(state_dir, job_id)
     try:
         data = json.loads(path.read_text())
@@ -58,19 +113,36 @@ def load(state_dir: Path, job_id: str) -> dict[str, str] | None:
         print(f"git-subtask: {path} is damaged ({exc}); {job_id} runs with the worker's environment",
               file=sys.stderr)
         return None
-    env = data.get("env") if isinstance(data, dict) and data.get("v") == 1 else None
+    return data if isinstance(data, dict) and data.get("v") == 1 else None
+
+
+def load(state_dir: Path, job_id: str) -> dict[str, str] | None:
+    """The kept environment, or None when there is none (or it is damaged: warned)."""
+    data = _read(state_dir, job_id)
+    env = data.get("env") if data is not None else None
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return None
     return env
 
 
+def load_context(state_dir: Path, job_id: str) -> Context | None:
+    """The kept context of the job's starter, or None (none kept: the worker's own applies)."""
+    data = _read(state_dir, job_id)
+    return Context.from_json(data.get("context")) if data is not None else None
+
+
 def adopt(state_dir: Path, job_id: str) -> bool:
-    """Make the job's kept environment this process's whole environment. False if none was kept."""
-    env = load(state_dir, job_id)
-    if env is None:
+    """Make the job's kept environment this process's whole environment, and its starter's umask
+    this process's (the checkout's files get the modes they would have). False if none was kept."""
+    data = _read(state_dir, job_id)
+    env = data.get("env") if data is not None else None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return False
     os.environ.clear()
     os.environ.update(env)
+    context = Context.from_json(data.get("context"))
+    if context is not None:
+        os.umask(context.umask)
     return True
 
 

@@ -13,8 +13,10 @@ Invariants:
   the first close row wins and later ones are ignored, so settlement is exactly-once.
 - Spend belongs to the month of its reservation: the close row repeats the reservation's month,
   so a November reservation settled in December stays in November.
-- For the current month, committed + open never exceeds the cap after a reservation is granted
-  (up to a nano-dollar tolerance for float noise).
+- For the current month, committed + open never exceeds the cap after a reservation is granted.
+- Amounts are exact (`subtask.model.money`: decimals to the micro-dollar): sums and the cap check
+  are exact, and a row holds the exact amount as its JSON number. A row an earlier version wrote
+  with float noise (0.13499999999999998) is read as the micro-dollar amount it meant.
 - Files are 0600, the state directory 0700 when this module creates it.
 - The ledger is a cache of what the records in git hold, plus the open reservations: a `mark` row
   (`{"op": "mark", "of": <git dir>}`) says this repository's records are in it; without it,
@@ -29,7 +31,6 @@ subprocess, no network) happens under it: read the file, decide, append one row.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
@@ -38,9 +39,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from subtask.model import money
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import naming
@@ -52,8 +55,6 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 # The lock is held for a read and one append; a minute means a stuck holder, not contention.
 LOCK_TIMEOUT_S = 60.0
-# Sums of float dollars pick up ~1e-16 noise; an exact fit (7 x $7 under $49) must still pass.
-_TOLERANCE_USD = 1e-9
 _MONTH_RE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 _SPEND_HINT = "git subtask spend"
 
@@ -68,8 +69,12 @@ class Reservation:
     job: str
     attempt: int
     engine: str
-    usd: float
+    usd: Decimal
     month: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rid": self.rid, "job": self.job, "attempt": self.attempt, "engine": self.engine,
+                "usd": money.to_json(self.usd), "month": self.month}
 
 
 @dataclass(frozen=True)
@@ -77,30 +82,30 @@ class Spend:
     """One month's spend: settled charges, open reservations, and what is left under the cap."""
 
     month: str
-    committed_usd: float
-    open_usd: float
+    committed_usd: Decimal
+    open_usd: Decimal
     open_reservations: list[Reservation]
-    per_engine: dict[str, dict[str, float]]
-    cap_usd: float
+    per_engine: dict[str, dict[str, Decimal]]
+    cap_usd: Decimal
     # Negative when the cap was lowered below what is already committed or reserved.
-    left_usd: float
+    left_usd: Decimal
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "month": self.month,
-            "committed_usd": self.committed_usd,
-            "open_usd": self.open_usd,
-            "open_reservations": [r.__dict__.copy() for r in self.open_reservations],
-            "per_engine": {e: dict(v) for e, v in self.per_engine.items()},
-            "cap_usd": self.cap_usd,
-            "left_usd": self.left_usd,
+            "committed_usd": money.to_json(self.committed_usd),
+            "open_usd": money.to_json(self.open_usd),
+            "open_reservations": [r.to_dict() for r in self.open_reservations],
+            "per_engine": {e: {k: money.to_json(a) for k, a in v.items()} for e, v in self.per_engine.items()},
+            "cap_usd": money.to_json(self.cap_usd),
+            "left_usd": money.to_json(self.left_usd),
         }
 
 
 @dataclass(frozen=True)
 class _Close:
     rid: str
-    usd_charged: float
+    usd_charged: Decimal
     month: str
 
 
@@ -114,11 +119,11 @@ class _State:
     def open(self) -> list[Reservation]:
         return [r for rid, r in self.reservations.items() if rid not in self.closes]
 
-    def committed(self, month: str) -> float:
-        return math.fsum(c.usd_charged for c in self.closes.values() if c.month == month)
+    def committed(self, month: str) -> Decimal:
+        return money.total(c.usd_charged for c in self.closes.values() if c.month == month)
 
-    def open_usd(self, month: str) -> float:
-        return math.fsum(r.usd for r in self.open() if r.month == month)
+    def open_usd(self, month: str) -> Decimal:
+        return money.total(r.usd for r in self.open() if r.month == month)
 
 
 # ---------------------------------------------------------------- paths and the lock
@@ -199,38 +204,22 @@ def _month_of(now: datetime) -> str:
     return now.strftime("%Y-%m")
 
 
-def _is_money(x: object) -> bool:
-    """A finite, non-negative number of dollars (bools are not money)."""
-    return (
-        isinstance(x, (int, float))
-        and not isinstance(x, bool)
-        and math.isfinite(x)
-        and x >= 0
-    )
-
-
-def _fmt_usd(x: float) -> str:
-    cents = f"{x:.2f}"
-    # Show sub-cent amounts rather than print "$50.00 > $50.00".
-    return "$" + (cents if abs(float(cents) - x) < 1e-12 else f"{x:.6f}".rstrip("0"))
-
-
 def check_month(month: str) -> str:
     if not isinstance(month, str) or not _MONTH_RE.match(month):
         raise SubtaskError("usage", f"month must look like YYYY-MM, not {month!r}")
     return month
 
 
-def _check_reserve_args(job: str, attempt: int, engine: str, usd: float, cap_usd: float) -> None:
+def _check_reserve_args(job: str, attempt: int, engine: str, usd: object, cap_usd: object) -> None:
     if not isinstance(job, str) or not job:
         raise SubtaskError("usage", f"job must be a non-empty string, not {job!r}")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
         raise SubtaskError("usage", f"attempt must be a non-negative integer, not {attempt!r}")
     if not isinstance(engine, str) or not engine:
         raise SubtaskError("usage", f"engine must be a non-empty string, not {engine!r}")
-    if not _is_money(usd):
+    if not money.is_money(usd):
         raise SubtaskError("usage", f"a reservation must be a finite amount >= $0, not {usd!r}")
-    if not _is_money(cap_usd):
+    if not money.is_money(cap_usd):
         raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
 
 
@@ -238,23 +227,23 @@ def _check_reserve_args(job: str, attempt: int, engine: str, usd: float, cap_usd
 
 def _parse_reserve(row: dict[str, Any]) -> Reservation | None:
     rid, job, attempt, engine = row.get("rid"), row.get("job"), row.get("attempt"), row.get("engine")
-    usd, month = row.get("usd"), row.get("month")
+    usd, month = money.money_or_none(row.get("usd")), row.get("month")
     if not (isinstance(rid, str) and isinstance(job, str) and isinstance(engine, str)):
         return None
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or not _is_money(usd):
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or usd is None:
         return None
     if not isinstance(month, str) or not _MONTH_RE.match(month):
         return None
-    return Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=float(usd), month=month)
+    return Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=usd, month=month)
 
 
 def _parse_close(row: dict[str, Any]) -> _Close | None:
-    rid, charged, month = row.get("rid"), row.get("usd_charged"), row.get("month")
-    if not isinstance(rid, str) or not _is_money(charged):
+    rid, charged, month = row.get("rid"), money.money_or_none(row.get("usd_charged")), row.get("month")
+    if not isinstance(rid, str) or charged is None:
         return None
     if not isinstance(month, str) or not _MONTH_RE.match(month):
         return None
-    return _Close(rid=rid, usd_charged=float(charged), month=month)
+    return _Close(rid=rid, usd_charged=charged, month=month)
 
 
 def _parse_mark(row: dict[str, Any]) -> str | None:
@@ -355,8 +344,8 @@ def reserve(
     job: str,
     attempt: int,
     engine: str,
-    usd: float,
-    cap_usd: float,
+    usd: object,
+    cap_usd: object,
     now: datetime | None = None,
 ) -> Reservation:
     """Reserve `usd` for one attempt of a job this month, or refuse if it would break the cap."""
@@ -371,8 +360,8 @@ def reserve_locked(
     job: str,
     attempt: int,
     engine: str,
-    usd: float,
-    cap_usd: float,
+    usd: object,
+    cap_usd: object,
     now: datetime | None = None,
 ) -> Reservation:
     """`reserve` for a caller already holding `lock(state_dir)` (the admission critical section)."""
@@ -387,16 +376,17 @@ def reserve_locked(
     if rid in state.reservations:
         raise SubtaskError("conflict", f"reservation {rid} already exists in the spend ledger",
                            hint=_SPEND_HINT)
-    _refuse_over_cap(rid, month, state, float(usd), float(cap_usd))
-    res = Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=float(usd), month=month)
+    amount, cap = money.usd(usd), money.usd(cap_usd)
+    _refuse_over_cap(rid, month, state, amount, cap)
+    res = Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=amount, month=month)
     _append(ledger_path(state_dir), {
         "v": ROW_VERSION, "op": "reserve", "rid": rid, "job": job, "attempt": attempt,
-        "engine": engine, "usd": res.usd, "month": month, "at": at.isoformat(),
+        "engine": engine, "usd": money.to_json(res.usd), "month": month, "at": at.isoformat(),
     })
     return res
 
 
-def check_fits_locked(state_dir: Path, amounts: list[float], cap_usd: float, *, what: str,
+def check_fits_locked(state_dir: Path, amounts: list, cap_usd: object, *, what: str,
                       now: datetime | None = None) -> None:
     """Refuse, before any row is written, reservations that together would break the cap.
 
@@ -409,58 +399,53 @@ def check_fits_locked(state_dir: Path, amounts: list[float], cap_usd: float, *, 
         raise RuntimeError("check_fits_locked called without holding ledger.lock(state_dir)")
     month = _month_of(_utc(now))
     state = _read_state(ledger_path(state_dir))
-    total = math.fsum(float(a) for a in amounts)
+    asked = [money.usd(a) or money.ZERO for a in amounts]
+    total, cap = money.total(asked), money.usd(cap_usd)
     committed, open_usd = state.committed(month), state.open_usd(month)
-    if math.fsum([committed, open_usd, total]) <= float(cap_usd) + _TOLERANCE_USD:
+    if committed + open_usd + total <= cap:
         return
-    left = max(0.0, float(cap_usd) - math.fsum([committed, open_usd]))
-    each = max(amounts) if amounts else 0.0
-    fits = int((left + _TOLERANCE_USD) // each) if each > 0 else len(amounts)
+    left = max(money.ZERO, cap - committed - open_usd)
+    each = max(asked) if asked else money.ZERO
+    fits = int(left // each) if each > 0 else len(asked)
     raise SubtaskError(
         "budget",
-        f"reserving {_fmt_usd(total)} for {what} would exceed the monthly cap for {month}: "
-        f"{_fmt_usd(committed)} committed + {_fmt_usd(open_usd)} open + {_fmt_usd(total)} requested "
-        f"> {_fmt_usd(cap_usd)}; {_fmt_usd(left)} is left under the cap (room for {fits} of {len(amounts)})",
+        f"reserving {money.text(total)} for {what} would exceed the monthly cap for {month}: "
+        f"{money.text(committed)} committed + {money.text(open_usd)} open + {money.text(total)} requested "
+        f"> {money.text(cap)}; {money.text(left)} is left under the cap (room for {fits} of {len(asked)})",
         hint=_SPEND_HINT,
     )
 
 
-def _refuse_over_cap(rid: str, month: str, state: _State, usd: float, cap: float) -> None:
+def _refuse_over_cap(rid: str, month: str, state: _State, usd: Decimal, cap: Decimal) -> None:
     committed, open_usd = state.committed(month), state.open_usd(month)
-    if math.fsum([committed, open_usd, usd]) <= cap + _TOLERANCE_USD:
+    if committed + open_usd + usd <= cap:
         return
     raise SubtaskError(
         "budget",
-        f"reserving {_fmt_usd(usd)} for {rid} would exceed the monthly cap for {month}: "
-        f"{_fmt_usd(committed)} committed + {_fmt_usd(open_usd)} open + {_fmt_usd(usd)} requested "
-        f"> {_fmt_usd(cap)}",
+        f"reserving {money.text(usd)} for {rid} would exceed the monthly cap for {month}: "
+        f"{money.text(committed)} committed + {money.text(open_usd)} open + {money.text(usd)} requested "
+        f"> {money.text(cap)}",
         hint=_SPEND_HINT,
     )
 
 
-def _charge(reserved: float, cost: float | None, charge_all: bool) -> float:
+def _charge(reserved: Decimal, cost: object, charge_all: bool) -> Decimal:
     # An unknown or nonsensical cost may have spent anything up to the reservation: charge it all.
-    if charge_all or not _is_money(cost):
+    amount = money.money_or_none(cost)
+    if charge_all or amount is None:
         return reserved
-    return min(float(cost), reserved)  # type: ignore[arg-type]  # _is_money checked it
-
-
-def _observed(cost: float | None) -> float | None:
-    # Record what the engine reported when JSON can hold it; NaN/inf become null.
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
-        return float(cost)
-    return None
+    return min(amount, reserved)
 
 
 def close(
     state_dir: Path,
     rid: str,
-    cost: float | None,
+    cost: object,
     *,
     reason: str = "",
     charge_all: bool = False,
     now: datetime | None = None,
-) -> float | None:
+) -> Decimal | None:
     """Settle a reservation once; return the amount charged, or None if unknown or already closed.
 
     `close(rid, 0.0)` releases it. An unknown cost (None, NaN, inf, negative) or `charge_all`
@@ -474,8 +459,9 @@ def close(
             return None
         charged = _charge(res.usd, cost, charge_all)
         _append(ledger_path(state_dir), {
-            "v": ROW_VERSION, "op": "close", "rid": rid, "usd_charged": charged,
-            "observed": _observed(cost), "month": res.month,
+            "v": ROW_VERSION, "op": "close", "rid": rid, "usd_charged": money.to_json(charged),
+            # What the engine reported, when JSON can hold it; NaN/inf become null.
+            "observed": money.to_json(cost), "month": res.month,
             "at": _utc(now).isoformat(), "reason": str(reason),
         })
         return charged
@@ -483,18 +469,22 @@ def close(
 
 def summary(
     state_dir: Path,
-    cap_usd: float,
+    cap_usd: object,
     month: str | None = None,
     *,
     now: datetime | None = None,
 ) -> Spend:
     """Spend for `month` (default: the current UTC month) against `cap_usd`."""
     state_dir = Path(state_dir)
-    if not _is_money(cap_usd):
+    if not money.is_money(cap_usd):
         raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
+    cap = money.usd(cap_usd)
     month = check_month(month) if month is not None else _month_of(_utc(now))
-    with _held(state_dir):
-        state = _read_state(ledger_path(state_dir))
+    if state_dir.is_dir():
+        with _held(state_dir):
+            state = _read_state(ledger_path(state_dir))
+    else:
+        state = _State()  # no state folder, no ledger: nothing spent, and a look makes no folder
     committed, open_usd = state.committed(month), state.open_usd(month)
     return Spend(
         month=month,
@@ -502,14 +492,14 @@ def summary(
         open_usd=open_usd,
         open_reservations=[r for r in state.open() if r.month == month],
         per_engine=_per_engine(state, month),
-        cap_usd=float(cap_usd),
-        left_usd=float(cap_usd) - math.fsum([committed, open_usd]),
+        cap_usd=cap,
+        left_usd=cap - committed - open_usd,
     )
 
 
-def _per_engine(state: _State, month: str) -> dict[str, dict[str, float]]:
-    committed: dict[str, list[float]] = {}
-    opened: dict[str, list[float]] = {}
+def _per_engine(state: _State, month: str) -> dict[str, dict[str, Decimal]]:
+    committed: dict[str, list[Decimal]] = {}
+    opened: dict[str, list[Decimal]] = {}
     for c in state.closes.values():
         if c.month == month:
             res = state.reservations.get(c.rid)
@@ -518,7 +508,7 @@ def _per_engine(state: _State, month: str) -> dict[str, dict[str, float]]:
         if r.month == month:
             opened.setdefault(r.engine, []).append(r.usd)
     engines = sorted(set(committed) | set(opened))
-    return {e: {"committed": math.fsum(committed.get(e, [])), "open": math.fsum(opened.get(e, []))}
+    return {e: {"committed": money.total(committed.get(e, [])), "open": money.total(opened.get(e, []))}
             for e in engines}
 
 
@@ -562,16 +552,17 @@ def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: dat
         state = _read_state(path)
         for c in charges:
             rid, month = c["rid"], c["month"]
-            if not (_is_money(c["reserved"]) and isinstance(month, str) and _MONTH_RE.match(month)):
+            reserved, charged = money.money_or_none(c["reserved"]), money.money_or_none(c["charged"])
+            if not (reserved is not None and isinstance(month, str) and _MONTH_RE.match(month)):
                 continue
             if rid not in state.reservations:
                 _append(path, {"v": ROW_VERSION, "op": "reserve", "rid": rid, "job": c["job"],
-                               "attempt": c["attempt"], "engine": c["engine"], "usd": float(c["reserved"]),
+                               "attempt": c["attempt"], "engine": c["engine"], "usd": money.to_json(reserved),
                                "month": month, "at": at, "from": "record"})
                 added += 1
-            if c["charged"] is not None and rid not in state.closes and _is_money(c["charged"]):
+            if charged is not None and rid not in state.closes:
                 _append(path, {"v": ROW_VERSION, "op": "close", "rid": rid,
-                               "usd_charged": min(float(c["charged"]), float(c["reserved"])),
+                               "usd_charged": money.to_json(min(charged, reserved)),
                                "observed": None, "month": month, "at": at, "reason": "restored from the record"})
                 added += 1
         if added or path.exists():

@@ -7,6 +7,7 @@ ledger.jsonl, ledger.lock       reservations and closes (state/ledger)
 ports.json, ports.lock          each running attempt's ports (state/ports)
 notes.lock, worktree.lock, land.lock, clone-id.lock, index-<key>.lock, packed-<repo>.lock
 pool-fill.lock                  held by the one process filling the worktree pool (git/pool)
+notify.jsonl (.1), notify.lock   the events told to MCP clients (ops/notify)
 groups/<gid>.lock               a group's settle lock
 land-sweep.json, patch-ids.json, main-index/       caches of the sweep, landing and the worker
 logs/<id>.log                   a worker's stderr
@@ -71,6 +72,15 @@ def repo_file(state_dir: Path, common_dir: Path, stem: str, suffix: str) -> Path
     import hashlib
 
     return state_dir / f"{stem}-{hashlib.sha1(str(common_dir).encode()).hexdigest()[:8]}{suffix}"
+
+
+def notify_feed(state_dir: Path, old: bool = False) -> Path:
+    """`notify.jsonl` (`.1`: the one it replaced): the events an MCP server tells its client (ops/notify)."""
+    return state_dir / ("notify.jsonl.1" if old else "notify.jsonl")
+
+
+def notify_lock(state_dir: Path) -> Path:
+    return state_dir / "notify.lock"
 
 
 def log_file(state_dir: Path, job_id: str) -> Path:

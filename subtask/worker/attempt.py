@@ -28,8 +28,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import json
-import math
 import os
 import shutil
 import signal
@@ -38,11 +38,12 @@ import subprocess
 import sys
 import time
 import traceback
+from decimal import Decimal
 from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import ERROR_HINTS, Baseline, EngineContext, Outcome
-from subtask.git import checks, notes, packing, pool, records, worktrees
+from subtask.git import checks, harness, notes, packing, pool, records, worktrees
 from subtask.git.gitrepo import (
     NO_HOOKS,
     Repo,
@@ -55,14 +56,15 @@ from subtask.git.gitrepo import (
     preload_pygit2,
 )
 from subtask.git.records import Job
-from subtask.model import claims, faults, phases, render
+from subtask.model import claims, faults, money, phases, render
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, WAITING, Evidence, VerifyResult, work_base
 from subtask.model.redact import Redactor, StreamRedactor, redact, redact_obj
-from subtask.ops import groups, lifecycle, plans
+from subtask.ops import groups, lifecycle, notify, overlay, plans
 from subtask.ops.stall import StallWatch
 from subtask.ops.stall import action_of as stall_action
-from subtask.proc import isolation, spawn
+from subtask.proc import context, isolation, spawn
+from subtask.proc import view as views
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import file_lock, open_private
 from subtask.worker import retries
@@ -197,6 +199,7 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
     what git wrote), because the checkout's git and the attempt's sandbox follow it."""
     path = worktree_path(repo, job)
     if path.exists() and os.path.lexists(path / ".git"):
+        overlay.restore_left(repo, job.id)  # a killed worker's trusted tests never reach the engine
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base)
     else:
         ensure_excluded(repo.common_dir)
@@ -417,21 +420,38 @@ def engine_env(job: Job, state_dir: Path | None = None) -> dict[str, str]:
     return env
 
 
-def resume_point(job: Job) -> tuple[str | None, Baseline | None, float]:
+def resume_point(job: Job) -> tuple[str | None, Baseline | None, Decimal]:
     """What a reply resumes: the session of the latest earlier attempt that has one; the figures
-    that session last reported (the baseline of this attempt's own share); and what the attempts
-    since then were charged without figures of their own (killed, timed out), which the engine's
-    next running total includes again: that much is credited, so nothing is charged twice."""
+    that session last reported (the baseline of this attempt's own share; `Baseline.start` when
+    no attempt of it recorded any); and what its attempts since then were charged without figures
+    of their own (killed, timed out), which the engine's next running total includes again: that
+    much is credited, so nothing is charged twice.
+
+    The session's attempts are those from the first that names it on: an earlier one belongs to
+    another session (a reply resumes only a session that an attempt named), and one in between
+    that names none (its worker died before it could) resumed this one, the latest there was."""
     earlier = job.state.attempts[:-1]
     session = next((a.session_id for a in reversed(earlier) if a.session_id), None)
-    unreported: list[float] = []
-    for attempt in reversed(earlier) if session else ():
+    if session is None:
+        return None, None, money.ZERO
+    first = next(i for i, a in enumerate(earlier) if a.session_id == session)
+    unreported: list[Decimal] = []
+    for attempt in reversed(earlier[first:]):
         baseline = Baseline.from_totals(attempt.totals)
-        if baseline is not None:
-            return (session, baseline, math.fsum(unreported)) if baseline.session_id == session else (session, None, 0.0)
-        charged = attempt.cost.charged
-        unreported.append(charged if isinstance(charged, (int, float)) else (attempt.cost.reserved if attempt.rid else 0.0))
-    return session, None, 0.0
+        if baseline is not None and baseline.session_id == session:
+            return session, baseline, money.total(unreported)
+        if baseline is not None or attempt.session_id not in (None, session):
+            break  # figures of another session: nothing before it is in this one's total
+        unreported.append(charged_so_far(attempt))
+    return session, Baseline.start(session), money.total(unreported)
+
+
+def charged_so_far(attempt) -> Decimal:
+    """What an ended attempt was charged, as its record (and the ledger's close) says: its whole
+    reservation when the record knows no charge."""
+    if attempt.cost.charged is not None:
+        return attempt.cost.charged
+    return attempt.cost.reserved if attempt.rid else money.ZERO
 
 
 def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = None) -> Outcome:
@@ -450,7 +470,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         config=settings_reader(engine, repo.config),
         on_pid=lambda pid: (launched.append(pid), lifecycle.record_engine(repo.state_dir, job.id, pid)),
         on_launch=lambda pid: launched.append(pid),
-        state_dir=repo.state_dir,
+        private_dir=paths.run_dir(repo.state_dir),
+        write_task_file=functools.partial(privatetext.task_file, repo.state_dir, job.id, attempt.n),
     )
     try:
         outcome = engine.run(ctx)
@@ -544,78 +565,144 @@ def current_head(repo: Repo, job: Job) -> str:
         return job.spec.base
 
 
-def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> VerifyResult | None:
+def verify_command(repo: Repo, job: Job) -> str:
+    """The verify command as written (the record holds it redacted)."""
+    return privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
+
+
+def judge_of(repo: Repo, job: Job, worktree: Path, head: str, env: dict) -> overlay.Judge:
+    """What judges the attempt's verify: the job's base's harness over its worktree (docs/verify.md
+    "The judge"), or its own tests (`--harness job`)."""
+    return overlay.prepare(repo, asked=job.spec.harness, command=verify_command(repo, job), trusted=work_base(job),
+                           source="base", worktree=worktree, head=head, kept=overlay.read_snapshot(repo, job.id),
+                           env=env)
+
+
+def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge: overlay.Judge | None = None,
+               tmpdir: str | None = None) -> VerifyResult | None:
+    """Verify on the job's commit, judged by the trusted harness (`judge`); when the job changed
+    that harness, run again on its tree as it wrote it: its own tests, recorded apart."""
     if not job.spec.verify:
         return None
-    from subtask.proc import procs
-
     tree = str(repo.git[head].tree_id)
-    command = privatetext.verify(repo.state_dir, job.id, job.state.current.n, job.spec.verify)
-    # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
-    result = procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
-                       tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
-                       on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
-    output = (result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail)
-    output = redact(output)[-VERIFY_TAIL_BYTES:]
+    if judge is None:
+        judge = overlay.Judge("job")
+    if judge.error:
+        return VerifyResult(command=job.spec.verify, exit_code=None, seconds=0.0, head=head, tree=tree, passed=False,
+                            output_tail=redact(f"not run: {judge.error}"), harness=judge.facts())
+    with overlay.overlaid(repo, judge, worktree, overlay.stash_of(repo, job.id), tmpdir or worktree.parent) as extra:
+        result = _verify_once(repo, job, worktree, {**env, **extra})
     # A timeout is reported as the limit it hit: the run also took the kill and the pipes' grace.
     seconds = min(result.seconds, job.spec.verify_timeout) if result.timed_out else result.seconds
-    return VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
-                        head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
-                        timed_out=result.timed_out, output_tail=output)
+    verify = VerifyResult(command=job.spec.verify, exit_code=result.exit_code, seconds=round(seconds, 3),
+                          head=head, tree=tree, passed=(result.exit_code == 0 and not result.timed_out),
+                          timed_out=result.timed_out, output_tail=_verify_output(result))
+    own = None
+    if judge.touched:
+        mine = _verify_once(repo, job, worktree, env)
+        counts = claims.test_counts(_verify_output(mine))
+        own = {"passed": mine.exit_code == 0 and not mine.timed_out, "exit_code": mine.exit_code,
+               "timed_out": mine.timed_out, "seconds": round(mine.seconds, 3),
+               "tests": {"passed": counts.passed, "failed": counts.failed} if counts else None}
+    verify.harness = judge.facts(own)
+    return verify
+
+
+def _verify_once(repo: Repo, job: Job, worktree: Path, env: dict):
+    from subtask.proc import procs
+
+    # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
+    return procs.run(["sh", "-c", verify_command(repo, job)], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
+                     tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,
+                     on_start=lambda pid: lifecycle.record_engine(repo.state_dir, job.id, pid))
+
+
+def _verify_output(result) -> str:
+    output = result.stdout_tail + ("\n" if result.stdout_tail and result.stderr_tail else "") + result.stderr_tail
+    return redact(output)[-VERIFY_TAIL_BYTES:]
 
 
 class Confinement:
-    """One attempt's isolation: the policy and its sandbox, its private temp dir, the refused
-    writes its output reported, and whether the main worktree changed while the job ran (`git
-    status` before and after)."""
+    """One attempt's isolation: the policy and its sandbox (its view of the machine, its private
+    folders), the environment its processes get, what the view refused (observed) and what its
+    output claimed was refused, and whether the main worktree changed while the job ran (`git
+    status` before and after). Without ours, an engine's own sandbox (codex's) may refuse: what the
+    commands it ran printed about refusals is listed as claims too."""
 
     def __init__(self, repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink, before: MainWorktreeStatus):
         self.repo, self.job, self.sink = repo, job, sink
         self.before, self.after = before, None
-        self.refused: list[str] = []
+        self.claimed: list[str] = []
         self.tmpdir = private_tmpdir(repo, job.id)  # every job's own, confined or not (its namespace)
         engine = get_engine(job.spec.engine, repo.config)
+        confined = job.spec.isolation != "none"
+        self.engine_sandbox = None if confined else isolation.own_sandbox(engine, job.spec.readonly)
         self.env = engine_env(job, repo.state_dir)
-        self.env.update(TMPDIR=self.tmpdir, TMP=self.tmpdir, TEMP=self.tmpdir)
-        if job.spec.isolation != "none":
+        if confined:
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
         from subtask.proc import procs
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         self.worktree = worktree
+        self.context = None
         try:
+            self.context = starter_context(repo, job)
             self.env.update(namespace_env(repo, job))
+            n = job.state.current.n
             # The admin folder the checkout made or checked, never the one the job's `.git` names.
             self.policy = isolation.build_policy(
                 job.spec.isolation, worktree=worktree, admin=admin,
                 common_dir=repo.common_dir, has_branch=bool(job.spec.branch),
-                tmpdir=self.tmpdir or "", extra=isolation.configured_writable(repo.git, repo.root),
-                engine_extra=isolation.engine_paths(engine, self.env) if job.spec.isolation != "none" else [])
+                tmpdir=self.tmpdir, extra=isolation.configured_writable(repo.config, repo.root),
+                engine_extra=isolation.engine_paths(engine, self.env) if confined else [],
+                env=self.env, state_dir=repo.state_dir,
+                readable=isolation.configured_paths(repo.config, repo.root, isolation.READABLE_KEY),
+                engine_readable=isolation.engine_paths(engine, self.env, "readable") if confined else [],
+                sockets=job.spec.sockets or [],
+                optional=[str(privatetext.task_file_path(repo.state_dir, job.id, n)),
+                          str(privatetext.verify_output_path(repo.state_dir, job.id, n))])
             isolation.plan_namespaces(self.policy, network=job.spec.network,
                                       asked=not job.spec.isolation_source.startswith("default"))
             self.sandbox = isolation.Sandbox(self.policy)
         except BaseException:
             release_namespace(repo, job)
+            context.use(None)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
+        temp = "/tmp" if self.policy.view is not None else self.tmpdir
+        self.env.update(isolation.temp_env(temp))
+        if self.policy.view is not None:
+            self.env.update(git_identity(repo, self.env))
+        # What a confined job is not given (host sockets, credentials), but for the engine process
+        # its own credentials; granted by name with `subtask.isolation.env`.
+        self.withheld = views.withheld(self.env, set(isolation.configured_names(repo.config))) if confined else []
+        own = set(isolation.engine_credentials(engine, self.env)) if confined else set()
+        self.engine_env = {k: v for k, v in self.env.items() if k not in self.withheld or k in own}
+        self.env = {k: v for k, v in self.env.items() if k not in self.withheld}
 
     def watch(self, event: dict) -> None:
-        """The engine's sink: every event goes on; an output line reporting a refused access is noted."""
+        """The engine's sink: every event goes on; an output line reading like a refused access is
+        noted as what the job claims (it can print anything)."""
         self.sink(event)
-        if self.policy.mode == "none":
+        if self.policy.mode == "none" and not self.engine_sandbox:
             return
-        if event.get("type") in ("output", "log"):
-            self.note_refused(str(event.get("text", "")))
+        if event.get("type") in ("output", "log") and self.policy.mode != "none":
+            self.note_claim(str(event.get("text", "")))
         elif event.get("type") == "command" and isinstance(event.get("output"), str):
             for line in event["output"].splitlines():  # what an agent's command printed (codex)
-                self.note_refused(line)
+                self.note_claim(line)
 
-    def note_refused(self, text: str) -> None:
-        if not isolation.looks_refused(text) or len(self.refused) >= isolation.MAX_REFUSED:
+    def note_claim(self, text: str) -> None:
+        if not isolation.looks_refused(text) or len(self.claimed) >= isolation.MAX_REFUSED:
             return
         line = redact(text.strip())[:300]
-        self.refused.append(line)
-        self.sink({"type": "isolation", "mode": self.policy.mode, "refused": line})
+        self.claimed.append(line)
+        self.sink({"type": "isolation", "mode": self.policy.mode, "claimed": line})
+
+    def observe(self) -> None:
+        """What the view refused during the last sandboxed run, as the kernel saw it: an event each."""
+        for line in self.sandbox.accounting.collect():
+            self.sink({"type": "isolation", "mode": self.policy.mode, "refused": redact(line)})
 
     def look_after(self) -> None:
         """Take the main worktree's status once nothing confined runs any more (the engine, or
@@ -626,19 +713,27 @@ class Confinement:
     def evidence(self, verify: VerifyResult | None) -> tuple[dict, dict]:
         if verify is not None and self.policy.mode != "none":
             for line in verify.output_tail.splitlines():
-                self.note_refused(line)
+                self.note_claim(line)
+        self.observe()
         self.look_after()
         changed = sorted(set(self.before.lines()) ^ set(self.after.lines()))
         main = {"changed": bool(changed), "paths": [entry[3:] for entry in changed][:50]}
-        return self.policy.to_dict() | {"source": self.job.spec.isolation_source, "refused": self.refused}, main
+        refused = [redact(line) for line in self.sandbox.accounting.seen]
+        seen = {"source": self.job.spec.isolation_source, "refused": refused, "claimed": self.claimed,
+                "env_withheld": self.withheld}
+        if self.engine_sandbox:  # none of ours: the engine's own confined it
+            seen["engine_sandbox"] = f"{self.job.spec.engine} {self.engine_sandbox}"
+        return self.policy.to_dict() | seen, main
 
     def end_leftovers(self) -> None:
         """End what the last sandboxed run left running. In a pid namespace the kernel did it as
-        its pid 1 exited; else they are orphans this worker (their subreaper) adopted."""
+        its pid 1 exited; else they are orphans this worker (their subreaper) adopted. Then take
+        what its view refused."""
         if not self.policy.plan.pid:
             from subtask.proc import procs
 
             procs.end_adopted(self.token)
+        self.observe()
 
     def close(self) -> None:
         self.end_leftovers()
@@ -646,21 +741,90 @@ class Confinement:
             run_teardown(self.repo, self.job, self.worktree, self)
         finally:
             release_namespace(self.repo, self.job)
+            context.use(None)
             self.sandbox.close()
             for status in (self.before, self.after):
                 if status is not None:
                     status.lines()  # no git process is left behind, whatever ended the attempt
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            discard_private(self.tmpdir)
+
+
+def git_identity(repo: Repo, env: dict[str, str]) -> dict[str, str]:
+    """The identity git commits with, for a job whose view holds no global git config (it may
+    name credential helpers or URLs with tokens): `user.name`/`user.email` as git resolves them
+    here, passed as the variables git reads first, unless the environment already sets them."""
+    found = {}
+    for key, names in (("user.name", ("GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME")),
+                       ("user.email", ("GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"))):
+        value = repo.config.git(key)
+        for name in names if value else ():
+            if name not in env:
+                found[name] = value
+    return found
+
+
+def starter_context(repo: Repo, job: Job) -> context.Prepared:
+    """The context of the job's starter (nice value, limits, umask, namespaces: `jobenv`), made
+    the context of every child this worker starts for the attempt; refused when it cannot be
+    given (a setup failure that names why), never replaced by this worker's own."""
+    try:
+        prepared = context.prepare(jobenv.load_context(repo.state_dir, job.id))
+    except context.ContextError as exc:
+        raise SubtaskError("fatal", f"cannot run as its starter ran: {exc}") from exc
+    context.use(prepared)
+    return prepared
 
 
 TMP_FOLDER = ".tmp"  # under the worktree folder: beside the job worktrees, outside .git and /tmp
 
 
+GONE = ".gone-"  # a private folder moved aside at its attempt's end, removed once nothing waits for it
+_gone: list[Path] = []
+
+
+def discard_private(folder: str) -> None:
+    """Take the attempt's private folder away now (one rename: nothing of it is where it was), and
+    remove it after the run-lock is released (`remove_discarded`): deleting its few dozen
+    folders costs ~60 ms on a file system mounted with `discard`, which `wait` need not wait for."""
+    path = Path(folder)
+    aside = path.with_name(f"{GONE}{path.name}.{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    _gone.append(aside)
+
+
+def _alive(pid: str) -> bool:
+    """Is the worker that moved a folder aside alive (it removes its own)? A reused pid keeps a
+    dead one's folder until that process ends: garbage, never anyone's work."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
+
+
+def remove_discarded() -> None:
+    while _gone:
+        shutil.rmtree(_gone.pop(), ignore_errors=True)
+
+
 def private_tmpdir(repo: Repo, job_id: str) -> str:
     """A fresh 0700 temp dir for the job's engine (`<worktreeDir>/.tmp/<id>`). One a killed worker
-    left behind is replaced here, so a crash leaks at most one empty folder per job, in the repo."""
+    left behind is replaced here, and the folders killed workers had moved aside are removed, so
+    a crash leaks at most one folder per job, in the repo, until the next attempt of any job."""
     path = repo.worktree_dir() / TMP_FOLDER / job_id
     shutil.rmtree(path, ignore_errors=True)
+    try:
+        for entry in os.scandir(path.parent):
+            if entry.name.startswith(GONE) and not _alive(entry.name.rpartition(".")[2]):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        pass
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.mkdir(mode=0o700)
     return str(path)
@@ -865,13 +1029,19 @@ def claims_of(evidence: Evidence, verify: VerifyResult | None, found: list[dict]
     return said or None
 
 
-def charge_of(job: Job, outcome: Outcome) -> float | None:
+def charge_of(job: Job, outcome: Outcome) -> Decimal | None:
     """What the current attempt is about to be charged (`finish` settles it the same way)."""
     attempt = copy.deepcopy(job.state.current)
-    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
-                credit=resume_point(job)[2] if outcome.since_baseline else 0.0,
-                never_billed=attempt.stalled is not None and outcome.billed is False)
+    settle_outcome(job, attempt, outcome)
     return attempt.cost.charged
+
+
+def settle_outcome(job: Job, attempt, outcome: Outcome) -> None:
+    """`settle_cost` with what the engine said: the credit applies to a share of the resumed
+    session's running figures; an engine that saw no answer is never billed."""
+    settle_cost(attempt, outcome.cost_usd, launched=outcome.launched,
+                credit=resume_point(job)[2] if outcome.since_baseline else money.ZERO,
+                never_billed=outcome.billed is False)
 
 
 def evidence_at_best(repo: Repo, job: Job, plan: retries.Plan, outcome: Outcome, state: str,
@@ -903,9 +1073,7 @@ def finish(repo: Repo, job_id: str, attempt_n: int, state: str, outcome: Outcome
                        session_id=outcome.session_id or attempt.session_id, model=outcome.model,
                        turns=outcome.turns, tokens=outcome.tokens, head=head, verify=verify,
                        totals=outcome.totals or None)
-        credit = resume_point(job)[2] if outcome.since_baseline else 0.0
-        settle_cost(attempt, outcome.cost_usd, launched=outcome.launched, credit=credit,
-                    never_billed=attempt.stalled is not None and outcome.billed is False)
+        settle_outcome(job, attempt, outcome)
         if evidence is not None:
             evidence.state = state
             evidence.cost = attempt.cost.to_dict()
@@ -925,26 +1093,28 @@ def owner_lock_wait(repo: Repo) -> float:
     return repo.config.number("refLockStale") + 2 * records.LOCK_WAIT
 
 
-def settle_cost(attempt, observed: float | None, *, launched: bool = True, credit: float = 0.0,
+def settle_cost(attempt, observed: object, *, launched: bool = True, credit: object = money.ZERO,
                 never_billed: bool = False) -> None:
-    """The attempt's charge from what its engine observed: capped at the reservation; the whole
-    reservation when unknown; nothing when no engine process ever ran, or when it stalled and the
-    model never answered (`never_billed`); `credit` (charged already, see `resume_point`) is
-    taken off an observed share of a resumed session."""
+    """The attempt's charge from what its engine observed, in exact dollars: capped at the
+    reservation; the whole reservation when unknown; nothing when no engine process ever ran, or
+    when the engine saw no model answer and knows no cost (`never_billed`: an API it could not
+    reach, however the attempt ended); `credit` (charged already, see `resume_point`) is taken
+    off an observed share of a resumed session."""
     cost = attempt.cost
-    cost.observed = observed if observed is not None and observed == observed else None
+    observed, credit = money.usd(observed), money.usd(credit) or money.ZERO
+    cost.observed = observed
     if attempt.rid and not launched:
         # Not installed, or failed to launch: no process of the engine ever ran, nothing was spent.
-        cost.charged, cost.billing = 0.0, "not_started"
+        cost.charged, cost.billing = money.ZERO, "not_started"
         attempt.engine_started_at = None
         return
     if not attempt.rid:
         cost.billing = "free"
-        cost.charged = 0.0 if observed is None else None
+        cost.charged = money.ZERO if observed is None else None
         return
-    unknown = observed is None or not (0 <= observed < float("inf"))
+    unknown = observed is None or observed < 0
     if unknown and never_billed:
-        cost.charged, cost.billing = 0.0, "not_billed"
+        cost.charged, cost.billing = money.ZERO, "not_billed"
         return
     if not unknown and credit > 0:
         cost.credit = min(credit, observed)
@@ -1088,6 +1258,10 @@ def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement)
         with isolation.confined(confinement.sandbox):
             failure = run_setup(repo, job, worktree, confinement.env)
         confinement.end_leftovers()
+        if not failure and job.spec.verify and not harness.judged_by_job(job.spec.harness):
+            # what the worktree held beyond its tree before the job ran is not the job's
+            overlay.keep_snapshot(repo, job.id, harness.snapshot(repo, work_base(job), worktree, job.spec.harness,
+                                                                 verify_command(repo, job)))
     except Exception as exc:
         failure = redact(f"could not set up the worktree: {exc}")
     if failure:
@@ -1115,7 +1289,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("record_engine_started")
     if confinement.policy.mode != "none":
         sink({"type": "isolation", "mode": confinement.policy.mode,
-              "writable": [g.path for g in confinement.policy.grants]})
+              "writable": [g.to_dict()["path"] for g in confinement.policy.grants]})
     started_from = current_head(repo, job)  # an attempt that leaves it here changed nothing
     watch = claims.Watch()  # the order of the engine's edits and test runs, for its claims
     stopped = False
@@ -1124,7 +1298,7 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     try:
         with isolation.confined(confinement.sandbox), stall:
             outcome = run_engine(repo, job, worktree, stall.emitter(_seen_by(watch, confinement.watch)),
-                                 confinement.env)
+                                 confinement.engine_env)
     except StopRequested:
         stopped = True
         outcome = Outcome(False, error_kind="stopped", error="stopped by request")
@@ -1148,13 +1322,18 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     verify = found = None
     if not stopped and outcome.ok:
         found = run_checks(repo, job, head, sink)
+        judged_by = None
+        if job.spec.verify:
+            judged_by = judge_of(repo, job, worktree, head, confinement.env)
+            if judged_by.check() is not None:
+                found = [*(found or []), judged_by.check()]
         sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
         signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             with isolation.confined(confinement.sandbox):
-                verify = run_verify(repo, job, worktree, head, confinement.env)
+                verify = run_verify(repo, job, worktree, head, confinement.env, judged_by, confinement.tmpdir)
         except StopRequested:
             stopped = True
         finally:
@@ -1205,8 +1384,10 @@ def _run_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink, confine
     phases.mark("note")
     if job.spec.readonly:
         git(repo.root, "worktree", "remove", "--force", str(worktree), check=False)
+        overlay.forget(repo, job_id)
     sink({"type": "state", "state": attempt.state})
     phases.mark("terminal_event")
+    notify.attempt_ended(repo, job, attempt_n)  # `finish` wrote the end: told once, here
     pack_refs_when_many(repo)
 
 
@@ -1254,6 +1435,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("refill_joined")
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
+        remove_discarded()  # the attempt's private folder, moved aside: `wait` has returned meanwhile
         phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])

@@ -194,3 +194,6 @@ def _drop_worktree(repo: Repo, job_id: str) -> None:
     path = repo.worktree_dir() / job_id
     if path.is_dir() and worktrees.created_here(repo, job_id, path):
         git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+        from subtask.ops import overlay
+
+        overlay.forget(repo, job_id)

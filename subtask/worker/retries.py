@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from subtask.engines import get_engine
@@ -42,9 +43,9 @@ from subtask.engines.base import resumes
 from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import claims, faults
+from subtask.model import claims, faults, money, render
 from subtask.model.errors import SubtaskError
-from subtask.model.job import Attempt, Cost, VerifyResult
+from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.ops import books, lifecycle
 from subtask.state import ledger, paths, privatetext, slots
 
@@ -68,7 +69,7 @@ class Facts:
     verify: VerifyResult | None
     head: str  # the job's branch tip now
     started_from: str  # the branch tip when the attempt's engine started
-    charged: float | None  # what the attempt is about to be charged (paid engines)
+    charged: Decimal | None  # what the attempt is about to be charged (paid engines)
     checks: list[dict] | None = None  # each check's result on the attempt's diff
     session_id: str | None = None  # the engine's session, as the attempt's engine reported it
 
@@ -146,8 +147,10 @@ def retry_message(job: Job, verify: VerifyResult, checks_results: list[dict] | N
     failed = checks.failure_text(checks_results)
     lines = [f"git-subtask ran the verify command on your work and it failed, so it resumed this session "
              f"(retry {retry} of {job.spec.retries}).", verify_report(verify, failed, MESSAGE_TAIL),
-             "Fix the cause. Do not delete, skip or weaken tests, and do not silence warnings to get there. "
-             "Commit your work, then end as before: a short summary and the STATUS line."]
+             "Fix the cause. Do not delete, skip or weaken tests, and do not silence warnings to get there"
+             + (" (verify runs the tests as they are in your base, whatever you change in them)"
+                if isinstance(verify.harness, dict) and verify.harness.get("source") != "job" else "")
+             + ". Commit your work, then end as before: a short summary and the STATUS line."]
     return "\n\n".join(lines)
 
 
@@ -155,6 +158,9 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     """`verify: CMD -> exit 1 on 1a2b3c4`, the failed checks, and the end of its output."""
     ending = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
     lines = [f"verify: {verify.command} -> {ending} on {verify.head[:7]}"]
+    judged = render.judge_line(verify)
+    if judged:  # the output below is the trusted tests': changes to them were not what judged it
+        lines.append(f"judge: {judged}")
     if failed_checks:
         lines.append(f"checks: {failed_checks}")
     output = (verify.output_tail or "").strip()
@@ -170,25 +176,31 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     attempt = job.state.current
     engine = get_engine(job.spec.engine, repo.config)
     n, retry = attempt.n + 1, len(loop_of(job))
-    usd = 0.0
+    # On a cluster node the job holds no slot here, and its loop's money was reserved at home
+    # with the job (executors/ray.py `reserve`): the retry runs in the same Ray job.
+    elsewhere = runs_remotely(job)
+    usd = money.ZERO
     if engine.paid:
-        usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or 0.0)
-        cap = repo.config.number("maxJobUsd")
-        if usd > cap:
-            return f"refused: its budget ${usd:.2f} is above subtask.maxJobUsd=${cap:.2f}"
-        books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
+        usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
+        cap = money.usd(repo.config.number("maxJobUsd"))
+        if usd > cap and not elsewhere:
+            return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
+        if not elsewhere:
+            books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     verify = facts.verify
     checks_results = facts.checks
     resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
     stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
     as_written = stored if resumed else privatetext.message(state_dir, job.id, attempt)
-    refusal = _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
+    refusal = None if elsewhere else _take_slot_and_money(repo, job, n, usd if engine.paid else None, facts, plan)
     if refusal:
         return refusal
     nxt = Attempt(n=n, state="running", message=stored, queued_at=time.time(),
-                  cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(reserved=0.0),
+                  cost=Cost(reserved=usd, billing="reserved") if engine.paid else Cost(),
                   rid=paths.reservation_id(job.id, n) if engine.paid else None, timeout=attempt.timeout,
                   max_usd=usd if engine.paid else None, retry=retry)
+    if elsewhere:  # the same Ray job on the same node runs it: home follows it by that job
+        nxt.extra.update({key: attempt.extra[key] for key in ("ray_job", "node") if key in attempt.extra})
     plan.next = nxt
     verify_as_written = privatetext.verify(state_dir, job.id, attempt.n, job.spec.verify)
     plan._undo.append(lambda: privatetext.discard(state_dir, job.id, n))
@@ -200,7 +212,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, plan: Plan) -> str | None:
     return None
 
 
-def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts: Facts, plan: Plan) -> str | None:
+def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: Decimal | None, facts: Facts, plan: Plan) -> str | None:
     """Rename the worker's slot entry to attempt `n` and reserve `usd` (None: a free engine), in
     the one critical section (slots, then ledger); the refusal, or None (and `plan` can undo it)."""
     state_dir, old = repo.state_dir, n - 1
@@ -231,20 +243,20 @@ def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: float | None, facts:
                 if e["job"] == job.id and e["attempt"] == n:
                     e["attempt"] = old
         if usd is not None:
-            ledger.close(state_dir, paths.reservation_id(job.id, n), 0.0, reason="retry not started")
+            ledger.close(state_dir, paths.reservation_id(job.id, n), money.ZERO, reason="retry not started")
 
     plan._undo.append(give_back)
     return None
 
 
-def _reserve(repo: Repo, job: Job, n: int, usd: float, facts: Facts) -> None:
+def _reserve(repo: Repo, job: Job, n: int, usd: Decimal, facts: Facts) -> None:
     """Reserve under the cap, counting the ending attempt at its charge: the cap is checked as
     if its reservation were already closed, as it will be once its record is written."""
     attempt = job.state.current
-    slack = 0.0
-    if attempt.rid and isinstance(facts.charged, (int, float)):
-        slack = max(0.0, attempt.cost.reserved - facts.charged)
-    cap = repo.config.number("monthlyCapUsd")
+    slack = money.ZERO
+    if attempt.rid and facts.charged is not None:
+        slack = max(money.ZERO, attempt.cost.reserved - facts.charged)
+    cap = money.usd(repo.config.number("monthlyCapUsd"))
     with ledger.lock(repo.state_dir):
         ledger.reserve_locked(repo.state_dir, job=job.id, attempt=n, engine=job.spec.engine, usd=usd,
                               cap_usd=cap + slack, now=books.reserved_at(time.time()))

@@ -87,15 +87,26 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
+    The job runs in its own worktree, from a commit, at the top of the repository: a note on
+    stderr says when your uncommitted changes, the folder you are in or the base's submodules are
+    not in it.
     """, _start_params),
     Command("wait", """Block until the jobs end, or one stalls; print one line per job.
 
     A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
-    wait returns on it, naming it (it goes on running). Exit 0 when every job ended done with
-    verify passed (or no verify); 1 otherwise.
+    wait returns on it, naming it (it goes on running). A group id (sg-...), alone or beside job
+    ids, waits until its members end and says its pick. Exit 0 when every job ended done with
+    verify passed (or no verify) and every group has a passing pick; 1 otherwise.
+
+    With --since CURSOR, wait answers as soon as a job has an event after the cursor (a state
+    change, a stall mark set or cleared, a line of progress), with every such event, the jobs'
+    lines and `cursor: ...`: pass that cursor to the next wait --since and no event is missed or
+    told twice. Exit codes as without it (1 while a job still runs).
     """, [Param("ids", nargs=NARGS_ANY, required=True),
           Param("any_", "--any", is_flag=True, help="return when the first job ends"),
-          Param("timeout", "--timeout", kind=float, help="give up after this many seconds (exit 1)"),
+          Param("timeout", "--timeout", kind=float, help="give up after this many seconds (exit 1); 0: look once"),
+          Param("since", "--since", metavar="CURSOR", help="answer the events after CURSOR (0: from the beginning) "
+                "as soon as there is one, and the cursor after them"),
           _json()]),
     Command("list", """One line per job: id, state, verify, age, cost, engine, task (newest first).
 

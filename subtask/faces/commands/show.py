@@ -16,7 +16,5 @@ def run(job_id: str, as_json: bool, show_log: bool) -> None:
     job = api.get(repo, job_id)
     output.emit(replies.shown(repo, job, api.queue_position(repo, job.id)), as_json)
     if show_log and not as_json:
-        from subtask.state import paths
-
-        log = paths.log_file(repo.state_dir, job.id)
-        output.echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
+        log = api.worker_log(repo, job.id)
+        output.echo("\nworker log:\n" + (log if log is not None else "(none)"))

@@ -1,0 +1,821 @@
+"""What judges a job's work (its harness), and where the job's worktree differs from a trusted tree there.
+
+A verify's verdict is worth what its judge is: if the job can edit the tests, the test runner's
+configuration or the verify command's own script, "verify passed" says only that the job made
+its own judge agree. So the harness comes from a tree the caller trusts (the job's base, the
+landing target's tip) and the job's worktree is compared with it here:
+
+- `resolve`: which harness a job asks for, recorded in its spec at start: `default` (the globs of
+  each ecosystem found in the trusted tree, below), globs of its own (`subtask.verify.harness`,
+  `start --harness GLOB`), or none (`--harness job`: judged by its own tests). `none` and `job`
+  drop what was named before them, as `--check none` does.
+- `rule_for`: the globs in force for one trusted tree. Python: test files and folders
+  (`test_*.py`, `*_test.py`, `tests/`, `test/`), every `conftest.py`, `pytest.ini`,
+  `.pytest.ini`, `pytest.toml`, `tox.ini`, `setup.cfg`, `noxfile.py`, and the `tool.pytest` table of
+  each `pyproject.toml`. JavaScript: `*.test.*`, `*.spec.*`, `__tests__/`, jest/vitest/mocha
+  configuration and the `jest` key and test scripts of each `package.json`. Go: `*_test.go`,
+  `testdata/`. Rust: `tests/`. And the verify command's own script when it names a file of the
+  trusted tree (`sh scripts/check.sh`; `make` brings the Makefile, `npm` the scripts).
+- `compare`: the trusted tree against the worktree on disk: harness files the job changed or
+  deleted (to be written back from the trusted tree), harness files the job added, committed or
+  not, ignored ones included (to be moved aside), and files the job added that would shadow the
+  test runner, the standard library or an installed distribution on the verify's import path.
+
+Pure: it reads git objects and the worktree's files and writes nothing there (`overlaid_tree`
+writes tree objects); applying the comparison and running verify is `ops/judge.py`'s.
+
+Invariants:
+- Never decide that a harness file is unchanged from git's index or status, because the job
+  writes the index (skip-worktree bits, forged stat data): its bytes on disk are hashed and
+  compared with the trusted blob.
+- Never follow a symlink below the worktree: a folder the job replaced by a link is itself a
+  difference (`blockers`), so nothing is ever read or written through it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import stat
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from subtask.model.errors import SubtaskError
+
+DEFAULT = "default"
+JOB = "job"  # judged by its own tests (the opt-out); `none` says the same
+NONE = "none"
+
+_JS = "{js,jsx,ts,tsx,mjs,cjs,mts,cts}"
+ECOSYSTEMS: dict[str, tuple[str, ...]] = {
+    "python": ("**/test_*.py", "**/*_test.py", "**/tests/**", "**/test/**", "**/conftest.py", "**/pytest.ini",
+               "**/.pytest.ini", "**/pytest.toml", "**/.pytest.toml", "**/tox.ini", "**/setup.cfg", "**/noxfile.py"),
+    "javascript": (f"**/*.test.{_JS}", f"**/*.spec.{_JS}", "**/__tests__/**", "**/jest.config.*", "**/jest.setup.*",
+                   "**/vitest.config.*", "**/vitest.workspace.*", "**/.mocharc*"),
+    "go": ("**/*_test.go", "**/testdata/**"),
+    "rust": ("**/tests/**",),
+}
+# Files of which only a part is harness: (file name, the keys of that part). The rest is the
+# job's (a dependency added to pyproject.toml is code, its pytest table is not).
+SECTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "python": {"pyproject.toml": ("tool.pytest",)},
+    "javascript": {"package.json": ("jest", "mocha", "scripts.test", "scripts.pretest", "scripts.posttest")},
+}
+# Folders of what a runner cached and reads back: Python's bytecode (pytest's rewritten tests
+# among it) beside harness files, pytest's --lf/--sw state. Moved aside, never reported.
+BYTECODE = "__pycache__"
+CACHES = frozenset({".pytest_cache"})
+# Folders never walked for files the job added: git's own, and installed or generated trees no
+# test runner collects from (a virtualenv is known by its pyvenv.cfg).
+PRUNED = frozenset({".git", "node_modules", BYTECODE, *CACHES, ".tox", ".nox", ".mypy_cache", ".ruff_cache", ".hg",
+                    ".svn"})
+RUNNERS = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "unittest", "nose", "nose2", "doctest",
+                     "xdist", "coverage"})
+SITE_HOOKS = ("sitecustomize", "usercustomize")
+IMPORT_DIRS = ("", "src")  # where `python -m pytest` and a src layout import from, beside PYTHONPATH
+
+
+# ---------------------------------------------------------------- which harness a job asks for
+
+def resolve(given: Iterable[str] | None, configured: str | None) -> list[str]:
+    """The harness a job records: `subtask.verify.harness` (else `default`), then each `--harness`
+    value in order; `job` or `none` drops everything named before it. An empty list: judged by
+    its own tests."""
+    from subtask.git.checks import split
+
+    chosen: list[str] = []
+    for item in split(configured if configured is not None else DEFAULT):
+        try:
+            chosen = [] if item in (JOB, NONE) else [*chosen, _checked_glob(item)]
+        except SubtaskError as exc:
+            raise SubtaskError("fatal", f"git config subtask.verify.harness: {exc.message}",
+                               hint="git config subtask.verify.harness default") from None
+    for value in given or ():
+        if not isinstance(value, str):
+            raise SubtaskError("usage", f"a harness must be a glob, default or job, not {value!r}")
+        for item in split(value):
+            chosen = [] if item in (JOB, NONE) else [*chosen, _checked_glob(item)]
+    return list(dict.fromkeys(chosen))
+
+
+def _checked_glob(item: str) -> str:
+    if item == DEFAULT:
+        return item
+    if item.startswith("/") or "\0" in item or ".." in PurePosixPath(item).parts:
+        raise SubtaskError("usage", f"--harness {item!r}: give a glob relative to the repository's top "
+                           "(tests/**, ci/*.sh), default, or job (judged by its own tests)")
+    return item
+
+
+def judged_by_job(harness: list[str] | None) -> bool:
+    """Does a spec's harness leave the verdict to the job's own tests? (None: a record from before
+    the harness existed, judged as `default` is.)"""
+    return harness is not None and not harness
+
+
+# ---------------------------------------------------------------- the rule for one trusted tree
+
+@dataclass(frozen=True)
+class Rule:
+    globs: tuple[str, ...]  # as shown: the globs, then the verify command's own files
+    sections: dict[str, tuple[str, ...]]
+    pattern: re.Pattern[str] = field(repr=False)
+    files: frozenset[str] = frozenset()  # exact paths: the verify command's own script
+
+    def matches(self, path: str) -> bool:
+        return path in self.files or self.pattern.match(path) is not None
+
+    def section_of(self, path: str) -> tuple[str, ...] | None:
+        return self.sections.get(path.rsplit("/", 1)[-1])
+
+
+def ecosystems(paths: Iterable[str]) -> list[str]:
+    """The ecosystems a tree holds: Python (any .py, or a Python project file), JavaScript (a
+    package.json), Go (go.mod), Rust (Cargo.toml)."""
+    found: set[str] = set()
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        if name.endswith(".py") or name in ("pyproject.toml", "setup.cfg", "tox.ini", "pytest.ini"):
+            found.add("python")
+        elif name == "package.json":
+            found.add("javascript")
+        elif name == "go.mod":
+            found.add("go")
+        elif name == "Cargo.toml":
+            found.add("rust")
+    return [e for e in ECOSYSTEMS if e in found]
+
+
+def rule_for(asked: list[str] | None, trusted_paths: Iterable[str], command: str | None) -> Rule:
+    """The globs in force: `asked` (None: `default`) with `default` spelled out for the
+    ecosystems of the trusted tree, plus the verify command's own script."""
+    paths = trusted_paths if isinstance(trusted_paths, (set, frozenset, dict)) else set(trusted_paths)
+    asked = [DEFAULT] if asked is None else asked
+    globs: list[str] = []
+    exact: list[str] = []
+    sections: dict[str, tuple[str, ...]] = {}
+    for item in asked:
+        if item != DEFAULT:
+            globs.append(item)
+            continue
+        for eco in ecosystems(paths):
+            globs.extend(ECOSYSTEMS[eco])
+            sections.update(SECTIONS.get(eco, {}))
+        script, extra = command_files(command, paths)
+        exact.extend(script)
+        for name, keys in extra.items():
+            sections[name] = tuple(dict.fromkeys(sections.get(name, ()) + keys))
+    globs = list(dict.fromkeys(globs))
+    from subtask.git.checks import glob_regex
+
+    pattern = re.compile("|".join(f"(?:{glob_regex(g).pattern})" for g in globs) or r"(?!)")
+    return Rule(tuple(globs + [f for f in dict.fromkeys(exact) if f not in globs]), sections, pattern,
+                frozenset(exact))
+
+
+INTERPRETERS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "python", "python3", "node", "ruby", "perl", "bun",
+                          "deno", "tsx", "php", "Rscript"})
+WRAPPERS = frozenset({"env", "exec", "time", "nice", "nohup", "command", "xvfb-run"})
+
+
+def command_files(command: str | None, paths) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+    """The files of the trusted tree a verify command runs: each program it names (`./run-tests`,
+    `scripts/check.sh`) and the script an interpreter is given (`sh ci/test.sh`, `python
+    tools/check.py`); the Makefile for `make`, the justfile for `just`, package.json's scripts
+    for npm, yarn and pnpm. A file the command only reads (`grep -q hi greeting.txt`) is not."""
+    if not command:
+        return [], {}
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        words = list(lexer)
+    except ValueError:
+        words = command.split()
+    files: list[str] = []
+    sections: dict[str, tuple[str, ...]] = {}
+    for simple in _simple_commands(words):
+        program, args = simple[0], simple[1:]
+        name = program.rsplit("/", 1)[-1]
+        if _in(program, paths):
+            files.append(_in(program, paths))
+        elif name == "make":
+            files += [n for n in ("Makefile", "makefile", "GNUmakefile") if n in paths]
+        elif name == "just":
+            files += [n for n in ("justfile", "Justfile", ".justfile") if n in paths]
+        elif name in ("npm", "yarn", "pnpm"):
+            sections["package.json"] = ("scripts",)
+        elif name in INTERPRETERS or re.fullmatch(r"python3(?:\.\d+)?", name):
+            script = next((a for a in args if not a.startswith("-")), None)
+            if script is not None and "-m" not in args[:args.index(script)] and "-c" not in args[:args.index(script)]:
+                if _in(script, paths):
+                    files.append(_in(script, paths))
+    return files, sections
+
+
+def _in(word: str, paths) -> str | None:
+    name = word[2:] if word.startswith("./") else word
+    return name if name in paths else None
+
+
+def _simple_commands(words: list[str]) -> list[list[str]]:
+    """The simple commands of a command line, each from its program on (assignments and
+    wrappers such as `env` and `timeout 60` left out)."""
+    out, current = [], []
+    for word in [*words, ";"]:
+        if word and all(c in "();&|" for c in word):
+            while current and ("=" in current[0] and not current[0].startswith("=") or current[0] in WRAPPERS
+                               or current[0] == "timeout"):
+                dropped = current.pop(0)
+                if dropped == "timeout" and current and not current[0].startswith("-"):
+                    current.pop(0)  # its duration
+            if current:
+                out.append(current)
+            current = []
+        else:
+            current.append(word)
+    return out
+
+
+# ---------------------------------------------------------------- the trusted tree
+
+def flatten(repo, commit: str) -> dict:
+    """Every blob of `commit`'s tree: {path: (oid, its entry: `mode_of`)} (submodules left out)."""
+    git = repo.git
+    found: dict = {}
+    stack = [(git[commit].tree, "")]
+    while stack:
+        tree, prefix = stack.pop()
+        for entry in tree:
+            kind = entry.type_str  # a str: `filemode` builds an enum per entry (~2 us each)
+            if kind == "tree":
+                stack.append((git[entry.id], f"{prefix}{entry.name}/"))
+            elif kind == "blob":
+                found[prefix + entry.name] = (str(entry.id), entry)
+    return found
+
+
+def mode_of(value) -> int:
+    """A `flatten` entry's mode (its tree entry's, read only for the paths that need it)."""
+    return value if isinstance(value, int) else int(value.filemode)
+
+
+# ---------------------------------------------------------------- the comparison
+
+@dataclass
+class Put:
+    """A harness path written back from the trusted tree (`content`: a composed file, else the blob)."""
+
+    path: str
+    oid: str
+    mode: int
+    why: str  # changed | deleted
+    content: bytes | None = None
+    section: str | None = None  # the part of the file that is harness (pyproject.toml's tool.pytest)
+
+
+@dataclass
+class Comparison:
+    trusted: str
+    rule: Rule
+    puts: list[Put] = field(default_factory=list)
+    aside: list[str] = field(default_factory=list)  # harness files the job added: moved aside
+    uncommitted: set[str] = field(default_factory=set)  # of those, the ones not in its head
+    quiet: list[str] = field(default_factory=list)  # caches (folders) moved aside, never reported
+    blockers: list[str] = field(default_factory=list)  # a file or link where a harness folder was
+    shadows: list[tuple[str, str, str]] = field(default_factory=list)  # (path, module name, kind)
+    hashed: int = 0  # harness files read to compare them
+    trusted_files: int = 0  # harness files of the trusted tree: 0 when it holds no tests to judge with
+
+    @property
+    def touched(self) -> bool:
+        """Did the job change, delete or add any harness path (what a second run of its own tests reports)?"""
+        return bool(self.puts or self.aside or self.blockers)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.touched or self.quiet)
+
+    def unused(self) -> list[str]:
+        """The harness paths the job changed and verify did not use, in words (`tests/x.py (added)`)."""
+        out = []
+        for put in self.puts:
+            label = put.path + (f" [{put.section}]" if put.section else "")
+            out.append(label if put.why == "changed" else f"{label} (deleted)")
+        for path in self.aside:
+            out.append(f"{path} (added" + (", not committed)" if path in self.uncommitted else ")"))
+        out += [f"{path} (not a folder)" for path in self.blockers]
+        return sorted(out)
+
+
+def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None, *,
+            head: str | None = None, kept: dict | None = None, import_dirs: Iterable[str] = IMPORT_DIRS) -> Comparison:
+    """The worktree on disk against the trusted commit `trusted` (see the module docstring);
+    `head`: the job's commit (says which added files it committed); `kept`: untracked harness
+    files that were there before the job ran (`snapshot`), left alone while unchanged."""
+    files = flatten(repo, trusted)
+    rule = rule_for(asked, files, command)
+    found = Comparison(trusted, rule)
+    disk = _Disk(worktree)
+    head_tree = repo.git[head].tree if head else None
+    odb = repo.git.odb
+    harness_dirs = set()  # folders holding harness files: their bytecode is looked at
+    for path, (oid, entry) in files.items():
+        if rule.matches(path):
+            found.trusted_files += 1
+            harness_dirs.add(path.rpartition("/")[0])
+            _compare_file(odb, disk, path, oid, mode_of(entry), found)
+        elif (section := rule.section_of(path)) is not None:
+            found.trusted_files += 1
+            _compare_section(repo, disk, path, oid, mode_of(entry), section, found)
+    kept = kept or {}
+    for path in disk.files():
+        if path in files:
+            continue
+        harness = rule.matches(path) or (rule.section_of(path) is not None and _has_section(disk, path, rule))
+        if not harness or _unchanged_since(disk, path, kept):
+            continue
+        found.aside.append(path)
+        harness_dirs.add(path.rpartition("/")[0])
+        if head_tree is None or not _in_tree(head_tree, path):
+            found.uncommitted.add(path)
+    found.quiet = _caches_aside(disk, harness_dirs)
+    # a harness file the job added is out of the verdict's way already (moved aside)
+    found.shadows = [(shown, name, kind) for path, shown, name, kind in _shadows(disk, files, kept, import_dirs)
+                     if not rule.matches(path)]
+    return found
+
+
+class _Disk:
+    """The worktree as it is, read without following a link below its top."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._top = os.fspath(root) + os.sep  # paths built as strings: pathlib cost ~7 ms a comparison
+        self._kinds: dict[str, str] = {"": "dir"}
+        self._stats: dict[str, os.stat_result | None] = {}
+        self._files: list[str] | None = None
+        self.caches: list[str] = []  # the bytecode and pytest cache folders seen by `files`
+
+    def kind(self, rel: str) -> str:
+        """dir | file | link | other | missing, for a path whose folders are all real folders;
+        `blocked` when one of them is not."""
+        if rel in self._kinds:
+            return self._kinds[rel]
+        parent = rel.rpartition("/")[0]
+        if self.kind(parent) != "dir":
+            kind = "blocked" if self.kind(parent) != "missing" else "missing"
+        else:
+            info = self.stat(rel)
+            if info is None:
+                kind = "missing"
+            else:
+                mode = info.st_mode
+                kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+                        else "link" if stat.S_ISLNK(mode) else "other")
+        self._kinds[rel] = kind
+        return kind
+
+    def blocker(self, rel: str) -> str | None:
+        """The first folder of `rel` that is a file or a link on disk."""
+        parts = rel.split("/")[:-1]
+        for n in range(1, len(parts) + 1):
+            folder = "/".join(parts[:n])
+            kind = self.kind(folder)
+            if kind == "missing":
+                return None
+            if kind != "dir":
+                return folder
+        return None
+
+    def files(self) -> list[str]:
+        """Every file and link below the top (pruned folders left out), walked once."""
+        if self._files is None:
+            self._files = []
+            stack = [""]
+            while stack:
+                folder = stack.pop()
+                try:
+                    entries = os.scandir(self._top + folder if folder else self._top)
+                except OSError:
+                    continue
+                with entries:
+                    for entry in entries:
+                        rel = f"{folder}/{entry.name}" if folder else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            self._kinds[rel] = "dir"
+                            if entry.name == BYTECODE or entry.name in CACHES:
+                                self.caches.append(rel)
+                            elif entry.name not in PRUNED and not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                                stack.append(rel)
+                        else:
+                            link = entry.is_symlink()
+                            self._kinds[rel] = "link" if link else "file" if entry.is_file(follow_symlinks=False) else "other"
+                            self._files.append(rel)
+        return self._files
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            fd = os.open(self._top + rel, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read()
+
+    def stat(self, rel: str) -> os.stat_result | None:
+        if rel not in self._stats:
+            try:
+                self._stats[rel] = os.lstat(self._top + rel)
+            except OSError:
+                self._stats[rel] = None
+        return self._stats[rel]
+
+
+def blob_id(data: bytes, hex_length: int = 40) -> str:
+    """The object id git gives `data` as a blob (sha1, or sha256 in a repository that uses it)."""
+    digest = hashlib.sha1() if hex_length == 40 else hashlib.sha256()
+    digest.update(b"blob %d\0" % len(data))
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _compare_file(odb, disk: _Disk, path: str, oid: str, mode: int, found: Comparison) -> None:
+    blocker = disk.blocker(path)
+    if blocker is not None:
+        if blocker not in found.blockers:
+            found.blockers.append(blocker)
+        found.puts.append(Put(path, oid, mode, "deleted"))
+        return
+    kind = disk.kind(path)
+    if kind == "missing":
+        found.puts.append(Put(path, oid, mode, "deleted"))
+        return
+    if mode == 0o120000:  # a link in the trusted tree: the same link, pointing at the same name
+        try:
+            same = kind == "link" and os.readlink(disk.root / path).encode() == odb.read(oid)[1]
+        except (OSError, KeyError):
+            same = False
+        if not same:
+            found.puts.append(Put(path, oid, mode, "changed"))
+        return
+    info = disk.stat(path) if kind == "file" else None
+    if info is None or bool(info.st_mode & 0o100) != (mode == 0o100755):
+        found.puts.append(Put(path, oid, mode, "changed"))
+        return
+    try:
+        size = odb.read_header(oid)[1]
+    except (KeyError, ValueError):
+        size = -1
+    if info.st_size != size:
+        found.puts.append(Put(path, oid, mode, "changed"))
+        return
+    data = disk.read(path)
+    found.hashed += 1
+    if data is None or blob_id(data, len(oid)) != oid:
+        found.puts.append(Put(path, oid, mode, "changed"))
+
+
+CHECKED_HASH = b"\x03\x00\x00\x00"  # a pyc's flags: built from a hash of its source's bytes, checked on load
+
+
+def _caches_aside(disk: _Disk, harness_dirs: set[str]) -> list[str]:
+    """What of the caches the job left a runner would read: pytest's cache folder, and beside
+    harness files every bytecode file but those checked against a hash of their source's bytes
+    (pytest's rewritten tests and conftest.py are; the bytes are the trusted ones, compared
+    above). A timestamp pyc is taken on its source's size and time, which the job can copy (`touch
+    -r`), an unchecked one on nothing: those go aside. Recompiling every test instead cost as much
+    as the tests' run (bench/harness.py)."""
+    out = []
+    for folder in disk.caches:
+        parent, _, name = folder.rpartition("/")
+        if name in CACHES:
+            out.append(folder)
+        elif parent in harness_dirs:
+            try:
+                entries = list(os.scandir(disk.root / folder))
+            except OSError:
+                out.append(folder)
+                continue
+            for entry in entries:
+                if not (entry.name.endswith(".pyc") and entry.is_file(follow_symlinks=False)
+                        and _pyc_flags(entry.path) == CHECKED_HASH):
+                    out.append(f"{folder}/{entry.name}")
+    return out
+
+
+def _pyc_flags(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(8)[4:8]
+
+
+def _unchanged_since(disk: _Disk, path: str, kept: dict) -> bool:
+    """Was this untracked file there before the job ran, and is it the same file still? (Its
+    inode's change time moves with every write, rename and chmod, and cannot be set back.)"""
+    was = kept.get(path)
+    info = disk.stat(path)
+    return isinstance(was, list) and info is not None and was == [info.st_ino, info.st_ctime_ns, info.st_size]
+
+
+def snapshot(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None) -> dict:
+    """The untracked harness files (and files on the import path) a fresh worktree holds before the
+    job runs (copied by `.worktreeinclude`, made by `subtask.setup`): {path: [ino, ctime_ns, size]}."""
+    files = flatten(repo, trusted)
+    rule = rule_for(asked, files, command)
+    disk = _Disk(worktree)
+    kept = {}
+    for path in disk.files():
+        if path in files:
+            continue
+        if rule.matches(path) or rule.section_of(path) is not None or _on_import_path(path, IMPORT_DIRS):
+            info = disk.stat(path)
+            if info is not None:
+                kept[path] = [info.st_ino, info.st_ctime_ns, info.st_size]
+    return kept
+
+
+def _in_tree(tree, path: str) -> bool:
+    try:
+        tree[path]
+    except KeyError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- files of which a part is harness
+
+def _compare_section(repo, disk: _Disk, path: str, oid: str, mode: int, keys: tuple[str, ...],
+                     found: Comparison) -> None:
+    blocker = disk.blocker(path)
+    kind = disk.kind(path) if blocker is None else "blocked"
+    if kind in ("missing", "blocked"):
+        if blocker is not None and blocker not in found.blockers:
+            found.blockers.append(blocker)
+        if _section(path, repo.git[oid].data, keys) is not None:
+            found.puts.append(Put(path, oid, mode, "deleted", section=_section_name(keys)))
+        return
+    data = disk.read(path) if kind == "file" else None
+    trusted = repo.git[oid].data
+    if data is not None and blob_id(data, len(oid)) == oid:
+        return
+    ours = _section(path, trusted, keys)
+    theirs = _section(path, data, keys) if data is not None else _BROKEN
+    if ours == theirs:
+        return
+    content = _composed(path, data, trusted, keys) if data is not None else None
+    if content is not None and blob_id(content, len(oid)) == oid:
+        content = None
+    found.puts.append(Put(path, oid, mode, "changed", content=content, section=_section_name(keys)))
+
+
+def _has_section(disk: _Disk, path: str, rule: Rule) -> bool:
+    data = disk.read(path)
+    keys = rule.section_of(path) or ()
+    return data is None or _section(path, data, keys) not in (None, {})
+
+
+_BROKEN = object()
+
+
+def _section_name(keys: tuple[str, ...]) -> str:
+    return ", ".join(keys)
+
+
+def _section(path: str, data: bytes | None, keys: tuple[str, ...]):
+    """The harness part of a file: {key: value} of the keys present (None: none; `_BROKEN`: unreadable)."""
+    loaded = _load(path, data)
+    if loaded is _BROKEN:
+        return _BROKEN
+    part = {}
+    for key in keys:
+        value = _dig(loaded, key)
+        if value is not _MISSING:
+            part[key] = value
+    return part or None
+
+
+_MISSING = object()
+
+
+def _dig(obj, dotted: str):
+    for name in dotted.split("."):
+        if not isinstance(obj, dict) or name not in obj:
+            return _MISSING
+        obj = obj[name]
+    return obj
+
+
+def _load(path: str, data: bytes | None):
+    if data is None:
+        return _BROKEN
+    try:
+        text = data.decode("utf-8")
+        if path.endswith(".toml"):
+            import tomllib
+
+            return tomllib.loads(text)
+        import json
+
+        loaded = json.loads(text)
+        return loaded if isinstance(loaded, dict) else _BROKEN
+    except (ValueError, UnicodeDecodeError):
+        return _BROKEN
+
+
+def _composed(path: str, data: bytes, trusted: bytes, keys: tuple[str, ...]) -> bytes | None:
+    """The job's file with the trusted tree's harness part in place of its own; None when that
+    cannot be done so that every other part stays the job's (the trusted file is then used whole)."""
+    mine, ours = _load(path, data), _load(path, trusted)
+    if mine is _BROKEN or ours is _BROKEN:
+        return None
+    if path.endswith(".json"):
+        import json
+
+        composed = json.loads(json.dumps(mine))
+        for key in keys:
+            _put(composed, key, _dig(ours, key))
+        return (json.dumps(composed, indent=2, ensure_ascii=False) + "\n").encode()
+    text = _toml_without(data.decode("utf-8"), keys)
+    block = _toml_only(trusted.decode("utf-8"), keys)
+    candidate = (text.rstrip("\n") + "\n\n" + block if block else text).encode()
+    check = _load(path, candidate)
+    if check is _BROKEN or any(_dig(check, key) != _dig(ours, key) for key in keys):
+        return None
+    return candidate if _without(check, keys) == _without(mine, keys) else None
+
+
+def _without(obj: dict, keys: tuple[str, ...]) -> dict:
+    """`obj` less `keys`, and less the tables that only held them."""
+    import copy
+
+    out = copy.deepcopy(obj)
+    for key in keys:
+        _put(out, key, _MISSING)
+        parts = key.split(".")
+        for n in range(len(parts) - 1, 0, -1):
+            parent = _dig(out, ".".join(parts[:n]))
+            if parent == {}:
+                _put(out, ".".join(parts[:n]), _MISSING)
+    return out
+
+
+def _put(obj: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for name in parents:
+        if not isinstance(obj.get(name), dict):
+            if value is _MISSING:
+                return
+            obj[name] = {}
+        obj = obj[name]
+    if value is _MISSING:
+        obj.pop(last, None)
+    else:
+        obj[last] = value
+
+
+_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+
+
+def _toml_blocks(text: str) -> list[tuple[str | None, list[str]]]:
+    """The text's tables in order: (header key, its lines); None for what precedes the first."""
+    blocks: list[tuple[str | None, list[str]]] = [(None, [])]
+    for line in text.splitlines(keepends=True):
+        match = _TABLE.match(line)
+        if match:
+            key = ".".join(part.strip().strip('"').strip("'") for part in match.group(1).split("."))
+            blocks.append((key, [line]))
+        else:
+            blocks[-1][1].append(line)
+    return blocks
+
+
+def _in_keys(header: str | None, keys: tuple[str, ...]) -> bool:
+    return header is not None and any(header == k or header.startswith(k + ".") for k in keys)
+
+
+def _toml_without(text: str, keys: tuple[str, ...]) -> str:
+    return "".join("".join(lines) for header, lines in _toml_blocks(text) if not _in_keys(header, keys))
+
+
+def _toml_only(text: str, keys: tuple[str, ...]) -> str:
+    return "".join("".join(lines) for header, lines in _toml_blocks(text) if _in_keys(header, keys))
+
+
+# ---------------------------------------------------------------- shadowing
+
+def _on_import_path(path: str, import_dirs: Iterable[str]) -> bool:
+    folder, _, name = path.rpartition("/")
+    if folder in import_dirs:
+        return True
+    parent, _, _ = folder.rpartition("/")
+    return name == "__init__.py" and parent in import_dirs
+
+
+def _shadows(disk: _Disk, files: dict, kept: dict, import_dirs: Iterable[str]) -> list[tuple[str, str, str, str]]:
+    """Files the job added (committed or not) directly in a folder on the verify's import path that
+    Python would import by a name: (the file, as shown, module name, kind: module | package | pth | hook)."""
+    dirs = tuple(dict.fromkeys(import_dirs))
+    out = []
+    for path in disk.files():
+        if path in files or not _on_import_path(path, dirs) or _unchanged_since(disk, path, kept):
+            continue
+        folder, _, name = path.rpartition("/")
+        if name == "__init__.py" and folder.rpartition("/")[0] in dirs and folder not in dirs:
+            out.append((path, folder + "/", folder.rpartition("/")[2], "package"))
+            continue
+        if folder not in dirs or name == "__init__.py":
+            continue
+        if name.endswith(".pth"):
+            out.append((path, path, name, "pth"))
+            continue
+        stem, dot, suffix = name.partition(".")
+        if not dot or not stem.isidentifier():
+            continue
+        if suffix == "py" or suffix.endswith(("so", "pyd")) or suffix == "pyc":
+            out.append((path, path, stem, "hook" if stem in SITE_HOOKS else "module"))
+    return out
+
+
+def shadow_findings(shadows: list[tuple[str, str, str]], installed: set[str]) -> list[str]:
+    """The shadows that matter, in words: a .pth, sitecustomize/usercustomize, or a module or
+    package named as the test runner, a standard-library module or an installed distribution's."""
+    out = []
+    for path, name, kind in shadows:
+        if kind == "pth":
+            out.append(f"{path}: a .pth file on the import path")
+        elif kind == "hook":
+            out.append(f"{path}: {name} runs at every interpreter start")
+        elif name in RUNNERS:
+            out.append(f"{path} shadows the test runner's {name}")
+        elif name in sys.stdlib_module_names:
+            out.append(f"{path} shadows the standard library's {name}")
+        elif name in installed:
+            out.append(f"{path} shadows the installed {name}")
+    return out
+
+
+def names_to_probe(shadows: list[tuple[str, str, str]]) -> list[str]:
+    """The module names only an interpreter can say are installed (the others decide alone)."""
+    return sorted({name for _, name, kind in shadows if kind in ("module", "package")
+                   and name not in RUNNERS and name not in sys.stdlib_module_names})
+
+
+# ---------------------------------------------------------------- the tree verify ran on
+
+def overlaid_tree(repo, head: str, found: Comparison) -> str:
+    """The tree of `head` with the trusted harness in place of the job's: the trusted blobs
+    written back, the harness files it added taken out (what verify ran on, as far as git
+    tracks it). Writes the tree objects; the head's own tree when nothing differs."""
+    git = repo.git
+    tree = git[head].tree
+    changes: dict[str, tuple[str, int] | None] = {}
+    for put in found.puts:
+        oid = str(git.create_blob(put.content)) if put.content is not None else put.oid
+        changes[put.path] = (oid, put.mode)
+    for path in found.aside:
+        if path not in found.uncommitted:
+            changes[path] = None
+    for path in found.blockers:
+        if _in_tree(tree, path):
+            changes[path] = None
+    if not changes:
+        return str(tree.id)
+    return str(_rebuilt(git, tree, changes))
+
+
+def _rebuilt(git, tree, changes: dict[str, tuple[str, int] | None]):
+    """`tree` (or None: empty) with each path set to (oid, mode) or removed (None); the new tree's id."""
+    import pygit2
+
+    here: dict[str, tuple[str, int] | None] = {}
+    below: dict[str, dict[str, tuple[str, int] | None]] = {}
+    for path, value in changes.items():
+        name, _, rest = path.partition("/")
+        if rest:
+            below.setdefault(name, {})[rest] = value
+        else:
+            here[name] = value
+    builder = git.TreeBuilder(tree) if tree is not None else git.TreeBuilder()
+    for name, value in here.items():
+        if value is None:
+            if builder.get(name) is not None:
+                builder.remove(name)
+        else:
+            builder.insert(name, pygit2.Oid(hex=value[0]), value[1])
+    for name, sub in below.items():
+        existing = builder.get(name)
+        subtree = git[existing.id] if existing is not None and existing.filemode == 0o040000 else None
+        oid = _rebuilt(git, subtree, sub)
+        if len(git[oid]) == 0:
+            if builder.get(name) is not None:
+                builder.remove(name)
+        else:
+            builder.insert(name, oid, 0o040000)
+    return builder.write()

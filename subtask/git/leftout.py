@@ -1,0 +1,103 @@
+"""What a job does not see of the checkout it was started from, for `start` to say (issue 38).
+
+A job runs in its own worktree, checked out from a commit at the top of the repository, without
+submodules: the caller's uncommitted changes, the folder they stood in and the base's submodules
+are not there. Each is a fact a person would otherwise find out from a job that "ignored" them.
+
+Read-only: `git --no-optional-locks status` (never refreshes the caller's index), one object read.
+Where pygit2 is loaded already (the MCP server), libgit2's status instead: no git process.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from subtask.git.gitrepo import Repo
+
+_PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
+
+
+@dataclass
+class LeftOut:
+    uncommitted: list[str] = field(default_factory=list)  # changed, staged or untracked paths
+    subfolder: str | None = None  # where in the checkout it was started ("src/"); None: the top
+    submodules: list[str] = field(default_factory=list)  # the base's submodule paths
+    base: str = ""  # the commit the job starts from
+
+    def to_dict(self) -> dict:
+        return {"uncommitted": self.uncommitted, "subfolder": self.subfolder,
+                "submodules": self.submodules}
+
+
+def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
+    """What a job starting from `base` leaves out of the checkout `repo` was opened in.
+    `from_checkout`: the base is that checkout's HEAD (so its uncommitted changes are what the
+    job misses); `base` None: not known yet (`--after`)."""
+    top = repo.workdir()
+    found = LeftOut(base=base or "")
+    if top is None:
+        return found
+    status = None
+    if from_checkout and "pygit2" in sys.modules:  # a server that has it: in-process, no git process
+        found.uncommitted = _changed_in_process(top)
+    elif from_checkout:  # beside the object read below: two small git processes at once
+        status = subprocess.Popen(
+            ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(top),
+             "status", "--porcelain=v1", "-z", "--untracked-files=normal"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    found.subfolder = _subfolder(repo.opened_at, top)
+    if base:
+        found.submodules = _submodules(repo, base)
+    if status is not None:
+        out = status.communicate()[0]
+        found.uncommitted = _changed_paths(out) if status.returncode == 0 else []
+    return found
+
+
+def _subfolder(opened_at: Path | None, top: Path) -> str | None:
+    if opened_at is None:
+        return None
+    try:
+        inside = opened_at.resolve().relative_to(top.resolve())
+    except ValueError:
+        return None
+    return f"{inside.as_posix()}/" if inside.parts else None
+
+
+def _submodules(repo: Repo, base: str) -> list[str]:
+    blob = repo.objects.read([f"{base}:.gitmodules"])[0]
+    if blob is None:
+        return []
+    text = blob[1].decode("utf-8", "replace")
+    return [m.group(1) for line in text.splitlines() if (m := _PATH_LINE.match(line))]
+
+
+def _changed_paths(out: bytes) -> list[str]:
+    """The paths of `git status --porcelain=v1 -z`: `XY path`, a rename's old path after it."""
+    paths, fields = [], out.decode("utf-8", "surrogateescape").split("\0")
+    skip = False
+    for entry in fields:
+        if skip:
+            skip = False
+            continue
+        if len(entry) < 4:
+            continue
+        paths.append(entry[3:])
+        skip = entry[0] in "RC"
+    return paths
+
+
+def _changed_in_process(top: Path) -> list[str]:
+    """The paths `git status --untracked-files=normal` names, read by libgit2 (which, unasked,
+    writes no index)."""
+    import pygit2
+
+    try:
+        flags = pygit2.Repository(str(top)).status(untracked_files="normal", ignored=False)
+    except (pygit2.GitError, ValueError):
+        return []
+    return sorted(path for path, flag in flags.items() if flag not in (pygit2.GIT_STATUS_CURRENT, pygit2.GIT_STATUS_IGNORED))
