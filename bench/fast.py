@@ -78,12 +78,20 @@ class Tool:
         job = self("start", "--engine", "shell", task).split()[0]
         return job, wall, time.perf_counter() - t0
 
-    def marks(self, job: str) -> dict[str, float]:
-        for line in reversed(self.phases.read_text().splitlines() if self.phases.exists() else []):
-            entry = json.loads(line)
-            if entry["job"] == job:
-                return dict(entry["marks"])
+    def entry(self, job: str) -> dict:
+        """The worker's phase entry of the job: written after its run-lock is released (and after
+        what the worker does then), so a moment after `wait` returns."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in reversed(self.phases.read_text().splitlines() if self.phases.exists() else []):
+                entry = json.loads(line)
+                if entry["job"] == job:
+                    return entry
+            time.sleep(0.01)
         raise RuntimeError(f"{job}: no phase marks")
+
+    def marks(self, job: str) -> dict[str, float]:
+        return dict(self.entry(job)["marks"])
 
     def until_engine(self, job: str, wall: float) -> float:
         return self.marks(job)["record_engine_started"] - wall
@@ -93,8 +101,7 @@ class Tool:
 
     def settled(self, job: str) -> None:
         """Return once the job's worker (and the refill beside it) has exited."""
-        pid = next(json.loads(line)["pid"] for line in reversed(self.phases.read_text().splitlines())
-                   if json.loads(line)["job"] == job)
+        pid = self.entry(job)["pid"]
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             try:
