@@ -9,7 +9,7 @@ server's own CPU and its reaped children's (`/proc/PID/stat`), and the ten worke
 their children's (git, the engine), from each worker's phase line (`SUBTASK_PHASES`,
 subtask/phases.py). Then, in the same round, the same ten checkouts by bare git, two at a time
 (`git worktree add`), the floor. Also the main worktree's status as each job takes it, before
-and after its engine (subtask.worker.attempt.MainWorktreeStatus), against `git status
+and after its engine (subtask.worker.confinement.MainWorktreeStatus), against `git status
 --no-optional-locks`. Prints the figures and the file system's state (bench/common.create_cost);
 saves bench/results/ten_jobs.json.
 """
@@ -103,7 +103,7 @@ async def rounds(ours: P.Ours, runs: int, scratch: Path) -> tuple[dict[str, list
 
 def status_cpu(repo: Path, runs: int) -> dict[str, float]:
     from subtask import api
-    from subtask.worker.attempt import MainWorktreeStatus
+    from subtask.worker.confinement import MainWorktreeStatus
 
     def per_call(fn) -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -1,4 +1,4 @@
-"""What the engine leaves uncommitted is committed by the worker (`worker.autocommit`), whatever
+"""What the engine leaves uncommitted is committed by the worker (`worker/evidence.autocommit`), whatever
 kind of change it is, also one made in the same second as the checkout, which git 2.39 (seconds
 only) can tell from the checkout's own writes only by reading the file again."""
 

@@ -241,3 +241,16 @@ def test_a_change_of_more_files_than_the_checks_read_fails_every_check_and_says_
     for r in results:
         assert r["found"][-1] == f"1 changed file beyond the first {checks.MAX_FILES} was not read"
     assert "was not read" in checks.failure_text(results)
+
+
+def test_a_submodule_entry_naming_a_commit_of_this_repository_is_no_file_to_read(project):
+    """A gitlink whose commit this repository holds (a submodule of itself, or one whose commits
+    were fetched here) was read as a blob: `AttributeError: Commit has no attribute size` ended
+    the checks (mypy saw `repo[oid]` is any object). A pointer, not a file: nothing to read."""
+    base = git(project, "rev-parse", "HEAD")
+    git(project, "update-index", "--add", "--cacheinfo", f"160000,{base},vendor/self")
+    git(project, "commit", "-q", "-m", "a submodule entry")
+    head = git(project, "rev-parse", "HEAD")
+    which = [checks.NO_TEST_DELETION, checks.NO_SUPPRESSION, "paths=vendor/**"]
+    results = checks.run(open_repo(project), base, head, which)
+    assert [(r["check"], r["passed"]) for r in results] == [(n, True) for n in which], results

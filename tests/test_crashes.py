@@ -173,7 +173,7 @@ def spawn():
         import anyio
         from types import SimpleNamespace
         from subtask.engines import claude
-        launch = claude._Launch(SimpleNamespace(job_id="t", state_dir=None), "sh")
+        launch = claude._Launch(SimpleNamespace(job_id="t", private_dir=None), "sh")
         async def main():
             proc = await anyio.open_process([str(launch.script), "-c", f"echo $$ > {marker}; exec sleep 60"])
             await proc.wait()

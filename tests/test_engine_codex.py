@@ -190,7 +190,7 @@ def test_recorded_run_becomes_an_outcome(repo):
     assert {"type": "command", "command": "bash -lc ls", "exit": 0, "status": "completed",
             "output": "README.md\n"} in emitted
     assert {"type": "log", "stream": "stdout", "text": "WARNING: not json, just a banner"} in emitted
-    from subtask.model.render import (
+    from subtask.words import (
         activity_text as _activity_text,  # what `status` and MCP progress show
     )
 

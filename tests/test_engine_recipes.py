@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,10 @@ def install(repo: Path, tmp_path: Path, title: str, program: str, fake: str) -> 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     exe = bin_dir / program
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / fake} \"$@\"\n")
+    # The fake beside its launcher, in the scratch folder a confined job's view shows (the suite's
+    # own folder is not in it).
+    shutil.copy(HERE / fake, bin_dir / fake)
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {bin_dir / fake} \"$@\"\n")
     exe.chmod(0o755)
     log = grant_writable(tmp_path / "logs") / f"{program}.argv"  # the fake's own record of its argv
     log.parent.mkdir(exist_ok=True)

@@ -258,7 +258,7 @@ def test_a_megabyte_on_stderr_does_not_deadlock(cli):
 
 def _money_agrees(cli, repo, job: str, total: float) -> None:
     """`spend`, `list`, the `show` header and the note say the same job total, to the cent."""
-    from subtask.model.render import money
+    from subtask.words import money
 
     assert cli.json("spend")["committed_usd"] == pytest.approx(total)
     listed = {e["id"]: e for e in cli.json("list")["jobs"]}
@@ -678,7 +678,8 @@ def test_engines_and_start_say_when_codex_runs_with_its_sandbox_off(cli, repo, t
 
 def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path):
     """Under isolation none codex's own sandbox (workspace-write) confines it: a write it refused,
-    printed in the output of codex's command, is listed as a refusal, with who refused it."""
+    printed in the output of codex's command, is listed as what the job claims (it printed it;
+    no view of ours saw it), with who confined it."""
     refused = "touch: cannot touch '/var/tmp/x': Read-only file system"
     events = [{"type": "thread.started", "thread_id": "t1"},
               {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /var/tmp/x",
@@ -690,9 +691,9 @@ def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path)
     job = cli.start("try it", "--engine", "codex", env=env)
     cli.ok("wait", job)
     isolation = cli.json("show", job)["evidence"]["isolation"]
-    assert isolation["mode"] == "none" and isolation["refused"] == [refused]
+    assert isolation["mode"] == "none" and isolation["claimed"] == [refused] and isolation["refused"] == []
     assert isolation["engine_sandbox"] == "codex workspace-write"
-    assert "confinement: none (codex workspace-write sandbox) · 1 refused access in the output" in cli.ok("show", job)
+    assert "confinement: none (codex workspace-write sandbox) · 1 refusal claimed in the output" in cli.ok("show", job)
 
 
 def _landlock_available() -> bool:
@@ -757,4 +758,4 @@ def test_an_aider_that_never_reached_its_model_is_charged_nothing(cli, repo):
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert (attempt["state"], attempt["error_kind"]) == ("failed", "exit"), attempt
     assert (attempt["cost"]["charged"], attempt["cost"]["billing"]) == (0.0, "not_billed")
-    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["refused"])
+    assert any(".git/config" in line for line in cli.json("show", job)["evidence"]["isolation"]["claimed"])

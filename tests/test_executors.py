@@ -1,4 +1,4 @@
-"""Executors behind one registry: the core asks `subtask.executors` what a job's executor can do
+"""Executors behind one registry: the core asks `subtask.model.executors` what a job's executor can do
 and hands a job run elsewhere to its backend, never comparing names (issue 30)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import types
 import pytest
 from conftest import git, refs
 
-from subtask import api, executors
+from subtask import api
 from subtask.git import records
+from subtask.model import executors
 
 
 @pytest.mark.parametrize("args, flag, missing", [

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from subtask.model.render import json_text, safe, safe_line
+from subtask.words import json_text, safe, safe_line
 
 # What a hostile text carries: retitle the terminal, clear it, overwrite the line, erase, ring,
 # and reverse what follows (right-to-left override).

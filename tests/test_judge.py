@@ -200,12 +200,31 @@ def test_land_verifies_with_the_targets_tests_and_lands_no_gamed_job(calc, cli_o
     job = cli.start(TRICKS[trick], "--verify", VERIFY, "--check", "none")
     ended(cli, job)
     before = git(calc, "rev-parse", "main")
-    landed = cli("land", "--force", job)  # past the gate: the integrated commit is verified all the same
+    # past the gate: the integrated commit is verified all the same (run here: not the worker's
+    # result for this very tree reused, issue 43, which fails it too)
+    landed = cli("land", "--force", "--no-reuse", job)
     assert landed.returncode == 1, landed.stdout
     assert f"{job}: failed: its verify failed on the integrated commit" in landed.stdout
     assert f"judge:  tests from main at {before[:7]}" in landed.stdout
     assert git(calc, "rev-parse", "main") == before
     assert not list((calc / ".subtask" / "worktrees" / ".land").glob("*.harness"))
+
+
+def test_a_batch_is_judged_by_the_targets_tests_never_by_a_job_inside_it(calc, cli_of):
+    """`land --batch` verifies only a batch's last state: the tests judging it are the target's,
+    never those of a job ahead of it in the batch, which no trusted test ever judged (issue 43)."""
+    cli = cli_of(calc)
+    subprocess.run(["sh", "-c", FIX], cwd=calc, check=True)
+    git(calc, "commit", "-qam", "fix the bug")
+    gamed = cli.start(f"sed -i 's/a + b/a - b/' calc.py; {TRICKS['pass for the assertion']}; git commit -qam gamed",
+                      "--verify", VERIFY, "--check", "none")
+    honest = cli.start("echo note > NOTE.txt && git add NOTE.txt && git commit -qm note", "--verify", VERIFY)
+    ended(cli, gamed), ended(cli, honest)
+    before = git(calc, "rev-parse", "main")
+    landed = cli("land", "--batch", "--force", gamed, honest, timeout=300)
+    assert landed.returncode == 1 and f"{gamed}: failed" in landed.stdout, landed.stdout + landed.stderr
+    assert f"{honest}: landed" in landed.stdout, landed.stdout
+    assert "return a + b" in git(calc, "show", "main:calc.py") and git(calc, "rev-parse", "main") != before
 
 
 @pytest.mark.slow
@@ -214,7 +233,7 @@ def test_verify_run_judges_a_job_by_the_tests_of_the_branch_it_lands_on(calc, cl
     cli = cli_of(calc)
     job = cli.start(TRICKS[trick], "--verify", VERIFY, "--check", "none")
     ended(cli, job)
-    checked = cli("verify", job, "--run")
+    checked = cli("verify", job, "--run", "--no-reuse")  # run here, not the worker's result reused
     run = next(line for line in checked.stdout.splitlines() if "verify --run:" in line)
     assert "failed (exit 1) here" in run and f"tests from main at {git(calc, 'rev-parse', 'main')[:7]}" in run, run
 

@@ -84,6 +84,17 @@ def test_reserve_rejects_bad_amounts_as_usage(state: Path, usd: object) -> None:
     assert not (state / "ledger.jsonl").exists()
 
 
+@pytest.mark.parametrize("cap", [float("nan"), None, "100", -1])
+def test_a_group_check_against_a_bad_cap_is_a_usage_error(state: Path, cap: object) -> None:
+    """A group's check of all its reservations at once refuses a cap that is not an amount as
+    `reserve` does, in words, not a TypeError (mypy saw `money.usd` give None here)."""
+    with ledger.lock(state), pytest.raises(SubtaskError) as exc:
+        ledger.check_fits_locked(state, [1.0, 1.0], cap, what="2 jobs", now=NOV)
+    assert exc.value.kind == "usage"
+    assert "monthly cap" in exc.value.message
+    assert not (state / "ledger.jsonl").exists()
+
+
 def test_zero_reservation_is_allowed(state: Path) -> None:
     assert res(state, usd=0, cap=0).usd == 0.0
 
@@ -245,12 +256,13 @@ def test_garbage_rows_are_skipped_with_one_warning(state: Path) -> None:
         f.write(b'{"v":1,"op":"reserve","rid":"y.1","job":"y","attempt":1,"engine":"e",'
                 b'"usd":"lots","month":"2025-11"}\n')  # wrong type
         f.write(b'{"v":1,"op":"frobnicate"}\n')
+        f.write(b'{"v":1,"op":["reserve"]}\n')  # not a name at all (it raised TypeError)
         f.write(b"\xff\xfe\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         s = ledger.summary(state, 10.0, now=NOV)
     assert [str(w.message) for w in caught if w.category is ledger.LedgerWarning] == [
-        f"{path}: skipped 6 unparsable row(s), first at line 2; the file is left as is"
+        f"{path}: skipped 7 unparsable row(s), first at line 2; the file is left as is"
     ]
     assert s.open_usd == 1.0
 

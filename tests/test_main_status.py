@@ -1,5 +1,5 @@
 """The main worktree's status, taken before and after each job (its evidence of changes outside
-the worktree), through a private copy of the main index that git may refresh (subtask/worker.py).
+the worktree), through a private copy of the main index that git may refresh (subtask/worker/confinement.py).
 
 `git status --no-optional-locks` never writes the index, so while the user's index has racily
 clean entries (files written in the same second as the index: a scripted commit, a checkout)
@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import git
 
 from subtask import api
-from subtask.worker.attempt import MainWorktreeStatus
+from subtask.worker.confinement import MainWorktreeStatus
 
 
 def status(repo: Path) -> list[str]:

@@ -149,6 +149,42 @@ def test_start_then_wait_reports_progress_then_result(repo, how, tmp_path):
     assert f"refs/subtask/{job}/record" in refs(repo)
 
 
+def test_land_sends_progress_of_its_window_as_wait_does(repo, how, tmp_path):
+    """Over MCP, `land` runs as a child; what its window does comes back as progress
+    notifications (elapsed, landed so far, the states verifying), increasing, then the report."""
+    progress: list[tuple[float, float | None, str | None]] = []
+    gate = tmp_path / "gate"  # the verifies end once two progress notifications came
+
+    async def on_progress(value, total, message):
+        progress.append((value, total, message))
+        if len(progress) >= 2:
+            gate.touch()
+
+    async def main():
+        async with connect(how, repo) as client:
+            jobs = [job_id_in(await call(client, "start", {"task": f"echo {n} > {n}.txt && git add {n}.txt && "
+                                                                  f"git commit -qm 'add {n}'", "verify": "true"}))
+                    for n in "ab"]
+            await call(client, "wait", {"ids": jobs})
+            landed = await call(client, "land", {"ids": jobs, "window": 2, "verify": held(gate, "true")},
+                                progress_callback=on_progress)
+            assert "(2 of 2 landed)" in landed, landed
+            return jobs
+
+    never = threading.Timer(120, gate.touch)  # no progress at all: the verifies end, the test fails
+    never.start()
+    try:
+        jobs = anyio.run(main)
+    finally:
+        never.cancel()
+        gate.touch()
+    assert len(progress) >= 2, progress
+    values = [p[0] for p in progress]
+    assert values == sorted(values) and len(set(values)) == len(values), "progress must increase"
+    assert all(re.match(r"land \d+(\.\d+)?s: 0 of 2 landed · verifying st-", p[2]) for p in progress), progress
+    assert any(all(job in p[2] for job in jobs) and "(window 2)" in p[2] for p in progress), progress
+
+
 def test_evidence_is_a_json_envelope(repo, how):
     async def main():
         async with connect(how, repo) as client:
@@ -476,10 +512,9 @@ def last_tool_result(body: dict) -> str:
 
 
 def render_one_line(repo: Path, job: str) -> str:
-    from subtask import api
-    from subtask.model import render
+    from subtask import api, words
 
-    return render.one_line(api.get(api.repo_at(repo), job))
+    return words.one_line(api.get(api.repo_at(repo), job))
 
 
 def claude_env(tmp_path: Path, url: str) -> dict[str, str]:
@@ -1157,8 +1192,7 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
         "error: mode must be one of merge, squash, no-ff, ff-only, not 'rebase'\n"
         "hint: merge takes: id (required), mode, force, repo",
         answers[6],
-        "error: ids must not be empty\n"
-        "hint: land takes: ids (required), verify, atomic, reconcile, mode, force, dry_run, repo",
+        "error: land needs at least one job id (or best-of group id)",  # ids may be empty with first
     ]
     assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
     assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
@@ -1204,6 +1238,7 @@ OPERATION_ARGUMENT_ERRORS = [
     ("map", {"pattern": "*.py", "task": "x {files}", "concurrency": 0}, "concurrency must be"),
     ("reply", {"id": "JOB", "message": "x", "timeout": 0}, "timeout must be"),
     ("land", {"ids": ["JOB"], "atomic": True}, "nothing landed (atomic)"),
+    ("land", {"ids": ["JOB"], "window": 0}, "window must be"),
     ("land", {"ids": ["JOB", "JOB"]}, "named twice"),
 ]
 CLI_FLAG = re.compile(r"(?<![\w'\"-])--[a-z]")

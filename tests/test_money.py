@@ -15,8 +15,8 @@ import pytest
 from subtask.git.records import Job
 from subtask.model import money
 from subtask.model.job import Attempt, Cost, JobSpec, JobState
-from subtask.model.render import job_cost, note_block, result_text
 from subtask.state import ledger
+from subtask.words import job_cost, note_block, result_text
 
 NOISY = 0.13499999999999998  # what 0.27 - 0.135 and its kind left in records and ledger rows
 

@@ -1,4 +1,4 @@
-"""A resumed session's money (`worker.resume_point`, `worker.settle_cost`): each attempt is charged
+"""A resumed session's money (`worker.charge.resume_point`, `settle_cost`): each attempt is charged
 its own share of the session's running figures, what attempts in between were charged without a
 figure is credited, and nothing is ever charged twice or below zero."""
 
@@ -11,7 +11,7 @@ import pytest
 from subtask.engines.base import Baseline
 from subtask.git.records import Job
 from subtask.model.job import Attempt, Cost, JobSpec, JobState
-from subtask.worker.attempt import resume_point, settle_cost
+from subtask.worker.charge import resume_point, settle_cost
 
 
 def attempt(n: int, *, session=None, totals=None, charged=None, state="done", reserved=2.0) -> Attempt:
@@ -102,7 +102,7 @@ def test_a_figure_below_its_baseline_is_taken_whole():
 
 def test_damaged_totals_and_stall_marks_read_as_absent_and_render():
     """A record is input: a teammate's or a damaged one may hold anything in these fields."""
-    from subtask.model.render import one_line, show_text
+    from subtask.words import one_line, show_text
 
     read = Attempt.from_dict({"n": 1, "state": "running", "message": "m", "queued_at": 0.0,
                               "totals": 5, "stalled": "yes"})

@@ -198,6 +198,23 @@ def test_a_teammates_record_signed_by_a_key_not_allowed_here_has_its_verify_re_r
     assert ran_verify(log) == 2
 
 
+@pytest.mark.parametrize("key", ["alice", "mallory"])
+def test_land_reuses_a_teammates_verify_of_the_same_tree_only_when_an_allowed_signer_signed_it(team, keys,
+                                                                                               tmp_path, key):
+    """Verify once per tree (issue 43): the teammate's pass on the very tree that lands is reused
+    when alice (allowed here) signed the record, and run again when mallory (not allowed) did."""
+    log = writable_folder(tmp_path / "log") / "ran"
+    theirs = signed_teammate_job(team, keys, key, log, f"echo ran >> {log}; test -f x.txt")
+    _, (_, (b, cli_b)) = team
+    landed = cli_b("land", theirs)
+    assert landed.returncode == 0, landed.stdout + landed.stderr
+    if key == "alice":
+        assert ran_verify(log) == 1 and "verify reused: passed on the same tree" in landed.stdout, landed.stdout
+    else:
+        assert ran_verify(log) == 2 and "verify reused" not in landed.stdout, landed.stdout
+    assert (b / "x.txt").exists()
+
+
 def graft_signature(clone: Path, signed: str, unsigned: str) -> str:
     """The commit `unsigned` with the signature header of `signed`: content the signer never signed."""
     header = git(clone, "cat-file", "commit", signed).split("\n\n", 1)[0]

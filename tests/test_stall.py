@@ -85,15 +85,15 @@ def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo,
 def test_what_a_stall_says_is_how_long_the_engine_was_silent_beside_the_threshold():
     """A stall's activity line and `status --json` say the time silent, and the threshold apart
     (they said the threshold as the time silent: "for 5s" after minutes of silence)."""
-    from subtask.model import render
+    from subtask import words
     from subtask.model.job import Attempt
 
     since = time.time() - 100
-    text = render.activity_text({"type": "stalled", "since": since, "after": 5, "action": "mark"})
+    text = words.activity_text({"type": "stalled", "since": since, "after": 5, "action": "mark"})
     assert "for 1m40s" in text and "stallAfter 5s" in text, text
     attempt = Attempt(n=1, state="running", message="x", queued_at=since,
                       stalled={"since": since, "after": 5, "action": "mark"})
-    facts = render.stall_facts(attempt)
+    facts = words.stall_facts(attempt)
     assert facts["after_s"] == 5 and facts["since"] == since
     assert facts["silent_s"] == pytest.approx(100, abs=5)
 

@@ -1335,12 +1335,14 @@ def notes_rebuild(repo: Repo) -> int:
     return notes.rebuild(repo)
 
 
-def verify(repo: Repo, id_or_prefix: str, run: bool = False):
+def verify(repo: Repo, id_or_prefix: str, run: bool = False, reuse: bool | None = None):
     """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
-    verify result; with `run`, its verify command on the exact commit). Returns a `recheck.Recheck`."""
+    verify result; with `run`, its verify command on the exact commit, unless a result for the
+    same tree, command, harness and environment is known and `reuse` is not False). Returns a
+    `recheck.Recheck`."""
     from subtask.ops import recheck
 
-    return recheck.recheck(repo, get(repo, id_or_prefix), run=run)
+    return recheck.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
 
 
 def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = False) -> str:
@@ -1368,12 +1370,18 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
 
 
 def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None = None, atomic: bool = False,
-         reconcile: bool = False, force: bool = False, dry_run: bool = False):
+         reconcile: bool = False, force: bool = False, dry_run: bool = False, window: int | None = None,
+         batch: int | None = None, reuse: bool | None = None, first: list[str] | None = None,
+         progress=None):
     """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
-    with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`)."""
+    with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`).
+    `window`: states verified at once; `batch`: jobs per batch (0: the configured size);
+    `reuse` False: run every verify; `first`: jobs put ahead of the rest; `progress`: called
+    with what the window is doing (`render.land_progress`)."""
     from subtask.ops import landqueue
 
-    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force)
+    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
+                             window=window, batch=batch, reuse=reuse, first=list(first or []), progress=progress)
     sweep(repo)
     if dry_run:
         from subtask.ops import overlap

@@ -274,7 +274,7 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
     lines = _tail_lines(paths.run_file(repo.state_dir, job_id, "events.jsonl", make=False))
     import json
 
-    from subtask.model import render
+    from subtask import words as render
 
     for line in reversed(lines):
         try:

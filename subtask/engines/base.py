@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from subtask.model import money
-from subtask.model.render import SUMMARY_MAX_LINES
+from subtask.words import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.
 ERROR_HINTS: dict[str, str] = {
@@ -206,17 +206,19 @@ class Probe:
 
 
 class Engine(Protocol):
+    """An engine. It may also have `preflight() -> str | None`: why a job on it cannot run here
+    (not installed, no credentials), with the fix; None when it may. Cheap: no subprocess, no
+    network (`start` asks it every time); `probe` is the full check. Optional: an engine without
+    it is never refused (`preflight` below)."""
+
     name: str
     paid: bool
-    isolation: str  # what the engine enforces, in words
+
+    @property
+    def isolation(self) -> str:  # what the engine enforces, in words
+        ...
 
     def probe(self) -> Probe: ...
-
-    def preflight(self) -> str | None:
-        """Why a job on this engine cannot run here (not installed, no credentials), with the fix;
-        None when it may. Cheap: no subprocess, no network (`start` asks it every time); `probe`
-        is the full check. Optional: an engine without it is never refused."""
-        ...
 
     def run(self, ctx: EngineContext) -> Outcome: ...
 

@@ -169,7 +169,7 @@ def _cli_version(cli: str) -> str | None:
                              check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return (out.stdout.strip().splitlines() or [None])[0]
+    return next(iter(out.stdout.strip().splitlines()), None)
 
 
 def _auth_state() -> tuple[bool, str]:
@@ -345,8 +345,8 @@ class _Attempt:
             await anyio.sleep(0.01)
         self._on_spawn(pid)
 
-    def _on_stderr(self, line: str) -> None:
-        line = self._stderr_redactor.line(line)
+    def _on_stderr(self, raw: str) -> None:
+        line = self._stderr_redactor.line(raw)
         if line is not None:
             self.stderr_tail.append(line)
 

@@ -450,8 +450,8 @@ class CodexEngine:
         # is free text, where a key may span lines.
         stderr_redactor = StreamRedactor()
 
-        def on_stderr(line: str) -> None:
-            line = stderr_redactor.line(line)
+        def on_stderr(raw: str) -> None:
+            line = stderr_redactor.line(raw)
             if line is None:
                 return
             stderr.append(line)

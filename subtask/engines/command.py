@@ -119,7 +119,7 @@ class _Output:
         (group 1; a JSON string's escapes decoded: `\\n` is a new line)."""
         if self.text_re is None:
             return [line]
-        found = []
+        found: list[str] = []
         for match in self.text_re.finditer(line):
             text = match.group(1) if match.groups() and match.group(1) is not None else ""
             try:
@@ -142,9 +142,9 @@ class _Output:
         if self.answer_re is not None and self.answer_re.search(line):
             self.answered = True
         if self.session_re is not None:
-            match = self.session_re.search(line)
-            if match and match.groups() and match.group(1):
-                self.session_id = match.group(1)
+            said = self.session_re.search(line)
+            if said and said.groups() and said.group(1):
+                self.session_id = said.group(1)
 
 
 class CommandEngine:

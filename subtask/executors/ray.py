@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 from subtask.executors import placement, ray_job_id
@@ -285,7 +286,7 @@ def runtime_env(repo: Repo, job: Job) -> dict:
     not leave the worker time to record `stopped` and the node time to push it)."""
     names = list(ENGINE_ENV.get(job.spec.engine, ()))
     for entry in repo.git.config.get_multivar("subtask.ray.env"):
-        names += [n for n in re.split(r"[\s,]+", entry) if n]
+        names += [n for n in re.split(r"[\s,]+", entry or "") if n]
     env = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
     env["RAY_JOB_STOP_WAIT_TIME_S"] = str(int(repo.config.number("stopGrace")) + STOP_PUSH_SECONDS)
     return {"env_vars": env}
@@ -380,6 +381,14 @@ class RayState:
     ran: bool = False  # an entrypoint was placed on a node (so the engine may have spent)
 
 
+def _where(job: Job) -> dict[str, Any]:
+    """Where a job run on Ray runs (`placement`): every caller here asks it of such a job."""
+    where = placement(job.spec)
+    if where is None:
+        raise SubtaskError("fatal", f"{job.id} does not run on Ray: its record names no cluster")
+    return where
+
+
 def ray_state(job: Job) -> RayState:
     where = placement(job.spec)
     submission = ray_job_id(job.state.current)
@@ -402,9 +411,8 @@ def log_tail(job: Job) -> str:
     """The last lines of the Ray job's log (the node's words on why it ended), redacted."""
     from subtask.model.redact import redact
 
-    where = placement(job.spec)
     try:
-        text = client(where["address"]).get_job_logs(ray_job_id(job.state.current))
+        text = client(_where(job)["address"]).get_job_logs(ray_job_id(job.state.current))
     except Exception:
         return ""
     lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("{")]
@@ -472,7 +480,7 @@ def _fetch_home(repo: Repo, job_id: str, quiet: bool = False) -> bool:
     """Fetch the job's refs from its remote; True when the record that came is terminal (then
     the reservation is closed with its cost, and a missing note or pin written here)."""
     job = records.read(repo, job_id)
-    where = placement(job.spec)
+    where = _where(job)
     try:
         sync.fetch_job(repo, where["url"], job_id)
     except SubtaskError as exc:
@@ -507,10 +515,10 @@ def _end_here(repo: Repo, job: Job, state: RayState) -> None:
         return
     tail = log_tail(job) if state.status != "MISSING" else ""
     what = {"MISSING": "Ray lost it (the cluster restarted, or its start was interrupted before it was submitted)",
-            "SUCCEEDED": "its node ended without pushing a final record"}.get(state.status, f"Ray: {state.message or state.status}")
+            "SUCCEEDED": "its node ended without pushing a final record"}.get(state.status or "", f"Ray: {state.message or state.status}")
     reason = f"the Ray job {ray_job_id(attempt)} failed: {what}" + (f"; last log lines: {tail}" if tail else "")
     lifecycle.end_attempt(repo, job.id, attempt.n, "failed", reason=reason[:2000], error_kind="engine",
-                          hint=f"ray job logs {ray_job_id(attempt)} --address {placement(job.spec)['address']}",
+                          hint=f"ray job logs {ray_job_id(attempt)} --address {_where(job)['address']}",
                           engine_may_have_spent=spent)
 
 
@@ -574,13 +582,13 @@ def _end_of(job: Job) -> threading.Event:
     """An event set when Ray's log stream of the job's Ray job closes (Ray closes it when the job
     ends). Any failure to follow it leaves the event unset: `watch` then asks once a second."""
     ended = threading.Event()
-    where, submission = placement(job.spec), ray_job_id(job.state.current)
+    submission = ray_job_id(job.state.current)
 
     def follow() -> None:
         import asyncio
 
         async def tail() -> None:
-            async for _ in client(where["address"]).tail_job_logs(submission):
+            async for _ in client(_where(job)["address"]).tail_job_logs(submission):
                 pass
 
         try:
@@ -596,7 +604,7 @@ def _end_of(job: Job) -> threading.Event:
 def stop(repo: Repo, job_id: str) -> Job:
     """Stop the Ray job (queued or running), wait for Ray to say it ended, then settle it."""
     job = records.read(repo, job_id)
-    where = placement(job.spec)
+    where = _where(job)
     submission = ray_job_id(job.state.current)
     try:
         client(where["address"]).stop_job(submission)
@@ -640,7 +648,7 @@ def place(repo: Repo, job: Job) -> None:
 
 
 def _target_of(job: Job) -> Target:
-    where = placement(job.spec)
+    where = _where(job)
     return Target(where["address"], where["remote"], where["url"])
 
 
@@ -731,7 +739,7 @@ def _session_node(repo: Repo, job: Job) -> dict[str, float]:
     earlier = next((a for a in reversed(job.state.attempts) if a.session_id and ray_job_id(a)), None)
     if earlier is None or not resumes(get_engine(job.spec.engine, repo.config)):
         return {}
-    address = placement(job.spec)["address"]
+    address = _where(job)["address"]
     try:
         node_id = client(address).get_job_info(ray_job_id(earlier)).driver_node_id
     except Exception as exc:

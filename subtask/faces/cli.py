@@ -12,6 +12,7 @@ SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -26,6 +27,30 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # One way to print and one error path, shared with the commands that run without click.
 echo, _emit, _emit_json, _emit_lines = output.echo, output.emit, output.emit_json, output.emit_lines
 _repo, on_terminal, TTY_ENV = output.repo, output.on_terminal, output.TTY_ENV
+
+PROGRESS_ENV = "SUBTASK_PROGRESS"  # "json": progress as JSON lines on stderr (the MCP `land` tool reads them)
+
+
+def _land_progress():
+    """How `land` shows its window while it works: a live line on a terminal's stderr, JSON lines
+    for the MCP server's child (`SUBTASK_PROGRESS=json`), else nothing."""
+    from subtask import words as render
+
+    if os.environ.get(PROGRESS_ENV) == "json":
+        def as_json(snapshot: dict) -> None:
+            sys.stderr.write(json.dumps({"progress": snapshot}, separators=(",", ":")) + "\n")
+            sys.stderr.flush()
+
+        return as_json
+    if not on_terminal(sys.stderr) or os.environ.get("TERM") == "dumb":
+        return None
+
+    def live(snapshot: dict) -> None:
+        line = "" if snapshot.get("final") else render.land_progress(snapshot)
+        sys.stderr.write("\r\x1b[K" + line)
+        sys.stderr.flush()
+
+    return live
 
 
 @click.group(context_settings=CONTEXT)
@@ -159,7 +184,7 @@ def watch(ids, timeout):
     Exit codes as for wait.
     """
     from subtask import api
-    from subtask.model import render
+    from subtask import words as render
 
     repo = _repo()
     live = sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
@@ -281,7 +306,7 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("ids", nargs=-1, required=True, metavar="ID|GID...")
+@click.argument("ids", nargs=-1, metavar="ID|GID...")
 @click.option("--verify", "verify", metavar="CMD", help="run this on every integrated commit instead of each job's "
               "own verify (sh -c, in a scratch worktree)")
 @click.option("--atomic", is_flag=True, help="all or nothing: the branch moves once, only if every job integrated "
@@ -295,33 +320,51 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
               "nothing to verify (the integrated commit is still verified when there is a command)")
 @click.option("--dry-run", "-n", is_flag=True, help="say what would happen and which jobs touch the same files; "
               "change nothing")
+@click.option("--window", type=int, metavar="K", help="verify up to K integrated states at once (default: "
+              "subtask.land.window, else the cores, at most the free worker slots)")
+@click.option("--batch", is_flag=True, help="verify only the last state of each batch of jobs; a failed batch is "
+              "cut until its culprit is found")
+@click.option("--batch-size", "batch_size", type=int, metavar="N", help="jobs per batch (default: "
+              "subtask.land.batch, else the whole queue); implies --batch")
+@click.option("--no-reuse", "no_reuse", is_flag=True, help="run every verify, even for a tree whose result is "
+              "already known")
+@click.option("--first", "first", metavar="ID", multiple=True, help="put this job at the head of the queue (the "
+              "hotfix lane): while another land runs, it is handed to that queue")
 @click.option("--json", "as_json", is_flag=True)
-def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, as_json):
+def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, window, batch, batch_size, no_reuse,
+         first, as_json):
     """Land finished jobs in the order given, each verified on the commit that lands.
 
-    For each job: integrate it onto the current branch's tip (or subtask.landTarget) in a scratch
-    worktree, run its verify (or --verify) there on the integrated commit, and move the branch
-    to that commit only if it passed, by compare-and-swap: a commit made meanwhile is kept and
-    the landing is built again on it. The checkout is updated as merge does (never when it has
-    uncommitted changes). A job that conflicts or fails is reported (files, both sides, verify
-    output) and skipped; with --atomic nothing lands unless all pass. A best-of group (sg-...)
-    lands its pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
+    Each job is integrated on the one before it, from the current branch's tip (or
+    subtask.landTarget), and up to --window of those states are verified at once, each in a
+    scratch worktree (--verify, else each job's own verify). The branch moves, by
+    compare-and-swap, to the longest prefix that passed: a commit made meanwhile is kept and the
+    states are built again on it. A job that conflicts or fails is reported (files, both sides,
+    verify output) and the states after it are built again without it; with --atomic nothing
+    lands unless all pass; with --batch only each batch's last state is verified, and a failed
+    batch is cut until its culprit is found. A result already known for the same tree, command,
+    harness and environment is reused (--no-reuse runs it). A best-of group (sg-...) lands its
+    pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
     """
     from subtask import api
     from subtask.faces import replies
 
     mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
     result = api.land(_repo(), list(ids), mode=mode, verify=verify, atomic=atomic, reconcile=reconcile,
-                      force=force, dry_run=dry_run)
+                      force=force, dry_run=dry_run, window=window,
+                      batch=batch_size if batch_size is not None else (0 if batch else None),
+                      reuse=False if no_reuse else None,
+                      first=list(first), progress=_land_progress())
     _emit(replies.landed(result.to_dict()), as_json)
 
 
 @cli.command("verify", context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
 @click.option("--run", "run", is_flag=True, help="also run the job's verify command here, on the exact commit "
-              "its record names, in a scratch worktree")
+              "its record names, in a scratch worktree (a result already known for that tree is reused)")
+@click.option("--no-reuse", "no_reuse", is_flag=True, help="with --run: run it even when its result is known")
 @click.option("--json", "as_json", is_flag=True)
-def verify_(job_id, run, as_json):
+def verify_(job_id, run, no_reuse, as_json):
     """Check a finished job's record against git: what matches and what does not.
 
     From the record alone: its signature (as git checks it with gpg.ssh.allowedSignersFile or
@@ -331,7 +374,7 @@ def verify_(job_id, run, as_json):
     """
     from subtask import api
 
-    report = api.verify(_repo(), job_id, run=run)
+    report = api.verify(_repo(), job_id, run=run, reuse=False if no_reuse else None)
     if as_json:
         _emit_json(report.to_dict())
     else:

@@ -271,7 +271,7 @@ def check_worktrees(repo) -> Check:
 
 def check_pool(repo) -> Check:
     from subtask.git import pool
-    from subtask.model.render import short, size
+    from subtask.words import short, size
 
     status = pool.status(repo)
     said = (f"{len(status.entries)} of {status.target} ready worktrees, {size(status.bytes)} of "

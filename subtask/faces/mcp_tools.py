@@ -49,8 +49,9 @@ from mcp_types import jsonrpc_message_adapter
 from pydantic import Field, ValidationError, WithJsonSchema
 
 from subtask import __version__, api
+from subtask import words as render
 from subtask.faces import jsonrpc, replies
-from subtask.model import render, start_options
+from subtask.model import start_options
 from subtask.model.errors import SubtaskError, from_os_error
 from subtask.model.job import is_group_ref
 
@@ -670,46 +671,99 @@ async def merge(id: str, mode: Literal["merge", "squash", "no-ff", "ff-only"] = 
 
 
 @tool("land", destructive=True, title="Land many jobs")
-async def land(ids: Annotated[list[str], Field(min_length=1)], verify: str | None = None,
-               atomic: bool = False, reconcile: bool = False,
-               mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge", force: bool = False,
-               dry_run: bool = False, repo: REPO = None) -> replies.Reply:
+async def land(ctx: Context, ids: list[str] | None = None, verify: str | None = None, atomic: bool = False,
+               reconcile: bool = False, mode: Literal["merge", "squash", "no-ff", "rebase"] = "merge",
+               force: bool = False, dry_run: bool = False, window: int | None = None, batch: bool = False,
+               batch_size: int | None = None, reuse: bool = True, first: list[str] | None = None,
+               repo: REPO = None) -> replies.Reply:
     """Land finished jobs (or best-of group ids: their picks) in the order given onto the current
-    branch: each is integrated onto the branch's tip in a scratch worktree, its verify (or `verify`)
-    runs on that integrated commit, and the branch moves only if it passed (a commit made meanwhile
-    is kept: the landing is built again on it). A job that conflicts or fails is reported (files,
-    both sides, verify output) and skipped; atomic=true lands all or nothing; reconcile=true
-    answers a conflict with a reply to the job on the new tip and lands it once that passes.
-    dry_run=true says what would happen and which jobs change the same files, changing nothing.
-    The structured content's `ok` is false unless every job landed; a land that landed none is a
-    tool error, as a refused merge is, with the same report.
+    branch: each is integrated on the one before it, up to `window` of those states are verified at
+    once in scratch worktrees (its verify, or `verify`), and the branch moves to the longest prefix
+    that passed (a commit made meanwhile is kept: the states are built again on it). A job that
+    conflicts or fails is reported (files, both sides, verify output) and the rest land;
+    atomic=true lands all or nothing; reconcile=true answers a conflict with a reply to the job
+    on the new tip and lands it once that passes; batch=true verifies only each batch's last state
+    (batch_size jobs each) and cuts a failed batch until its culprit is found; reuse=false runs
+    every verify even where the same tree's result is known; first=[ids] puts jobs at the head
+    of the queue (handed to a land already running). dry_run=true says what would happen and which
+    jobs change the same files, changing nothing. Sends progress notifications as wait does. The
+    structured content's `ok` is false unless every job landed; a land that landed none is a tool
+    error, as a refused merge is, with the same report.
     """
     args = [*(["--verify", verify] if verify else []), *(["--atomic"] if atomic else []),
             *(["--reconcile"] if reconcile else []), *([f"--{mode}"] if mode != "merge" else []),
-            *(["--force"] if force else []), *(["--dry-run"] if dry_run else []), "--json", "--", *_id_list(ids)]
-    return await _call(_land_in_child, repo, args)
+            *(["--force"] if force else []), *(["--dry-run"] if dry_run else []),
+            *(["--window", str(window)] if window is not None else []),
+            *(["--batch"] if batch else []), *(["--batch-size", str(batch_size)] if batch_size is not None else []),
+            *(["--no-reuse"] if not reuse else []),
+            *(arg for job in first or [] for arg in ("--first", job)), "--json", "--", *_id_list(ids or [])]
+    gone = threading.Event()
+    sent = [-PROGRESS_TICK]
+    loop = anyio.lowlevel.current_token()  # the reader of the child's stderr is no anyio thread
+
+    def on_progress(snapshot: dict) -> None:
+        elapsed = float(snapshot.get("elapsed") or 0.0)
+        if gone.is_set() or snapshot.get("final") or elapsed < sent[0] + PROGRESS_TICK / 2:
+            return  # progress increases, about as often as wait's
+        sent[0] = elapsed
+        try:  # progress is a courtesy: a failed send never ends the landing
+            anyio.from_thread.run(ctx.report_progress, elapsed, None, render.land_progress(snapshot), token=loop)
+        except Exception:
+            pass
+
+    try:
+        return await anyio.to_thread.run_sync(lambda: _land_in_child(repo, args, on_progress), abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        gone.set()
+        raise
 
 
-def _land_in_child(repo: str | None, args: list[str]) -> replies.Reply:
-    """`git-subtask land` in a child process: the verifies it runs on integrated commits are
-    confined only from a process with no other thread (`isolation.outside_sandbox`), and this
-    server has many. Its `--json` is the reply's data; its error, this tool's. The child is told
-    the repository (`SUBTASK_REPO`, which it reads before its working directory), so one this
-    server was started with never wins over the call's `repo`."""
+def _land_in_child(repo: str | None, args: list[str], on_progress: Callable[[dict], None] | None = None
+                   ) -> replies.Reply:
+    """`git-subtask land` in a child process: the verifies it runs on integrated commits are its
+    children, confined and killed with it, never this server's. Its `--json` is the reply's data;
+    its error, this tool's; its progress (`SUBTASK_PROGRESS=json`: JSON lines on its stderr) goes
+    to `on_progress` as it comes. The child is told the repository (`SUBTASK_REPO`, which it reads
+    before its working directory), so one this server was started with never wins over the call's
+    `repo`."""
     import subprocess
 
     where = open_repo(repo)
     cwd = str(where.workdir() or where.root)
-    proc = subprocess.run([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False, env={**os.environ, "SUBTASK_REPO": cwd})
-    if proc.returncode in (0, 1) and proc.stdout.lstrip().startswith("{"):
-        return replies.landed(json.loads(proc.stdout))
-    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    child = subprocess.Popen([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "SUBTASK_REPO": cwd, "SUBTASK_PROGRESS": "json"})
+    said: list[str] = []
+
+    def read_stderr() -> None:
+        for line in child.stderr:
+            if line.startswith('{"progress":'):
+                try:
+                    snapshot = json.loads(line)["progress"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if on_progress is not None and isinstance(snapshot, dict):
+                    on_progress(snapshot)
+            elif line.strip():
+                said.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read_stderr, name="subtask-land-stderr", daemon=True)
+    reader.start()
+    try:
+        out = child.stdout.read()
+        child.wait()
+    except BaseException:
+        child.terminate()  # the caller went away: the land ends as an interrupted one does
+        child.wait()
+        raise
+    reader.join()
+    if child.returncode in (0, 1) and out.lstrip().startswith("{"):
+        return replies.landed(json.loads(out))
     message = next((line[len("error: "):] for line in said if line.startswith("error: ")), None)
     hint = next((line[len("hint: "):] for line in said if line.startswith("hint: ")), None)
-    raise SubtaskError({1: "negative", 129: "usage"}.get(proc.returncode, "fatal"),
-                       message or f"git-subtask land exited {proc.returncode}: {' '.join(said[-3:])}", hint,
-                       exit_code=proc.returncode)
+    raise SubtaskError({1: "negative", 129: "usage"}.get(child.returncode, "fatal"),
+                       message or f"git-subtask land exited {child.returncode}: {' '.join(said[-3:])}", hint,
+                       exit_code=child.returncode)
 
 
 @tool("stop", destructive=True, title="Stop a job")

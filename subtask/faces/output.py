@@ -2,7 +2,7 @@
 
 Both the commands that run without click (`faces/commands`) and the click CLI (`faces/cli.py`)
 print through here: text for a person through `echo` (control characters made visible,
-`render.safe`), JSON through `emit_json` (exact values, escaped). One error path, `guarded`:
+`words.safe`), JSON through `emit_json` (exact values, escaped). One error path, `guarded`:
 `SubtaskError` becomes `error: <message>` (plus `hint:`) on stderr and git's exit code;
 Ctrl-C exits 130, a closed pipe 0; anything unexpected is one line (SUBTASK_DEBUG=1 for the
 traceback), never a bare traceback.
@@ -21,9 +21,9 @@ TTY_ENV = "SUBTASK_TTY"  # "1": treat stdout and stderr as a terminal (tests can
 
 
 def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
-    """Print text for a person: control characters made visible (`render.safe`), since jobs carry
+    """Print text for a person: control characters made visible (`words.safe`), since jobs carry
     text from models and teammates; the faces print nothing any other way (JSON: `emit_json`)."""
-    from subtask.model.render import safe
+    from subtask.words import safe
 
     write(safe(str(text)) + ("\n" if nl else ""), err)
 
@@ -41,7 +41,7 @@ def write(text: str, err: bool = False) -> None:
 
 
 def emit_json(obj) -> None:
-    from subtask.model.render import json_text
+    from subtask.words import json_text
 
     write(json_text(obj, indent=2, sort_keys=False) + "\n")  # amounts as numbers, the rest as text
 

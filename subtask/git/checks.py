@@ -40,6 +40,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, for callers)
     DEFAULT,
@@ -53,6 +54,11 @@ from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, 
 )
 from subtask.model.claims import LazyPattern
 from subtask.model.errors import SubtaskError
+
+if TYPE_CHECKING:
+    import pygit2
+
+    from subtask.git.gitrepo import Repo
 
 MAX_FILES = 5000
 MAX_BLOB = 2 << 20
@@ -91,17 +97,17 @@ class Result:
     found: list[str] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)  # paths=: the changed paths no glob matched
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"check": self.check, "passed": self.passed, "found": self.found[:MAX_FOUND],
                 **({"outside": self.outside[:MAX_FOUND]} if self.outside else {})}
 
 
-def failed(results: list[dict] | None) -> list[str]:
+def failed(results: list[dict[str, Any]] | None) -> list[str]:
     """The names of the checks that failed, from recorded results."""
     return [r.get("check", "?") for r in results or () if isinstance(r, dict) and r.get("passed") is False]
 
 
-def failure_text(results: list[dict] | None, limit: int = 3) -> str:
+def failure_text(results: list[dict[str, Any]] | None, limit: int = 3) -> str:
     """`check no-suppression failed: src/a.py:3 adds "# noqa"` (every failed check, a few findings each)."""
     parts = []
     for r in results or ():
@@ -115,7 +121,7 @@ def failure_text(results: list[dict] | None, limit: int = 3) -> str:
 HINT_PATHS = 5  # outside paths a hint names
 
 
-def retry_hint(results: list[dict] | None, recorded: list[str]) -> str:
+def retry_hint(results: list[dict[str, Any]] | None, recorded: list[str]) -> str:
     """What a person whose change means what the failed checks found runs next, keeping every other
     check: the paths it needed added to its `paths=` globs, only the failed named checks dropped
     (`--check none` then the rest: `none` alone would drop the others too)."""
@@ -149,17 +155,21 @@ class _File:
 class Change:
     """The change base..head as the checks need it, read from git objects."""
 
-    def __init__(self, repo, base: str, head: str):
+    def __init__(self, repo: Repo, base: str, head: str):
         self.files: list[_File] = []
         self.unread = 0  # files past MAX_FILES: not looked at
         if base == head:
             return
+        import pygit2  # (loaded: `repo.git` is a pygit2 repository)
+
         git = repo.git
-        diff = git.diff(git[base], git[head])
+        diff = git.diff(git[base].peel(pygit2.Commit), git[head].peel(pygit2.Commit))
         diff.find_similar()
         for index, patch in enumerate(diff):
             if index >= MAX_FILES:
                 self.unread += 1
+                continue
+            if patch is None:  # libgit2 makes none for a delta it skips (unmodified)
                 continue
             delta = patch.delta
             status = delta.status_char()
@@ -186,15 +196,18 @@ class Change:
         return seen
 
 
-def _blob(git, oid) -> bytes | None:
+def _blob(git: pygit2.Repository, oid: pygit2.Oid) -> bytes | None:
+    import pygit2
+
     try:
         obj = git[oid]
     except (KeyError, ValueError):
         return None
-    return obj.data if obj.size <= MAX_BLOB else None
+    # A submodule's entry names a commit (here, when this repository holds it): no file to read.
+    return obj.data if isinstance(obj, pygit2.Blob) and obj.size <= MAX_BLOB else None
 
 
-def run(repo, base: str, head: str, checks: list[str] | None) -> list[dict]:
+def run(repo: Repo, base: str, head: str, checks: list[str] | None) -> list[dict[str, Any]]:
     """Each check's result on base..head (empty when there are none)."""
     if not checks:
         return []
@@ -285,6 +298,8 @@ def _no_test_deletion(change: Change) -> Result:
         if f.new_path is not None and (is_test_file(f.new_path) or _has_rust_tests(f.new_path, f.new)):
             after |= {(_suffix(f.new_path), name) for name in test_names(f.new_path, f.new) or ()}
     for f in change.files:
+        if f.old_path is None:
+            continue  # an added file: no test of it can be gone
         if not (is_test_file(f.old_path) or _has_rust_tests(f.old_path, f.old)):
             continue
         if f.new_path is None:
@@ -436,12 +451,12 @@ def _skip_uses(data: bytes | None) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Attribute):
             dotted = _dotted(node)
             root, _, rest = dotted.partition(".") if dotted else ("", "", "")
-            if root in modules and f"{modules[root]}.{rest}" in _SKIPS:
+            if dotted and root in modules and f"{modules[root]}.{rest}" in _SKIPS:
                 uses.append((node.lineno, dotted))
     return sorted(uses)
 
 
-def _dotted(node) -> str | None:
+def _dotted(node: ast.expr) -> str | None:
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -451,11 +466,11 @@ def _dotted(node) -> str | None:
     return ".".join([node.id, *reversed(parts)])
 
 
-def _count(pattern, lines: list[str]) -> int:
+def _count(pattern: LazyPattern, lines: list[str]) -> int:
     return sum(len(pattern.findall(line)) for line in lines)
 
 
-def _first_line(data: bytes | None, pattern, added: list[str]) -> str:
+def _first_line(data: bytes | None, pattern: LazyPattern, added: list[str]) -> str:
     """`:12`, the line number in the new file of the first added line with the marker ("" if unknown)."""
     if data is None:
         return ""

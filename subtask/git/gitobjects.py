@@ -243,14 +243,15 @@ class Pygit2Objects:
             return None  # a loose ref file that names no object: git's for-each-ref skips it too
         return next(iter(self._ref(ref)), None) if ref is not None else None
 
-    def _ref(self, ref) -> list[Ref]:
+    def _ref(self, ref: pygit2.Reference) -> list[Ref]:
         from pygit2.enums import ReferenceType
 
-        if ref.type == ReferenceType.DIRECT:
-            return [Ref(ref.name, str(ref.target))]
-        if self._git.references.get(ref.target) is None:
+        target = ref.target  # an Oid, or the name of the ref a symbolic one points at
+        if ref.type == ReferenceType.DIRECT or not isinstance(target, str):
+            return [Ref(ref.name, str(target))]
+        if self._git.references.get(target) is None:
             return []  # dangling: git's for-each-ref leaves it out too
-        return [Ref(ref.name, ref.target, True)]
+        return [Ref(ref.name, target, True)]
 
     def read(self, specs: list[str]) -> list[tuple[str, bytes] | None]:
         return [self._read_one(spec) if valid_spec(spec) else None for spec in specs]

@@ -28,6 +28,8 @@ from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     import pygit2
 
     from subtask.git.gitobjects import GitObjects, Pygit2Objects
@@ -64,7 +66,7 @@ class Repo:
             return gitobjects.Pygit2Objects(self.git, sign)
         return gitobjects.GitObjects(self.git_dir, sign)
 
-    def handover(self) -> dict | None:
+    def handover(self) -> dict[str, Any] | None:
         """This repository for a worker forked from another process (JSON, `from_handover`): the
         paths and settings git gave us; None unless opened at the main worktree (a linked
         worktree's settings may be its own) and read through git."""
@@ -75,7 +77,7 @@ class Repo:
                 "settings": settings}
 
     @classmethod
-    def from_handover(cls, data: dict) -> Repo:
+    def from_handover(cls, data: dict[str, Any]) -> Repo:
         return cls(Path(data["git_dir"]), Path(data["root"]), Path(data["common_dir"]),
                    Config(GitSettings(dict(data["settings"]))))
 
@@ -117,7 +119,7 @@ class Repo:
         return self.root / ".subtask" / "worktrees"
 
 
-def open_repo(path: str | os.PathLike | None = None) -> Repo:
+def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
     """The repository containing `path` (default: the current directory), found as git finds it
     (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2."""
     start = str(path or os.getcwd())
@@ -220,7 +222,8 @@ def _unborn_branch(repo: Repo) -> SubtaskError | None:
 
 
 def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None = None,
-        timeout: float | None = None, env: dict | None = None, own_group: bool = False) -> subprocess.CompletedProcess:
+        timeout: float | None = None, env: dict[str, str] | None = None,
+        own_group: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the git binary with hooks disabled; a failure is a fatal error with git's words.
     `own_group`: in a process group of its own, which a signal to the caller's group (`stop`'s
     SIGTERM to a worker) does not reach half-way through."""
@@ -262,7 +265,8 @@ def author_signature(repo: Repo) -> pygit2.Signature:
         return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
 
 
-def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict], dict]:
+def diff_stats(repo: Repo, base: str,
+               head: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
     """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
     import pygit2
 
@@ -275,9 +279,11 @@ def diff_stats(repo: Repo, base: str, head: str) -> tuple[list[dict], list[dict]
     files = []
     added = deleted = 0
     if base != head:
-        diff = repo.git.diff(repo.git[base], repo.git[head])
+        diff = repo.git.diff(repo.git[base].peel(pygit2.Commit), repo.git[head].peel(pygit2.Commit))
         diff.find_similar()
         for patch in diff:
+            if patch is None:  # libgit2 makes none for a delta it skips (unmodified)
+                continue
             delta = patch.delta
             _, plus, minus = patch.line_stats
             entry = {"path": delta.new_file.path, "status": delta.status_char(), "added": plus, "deleted": minus}

@@ -259,6 +259,32 @@ def flatten(repo, commit: str) -> dict:
     return found
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
+def digest(repo, trusted: str, asked: list[str] | None, command: str | None) -> str:
+    """The harness source of a verify judged by the commit `trusted`, as one digest: the rule
+    asked for and every trusted file that judges (path, blob, mode; a file of which only a part is
+    harness counts whole, so a change to any of it is a new source, never a missed one). `job`
+    for a verify judged by its own tests. Two verifies of one tree with the same digest run on the
+    same files (`verified.py`). Cached by the trusted tree, which never changes meaning."""
+    if judged_by_job(asked):
+        return JOB
+    tree = str(repo.git[trusted].tree_id)
+    cache_key = (tree, tuple(asked) if asked is not None else None, command)
+    found = _DIGESTS.get(cache_key)
+    if found is None:
+        files = flatten(repo, trusted)
+        rule = rule_for(asked, files, command)
+        h = hashlib.sha256(repr(asked).encode())
+        for path in sorted(files):
+            if rule.matches(path) or rule.section_of(path) is not None:
+                oid, entry = files[path]
+                h.update(f"\n{path}\0{oid}\0{mode_of(entry):o}".encode())
+        found = _DIGESTS[cache_key] = h.hexdigest()
+    return found
+
+
 def mode_of(value) -> int:
     """A `flatten` entry's mode (its tree entry's, read only for the paths that need it)."""
     return value if isinstance(value, int) else int(value.filemode)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from subtask.git.gitrepo import Repo
 
@@ -28,7 +29,7 @@ class LeftOut:
     submodules: list[str] = field(default_factory=list)  # the base's submodule paths
     base: str = ""  # the commit the job starts from
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"uncommitted": self.uncommitted, "subfolder": self.subfolder,
                 "submodules": self.submodules}
 

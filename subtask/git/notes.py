@@ -17,14 +17,21 @@ that was never tested.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from subtask.git import notes_store, records, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model.render import note_block
 from subtask.state import paths
+from subtask.words import note_block
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from subtask.git.signing import Provenance
 
 
-def lock_path(repo: Repo):
+def lock_path(repo: Repo) -> Path:
     return repo.state_dir / paths.NOTES_LOCK
 
 
@@ -60,7 +67,8 @@ def landed_copy(repo: Repo, job: Job, landed_in: str | None) -> str | None:
     return None if carried else landed_in
 
 
-def blocks_of(repo: Repo, job: Job, provenance=None, landed_in: str | None = None) -> list[tuple[str, str, str]]:
+def blocks_of(repo: Repo, job: Job, provenance: Provenance | None = None,
+              landed_in: str | None = None) -> list[tuple[str, str, str]]:
     """(commit, job id, block) of each block the job's record makes: on its head, and a copy on
     the commit it landed in when that is a new commit (`landed_copy`)."""
     target = target_commit(job)
@@ -101,16 +109,17 @@ def rebuild(repo: Repo) -> int:
         copy = landed_copy(repo, job, job.state.landed_in or marked.get(job_id))
         if job.state.attempts and job.state.current.terminal:
             ended.append(job)
-            places[job_id] = {target_commit(job)}
+            place = {target_commit(job)}
         else:  # running again: its earlier block stays until the worker rewrites it
-            places[job_id] = {target_commit(job)} | previous_targets(job)
-        places[job_id] |= {copy} if copy else set()
+            place = {target_commit(job)} | previous_targets(job)
+        places[job_id] = place | ({copy} if copy else set())
 
     from subtask.git import signing
 
-    signed = signing.check(repo, [job.tip for job in ended if job.signed])  # one git run for them all
-    items = [item for job in ended
-             for item in blocks_of(repo, job, signed.get(job.tip) if job.signed else None, marked.get(job.id))]
+    # one git run for them all (a signed record has a tip: it was read from a commit)
+    signed = signing.check(repo, [job.tip for job in ended if job.signed and job.tip])
+    items = [item for job in ended for item in blocks_of(
+        repo, job, signed.get(job.tip) if job.signed and job.tip else None, marked.get(job.id))]
 
     def explained(commit: str, job_id: str) -> bool:
         if job_id not in places:

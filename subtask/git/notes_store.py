@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from subtask.model.errors import fatal
 from subtask.state.statefiles import file_lock
@@ -112,14 +112,15 @@ def read_blocks(repo: pygit2.Repository, commit_oid: str) -> dict[str, str]:
 
 
 def set_block(
-    repo: pygit2.Repository, commit_oid: str, job_id: str, block: str, lock_path: str | os.PathLike
+    repo: pygit2.Repository, commit_oid: str, job_id: str, block: str,
+    lock_path: str | os.PathLike[str],
 ) -> None:
     """Add or replace `job_id`'s block on `commit_oid`; other blocks and human text stay."""
     set_blocks_bulk(repo, [(commit_oid, job_id, block)], lock_path)
 
 
 def remove_block(
-    repo: pygit2.Repository, commit_oid: str, job_id: str, lock_path: str | os.PathLike
+    repo: pygit2.Repository, commit_oid: str, job_id: str, lock_path: str | os.PathLike[str]
 ) -> None:
     """Drop `job_id`'s block from `commit_oid`; the note goes away when nothing remains."""
     _check_job_id(job_id)
@@ -130,7 +131,7 @@ def remove_block(
 def set_blocks_bulk(
     repo: pygit2.Repository,
     items: Iterable[tuple[str, str, str]],
-    lock_path: str | os.PathLike,
+    lock_path: str | os.PathLike[str],
 ) -> int:
     """Write many (commit, job id, block) in one notes commit; returns how many blocks changed."""
     wanted: dict[str, dict[str, str | None]] = {}
@@ -145,7 +146,7 @@ def rewrite_blocks(
     repo: pygit2.Repository,
     items: Iterable[tuple[str, str, str]],
     keep: Callable[[str, str], bool],
-    lock_path: str | os.PathLike,
+    lock_path: str | os.PathLike[str],
 ) -> int:
     """Like `set_blocks_bulk`, and in the same notes commit drop every other block for which
     `keep(commit hex, job id)` is false (human text stays). Returns how many blocks changed."""
@@ -155,10 +156,11 @@ def rewrite_blocks(
 
     def plan(tree: pygit2.Tree | None) -> tuple[Edits, int]:
         edits = {commit: dict(jobs) for commit, jobs in wanted.items()}
-        for commit_hex in _all_notes(repo, tree) if tree is not None else {}:
-            for job_id in parse_note(_read_text(repo, tree, commit_hex) or "")[1]:
-                if job_id not in edits.get(commit_hex, {}) and not keep(commit_hex, job_id):
-                    edits.setdefault(commit_hex, {})[job_id] = None
+        if tree is not None:
+            for commit_hex in _all_notes(repo, tree):
+                for job_id in parse_note(_read_text(repo, tree, commit_hex) or "")[1]:
+                    if job_id not in edits.get(commit_hex, {}) and not keep(commit_hex, job_id):
+                        edits.setdefault(commit_hex, {})[job_id] = None
         return _plan(repo, tree, edits)
 
     return _update(repo, lock_path, plan)
@@ -246,7 +248,7 @@ def _apply_jobs(blocks: dict[str, str], jobs: dict[str, str | None]) -> int:
 
 def _update(
     repo: pygit2.Repository,
-    lock_path: str | os.PathLike,
+    lock_path: str | os.PathLike[str],
     plan: Callable[[pygit2.Tree | None], tuple[Edits, int]],
 ) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
@@ -309,7 +311,8 @@ def _set_target(txn: pygit2.transaction.ReferenceTransaction, new: pygit2.Oid) -
 
 def _tip(repo: pygit2.Repository) -> pygit2.Oid | None:
     ref = repo.references.get(NOTES_REF)
-    return None if ref is None else ref.target
+    # (a direct ref: only `_set_target` writes it, with a commit id)
+    return None if ref is None else cast("pygit2.Oid", ref.target)
 
 
 def _commit_tree(
@@ -372,7 +375,7 @@ def _note_paths(
         found.append(prefix + (rest,))
     fan = rest[:2]
     if len(rest) > 2 and fan in tree and tree[fan].type_str == "tree":
-        found += _note_paths(tree / fan, commit_hex, prefix + (fan,))
+        found += _note_paths(cast("pygit2.Tree", tree / fan), commit_hex, prefix + (fan,))
     return found
 
 
@@ -381,13 +384,14 @@ def _read_text(repo: pygit2.Repository, tree: pygit2.Tree, commit_hex: str) -> s
     if not paths:
         return None
     # Blob bytes, not Note.message: surrogateescape keeps non-UTF-8 notes byte-exact on rewrite.
-    texts = [repo[_entry(tree, path).id].data.decode("utf-8", "surrogateescape") for path in paths]
+    blobs = [cast("pygit2.Blob", repo[_entry(tree, path).id]) for path in paths]  # (found so)
+    texts = [blob.data.decode("utf-8", "surrogateescape") for blob in blobs]
     return "\n".join(texts)
 
 
 def _entry(tree: pygit2.Tree, path: tuple[str, ...]) -> pygit2.Object:
     for part in path[:-1]:
-        tree = tree / part
+        tree = cast("pygit2.Tree", tree / part)  # (`_note_paths` found trees there)
     return tree / path[-1]
 
 
@@ -424,7 +428,8 @@ def _edit_tree(
             builder.insert(path[0], blob, _MODE_BLOB)
     for name, sub_changes in nested.items():
         old = builder.get(name)
-        sub_tree = repo[old.id] if old is not None and old.type_str == "tree" else None
+        is_tree = old is not None and old.type_str == "tree"
+        sub_tree = cast("pygit2.Tree", repo[old.id]) if old is not None and is_tree else None
         sub = _edit_tree(repo, sub_tree, sub_changes)
         _remove(builder, name)
         if sub is not None:
@@ -443,7 +448,7 @@ def _remove(builder: pygit2.TreeBuilder, name: str) -> None:
 def merge_ref(
     repo: pygit2.Repository,
     other: str | pygit2.Oid,
-    lock_path: str | os.PathLike,
+    lock_path: str | os.PathLike[str],
     prefer_local: Callable[[str], bool] = lambda job_id: True,
 ) -> str:
     """Merge the notes commit `other` (e.g. a fetched remote's) into refs/notes/subtask, block by block.
@@ -537,9 +542,9 @@ def _all_notes(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> 
     """commit hex -> note blob id, over any fanout."""
     found: dict[str, pygit2.Oid] = {}
     for entry in tree:
-        name = prefix + entry.name
+        name = prefix + str(entry.name)  # (an entry of a tree has one)
         if entry.type_str == "tree":
-            found.update(_all_notes(repo, repo[entry.id], name))
+            found.update(_all_notes(repo, cast("pygit2.Tree", repo[entry.id]), name))
         elif _HEX_RE.fullmatch(name):
             found[name] = entry.id
     return found

@@ -31,6 +31,12 @@ from subtask.git.gitrepo import Repo, git
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    import pygit2
+
+    from subtask.model.job import JobLike
+
 OWNED_PREFIX = "refs/subtask-owned/"
 THEIRS_PREFIX = "refs/subtask-theirs/"
 CLONE_ID_RE = re.compile(r"c-[0-9a-f]{16}")
@@ -81,7 +87,7 @@ class _LocalConfig:
     """The repository's own config file (`<common dir>/config`): through libgit2 once it is loaded
     (the MCP server starts jobs without a git process), else through `git config --local`."""
 
-    def __init__(self, repo: Repo, pygit2_config=None):
+    def __init__(self, repo: Repo, pygit2_config: pygit2.Config | None = None):
         self.repo, self.cfg = repo, pygit2_config
 
     def get(self, key: str) -> str | None:
@@ -124,7 +130,7 @@ def owned_keys(repo: Repo) -> set[str]:
     return {ref.name[len(OWNED_PREFIX):] for ref in repo.objects.refs(OWNED_PREFIX)}
 
 
-def owns(repo: Repo, job, owned: set[str] | None = None) -> bool:
+def owns(repo: Repo, job: JobLike, owned: set[str] | None = None) -> bool:
     """Is `job` (a `records.Job`) one this clone started? `owned`: `owned_keys`, when the caller
     asks for many jobs."""
     mine = clone_id(repo)

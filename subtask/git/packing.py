@@ -28,8 +28,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
+
+if TYPE_CHECKING:
+    from subtask.git.gitrepo import Repo
 
 SAMPLE_FOLDERS = 16  # of git's 256 fan-out folders (`git gc --auto` samples one)
 MAX_LOOSE = 100_000  # beyond this, packing is `git gc`'s job: it could take minutes
@@ -48,13 +52,13 @@ def estimate_loose(objects: Path) -> int:
     return found * 256 // SAMPLE_FOLDERS
 
 
-def state_file(repo) -> Path:
+def state_file(repo: Repo) -> Path:
     """`packed-<repo>.json`: {"v": 1, "loose": the estimate when this repository was last packed};
     one per repository (several may share a state folder), and so is the lock beside it."""
     return repo.state_file("packed")
 
 
-def _last_packed(repo) -> int:
+def _last_packed(repo: Repo) -> int:
     try:
         value = json.loads(state_file(repo).read_text()).get("loose", 0)
     except (OSError, ValueError, AttributeError):
@@ -62,13 +66,13 @@ def _last_packed(repo) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def _grown(repo, loose: int) -> int:
+def _grown(repo: Repo, loose: int) -> int:
     """Loose objects beyond those already packed here (all of them after a `git gc` pruned some)."""
     last = _last_packed(repo)
     return loose - last if loose >= last else loose
 
 
-def pack_loose_objects(repo) -> bool:
+def pack_loose_objects(repo: Repo) -> bool:
     """Pack the repository's loose objects into one new pack when enough were added since the
     last pack (module docstring); True if a pack was written."""
     try:
@@ -80,7 +84,7 @@ def pack_loose_objects(repo) -> bool:
         return False
 
 
-def _pack_when_grown(repo) -> bool:
+def _pack_when_grown(repo: Repo) -> bool:
     threshold = repo.config.integer("packLooseObjects")
     if threshold <= 0 or os.environ.get("GIT_OBJECT_DIRECTORY"):
         return False
@@ -97,7 +101,7 @@ def _pack_when_grown(repo) -> bool:
         return written
 
 
-def _write_pack(repo, objects: Path) -> bool:
+def _write_pack(repo: Repo, objects: Path) -> bool:
     """One pack of the loose objects that no pack holds yet; False when there were none."""
     import pygit2
 

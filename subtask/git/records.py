@@ -112,7 +112,7 @@ def _loads(blob: bytes, what: str) -> dict:
 
 def status_line(job: Job) -> str:
     """The one-line status: the record's commit subject and the first line of `list`."""
-    from subtask.model.render import one_line
+    from subtask.words import one_line
 
     return one_line(job)
 
@@ -120,7 +120,7 @@ def status_line(job: Job) -> str:
 def list_entry(job: Job) -> dict:
     """The compact facts `list` needs, stored in the record commit message."""
     from subtask.model import money
-    from subtask.model.render import job_cost
+    from subtask.words import job_cost
 
     attempt = job.state.current
     verify = attempt.verify

@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
@@ -72,11 +73,11 @@ def check_one(repo: Repo, commit: str | None, signed: bool) -> Provenance:
     return check(repo, [commit]).get(commit, Provenance("unverifiable"))
 
 
-def _from_fields(d: dict) -> Provenance:
+def _from_fields(d: dict[str, Any]) -> Provenance:
     return Provenance(*(str(d.get(k) or "") for k in ("status", "signer", "key", "trust")))
 
 
-def _fields(p: Provenance) -> dict:
+def _fields(p: Provenance) -> dict[str, Any]:
     return {"status": p.status, "signer": p.signer, "key": p.key, "trust": p.trust}
 
 
@@ -120,7 +121,7 @@ def _cache_path(repo: Repo) -> Path:
     return repo.state_file("signatures")
 
 
-def _read_cache(repo: Repo, fingerprint: str) -> dict:
+def _read_cache(repo: Repo, fingerprint: str) -> dict[str, Any]:
     try:
         data = json.loads(_cache_path(repo).read_bytes())
     except (OSError, ValueError):
@@ -131,7 +132,7 @@ def _read_cache(repo: Repo, fingerprint: str) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write_cache(repo: Repo, fingerprint: str, entries: dict) -> None:
+def _write_cache(repo: Repo, fingerprint: str, entries: dict[str, Any]) -> None:
     """Best effort: a cache that cannot be written costs the next look a git run."""
     from subtask.state.statefiles import write_atomic
 

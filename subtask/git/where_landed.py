@@ -18,6 +18,10 @@ from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model.job import is_job_id
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 PREFIX = "refs/subtask-landed/"
 
 
@@ -45,7 +49,7 @@ def marks(repo: Repo) -> dict[str, str]:
     return {r.name[len(PREFIX):]: r.target for r in repo.objects.refs(PREFIX) if not r.symbolic}
 
 
-def add_to_entries(repo: Repo, entries: list[dict]) -> None:
+def add_to_entries(repo: Repo, entries: list[dict[str, Any]]) -> None:
     """Set `landed` on the `list` entries of jobs marked landed here whose record does not say so."""
     if not any(not e.get("landed") for e in entries):
         return

@@ -254,7 +254,8 @@ def _worktree_config_on(repo: Repo) -> bool:
     return proc.stdout.strip() == "true"
 
 
-def job_git_env(repo: Repo, admin: Path, worktree: Path, env: dict | None = None) -> dict:
+def job_git_env(repo: Repo, admin: Path, worktree: Path,
+                env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of `job_git` (for a git started in the background: run it as
     `git *JOB_GIT ...` in `worktree`)."""
     base = {k: v for k, v in (env if env is not None else os.environ).items() if k not in _LOCATION_VARS}
@@ -262,7 +263,8 @@ def job_git_env(repo: Repo, admin: Path, worktree: Path, env: dict | None = None
 
 
 def job_git(repo: Repo, admin: Path, worktree: Path, *args: str, input: str | None = None,
-            env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
     """git on a job's worktree through the paths git-subtask made, never discovery (see the module
     docstring); call `check_metadata` first, with nothing of the job running. Whatever was checked
     before, no git runs while the admin folder holds a config.worktree git would read (exit 128):

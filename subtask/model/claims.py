@@ -29,9 +29,10 @@ class LazyPattern:
     compiling them all cost each import several milliseconds."""
 
     def __init__(self, pattern: str, flags: int = 0):
-        self._args, self._compiled = (pattern, flags), None
+        self._args = (pattern, flags)
+        self._compiled: re.Pattern[str] | None = None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if self._compiled is None:
             self._compiled = re.compile(*self._args)
         return getattr(self._compiled, name)
@@ -149,7 +150,7 @@ class Watch:
         self.last_edit: int | None = None
         self.last_test: tuple[int, str, Any] | None = None  # (order, command, exit)
 
-    def see(self, event: dict) -> None:
+    def see(self, event: dict[str, Any]) -> None:
         self.seen += 1
         kind = event.get("type")
         if kind == "tool" and event.get("name") in EDIT_TOOLS:
@@ -157,7 +158,7 @@ class Watch:
         elif kind == "command" and isinstance(event.get("command"), str) and looks_like_test(event["command"]):
             self.last_test = (self.seen, event["command"], event.get("exit"))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         test = self.last_test
         return {"last_edit": self.last_edit,
                 "last_test": None if test is None else {"at": test[0], "command": test[1][:200], "exit": test[2]}}
@@ -211,11 +212,11 @@ def _in_diff(path: str, files: list[str]) -> bool:
 
 
 def contradictions(summary: str, *, verify: Any, checks_failed: list[str], files: list[str],
-                   files_complete: bool, watch: dict | None) -> list[dict]:
+                   files_complete: bool, watch: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each claim of `summary` the evidence contradicts: `{"claim", "against"}`. `verify` is the
     attempt's VerifyResult (None: no verify ran), `files` the paths of its diff from the base
     (`files_complete`: every one is listed), `watch` the order of its edits and test commands."""
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     claim = test_claim(summary)
     if claim:
         against = _against_test_claim(verify, checks_failed, watch)
@@ -230,7 +231,7 @@ def contradictions(summary: str, *, verify: Any, checks_failed: list[str], files
     return found[:MAX_CLAIMS]
 
 
-def _against_test_claim(verify: Any, checks_failed: list[str], watch: dict | None) -> str | None:
+def _against_test_claim(verify: Any, checks_failed: list[str], watch: dict[str, Any] | None) -> str | None:
     if verify is not None:
         if checks_failed:
             return "check " + ", ".join(checks_failed) + " failed"
@@ -248,7 +249,7 @@ def _against_test_claim(verify: Any, checks_failed: list[str], watch: dict | Non
     return None
 
 
-def line(found: list[dict] | None) -> str | None:
+def line(found: list[dict[str, Any]] | None) -> str | None:
     """`"all tests pass" — verify failed; "changed a.py" — not in the diff` (None: nothing to say)."""
     parts = [f'"{c.get("claim")}" — {c.get("against")}' for c in found or () if isinstance(c, dict)]
     return "; ".join(parts) if parts else None

@@ -133,6 +133,23 @@ SETTINGS: dict[str, Setting] = {
         "script), globs added to it (`default,ci/**`), or `none` (judged by its own tests). See "
         "docs/verify.md",
         default="default"),
+    "verify.reuse": Setting("flag",
+        "reuse a verify result already recorded for the same tree, command, harness and "
+        "environment (by this clone, or in a record an allowed signer signed) instead of running "
+        "it again (`land --no-reuse`, `verify --run --no-reuse` force a run). See docs/review.md",
+        default="true"),
+    "verify.fingerprint": Setting("text",
+        "a command (`sh -c`, run once per command here) whose output joins the environment "
+        "fingerprint of a verify result, so a result is reused only where it prints the same "
+        "(`python3 -VV; pip freeze`). See docs/review.md",
+        example="'python3 -VV; pip freeze'"),
+    "land.window": Setting("int",
+        "integrated states `land` verifies at once (`--window`; `0`: the cores, at most the free "
+        "worker slots)",
+        default="0", minimum=0, maximum=64),
+    "land.batch": Setting("int",
+        "jobs per batch of `land --batch` when it names no size (`0`: the whole queue)",
+        default="0", minimum=0),
     "git.checks": Setting("checks",
         "the checks on the diff every job with a verify runs before it (`none`: none); `start "
         "--check` adds to them. See docs/verify.md",

@@ -7,6 +7,12 @@ error with the same words. Exit codes follow git: 1 a defined negative answer, 1
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # not `typing`'s: the console script imports this first, and typing costs ms
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+    from typing import Any
+
 EXIT_NEGATIVE = 1
 EXIT_FATAL = 128
 EXIT_USAGE = 129
@@ -36,7 +42,7 @@ class SubtaskError(Exception):
         self.hint = hint
         self.exit_code = exit_code if exit_code is not None else _EXIT_BY_KIND.get(kind, EXIT_FATAL)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "hint": self.hint, "exit_code": self.exit_code}
 
 
@@ -59,10 +65,10 @@ def from_os_error(exc: OSError) -> SubtaskError | None:
 INTERRUPTED: list[int] = []  # a Ctrl-C arrived: what fails after it is its consequence, not a bug to report
 _IGNORING: list[str] = []  # why a Ctrl-C now changes nothing: an undo under way, the command over
 _AGAIN: list[bool] = []  # the first one's KeyboardInterrupt was swallowed: raise it again
-_HOOK: dict = {}  # the unraisable hook `_swallowed` replaced, and the main thread's id
+_HOOK: dict[str, Any] = {}  # the unraisable hook `_swallowed` replaced, and the main thread's id
 
 
-def _interrupted(signum, frame) -> None:
+def _interrupted(signum: int, frame: FrameType | None) -> None:
     if _IGNORING or (INTERRUPTED and not _AGAIN):
         return
     if frame is not None and frame.f_code in (_swallowed.__code__, _interrupt_main_soon.__code__):
@@ -74,13 +80,14 @@ def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _block_sigint():
+def _block_sigint() -> set[int]:
     """Block SIGINT in this thread and return the mask it had. Blocked, never SIG_IGN: a SIGINT
     caught while the disposition changes is reported by Python as `OSError: Signal 2 ignored due
     to race condition`, a traceback (issue 38). A blocked one waits, and is dropped at exit."""
     import _signal
 
-    return _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+    previous: set[int] = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+    return previous
 
 
 def interrupt_once() -> None:
@@ -107,7 +114,7 @@ def interrupt_once() -> None:
         sys.unraisablehook = _swallowed
 
 
-def _swallowed(unraisable) -> None:
+def _swallowed(unraisable: Any) -> None:
     """Python swallows an exception raised where nothing can catch it (a weakref callback, a
     `__del__`) and prints "Exception ignored in": our KeyboardInterrupt landed there (importlib's
     module-lock callback, measured), so the command went on waiting and ignored every later
@@ -159,7 +166,9 @@ def fatal(message: str, hint: str | None = None) -> SubtaskError:
     return SubtaskError("fatal", message, hint)
 
 
-def undo_uninterrupted(steps: list, then=None) -> None:
+def undo_uninterrupted(
+    steps: list[Callable[[], object]], then: Callable[[], object] | None = None
+) -> None:
     """Undo a half-done operation: run `steps` last first, each one's failure ignored (the rest
     must still run), then `then`. A Ctrl-C must not interrupt the undo, nor the git it runs (a
     terminal's Ctrl-C reaches the whole process group): in the main thread (the only one signals

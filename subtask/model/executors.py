@@ -23,11 +23,13 @@ import threading
 from dataclasses import dataclass
 
 from subtask.model.errors import SubtaskError
-from subtask.model.job import placement, ray_job_id, runs_remotely
+from subtask.model.job import JobLike, placement, ray_job_id, runs_remotely
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
-    from typing import Protocol
+    from typing import Any, Protocol
+
+    from subtask.model.config import Config
 else:
     Protocol = object  # the protocol below is documentation and a type, never a base at run time
 
@@ -36,32 +38,33 @@ FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", 
 
 
 class Elsewhere(Protocol):
-    """What an executor that runs jobs away from this machine does, at home."""
+    """What an executor that runs jobs away from this machine does, at home. (`repo`, `job` and
+    the Job returned are `git.gitrepo.Repo` and `git.records.Job`, layers above this one: Any.)"""
 
-    def submit(self, repo, job, paid: bool):
+    def submit(self, repo: Any, job: Any, paid: bool) -> Any:
         """Check the job can run there, then branch, pin, record, reservation, hand-over; the Job."""
 
-    def place(self, repo, job) -> None:
+    def place(self, repo: Any, job: Any) -> None:
         """Check the job can run there and say so in its (not yet written) record: a job that
         waits (`--after`) is recorded placed, and handed over once it may start."""
 
-    def hand_over(self, repo, job, paid: bool) -> None:
+    def hand_over(self, repo: Any, job: Any, paid: bool) -> None:
         """A placed job whose record says queued (a waiting job moved on, `ops/plans`): its
         reservation, its refs where the executor reads them, the hand-over. Raises, undone."""
 
-    def reply(self, repo, job, attempt, paid: bool):
+    def reply(self, repo: Any, job: Any, attempt: Any, paid: bool) -> Any:
         """Attempt n+1 of a job that ran there, run there too; the Job. The caller holds the run-lock."""
 
-    def watch(self, repo, job_id: str, cancel: threading.Event) -> None:
+    def watch(self, repo: Any, job_id: str, cancel: threading.Event) -> None:
         """Block (bounded) until the job may have ended there; `wait` calls it in a loop."""
 
-    def stop(self, repo, job_id: str):
+    def stop(self, repo: Any, job_id: str) -> Any:
         """Ask it to stop the job there; the Job as recorded after."""
 
-    def settle_active(self, repo, entries: list[dict]) -> list[str]:
+    def settle_active(self, repo: Any, entries: list[dict[str, Any]]) -> list[str]:
         """Bring home the listed active jobs it says ended; their ids."""
 
-    def bring_home(self, repo, job) -> None:
+    def bring_home(self, repo: Any, job: Any) -> None:
         """A finished job whose final record a pull brought: its branch, reservation, note here."""
 
 
@@ -79,7 +82,7 @@ class Executor:
     def backend(self) -> Elsewhere:
         if self.backend_module is None:
             raise SubtaskError("fatal", f"the {self.name} executor runs jobs here: it has no backend")
-        return importlib.import_module(self.backend_module)  # type: ignore[return-value]
+        return importlib.import_module(self.backend_module)
 
     def require(self, feature: str) -> None:
         """Refuse (exit 129) what this executor cannot do for a job, saying what is missing."""
@@ -101,7 +104,7 @@ REGISTRY: dict[str, Executor] = {
 EXECUTORS = tuple(REGISTRY)
 
 
-def choose(config, flag: str | None) -> Executor:
+def choose(config: Config, flag: str | None) -> Executor:
     """The executor for a new job: `--on`, else `git config subtask.executor`, else local."""
     value = (flag or config.get("executor") or "local").strip().lower()
     if value not in REGISTRY:
@@ -112,19 +115,19 @@ def choose(config, flag: str | None) -> Executor:
     return REGISTRY[value]
 
 
-def of(job) -> Executor:
+def of(job: JobLike) -> Executor:
     """The executor a job's record says runs it (an unknown kind: refused, never run here)."""
     where = placement(job.spec)
     if where is None:
         return REGISTRY["local"]
-    found = REGISTRY.get(where.get("kind"))
+    found = REGISTRY.get(where["kind"])  # (`placement`: a name)
     if found is None:
         raise SubtaskError("fatal", f"{job.spec.id} runs on {where.get('kind')!r}, an executor this "
                            "git-subtask does not know", hint="upgrade git-subtask")
     return found
 
 
-def of_entry(entry: dict) -> Executor:
+def of_entry(entry: dict[str, Any]) -> Executor:
     """The executor of a `list` entry (its `on`; none: local)."""
     return REGISTRY.get(entry.get("on") or "local", REGISTRY["local"])
 

@@ -25,7 +25,9 @@ from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, ClassVar, Protocol, Self
+else:
+    Protocol = object  # `JobLike` is documentation and a type, never a base at run time
 
 SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
@@ -70,9 +72,10 @@ class _Record:
     """JSON round trip that keeps unknown fields instead of dropping them."""
 
     extra: dict[str, Any]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # every subclass is a dataclass
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"v": SCHEMA_VERSION}
+        out: dict[str, Any] = {"v": SCHEMA_VERSION}
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 continue
@@ -88,12 +91,12 @@ class _Record:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None):
+    def from_dict(cls, data: dict[str, Any] | None) -> Self:
         data = dict(data or {})
         data.pop("v", None)
         known = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
-        extra = {}
+        extra: dict[str, Any] = {}
         for key, value in data.items():
             if key in known and key != "extra":
                 kwargs[key] = cls._decode(key, value)
@@ -187,12 +190,20 @@ class VerifyResult(_Record):
     # "tree" (what it ran on: the head's with the trusted harness in place), "unused" (the
     # job's harness changes not used), "own" (its own tests, run apart: passed, exit_code, ...)}.
     harness: dict[str, Any] | None = None
+    # What it answers (subtask/ops/verified.py): a digest of (tree, command, harness source,
+    # environment fingerprint); a result with the same key is reused instead of run again.
+    key: str | None = None
+    # Set when it was not run here but reused (`verified.reuse`): {"job", "commit" (where it
+    # ran), "at", "by" (this clone, or the allowed signer of the record it came from)}.
+    reused: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
-        if key == "harness" and not isinstance(value, dict):
+        if key in ("harness", "reused") and not isinstance(value, dict):
             return None  # damaged or foreign: read as absent
+        if key == "key" and not isinstance(value, str):
+            return None
         return value
 
 
@@ -307,6 +318,10 @@ class Landing(_Record):
     verify: VerifyResult | None = None  # run on `commit`
     conflicts: list[str] = field(default_factory=list)
     landed: bool = False  # the target moved to `commit` (or to a commit built on it, --atomic)
+    # `land --batch`: not verified on its own, but as part of a batch whose last state, this
+    # tree (on `batch_commit`), passed (`verify` is then that state's result).
+    batch: str | None = None
+    batch_commit: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -395,6 +410,7 @@ class Evidence(_Record):
 
     # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
     # (an entry that is not an object is dropped, a missing or mistyped field gets its empty value).
+    # Not annotated: a `ClassVar` annotation needs `typing` at run time to keep it out of the fields.
     _SHAPES = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
                "commits": {"sha": str, "subject": str}}
 
@@ -422,29 +438,48 @@ def _shaped(entry: dict[str, Any], shape: dict[str, type]) -> dict[str, Any]:
     return out
 
 
-def placement(spec) -> dict | None:
+class JobLike(Protocol):
+    """What the helpers below read of a job (`git.records.Job`, a layer above this one)."""
+
+    @property
+    def spec(self) -> JobSpec: ...
+
+    @property
+    def state(self) -> JobState: ...
+
+    @property
+    def evidence(self) -> Evidence | None: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def id(self) -> str: ...
+
+
+def placement(spec: JobSpec) -> dict[str, Any] | None:
     """The executor facts a job's spec carries when it runs elsewhere (None: runs locally)."""
     value = getattr(spec, "extra", {}).get("executor")
     return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
 
 
-def job_passed(job) -> bool:
+def job_passed(job: JobLike) -> bool:
     """Ended done with verify passed, or done with no verify: what `wait`, `--after` and a map count as passing."""
     attempt = job.state.current
     return attempt.state == "done" and (attempt.verify is None or attempt.verify.passed)
 
 
-def work_base(job) -> str:
+def work_base(job: JobLike) -> str:
     """Where the job's own work starts: the commit `land --reconcile` moved it onto
     (`state.rebased_onto`), else its base. Its branch then holds the target's commits too, so its
     evidence, checks, re-runs and "made no commits" all count from here, never from `spec.base`."""
     return job.state.rebased_onto or job.spec.base
 
 
-def runs_remotely(job) -> bool:
+def runs_remotely(job: JobLike) -> bool:
     return placement(job.spec) is not None
 
 
-def ray_job_id(attempt) -> str | None:
+def ray_job_id(attempt: Attempt) -> str | None:
     value = getattr(attempt, "extra", {}).get("ray_job")
     return value if isinstance(value, str) else None

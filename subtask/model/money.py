@@ -37,6 +37,7 @@ def usd(value: object) -> Decimal | None:
     callers that need money (`is_money`) say so."""
     if value is None or isinstance(value, bool):
         return None
+    amount: Decimal | None
     try:
         if isinstance(value, Decimal):
             amount = value

@@ -19,7 +19,7 @@ import time
 
 PHASES_ENV = "SUBTASK_PHASES"
 
-_marks: list[list] = []
+_marks: list[list[object]] = []  # [name, time]
 _modules_at_begin: set[str] = set()
 _modules_before_worker: set[str] | None = None  # a forked worker's modules before it imported the worker
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 @dataclass(frozen=True)
 class Provenance:
@@ -26,7 +30,7 @@ class Provenance:
     def signed(self) -> bool:
         return self.status != "unsigned"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"v": 1, "status": self.status, "trusted": self.trusted, "signer": self.signer, "key": self.key}
 
     def words(self) -> str:

@@ -49,7 +49,7 @@ class Option:
         return self.help.format(**{o.name: (o.flag if face == "cli" else o.name) for o in OPTIONS})
 
 
-def _option(kind: type, help: str, default: Any = None, **how: Any):
+def _option(kind: type, help: str, default: Any = None, **how: Any) -> Any:
     return field(default=default, metadata={"option": (kind, help, how)})
 
 
@@ -132,7 +132,7 @@ def item_schema() -> dict[str, Any]:
     """The JSON schema of one start_many item: the fields of a start, plus `repo`."""
     props: dict[str, Any] = {}
     for o in OPTIONS:
-        base = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
+        base: dict[str, Any] = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
                 bool: {"type": "boolean"}}[o.kind]
         if o.choices:
             base = {**base, "enum": list(o.choices)}

@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from subtask import words as render
 from subtask.git import chains, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import faults, money, render
+from subtask.model import faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base

@@ -1001,7 +1001,7 @@ SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's com
 
 
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
-    from subtask.model.render import task_title
+    from subtask.words import task_title
 
     if mode == "squash":
         return _squash_message(repo, job, head)
@@ -1011,7 +1011,7 @@ def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
 def _squash_message(repo: Repo, job: Job, head: str) -> str:
     """One commit's message stays its own; several are named by the job's summary (else its task)
     and listed, oldest first, so the squash says what it holds."""
-    from subtask.model.render import task_title
+    from subtask.words import task_title
 
     commits = _commits_since_base(repo, work_base(job), head)
     trailer = f"Squashed from subtask {job.id}.\n\n{SUBTASK_ID}{job.id}\n"

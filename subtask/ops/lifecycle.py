@@ -338,7 +338,7 @@ def missing_after_end(repo: Repo, job: Job) -> list[str]:
     """What a finished job's record promises but is not there: "head pin", "note" (a writer was
     killed after the final record). Empty for a job that has not ended."""
     from subtask.git import notes, notes_store
-    from subtask.model.render import note_block
+    from subtask.words import note_block
 
     if not job.state.attempts or not job.state.current.terminal:
         return []

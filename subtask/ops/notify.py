@@ -35,9 +35,9 @@ import tempfile
 import time
 import warnings
 
+from subtask import words as render
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import render
 from subtask.state import paths
 from subtask.state.statefiles import file_lock, open_private
 

@@ -36,11 +36,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from subtask import words as render
 from subtask.git import ownership, records
 from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import executors, faults, money, render
+from subtask.model import executors, faults, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.ops import admission, lifecycle

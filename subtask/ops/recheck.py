@@ -19,8 +19,8 @@ from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.model.render import judge_line
 from subtask.ops import landing
+from subtask.words import judge_line
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Recheck:
         return out
 
 
-def recheck(repo: Repo, job: Job, run: bool = False) -> Recheck:
+def recheck(repo: Repo, job: Job, run: bool = False, reuse: bool | None = None) -> Recheck:
     attempt = job.state.current
     if not attempt.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {attempt.state}: its record makes its claims when it ends",
@@ -82,7 +82,8 @@ def recheck(repo: Repo, job: Job, run: bool = False) -> Recheck:
         add(Finding("branch", None, f"{job.spec.branch} moved on to {tip.target[:7]} after the job "
                                     f"(its record ends at {head[:7]})"))
     if run:
-        _run(repo, job, head, add, trusted_record=mine or bool(provenance.trusted))
+        reuse = repo.config.flag("verify.reuse") if reuse is None else reuse
+        _run(repo, job, head, add, trusted_record=mine or bool(provenance.trusted), reuse=reuse)
     return report
 
 
@@ -147,19 +148,25 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
                 f"recorded {word} on {head[:7]} (exit {verify.exit_code})"))
 
 
-def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool) -> None:
+def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: bool) -> None:
     from subtask.ops import reverify
 
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))
         return
-    rerun = reverify.run(repo, job, head, trusted_record=trusted_record)
+    rerun = reverify.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
                                                  f"failed (exit {rerun.result.exit_code}"
                                                  + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())
                                                  + ")")
     claim = job.state.kept.verify
-    detail = f"{rerun.result.command} {here} here on {head[:7]}" + ("" if rerun.confined else " (unconfined)")
+    if rerun.result.reused:
+        found = rerun.result.reused
+        detail = (f"{rerun.result.command} {here} on the same tree, judged the same way, here before: reused, not run "
+                  f"again (at {str(found.get('commit'))[:7]}, {found.get('job')}, {found.get('by')}; "
+                  "--no-reuse runs it)")
+    else:
+        detail = f"{rerun.result.command} {here} here on {head[:7]}" + ("" if rerun.confined else " (unconfined)")
     judged = judge_line(rerun.result)
     if judged:
         detail += f", {judged}"

@@ -45,11 +45,11 @@ from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.model.render import judge_line
 from subtask.ops import overlay
 from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
+from subtask.words import judge_line
 
 TAIL_BYTES = 4096  # as much output as a job's own verify keeps
 SCRATCH = ".verify"
@@ -62,6 +62,9 @@ class Rerun:
 
     def line(self, job_id: str) -> str:
         r = self.result
+        if r.reused:
+            return (f"{job_id}: verify {'passed' if r.passed else 'failed'} on this tree before, reused: {r.command} "
+                    f"(at {str(r.reused.get('commit'))[:7]}, {r.reused.get('job')}, {r.reused.get('by')})")
         how = "timed out" if r.timed_out else f"exit {r.exit_code}"
         how += "".join(f"; check {c} failed" for c in r.checks_failed or ())
         where = "" if self.confined else " (unconfined)"
@@ -81,18 +84,37 @@ class Trusted:
     ref: str | None = None
 
 
-def run(repo: Repo, job, head: str, *, trusted_record: bool = False) -> Rerun:
+def run(repo: Repo, job, head: str, *, trusted_record: bool = False, reuse: bool = False) -> Rerun:
     """Run `job.spec.verify` on `head` in a scratch worktree (see the module docstring);
-    `trusted_record`: the record is this clone's or an allowed signer's (its opt-out holds)."""
+    `trusted_record`: the record is this clone's or an allowed signer's (its opt-out holds);
+    `reuse`: a result already known for the same key answers instead (`verified`), its checks
+    run all the same. What runs here is kept for later lookups."""
+    from subtask.ops import verified
+
     command = job.spec.verify
     if not command:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")
     tree = _tree_of(repo, head)
     commit, ref = target_of(repo, head)
     judged = Trusted(asked_harness(job, trusted_record), commit, "target", ref)
+    confined = isolation.support().available
+    key = verified.key_of(repo, tree=tree, command=command, trusted=commit, asked=judged.asked, confined=confined,
+                          network=job.spec.network)
+    known = verified.Known(repo)
+    found = known.find(key) if reuse else None
+    if found is not None:
+        result = found.reused()
+        failed = checks.failed(checks.run(repo, work_base(job), head, job.spec.checks))
+        if failed:  # its checks are its own change's, never reused
+            result.checks_failed, result.passed = failed, False
+        return Rerun(result, confined)
     with scratch(repo, head, f"{SCRATCH}/{job.id}") as path:
-        return run_in(repo, path, command, head, admin=scratch_admin(path), tree=tree, timeout=job.spec.verify_timeout,
-                      network=job.spec.network, change=(work_base(job), head, job.spec.checks), trusted=judged)
+        rerun = run_in(repo, path, command, head, admin=scratch_admin(path), tree=tree, timeout=job.spec.verify_timeout,
+                       network=job.spec.network, change=(work_base(job), head, job.spec.checks), trusted=judged)
+    rerun.result.key = key
+    if not rerun.result.checks_failed:
+        known.remember(rerun.result, job.id)
+    return rerun
 
 
 def asked_harness(job, trusted_record: bool) -> list[str] | None:
@@ -138,13 +160,27 @@ def add_scratch(repo: Repo, commit: str, name: str) -> Path:
 
 
 def scratch_admin(path: Path) -> Path:
-    """The admin folder git made for the scratch worktree `add_scratch` just made; asked before
-    anything ran there, because a command run there may rewrite its `.git` file."""
+    """The admin folder git made for the scratch worktree `add_scratch` just made; read before
+    anything ran there, because a command run there may rewrite its `.git` file (git writes the
+    absolute path there: read without a process; asked of git otherwise)."""
+    try:
+        said = (path / ".git").read_text().strip()
+    except OSError:
+        said = ""
+    admin = Path(said.removeprefix("gitdir: ")) if said.startswith("gitdir: ") else None
+    if admin is not None and admin.is_absolute() and (admin / "HEAD").is_file():
+        return admin
     return Path(git(path, "rev-parse", "--absolute-git-dir").stdout.strip())
 
 
-def remove_scratch(repo: Repo, path: Path) -> None:
-    git(repo.root, "worktree", "remove", "--force", str(path), check=False)
+def remove_scratch(repo: Repo, path: Path, admin: Path | None = None) -> None:
+    """Remove a scratch worktree, its temp dir and its overlay's stash. Given its `admin` folder
+    (as `scratch_admin` read it when it was made), without a git process: the admin folder first,
+    then the files, as `git worktree remove` does; else by git."""
+    if admin is not None and admin.parent == repo.common_dir / "worktrees" and not admin.is_symlink():
+        shutil.rmtree(admin, ignore_errors=True)
+    else:
+        git(repo.root, "worktree", "remove", "--force", str(path), check=False)
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(_tmpdir_of(path), ignore_errors=True)
     shutil.rmtree(_stash_of(path), ignore_errors=True)

@@ -157,10 +157,10 @@ def _prepare_namespaces(context: Context, prepared: Prepared) -> None:
             raise ContextError(f"its starter ran in another {_NOT_ENTERABLE[kind]} namespace than this "
                                "worker; start it from there when a slot is free")
     for kind, flag in _ENTERABLE.items():  # user first: it lends the rights the others need
-        inode = context.namespaces.get(kind)
-        if inode is None or kind not in ours or ours[kind] == inode:
+        theirs = context.namespaces.get(kind)
+        if theirs is None or kind not in ours or ours[kind] == theirs:
             continue
-        fd = _open_namespace(kind, inode)
+        fd = _open_namespace(kind, theirs)
         if fd is None:
             raise ContextError(f"its starter's {kind} namespace is gone (no process is left in it)")
         prepared.namespace_fds.append((fd, flag))

@@ -45,7 +45,7 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +124,14 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 if _libc is not None:
     _libc.syscall.restype = ctypes.c_long
     _libc.prctl.restype = ctypes.c_int
+
+
+def _linux_libc() -> ctypes.CDLL:
+    """The C library, on Linux: the only system these calls are made on (`landlock_abi` and
+    `namespaces.available` say no elsewhere, before any of them)."""
+    if _libc is None:
+        raise IsolationError(f"confinement needs Linux, not {sys.platform}")
+    return _libc
 
 
 class IsolationError(Exception):
@@ -395,9 +403,10 @@ def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
             raise IsolationError(f"namespaces unavailable here: {ns.reason}")
         policy.children = "ended by the worker when the attempt ends (subreaper); not if the worker is killed"
         return
-    confined = policy.mode != "none" and policy.inputs is not None
+    inputs = policy.inputs if policy.mode != "none" else None
+    confined = inputs is not None
     try:
-        view = views.plan(policy.inputs) if confined else None
+        view = views.plan(inputs) if inputs is not None else None
     except OSError as exc:
         raise IsolationError(f"could not prepare the job's view: {exc}") from exc
     policy.plan = namespaces.Plan(pid=confined, view=view, network=network != "none")
@@ -447,8 +456,8 @@ def engine_credentials(engine, env: dict) -> list[str]:
 
 def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, has_branch: bool, tmpdir: str,
                  extra: list[str], engine_extra: list[str], env: dict | None = None, state_dir: Path | None = None,
-                 readable: list[str] = (), engine_readable: list[str] = (), sockets: list[str] = (),
-                 optional: list[str] = ()) -> Policy:
+                 readable: Sequence[str] = (), engine_readable: Sequence[str] = (),
+                 sockets: Sequence[str] = (), optional: Sequence[str] = ()) -> Policy:
     """The grants and the view's makings for one run; raises IsolationError when the repository
     parts cannot be found. `admin`: the worktree's admin folder as its caller knows it
     (`worktrees.expected_admin`, or what git made for a scratch), never read from the worktree's
@@ -487,8 +496,8 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
             else:
                 policy.missing.append(path)
     shown: list[tuple[str, str]] = []
-    for why, paths in (("engine", engine_readable), ("subtask." + READABLE_KEY, readable)):
-        for path in paths:
+    for why, asked in (("engine", engine_readable), ("subtask." + READABLE_KEY, readable)):
+        for path in asked:
             if os.path.exists(path):
                 policy.readable.append(Grant(path, why))
                 shown.append((path, why))
@@ -535,7 +544,7 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
 
 def _syscall(index: int, *args) -> int:
     number = _SYSCALLS[os.uname().machine][index]
-    result = _libc.syscall(ctypes.c_long(number), *args)
+    result = _linux_libc().syscall(ctypes.c_long(number), *args)
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -600,7 +609,7 @@ class Sandbox:
     """A policy made into a kernel ruleset and a namespace plan, once, before any engine runs (so
     a failure stops the job). Mode `none` may still have a plan: a pid namespace, no network."""
 
-    def __init__(self, policy: Policy, owns: Path | None = None, granted: list[str] = ()):
+    def __init__(self, policy: Policy, owns: Path | None = None, granted: Sequence[str] = ()):
         self.mode = policy.mode
         self.granted = set(granted)  # variables `subtask.isolation.env` lets through
         self.policy = policy
@@ -648,7 +657,7 @@ def confined(sandbox: Sandbox) -> Iterator[None]:
 
 def _restrict_self_call(fd: int):
     """`landlock_restrict_self(fd)` after PR_SET_NO_NEW_PRIVS, made ready to call in a forked child."""
-    prctl, syscall = _libc.prctl, _libc.syscall
+    prctl, syscall = _linux_libc().prctl, _linux_libc().syscall
     no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
                     ctypes.c_ulong(0), ctypes.c_ulong(0))
     restrict = (ctypes.c_long(_SYSCALLS[os.uname().machine][2]), ctypes.c_long(fd), ctypes.c_long(0))
@@ -724,7 +733,7 @@ def launch(args: list[str]) -> int:
         return 129
     argv = args[1:]
     if "parent" in options:
-        _libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+        _linux_libc().prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
                     ctypes.c_ulong(0), ctypes.c_ulong(0))
         if str(os.getppid()) != options["parent"]:
             return 126  # the parent died before the signal was armed
@@ -734,7 +743,7 @@ def launch(args: list[str]) -> int:
         tmp = f"{options['pid-file']}.{os.getpid()}"
         with open(tmp, "w", encoding="ascii") as fh:
             fh.write(f"{os.getpid()}\n")
-        os.replace(tmp, options["pid-file"])
+        os.replace(tmp, str(options["pid-file"]))
     if "sandbox" in options:
         try:
             with open(options["sandbox"], encoding="utf-8") as fh:

@@ -47,7 +47,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 from subtask.model.errors import SubtaskError
 from subtask.proc import spawn
@@ -89,7 +90,7 @@ class _Deferred:
     do signals raise), until `deliver()` restores them and re-sends what arrived meanwhile."""
 
     def __init__(self) -> None:
-        self.saved: dict[int, object] = {}
+        self.saved: dict[int, Callable[[int, FrameType | None], Any]] = {}
         self.pending: list[int] = []
         if threading.current_thread() is not threading.main_thread():
             return
@@ -419,6 +420,7 @@ class _Reader(threading.Thread):
 
     def _feed_redacted(self, text: str, end: bool = False) -> None:
         """Only what the redactor releases reaches the tail and the line callback."""
+        assert self._redactor is not None  # (its callers feed through it only when it is there)
         out = self._redactor.feed(text) + (self._redactor.close() if end else "")
         if out:
             self._feed(out.encode("utf-8", "surrogatepass"))
@@ -602,8 +604,9 @@ class Running:
     def wait(self) -> ProcResult:
         if self._result is not None:
             return self._result
-        proc, (out, err) = self.proc, self.readers
-        assert proc is not None
+        proc, readers = self.proc, self.readers
+        assert proc is not None and readers is not None
+        out, err = readers
         try:
             exit_code, timed_out = _wait(proc, out, self.started, self.timeout, self.stdout_grace)
             if timed_out:

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from subtask.state import paths
 from subtask.state.statefiles import write_json
@@ -75,12 +76,12 @@ class Context:
                 pass  # not on this kernel (time: 5.6+), or no /proc
         return cls(os.getpriority(os.PRIO_PROCESS, 0), mask, rlimits, spaces)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"nice": self.nice, "umask": self.umask, "rlimits": {k: list(v) for k, v in self.rlimits.items()},
                 "namespaces": self.namespaces}
 
     @classmethod
-    def from_json(cls, data: object) -> Context | None:
+    def from_json(cls, data: Any) -> Context | None:  # read from a file: anything
         """The kept context, or None when it is missing or damaged (the worker's own then applies)."""
         try:
             rlimits = {str(k): (int(v[0]), int(v[1])) for k, v in data["rlimits"].items()}
@@ -103,7 +104,7 @@ def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None,
     write_json(env_file(state_dir, job_id), {"v": 1, "env": env, "context": context.to_json()})
 
 
-def _read(state_dir: Path, job_id: str) -> dict | None:
+def _read(state_dir: Path, job_id: str) -> dict[str, Any] | None:
     path = env_file(state_dir, job_id)
     try:
         data = json.loads(path.read_text())
@@ -136,7 +137,8 @@ def adopt(state_dir: Path, job_id: str) -> bool:
     this process's (the checkout's files get the modes they would have). False if none was kept."""
     data = _read(state_dir, job_id)
     env = data.get("env") if data is not None else None
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+    if data is None or not isinstance(env, dict) \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         return False
     os.environ.clear()
     os.environ.update(env)

@@ -35,18 +35,21 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subtask.model import money
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import naming
+
+if TYPE_CHECKING:
+    import filelock
 
 LEDGER_NAME = paths.LEDGER_FILE
 LOCK_NAME = paths.LEDGER_LOCK
@@ -140,11 +143,11 @@ def lock_path(state_dir: Path) -> Path:
 # caller holding lock() may call summary()/reserve_locked() without deadlocking on its own flock.
 # filelock is imported on first use: free jobs never touch the ledger, and the import costs ~20 ms
 # on every CLI call and worker start.
-_locks: dict[str, Any] = {}
+_locks: dict[str, filelock.FileLock] = {}
 _locks_guard = threading.Lock()
 
 
-def lock(state_dir: Path):
+def lock(state_dir: Path) -> filelock.FileLock:
     """The ledger lock (a `filelock.FileLock`). Use this instance so nesting stays reentrant."""
     import filelock
 
@@ -210,17 +213,23 @@ def check_month(month: str) -> str:
     return month
 
 
-def _check_reserve_args(job: str, attempt: int, engine: str, usd: object, cap_usd: object) -> None:
+def _check_reserve_args(job: str, attempt: int, engine: str, usd: object,
+                        cap_usd: object) -> tuple[Decimal, Decimal]:
+    """The amount and the cap of a reservation, once every argument is checked."""
     if not isinstance(job, str) or not job:
         raise SubtaskError("usage", f"job must be a non-empty string, not {job!r}")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
         raise SubtaskError("usage", f"attempt must be a non-negative integer, not {attempt!r}")
     if not isinstance(engine, str) or not engine:
         raise SubtaskError("usage", f"engine must be a non-empty string, not {engine!r}")
-    if not money.is_money(usd):
-        raise SubtaskError("usage", f"a reservation must be a finite amount >= $0, not {usd!r}")
-    if not money.is_money(cap_usd):
-        raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
+    return _money_arg(usd, "a reservation"), _money_arg(cap_usd, "the monthly cap")
+
+
+def _money_arg(value: object, what: str) -> Decimal:
+    amount = money.money_or_none(value)
+    if amount is None:
+        raise SubtaskError("usage", f"{what} must be a finite amount >= $0, not {value!r}")
+    return amount
 
 
 # ---------------------------------------------------------------- reading
@@ -250,6 +259,10 @@ def _parse_mark(row: dict[str, Any]) -> str | None:
     return "mark" if isinstance(row.get("of"), str) else None
 
 
+_PARSERS: dict[str, Callable[[dict[str, Any]], Reservation | _Close | str | None]] = {
+    "reserve": _parse_reserve, "close": _parse_close, "mark": _parse_mark}
+
+
 def _parse_line(raw: bytes) -> Reservation | _Close | str:
     """A parsed row, or "bad" / "future" naming why it is skipped ("mark" for a mark row)."""
     try:
@@ -260,8 +273,8 @@ def _parse_line(raw: bytes) -> Reservation | _Close | str:
         return "bad"
     if row.get("v") != ROW_VERSION:
         return "future"
-    parsed = {"reserve": _parse_reserve, "close": _parse_close, "mark": _parse_mark}.get(
-        row.get("op"), lambda _r: None)(row)
+    parse = _PARSERS.get(op) if isinstance(op := row.get("op"), str) else None  # a row is anyone's
+    parsed = parse(row) if parse is not None else None
     return "bad" if parsed is None else parsed
 
 
@@ -368,7 +381,7 @@ def reserve_locked(
     state_dir = Path(state_dir)
     if not lock(state_dir).is_locked:
         raise RuntimeError("reserve_locked called without holding ledger.lock(state_dir)")
-    _check_reserve_args(job, attempt, engine, usd, cap_usd)
+    amount, cap = _check_reserve_args(job, attempt, engine, usd, cap_usd)
     at = _utc(now)
     month = _month_of(at)
     rid = paths.reservation_id(job, attempt)
@@ -376,7 +389,6 @@ def reserve_locked(
     if rid in state.reservations:
         raise SubtaskError("conflict", f"reservation {rid} already exists in the spend ledger",
                            hint=_SPEND_HINT)
-    amount, cap = money.usd(usd), money.usd(cap_usd)
     _refuse_over_cap(rid, month, state, amount, cap)
     res = Reservation(rid=rid, job=job, attempt=attempt, engine=engine, usd=amount, month=month)
     _append(ledger_path(state_dir), {
@@ -386,7 +398,7 @@ def reserve_locked(
     return res
 
 
-def check_fits_locked(state_dir: Path, amounts: list, cap_usd: object, *, what: str,
+def check_fits_locked(state_dir: Path, amounts: Iterable[object], cap_usd: object, *, what: str,
                       now: datetime | None = None) -> None:
     """Refuse, before any row is written, reservations that together would break the cap.
 
@@ -397,10 +409,11 @@ def check_fits_locked(state_dir: Path, amounts: list, cap_usd: object, *, what: 
     state_dir = Path(state_dir)
     if not lock(state_dir).is_locked:
         raise RuntimeError("check_fits_locked called without holding ledger.lock(state_dir)")
+    cap = _money_arg(cap_usd, "the monthly cap")
     month = _month_of(_utc(now))
     state = _read_state(ledger_path(state_dir))
     asked = [money.usd(a) or money.ZERO for a in amounts]
-    total, cap = money.total(asked), money.usd(cap_usd)
+    total = money.total(asked)
     committed, open_usd = state.committed(month), state.open_usd(month)
     if committed + open_usd + total <= cap:
         return
@@ -476,9 +489,7 @@ def summary(
 ) -> Spend:
     """Spend for `month` (default: the current UTC month) against `cap_usd`."""
     state_dir = Path(state_dir)
-    if not money.is_money(cap_usd):
-        raise SubtaskError("usage", f"the monthly cap must be a finite amount >= $0, not {cap_usd!r}")
-    cap = money.usd(cap_usd)
+    cap = _money_arg(cap_usd, "the monthly cap")
     month = check_month(month) if month is not None else _month_of(_utc(now))
     if state_dir.is_dir():
         with _held(state_dir):

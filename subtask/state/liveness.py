@@ -27,6 +27,10 @@ from pathlib import Path
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 def lock_path(state_dir: Path, job_id: str) -> Path:
     return paths.run_file(state_dir, job_id, "lock")
@@ -60,7 +64,8 @@ def close_others(keep: int) -> None:
 
 def disown(fd: int | None) -> None:
     """Forget `fd` without unlocking it (it was handed to a worker, which keeps the lock)."""
-    _owned.pop(fd, None)
+    if fd is not None:
+        _owned.pop(fd, None)
 
 
 def acquire(state_dir: Path, job_id: str, *, block: bool = True, new: bool = False) -> int | None:
@@ -151,12 +156,13 @@ def lost_holders(state_dir: Path, job_id: str) -> list[int]:
 
 
 LOST_SCAN_TTL = 0.5  # seconds a scan answers for (a rebuild asks it about every job)
-_scanned: list = [0.0, {}]  # (when, {removed lock file: [pids]})
+_scanned: list[Any] = [0.0, {}]  # (when, {removed lock file: [pids]})
 
 
 def _lost_locks() -> dict[str, list[int]]:
     import time
 
+    found: dict[str, list[int]]
     when, found = _scanned
     if time.monotonic() - when < LOST_SCAN_TTL:
         return found
@@ -179,7 +185,7 @@ def _lost_locks() -> dict[str, list[int]]:
 
 def _flocked_inodes() -> set[tuple[int, int, int]]:
     """(major, minor, inode) of every file someone holds a flock on (/proc/locks)."""
-    found = set()
+    found: set[tuple[int, int, int]] = set()
     try:
         with open("/proc/locks") as fh:
             lines = fh.read().splitlines()

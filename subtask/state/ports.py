@@ -28,20 +28,21 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
-from subtask.state.statefiles import file_lock, write_json
+from subtask.state.statefiles import StateLock, file_lock, write_json
 
 PORTS_FILE = paths.PORTS_FILE
 LAST_PORT = 65535
 
 
-def lock(state_dir: Path):
+def lock(state_dir: Path) -> StateLock:
     return file_lock(state_dir / paths.PORTS_LOCK)
 
 
-def held(state_dir: Path) -> list[dict]:
+def held(state_dir: Path) -> list[dict[str, Any]]:
     """The ranges held now: {job, attempt, first, count, since} (no lock; a damaged file reads as none)."""
     path = state_dir / PORTS_FILE
     try:
@@ -57,12 +58,12 @@ def held(state_dir: Path) -> list[dict]:
     return [e for e in entries if _valid(e)]
 
 
-def _valid(entry) -> bool:
+def _valid(entry: object) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("job"), str) and isinstance(entry.get("attempt"), int)
             and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("first", "count")))
 
 
-def _save(state_dir: Path, entries: list[dict]) -> None:
+def _save(state_dir: Path, entries: list[dict[str, Any]]) -> None:
     write_json(state_dir / PORTS_FILE, {"v": 1, "held": entries}, durable=False)
 
 
@@ -98,7 +99,7 @@ def allocate(state_dir: Path, job: str, attempt: int, base: int, count: int,
         entries = held(state_dir)
         mine = next((e for e in entries if e["job"] == job and e["attempt"] == attempt), None)
         if mine is not None:
-            return mine["first"]
+            return int(mine["first"])  # (`_valid`: an int)
         first = base
         while first + count - 1 <= LAST_PORT:
             clash = next((e for e in entries if first < e["first"] + e["count"] and e["first"] < first + count), None)

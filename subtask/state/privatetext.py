@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from subtask.state import paths
 from subtask.state.statefiles import write_atomic, write_json
+
+if TYPE_CHECKING:
+    from subtask.model.job import Attempt
 
 
 def path(state_dir: Path, job_id: str, attempt: int) -> Path:
@@ -49,7 +53,7 @@ def keep(state_dir: Path, job_id: str, attempt: int, *, message: str, stored_mes
     return True
 
 
-def _load(state_dir: Path, job_id: str, attempt: int) -> dict:
+def _load(state_dir: Path, job_id: str, attempt: int) -> dict[str, Any]:
     try:
         data = json.loads(path(state_dir, job_id, attempt).read_bytes())
     except (OSError, ValueError):
@@ -57,7 +61,7 @@ def _load(state_dir: Path, job_id: str, attempt: int) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def message(state_dir: Path, job_id: str, attempt) -> str:
+def message(state_dir: Path, job_id: str, attempt: Attempt) -> str:
     """What the engine is given: the attempt's message as written, else as recorded."""
     text = _load(state_dir, job_id, attempt.n).get("message")
     return text if isinstance(text, str) else attempt.message

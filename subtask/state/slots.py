@@ -35,19 +35,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask.state import liveness, paths
-from subtask.state.statefiles import file_lock, write_json
+from subtask.state.statefiles import StateLock, file_lock, write_json
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SLOTS_FILE = paths.SLOTS_FILE
 
 
 @dataclass
 class Slots:
-    running: list[dict] = field(default_factory=list)
-    queue: list[dict] = field(default_factory=list)
-    waiting: list[dict] = field(default_factory=list)  # {job, attempt, git_dir, until: [job ids], since}
+    running: list[dict[str, Any]] = field(default_factory=list)
+    queue: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[dict[str, Any]] = field(default_factory=list)  # {job, attempt, git_dir, until: [job ids], since}
     damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"v": 1, "running": self.running, "queue": self.queue, **({"waiting": self.waiting} if self.waiting else {})}
 
     def position(self, job: str) -> int | None:
@@ -62,11 +66,11 @@ class Slots:
 class HandOff:
     """A queued attempt that just got a slot; `fd` holds its run-lock for the worker to inherit."""
 
-    entry: dict
+    entry: dict[str, Any]
     fd: int
 
 
-def lock(state_dir: Path):
+def lock(state_dir: Path) -> StateLock:
     return file_lock(state_dir / paths.SLOTS_LOCK)
 
 
@@ -79,7 +83,8 @@ def read(state_dir: Path) -> Slots:
             raise ValueError("unexpected shape")
         running = [e for e in data["running"] if _valid(e)]
         queue = [e for e in data["queue"] if _valid(e)]
-        waiting = data.get("waiting") if isinstance(data.get("waiting"), list) else []  # v1 files before it
+        waiting = data.get("waiting")
+        waiting = waiting if isinstance(waiting, list) else []  # v1 files before it
         return Slots(running, queue, [e for e in waiting if _valid(e) and _ids(e.get("until"))])
     except FileNotFoundError:
         # Missing while the lock file exists means it was deleted, not never made: a running job
@@ -90,11 +95,11 @@ def read(state_dir: Path) -> Slots:
         return Slots(damaged=True)
 
 
-def _valid(entry) -> bool:
+def _valid(entry: object) -> bool:
     return isinstance(entry, dict) and isinstance(entry.get("job"), str) and isinstance(entry.get("attempt"), int)
 
 
-def _ids(value) -> bool:
+def _ids(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
@@ -126,7 +131,7 @@ def save(state_dir: Path, slots: Slots) -> None:
 
 
 def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None, pool: str | None = None,
-               pool_max: int | None = None) -> dict:
+               pool_max: int | None = None) -> dict[str, Any]:
     entry = {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
     if parent:
         entry["parent"] = parent  # started from inside this running job: it may lend its slot
@@ -135,7 +140,7 @@ def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None,
     return entry
 
 
-def _pool_full(slots: Slots, entry: dict) -> bool:
+def _pool_full(slots: Slots, entry: dict[str, Any]) -> bool:
     """Does `entry`'s pool (a map group) already run as many entries as it may?"""
     pool, most = entry.get("pool"), entry.get("pool_max")
     if not pool or not isinstance(most, int):
@@ -143,7 +148,7 @@ def _pool_full(slots: Slots, entry: dict) -> bool:
     return sum(1 for e in slots.running if e.get("pool") == pool) >= most
 
 
-def _next_eligible(slots: Slots) -> dict | None:
+def _next_eligible(slots: Slots) -> dict[str, Any] | None:
     """The first queued entry whose pool lets it run (FIFO among those that may run)."""
     return next((e for e in slots.queue if not _pool_full(slots, e)), None)
 
@@ -183,7 +188,7 @@ def settled(state_dir: Path) -> bool:
     return all(liveness.is_held(state_dir, entry["job"]) for entry in current.running)
 
 
-def ready_waiting(slots: Slots) -> list[dict]:
+def ready_waiting(slots: Slots) -> list[dict[str, Any]]:
     """Waiting entries none of whose jobs is listed any more: they may be ready (their records say)."""
     active = listed(slots)
     return [e for e in slots.waiting if not active.intersection(e["until"])]
@@ -202,7 +207,7 @@ def taken(slots: Slots) -> int:
     return sum(1 for e in slots.running if not e.get("slot_of"))
 
 
-def _lender(slots: Slots, entry: dict) -> str | None:
+def _lender(slots: Slots, entry: dict[str, Any]) -> str | None:
     """The parent that can lend `entry` its slot now: running, and not lending it already."""
     parent = entry.get("parent")
     if not parent or not any(e["job"] == parent for e in slots.running):
@@ -210,7 +215,7 @@ def _lender(slots: Slots, entry: dict) -> str | None:
     return None if any(e.get("slot_of") == parent for e in slots.running) else parent
 
 
-def admit(slots: Slots, entry: dict, max_running: int) -> int:
+def admit(slots: Slots, entry: dict[str, Any], max_running: int) -> int:
     """Take a slot (returns 0) or join the queue (returns the 1-based position). Caller holds the lock."""
     if _pool_full(slots, entry):
         slots.queue.append(entry)

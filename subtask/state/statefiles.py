@@ -13,6 +13,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
+
 
 def ensure_dir(path: Path) -> Path:
     """Make `path` (and any missing parents) private folders; existing folders are left alone."""
@@ -71,7 +76,7 @@ def _write_fd(fd: int, data: bytes, durable: bool) -> None:
             os.fsync(fh.fileno())
 
 
-def write_json(path: Path, obj, *, durable: bool = True) -> None:
+def write_json(path: Path, obj: object, *, durable: bool = True) -> None:
     write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode(), durable=durable)
 
 
@@ -126,7 +131,7 @@ class StateLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -157,7 +162,7 @@ def _wait(fd: int, timeout: float) -> None:
             or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
         return _poll(fd, timeout)
 
-    def expire(signum, frame):
+    def expire(signum: int, frame: FrameType | None) -> NoReturn:
         raise _Expired()
 
     previous = signal.signal(signal.SIGALRM, expire)

@@ -43,11 +43,12 @@ from subtask.engines.base import resumes
 from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import claims, faults, money, render
+from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.ops import books, lifecycle
 from subtask.state import ledger, paths, privatetext, slots
+from subtask.words import judge_line
 
 VERIFY_OUTPUT_ENV = "SUBTASK_VERIFY_OUTPUT"
 RETRY_ENV = "SUBTASK_RETRY"
@@ -158,7 +159,7 @@ def verify_report(verify: VerifyResult, failed_checks: str, tail: int) -> str:
     """`verify: CMD -> exit 1 on 1a2b3c4`, the failed checks, and the end of its output."""
     ending = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
     lines = [f"verify: {verify.command} -> {ending} on {verify.head[:7]}"]
-    judged = render.judge_line(verify)
+    judged = judge_line(verify)
     if judged:  # the output below is the trusted tests': changes to them were not what judged it
         lines.append(f"judge: {judged}")
     if failed_checks:

@@ -1,0 +1,275 @@
+"""Verify once per tree: what a verify result answers (its key), and the results already known.
+
+A verify's verdict depends on the files it ran on, the command, what judged it and where it ran.
+Its key is one digest of those four (docs/review.md, "Verify once per tree"):
+
+- the tree of the commit it ran on (the integrated commit's in `land`);
+- the command, as records show it (secrets redacted);
+- the harness source: `harness.digest` of the trusted commit whose harness judged it (the
+  target's tip in `land`, the base for a job's own verify), `job` for a job judged by its own tests;
+- the environment fingerprint: the operating system and machine, whether it ran confined and
+  with what network, and the output of `subtask.verify.fingerprint` where that is set (`sh -c`
+  in the repository's root, once per process; its exit status counts too).
+
+A result already known for the same key is reused instead of run again, and recorded as reused
+(`VerifyResult.reused`: which job's run, on which commit, when, on whose word). Known results:
+
+- this clone's own runs that no record of its own holds (a teammate's job landed here, `verify
+  --run`): `<state>/verified-<repo>.jsonl`, appended by `remember`;
+- job records: each attempt's verify and each landing's verify carrying a key, from a record this
+  clone wrote or one an allowed signer signed (`_signer`, as `landing.trust_of` decides). Read
+  once per record tip into `<state>/verified-index-<repo>.json` (a tip never changes meaning: the
+  index can be incomplete, never stale).
+
+Invariants:
+- Never reuse a result from a record no allowed signer vouches for, because a teammate's record
+  saying "passed" for a tree is what a job that gamed its tests would also push.
+- Never reuse a result that timed out or never ran (the harness could not be laid), because it
+  says nothing about the tree: a loaded machine or a missing file, not the code; nor one a
+  job's checks failed, because checks judge a change (base..head), not a tree.
+- Never key a result by less than all four parts, because a tree passing one command, or one
+  harness, says nothing of another: the key is recomputed by whoever looks it up, never read
+  from the result it would match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+
+from subtask.git import harness, records
+from subtask.git.gitrepo import Repo
+from subtask.model.job import VerifyResult
+from subtask.state.statefiles import open_private, write_atomic
+
+LOG = "verified"  # <state>/verified-<repo>.jsonl: this clone's runs
+INDEX = "verified-index"  # <state>/verified-index-<repo>.json: keyed results of record tips
+INDEX_VERSION = 1
+LOG_KEEP = 5000  # lines kept when the log is rewritten (it is, past twice that)
+FINGERPRINT_TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------- the key
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def fingerprint(repo: Repo, *, confined: bool, network: str) -> str:
+    """The environment a verify runs in, as a digest (see the module docstring)."""
+    command = (repo.config.get("verify.fingerprint") or "").strip()
+    cache_key = (str(repo.root), command, confined, network)
+    found = _FINGERPRINTS.get(cache_key)
+    if found is None:
+        facts = {"v": 1, "system": platform.system(), "machine": platform.machine(), "confined": confined,
+                 "network": network}
+        if command:
+            facts["fingerprint"] = _fingerprint_output(repo, command)
+        found = _FINGERPRINTS[cache_key] = _digest(facts)
+    return found
+
+
+def _fingerprint_output(repo: Repo, command: str) -> str:
+    try:
+        proc = subprocess.run(["sh", "-c", command], cwd=repo.workdir() or repo.root, capture_output=True,
+                              stdin=subprocess.DEVNULL, timeout=FINGERPRINT_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"not run: {type(exc).__name__}"
+    return f"exit {proc.returncode}\n" + proc.stdout.decode("utf-8", "replace")
+
+
+def key_of(repo: Repo, *, tree: str, command: str, trusted: str | None, asked: list[str] | None, confined: bool,
+           network: str) -> str | None:
+    """The key of a verify of `tree` by `command` (as records show it), judged by the harness of the
+    commit `trusted`; None when no trusted commit judges it (nothing to key it by)."""
+    if trusted is None and not harness.judged_by_job(asked):
+        return None
+    source = harness.digest(repo, trusted, asked, command) if trusted is not None else harness.JOB
+    return _digest({"v": 1, "tree": tree, "command": command, "harness": source,
+                    "env": fingerprint(repo, confined=confined, network=network)})
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def reusable(result: VerifyResult | None) -> bool:
+    """A result that says something about its tree: it ran to an exit of its own."""
+    return (result is not None and bool(result.key) and result.exit_code is not None and not result.timed_out
+            and result.reused is None and not result.checks_failed)
+
+
+# ---------------------------------------------------------------- known results
+
+@dataclass
+class Found:
+    result: VerifyResult
+    job: str  # the job whose run it was
+    commit: str  # the commit it ran on
+    at: float
+    by: str  # "this clone", or the signer of the record it was read from
+
+    def reused(self) -> VerifyResult:
+        """The result as a new one records it: the same verdict, saying where it came from."""
+        copy = VerifyResult.from_dict(self.result.to_dict())
+        copy.reused = {"job": self.job, "commit": self.commit, "at": self.at, "by": self.by}
+        return copy
+
+
+class Known:
+    """The verify results this clone may reuse, by key (loaded on the first `find`)."""
+
+    def __init__(self, repo: Repo):
+        self.repo = repo
+        self._by_key: dict[str, Found] | None = None
+
+    def find(self, key: str | None) -> Found | None:
+        if not key:
+            return None
+        if self._by_key is None:
+            self._by_key = {}
+            self._load_records()
+            self._load_log()
+        return self._by_key.get(key)
+
+    def add(self, result: VerifyResult, job: str, by: str = "this clone") -> None:
+        """A result just run here: found by later lookups of this process (`remember` keeps it)."""
+        if reusable(result) and self._by_key is not None:
+            self._by_key[result.key] = Found(result, job, result.head, time.time(), by)
+
+    def remember(self, result: VerifyResult, job: str) -> None:
+        """Keep a result run here that no record of this clone's will hold (and find it from now on)."""
+        self.add(result, job)
+        if reusable(result):
+            remember(self.repo, result, job)
+
+    # -- sources
+
+    def _load_log(self) -> None:
+        for line in _log_lines(self.repo):
+            try:
+                entry = json.loads(line)
+                result = VerifyResult.from_dict(entry["result"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a damaged line is skipped, never trusted
+            if reusable(result):
+                self._by_key[result.key] = Found(result, str(entry.get("job")), result.head,
+                                                 float(entry.get("at") or 0), "this clone")
+
+    def _load_records(self) -> None:
+        from subtask.git import ownership
+
+        index = _read_index(self.repo)
+        fresh: dict[str, dict] = {}
+        owned = ownership.owned_keys(self.repo)
+        for job_id, ref in records.record_refs(self.repo):
+            if ref.symbolic:
+                continue
+            entry = index.get(ref.target)
+            if entry is None:
+                entry = _index_entry(self.repo, job_id, ref.target, owned)
+            fresh[ref.target] = entry
+            if not entry.get("results"):
+                continue
+            by = "this clone" if entry.get("owned") else None
+            if by is None:
+                try:
+                    job = records.read_commit(self.repo, ref.target, job_id)
+                except Exception:  # a damaged record vouches for nothing
+                    continue
+                by = _signer(self.repo, job)
+                if by is None:
+                    continue
+            for item in entry["results"]:
+                try:
+                    result = VerifyResult.from_dict(item["result"])
+                except (KeyError, TypeError):
+                    continue
+                if reusable(result) and result.key not in self._by_key:
+                    self._by_key[result.key] = Found(result, job_id, result.head, float(item.get("at") or 0), by)
+        if fresh.keys() != index.keys():
+            _write_index(self.repo, fresh)
+
+
+def _signer(repo: Repo, job) -> str | None:
+    """Who vouches for a teammate's record: the allowed signer git names, None when none does
+    (as `landing.trust_of` decides, without importing it: landing imports reverify, which imports
+    this module)."""
+    from subtask.git import signing
+
+    provenance = signing.check_one(repo, job.tip, job.signed)
+    return (provenance.signer or "an allowed signer") if provenance.trusted else None
+
+
+def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:
+    """The keyed results one record tip holds: its attempts' verifies and its landings'."""
+    from subtask.git import ownership
+
+    try:
+        job = records.read_commit(repo, tip, job_id)
+    except Exception:
+        return {"results": []}
+    found = []
+    for attempt in job.state.attempts:
+        if reusable(attempt.verify):
+            found.append({"result": attempt.verify.to_dict(), "at": attempt.ended_at or 0})
+    for landing in job.state.landings:
+        if reusable(landing.verify):
+            found.append({"result": landing.verify.to_dict(), "at": landing.at})
+    return {"owned": ownership.owns(repo, job, owned), "results": found}
+
+
+def _read_index(repo: Repo) -> dict[str, dict]:
+    try:
+        data = json.loads(repo.state_file(INDEX).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    tips = data.get("tips") if isinstance(data, dict) and data.get("v") == INDEX_VERSION else None
+    return {k: v for k, v in tips.items() if isinstance(v, dict)} if isinstance(tips, dict) else {}
+
+
+def _write_index(repo: Repo, tips: dict[str, dict]) -> None:
+    """Best effort: an index that cannot be written only costs the next lookup some reads."""
+    try:
+        write_atomic(repo.state_file(INDEX), json.dumps({"v": INDEX_VERSION, "tips": tips},
+                                                         separators=(",", ":")).encode(), durable=False)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- this clone's runs
+
+def _log_path(repo: Repo):
+    return repo.state_file(LOG, ".jsonl")
+
+
+def _log_lines(repo: Repo) -> list[str]:
+    try:
+        return _log_path(repo).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def remember(repo: Repo, result: VerifyResult, job: str) -> None:
+    """Append a result run here to this clone's log (one line, `O_APPEND`: whole lines even when
+    two processes append at once); rewritten to its last `LOG_KEEP` lines once it holds twice that."""
+    line = json.dumps({"v": 1, "job": job, "at": time.time(), "result": result.to_dict()},
+                      separators=(",", ":")) + "\n"
+    path = _log_path(repo)
+    try:
+        repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = open_private(path)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        if path.stat().st_size > LOG_KEEP * 2 * 1500:
+            lines = _log_lines(repo)
+            if len(lines) > LOG_KEEP * 2:
+                write_atomic(path, ("\n".join(lines[-LOG_KEEP:]) + "\n").encode(), durable=False)
+    except OSError:
+        pass  # a result not kept is only run again
