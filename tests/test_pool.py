@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def settle(repo: Path, job: str) -> None:
@@ -190,16 +199,18 @@ def test_a_pooled_worktree_whose_admin_files_changed_is_discarded(cli, repo, dam
 
 
 def test_killing_a_worker_during_refill_leaves_no_half_made_entry_that_is_handed_out(cli, repo, tmp_path):
-    gate = tmp_path / "gate"
-    job = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
-    assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=120)
-    assert wait_until(lambda: cli.json("show", job)["state"] == "done", timeout=120)
-    # The refill is part of the job: its worker keeps the run-lock (`wait` waits on) until it ends.
-    assert liveness.is_held(open_repo(repo).state_dir, job)
+    gate, held = tmp_path / "gate", tmp_path / "held"
+    job = cli.start(f"until [ -e {held} ]; do sleep 0.05; done",  # the job runs while its refill builds
+                    env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
+    reached = Path(f"{gate}.reached")
+    assert wait_until(lambda: reached.exists() and reached.read_text().strip(), timeout=120)
+    filler = int(reached.read_text().split()[0])
     building = list((repo / POOL / ".building").iterdir())
     assert len(building) == 1  # registered, its files not written
-    os.killpg(worker_of(repo, job), signal.SIGKILL)  # the worker and its refill (one process group)
+    os.killpg(worker_of(repo, job), signal.SIGKILL)  # the worker (its refill has a group of its own)
     assert wait_until(lambda: gone(worker_of(repo, job)))
+    assert wait_until(lambda: group_gone(filler))  # it dies with its worker (PR_SET_PDEATHSIG)
+    held.touch()
     assert pooled(repo) == []
     git(repo, "config", "subtask.pool", "0")
     second = run_job(cli, repo, SNAPSHOT)  # a checkout of its own: nothing half-made is handed out
@@ -211,6 +222,49 @@ def test_killing_a_worker_during_refill_leaves_no_half_made_entry_that_is_handed
     assert after["count"] == 1 and after["debris"] == 0  # the next filler removed it
     assert not building[0].exists() and not (repo / ".git" / "worktrees" / building[0].name).exists()
     assert "prunable" not in git(repo, "worktree", "list", "--porcelain")
+
+
+def test_wait_is_held_no_longer_than_the_refill_grace_and_nothing_of_the_refill_runs_after(cli, repo, tmp_path):
+    """A refill still building when the job's work is done is given `refill.GRACE`, then ended
+    with its whole process group before the run-lock goes: `wait` returns soon (the hold lasts
+    60 s), nothing of the filler runs afterwards, and what it left is debris, never an entry."""
+    gate = tmp_path / "gate"
+    job = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
+    reached = Path(f"{gate}.reached")
+    assert wait_until(lambda: reached.exists() and reached.read_text().strip(), timeout=120)
+    filler = int(reached.read_text().split()[0])
+    began = time.monotonic()
+    assert cli("wait", job).returncode == 0
+    assert time.monotonic() - began < 20  # not the hold's 60 s, nor wait's own 60 s for a wrap-up
+    assert not liveness.is_held(open_repo(repo).state_dir, job)
+    assert group_gone(filler)  # the filler and every git it ran: its own process group, ended
+    gate.touch()  # a filler still alive would go on from here
+    settle(repo, job)
+    assert pooled(repo) == []
+    git(repo, "config", "subtask.pool", "0")
+    second = run_job(cli, repo, SNAPSHOT)
+    assert not took_from_pool(repo, second)  # nothing half-made is handed out
+    status, _, _, files = seen(repo, second)
+    assert status == "" and files == ["./.gitignore", "./README.md", "./src/app.py"]
+    git(repo, "config", "subtask.pool", "1")
+    after = cli.json("pool", "fill")
+    assert after["count"] == 1 and after["debris"] == 0  # the next filler removed what it left
+    assert list((repo / POOL / ".building").iterdir()) == []
+    assert "prunable" not in git(repo, "worktree", "list", "--porcelain")
+
+
+def test_a_stop_of_the_job_ends_its_refill_too(cli, repo, tmp_path):
+    gate, held = tmp_path / "gate", tmp_path / "held"
+    job = cli.start(f"until [ -e {held} ]; do sleep 0.05; done",
+                    env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
+    reached = Path(f"{gate}.reached")
+    assert wait_until(lambda: reached.exists() and reached.read_text().strip(), timeout=120)
+    filler = int(reached.read_text().split()[0])
+    cli.ok("stop", job)
+    assert cli.json("show", job)["state"] == "stopped"
+    assert not liveness.is_held(open_repo(repo).state_dir, job)
+    assert group_gone(filler)  # nothing of the job runs once stop returns, its refill included
+    assert pooled(repo) == []
 
 
 def test_the_pools_disk_stays_under_pool_max_bytes(cli, repo):

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,22 +153,32 @@ _background: list[int] = []  # children `in_background` forked, not yet reaped
 
 
 def in_background(work: Callable[[], object]) -> int | None:
-    """Run `work` in a forked child of this single-threaded process, in this process's group (a
-    `stop` of the worker ends it too); its pid, or None when this process cannot fork now. The
-    child never returns into the caller's code and runs none of its exit handlers. Reap it with
-    `reap_background` (a worker: before it lets go of its job). At the caller's priority: on a busy
-    machine a niced child waited seconds behind everything else (measured: a pool refill at nice
-    19 never finished between two jobs at load 17), and on two cores it runs beside the job."""
+    """Run `work` in a forked child of this single-threaded process; its pid, or None when this
+    process cannot fork now. The child leads a process group of its own (its pgid is its pid), so
+    `end_background` ends it with every process it started, and dies with this process
+    (PR_SET_PDEATHSIG). It never returns into the caller's code and runs none of its exit
+    handlers. End it with `end_background` (a worker: before it lets go of its job). At the
+    caller's priority: on a busy machine a niced child waited seconds behind everything else
+    (measured: a pool refill at nice 19 never finished between two jobs at load 17), and on two
+    cores it runs beside the job."""
     if not hasattr(os, "fork") or threading.active_count() != 1:
         return None
     sys.stdout.flush()  # or the child would write the parent's buffered output a second time
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid:
+        _own_group(pid)  # here too: whichever of the two runs first, the group exists once fork returns
         _background.append(pid)
         return pid
     code = 1
     try:
+        _own_group(0)
+        from subtask.proc import procs
+
+        procs.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(code)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
         work()
@@ -180,12 +191,66 @@ def in_background(work: Callable[[], object]) -> int | None:
         os._exit(code)
 
 
-def reap_background(block: bool = True) -> None:
-    """Wait for the children `in_background` started (or, `block=False`, reap those that ended)."""
+def _own_group(pid: int) -> None:
+    try:
+        os.setpgid(pid, 0)
+    except OSError:  # the child has exec'd or exited meanwhile: its group was set by then
+        pass
+
+
+def end_background(grace: float) -> None:
+    """End the children `in_background` started: each gets `grace` seconds to finish, then its
+    process group is killed; returns once nothing of any group runs (the leader reaped, the rest
+    reaped too when they were handed to us as a subreaper, else gone)."""
+    deadline = time.monotonic() + grace
     for pid in list(_background):
+        if not _reaped(pid, until=deadline):
+            _kill_group(pid)
+            _reaped(pid, until=None)
+        _background.remove(pid)
+        _group_ended(pid)
+
+
+def _reaped(pid: int, until: float | None) -> bool:
+    """Reap `pid`, waiting until `until` (None: as long as it takes); False if it still runs."""
+    while True:
         try:
-            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+            done, _ = os.waitpid(pid, 0 if until is None else os.WNOHANG)
         except ChildProcessError:  # reaped elsewhere
-            done = pid
-        if done:
-            _background.remove(pid)
+            return True
+        except InterruptedError:
+            continue
+        if done or until is None:
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.01)
+
+
+def _kill_group(pgid: int) -> None:
+    if pgid > 1 and pgid != os.getpgrp():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+GROUP_END_WAIT = 5.0  # seconds a killed group's other members get to be gone (SIGKILL: at once)
+
+
+def _group_ended(pgid: int) -> None:
+    """Wait until no process of group `pgid` is left, reaping those that are our children now
+    (a worker is a subreaper: the orphans of the group's leader come to it)."""
+    _kill_group(pgid)  # members the leader left behind when it exited on its own
+    deadline = time.monotonic() + GROUP_END_WAIT
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-pgid, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.005)

@@ -120,7 +120,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("slot_hand_off")
         start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
         refill.end()  # the pool refill beside the job ends with it: when no job runs, nothing runs
-        phases.mark("refill_joined")
+        phases.mark("refill_ended")
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         remove_discarded()  # the attempt's private folder, moved aside: `wait` has returned meanwhile
