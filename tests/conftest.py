@@ -165,8 +165,8 @@ def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
 
 def no_pool(path: Path) -> None:
     """No worktree pool: jobs check out their own, as before it existed. Tests compare what git
-    lists before and after a job, and a pool refill may still be writing when `wait` returns (the
-    job's worker fills it in the background); tests/test_pool.py tests the pool, on by default."""
+    lists before and after a job, and a pool refill beside the job adds a worktree (or, ended at
+    the job's end, debris); tests/test_pool.py tests the pool, on by default."""
     git(path, "config", "subtask.pool", "0")
 
 

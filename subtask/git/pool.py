@@ -324,7 +324,7 @@ def _build(repo: Repo, commit: str) -> Entry:
 def _settle_index(repo: Repo, admin: Path, path: Path) -> None:
     """Refresh the index when its own second has passed already: a file written in the second
     git wrote the index is "racily clean", and the first status of the job that takes the entry
-    would hash it again. Never waited for: the job this refill runs beside waits for the refill."""
+    would hash it again. Never waited for: a refill gets only a short grace after its job's work."""
     try:
         written = (admin / "index").stat().st_mtime
     except OSError:

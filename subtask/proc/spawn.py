@@ -20,6 +20,8 @@ Invariants:
   leftovers (`procs.end_adopted`, `procs.end_marked` find them by that mark). A fork keeps the
   environment block the process was started with (what /proc/<pid>/environ shows), whatever
   `os.environ` says by then, so such a caller starts a fresh interpreter without the mark.
+- A child forked beside a job (`in_background`) leads a process group of its own and dies with
+  its parent (PR_SET_PDEATHSIG); `end_background` returns only once nothing of that group runs.
 - Standard library only: the CLI and the MCP front end import this before anything heavy.
 """
 
@@ -174,9 +176,7 @@ def in_background(work: Callable[[], object]) -> int | None:
     code = 1
     try:
         _own_group(0)
-        from subtask.proc import procs
-
-        procs.set_parent_death_signal(signal.SIGKILL)
+        _die_with_parent()
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(code)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -189,6 +189,17 @@ def in_background(work: Callable[[], object]) -> int | None:
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the parent's (single) thread exits; Linux only. (Not `procs`'s: it imports us.)"""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _own_group(pid: int) -> None:
