@@ -18,7 +18,9 @@ before_group_decide (whoever settles a best-of group, once it saw every member e
 wait_found_busy (wait, when an ended job it waits on is still held by its worker or a reply);
 before_advance, after_advance (a worker, its job ended and its slot freed, before and after it
 starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting, after_launch_admit (whoever starts a waiting
-job: its branch made, its record moved to queued, its slot taken).
+job: its branch made, its record moved to queued, its slot taken); pool_building (whoever fills the
+worktree pool: an entry registered under `.pool/.building/`, its files not yet written), pool_claiming (a worker
+taking a pooled worktree: its admin folder renamed to the job's, its folder not yet moved).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def _hold(name: str) -> None:
     if not hold or hold.partition(":")[0] != name:
         return
     gate = hold.partition(":")[2]
-    with open(f"{gate}.reached", "a"):
-        pass
+    with open(f"{gate}.reached", "a") as reached:
+        reached.write(f"{os.getpid()}\n")  # who holds here: a test may look at it, or end it
     deadline = time.monotonic() + HOLD_LIMIT_S
     while not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.01)

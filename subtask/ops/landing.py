@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.git import notes, ownership, records, where_landed, worktrees
+from subtask.git import notes, ownership, pool, records, where_landed, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
-from subtask.state import liveness, paths
+from subtask.state import liveness, paths, stamps
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
 if TYPE_CHECKING:
@@ -92,18 +92,17 @@ class Sweep:
 # ---------------------------------------------------------------- the land target
 
 def land_target(repo: Repo) -> Target | None:
-    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main worktree)."""
-    import pygit2
-
+    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main
+    worktree). Through `Repo.objects` and `git symbolic-ref`: `cleanup` never loads pygit2 for it."""
     configured = repo.config.get("landTarget")
     if configured:
-        try:
-            return Target(configured, str(repo.git.revparse_single(configured).peel(pygit2.Commit).id))
-        except (KeyError, ValueError, pygit2.GitError):
+        commit = repo.objects.commit_of(configured) if not configured.startswith("-") else None
+        if commit is None:
             raise SubtaskError("fatal", f"git config subtask.landTarget names no commit: {configured!r}",
-                               hint="git config subtask.landTarget main") from None
-    for candidate in (repo.git, _main_repo(repo)):
-        target = _branch_target(candidate)
+                               hint="git config subtask.landTarget main")
+        return Target(configured, commit)
+    for where in (("--git-dir", str(repo.git_dir)), ("-C", str(repo.root))):
+        target = _branch_target(repo, where)
         if target is not None:
             return target
     # Detached (or unborn) everywhere: no branch keeps anything, so nothing counts as landed; a
@@ -111,20 +110,19 @@ def land_target(repo: Repo) -> Target | None:
     return None
 
 
-def _main_repo(repo: Repo) -> pygit2.Repository:
-    import pygit2
+def _branch_target(repo: Repo, where: tuple[str, str]) -> Target | None:
+    """The branch HEAD names there (`--git-dir`: this worktree's; `-C`: the main one's), unless
+    HEAD is detached, the branch unborn, or it is a job's."""
+    import subprocess
 
-    return pygit2.Repository(str(repo.root))
-
-
-def _branch_target(git_repo: pygit2.Repository) -> Target | None:
+    proc = subprocess.run(["git", *where, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    name = proc.stdout.strip()
     # A job branch is never a target: a job based on another would make it look landed.
-    if git_repo.head_is_detached or git_repo.head_is_unborn:
+    if proc.returncode != 0 or not name.startswith("refs/heads/") or name.startswith("refs/heads/subtask/"):
         return None
-    name = git_repo.head.shorthand
-    if name.startswith("subtask/"):
-        return None
-    return Target(name, str(git_repo.head.target))
+    ref = repo.objects.ref(name)
+    return Target(name[len("refs/heads/"):], ref.target) if ref is not None and ref.target else None
 
 
 # ---------------------------------------------------------------- landed?
@@ -283,12 +281,12 @@ def job_head(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin, else its base."""
     name = branch_ref(job)
     if name:
-        ref = repo.git.references.get(name)
+        ref = repo.objects.ref(name)
         if ref is not None:
-            return str(ref.target)
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+            return ref.target
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        return str(pin.target)
+        return pin.target
     return job.evidence.head if job.evidence else job.spec.base
 
 
@@ -320,7 +318,7 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     head = proc.stdout.strip()
     if proc.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
-    if not any(k == head or repo.git.descendant_of(k, head) for k in keepers if k):
+    if not any(repo.objects.is_ancestor(head, k) for k in keepers if k):
         return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps"
     return True, ""
 
@@ -355,33 +353,45 @@ def checkout_leftovers(repo: Repo, job: Job) -> bool:
     lines = [line for line in status.stdout.splitlines() if line]
     if status.returncode != 0 or not lines:
         return False
+    moved_from = worktrees.pending_checkout(admin)
+    if moved_from is not None:
+        # A pooled worktree taken and not yet moved to HEAD (`pool.take`): every file that reads
+        # as changed is the pooled commit's or HEAD's, or missing, as the move leaves them.
+        present = [line[3:] for line in lines if line[:2] != " D"]
+        return _as_committed(repo, admin, path, present, quiet, ("HEAD", moved_from))
     written = [line[3:] for line in lines if line[:2] == "??"]
     if any(line[:2] not in _MISSING and line[:2] != "??" for line in lines):
         return False
     return not written or (not (admin / "index").exists() and _as_committed(repo, admin, path, written, quiet))
 
 
-def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict) -> bool:
+def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict,
+                  commits: tuple[str, ...] = ("HEAD",)) -> bool:
     """Is each of these files (as git's status names them) a regular file whose bytes are the
-    blob the worktree's commit holds at its path? No filter runs: a file a filter would have
-    changed reads as different, and is kept."""
+    blob one of `commits` holds at its path? No filter runs: a file a filter would have changed
+    reads as different, and is kept."""
+    if not names:
+        return True
     if any(name.startswith('"') for name in names):
         return False  # a name git quoted: not one to compare byte for byte
     if any((path / name).is_symlink() or not (path / name).is_file() for name in names):
         return False
-    tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", "HEAD", env=env, check=False)
     hashed = worktrees.job_git(repo, admin, path, "hash-object", "--no-filters", "--stdin-paths",
                                input="".join(f"{name}\n" for name in names), env=env, check=False)
-    if tree.returncode != 0 or hashed.returncode != 0:
+    if hashed.returncode != 0:
         return False
-    blobs = {}
-    for entry in tree.stdout.split("\0"):
-        meta, _, name = entry.partition("\t")
-        fields = meta.split()
-        if len(fields) == 3 and fields[0] in ("100644", "100755"):
-            blobs[name] = fields[2]
+    blobs: dict[str, set[str]] = {}
+    for commit in commits:
+        tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", commit, env=env, check=False)
+        if tree.returncode != 0:
+            return False
+        for entry in tree.stdout.split("\0"):
+            meta, _, name = entry.partition("\t")
+            fields = meta.split()
+            if len(fields) == 3 and fields[0] in ("100644", "100755"):
+                blobs.setdefault(name, set()).add(fields[2])
     shas = hashed.stdout.split()
-    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas, strict=True))
+    return len(shas) == len(names) and all(sha in blobs.get(name, ()) for name, sha in zip(names, shas, strict=True))
 
 
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
@@ -393,8 +403,13 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
 
     overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
-    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
-                  check=False).returncode == 0
+    pooled = touched = False
+    if not force:  # a clean, whole worktree: the next job's, when the pool has room (`pool.give_back`)
+        pooled, touched = pool.give_back(repo, job.id, Path(job.spec.worktree), job.spec.branch, job.spec.base)
+    if touched and not pooled:
+        force = ["--force"]  # its index was rebuilt from HEAD: clean as the caller saw it, but git cannot tell
+    removed = pooled or git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force,
+                            job.spec.worktree, check=False).returncode == 0
     if removed:
         overlay.forget(repo, job.id)  # its setup snapshot, beside the worktree
     if removed and record:
@@ -486,11 +501,10 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
 def empty_branch_tip(repo: Repo, job: Job) -> str | None:
     """The tip of the job's branch when it is at its base (no commit beyond it)."""
     name = branch_ref(job)
-    ref = repo.git.references.get(name) if name else None
+    ref = repo.objects.ref(name) if name else None
     if ref is None:
         return None
-    tip = str(ref.target)
-    return tip if tip == job.spec.base else None
+    return ref.target if ref.target == job.spec.base else None
 
 
 def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
@@ -498,7 +512,7 @@ def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree
     so a commit made meanwhile (by hand, in another worktree) keeps it."""
     branch = job.spec.branch
     name = branch_ref(job)
-    if name is None or repo.git.references.get(name) is None:
+    if name is None or repo.objects.ref(name) is None:
         return Removal("missing")  # a record naming another branch: never ours to delete (nor news)
     tip = empty_branch_tip(repo, job)
     if tip is None:
@@ -534,9 +548,9 @@ def checked_out_branches(repo: Repo) -> set[str]:
 
 def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
     keep = [job_head(repo, job), job.spec.base]
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        keep.append(str(pin.target))
+        keep.append(pin.target)
     if target is not None:
         keep.append(target.sha)
     return keep
@@ -698,16 +712,9 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     try:
         if not repo.state_dir.is_dir():
             return False  # no job ever started here: nothing to sweep (a read makes nothing)
-        interval = repo.config.number("sweepInterval")
-        stamp = repo.state_dir / SWEEP_STAMP
-        try:
-            last = json.loads(stamp.read_text()).get("t", 0)
-        except (OSError, ValueError, AttributeError):
-            last = 0
-        now = time.time()
-        if now - last < interval:
+        if not stamps.due(repo.state_dir, SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
-        write_json(stamp, {"v": 1, "t": now})  # first, so concurrent commands skip
+        stamps.stamp(repo.state_dir, SWEEP_STAMP)  # first, so concurrent commands skip
         return bool(cleanup_merged(repo, entries=entries).landed)
     except Exception:
         return False
@@ -1092,7 +1099,8 @@ def parse_age(text: str) -> float:
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
-    """Land what has landed, remove clean worktrees of old finished jobs, prune, `git gc --auto`."""
+    """Land what has landed, remove clean worktrees of old finished jobs, empty the worktree pool,
+    prune, `git gc --auto`."""
     cutoff = time.time() - parse_age(older_than)
     sweep = cleanup_merged(repo, dry_run=dry_run)
     target = land_target(repo)
@@ -1117,6 +1125,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         line = branch_line(job, branch, dry_run) if removal.kind != "busy" else None
         if line:
             sweep.lines.append(line)
+    sweep.lines += pool.empty(repo, dry_run)  # gc leaves no spare worktree: the next job's start refills
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:
