@@ -37,8 +37,9 @@ def main() -> None:
                 _man_page()
                 faults.point("cli_dispatch")  # as the click CLI's: loaded, the command not yet run
                 if found is None:
-                    commands.version()
-                commands.call(*found)  # exits
+                    commands.version()  # exits
+                else:
+                    commands.call(*found)  # exits
             from subtask.faces.cli import main as cli_main
 
             cli_main()

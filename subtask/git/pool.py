@@ -76,7 +76,7 @@ class Entry:
     bytes: int
     made: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "path": str(self.path), "commit": self.commit, "bytes": self.bytes,
                 "made": self.made}
 
@@ -92,7 +92,7 @@ class Status:
     def bytes(self) -> int:
         return sum(e.bytes for e in self.entries)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"v": 1, "target": self.target, "max_bytes": self.max_bytes, "count": len(self.entries),
                 "bytes": self.bytes, "entries": [e.to_dict() for e in self.entries], "debris": self.debris}
 
@@ -117,15 +117,18 @@ def status(repo: Repo) -> Status:
 
 # ---------------------------------------------------------------- reading entries
 
-def _marker(admin: Path) -> dict | None:
+def _marker(admin: Path) -> tuple[str, int, float] | None:
+    """(commit, bytes, made) of an entry's marker; None for a missing or damaged one."""
     try:
         data = json.loads(worktrees.read_plain(admin / MARKER))
     except (worktrees.MetadataChanged, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("commit"), str) \
-            or not isinstance(data.get("bytes"), int):
+    if not isinstance(data, dict) or data.get("v") != 1:
         return None
-    return data
+    commit, size, made = data.get("commit"), data.get("bytes"), data.get("made")
+    if not isinstance(commit, str) or not isinstance(size, int):
+        return None
+    return commit, size, float(made) if isinstance(made, (int, float)) else 0.0
 
 
 def _entry(repo: Repo, folder: Path) -> Entry | None:
@@ -133,7 +136,7 @@ def _entry(repo: Repo, folder: Path) -> Entry | None:
     data = _marker(admin) if admin.is_dir() and not admin.is_symlink() else None
     if data is None:
         return None
-    return Entry(folder.name, folder, admin, data["commit"], data["bytes"], float(data.get("made") or 0))
+    return Entry(folder.name, folder, admin, *data)
 
 
 def _scan(repo: Repo) -> tuple[list[Entry], list[Path]]:

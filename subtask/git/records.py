@@ -331,7 +331,7 @@ def create_branch(repo: Repo, branch: str, commit: str) -> None:
 def create_start_refs(repo: Repo, job_id: str, branch: str | None, base: str) -> None:
     """A new job's branch (None: a read-only job has none) and base pin at `base`, in one ref
     transaction: both or neither (a fatal error when either exists or is being written)."""
-    updates = [(pin_ref(job_id, "base"), None, base)]
+    updates: list[tuple[str, str | None, str | None]] = [(pin_ref(job_id, "base"), None, base)]
     if branch is not None:
         updates.insert(0, (f"refs/heads/{branch}", None, base))
     outcome = repo.objects.update_refs(updates, f"branch: Created from {base}")

@@ -416,7 +416,7 @@ class Evidence(_Record):
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
-        shape = cls._SHAPES.get(key)
+        shape: dict[str, type] | None = cls._SHAPES.get(key)  # type: ignore[assignment]  # (no ClassVar: typing is not loaded here)
         if shape is not None:
             return [_shaped(entry, shape) for entry in (value if isinstance(value, list) else []) if isinstance(entry, dict)]
         if key == "totals":

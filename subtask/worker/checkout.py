@@ -127,12 +127,15 @@ class FilesCheckout:
         if self.proc is None:
             return None
         _, err = self.proc.communicate()
-        if self.proc.returncode != 0 and "-m" in self.proc.args:  # not the commit's files: HEAD's, whatever they are
+        merged = isinstance(self.proc.args, list) and "-m" in self.proc.args
+        if self.proc.returncode != 0 and merged:  # not the commit's files: HEAD's, whatever they are
+            assert self.repo is not None and self.path is not None and self.admin is not None  # set with a proc
             self.proc = self._git(self.repo, self.path, self.admin, ["--reset", "-u", "HEAD"])
             _, err = self.proc.communicate()
         if self.proc.returncode != 0:
             return f"git read-tree failed: {err.decode(errors='replace').strip()}"
-        (self.admin / worktrees.PENDING_CHECKOUT).unlink(missing_ok=True)
+        if self.admin is not None:
+            (self.admin / worktrees.PENDING_CHECKOUT).unlink(missing_ok=True)
         return None
 
 
