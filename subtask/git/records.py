@@ -27,7 +27,10 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 from subtask.git import chains
 from subtask.git.chains import LOCK_WAIT as LOCK_WAIT  # the names callers use
