@@ -28,10 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
-if TYPE_CHECKING:
-    from typing import Any
-
 from subtask.git import chains
 from subtask.git.chains import LOCK_WAIT as LOCK_WAIT  # the names callers use
 from subtask.git.chains import cas_ref as cas_ref
@@ -50,6 +46,10 @@ from subtask.model.job import (
     is_job_id,
     placement,
 )
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = chains.JOB.prefix
 LIST_TAG = "Subtask-List: "
