@@ -413,3 +413,19 @@ def test_a_filler_never_removes_an_entry_a_worker_is_taking(cli, repo, tmp_path)
     assert took_from_pool(repo, job)
     status, _, _, _ = seen(repo, job)
     assert status == ""
+
+
+def test_a_reply_in_a_new_worktree_from_the_pool_starts_from_the_branch_not_the_base(cli, repo):
+    """A job whose worktree is gone (cleaned up; a Ray node's attempt) gets a pooled one for its
+    reply: at the branch's tip, never at the job's base (its files then looked deleted, and the
+    autocommit recorded the deletion of the job's own work)."""
+    job = run_job(cli, repo, "echo one > one.txt")
+    cli.ok("cleanup", job)  # its worktree goes; its branch, not landed, stays
+    assert not (repo / ".subtask" / "worktrees" / job).exists()
+    cli.ok("pool", "fill", "1")  # an entry at the job's base
+    cli.ok("reply", job, SNAPSHOT)
+    assert cli("wait", job).returncode == 0
+    settle(repo, job)
+    status, head, commit, files = seen(repo, job)
+    assert status == "" and "./one.txt" in files
+    assert git(repo, "show", f"subtask/{job}:one.txt") == "one"

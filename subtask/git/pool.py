@@ -178,7 +178,8 @@ def sound(repo: Repo, entry: Entry) -> str | None:
 # ---------------------------------------------------------------- handing one out
 
 def take(repo: Repo, job_id: str, path: Path, head: str, base: str) -> bool:
-    """Make a pooled worktree the job's at `path` (HEAD saying `head`, the branch at `base`); call
+    """Make a pooled worktree the job's at `path` (HEAD saying `head`, which names `base`: the
+    job's base, or its branch's tip for a later attempt); call
     it holding `worktree.lock`. False when none is sound (each unsound one is removed). An entry
     at `base` is the job's as it is; another one's files are not moved yet: `subtask-checkout` in
     the admin folder says so, and the worker's files checkout rewrites what differs from HEAD

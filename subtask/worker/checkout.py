@@ -72,9 +72,13 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
         head = f"ref: refs/heads/{job.spec.branch}" if job.spec.branch else job.spec.base
+        # What HEAD names: the branch's tip, which is the base only for a first attempt (a reply
+        # in a new worktree starts from the job's own commits).
+        tip = repo.objects.ref(f"refs/heads/{job.spec.branch}") if job.spec.branch else None
+        at = tip.target if tip is not None and not tip.symbolic else job.spec.base
         with stop_deferred(), file_lock(repo.state_dir / paths.WORKTREE_LOCK):
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
-            pooled = pool.take(repo, job.id, path, head, job.spec.base)  # the files that differ, below
+            pooled = pool.take(repo, job.id, path, head, at)  # the files that differ from `at`, below
             if not pooled:
                 git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
             worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
