@@ -52,7 +52,7 @@ def paid_engine_guard(tmp_path_factory, monkeypatch, request):
         exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{guard_dir}{os.pathsep}{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
     for var in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY",
-                "CODEX_API_KEY", "SUBTASK_FAULT", "SUBTASK_DEPTH", "SUBTASK_REPO"):
+                "CODEX_API_KEY", "SUBTASK_FAULT", "SUBTASK_FAULT_RAISE", "SUBTASK_DEPTH", "SUBTASK_REPO"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", BLACKHOLE)
     monkeypatch.setenv("OPENAI_BASE_URL", BLACKHOLE)

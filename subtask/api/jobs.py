@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -35,7 +36,7 @@ from subtask.git.gitrepo import (
 from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
 from subtask.model import faults, money
-from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     ACTIVE,
     DEPTH_ENV,
@@ -53,6 +54,7 @@ from subtask.model.job import (
 from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
+from subtask.model.transaction import Transaction
 from subtask.ops import admission, books, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
@@ -418,20 +420,18 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     from subtask.ops import plans
 
     job, state_dir = prepared.job, repo.state_dir
-    fd = liveness.acquire(state_dir, job.id, new=True)
-    undo: list = [lambda: _drop_lock(state_dir, job.id, fd)]
-    try:
-        undo.append(lambda: plans.forget(repo, job.id))
-        if privatetext.keep(state_dir, job.id, 1, **prepared.as_written):
-            undo.append(lambda: privatetext.discard(state_dir, job.id, 1))
+    with Transaction() as tx:
+        fd = liveness.acquire(state_dir, job.id, new=True)
+        tx.done("start_locked", lambda: _drop_lock(state_dir, job.id, fd))
+        kept = privatetext.keep(state_dir, job.id, 1, **prepared.as_written)
+        tx.done("start_words_kept", (lambda: privatetext.discard(state_dir, job.id, 1)) if kept else None)
         jobenv.save(state_dir, job.id)
-        undo.append(lambda: jobenv.drop(state_dir, job.id))
-        undo.append(lambda: records.delete(repo, job.id))
-        plans.record_waiting(repo, job, prepared.until or [])
-        faults.point("after_record")
-    except BaseException:
-        undo_uninterrupted(undo)
-        raise
+        tx.done("start_env_kept", lambda: jobenv.drop(state_dir, job.id))
+        try:
+            plans.record_waiting(repo, job, prepared.until or [])
+        finally:  # a half-written entry or record is taken back too
+            tx.done("start_waiting_entry", lambda: (plans.forget(repo, job.id), records.delete(repo, job.id)))
+        tx.done("after_record")
     liveness.release(fd)
     plans.advance(repo)
     job = records.read(repo, job.id)
@@ -917,43 +917,53 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     be spawned after another's was is left to the sweep, which ends it failed ("worker died").
     """
     state_dir = repo.state_dir
-    undo: list = [lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd) for launch in launches]
     handed: list[slots.HandOff] = []
     dead: list[slots.HandOff] = []
     spawned: list[_Launch] = []
     unspawned: list[_Launch] = []
-    try:
-        positions, dead, handed = admission.admit(repo, launches, what)
+    with Transaction() as tx:
+        for launch in launches:
+            tx.done("start_locked", lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd))
+        admitted: tuple = (dead, handed)
+        tx.then = lambda: admission.after_admission(repo, admitted)
+        try:
+            positions, dead, handed = admission.admit(repo, launches, what)
+        except BaseException as exc:
+            admitted = getattr(exc, "admission", admitted)
+            raise
+        admitted = (dead, handed)
+        # Every member's slot entry was made at once: each is undone, whatever fails after.
+        tx.done("start_admitted", *[lambda job=launch.job, n=launch.job.state.current.n: admission.unadmit(repo, job.id, n)
+                                    for launch in launches])
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            undo.append(lambda job=job, attempt=attempt: admission.unadmit(repo, job.id, attempt.n))
             # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
-            if privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written):
-                undo.append(lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n))
+            kept = privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written)
+            tx.done("start_words_kept",
+                    (lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n)) if kept else None)
             jobenv.save(state_dir, job.id)
-            undo.append(lambda job=job: jobenv.drop(state_dir, job.id))
+            tx.done("start_env_kept", lambda job=job: jobenv.drop(state_dir, job.id))
             if launch.paid:
-                undo.append(lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
+                tx.done("start_reserved", lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0,
+                                                                               reason="start undone"))
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
             if attempt.n == 1:  # its branch (none for a read-only job) and base pin: one ref transaction
                 branch = job.spec.branch if launch.branch_at is not None else None
                 records.create_start_refs(repo, job.id, branch, job.spec.base)
-                undo.append(lambda job=job, branch=branch: _drop_start_refs(repo, job.id, branch))
-                faults.point("after_branch")
-                records.create(repo, job)
+                tx.done("after_branch", lambda job=job, branch=branch: _drop_start_refs(repo, job.id, branch))
+                records.create(repo, job)  # undone with the refs: `records.delete` drops the record too
+                tx.done("start_job_recorded")
                 continue
             if launch.branch_at is not None:  # a reply restores the job's branch here
                 records.create_branch(repo, job.spec.branch, launch.branch_at)
-                undo.append(lambda job=job: _delete_branch(repo, job.spec.branch))
-                faults.point("after_branch")
-            _append_attempt(repo, job.id, attempt)
-            undo.append(lambda job=job, attempt=attempt: _drop_attempt(repo, job.id, attempt.n))
+                tx.done("after_branch", lambda job=job: _delete_branch(repo, job.spec.branch))
+            tx.done("start_job_recorded", _append_attempt(repo, job.id, attempt))
         if then_record is not None:
             then_record()
-            undo.append(undo_record)
-        faults.point("after_record")
+            tx.done("start_group_recorded", undo_record)
+        tx.done("after_record")
         for launch, position in zip(launches, positions, strict=True):
             if position != 0:
                 continue
@@ -966,10 +976,6 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                     raise  # nothing runs yet: undo it all
                 print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
                 unspawned.append(launch)
-    except BaseException as exc:
-        admitted = getattr(exc, "admission", (dead, handed))
-        undo_uninterrupted(undo, then=lambda: admission.after_admission(repo, admitted))
-        raise
     queued = False
     for launch, position in zip(launches, positions, strict=True):
         if launch in spawned:
@@ -985,7 +991,13 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     return [StartResult(launch.job, position) for launch, position in zip(launches, positions, strict=True)]
 
 
-def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
+def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> Callable[[], None]:
+    """A reply's attempt added to the job's record; its undo: the record back to its commit
+    before, exactly (we hold the job's run-lock: nobody writes it meanwhile), else, should
+    someone have, the attempt dropped by a commit of its own."""
+    name = records.record_ref(job_id)
+    before = repo.objects.ref(name)
+
     def change(job: Job) -> bool:
         if job.state.current.n != attempt.n - 1 or not job.state.current.terminal:
             raise SubtaskError("not_finished", f"{job_id} changed meanwhile: attempt {job.state.current.n} is "
@@ -996,6 +1008,13 @@ def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
         return True
 
     records.update(repo, job_id, change)
+    after = repo.objects.ref(name)
+
+    def undo() -> None:
+        if before is None or after is None or not records.cas_ref(repo, name, after.target, before.target):
+            _drop_attempt(repo, job_id, attempt.n)
+
+    return undo
 
 
 def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:

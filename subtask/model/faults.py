@@ -4,7 +4,8 @@
 `kill -9` would). `SUBTASK_FAULT_PAUSE=<point>:<seconds>` sleeps there, so a test can interrupt
 or stop a process at exactly that step. `SUBTASK_FAULT_HOLD=<point>:<path>` creates
 `<path>.reached` there and waits until `<path>` exists, so a test can run another command at
-exactly that step without depending on timing.
+exactly that step without depending on timing. `SUBTASK_FAULT_RAISE=<point>` raises there
+(a fatal `SubtaskError`): what an operation undoes on a failure is what a test sees.
 
 Points: cli_start (the console script, its Ctrl-C handler set, the CLI not yet imported),
 cli_dispatch (the CLI loaded, the command not yet parsed), cli_end (the command over, before the
@@ -32,12 +33,19 @@ FAULT_ENV = "SUBTASK_FAULT"
 PAUSE_ENV = "SUBTASK_FAULT_PAUSE"
 HOLD_ENV = "SUBTASK_FAULT_HOLD"
 HOLD_LIMIT_S = 60.0
+RAISE_ENV = "SUBTASK_FAULT_RAISE"
 FAULT_EXIT = 99
+
+
 
 
 def point(name: str) -> None:
     if os.environ.get(FAULT_ENV) == name:
         os._exit(FAULT_EXIT)
+    if os.environ.get(RAISE_ENV) == name:
+        from subtask.model.errors import SubtaskError  # only when a test asks for it
+
+        raise SubtaskError("fatal", f"injected fault at {name}")
     pause = os.environ.get(PAUSE_ENV)
     if pause and pause.rpartition(":")[0] == name:
         time.sleep(float(pause.rpartition(":")[2]))
