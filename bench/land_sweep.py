@@ -19,7 +19,7 @@ from bench.common import make_repo, median_ms, save, sh, timed
 from subtask.git import records
 from subtask.git.gitrepo import open_repo
 from subtask.model.job import Attempt, Cost, Evidence, JobSpec, JobState, new_job_id
-from subtask.ops import landing
+from subtask.ops.landing import landing
 
 JOBS = 200
 UPSTREAM = 50

@@ -63,11 +63,11 @@ from subtask.model.job import (
 from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
-from subtask.ops import admission, books, lifecycle
+from subtask.ops.running import admission, books, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 if TYPE_CHECKING:
-    from subtask.ops.feed import Feed
+    from subtask.ops.running.feed import Feed
 
 
 @dataclass
@@ -420,7 +420,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
 
 
 def _routing(repo: Repo, request: StartRequest):
-    from subtask.ops import routing
+    from subtask.ops.running import routing
 
     _check_max_usd(request.max_usd)
     return routing.route(repo, readonly=bool(request.readonly), isolation=request.isolation, max_usd=request.max_usd)
@@ -437,7 +437,7 @@ def routing_explain(repo: Repo, request: StartRequest):
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
     from subtask.model.job import ON_FAIL
-    from subtask.ops import plans
+    from subtask.ops.plans import plans
 
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
         raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
@@ -462,7 +462,7 @@ def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[l
 def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
     record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
-    from subtask.ops import plans
+    from subtask.ops.plans import plans
 
     job, state_dir = prepared.job, repo.state_dir
     fd = liveness.acquire(state_dir, job.id, new=True)
@@ -712,7 +712,7 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
 
 def _groups():
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return groups
 
@@ -1207,7 +1207,7 @@ def _delete_branch(repo: Repo, branch: str) -> None:
 def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
     ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
-    from subtask.ops import plans
+    from subtask.ops.plans import plans
 
     lifecycle.reconcile(repo)
     plans.advance(repo)
@@ -1278,7 +1278,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     # the job's work ends, so the reply continues from it.
     branch_at = None
     if job.spec.branch and repo.git.references.get(f"refs/heads/{job.spec.branch}") is None:
-        from subtask.ops import landing
+        from subtask.ops.landing import landing
 
         branch_at = landing.job_head(repo, job)
     return _admit_and_launch(repo, job, engine.paid, branch_at=branch_at, lock_fd=lock_fd,
@@ -1327,7 +1327,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     if state is not None and state not in (*LIST_STATES, "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     listed = records.list_entries(repo)
     if _settle_elsewhere(repo, listed):
@@ -1368,7 +1368,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
 def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     """`marks`: a finished job's base behind the land target, jobs that change the same files
     (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
-    from subtask.ops import overlap
+    from subtask.ops.landing import overlap
 
     try:
         overlap.mark(repo, shown, listed)
@@ -1522,7 +1522,7 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
 
 
 def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
-    from subtask.ops import feed
+    from subtask.ops.running import feed
 
     positions = feed.parse(since)  # a bad cursor is refused before anything is read
     if not ids:
@@ -1757,7 +1757,7 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     executor = executors.of(job)
     if not executor.runs_here:
         return executor.backend().stop(repo, job_id)
-    from subtask.ops import plans
+    from subtask.ops.plans import plans
 
     # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
     if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
@@ -1776,7 +1776,7 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     path = Path(job.spec.worktree)
     removal, branch = landing.clean_job(repo, job, landing.land_target(repo), dry_run=dry_run)
@@ -1894,7 +1894,7 @@ def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]
 
 def _head_of(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin (so review works after landing)."""
-    from subtask.ops.landing import job_head
+    from subtask.ops.landing.landing import job_head
 
     return job_head(repo, job)
 
@@ -2024,7 +2024,7 @@ def verify(repo: Repo, id_or_prefix: str, run: bool = False, reuse: bool | None 
     verify result; with `run`, its verify command on the exact commit, unless a result for the
     same tree, command, harness and environment is known and `reuse` is not False). Returns a
     `recheck.Recheck`."""
-    from subtask.ops import recheck
+    from subtask.ops.landing import recheck
 
     return recheck.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
 
@@ -2048,7 +2048,7 @@ def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False
 
 
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
@@ -2062,13 +2062,13 @@ def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None 
     `window`: states verified at once; `batch`: jobs per batch (0: the configured size);
     `reuse` False: run every verify; `first`: jobs put ahead of the rest; `progress`: called
     with what the window is doing (`render.land_progress`)."""
-    from subtask.ops import landqueue
+    from subtask.ops.landing import landqueue
 
     opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
                              window=window, batch=batch, reuse=reuse, first=list(first or []), progress=progress)
     sweep(repo)
     if dry_run:
-        from subtask.ops import overlap
+        from subtask.ops.landing import overlap
 
         return overlap.plan(repo, ids, opts)
     return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
@@ -2084,7 +2084,7 @@ def _reply_and_wait(repo: Repo):
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     return landing.cleanup_merged(repo, dry_run=dry_run)
 
@@ -2092,20 +2092,20 @@ def cleanup_merged(repo: Repo, dry_run: bool = False):
 def du(repo: Repo):
     """What each job's worktree costs on disk (tracked, untracked, ignored), the objects only its
     refs keep, the other folders in the worktree folder, and what cleanup --merged and gc would free."""
-    from subtask.ops import disk
+    from subtask.ops.running import disk
 
     return disk.usage(repo)
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     sweep(repo)
     return landing.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
 def hooks(repo: Repo, action: str):
-    from subtask.ops import hooks as hooks_mod
+    from subtask.ops.sharing import hooks as hooks_mod
 
     return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
 
@@ -2114,7 +2114,7 @@ def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_ru
             where: str | os.PathLike | None = None, on_plan=None):
     """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
     Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
-    from subtask.ops import clients
+    from subtask.ops.sharing import clients
 
     root = repo_at(where).root if scope == "project" else None
     act = clients.uninstall if uninstall else clients.install
@@ -2122,13 +2122,13 @@ def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_ru
 
 
 def push(repo: Repo, remote: str = "origin", branches: bool = False):
-    from subtask.ops import sync
+    from subtask.ops.sharing import sync
 
     return sync.push(repo, remote, branches=branches)
 
 
 def pull(repo: Repo, remote: str = "origin"):
-    from subtask.ops import sync
+    from subtask.ops.sharing import sync
 
     active_elsewhere = {e["id"] for e in records.list_entries(repo) if e.get("on") and e.get("state") in ACTIVE}
     result = sync.pull(repo, remote)
@@ -2140,7 +2140,7 @@ def pull(repo: Repo, remote: str = "origin"):
 def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
     reservation, note; the end told (`ops.notify`) of those this pull found still active."""
-    from subtask.ops import notify
+    from subtask.ops.running import notify
 
     for job_id in job_ids:
         try:
@@ -2149,7 +2149,7 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
         except SubtaskError:
             continue
         if not executor.runs_here and job.state.current.terminal and ownership.owns(repo, job):
-            from subtask.ops import sync
+            from subtask.ops.sharing import sync
 
             try:
                 sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
@@ -2161,6 +2161,6 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
                 notify.attempt_ended(repo, ended)
             if ended.spec.group:  # a member brought home may be the last its group waited for
                 _groups().after_member_ended(repo, ended)
-    from subtask.ops import plans
+    from subtask.ops.plans import plans
 
     plans.advance_quietly(repo)  # ... and the jobs waiting for what came home

@@ -235,7 +235,7 @@ def test_doctor_checks_each_installed_client_with_a_real_handshake(cli, repo, is
 
 def test_the_guide_is_package_data_and_the_servers_instructions(cli):
     from subtask.faces.mcp_tools import INSTRUCTIONS
-    from subtask.ops import clients
+    from subtask.ops.sharing import clients
 
     text = clients.guide_text()
     assert text.startswith("---\nname: git-subtask\ndescription: ")

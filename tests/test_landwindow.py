@@ -198,7 +198,7 @@ def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cl
     """The hotfix lane: a queue blocked verifying two jobs is handed a third by `land --first`,
     which lands first; the two are built again on it; the second process prints its outcome."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import landfirst
+    from subtask.ops.landing import landfirst
 
     a, b, hotfix = finished_jobs(cli, ["a.txt", "b.txt", "hotfix.txt"])
     gate = control_dir / "gate"
@@ -243,7 +243,7 @@ def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
 
 def test_land_first_of_an_unknown_job_is_refused_and_changes_nothing(cli, repo):
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import landfirst
+    from subtask.ops.landing import landfirst
 
     (a,) = finished_jobs(cli, ["a.txt"])
     before = git(repo, "rev-parse", "main")

@@ -297,7 +297,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
     from test_mcp import server_env
 
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
     from subtask.state import liveness
 
     git(repo, "config", "subtask.maxRunning", "1")
@@ -343,7 +343,7 @@ def test_the_spend_in_the_records_is_read_once_per_record_tip(cli, repo, monkeyp
     """Thousands of jobs: the charges are cached by record tip, so a second read opens no record."""
     from subtask.git import records
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import books
+    from subtask.ops.running import books
 
     use_paid_engine(repo)
     jobs = [cli.start(f"cost=0.5 file=f{n}", "--max-usd", "1") for n in range(3)]
@@ -364,7 +364,7 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
     import dataclasses
 
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import books
+    from subtask.ops.running import books
     from subtask.state import ledger
 
     use_paid_engine(repo)

@@ -321,7 +321,7 @@ def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits
     from conftest import Cli
 
     from subtask.git import records
-    from subtask.ops import reverify
+    from subtask.ops.landing import reverify
 
     cli = Cli(project)
     job = cli.start("git rm -q tests/test_calc.py", "--verify", "true")

@@ -47,7 +47,8 @@ from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import config, money
 from subtask.model.errors import SubtaskError, undo_uninterrupted
-from subtask.ops import books, lifecycle, notify, sync
+from subtask.ops.running import books, lifecycle, notify
+from subtask.ops.sharing import sync
 from subtask.state import ledger, liveness
 
 RESOURCE = "subtask_slot"
@@ -440,7 +441,7 @@ def settle(repo: Repo, job_id: str, *, state: RayState | None = None, advance: b
 def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
     """What follows a job's end here as it follows a local worker's: a first pass stops the
     group's other attempts, the group is settled, the jobs waiting for it move on."""
-    from subtask.ops import groups, plans
+    from subtask.ops.plans import groups, plans
 
     if job.spec.group:
         groups.after_member_ended(repo, job, first_pass_only=True)

@@ -753,7 +753,7 @@ def spend(month, all_clones, as_json):
 
 def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
     from subtask import api
-    from subtask.ops import clients
+    from subtask.ops.sharing import clients
 
     verb = "uninstall" if uninstall else "install"
 
@@ -893,7 +893,7 @@ def complete_words(words):
     def job_ids():
         try:
             from subtask.git import records
-            from subtask.ops import groups
+            from subtask.ops.plans import groups
 
             repo = _repo()
             return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))

@@ -119,7 +119,7 @@ def _timed_out(timeout: float | None) -> str:
 
 
 def waited_groups(repo, result, timeout: float | None) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     notes = [f"{_timed_out(timeout)}the attempts continue: wait again"] if result.timed_out else []
     return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
@@ -167,7 +167,7 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
 
 def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
     """List rows with each group's members folded under one group line (`unfold`: shown under it)."""
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     lines, shown = [], set()
     for entry in entries:
@@ -208,7 +208,7 @@ def shown(repo, job, position: int | None) -> Reply:
 
 
 def shown_group(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.show_text(repo, group), group.to_dict() | {"rows": groups.table_rows(repo, group)})
 
@@ -224,7 +224,7 @@ def result(repo, job, *, full: bool = False) -> Reply:
 
 
 def group_result(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.result_text(repo, group), group.to_dict(), exit_code=0 if groups.passed_group(group) else 1)
 
@@ -360,7 +360,7 @@ def stopped(job) -> Reply:
 
 
 def stopped_group(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.show_text(repo, group), group.to_dict())
 

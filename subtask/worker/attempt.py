@@ -36,7 +36,8 @@ from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING
-from subtask.ops import groups, lifecycle, plans
+from subtask.ops.plans import groups, plans
+from subtask.ops.running import lifecycle
 from subtask.proc import spawn
 from subtask.state import jobenv, liveness, slots
 from subtask.worker import retries

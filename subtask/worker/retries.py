@@ -46,7 +46,7 @@ from subtask.git.records import Job
 from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
-from subtask.ops import books, lifecycle
+from subtask.ops.running import books, lifecycle
 from subtask.state import ledger, paths, privatetext, slots
 from subtask.words import judge_line
 

@@ -26,7 +26,8 @@ from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle, overlay, verified
+from subtask.ops.landing import overlay, verified
+from subtask.ops.running import lifecycle
 from subtask.proc import isolation
 from subtask.state import privatetext
 from subtask.worker.confinement import Confinement

@@ -1,6 +1,6 @@
 """The land window's rules: which integrated states to verify, which prefix may land, who broke a batch.
 
-`land` (subtask/ops/landqueue.py) keeps its jobs in a line. Each job is built on the state before
+`land` (subtask/ops/landing/landqueue.py) keeps its jobs in a line. Each job is built on the state before
 it (the target's tip, plus every job ahead of it still in the chain): tip+A, tip+A+B, ... Those
 states are verified at once, up to the window's width, each in its own scratch worktree
 (`Probe`); the target moves to the longest verified prefix as answers arrive. This module is

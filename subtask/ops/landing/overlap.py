@@ -248,7 +248,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
     """What `land` would do with these jobs (`opts`: `landqueue.Options`), changing nothing: each
     job's files and how stale its base is, the pairs that change the same files or lines, and
     each job merged in turn onto the one before (`git merge-tree`) to predict conflicts."""
-    from subtask.ops import landqueue
+    from subtask.ops.landing import landqueue
 
     target = landqueue.find_target(repo)
     items = landqueue.resolve(repo, asked)
@@ -259,7 +259,7 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
         try:
             if item.group is not None:
                 from subtask.git import records
-                from subtask.ops import groups
+                from subtask.ops.plans import groups
 
                 item.group, pick = groups.picked_with_pick(repo, item.group.id)
                 item.job = records.read(repo, pick)

@@ -52,7 +52,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.state import liveness, paths
 from subtask.state.statefiles import file_lock, write_json
 
@@ -320,7 +320,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     env.update(isolation.temp_env(tmpdir))
     env = sandbox.withhold(env) if sandbox is not None else env
     # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
-    from subtask.ops import landing, overlay
+    from subtask.ops.landing import landing, overlay
 
     head = landing.recorded_head(job)
     judge = overlay.prepare(repo, asked=job.spec.harness, command=command, trusted=work_base(job), source="base",
@@ -557,7 +557,7 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
     through the same gate as any job of theirs (its verify re-run unless an allowed signer
     signed the pick's record); its other members are left as they are.
     """
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     group, pick = picked_with_pick(repo, gid)
     result = landing.merge(repo, pick, mode=mode, force=force, reverify=reverify)
@@ -590,7 +590,7 @@ def picked_with_pick(repo: Repo, gid: str) -> tuple[Group, str]:
 
 def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group, list[str]]:
     """The group's pick landed in `commit` on `into`: supersede the other members, record it."""
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     gid = group.id
     if not ownership.started_here(repo, gid):
@@ -619,7 +619,7 @@ def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group
 
 def supersede(repo: Repo, job: Job, target) -> list[str]:
     """Remove a superseded member's clean worktree, and its branch where its head pin keeps it."""
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     with landing.quiet_job(repo, job) as fresh:
         if fresh is None:
@@ -637,7 +637,7 @@ def supersede(repo: Repo, job: Job, target) -> list[str]:
 
 
 def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     branch = job.spec.branch
     name = landing.branch_ref(job)
@@ -665,7 +665,7 @@ def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
 
 def compare_pairs(repo: Repo, group: Group) -> list[tuple[str, str, str, str]]:
     """(member a, head a, member b, head b) for every pair, the pick (or member 1) first."""
-    from subtask.ops import landing
+    from subtask.ops.landing import landing
 
     jobs = {k: v for k, v in members(repo, group).items() if v is not None}
     order = sorted(jobs, key=lambda m: (m != group.pick, group.members.index(m)))

@@ -38,7 +38,7 @@ from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model.job import work_base
-from subtask.ops import landing
+from subtask.ops.landing import landing
 
 MODES = ("merge", "no-ff", "squash", "rebase")
 SCRATCH = ".land"
@@ -71,7 +71,7 @@ class Scratch:
                     self.git("clean", "-ffdxq").returncode == 0:
                 return self.path
         self.close()
-        from subtask.ops import reverify
+        from subtask.ops.landing import reverify
 
         self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
         self.admin = reverify.scratch_admin(self.path)  # before anything ran there
@@ -109,7 +109,7 @@ class Scratch:
 
     def close(self) -> None:
         if self.path is not None:
-            from subtask.ops import reverify
+            from subtask.ops.landing import reverify
 
             reverify.remove_scratch(self.repo, self.path, self.admin)
         self.path = self.admin = None

@@ -52,8 +52,7 @@ from subtask.model import faults, phases
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
 from subtask.model.redact import redact
-from subtask.ops import (
-    groups,
+from subtask.ops.landing import (
     integrate,
     landfirst,
     landing,
@@ -62,6 +61,7 @@ from subtask.ops import (
     reverify,
     verified,
 )
+from subtask.ops.plans import groups
 from subtask.proc import isolation
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock

@@ -19,7 +19,7 @@ from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.ops import landing
+from subtask.ops.landing import landing
 from subtask.words import judge_line
 
 
@@ -149,7 +149,7 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: bool) -> None:
-    from subtask.ops import reverify
+    from subtask.ops.landing import reverify
 
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from subtask.git.gitrepo import Repo
 from subtask.model import faults, money
-from subtask.ops import books, lifecycle
+from subtask.ops.running import books, lifecycle
 from subtask.state import ledger, slots
 
 

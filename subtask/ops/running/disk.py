@@ -26,7 +26,7 @@ from pathlib import Path
 from subtask.git import records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.model.job import is_job_id
-from subtask.ops import landing
+from subtask.ops.landing import landing
 
 CLASSES = ("tracked", "untracked", "ignored")
 

@@ -389,7 +389,7 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
     checked the admin folder git reads, not the config of what it names."""
-    from subtask.ops import overlay
+    from subtask.ops.landing import overlay
 
     overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
@@ -783,7 +783,7 @@ def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
 def _rerun_gate(repo: Repo, job: Job, head: str, why: str, vouched: bool) -> str:
     """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
     the record was not taken at its word) when it fails."""
-    from subtask.ops import reverify
+    from subtask.ops.landing import reverify
 
     because = f"\n{why}" if why else ""
     if not job.spec.verify:
