@@ -1278,9 +1278,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     # the job's work ends, so the reply continues from it.
     branch_at = None
     if job.spec.branch and repo.git.references.get(f"refs/heads/{job.spec.branch}") is None:
-        from subtask.ops.landing import landing
+        from subtask.ops.landing import landed
 
-        branch_at = landing.job_head(repo, job)
+        branch_at = landed.job_head(repo, job)
     return _admit_and_launch(repo, job, engine.paid, branch_at=branch_at, lock_fd=lock_fd,
                              as_written={"message": message, "stored_message": stored})
 
@@ -1327,13 +1327,13 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     if state is not None and state not in (*LIST_STATES, "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
-    from subtask.ops.landing import landing
+    from subtask.ops.landing import cleanup
 
     listed = records.list_entries(repo)
     if _settle_elsewhere(repo, listed):
         listed = records.list_entries(repo)
     swept: list[str] = []
-    if landing.maybe_sweep(repo, listed):
+    if cleanup.maybe_sweep(repo, listed):
         before = {e["id"] for e in listed if e.get("landed")}
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
         swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
@@ -1776,10 +1776,10 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    from subtask.ops.landing import landing
+    from subtask.ops.landing import cleanup, landed
 
     path = Path(job.spec.worktree)
-    removal, branch = landing.clean_job(repo, job, landing.land_target(repo), dry_run=dry_run)
+    removal, branch = cleanup.clean_job(repo, job, landed.land_target(repo), dry_run=dry_run)
     if removal.kind == "busy":
         raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"git subtask wait {job.id}")
@@ -1795,7 +1795,7 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
             if removal.kind == "pruned" else "no worktree to remove")
     if branch.kind == "removed":
         gone = "would delete" if dry_run else "deleted"
-        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing.EMPTY_BRANCH}; record kept)"
+        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({cleanup.EMPTY_BRANCH}; record kept)"
     if removal.kind != "removed" or dry_run:
         return f"{job.id}: {tree}"
     kept = f"branch {job.spec.branch} and record kept" if job.spec.branch else "record kept"
@@ -1894,7 +1894,7 @@ def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]
 
 def _head_of(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin (so review works after landing)."""
-    from subtask.ops.landing.landing import job_head
+    from subtask.ops.landing.landed import job_head
 
     return job_head(repo, job)
 
@@ -2048,30 +2048,30 @@ def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False
 
 
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
-    from subtask.ops.landing import landing
+    from subtask.ops.landing import merge
 
-    return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
+    return merge.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
 
 def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None = None, atomic: bool = False,
          reconcile: bool = False, force: bool = False, dry_run: bool = False, window: int | None = None,
          batch: int | None = None, reuse: bool | None = None, first: list[str] | None = None,
          progress=None):
-    """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
+    """Land many jobs in order, each verified on the commit that lands (`lineup.LandResult`);
     with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`).
     `window`: states verified at once; `batch`: jobs per batch (0: the configured size);
     `reuse` False: run every verify; `first`: jobs put ahead of the rest; `progress`: called
     with what the window is doing (`render.land_progress`)."""
-    from subtask.ops.landing import landqueue
+    from subtask.ops.landing import land, lineup
 
-    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
+    opts = lineup.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
                              window=window, batch=batch, reuse=reuse, first=list(first or []), progress=progress)
     sweep(repo)
     if dry_run:
         from subtask.ops.landing import overlap
 
         return overlap.plan(repo, ids, opts)
-    return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
+    return land.land(repo, ids, opts, replier=_reply_and_wait(repo))
 
 
 def _reply_and_wait(repo: Repo):
@@ -2084,9 +2084,9 @@ def _reply_and_wait(repo: Repo):
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
-    from subtask.ops.landing import landing
+    from subtask.ops.landing import cleanup
 
-    return landing.cleanup_merged(repo, dry_run=dry_run)
+    return cleanup.cleanup_merged(repo, dry_run=dry_run)
 
 
 def du(repo: Repo):
@@ -2098,10 +2098,10 @@ def du(repo: Repo):
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
-    from subtask.ops.landing import landing
+    from subtask.ops.landing import cleanup
 
     sweep(repo)
-    return landing.gc(repo, dry_run=dry_run, older_than=older_than)
+    return cleanup.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
 def hooks(repo: Repo, action: str):

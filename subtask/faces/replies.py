@@ -258,7 +258,7 @@ def merged(result) -> Reply:
 
 
 def landed(data: dict) -> Reply:
-    """`land` (`landqueue.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
+    """`land` (`lineup.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
     the data, so the MCP tool, which gets it from a `git-subtask land --json` child, says the same.
     Exit 1 unless every job landed (would land); `failed` when none did, as `merge` fails."""
     if data.get("dry_run"):

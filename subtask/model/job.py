@@ -299,7 +299,7 @@ class Attempt(_Record):
 
 @dataclass
 class Landing(_Record):
-    """One landing of the job by `land` (subtask/landqueue.py): the target's tip it was built on,
+    """One landing of the job by `land` (subtask/ops/landing/land.py): the target's tip it was built on,
     the integrated commit, and the verify that ran on that commit. A fact tied to one commit;
     the latest few are kept."""
 
