@@ -63,7 +63,7 @@ from subtask.model.job import (
 from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
-from subtask.ops.running import admission, books, lifecycle
+from subtask.ops.running import admission, lifecycle, spending
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 if TYPE_CHECKING:
@@ -437,7 +437,7 @@ def routing_explain(repo: Repo, request: StartRequest):
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
     from subtask.model.job import ON_FAIL
-    from subtask.ops.plans import plans
+    from subtask.ops.plans import waiting
 
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
         raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
@@ -455,32 +455,32 @@ def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[l
         raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
                            "--after, not both")
     on.require("after")
-    after, until = plans.resolve_after(repo, list(names))
+    after, until = waiting.resolve_after(repo, list(names))
     return after, until, request.on_fail
 
 
 def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
     record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
-    from subtask.ops.plans import plans
+    from subtask.ops.plans import waiting
 
     job, state_dir = prepared.job, repo.state_dir
     fd = liveness.acquire(state_dir, job.id, new=True)
     undo: list = [lambda: _drop_lock(state_dir, job.id, fd)]
     try:
-        undo.append(lambda: plans.forget(repo, job.id))
+        undo.append(lambda: waiting.forget(repo, job.id))
         if privatetext.keep(state_dir, job.id, 1, **prepared.as_written):
             undo.append(lambda: privatetext.discard(state_dir, job.id, 1))
         jobenv.save(state_dir, job.id)
         undo.append(lambda: jobenv.drop(state_dir, job.id))
         undo.append(lambda: records.delete(repo, job.id))
-        plans.record_waiting(repo, job, prepared.until or [])
+        waiting.record_waiting(repo, job, prepared.until or [])
         faults.point("after_record")
     except BaseException:
         undo_uninterrupted(undo)
         raise
     liveness.release(fd)
-    plans.advance(repo)
+    waiting.advance(repo)
     job = records.read(repo, job.id)
     return StartResult(job, queue_position(repo, job.id) or 0, on=prepared.on.name)
 
@@ -1206,11 +1206,11 @@ def _delete_branch(repo: Repo, branch: str) -> None:
 
 def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
-    ended (`plans.advance`). Cheap: reads the slots file only, unless there is work."""
-    from subtask.ops.plans import plans
+    ended (`waiting.advance`). Cheap: reads the slots file only, unless there is work."""
+    from subtask.ops.plans import waiting
 
     lifecycle.reconcile(repo)
-    plans.advance(repo)
+    waiting.advance(repo)
 
 
 # ---------------------------------------------------------------- reply
@@ -1757,15 +1757,15 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     executor = executors.of(job)
     if not executor.runs_here:
         return executor.backend().stop(repo, job_id)
-    from subtask.ops.plans import plans
+    from subtask.ops.plans import waiting
 
     # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
-    if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
+    if attempt.state != WAITING or not waiting.stop_waiting(repo, job_id):
         lifecycle.stop_job(repo, job_id)
     job = records.read(repo, job_id)
     if job.spec.group:  # a member stopped by hand may be the last one its group waited for
         _groups().after_member_ended(repo, job)
-    plans.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
+    waiting.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
     return job
 
 
@@ -1984,7 +1984,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
         ledger.check_month(month)
     sweep(repo)
     if all_clones:
-        return books.team_spend(repo, month)
+        return spending.team_spend(repo, month)
     _sync_ledger(repo)
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
 
@@ -1992,7 +1992,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
 def _sync_ledger(repo: Repo) -> None:
     """The ledger is a cache of the records: restore it from them when it lacks this repository's
     mark (a lost state directory), before any lock is taken (reading records is slow)."""
-    books.sync_ledger(repo)
+    spending.sync_ledger(repo)
 
 
 # ---------------------------------------------------------------- notes, landing, hooks, sync
@@ -2023,10 +2023,10 @@ def verify(repo: Repo, id_or_prefix: str, run: bool = False, reuse: bool | None 
     """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
     verify result; with `run`, its verify command on the exact commit, unless a result for the
     same tree, command, harness and environment is known and `reuse` is not False). Returns a
-    `recheck.Recheck`."""
-    from subtask.ops.landing import recheck
+    `record_check.Recheck`."""
+    from subtask.ops.landing import record_check
 
-    return recheck.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
+    return record_check.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
 
 
 def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = False) -> str:
@@ -2113,11 +2113,11 @@ def hooks(repo: Repo, action: str):
 def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_run: bool = False,
             where: str | os.PathLike | None = None, on_plan=None):
     """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
-    Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
-    from subtask.ops.sharing import clients
+    Code's or Codex's own configuration (`client_config.py`); `on_plan(lines)` sees the plan first."""
+    from subtask.ops.sharing import client_config
 
     root = repo_at(where).root if scope == "project" else None
-    act = clients.uninstall if uninstall else clients.install
+    act = client_config.uninstall if uninstall else client_config.install
     return act(client, scope, root, dry_run=dry_run, on_plan=on_plan)
 
 
@@ -2161,6 +2161,6 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
                 notify.attempt_ended(repo, ended)
             if ended.spec.group:  # a member brought home may be the last its group waited for
                 _groups().after_member_ended(repo, ended)
-    from subtask.ops.plans import plans
+    from subtask.ops.plans import waiting
 
-    plans.advance_quietly(repo)  # ... and the jobs waiting for what came home
+    waiting.advance_quietly(repo)  # ... and the jobs waiting for what came home

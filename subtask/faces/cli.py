@@ -753,7 +753,7 @@ def spend(month, all_clones, as_json):
 
 def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
     from subtask import api
-    from subtask.ops.sharing import clients
+    from subtask.ops.sharing import client_config
 
     verb = "uninstall" if uninstall else "install"
 
@@ -767,11 +767,11 @@ def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: b
     plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
                        on_plan=show)
     if as_json:
-        _emit_json(clients.as_dict(plan) | {"dry_run": dry_run})
+        _emit_json(client_config.as_dict(plan) | {"dry_run": dry_run})
     elif plan.steps and not dry_run:
         undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
                f"git subtask install {client} --scope {scope}"
-        echo(f"done (backups of changed files in {clients._show(clients.state_dir() / 'backups')}; {undo})")
+        echo(f"done (backups of changed files in {client_config._show(client_config.state_dir() / 'backups')}; {undo})")
         if not uninstall:
             echo("restart the client's session to load the server; check it: git subtask doctor")
 

@@ -358,15 +358,15 @@ def check_provenance(repo) -> Check:
 def check_clients(repo) -> Check:
     """Each MCP client `git subtask install` set up: its entry started as the client starts it,
     answering `initialize` and `tools/list` as this server (a real stdio handshake)."""
-    from subtask.ops.sharing import clients
+    from subtask.ops.sharing import client_config
 
-    found = clients.installed()
+    found = client_config.installed()
     if not found:
         return Check("mcp clients", "ok", "none set up (git subtask install claude|codex registers the server)")
     good, bad, steps = [], [], []
     for item in found:
-        problem = clients.handshake(item, cwd=repo.root)
-        where = f"{item.client} ({item.scope}, {clients._show(item.path)})"
+        problem = client_config.handshake(item, cwd=repo.root)
+        where = f"{item.client} ({item.scope}, {client_config._show(item.path)})"
         if problem is None:
             good.append(where)
         else:

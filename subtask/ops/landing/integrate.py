@@ -4,7 +4,7 @@
 out detached at the tip (`Scratch`, `<worktreeDir>/.land/queue-<random>`), the job's head merged
 (`merge`, `no-ff`), squashed (`squash`) or replayed (`rebase`) onto it by git itself, so the
 result is what `git merge` would make; then the verify runs there, on that very commit
-(`reverify.run_in`: confined as a job's verify is).
+(`verify_rerun.run_in`: confined as a job's verify is).
 
 Invariants:
 - Never integrate in the user's checkout, because a conflict or a failed verify must leave it
@@ -71,10 +71,10 @@ class Scratch:
                     self.git("clean", "-ffdxq").returncode == 0:
                 return self.path
         self.close()
-        from subtask.ops.landing import reverify
+        from subtask.ops.landing import verify_rerun
 
-        self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
-        self.admin = reverify.scratch_admin(self.path)  # before anything ran there
+        self.path = verify_rerun.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
+        self.admin = verify_rerun.scratch_admin(self.path)  # before anything ran there
         return self.path
 
     def tampered(self) -> bool:
@@ -109,9 +109,9 @@ class Scratch:
 
     def close(self) -> None:
         if self.path is not None:
-            from subtask.ops.landing import reverify
+            from subtask.ops.landing import verify_rerun
 
-            reverify.remove_scratch(self.repo, self.path, self.admin)
+            verify_rerun.remove_scratch(self.repo, self.path, self.admin)
         self.path = self.admin = None
         self.spoiled = False
 

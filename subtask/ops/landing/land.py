@@ -42,11 +42,7 @@ import time
 from subtask.git.gitrepo import Repo
 from subtask.model import phases
 from subtask.model.errors import EXIT_FATAL, SubtaskError
-from subtask.ops.landing import (
-    integrate,
-    landfirst,
-    reverify,
-)
+from subtask.ops.landing import hotfix, integrate, verify_rerun
 from subtask.ops.landing.lineup import (
     Item,
     LandResult,
@@ -156,12 +152,12 @@ def hand_over(repo: Repo, target: Target, items: list[Item], opts: Options, repl
     before = tip(repo, target)
     ids = [item.job.id for item in items]
     for job_id in ids:
-        landfirst.ask(repo, job_id)
+        hotfix.ask(repo, job_id)
     answers: dict[str, dict] = {}
     try:
         while True:
             for job_id in ids:
-                if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
+                if job_id not in answers and (said := hotfix.answered(repo, job_id)) is not None:
                     answers[job_id] = said
             if len(answers) == len(ids):
                 break
@@ -170,11 +166,11 @@ def hand_over(repo: Repo, target: Target, items: list[Item], opts: Options, repl
                 continue
             try:  # no queue runs now: what it did not answer is landed here
                 for job_id in ids:
-                    if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
+                    if job_id not in answers and (said := hotfix.answered(repo, job_id)) is not None:
                         answers[job_id] = said
                 rest = [item for item in items if item.job.id not in answers]
                 for item in rest:
-                    landfirst.take_back(repo, item.job.id)
+                    hotfix.take_back(repo, item.job.id)
                 mine = run_queue(repo, target, rest, opts, replier) if rest else None
             finally:
                 lock.release()
@@ -183,8 +179,8 @@ def hand_over(repo: Repo, target: Target, items: list[Item], opts: Options, repl
             break
     except BaseException:
         for job_id in ids:
-            if job_id not in answers and landfirst.pending(repo, job_id):
-                landfirst.take_back(repo, job_id)
+            if job_id not in answers and hotfix.pending(repo, job_id):
+                hotfix.take_back(repo, job_id)
         raise
     outcomes = [Outcome.from_dict(answers[job_id].get("outcome") or {"id": job_id}) for job_id in ids]
     return LandResult(target.name, before, tip(repo, target), opts.mode, opts.atomic, outcomes)
@@ -217,8 +213,8 @@ def sweep_scratch(repo: Repo) -> None:
     if not folder.is_dir():
         return
     for path in folder.iterdir():
-        name = path.name.removesuffix(".tmp").removesuffix(reverify.SIDE_SUFFIX)
-        reverify.remove_scratch(repo, path.with_name(name))
+        name = path.name.removesuffix(".tmp").removesuffix(verify_rerun.SIDE_SUFFIX)
+        verify_rerun.remove_scratch(repo, path.with_name(name))
 
 
 

@@ -59,7 +59,7 @@ def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = Fals
 
     The verify a record claims is taken only from a record this clone wrote, or one an allowed
     signer signed (`trust_of`); any other (and every one with `reverify`) has its verify run
-    again here on the exact commit before anything is merged (`reverify.run`, outside the
+    again here on the exact commit before anything is merged (`verify_rerun.run`, outside the
     locks), and that commit is what is merged. `force` skips the gate, and nothing else does.
     Serialized per target worktree (`index_lock`) and holding the job's run-lock, so two merges
     never interleave in one index and no reply starts on the job meanwhile.
@@ -112,14 +112,14 @@ def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
 def _rerun_gate(repo: Repo, job: Job, head: str, why: str, vouched: bool) -> str:
     """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
     the record was not taken at its word) when it fails."""
-    from subtask.ops.landing import reverify
+    from subtask.ops.landing import verify_rerun
 
     because = f"\n{why}" if why else ""
     if not job.spec.verify:
         raise SubtaskError("negative", f"{job.id}: its record names no verify command to run here, and nothing "
                            f"else says it works: not merging it{because}",
                            hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
-    rerun = reverify.run(repo, job, head, trusted_record=vouched)
+    rerun = verify_rerun.run(repo, job, head, trusted_record=vouched)
     if not rerun.result.passed:
         how = "timed out" if rerun.result.timed_out else f"exit {rerun.result.exit_code}"
         if rerun.result.checks_failed:

@@ -1,7 +1,7 @@
 """The queue of `land` (land.py): its jobs built one on another, up to the window's width of the
 integrated states verified at once, the target moved to the end of the verified prefix, each
 landing recorded and cleaned up after; a conflict answered by a reply (`--reconcile`), `--atomic`.
-The window's rules are landwindow.py's; what a queue takes and answers, its target and its jobs,
+The window's rules are window.py's; what a queue takes and answers, its target and its jobs,
 lineup.py's. Invariants: land.py's docstring.
 """
 
@@ -23,14 +23,14 @@ from subtask.model.job import Landing, VerifyResult, now, work_base
 from subtask.model.redact import redact
 from subtask.ops.landing import (
     cleanup,
+    conflict_reply,
+    hotfix,
     integrate,
     landed,
-    landfirst,
-    landwindow,
     merge,
-    reconcile,
-    reverify,
     verified,
+    verify_rerun,
+    window,
 )
 from subtask.ops.landing.lineup import (
     RUN_LOCK_WAIT,
@@ -102,10 +102,10 @@ class Queue:
     checked_out: set[str] | None = None  # branches checked out in worktrees, read once
 
     def __post_init__(self) -> None:
-        self.line: list[landwindow.Entry] = []
+        self.line: list[window.Entry] = []
         self.tip = self.result.before  # the target as this queue last left or found it
         self.free: list[integrate.Scratch] = []
-        self.answers: queue_module.Queue[landwindow.Probe] = queue_module.Queue()
+        self.answers: queue_module.Queue[window.Probe] = queue_module.Queue()
         self.known = verified.Known(self.repo)
         self.width = self.opts.window or 1
         self.batch = self.opts.batch or 0
@@ -123,7 +123,7 @@ class Queue:
     def run(self, items: list[Item]) -> None:
         """Land the line (see the class docstring); --atomic moves the target once, at the end,
         only if every job integrated and passed."""
-        self.line = [landwindow.Entry(item, out) for item, out in zip(items, self.result.outcomes, strict=True)]
+        self.line = [window.Entry(item, out) for item, out in zip(items, self.result.outcomes, strict=True)]
         try:
             while self.line and not self.result.stopped:
                 changed = self.plan()
@@ -157,7 +157,7 @@ class Queue:
         if now != self.tip and not self.opts.atomic:
             self.moved_under(now)
             changed = True
-        for entry in landwindow.stale(self.line, self.tip):
+        for entry in window.stale(self.line, self.tip):
             self.reset(entry)
             changed = True
         for entry in list(self.line):
@@ -174,7 +174,7 @@ class Queue:
                 self.answer_handed(entry.item, entry.out)
                 changed = True
                 continue
-            self.build(entry, landwindow.chain_tip(self.line, self.tip))
+            self.build(entry, window.chain_tip(self.line, self.tip))
             self.start_wanted()  # the first verifies start while the rest is built
             self.handle(block=False)
             changed = True
@@ -182,7 +182,7 @@ class Queue:
 
     def start_wanted(self) -> bool:
         started = False
-        for entry in landwindow.wanted(self.line, self.batch):
+        for entry in window.wanted(self.line, self.batch):
             if self.running() >= self.width:
                 break
             self.start_probe(entry)
@@ -195,7 +195,7 @@ class Queue:
         is about the jobs it was given."""
         if self.opts.atomic:
             return False
-        taken = landfirst.take(self.repo)
+        taken = hotfix.take(self.repo)
         for job_id in reversed(taken):
             entry = next((e for e in self.line if e.item.job.id == job_id), None)
             if entry is not None:
@@ -203,16 +203,16 @@ class Queue:
             else:
                 done = next((o for o in self.result.outcomes if o.job == job_id), None)
                 if done is not None:  # it ended in this queue already
-                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, done))
+                    hotfix.answer(self.repo, job_id, self.handed_answer(self.tip, done))
                     continue
                 try:
                     item = resolve(self.repo, [job_id])[0]
                 except SubtaskError as exc:
                     out = Outcome(job_id)
                     _refused(out, exc)
-                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, out))
+                    hotfix.answer(self.repo, job_id, self.handed_answer(self.tip, out))
                     continue
-                entry = landwindow.Entry(item, Outcome(item.job.id, item.group.id if item.group else None))
+                entry = window.Entry(item, Outcome(item.job.id, item.group.id if item.group else None))
                 self.items.append(item)
                 self.result.outcomes.append(entry.out)
             entry.item.handed = self.tip
@@ -234,7 +234,7 @@ class Queue:
         if item.handed is None or out is None:
             return
         before, item.handed = item.handed, None
-        landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out))
+        hotfix.answer(self.repo, item.job.id, self.handed_answer(before, out))
 
     def room_to_build(self) -> bool:
         """Build ahead only as far as the window verifies: `width` states unverified (batches of
@@ -273,7 +273,7 @@ class Queue:
 
     # ------------------------------------------------------------ building
 
-    def build(self, entry: landwindow.Entry, onto: str) -> None:
+    def build(self, entry: window.Entry, onto: str) -> None:
         """The job integrated onto `onto` (nothing recorded yet); its checks on its own change run
         once per head: a job that fails them is out of the chain whatever its state would say."""
         item = entry.item
@@ -290,7 +290,7 @@ class Queue:
         elif entry.built.kind == "built" and not item.command:
             pass  # --force: nothing to run on it (its checks passed)
 
-    def reset(self, entry: landwindow.Entry) -> None:
+    def reset(self, entry: window.Entry) -> None:
         """Built on a state that is no longer the chain ahead of it: built again."""
         self.drop_probe(entry)
         entry.built, entry.probe, entry.failing = None, None, False
@@ -313,23 +313,23 @@ class Queue:
 
     # ------------------------------------------------------------ verifying
 
-    def start_probe(self, entry: landwindow.Entry) -> None:
+    def start_probe(self, entry: window.Entry) -> None:
         """Verify the entry's state: a known answer for its key, else its verify started in a
         scratch worktree checked out at it."""
         item, built = entry.item, entry.built
         tree = str(self.repo.git[built.commit].tree_id)
-        asked = reverify.asked_harness(item.job, bool(item.trust and item.trust.vouched))
+        asked = verify_rerun.asked_harness(item.job, bool(item.trust and item.trust.vouched))
         confined = isolation.support().available
         trusted = self.judge_of(entry)
         key = verified.key_of(self.repo, tree=tree, command=redact(item.command), trusted=trusted, asked=asked,
                               confined=confined, network=item.job.spec.network)
         found = self.known.find(key) if self.opts.reuse else None
         if found is not None:
-            entry.probe = landwindow.Probe(key, reused=True, rerun=reverify.Rerun(found.reused(), confined))
+            entry.probe = window.Probe(key, reused=True, rerun=verify_rerun.Rerun(found.reused(), confined))
             self.reused += 1
             self.answered(entry.probe, entry)
             return
-        probe = entry.probe = landwindow.Probe(key, tree=tree, asked=asked, trusted=trusted)
+        probe = entry.probe = window.Probe(key, tree=tree, asked=asked, trusted=trusted)
         probe.scratch = self.scratch()
         if self.makers is None:
             self.makers = ThreadPoolExecutor(max_workers=min(self.width, SCRATCH_MAKERS),
@@ -337,14 +337,14 @@ class Queue:
         probe.ready = self.makers.submit(probe.scratch.at, built.commit)
         probe.ready.add_done_callback(lambda _done, p=probe: self.answers.put(("ready", p)))
 
-    def judge_of(self, entry: landwindow.Entry) -> str:
+    def judge_of(self, entry: window.Entry) -> str:
         """The commit whose harness judges the entry's state, never the job's own: the state it
         was built on, whose jobs' tests each passed a verify of their own judged the same way
         (or will, else this state is built again); with batches, the target's tip, because a
         job inside a batch was never judged on its own, so its tests may judge nothing."""
         return self.tip if self.batch else entry.built.onto
 
-    def launch(self, probe: landwindow.Probe) -> None:
+    def launch(self, probe: window.Probe) -> None:
         """Its scratch is checked out at its state: start its verify (here, in the main thread:
         the child's parent-death signal follows the thread that forked it)."""
         ready, probe.ready = probe.ready, None
@@ -358,8 +358,8 @@ class Queue:
         item, built = entry.item, entry.built
         phases.mark("scratch")
         probe.scratch.spoil()  # until it passed
-        trusted = reverify.Trusted(probe.asked, probe.trusted, "target", self.target.name)
-        probe.pending = reverify.start_in(self.repo, probe.scratch.path, item.command, built.commit,
+        trusted = verify_rerun.Trusted(probe.asked, probe.trusted, "target", self.target.name)
+        probe.pending = verify_rerun.start_in(self.repo, probe.scratch.path, item.command, built.commit,
                                           admin=probe.scratch.admin, tree=probe.tree, timeout=item.timeout,
                                           network=item.job.spec.network, trusted=trusted)
         self.runs += 1
@@ -367,7 +367,7 @@ class Queue:
         threading.Thread(target=self._watch, args=(probe,), name="subtask-land-verify", daemon=True).start()
         self.progress()
 
-    def _watch(self, probe: landwindow.Probe) -> None:
+    def _watch(self, probe: window.Probe) -> None:
         """Wait for a verify's child to end (its reading and judging are the main thread's)."""
         try:
             if probe.pending.running is not None:
@@ -377,7 +377,7 @@ class Queue:
         finally:
             self.answers.put(("done", probe))
 
-    def answered(self, probe: landwindow.Probe, entry: landwindow.Entry | None = None) -> None:
+    def answered(self, probe: window.Probe, entry: window.Entry | None = None) -> None:
         """A verify ended: its answer on its entry; a failure takes the job out of the chain (or
         cuts its batch), and the verifies after it stop."""
         entry = entry or next((e for e in self.line if e.probe is probe), None)
@@ -403,11 +403,11 @@ class Queue:
         later = self.line[self.line.index(entry) + 1:]
         for other in later:
             self.drop_probe(other)  # built on a failure: their answers would say nothing
-        if landwindow.culprit(self.line, entry):
+        if window.culprit(self.line, entry):
             entry.failing = True
         self.progress()
 
-    def drop_probe(self, entry: landwindow.Entry) -> None:
+    def drop_probe(self, entry: window.Entry) -> None:
         """End the entry's verify if it still runs (an answer it has stays: it is its state's)."""
         probe = entry.probe
         if probe is None or not probe.running:
@@ -456,7 +456,7 @@ class Queue:
                 self.line.pop(0)
                 changed = True
                 continue
-            last = landwindow.verified_prefix(self.line)
+            last = window.verified_prefix(self.line)
             if last is None:
                 break
             commit = self.line[last].built.commit
@@ -474,9 +474,9 @@ class Queue:
             changed = True
         return changed
 
-    def landing(self, entry: landwindow.Entry, line: list[landwindow.Entry], n: int, now_at: str) -> None:
+    def landing(self, entry: window.Entry, line: list[window.Entry], n: int, now_at: str) -> None:
         """One job of a prefix that moved: its outcome, its landing to record once finished."""
-        cover = landwindow.covering(line, n)
+        cover = window.covering(line, n)
         self.verdict(entry, cover)
         item, out = entry.item, entry.out
         if entry.built.kind == "already":
@@ -497,9 +497,9 @@ class Queue:
                     continue  # a batch: its end answers for it
                 self.broke(n)
                 return True
-        start, chain = self.tip, landwindow.chain_tip(self.line, self.tip)
+        start, chain = self.tip, window.chain_tip(self.line, self.tip)
         for n, entry in enumerate(self.line):
-            self.verdict(entry, landwindow.covering(self.line, n))
+            self.verdict(entry, window.covering(self.line, n))
         faults.point("land_verified")
         if move(self.repo, self.target, start, chain) != "ok":
             self.moves += 1
@@ -522,13 +522,13 @@ class Queue:
         not landed, those after it not reached."""
         entry = self.line[n]
         if not entry.judged:
-            batch = not entry.failing and not landwindow.culprit(self.line, entry)
+            batch = not entry.failing and not window.culprit(self.line, entry)
             self.verdict(entry)
             if batch:
                 entry.out.why = "its batch failed on the integrated commit (it was not verified alone: --batch)"
             _record(self.repo, entry.item)
         for before in self.line[:n]:
-            self.verdict(before, landwindow.covering(self.line, self.line.index(before)))
+            self.verdict(before, window.covering(self.line, self.line.index(before)))
             before.out.why = f"not landed: {entry.item.job.id} broke the queue"
             _record(self.repo, before.item)
         for later in self.line[n + 1:]:
@@ -583,7 +583,7 @@ class Queue:
             item.checked = (on, checks.run(self.repo, on[0], on[1], list(on[2])))
         return item.checked[1]
 
-    def verdict(self, entry: landwindow.Entry, cover: landwindow.Entry | None = None) -> None:
+    def verdict(self, entry: window.Entry, cover: window.Entry | None = None) -> None:
         """What the entry's build and verify (or the batch's that covers it) say: in its outcome,
         and in the landing its record gets (`item.entry`)."""
         item, out, built = entry.item, entry.out, entry.built
@@ -642,7 +642,7 @@ class Queue:
             item.fd = None
             if item.handed is not None:
                 before, item.handed = item.handed, None
-                landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out, after=now_at))
+                hotfix.answer(self.repo, item.job.id, self.handed_answer(before, out, after=now_at))
             phases.mark("finish")
 
     def finish_landed(self) -> None:
@@ -677,7 +677,7 @@ class Queue:
 
     # ------------------------------------------------------------ conflicts
 
-    def reconcile_now(self, entry: landwindow.Entry) -> None:
+    def reconcile_now(self, entry: window.Entry) -> None:
         """A conflict under `--reconcile`: judged (and recorded) once, then answered by a reply
         (`reconcile`); once that reply passed, the job is built again where it stands in the
         line, else the conflict as judged is its outcome (never judged a second time, on a
@@ -693,14 +693,14 @@ class Queue:
                 self.build(entry, built.onto)
 
     def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
-        """Answer a conflict with a reply to the job, on `onto` (`reconcile.prepare`); True once
+        """Answer a conflict with a reply to the job, on `onto` (`conflict_reply.prepare`); True once
         that reply ended done with its verify passed (the job is then ready to build again)."""
         repo, job = self.repo, item.job
         if not (item.trust and item.trust.owned) or self.replier is None:
             out.events.append("not reconciled: another clone's job (its branch is theirs)")
             return False
         try:
-            message = reconcile.prepare(repo, job, item.head, onto, self.target.name, built.conflicts,
+            message = conflict_reply.prepare(repo, job, item.head, onto, self.target.name, built.conflicts,
                                         out.sides.get("target", []))
         except SubtaskError as exc:
             out.events.append(f"not reconciled: {exc.message}")

@@ -149,12 +149,12 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: bool) -> None:
-    from subtask.ops.landing import reverify
+    from subtask.ops.landing import verify_rerun
 
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))
         return
-    rerun = reverify.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
+    rerun = verify_rerun.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
                                                  f"failed (exit {rerun.result.exit_code}"
                                                  + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())

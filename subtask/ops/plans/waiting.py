@@ -309,9 +309,9 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
     undo: list = []
     try:
         if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
-            from subtask.ops.running import books
+            from subtask.ops.running import spending
 
-            books.sync_ledger(repo)
+            spending.sync_ledger(repo)
         if job.spec.branch and _ensure_branch(repo, job.spec.branch, base):
             undo.append(lambda: _delete_branch(repo, job.spec.branch, base))
         records.set_pin(repo, job.id, "base", base)
@@ -369,9 +369,9 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
         rid = job.state.current.rid
         paid = bool(rid) and get_engine(job.spec.engine, repo.config).paid
         if paid:
-            from subtask.ops.running import books
+            from subtask.ops.running import spending
 
-            books.sync_ledger(repo)
+            spending.sync_ledger(repo)
             # A ledger rebuilt from the records since (a lost state folder) opened it already.
             paid = not any(r.rid == rid for r in ledger.open_reservations(repo.state_dir))
         try:
