@@ -321,7 +321,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
             assert zygote.start() is not None
             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # no fork from here
             os.environ["AWS_PROFILE"] = "zygote-55aa"
-            from subtask import api; from subtask.ops import lifecycle
+            from subtask import api; from subtask.ops.running import lifecycle
             repo = api.repo_at(".")
             api.list_jobs(repo)  # reaps A, hands B its slot through the zygote
             print(lifecycle.read_pids(repo.state_dir, os.environ["JOB"]).get("worker"))
