@@ -56,6 +56,7 @@ SESSION = [
     ("git subtask land $J4 $J5 $J6; echo \"exit $?\"", True),
     ("git subtask du", True),
     ("git subtask cleanup $J1", True),
+    ("git subtask pool", False),  # sizes on disk are the file system's
     ("git subtask install all --scope project --dry-run", True),
     ("git subtask spend", False),
     ("git subtask engines", False),

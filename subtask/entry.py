@@ -1,11 +1,13 @@
 """The console script `git-subtask`: the CLI, in this process.
 
-A Ctrl-C is exit 130 and never a traceback, wherever it lands from the first line of `main` on:
-while the CLI is still being imported (the script's own `from subtask.faces.cli import main` would
-print one), while the command runs, while it unwinds, and once it is over. Before that first line
-it is Python's own start-up (`site`), which no code of ours can reach. No process is left behind
-after a call (a warm command server used to be, on by default: it is gone, docs/architecture.md
-says why).
+A command of the registry (`faces/commands`: start, wait, list, status, show, result, cleanup)
+runs without click when its command line is one the registry's parser is sure of; every other
+command line goes to the click CLI. A Ctrl-C is exit 130 and never a traceback, wherever it lands
+from the first line of `main` on: while the CLI is still being imported (the script's own
+`from subtask.faces.cli import main` would print one), while the command runs, while it unwinds,
+and once it is over. Before that first line it is Python's own start-up (`site`), which no code
+of ours can reach. No process is left behind after a call (a warm command server used to be, on
+by default: it is gone, docs/architecture.md says why).
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ def main() -> None:
             errors = loaded  # the `finally` below knows it was imported
             loaded.interrupt_once()  # a second Ctrl-C (git passes it on again) changes nothing
             faults.point("cli_start")
+            from subtask.faces import commands
+
+            found = commands.find(sys.argv[1:])
+            if found is not None or sys.argv[1:] == ["--version"]:
+                _man_page()
+                faults.point("cli_dispatch")  # as the click CLI's: loaded, the command not yet run
+                if found is None:
+                    commands.version()  # exits
+                else:
+                    commands.call(*found)  # exits
             from subtask.faces.cli import main as cli_main
 
             cli_main()
@@ -42,3 +54,17 @@ def main() -> None:
     if errors is not None:
         errors.exit_if_interrupted()
     sys.exit(code)
+
+
+def _man_page() -> None:
+    """The man page beside the console script, written when missing (`manpage.ensure_installed`;
+    the click CLI does it on each of its calls): one stat when it is there."""
+    import os
+
+    script = sys.argv[0] if sys.argv else ""
+    page = os.path.join(sys.prefix, "share", "man", "man1", "git-subtask.1")
+    if os.path.isabs(script) and os.path.dirname(script) == os.path.join(sys.prefix, "bin") \
+            and not os.path.exists(page):
+        from subtask.faces import cli, manpage
+
+        manpage.ensure_installed(cli.cli)

@@ -52,7 +52,7 @@ def paid_engine_guard(tmp_path_factory, monkeypatch, request):
         exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{guard_dir}{os.pathsep}{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
     for var in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY",
-                "CODEX_API_KEY", "SUBTASK_FAULT", "SUBTASK_DEPTH", "SUBTASK_REPO"):
+                "CODEX_API_KEY", "SUBTASK_FAULT", "SUBTASK_FAULT_RAISE", "SUBTASK_DEPTH", "SUBTASK_REPO"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", BLACKHOLE)
     monkeypatch.setenv("OPENAI_BASE_URL", BLACKHOLE)
@@ -159,7 +159,15 @@ def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "initial commit")
     git(path, "config", "subtask.engine", "shell")
+    no_pool(path)
     return path
+
+
+def no_pool(path: Path) -> None:
+    """No worktree pool: jobs check out their own, as before it existed. Tests compare what git
+    lists before and after a job, and a pool refill beside the job adds a worktree (or, ended at
+    the job's end, debris); tests/test_pool.py tests the pool, on by default."""
+    git(path, "config", "subtask.pool", "0")
 
 
 def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
@@ -175,6 +183,7 @@ def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
         path = tmp_path / name
         git(tmp_path, "clone", "-q", str(remote), str(path))
         git(path, "config", "subtask.engine", "shell")
+        no_pool(path)
         clones.append((path, Cli(path)))
     return remote, clones
 

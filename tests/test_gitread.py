@@ -34,12 +34,15 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     readers = {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
     specs = [tip, f"{tip}:spec.json", f"{tip}:nothere.json", blob, f"{blob}:spec.json", "12" * 20,
              f"{head}:sub", f"{head}:sub/f.txt", "HEAD", f"{tip}:spec.json\n{tip}", ""]
+    base = git(repo, "rev-parse", "HEAD")
+    pairs = [(base, head), (head, base), (head, head), (base, "12" * 20), (tip, head)]
     answers = {name: (r.refs("refs/subtask/"), [r.ref(n) for n in (record_ref(job), "refs/subtask/st-0000000c/record",
                                                                      "refs/subtask/st-0000000d/record", "refs/nope")],
-                      r.read(specs))
+                      r.read(specs), [r.is_ancestor(a, d) for a, d in pairs])
                for name, r in readers.items()}
     assert answers["git"] == answers["pygit2"]
-    refs, single, read = answers["git"]
+    refs, single, read, ancestry = answers["git"]
+    assert ancestry == [True, False, True, False, False]
     by_name = {ref.name: ref for ref in refs}
     assert by_name[record_ref(job)] == gitobjects.Ref(record_ref(job), tip)
     assert by_name["refs/subtask/st-0000000b/record"].target == blob
@@ -72,7 +75,7 @@ def test_reading_commands_never_import_pygit2(repo, cli, no_pygit2):
     cli.ok("wait", job)
     cli.ok("list")  # the first list of a repository sweeps for landed jobs, which may use pygit2
     for args in (("list",), ("list", "--all"), ("status",), ("status", job), ("show", job), ("show", job[:6]),
-                 ("show", job, "--json"), ("result", job), ("wait", job), ("spend",)):
+                 ("show", job, "--json"), ("result", job), ("wait", job), ("spend",), ("cleanup", job, "--dry-run")):
         guarded = cli(*args, env=no_pygit2)
         assert guarded.returncode == 0 and "Traceback" not in guarded.stderr, (args, guarded.stderr)
         plain = cli(*args)

@@ -22,7 +22,7 @@ PACKAGE = ROOT / "subtask"
 
 # ---------------------------------------------------------------- the code reads only the table
 
-READERS = {"get", "number", "integer", "flag", "choice", "remember", "config", "_config", "_key"}
+READERS = {"get", "number", "integer", "size", "flag", "choice", "remember", "config", "_config", "_key"}
 KEY_TEXT = re.compile(r"(?<![\w/.-])subtask\.([A-Za-z][\w<>]*(?:\.[\w<>-]+)*)")
 
 
@@ -92,7 +92,8 @@ def test_the_scan_sees_the_reads_it_must_see():
     keys = {key for path in PACKAGE.rglob("*.py") for _, key in keys_read(path)}
     for expected in ("stallAfter", "git.checks", "landTarget", "engine.<name>.command",
                      "engine.<name>.costPattern", "engine.codex.sandbox", "engine.claude.cliPath",
-                     "isolation.writable", "ray.env", "engine.<name>.exclude", "sign", "cloneId"):
+                     "isolation.writable", "ray.env", "engine.<name>.exclude", "sign", "cloneId", "pool",
+                     "poolMaxBytes"):
         assert expected in keys, expected
 
 
@@ -161,6 +162,8 @@ BAD = [
     ("engine", "nosuchengine"),
     ("cloneId", "mine"),
     ("ray.resources", "[1, 2]"),
+    ("pool", "-1"),
+    ("poolMaxBytes", "2 GB"),
 ]
 
 

@@ -8,6 +8,7 @@ folders never import each other both ways. Its names are re-exported here for th
 
 from subtask.model.executors import (
                                      EXECUTORS,
+                                     FEATURES,
                                      REGISTRY,
                                      Elsewhere,
                                      Executor,
@@ -20,5 +21,5 @@ from subtask.model.executors import (
                                      runs_remotely,
 )
 
-__all__ = ["EXECUTORS", "Elsewhere", "Executor", "REGISTRY", "choose", "elsewhere", "of", "of_entry",
+__all__ = ["EXECUTORS", "FEATURES", "Elsewhere", "Executor", "REGISTRY", "choose", "elsewhere", "of", "of_entry",
            "placement", "ray_job_id", "runs_remotely"]

@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,7 +47,8 @@ from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import config, money
-from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.model.errors import SubtaskError
+from subtask.model.transaction import Transaction
 from subtask.ops.running import lifecycle, notify, spending
 from subtask.ops.sharing import sync
 from subtask.state import ledger, liveness
@@ -181,36 +183,36 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     """Create branch, base pin and record, reserve, push, submit; undo it all on any failure."""
     state_dir = repo.state_dir
     lock_fd = liveness.acquire(state_dir, job.id, new=True)  # settle passes over a job whose start is under way
-    undo: list = []
-    try:
+    with Transaction() as tx:
+        tx.then = lambda: _drop_lock(state_dir, job.id, lock_fd)
         if paid:
             spending.sync_ledger(repo)
         if job.spec.branch:
             records.create_branch(repo, job.spec.branch, job.spec.base)
-            undo.append(lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
+            tx.done("after_branch", lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
         records.set_pin(repo, job.id, "base", job.spec.base)
-        undo.append(lambda: records.delete(repo, job.id))
+        tx.done("start_pinned", lambda: records.delete(repo, job.id))
         records.create(repo, job)
-        _reserve_push_submit(repo, job, paid, where, undo)
-    except BaseException:
-        try:
-            undo_uninterrupted(undo)
-        finally:
-            liveness.release(lock_fd)
-            liveness.lock_path(state_dir, job.id).unlink(missing_ok=True)
-        raise
+        tx.done("start_job_recorded")
+        _reserve_push_submit(repo, job, paid, where, tx)
     liveness.release(lock_fd)
     return job
 
 
-def _reserve_push_submit(repo: Repo, job: Job, paid: bool, where: Target, undo: list) -> None:
-    """The hand-over of a recorded attempt: its money, its refs on the remote, the Ray job. Each
-    step adds its undo to `undo` (the caller runs them on a failure)."""
+def _drop_lock(state_dir: Path, job_id: str, lock_fd: int | None) -> None:
+    """A start undone: its run-lock let go, and its file gone (no job of that id exists)."""
+    liveness.release(lock_fd)
+    liveness.lock_path(state_dir, job_id).unlink(missing_ok=True)
+
+
+def _reserve_push_submit(repo: Repo, job: Job, paid: bool, where: Target, tx: Transaction) -> None:
+    """The hand-over of a recorded attempt: its money, its refs on the remote, the Ray job, each
+    a step of the caller's start transaction."""
     if paid:
         rid = reserve(repo, job)
-        undo.append(lambda: ledger.close(repo.state_dir, rid, 0.0, reason="start undone"))
+        tx.done("start_reserved", lambda: ledger.close(repo.state_dir, rid, 0.0, reason="start undone"))
     pushed = _push_start(repo, where, job.id)
-    undo.append(lambda: _unpush(repo, where.url, pushed))
+    tx.done("start_pushed", lambda: _unpush(repo, where.url, pushed))
     _submit(repo, job, where)
 
 
@@ -658,12 +660,8 @@ def hand_over(repo: Repo, job: Job, paid: bool) -> None:
     branch at the base it starts from (`ops/plans`): reserve, push, submit; undone on a failure."""
     where = _target_of(job)
     client(where.address)
-    undo: list = []
-    try:
-        _reserve_push_submit(repo, job, paid, where, undo)
-    except BaseException:
-        undo_uninterrupted(undo)
-        raise
+    with Transaction() as tx:
+        _reserve_push_submit(repo, job, paid, where, tx)
 
 
 def reply(repo: Repo, job: Job, attempt, paid: bool) -> Job:
@@ -688,16 +686,14 @@ def reply(repo: Repo, job: Job, attempt, paid: bool) -> Job:
 
     if paid:
         spending.sync_ledger(repo)
-    job = records.update(repo, job.id, append)
-    undo: list = [lambda: _drop_attempt(repo, job.id, attempt.n)]
-    try:
+    with Transaction() as tx:
+        job = records.update(repo, job.id, append)
+        tx.done("start_job_recorded", lambda: _drop_attempt(repo, job.id, attempt.n))
         if paid:
             rid = reserve(repo, job)
-            undo.append(lambda: ledger.close(repo.state_dir, rid, 0.0, reason="reply undone"))
+            tx.done("start_reserved", lambda: ledger.close(repo.state_dir, rid, 0.0, reason="reply undone"))
         _push_record(repo, where, job.id)
-    except BaseException:
-        undo_uninterrupted(undo)
-        raise
+        tx.done("start_pushed")
     try:
         _submit(repo, job, where, pinned)
     except SubtaskError:  # the remote holds the attempt now: it ends failed, nothing ran, nothing charged

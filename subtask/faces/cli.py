@@ -19,52 +19,14 @@ import sys
 import click
 
 from subtask import __version__
-from subtask.model.errors import EXIT_FATAL, EXIT_NEGATIVE, EXIT_USAGE, SubtaskError, from_os_error
+from subtask.faces import commands, output
+from subtask.model.errors import EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-
-def echo(text: str = "", err: bool = False, nl: bool = True) -> None:
-    """Print text for a person: control characters made visible (`render.safe`), since jobs carry
-    text from models and teammates; the faces print nothing any other way (JSON: `_emit_json`)."""
-    from subtask.words import safe
-
-    click.echo(safe(str(text)), err=err, nl=nl)
-
-
-def _emit_json(obj) -> None:
-    from subtask.words import json_text
-
-    click.echo(json_text(obj, indent=2, sort_keys=False))  # amounts as numbers, the rest as text
-
-
-def _repo():
-    from subtask import api
-
-    return api.repo_at(os.environ.get("SUBTASK_REPO") or None)
-
-
-TTY_ENV = "SUBTASK_TTY"  # "1": treat stdout and stderr as a terminal (tests cannot easily give one)
-
-
-def on_terminal(stream=None) -> bool:
-    """Whether a person reads `stream` (default stdout). Words only a person needs ("no jobs",
-    what a sweep removed) go to a terminal only: a script piping the output sees what it always saw."""
-    if os.environ.get(TTY_ENV) == "1":
-        return True
-    stream = stream or sys.stdout
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _say_nothing(text: str) -> None:
-    """The one line a command says when it has nothing to show: on stdout for a person at a
-    terminal, else on stderr, so a script reading stdout sees what it always saw (nothing) and
-    whoever reads the rest (a harness, an agent) still learns that there was nothing."""
-    echo(text, err=not on_terminal())
-
+# One way to print and one error path, shared with the commands that run without click.
+echo, _emit, _emit_json, _emit_lines = output.echo, output.emit, output.emit_json, output.emit_lines
+_repo, on_terminal, TTY_ENV = output.repo, output.on_terminal, output.TTY_ENV
 
 PROGRESS_ENV = "SUBTASK_PROGRESS"  # "json": progress as JSON lines on stderr (the MCP `land` tool reads them)
 
@@ -91,30 +53,6 @@ def _land_progress():
     return live
 
 
-def _emit(reply, as_json: bool = False) -> None:
-    """Print a `replies.Reply`: its JSON, or its text (its `nothing` on a terminal when it has
-    none) and its notes on stderr; then exit with its code when that is not 0."""
-    if as_json:
-        _emit_json(reply.data)
-    else:
-        if reply.text:
-            echo(reply.text)
-        elif reply.nothing:
-            _say_nothing(reply.nothing)
-        for note in reply.notes:
-            echo(note, err=True)
-    if reply.exit_code:
-        sys.exit(reply.exit_code)
-
-
-def _emit_lines(lines: list[str], as_json: bool, nothing: str | None = None, **facts) -> None:
-    """Text commands that report what they did: one line each, or `{"v": 1, "lines": [...], ...}`;
-    `nothing` is said on a terminal when there is no line."""
-    from subtask.faces import replies
-
-    _emit(replies.report(lines, nothing, **facts), as_json)
-
-
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, "--version", prog_name="git-subtask", message="%(prog)s %(version)s")
 def cli() -> None:
@@ -122,6 +60,39 @@ def cli() -> None:
 
     Review with plain git: git log --notes=subtask
     """
+
+
+def declared(command: commands.Command) -> click.Command:
+    """The click command for one of the registry's (`faces/commands`): the same words, arguments
+    and options, and the same `run` behind them."""
+    params: list[click.Parameter] = []
+    for p in command.params:
+        if p.is_argument:
+            params.append(click.Argument([p.name], metavar=p.metavar, required=p.required,
+                                         nargs=-1 if p.nargs == commands.NARGS_ANY else 1))
+            continue
+        decls = [*p.flags, p.name]
+        if p.is_flag:
+            params.append(click.Option(decls, is_flag=True, help=p.help))
+            continue
+        kind = click.Choice(p.choices) if p.choices else click.IntRange(min=p.minimum) \
+            if p.minimum is not None else p.kind
+        if p.multiple:  # repeatable; none given is the default (None), not ()
+            params.append(click.Option(decls, type=kind, multiple=True, metavar=p.metavar, help=p.help,
+                                       callback=lambda ctx, param, value: list(value) or None))
+            continue
+        params.append(click.Option(decls, type=kind, default=p.default, metavar=p.metavar,
+                                   show_default=p.show_default, help=p.help))
+
+    def callback(**values):
+        commands.call_here(command, values)
+
+    return click.Command(command.name, context_settings=CONTEXT, callback=callback, params=params,
+                         help=command.help)
+
+
+for _command in commands.COMMANDS.values():
+    cli.add_command(declared(_command))
 
 
 def start_options(command, options=None):
@@ -146,27 +117,6 @@ def start_options(command, options=None):
         command = click.option(*decls, type=kind, default=option.default, metavar=option.metavar,
                                show_default=option.show_default, help=option.help_for("cli"))(command)
     return command
-
-
-@cli.command(context_settings=CONTEXT)
-@start_options
-@click.option("--json", "as_json", is_flag=True, help="print the job (or the group) as JSON")
-def start(as_json, **options):
-    """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
-
-    TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
-    standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
-    The job runs in its own worktree, from a commit, at the top of the repository: a note on
-    stderr says when your uncommitted changes, the folder you are in or the base's submodules are
-    not in it.
-    """
-    from subtask import api
-    from subtask.faces import replies
-
-    if options["task"] == "-":
-        options["task"] = sys.stdin.read()
-    started = api.launch(_repo(), api.StartRequest(**options))
-    _emit(replies.started(started), as_json)
 
 
 def _map_options(command):
@@ -226,69 +176,6 @@ def reply(job_id, message, max_usd, timeout, as_json):
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("ids", nargs=-1, required=True)
-@click.option("--any", "any_", is_flag=True, help="return when the first job ends")
-@click.option("--timeout", type=float,
-              help="give up after this many seconds (exit 1); 0: look once")
-@click.option("--since", metavar="CURSOR", help="answer the events after CURSOR (0: from the beginning) as soon as "
-              "there is one, and the cursor after them")
-@click.option("--json", "as_json", is_flag=True)
-def wait(ids, any_, timeout, since, as_json):
-    """Block until the jobs end, or one stalls; print one line per job.
-
-    A job whose engine has said nothing for subtask.stallAfter seconds (default 600) is stalled:
-    wait returns on it, naming it (it goes on running). A group id (sg-...), alone or beside job
-    ids, waits until its members end and says its pick. Exit 0 when every job ended done with
-    verify passed (or no verify) and every group has a passing pick; 1 otherwise.
-
-    With --since CURSOR, wait answers as soon as a job has an event after the cursor (a state
-    change, a stall mark set or cleared, a line of progress), with every such event, the jobs'
-    lines and `cursor: ...`: pass that cursor to the next wait --since and no event is missed or
-    told twice. Exit codes as without it (1 while a job still runs).
-    """
-    from subtask import api
-    from subtask.faces import replies
-
-    repo = _repo()
-    waited = api.wait_ids(repo, list(ids), timeout=timeout, any_=any_, since=since)
-    _emit(replies.waited_any(repo, waited, timeout), as_json)
-
-
-@cli.command("list", context_settings=CONTEXT)
-@click.option("--state", help="waiting, queued, running, done, failed, stopped, skipped, active or ended")
-@click.option("--all", "include_all", is_flag=True, help="every job, landed ones too, with no limit")
-@click.option("--limit", "-n", type=click.IntRange(min=1), help="at most this many finished jobs (default 50)")
-@click.option("--json", "as_json", is_flag=True)
-def list_(state, include_all, limit, as_json):
-    """One line per job: id, state, verify, age, cost, engine, task (newest first).
-
-    Active jobs always show; finished ones up to the limit; landed ones only with --all.
-    """
-    from subtask import api
-    from subtask.faces import replies
-
-    repo = _repo()
-    listing = api.list_jobs(repo, state=state, include_all=include_all, limit=limit)
-    reply = replies.listed(repo, api.list_groups(repo, listing.jobs), listing, state=state, unfold=include_all,
-                           facts=as_json)
-    if as_json:  # the words print the sweep's lines as notes (stderr: stdout stays the listing)
-        for line in listing.swept:
-            echo(line, err=True)
-    _emit(reply, as_json)
-
-
-@cli.command(context_settings=CONTEXT)
-@click.argument("job_id", metavar="ID", required=False)
-@click.option("--json", "as_json", is_flag=True)
-def status(job_id, as_json):
-    """What a job (default: every active job) is doing now: state, queue position, latest activity."""
-    from subtask import api
-    from subtask.faces import replies
-
-    _emit(replies.status(api.status(_repo(), job_id)), as_json)
-
-
-@cli.command(context_settings=CONTEXT)
-@click.argument("ids", nargs=-1, required=True)
 @click.option("--timeout", type=float, help="stop watching after this many seconds (exit 1)")
 def watch(ids, timeout):
     """Show live progress of jobs until they end: elapsed, state, latest activity per job.
@@ -325,28 +212,6 @@ def watch(ids, timeout):
     for job in result.jobs:
         click.echo(("\x1b[K" if live else "") + render.one_line(job))
     sys.exit(0 if result.all_passed else EXIT_NEGATIVE)
-
-
-@cli.command(context_settings=CONTEXT)
-@click.argument("job_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--log", "show_log", is_flag=True, help="print the worker's log too")
-def show(job_id, as_json, show_log):
-    """The record of a job: spec, state, attempts, evidence, summary."""
-    from subtask import api
-    from subtask.faces import replies
-
-    repo = _repo()
-    if _is_group(job_id):
-        _emit(replies.shown_group(repo, api.get_group(repo, job_id)), as_json)
-        return
-    job = api.get(repo, job_id)
-    _emit(replies.shown(repo, job, api.queue_position(repo, job.id)), as_json)
-    if show_log and not as_json:
-        from subtask.state import paths
-
-        log = paths.log_file(repo.state_dir, job.id)
-        echo("\nworker log:\n" + (log.read_text(errors="replace") if log.exists() else "(none)"))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -391,22 +256,6 @@ def log(job_id, as_json, max_bytes):
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("job_id", metavar="ID")
-@click.option("--full", is_flag=True, help="the whole summary, not the first 10 lines")
-@click.option("--evidence", "--json", "evidence", is_flag=True, help="print the evidence envelope as JSON")
-def result(job_id, full, evidence):
-    """The job's one-line status and summary; exit 1 unless it is done with verify passed."""
-    from subtask import api
-    from subtask.faces import replies
-
-    repo = _repo()
-    if _is_group(job_id):
-        _emit(replies.group_result(repo, api.get_group(repo, job_id)), evidence)
-    else:
-        _emit(replies.result(repo, api.get(repo, job_id), full=full), evidence)
-
-
-@cli.command(context_settings=CONTEXT)
-@click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True)
 def stop(job_id, as_json):
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
@@ -418,32 +267,6 @@ def stop(job_id, as_json):
         _emit(replies.stopped_group(repo, api.stop_group(repo, job_id)), as_json)
     else:
         _emit(replies.stopped(api.stop(repo, job_id)), as_json)
-
-
-@cli.command(context_settings=CONTEXT)
-@click.argument("job_id", metavar="[ID]", required=False)
-@click.option("--merged", is_flag=True, help="every job that landed: record it, remove its clean worktree, delete its branch")
-@click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
-@click.option("--quiet", "-q", is_flag=True, help="print nothing (for the post-merge hook)")
-@click.option("--json", "as_json", is_flag=True)
-def cleanup(job_id, merged, dry_run, quiet, as_json):
-    """Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job.
-
-    Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
-    work is in the current branch (merged, fast-forwarded, squashed or rebased) and
-    subtask.deleteLandedBranches is true (the default). `cleanup ID` also deletes the job's
-    branch when it has no commits beyond its base (a job stopped or failed before committing);
-    the record and pins stay, and a reply recreates the branch.
-    """
-    from subtask import api
-
-    if merged == bool(job_id):
-        raise click.UsageError("give a job ID or --merged (not both)")
-    repo = _repo()
-    lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
-    if not quiet:
-        _emit_lines(lines, as_json, nothing="nothing to clean up: no landed jobs left anything" if merged else None,
-                    dry_run=dry_run)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -605,6 +428,35 @@ def gc(dry_run, older_than, as_json):
 
     _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json,
                 nothing="nothing to collect", dry_run=dry_run)
+
+
+@cli.group(context_settings=CONTEXT, invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def pool(ctx, as_json):
+    """The pool of ready worktrees: how many (of subtask.pool), at which commits, their disk.
+
+    A job's worker takes one (rewriting only the files that differ from the job's base) and
+    refills the pool in the background of that job; a landed or cleaned-up job's clean worktree
+    comes back to it, emptied of every untracked and ignored file. gc empties it.
+    """
+    if ctx.invoked_subcommand is None:
+        from subtask import api
+        from subtask.faces import replies
+
+        _emit(replies.pool(api.pool_status(_repo())), as_json)
+
+
+@pool.command("fill", context_settings=CONTEXT)
+@click.argument("count", type=click.IntRange(min=0), required=False, metavar="[N]")
+@click.option("--json", "as_json", is_flag=True)
+def pool_fill(count, as_json):
+    """Fill the pool now to N ready worktrees (default subtask.pool) at HEAD, within subtask.poolMaxBytes."""
+    from subtask import api
+    from subtask.faces import replies
+
+    made, status = api.pool_fill(_repo(), count)
+    _emit(replies.pool(status, made), as_json)
 
 
 @cli.group(context_settings=CONTEXT)
@@ -911,39 +763,21 @@ def complete_words(words):
     echo("\n".join(candidates(cli, list(words), job_ids, engines)))
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings (a damaged record skipped) read like git's: `warning: ...`, no file and line."""
-    echo(f"warning: {message}", err=True)
-
-
-def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
-    """A worker in a child forked from this process (`subtask.proc.spawn`): imported only there."""
-    from subtask.worker import attempt as worker
-
-    return worker.run_detached(job_id, root, lock_fd)
-
-
-def _exit_with(exc: SubtaskError) -> None:
-    echo(f"error: {exc.message}", err=True)
-    if exc.hint:
-        echo(f"hint: {exc.hint}", err=True)
-    sys.exit(exc.exit_code)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI with git's exit codes and one error path."""
-    import warnings
-
+    """Entry point: run the CLI with git's exit codes and one error path (`output.guarded`)."""
     from subtask.faces import manpage
     from subtask.model import faults
-    from subtask.model.errors import INTERRUPTED, interrupt_once
-    from subtask.proc import spawn
+    from subtask.model.errors import interrupt_once
 
     interrupt_once()
-    spawn.use_worker_main(_run_worker)  # the CLI is single-threaded: its workers are forked
-    warnings.showwarning = _show_warning
+    output.prepare()
     manpage.ensure_installed(cli)
     faults.point("cli_dispatch")
+    output.guarded(lambda: _click_main(argv))
+
+
+def _click_main(argv: list[str] | None) -> None:
+    """click's own failures in git's words: a usage error exits 129 with the usage."""
     try:
         cli.main(args=argv, prog_name="git subtask", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -958,20 +792,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(130)
-    except SubtaskError as exc:
-        _exit_with(exc)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    except Exception as exc:
-        if INTERRUPTED:  # raised while a Ctrl-C unwound the command (a lock it left released)
-            sys.exit(130)
-        if os.environ.get("SUBTASK_DEBUG"):
-            raise
-        said = from_os_error(exc) if isinstance(exc, OSError) else None
-        if said is not None:
-            _exit_with(said)
-        echo(f"error: unexpected {type(exc).__name__}: {exc} (run again with SUBTASK_DEBUG=1 for details)", err=True)
-        sys.exit(EXIT_FATAL)
-    sys.exit(0)

@@ -56,8 +56,8 @@ def run(path: str | os.PathLike | None = None) -> Report:
         return Report(checks)
     checks.append(Check("repository", "ok", f"{repo.root} (git dir {repo.common_dir})"))
     for check in (check_settings, check_hooks, check_notes_config, check_state_dir, check_damaged_records,
-                  check_records, check_slots, check_worktrees, check_engines, check_isolation, check_provenance,
-                  check_clients):
+                  check_records, check_slots, check_worktrees, check_pool, check_engines, check_isolation,
+                  check_provenance, check_clients):
         try:
             checks.append(check(repo))
         except Exception as exc:  # a broken check must not hide the others
@@ -265,7 +265,24 @@ def check_worktrees(repo) -> Check:
         steps.append("git worktree prune")
     if problems:
         return Check("worktrees", "warn", "; ".join(problems), steps)
-    return Check("worktrees", "ok", f"{sum(1 for p in registered if p.startswith(str(root)))} job worktrees")
+    jobs = [p for p in registered if p.startswith(str(root) + os.sep) and not p.startswith(str(root / ".pool"))]
+    return Check("worktrees", "ok", f"{len(jobs)} job worktrees")
+
+
+def check_pool(repo) -> Check:
+    from subtask.git import pool
+    from subtask.words import short, size
+
+    status = pool.status(repo)
+    said = (f"{len(status.entries)} of {status.target} ready worktrees, {size(status.bytes)} of "
+            f"{size(status.max_bytes)}" + (f", at {', '.join(sorted({short(e.commit) for e in status.entries}))}"
+                                           if status.entries else ""))
+    if status.debris:
+        return Check("pool", "warn", f"{said}; {status.debris} half-made (a filler was killed)",
+                     ["git subtask pool fill   # removes them, then fills", "git subtask gc   # or empties the pool"])
+    if status.bytes > status.max_bytes:
+        return Check("pool", "warn", f"{said}: more than subtask.poolMaxBytes", ["git subtask gc"])
+    return Check("pool", "ok", said + ("" if status.target else " (subtask.pool is 0: jobs check out their own)"))
 
 
 def check_engines(repo) -> Check:

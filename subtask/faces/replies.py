@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from subtask import words as render
 from subtask.model.job import VerifyResult
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass
@@ -167,8 +170,8 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
 
 def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
     """List rows with each group's members folded under one group line (`unfold`: shown under it)."""
-    from subtask.ops.plans import groups
-
+    if found_groups:
+        from subtask.ops.plans import groups
     lines, shown = [], set()
     for entry in entries:
         gid = entry.get("group")
@@ -368,6 +371,23 @@ def stopped_group(repo, group) -> Reply:
 def report(lines: list[str], nothing: str | None = None, **facts: Any) -> Reply:
     """Commands that report what they did (cleanup, gc): one line each."""
     return Reply("\n".join(lines), {"v": 1, **facts, "lines": lines}, nothing=nothing)
+
+
+def pool(status, made: list | None = None) -> Reply:
+    """`pool` (and `pool fill`): how many ready worktrees of how many wanted, their disk of the
+    bound, one line each (its commit, size, age); `made`: what `pool fill` made."""
+    lines = []
+    if made is not None:
+        lines.append(f"made {len(made)} pooled worktree{'s' if len(made) != 1 else ''}"
+                     + (f" at {render.short(made[0].commit)}" if made else ""))
+    lines.append(f"pool: {len(status.entries)} of {status.target} ready worktrees (subtask.pool), "
+                 f"{render.size(status.bytes)} of {render.size(status.max_bytes)} (subtask.poolMaxBytes)"
+                 + (f"; {status.debris} half-made, removed by the next fill or gc" if status.debris else ""))
+    now = time.time()
+    lines += [f"  {entry.name}  {render.short(entry.commit)}  {render.size(entry.bytes):>10}  "
+              f"made {render.duration(now - entry.made)} ago" for entry in status.entries]
+    data = status.to_dict() | ({"made": [e.to_dict() for e in made]} if made is not None else {})
+    return Reply("\n".join(lines), data)
 
 
 def spend(summary, all_clones: bool) -> Reply:

@@ -19,20 +19,23 @@ Invariants:
 
 from __future__ import annotations
 
-import random
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JOB_ID_RE
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
 
 
 @dataclass(frozen=True)
@@ -161,4 +164,6 @@ def update(repo: Repo, name: str, *, owner: str, what: str, load: Callable[[], t
         raced += 1
         if raced >= attempts:
             raise SubtaskError("fatal", f"could not update the record of {what}: too much contention")
+        import random  # only when writers race: never on a reading command's path
+
         time.sleep(min(0.05, 0.001 * raced) * random.random())

@@ -36,10 +36,10 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask.model.errors import SubtaskError
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     import pygit2
 
@@ -157,6 +157,14 @@ class GitObjects:
         commit = proc.stdout.strip()
         return commit if proc.returncode == 0 and commit else None
 
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        """Does `descendant` carry `ancestor` (itself included)? False when either is unknown."""
+        if ancestor == descendant:
+            return True
+        proc = subprocess.run([*self._base, "merge-base", "--is-ancestor", ancestor, descendant],
+                              capture_output=True, stdin=subprocess.DEVNULL, check=False)
+        return proc.returncode == 0
+
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None, must_sign: bool = False) -> str:
         import tempfile  # only a writing command pays its import (shutil, random)
@@ -271,6 +279,16 @@ class Pygit2Objects:
             return str(self._git.revparse_single(rev).peel(pygit2.Commit).id)
         except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
             return None
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        import pygit2
+
+        if ancestor == descendant:
+            return True
+        try:
+            return self._git.descendant_of(descendant, ancestor)
+        except (KeyError, ValueError, pygit2.GitError):
+            return False
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None, must_sign: bool = False) -> str:

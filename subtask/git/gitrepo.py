@@ -22,12 +22,14 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.model.errors import SubtaskError
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     import pygit2
 
     from subtask.git.gitobjects import GitObjects, Pygit2Objects

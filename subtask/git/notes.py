@@ -28,7 +28,7 @@ from subtask.words import note_block
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from subtask.git.signing import Provenance
+    from subtask.model.provenance import Provenance
 
 
 def lock_path(repo: Repo) -> Path:

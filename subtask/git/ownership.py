@@ -26,13 +26,12 @@ Invariants:
 from __future__ import annotations
 
 import re
-import secrets
-from typing import TYPE_CHECKING
 
 from subtask.git.gitrepo import Repo, git
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     import pygit2
 
@@ -76,6 +75,8 @@ def ensure_clone_id(repo: Repo) -> str:
             if current:
                 raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
                                    hint="git config --local --unset subtask.cloneId  (a new one is made at the next start)")
+            import secrets  # once per clone: never on a reading command's path
+
             current = "c-" + secrets.token_hex(8)
             local.set("subtask.cloneId", current)
     repo.config.remember("cloneId", current)

@@ -328,6 +328,19 @@ def create_branch(repo: Repo, branch: str, commit: str) -> None:
         raise SubtaskError("fatal", f"cannot create the branch {branch}: it {why}", hint=f"git branch --list {branch}")
 
 
+def create_start_refs(repo: Repo, job_id: str, branch: str | None, base: str) -> None:
+    """A new job's branch (None: a read-only job has none) and base pin at `base`, in one ref
+    transaction: both or neither (a fatal error when either exists or is being written)."""
+    updates: list[tuple[str, str | None, str | None]] = [(pin_ref(job_id, "base"), None, base)]
+    if branch is not None:
+        updates.insert(0, (f"refs/heads/{branch}", None, base))
+    outcome = repo.objects.update_refs(updates, f"branch: Created from {base}")
+    if outcome != "ok":
+        why = "already exists" if outcome == "moved" else "is locked by another git process"
+        raise SubtaskError("fatal", f"cannot create the branch {branch or pin_ref(job_id, 'base')}: it {why}",
+                           hint=f"git branch --list {branch}" if branch else None)
+
+
 def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
     name = pin_ref(job_id, which)
     ref = repo.objects.ref(name)

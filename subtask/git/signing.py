@@ -27,12 +27,12 @@ import hashlib
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
+from subtask.model.provenance import UNSIGNED, Provenance  # noqa: F401  (the names callers use)
 
 STATUS = {"G": "good", "U": "untrusted", "B": "bad", "X": "expired", "Y": "expired", "R": "revoked",
           "E": "unverifiable", "N": "unsigned"}
@@ -41,43 +41,6 @@ KEY_HINT = ("git config user.signingKey ~/.ssh/id_ed25519.pub; git config gpg.fo
             "(or: git config subtask.sign auto)")
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """What git says of one commit's signature, here."""
-
-    status: str  # unsigned | good | untrusted | bad | expired | revoked | unverifiable
-    signer: str = ""  # the principal (ssh: from the allowed-signers file) or the key's user id
-    key: str = ""  # the key's fingerprint
-    trust: str = ""  # git's trust level (%GT)
-
-    @property
-    def trusted(self) -> bool:
-        return self.status == "good"
-
-    @property
-    def signed(self) -> bool:
-        return self.status != "unsigned"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"v": 1, "status": self.status, "trusted": self.trusted, "signer": self.signer, "key": self.key}
-
-    def words(self) -> str:
-        """One phrase, as `show`, the note and `verify` say it."""
-        key = f" ({self.key})" if self.key else ""
-        if self.status == "good":
-            return f"signed by {self.signer or 'an allowed signer'}{key}, an allowed signer"
-        if self.status == "untrusted":
-            return f"signed{key} by a key that is not an allowed signer here (gpg.ssh.allowedSignersFile, or the keyring)"
-        if self.status == "bad":
-            return f"a BAD signature{key}: the record was changed after it was signed"
-        if self.status in ("expired", "revoked"):
-            return f"signed{key} by a key that is {self.status}"
-        if self.status == "unverifiable":
-            return f"signed{key}, but git cannot check it here (set gpg.ssh.allowedSignersFile, or import the key)"
-        return "not signed"
-
-
-UNSIGNED = Provenance("unsigned")
 
 
 def require_key(repo: Repo) -> None:

@@ -13,12 +13,14 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
-
 from subtask.git.chains import cas_ref
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model.job import is_job_id
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = "refs/subtask-landed/"
 

@@ -38,6 +38,9 @@ from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 
 MARKER = "subtask-job"
+# In a worktree's admin folder while its files are not yet those of its HEAD (a pooled worktree
+# just taken: `pool.take`); removed once git has written them (`needs_files`).
+PENDING_CHECKOUT = "subtask-checkout"
 
 
 def admin_dir(repo: Repo, path: Path) -> Path | None:
@@ -135,7 +138,7 @@ def expected_admin(repo: Repo, job_id: str) -> Path:
     return repo.common_dir / "worktrees" / job_id
 
 
-def _read_plain(path: Path) -> str:
+def read_plain(path: Path) -> str:
     """A regular file's text, never through a symlink."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -171,22 +174,39 @@ def check_admin(repo: Repo, admin: Path, worktree: Path, head: str | None) -> Pa
     `land`, made by git where it chose); `head`: what its HEAD must say, None not to ask."""
     if not os.path.isdir(admin) or os.path.islink(admin):
         raise MetadataChanged(f"its worktree's admin folder {admin} is missing or not a folder")
-    dotgit = _read_plain(worktree / ".git")
+    dotgit = read_plain(worktree / ".git")
     if not dotgit.startswith("gitdir:") or _points_at(dotgit[len("gitdir:"):], worktree) != str(admin):
         raise MetadataChanged(f"its worktree's .git file no longer names {admin}: {dotgit.strip()[:200]!r}")
-    common = _read_plain(admin / "commondir")
+    common = read_plain(admin / "commondir")
     if _points_at(common, admin) != os.path.normpath(repo.common_dir):
         raise MetadataChanged(f"its admin folder's commondir names {common.strip()[:200]!r}, not this repository")
-    gitdir = _read_plain(admin / "gitdir")
+    gitdir = read_plain(admin / "gitdir")
     if _points_at(gitdir, admin) != os.path.normpath(worktree / ".git"):
         raise MetadataChanged(f"its admin folder's gitdir names {gitdir.strip()[:200]!r}, not {worktree / '.git'}")
-    said = _read_plain(admin / "HEAD").strip()
+    said = read_plain(admin / "HEAD").strip()
     if head is not None and said != head:
         raise MetadataChanged(f"its worktree's HEAD says {said[:200]!r}, not {head!r}")
     if config_worktree_read(repo, admin):
         raise MetadataChanged(f"its admin folder holds a config.worktree that git would read and that is not "
                               f"the one git wrote ({admin})")
     return admin
+
+
+def needs_files(admin: Path) -> bool:
+    """Has git yet to write the files of the worktree registered at `admin`? No index (git writes
+    it last), or a pooled worktree taken whose files are still those of its last commit."""
+    return not (admin / "index").exists() or os.path.lexists(admin / PENDING_CHECKOUT)
+
+
+def pending_checkout(admin: Path) -> str | None:
+    """The commit whose files a taken pooled worktree still holds (`PENDING_CHECKOUT`), when its
+    marker names one and git has written its index; else None."""
+    try:
+        said = read_plain(admin / PENDING_CHECKOUT).strip()
+    except MetadataChanged:
+        return None
+    ok = len(said) in (40, 64) and all(c in "0123456789abcdef" for c in said)
+    return said if ok and (admin / "index").exists() else None
 
 
 def config_worktree_ours(repo: Repo, admin: Path) -> bool:

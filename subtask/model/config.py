@@ -27,7 +27,7 @@ from subtask.model import checknames
 from subtask.model.errors import SubtaskError
 
 KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "pattern", "checks",
-         "amounts", "clone-id")
+         "amounts", "clone-id", "bytes")
 FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 TRUE_WORDS = FLAG_WORDS[:4]
 NAME = "<name>"  # in a row's key: any engine's name
@@ -76,6 +76,7 @@ class Setting:
                       "none",
             "amounts": "a JSON object of amounts >= 0",
             "clone-id": "c- and 16 hex digits",
+            "bytes": "a size in bytes (k, m, g: KiB, MiB, GiB, as git reads sizes)",
         }[self.kind]
 
 
@@ -204,6 +205,14 @@ SETTINGS: dict[str, Setting] = {
         "loose objects added since the last pack that make a worker pack them (one new pack, "
         "nothing deleted) before its checkout (`0`: never). See docs/benchmarks.md",
         default="1024", minimum=0),
+    "pool": Setting("int",
+        "ready worktrees kept for the next jobs: a job's worker takes one (the files that differ "
+        "from its base rewritten) and refills it in the background of that job; a landed or "
+        "cleaned-up job's clean worktree goes back (`0`: none). See docs/pool.md",
+        default="2", minimum=0),
+    "poolMaxBytes": Setting("bytes",
+        "the most disk the pool's worktrees may take; beyond it none is made or kept",
+        default="2g"),
     "executor": Setting("words",
         "where jobs run (`start --on` per job): `ray` submits them to a Ray cluster, results "
         "back through the remote. See docs/scale-out.md",
@@ -425,7 +434,22 @@ def value_problem(key: str, raw: str) -> str | None:
         return None if amounts(raw) is not None else ""
     if kind == "clone-id":
         return None if re.fullmatch(r"c-[0-9a-f]{16}", value) else ""
+    if kind == "bytes":
+        return None if parse_bytes(value) is not None else ""
     return None  # text, path: any value
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(raw: str) -> int | None:
+    """A size as git reads one (`512`, `64k`, `2g`, any case), or None."""
+    value = raw.strip().lower()
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    number = value[:len(value) - len(unit)]
+    if not number.isdigit():
+        return None
+    return int(number) * _UNITS[unit]
 
 
 def parse_argv(raw: str | None) -> list[str] | None:
@@ -592,6 +616,14 @@ class Config:
 
     def integer(self, key: str) -> int:
         return int(self.number(key))
+
+    def size(self, key: str) -> int:
+        """A `bytes` setting (`2g`) in bytes."""
+        raw = self.get(key) or ""
+        problem = refusal(key, raw)
+        if problem:
+            raise SubtaskError("fatal", problem, hint=fix_hint(key))
+        return parse_bytes(raw) or 0
 
     def choice(self, key: str) -> str:
         """One of the key's words; the default for anything else (start refuses it)."""

@@ -21,13 +21,17 @@ from __future__ import annotations
 import importlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
 
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JobLike, placement, ray_job_id, runs_remotely
 
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from subtask.model.config import Config
+else:
+    Protocol = object  # the protocol below is documentation and a type, never a base at run time
 
 FEATURES = {"after": "--after", "retries": "--retries", "best_of": "--best-of", "map": "map", "reply": "reply",
             "concurrency": "map --concurrency", "judge": "--judge"}

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, ClassVar, Protocol, Self
 
 from subtask.model import money
 from subtask.model.errors import SubtaskError
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Protocol, Self
+else:
+    Protocol = object  # `JobLike` is documentation and a type, never a base at run time
 
 SCHEMA_VERSION = 1
 JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
@@ -37,6 +41,8 @@ DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation 
 
 
 def new_job_id() -> str:
+    import secrets  # not at import: its random and hmac cost a reading command ~3 ms
+
     return "st-" + secrets.token_hex(4)
 
 
@@ -404,12 +410,13 @@ class Evidence(_Record):
 
     # A pulled record is a teammate's claim: its lists are read into the shape the code relies on
     # (an entry that is not an object is dropped, a missing or mistyped field gets its empty value).
-    _SHAPES: ClassVar[dict[str, dict[str, type]]] = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
+    # Not annotated: a `ClassVar` annotation needs `typing` at run time to keep it out of the fields.
+    _SHAPES = {"files": {"path": str, "status": str, "added": int, "deleted": int, "old_path": str},
                "commits": {"sha": str, "subject": str}}
 
     @classmethod
     def _decode(cls, key: str, value: Any) -> Any:
-        shape = cls._SHAPES.get(key)
+        shape: dict[str, type] | None = cls._SHAPES.get(key)  # type: ignore[assignment]  # (no ClassVar: typing is not loaded here)
         if shape is not None:
             return [_shaped(entry, shape) for entry in (value if isinstance(value, list) else []) if isinstance(entry, dict)]
         if key == "totals":

@@ -38,7 +38,6 @@ import ctypes
 import errno
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -157,9 +156,9 @@ class Support:
 def _kernel_abi() -> tuple[int, str]:
     if _libc is None:
         return 0, f"Landlock is Linux-only (this is {sys.platform})"
-    numbers = _SYSCALLS.get(platform.machine())
+    numbers = _SYSCALLS.get(os.uname().machine)
     if numbers is None:
-        return 0, f"Landlock syscall numbers unknown for {platform.machine()}"
+        return 0, f"Landlock syscall numbers unknown for {os.uname().machine}"
     abi = _libc.syscall(ctypes.c_long(numbers[0]), None, ctypes.c_long(0), ctypes.c_long(_CREATE_RULESET_VERSION))
     if abi < 0:
         err = ctypes.get_errno()
@@ -544,7 +543,7 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
 
 
 def _syscall(index: int, *args) -> int:
-    number = _SYSCALLS[platform.machine()][index]
+    number = _SYSCALLS[os.uname().machine][index]
     result = _linux_libc().syscall(ctypes.c_long(number), *args)
     if result < 0:
         err = ctypes.get_errno()
@@ -661,7 +660,7 @@ def _restrict_self_call(fd: int):
     prctl, syscall = _linux_libc().prctl, _linux_libc().syscall
     no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
                     ctypes.c_ulong(0), ctypes.c_ulong(0))
-    restrict = (ctypes.c_long(_SYSCALLS[platform.machine()][2]), ctypes.c_long(fd), ctypes.c_long(0))
+    restrict = (ctypes.c_long(_SYSCALLS[os.uname().machine][2]), ctypes.c_long(fd), ctypes.c_long(0))
     return lambda: prctl(*no_new_privs) == 0 and syscall(*restrict) == 0
 
 

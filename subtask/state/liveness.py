@@ -23,10 +23,13 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def lock_path(state_dir: Path, job_id: str) -> Path:

@@ -6,6 +6,7 @@ slots.json, slots.lock          running attempts and the queue (state/slots)
 ledger.jsonl, ledger.lock       reservations and closes (state/ledger)
 ports.json, ports.lock          each running attempt's ports (state/ports)
 notes.lock, worktree.lock, land.lock, clone-id.lock, index-<key>.lock, packed-<repo>.lock
+pool-fill.lock                  held by the one process filling the worktree pool (git/pool)
 notify.jsonl (.1), notify.lock   the events told to MCP clients (ops/notify)
 groups/<gid>.lock               a group's settle lock
 land-sweep.json, patch-ids.json, main-index/       caches of the sweep, landing and the worker
@@ -29,6 +30,7 @@ SLOTS_FILE, SLOTS_LOCK = "slots.json", "slots.lock"
 LEDGER_FILE, LEDGER_LOCK = "ledger.jsonl", "ledger.lock"
 PORTS_FILE, PORTS_LOCK = "ports.json", "ports.lock"
 NOTES_LOCK, WORKTREE_LOCK, LAND_LOCK, CLONE_ID_LOCK = "notes.lock", "worktree.lock", "land.lock", "clone-id.lock"
+POOL_FILL_LOCK = "pool-fill.lock"
 SWEEP_STAMP, PATCH_ID_CACHE, MAIN_INDEX_COPIES = "land-sweep.json", "patch-ids.json", "main-index"
 
 

@@ -33,10 +33,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from subtask.state import liveness, paths
 from subtask.state.statefiles import StateLock, file_lock, write_json
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SLOTS_FILE = paths.SLOTS_FILE
 
@@ -167,6 +170,22 @@ def remove_waiting(slots: Slots, job: str) -> bool:
 def listed(slots: Slots) -> set[str]:
     """Every job this file holds: running, queued or waiting."""
     return {e["job"] for e in slots.running + slots.queue + slots.waiting}
+
+
+def settled(state_dir: Path) -> bool:
+    """True when a look without the slots lock finds nothing for a sweep to do: the file is
+    whole, nothing is queued, every running entry's run-lock is held (its worker lives, or someone
+    is settling it), and no waiting job's jobs have all ended. A reading command then takes no
+    lock, rewrites nothing and imports nothing more (`ops.lifecycle.reconcile`, `ops.plans.advance`
+    do the rest). Skipping is the same as a sweep that ran just before this look."""
+    if not (state_dir / SLOTS_FILE).exists() and not (state_dir / paths.SLOTS_LOCK).exists():
+        return True
+    with warnings.catch_warnings():  # a damaged file is said once, by the locked pass that rebuilds it
+        warnings.simplefilter("ignore")
+        current = read(state_dir)
+    if current.damaged or current.queue or ready_waiting(current):
+        return False
+    return all(liveness.is_held(state_dir, entry["job"]) for entry in current.running)
 
 
 def ready_waiting(slots: Slots) -> list[dict[str, Any]]:

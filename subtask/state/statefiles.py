@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
-from typing import NoReturn
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
 
 
 def ensure_dir(path: Path) -> Path:
@@ -50,6 +52,8 @@ def naming(path: Path) -> Iterator[None]:
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches)."""
     ensure_dir(path.parent)
+    import tempfile  # a writer's: a reading command never pays its imports (shutil, random)
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with naming(path):
@@ -114,6 +118,13 @@ class StateLock:
             import fcntl
 
             fcntl.flock(fd, fcntl.LOCK_UN)  # a forked child may share the fd: unlock for it too
+            os.close(fd)
+
+    def forget(self) -> None:
+        """Close this process's copy without unlocking: a forked child holds the lock now (if
+        no child took it, closing the last copy releases it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
             os.close(fd)
 
     def __enter__(self) -> StateLock:

@@ -40,7 +40,7 @@ from subtask.ops.plans import groups, waiting
 from subtask.ops.running import lifecycle
 from subtask.proc import spawn
 from subtask.state import jobenv, liveness, slots
-from subtask.worker import retries
+from subtask.worker import refill, retries
 from subtask.worker.checkout import set_up_fresh, set_up_worktree, worktree_path
 from subtask.worker.confinement import confine, remove_discarded
 from subtask.worker.engine import run_engine_confined
@@ -120,6 +120,8 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
         start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
+        refill.end()  # the pool refill beside the job ends with it: when no job runs, nothing runs
+        phases.mark("refill_ended")
         liveness.release(lock_fd)
         phases.mark("run_lock_released")
         remove_discarded()  # the attempt's private folder, moved aside: `wait` has returned meanwhile
@@ -225,7 +227,10 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     repo = own_repo(repo_path)
     jobenv.adopt(repo.state_dir, job_id)  # whoever spawned us: the job runs as its starter ran
     faults.point("worker_start")
-    serve(repo, job_id, lock_fd, started_at)
+    try:
+        serve(repo, job_id, lock_fd, started_at)
+    finally:
+        refill.end()  # a pool refill of an attempt that ended in an error: never left behind
     return 0
 
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from subtask.git import harness, packing, worktrees
+from subtask.git import harness, packing, pool, worktrees
 from subtask.git.gitrepo import Repo, ensure_excluded, finish_preload, git, preload_pygit2
 from subtask.git.records import Job
 from subtask.model import faults, phases
@@ -40,6 +40,7 @@ from subtask.ops.running import lifecycle
 from subtask.proc import isolation
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
+from subtask.worker import refill
 from subtask.worker.confinement import Confinement, MainWorktreeStatus
 from subtask.worker.events import EventSink
 from subtask.worker.progress import mark_running, setup_failed
@@ -71,14 +72,18 @@ def begin_checkout(repo: Repo, job: Job) -> tuple[Path, Path, FilesCheckout]:
         ensure_excluded(repo.common_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         target = [job.spec.branch] if job.spec.branch else ["--detach", job.spec.base]
+        head = f"ref: refs/heads/{job.spec.branch}" if job.spec.branch else job.spec.base
         with stop_deferred(), file_lock(repo.state_dir / paths.WORKTREE_LOCK):
             worktrees.drop_stale(repo, job.id, path)  # its folder deleted by hand: only its own registration
-            git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
+            pooled = pool.take(repo, job.id, path, head, job.spec.base)  # the files that differ, below
+            if not pooled:
+                git(repo.root, "worktree", "add", "--quiet", "--no-checkout", str(path), *target, own_group=True)
             worktrees.mark(repo, job.id, path)  # only a worktree marked here may ever be removed for this job
         admin = worktrees.expected_admin(repo, job.id)  # `mark` made sure git registered it there
-        phases.mark("register")
-        packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
-        phases.mark("pack")
+        phases.mark("pool" if pooled else "register")
+        if not pooled:
+            packing.pack_loose_objects(repo)  # the checkout below then reads one pack, not every loose blob
+            phases.mark("pack")
     faults.point("before_files_checkout")
     return path, admin, FilesCheckout.start(repo, path, admin)
 
@@ -87,33 +92,52 @@ class FilesCheckout:
     """git writing the files of a worktree registered without them, unless that was done: git
     writes the worktree's index last, once every file is written, so no index means not (or not
     all) written, also when a worker died in the middle; then it is done again from the start.
-    Never skipped: the engine would run in an empty folder and the autocommit would record the
-    deletion of every file. `finish` must follow `start`, whatever happens in between: no git
-    process is left running."""
+    A pooled worktree just taken (`pool.take`) has the index and files of the commit its marker
+    names: git moves them to HEAD rewriting only the files that differ (a two-tree merge, which
+    looks at no other file), or, when that fails (a worker killed half-way), makes them HEAD's
+    whatever they are. Never skipped: the engine would run in an empty folder and the autocommit
+    would record the deletion of every file. `finish` must follow `start`, whatever happens in
+    between: no git process is left running."""
 
-    def __init__(self, proc: subprocess.Popen | None):
-        self.proc = proc
+    def __init__(self, proc: subprocess.Popen | None, repo: Repo | None = None, path: Path | None = None,
+                 admin: Path | None = None):
+        self.proc, self.repo, self.path, self.admin = proc, repo, path, admin
 
     @classmethod
     def start(cls, repo: Repo, path: Path, admin: Path) -> FilesCheckout:
         """`admin`: the worktree's admin folder, made just now or checked (`begin_checkout`)."""
-        if (admin / "index").exists():
+        if not worktrees.needs_files(admin):
             return cls(None)
         # A worker killed while writing leaves git's lock behind; no one else touches this worktree
-        # before its index exists (the job's run-lock is ours).
+        # before its files are written (the job's run-lock is ours).
         (admin / "index.lock").unlink(missing_ok=True)
+        moved_from = worktrees.pending_checkout(admin)
         # What `worktree add` does, minus the ref writes; through the checked admin folder, as
         # `worktrees.job_git` runs git, never by discovery from the worktree's `.git`.
-        return cls(subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", "--reset", "-u", "HEAD"], cwd=path,
-                                    env=worktrees.job_git_env(repo, admin, path),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        how = ["-m", "-u", moved_from, "HEAD"] if moved_from else ["--reset", "-u", "HEAD"]
+        return cls(cls._git(repo, path, admin, how), repo, path, admin)
+
+    @staticmethod
+    def _git(repo: Repo, path: Path, admin: Path, how: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(["git", *worktrees.JOB_GIT, "read-tree", *how], cwd=path,
+                                env=worktrees.job_git_env(repo, admin, path),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def finish(self) -> str | None:
         """Wait for git; what went wrong, or None."""
         if self.proc is None:
             return None
         _, err = self.proc.communicate()
-        return None if self.proc.returncode == 0 else f"git read-tree failed: {err.decode(errors='replace').strip()}"
+        merged = isinstance(self.proc.args, list) and "-m" in self.proc.args
+        if self.proc.returncode != 0 and merged:  # not the commit's files: HEAD's, whatever they are
+            assert self.repo is not None and self.path is not None and self.admin is not None  # set with a proc
+            self.proc = self._git(self.repo, self.path, self.admin, ["--reset", "-u", "HEAD"])
+            _, err = self.proc.communicate()
+        if self.proc.returncode != 0:
+            return f"git read-tree failed: {err.decode(errors='replace').strip()}"
+        if self.admin is not None:
+            (self.admin / worktrees.PENDING_CHECKOUT).unlink(missing_ok=True)
+        return None
 
 
 WORKTREE_INCLUDE = ".worktreeinclude"
@@ -235,6 +259,7 @@ def set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, P
         setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
                       hint=f"see what git has: git worktree list; then try again: git subtask reply {job_id} '...'")
         return None
+    refill.start(repo, job)  # beside the job from here on, on the core its checkout leaves free
     main_before = MainWorktreeStatus(repo)
     ready = None
     try:

@@ -46,6 +46,7 @@ from subtask.git.records import Job
 from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
+from subtask.model.transaction import Transaction
 from subtask.ops.running import lifecycle, spending
 from subtask.state import ledger, paths, privatetext, slots
 from subtask.words import judge_line
@@ -85,7 +86,7 @@ class Plan:
     not_retried: str | None = None
     best: dict[str, Any] | None = None
     best_verify: VerifyResult | None = None  # the verify of the attempt `best` names
-    _undo: list = field(default_factory=list)
+    reserved: Transaction = field(default_factory=Transaction)  # the next attempt's, until its record takes it
 
     def apply(self, job: Job) -> None:
         """Inside the final record's compare-and-swap (pure: it may run more than once)."""
@@ -106,8 +107,7 @@ class Plan:
         return False
 
     def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
+        self.reserved.undo()
 
 
 def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
@@ -204,7 +204,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, verify: VerifyResult,
         nxt.extra.update({key: attempt.extra[key] for key in ("ray_job", "node") if key in attempt.extra})
     plan.next = nxt
     verify_as_written = privatetext.verify(state_dir, job.id, attempt.n, job.spec.verify)
-    plan._undo.append(lambda: privatetext.discard(state_dir, job.id, n))
+    plan.reserved.done("retry_reserved", lambda: privatetext.discard(state_dir, job.id, n))  # before: a half write too
     privatetext.keep(state_dir, job.id, n, message=as_written, stored_message=stored,
                      verify=verify_as_written, stored_verify=job.spec.verify)
     privatetext.keep_verify_output(state_dir, job.id, n, verify_report(verify, checks.failure_text(checks_results),
@@ -246,7 +246,7 @@ def _take_slot_and_money(repo: Repo, job: Job, n: int, usd: Decimal | None, fact
         if usd is not None:
             ledger.close(state_dir, paths.reservation_id(job.id, n), money.ZERO, reason="retry not started")
 
-    plan._undo.append(give_back)
+    plan.reserved.done("retry_slot_and_money", give_back)
     return None
 
 

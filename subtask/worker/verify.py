@@ -1,6 +1,6 @@
 """The verify step: the job's checks on its diff, then its verify command on that exact commit,
 judged by the trusted harness of its base laid over the worktree (docs/verify.md "The judge",
-`ops/overlay.py`), in the job's confinement (`verify_work`); a failed check fails verify.
+`ops/landing/overlay.py`), in the job's confinement (`verify_work`); a failed check fails verify.
 
 Invariants:
 - Verify gets its command as written (`privatetext`), while the record only ever holds it

@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.git import notes, ownership, records, worktrees
+from subtask.git import notes, ownership, pool, records, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import faults
@@ -48,8 +47,7 @@ from subtask.ops.landing.landed import (
     landed_in,
     why_not_deletable,
 )
-from subtask.state import liveness, paths
-from subtask.state.statefiles import write_json
+from subtask.state import liveness, paths, stamps
 
 if TYPE_CHECKING:
     pass
@@ -97,7 +95,7 @@ def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, 
     head = proc.stdout.strip()
     if proc.returncode != 0:
         return False, f"worktree {path} is not a readable git worktree"
-    if not any(k == head or repo.git.descendant_of(k, head) for k in keepers if k):
+    if not any(repo.objects.is_ancestor(head, k) for k in keepers if k):
         return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps"
     return True, ""
 
@@ -132,33 +130,45 @@ def checkout_leftovers(repo: Repo, job: Job) -> bool:
     lines = [line for line in status.stdout.splitlines() if line]
     if status.returncode != 0 or not lines:
         return False
+    moved_from = worktrees.pending_checkout(admin)
+    if moved_from is not None:
+        # A pooled worktree taken and not yet moved to HEAD (`pool.take`): every file that reads
+        # as changed is the pooled commit's or HEAD's, or missing, as the move leaves them.
+        present = [line[3:] for line in lines if line[:2] != " D"]
+        return _as_committed(repo, admin, path, present, quiet, ("HEAD", moved_from))
     written = [line[3:] for line in lines if line[:2] == "??"]
     if any(line[:2] not in _MISSING and line[:2] != "??" for line in lines):
         return False
     return not written or (not (admin / "index").exists() and _as_committed(repo, admin, path, written, quiet))
 
 
-def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict) -> bool:
+def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: dict,
+                  commits: tuple[str, ...] = ("HEAD",)) -> bool:
     """Is each of these files (as git's status names them) a regular file whose bytes are the
-    blob the worktree's commit holds at its path? No filter runs: a file a filter would have
-    changed reads as different, and is kept."""
+    blob one of `commits` holds at its path? No filter runs: a file a filter would have changed
+    reads as different, and is kept."""
+    if not names:
+        return True
     if any(name.startswith('"') for name in names):
         return False  # a name git quoted: not one to compare byte for byte
     if any((path / name).is_symlink() or not (path / name).is_file() for name in names):
         return False
-    tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", "HEAD", env=env, check=False)
     hashed = worktrees.job_git(repo, admin, path, "hash-object", "--no-filters", "--stdin-paths",
                                input="".join(f"{name}\n" for name in names), env=env, check=False)
-    if tree.returncode != 0 or hashed.returncode != 0:
+    if hashed.returncode != 0:
         return False
-    blobs = {}
-    for entry in tree.stdout.split("\0"):
-        meta, _, name = entry.partition("\t")
-        fields = meta.split()
-        if len(fields) == 3 and fields[0] in ("100644", "100755"):
-            blobs[name] = fields[2]
+    blobs: dict[str, set[str]] = {}
+    for commit in commits:
+        tree = worktrees.job_git(repo, admin, path, "ls-tree", "-r", "-z", commit, env=env, check=False)
+        if tree.returncode != 0:
+            return False
+        for entry in tree.stdout.split("\0"):
+            meta, _, name = entry.partition("\t")
+            fields = meta.split()
+            if len(fields) == 3 and fields[0] in ("100644", "100755"):
+                blobs.setdefault(name, set()).add(fields[2])
     shas = hashed.stdout.split()
-    return len(shas) == len(names) and all(blobs.get(name) == sha for name, sha in zip(names, shas, strict=True))
+    return len(shas) == len(names) and all(sha in blobs.get(name, ()) for name, sha in zip(names, shas, strict=True))
 
 
 def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
@@ -170,8 +180,13 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
 
     overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
-    removed = git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force, job.spec.worktree,
-                  check=False).returncode == 0
+    pooled = touched = False
+    if not force:  # a clean, whole worktree: the next job's, when the pool has room (`pool.give_back`)
+        pooled, touched = pool.give_back(repo, job.id, Path(job.spec.worktree), job.spec.branch, job.spec.base)
+    if touched and not pooled:
+        force = ["--force"]  # its index was rebuilt from HEAD: clean as the caller saw it, but git cannot tell
+    removed = pooled or git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force,
+                            job.spec.worktree, check=False).returncode == 0
     if removed:
         overlay.forget(repo, job.id)  # its setup snapshot, beside the worktree
     if removed and record:
@@ -263,11 +278,10 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
 def empty_branch_tip(repo: Repo, job: Job) -> str | None:
     """The tip of the job's branch when it is at its base (no commit beyond it)."""
     name = branch_ref(job)
-    ref = repo.git.references.get(name) if name else None
+    ref = repo.objects.ref(name) if name else None
     if ref is None:
         return None
-    tip = str(ref.target)
-    return tip if tip == job.spec.base else None
+    return ref.target if ref.target == job.spec.base else None
 
 
 def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree_goes: bool) -> Removal:
@@ -275,7 +289,7 @@ def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree
     so a commit made meanwhile (by hand, in another worktree) keeps it."""
     branch = job.spec.branch
     name = branch_ref(job)
-    if name is None or repo.git.references.get(name) is None:
+    if name is None or repo.objects.ref(name) is None:
         return Removal("missing")  # a record naming another branch: never ours to delete (nor news)
     tip = empty_branch_tip(repo, job)
     if tip is None:
@@ -311,9 +325,9 @@ def checked_out_branches(repo: Repo) -> set[str]:
 
 def keepers(repo: Repo, job: Job, target: Target | None) -> list[str]:
     keep = [job_head(repo, job), job.spec.base]
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        keep.append(str(pin.target))
+        keep.append(pin.target)
     if target is not None:
         keep.append(target.sha)
     return keep
@@ -475,16 +489,9 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
     try:
         if not repo.state_dir.is_dir():
             return False  # no job ever started here: nothing to sweep (a read makes nothing)
-        interval = repo.config.number("sweepInterval")
-        stamp = repo.state_dir / SWEEP_STAMP
-        try:
-            last = json.loads(stamp.read_text()).get("t", 0)
-        except (OSError, ValueError, AttributeError):
-            last = 0
-        now = time.time()
-        if now - last < interval:
+        if not stamps.due(repo.state_dir, SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
-        write_json(stamp, {"v": 1, "t": now})  # first, so concurrent commands skip
+        stamps.stamp(repo.state_dir, SWEEP_STAMP)  # first, so concurrent commands skip
         return bool(cleanup_merged(repo, entries=entries).landed)
     except Exception:
         return False
@@ -505,7 +512,8 @@ def parse_age(text: str) -> float:
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
-    """Land what has landed, remove clean worktrees of old finished jobs, prune, `git gc --auto`."""
+    """Land what has landed, remove clean worktrees of old finished jobs, empty the worktree pool,
+    prune, `git gc --auto`."""
     cutoff = time.time() - parse_age(older_than)
     sweep = cleanup_merged(repo, dry_run=dry_run)
     target = land_target(repo)
@@ -530,6 +538,7 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d") -> Sweep:
         line = branch_line(job, branch, dry_run) if removal.kind != "busy" else None
         if line:
             sweep.lines.append(line)
+    sweep.lines += pool.empty(repo, dry_run)  # gc leaves no spare worktree: the next job's start refills
     pruned = git(repo.root, "worktree", "prune", "--verbose", *(["--dry-run"] if dry_run else []), check=False)
     sweep.lines += [line for line in (pruned.stdout + pruned.stderr).splitlines() if line.strip()]
     if not dry_run:

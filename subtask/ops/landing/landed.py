@@ -48,18 +48,17 @@ class Target:
 # ---------------------------------------------------------------- the land target
 
 def land_target(repo: Repo) -> Target | None:
-    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main worktree)."""
-    import pygit2
-
+    """`subtask.landTarget`, else the current branch (a job branch or detached HEAD defers to the main
+    worktree). Through `Repo.objects` and `git symbolic-ref`: `cleanup` never loads pygit2 for it."""
     configured = repo.config.get("landTarget")
     if configured:
-        try:
-            return Target(configured, str(repo.git.revparse_single(configured).peel(pygit2.Commit).id))
-        except (KeyError, ValueError, pygit2.GitError):
+        commit = repo.objects.commit_of(configured) if not configured.startswith("-") else None
+        if commit is None:
             raise SubtaskError("fatal", f"git config subtask.landTarget names no commit: {configured!r}",
-                               hint="git config subtask.landTarget main") from None
-    for candidate in (repo.git, _main_repo(repo)):
-        target = _branch_target(candidate)
+                               hint="git config subtask.landTarget main")
+        return Target(configured, commit)
+    for where in (("--git-dir", str(repo.git_dir)), ("-C", str(repo.root))):
+        target = _branch_target(repo, where)
         if target is not None:
             return target
     # Detached (or unborn) everywhere: no branch keeps anything, so nothing counts as landed; a
@@ -67,20 +66,19 @@ def land_target(repo: Repo) -> Target | None:
     return None
 
 
-def _main_repo(repo: Repo) -> pygit2.Repository:
-    import pygit2
+def _branch_target(repo: Repo, where: tuple[str, str]) -> Target | None:
+    """The branch HEAD names there (`--git-dir`: this worktree's; `-C`: the main one's), unless
+    HEAD is detached, the branch unborn, or it is a job's."""
+    import subprocess
 
-    return pygit2.Repository(str(repo.root))
-
-
-def _branch_target(git_repo: pygit2.Repository) -> Target | None:
+    proc = subprocess.run(["git", *where, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    name = proc.stdout.strip()
     # A job branch is never a target: a job based on another would make it look landed.
-    if git_repo.head_is_detached or git_repo.head_is_unborn:
+    if proc.returncode != 0 or not name.startswith("refs/heads/") or name.startswith("refs/heads/subtask/"):
         return None
-    name = git_repo.head.shorthand
-    if name.startswith("subtask/"):
-        return None
-    return Target(name, str(git_repo.head.target))
+    ref = repo.objects.ref(name)
+    return Target(name[len("refs/heads/"):], ref.target) if ref is not None and ref.target else None
 
 
 # ---------------------------------------------------------------- landed?
@@ -239,10 +237,10 @@ def job_head(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin, else its base."""
     name = branch_ref(job)
     if name:
-        ref = repo.git.references.get(name)
+        ref = repo.objects.ref(name)
         if ref is not None:
-            return str(ref.target)
-    pin = repo.git.references.get(records.pin_ref(job.id, "head"))
+            return ref.target
+    pin = repo.objects.ref(records.pin_ref(job.id, "head"))
     if pin is not None:
-        return str(pin.target)
+        return pin.target
     return job.evidence.head if job.evidence else job.spec.base

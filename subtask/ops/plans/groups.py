@@ -319,7 +319,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(isolation.temp_env(tmpdir))
     env = sandbox.withhold(env) if sandbox is not None else env
-    # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
+    # Scored with the member's base's tests in place of its own, as its verify was (ops/landing/overlay.py).
     from subtask.ops.landing import landed, overlay
 
     head = landed.recorded_head(job)

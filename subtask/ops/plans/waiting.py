@@ -42,8 +42,9 @@ from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import executors, faults, money
-from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, Cost, job_passed, now
+from subtask.model.transaction import Transaction
 from subtask.ops.running import admission, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
@@ -306,33 +307,32 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
     paid = get_engine(job.spec.engine, repo.config).paid
     names = [d.name for d in found]
     base_ref = f"head of {names[0]}" if len(names) == 1 else f"heads of {', '.join(names)}"
-    undo: list = []
     try:
-        if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
-            from subtask.ops.running import spending
+        with Transaction() as tx:
+            if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
+                from subtask.ops.running import spending
 
-            spending.sync_ledger(repo)
-        if job.spec.branch and _ensure_branch(repo, job.spec.branch, base):
-            undo.append(lambda: _delete_branch(repo, job.spec.branch, base))
-        records.set_pin(repo, job.id, "base", base)
-        faults.point("before_leaving_waiting")
+                spending.sync_ledger(repo)
+            branch = job.spec.branch
+            made = branch is not None and _ensure_branch(repo, branch, base)
+            tx.done("after_branch", (lambda: _delete_branch(repo, branch, base)) if branch and made else None)
+            records.set_pin(repo, job.id, "base", base)
+            tx.done("before_leaving_waiting")
 
-        def leave_waiting(j: Job) -> bool:
-            attempt = j.state.current
-            if attempt.state != WAITING:
-                raise SubtaskError("conflict", f"{j.id} is {attempt.state} now, no longer waiting")
-            j.spec.base, j.spec.base_ref = base, base_ref
-            attempt.state, attempt.queued_at = "queued", now()  # its reservation is dated now
-            if paid:
-                usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or money.ZERO)
-                attempt.rid, attempt.cost = paths.reservation_id(j.id, attempt.n), Cost(reserved=usd, billing="reserved")
-            return True
+            def leave_waiting(j: Job) -> bool:
+                attempt = j.state.current
+                if attempt.state != WAITING:
+                    raise SubtaskError("conflict", f"{j.id} is {attempt.state} now, no longer waiting")
+                j.spec.base, j.spec.base_ref = base, base_ref
+                attempt.state, attempt.queued_at = "queued", now()  # its reservation is dated now
+                if paid:
+                    usd = attempt.max_usd if attempt.max_usd is not None else (j.spec.max_usd or money.ZERO)
+                    attempt.rid, attempt.cost = paths.reservation_id(j.id, attempt.n), Cost(reserved=usd,
+                                                                                             billing="reserved")
+                return True
 
-        job = records.update(repo, job.id, leave_waiting)
-    except BaseException as exc:
-        undo_uninterrupted(undo)
-        if not isinstance(exc, Exception):
-            raise
+            job = records.update(repo, job.id, leave_waiting)
+    except Exception as exc:  # undone; a Ctrl-C goes on up
         if not (isinstance(exc, SubtaskError) and exc.kind == "conflict"):  # else: stopped meanwhile
             _end(repo, job, "failed", f"could not start: {getattr(exc, 'message', exc)}", "setup", None)
         return False

@@ -474,11 +474,12 @@ def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> 
 
 
 def signal_job(state_dir: Path, job_id: str, sig: int) -> None:
-    """Signal the worker's and the engine's process groups, only while the job's run-lock is held."""
+    """Signal the worker's and the engine's process groups, and the pool refill's beside the job
+    (`worker/refill.py`), only while the job's run-lock is held."""
     if not liveness.is_held(state_dir, job_id):
         return
     pids = read_pids(state_dir, job_id)
-    for key in ("engine", "worker"):
+    for key in ("engine", "worker", "refill"):
         pgid = pids.get(key)
         if isinstance(pgid, int) and pgid > 1:
             try:

@@ -1,8 +1,5 @@
-"""Every operation, once. The CLI and the MCP server call only this module.
-
-Functions take plain arguments, validate them before changing anything, and return data
-(`Job`, `StartResult`, `WaitResult`, …); they never print. Failures a user can act on raise
-`SubtaskError` with git's exit code.
+"""Starting, replying, stopping, landing and the rest of the operations on jobs (`api` reads and
+`wait` are `api/read.py` and `api/waiting.py`).
 
 Invariants:
 - `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
@@ -18,32 +15,28 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 import os
-import queue
 import sys
-import threading
-import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask import executors
-from subtask.git import leftout, ownership, records, where_landed, worktrees
+from subtask.api.read import _groups, _positive, get, queue_position, repo_at, sweep
+from subtask.git import leftout, ownership, records, worktrees
 from subtask.git.gitrepo import (
     Repo,
     check_worktree_location,
     ensure_excluded,
     git,
-    open_repo,
     resolve_commit,
 )
 from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
 from subtask.model import faults, money
-from subtask.model.errors import SubtaskError, undo_uninterrupted
+from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     ACTIVE,
     DEPTH_ENV,
@@ -54,20 +47,16 @@ from subtask.model.job import (
     Cost,
     JobSpec,
     JobState,
-    is_group_ref,
     is_job_id,
-    job_passed,
     new_job_id,
     now,
 )
 from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
+from subtask.model.transaction import Transaction
 from subtask.ops.running import admission, lifecycle, spending
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
-
-if TYPE_CHECKING:
-    from subtask.ops.running.feed import Feed
 
 
 @dataclass
@@ -86,47 +75,10 @@ class StartResult:
         return "running" if self.position == 0 and executors.REGISTRY[self.on].runs_here else "queued"
 
 
-@dataclass
-class WaitResult:
-    jobs: list[Job]
-    timed_out: bool
-    stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
-    feed: Feed | None = None  # `wait --since`: the events after the cursor and the next cursor
-
-    @property
-    def all_passed(self) -> bool:
-        return not self.timed_out and all(job_passed(j) for j in self.jobs)
-
-
 MAX_RETRIES = 5
-QUEUED_FILL_INTERVAL = 1.0  # seconds between a waiter's fills of idle slots for a queued job
-WAITING_LOOK = 0.25  # seconds between `wait`'s looks at a waiting job none of whose jobs runs yet
-
-
-def repo_at(path: str | os.PathLike | None = None) -> Repo:
-    return open_repo(path)
 
 
 # ---------------------------------------------------------------- validation
-
-def _positive(value, what: str, *, allow_none: bool = True, integer: bool = False,
-              zero: bool = False):
-    """`value` as a number > 0 (`zero`: >= 0), or a usage error naming `what`."""
-    if value is None:
-        if allow_none:
-            return None
-        raise SubtaskError("usage", f"{what} is required")
-    noun = "whole number" if integer else "number"
-    wanted = f"{what} must be a " + (f"finite {noun} >= 0" if zero else f"positive finite {noun}")
-    try:
-        number = int(value) if integer else float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise SubtaskError("usage", f"{wanted}, not {value!r}") from None
-    too_small = number < 0 if zero else number <= 0
-    not_whole = integer and number != float(value)
-    if isinstance(value, bool) or not math.isfinite(number) or too_small or not_whole:
-        raise SubtaskError("usage", f"{wanted}, not {value!r}")
-    return number
 
 
 def _check_task(task) -> str:
@@ -188,11 +140,14 @@ def _job_of_env(repo: Repo) -> Job | None:
 def _job_of_ancestry(repo: Repo) -> Job | None:
     """The running job whose engine (its recorded process) this process descends from, or whose
     engine's process group it is in."""
+    running = [entry for entry in slots.read(repo.state_dir).running if lifecycle.in_repo(repo, entry)]
+    if not running:
+        return None  # no job runs: none can be an ancestor (and /proc need not be walked)
     from subtask.proc import procs
 
     mine = set(procs.ancestors()) | {os.getpgrp()}
-    for entry in slots.read(repo.state_dir).running:
-        if lifecycle.in_repo(repo, entry) and lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
+    for entry in running:
+        if lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])
     return None
 
@@ -465,20 +420,18 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     from subtask.ops.plans import waiting
 
     job, state_dir = prepared.job, repo.state_dir
-    fd = liveness.acquire(state_dir, job.id, new=True)
-    undo: list = [lambda: _drop_lock(state_dir, job.id, fd)]
-    try:
-        undo.append(lambda: waiting.forget(repo, job.id))
-        if privatetext.keep(state_dir, job.id, 1, **prepared.as_written):
-            undo.append(lambda: privatetext.discard(state_dir, job.id, 1))
+    with Transaction() as tx:
+        fd = liveness.acquire(state_dir, job.id, new=True)
+        tx.done("start_locked", lambda: _drop_lock(state_dir, job.id, fd))
+        kept = privatetext.keep(state_dir, job.id, 1, **prepared.as_written)
+        tx.done("start_words_kept", (lambda: privatetext.discard(state_dir, job.id, 1)) if kept else None)
         jobenv.save(state_dir, job.id)
-        undo.append(lambda: jobenv.drop(state_dir, job.id))
-        undo.append(lambda: records.delete(repo, job.id))
-        waiting.record_waiting(repo, job, prepared.until or [])
-        faults.point("after_record")
-    except BaseException:
-        undo_uninterrupted(undo)
-        raise
+        tx.done("start_env_kept", lambda: jobenv.drop(state_dir, job.id))
+        try:
+            waiting.record_waiting(repo, job, prepared.until or [])
+        finally:  # a half-written entry or record is taken back too
+            tx.done("start_waiting_entry", lambda: (waiting.forget(repo, job.id), records.delete(repo, job.id)))
+        tx.done("after_record")
     liveness.release(fd)
     waiting.advance(repo)
     job = records.read(repo, job.id)
@@ -711,11 +664,6 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
 
 # ---------------------------------------------------------------- best-of-N groups (subtask/groups.py)
 
-def _groups():
-    from subtask.ops.plans import groups
-
-    return groups
-
 
 @dataclass
 class GroupStart:
@@ -902,125 +850,6 @@ def _launch_elsewhere(repo: Repo, prepared: list[_Prepared], *, what: str, then_
     return started
 
 
-def get_group(repo: Repo, gid_or_prefix: str):
-    """The group, settled if every member has ended (whoever looks first decides it)."""
-    sweep(repo)
-    return _groups().settle(repo, _groups().resolve(repo, gid_or_prefix))
-
-
-@dataclass
-class GroupWait:
-    groups: list  # groups.Group, settled where their members ended
-    timed_out: bool
-
-    @property
-    def all_picked(self) -> bool:
-        """Every group has a passing pick (a map: every job passed)."""
-        return not self.timed_out and all(_groups().passed_group(g) for g in self.groups)
-
-
-def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,
-                tick: float = 1.0) -> GroupWait:
-    """Block until every member of the groups has ended, then settle each group (exit 0: a passing pick)."""
-    groups = _groups()
-    found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
-    pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
-    if timeout is not None:
-        timeout = _positive(timeout, "--timeout", zero=True)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    timed_out = False
-    while pending and not timed_out:
-        # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
-        left = None if deadline is None else max(0.01, deadline - time.monotonic())
-        # A stalled member does not end a group's wait: the group waits for its members' ends.
-        timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick, stalls=False).timed_out
-        for group in found:
-            groups.settle(repo, group.id)
-        pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
-    settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
-    return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
-
-
-@dataclass
-class MixedWait:
-    """`wait` over job ids and group ids: what each part answers, as its own `wait` would."""
-    jobs: WaitResult | None
-    groups: GroupWait | None
-
-    @property
-    def timed_out(self) -> bool:
-        return any(part.timed_out for part in (self.jobs, self.groups) if part is not None)
-
-    @property
-    def passed(self) -> bool:
-        return ((self.jobs is None or self.jobs.all_passed)
-                and (self.groups is None or self.groups.all_picked))
-
-
-def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-             on_tick=None, tick: float = 1.0, since: str | None = None) -> MixedWait:
-    """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
-    stalled) and every group is settled, or with `any_` until the first of them has. With
-    `since` (a cursor, `ops.feed`), jobs only: their events after it (`wait`)."""
-    if not ids:
-        raise SubtaskError("usage", "wait needs at least one job id")
-    gids = [i for i in ids if is_group_ref(i)]
-    jids = [i for i in ids if not is_group_ref(i)]
-    if since is not None:
-        if gids:
-            raise SubtaskError("usage", "wait --since takes job ids, not a group's",
-                               hint=f"git subtask show {gids[0]} names its jobs")
-        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick, since=since), None)
-    if not gids:
-        return MixedWait(wait(repo, jids, timeout, any_, on_tick=on_tick, tick=tick), None)
-    if not jids and not any_:
-        return MixedWait(None, wait_groups(repo, gids, timeout, on_tick=on_tick, tick=tick))
-    return _wait_mixed(repo, jids, gids, timeout, any_, on_tick, tick)
-
-
-def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | None, any_: bool,
-                on_tick, tick: float) -> MixedWait:
-    """One `wait` on the jobs and the groups' unended members at a time, first answer first; each
-    answer settles the groups it may decide. A stalled job answers; a stalled member does not (a
-    group waits for its members' ends, as `wait_groups` does)."""
-    groups = _groups()
-    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
-    gids = list(dict.fromkeys(groups.resolve(repo, g) for g in gids))
-    found = [groups.read(repo, gid)[0] for gid in gids]
-    for job_id in job_ids:
-        records.read(repo, job_id)  # a damaged record is named now, not waited on
-    deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
-    answered: set[str] = set()
-    settled: set[str] = set()
-    timed_out = False
-    while True:
-        settled.update(g.id for g in found
-                       if g.id not in settled and groups.settle(repo, g.id).terminal)
-        if any_ and (answered or settled):
-            break
-        pending = [j for j in job_ids if j not in answered]
-        members = [m for g in found if g.id not in settled for m in g.members
-                   if repo.git.references.get(records.record_ref(m)) is not None
-                   and not records.read(repo, m).state.current.terminal]
-        if not pending and not members:
-            break
-        left = None if deadline is None else max(0.01, deadline - time.monotonic())
-        result = wait(repo, pending + members, timeout=left, any_=True, on_tick=on_tick, tick=tick,
-                      stalls=set(pending))
-        answered.update(j.id for j in result.jobs if j.id in pending
-                        and (j.state.current.terminal or j.id in result.stalled))
-        if result.timed_out:
-            timed_out = True
-            break
-    jobs = [records.read(repo, j) for j in job_ids]
-    stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
-    ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
-    nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
-    jobs_part = WaitResult(jobs, nothing and len(answered) < len(job_ids), stalled)
-    groups_part = GroupWait(ended, nothing and not all(g.terminal for g in ended))
-    return MixedWait(jobs_part if job_ids else None, groups_part)
-
-
 def stop_group(repo: Repo, gid_or_prefix: str):
     gid = _groups().resolve(repo, gid_or_prefix)
     if not ownership.started_here(repo, gid):
@@ -1059,19 +888,6 @@ def compare(repo: Repo, gid_or_prefix: str, stat: bool = True, limit: int | None
     return {"v": 1, "group": gid, "stat": stat, "pairs": pairs}
 
 
-def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
-    """The groups of the listed jobs (settling those whose members have all ended), by id."""
-    groups = _groups()
-    groups.settle_listed(repo, entries)
-    found = {}
-    for gid in dict.fromkeys(e["group"] for e in entries if e.get("group")):
-        try:
-            found[gid] = groups.read(repo, gid)[0]
-        except SubtaskError:
-            continue  # a member whose group record is missing lists as an ordinary job
-    return found
-
-
 def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None, lock_fd: int,
                       as_written: dict) -> StartResult:
     """Admit (or queue) and reserve, write branch/pins/record, spawn; undo it all on any failure.
@@ -1101,41 +917,53 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     be spawned after another's was is left to the sweep, which ends it failed ("worker died").
     """
     state_dir = repo.state_dir
-    undo: list = [lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd) for launch in launches]
     handed: list[slots.HandOff] = []
     dead: list[slots.HandOff] = []
     spawned: list[_Launch] = []
     unspawned: list[_Launch] = []
-    try:
-        positions, dead, handed = admission.admit(repo, launches, what)
+    with Transaction() as tx:
+        for launch in launches:
+            tx.done("start_locked", lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd))
+        admitted: tuple = (dead, handed)
+        tx.then = lambda: admission.after_admission(repo, admitted)
+        try:
+            positions, dead, handed = admission.admit(repo, launches, what)
+        except BaseException as exc:
+            admitted = getattr(exc, "admission", admitted)
+            raise
+        admitted = (dead, handed)
+        # Every member's slot entry was made at once: each is undone, whatever fails after.
+        tx.done("start_admitted", *[lambda job=launch.job, n=launch.job.state.current.n: admission.unadmit(repo, job.id, n)
+                                    for launch in launches])
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            undo.append(lambda job=job, attempt=attempt: admission.unadmit(repo, job.id, attempt.n))
             # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
-            if privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written):
-                undo.append(lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n))
+            kept = privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written)
+            tx.done("start_words_kept",
+                    (lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n)) if kept else None)
             jobenv.save(state_dir, job.id)
-            undo.append(lambda job=job: jobenv.drop(state_dir, job.id))
+            tx.done("start_env_kept", lambda job=job: jobenv.drop(state_dir, job.id))
             if launch.paid:
-                undo.append(lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0, reason="start undone"))
+                tx.done("start_reserved", lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0,
+                                                                               reason="start undone"))
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            if launch.branch_at is not None:  # the job's branch is created (start) or restored (reply) here
+            if attempt.n == 1:  # its branch (none for a read-only job) and base pin: one ref transaction
+                branch = job.spec.branch if launch.branch_at is not None else None
+                records.create_start_refs(repo, job.id, branch, job.spec.base)
+                tx.done("after_branch", lambda job=job, branch=branch: _drop_start_refs(repo, job.id, branch))
+                records.create(repo, job)  # undone with the refs: `records.delete` drops the record too
+                tx.done("start_job_recorded")
+                continue
+            if launch.branch_at is not None:  # a reply restores the job's branch here
                 records.create_branch(repo, job.spec.branch, launch.branch_at)
-                undo.append(lambda job=job: _delete_branch(repo, job.spec.branch))
-                faults.point("after_branch")
-            if attempt.n == 1:
-                records.set_pin(repo, job.id, "base", job.spec.base)
-                undo.append(lambda job=job: records.delete(repo, job.id))
-                records.create(repo, job)
-            else:
-                _append_attempt(repo, job.id, attempt)
-                undo.append(lambda job=job, attempt=attempt: _drop_attempt(repo, job.id, attempt.n))
+                tx.done("after_branch", lambda job=job: _delete_branch(repo, job.spec.branch))
+            tx.done("start_job_recorded", _append_attempt(repo, job.id, attempt))
         if then_record is not None:
             then_record()
-            undo.append(undo_record)
-        faults.point("after_record")
+            tx.done("start_group_recorded", undo_record)
+        tx.done("after_record")
         for launch, position in zip(launches, positions, strict=True):
             if position != 0:
                 continue
@@ -1148,10 +976,6 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                     raise  # nothing runs yet: undo it all
                 print(f"git-subtask: could not start the worker of {launch.job.id}: {exc}", file=sys.stderr)
                 unspawned.append(launch)
-    except BaseException as exc:
-        admitted = getattr(exc, "admission", (dead, handed))
-        undo_uninterrupted(undo, then=lambda: admission.after_admission(repo, admitted))
-        raise
     queued = False
     for launch, position in zip(launches, positions, strict=True):
         if launch in spawned:
@@ -1167,7 +991,13 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     return [StartResult(launch.job, position) for launch, position in zip(launches, positions, strict=True)]
 
 
-def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
+def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> Callable[[], None]:
+    """A reply's attempt added to the job's record; its undo: the record back to its commit
+    before, exactly (we hold the job's run-lock: nobody writes it meanwhile), else, should
+    someone have, the attempt dropped by a commit of its own."""
+    name = records.record_ref(job_id)
+    before = repo.objects.ref(name)
+
     def change(job: Job) -> bool:
         if job.state.current.n != attempt.n - 1 or not job.state.current.terminal:
             raise SubtaskError("not_finished", f"{job_id} changed meanwhile: attempt {job.state.current.n} is "
@@ -1178,6 +1008,13 @@ def _append_attempt(repo: Repo, job_id: str, attempt: Attempt) -> None:
         return True
 
     records.update(repo, job_id, change)
+    after = repo.objects.ref(name)
+
+    def undo() -> None:
+        if before is None or after is None or not records.cas_ref(repo, name, after.target, before.target):
+            _drop_attempt(repo, job_id, attempt.n)
+
+    return undo
 
 
 def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:
@@ -1198,24 +1035,21 @@ def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
         pass
 
 
+def _drop_start_refs(repo: Repo, job_id: str, branch: str | None) -> None:
+    """Undo `records.create_start_refs` (and `records.create`): the branch, the pins, the record."""
+    if branch is not None:
+        _delete_branch(repo, branch)
+    records.delete(repo, job_id)
+
+
 def _delete_branch(repo: Repo, branch: str) -> None:
     ref = repo.objects.ref(f"refs/heads/{branch}")
     if ref is not None:
         records.cas_ref(repo, ref.name, ref.target, None)
 
 
-def sweep(repo: Repo) -> None:
-    """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
-    ended (`waiting.advance`). Cheap: reads the slots file only, unless there is work."""
-    from subtask.ops.plans import waiting
-
-    lifecycle.reconcile(repo)
-    waiting.advance(repo)
-
-
 # ---------------------------------------------------------------- reply
 
-WRAP_UP_WAIT = 60.0  # seconds `wait` gives an ended job's worker to let go of it
 REPLY_LOCK_WAIT = 3.0
 
 
@@ -1288,458 +1122,6 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
 def _acquire_for_reply(repo: Repo, job_id: str) -> int:
     """The job's run-lock, once its previous worker has let go; busy means another reply has it."""
     return liveness.acquire_within(repo.state_dir, job_id, REPLY_LOCK_WAIT)
-
-
-# ---------------------------------------------------------------- reading
-
-def get(repo: Repo, id_or_prefix: str) -> Job:
-    if isinstance(id_or_prefix, str) and is_job_id(id_or_prefix):  # a whole id: one ref lookup, not two
-        try:
-            return records.read(repo, id_or_prefix)
-        except SubtaskError as exc:
-            if exc.kind != "not_found":
-                raise
-    return records.read(repo, records.resolve(repo, id_or_prefix))
-
-
-def queue_position(repo: Repo, job_id: str) -> int | None:
-    return slots.read(repo.state_dir).position(job_id)
-
-
-DEFAULT_LIST_LIMIT = 50
-LIST_STATES = (*ACTIVE, *TERMINAL)
-
-
-@dataclass
-class Listing:
-    jobs: list[dict]
-    more: int  # jobs left out by the limit
-    swept: list[str] = field(default_factory=list)  # lines: what this call's lazy sweep did
-    hidden: int = 0  # landed jobs left out (shown with include_all)
-
-
-def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, limit: int | None = None) -> Listing:
-    """Compact entries, newest first.
-
-    By default: every active job, then the most recent finished ones up to `DEFAULT_LIST_LIMIT`,
-    landed jobs hidden. `include_all` shows everything; `limit` caps the rows.
-    """
-    if state is not None and state not in (*LIST_STATES, "active", "ended"):
-        raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
-    sweep(repo)
-    from subtask.ops.landing import cleanup
-
-    listed = records.list_entries(repo)
-    if _settle_elsewhere(repo, listed):
-        listed = records.list_entries(repo)
-    swept: list[str] = []
-    if cleanup.maybe_sweep(repo, listed):
-        before = {e["id"] for e in listed if e.get("landed")}
-        listed = records.list_entries(repo)  # the sweep marked some jobs landed
-        swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
-    where_landed.add_to_entries(repo, listed)  # a teammate's job landed here: its record cannot say so
-    current = slots.read(repo.state_dir)
-    if limit is None and not include_all:
-        limit = DEFAULT_LIST_LIMIT
-    entries = []
-    more = 0
-    hidden = 0
-    for entry in listed:
-        if not include_all and entry.get("landed") and state is None:
-            hidden += 1
-            continue
-        job_state = entry.get("state")
-        if state == "active" and job_state not in ACTIVE:
-            continue
-        if state == "ended" and job_state not in TERMINAL:
-            continue
-        if state not in (None, "active", "ended") and job_state != state:
-            continue
-        entry["position"] = current.position(entry["id"]) if job_state == "queued" else None
-        if limit and len(entries) >= limit and job_state in TERMINAL:
-            more += 1
-            continue
-        entries.append(entry)
-    _mark_moved(repo, entries)
-    _mark_overlap(repo, entries, listed)
-    return Listing(entries, more, swept, hidden)
-
-
-def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
-    """`marks`: a finished job's base behind the land target, jobs that change the same files
-    (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
-    from subtask.ops.landing import overlap
-
-    try:
-        overlap.mark(repo, shown, listed)
-    except (SubtaskError, OSError) as exc:
-        warnings.warn(f"could not tell which jobs overlap: {exc}", stacklevel=2)
-
-
-def _mark_moved(repo: Repo, entries: list[dict]) -> None:
-    """`moved`: the branch of a job whose verify passed has moved since (a commit verify never
-    tested): `list` must not say "passed" of a tip merge refuses. One ref listing, only when needed."""
-    verified = [e for e in entries if e.get("verified") and not e.get("landed")]
-    if not verified:
-        return
-    tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/" + records.branch_name(""))}
-    for entry in verified:
-        tip = tips.get("refs/heads/" + records.branch_name(entry["id"]))
-        if tip is not None and tip != entry["verified"]:
-            entry["moved"] = tip
-
-
-def branch_moved(repo: Repo, job: Job) -> str | None:
-    """The tip of a job's branch when it moved after its verify passed (untested), else None."""
-    verify = job.state.current.verify
-    if verify is None or not verify.passed or not job.spec.branch or job.state.landed_in:
-        return None
-    ref = repo.objects.ref(f"refs/heads/{job.spec.branch}")
-    return ref.target if ref is not None and ref.target != verify.head else None
-
-
-def _settle_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
-    """Bring home the active jobs run elsewhere that their executor says ended (one status request
-    each; none active: no import of the executor)."""
-    settled = []
-    for executor in executors.elsewhere():
-        active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]
-        if active:
-            settled += executor.backend().settle_active(repo, active)
-    return settled
-
-
-def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
-    """One line saying what the lazy sweep did for the jobs it found landed (their branches and
-    clean worktrees removed), so `list` does not remove a person's branches silently."""
-    if not landed_ids:
-        return []
-    removed = []
-    for job_id in landed_ids:
-        try:
-            state = records.read(repo, job_id).state
-        except SubtaskError:
-            continue
-        what = [word for word, gone in (("branch", state.branch_deleted), ("worktree", state.worktree_removed)) if gone]
-        removed.append(f"{job_id}" + (f" ({' and '.join(what)} removed)" if what else ""))
-    jobs = "job" if len(landed_ids) == 1 else "jobs"
-    return [f"found {len(landed_ids)} landed {jobs}: " + ", ".join(removed)]
-
-
-def record_facts(repo: Repo, job: Job) -> dict:
-    """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
-    clone started the job (`ownership`)."""
-    from subtask.git import signing
-
-    return {"signature": signing.check_one(repo, job.tip, job.signed), "mine": ownership.owns(repo, job)}
-
-
-def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
-    """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
-    tip) and `mine`, from the clone id and one listing of ownership refs."""
-    from subtask.git import signing
-
-    checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
-    clone = ownership.clone_id(repo)
-    owned = ownership.owned_keys(repo) if clone else set()
-    for entry in entries:
-        found = checked.get(entry.get("tip")) if entry.get("signed") else None
-        entry["signature"] = (found or signing.UNSIGNED).to_dict()
-        entry["mine"] = entry.get("clone") == clone and entry["id"] in owned
-    return entries
-
-
-def worktree_present(job: Job) -> bool:
-    """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
-    return Path(job.spec.worktree).is_dir()
-
-
-def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None, dict]]:
-    """(job, queue position, latest activity, marks) for one job, or for every active job; the
-    marks as `list` has them (a stale base, jobs changing the same files)."""
-    marks: dict[str, dict] = {}
-    if id_or_prefix is not None:
-        jobs = [get(repo, id_or_prefix)]
-        entry = dict(records.list_entry(jobs[0]), tip=jobs[0].tip)
-        _mark_overlap(repo, [entry], [e for e in records.list_entries(repo) if e["id"] != entry["id"]] + [entry])
-        marks[entry["id"]] = entry.get("marks") or {}
-    else:
-        jobs = []
-        for entry in list_jobs(repo, state="active").jobs:
-            marks[entry["id"]] = entry.get("marks") or {}
-            try:
-                jobs.append(records.read(repo, entry["id"]))
-            except records.DamagedRecord as exc:  # the others still show
-                warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
-    current = slots.read(repo.state_dir)
-    return [(job, current.position(job.id), None if job.state.current.terminal else latest_activity(repo, job.id),
-             marks.get(job.id) or {}) for job in jobs]
-
-
-def latest_activity(repo: Repo, job_id: str) -> str | None:
-    """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
-    lines = _tail_lines(lifecycle.events_file(repo.state_dir, job_id))
-    import json
-
-    from subtask import words as render
-
-    for line in reversed(lines):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        text = render.activity_text(event)
-        if text:
-            return text[:120]
-    return None
-
-
-# ---------------------------------------------------------------- wait
-
-STALL_LOOK = 0.25  # seconds between looks at the waited jobs' events files, for a stall
-RECORD_LOOKS = 8  # `wait --since` reads the record refs every 8th look (2 s): what only they say
-
-
-def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-         on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True,
-         since: str | None = None) -> WaitResult:
-    """Block until the jobs end (or one, with `any_`), waking on run-lock release, not by polling.
-
-    A running job marked stalled (its engine silent for `subtask.stallAfter`) counts as answered
-    too, unless `stalls` is False (or a set of job ids that leaves it out: a group's members,
-    beside jobs): the caller is told, and decides (stop it, or wait again).
-    `on_tick(elapsed, jobs_ended, total, activities)` is called about every `tick` seconds while
-    waiting (the MCP server sends progress notifications from it).
-
-    `since` (a cursor, `0` for the beginning; `ops.feed`): answer as soon as any job has an event
-    after it, or as `wait` would; `feed` then holds those events and the cursor after them.
-    """
-    if since is not None:
-        if timeout is not None:
-            timeout = _positive(timeout, "--timeout")  # refused even when events answer at once
-        return _wait_since(repo, ids, since, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick)
-    return _wait(repo, ids, timeout=timeout, any_=any_, on_tick=on_tick, tick=tick, stalls=stalls)
-
-
-def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
-    from subtask.ops.running import feed
-
-    positions = feed.parse(since)  # a bad cursor is refused before anything is read
-    if not ids:
-        raise SubtaskError("usage", "wait needs at least one job id")
-    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
-    found = feed.collect(repo, job_ids, positions)
-    if found.events or found.more:
-        jobs = [records.read(repo, job_id) for job_id in job_ids]
-        return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
-    import itertools
-
-    looks = itertools.count()  # the record refs every RECORD_LOOKS-th look, the events files every look
-    result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions,
-                                                         records_too=next(looks) % RECORD_LOOKS == 0), **options)
-    result.feed = feed.collect(repo, job_ids, positions)
-    return result
-
-
-def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
-          on_tick=None, tick: float = 1.0, stalls: bool | set[str] = True, wake=None) -> WaitResult:
-    """`wait` without a cursor; `wake()`, asked every STALL_LOOK seconds, ends it early when True."""
-    if not ids:
-        raise SubtaskError("usage", "wait needs at least one job id")
-    if timeout is not None:  # 0: look once, as a poll
-        timeout = _positive(timeout, "--timeout", zero=True)
-    job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
-    first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    ended: queue.Queue[tuple[str, Job | BaseException]] = queue.Queue()
-    cancel = threading.Event()
-    for job in first_read:
-        threading.Thread(target=_watch_one, args=(repo.for_thread(), job, ended, cancel), daemon=True).start()
-    done: dict[str, Job] = {}
-    watched = [j for j in first_read if stalls is True or (stalls and j.id in stalls)]
-    stalled = _StallLook(repo, watched) if watched else None
-    needed = 1 if any_ else len(job_ids)
-    next_tick = started + tick
-    next_wake = started if wake else None
-    try:
-        while len(done) + len(stalled.found if stalled else ()) < needed:
-            now_ = time.monotonic()
-            if deadline is not None and now_ >= deadline:
-                break
-            if next_wake is not None and now_ >= next_wake:
-                next_wake = now_ + STALL_LOOK
-                if wake():
-                    break
-            if on_tick and now_ >= next_tick:
-                next_tick = now_ + tick
-                on_tick(now_ - started, len(done), len(job_ids),
-                        {j: latest_activity(repo, j) for j in job_ids if j not in done})
-            if stalled is not None and stalled.look(done, now_):
-                continue
-            until = min(t for t in (deadline, next_tick if on_tick else None, now_ + 3600, next_wake,
-                                    stalled.next_look if stalled else None) if t is not None)
-            try:
-                job_id, seen = ended.get(timeout=max(0.0, until - now_))
-            except queue.Empty:
-                continue
-            if isinstance(seen, BaseException):
-                raise seen  # its watcher could not read it: say why, never wait on
-            done[job_id] = seen
-    finally:
-        cancel.set()  # watcher threads stop at their next look
-    jobs = [done[j] if j in done else records.read(repo, j) for j in job_ids]  # an ended state is final
-    found = [j.id for j in jobs if stalled and j.id in stalled.sizes and j.id not in done
-             and j.state.current.stalled and not j.state.current.terminal]
-    # Read again, a job found stalled may have ended meanwhile (stallAction stop), or spoken again:
-    # only a deadline that passed is a timeout.
-    answered = sum(1 for j in jobs if j.state.current.terminal) + len(found)
-    timed_out = deadline is not None and time.monotonic() >= deadline and answered < needed
-    return WaitResult(jobs, timed_out=timed_out, stalled=found)
-
-
-class _StallLook:
-    """`wait`'s look for stalled jobs, every STALL_LOOK seconds: a stat of each job's events file,
-    its tail read only when it grew, the record only when the tail's last word on stalls is
-    "stalled" (the stall watch records it before it says it). The ends still wake `wait` at once
-    through the run-locks; a stall is a fact that no lock announces."""
-
-    def __init__(self, repo: Repo, jobs: list[Job]):
-        self.repo = repo
-        self.sizes: dict[str, int | None] = {job.id: None for job in jobs}
-        self.found: set[str] = set()
-        self.next_look = time.monotonic()
-
-    def look(self, done: dict[str, Job], now_: float) -> bool:
-        """Look if it is time; True when a job was found stalled (or no longer stalled)."""
-        if now_ < self.next_look:
-            return False
-        self.next_look = now_ + STALL_LOOK
-        changed = False
-        for job_id, seen in self.sizes.items():
-            if job_id in done:
-                continue
-            path = lifecycle.events_file(self.repo.state_dir, job_id)
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                continue
-            if size == seen:
-                continue
-            self.sizes[job_id] = size
-            stalled = _last_stall_event(path) == "stalled"
-            if stalled:
-                attempt = records.read(self.repo, job_id).state.current
-                stalled = bool(attempt.stalled) and not attempt.terminal
-            if stalled != (job_id in self.found):
-                (self.found.add if stalled else self.found.discard)(job_id)
-                changed = True
-        return changed
-
-
-def _last_stall_event(path: Path) -> str | None:
-    """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
-    import json
-
-    for line in reversed(_tail_lines(path)):
-        if '"stall' not in line:
-            continue
-        try:
-            kind = json.loads(line).get("type")
-        except (ValueError, AttributeError):
-            continue
-        if kind in ("stalled", "stall_ended"):
-            return kind
-    return None
-
-
-def _tail_lines(path: Path, size: int = 4096) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - size))
-            return fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-
-
-def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
-    """Report (its id, the job) on `ended` when `job`'s current attempt is terminal (as read, or
-    once read again). Runs in its own thread.
-
-    Any failure (a record damaged while we wait) is reported as (`job_id`, error) rather than
-    ending the thread silently, because `wait` would then wait for a report that never comes.
-    """
-    try:
-        _watch_until_ended(repo, job, ended, cancel)
-    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-        ended.put((job.id, exc))
-
-
-def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
-    state_dir, job_id = repo.state_dir, job.id
-    next_fill = 0.0
-    latest: Job | None = job  # as `wait` read it; read again at each later look
-    while not cancel.is_set():
-        latest = latest or records.read(repo, job_id)
-        if latest.state.current.terminal:
-            ended.put((job_id, _after_wrap_up(repo, latest, cancel)))
-            return
-        if latest.state.current.state == WAITING:
-            # Nothing holds a waiting job: look again now and then, moving it on when it can be
-            # (the worker that ends the last job it waits for does it too, at once).
-            latest = None
-            if time.monotonic() >= next_fill:
-                next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-                sweep(open_repo(repo.root))
-            running = _running_dependency(state_dir, job_id)
-            if running is not None:
-                liveness.wait_released(state_dir, running)  # in the kernel until its worker lets go
-            else:
-                time.sleep(WAITING_LOOK)
-            continue
-        executor, latest = executors.of(latest), None
-        if not executor.runs_here:
-            executor.backend().watch(repo, job_id, cancel)  # its executor's status (Ray: at most once a second)
-            continue
-        if liveness.is_held(state_dir, job_id):
-            liveness.wait_released(state_dir, job_id)
-            continue
-        if slots.read(state_dir).position(job_id) is None:
-            sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
-            lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
-        elif time.monotonic() >= next_fill:
-            # Queued: fill idle slots now and then, with the settings as they are now (a fixed
-            # maxRunning must take effect without another command).
-            next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-            lifecycle.reconcile(open_repo(repo.root))
-        time.sleep(0.02)
-
-
-def _running_dependency(state_dir: Path, job_id: str) -> str | None:
-    """A job the waiting `job_id` waits for whose worker runs now (its run-lock is held), if any."""
-    for entry in slots.read(state_dir).waiting:
-        if entry["job"] == job_id:
-            return next((other for other in entry["until"] if liveness.is_held(state_dir, other)), None)
-    return None
-
-
-def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
-    """`job`, whose attempt ended, once its worker has let go of it.
-
-    A worker writes the terminal record before its wrap-up (the note, the reservation, the slot)
-    and releases the run-lock after it: a caller's next step (`git log --notes=subtask`, cleanup)
-    must find all of it done. A reply's starter holds the same lock before it appends its attempt:
-    a new attempt ends the wait, and so does WRAP_UP_WAIT, so a stuck holder never keeps us.
-    """
-    deadline = time.monotonic() + WRAP_UP_WAIT
-    if liveness.is_held(repo.state_dir, job.id):
-        faults.point("wait_found_busy")
-    while liveness.is_held(repo.state_dir, job.id) and time.monotonic() < deadline and not cancel.is_set():
-        time.sleep(0.005)
-        if records.read(repo, job.id).state.current.n != job.state.current.n:
-            break
-    return job
 
 
 # ---------------------------------------------------------------- stop, cleanup
@@ -1928,53 +1310,6 @@ def engine_plugins() -> list[str]:
     return plugin_names()
 
 
-def evidence_envelope(job: Job) -> dict:
-    """The JSON envelope: what the runner observed, apart from what the engine reported."""
-    attempt = job.state.current
-    evidence = job.evidence.to_dict() if job.evidence else None
-    return {
-        "v": 1,
-        "id": job.id,
-        "engine": job.spec.engine,
-        "model": attempt.model or job.spec.model,
-        "kind": "readonly" if job.spec.readonly else "worktree",
-        "state": attempt.state,
-        "outcome": attempt.outcome,
-        "attempts": len(job.state.attempts),
-        "task": job.spec.task,
-        "git": {
-            "base": job.spec.base,
-            "head": evidence["head"] if evidence else None,
-            "branch": job.spec.branch,
-            "commits": evidence["commits"] if evidence else [],
-            "changed_files": evidence["files"] if evidence else [],
-            "totals": evidence["totals"] if evidence else {},
-            "autocommit": evidence["autocommit"] if evidence else None,
-        },
-        "verification": attempt.verify.to_dict() if attempt.verify else None,
-        "isolation": {"mode": job.spec.isolation, "source": job.spec.isolation_source}
-        | ((evidence or {}).get("isolation") or {}),
-        "main_worktree": (evidence or {}).get("main_worktree"),
-        "commands": evidence["commands"] if evidence else {"seen": [], "tests": []},
-        "summary": job.summary,
-        "cost": attempt.cost.to_dict() | ({"billing": "reserved"} if attempt.rid and not attempt.terminal else {}),
-        "tokens": attempt.tokens,
-        "session_id": attempt.session_id,
-        "error": ({"kind": attempt.error_kind, "message": attempt.reason, "hint": attempt.hint}
-                  if attempt.state == "failed" else None),
-        "landed_in": job.state.landed_in,
-        # the verify loop (docs/verify.md): each check's verdict, each attempt's, where it was left
-        "checks": attempt.checks,
-        "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
-                  "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
-                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
-                  "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
-        "best": job.state.best,
-        # what the engine's summary claimed and the evidence contradicts (never decided on)
-        "claims": (evidence or {}).get("claims"),
-    }
-
-
 def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
     """This month's spend: committed, open reservations, per engine, cap left.
 
@@ -2076,6 +1411,8 @@ def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None 
 
 def _reply_and_wait(repo: Repo):
     """How `land --reconcile` answers a conflict: a reply to the job, waited for to its end."""
+    from subtask.api.waiting import wait
+
     def reply_and_wait(job_id: str, message: str) -> Job:
         reply(repo, job_id, message)
         return wait(repo, [job_id], stalls=False).jobs[0]
@@ -2102,6 +1439,24 @@ def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
 
     sweep(repo)
     return cleanup.gc(repo, dry_run=dry_run, older_than=older_than)
+
+
+def pool_status(repo: Repo):
+    """The worktree pool: its entries (commit, bytes), what `subtask.pool` and `poolMaxBytes` ask."""
+    from subtask.git import pool
+
+    return pool.status(repo)
+
+
+def pool_fill(repo: Repo, count: int | None = None):
+    """Fill the worktree pool now, in this process, to `count` entries (default `subtask.pool`)
+    at the main worktree's HEAD; (the entries made, the pool after)."""
+    from subtask.git import pool
+
+    if count is not None:
+        count = _positive(count, "the number of worktrees", integer=True) if count != 0 else 0
+    made = pool.fill(repo, count, wait=600.0)
+    return made, pool.status(repo)
 
 
 def hooks(repo: Repo, action: str):

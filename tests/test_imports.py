@@ -1,0 +1,114 @@
+"""Every call pays for what it uses, and no more: each reading command's imports have a budget.
+
+A reading command (`list`, `status`, `show`, `result`, `wait`) runs under `python -X importtime`
+(the modules the interpreter reports loading, in the order and nesting it loaded them), and:
+- nothing of click, pygit2, the MCP SDK, the agent SDKs, Ray or filelock loads, nor any module
+  of ours that starts, runs or lands a job, or signs (`FORBIDDEN`);
+- every module of ours it loads is in its budget (`OURS`, shared, plus `EXTRA` per command);
+- every module outside the package that a module of ours is the first to import is in
+  `DIRECT`: a new `import x` on a reading path, in a module or inside a function it calls,
+  fails here, not in a user's prompt (docs/benchmarks.md says what each costs).
+
+A module that leaves a budget lowers it: update the sets here in the same commit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import git
+
+FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
+             "subtask.engines", "subtask.worker", "subtask.api.jobs", "subtask.faces.cli", "subtask.faces.mcp_server",
+             "subtask.faces.mcp_tools", "subtask.faces.manpage", "subtask.git.signing", "subtask.git.notes_store",
+             "subtask.executors.ray", "subtask.ops.landing.landed", "subtask.ops.landing.cleanup",
+             "subtask.ops.landing.merge", "subtask.ops.landing.land", "subtask.ops.landing.queue",
+             "subtask.ops.landing.lineup", "subtask.ops.plans", "subtask.ops.running", "subtask.state.ledger",
+             "subtask.proc.isolation")
+
+OURS = {
+    "subtask", "subtask.entry", "subtask.api", "subtask.api.read", "subtask.executors",
+    "subtask.faces", "subtask.faces.commands", "subtask.faces.output", "subtask.faces.replies",
+    "subtask.git", "subtask.git.chains", "subtask.git.gitobjects", "subtask.git.gitrepo", "subtask.git.ownership",
+    "subtask.git.records", "subtask.git.where_landed",
+    "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.errors",
+    "subtask.model.executors", "subtask.model.faults", "subtask.model.job", "subtask.model.money", "subtask.proc", "subtask.proc.spawn",
+    "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",
+    "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.formats",
+    "subtask.words.lines", "subtask.words.pages", "subtask.words.terminal",
+}
+EXTRA = {
+    "list": {"subtask.faces.commands.list", "subtask.ops", "subtask.ops.landing", "subtask.ops.landing.overlap"},
+    "status": {"subtask.faces.commands.status", "subtask.ops", "subtask.ops.landing", "subtask.ops.landing.overlap"},
+    "show": {"subtask.faces.commands.show", "subtask.model.provenance"},
+    "result": {"subtask.faces.commands.result"},
+    "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
+}
+DIRECT = {"__future__", "dataclasses", "decimal", "json", "pathlib", "signal", "subprocess"}
+DIRECT_EXTRA = {"wait": {"queue"}}
+
+
+def import_tree(argv: list[str], cwd) -> dict[str, str | None]:
+    """{module: the module that first imported it (None: the interpreter or the script)} of
+    `python -m subtask <argv>`, from `-X importtime` (a module is printed after its imports, each
+    indented one level deeper than the module that imported it)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "subtask", *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rows = []
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "self [us]" not in line:
+            name = line.split("|")[2]
+            rows.append(((len(name) - len(name.lstrip())) // 2, name.strip()))
+    parents: dict[str, str | None] = {}
+    for i, (depth, name) in enumerate(rows):
+        parents[name] = next((rows[j][1] for j in range(i + 1, len(rows)) if rows[j][0] == depth - 1), None)
+    return parents
+
+
+def over_budget(command: str, parents: dict[str, str | None]) -> list[str]:
+    """What `command` imported beyond its budget, in words (empty: within it)."""
+    found = []
+    for module, parent in parents.items():
+        if any(module == f or module.startswith(f + ".") for f in FORBIDDEN):
+            found.append(f"{module} (imported by {parent}) is never a reading command's")
+        elif module.startswith("subtask") and module not in OURS | EXTRA[command]:
+            found.append(f"{module} (imported by {parent}) is not in {command}'s budget")
+        elif not module.startswith("subtask") and (parent or "").startswith("subtask") \
+                and module.split(".")[0] not in DIRECT | DIRECT_EXTRA.get(command, set()):
+            found.append(f"{module} (imported by {parent}) is not in {command}'s budget")
+    return found
+
+
+@pytest.fixture
+def finished(repo, cli):
+    """A repository with one finished job; the landed sweep (which imports what lands jobs, once
+    every subtask.sweepInterval) done already, as on any repository between two sweeps."""
+    git(repo, "config", "subtask.sweepInterval", "3600")
+    job = cli.start("echo hi > hi.txt")
+    cli.ok("wait", job)
+    cli.ok("list")
+    return repo, job
+
+
+@pytest.mark.parametrize("command", sorted(EXTRA))
+def test_a_reading_command_imports_only_its_budget(finished, command):
+    repo, job = finished
+    argv = [command] if command in ("list", "status") else [command, job]
+    parents = import_tree(argv, repo)
+    assert f"subtask.faces.commands.{command}" in parents  # the registry ran it, without click
+    assert over_budget(command, parents) == []
+
+
+def test_the_budget_fails_a_heavy_import_on_the_reading_path():
+    """The check itself: a module of ours that imports click, or pygit2 inside a function `list`
+    calls, or one more of our modules or the standard library's, is named."""
+    base = {m: "subtask.api.read" for m in OURS}
+    assert over_budget("list", base | {"click": "subtask.faces.commands.list"})
+    assert over_budget("list", base | {"pygit2": "subtask.git.records"})
+    assert over_budget("list", base | {"subtask.ops.landing.cleanup": "subtask.api.read"})
+    assert over_budget("list", base | {"tempfile": "subtask.state.statefiles"})
+    assert over_budget("list", base | {"tempfile": "shutil"}) == []  # the standard library's own
+    assert over_budget("list", base) == []

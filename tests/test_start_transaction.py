@@ -1,0 +1,52 @@
+"""One start transaction for every way a job begins (`model/transaction.py`): a failure after
+any of its steps, in start, a best-of group, a map, a reply and a job that waits, undoes exactly
+what was done. Afterwards the repository holds the refs it held before, no worktree, no slot,
+no queue entry, and the state folder the files it held before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import git
+
+LAUNCH = ["start_locked", "start_admitted", "start_words_kept", "start_env_kept", "after_branch",
+          "start_job_recorded", "after_record", "before_spawn"]
+WAYS = {
+    "start": (LAUNCH, lambda cli, repo: ["start", "echo hi > hi.txt"]),
+    "best-of": ([*LAUNCH, "start_group_recorded"],
+                lambda cli, repo: ["start", "--best-of", "2", "--verify", "true", "echo hi > hi.txt"]),
+    "map": ([*LAUNCH, "start_group_recorded"], lambda cli, repo: ["map", "*.md", "echo {files} > out.txt"]),
+    "after": (["start_locked", "start_words_kept", "start_env_kept", "start_waiting_entry", "after_record"],
+              lambda cli, repo: ["start", "--after", cli.start("true"), "echo hi > hi.txt"]),
+    "reply": ([s for s in LAUNCH if s not in ("start_locked", "after_branch")],
+              lambda cli, repo: ["reply", cli.start("echo one > one.txt"), "and one more"]),
+}
+CASES = [(way, step) for way, (steps, _) in WAYS.items() for step in steps]
+
+
+def what_is_there(repo: Path) -> dict:
+    """What a start leaves behind: refs, worktrees, slots, the state folder's files."""
+    state = repo / ".git" / "subtask"
+    slots = json.loads((state / "slots.json").read_text()) if (state / "slots.json").exists() else {}
+    files = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file()
+                   and p.suffix != ".log" and p.name not in ("list-cache.json", "slots.json")
+                   and not p.name.endswith(".lock"))
+    return {"refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/subtask", "refs/heads",
+                        "refs/notes"),
+            "worktrees": git(repo, "worktree", "list", "--porcelain").count("worktree "),
+            "running": slots.get("running", []), "queue": slots.get("queue", []), "files": files}
+
+
+@pytest.mark.parametrize(("way", "step"), CASES, ids=[f"{w}-{s}" for w, s in CASES])
+def test_a_failure_after_any_step_undoes_exactly_what_was_done(cli, repo, way, step):
+    steps, command = WAYS[way]
+    args = command(cli, repo)
+    for job in [a for a in args if a.startswith("st-")]:
+        cli.ok("wait", job)  # what it waits for, or what it replies to, has ended
+    before = what_is_there(repo)
+    failed = cli(*args, env={"SUBTASK_FAULT_RAISE": step})
+    assert failed.returncode == 128, failed
+    assert f"injected fault at {step}" in failed.stderr and "Traceback" not in failed.stderr
+    assert what_is_there(repo) == before
