@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import loadavg, save, sh  # noqa: E402
 
 from subtask.git.gitrepo import open_repo  # noqa: E402
-from subtask.ops import overlay  # noqa: E402
+from subtask.ops.landing import overlay  # noqa: E402
 from subtask.proc import procs  # noqa: E402
 
 FILES = 2000

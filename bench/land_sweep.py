@@ -19,7 +19,7 @@ from bench.common import make_repo, median_ms, save, sh, timed
 from subtask.git import records
 from subtask.git.gitrepo import open_repo
 from subtask.model.job import Attempt, Cost, Evidence, JobSpec, JobState, new_job_id
-from subtask.ops import landing
+from subtask.ops.landing import cleanup, landed
 
 JOBS = 200
 UPSTREAM = 50
@@ -57,13 +57,13 @@ def main() -> None:
         path = make_repo(Path(tmp) / "repo", files=200, folders=10)
         make_jobs(path)
         repo = open_repo(path)
-        cache = repo.state_dir / landing.PATCH_ID_CACHE
+        cache = repo.state_dir / landed.PATCH_ID_CACHE
         t0 = time.perf_counter()
-        assert landing.cleanup_merged(repo).landed == []
+        assert cleanup.cleanup_merged(repo).landed == []
         cold = round((time.perf_counter() - t0) * 1000, 1)
-        warm = median_ms(timed(lambda: landing.cleanup_merged(repo), runs=5))
-        landing.maybe_sweep(repo)
-        throttled = median_ms(timed(lambda: landing.maybe_sweep(repo), runs=20))
+        warm = median_ms(timed(lambda: cleanup.cleanup_merged(repo), runs=5))
+        cleanup.maybe_sweep(repo)
+        throttled = median_ms(timed(lambda: cleanup.maybe_sweep(repo), runs=20))
         list_cmd = median_ms(timed(lambda: sh("git", "subtask", "list", cwd=path), runs=5))
         sh("git", "config", "subtask.sweepInterval", "0", cwd=path)
         list_sweeping = median_ms(timed(lambda: sh("git", "subtask", "list", cwd=path), runs=5))

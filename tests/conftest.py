@@ -281,7 +281,7 @@ def refs(repo: Path, prefix: str = "") -> list[str]:
 def running_pids(repo: Path, job: str, timeout: float = 60.0) -> dict:
     """The running job's worker pid and engine group, once both are recorded."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
 
     sdir = open_repo(repo).state_dir
     assert wait_until(lambda: {"worker", "engine"} <= lifecycle.read_pids(sdir, job).keys(), timeout=timeout), \

@@ -141,7 +141,7 @@ def test_a_group_refused_at_a_later_member_closes_the_earlier_ones_and_frees_the
     from subtask.git.records import Job
     from subtask.model.errors import SubtaskError
     from subtask.model.job import Attempt, Cost, JobSpec, JobState, now
-    from subtask.ops import admission
+    from subtask.ops.running import admission
     from subtask.state import ledger
 
     use_paid_engine(repo, monthlyCapUsd="10", maxRunning="2")

@@ -17,7 +17,7 @@ import pytest
 from conftest import git
 
 from subtask.git.gitrepo import open_repo
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.state import liveness, slots
 from subtask.state.statefiles import write_json
 

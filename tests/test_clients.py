@@ -1,4 +1,4 @@
-"""`git subtask install | uninstall` (subtask/clients.py) and doctor's handshake with what it set up.
+"""`git subtask install | uninstall` (subtask/client_config.py) and doctor's handshake with what it set up.
 
 Every test runs with a temporary HOME (conftest) and the real config formats: a person's own
 `~/.claude.json` / `.mcp.json` and `config.toml`, with their own servers, comments and layout,
@@ -235,9 +235,9 @@ def test_doctor_checks_each_installed_client_with_a_real_handshake(cli, repo, is
 
 def test_the_guide_is_package_data_and_the_servers_instructions(cli):
     from subtask.faces.mcp_tools import INSTRUCTIONS
-    from subtask.ops import clients
+    from subtask.ops.sharing import client_config
 
-    text = clients.guide_text()
+    text = client_config.guide_text()
     assert text.startswith("---\nname: git-subtask\ndescription: ")
     assert INSTRUCTIONS in text and "start_many" in INSTRUCTIONS and "merge" in INSTRUCTIONS
     for words in ("one `wait`", "Never\n   poll", "`diff`", "`show`", "`merge`", "verify passed", "stopped"):

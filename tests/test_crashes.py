@@ -18,7 +18,7 @@ import pytest
 from conftest import gate_folder, git, host_pid, wait_until
 
 from subtask.git.gitrepo import open_repo
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.proc import procs
 from subtask.state import liveness
 
@@ -340,7 +340,7 @@ def test_stop_kills_the_engines_whole_process_group_not_only_its_leader(repo, tm
     worker cleanup can stand in for it): after the grace, every member of the engine's group is
     gone, not only the pid recorded for it."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
 
     handle = open_repo(repo)
     job = "st-0000abcd"

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from conftest import blocked_on_run_lock, wait_until
 
-from subtask.ops import feed
+from subtask.ops.running import feed
 
 
 def since(cli, cursor: str, *ids: str, timeout: float = 60) -> dict:

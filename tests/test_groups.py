@@ -161,7 +161,7 @@ def test_a_judge_run_from_a_threaded_process_is_confined_too(cli, repo, tmp_path
 
     from subtask.git import records
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
     from subtask.proc import isolation
 
     if not isolation.support().available:
@@ -327,7 +327,8 @@ def test_completing_a_group_never_waits_for_a_run_lock_this_process_holds(cli, r
     """`merge` and `land` hold the pick's run-lock while they record the group's end: waiting for
     that lock to be released waited for ourselves (30 s per landing of a group)."""
     from subtask import api
-    from subtask.ops import groups, lifecycle
+    from subtask.ops.plans import groups
+    from subtask.ops.running import lifecycle
     from subtask.state import liveness
 
     gid, members = started_group(cli.ok("start", "--best-of", "2", DIFFERENT_WORK, "--verify", NOT_BROKEN))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import git, refs
 
-from subtask.ops.hooks import HOOK_TEXT
+from subtask.ops.sharing.hooks import HOOK_TEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_HOOK = """#!/bin/sh

@@ -23,8 +23,10 @@ from conftest import git
 FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
              "subtask.engines", "subtask.worker", "subtask.api.jobs", "subtask.faces.cli", "subtask.faces.mcp_server",
              "subtask.faces.mcp_tools", "subtask.faces.manpage", "subtask.git.signing", "subtask.git.notes_store",
-             "subtask.executors.ray", "subtask.ops.landing", "subtask.ops.landqueue", "subtask.ops.groups",
-             "subtask.ops.plans", "subtask.ops.lifecycle", "subtask.state.ledger", "subtask.proc.isolation")
+             "subtask.executors.ray", "subtask.ops.landing.landed", "subtask.ops.landing.cleanup",
+             "subtask.ops.landing.merge", "subtask.ops.landing.land", "subtask.ops.landing.queue",
+             "subtask.ops.landing.lineup", "subtask.ops.plans", "subtask.ops.running", "subtask.state.ledger",
+             "subtask.proc.isolation")
 
 OURS = {
     "subtask", "subtask.entry", "subtask.api", "subtask.api.read", "subtask.executors",
@@ -38,8 +40,8 @@ OURS = {
     "subtask.words.lines", "subtask.words.pages", "subtask.words.terminal",
 }
 EXTRA = {
-    "list": {"subtask.faces.commands.list", "subtask.ops", "subtask.ops.overlap"},
-    "status": {"subtask.faces.commands.status", "subtask.ops", "subtask.ops.overlap"},
+    "list": {"subtask.faces.commands.list", "subtask.ops", "subtask.ops.landing", "subtask.ops.landing.overlap"},
+    "status": {"subtask.faces.commands.status", "subtask.ops", "subtask.ops.landing", "subtask.ops.landing.overlap"},
     "show": {"subtask.faces.commands.show", "subtask.model.provenance"},
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
@@ -106,7 +108,7 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
     base = {m: "subtask.api.read" for m in OURS}
     assert over_budget("list", base | {"click": "subtask.faces.commands.list"})
     assert over_budget("list", base | {"pygit2": "subtask.git.records"})
-    assert over_budget("list", base | {"subtask.ops.landing": "subtask.api.read"})
+    assert over_budget("list", base | {"subtask.ops.landing.cleanup": "subtask.api.read"})
     assert over_budget("list", base | {"tempfile": "subtask.state.statefiles"})
     assert over_budget("list", base | {"tempfile": "shutil"}) == []  # the standard library's own
     assert over_budget("list", base) == []

@@ -486,7 +486,7 @@ def test_a_scratch_whose_git_metadata_a_verify_changed_is_made_anew(repo, tamper
     """What a verify left in a scratch's admin folder (a config.worktree, even one git would not
     read now) or its `.git` is never reused: the next landing gets a fresh checkout."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import integrate
+    from subtask.ops.landing import integrate
 
     scratch = integrate.Scratch(open_repo(repo))
     main = git(repo, "rev-parse", "main")

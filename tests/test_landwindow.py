@@ -195,12 +195,12 @@ def test_a_commit_a_person_makes_while_the_window_verifies_is_kept(cli, repo, co
 
 
 def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cli, repo, control_dir):
-    """The hotfix lane: a queue blocked verifying two jobs is handed a third by `land --first`,
+    """The hotfix_job lane: a queue blocked verifying two jobs is handed a third by `land --first`,
     which lands first; the two are built again on it; the second process prints its outcome."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import landfirst
+    from subtask.ops.landing import hotfix
 
-    a, b, hotfix = finished_jobs(cli, ["a.txt", "b.txt", "hotfix.txt"])
+    a, b, hotfix_job = finished_jobs(cli, ["a.txt", "b.txt", "hotfix.txt"])
     gate = control_dir / "gate"
     verify = f"echo run >> {control_dir}/runs; while [ ! -f {gate} ]; do sleep 0.05; done"
     before = git(repo, "rev-parse", "main")
@@ -209,12 +209,12 @@ def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cl
     first = None
     try:
         assert wait_until(lambda: runs(control_dir) >= 2, timeout=120), "the queue never verified"
-        mixed = cli("land", "--first", hotfix, a)
+        mixed = cli("land", "--first", hotfix_job, a)
         assert mixed.returncode == 129 and "--first hands it only the jobs it names" in mixed.stderr, mixed.stderr
-        assert not list(landfirst.folder(open_repo(repo)).glob("*")), "a refused --first leaves no request"
-        first = subprocess.Popen(["git", "subtask", "land", "--first", hotfix], cwd=repo, stdout=subprocess.PIPE,
+        assert not list(hotfix.folder(open_repo(repo)).glob("*")), "a refused --first leaves no request"
+        first = subprocess.Popen(["git", "subtask", "land", "--first", hotfix_job], cwd=repo, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-        taken = landfirst.folder(open_repo(repo)) / f"{hotfix}{landfirst.TAKEN}"
+        taken = hotfix.folder(open_repo(repo)) / f"{hotfix_job}{hotfix.TAKEN}"
         assert wait_until(taken.exists, timeout=120), "the running queue never took the hotfix"
         gate.touch()
         out, err = queue.communicate(timeout=300)
@@ -225,11 +225,11 @@ def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cl
             first.kill()
     assert queue.returncode == 0, out + err
     assert first.returncode == 0, said + said_err
-    assert f"{hotfix}: landed as" in said and "put at the head of the queue by land --first" in said, said
+    assert f"{hotfix_job}: landed as" in said and "put at the head of the queue by land --first" in said, said
     commits = first_parent_commits(repo, before)
-    landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (hotfix, a, b)]
+    landed = [cli.json("show", job)["state_detail"]["landed_in"] for job in (hotfix_job, a, b)]
     assert commits == landed, "the hotfix landed first, the others after it"
-    assert not list(landfirst.folder(open_repo(repo)).glob("*")), "no request is left behind"
+    assert not list(hotfix.folder(open_repo(repo)).glob("*")), "no request is left behind"
 
 
 def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
@@ -243,7 +243,7 @@ def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
 
 def test_land_first_of_an_unknown_job_is_refused_and_changes_nothing(cli, repo):
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import landfirst
+    from subtask.ops.landing import hotfix
 
     (a,) = finished_jobs(cli, ["a.txt"])
     before = git(repo, "rev-parse", "main")
@@ -251,7 +251,7 @@ def test_land_first_of_an_unknown_job_is_refused_and_changes_nothing(cli, repo):
     assert proc.returncode == 128 and "no job matches 'st-0000dead'" in proc.stderr, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert git(repo, "rev-parse", "main") == before and cli.json("show", a)["state"] == "done"
-    assert not list(landfirst.folder(open_repo(repo)).glob("*")), "no request is left behind"
+    assert not list(hotfix.folder(open_repo(repo)).glob("*")), "no request is left behind"
 
 
 def test_land_first_naming_a_job_also_in_the_list_lands_it_once_first(cli, repo):

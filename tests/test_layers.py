@@ -204,7 +204,7 @@ def test_the_worker_imports_nothing_of_api_or_the_faces():
     edges = graph()
     worker = sorted(m for m in edges if m.startswith("subtask.worker."))
     assert "subtask.worker.attempt" in worker
-    for module in (*worker, "subtask.ops.lifecycle", "subtask.proc.spawn"):
+    for module in (*worker, "subtask.ops.running.lifecycle", "subtask.proc.spawn"):
         assert "subtask.api" not in edges[module], module
         assert not {"subtask.faces.cli", "subtask.faces.mcp_server", "subtask.faces.mcp_tools"} & edges[module], module
 
@@ -224,7 +224,7 @@ def test_the_cli_still_forks_its_worker_now_that_the_worker_main_is_handed_in(cl
     """The CLI hands `spawn` its worker main: a worker it starts is a fork of itself (the CLI's
     argv), not a fresh `python -m subtask.worker.attempt`, unless SUBTASK_SPAWN=exec asks for one."""
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
 
     release = tmp_path / "release"
     env = {"SUBTASK_SPAWN": "exec"} if spawn == "exec" else {}

@@ -297,7 +297,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
     from test_mcp import server_env
 
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
     from subtask.state import liveness
 
     git(repo, "config", "subtask.maxRunning", "1")
@@ -321,7 +321,7 @@ def test_a_job_the_mcp_servers_zygote_hands_a_slot_keeps_its_environment(cli, re
             assert zygote.start() is not None
             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # no fork from here
             os.environ["AWS_PROFILE"] = "zygote-55aa"
-            from subtask import api; from subtask.ops import lifecycle
+            from subtask import api; from subtask.ops.running import lifecycle
             repo = api.repo_at(".")
             api.list_jobs(repo)  # reaps A, hands B its slot through the zygote
             print(lifecycle.read_pids(repo.state_dir, os.environ["JOB"]).get("worker"))
@@ -343,19 +343,19 @@ def test_the_spend_in_the_records_is_read_once_per_record_tip(cli, repo, monkeyp
     """Thousands of jobs: the charges are cached by record tip, so a second read opens no record."""
     from subtask.git import records
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import books
+    from subtask.ops.running import spending
 
     use_paid_engine(repo)
     jobs = [cli.start(f"cost=0.5 file=f{n}", "--max-usd", "1") for n in range(3)]
     cli.ok("wait", *jobs, timeout=60)
-    first = books.record_charges(open_repo(repo))
+    first = spending.record_charges(open_repo(repo))
     assert sorted(c.job for c in first) == sorted(jobs) and all(c.charged == 0.5 for c in first)
 
     def no_reads(*args, **kwargs):
         raise AssertionError("a cached record was read again")
 
     monkeypatch.setattr(records, "read_commit", no_reads)
-    assert sorted(books.record_charges(open_repo(repo)), key=lambda c: c.rid) == sorted(first, key=lambda c: c.rid)
+    assert sorted(spending.record_charges(open_repo(repo)), key=lambda c: c.rid) == sorted(first, key=lambda c: c.rid)
 
 
 def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo, monkeypatch):
@@ -364,16 +364,16 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
     import dataclasses
 
     from subtask.git.gitrepo import open_repo
-    from subtask.ops import books
+    from subtask.ops.running import spending
     from subtask.state import ledger
 
     use_paid_engine(repo)
     cli.ok("wait", cli.start("cost=0.5", "--max-usd", "1"), timeout=60)
     shutil.rmtree(state_dir(repo))
     handle = open_repo(repo)
-    stale = [dataclasses.replace(c, charged=None) for c in books.record_charges(handle)]
-    monkeypatch.setattr(books, "record_charges", lambda _repo: stale)
-    books.sync_ledger(handle)
+    stale = [dataclasses.replace(c, charged=None) for c in spending.record_charges(handle)]
+    monkeypatch.setattr(spending, "record_charges", lambda _repo: stale)
+    spending.sync_ledger(handle)
     spend = ledger.summary(handle.state_dir, 100.0)
     assert (spend.committed_usd, spend.open_usd) == (pytest.approx(0.5), 0.0), spend
 

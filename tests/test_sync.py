@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import git, make_team, refs
 
-from subtask.ops import sync
+from subtask.ops.sharing import sync
 
 
 @pytest.fixture

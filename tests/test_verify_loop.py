@@ -321,14 +321,14 @@ def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits
     from conftest import Cli
 
     from subtask.git import records
-    from subtask.ops import reverify
+    from subtask.ops.landing import verify_rerun
 
     cli = Cli(project)
     job = cli.start("git rm -q tests/test_calc.py", "--verify", "true")
     cli("wait", job)
     repo = open_repo(project)
     recorded = records.read(repo, job)
-    rerun = reverify.run(repo, recorded, git(project, "rev-parse", f"subtask/{job}"))
+    rerun = verify_rerun.run(repo, recorded, git(project, "rev-parse", f"subtask/{job}"))
     assert rerun.result.exit_code == 0 and rerun.result.passed is False
     assert rerun.result.checks_failed == ["no-test-deletion"]
     assert "exit 0; check no-test-deletion failed" in rerun.line(job)

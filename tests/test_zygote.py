@@ -15,7 +15,7 @@ from conftest import git, wait_until
 from test_mcp import JsonRpc, job_id_in, server_env
 
 from subtask.git.gitrepo import open_repo
-from subtask.ops.lifecycle import read_pids
+from subtask.ops.running.lifecycle import read_pids
 from subtask.state import liveness
 
 
@@ -185,7 +185,7 @@ def test_the_worker_runs_with_the_callers_environment_at_request_time(repo, cli)
         os.environ["SUBTASK_FAULT"] = "worker_start"  # set after the zygote was forked
         from subtask import api
         from subtask.git.gitrepo import open_repo
-        from subtask.ops.lifecycle import read_pids
+        from subtask.ops.running.lifecycle import read_pids
         repo = open_repo(".")
         job = api.start(repo, api.StartRequest(task="echo x > out.txt")).job.id
         worker = read_pids(repo.state_dir, job)["worker"]

@@ -55,7 +55,7 @@ from subtask.model.redact import redact
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
 from subtask.model.transaction import Transaction
-from subtask.ops import admission, books, lifecycle
+from subtask.ops.running import admission, lifecycle, spending
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 
@@ -375,7 +375,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
 
 
 def _routing(repo: Repo, request: StartRequest):
-    from subtask.ops import routing
+    from subtask.ops.running import routing
 
     _check_max_usd(request.max_usd)
     return routing.route(repo, readonly=bool(request.readonly), isolation=request.isolation, max_usd=request.max_usd)
@@ -392,7 +392,7 @@ def routing_explain(repo: Repo, request: StartRequest):
 def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
     from subtask.model.job import ON_FAIL
-    from subtask.ops import plans
+    from subtask.ops.plans import waiting
 
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
         raise SubtaskError("usage", f"after must be job or group ids, not {request.after!r}")
@@ -410,14 +410,14 @@ def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[l
         raise SubtaskError("usage", "--after starts the job from the head of what it waits for: give --base or "
                            "--after, not both")
     on.require("after")
-    after, until = plans.resolve_after(repo, list(names))
+    after, until = waiting.resolve_after(repo, list(names))
     return after, until, request.on_fail
 
 
 def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     """Record a job that waits (`plans`): its `waiting` entry, its words and environment, its
     record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
-    from subtask.ops import plans
+    from subtask.ops.plans import waiting
 
     job, state_dir = prepared.job, repo.state_dir
     with Transaction() as tx:
@@ -428,12 +428,12 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
         jobenv.save(state_dir, job.id)
         tx.done("start_env_kept", lambda: jobenv.drop(state_dir, job.id))
         try:
-            plans.record_waiting(repo, job, prepared.until or [])
+            waiting.record_waiting(repo, job, prepared.until or [])
         finally:  # a half-written entry or record is taken back too
-            tx.done("start_waiting_entry", lambda: (plans.forget(repo, job.id), records.delete(repo, job.id)))
+            tx.done("start_waiting_entry", lambda: (waiting.forget(repo, job.id), records.delete(repo, job.id)))
         tx.done("after_record")
     liveness.release(fd)
-    plans.advance(repo)
+    waiting.advance(repo)
     job = records.read(repo, job.id)
     return StartResult(job, queue_position(repo, job.id) or 0, on=prepared.on.name)
 
@@ -1112,9 +1112,9 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     # the job's work ends, so the reply continues from it.
     branch_at = None
     if job.spec.branch and repo.git.references.get(f"refs/heads/{job.spec.branch}") is None:
-        from subtask.ops import landing
+        from subtask.ops.landing import landed
 
-        branch_at = landing.job_head(repo, job)
+        branch_at = landed.job_head(repo, job)
     return _admit_and_launch(repo, job, engine.paid, branch_at=branch_at, lock_fd=lock_fd,
                              as_written={"message": message, "stored_message": stored})
 
@@ -1139,15 +1139,15 @@ def stop(repo: Repo, id_or_prefix: str) -> Job:
     executor = executors.of(job)
     if not executor.runs_here:
         return executor.backend().stop(repo, job_id)
-    from subtask.ops import plans
+    from subtask.ops.plans import waiting
 
     # A waiting job ends here, under its run-lock; one that started meanwhile is stopped as any job.
-    if attempt.state != WAITING or not plans.stop_waiting(repo, job_id):
+    if attempt.state != WAITING or not waiting.stop_waiting(repo, job_id):
         lifecycle.stop_job(repo, job_id)
     job = records.read(repo, job_id)
     if job.spec.group:  # a member stopped by hand may be the last one its group waited for
         _groups().after_member_ended(repo, job)
-    plans.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
+    waiting.advance(repo)  # the jobs waiting for it are skipped now, not at the next command
     return job
 
 
@@ -1158,10 +1158,10 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup, landed
 
     path = Path(job.spec.worktree)
-    removal, branch = landing.clean_job(repo, job, landing.land_target(repo), dry_run=dry_run)
+    removal, branch = cleanup.clean_job(repo, job, landed.land_target(repo), dry_run=dry_run)
     if removal.kind == "busy":
         raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"git subtask wait {job.id}")
@@ -1177,7 +1177,7 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
             if removal.kind == "pruned" else "no worktree to remove")
     if branch.kind == "removed":
         gone = "would delete" if dry_run else "deleted"
-        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing.EMPTY_BRANCH}; record kept)"
+        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({cleanup.EMPTY_BRANCH}; record kept)"
     if removal.kind != "removed" or dry_run:
         return f"{job.id}: {tree}"
     kept = f"branch {job.spec.branch} and record kept" if job.spec.branch else "record kept"
@@ -1276,7 +1276,7 @@ def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]
 
 def _head_of(repo: Repo, job: Job) -> str:
     """The job's head: its branch tip while it exists, else the head pin (so review works after landing)."""
-    from subtask.ops.landing import job_head
+    from subtask.ops.landing.landed import job_head
 
     return job_head(repo, job)
 
@@ -1319,7 +1319,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
         ledger.check_month(month)
     sweep(repo)
     if all_clones:
-        return books.team_spend(repo, month)
+        return spending.team_spend(repo, month)
     _sync_ledger(repo)
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
 
@@ -1327,7 +1327,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
 def _sync_ledger(repo: Repo) -> None:
     """The ledger is a cache of the records: restore it from them when it lacks this repository's
     mark (a lost state directory), before any lock is taken (reading records is slow)."""
-    books.sync_ledger(repo)
+    spending.sync_ledger(repo)
 
 
 # ---------------------------------------------------------------- notes, landing, hooks, sync
@@ -1358,10 +1358,10 @@ def verify(repo: Repo, id_or_prefix: str, run: bool = False, reuse: bool | None 
     """`git subtask verify`: the job's record checked against git (signature, pins, evidence, the
     verify result; with `run`, its verify command on the exact commit, unless a result for the
     same tree, command, harness and environment is known and `reuse` is not False). Returns a
-    `recheck.Recheck`."""
-    from subtask.ops import recheck
+    `record_check.Recheck`."""
+    from subtask.ops.landing import record_check
 
-    return recheck.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
+    return record_check.recheck(repo, get(repo, id_or_prefix), run=run, reuse=reuse)
 
 
 def merge_mode(*, squash: bool = False, no_ff: bool = False, ff_only: bool = False) -> str:
@@ -1383,30 +1383,30 @@ def land_mode(*, squash: bool = False, no_ff: bool = False, rebase: bool = False
 
 
 def merge(repo: Repo, id_or_prefix: str, mode: str = "merge", force: bool = False, reverify: bool = False):
-    from subtask.ops import landing
+    from subtask.ops.landing import merge
 
-    return landing.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
+    return merge.merge(repo, id_or_prefix, mode=mode, force=force, reverify=reverify)
 
 
 def land(repo: Repo, ids: list[str], *, mode: str = "merge", verify: str | None = None, atomic: bool = False,
          reconcile: bool = False, force: bool = False, dry_run: bool = False, window: int | None = None,
          batch: int | None = None, reuse: bool | None = None, first: list[str] | None = None,
          progress=None):
-    """Land many jobs in order, each verified on the commit that lands (`landqueue.LandResult`);
+    """Land many jobs in order, each verified on the commit that lands (`lineup.LandResult`);
     with `dry_run`, what would happen and which jobs touch the same files (`overlap.Plan`).
     `window`: states verified at once; `batch`: jobs per batch (0: the configured size);
     `reuse` False: run every verify; `first`: jobs put ahead of the rest; `progress`: called
     with what the window is doing (`render.land_progress`)."""
-    from subtask.ops import landqueue
+    from subtask.ops.landing import land, lineup
 
-    opts = landqueue.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
+    opts = lineup.Options(mode=mode, verify=verify, atomic=atomic, reconcile=reconcile, force=force,
                              window=window, batch=batch, reuse=reuse, first=list(first or []), progress=progress)
     sweep(repo)
     if dry_run:
-        from subtask.ops import overlap
+        from subtask.ops.landing import overlap
 
         return overlap.plan(repo, ids, opts)
-    return landqueue.land(repo, ids, opts, replier=_reply_and_wait(repo))
+    return land.land(repo, ids, opts, replier=_reply_and_wait(repo))
 
 
 def _reply_and_wait(repo: Repo):
@@ -1421,24 +1421,24 @@ def _reply_and_wait(repo: Repo):
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup
 
-    return landing.cleanup_merged(repo, dry_run=dry_run)
+    return cleanup.cleanup_merged(repo, dry_run=dry_run)
 
 
 def du(repo: Repo):
     """What each job's worktree costs on disk (tracked, untracked, ignored), the objects only its
     refs keep, the other folders in the worktree folder, and what cleanup --merged and gc would free."""
-    from subtask.ops import disk
+    from subtask.ops.running import disk
 
     return disk.usage(repo)
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup
 
     sweep(repo)
-    return landing.gc(repo, dry_run=dry_run, older_than=older_than)
+    return cleanup.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
 def pool_status(repo: Repo):
@@ -1460,7 +1460,7 @@ def pool_fill(repo: Repo, count: int | None = None):
 
 
 def hooks(repo: Repo, action: str):
-    from subtask.ops import hooks as hooks_mod
+    from subtask.ops.sharing import hooks as hooks_mod
 
     return {"install": hooks_mod.install, "uninstall": hooks_mod.uninstall, "status": hooks_mod.status}[action](repo)
 
@@ -1468,22 +1468,22 @@ def hooks(repo: Repo, action: str):
 def install(client: str, scope: str = "user", *, uninstall: bool = False, dry_run: bool = False,
             where: str | os.PathLike | None = None, on_plan=None):
     """Register (or with `uninstall`, take out) the MCP server and the agent's guide in Claude
-    Code's or Codex's own configuration (`clients.py`); `on_plan(lines)` sees the plan first."""
-    from subtask.ops import clients
+    Code's or Codex's own configuration (`client_config.py`); `on_plan(lines)` sees the plan first."""
+    from subtask.ops.sharing import client_config
 
     root = repo_at(where).root if scope == "project" else None
-    act = clients.uninstall if uninstall else clients.install
+    act = client_config.uninstall if uninstall else client_config.install
     return act(client, scope, root, dry_run=dry_run, on_plan=on_plan)
 
 
 def push(repo: Repo, remote: str = "origin", branches: bool = False):
-    from subtask.ops import sync
+    from subtask.ops.sharing import sync
 
     return sync.push(repo, remote, branches=branches)
 
 
 def pull(repo: Repo, remote: str = "origin"):
-    from subtask.ops import sync
+    from subtask.ops.sharing import sync
 
     active_elsewhere = {e["id"] for e in records.list_entries(repo) if e.get("on") and e.get("state") in ACTIVE}
     result = sync.pull(repo, remote)
@@ -1495,7 +1495,7 @@ def pull(repo: Repo, remote: str = "origin"):
 def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
     reservation, note; the end told (`ops.notify`) of those this pull found still active."""
-    from subtask.ops import notify
+    from subtask.ops.running import notify
 
     for job_id in job_ids:
         try:
@@ -1504,7 +1504,7 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
         except SubtaskError:
             continue
         if not executor.runs_here and job.state.current.terminal and ownership.owns(repo, job):
-            from subtask.ops import sync
+            from subtask.ops.sharing import sync
 
             try:
                 sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
@@ -1516,6 +1516,6 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
                 notify.attempt_ended(repo, ended)
             if ended.spec.group:  # a member brought home may be the last its group waited for
                 _groups().after_member_ended(repo, ended)
-    from subtask.ops import plans
+    from subtask.ops.plans import waiting
 
-    plans.advance_quietly(repo)  # ... and the jobs waiting for what came home
+    waiting.advance_quietly(repo)  # ... and the jobs waiting for what came home

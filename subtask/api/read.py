@@ -49,14 +49,15 @@ def _positive(value, what: str, *, allow_none: bool = True, integer: bool = Fals
 
 def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
-    ended (`plans.advance`). Cheap: one read of the slots file, and nothing more is imported,
+    ended (`waiting.advance`). Cheap: one read of the slots file, and nothing more is imported,
     unless there is work (`slots.settled`)."""
     if slots.settled(repo.state_dir):
         return
-    from subtask.ops import lifecycle, plans
+    from subtask.ops.plans import waiting
+    from subtask.ops.running import lifecycle
 
     lifecycle.reconcile(repo)
-    plans.advance(repo)
+    waiting.advance(repo)
 
 
 def get(repo: Repo, id_or_prefix: str) -> Job:
@@ -133,21 +134,21 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
 
 
 def _landed_sweep(repo: Repo, listed: list[dict]) -> bool:
-    """The lazy landed sweep (`landing.maybe_sweep`) when it is due: True when a job landed."""
+    """The lazy landed sweep (`cleanup.maybe_sweep`) when it is due: True when a job landed."""
     try:
         if not stamps.due(repo.state_dir, paths.SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
     except SubtaskError:
         pass  # a bad sweepInterval: the sweep's own reading of it says so
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup
 
-    return landing.maybe_sweep(repo, listed)
+    return cleanup.maybe_sweep(repo, listed)
 
 
 def _mark_overlap(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     """`marks`: a finished job's base behind the land target, jobs that change the same files
     (`overlap.mark`). Advisory: a failure to say is never a failure of the command."""
-    from subtask.ops import overlap
+    from subtask.ops.landing import overlap
 
     try:
         overlap.mark(repo, shown, listed)
@@ -298,7 +299,7 @@ def _tail_lines(path: Path, size: int = 4096) -> list[str]:
 
 
 def _groups():
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return groups
 

@@ -27,7 +27,7 @@ from subtask.state import liveness, paths, slots
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
-    from subtask.ops.feed import Feed
+    from subtask.ops.running.feed import Feed
 
 
 @dataclass
@@ -77,7 +77,7 @@ def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = 
 
 
 def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult:
-    from subtask.ops import feed
+    from subtask.ops.running import feed
 
     positions = feed.parse(since)  # a bad cursor is refused before anything is read
     if not ids:
@@ -252,14 +252,14 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             continue
         if slots.read(state_dir).position(job_id) is None:
             sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
-            from subtask.ops import lifecycle
+            from subtask.ops.running import lifecycle
 
             lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         elif time.monotonic() >= next_fill:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
             # maxRunning must take effect without another command).
             next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-            from subtask.ops import lifecycle
+            from subtask.ops.running import lifecycle
 
             lifecycle.reconcile(open_repo(repo.root))
         time.sleep(0.02)

@@ -49,7 +49,8 @@ from subtask.git.records import Job
 from subtask.model import config, money
 from subtask.model.errors import SubtaskError
 from subtask.model.transaction import Transaction
-from subtask.ops import books, lifecycle, notify, sync
+from subtask.ops.running import lifecycle, notify, spending
+from subtask.ops.sharing import sync
 from subtask.state import ledger, liveness
 
 RESOURCE = "subtask_slot"
@@ -185,7 +186,7 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     with Transaction() as tx:
         tx.then = lambda: _drop_lock(state_dir, job.id, lock_fd)
         if paid:
-            books.sync_ledger(repo)
+            spending.sync_ledger(repo)
         if job.spec.branch:
             records.create_branch(repo, job.spec.branch, job.spec.base)
             tx.done("after_branch", lambda: _delete_local(repo, f"refs/heads/{job.spec.branch}"))
@@ -219,14 +220,14 @@ def reserve(repo: Repo, job: Job) -> str:
     """Reserve the current attempt's budget; for a verify loop (`--retries N`) N + 1 budgets in
     that one reservation: a node runs the loop where this ledger cannot be asked, so the whole
     loop's money is held here, under the cap, until the job comes home (`settle_money`). The
-    caller synced the ledger with the records (`books.sync_ledger`) before the record named it:
+    caller synced the ledger with the records (`spending.sync_ledger`) before the record named it:
     a ledger restored from a record that names it would hold it already."""
     attempt = job.state.current
     with ledger.lock(repo.state_dir):
         found = ledger.reserve_locked(repo.state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
                                       usd=attempt.cost.reserved * (1 + (job.spec.retries or 0)),
                                       cap_usd=repo.config.number("monthlyCapUsd"),
-                                      now=books.reserved_at(attempt.queued_at))
+                                      now=spending.reserved_at(attempt.queued_at))
     return found.rid
 
 
@@ -246,7 +247,7 @@ def settle_money(repo: Repo, job: Job, *, lost_loop: bool = False) -> None:
             with ledger.lock(repo.state_dir):
                 ledger.reserve_locked(repo.state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
                                       usd=attempt.cost.reserved, cap_usd=sys.float_info.max,
-                                      now=books.reserved_at(attempt.queued_at))
+                                      now=spending.reserved_at(attempt.queued_at))
         except SubtaskError as exc:
             if exc.kind != "conflict":
                 raise
@@ -442,13 +443,13 @@ def settle(repo: Repo, job_id: str, *, state: RayState | None = None, advance: b
 def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
     """What follows a job's end here as it follows a local worker's: a first pass stops the
     group's other attempts, the group is settled, the jobs waiting for it move on."""
-    from subtask.ops import groups, plans
+    from subtask.ops.plans import groups, waiting
 
     if job.spec.group:
         groups.after_member_ended(repo, job, first_pass_only=True)
         groups.after_member_ended(repo, job)
     if advance:
-        plans.advance_quietly(repo)
+        waiting.advance_quietly(repo)
 
 
 def _settle(repo: Repo, job_id: str, state: RayState | None) -> bool:
@@ -684,7 +685,7 @@ def reply(repo: Repo, job: Job, attempt, paid: bool) -> Job:
         return True
 
     if paid:
-        books.sync_ledger(repo)
+        spending.sync_ledger(repo)
     with Transaction() as tx:
         job = records.update(repo, job.id, append)
         tx.done("start_job_recorded", lambda: _drop_attempt(repo, job.id, attempt.n))

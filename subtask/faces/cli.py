@@ -605,7 +605,7 @@ def spend(month, all_clones, as_json):
 
 def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
     from subtask import api
-    from subtask.ops import clients
+    from subtask.ops.sharing import client_config
 
     verb = "uninstall" if uninstall else "install"
 
@@ -619,11 +619,11 @@ def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: b
     plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
                        on_plan=show)
     if as_json:
-        _emit_json(clients.as_dict(plan) | {"dry_run": dry_run})
+        _emit_json(client_config.as_dict(plan) | {"dry_run": dry_run})
     elif plan.steps and not dry_run:
         undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
                f"git subtask install {client} --scope {scope}"
-        echo(f"done (backups of changed files in {clients._show(clients.state_dir() / 'backups')}; {undo})")
+        echo(f"done (backups of changed files in {client_config._show(client_config.state_dir() / 'backups')}; {undo})")
         if not uninstall:
             echo("restart the client's session to load the server; check it: git subtask doctor")
 
@@ -745,7 +745,7 @@ def complete_words(words):
     def job_ids():
         try:
             from subtask.git import records
-            from subtask.ops import groups
+            from subtask.ops.plans import groups
 
             repo = _repo()
             return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))

@@ -96,7 +96,7 @@ def check_settings(repo) -> Check:
 
 
 def check_hooks(repo) -> Check:
-    from subtask.ops import hooks
+    from subtask.ops.sharing import hooks
 
     state = hooks.status(repo)
     if state.installed:
@@ -210,7 +210,7 @@ def check_records(repo) -> Check:
 
 def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orphaned: list, locked: list) -> None:
     from subtask.git import ownership, records
-    from subtask.ops import lifecycle
+    from subtask.ops.running import lifecycle
     from subtask.state import liveness
 
     job_id = entry["id"]
@@ -375,15 +375,15 @@ def check_provenance(repo) -> Check:
 def check_clients(repo) -> Check:
     """Each MCP client `git subtask install` set up: its entry started as the client starts it,
     answering `initialize` and `tools/list` as this server (a real stdio handshake)."""
-    from subtask.ops import clients
+    from subtask.ops.sharing import client_config
 
-    found = clients.installed()
+    found = client_config.installed()
     if not found:
         return Check("mcp clients", "ok", "none set up (git subtask install claude|codex registers the server)")
     good, bad, steps = [], [], []
     for item in found:
-        problem = clients.handshake(item, cwd=repo.root)
-        where = f"{item.client} ({item.scope}, {clients._show(item.path)})"
+        problem = client_config.handshake(item, cwd=repo.root)
+        where = f"{item.client} ({item.scope}, {client_config._show(item.path)})"
         if problem is None:
             good.append(where)
         else:

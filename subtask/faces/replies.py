@@ -122,7 +122,7 @@ def _timed_out(timeout: float | None) -> str:
 
 
 def waited_groups(repo, result, timeout: float | None) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     notes = [f"{_timed_out(timeout)}the attempts continue: wait again"] if result.timed_out else []
     return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
@@ -171,7 +171,7 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
 def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
     """List rows with each group's members folded under one group line (`unfold`: shown under it)."""
     if found_groups:
-        from subtask.ops import groups
+        from subtask.ops.plans import groups
     lines, shown = [], set()
     for entry in entries:
         gid = entry.get("group")
@@ -211,7 +211,7 @@ def shown(repo, job, position: int | None) -> Reply:
 
 
 def shown_group(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.show_text(repo, group), group.to_dict() | {"rows": groups.table_rows(repo, group)})
 
@@ -227,7 +227,7 @@ def result(repo, job, *, full: bool = False) -> Reply:
 
 
 def group_result(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.result_text(repo, group), group.to_dict(), exit_code=0 if groups.passed_group(group) else 1)
 
@@ -261,7 +261,7 @@ def merged(result) -> Reply:
 
 
 def landed(data: dict) -> Reply:
-    """`land` (`landqueue.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
+    """`land` (`lineup.LandResult.to_dict()`, or with `dry_run` `overlap.Plan.to_dict()`): from
     the data, so the MCP tool, which gets it from a `git-subtask land --json` child, says the same.
     Exit 1 unless every job landed (would land); `failed` when none did, as `merge` fails."""
     if data.get("dry_run"):
@@ -363,7 +363,7 @@ def stopped(job) -> Reply:
 
 
 def stopped_group(repo, group) -> Reply:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     return Reply(groups.show_text(repo, group), group.to_dict())
 

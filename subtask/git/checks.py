@@ -16,7 +16,7 @@ and fail the attempt's verify, naming the check, when it does:
   turned into a no-op (commented out, or replaced by one that always holds).
 
 These read text, and the job moves last: they are early, cheap signals. What keeps a verdict
-honest is the judge (`ops/overlay.py`): the tests come from a tree the job could not touch.
+honest is the judge (`ops/landing/overlay.py`): the tests come from a tree the job could not touch.
 - `paths=GLOB` (several allowed): every changed path matches one of the globs; those outside are
   named. `*` and `?` stay inside one folder, `**` crosses folders (`src/**`, `**/*.md`).
 

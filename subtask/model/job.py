@@ -186,11 +186,11 @@ class VerifyResult(_Record):
     checks_failed: list[str] | None = None
     # Passed and failed tests as the runner's summary in the output says (`claims.test_counts`).
     tests: dict[str, int] | None = None
-    # What judged it (subtask/ops/overlay.py): {"source": base | target | job, "commit", "ref",
+    # What judged it (subtask/ops/landing/overlay.py): {"source": base | target | job, "commit", "ref",
     # "tree" (what it ran on: the head's with the trusted harness in place), "unused" (the
     # job's harness changes not used), "own" (its own tests, run apart: passed, exit_code, ...)}.
     harness: dict[str, Any] | None = None
-    # What it answers (subtask/ops/verified.py): a digest of (tree, command, harness source,
+    # What it answers (subtask/ops/landing/verified.py): a digest of (tree, command, harness source,
     # environment fingerprint); a result with the same key is reused instead of run again.
     key: str | None = None
     # Set when it was not run here but reused (`verified.reuse`): {"job", "commit" (where it
@@ -305,7 +305,7 @@ class Attempt(_Record):
 
 @dataclass
 class Landing(_Record):
-    """One landing of the job by `land` (subtask/landqueue.py): the target's tip it was built on,
+    """One landing of the job by `land` (subtask/ops/landing/land.py): the target's tip it was built on,
     the integrated commit, and the verify that ran on that commit. A fact tied to one commit;
     the latest few are kept."""
 

@@ -20,7 +20,7 @@ Invariants:
 - Files are 0600, the state directory 0700 when this module creates it.
 - The ledger is a cache of what the records in git hold, plus the open reservations: a `mark` row
   (`{"op": "mark", "of": <git dir>}`) says this repository's records are in it; without it,
-  `subtask.ops.books.sync_ledger` restores their rows (`restore`), so a lost state directory never
+  `subtask.ops.running.spending.sync_ledger` restores their rows (`restore`), so a lost state directory never
   resets the month's committed spend to $0.
 
 Lock order: the admission critical section takes the slots lock, then `lock(state_dir)`; this

@@ -36,7 +36,8 @@ from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING
-from subtask.ops import groups, lifecycle, plans
+from subtask.ops.plans import groups, waiting
+from subtask.ops.running import lifecycle
 from subtask.proc import spawn
 from subtask.state import jobenv, liveness, slots
 from subtask.worker import refill, retries
@@ -137,11 +138,11 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
 
 
 def start_waiters(repo: Repo, settle: bool = True) -> None:
-    """Move on the jobs waiting for the one this worker just ended (`plans.advance`); cheap when
+    """Move on the jobs waiting for the one this worker just ended (`waiting.advance`); cheap when
     none waits. Whatever fails here, the next command's sweep does it. `settle` False: a group they
     wait for is not decided here (its judges would hold our run-lock; we settle it after it)."""
     faults.point("before_advance")
-    plans.advance_quietly(repo, settle)
+    waiting.advance_quietly(repo, settle)
     faults.point("after_advance")
 
 

@@ -35,7 +35,8 @@ from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.job import work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle, overlay
+from subtask.ops.landing import overlay
+from subtask.ops.running import lifecycle
 from subtask.proc import isolation
 from subtask.state import paths
 from subtask.state.statefiles import file_lock

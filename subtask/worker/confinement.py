@@ -37,7 +37,7 @@ from subtask.model import phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, VerifyResult
 from subtask.model.redact import redact
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.proc import context, isolation
 from subtask.proc import view as views
 from subtask.state import jobenv, paths, ports, privatetext

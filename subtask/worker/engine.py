@@ -27,9 +27,9 @@ from subtask.engines.base import EngineContext, Outcome
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
-from subtask.ops import lifecycle
-from subtask.ops.stall import StallWatch
-from subtask.ops.stall import action_of as stall_action
+from subtask.ops.running import lifecycle
+from subtask.ops.running.stall import StallWatch
+from subtask.ops.running.stall import action_of as stall_action
 from subtask.proc import isolation
 from subtask.state import paths, privatetext
 from subtask.worker.charge import resume_point

@@ -25,7 +25,8 @@ from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.job import Evidence, VerifyResult
 from subtask.model.redact import redact
-from subtask.ops import lifecycle, notify, overlay
+from subtask.ops.landing import overlay
+from subtask.ops.running import lifecycle, notify
 from subtask.state import ledger, privatetext
 from subtask.worker import retries
 from subtask.worker.charge import charge_of, settle_outcome

@@ -17,7 +17,7 @@ from subtask.engines.base import ERROR_HINTS
 from subtask.git import records
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 
 
 def owner_lock_wait(repo: Repo) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from subtask.git import pool
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.proc import spawn
 from subtask.state import liveness
 

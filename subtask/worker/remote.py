@@ -40,7 +40,8 @@ from pathlib import Path
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git, open_repo
 from subtask.model.errors import SubtaskError
-from subtask.ops import lifecycle, sync
+from subtask.ops.running import lifecycle
+from subtask.ops.sharing import sync
 from subtask.state import liveness
 from subtask.state.statefiles import file_lock
 
@@ -194,6 +195,6 @@ def _drop_worktree(repo: Repo, job_id: str) -> None:
     path = repo.worktree_dir() / job_id
     if path.is_dir() and worktrees.created_here(repo, job_id, path):
         git(repo.root, "worktree", "remove", "--force", str(path), check=False)
-        from subtask.ops import overlay
+        from subtask.ops.landing import overlay
 
         overlay.forget(repo, job_id)

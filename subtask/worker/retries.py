@@ -47,7 +47,7 @@ from subtask.model import claims, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.model.transaction import Transaction
-from subtask.ops import books, lifecycle
+from subtask.ops.running import lifecycle, spending
 from subtask.state import ledger, paths, privatetext, slots
 from subtask.words import judge_line
 
@@ -188,7 +188,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, verify: VerifyResult,
         if usd > cap and not elsewhere:
             return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
         if not elsewhere:
-            books.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
+            spending.sync_ledger(repo)  # restored from the records if the state folder lost it (slow: no lock held)
     checks_results = facts.checks
     resumed = resumes(engine) and bool(facts.session_id or any(a.session_id for a in job.state.attempts))
     stored = retry_message(job, verify, checks_results, retry) if resumed else attempt.message
@@ -260,7 +260,7 @@ def _reserve(repo: Repo, job: Job, n: int, usd: Decimal, facts: Facts) -> None:
     cap = _setting_usd(repo, "monthlyCapUsd")
     with ledger.lock(repo.state_dir):
         ledger.reserve_locked(repo.state_dir, job=job.id, attempt=n, engine=job.spec.engine, usd=usd,
-                              cap_usd=cap + slack, now=books.reserved_at(time.time()))
+                              cap_usd=cap + slack, now=spending.reserved_at(time.time()))
 
 
 def _setting_usd(repo: Repo, key: str) -> Decimal:

@@ -1,6 +1,6 @@
 """The verify step: the job's checks on its diff, then its verify command on that exact commit,
 judged by the trusted harness of its base laid over the worktree (docs/verify.md "The judge",
-`ops/overlay.py`), in the job's confinement (`verify_work`); a failed check fails verify.
+`ops/landing/overlay.py`), in the job's confinement (`verify_work`); a failed check fails verify.
 
 Invariants:
 - Verify gets its command as written (`privatetext`), while the record only ever holds it
@@ -26,7 +26,8 @@ from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle, overlay, verified
+from subtask.ops.landing import overlay, verified
+from subtask.ops.running import lifecycle
 from subtask.proc import isolation
 from subtask.state import privatetext
 from subtask.worker.confinement import Confinement

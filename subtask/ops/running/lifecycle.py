@@ -191,7 +191,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     if attempt.rid:
         ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
-    from subtask.ops import notify
+    from subtask.ops.running import notify
 
     notes.write_for_job(repo, job)
     notify.attempt_ended(repo, job)  # this call wrote the end: it tells it, once
@@ -325,7 +325,7 @@ def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
 def _undo_overlay(repo: Repo, job_id: str) -> None:
     """A worker killed during its verify leaves the trusted tests over the job's: put the job's
     files back (the next attempt would too, before its engine starts)."""
-    from subtask.ops import overlay
+    from subtask.ops.landing import overlay
 
     try:
         overlay.restore_left(repo, job_id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from subtask.git.gitrepo import Repo
 from subtask.model import faults, money
-from subtask.ops import books, lifecycle
+from subtask.ops.running import lifecycle, spending
 from subtask.state import ledger, slots
 
 
@@ -61,7 +61,7 @@ def admit(repo: Repo, launches: list, what: str | None = None
                         # Dated when queued: the record alone then tells the reservation's month.
                         reservation = ledger.reserve_locked(
                             state_dir, job=job.id, attempt=attempt.n, engine=job.spec.engine,
-                            usd=attempt.cost.reserved, cap_usd=cap, now=books.reserved_at(attempt.queued_at))
+                            usd=attempt.cost.reserved, cap_usd=cap, now=spending.reserved_at(attempt.queued_at))
                         reserved.append(reservation.rid)
                 faults.point("after_reserve")
         except BaseException as exc:

@@ -245,25 +245,25 @@ class Plan:
 
 
 def plan(repo: Repo, asked: list[str], opts) -> Plan:
-    """What `land` would do with these jobs (`opts`: `landqueue.Options`), changing nothing: each
+    """What `land` would do with these jobs (`opts`: `lineup.Options`), changing nothing: each
     job's files and how stale its base is, the pairs that change the same files or lines, and
     each job merged in turn onto the one before (`git merge-tree`) to predict conflicts."""
-    from subtask.ops import landqueue
+    from subtask.ops.landing import lineup
 
-    target = landqueue.find_target(repo)
-    items = landqueue.resolve(repo, asked)
-    tip = landqueue.tip(repo, target)
+    target = lineup.find_target(repo)
+    items = lineup.resolve(repo, asked)
+    tip = lineup.tip(repo, target)
     chain, planned, compared = tip, [], []
     for item in items:
         group = item.group.id if item.group else None
         try:
             if item.group is not None:
                 from subtask.git import records
-                from subtask.ops import groups
+                from subtask.ops.plans import groups
 
                 item.group, pick = groups.picked_with_pick(repo, item.group.id)
                 item.job = records.read(repo, pick)
-            landqueue.check(repo, item, opts)
+            lineup.check(repo, item, opts)
         except SubtaskError as exc:
             planned.append(Planned(item.job.id, group, [], None, "refused", exc.message))
             continue

@@ -24,7 +24,7 @@ Invariants:
 - A map group (`kind` "map") has no pick: once every member has ended it is `done` when each
   passed (done, and verify passed where it has one), else `failed`; decided once, like a pick.
   Its bound on running members lives in their slot entries (`slots` pools), not here.
-- Merging a group lands the pick through `landing.merge` (its gate); the others are superseded:
+- Merging a group lands the pick through `merge.merge` (its gate); the others are superseded:
   their clean worktrees removed under their run-locks, their branches deleted only where the head
   pin keeps the branch tip (or the branch holds no commit), so every member's work stays reachable.
 """
@@ -52,7 +52,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base
 from subtask.model.redact import redact
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 from subtask.state import liveness, paths
 from subtask.state.statefiles import file_lock, write_json
 
@@ -319,10 +319,10 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
     env.update(isolation.temp_env(tmpdir))
     env = sandbox.withhold(env) if sandbox is not None else env
-    # Scored with the member's base's tests in place of its own, as its verify was (ops/overlay.py).
-    from subtask.ops import landing, overlay
+    # Scored with the member's base's tests in place of its own, as its verify was (ops/landing/overlay.py).
+    from subtask.ops.landing import landed, overlay
 
-    head = landing.recorded_head(job)
+    head = landed.recorded_head(job)
     judge = overlay.prepare(repo, asked=job.spec.harness, command=command, trusted=work_base(job), source="base",
                             worktree=worktree, head=head, kept=overlay.read_snapshot(repo, job.id), env=env)
     try:
@@ -557,10 +557,10 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
     through the same gate as any job of theirs (its verify re-run unless an allowed signer
     signed the pick's record); its other members are left as they are.
     """
-    from subtask.ops import landing
+    from subtask.ops.landing import merge
 
     group, pick = picked_with_pick(repo, gid)
-    result = landing.merge(repo, pick, mode=mode, force=force, reverify=reverify)
+    result = merge.merge(repo, pick, mode=mode, force=force, reverify=reverify)
     group, lines = pick_landed(repo, group, result.commit, result.into)
     return group, list(result.lines) + lines
 
@@ -590,13 +590,13 @@ def picked_with_pick(repo: Repo, gid: str) -> tuple[Group, str]:
 
 def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group, list[str]]:
     """The group's pick landed in `commit` on `into`: supersede the other members, record it."""
-    from subtask.ops import landing
+    from subtask.ops.landing import landed
 
     gid = group.id
     if not ownership.started_here(repo, gid):
         return group, [f"{gid}: another clone's group: its record and other members are left as they are"]
     lines: list[str] = []
-    target = landing.Target(into, commit)
+    target = landed.Target(into, commit)
     superseded = []
     for job_id in group.members:
         if job_id == group.pick:
@@ -619,16 +619,16 @@ def pick_landed(repo: Repo, group: Group, commit: str, into: str) -> tuple[Group
 
 def supersede(repo: Repo, job: Job, target) -> list[str]:
     """Remove a superseded member's clean worktree, and its branch where its head pin keeps it."""
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup
 
-    with landing.quiet_job(repo, job) as fresh:
+    with cleanup.quiet_job(repo, job) as fresh:
         if fresh is None:
-            return [f"{job.id}: superseded; {landing.BUSY}"]
+            return [f"{job.id}: superseded; {cleanup.BUSY}"]
         lines = [f"{job.id}: superseded"]
         path = Path(fresh.spec.worktree)
         if path.exists():
-            ok, why = landing.worktree_removable(repo, fresh, landing.keepers(repo, fresh, target))
-            if ok and landing.remove_worktree(repo, fresh):
+            ok, why = cleanup.worktree_removable(repo, fresh, cleanup.keepers(repo, fresh, target))
+            if ok and cleanup.remove_worktree(repo, fresh):
                 lines.append(f"{job.id}: removed worktree {path}")
             else:
                 lines.append(f"{job.id}: kept worktree: {why or 'git worktree remove failed'}")
@@ -637,10 +637,10 @@ def supersede(repo: Repo, job: Job, target) -> list[str]:
 
 
 def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
-    from subtask.ops import landing
+    from subtask.ops.landing import cleanup, landed
 
     branch = job.spec.branch
-    name = landing.branch_ref(job)
+    name = landed.branch_ref(job)
     ref = repo.git.references.get(name) if name else None
     if ref is None:
         return []
@@ -650,11 +650,11 @@ def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
     kept = tip == job.spec.base or (pinned is not None and (pinned == tip or repo.git.descendant_of(pinned, tip)))
     if not kept:
         return [f"{job.id}: kept branch {branch}: its tip {tip[:7]} is not kept by its head pin"]
-    why = landing.why_not_deletable(repo, job, tip)
+    why = landed.why_not_deletable(repo, job, tip)
     if why:
         return [f"{job.id}: kept branch {branch}: {why}"]
 
-    if f"refs/heads/{branch}" in landing.checked_out_branches(repo):
+    if f"refs/heads/{branch}" in cleanup.checked_out_branches(repo):
         return [f"{job.id}: kept branch {branch}: it is checked out in a worktree"]
     if not records.cas_ref(repo, ref.name, tip, None, "git-subtask: superseded"):
         return [f"{job.id}: kept branch {branch}: it moved"]
@@ -665,11 +665,11 @@ def _delete_kept_branch(repo: Repo, job: Job) -> list[str]:
 
 def compare_pairs(repo: Repo, group: Group) -> list[tuple[str, str, str, str]]:
     """(member a, head a, member b, head b) for every pair, the pick (or member 1) first."""
-    from subtask.ops import landing
+    from subtask.ops.landing import landed
 
     jobs = {k: v for k, v in members(repo, group).items() if v is not None}
     order = sorted(jobs, key=lambda m: (m != group.pick, group.members.index(m)))
-    heads = {m: landing.job_head(repo, jobs[m]) for m in order}
+    heads = {m: landed.job_head(repo, jobs[m]) for m in order}
     return [(a, heads[a], b, heads[b]) for i, a in enumerate(order) for b in order[i + 1:]]
 
 

@@ -1,6 +1,6 @@
 """The land window's rules: which integrated states to verify, which prefix may land, who broke a batch.
 
-`land` (subtask/ops/landqueue.py) keeps its jobs in a line. Each job is built on the state before
+`land` (subtask/ops/landing/land.py) keeps its jobs in a line. Each job is built on the state before
 it (the target's tip, plus every job ahead of it still in the chain): tip+A, tip+A+B, ... Those
 states are verified at once, up to the window's width, each in its own scratch worktree
 (`Probe`); the target moves to the longest verified prefix as answers arrive. This module is
@@ -63,8 +63,8 @@ class Probe:
 class Entry:
     """One job of the line: its build (`built`: integrate.Built) and the probe of its state."""
 
-    item: Any  # landqueue.Item
-    out: Any  # landqueue.Outcome
+    item: Any  # lineup.Item
+    out: Any  # lineup.Outcome
     built: Any = None
     probe: Probe | None = None
     failing: bool = False  # negative on `built.onto`: out of the chain the later ones build on

@@ -1,10 +1,10 @@
 """One landing built off to the side: a job integrated onto a target's tip in a scratch worktree.
 
-`land` (subtask/landqueue.py) builds each landing here before anything moves: a worktree checked
+`land` (subtask/ops/landing/land.py) builds each landing here before anything moves: a worktree checked
 out detached at the tip (`Scratch`, `<worktreeDir>/.land/queue-<random>`), the job's head merged
 (`merge`, `no-ff`), squashed (`squash`) or replayed (`rebase`) onto it by git itself, so the
 result is what `git merge` would make; then the verify runs there, on that very commit
-(`reverify.run_in`: confined as a job's verify is).
+(`verify_rerun.run_in`: confined as a job's verify is).
 
 Invariants:
 - Never integrate in the user's checkout, because a conflict or a failed verify must leave it
@@ -38,7 +38,7 @@ from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model.job import work_base
-from subtask.ops import landing
+from subtask.ops.landing import merge
 
 MODES = ("merge", "no-ff", "squash", "rebase")
 SCRATCH = ".land"
@@ -71,10 +71,10 @@ class Scratch:
                     self.git("clean", "-ffdxq").returncode == 0:
                 return self.path
         self.close()
-        from subtask.ops import reverify
+        from subtask.ops.landing import verify_rerun
 
-        self.path = reverify.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
-        self.admin = reverify.scratch_admin(self.path)  # before anything ran there
+        self.path = verify_rerun.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
+        self.admin = verify_rerun.scratch_admin(self.path)  # before anything ran there
         return self.path
 
     def tampered(self) -> bool:
@@ -109,9 +109,9 @@ class Scratch:
 
     def close(self) -> None:
         if self.path is not None:
-            from subtask.ops import reverify
+            from subtask.ops.landing import verify_rerun
 
-            reverify.remove_scratch(self.repo, self.path, self.admin)
+            verify_rerun.remove_scratch(self.repo, self.path, self.admin)
         self.path = self.admin = None
         self.spoiled = False
 
@@ -140,7 +140,7 @@ def build(repo: Repo, job: Job, head: str, onto: str, mode: str, scratch: Callab
     if mode == "squash" and tree == str(repo.git[onto].tree_id):
         return Built("already", onto, onto, how="squash")
     parents = [onto] if mode == "squash" else [onto, head]
-    message = landing.merge_message(repo, job, head, mode)
+    message = merge.merge_message(repo, job, head, mode)
     who = _identity(repo)
     if who is not None:  # as `commit-tree` would write it, without a process per landing
         import pygit2
@@ -205,13 +205,13 @@ def _integrate(repo: Repo, scratch: Scratch, job: Job, head: str, onto: str, mod
         proc = run("rebase", "--quiet", "--onto", onto, work_base(job), head)
     else:
         args = {"merge": ["--ff"], "no-ff": ["--no-ff"], "squash": ["--squash"]}[mode]
-        proc = run("merge", "--quiet", "--no-edit", *args, "-m", landing.merge_message(repo, job, head, mode), head)
+        proc = run("merge", "--quiet", "--no-edit", *args, "-m", merge.merge_message(repo, job, head, mode), head)
     if proc.returncode != 0:
         return _not_built(run, onto, proc)
     if mode == "squash":
         if run("diff", "--cached", "--quiet").returncode == 0:
             return Built("already", onto, onto, how="squash")
-        proc = run("commit", "--quiet", "--no-verify", "-F", "-", input=landing.merge_message(repo, job, head, mode))
+        proc = run("commit", "--quiet", "--no-verify", "-F", "-", input=merge.merge_message(repo, job, head, mode))
         if proc.returncode != 0:
             return _not_built(run, onto, proc)
     commit = scratch.head()
@@ -231,7 +231,7 @@ def _not_built(run, onto: str, proc) -> Built:
 def _failed(onto: str, proc) -> Built:
     words = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
     why = " ".join(words[-3:]) if words else f"git exited {proc.returncode}"
-    if landing.IDENTITY_RE.search(why):
+    if merge.IDENTITY_RE.search(why):
         why += " (set your identity: git config user.name ...; git config user.email ...)"
     return Built("failed", onto, why=why)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo
-from subtask.ops import lifecycle, notify
+from subtask.ops.running import lifecycle, notify
 
 NOT_PROGRESS = ("retry",)  # events that say the engine is waiting, not working
 

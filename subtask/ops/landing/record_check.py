@@ -19,7 +19,7 @@ from subtask.git.gitrepo import Repo, diff_stats
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.ops import landing
+from subtask.ops.landing import landed
 from subtask.words import judge_line
 
 
@@ -68,7 +68,7 @@ def recheck(repo: Repo, job: Job, run: bool = False, reuse: bool | None = None) 
     mine = ownership.owns(repo, job)
     add(Finding("clone", None, "started in this clone" if mine else
                 f"started in {'clone ' + job.spec.clone if job.spec.clone else 'another clone'}, not this one"))
-    head = landing.recorded_head(job)
+    head = landed.recorded_head(job)
     _pins(repo, job, head, add)
     if repo.objects.commit_of(head) is None:
         add(Finding("commits", False, f"the job's head {head[:7]} is not in this repository "
@@ -76,7 +76,7 @@ def recheck(repo: Repo, job: Job, run: bool = False, reuse: bool | None = None) 
         return report
     _evidence(repo, job, head, add)
     _verify_claim(repo, job, head, add)
-    branch = landing.branch_ref(job)
+    branch = landed.branch_ref(job)
     tip = repo.objects.ref(branch) if branch else None
     if tip is not None and tip.target != head:
         add(Finding("branch", None, f"{job.spec.branch} moved on to {tip.target[:7]} after the job "
@@ -149,12 +149,12 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: bool) -> None:
-    from subtask.ops import reverify
+    from subtask.ops.landing import verify_rerun
 
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))
         return
-    rerun = reverify.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
+    rerun = verify_rerun.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
                                                  f"failed (exit {rerun.result.exit_code}"
                                                  + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())

@@ -10,7 +10,7 @@ whole, by name. A file linked twice is counted once.
 
 Invariants:
 - Never run git on a job's worktree while a process of the job may run, nor through discovery:
-  the split needs the job's run-lock (`landing.quiet_job`) and its metadata checked
+  the split needs the job's run-lock (`cleanup.quiet_job`) and its metadata checked
   (`worktrees.check_metadata`, then `job_git`); a running job is measured whole, unsplit.
 - Never follow a symlink while measuring, because a job chooses its worktree's links.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from subtask.git import records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.model.job import is_job_id
-from subtask.ops import landing
+from subtask.ops.landing import cleanup
 
 CLASSES = ("tracked", "untracked", "ignored")
 
@@ -77,8 +77,8 @@ def usage(repo: Repo) -> DiskUsage:
         elif entry.is_dir(follow_symlinks=False):
             found.other[entry.name] = sum(_walk(path, seen).values())
     sizes = {j.id: j.total for j in found.jobs}
-    for what, sweep in (("cleanup --merged", landing.cleanup_merged(repo, dry_run=True)),
-                        ("gc", landing.gc(repo, dry_run=True))):
+    for what, sweep in (("cleanup --merged", cleanup.cleanup_merged(repo, dry_run=True)),
+                        ("gc", cleanup.gc(repo, dry_run=True))):
         gone = sorted(set(sweep.removed) & set(sizes))
         found.frees[what] = {"bytes": sum(sizes[j] for j in gone), "jobs": gone}
     return found
@@ -93,7 +93,7 @@ def _job(repo: Repo, job_id: str, path: Path, seen: set[tuple[int, int]]) -> Job
         return disk
     disk = JobDisk(job_id, job.state.current.state, str(path), objects=_objects(repo, job_id))
     names = None
-    with landing.quiet_job(repo, job) as fresh:
+    with cleanup.quiet_job(repo, job) as fresh:
         if fresh is None:
             disk.why = "running (or busy): measured whole"
         else:

@@ -1,37 +1,8 @@
-"""`git subtask land`: many finished jobs landed in order, each verified on the commit that lands.
-
-Each job is integrated on the one before it, from the target's tip (`integrate.py`), and up to
-`--window` of those integrated states are verified at once, each in a scratch worktree (the
-window's rules: `landwindow.py`; a result already known for the same tree is reused:
-`verified.py`); each result is recorded in the job's record and note (this clone's jobs only),
-and the target moves, by compare-and-swap against the tip the states were built on, to the end of
-the verified prefix. A person committing meanwhile makes the states rebuild on their commit. The target's checkout, where it has one, is moved as `merge` moves it: under
-`landing.index_lock`, never when it has uncommitted changes, by `git merge --ff-only` (one git
-run moves the branch, the index and the files). With `atomic` the target moves once, to the
-last integrated commit, only if every job integrated and passed. `reconcile` answers a conflict
-with a reply to the job (its worktree moved onto the new tip; a shell job's task run again) and
-lands it once that reply passed its verify.
-
-Invariants:
-- Never move the target but from the tip the landing was built on (compare-and-swap), because a
-  commit made meanwhile by a person must stay: the landing is built again on top of it.
-- Never record a landing on a teammate's record (`ownership`): its verify runs here on the
-  integrated commit all the same (that is the re-run `merge` would do), and is reported only;
-  one that lands is this clone's mark (`where_landed`), as after `merge`.
-- Never land a job with nothing to run on the integrated commit unless `force`, because landing
-  many is only worth more than merging them one by one if what lands is what was tested; and
-  never without its checks on its own change, `force` or not, a command or not (`checks_of`, once
-  per head), because a job that deleted its failing test would pass everything else.
-- A kill at any step leaves the target before or after a whole landing: the integrated commit
-  is built and verified off to the side, and the move is one ref update (or one `git merge
-  --ff-only` in the checkout). A landing that lands is recorded after its move, its verify and
-  `landed` in one write (while the next job verifies); one killed in between is found by
-  `cleanup --merged` or the next `land` (reachable, or patch-equivalent), its record then
-  lacking that verify. One that does not land is recorded at once.
-
-Lock order: `land.lock` (one queue per repository), then a job's run-lock (held while it lands,
-so no reply starts meanwhile; let go while a reconciliation reply runs), then the target
-checkout's `index_lock` (only around the move).
+"""The queue of `land` (land.py): its jobs built one on another, up to the window's width of the
+integrated states verified at once, the target moved to the end of the verified prefix, each
+landing recorded and cleaned up after; a conflict answered by a reply (`--reconcile`), `--atomic`.
+The window's rules are window.py's; what a queue takes and answers, its target and its jobs,
+lineup.py's. Invariants: land.py's docstring.
 """
 
 from __future__ import annotations
@@ -40,310 +11,70 @@ import os
 import queue as queue_module
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from subtask.git import checks, notes, records
-from subtask.git.gitrepo import Repo, git
+from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import faults, phases
-from subtask.model.errors import EXIT_FATAL, SubtaskError
-from subtask.model.job import Landing, VerifyResult, is_group_ref, now, work_base
+from subtask.model.errors import SubtaskError
+from subtask.model.job import Landing, VerifyResult, now, work_base
 from subtask.model.redact import redact
-from subtask.ops import (
-    groups,
+from subtask.ops.landing import (
+    cleanup,
+    conflict_reply,
+    hotfix,
     integrate,
-    landfirst,
-    landing,
-    landwindow,
-    reconcile,
-    reverify,
+    landed,
+    merge,
     verified,
+    verify_rerun,
+    window,
 )
+from subtask.ops.landing.lineup import (
+    RUN_LOCK_WAIT,
+    Item,
+    LandResult,
+    Options,
+    Outcome,
+    Replier,
+    Stop,
+    Target,
+    gate,
+    move,
+    resolve,
+    tip,
+)
+from subtask.ops.plans import groups
 from subtask.proc import isolation
-from subtask.state import liveness, paths
-from subtask.state.statefiles import LockTimeout, file_lock
+from subtask.state import liveness
+
+KEEP_LANDINGS = 10  # landings kept per record, latest last
+
 
 KEEP_LANDINGS = 10  # landings kept per record, latest last
 MAX_REBUILDS = 5  # a target that moved under this many landings in a row stops the job
-RUN_LOCK_WAIT = 3.0
-QUEUE_LOCK_WAIT = 10.0
+
+
 HANDED_POLL = 0.2  # seconds between looks for the answer of a queue a job was handed to
 PROGRESS_TICK = 1.0  # seconds between progress reports while verifies run
+
+
 MAX_WINDOW = 64
+SCRATCH_MAKERS = 4  # scratch worktrees checked out at once, beside the verifies
+
+
 SCRATCH_MAKERS = 4  # scratch worktrees checked out at once, beside the verifies
 FINISHERS = 2  # landings finished at once (records, cleanup), beside the verifies
 
-# A reconciliation: (job id, message) -> the job once that reply has ended (`api` hands it down).
-Replier = Callable[[str, str], Job]
-
-
-# What the window is doing, for a live line (`render.land_progress`): see `Queue.progress`.
-Progress = Callable[[dict], None]
-
-
-@dataclass
-class Options:
-    mode: str = "merge"
-    verify: str | None = None  # run on every integrated commit instead of each job's own
-    atomic: bool = False
-    reconcile: bool = False
-    force: bool = False
-    window: int | None = None  # integrated states verified at once (None: `subtask.land.window`)
-    batch: int | None = None  # jobs per batch (None: no batches; 0: `subtask.land.batch`)
-    reuse: bool | None = None  # reuse known verify results (None: `subtask.verify.reuse`)
-    first: list[str] = field(default_factory=list)  # put at the head of the queue (the hotfix lane)
-    progress: Progress | None = None
-
-
-@dataclass
-class Target:
-    name: str  # the branch
-    checkout: Path | None = None  # the worktree that has it checked out
-    git_dir: Path | None = None  # that worktree's own git dir
-
-    @property
-    def ref(self) -> str:
-        return f"refs/heads/{self.name}"
-
-
-@dataclass
-class Outcome:
-    """What became of one job of the queue."""
-
-    job: str
-    group: str | None = None
-    # landed | already (the target had it) | conflict | failed | refused | stopped | not reached
-    # | passed (--atomic: built and verified, then not landed because another job broke the queue)
-    state: str = "not reached"
-    onto: str | None = None
-    commit: str | None = None
-    how: str = ""
-    verify: VerifyResult | None = None
-    confined: bool = True
-    conflicts: list[str] = field(default_factory=list)
-    sides: dict[str, list[str]] = field(default_factory=dict)
-    why: str = ""
-    events: list[str] = field(default_factory=list)  # what happened on the way: rebuilds, a reconciliation
-    lines: list[str] = field(default_factory=list)  # what followed its landing: the cleanup
-    batch: str | None = None  # the tree of the batch state whose verify covers it (--batch)
-
-    @property
-    def ok(self) -> bool:
-        return self.state in ("landed", "already")
-
-    def to_dict(self) -> dict:
-        return {"v": 1, "id": self.job, "group": self.group, "state": self.state, "onto": self.onto,
-                "commit": self.commit, "how": self.how, "verify": self.verify.to_dict() if self.verify else None,
-                "confined": self.confined, "conflicts": self.conflicts, "sides": self.sides, "why": self.why,
-                "events": self.events, "lines": self.lines, "batch": self.batch}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Outcome:
-        """An outcome another queue answered (`landfirst`): read as input, what does not fit left out."""
-        def text(key: str, default: str = "") -> str:
-            value = data.get(key)
-            return value if isinstance(value, str) else default
-
-        def texts(key: str) -> list[str]:
-            value = data.get(key)
-            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
-
-        verify = data.get("verify")
-        sides = data.get("sides") if isinstance(data.get("sides"), dict) else {}
-        return cls(text("id", "?"), data.get("group") if isinstance(data.get("group"), str) else None,
-                   text("state", "not reached"), text("onto") or None, text("commit") or None, text("how"),
-                   VerifyResult.from_dict(verify) if isinstance(verify, dict) else None,
-                   data.get("confined") is not False, texts("conflicts"),
-                   {k: [x for x in v if isinstance(x, str)] for k, v in sides.items() if isinstance(v, list)},
-                   text("why"), texts("events"), texts("lines"), text("batch") or None)
-
-
-@dataclass
-class LandResult:
-    target: str
-    before: str
-    after: str
-    mode: str
-    atomic: bool
-    outcomes: list[Outcome]
-    stopped: str = ""  # why the queue stopped before its end
-    window: int = 1  # integrated states verified at once
-    batch: int | None = None  # jobs per batch (None: every state verified)
-    runs: int = 0  # verifies run
-    reused: int = 0  # verifies answered by a known result
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outcomes)
-
-    def to_dict(self) -> dict:
-        return {"v": 1, "target": self.target, "before": self.before, "after": self.after, "mode": self.mode,
-                "atomic": self.atomic, "ok": self.ok, "stopped": self.stopped, "window": self.window,
-                "batch": self.batch, "runs": self.runs, "reused": self.reused, "seconds": self.seconds,
-                "jobs": [o.to_dict() for o in self.outcomes]}
-
-
-@dataclass
-class Item:
-    """One job of the queue while it lands."""
-
-    asked: str
-    job: Job
-    group: groups.Group | None = None
-    head: str = ""
-    trust: landing.Trust | None = None
-    command: str | None = None
-    timeout: float = 600.0
-    fd: int | None = None
-    entry: Landing | None = None  # its latest build's landing, until recorded
-    checked: tuple[tuple, list[dict]] | None = None  # its checks' results, and on what (`Queue.checks_of`)
-    handed: str | None = None  # taken from `land --first` of another process: the target's tip then
-
-
-class Stop(SubtaskError):
-    """The queue cannot go on (the checkout got uncommitted changes, git refused to update it)."""
-
-
-# ---------------------------------------------------------------- the queue
-
-def land(repo: Repo, asked: list[str], opts: Options, replier: Replier | None = None) -> LandResult:
-    """Land the jobs (or best-of groups: their picks) in the order given (`first` ahead of the
-    rest); see the module docstring. With `first` while another queue runs, the jobs are handed
-    to it (`landfirst`) and their outcomes come back from it."""
-    if opts.mode not in integrate.MODES:
-        raise SubtaskError("usage", f"unknown land mode {opts.mode!r} ({', '.join(integrate.MODES)})")
-    if opts.reconcile and replier is None:
-        raise SubtaskError("usage", "--reconcile needs a way to reply to jobs (the CLI or the MCP server)")
-    if opts.window is not None and not 1 <= opts.window <= MAX_WINDOW:
-        raise SubtaskError("usage", f"--window must be a whole number from 1 to {MAX_WINDOW}, not {opts.window}")
-    if opts.batch is not None and opts.batch < 0:
-        raise SubtaskError("usage", f"--batch-size must be a whole number >= 0, not {opts.batch}")
-    target = find_target(repo)
-    items = resolve(repo, first_of(asked, opts.first))
-    if target.checkout is not None and (changed := _checkout_state(target.checkout)[2]):
-        raise SubtaskError("dirty", f"the worktree {target.checkout} has uncommitted changes "
-                           f"({', '.join(changed[:10])}): not landing into it (your work is never stashed)",
-                           hint="commit or stash them yourself, then land again",
-                           exit_code=EXIT_FATAL)
-    opts.window = window_width(repo, opts.window)
-    if opts.batch is not None:
-        opts.batch = opts.batch or repo.config.integer("land.batch") or len(items)
-    if opts.reuse is None:
-        opts.reuse = repo.config.flag("verify.reuse")
-    lock = _queue_lock(repo, wait=0.0 if opts.first else QUEUE_LOCK_WAIT)
-    if not lock.take():
-        if not opts.first:
-            raise SubtaskError("negative", "another git subtask land is running in this repository",
-                               hint="wait for it to finish, then land again   (a hotfix: git subtask land --first ID)")
-        if len(items) != len(opts.first):
-            raise SubtaskError("usage", "another git subtask land is running: --first hands it only the jobs it "
-                               "names", hint="git subtask land --first ID   (land the others once it ended)")
-        return hand_over(repo, target, items, opts, replier, lock)
-    try:
-        return run_queue(repo, target, items, opts, replier)
-    finally:
-        lock.release()
-
-
-def run_queue(repo: Repo, target: Target, items: list[Item], opts: Options, replier: Replier | None,
-              handed: dict[str, str] | None = None) -> LandResult:
-    """The queue itself, under the land lock (see `Queue`)."""
-    phases.begin()
-    sweep_scratch(repo)
-    before = tip(repo, target)
-    queue = Queue(repo, target, opts, replier,
-                  LandResult(target.name, before, before, opts.mode, opts.atomic,
-                             [Outcome(i.job.id, i.group.id if i.group else None) for i in items]))
-    queue.items = list(items)
-    try:
-        queue.run(items)
-    finally:
-        try:
-            queue.finish_landed()
-        finally:
-            queue.answer_handed()  # a handed job the queue did not end: said as it stands
-            for scratch in queue.scratches:
-                scratch.close()
-            for item in queue.items:
-                liveness.release(item.fd)
-                item.fd = None
-    queue.result.after = tip(repo, target)
-    queue.result.window, queue.result.batch = opts.window, opts.batch
-    queue.result.runs, queue.result.reused = queue.runs, queue.reused
-    queue.result.seconds = round(time.monotonic() - queue.started, 3)
-    phases.mark("end")
-    phases.flush("land", len(queue.items))
-    return queue.result
-
-
-def hand_over(repo: Repo, target: Target, items: list[Item], opts: Options, replier: Replier | None,
-              lock) -> LandResult:
-    """`land --first` while another queue runs: hand it the jobs (`landfirst`) and wait for their
-    outcomes; a job the queue ends without (it ended first, it is --atomic, it was killed) is
-    taken back and landed here once the lock is free."""
-    before = tip(repo, target)
-    ids = [item.job.id for item in items]
-    for job_id in ids:
-        landfirst.ask(repo, job_id)
-    answers: dict[str, dict] = {}
-    try:
-        while True:
-            for job_id in ids:
-                if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
-                    answers[job_id] = said
-            if len(answers) == len(ids):
-                break
-            if not lock.take():
-                time.sleep(HANDED_POLL)
-                continue
-            try:  # no queue runs now: what it did not answer is landed here
-                for job_id in ids:
-                    if job_id not in answers and (said := landfirst.answered(repo, job_id)) is not None:
-                        answers[job_id] = said
-                rest = [item for item in items if item.job.id not in answers]
-                for item in rest:
-                    landfirst.take_back(repo, item.job.id)
-                mine = run_queue(repo, target, rest, opts, replier) if rest else None
-            finally:
-                lock.release()
-            for outcome in mine.outcomes if mine else []:
-                answers[outcome.job] = {"outcome": outcome.to_dict()}
-            break
-    except BaseException:
-        for job_id in ids:
-            if job_id not in answers and landfirst.pending(repo, job_id):
-                landfirst.take_back(repo, job_id)
-        raise
-    outcomes = [Outcome.from_dict(answers[job_id].get("outcome") or {"id": job_id}) for job_id in ids]
-    return LandResult(target.name, before, tip(repo, target), opts.mode, opts.atomic, outcomes)
-
-
-def first_of(asked: list[str], first: list[str]) -> list[str]:
-    """The queue's order: the jobs `--first` names (the hotfix lane), then the others as given."""
-    return [*first, *(text for text in asked if text not in first)]
-
-
-def window_width(repo: Repo, asked: int | None) -> int:
-    """How many integrated states verify at once: `--window`, else `subtask.land.window`, else
-    the cores, at most the worker slots no job holds now (a verify takes what a worker would)."""
-    width = asked or repo.config.integer("land.window")
-    if width:
-        return min(width, MAX_WINDOW)
-    from subtask.state import slots
-
-    running = len(slots.read(repo.state_dir).running)
-    free = repo.config.integer("maxRunning") - running
-    return max(1, min(os.cpu_count() or 1, free, MAX_WINDOW))
 
 
 def _reused_words(result: VerifyResult) -> str:
     found = result.reused or {}
     return (f"verify reused: {'passed' if result.passed else 'failed'} on the same tree at "
             f"{str(found.get('commit') or '?')[:7]} ({found.get('job')}, {found.get('by')}); --no-reuse runs it")
+
 
 
 @dataclass
@@ -371,10 +102,10 @@ class Queue:
     checked_out: set[str] | None = None  # branches checked out in worktrees, read once
 
     def __post_init__(self) -> None:
-        self.line: list[landwindow.Entry] = []
+        self.line: list[window.Entry] = []
         self.tip = self.result.before  # the target as this queue last left or found it
         self.free: list[integrate.Scratch] = []
-        self.answers: queue_module.Queue[landwindow.Probe] = queue_module.Queue()
+        self.answers: queue_module.Queue[window.Probe] = queue_module.Queue()
         self.known = verified.Known(self.repo)
         self.width = self.opts.window or 1
         self.batch = self.opts.batch or 0
@@ -392,7 +123,7 @@ class Queue:
     def run(self, items: list[Item]) -> None:
         """Land the line (see the class docstring); --atomic moves the target once, at the end,
         only if every job integrated and passed."""
-        self.line = [landwindow.Entry(item, out) for item, out in zip(items, self.result.outcomes, strict=True)]
+        self.line = [window.Entry(item, out) for item, out in zip(items, self.result.outcomes, strict=True)]
         try:
             while self.line and not self.result.stopped:
                 changed = self.plan()
@@ -426,7 +157,7 @@ class Queue:
         if now != self.tip and not self.opts.atomic:
             self.moved_under(now)
             changed = True
-        for entry in landwindow.stale(self.line, self.tip):
+        for entry in window.stale(self.line, self.tip):
             self.reset(entry)
             changed = True
         for entry in list(self.line):
@@ -443,7 +174,7 @@ class Queue:
                 self.answer_handed(entry.item, entry.out)
                 changed = True
                 continue
-            self.build(entry, landwindow.chain_tip(self.line, self.tip))
+            self.build(entry, window.chain_tip(self.line, self.tip))
             self.start_wanted()  # the first verifies start while the rest is built
             self.handle(block=False)
             changed = True
@@ -451,7 +182,7 @@ class Queue:
 
     def start_wanted(self) -> bool:
         started = False
-        for entry in landwindow.wanted(self.line, self.batch):
+        for entry in window.wanted(self.line, self.batch):
             if self.running() >= self.width:
                 break
             self.start_probe(entry)
@@ -464,7 +195,7 @@ class Queue:
         is about the jobs it was given."""
         if self.opts.atomic:
             return False
-        taken = landfirst.take(self.repo)
+        taken = hotfix.take(self.repo)
         for job_id in reversed(taken):
             entry = next((e for e in self.line if e.item.job.id == job_id), None)
             if entry is not None:
@@ -472,16 +203,16 @@ class Queue:
             else:
                 done = next((o for o in self.result.outcomes if o.job == job_id), None)
                 if done is not None:  # it ended in this queue already
-                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, done))
+                    hotfix.answer(self.repo, job_id, self.handed_answer(self.tip, done))
                     continue
                 try:
                     item = resolve(self.repo, [job_id])[0]
                 except SubtaskError as exc:
                     out = Outcome(job_id)
                     _refused(out, exc)
-                    landfirst.answer(self.repo, job_id, self.handed_answer(self.tip, out))
+                    hotfix.answer(self.repo, job_id, self.handed_answer(self.tip, out))
                     continue
-                entry = landwindow.Entry(item, Outcome(item.job.id, item.group.id if item.group else None))
+                entry = window.Entry(item, Outcome(item.job.id, item.group.id if item.group else None))
                 self.items.append(item)
                 self.result.outcomes.append(entry.out)
             entry.item.handed = self.tip
@@ -503,7 +234,7 @@ class Queue:
         if item.handed is None or out is None:
             return
         before, item.handed = item.handed, None
-        landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out))
+        hotfix.answer(self.repo, item.job.id, self.handed_answer(before, out))
 
     def room_to_build(self) -> bool:
         """Build ahead only as far as the window verifies: `width` states unverified (batches of
@@ -542,7 +273,7 @@ class Queue:
 
     # ------------------------------------------------------------ building
 
-    def build(self, entry: landwindow.Entry, onto: str) -> None:
+    def build(self, entry: window.Entry, onto: str) -> None:
         """The job integrated onto `onto` (nothing recorded yet); its checks on its own change run
         once per head: a job that fails them is out of the chain whatever its state would say."""
         item = entry.item
@@ -559,7 +290,7 @@ class Queue:
         elif entry.built.kind == "built" and not item.command:
             pass  # --force: nothing to run on it (its checks passed)
 
-    def reset(self, entry: landwindow.Entry) -> None:
+    def reset(self, entry: window.Entry) -> None:
         """Built on a state that is no longer the chain ahead of it: built again."""
         self.drop_probe(entry)
         entry.built, entry.probe, entry.failing = None, None, False
@@ -582,23 +313,23 @@ class Queue:
 
     # ------------------------------------------------------------ verifying
 
-    def start_probe(self, entry: landwindow.Entry) -> None:
+    def start_probe(self, entry: window.Entry) -> None:
         """Verify the entry's state: a known answer for its key, else its verify started in a
         scratch worktree checked out at it."""
         item, built = entry.item, entry.built
         tree = str(self.repo.git[built.commit].tree_id)
-        asked = reverify.asked_harness(item.job, bool(item.trust and item.trust.vouched))
+        asked = verify_rerun.asked_harness(item.job, bool(item.trust and item.trust.vouched))
         confined = isolation.support().available
         trusted = self.judge_of(entry)
         key = verified.key_of(self.repo, tree=tree, command=redact(item.command), trusted=trusted, asked=asked,
                               confined=confined, network=item.job.spec.network)
         found = self.known.find(key) if self.opts.reuse else None
         if found is not None:
-            entry.probe = landwindow.Probe(key, reused=True, rerun=reverify.Rerun(found.reused(), confined))
+            entry.probe = window.Probe(key, reused=True, rerun=verify_rerun.Rerun(found.reused(), confined))
             self.reused += 1
             self.answered(entry.probe, entry)
             return
-        probe = entry.probe = landwindow.Probe(key, tree=tree, asked=asked, trusted=trusted)
+        probe = entry.probe = window.Probe(key, tree=tree, asked=asked, trusted=trusted)
         probe.scratch = self.scratch()
         if self.makers is None:
             self.makers = ThreadPoolExecutor(max_workers=min(self.width, SCRATCH_MAKERS),
@@ -606,14 +337,14 @@ class Queue:
         probe.ready = self.makers.submit(probe.scratch.at, built.commit)
         probe.ready.add_done_callback(lambda _done, p=probe: self.answers.put(("ready", p)))
 
-    def judge_of(self, entry: landwindow.Entry) -> str:
+    def judge_of(self, entry: window.Entry) -> str:
         """The commit whose harness judges the entry's state, never the job's own: the state it
         was built on, whose jobs' tests each passed a verify of their own judged the same way
         (or will, else this state is built again); with batches, the target's tip, because a
         job inside a batch was never judged on its own, so its tests may judge nothing."""
         return self.tip if self.batch else entry.built.onto
 
-    def launch(self, probe: landwindow.Probe) -> None:
+    def launch(self, probe: window.Probe) -> None:
         """Its scratch is checked out at its state: start its verify (here, in the main thread:
         the child's parent-death signal follows the thread that forked it)."""
         ready, probe.ready = probe.ready, None
@@ -627,8 +358,8 @@ class Queue:
         item, built = entry.item, entry.built
         phases.mark("scratch")
         probe.scratch.spoil()  # until it passed
-        trusted = reverify.Trusted(probe.asked, probe.trusted, "target", self.target.name)
-        probe.pending = reverify.start_in(self.repo, probe.scratch.path, item.command, built.commit,
+        trusted = verify_rerun.Trusted(probe.asked, probe.trusted, "target", self.target.name)
+        probe.pending = verify_rerun.start_in(self.repo, probe.scratch.path, item.command, built.commit,
                                           admin=probe.scratch.admin, tree=probe.tree, timeout=item.timeout,
                                           network=item.job.spec.network, trusted=trusted)
         self.runs += 1
@@ -636,7 +367,7 @@ class Queue:
         threading.Thread(target=self._watch, args=(probe,), name="subtask-land-verify", daemon=True).start()
         self.progress()
 
-    def _watch(self, probe: landwindow.Probe) -> None:
+    def _watch(self, probe: window.Probe) -> None:
         """Wait for a verify's child to end (its reading and judging are the main thread's)."""
         try:
             if probe.pending.running is not None:
@@ -646,7 +377,7 @@ class Queue:
         finally:
             self.answers.put(("done", probe))
 
-    def answered(self, probe: landwindow.Probe, entry: landwindow.Entry | None = None) -> None:
+    def answered(self, probe: window.Probe, entry: window.Entry | None = None) -> None:
         """A verify ended: its answer on its entry; a failure takes the job out of the chain (or
         cuts its batch), and the verifies after it stop."""
         entry = entry or next((e for e in self.line if e.probe is probe), None)
@@ -672,11 +403,11 @@ class Queue:
         later = self.line[self.line.index(entry) + 1:]
         for other in later:
             self.drop_probe(other)  # built on a failure: their answers would say nothing
-        if landwindow.culprit(self.line, entry):
+        if window.culprit(self.line, entry):
             entry.failing = True
         self.progress()
 
-    def drop_probe(self, entry: landwindow.Entry) -> None:
+    def drop_probe(self, entry: window.Entry) -> None:
         """End the entry's verify if it still runs (an answer it has stays: it is its state's)."""
         probe = entry.probe
         if probe is None or not probe.running:
@@ -725,7 +456,7 @@ class Queue:
                 self.line.pop(0)
                 changed = True
                 continue
-            last = landwindow.verified_prefix(self.line)
+            last = window.verified_prefix(self.line)
             if last is None:
                 break
             commit = self.line[last].built.commit
@@ -743,13 +474,13 @@ class Queue:
             changed = True
         return changed
 
-    def landing(self, entry: landwindow.Entry, line: list[landwindow.Entry], n: int, now_at: str) -> None:
+    def landing(self, entry: window.Entry, line: list[window.Entry], n: int, now_at: str) -> None:
         """One job of a prefix that moved: its outcome, its landing to record once finished."""
-        cover = landwindow.covering(line, n)
+        cover = window.covering(line, n)
         self.verdict(entry, cover)
         item, out = entry.item, entry.out
         if entry.built.kind == "already":
-            self.finish_later(item, out, landing.merge_point(self.repo, item.head, entry.onto), now_at)
+            self.finish_later(item, out, landed.merge_point(self.repo, item.head, entry.onto), now_at)
             return
         out.state = "landed"
         self.finish_later(item, out, entry.built.commit, now_at)
@@ -766,9 +497,9 @@ class Queue:
                     continue  # a batch: its end answers for it
                 self.broke(n)
                 return True
-        start, chain = self.tip, landwindow.chain_tip(self.line, self.tip)
+        start, chain = self.tip, window.chain_tip(self.line, self.tip)
         for n, entry in enumerate(self.line):
-            self.verdict(entry, landwindow.covering(self.line, n))
+            self.verdict(entry, window.covering(self.line, n))
         faults.point("land_verified")
         if move(self.repo, self.target, start, chain) != "ok":
             self.moves += 1
@@ -791,13 +522,13 @@ class Queue:
         not landed, those after it not reached."""
         entry = self.line[n]
         if not entry.judged:
-            batch = not entry.failing and not landwindow.culprit(self.line, entry)
+            batch = not entry.failing and not window.culprit(self.line, entry)
             self.verdict(entry)
             if batch:
                 entry.out.why = "its batch failed on the integrated commit (it was not verified alone: --batch)"
             _record(self.repo, entry.item)
         for before in self.line[:n]:
-            self.verdict(before, landwindow.covering(self.line, self.line.index(before)))
+            self.verdict(before, window.covering(self.line, self.line.index(before)))
             before.out.why = f"not landed: {entry.item.job.id} broke the queue"
             _record(self.repo, before.item)
         for later in self.line[n + 1:]:
@@ -852,7 +583,7 @@ class Queue:
             item.checked = (on, checks.run(self.repo, on[0], on[1], list(on[2])))
         return item.checked[1]
 
-    def verdict(self, entry: landwindow.Entry, cover: landwindow.Entry | None = None) -> None:
+    def verdict(self, entry: window.Entry, cover: window.Entry | None = None) -> None:
         """What the entry's build and verify (or the batch's that covers it) say: in its outcome,
         and in the landing its record gets (`item.entry`)."""
         item, out, built = entry.item, entry.out, entry.built
@@ -911,7 +642,7 @@ class Queue:
             item.fd = None
             if item.handed is not None:
                 before, item.handed = item.handed, None
-                landfirst.answer(self.repo, item.job.id, self.handed_answer(before, out, after=now_at))
+                hotfix.answer(self.repo, item.job.id, self.handed_answer(before, out, after=now_at))
             phases.mark("finish")
 
     def finish_landed(self) -> None:
@@ -935,18 +666,18 @@ class Queue:
 
         if item.trust and item.trust.owned:
             if self.checked_out is None:
-                self.checked_out = landing.checked_out_branches(repo)
-            lines = landing.finish_landed(repo, job, item.head, commit, landing.Target(self.target.name, now_at),
+                self.checked_out = cleanup.checked_out_branches(repo)
+            lines = cleanup.finish_landed(repo, job, item.head, commit, landed.Target(self.target.name, now_at),
                                           held=True, also=mark, checked_out=self.checked_out)
             out.lines += (lines or [""])[1:]
         else:
-            out.lines.append(landing.landed_elsewhere(repo, job, commit))
+            out.lines.append(merge.landed_elsewhere(repo, job, commit))
         if item.group is not None:
             out.lines += groups.pick_landed(repo, item.group, commit, self.target.name)[1]
 
     # ------------------------------------------------------------ conflicts
 
-    def reconcile_now(self, entry: landwindow.Entry) -> None:
+    def reconcile_now(self, entry: window.Entry) -> None:
         """A conflict under `--reconcile`: judged (and recorded) once, then answered by a reply
         (`reconcile`); once that reply passed, the job is built again where it stands in the
         line, else the conflict as judged is its outcome (never judged a second time, on a
@@ -962,14 +693,14 @@ class Queue:
                 self.build(entry, built.onto)
 
     def reconcile(self, item: Item, onto: str, built: integrate.Built, out: Outcome) -> bool:
-        """Answer a conflict with a reply to the job, on `onto` (`reconcile.prepare`); True once
+        """Answer a conflict with a reply to the job, on `onto` (`conflict_reply.prepare`); True once
         that reply ended done with its verify passed (the job is then ready to build again)."""
         repo, job = self.repo, item.job
         if not (item.trust and item.trust.owned) or self.replier is None:
             out.events.append("not reconciled: another clone's job (its branch is theirs)")
             return False
         try:
-            message = reconcile.prepare(repo, job, item.head, onto, self.target.name, built.conflicts,
+            message = conflict_reply.prepare(repo, job, item.head, onto, self.target.name, built.conflicts,
                                         out.sides.get("target", []))
         except SubtaskError as exc:
             out.events.append(f"not reconciled: {exc.message}")
@@ -991,15 +722,17 @@ class Queue:
             out.why = f"its reconciliation (attempt {attempt.n}) ended {attempt.state}, {said}"
             return False
         try:
-            item.head = landing.check_mergeable(repo, fresh, self.opts.force, item.trust.claims)
+            item.head = merge.check_mergeable(repo, fresh, self.opts.force, item.trust.claims)
         except SubtaskError as exc:
             out.why = f"after its reconciliation: {exc.message}"
             return False
         return True
 
 
+
 def _refused(out: Outcome, exc: SubtaskError) -> None:
     out.state, out.why = "refused", exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+
 
 
 def _record(repo: Repo, item: Item) -> None:
@@ -1014,190 +747,3 @@ def _record(repo: Repo, item: Item) -> None:
 
     item.job = records.update(repo, item.job.id, change)
     notes.write_for_job(repo, item.job)
-
-
-# ---------------------------------------------------------------- the target
-
-def find_target(repo: Repo) -> Target:
-    """`subtask.landTarget`, else the current branch; a branch, never a job's, never a detached HEAD."""
-    configured = (repo.config.get("landTarget") or "").strip()
-    if configured:
-        name = configured.removeprefix("refs/heads/")
-        if repo.objects.ref(f"refs/heads/{name}") is None:
-            raise SubtaskError("fatal", f"git config subtask.landTarget names no local branch: {configured!r}",
-                               hint="git config subtask.landTarget main")
-    else:
-        proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-        name = proc.stdout.strip()
-        if proc.returncode != 0 or not name:
-            raise SubtaskError("fatal", "HEAD is detached: land moves a branch, and none is "
-                               "checked out here",
-                               hint="git switch main   (or: git config subtask.landTarget main)")
-        if repo.objects.ref(f"refs/heads/{name}") is None:
-            raise SubtaskError("fatal", f"the current branch {name} has no commits yet")
-    if name.startswith("subtask/"):
-        raise SubtaskError("usage", f"{name} is a job's branch: never a land target",
-                           hint="git switch main   (or: git config subtask.landTarget main)")
-    return Target(name, *_checkout_of(repo, f"refs/heads/{name}"))
-
-
-def _checkout_of(repo: Repo, ref: str) -> tuple[Path | None, Path | None]:
-    """The worktree that has `ref` checked out, and its git dir; (None, None) when none has."""
-    out = git(repo.root, "worktree", "list", "--porcelain", check=False).stdout
-    path = None
-    for line in out.splitlines():
-        if line.startswith("worktree "):
-            path = Path(line[len("worktree "):])
-        elif line == f"branch {ref}" and path is not None and path.is_dir():
-            git_dir = git(path, "rev-parse", "--absolute-git-dir").stdout.strip()
-            return path, Path(git_dir)
-    return None, None
-
-
-def tip(repo: Repo, target: Target) -> str:
-    ref = repo.objects.ref(target.ref)
-    if ref is None:
-        raise SubtaskError("fatal", f"the branch {target.name} is gone")
-    return ref.target
-
-
-def move(repo: Repo, target: Target, old: str, new: str) -> str:
-    """Move the target from `old` to `new`: "ok", or "moved" when it is no longer at `old`.
-
-    Where the target is checked out, `git merge --ff-only` in that worktree moves the branch, the
-    index and the files in one git run, under the worktree's `index_lock`, after the same checks
-    as `merge` (no uncommitted changes; HEAD still at `old`), and with the target still the branch
-    checked out there (a `Stop` if not: `merge --ff-only` moves whatever branch is checked out);
-    else one compare-and-swap of the ref.
-    """
-    message = f"git-subtask land: {old[:7]} -> {new[:7]}"
-    if target.checkout is None:
-        return "ok" if records.cas_ref(repo, target.ref, old, new, message) else "moved"
-    with landing.index_lock(repo, target.checkout, target.git_dir):
-        branch, head, changed = _checkout_state(target.checkout)
-        if branch != target.name:  # `git merge --ff-only` there would move that branch, not ours
-            raise Stop("negative", f"the worktree {target.checkout} has {_words(branch)} checked out, not "
-                                   f"{target.name}: the queue stopped before moving {target.name}",
-                       hint=f"git switch {target.name} there, then land the rest again")
-        if changed:
-            raise Stop("dirty", f"the worktree {target.checkout} has uncommitted changes ({', '.join(changed[:10])}): "
-                                f"the queue stopped before moving {target.name} (your work is never stashed)",
-                       hint="commit or stash them yourself, then land the rest again")
-        if head != old:
-            return "moved"
-        proc = git(target.checkout, "merge", "--ff-only", "--quiet", new, check=False)
-        if proc.returncode == 0:
-            return "ok"
-        branch, head, _ = _checkout_state(target.checkout)
-        if branch != target.name or head != old:
-            return "moved"
-        words = " ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:])
-        raise Stop("negative", f"git would not move {target.name} in {target.checkout}: {words}: the queue stopped "
-                               "(nothing of this landing changed)")
-
-
-def _checkout_state(checkout: Path) -> tuple[str, str, list[str]]:
-    """The checkout's branch (`(detached)` for a detached HEAD), its HEAD commit and its
-    uncommitted changes to tracked files (`merge`'s rule: never merged into; untracked files are
-    git's to refuse), from one `git status`."""
-    out = git(checkout, "status", "--porcelain=v2", "--branch", "--untracked-files=no").stdout
-    branch, head, changed = "", "", []
-    for line in out.splitlines():
-        if line.startswith("# branch.head "):
-            branch = line[len("# branch.head "):]
-        elif line.startswith("# branch.oid "):
-            head = line[len("# branch.oid "):]
-        elif line and not line.startswith("#"):
-            changed.append(line.split(" ")[-1] if line[0] in "12u" else line)
-    return branch, head, changed
-
-
-def _words(branch: str) -> str:
-    return "a detached HEAD" if branch in ("", "(detached)") else branch
-
-
-# ---------------------------------------------------------------- the jobs
-
-def resolve(repo: Repo, asked: list[str]) -> list[Item]:
-    """The queue's jobs in order (a group stands for its pick); bad input changes nothing."""
-    if not asked:
-        raise SubtaskError("usage", "land needs at least one job id (or best-of group id)")
-    items, seen = [], set()
-    for text in asked:
-        group = None
-        if is_group_ref(text):
-            group = groups.read(repo, groups.resolve(repo, text))[0]
-            job_id = group.pick or group.members[0]
-        else:
-            job_id = records.resolve(repo, text)
-        if job_id in seen:
-            raise SubtaskError("usage", f"{text} is named twice in the queue")
-        seen.add(job_id)
-        items.append(Item(text, records.read(repo, job_id), group))
-    return items
-
-
-def gate(repo: Repo, item: Item, opts: Options) -> None:
-    """Take the job's run-lock and check it may land (`check`); a `SubtaskError` says why not."""
-    if item.group is not None:
-        item.group = groups.picked(repo, item.group.id)
-        item.job = records.read(repo, item.group.pick)
-    item.job = records.read(repo, item.job.id)
-    check(repo, item, opts)  # a job still running is refused at once, not after waiting for its lock
-    item.fd = liveness.acquire_within(repo.state_dir, item.job.id, RUN_LOCK_WAIT)
-    try:
-        item.job = records.read(repo, item.job.id)
-        check(repo, item, opts)  # the record as it is now that no reply can start
-    except BaseException:
-        liveness.release(item.fd)
-        item.fd = None
-        raise
-
-
-def check(repo: Repo, item: Item, opts: Options) -> None:
-    """`merge`'s gate (done, verified on its head unless its record cannot be taken at its word,
-    commits to land), and a command to run on the integrated commit unless `force`."""
-    job = item.job
-    item.trust = landing.trust_of(repo, job)
-    item.head = landing.check_mergeable(repo, job, opts.force, item.trust.claims)
-    item.command = opts.verify or job.spec.verify
-    item.timeout = job.spec.verify_timeout if not opts.verify else repo.config.number("verifyTimeout")
-    if not item.command and not opts.force:
-        raise SubtaskError("negative", f"{job.id}: nothing to run on the integrated commit (it was started "
-                           "without --verify)", hint=f"git subtask land --verify 'make test' {job.id}   "
-                                                      f"(land it unverified: --force)")
-
-
-# ---------------------------------------------------------------- leftovers
-
-def sweep_scratch(repo: Repo) -> None:
-    """Remove the scratch worktrees a killed `land` left (under the queue lock: none is in use)."""
-    folder = repo.worktree_dir() / integrate.SCRATCH
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        name = path.name.removesuffix(".tmp").removesuffix(reverify.SIDE_SUFFIX)
-        reverify.remove_scratch(repo, path.with_name(name))
-
-
-def _queue_lock(repo: Repo, wait: float = QUEUE_LOCK_WAIT):
-    """The land lock (one queue per repository): `take()` it (False when another holds it past
-    `wait`), `release()` it."""
-    repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    class _Lock:
-        def __init__(self) -> None:
-            self.lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=wait)
-
-        def take(self) -> bool:
-            try:
-                self.lock.acquire()
-            except LockTimeout:
-                self.lock = file_lock(repo.state_dir / paths.LAND_LOCK, timeout=0.0)  # later looks do not wait
-                return False
-            return True
-
-        def release(self) -> None:
-            self.lock.release()
-
-    return _Lock()

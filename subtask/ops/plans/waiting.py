@@ -45,7 +45,7 @@ from subtask.model import executors, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.model.transaction import Transaction
-from subtask.ops import admission, lifecycle
+from subtask.ops.running import admission, lifecycle
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 MAX_ROUNDS = 100  # passes of `advance`: each job it ends may let the next one in a chain move on
@@ -60,7 +60,7 @@ def resolve_after(repo: Repo, names: list[str]) -> tuple[list[str], list[str]]:
     """(the ids `--after` names, whole; the jobs to see end: each job, each group's members).
 
     A job id or a unique prefix of one (st-…), or a group id (sg-…); each must exist here."""
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
         raise SubtaskError("usage", f"--after needs job or group ids, not {names!r}")
@@ -117,7 +117,7 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
 
 
 def _group_dependency(repo: Repo, gid: str, settle: bool = True) -> Dependency:
-    from subtask.ops import groups
+    from subtask.ops.plans import groups
 
     try:
         group = groups.settle(repo, gid) if settle else groups.read(repo, gid)[0]
@@ -310,9 +310,9 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
     try:
         with Transaction() as tx:
             if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
-                from subtask.ops import books
+                from subtask.ops.running import spending
 
-                books.sync_ledger(repo)
+                spending.sync_ledger(repo)
             branch = job.spec.branch
             made = branch is not None and _ensure_branch(repo, branch, base)
             tx.done("after_branch", (lambda: _delete_branch(repo, branch, base)) if branch and made else None)
@@ -369,9 +369,9 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
         rid = job.state.current.rid
         paid = bool(rid) and get_engine(job.spec.engine, repo.config).paid
         if paid:
-            from subtask.ops import books
+            from subtask.ops.running import spending
 
-            books.sync_ledger(repo)
+            spending.sync_ledger(repo)
             # A ledger rebuilt from the records since (a lost state folder) opened it already.
             paid = not any(r.rid == rid for r in ledger.open_reservations(repo.state_dir))
         try:

@@ -30,7 +30,7 @@ from subtask.git import records
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE, TERMINAL
-from subtask.ops import lifecycle
+from subtask.ops.running import lifecycle
 
 MAX_BYTES = 256 << 10  # of one job's events file per call
 MAX_COMMITS = 10_000  # a record chain is walked at most this far back from its tip

@@ -50,7 +50,7 @@ CLIENTS = ("claude", "codex")
 SCOPES = ("user", "project")
 NAME = "subtask"  # the server's name in every client's config
 SKILL = "git-subtask"  # the guide's folder name
-GUIDE = Path(__file__).parents[1] / "guide" / "SKILL.md"
+GUIDE = Path(__file__).parents[2] / "guide" / "SKILL.md"  # subtask/guide/SKILL.md
 # Codex gives an MCP server only a few of its variables (HOME, PATH, ...): the engines' credentials
 # and settings must be named, or jobs on those engines cannot authenticate.
 CODEX_ENV_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN",
