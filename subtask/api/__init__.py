@@ -4,20 +4,37 @@ Functions take plain arguments, validate them before changing anything, and retu
 (`Job`, `StartResult`, `WaitResult`, …); they never print. Failures a user can act on raise
 `SubtaskError` with git's exit code.
 
-`api.<name>` is found in the module that does it, imported on first use: `read` (a job, the
-listing, status, a group), `waiting` (wait), and `jobs` (start, reply, stop, cleanup, merge, land and the
-rest). A reading command so imports the reading operations only, never what starts or lands a
-job (tests/test_imports.py).
+`api.<name>` is found in the module that does it (`_MODULES`), imported on first use: `read` (a
+job, the listing, status, a group), `waiting` (wait), `starting` (one job's start and the start
+transaction), `groups` (best-of, map, what acts on a group), `launching` (what the faces call to
+start: `launch`, `start_many`), `replying` (reply, stop), `landing` (diff, log, verify, merge,
+land) and `admin` (cleanup, gc, spend, the pool, setup, install, push, pull). A reading command
+so imports the reading operations only, never what starts or lands a job (tests/test_imports.py).
+
+Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash is
+noticed by the next command and its slot and reservation come back (`read.sweep`).
 """
 
 from __future__ import annotations
 
-_READ = frozenset({
-    "DEFAULT_LIST_LIMIT", "LIST_STATES", "Listing", "_positive", "add_record_facts",
-    "branch_moved", "evidence_envelope", "get", "get_group", "job_passed", "latest_activity", "list_groups", "list_jobs", "queue_position",
-    "record_facts", "repo_at", "status", "sweep", "worker_log", "worktree_present"})
-_WAIT = frozenset({"GroupWait", "MixedWait", "QUEUED_FILL_INTERVAL", "RECORD_LOOKS", "STALL_LOOK", "WAITING_LOOK",
-                   "WRAP_UP_WAIT", "WaitResult", "wait", "wait_groups", "wait_ids"})
+_MODULES = {
+    "read": ("DEFAULT_LIST_LIMIT", "LIST_STATES", "Listing", "_positive", "add_record_facts", "branch_moved",
+             "evidence_envelope", "get", "get_group", "job_passed", "latest_activity", "list_groups", "list_jobs",
+             "queue_position", "record_facts", "repo_at", "status", "sweep", "worker_log", "worktree_present"),
+    "waiting": ("GroupWait", "MixedWait", "QUEUED_FILL_INTERVAL", "RECORD_LOOKS", "STALL_LOOK", "WAITING_LOOK",
+                "WRAP_UP_WAIT", "WaitResult", "wait", "wait_groups", "wait_ids"),
+    "starting": ("Delegation", "MAX_RETRIES", "Repo", "StartRequest", "StartResult", "_prepare", "current_depth",
+                 "default_engine", "delegation", "engines", "left_out", "routing_explain", "start"),
+    "groups": ("GroupStart", "MapStart", "compare", "compare_argvs", "map_files", "merge_group", "start_group",
+               "start_map", "stop_group"),
+    "launching": ("check_option", "launch", "request_from_dict", "start_many"),
+    "replying": ("REPLY_LOCK_WAIT", "reply", "stop"),
+    "landing": ("GitOutput", "MAX_OUTPUT_LIMIT", "OUTPUT_LIMIT", "diff", "diff_argv", "git_output", "land",
+                "land_mode", "log", "log_argv", "merge", "merge_mode", "verify"),
+    "admin": ("cleanup", "cleanup_merged", "du", "engine_plugins", "gc", "hooks", "init", "install", "notes_rebuild",
+              "pool_fill", "pool_status", "pull", "push", "spend"),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def use_forked_workers() -> None:
@@ -37,7 +54,9 @@ def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
 def __getattr__(name: str):
     # A submodule named as one of its functions would shadow it (importing `subtask.api.x` sets
     # `api.x` to the module): hence `waiting`, not `wait`.
-    module = "read" if name in _READ else "waiting" if name in _WAIT else "jobs"
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'subtask.api' has no attribute {name!r}")
     value = getattr(__import__(f"subtask.api.{module}", fromlist=[name]), name)
     globals()[name] = value
     return value
