@@ -445,9 +445,9 @@ def _harness(repo: Repo, request: StartRequest) -> list[str] | None:
             raise SubtaskError("usage", "--harness goes with --verify: it says what judges the verify",
                                hint="git subtask start --verify 'pytest -q' --harness job '...'")
         return None
-    from subtask.git import harness
+    from subtask.git import harness_rule
 
-    return harness.resolve(given, repo.config.get("verify.harness"))
+    return harness_rule.resolve(given, repo.config.get("verify.harness"))
 
 
 def _isolation(repo: Repo, engine, request: StartRequest):

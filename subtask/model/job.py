@@ -146,7 +146,7 @@ class JobSpec(_Record):
     # (0-5), and the checks run on the diff before verify (None: a job recorded before checks).
     retries: int = 0
     checks: list[str] | None = None
-    # What judges its verify (subtask/git/harness.py): `default` and globs, taken from a trusted
+    # What judges its verify (subtask/git/harness_rule.py): `default` and globs, taken from a trusted
     # tree when verify runs; [] when it is judged by its own tests (`--harness job`); None: a
     # record from before the harness, judged as `default` is.
     harness: list[str] | None = None

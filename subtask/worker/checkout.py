@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from subtask.git import harness, packing, pool, worktrees
+from subtask.git import harness, harness_rule, packing, pool, worktrees
 from subtask.git.gitrepo import Repo, ensure_excluded, finish_preload, git, preload_pygit2
 from subtask.git.records import Job
 from subtask.model import faults, phases
@@ -308,7 +308,7 @@ def set_up_fresh(repo: Repo, job: Job, worktree: Path, confinement: Confinement)
         with isolation.confined(confinement.sandbox):
             failure = run_setup(repo, job, worktree, confinement.env)
         confinement.end_leftovers()
-        if not failure and job.spec.verify and not harness.judged_by_job(job.spec.harness):
+        if not failure and job.spec.verify and not harness_rule.judged_by_job(job.spec.harness):
             # what the worktree held beyond its tree before the job ran is not the job's
             overlay.keep_snapshot(repo, job.id, harness.snapshot(repo, work_base(job), worktree, job.spec.harness,
                                                                  verify_command(repo, job)))

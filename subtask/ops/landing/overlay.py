@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from subtask.git import harness
+from subtask.git import harness, harness_rule
 from subtask.git.gitrepo import Repo, tree_of
 from subtask.state.statefiles import write_atomic
 
@@ -105,7 +105,7 @@ def prepare(repo: Repo, *, asked: list[str] | None, command: str | None, trusted
             head: str, ref: str | None = None, kept: dict | None = None, env: dict | None = None) -> Judge:
     """Compare `worktree` (holding `head`) with the trusted commit; `asked`: the spec's harness
     (None: a record from before it, judged by the default; []: by its own tests)."""
-    if harness.judged_by_job(asked):
+    if harness_rule.judged_by_job(asked):
         return Judge("job")
     try:
         return _prepare(repo, asked, command, trusted, source, worktree, head, ref, kept, env)

@@ -42,7 +42,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from subtask.git import harness, records
+from subtask.git import harness, harness_rule, records
 from subtask.git.gitrepo import Repo
 from subtask.model.job import VerifyResult
 from subtask.state.statefiles import open_private, write_atomic
@@ -86,9 +86,9 @@ def key_of(repo: Repo, *, tree: str, command: str, trusted: str | None, asked: l
            network: str) -> str | None:
     """The key of a verify of `tree` by `command` (as records show it), judged by the harness of the
     commit `trusted`; None when no trusted commit judges it (nothing to key it by)."""
-    if trusted is None and not harness.judged_by_job(asked):
+    if trusted is None and not harness_rule.judged_by_job(asked):
         return None
-    source = harness.digest(repo, trusted, asked, command) if trusted is not None else harness.JOB
+    source = harness.digest(repo, trusted, asked, command) if trusted is not None else harness_rule.JOB
     return _digest({"v": 1, "tree": tree, "command": command, "harness": source,
                     "env": fingerprint(repo, confined=confined, network=network)})
 

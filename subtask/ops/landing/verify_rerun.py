@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from subtask.git import checks, harness
+from subtask.git import checks, harness_rule
 from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
@@ -121,7 +121,7 @@ def asked_harness(job, trusted_record: bool) -> list[str] | None:
     """The harness a re-run takes from the record: as recorded, but an opt-out (`--harness job`)
     only from a record this clone can trust; any other is judged by the default."""
     asked = job.spec.harness
-    return None if harness.judged_by_job(asked) and not trusted_record else asked
+    return None if harness_rule.judged_by_job(asked) and not trusted_record else asked
 
 
 def target_of(repo: Repo, head: str) -> tuple[str, str | None]:
