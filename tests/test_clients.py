@@ -234,7 +234,7 @@ def test_doctor_checks_each_installed_client_with_a_real_handshake(cli, repo, is
 
 
 def test_the_guide_is_package_data_and_the_servers_instructions(cli):
-    from subtask.faces.mcp_tools import INSTRUCTIONS
+    from subtask.faces.mcp_calls import INSTRUCTIONS
     from subtask.ops.sharing import client_config
 
     text = client_config.guide_text()

@@ -23,7 +23,7 @@ from conftest import git
 FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
              "subtask.engines", "subtask.worker", "subtask.api.starting", "subtask.api.groups", "subtask.api.launching",
              "subtask.api.replying", "subtask.api.landing", "subtask.api.admin", "subtask.faces.cli",
-             "subtask.faces.mcp_server",
+             "subtask.faces.mcp_server", "subtask.faces.mcp_calls",
              "subtask.faces.mcp_tools", "subtask.faces.manpage", "subtask.git.signing", "subtask.git.notes_store",
              "subtask.executors.ray", "subtask.ops.landing.landed", "subtask.ops.landing.cleanup",
              "subtask.ops.landing.merge", "subtask.ops.landing.land", "subtask.ops.landing.queue",

@@ -147,7 +147,7 @@ FACES_DEBT = {
     ("subtask.faces.cli", "worker"),
     ("subtask.faces.doctor", "git"), ("subtask.faces.doctor", "ops"), ("subtask.faces.doctor", "proc"),
     ("subtask.faces.doctor", "state"), ("subtask.faces.mcp_server", "worker"),
-    ("subtask.faces.mcp_tools", "state"), ("subtask.faces.replies", "ops"),
+    ("subtask.faces.mcp_calls", "state"), ("subtask.faces.replies", "ops"),
 }
 
 
@@ -206,7 +206,8 @@ def test_the_worker_imports_nothing_of_api_or_the_faces():
     assert "subtask.worker.attempt" in worker
     for module in (*worker, "subtask.ops.running.lifecycle", "subtask.proc.spawn"):
         assert "subtask.api" not in edges[module], module
-        assert not {"subtask.faces.cli", "subtask.faces.mcp_server", "subtask.faces.mcp_tools"} & edges[module], module
+        assert not {"subtask.faces.cli", "subtask.faces.mcp_server", "subtask.faces.mcp_calls",
+                     "subtask.faces.mcp_tools"} & edges[module], module
 
 
 def test_importing_the_cli_loads_no_sdk_and_no_pygit2():

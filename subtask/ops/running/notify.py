@@ -12,7 +12,7 @@ For each event, once:
   model wrote). It may run `NOTIFY_TIMEOUT` seconds; then its process group is killed. Its exit
   code and output are said (a warning, the worker's log) and change nothing.
 - a line goes to the state folder's `notify.jsonl`, which an MCP server tails to send its client a
-  log notification (`faces/mcp_tools.py`); rotated to `notify.jsonl.1` past `FEED_MAX` bytes.
+  log notification (`faces/mcp_calls.py`); rotated to `notify.jsonl.1` past `FEED_MAX` bytes.
 
 Once per event: the process that writes an attempt's terminal record tells its end (the worker
 after it lets go of the run-lock; `lifecycle.end_attempt` for every other end; at home, whoever
