@@ -304,11 +304,7 @@ def _compare_file(odb, disk: _Disk, path: str, oid: str, mode: int, found: Compa
     if info is None or bool(info.st_mode & 0o100) != (mode == 0o100755):
         found.puts.append(Put(path, oid, mode, "changed"))
         return
-    try:
-        size = odb.read_header(oid)[1]
-    except (KeyError, ValueError):
-        size = -1
-    if info.st_size != size:
+    if info.st_size != _blob_size(odb, oid):
         found.puts.append(Put(path, oid, mode, "changed"))
         return
     data = disk.read(path)
@@ -657,3 +653,13 @@ def _rebuilt(git, tree, changes: dict[str, tuple[str, int] | None]):
         else:
             builder.insert(name, oid, 0o040000)
     return builder.write()
+
+
+def _blob_size(odb, oid) -> int:
+    """A blob's size from its header (pygit2 >= 1.20), else from the object read whole; -1 when
+    the object is not there."""
+    header = getattr(odb, "read_header", None)
+    try:
+        return header(oid)[1] if header is not None else len(odb.read(oid)[1])
+    except (KeyError, ValueError):
+        return -1

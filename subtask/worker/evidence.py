@@ -22,7 +22,7 @@ from pathlib import Path
 
 from subtask.engines.base import Outcome
 from subtask.git import checks, worktrees
-from subtask.git.gitrepo import Repo, author_signature, diff_stats
+from subtask.git.gitrepo import Repo, author_signature, diff_stats, git
 from subtask.git.records import Job
 from subtask.model import claims, phases
 from subtask.model.job import Evidence, VerifyResult, work_base
@@ -70,11 +70,14 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
 def engine_excludes(repo: Repo, engine: str) -> list[str]:
     """The pathspec that keeps an engine's own files (`git config --add subtask.engine.<name>.exclude
     PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
+    key = f"subtask.engine.{engine}.exclude"
     try:
-        values = repo.git.config.get_multivar(f"subtask.engine.{engine}.exclude")
-        patterns = [p.strip() for p in values if p and p.strip()]  # None: `exclude` with no `=`
+        values: list[str | None] = list(repo.git.config.get_multivar(key))
     except (KeyError, ValueError):
         return []
+    except RuntimeError:  # pygit2 < 1.20 on an `exclude` with no `=`: git's own reading
+        values = list(git(repo.root, "config", "--get-all", key, check=False).stdout.splitlines())
+    patterns = [p.strip() for p in values if p and p.strip()]  # None: `exclude` with no `=`
     return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
 
 
