@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -115,7 +116,7 @@ def host(tmp_path, isolated_git):
     (home / ".private" / "notes.txt").write_text(f"{NOTES_SECRET}\n")
     h = Host(home, key, scratch / "agent.sock", home / ".ssh" / "agent.sock", scratch / "service.sock",
              scratch / "service-wrote", home / ".cache" / "git" / "credential" / "socket",
-             f"subtask-test-{scratch.parent.name}", scratch / "abstract-wrote")
+             f"subtask-test-{os.getpid()}-{secrets.token_hex(4)}", scratch / "abstract-wrote")  # machine-wide name
     agents = [_agent(h.agent_tree, key), _agent(h.agent_home, key)]
     server = _service(h.service, h.service_wrote)
     abstract = _service("\0" + h.abstract, h.abstract_wrote)
