@@ -22,7 +22,6 @@ from subtask.api.read import _groups, _positive
 from subtask.api.starting import (
     StartResult,
     _check_task,
-    _drop_lock,
     _Launch,
     _launch_all,
     _names,
@@ -181,7 +180,7 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
                                     p.as_written))
     except BaseException:
         for launch in launches:
-            _drop_lock(repo.state_dir, launch.job.id, launch.lock_fd)
+            liveness.drop(repo.state_dir, launch.job.id, launch.lock_fd)
         raise
     results = _launch_all(repo, launches, what=what, then_record=write_group,
                           undo_record=lambda: groups.delete(repo, gid))

@@ -389,7 +389,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     job, state_dir = prepared.job, repo.state_dir
     with Transaction() as tx:
         fd = liveness.acquire(state_dir, job.id, new=True)
-        tx.done("start_locked", lambda: _drop_lock(state_dir, job.id, fd))
+        tx.done("start_locked", lambda: liveness.drop(state_dir, job.id, fd))
         kept = privatetext.keep(state_dir, job.id, 1, **prepared.as_written)
         tx.done("start_words_kept", (lambda: privatetext.discard(state_dir, job.id, 1)) if kept else None)
         jobenv.save(state_dir, job.id)
@@ -555,7 +555,7 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     unspawned: list[_Launch] = []
     with Transaction() as tx:
         for launch in launches:
-            tx.done("start_locked", lambda launch=launch: _drop_lock(state_dir, launch.job.id, launch.lock_fd))
+            tx.done("start_locked", lambda launch=launch: liveness.drop(state_dir, launch.job.id, launch.lock_fd))
         admitted: tuple = (dead, handed)
         tx.then = lambda: admission.after_admission(repo, admitted)
         try:
@@ -657,14 +657,6 @@ def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:
         return True
 
     records.update(repo, job_id, change)
-
-
-def _drop_lock(state_dir: Path, job_id: str, fd: int) -> None:
-    liveness.release(fd)
-    try:
-        liveness.lock_path(state_dir, job_id).unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _drop_start_refs(repo: Repo, job_id: str, branch: str | None) -> None:

@@ -38,7 +38,6 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -184,7 +183,7 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     state_dir = repo.state_dir
     lock_fd = liveness.acquire(state_dir, job.id, new=True)  # settle passes over a job whose start is under way
     with Transaction() as tx:
-        tx.then = lambda: _drop_lock(state_dir, job.id, lock_fd)
+        tx.then = lambda: liveness.drop(state_dir, job.id, lock_fd)
         if paid:
             spending.sync_ledger(repo)
         if job.spec.branch:
@@ -197,12 +196,6 @@ def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
         _reserve_push_submit(repo, job, paid, where, tx)
     liveness.release(lock_fd)
     return job
-
-
-def _drop_lock(state_dir: Path, job_id: str, lock_fd: int | None) -> None:
-    """A start undone: its run-lock let go, and its file gone (no job of that id exists)."""
-    liveness.release(lock_fd)
-    liveness.lock_path(state_dir, job_id).unlink(missing_ok=True)
 
 
 def _reserve_push_submit(repo: Repo, job: Job, paid: bool, where: Target, tx: Transaction) -> None:

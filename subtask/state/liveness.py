@@ -113,6 +113,12 @@ def release(fd: int | None) -> None:
         os.close(fd)
 
 
+def drop(state_dir: Path, job_id: str, fd: int | None) -> None:
+    """A start undone: its run-lock let go and its file removed (no job of that id exists)."""
+    release(fd)
+    lock_path(state_dir, job_id).unlink(missing_ok=True)
+
+
 def is_held(state_dir: Path, job_id: str) -> bool:
     """True while some process holds the job's run-lock exclusively (its worker, or its starter)."""
     path = paths.run_file(state_dir, job_id, "lock", make=False)
