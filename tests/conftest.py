@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -243,6 +244,52 @@ def control_dir(repo, tmp_path) -> Path:
     return path
 
 
+def run_or_dump(argv: list[str], *, cwd: str, env: dict, input=None, timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run` with captured text output, except that a command still running at
+    `timeout` is not only killed: every Python process under it first prints each thread's stack
+    (faulthandler, on SIGABRT), and the TimeoutExpired raised carries those stacks, so a hang on
+    a loaded CI machine says where it hung."""
+    __tracebackhide__ = True
+    env = dict(env, PYTHONFAULTHANDLER="1")
+    with subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE if input is not None else
+                          subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in descendants(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGABRT)
+                except OSError:
+                    pass
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            print(f"{' '.join(argv)} still ran after {timeout} s; its output, then each thread's stack:\n"
+                  f"{out}\n{err}", file=sys.stderr)  # shown under the failed test's captured stderr
+            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s living descendants (from /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        todo.extend(kids := children.get(todo.pop(0), []))
+        found.extend(kids)
+    return found
+
+
 class Cli:
     """Runs the real `git subtask` command in a repository."""
 
@@ -251,8 +298,8 @@ class Cli:
 
     def __call__(self, *args: str, cwd=None, env=None, input=None, timeout=60) -> subprocess.CompletedProcess:
         full_env = dict(os.environ, **(env or {}))
-        return subprocess.run(["git", "subtask", *args], cwd=str(cwd or self.cwd), capture_output=True, text=True,
-                              env=full_env, input=input, timeout=timeout, check=False)
+        return run_or_dump(["git", "subtask", *args], cwd=str(cwd or self.cwd), env=full_env, input=input,
+                           timeout=timeout)
 
     def ok(self, *args: str, **kwargs) -> str:
         proc = self(*args, **kwargs)
