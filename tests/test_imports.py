@@ -38,7 +38,7 @@ OURS = {
     "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.errors",
     "subtask.model.executors", "subtask.model.faults", "subtask.model.job", "subtask.model.money", "subtask.proc", "subtask.proc.spawn",
     "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",
-    "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.formats",
+    "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.group_pages", "subtask.words.formats",
     "subtask.words.lines", "subtask.words.pages", "subtask.words.terminal",
 }
 EXTRA = {

@@ -140,17 +140,6 @@ ALLOWED: dict[str, set[str]] = {
     "words": {"model"},
     "model": set(),
 }
-# What the faces still reach below the api, to be moved behind it (issue 41). The list may only
-# shrink: an entry no longer used fails the test below.
-FACES_DEBT = {
-    ("subtask.faces.cli", "engines"), ("subtask.faces.cli", "git"), ("subtask.faces.cli", "ops"),
-    ("subtask.faces.cli", "worker"),
-    ("subtask.faces.doctor", "git"), ("subtask.faces.doctor", "ops"), ("subtask.faces.doctor", "proc"),
-    ("subtask.faces.doctor", "state"), ("subtask.faces.mcp_server", "worker"),
-    ("subtask.faces.mcp_calls", "state"), ("subtask.faces.replies", "ops"),
-}
-
-
 def folder_of(module: str) -> str:
     """The folder a module sits in: `subtask.<folder>.…`; the console entry; `subtask` is model's."""
     for name, modules_ in FOLDER.items():
@@ -162,8 +151,7 @@ def folder_of(module: str) -> str:
 def forbidden_imports(edges: dict[str, set[str]]) -> list[str]:
     """Every import from one folder into another that ALLOWED does not list."""
     return [f"{a} imports {b}" for a, deps in sorted(edges.items()) for b in sorted(deps)
-            if folder_of(b) != folder_of(a) and folder_of(b) not in ALLOWED[folder_of(a)]
-            and (a, folder_of(b)) not in FACES_DEBT]
+            if folder_of(b) != folder_of(a) and folder_of(b) not in ALLOWED[folder_of(a)]]
 
 
 def two_way_pairs(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -192,11 +180,6 @@ def test_the_rules_catch_an_engine_reading_the_state_folder():
     assert forbidden_imports(edges) == ["subtask.faces.replies imports subtask.git.records"]
     assert two_way_pairs({"subtask.ops.a": {"subtask.executors.b"}, "subtask.executors.b": {"subtask.ops.a"}}) \
         == [("executors", "ops")]
-
-
-def test_the_faces_debt_only_shrinks():
-    used = {(a, folder_of(b)) for a, deps in graph().items() for b in deps}
-    assert FACES_DEBT <= used, f"no longer imported, drop from FACES_DEBT: {sorted(FACES_DEBT - used)}"
 
 
 def test_the_worker_imports_nothing_of_api_or_the_faces():

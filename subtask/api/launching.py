@@ -153,3 +153,11 @@ def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
         done.add(ready[0])
         left.remove(ready[0])
     return order
+
+
+def run_remote(job_id: str, url: str, attempt: int) -> int:
+    """On a cluster node: fetch the job from `url`, run its worker, push its results; the exit
+    code (the Ray job's entrypoint, `executors/ray`)."""
+    from subtask.worker import remote
+
+    return remote.run(job_id, url, attempt)

@@ -310,6 +310,25 @@ def get_group(repo: Repo, gid_or_prefix: str):
     return _groups().settle(repo, _groups().resolve(repo, gid_or_prefix))
 
 
+@dataclass
+class GroupPage:
+    """A group as `show` and `result` give it: its table's rows, its pick's record (if any) and
+    whether it passed (a pick, or a map done)."""
+    group: object  # ops.plans.groups.Group
+    rows: list[dict]
+    pick: Job | None
+    passed: bool
+
+
+def group_page(repo: Repo, group) -> GroupPage:
+    groups = _groups()
+    try:
+        pick = records.read(repo, group.pick) if group.pick else None
+    except SubtaskError:
+        pick = None  # its record is gone: the table still says what it was
+    return GroupPage(group, groups.table_rows(repo, group), pick, groups.passed_group(group))
+
+
 def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
     """The groups of the listed jobs (settling those whose members have all ended), by id."""
     if not any(e.get("group") for e in entries):
@@ -370,3 +389,31 @@ def evidence_envelope(job: Job) -> dict:
         # what the engine's summary claimed and the evidence contradicts (never decided on)
         "claims": (evidence or {}).get("claims"),
     }
+
+
+
+def all_ids(repo: Repo) -> list[str]:
+    """Every job id, then every group id, here (what shell completion offers for an ID)."""
+    return sorted(records.all_ids(repo)) + sorted(_groups().all_ids(repo))
+
+
+def engine_names(repo: Repo) -> list[str]:
+    """The built-in engines' names and those `subtask.engine.<name>.command` configures."""
+    from subtask.engines import configured_command_engines
+    from subtask.engines import engine_names as names
+
+    return names(configured_command_engines([e.name for e in repo.git.config]))
+
+
+def notify_feed_end(state_dir: Path) -> tuple[int, int]:
+    """Where the job events an MCP client is told of (`ops/running/notify`) end now."""
+    from subtask.ops.running import notify
+
+    return notify.feed_end(state_dir)
+
+
+def notify_feed_since(state_dir: Path, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
+    """The job events told since `position`, and the position after them."""
+    from subtask.ops.running import notify
+
+    return notify.feed_since(state_dir, position)

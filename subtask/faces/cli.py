@@ -7,7 +7,7 @@ One error path: `SubtaskError` becomes `error: <message>` (plus `hint:`) on stde
 code; click usage errors exit 129; anything unexpected is reported in one line (set
 SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 
-`api` (and with it pygit2) is imported inside the commands, so `--version` and `-h` stay instant.
+`api` loads each operation (and with it pygit2) on first use, so `--version` and `-h` stay instant.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from subtask import __version__
+from subtask import __version__, api  # api's names load on first use (api/__init__)
 from subtask.faces import commands, output
 from subtask.model.errors import EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
 
@@ -140,7 +140,6 @@ def map_(pattern, template, batch, concurrency, as_json, **options):
     repository. Prints the group id (sg-...) and one line per job; wait, list, show and stop take
     the group id, and `start --after sg-...` starts a job from all their heads merged.
     """
-    from subtask import api
     from subtask.faces import replies
 
     if template == "-":
@@ -166,7 +165,6 @@ def reply(job_id, message, max_usd, timeout, as_json):
 
     For the shell engine MESSAGE is another script. Use - to read it from standard input.
     """
-    from subtask import api
     from subtask.faces import replies
 
     if message == "-":
@@ -183,7 +181,6 @@ def watch(ids, timeout):
     On a terminal the lines redraw in place; otherwise a line is printed whenever one changes.
     Exit codes as for wait.
     """
-    from subtask import api
     from subtask import words as render
 
     repo = _repo()
@@ -222,8 +219,6 @@ def watch(ids, timeout):
 @click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
 def diff(job_id, paths, stat, as_json, max_bytes):
     """git diff base..head of the job (works after its branch is deleted)."""
-    from subtask import api
-
     if as_json:
         from subtask.faces import replies
 
@@ -241,8 +236,6 @@ def diff(job_id, paths, stat, as_json, max_bytes):
 @click.option("--max-bytes", type=int, help="with --json: at most this many bytes of text (default 50000)")
 def log(job_id, as_json, max_bytes):
     """git log base..head --notes=subtask of the job."""
-    from subtask import api
-
     if as_json:
         from subtask.faces import replies
 
@@ -259,7 +252,6 @@ def log(job_id, as_json, max_bytes):
 @click.option("--json", "as_json", is_flag=True)
 def stop(job_id, as_json):
     """Stop a job: drop it from the queue, or end its worker (SIGTERM, then SIGKILL)."""
-    from subtask import api
     from subtask.faces import replies
 
     repo = _repo()
@@ -294,7 +286,6 @@ def merge(job_id, squash, no_ff, ff_only, force, reverify, as_json):
     signed its record (gpg.ssh.allowedSignersFile, or the keyring); otherwise its verify command
     runs here first, on the exact commit, in a scratch worktree (docs/review.md).
     """
-    from subtask import api
     from subtask.faces import replies
 
     mode = api.merge_mode(squash=squash, no_ff=no_ff, ff_only=ff_only)
@@ -346,7 +337,6 @@ def land(ids, verify, atomic, reconcile, squash, no_ff, rebase, force, dry_run, 
     harness and environment is reused (--no-reuse runs it). A best-of group (sg-...) lands its
     pick. Exit 1 unless every job landed (docs/review.md, "Landing many").
     """
-    from subtask import api
     from subtask.faces import replies
 
     mode = api.land_mode(squash=squash, no_ff=no_ff, rebase=rebase)
@@ -372,8 +362,6 @@ def verify_(job_id, run, no_reuse, as_json):
     verify result against the commit it names; with --run, the verify command itself. Exit 1
     on any mismatch. What a reviewer runs on a teammate's job, and CI on a pushed branch.
     """
-    from subtask import api
-
     report = api.verify(_repo(), job_id, run=run, reuse=False if no_reuse else None)
     if as_json:
         _emit_json(report.to_dict())
@@ -393,8 +381,6 @@ def compare(group_id, patch, as_json, max_bytes):
 
     The pick (or the first member) comes first; --stat by default.
     """
-    from subtask import api
-
     if not _is_group(group_id):
         raise click.UsageError(f"compare takes a group id (sg-...), not {group_id!r}")
     if as_json:
@@ -424,8 +410,6 @@ def gc(dry_run, older_than, as_json):
     failed before committing). Never touches running jobs, dirty worktrees or branches with
     unmerged commits; records and pins stay (they are the history).
     """
-    from subtask import api
-
     _emit_lines(api.gc(_repo(), dry_run=dry_run, older_than=older_than).lines, as_json,
                 nothing="nothing to collect", dry_run=dry_run)
 
@@ -441,7 +425,6 @@ def pool(ctx, as_json):
     comes back to it, emptied of every untracked and ignored file. gc empties it.
     """
     if ctx.invoked_subcommand is None:
-        from subtask import api
         from subtask.faces import replies
 
         _emit(replies.pool(api.pool_status(_repo())), as_json)
@@ -452,7 +435,6 @@ def pool(ctx, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def pool_fill(count, as_json):
     """Fill the pool now to N ready worktrees (default subtask.pool) at HEAD, within subtask.poolMaxBytes."""
-    from subtask import api
     from subtask.faces import replies
 
     made, status = api.pool_fill(_repo(), count)
@@ -474,7 +456,6 @@ def routing_explain(as_json, **options):
     budget, room) or its score and the terms of it (pass rate, cost and time of its jobs in this
     repository, room left). Exit 1 when no candidate is left (start --engine auto refuses then).
     """
-    from subtask import api
     from subtask.faces import replies
 
     if options["task"] == "-":
@@ -492,7 +473,6 @@ def du(as_json):
     branch and pins keep; every other folder in the worktree folder (scratch worktrees, temp
     dirs); the total; and the worktrees cleanup --merged and gc would remove, with their bytes.
     """
-    from subtask import api
     from subtask.faces import replies
 
     _emit(replies.disk(api.du(_repo())), as_json)
@@ -502,8 +482,6 @@ def du(as_json):
 @click.option("--display", is_flag=True, help="also show the review notes in plain git log (notes.displayRef)")
 def init(display):
     """Set the repository up for git-subtask (notes merge strategy, notes ref; optional display)."""
-    from subtask import api
-
     changed = api.init(_repo(), display=display)
     for line in changed or ["already set up"]:
         echo(line)
@@ -517,8 +495,6 @@ def notes():
 @notes.command("rebuild", context_settings=CONTEXT)
 def notes_rebuild():
     """Regenerate every job's note block from its record (idempotent)."""
-    from subtask import api
-
     echo(f"{api.notes_rebuild(_repo())} block(s) changed")
 
 
@@ -528,8 +504,6 @@ def hooks():
 
 
 def _hooks(action: str, as_json: bool = False) -> None:
-    from subtask import api
-
     result = api.hooks(_repo(), action)
     _emit_lines(result.lines, as_json, installed=result.installed)
     if action == "status" and not result.installed:
@@ -560,8 +534,6 @@ def hooks_status(as_json):
 @click.option("--branches", is_flag=True, help="push the job branches too")
 def push(remote, branches):
     """Push job records and review notes to REMOTE, never forced; exit 1 if a record diverged there (an older or newer copy is no divergence)."""
-    from subtask import api
-
     result = api.push(_repo(), remote, branches=branches)
     for line in result.lines or ["everything up to date"]:
         echo(line)
@@ -572,8 +544,6 @@ def push(remote, branches):
 @click.argument("remote", default="origin")
 def pull(remote):
     """Fetch teammates' job records and notes from REMOTE; a local record is never overwritten."""
-    from subtask import api
-
     result = api.pull(_repo(), remote)
     for line in result.lines or ["everything up to date"]:
         echo(line)
@@ -584,7 +554,6 @@ def pull(remote):
 @click.option("--json", "as_json", is_flag=True)
 def engines(as_json):
     """The engines: installed, authenticated, version, paid, isolation."""
-    from subtask import api
     from subtask.faces import replies
 
     _emit(replies.engines(api.engines(_repo()), compact=False), as_json)
@@ -597,16 +566,12 @@ def engines(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def spend(month, all_clones, as_json):
     """Spend of paid engines: committed, open reservations, per engine, cap left."""
-    from subtask import api
     from subtask.faces import replies
 
     _emit(replies.spend(api.spend(_repo(), month, all_clones=all_clones), all_clones), as_json)
 
 
 def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: bool) -> None:
-    from subtask import api
-    from subtask.ops.sharing import client_config
-
     verb = "uninstall" if uninstall else "install"
 
     def show(lines: list[str]) -> None:
@@ -619,11 +584,11 @@ def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: b
     plan = api.install(client, scope, uninstall=uninstall, dry_run=dry_run, where=os.environ.get("SUBTASK_REPO"),
                        on_plan=show)
     if as_json:
-        _emit_json(client_config.as_dict(plan) | {"dry_run": dry_run})
+        _emit_json(plan.to_dict() | {"dry_run": dry_run})
     elif plan.steps and not dry_run:
         undo = f"undo: git subtask uninstall {client} --scope {scope}" if not uninstall else "install again: " \
                f"git subtask install {client} --scope {scope}"
-        echo(f"done (backups of changed files in {client_config._show(client_config.state_dir() / 'backups')}; {undo})")
+        echo(f"done (backups of changed files in {plan.backups}; {undo})")
         if not uninstall:
             echo("restart the client's session to load the server; check it: git subtask doctor")
 
@@ -694,9 +659,7 @@ def doctor(as_json, strict):
 
     Exit 1 when a check fails (or warns, with --strict).
     """
-    from subtask.faces import doctor as doctor_mod
-
-    report = doctor_mod.run(os.environ.get("SUBTASK_REPO") or None)
+    report = api.doctor(os.environ.get("SUBTASK_REPO") or None)
     if as_json:
         _emit_json(report.to_dict())
     else:
@@ -731,9 +694,7 @@ def completion(shell):
 @click.option("--attempt", type=int, required=True, help="the attempt the Ray job was submitted for")
 def run_remote(job_id, url, attempt):
     """On a cluster node: fetch the job, run its worker, push its results (the Ray job's entrypoint)."""
-    from subtask.worker import remote
-
-    sys.exit(remote.run(job_id, url, attempt))
+    sys.exit(api.run_remote(job_id, url, attempt))
 
 
 @cli.command("__complete", hidden=True, context_settings={"ignore_unknown_options": True})
@@ -744,19 +705,13 @@ def complete_words(words):
 
     def job_ids():
         try:
-            from subtask.git import records
-            from subtask.ops.plans import groups
-
-            repo = _repo()
-            return sorted(records.all_ids(repo)) + sorted(groups.all_ids(repo))
-        except Exception:
+            return api.all_ids(_repo())
+        except Exception:  # outside a repository, or a damaged one: no ids to offer
             return []
 
     def engines():
         try:
-            from subtask.engines import configured_command_engines, engine_names
-
-            return engine_names(configured_command_engines([e.name for e in _repo().git.config]))
+            return api.engine_names(_repo())
         except Exception:
             return ["shell", "claude", "codex"]
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import re
 import sys
@@ -246,15 +245,9 @@ class Attention:
             self._session = (session, token)
 
     def watch(self, state_dir: Path) -> None:
-        from subtask.state import paths
-
         with self._lock:
             if state_dir not in self._feeds:
-                try:
-                    found = os.stat(paths.notify_feed(state_dir))
-                    self._feeds[state_dir] = (found.st_ino, found.st_size)
-                except OSError:
-                    self._feeds[state_dir] = (0, 0)
+                self._feeds[state_dir] = api.notify_feed_end(state_dir)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="subtask-attention", daemon=True)
                 self._thread.start()
@@ -267,7 +260,7 @@ class Attention:
             with self._lock:
                 feeds = dict(self._feeds)
             for state_dir, seen in feeds.items():
-                lines, now = _feed_lines(state_dir, *seen)
+                lines, now = api.notify_feed_since(state_dir, seen)
                 with self._lock:
                     self._feeds[state_dir] = now
                 for line in lines:
@@ -293,48 +286,6 @@ class Attention:
             with self._lock:
                 if self._session is listening:
                     self._session = None
-
-
-def _feed_lines(state_dir: Path, inode: int, offset: int) -> tuple[list[dict], tuple[int, int]]:
-    """The events added to a state folder's notify.jsonl since (inode, offset), the rest of the
-    rotated file first, and the new (inode, offset)."""
-    from subtask.state import paths
-
-    found: list[dict] = []
-    path = paths.notify_feed(state_dir)
-    try:
-        now = os.stat(path)
-    except OSError:
-        return found, (inode, offset)
-    if now.st_ino != inode:
-        old = paths.notify_feed(state_dir, old=True)
-        try:
-            if inode and os.stat(old).st_ino == inode:
-                found += _read_lines(old, offset)[0]
-        except OSError:
-            pass
-        inode, offset = now.st_ino, 0
-    lines, offset = _read_lines(path, offset)
-    return found + lines, (inode, offset)
-
-
-def _read_lines(path: Path, offset: int) -> tuple[list[dict], int]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read()
-    except OSError:
-        return [], offset
-    whole = chunk[: chunk.rfind(b"\n") + 1]
-    found = []
-    for line in whole.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            found.append(event)
-    return found, offset + len(whole)
 
 
 ATTENTION = Attention()

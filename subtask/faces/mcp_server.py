@@ -376,20 +376,19 @@ def serve_plain() -> None:
 
 def start_zygote() -> None:
     """Fork the workers' fork server while this process has one thread (see subtask.worker.zygote)."""
-    from subtask.worker import zygote
+    from subtask import api
 
     try:
-        zygote.start()
+        api.start_fork_server()
     except OSError as exc:  # workers start as fresh interpreters then
         sys.stderr.write(f"subtask-mcp: no worker fork server: {exc}\n")
 
 
 def preload_zygote() -> None:
     """The SDK is loaded: now the zygote may import the worker's modules without delaying it."""
-    from subtask.worker import zygote
+    from subtask import api
 
-    if (z := zygote.current()) is not None:
-        z.preload()
+    api.preload_fork_server()
 
 
 def load_call_modules() -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from subtask import api  # api's names load on first use (api/__init__)
 from subtask import words as render
 from subtask.model.job import VerifyResult
+from subtask.words import group_pages
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -98,8 +100,6 @@ def started_many(results: list, words=str) -> Reply:
 # ---------------------------------------------------------------- waiting and reading
 
 def waited(repo, result, timeout: float | None) -> Reply:
-    from subtask import api
-
     lines = [render.ended_lines(job, api.queue_position(repo, job.id)) for job in result.jobs]
     notes = [render.stalled_hint(job) for job in result.jobs if job.id in result.stalled]
     if result.timed_out:
@@ -122,10 +122,8 @@ def _timed_out(timeout: float | None) -> str:
 
 
 def waited_groups(repo, result, timeout: float | None) -> Reply:
-    from subtask.ops.plans import groups
-
     notes = [f"{_timed_out(timeout)}the attempts continue: wait again"] if result.timed_out else []
-    return Reply("\n\n".join(groups.result_text(repo, g) for g in result.groups),
+    return Reply("\n\n".join(_group_result_text(repo, g) for g in result.groups),
                  {"v": 1, "timed_out": result.timed_out, "picked": result.all_picked, "passed": result.all_picked,
                   "groups": [g.to_dict() for g in result.groups]},
                  notes, exit_code=0 if result.all_picked else 1)
@@ -151,8 +149,6 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
     """`list`: a header and one row per job, each best-of group folded into one row (`unfold`:
     its members under it); the JSON says whose signature each record carries and whether the job
     is this clone's (`facts`: only where the JSON is wanted; the words do not say it)."""
-    from subtask import api
-
     entries = listing.jobs
     data = {"v": 1, "jobs": api.add_record_facts(repo, entries) if facts else entries, "more": listing.more}
     if found_groups:
@@ -170,8 +166,6 @@ def listed(repo, found_groups: dict, listing, *, state: str | None = None, unfol
 
 def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: float) -> list[str]:
     """List rows with each group's members folded under one group line (`unfold`: shown under it)."""
-    if found_groups:
-        from subtask.ops.plans import groups
     lines, shown = [], set()
     for entry in entries:
         gid = entry.get("group")
@@ -182,7 +176,7 @@ def folded_lines(found_groups: dict, entries: list[dict], unfold: bool, now: flo
             continue
         shown.add(gid)
         members = [e for e in entries if e.get("group") == gid]
-        lines.append(groups.list_line(found_groups[gid], members, now))
+        lines.append(group_pages.list_line(found_groups[gid], members, now))
         if unfold:
             lines += ["  " + render.list_line(e, e.get("position"), now) for e in members]
     return lines
@@ -200,8 +194,6 @@ def status(rows: list) -> Reply:
 
 
 def shown(repo, job, position: int | None) -> Reply:
-    from subtask import api
-
     moved = api.branch_moved(repo, job)
     facts = api.record_facts(repo, job)
     return Reply(render.show_text(job, position, worktree_present=api.worktree_present(job), moved=moved,
@@ -211,15 +203,12 @@ def shown(repo, job, position: int | None) -> Reply:
 
 
 def shown_group(repo, group) -> Reply:
-    from subtask.ops.plans import groups
-
-    return Reply(groups.show_text(repo, group), group.to_dict() | {"rows": groups.table_rows(repo, group)})
+    rows = api.group_page(repo, group).rows
+    return Reply(group_pages.show_text(group, rows), group.to_dict() | {"rows": rows})
 
 
 def result(repo, job, *, full: bool = False) -> Reply:
     """`result`: exit 0 only for a job done with verify passed on its branch's tip as it is now."""
-    from subtask import api
-
     moved = api.branch_moved(repo, job)
     return Reply(render.result_text(job, full=full, moved=moved),
                  api.evidence_envelope(job) | ({"moved": moved} if moved else {}),
@@ -227,9 +216,13 @@ def result(repo, job, *, full: bool = False) -> Reply:
 
 
 def group_result(repo, group) -> Reply:
-    from subtask.ops.plans import groups
+    page = api.group_page(repo, group)
+    return Reply(group_pages.result_text(group, page.rows, page.pick), group.to_dict(), exit_code=0 if page.passed else 1)
 
-    return Reply(groups.result_text(repo, group), group.to_dict(), exit_code=0 if groups.passed_group(group) else 1)
+
+def _group_result_text(repo, group) -> str:
+    page = api.group_page(repo, group)
+    return group_pages.result_text(group, page.rows, page.pick)
 
 
 def git_output(output, *, what: str, hint: str) -> Reply:
@@ -363,9 +356,7 @@ def stopped(job) -> Reply:
 
 
 def stopped_group(repo, group) -> Reply:
-    from subtask.ops.plans import groups
-
-    return Reply(groups.show_text(repo, group), group.to_dict())
+    return Reply(group_pages.show_text(group, api.group_page(repo, group).rows), group.to_dict())
 
 
 def report(lines: list[str], nothing: str | None = None, **facts: Any) -> Reply:

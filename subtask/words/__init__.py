@@ -8,7 +8,8 @@ nothing here touches git or files. Modules by subject, each importing only those
 - `formats`: durations, money, sizes, short shas, titles and summaries as text;
 - `fields`: a record's parts in words (cost, verify, judge, checks, stall, evidence, landing);
 - `lines`: a job, a list row or an event in one line (`status`, `list`, `start`, `wait`);
-- `pages`: `show`, `result` and the review note block.
+- `pages`: `show`, `result` and the review note block;
+- `group_pages`: a group's headline, table, `show`, `result` and `list` row (imported as a module).
 
 Callers import from the package (`from subtask.words import one_line`); the names below are its
 surface.

@@ -673,97 +673,9 @@ def compare_pairs(repo: Repo, group: Group) -> list[tuple[str, str, str, str]]:
     return [(a, heads[a], b, heads[b]) for i, a in enumerate(order) for b in order[i + 1:]]
 
 
-# ---------------------------------------------------------------- words
-
 def table_rows(repo: Repo, group: Group) -> list[dict[str, Any]]:
     """The decided table, or (while running) the members as they are now, in member order."""
     if group.table:
         return group.table
     jobs = members(repo, group)
     return [member_row(n, m, jobs.get(m)) for n, m in enumerate(group.members, 1)]
-
-
-MAP_HEADER = f"{'job':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
-TABLE_HEADER = f"{'rank':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
-
-
-def header(group: Group) -> str:
-    return MAP_HEADER if group.is_map else TABLE_HEADER
-
-
-def table_line(row: dict[str, Any], in_map: bool = False) -> str:
-    changes = f"+{row.get('added', 0)} -{row.get('deleted', 0)}"
-    verify = row.get("verify") or "-"
-    number = row.get("index") if in_map else row.get("rank")
-    line = (f"{str(number or '-'):<4}  {row['member']:<11}  {(row.get('engine') or '-')[:10]:<10}  "
-            f"{(row.get('model') or '-')[:12]:<12}  {row.get('state', '-'):<7}  {verify:<6}  {changes:<11}  "
-            f"{render.money(row.get('cost')):>6}  {render.duration(row.get('seconds')):>6}")
-    extra = []
-    if row.get("score") is not None:
-        extra.append(f"score {row['score']:g}")
-    if row.get("note"):
-        extra.append(str(row["note"]))
-    return render.safe_line(line + ("  " + "; ".join(extra) if extra else ""))
-
-
-def headline(group: Group) -> str:
-    if group.is_map:
-        what = group.state + (f" ({group.reason})" if group.reason and group.state != "running" else "")
-        return render.safe_line(f"{group.id} map {what} · {len(group.members)} jobs · {group.concurrency or 'any'} at "
-                                f"once · {render.task_title(group.pattern or '', 40)}")
-    if group.state == "picked":
-        what = f"picked {group.pick} ({group.reason})"
-    elif group.state == "no_pick":
-        what = f"no pick: {group.reason}"
-    elif group.state == "stopped":
-        what = "stopped, no pick"
-    else:
-        what = "running"
-    merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
-    return render.safe_line(f"{group.id} {what} · {len(group.members)} members · rule {group.rule_text}{merged}")
-
-
-def show_text(repo: Repo, group: Group) -> str:
-    lines = [headline(group), f"task:    {render.task_title(group.task, 100)}",
-             f"verify:  {group.verify or '(none)'}", f"base:    {render.short(group.base)}", "", header(group)]
-    lines += [table_line(row, group.is_map) for row in table_rows(repo, group)]
-    more = (f"git subtask wait {group.id} · git subtask start --after {group.id} '...'" if group.is_map else
-            f"git subtask compare {group.id} · git subtask merge {group.id}")
-    lines += ["", f"more:    {more}"]
-    return render.safe("\n".join(lines))
-
-
-def result_text(repo: Repo, group: Group) -> str:
-    """A few lines for an agent: the ranking table, then the pick's one line and summary."""
-    lines = [headline(group), header(group), *(table_line(r, group.is_map) for r in table_rows(repo, group))]
-    if group.pick:
-        try:
-            pick = records.read(repo, group.pick)
-        except SubtaskError:
-            pick = None
-        if pick is not None:
-            lines += ["", "pick: " + render.one_line(pick)]
-            summary = render.summary_lines(pick.summary, 5)
-            if summary:
-                lines += ["  " + line for line in summary.splitlines()]
-    return render.safe("\n".join(lines))
-
-
-def list_line(group: Group, members: list[dict], now: float) -> str:
-    """One row of `list` for the group, in the jobs' columns (its members, `members` as listed, are
-    folded under it): its state, the pick's verify (a map: its own), its age, what its listed
-    members cost, their engine, then what it is and its task."""
-    verify = ("passed" if group.pick or group.state == "done" else
-              "failed" if group.terminal and group.state != "stopped" else "-")
-    costs = [e["cost"] for e in members if isinstance(e.get("cost"), (int, float))]
-    engines = sorted(set(group.engines))
-    if group.is_map:
-        what = f"map · {len(group.members)} jobs · {group.concurrency or 'any'} at once"
-    else:
-        chosen = f"pick {group.pick}" if group.pick else "no pick" if group.terminal else "picking"
-        merged = f" · merged as {render.short(group.merged['commit'])}" if group.merged else ""
-        what = f"best of {len(group.members)} · {chosen} · rule {group.rule_text}{merged}"
-    return render.list_row(group.id, group.state, verify, render.duration(now - group.created_at),
-                           render.money(math.fsum(costs)) if costs else "-",
-                           engines[0] if len(engines) == 1 else "mixed",
-                           f"{what} · {render.task_title(group.task, 40)}")

@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 from subtask import words as render
 from subtask.git.gitrepo import Repo
@@ -140,3 +141,55 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------- the feed, read (an MCP server tails it)
+
+def feed_end(state_dir: Path) -> tuple[int, int]:
+    """Where the state folder's notify.jsonl ends now, as (inode, offset): (0, 0) for none yet."""
+    try:
+        found = os.stat(paths.notify_feed(state_dir))
+    except OSError:
+        return (0, 0)
+    return (found.st_ino, found.st_size)
+
+
+def feed_since(state_dir: Path, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
+    """The events added to a state folder's notify.jsonl since `position` (inode, offset, as
+    `feed_end` or this gave it), the rest of the rotated file first, and the new position."""
+    inode, offset = position
+    found: list[dict] = []
+    path = paths.notify_feed(state_dir)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return found, (inode, offset)
+    if now.st_ino != inode:
+        old = paths.notify_feed(state_dir, old=True)
+        try:
+            if inode and os.stat(old).st_ino == inode:
+                found += _feed_read(old, offset)[0]
+        except OSError:
+            pass
+        inode, offset = now.st_ino, 0
+    lines, offset = _feed_read(path, offset)
+    return found + lines, (inode, offset)
+
+
+def _feed_read(path: Path, offset: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        return [], offset
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    found = []
+    for line in whole.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            found.append(event)
+    return found, offset + len(whole)

@@ -166,6 +166,15 @@ class Plan:
     def lines(self) -> list[str]:
         return [s.words for s in self.steps] + self.notes
 
+    @property
+    def backups(self) -> str:
+        """Where the files it changes are backed up, as a person would type it (`~/…`)."""
+        return show_path(state_dir() / "backups")
+
+    def to_dict(self) -> dict:
+        return {"v": 1, "steps": [{k: v for k, v in asdict(s).items() if k not in ("new", "old", "argv")}
+                                  for s in self.steps], "notes": self.notes, "lines": self.lines}
+
 
 def _read(path: Path) -> str | None:
     try:
@@ -184,7 +193,7 @@ def _missing_dirs(path: Path) -> list[str]:
     return list(reversed(missing))
 
 
-def _show(path: Path | str) -> str:
+def show_path(path: Path | str) -> str:
     text, home = str(path), str(Path.home())
     return "~" + text[len(home):] if text == home or text.startswith(home + os.sep) else text
 
@@ -247,7 +256,7 @@ def _insert_member(text: str, brace: int, member: str) -> tuple[str, str]:
 
 def _json_install(client: str, scope: str, path: Path, value: dict) -> tuple[Step | None, str | None]:
     old = _read(path)
-    where = f"{_show(path)}: mcpServers.{NAME}"
+    where = f"{show_path(path)}: mcpServers.{NAME}"
     if old is None:
         new = _canonical({"mcpServers": {NAME: value}}) + "\n"
         return Step(client, scope, "json", str(path), f"add {where} (a new file)", new, None,
@@ -255,11 +264,11 @@ def _json_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
     try:
         data = json.loads(old)
     except ValueError as exc:
-        raise SubtaskError("fatal", f"{_show(path)} is not valid JSON ({exc}): not changing it",
+        raise SubtaskError("fatal", f"{show_path(path)} is not valid JSON ({exc}): not changing it",
                            hint=f"fix it, then: git subtask install {client}") from None
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(data, dict) or ("mcpServers" in data and not isinstance(servers, dict)):
-        raise SubtaskError("fatal", f"{_show(path)} does not hold an object with an mcpServers object: not changing it")
+        raise SubtaskError("fatal", f"{show_path(path)} does not hold an object with an mcpServers object: not changing it")
     if servers is not None and NAME in servers:
         return None, f"{where} is already there, not written by git subtask install: left as it is"
     made_parent = servers is None
@@ -274,7 +283,7 @@ def _json_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
         servers_at = next(v for k, _, v, _ in _members(old, _first_brace(old))[1] if k == "mcpServers")
         new, added = _insert_member(old, servers_at, f'"{NAME}": {json.dumps(value)}')
     if json.loads(new) != after:  # a key given twice, or anything else we did not foresee
-        raise SubtaskError("fatal", f"{_show(path)}: could not add mcpServers.{NAME} without changing its other "
+        raise SubtaskError("fatal", f"{show_path(path)}: could not add mcpServers.{NAME} without changing its other "
                            "entries: not changing it", hint=f"add it by hand: {json.dumps({NAME: value})}")
     return Step(client, scope, "json", str(path), f"add {where}", new, old,
                 {"created": False, "value": value, "added": added, "made_parent": made_parent}), None
@@ -286,20 +295,20 @@ def _first_brace(text: str) -> int:
 
 def _json_uninstall(record: dict, path: Path) -> tuple[Step | None, str | None]:
     old = _read(path)
-    where = f"{_show(path)}: mcpServers.{NAME}"
+    where = f"{show_path(path)}: mcpServers.{NAME}"
     if old is None:
-        return None, f"{_show(path)} is gone: nothing to remove"
+        return None, f"{show_path(path)} is gone: nothing to remove"
     try:
         data = json.loads(old)
     except ValueError:
-        return None, f"{_show(path)} is not valid JSON now: remove mcpServers.{NAME} by hand"
+        return None, f"{show_path(path)} is not valid JSON now: remove mcpServers.{NAME} by hand"
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict) or NAME not in servers:
         return Step(record["client"], record["scope"], "json", str(path), f"{where} is gone already", old, old), None
     if servers[NAME] != record.get("value"):
         return None, f"{where} was changed since it was installed: left as it is (remove it by hand)"
     if record.get("created") and data == {"mcpServers": {NAME: record["value"]}} and old == _canonical(data) + "\n":
-        return Step(record["client"], record["scope"], "json", str(path), f"remove {_show(path)} (made by install)",
+        return Step(record["client"], record["scope"], "json", str(path), f"remove {show_path(path)} (made by install)",
                     None, old, dirs=record.get("dirs", [])), None
     added = record.get("added")
     if added and old.count(added) == 1:
@@ -339,13 +348,13 @@ def _toml_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
     import tomllib
 
     old = _read(path)
-    where = f"{_show(path)}: [mcp_servers.{NAME}]"
+    where = f"{show_path(path)}: [mcp_servers.{NAME}]"
     before: dict = {}
     if old is not None:
         try:
             before = tomllib.loads(old)
         except tomllib.TOMLDecodeError as exc:
-            raise SubtaskError("fatal", f"{_show(path)} is not valid TOML ({exc}): not changing it",
+            raise SubtaskError("fatal", f"{show_path(path)} is not valid TOML ({exc}): not changing it",
                                hint=f"fix it, then: git subtask install {client}") from None
         servers = before.get("mcp_servers")
         if isinstance(servers, dict) and NAME in servers:
@@ -363,7 +372,7 @@ def _toml_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
     if isinstance(expected["mcp_servers"], dict):
         expected["mcp_servers"][NAME] = value
     if after != expected:  # e.g. mcp_servers written as an inline table, which a table cannot extend
-        raise SubtaskError("fatal", f"{_show(path)}: a [mcp_servers.{NAME}] table cannot be added to it as it is "
+        raise SubtaskError("fatal", f"{show_path(path)}: a [mcp_servers.{NAME}] table cannot be added to it as it is "
                            "written: not changing it", hint=f"add it by hand:\n{_toml_block(value)}")
     return Step(client, scope, "toml", str(path), f"add {where}" + (" (a new file)" if old is None else ""), new, old,
                 {"created": old is None, "value": value, "added": added},
@@ -372,9 +381,9 @@ def _toml_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
 
 def _toml_uninstall(record: dict, path: Path) -> tuple[Step | None, str | None]:
     old = _read(path)
-    where = f"{_show(path)}: [mcp_servers.{NAME}]"
+    where = f"{show_path(path)}: [mcp_servers.{NAME}]"
     if old is None:
-        return None, f"{_show(path)} is gone: nothing to remove"
+        return None, f"{show_path(path)} is gone: nothing to remove"
     added = record.get("added") or ""
     if not added or old.count(added) != 1:
         if TOML_BEGIN not in old:
@@ -382,7 +391,7 @@ def _toml_uninstall(record: dict, path: Path) -> tuple[Step | None, str | None]:
         return None, f"{where} was changed since it was installed: left as it is (remove it by hand)"
     new = old.replace(added, "", 1)
     if record.get("created") and not new.strip():
-        return Step(record["client"], record["scope"], "toml", str(path), f"remove {_show(path)} (made by install)",
+        return Step(record["client"], record["scope"], "toml", str(path), f"remove {show_path(path)} (made by install)",
                     None, old, dirs=record.get("dirs", [])), None
     return Step(record["client"], record["scope"], "toml", str(path), f"remove {where}", new, old), None
 
@@ -397,9 +406,9 @@ def _guide_install(client: str, scope: str, path: Path) -> tuple[Step | None, st
     text, old = guide_text(), _read(path)
     if old is not None:
         if old == text:
-            return None, f"{_show(path)} is already there: left as it is"
-        return None, f"{_show(path)} exists and is not this version's guide: left as it is"
-    return Step(client, scope, "file", str(path), f"add the agent's guide {_show(path)}", text, None,
+            return None, f"{show_path(path)} is already there: left as it is"
+        return None, f"{show_path(path)} exists and is not this version's guide: left as it is"
+    return Step(client, scope, "file", str(path), f"add the agent's guide {show_path(path)}", text, None,
                 {"created": True, "sha256": hashlib.sha256(text.encode()).hexdigest()},
                 dirs=_missing_dirs(path)), None
 
@@ -407,10 +416,10 @@ def _guide_install(client: str, scope: str, path: Path) -> tuple[Step | None, st
 def _guide_uninstall(record: dict, path: Path) -> tuple[Step | None, str | None]:
     old = _read(path)
     if old is None:
-        return None, f"{_show(path)} is gone: nothing to remove"
+        return None, f"{show_path(path)} is gone: nothing to remove"
     if hashlib.sha256(old.encode()).hexdigest() != record.get("sha256"):
-        return None, f"{_show(path)} was changed since it was installed: left as it is"
-    return Step(record["client"], record["scope"], "file", str(path), f"remove {_show(path)}", None, old,
+        return None, f"{show_path(path)} was changed since it was installed: left as it is"
+    return Step(record["client"], record["scope"], "file", str(path), f"remove {show_path(path)}", None, old,
                 dirs=record.get("dirs", [])), None
 
 
@@ -424,7 +433,7 @@ def _claude_cli_install(scope: str, value: dict, cli: str) -> tuple[Step | None,
     except (ValueError, AttributeError):
         servers = {}
     if NAME in servers:
-        return None, f"{_show(path)}: mcpServers.{NAME} is already there, not written by git subtask install: left as it is"
+        return None, f"{show_path(path)}: mcpServers.{NAME} is already there, not written by git subtask install: left as it is"
     argv = [cli, "mcp", "add", "--scope", scope, NAME, "--", value["command"], *value["args"]]
     return Step("claude", scope, "claude-cli", str(path), f"run: claude mcp add --scope {scope} {NAME} -- "
                 f"{' '.join([value['command'], *value['args']])}", argv=argv,
@@ -438,11 +447,11 @@ def _claude_cli_uninstall(record: dict, cli: str | None) -> tuple[Step | None, s
     except (ValueError, AttributeError):
         servers = {}
     if NAME not in servers:
-        return Step("claude", record["scope"], "claude-cli", str(path), f"{_show(path)}: mcpServers.{NAME} is gone already",
+        return Step("claude", record["scope"], "claude-cli", str(path), f"{show_path(path)}: mcpServers.{NAME} is gone already",
                     argv=[]), None
     value = record.get("value") or {}
     if servers[NAME].get("command") != value.get("command") or servers[NAME].get("args") != value.get("args"):
-        return None, f"{_show(path)}: mcpServers.{NAME} was changed since it was installed: left as it is"
+        return None, f"{show_path(path)}: mcpServers.{NAME} was changed since it was installed: left as it is"
     if cli is None:
         return _json_uninstall(record | {"added": None}, path)
     return Step("claude", record["scope"], "claude-cli", str(path), f"run: claude mcp remove --scope user {NAME}",
@@ -482,7 +491,7 @@ def plan_install(which: str, scope: str, root: Path | None) -> Plan:
         value = entry(client, scope)
         path = server_config(client, scope, root)
         if any(_same_target(r, client, scope, path) for r in installs):
-            notes.append(f"{client}: the server is already installed in {_show(path)}")
+            notes.append(f"{client}: the server is already installed in {show_path(path)}")
             step, note = None, None
         elif client == "claude" and scope == "user" and (cli := claude_cli()):
             step, note = _claude_cli_install(scope, value, cli)
@@ -494,7 +503,7 @@ def plan_install(which: str, scope: str, root: Path | None) -> Plan:
         notes += [f"{client}: {note}"] if note else []
         guide = guide_path(client, scope, root)
         if any(_same_target(r, client, scope, guide) for r in installs):
-            notes.append(f"{client}: the guide is already installed in {_show(guide)}")
+            notes.append(f"{client}: the guide is already installed in {show_path(guide)}")
             continue
         step, note = _guide_install(client, scope, guide)
         steps += [step] if step else []
@@ -571,7 +580,7 @@ def _apply(step: Step) -> str | None:
     if step.new == step.old:
         return None
     if _read(path) != step.old:
-        raise SubtaskError("negative", f"{_show(path)} changed while this ran: not changing it",
+        raise SubtaskError("negative", f"{show_path(path)} changed while this ran: not changing it",
                            hint="run the command again")
     backup = _backup(path)
     if step.new is None:
@@ -664,7 +673,7 @@ def handshake(item: Installed, cwd: Path | None = None, timeout: float = 30.0) -
     """Start the entry's server as the client would and say initialize; None when it answers as
     git-subtask's server with its tools, else what went wrong."""
     if not item.command:
-        return f"no mcpServers.{NAME} entry in {_show(item.path)} any more"
+        return f"no mcpServers.{NAME} entry in {show_path(item.path)} any more"
     command = item.command if os.sep in item.command else shutil.which(item.command)
     if command is None:
         return f"{item.command} is not on PATH"
@@ -697,6 +706,3 @@ def handshake(item: Installed, cwd: Path | None = None, timeout: float = 30.0) -
     return None
 
 
-def as_dict(plan: Plan) -> dict:
-    return {"v": 1, "steps": [{k: v for k, v in asdict(s).items() if k not in ("new", "old", "argv")} for s in plan.steps],
-            "notes": plan.notes, "lines": plan.lines}

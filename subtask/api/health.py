@@ -1,4 +1,4 @@
-"""`git subtask doctor`: what is installed and configured, and what to do about what is not.
+"""`doctor`: what is installed and configured, and what to do about what is not.
 
 Every check returns a `Check` with a status (ok, warn, fail), a message, and remediation steps
 that name real commands. Nothing here changes anything or spends anything: engines are probed
@@ -39,7 +39,7 @@ class Report:
         return {"schema_version": SCHEMA_VERSION, "status": self.status, "checks": [asdict(c) for c in self.checks]}
 
 
-def run(path: str | os.PathLike | None = None) -> Report:
+def doctor(path: str | os.PathLike | None = None) -> Report:
     checks = [check_git(), check_libgit2()]
     try:
         from subtask.git.gitrepo import open_repo
@@ -383,7 +383,7 @@ def check_clients(repo) -> Check:
     good, bad, steps = [], [], []
     for item in found:
         problem = client_config.handshake(item, cwd=repo.root)
-        where = f"{item.client} ({item.scope}, {client_config._show(item.path)})"
+        where = f"{item.client} ({item.scope}, {client_config.show_path(item.path)})"
         if problem is None:
             good.append(where)
         else:
