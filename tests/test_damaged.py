@@ -188,3 +188,25 @@ def test_a_dead_workers_damaged_record_gives_back_its_ports(repo, cli):
         assert wait_until(lambda: cli("list").returncode == 0 and job_id not in ports_file.read_text(), timeout=60)
     finally:
         gate.touch()
+
+
+def test_a_pulled_record_whose_verify_judge_is_not_a_name_is_shown_without_a_crash(repo, cli):
+    """Who judged a verify (`harness.source`) is a teammate's claim too: a list there is shown as
+    written; `show` and `result` do not end with a TypeError (it was looked up in a dict)."""
+    job = cli.start("echo a > a", "--verify", "true")
+    cli.ok("wait", job)
+    tip = git(repo, "rev-parse", f"refs/subtask/{job}/record")
+    state = json.loads(git(repo, "show", f"{tip}:state.json"))
+    state["attempts"][-1]["verify"]["harness"] = {"source": ["base"], "commit": 7}
+    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=json.dumps(state),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    listing = git(repo, "ls-tree", tip).replace(git(repo, "rev-parse", f"{tip}:state.json"), blob)
+    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing + "\n", capture_output=True, text=True,
+                          check=True).stdout.strip()
+    forged = git(repo, "commit-tree", tree, "-p", tip, "-m", git(repo, "log", "-1", "--format=%B", tip))
+    git(repo, "update-ref", f"refs/subtask/{job}/record", forged)
+    for args in (("show", job), ("result", job)):
+        proc = cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, \
+            (args, proc.stderr)
+        assert "tests from ['base']" in proc.stdout, (args, proc.stdout)

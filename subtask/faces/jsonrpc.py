@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import json
 
+TYPE_CHECKING = False  # not `typing`'s: the front end checks lines before it loads anything
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
@@ -66,7 +70,7 @@ def line_of(value: object) -> bytes:
     return (dumps(value) + "\n").encode()
 
 
-def is_request(message: object) -> bool:
+def is_request(message: object) -> TypeGuard[dict]:
     return isinstance(message, dict) and "method" in message and "id" in message
 
 
@@ -144,6 +148,7 @@ def check(line: bytes) -> tuple[dict | None, bytes | None]:
         return None, _batch_reply(message)
     found = problem(message)
     if found is None:
+        assert isinstance(message, dict)  # `problem` finds none only in an object
         return message, None
     if is_notification(message):
         return None, None  # never answered

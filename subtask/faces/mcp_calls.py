@@ -109,6 +109,8 @@ def _expected(prop: dict) -> str:
     kind = prop.get("type")
     if kind == "array":
         return "a list of " + _expected(prop.get("items", {})).removeprefix("a ").removeprefix("an ") + "s"
+    if not isinstance(kind, str):
+        return "a value"
     return {"number": "a number", "integer": "a whole number", "boolean": "true or false", "string": "a string",
             "object": "an object"}.get(kind, "a value")
 
@@ -196,8 +198,8 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
                                   structured_content={"reply": words, **reply.data})
 
         PARAMETERS.update(inspect.signature(fn).parameters)
-        annotations = ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
-                                      idempotentHint=read_only or None, openWorldHint=False)
+        annotations = ToolAnnotations(title=title, read_only_hint=read_only, destructive_hint=destructive,
+                                      idempotent_hint=read_only or None, open_world_hint=False)
         server.add_tool(wrapper, name=name, annotations=annotations, structured_output=False)
         return fn
 

@@ -55,6 +55,11 @@ import sys
 from subtask.faces import jsonrpc
 from subtask.faces.mcp_versions import installed_versions
 
+TYPE_CHECKING = False  # not `typing`'s (see above)
+if TYPE_CHECKING:
+    import queue
+    import threading
+
 # SUBTASK_MCP_CACHE: another file of the same shape (the tests make one for whatever SDK release
 # is installed, so the early path is tested with every release the dependency range allows).
 CACHE = os.environ.get("SUBTASK_MCP_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
@@ -79,7 +84,7 @@ def load_cache() -> dict | None:
     try:
         with open(CACHE, "rb") as f:
             cache = jsonrpc.loads(f.read())
-        if cache["sdk"] != installed_versions():
+        if not isinstance(cache, dict) or cache["sdk"] != installed_versions():
             return None
         return cache
     except (OSError, ValueError, KeyError, TypeError):
@@ -155,14 +160,16 @@ class Front:
     def __init__(self, wire: Wire, cache: dict | None) -> None:
         self.wire = wire
         self.cache = cache
-        # A queue.Queue of (line, its message) for the SDK, None at end of input; made by `open`.
-        # The message is None for the initialize answered here (the SDK's reply to it is dropped).
-        self.lines = None
+        # Made by `open`, after the first reply: (line, its message) for the SDK, None at end of
+        # input. The message is None for the initialize answered here (the SDK's reply to it is
+        # dropped).
+        self.lines: queue.Queue[tuple[bytes, dict | None] | None]
         self.replies: dict[str, dict] | None = None  # cached results for the session's version
         self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
-        self.asked = None  # a threading.Condition over `unanswered`, made by `open`
+        self.asked: threading.Condition  # over `unanswered`, made by `open`
+        self.opened = False  # `open` made `lines` and `asked`
         # request id -> how many such requests the SDK read and has not answered
         self.unanswered: dict[int | str, int] = {}
         self.client_gone = False  # it stopped reading: nothing more can reach it
@@ -176,6 +183,7 @@ class Front:
 
         self.lines = queue.Queue()
         self.asked = threading.Condition()
+        self.opened = True
         for item in queued:
             self.lines.put(item)
 
@@ -226,7 +234,7 @@ class Front:
         if self.replies is None:
             return False
         method = message.get("method")
-        result = self.replies.get(method) if method != "initialize" else None
+        result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
         # Only params-less lists: a cursor, or a `_meta` (a 2026 envelope), is the SDK's to judge.
         if result is None or message.get("params") not in (None, {}) or "id" not in message:
             return False
@@ -241,7 +249,7 @@ class Front:
             self.wire.write(data)
         except BrokenPipeError:
             self.client_gone = True
-            if self.asked is not None:  # made after the first reply
+            if self.opened:  # `asked` is made after the first reply
                 with self.asked:
                     self.asked.notify_all()
 
@@ -273,11 +281,11 @@ class Front:
             message = jsonrpc.loads(text)
         except ValueError:
             message = None
-        is_reply = isinstance(message, dict) and "method" not in message
-        if is_reply and self.drop is not None and message.get("id") == self.drop[0]:
+        reply = message if isinstance(message, dict) and "method" not in message else None
+        if reply is not None and self.drop is not None and reply.get("id") == self.drop[0]:
             ours = jsonrpc.loads(self.drop[1])
             self.drop = None
-            if message != ours:
+            if reply != ours:
                 # stderr only: stdout is the protocol channel
                 sys.stderr.write(
                     "subtask-mcp: the SDK's initialize reply differs from the one sent from "
@@ -285,9 +293,9 @@ class Front:
                     f"  sent: {jsonrpc.dumps(ours)}\n  sdk:  {text.strip()}\n")
             return
         self.write(text.encode())
-        if is_reply:
+        if reply is not None:
             with self.asked:
-                self._settle(message.get("id"))
+                self._settle(reply.get("id"))
 
 
 class SdkInput:

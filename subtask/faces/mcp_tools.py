@@ -434,10 +434,12 @@ def _land_in_child(repo: str | None, args: list[str], on_progress: Callable[[dic
     child = subprocess.Popen([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
                              env={**os.environ, "SUBTASK_REPO": cwd, "SUBTASK_PROGRESS": "json"})
+    stdout, stderr = child.stdout, child.stderr
+    assert stdout is not None and stderr is not None  # both PIPE
     said: list[str] = []
 
     def read_stderr() -> None:
-        for line in child.stderr:
+        for line in stderr:
             if line.startswith('{"progress":'):
                 try:
                     snapshot = json.loads(line)["progress"]
@@ -451,7 +453,7 @@ def _land_in_child(repo: str | None, args: list[str], on_progress: Callable[[dic
     reader = threading.Thread(target=read_stderr, name="subtask-land-stderr", daemon=True)
     reader.start()
     try:
-        out = child.stdout.read()
+        out = stdout.read()
         child.wait()
     except BaseException:
         child.terminate()  # the caller went away: the land ends as an interrupted one does
@@ -563,13 +565,14 @@ def describe() -> dict:
 
     results: dict[str, dict[str, Any]] = {}
     for version in HANDSHAKE_PROTOCOL_VERSIONS:
-        replies = anyio.run(_converse, [
+        messages: list[dict] = [
             {"jsonrpc": "2.0", "id": 0, "method": "initialize",
              "params": {"protocolVersion": version, "capabilities": {},
                         "clientInfo": {"name": "subtask-describe", "version": "0"}}},
             {"jsonrpc": "2.0", "method": "notifications/initialized"},
             *({"jsonrpc": "2.0", "id": n, "method": method} for n, method in enumerate(LIST_METHODS, 1)),
-        ])
+        ]
+        replies = anyio.run(_converse, messages)
         methods = ("initialize", *LIST_METHODS)
         # A method the server does not serve answers an error: the front end leaves it to the SDK.
         results[version] = {methods[n]: reply["result"] for n, reply in sorted(replies.items()) if "result" in reply}

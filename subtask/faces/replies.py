@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from subtask import api  # api's names load on first use (api/__init__)
 from subtask import words as render
+from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult
 from subtask.words import group_pages
 
@@ -85,8 +86,8 @@ def started_many(results: list, words=str) -> Reply:
     spells an error), in order."""
     lines, items, notes = [], [], []
     for n, result in enumerate(results, 1):
-        if isinstance(result, Exception):
-            hint = f" (hint: {words(result.hint)})" if getattr(result, "hint", None) else ""
+        if isinstance(result, SubtaskError):
+            hint = f" (hint: {words(result.hint)})" if result.hint else ""
             lines.append(f"{n}. error: {words(result.message)}{hint}")
             items.append({"v": 1, "error": result.to_dict()})
         else:

@@ -108,7 +108,9 @@ def routing_text(routed) -> str | None:
     no credentials)`."""
     if not isinstance(routed, dict) or not isinstance(routed.get("chosen"), str):
         return None
-    terms = routed.get("terms") if isinstance(routed.get("terms"), dict) else {}
+    terms = routed.get("terms")
+    if not isinstance(terms, dict):
+        terms = {}
 
     def value(term: str) -> float | None:
         found = terms.get(term)
@@ -122,7 +124,9 @@ def routing_text(routed) -> str | None:
     text = f"auto chose {routed['chosen']} (score {score:.2f}" if isinstance(score, (int, float)) else \
         f"auto chose {routed['chosen']} ("
     text += ": " + ", ".join(w for w in said if w) + ")"
-    others = routed.get("others") if isinstance(routed.get("others"), dict) else {}
+    others = routed.get("others")
+    if not isinstance(others, dict):
+        others = {}
     if others:
         text += "; over " + ", ".join(f"{name} {why:.2f}" if isinstance(why, (int, float)) else f"{name} ({why})"
                                       for name, why in others.items())
@@ -185,10 +189,13 @@ def judge_line(verify) -> str | None:
         return "judged by its own tests (--harness job)"
     commit = short(facts.get("commit") if isinstance(facts.get("commit"), str) else None)
     ref = facts.get("ref")
-    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{JUDGES.get(source, str(source))} {commit}"
+    judge = JUDGES.get(source, source) if isinstance(source, str) else str(source)
+    where = f"{ref} at {commit}" if isinstance(ref, str) and ref else f"{judge} {commit}"
     text = f"tests from {where}"
     unused = [str(u) for u in facts.get("unused") or [] if isinstance(u, str)]
-    more = facts.get("unused_more") if isinstance(facts.get("unused_more"), int) else 0
+    more = facts.get("unused_more")
+    if not isinstance(more, int):
+        more = 0
     if isinstance(facts.get("error"), str):
         text += f" · not run: {facts['error']}"
     elif facts.get("files") == 0 and not unused:

@@ -191,8 +191,8 @@ def event_line(event: dict) -> str:
         words = f"isolation {event.get('mode')}" + (f": refused {event['refused']}" if event.get("refused") else "")
     else:
         text = event.get("text")
-        words = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
-        words = words if words is not None else f"{kind}: " + json.dumps(
+        said = activity_text(event) if kind != "output" else (text.rstrip("\n") if isinstance(text, str) else None)
+        words = said if said is not None else f"{kind}: " + json.dumps(
             {k: v for k, v in event.items() if k not in ("type", "t", "job", "worker", "attempt")})
     return safe_line(f"{event.get('job', '')} {when} {words}".strip())
 
