@@ -64,11 +64,12 @@ def preload_fork_server() -> None:
         server.preload()
 
 
-def _run_worker(job_id: str, root: str, lock_fd: int) -> int:
-    """A worker in a child forked from this process: `worker/attempt` imported only there."""
+def _run_worker(job_id: str, repo: object, lock_fd: int) -> int:
+    """A worker in a child forked from this process (`repo`: its root, or the caller's open
+    Repo, as `spawn.WorkerMain` says): `worker/attempt` imported only there."""
     from subtask.worker import attempt
 
-    return attempt.run_detached(job_id, root, lock_fd)
+    return attempt.run_detached(job_id, repo, lock_fd)
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 
 from subtask import executors
@@ -173,7 +174,8 @@ def pull(repo: Repo, remote: str = "origin"):
     return result
 
 
-def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] = frozenset()) -> None:
+def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str],
+                               active: Collection[str] = frozenset()) -> None:
     """Jobs of this clone run elsewhere whose final record a pull brought: their branch,
     reservation, note; the end told (`ops.notify`) of those this pull found still active."""
     from subtask.ops.running import notify
@@ -184,11 +186,13 @@ def _bring_home_from_elsewhere(repo: Repo, job_ids: list[str], active: set[str] 
             executor = executors.of(job)
         except SubtaskError:
             continue
-        if not executor.runs_here and job.state.current.terminal and ownership.owns(repo, job):
+        where = executors.placement(job.spec)  # None for a job run here
+        if (where is not None and not executor.runs_here and job.state.current.terminal
+                and ownership.owns(repo, job)):
             from subtask.ops.sharing import sync
 
             try:
-                sync.fetch_job(repo, executors.placement(job.spec)["url"], job_id)  # its branch
+                sync.fetch_job(repo, where["url"], job_id)  # its branch
             except SubtaskError as exc:
                 warnings.warn(f"{job_id}: its branch could not be fetched: {exc.message}", stacklevel=2)
             executor.backend().bring_home(repo, records.read(repo, job_id))

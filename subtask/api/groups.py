@@ -15,6 +15,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from subtask import executors
 from subtask.api.landing import MAX_OUTPUT_LIMIT, OUTPUT_LIMIT, git_output
@@ -40,10 +41,13 @@ from subtask.model.redact import redact
 from subtask.model.start_options import StartRequest
 from subtask.state import ledger, liveness
 
+if TYPE_CHECKING:
+    from subtask.ops.plans.groups import Group
+
 
 @dataclass
 class GroupStart:
-    group: object  # groups.Group
+    group: Group
     members: list[StartResult]
     left_out: LeftOut | None = None
 
@@ -78,7 +82,8 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
         raise SubtaskError("usage", "--best-of needs --verify (or git config subtask.verify): there is nothing to "
                            "choose by", hint="git subtask start --best-of 3 --verify 'pytest -q' '...'")
     engines = _names(request.engine, "--engine") or [default_engine(repo)]
-    models = _names(request.model, "--model") or [None]
+    named = _names(request.model, "--model")
+    models: list[str | None] = [*named] if named else [None]  # None: each engine's default
     base = resolve_commit(repo, request.base or "HEAD")  # one base for every member
     gid = groups.new_group_id()
     member_request = {**request.__dict__, "verify": verify, "base": base, "best_of": None, "pick": None,
@@ -176,8 +181,8 @@ def _launch_group(repo: Repo, gid: str, group, prepared: list[_Prepared], *, wha
     launches = []
     try:
         for p in prepared:
-            launches.append(_Launch(p.job, p.paid, p.job.spec.base, liveness.acquire(repo.state_dir, p.job.id, new=True),
-                                    p.as_written))
+            lock_fd = liveness.acquire_new(repo.state_dir, p.job.id)
+            launches.append(_Launch(p.job, p.paid, p.job.spec.base, lock_fd, p.as_written))
     except BaseException:
         for launch in launches:
             liveness.drop(repo.state_dir, launch.job.id, launch.lock_fd)

@@ -183,7 +183,9 @@ def check_records(repo) -> Check:
 
     current = slots.read(repo.state_dir)
     queued = {e["job"] for e in current.queue + current.waiting}  # a waiting entry: `plans` completes it
-    incomplete, orphaned, locked = [], [], []
+    incomplete: list[str] = []
+    orphaned: list[str] = []
+    locked: list[str] = []
     for entry in records.list_entries(repo):
         try:
             _look_for_half_written(repo, entry, queued, incomplete, orphaned, locked)

@@ -92,6 +92,7 @@ def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]
     with tempfile.TemporaryFile() as errors, subprocess.Popen(
             ["git", "-C", str(repo.root), "-c", "core.quotePath=false", *argv],
             stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         kept = proc.stdout.read(limit + 1)
         size = len(kept)
         while chunk := proc.stdout.read(1 << 20):

@@ -22,6 +22,7 @@ def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> Start
     """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`);
     with what it leaves out of the caller's checkout (`said`: those already found, by base, so a
     call that starts many looks once)."""
+    result: StartResult | GroupStart
     if request.best_of is not None:
         result = start_group(repo, request)
     else:
@@ -99,6 +100,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
 
     results: list[StartResult | GroupStart | SubtaskError | None] = [None] * len(items)
     local: dict[str, int] = {}
+    started: dict[int, str] = {}  # item -> the id of the job (or group) it started
     for n, item in enumerate(items):
         name = item.get("id") if isinstance(item, dict) else None
         if isinstance(name, str) and name.strip():
@@ -126,14 +128,15 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
         try:
             path, request = request_from_dict(item)
             if request.after:  # this call's ids become the jobs (or groups) they started
-                request.after = [_started_id(results[local[a]]) if a in local else a for a in _list(request.after)]
-            results[n] = launch(repo_of(path), request, said)
+                request.after = [started[local[a]] if a in local else a for a in _list(request.after)]
+            result = launch(repo_of(path), request, said)
+            results[n], started[n] = result, _started_id(result)
         except SubtaskError as exc:
             results[n] = exc
     return [r if r is not None else SubtaskError("usage", "`after` makes a circle") for r in results]
 
 
-def _started_id(result) -> str:
+def _started_id(result: StartResult | GroupStart) -> str:
     return result.group.id if isinstance(result, GroupStart) else result.job.id
 
 

@@ -109,7 +109,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
-    entries = []
+    entries: list[dict] = []
     more = 0
     hidden = 0
     for entry in listed:
@@ -224,13 +224,15 @@ def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
     """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
     tip) and `mine`, from the clone id and one listing of ownership refs."""
     from subtask.git import ownership, signing
+    from subtask.model.provenance import UNSIGNED
 
     checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
     clone = ownership.clone_id(repo)
     owned = ownership.owned_keys(repo) if clone else set()
     for entry in entries:
-        found = checked.get(entry.get("tip")) if entry.get("signed") else None
-        entry["signature"] = (found or signing.UNSIGNED).to_dict()
+        tip = entry.get("tip")
+        found = checked.get(tip) if entry.get("signed") and isinstance(tip, str) else None
+        entry["signature"] = (found or UNSIGNED).to_dict()
         entry["mine"] = entry.get("clone") == clone and entry["id"] in owned
     return entries
 

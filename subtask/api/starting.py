@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 from subtask import executors
@@ -193,19 +194,24 @@ def _check_engine_can_run(engine) -> None:
                            hint="check every engine: git subtask engines")
 
 
-def _check_max_usd(requested) -> None:
-    if requested is not None and not (isinstance(requested, (int, float, Decimal)) and money.is_money(requested)):
+def _check_max_usd(requested) -> Decimal | None:
+    """`--max-usd` in exact dollars (None: not given); refused unless a finite amount >= 0."""
+    if requested is None:
+        return None
+    amount = money.money_or_none(requested)
+    if amount is None:
         raise SubtaskError("usage", f"--max-usd must be a finite amount >= 0, not {requested!r}")
+    return amount
 
 
 def _max_usd(repo: Repo, engine, requested) -> Decimal:
     """The budget to reserve, in exact dollars: validated alike for every engine, then $0 for a
     free one."""
-    _check_max_usd(requested)
-    if requested is None and not engine.paid:
+    asked = _check_max_usd(requested)
+    if asked is None and not engine.paid:
         return money.ZERO
-    usd = money.usd(repo.config.number("defaultMaxUsd") if requested is None else requested)
-    cap = money.usd(repo.config.number("maxJobUsd"))
+    usd = spending.setting_usd(repo, "defaultMaxUsd") if asked is None else asked
+    cap = spending.setting_usd(repo, "maxJobUsd")
     if usd > cap:
         raise SubtaskError("usage", f"--max-usd {money.plain(usd)} is above subtask.maxJobUsd={money.plain(cap)}",
                            hint=f"git config subtask.maxJobUsd {money.plain(usd)}")
@@ -256,7 +262,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
             _sync_ledger(repo)
         result = _admit_and_launch(repo, prepared.job, prepared.paid,
                                    branch_at=None if request.readonly else prepared.job.spec.base,
-                                   lock_fd=liveness.acquire(repo.state_dir, prepared.job.id, new=True),
+                                   lock_fd=liveness.acquire_new(repo.state_dir, prepared.job.id),
                                    as_written=prepared.as_written)
     result.warnings = prepared.warnings
     return result
@@ -387,8 +393,13 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     from subtask.ops.plans import waiting
 
     job, state_dir = prepared.job, repo.state_dir
+
+    def forget_waiting() -> None:
+        waiting.forget(repo, job.id)
+        records.delete(repo, job.id)
+
     with Transaction() as tx:
-        fd = liveness.acquire(state_dir, job.id, new=True)
+        fd = liveness.acquire_new(state_dir, job.id)
         tx.done("start_locked", lambda: liveness.drop(state_dir, job.id, fd))
         kept = privatetext.keep(state_dir, job.id, 1, **prepared.as_written)
         tx.done("start_words_kept", (lambda: privatetext.discard(state_dir, job.id, 1)) if kept else None)
@@ -397,7 +408,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
         try:
             waiting.record_waiting(repo, job, prepared.until or [])
         finally:  # a half-written entry or record is taken back too
-            tx.done("start_waiting_entry", lambda: (waiting.forget(repo, job.id), records.delete(repo, job.id)))
+            tx.done("start_waiting_entry", forget_waiting)
         tx.done("after_record")
     liveness.release(fd)
     waiting.advance(repo)
@@ -423,11 +434,13 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
     if not request.verify and not given:
         return retries, []  # nothing to check: no import of the checks on start's path
     from subtask.git import checks
+    from subtask.model import checknames
 
     if given is not None and not isinstance(given, list):
         raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
     if request.readonly:
-        if any(name != checks.NONE for value in given or () for name in checks.split(str(value))):
+        if any(name != checknames.NONE for value in given or ()
+               for name in checknames.split(str(value))):
             raise SubtaskError("usage", "--check has nothing to look at in a read-only job: it changes nothing")
         return 0, []
     configured = repo.config.get("git.checks")
@@ -555,7 +568,8 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     unspawned: list[_Launch] = []
     with Transaction() as tx:
         for launch in launches:
-            tx.done("start_locked", lambda launch=launch: liveness.drop(state_dir, launch.job.id, launch.lock_fd))
+            tx.done("start_locked",
+                    partial(liveness.drop, state_dir, launch.job.id, launch.lock_fd))
         admitted: tuple = (dead, handed)
         tx.then = lambda: admission.after_admission(repo, admitted)
         try:
@@ -565,32 +579,34 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
             raise
         admitted = (dead, handed)
         # Every member's slot entry was made at once: each is undone, whatever fails after.
-        tx.done("start_admitted", *[lambda job=launch.job, n=launch.job.state.current.n: admission.unadmit(repo, job.id, n)
-                                    for launch in launches])
+        tx.done("start_admitted", *[
+            partial(admission.unadmit, repo, launch.job.id, launch.job.state.current.n)
+            for launch in launches])
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
             # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
             kept = privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written)
             tx.done("start_words_kept",
-                    (lambda job=job, attempt=attempt: privatetext.discard(state_dir, job.id, attempt.n)) if kept else None)
+                    partial(privatetext.discard, state_dir, job.id, attempt.n) if kept else None)
             jobenv.save(state_dir, job.id)
-            tx.done("start_env_kept", lambda job=job: jobenv.drop(state_dir, job.id))
-            if launch.paid:
-                tx.done("start_reserved", lambda attempt=attempt: ledger.close(state_dir, attempt.rid, 0.0,
-                                                                               reason="start undone"))
+            tx.done("start_env_kept", partial(jobenv.drop, state_dir, job.id))
+            if launch.paid and attempt.rid is not None:  # (a paid attempt has its reservation id)
+                tx.done("start_reserved",
+                        partial(ledger.close, state_dir, attempt.rid, 0.0, reason="start undone"))
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
             if attempt.n == 1:  # its branch (none for a read-only job) and base pin: one ref transaction
                 branch = job.spec.branch if launch.branch_at is not None else None
                 records.create_start_refs(repo, job.id, branch, job.spec.base)
-                tx.done("after_branch", lambda job=job, branch=branch: _drop_start_refs(repo, job.id, branch))
+                tx.done("after_branch", partial(_drop_start_refs, repo, job.id, branch))
                 records.create(repo, job)  # undone with the refs: `records.delete` drops the record too
                 tx.done("start_job_recorded")
                 continue
-            if launch.branch_at is not None:  # a reply restores the job's branch here
-                records.create_branch(repo, job.spec.branch, launch.branch_at)
-                tx.done("after_branch", lambda job=job: _delete_branch(repo, job.spec.branch))
+            branch, at = job.spec.branch, launch.branch_at
+            if branch and at is not None:  # a reply restores the job's branch here (a job with one)
+                records.create_branch(repo, branch, at)
+                tx.done("after_branch", partial(_delete_branch, repo, branch))
             tx.done("start_job_recorded", _append_attempt(repo, job.id, attempt))
         if then_record is not None:
             then_record()

@@ -32,11 +32,20 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from subtask.git.gitrepo import tree_of
 from subtask.git.harness_rule import JOB, Rule, judged_by_job, rule_for
+
+TYPE_CHECKING = False  # not `typing`'s: its names are for mypy only, never imported at run time
+if TYPE_CHECKING:
+    from typing import Any
+
+    import pygit2
+
+    from subtask.git.gitrepo import Repo
 
 # Folders of what a runner cached and reads back: Python's bytecode (pytest's rewritten tests
 # among it) beside harness files, pytest's --lf/--sw state. Moved aside, never reported.
@@ -55,26 +64,31 @@ IMPORT_DIRS = ("", "src")  # where `python -m pytest` and a src layout import fr
 
 # ---------------------------------------------------------------- the trusted tree
 
-def flatten(repo, commit: str) -> dict:
+def flatten(repo: Repo, commit: str) -> dict[str, tuple[str, pygit2.Object]]:
     """Every blob of `commit`'s tree: {path: (oid, its entry: `mode_of`)} (submodules left out)."""
+    import pygit2
+
     git = repo.git
-    found: dict = {}
+    found: dict[str, tuple[str, pygit2.Object]] = {}
     stack = [(git[commit].tree, "")]
     while stack:
         tree, prefix = stack.pop()
         for entry in tree:
             kind = entry.type_str  # a str: `filemode` builds an enum per entry (~2 us each)
+            name = entry.name
+            if name is None:  # never for a tree's entry (pygit2 types the name of any object)
+                continue
             if kind == "tree":
-                stack.append((git[entry.id], f"{prefix}{entry.name}/"))
+                stack.append((git[entry.id].peel(pygit2.Tree), f"{prefix}{name}/"))
             elif kind == "blob":
-                found[prefix + entry.name] = (str(entry.id), entry)
+                found[prefix + name] = (str(entry.id), entry)
     return found
 
 
-_DIGESTS: dict[tuple, str] = {}
+_DIGESTS: dict[tuple[str, tuple[str, ...] | None, str | None], str] = {}
 
 
-def digest(repo, trusted: str, asked: list[str] | None, command: str | None) -> str:
+def digest(repo: Repo, trusted: str, asked: list[str] | None, command: str | None) -> str:
     """The harness source of a verify judged by the commit `trusted`, as one digest: the rule
     asked for and every trusted file that judges (path, blob, mode; a file of which only a part is
     harness counts whole, so a change to any of it is a new source, never a missed one). `job`
@@ -82,7 +96,7 @@ def digest(repo, trusted: str, asked: list[str] | None, command: str | None) -> 
     same files (`verified.py`). Cached by the trusted tree, which never changes meaning."""
     if judged_by_job(asked):
         return JOB
-    tree = str(repo.git[trusted].tree_id)
+    tree = tree_of(repo, trusted)
     cache_key = (tree, tuple(asked) if asked is not None else None, command)
     found = _DIGESTS.get(cache_key)
     if found is None:
@@ -97,7 +111,7 @@ def digest(repo, trusted: str, asked: list[str] | None, command: str | None) -> 
     return found
 
 
-def mode_of(value) -> int:
+def mode_of(value: int | pygit2.Object) -> int:
     """A `flatten` entry's mode (its tree entry's, read only for the paths that need it)."""
     return value if isinstance(value, int) else int(value.filemode)
 
@@ -150,8 +164,9 @@ class Comparison:
         return sorted(out)
 
 
-def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None, *,
-            head: str | None = None, kept: dict | None = None, import_dirs: Iterable[str] = IMPORT_DIRS) -> Comparison:
+def compare(repo: Repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None, *,
+            head: str | None = None, kept: Mapping[str, object] | None = None,
+            import_dirs: Iterable[str] = IMPORT_DIRS) -> Comparison:
     """The worktree on disk against the trusted commit `trusted` (see the module docstring);
     `head`: the job's commit (says which added files it committed); `kept`: untracked harness
     files that were there before the job ran (`snapshot`), left alone while unchanged."""
@@ -161,7 +176,7 @@ def compare(repo, trusted: str, worktree: Path, asked: list[str] | None, command
     disk = _Disk(worktree)
     head_tree = repo.git[head].tree if head else None
     odb = repo.git.odb
-    harness_dirs = set()  # folders holding harness files: their bytecode is looked at
+    harness_dirs: set[str] = set()  # folders holding harness files: their bytecode is looked at
     for path, (oid, entry) in files.items():
         if rule.matches(path):
             found.trusted_files += 1
@@ -281,7 +296,8 @@ def blob_id(data: bytes, hex_length: int = 40) -> str:
     return digest.hexdigest()
 
 
-def _compare_file(odb, disk: _Disk, path: str, oid: str, mode: int, found: Comparison) -> None:
+def _compare_file(odb: pygit2.Odb, disk: _Disk, path: str, oid: str, mode: int,
+                  found: Comparison) -> None:
     blocker = disk.blocker(path)
     if blocker is not None:
         if blocker not in found.blockers:
@@ -350,7 +366,7 @@ def _pyc_flags(path: str) -> bytes | None:
         return fh.read(8)[4:8]
 
 
-def _unchanged_since(disk: _Disk, path: str, kept: dict) -> bool:
+def _unchanged_since(disk: _Disk, path: str, kept: Mapping[str, object]) -> bool:
     """Was this untracked file there before the job ran, and is it the same file still? (Its
     inode's change time moves with every write, rename and chmod, and cannot be set back.)"""
     was = kept.get(path)
@@ -358,13 +374,14 @@ def _unchanged_since(disk: _Disk, path: str, kept: dict) -> bool:
     return isinstance(was, list) and info is not None and was == [info.st_ino, info.st_ctime_ns, info.st_size]
 
 
-def snapshot(repo, trusted: str, worktree: Path, asked: list[str] | None, command: str | None) -> dict:
+def snapshot(repo: Repo, trusted: str, worktree: Path, asked: list[str] | None,
+             command: str | None) -> dict[str, list[int]]:
     """The untracked harness files (and files on the import path) a fresh worktree holds before the
     job runs (copied by `.worktreeinclude`, made by `subtask.setup`): {path: [ino, ctime_ns, size]}."""
     files = flatten(repo, trusted)
     rule = rule_for(asked, files, command)
     disk = _Disk(worktree)
-    kept = {}
+    kept: dict[str, list[int]] = {}
     for path in disk.files():
         if path in files:
             continue
@@ -375,7 +392,7 @@ def snapshot(repo, trusted: str, worktree: Path, asked: list[str] | None, comman
     return kept
 
 
-def _in_tree(tree, path: str) -> bool:
+def _in_tree(tree: pygit2.Tree, path: str) -> bool:
     try:
         tree[path]
     except KeyError:
@@ -385,18 +402,18 @@ def _in_tree(tree, path: str) -> bool:
 
 # ---------------------------------------------------------------- files of which a part is harness
 
-def _compare_section(repo, disk: _Disk, path: str, oid: str, mode: int, keys: tuple[str, ...],
+def _compare_section(repo: Repo, disk: _Disk, path: str, oid: str, mode: int, keys: tuple[str, ...],
                      found: Comparison) -> None:
     blocker = disk.blocker(path)
     kind = disk.kind(path) if blocker is None else "blocked"
     if kind in ("missing", "blocked"):
         if blocker is not None and blocker not in found.blockers:
             found.blockers.append(blocker)
-        if _section(path, repo.git[oid].data, keys) is not None:
+        if _section(path, repo.git[oid].read_raw(), keys) is not None:
             found.puts.append(Put(path, oid, mode, "deleted", section=_section_name(keys)))
         return
     data = disk.read(path) if kind == "file" else None
-    trusted = repo.git[oid].data
+    trusted = repo.git[oid].read_raw()
     if data is not None and blob_id(data, len(oid)) == oid:
         return
     ours = _section(path, trusted, keys)
@@ -422,10 +439,10 @@ def _section_name(keys: tuple[str, ...]) -> str:
     return ", ".join(keys)
 
 
-def _section(path: str, data: bytes | None, keys: tuple[str, ...]):
+def _section(path: str, data: bytes | None, keys: tuple[str, ...]) -> object:
     """The harness part of a file: {key: value} of the keys present (None: none; `_BROKEN`: unreadable)."""
     loaded = _load(path, data)
-    if loaded is _BROKEN:
+    if loaded is None:
         return _BROKEN
     part = {}
     for key in keys:
@@ -438,7 +455,7 @@ def _section(path: str, data: bytes | None, keys: tuple[str, ...]):
 _MISSING = object()
 
 
-def _dig(obj, dotted: str):
+def _dig(obj: object, dotted: str) -> object:
     for name in dotted.split("."):
         if not isinstance(obj, dict) or name not in obj:
             return _MISSING
@@ -446,9 +463,10 @@ def _dig(obj, dotted: str):
     return obj
 
 
-def _load(path: str, data: bytes | None):
+def _load(path: str, data: bytes | None) -> dict[str, Any] | None:
+    """The file's data as a table; None when it cannot be read as one."""
     if data is None:
-        return _BROKEN
+        return None
     try:
         text = data.decode("utf-8")
         if path.endswith(".toml"):
@@ -458,16 +476,16 @@ def _load(path: str, data: bytes | None):
         import json
 
         loaded = json.loads(text)
-        return loaded if isinstance(loaded, dict) else _BROKEN
+        return loaded if isinstance(loaded, dict) else None
     except (ValueError, UnicodeDecodeError):
-        return _BROKEN
+        return None
 
 
 def _composed(path: str, data: bytes, trusted: bytes, keys: tuple[str, ...]) -> bytes | None:
     """The job's file with the trusted tree's harness part in place of its own; None when that
     cannot be done so that every other part stays the job's (the trusted file is then used whole)."""
     mine, ours = _load(path, data), _load(path, trusted)
-    if mine is _BROKEN or ours is _BROKEN:
+    if mine is None or ours is None:
         return None
     if path.endswith(".json"):
         import json
@@ -480,12 +498,12 @@ def _composed(path: str, data: bytes, trusted: bytes, keys: tuple[str, ...]) -> 
     block = _toml_only(trusted.decode("utf-8"), keys)
     candidate = (text.rstrip("\n") + "\n\n" + block if block else text).encode()
     check = _load(path, candidate)
-    if check is _BROKEN or any(_dig(check, key) != _dig(ours, key) for key in keys):
+    if check is None or any(_dig(check, key) != _dig(ours, key) for key in keys):
         return None
     return candidate if _without(check, keys) == _without(mine, keys) else None
 
 
-def _without(obj: dict, keys: tuple[str, ...]) -> dict:
+def _without(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """`obj` less `keys`, and less the tables that only held them."""
     import copy
 
@@ -500,7 +518,7 @@ def _without(obj: dict, keys: tuple[str, ...]) -> dict:
     return out
 
 
-def _put(obj: dict, dotted: str, value) -> None:
+def _put(obj: dict[str, Any], dotted: str, value: object) -> None:
     *parents, last = dotted.split(".")
     for name in parents:
         if not isinstance(obj.get(name), dict):
@@ -552,7 +570,8 @@ def _on_import_path(path: str, import_dirs: Iterable[str]) -> bool:
     return name == "__init__.py" and parent in import_dirs
 
 
-def _shadows(disk: _Disk, files: dict, kept: dict, import_dirs: Iterable[str]) -> list[tuple[str, str, str, str]]:
+def _shadows(disk: _Disk, files: Mapping[str, object], kept: Mapping[str, object],
+             import_dirs: Iterable[str]) -> list[tuple[str, str, str, str]]:
     """Files the job added (committed or not) directly in a folder on the verify's import path that
     Python would import by a name: (the file, as shown, module name, kind: module | package | pth | hook)."""
     dirs = tuple(dict.fromkeys(import_dirs))
@@ -603,7 +622,7 @@ def names_to_probe(shadows: list[tuple[str, str, str]]) -> list[str]:
 
 # ---------------------------------------------------------------- the tree verify ran on
 
-def overlaid_tree(repo, head: str, found: Comparison) -> str:
+def overlaid_tree(repo: Repo, head: str, found: Comparison) -> str:
     """The tree of `head` with the trusted harness in place of the job's: the trusted blobs
     written back, the harness files it added taken out (what verify ran on, as far as git
     tracks it). Writes the tree objects; the head's own tree when nothing differs."""
@@ -624,7 +643,8 @@ def overlaid_tree(repo, head: str, found: Comparison) -> str:
     return str(_rebuilt(git, tree, changes))
 
 
-def _rebuilt(git, tree, changes: dict[str, tuple[str, int] | None]):
+def _rebuilt(git: pygit2.Repository, tree: pygit2.Tree | None,
+             changes: dict[str, tuple[str, int] | None]) -> pygit2.Oid:
     """`tree` (or None: empty) with each path set to (oid, mode) or removed (None); the new tree's id."""
     import pygit2
 
@@ -644,10 +664,11 @@ def _rebuilt(git, tree, changes: dict[str, tuple[str, int] | None]):
         else:
             builder.insert(name, pygit2.Oid(hex=value[0]), value[1])
     for name, sub in below.items():
-        existing = builder.get(name)
-        subtree = git[existing.id] if existing is not None and existing.filemode == 0o040000 else None
+        existing = builder.get(name)  # None when absent, whatever pygit2's stub says
+        is_tree = existing is not None and existing.filemode == 0o040000
+        subtree = git[existing.id].peel(pygit2.Tree) if is_tree else None
         oid = _rebuilt(git, subtree, sub)
-        if len(git[oid]) == 0:
+        if len(git[oid].peel(pygit2.Tree)) == 0:
             if builder.get(name) is not None:
                 builder.remove(name)
         else:
@@ -655,11 +676,10 @@ def _rebuilt(git, tree, changes: dict[str, tuple[str, int] | None]):
     return builder.write()
 
 
-def _blob_size(odb, oid) -> int:
+def _blob_size(odb: pygit2.Odb, oid: str) -> int:
     """A blob's size from its header (pygit2 >= 1.20), else from the object read whole; -1 when
     the object is not there."""
-    header = getattr(odb, "read_header", None)
     try:
-        return header(oid)[1] if header is not None else len(odb.read(oid)[1])
+        return odb.read_header(oid)[1] if hasattr(odb, "read_header") else len(odb.read(oid)[1])
     except (KeyError, ValueError):
         return -1

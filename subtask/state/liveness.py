@@ -91,6 +91,13 @@ def acquire(state_dir: Path, job_id: str, *, block: bool = True, new: bool = Fal
     return fd
 
 
+def acquire_new(state_dir: Path, job_id: str) -> int:
+    """The run-lock of a job being started now (`acquire(new=True)`: it blocks until it has it)."""
+    fd = acquire(state_dir, job_id, new=True)
+    assert fd is not None  # a blocking acquire returns only with the lock
+    return fd
+
+
 def acquire_within(state_dir: Path, job_id: str, seconds: float) -> int:
     """The job's run-lock for a short operation on a finished job (a reply, a merge, a landing): a
     gc or cleanup holds it only briefly, so wait up to `seconds`; past that the job is busy."""

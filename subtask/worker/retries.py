@@ -184,7 +184,7 @@ def _reserve_next(repo: Repo, job: Job, facts: Facts, verify: VerifyResult,
     usd = money.ZERO
     if engine.paid:
         usd = attempt.max_usd if attempt.max_usd is not None else (job.spec.max_usd or money.ZERO)
-        cap = _setting_usd(repo, "maxJobUsd")
+        cap = spending.setting_usd(repo, "maxJobUsd")
         if usd > cap and not elsewhere:
             return f"refused: its budget {money.text(usd)} is above subtask.maxJobUsd={money.text(cap)}"
         if not elsewhere:
@@ -257,17 +257,10 @@ def _reserve(repo: Repo, job: Job, n: int, usd: Decimal, facts: Facts) -> None:
     slack = money.ZERO
     if attempt.rid and facts.charged is not None:
         slack = max(money.ZERO, attempt.cost.reserved - facts.charged)
-    cap = _setting_usd(repo, "monthlyCapUsd")
+    cap = spending.setting_usd(repo, "monthlyCapUsd")
     with ledger.lock(repo.state_dir):
         ledger.reserve_locked(repo.state_dir, job=job.id, attempt=n, engine=job.spec.engine, usd=usd,
                               cap_usd=cap + slack, now=spending.reserved_at(time.time()))
-
-
-def _setting_usd(repo: Repo, key: str) -> Decimal:
-    """A dollar setting, exact: `config.number` has refused whatever is not a finite number."""
-    amount = money.usd(repo.config.number(key))
-    assert amount is not None  # a finite number is always an amount
-    return amount
 
 
 def env_for(state_dir, job: Job) -> dict[str, str]:

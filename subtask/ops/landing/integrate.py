@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask.git import worktrees
-from subtask.git.gitrepo import Repo, git
+from subtask.git.gitrepo import Repo, git, tree_of
 from subtask.git.records import Job
 from subtask.model.job import work_base
 from subtask.ops.landing import merge
@@ -137,7 +137,7 @@ def build(repo: Repo, job: Job, head: str, onto: str, mode: str, scratch: Callab
     if proc.returncode != 0 or not fields[0]:
         return _failed(onto, proc)
     tree = fields[0]
-    if mode == "squash" and tree == str(repo.git[onto].tree_id):
+    if mode == "squash" and tree == tree_of(repo, onto):
         return Built("already", onto, onto, how="squash")
     parents = [onto] if mode == "squash" else [onto, head]
     message = merge.merge_message(repo, job, head, mode)
@@ -182,8 +182,8 @@ def _identity(repo: Repo) -> tuple | None:
         if not _signs(repo) and not any(os.environ.get(v) for v in ("GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE")):
             idents = [git(repo.root, "var", var, check=False).stdout.strip()
                       for var in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT")]
-            matched = [_IDENT_RE.match(ident) for ident in idents]
-            if all(matched):
+            matched = [m for m in map(_IDENT_RE.match, idents) if m is not None]
+            if len(matched) == len(idents):
                 found = tuple((m[1], m[2], (1 if m[3] == "+" else -1) * (int(m[4]) * 60 + int(m[5])))
                               for m in matched)
         _IDENTITIES[key] = found

@@ -135,7 +135,7 @@ def run_queue(repo: Repo, target: Target, items: list[Item], opts: Options, repl
                 liveness.release(item.fd)
                 item.fd = None
     queue.result.after = tip(repo, target)
-    queue.result.window, queue.result.batch = opts.window, opts.batch
+    queue.result.window, queue.result.batch = queue.width, opts.batch
     queue.result.runs, queue.result.reused = queue.runs, queue.reused
     queue.result.seconds = round(time.monotonic() - queue.started, 3)
     phases.mark("end")

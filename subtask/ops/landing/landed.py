@@ -134,7 +134,7 @@ class Upstream:
         self.repo, self.target, self.pids = repo, target, pids
         self.commits: list[pygit2.Commit] = []
         self.complete = True
-        oids = [pygit2.Oid(hex=b) for b in dict.fromkeys(bases)]
+        oids: list[pygit2.Oid | str] = [pygit2.Oid(hex=b) for b in dict.fromkeys(bases)]
         stop = None if not oids else oids[0] if len(oids) == 1 else repo.git.merge_base_octopus(oids)
         walker = repo.git.walk(target.sha, pygit2.enums.SortMode.TOPOLOGICAL)
         if stop is not None:
@@ -191,7 +191,9 @@ def landed_in(repo: Repo, base: str, head: str, upstream: Upstream) -> str | Non
 
 def merge_point(repo: Repo, head: str, target: str) -> str:
     """The first-parent commit of the target that brought `head` in (the head itself for a fast-forward)."""
-    current = repo.git[target]
+    import pygit2
+
+    current = repo.git[target].peel(pygit2.Commit)
     last = str(current.id)
     for _ in range(MAX_FIRST_PARENT_STEPS):
         sha = str(current.id)

@@ -105,7 +105,9 @@ class Outcome:
             return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
         verify = data.get("verify")
-        sides = data.get("sides") if isinstance(data.get("sides"), dict) else {}
+        sides = data.get("sides")
+        if not isinstance(sides, dict):
+            sides = {}
         return cls(text("id", "?"), data.get("group") if isinstance(data.get("group"), str) else None,
                    text("state", "not reached"), text("onto") or None, text("commit") or None, text("how"),
                    VerifyResult.from_dict(verify) if isinstance(verify, dict) else None,
@@ -292,8 +294,8 @@ def resolve(repo: Repo, asked: list[str]) -> list[Item]:
 def gate(repo: Repo, item: Item, opts: Options) -> None:
     """Take the job's run-lock and check it may land (`check`); a `SubtaskError` says why not."""
     if item.group is not None:
-        item.group = groups.picked(repo, item.group.id)
-        item.job = records.read(repo, item.group.pick)
+        item.group, pick = groups.picked_with_pick(repo, item.group.id)
+        item.job = records.read(repo, pick)
     item.job = records.read(repo, item.job.id)
     check(repo, item, opts)  # a job still running is refused at once, not after waiting for its lock
     item.fd = liveness.acquire_within(repo.state_dir, item.job.id, RUN_LOCK_WAIT)

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from subtask.git import checks, notes, records
-from subtask.git.gitrepo import Repo
+from subtask.git.gitrepo import Repo, tree_of
 from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
@@ -105,7 +105,8 @@ class Queue:
         self.line: list[window.Entry] = []
         self.tip = self.result.before  # the target as this queue last left or found it
         self.free: list[integrate.Scratch] = []
-        self.answers: queue_module.Queue[window.Probe] = queue_module.Queue()
+        # ("ready" | "done", probe): a scratch checked out, a verify ended
+        self.answers: queue_module.Queue[tuple[str, window.Probe]] = queue_module.Queue()
         self.known = verified.Known(self.repo)
         self.width = self.opts.window or 1
         self.batch = self.opts.batch or 0
@@ -114,8 +115,8 @@ class Queue:
         self.reused = 0
         self.moves = 0  # moves of the target that did not take (a person's commit): --atomic's rebuilds
         self.makers: ThreadPoolExecutor | None = None  # threads checking scratches out (git only)
-        self.finisher: ThreadPoolExecutor | None = None  # the thread finishing landings
-        self.finisher_repo: Repo | None = None
+        # The thread finishing landings, and its own repository handle (`finish_later`).
+        self.finisher: tuple[ThreadPoolExecutor, Repo] | None = None
         self.items: list[Item] = []  # every job it holds, those handed to it (`land --first`) too
 
     # ------------------------------------------------------------ the loop
@@ -146,7 +147,7 @@ class Queue:
             if self.makers is not None:
                 self.makers.shutdown(wait=True)  # checkouts under way end before their scratches go
             if self.finisher is not None:
-                self.finisher.shutdown(wait=True)  # every landing finished (what failed: `finish_landed`)
+                self.finisher[0].shutdown(wait=True)  # every landing finished (what failed: `finish_landed`)
             self.progress(final=True)
 
     def plan(self) -> bool:
@@ -317,7 +318,7 @@ class Queue:
         """Verify the entry's state: a known answer for its key, else its verify started in a
         scratch worktree checked out at it."""
         item, built = entry.item, entry.built
-        tree = str(self.repo.git[built.commit].tree_id)
+        tree = tree_of(self.repo, built.commit)
         asked = verify_rerun.asked_harness(item.job, bool(item.trust and item.trust.vouched))
         confined = isolation.support().available
         trusted = self.judge_of(entry)
@@ -480,7 +481,7 @@ class Queue:
         self.verdict(entry, cover)
         item, out = entry.item, entry.out
         if entry.built.kind == "already":
-            self.finish_later(item, out, landed.merge_point(self.repo, item.head, entry.onto), now_at)
+            self.finish_later(item, out, landed.merge_point(self.repo, item.head, entry.built.onto), now_at)
             return
         out.state = "landed"
         self.finish_later(item, out, entry.built.commit, now_at)
@@ -492,7 +493,8 @@ class Queue:
             if entry.built is None or (entry.needs_verify and (entry.probe is None or entry.probe.running)):
                 if not entry.failing:
                     return False  # not all answered yet
-            if entry.failing or (entry.needs_verify and entry.probe.passed is False):
+            if entry.failing or (entry.needs_verify and entry.probe is not None
+                                 and entry.probe.passed is False):
                 if any(e.needs_verify and e.probe is None for e in self.line[:n]) and self.batch:
                     continue  # a batch: its end answers for it
                 self.broke(n)
@@ -606,16 +608,19 @@ class Queue:
         elif not item.command:  # --force: nothing to run, its checks passed
             out.state, out.why = "passed", "nothing was run on it (--force)"
         else:
-            probe = entry.probe if entry.probe is not None else (cover.probe if cover is not None else None)
+            # the entry has no verify of its own: its batch's last state answers for it
+            covered_by = cover if entry.probe is None and cover is not None else None
+            probe = covered_by.probe if covered_by is not None else entry.probe
             rerun = probe.rerun if probe is not None else None
             if rerun is not None:
                 out.verify, out.confined = rerun.result, rerun.confined
                 out.state = "passed" if rerun.result.passed else "failed"
                 out.why = "" if rerun.result.passed else "its verify failed on the integrated commit"
-                if probe is not entry.probe:
-                    batch = cover.built.commit
-                    out.batch = str(repo.git[batch].tree_id)
-                    out.why = f"verified as part of batch {out.batch[:7]} (its last state, {batch[:7]}: {cover.item.job.id})"
+                if covered_by is not None:
+                    batch = covered_by.built.commit
+                    out.batch = tree_of(repo, batch)
+                    out.why = (f"verified as part of batch {out.batch[:7]} "
+                               f"(its last state, {batch[:7]}: {covered_by.item.job.id})")
                 elif rerun.result.reused and (words := _reused_words(rerun.result)) not in out.events:
                     out.events.append(words)  # said once, however often the entry is judged
             else:
@@ -630,13 +635,15 @@ class Queue:
         window goes on: in the order they landed, on a repository handle of its own (pygit2
         objects are never shared between threads)."""
         if self.finisher is None:
-            self.finisher = ThreadPoolExecutor(max_workers=FINISHERS, thread_name_prefix="subtask-land-finish")
-            self.finisher_repo = self.repo.for_thread()
-        self.landed.append(self.finisher.submit(self._finish_one, item, out, commit, now_at))
+            pool = ThreadPoolExecutor(max_workers=FINISHERS,
+                                      thread_name_prefix="subtask-land-finish")
+            self.finisher = (pool, self.repo.for_thread())
+        pool, repo = self.finisher
+        self.landed.append(pool.submit(self._finish_one, repo, item, out, commit, now_at))
 
-    def _finish_one(self, item: Item, out: Outcome, commit: str, now_at: str) -> None:
+    def _finish_one(self, repo: Repo, item: Item, out: Outcome, commit: str, now_at: str) -> None:
         try:
-            self.finish(self.finisher_repo, item, out, commit, now_at)
+            self.finish(repo, item, out, commit, now_at)
         finally:
             liveness.release(item.fd)
             item.fd = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from subtask.git import ownership, records, signing
-from subtask.git.gitrepo import Repo, diff_stats
+from subtask.git.gitrepo import Repo, diff_stats, tree_of
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
@@ -137,7 +137,7 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
     verify = job.state.kept.verify
     if verify is None:
         return
-    tree = str(repo.git[head].tree_id)
+    tree = tree_of(repo, head)
     problems = []
     if verify.head != head:
         problems.append(f"it ran on {verify.head[:7]}, the job's head is {head[:7]}")

@@ -97,10 +97,13 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def reusable(result: VerifyResult | None) -> bool:
-    """A result that says something about its tree: it ran to an exit of its own."""
-    return (result is not None and bool(result.key) and result.exit_code is not None and not result.timed_out
-            and result.reused is None and not result.checks_failed)
+def reusable_key(result: VerifyResult | None) -> str | None:
+    """The key of a result that says something about its tree (it ran to an exit of its own);
+    None for any other result."""
+    if (result is None or not result.key or result.exit_code is None or result.timed_out
+            or result.reused is not None or result.checks_failed):
+        return None
+    return result.key
 
 
 # ---------------------------------------------------------------- known results
@@ -131,36 +134,39 @@ class Known:
         if not key:
             return None
         if self._by_key is None:
-            self._by_key = {}
-            self._load_records()
-            self._load_log()
+            by_key: dict[str, Found] = {}
+            self._load_records(by_key)
+            self._load_log(by_key)
+            self._by_key = by_key
         return self._by_key.get(key)
 
     def add(self, result: VerifyResult, job: str, by: str = "this clone") -> None:
         """A result just run here: found by later lookups of this process (`remember` keeps it)."""
-        if reusable(result) and self._by_key is not None:
-            self._by_key[result.key] = Found(result, job, result.head, time.time(), by)
+        key = reusable_key(result)
+        if key is not None and self._by_key is not None:
+            self._by_key[key] = Found(result, job, result.head, time.time(), by)
 
     def remember(self, result: VerifyResult, job: str) -> None:
         """Keep a result run here that no record of this clone's will hold (and find it from now on)."""
         self.add(result, job)
-        if reusable(result):
+        if reusable_key(result) is not None:
             remember(self.repo, result, job)
 
     # -- sources
 
-    def _load_log(self) -> None:
+    def _load_log(self, by_key: dict[str, Found]) -> None:
         for line in _log_lines(self.repo):
             try:
                 entry = json.loads(line)
                 result = VerifyResult.from_dict(entry["result"])
             except (ValueError, KeyError, TypeError):
                 continue  # a damaged line is skipped, never trusted
-            if reusable(result):
-                self._by_key[result.key] = Found(result, str(entry.get("job")), result.head,
-                                                 float(entry.get("at") or 0), "this clone")
+            key = reusable_key(result)
+            if key is not None:
+                by_key[key] = Found(result, str(entry.get("job")), result.head,
+                                    float(entry.get("at") or 0), "this clone")
 
-    def _load_records(self) -> None:
+    def _load_records(self, by_key: dict[str, Found]) -> None:
         from subtask.git import ownership
 
         index = _read_index(self.repo)
@@ -189,8 +195,9 @@ class Known:
                     result = VerifyResult.from_dict(item["result"])
                 except (KeyError, TypeError):
                     continue
-                if reusable(result) and result.key not in self._by_key:
-                    self._by_key[result.key] = Found(result, job_id, result.head, float(item.get("at") or 0), by)
+                key = reusable_key(result)
+                if key is not None and key not in by_key:
+                    by_key[key] = Found(result, job_id, result.head, float(item.get("at") or 0), by)
         if fresh.keys() != index.keys():
             _write_index(self.repo, fresh)
 
@@ -215,10 +222,10 @@ def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:
         return {"results": []}
     found = []
     for attempt in job.state.attempts:
-        if reusable(attempt.verify):
+        if attempt.verify is not None and reusable_key(attempt.verify) is not None:
             found.append({"result": attempt.verify.to_dict(), "at": attempt.ended_at or 0})
     for landing in job.state.landings:
-        if reusable(landing.verify):
+        if landing.verify is not None and reusable_key(landing.verify) is not None:
             found.append({"result": landing.verify.to_dict(), "at": landing.at})
     return {"owned": ownership.owns(repo, job, owned), "results": found}
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.git import checks, harness_rule
-from subtask.git.gitrepo import Repo, ensure_excluded, git
+from subtask.git.gitrepo import Repo, ensure_excluded, git, tree_of
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
@@ -298,4 +298,4 @@ def start_in(repo: Repo, path: Path, command: str, head: str, *, admin: Path, tr
 def _tree_of(repo: Repo, head: str) -> str:
     if repo.objects.commit_of(head) != head:
         raise SubtaskError("fatal", f"commit {head[:12]} is not in this repository", hint="git fetch it first")
-    return str(repo.git[head].tree_id)
+    return tree_of(repo, head)

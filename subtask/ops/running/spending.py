@@ -87,6 +87,13 @@ def reserved_at(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, UTC)
 
 
+def setting_usd(repo: Repo, key: str) -> Decimal:
+    """A dollar setting, exact: `config.number` has refused whatever is not a finite number."""
+    amount = money.usd(repo.config.number(key))
+    assert amount is not None  # a finite number is always an amount
+    return amount
+
+
 # ---------------------------------------------------------------- reading the records
 
 def record_charges(repo: Repo) -> list[Charge]:
