@@ -31,7 +31,8 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     git(repo, "symbolic-ref", "refs/subtask/st-0000000d/record", "refs/heads/nowhere")  # dangling
     (repo / ".git/refs/subtask/st-0000000e").mkdir()
     (repo / ".git/refs/subtask/st-0000000e/record").write_text("12" * 20 + "\n")  # a missing object
-    readers = {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
+    readers = {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo))),
+               "loose": gitobjects.GitObjects(repo / ".git", common_dir=repo / ".git")}
     specs = [tip, f"{tip}:spec.json", f"{tip}:nothere.json", blob, f"{blob}:spec.json", "12" * 20,
              f"{head}:sub", f"{head}:sub/f.txt", "HEAD", f"{tip}:spec.json\n{tip}", ""]
     base = git(repo, "rev-parse", "HEAD")
@@ -40,7 +41,7 @@ def test_both_readers_answer_every_question_alike(repo, cli):
                                                                      "refs/subtask/st-0000000d/record", "refs/nope")],
                       r.read(specs), [r.is_ancestor(a, d) for a, d in pairs])
                for name, r in readers.items()}
-    assert answers["git"] == answers["pygit2"]
+    assert answers["git"] == answers["pygit2"] == answers["loose"]
     refs, single, read, ancestry = answers["git"]
     assert ancestry == [True, False, True, False, False]
     by_name = {ref.name: ref for ref in refs}
@@ -52,6 +53,32 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     kinds = [None if answer is None else answer[0] for answer in read]
     assert kinds == ["commit", "blob", None, "blob", None, None, "tree", "blob", None, None, None]
     assert job.encode() in read[1][1] and read[7][1] == b"hi\n" and read[3][1] == b"not a commit\n"
+
+
+def test_a_ref_read_from_its_loose_file_is_what_git_says_packed_loose_or_linked(repo, tmp_path):
+    """`GitObjects.ref` reads a loose ref file itself (one process less per read): what it answers
+    is git's answer, from the main worktree and a linked one, for a packed ref, a loose ref that
+    moved after the packing, a deleted one, and names git stores otherwise."""
+    git(repo, "worktree", "add", "-q", str(tmp_path / "linked"))
+    first = git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "second")
+    second = git(repo, "rev-parse", "HEAD")
+    for name in ("refs/subtask/st-0000000a/record", "refs/heads/subtask/st-0000000a", "refs/notes/subtask"):
+        git(repo, "update-ref", name, first)
+    git(repo, "pack-refs", "--all")
+    git(repo, "update-ref", "refs/heads/subtask/st-0000000a", second)  # loose now, packed still first
+    git(repo, "update-ref", "-d", "refs/notes/subtask")
+    git(tmp_path / "linked", "update-ref", "refs/worktree/mine", second)  # that worktree's own
+    names = ["refs/subtask/st-0000000a/record", "refs/heads/subtask/st-0000000a", "refs/notes/subtask",
+             "refs/worktree/mine", "refs/heads/x.lock", "refs/heads/../HEAD"]
+    for where in (repo, tmp_path / "linked"):
+        found = open_repo(where)
+        objects = gitobjects.GitObjects(found.git_dir, common_dir=found.common_dir)  # as `Repo.objects` makes it
+        asked = {name: next((r.target for r in gitobjects.GitObjects(found.git_dir).refs(name) if r.name == name), None)
+                 for name in names}
+        assert {name: (ref.target if (ref := objects.ref(name)) else None) for name in names} == asked
+    assert asked["refs/subtask/st-0000000a/record"] == first and asked["refs/heads/subtask/st-0000000a"] == second
+    assert asked["refs/notes/subtask"] is None and asked["refs/worktree/mine"] == second
 
 
 def ages(text: str) -> str:

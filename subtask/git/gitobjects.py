@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     import pygit2
 
 _OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+# A ref every worktree shares, by a name git would store as a file of that path: no `.` part, no
+# `..`, no lock file (git-check-ref-format).
+_SHARED_REF = re.compile(r"(?!.*\.\.)(?!.*\.lock$)refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)(?:/(?!\.)[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*)+")
 
 # The identity of every commit the tool writes for itself (records, notes, groups).
 TOOL_NAME, TOOL_EMAIL = "git-subtask", "git-subtask@localhost"
@@ -120,10 +123,17 @@ def _warn_unsigned(words: str) -> None:
 
 
 class GitObjects:
-    """Refs and objects through the git binary: a few small processes instead of a library import."""
+    """Refs and objects through the git binary: a few small processes instead of a library import.
 
-    def __init__(self, git_dir: Path, sign: bool = False):
+    One ref is read from its loose file when it has one holding an object id (git's files backend
+    keeps shared refs in the common git dir, written by rename, so a loose file is always whole
+    and wins over a packed entry); anything else (packed, symbolic, another ref backend, a
+    per-worktree ref) is asked of git. A `show` or `cleanup` reads a record's ref several times:
+    each read was a `for-each-ref` process."""
+
+    def __init__(self, git_dir: Path, sign: bool = False, common_dir: Path | None = None):
         self._git_dir = git_dir
+        self._common_dir = common_dir
         self._sign = sign
         self._base = ["git", "--git-dir", str(git_dir)]
 
@@ -131,7 +141,20 @@ class GitObjects:
         return self._for_each_ref(prefix)
 
     def ref(self, name: str) -> Ref | None:
+        loose = self._loose_ref(name)
+        if loose is not None:
+            return loose
         return next((ref for ref in self._for_each_ref(name) if ref.name == name), None)
+
+    def _loose_ref(self, name: str) -> Ref | None:
+        if self._common_dir is None or not _SHARED_REF.fullmatch(name):
+            return None
+        try:
+            with open(self._common_dir / name, "rb") as fh:
+                oid = fh.read(100).strip().decode("ascii", "replace")
+        except OSError:  # none (packed, deleted), or not a folder there (reftable)
+            return None
+        return Ref(name, oid) if _OID.fullmatch(oid) else None
 
     def _for_each_ref(self, pattern: str) -> list[Ref]:
         proc = subprocess.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",

@@ -64,7 +64,7 @@ class Repo:
         sign = self.config.signing_key() is not None
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git, sign)
-        return gitobjects.GitObjects(self.git_dir, sign)
+        return gitobjects.GitObjects(self.git_dir, sign, self.common_dir)
 
     def handover(self) -> dict[str, Any] | None:
         """This repository for a worker forked from another process (JSON, `from_handover`): the

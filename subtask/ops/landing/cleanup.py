@@ -251,9 +251,28 @@ def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = Fa
         if fresh is None:
             return Removal("busy", BUSY), Removal("busy", BUSY)
         tree = _remove_worktree_locked(repo, fresh, target, dry_run)
-        branch = _remove_empty_branch_locked(repo, fresh, dry_run, worktree_goes=tree.kind == "removed") \
-            if branches else Removal("missing")
+        branch = Removal("missing")
+        try:
+            if branches:
+                branch = _remove_empty_branch_locked(repo, fresh, dry_run, worktree_goes=tree.kind == "removed")
+        finally:  # what was removed is recorded, even when the branch's step failed
+            if not dry_run:
+                _record_removals(repo, fresh.id, worktree=tree.kind == "removed", branch=branch.kind == "removed")
         return tree, branch
+
+
+def _record_removals(repo: Repo, job_id: str, *, worktree: bool, branch: bool) -> None:
+    """What cleanup removed, in one record write (a write is five git processes without pygit2)."""
+    if not (worktree or branch):
+        return
+
+    def change(j: Job) -> bool:
+        before = (j.state.worktree_removed, j.state.branch_deleted)
+        j.state.worktree_removed = j.state.worktree_removed or worktree
+        j.state.branch_deleted = j.state.branch_deleted or branch
+        return (j.state.worktree_removed, j.state.branch_deleted) != before
+
+    records.update(repo, job_id, change)
 
 
 def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run: bool) -> Removal:
@@ -270,7 +289,7 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
         return Removal("kept", why)
     if dry_run:
         return Removal("removed")
-    if not remove_worktree(repo, job):
+    if not remove_worktree(repo, job, record=False):  # recorded with the branch's removal (`clean_job`)
         return Removal("failed", f"git worktree remove {job.spec.worktree} failed")
     return Removal("removed")
 
@@ -305,8 +324,7 @@ def _remove_empty_branch_locked(repo: Repo, job: Job, dry_run: bool, *, worktree
     faults.point("before_empty_branch_delete")
     if not records.cas_ref(repo, f"refs/heads/{branch}", tip, None, f"git-subtask: {EMPTY_BRANCH}"):
         return Removal("kept", "it moved")
-    records.update(repo, job.id, lambda j: setattr(j.state, "branch_deleted", True))
-    return Removal("removed")
+    return Removal("removed")  # recorded by the caller, with the worktree's removal
 
 
 def branch_line(job: Job, removal: Removal, dry_run: bool) -> str | None:
