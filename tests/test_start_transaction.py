@@ -1,7 +1,9 @@
 """One start transaction for every way a job begins (`model/transaction.py`): a failure after
 any of its steps, in start, a best-of group, a map, a reply and a job that waits, undoes exactly
 what was done. Afterwards the repository holds the refs it held before, no worktree, no slot,
-no queue entry, and the state folder the files it held before."""
+no queue entry, and the state folder the files it held before. So does a failure where a
+waiting job is moved on, and where the verify loop reserves its next attempt. (The Ray
+executor's hand-over runs on the same transaction; no fault is injected there yet.)"""
 
 from __future__ import annotations
 
@@ -50,3 +52,39 @@ def test_a_failure_after_any_step_undoes_exactly_what_was_done(cli, repo, way, s
     assert failed.returncode == 128, failed
     assert f"injected fault at {step}" in failed.stderr and "Traceback" not in failed.stderr
     assert what_is_there(repo) == before
+
+
+def test_a_failure_moving_a_waiting_job_on_undoes_its_branch_and_ends_it_failed(cli, repo, control_dir):
+    """The worker of the job it waited for moves it on (`plans/waiting._start`): a failure there
+    leaves no branch, pin, worktree, slot or waiting entry of it, and its record says why."""
+    gate = control_dir / "gate"
+    first = cli.start(f"while [ ! -e '{gate}' ]; do sleep 0.02; done",
+                      env={"SUBTASK_FAULT_RAISE": "before_leaving_waiting"})  # its worker moves the next on
+    waiting = cli.start("echo hi > hi.txt", "--after", first)
+    gate.touch()
+    cli.ok("wait", first)
+    ended = cli("wait", waiting, "--timeout", "60", "--json")
+    assert ended.returncode == 1, ended.stderr
+    attempt = json.loads(ended.stdout)["jobs"][0]["state_detail"]["attempts"][-1]
+    assert attempt["state"] == "failed" and "injected fault at before_leaving_waiting" in attempt["reason"], attempt
+    refs = git(repo, "for-each-ref", "--format=%(refname)")
+    assert f"refs/heads/subtask/{waiting}" not in refs and f"refs/subtask/{waiting}/base" not in refs, refs
+    there = what_is_there(repo)
+    assert there["worktrees"] == 2 and there["running"] == [] and there["queue"] == []  # main and the first's
+    slots = json.loads((repo / ".git" / "subtask" / "slots.json").read_text())
+    assert slots.get("waiting", []) == []
+
+
+def test_a_failure_after_a_retry_is_reserved_gives_its_slot_back_and_ends_the_job(cli, repo):
+    """The verify loop reserves the next attempt (`worker/retries`): a failure before its record
+    is written gives the slot entry back, keeps no words of the attempt that never ran, and the
+    job ends with its first attempt's verdict."""
+    job = cli.start("echo hi > hi.txt", "--verify", "false", "--retries", "1",
+                    env={"SUBTASK_FAULT_RAISE": "after_retry_reserved"})
+    assert cli("wait", job).returncode == 1
+    attempts = cli.json("show", job)["state_detail"]["attempts"]
+    assert [(a["n"], a["state"], (a["verify"] or {}).get("passed")) for a in attempts] == [(1, "done", False)], attempts
+    assert "could not reserve the next attempt: injected fault at after_retry_reserved" in attempts[0]["not_retried"]
+    there = what_is_there(repo)
+    assert there["running"] == [] and there["queue"] == []
+    assert not [f for f in there["files"] if f.startswith(f"run/{job}.2.")], there["files"]  # its words, its verify

@@ -107,7 +107,9 @@ class Plan:
         return False
 
     def undo(self) -> None:
+        """Give back the next attempt's slot entry, money and words: it will not run."""
         self.reserved.undo()
+        self.next = None
 
 
 def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
@@ -122,13 +124,26 @@ def after_attempt(repo: Repo, job: Job, facts: Facts, admin, worktree) -> Plan:
     if verify is not None:  # verify failed: retry, unless there is a reason not to
         reason = _why_not(repo, job, facts, len(loop) - 1)
         if reason is None:
-            reason = _reserve_next(repo, job, facts, verify, plan)
+            reason = _reserve_next_or_why_not(repo, job, facts, verify, plan)
         if reason is None:
             return plan
         plan.not_retried = reason
     if len(loop) > 1:
         _leave_at_best(repo, job, facts, plan, loop, admin, worktree)
     return plan
+
+
+def _reserve_next_or_why_not(repo: Repo, job: Job, facts: Facts, verify: VerifyResult, plan: Plan) -> str | None:
+    """`_reserve_next`, whose failure half-way gives back what it reserved: the job then ends with
+    this attempt's verdict and says why it was not retried (an interrupt goes on up, undone)."""
+    try:
+        return _reserve_next(repo, job, facts, verify, plan)
+    except Exception as exc:
+        plan.undo()
+        return f"could not reserve the next attempt: {getattr(exc, 'message', exc)}"
+    except BaseException:
+        plan.undo()
+        raise
 
 
 def _why_not(repo: Repo, job: Job, facts: Facts, used: int) -> str | None:

@@ -316,8 +316,10 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
             branch = job.spec.branch
             made = branch is not None and _ensure_branch(repo, branch, base)
             tx.done("after_branch", (lambda: _delete_branch(repo, branch, base)) if branch and made else None)
+            pinned = repo.objects.ref(records.pin_ref(job.id, "base")) is None
             records.set_pin(repo, job.id, "base", base)
-            tx.done("before_leaving_waiting")
+            tx.done("before_leaving_waiting",
+                    (lambda: records.cas_ref(repo, records.pin_ref(job.id, "base"), base, None)) if pinned else None)
 
             def leave_waiting(j: Job) -> bool:
                 attempt = j.state.current
