@@ -67,9 +67,11 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     if how.judge is not None and (how.pick is not None or not how.judge.strip()):
         raise SubtaskError("usage", "--judge needs a command, and takes the place of --pick (give one of them)")
     if how.first_pass and (how.pick is not None or how.judge is not None):
-        raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: it takes no --pick or --judge")
+        raise SubtaskError("usage", "--first-pass picks the first attempt to pass verify: "
+                           "it takes no --pick or --judge")
     if request.readonly:
-        raise SubtaskError("usage", "--best-of makes no sense with --readonly: read-only jobs change nothing to pick from")
+        raise SubtaskError("usage", "--best-of makes no sense with --readonly: "
+                           "read-only jobs change nothing to pick from")
     if request.after:
         raise SubtaskError("usage", "--best-of starts its attempts now: a group cannot wait (--after) yet",
                            hint="start one job --after, and the group once it ended: git subtask wait ID && ...")
@@ -96,7 +98,8 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     first = prepared[0].job.spec
     group = groups.Group(id=gid, task=first.task, base=base, verify=first.verify or "", created_at=first.created_at,
                          members=[p.job.id for p in prepared], engines=[p.job.spec.engine for p in prepared],
-                         models=[p.job.spec.model for p in prepared], rule="judge" if how.judge else how.pick or "smallest",
+                         models=[p.job.spec.model for p in prepared],
+                         rule="judge" if how.judge else how.pick or "smallest",
                          judge=redact(how.judge) if how.judge else None, first_pass=bool(how.first_pass))
     return GroupStart(group, _launch_group(repo, gid, group, prepared, what=f"the {n} attempts of this group",
                                            judge=how.judge))
@@ -154,14 +157,16 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
     prepared = []
     for k, names in enumerate(batches):
         task = template.replace("{files}", " ".join(shlex.quote(n) for n in names))
-        member = _prepare(repo, StartRequest(**{**request.__dict__, "task": task, "base": base}), group=gid, member=k + 1)
+        member = _prepare(repo, StartRequest(**{**request.__dict__, "task": task, "base": base}),
+                          group=gid, member=k + 1)
         member.job.spec.concurrency = concurrency
         prepared.append(member)
     if any(p.paid for p in prepared):
         _sync_ledger(repo)
     first = prepared[0].job.spec
-    group = groups.Group(id=gid, task=redact(template), base=base, verify=first.verify or "", created_at=first.created_at,
-                         members=[p.job.id for p in prepared], engines=[first.engine], models=[first.model],
+    group = groups.Group(id=gid, task=redact(template), base=base, verify=first.verify or "",
+                         created_at=first.created_at, members=[p.job.id for p in prepared],
+                         engines=[first.engine], models=[first.model],
                          rule="map", kind="map", concurrency=concurrency, pattern=pattern, batch=batch)
     results = _launch_group(repo, gid, group, prepared, what=f"the {len(prepared)} jobs of this map")
     return MapStart(group, results, left_out=left_out(repo, request, base), batches=batches)

@@ -157,9 +157,11 @@ def check_damaged_records(repo) -> Check:
     if not damaged:
         return Check("damaged records", "ok", f"{len(ids)} job records readable")
     shown = "; ".join(f"{exc.job_id}: {exc.why}" for exc in damaged[:5]) + (" …" if len(damaged) > 5 else "")
-    steps = [f"git log {records.record_ref(exc.job_id)}   # {exc.job_id}: find a good record commit" for exc in damaged[:5]]
+    steps = [f"git log {records.record_ref(exc.job_id)}   # {exc.job_id}: find a good record commit"
+             for exc in damaged[:5]]
     steps.append("git update-ref refs/subtask/<id>/record <good commit>   # or drop the job: git update-ref -d ...")
-    return Check("damaged records", "fail", f"{len(damaged)} damaged job records (commands on them exit 128): {shown}", steps)
+    return Check("damaged records", "fail", f"{len(damaged)} damaged job records (commands on them exit 128): {shown}",
+                 steps)
 
 
 def check_slots(repo) -> Check:
@@ -260,7 +262,8 @@ def check_worktrees(repo) -> Check:
         if root.exists() else []
     problems, steps = [], []
     if orphans:
-        problems.append(f"{len(orphans)} folders in {root} belong to no job or no registered worktree: {', '.join(orphans[:5])}")
+        problems.append(f"{len(orphans)} folders in {root} belong to no job or no registered worktree: "
+                        f"{', '.join(orphans[:5])}")
         steps.append(f"look at them, then remove what you do not need (rm -r '{root}/<name>')")
     if prunable:
         problems.append(f"{prunable} worktree entries point at missing folders")
@@ -317,7 +320,8 @@ def check_isolation(repo) -> Check:
                          "every start that asks for it is refused", steps + ["git config subtask.isolation none"])
         # A note, not a warning: the default falls back by design, and a kernel is not a setting
         # `doctor --strict` should fail on.
-        return Check("isolation", "ok", f"note: engines run unconfined (isolation none): {state.reason}. {per_engine}", steps)
+        return Check("isolation", "ok", f"note: engines run unconfined (isolation none): {state.reason}. {per_engine}",
+                     steps)
     where = f"subtask.isolation={asked}" if asked else "engine defaults"
     ns = namespaces.support()
     try:
@@ -334,7 +338,8 @@ def check_isolation(repo) -> Check:
         return Check("isolation", "warn", f"{state.describe()} only: no namespaces here ({ns.reason}), so confined "
                      f"jobs can change the metadata of files outside and leave children behind. {per_engine}", steps)
     if refused:
-        return Check("isolation", "warn", f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
+        return Check("isolation", "warn",
+                     f"subtask.isolation={asked} refuses every {', '.join(refused)} job. {per_engine}",
                      [f"git subtask start --isolation none --engine {refused[0]} ...  (per job)",
                       "git config --unset subtask.isolation  (engine defaults)"])
     return Check("isolation", "ok", f"{state.describe()}, user/mount/pid/network namespaces ({where}). {per_engine}")
@@ -355,7 +360,8 @@ def check_provenance(repo) -> Check:
                      ["git config user.signingKey ~/.ssh/id_ed25519.pub; git config gpg.format ssh",
                       "git config subtask.sign auto"])
     parts.append(f"records signed ({fmt} key {key}, subtask.sign {mode})" if key else
-                 "records not signed (no user.signingKey)" if mode != "never" else "records not signed (subtask.sign never)")
+                 "records not signed (no user.signingKey)" if mode != "never" else
+                 "records not signed (subtask.sign never)")
     problems, steps = [], []
     if fmt == "ssh" and not allowed:
         problems.append("gpg.ssh.allowedSignersFile is not set: no signature can be checked here, so merge "

@@ -385,7 +385,8 @@ def evidence_envelope(job: Job) -> dict:
         "checks": attempt.checks,
         "loop": [{"n": a.n, "retry": a.retry, "state": a.state, "head": a.head,
                   "verify": None if a.verify is None else ("passed" if a.verify.passed else "failed"),
-                  "tests": a.verify.tests if a.verify else None, "checks_failed": a.verify.checks_failed if a.verify else None,
+                  "tests": a.verify.tests if a.verify else None,
+                  "checks_failed": a.verify.checks_failed if a.verify else None,
                   "not_retried": a.not_retried} for a in job.state.attempts] if len(job.state.attempts) > 1 else None,
         "best": job.state.best,
         # what the engine's summary claimed and the evidence contradicts (never decided on)

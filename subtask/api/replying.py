@@ -54,7 +54,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
                            f"{job.spec.base} '...'")
     if job.spec.after and repo.objects.ref(records.pin_ref(job_id, "base")) is None:
         raise SubtaskError("negative", f"{job_id} never started ({previous.state} while it waited): there is no "
-                           "work to reply to", hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
+                           "work to reply to",
+                           hint=f"start it again: git subtask start --after ... (git subtask show {job_id})")
     executor = executors.of(job)
     executor.require("reply")
     repo.config.require_valid(job.spec.engine)
@@ -62,7 +63,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     if executor.runs_here:  # elsewhere, the node that runs it needs the engine, not this machine
         _check_engine_can_run(engine)
     usd = _max_usd(repo, engine, max_usd if max_usd is not None else job.spec.max_usd)
-    timeout = _positive(timeout, "--timeout") if timeout is not None else (job.spec.timeout or _default_timeout(repo, engine))
+    timeout = (_positive(timeout, "--timeout") if timeout is not None else
+               job.spec.timeout or _default_timeout(repo, engine))
     _check_depth(repo)
     if executor.runs_here:
         worktrees.check_runnable(repo, job_id, Path(job.spec.worktree))  # a record's path is data, never authority
@@ -77,7 +79,8 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
     try:
         fresh = records.read(repo, job_id)
         if fresh.state.current.n != previous.n:
-            raise SubtaskError("not_finished", f"another reply already started attempt {fresh.state.current.n} of {job_id}",
+            raise SubtaskError("not_finished",
+                               f"another reply already started attempt {fresh.state.current.n} of {job_id}",
                                hint=f"git subtask wait {job_id}")
     except BaseException:
         liveness.release(lock_fd)

@@ -155,7 +155,8 @@ def _check_depth(repo: Repo) -> Delegation:
     if found.depth >= limit:
         inside = f" (inside job {found.parent.id})" if found.parent is not None else ""
         raise SubtaskError("recursion", f"delegation depth {found.depth} reached subtask.maxDepth={limit}{inside}: "
-                           "a job may not start jobs this deep", hint="git config subtask.maxDepth N (raise it deliberately)")
+                           "a job may not start jobs this deep",
+                           hint="git config subtask.maxDepth N (raise it deliberately)")
     return found
 
 
@@ -180,7 +181,8 @@ def default_engine(repo: Repo) -> str:
         return "claude"
     usable = [p.name for p in engines(repo) if p.usable]
     raise SubtaskError("usage", "no engine given and claude is not usable here; usable engines: "
-                       + (", ".join(usable) or "none"), hint="git subtask start --engine shell '...'  or  git config subtask.engine shell")
+                       + (", ".join(usable) or "none"),
+                       hint="git subtask start --engine shell '...'  or  git config subtask.engine shell")
 
 
 def _check_engine_can_run(engine) -> None:
@@ -332,7 +334,8 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
                    checks=job_checks, harness=harness,
                    after=after, on_fail=on_fail)
     attempt = Attempt(n=1, state="queued", message=stored_task, queued_at=created, cost=_reserved_cost(max_usd, engine),
-                      rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout, max_usd=max_usd if engine.paid else None)
+                      rid=paths.reservation_id(job_id, 1) if engine.paid else None, timeout=timeout,
+                      max_usd=max_usd if engine.paid else None)
     if after:  # nothing reserved while it waits: its reservation is taken when it starts
         attempt.state, attempt.rid, attempt.cost = WAITING, None, Cost(billing="not_started")
     if routed is not None:  # the record says which engine --engine auto chose, and why
@@ -362,7 +365,8 @@ def routing_explain(repo: Repo, request: StartRequest):
     return _routing(repo, request)
 
 
-def _after(repo: Repo, request: StartRequest, on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
+def _after(repo: Repo, request: StartRequest,
+           on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
     from subtask.model.job import ON_FAIL
     from subtask.ops.plans import waiting
@@ -427,7 +431,8 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
         raise SubtaskError("usage", "--retries needs --verify: a retry starts when verify fails",
                            hint="git subtask start --verify 'pytest -q' --retries 2 '...'")
     if retries and request.readonly:
-        raise SubtaskError("usage", "--retries makes no sense with --readonly: a read-only job changes nothing to retry")
+        raise SubtaskError("usage", "--retries makes no sense with --readonly: "
+                           "a read-only job changes nothing to retry")
     if retries:
         on.require("retries")
     given = [request.check] if isinstance(request.check, str) else request.check

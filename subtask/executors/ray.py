@@ -85,7 +85,8 @@ def _ray_client_class():
         from ray.job_submission import JobSubmissionClient
     except ImportError as exc:
         raise SubtaskError("fatal", f"the ray executor needs Ray, which is not installed here ({exc})",
-                           hint="pip install 'git-subtask[ray]'   (or run here: git config subtask.executor local)") from None
+                           hint="pip install 'git-subtask[ray]'   "
+                                "(or run here: git config subtask.executor local)") from None
     return JobSubmissionClient
 
 
@@ -130,7 +131,8 @@ def _unreachable(address: str, exc: BaseException) -> SubtaskError:
 def configured_address(repo: Repo) -> str:
     address = (repo.config.get("ray.address") or os.environ.get("RAY_ADDRESS") or "").strip()
     if not address:
-        raise SubtaskError("usage", "no Ray cluster to run on: neither git config subtask.ray.address nor RAY_ADDRESS is set",
+        raise SubtaskError("usage", "no Ray cluster to run on: "
+                           "neither git config subtask.ray.address nor RAY_ADDRESS is set",
                            hint="git config subtask.ray.address http://<head>:8265")
     return address
 
@@ -141,7 +143,8 @@ def target(repo: Repo, job_id: str, base: str) -> Target:
     """Check everything a Ray start needs, changing nothing: Ray, the address, the remote."""
     address = configured_address(repo)
     remote = (repo.config.get("remote") or "origin").strip()
-    proc = git(repo.root, "remote", "get-url", "--", remote, check=False) if re.fullmatch(r"[A-Za-z0-9._/-]+", remote) else None
+    proc = git(repo.root, "remote", "get-url", "--", remote, check=False) \
+        if re.fullmatch(r"[A-Za-z0-9._/-]+", remote) else None
     if proc is None or proc.returncode != 0:
         raise SubtaskError("usage", f"no remote named {remote!r} for the cluster's nodes to fetch from and push to",
                            hint=f"git remote add {remote} <url>   or   git config subtask.remote <name>")
@@ -163,10 +166,11 @@ def _check_pushable(repo: Repo, remote: str, url: str, job_id: str, base: str) -
     """A dry-run push of the job's branch: a remote that refuses pushes is refused here, not on a node."""
     proc = git(repo.root, "push", "--dry-run", "--porcelain", url, f"{base}:refs/heads/{records.branch_name(job_id)}",
                check=False, timeout=120)
-    if proc.returncode != 0 or "\t" not in proc.stdout or any(line.startswith("!") for line in proc.stdout.splitlines()):
+    if proc.returncode != 0 or "\t" not in proc.stdout \
+            or any(line.startswith("!") for line in proc.stdout.splitlines()):
         why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise SubtaskError("fatal", f"the cluster's nodes could not push to {remote} ({url}): a dry-run push was refused: "
-                           f"{why[-1] if why else 'no answer'}",
+        raise SubtaskError("fatal", f"the cluster's nodes could not push to {remote} ({url}): "
+                           f"a dry-run push was refused: {why[-1] if why else 'no answer'}",
                            hint=f"git push --dry-run {remote} HEAD:refs/heads/subtask/probe   "
                                 "(or pick another: git config subtask.remote <name>)")
 
@@ -353,7 +357,8 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
         new = records.write_commit(repo, job, old)
         ref = records.record_ref(job_id)
         proc = git(repo.root, "push", "--porcelain", url, f"{new}:{ref}", check=False, timeout=120)
-        if proc.returncode != 0 or not any(line[:1] in ("*", " ") and f":{ref}\t" in line for line in proc.stdout.splitlines()):
+        if proc.returncode != 0 \
+                or not any(line[:1] in ("*", " ") and f":{ref}\t" in line for line in proc.stdout.splitlines()):
             return False
         if not records.cas_ref(repo, ref, old, new):
             return False  # cannot happen while we hold the run-lock; the remote's copy arrives by fetch
@@ -511,7 +516,8 @@ def _end_here(repo: Repo, job: Job, state: RayState) -> None:
         return
     tail = log_tail(job) if state.status != "MISSING" else ""
     what = {"MISSING": "Ray lost it (the cluster restarted, or its start was interrupted before it was submitted)",
-            "SUCCEEDED": "its node ended without pushing a final record"}.get(state.status or "", f"Ray: {state.message or state.status}")
+            "SUCCEEDED": "its node ended without pushing a final record"}.get(
+        state.status or "", f"Ray: {state.message or state.status}")
     reason = f"the Ray job {ray_job_id(attempt)} failed: {what}" + (f"; last log lines: {tail}" if tail else "")
     lifecycle.end_attempt(repo, job.id, attempt.n, "failed", reason=reason[:2000], error_kind="engine",
                           hint=f"ray job logs {ray_job_id(attempt)} --address {_where(job)['address']}",
@@ -735,13 +741,14 @@ def _session_node(repo: Repo, job: Job) -> dict[str, float]:
     except Exception as exc:
         raise SubtaskError("fatal", f"{job.id}'s session is on the node that ran {ray_job_id(earlier)}, and Ray "
                            f"cannot say which one it was: {_first_line(exc)}",
-                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch} --on ray '...'"
-                           ) from None
+                           hint=f"start a new job from its branch: "
+                                f"git subtask start --base {job.spec.branch} --on ray '...'") from None
     node = _alive_nodes(address).get(node_id or "")
     if node is None:
         raise SubtaskError("fatal", f"{job.id}'s session is on the node that ran {ray_job_id(earlier)} "
                            f"({node_id or 'unknown'}), which is not in the cluster any more: a reply resumes it there",
-                           hint=f"start a new job from its branch: git subtask start --base {job.spec.branch} --on ray '...'")
+                           hint=f"start a new job from its branch: "
+                                f"git subtask start --base {job.spec.branch} --on ray '...'")
     return {f"node:{node}": 0.001}
 
 

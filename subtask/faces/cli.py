@@ -266,7 +266,8 @@ def stop(job_id, as_json):
 @click.option("--squash", is_flag=True, help="one new commit on the current branch")
 @click.option("--no-ff", "no_ff", is_flag=True, help="always a merge commit")
 @click.option("--ff-only", "ff_only", is_flag=True, help="only a fast-forward")
-@click.option("--force", is_flag=True, help="merge even if the job failed, verify failed, or its branch moved after verify")
+@click.option("--force", is_flag=True,
+              help="merge even if the job failed, verify failed, or its branch moved after verify")
 @click.option("--reverify", is_flag=True, help="run the job's verify again here on the exact commit before merging "
               "(the default for another clone's job whose record no allowed signer signed)")
 @click.option("--json", "as_json", is_flag=True)
@@ -401,7 +402,8 @@ def compare(group_id, patch, as_json, max_bytes):
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--dry-run", "-n", is_flag=True, help="say what would be removed")
-@click.option("--older-than", default="30d", show_default=True, help="age of finished jobs whose clean worktrees go (30d, 12h, 2w)")
+@click.option("--older-than", default="30d", show_default=True,
+              help="age of finished jobs whose clean worktrees go (30d, 12h, 2w)")
 @click.option("--json", "as_json", is_flag=True)
 def gc(dry_run, older_than, as_json):
     """Clean up landed jobs, remove clean worktrees of old finished jobs, prune, git gc --auto.
@@ -533,7 +535,8 @@ def hooks_status(as_json):
 @click.argument("remote", default="origin")
 @click.option("--branches", is_flag=True, help="push the job branches too")
 def push(remote, branches):
-    """Push job records and review notes to REMOTE, never forced; exit 1 if a record diverged there (an older or newer copy is no divergence)."""
+    """Push job records and review notes to REMOTE, never forced; exit 1 if a record diverged there
+    (an older or newer copy is no divergence)."""
     result = api.push(_repo(), remote, branches=branches)
     for line in result.lines or ["everything up to date"]:
         echo(line)
@@ -596,7 +599,8 @@ def _install(client: str, scope: str, dry_run: bool, as_json: bool, uninstall: b
 @cli.command(context_settings=CONTEXT)
 @click.argument("client", type=click.Choice(["claude", "codex", "all"]))
 @click.option("--scope", type=click.Choice(["user", "project"]), default="user", show_default=True,
-              help="user: every project of yours; project: this repository (.mcp.json, .codex/config.toml), for the team")
+              help="user: every project of yours; project: this repository (.mcp.json, .codex/config.toml), "
+                   "for the team")
 @click.option("--dry-run", "-n", is_flag=True, help="show the plan; change nothing")
 @click.option("--json", "as_json", is_flag=True)
 def install(client, scope, dry_run, as_json):

@@ -2,8 +2,8 @@
 
 Each script asks the program itself (`git-subtask __complete WORD…`) for candidates, so new
 commands and options complete without regenerating anything. Candidates: subcommands, the options
-of the current command, an option's values after it, and job and group ids where a command takes an ID. For bash, `_git_subtask` is the
-function git's own completion calls for `git subtask`.
+of the current command, an option's values after it, and job and group ids where a command takes
+an ID. For bash, `_git_subtask` is the function git's own completion calls for `git subtask`.
 """
 
 from __future__ import annotations

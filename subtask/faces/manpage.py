@@ -96,7 +96,8 @@ def _roff(text: str) -> str:
 
 def roff(group: click.Group) -> str:
     lines = [f'.TH GIT\\-SUBTASK 1 "" "git-subtask {__version__}" "Git Manual"',
-             ".SH NAME", _roff(NAME), ".SH SYNOPSIS", ".B git subtask", "\\fICOMMAND\\fR [\\fIARGS\\fR] [\\fIOPTIONS\\fR]",
+             ".SH NAME", _roff(NAME), ".SH SYNOPSIS",
+             ".B git subtask", "\\fICOMMAND\\fR [\\fIARGS\\fR] [\\fIOPTIONS\\fR]",
              ".br", ".B git subtask \\-h | \\-\\-version", ".SH DESCRIPTION", _roff(DESCRIPTION),
              ".PP", _roff("Ids accept a unique prefix (st-1a2b), as git does for commits."), ".SH COMMANDS"]
     for name, cmd in commands(group):

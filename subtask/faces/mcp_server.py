@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 # SUBTASK_MCP_CACHE: another file of the same shape (the tests make one for whatever SDK release
 # is installed, so the early path is tested with every release the dependency range allows).
-CACHE = os.environ.get("SUBTASK_MCP_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
+CACHE = os.environ.get("SUBTASK_MCP_CACHE") \
+    or os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_cache.json")
 # Capabilities whose value the SDK validates as an object: anything else could make it refuse an
 # initialize the front end had accepted, so such a request is left to the SDK.
 OBJECT_CAPABILITIES = ("experimental", "sampling", "elicitation", "roots", "extensions", "tasks")

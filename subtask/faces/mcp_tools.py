@@ -485,7 +485,7 @@ async def stop(id: str, repo: REPO = None) -> replies.Reply:
 
 @tool("cleanup", destructive=True, title="Remove a job's worktree")
 async def cleanup(id: str, repo: REPO = None) -> replies.Reply:
-    """Remove a finished job's worktree when it is clean, and its branch when it has no commits beyond its base; a branch with commits, the record and the note are kept."""
+    """Remove a finished job's worktree when it is clean, and its branch when it has no commits beyond its base; a branch with commits, the record and the note are kept."""  # noqa: E501
     return await _call(lambda: replies.report([api.cleanup(open_repo(repo), id)], dry_run=False))
 
 

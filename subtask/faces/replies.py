@@ -62,7 +62,8 @@ def started(result) -> Reply:
                      f"{group.concurrency or 'any'} at once" + (f" · verify {group.verify}" if group.verify else ""))
             note = f"(wait {group.id} for them all)"
         else:
-            first = f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · verify {group.verify}"
+            first = (f"{group.id} started: {len(result.members)} attempts · rule {group.rule_text} · "
+                     f"verify {group.verify}")
             note = f"(wait {group.id} for the pick)"
         lines = [first, *("  " + render.started_line(r.job, r.position) for r in result.members)]
         warnings = list(dict.fromkeys(w for r in result.members for w in r.warnings))
@@ -218,7 +219,8 @@ def result(repo, job, *, full: bool = False) -> Reply:
 
 def group_result(repo, group) -> Reply:
     page = api.group_page(repo, group)
-    return Reply(group_pages.result_text(group, page.rows, page.pick), group.to_dict(), exit_code=0 if page.passed else 1)
+    return Reply(group_pages.result_text(group, page.rows, page.pick), group.to_dict(),
+                 exit_code=0 if page.passed else 1)
 
 
 def _group_result_text(repo, group) -> str:
@@ -289,7 +291,8 @@ def land_text(data: dict) -> str:
         lines += [safe_line(f"  {line}") for line in job.get("events") or []]
         verify = VerifyResult.from_dict(job["verify"]) if job.get("verify") else None
         if verify is not None:
-            lines.append(f"  verify{'' if job.get('confined', True) else ' (unconfined)'}: {render.verify_line(verify)}")
+            lines.append(f"  verify{'' if job.get('confined', True) else ' (unconfined)'}: "
+                         f"{render.verify_line(verify)}")
             judged = render.judge_line(verify)
             if judged:
                 lines.append(f"  judge:  {judged}")
@@ -323,7 +326,8 @@ def land_plan_text(data: dict) -> str:
                                + ", ".join(files[:8]) + (" …" if len(files) > 8 else "")))
         would = job.get("would")
         if would == "land":
-            then = f"verify {job['verify']} on the integrated commit" if job.get("verify") else "nothing to verify (--force)"
+            then = (f"verify {job['verify']} on the integrated commit" if job.get("verify") else
+                    "nothing to verify (--force)")
             lines.append(safe_line(f"   would integrate ({job.get('how')}), then {then}, then move {target}"))
         elif would == "conflict":
             lines.append(safe_line(f"   would conflict in {', '.join(job.get('conflicts') or [])}"
@@ -344,7 +348,8 @@ def land_plan_text(data: dict) -> str:
 def _pair_words(pair: dict) -> str:
     files, same = pair.get("files") or [], set(pair.get("same_lines") or [])
     said = ", ".join(f + (" (same lines)" if f in same else "") for f in files[:5])
-    return f"{pair.get('a')} and {pair.get('b')} both change {said}" + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    return f"{pair.get('a')} and {pair.get('b')} both change {said}" \
+        + (f" and {len(files) - 5} more" if len(files) > 5 else "")
 
 
 def merged_group(group, lines: list[str]) -> Reply:
@@ -415,7 +420,8 @@ def engines(probes: list, *, compact: bool) -> Reply:
 
 # ---------------------------------------------------------------- disk
 
-DU_HEADER = f"{'ID':<12} {'STATE':<8} {'WORKTREE':>10} {'TRACKED':>10} {'UNTRACKED':>10} {'IGNORED':>10} {'OBJECTS':>10}"
+DU_HEADER = (f"{'ID':<12} {'STATE':<8} {'WORKTREE':>10} {'TRACKED':>10} "
+             f"{'UNTRACKED':>10} {'IGNORED':>10} {'OBJECTS':>10}")
 
 
 def disk(found) -> Reply:

@@ -173,7 +173,8 @@ class Change:
                 continue
             delta = patch.delta
             status = delta.status_char()
-            entry = _File(None if status == "A" else delta.old_file.path, None if status == "D" else delta.new_file.path)
+            entry = _File(None if status == "A" else delta.old_file.path,
+                          None if status == "D" else delta.new_file.path)
             if not delta.is_binary:
                 for hunk in patch.hunks:
                     for line in hunk.lines:
@@ -246,7 +247,8 @@ def is_test_file(path: str | None) -> bool:
     return path is not None and _TEST_NAME.search(path) is not None
 
 
-_JS_TEST = LazyPattern(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*(['\"`])((?:(?!\1).){1,200})\1")
+_JS_TEST = LazyPattern(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*"
+                       r"(['\"`])((?:(?!\1).){1,200})\1")
 _GO_TEST = LazyPattern(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
 _RUST_TEST = LazyPattern(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
                         r"(?:async\s+)?fn\s+(\w+)")
@@ -314,7 +316,8 @@ def _no_test_deletion(change: Change) -> Result:
         before = test_names(f.old_path, f.old) or set()
         gone = sorted(name for name in before if (_suffix(f.old_path), name) not in after)
         if gone:
-            result.found.append(f"{f.new_path}: {', '.join(gone[:5])} removed" + (f" (+{len(gone) - 5})" if len(gone) > 5 else ""))
+            result.found.append(f"{f.new_path}: {', '.join(gone[:5])} removed"
+                                + (f" (+{len(gone) - 5})" if len(gone) > 5 else ""))
     result.passed = not result.found
     return result
 
@@ -337,7 +340,8 @@ _MARKERS: list[tuple[str, LazyPattern, tuple[str, ...]]] = [
     ("@pytest.mark.skip", LazyPattern(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
     ("@pytest.mark.xfail", LazyPattern(r"\bpytest\.mark\.xfail\b"), _PY),
     ("pytest.skip()", LazyPattern(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
-    ("@unittest.skip", LazyPattern(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
+    ("@unittest.skip",
+     LazyPattern(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
     ("# noqa", LazyPattern(r"#\s*noqa\b", re.IGNORECASE), _PY),
     ("# type: ignore", LazyPattern(r"#\s*type:\s*ignore\b"), _PY),
     ("# pyright: ignore", LazyPattern(r"#\s*pyright:\s*ignore\b"), _PY),

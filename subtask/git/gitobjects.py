@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 _OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 # A ref every worktree shares, by a name git would store as a file of that path: no `.` part, no
 # `..`, no lock file (git-check-ref-format).
-_SHARED_REF = re.compile(r"(?!.*\.\.)(?!.*\.lock$)refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)(?:/(?!\.)[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*)+")
+_SHARED_REF = re.compile(r"(?!.*\.\.)(?!.*\.lock$)refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)"
+                         r"(?:/(?!\.)[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*)+")
 
 # The identity of every commit the tool writes for itself (records, notes, groups).
 TOOL_NAME, TOOL_EMAIL = "git-subtask", "git-subtask@localhost"
@@ -198,9 +199,12 @@ class GitObjects:
                 paths.append(os.path.join(tmp, str(i)))
                 with open(paths[-1], "wb") as fh:
                     fh.write(data)
-            blobs = self._run("hash-object", "-w", "--no-filters", "--stdin-paths", input="".join(f"{p}\n" for p in paths)).split()
-        tree = self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n" for (name, _), oid in zip(files, blobs, strict=True)))
-        return commit_tree(self._git_dir, tree.strip(), parents, message, when=when, sign=self._sign, must_sign=must_sign)
+            blobs = self._run("hash-object", "-w", "--no-filters", "--stdin-paths",
+                              input="".join(f"{p}\n" for p in paths)).split()
+        tree = self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n"
+                                                 for (name, _), oid in zip(files, blobs, strict=True)))
+        return commit_tree(self._git_dir, tree.strip(), parents, message, when=when, sign=self._sign,
+                           must_sign=must_sign)
 
     def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
         lines = []
@@ -324,7 +328,8 @@ class Pygit2Objects:
         if self._sign or must_sign:
             return commit_tree(git.path, str(builder.write()), parents, message, when=when, sign=self._sign,
                                must_sign=must_sign)
-        sig = pygit2.Signature(TOOL_NAME, TOOL_EMAIL) if when is None else pygit2.Signature(TOOL_NAME, TOOL_EMAIL, when, 0)
+        sig = (pygit2.Signature(TOOL_NAME, TOOL_EMAIL) if when is None else
+               pygit2.Signature(TOOL_NAME, TOOL_EMAIL, when, 0))
         return str(git.create_commit(None, sig, sig, message, builder.write(), [pygit2.Oid(hex=p) for p in parents]))
 
     def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:

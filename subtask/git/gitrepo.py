@@ -251,7 +251,8 @@ def ensure_excluded(common_dir: Path) -> None:
 
 def check_worktree_location(path: Path) -> None:
     if ".git" in path.parts:
-        raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, where Claude Code refuses to write",
+        raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, "
+                           "where Claude Code refuses to write",
                            hint="git config subtask.worktreeDir <a folder outside .git>")
 
 

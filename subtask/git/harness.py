@@ -263,11 +263,13 @@ class _Disk:
                             self._kinds[rel] = "dir"
                             if entry.name == BYTECODE or entry.name in CACHES:
                                 self.caches.append(rel)
-                            elif entry.name not in PRUNED and not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                            elif entry.name not in PRUNED \
+                                    and not os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
                                 stack.append(rel)
                         else:
                             link = entry.is_symlink()
-                            self._kinds[rel] = "link" if link else "file" if entry.is_file(follow_symlinks=False) else "other"
+                            self._kinds[rel] = ("link" if link else
+                                                "file" if entry.is_file(follow_symlinks=False) else "other")
                             self._files.append(rel)
         return self._files
 

@@ -101,4 +101,5 @@ def _changed_in_process(top: Path) -> list[str]:
         flags = pygit2.Repository(str(top)).status(untracked_files="normal", ignored=False)
     except (pygit2.GitError, ValueError):
         return []
-    return sorted(path for path, flag in flags.items() if flag not in (pygit2.GIT_STATUS_CURRENT, pygit2.GIT_STATUS_IGNORED))
+    return sorted(path for path, flag in flags.items()
+                  if flag not in (pygit2.GIT_STATUS_CURRENT, pygit2.GIT_STATUS_IGNORED))

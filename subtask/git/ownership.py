@@ -74,7 +74,8 @@ def ensure_clone_id(repo: Repo) -> str:
         if not CLONE_ID_RE.fullmatch(current):
             if current:
                 raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
-                                   hint="git config --local --unset subtask.cloneId  (a new one is made at the next start)")
+                                   hint="git config --local --unset subtask.cloneId  "
+                                        "(a new one is made at the next start)")
             import secrets  # once per clone: never on a reading command's path
 
             current = "c-" + secrets.token_hex(8)

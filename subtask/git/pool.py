@@ -306,7 +306,8 @@ def _build(repo: Repo, commit: str) -> Entry:
     admin = repo.common_dir / "worktrees" / name
     if proc.returncode != 0 or worktrees.admin_dir(repo, building) != admin:
         _remove(repo, building, admin if admin.is_dir() else None)
-        raise SubtaskError("fatal", f"could not make a pooled worktree: {proc.stderr.strip() or 'registered elsewhere'}")
+        raise SubtaskError("fatal",
+                           f"could not make a pooled worktree: {proc.stderr.strip() or 'registered elsewhere'}")
     try:
         faults.point("pool_building")
         worktrees.job_git(repo, admin, building, "read-tree", "--reset", "-u", "HEAD")

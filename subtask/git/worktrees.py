@@ -66,7 +66,8 @@ def mark(repo: Repo, job_id: str, path: Path) -> None:
     """Record, in the worktree's own admin folder, that this clone checked it out for `job_id`."""
     admin = admin_dir(repo, path)
     if admin != expected_admin(repo, job_id):
-        raise SubtaskError("fatal", f"git registered the worktree {path} as {admin}, not {expected_admin(repo, job_id)}",
+        raise SubtaskError("fatal",
+                           f"git registered the worktree {path} as {admin}, not {expected_admin(repo, job_id)}",
                            hint="git worktree prune, then try again")
     tmp = admin / f".{MARKER}.tmp"
     tmp.write_text(job_id + "\n")

@@ -1,1 +1,2 @@
-"""Records as data, errors, settings, redaction, the words shown to people, fault points, the one description of a start. Imports nothing of ours from above."""
+"""Records as data, errors, settings, redaction, the words shown to people, fault points, the one
+description of a start. Imports nothing of ours from above."""

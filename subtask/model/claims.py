@@ -118,7 +118,8 @@ def _unittest(output: str) -> Counts | None:
     verdict = _UNITTEST_FAILED.findall(output)
     if verdict:
         failed = sum(int(n) for kind, n in re.findall(r"(failures|errors)=(\d+)", verdict[-1]))
-    skipped = re.findall(r"skipped=(\d+)", verdict[-1]) if verdict else re.findall(r"^OK \(skipped=(\d+)\)", output, re.M)
+    skipped = (re.findall(r"skipped=(\d+)", verdict[-1]) if verdict else
+               re.findall(r"^OK \(skipped=(\d+)\)", output, re.M))
     return Counts(max(0, total - failed - (int(skipped[-1]) if skipped else 0)), failed)
 
 
@@ -166,10 +167,11 @@ class Watch:
 
 # ---------------------------------------------------------------- claims
 
-_NOT = LazyPattern(r"\b(?:not|no|never|don't|doesn't|didn't|cannot|can't|couldn't|won't|isn't|aren't|fail\w*|still)\b[^.;:\n]{0,20}$",
-                  re.IGNORECASE)
+_NOT = LazyPattern(r"\b(?:not|no|never|don't|doesn't|didn't|cannot|can't|couldn't|won't|isn't|aren't|fail\w*|still)\b"
+                   r"[^.;:\n]{0,20}$", re.IGNORECASE)
 _PASS_CLAIMS = LazyPattern(
-    r"\b(?:all (?:the )?(?:\d+ )?(?:unit |existing |remaining )?tests?(?: now)? (?:pass(?:es|ed)?|are passing|succeed(?:ed)?|are green)"
+    r"\b(?:all (?:the )?(?:\d+ )?(?:unit |existing |remaining )?tests?(?: now)? "
+    r"(?:pass(?:es|ed)?|are passing|succeed(?:ed)?|are green)"
     r"|(?:the )?(?:unit |existing )?tests? (?:now )?(?:all )?(?:pass(?:es|ed)?|are passing|are green|succeed(?:ed)?)"
     r"|test suite (?:now )?(?:passes|passed|is green)"
     r"|(\d+)/\1 tests? pass(?:ed|ing)?"

@@ -9,19 +9,20 @@ exactly that step without depending on timing. `SUBTASK_FAULT_RAISE=<point>` rai
 
 Points: cli_start (the console script, its Ctrl-C handler set, the CLI not yet imported),
 cli_dispatch (the CLI loaded, the command not yet parsed), cli_end (the command over, before the
-process exits);
-after_admit, after_reserve, after_branch, after_record, before_spawn, recording_worker_pid (start);
-worker_start, before_files_checkout (the worktree registered, its files not yet written), after_checkout, after_engine, after_verify, before_final_record,
+process exits); after_admit, after_reserve, after_branch, after_record, before_spawn,
+recording_worker_pid (start); worker_start, before_files_checkout (the worktree registered, its
+files not yet written), after_checkout, after_engine, after_verify, before_final_record,
 after_final_record (worker); after_retry_reserved (a verify loop's retry: its slot entry renamed,
-its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck (cleanup, cleanup
---merged, the sweep, gc: before each job's re-check under its run-lock, and after it with the lock held);
-before_group_decide (whoever settles a best-of group, once it saw every member ended);
-wait_found_busy (wait, when an ended job it waits on is still held by its worker or a reply);
-before_advance, after_advance (a worker, its job ended and its slot freed, before and after it
-starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting, after_launch_admit (whoever starts a waiting
-job: its branch made, its record moved to queued, its slot taken); pool_building (whoever fills the
-worktree pool: an entry registered under `.pool/.building/`, its files not yet written), pool_claiming (a worker
-taking a pooled worktree: its admin folder renamed to the job's, its folder not yet moved).
+its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck
+(cleanup, cleanup --merged, the sweep, gc: before each job's re-check under its run-lock, and after
+it with the lock held); before_group_decide (whoever settles a best-of group, once it saw every
+member ended); wait_found_busy (wait, when an ended job it waits on is still held by its worker or a
+reply); before_advance, after_advance (a worker, its job ended and its slot freed, before and after
+it starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting,
+after_launch_admit (whoever starts a waiting job: its branch made, its record moved to queued, its
+slot taken); pool_building (whoever fills the worktree pool: an entry registered under
+`.pool/.building/`, its files not yet written), pool_claiming (a worker taking a pooled worktree:
+its admin folder renamed to the job's, its folder not yet moved).
 """
 
 from __future__ import annotations

@@ -418,7 +418,8 @@ class Evidence(_Record):
     def _decode(cls, key: str, value: Any) -> Any:
         shape: dict[str, type] | None = cls._SHAPES.get(key)  # type: ignore[assignment]  # (no ClassVar: typing is not loaded here)
         if shape is not None:
-            return [_shaped(entry, shape) for entry in (value if isinstance(value, list) else []) if isinstance(entry, dict)]
+            return [_shaped(entry, shape) for entry in (value if isinstance(value, list) else [])
+                    if isinstance(entry, dict)]
         if key == "totals":
             return {k: v for k, v in value.items() if isinstance(v, int)} if isinstance(value, dict) else {}
         if key in ("commands", "cost") and not isinstance(value, dict):
@@ -460,7 +461,8 @@ class JobLike(Protocol):
 def placement(spec: JobSpec) -> dict[str, Any] | None:
     """The executor facts a job's spec carries when it runs elsewhere (None: runs locally)."""
     value = getattr(spec, "extra", {}).get("executor")
-    return value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local" else None
+    return (value if isinstance(value, dict) and isinstance(value.get("kind"), str) and value["kind"] != "local"
+            else None)
 
 
 def job_passed(job: JobLike) -> bool:

@@ -39,7 +39,8 @@ class Provenance:
         if self.status == "good":
             return f"signed by {self.signer or 'an allowed signer'}{key}, an allowed signer"
         if self.status == "untrusted":
-            return f"signed{key} by a key that is not an allowed signer here (gpg.ssh.allowedSignersFile, or the keyring)"
+            return (f"signed{key} by a key that is not an allowed signer here "
+                    "(gpg.ssh.allowedSignersFile, or the keyring)")
         if self.status == "bad":
             return f"a BAD signature{key}: the record was changed after it was signed"
         if self.status in ("expired", "revoked"):

@@ -150,8 +150,8 @@ def _env_redactor(env: Mapping[str, str] | None) -> re.Pattern[str] | None:
 # What each pattern cannot match without (a cheap `in` test first: a pattern that begins with a
 # lookbehind or an alternation is tried at every position, ~1.5 ms per 64 KiB each). Case-
 # sensitive needles for _TOKENS, lower-case ones (tested on the lowered text) for the rest.
-_TOKEN_NEEDLES = (("-----BEGIN",), ("-----BEGIN",), ("sk-",), ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), ("github_pat_",), ("AKIA", "ASIA"),
-                  ("AIza",), ("xox",), ("eyJ",))
+_TOKEN_NEEDLES = (("-----BEGIN",), ("-----BEGIN",), ("sk-",), ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+                  ("github_pat_",), ("AKIA", "ASIA"), ("AIza",), ("xox",), ("eyJ",))
 _PREFIXED_NEEDLES = (("hooks.slack.com",), ("bearer",), ("authorization",), ("://",), ("password",))
 _ASSIGNMENT_NEEDLES = ("pass", "token", "secret", "api", "access", "private", "credential")
 

@@ -1,1 +1,2 @@
-"""Starting and ending processes: spawning a worker, running a child (pipes, timeouts, groups), and confining a job's processes (Landlock, namespaces)."""
+"""Starting and ending processes: spawning a worker, running a child (pipes, timeouts, groups), and
+confining a job's processes (Landlock, namespaces)."""

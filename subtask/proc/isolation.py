@@ -252,7 +252,8 @@ def _require(engine, mode: str, source: str) -> None:
     reason = refusal(mode) if callable(refusal) else None
     if reason:  # the engine's own sandbox cannot work inside ours: refused, never downgraded
         raise SubtaskError("fatal", f"{how} {mode}: {reason}",
-                           hint=getattr(engine, "CONFINEMENT_HINT", None) or f"git subtask start --isolation none --engine {engine.name} ...")
+                           hint=(getattr(engine, "CONFINEMENT_HINT", None)
+                                 or f"git subtask start --isolation none --engine {engine.name} ..."))
     if not namespaces.support().available:
         raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: it needs user, mount and pid "
                            f"namespaces (for the metadata of files outside the worktree, and for children that "
@@ -316,13 +317,15 @@ def describe(engine, configured: str | None = None) -> str:
         extra = f"--isolation worktree on request ({support().describe()})" if available else support().reason
         return f"none {how}, and its own sandbox is off: nothing confines it; {extra}"
     if mode.source == "config":
-        return f"{mode.mode} (git config subtask.isolation)" + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
+        return f"{mode.mode} (git config subtask.isolation)" \
+            + (f" ({enforcement(mode.mode)})" if mode.mode != "none" else "")
     if mode.mode == "none":
         if mode.note:
             return f"none ({mode.note})"
         if not engine_confinable(engine):
             return "none (not started through git-subtask, so it cannot be confined; its own sandbox applies)"
-        extra = f"--isolation worktree|readonly on request ({support().describe()})" if support().available else support().reason
+        extra = (f"--isolation worktree|readonly on request ({support().describe()})" if support().available else
+                 support().reason)
         return f"none by default (its own sandbox applies); {extra}"
     return f"{mode.mode} by default ({enforcement(mode.mode)})"
 
@@ -472,7 +475,8 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
         policy.grants += [Grant(str(worktree), "worktree"), Grant(str(admin), "git: this worktree's admin folder"),
                           Grant(str(common_dir / "objects"), "git: objects (add)", OBJECTS)]
         if has_branch:
-            for folder in (common_dir / "refs" / "heads" / "subtask", common_dir / "logs" / "refs" / "heads" / "subtask"):
+            for folder in (common_dir / "refs" / "heads" / "subtask",
+                           common_dir / "logs" / "refs" / "heads" / "subtask"):
                 folder.mkdir(parents=True, exist_ok=True)  # git could not create it inside the sandbox
                 policy.grants.append(Grant(str(folder), "git: job branches and their reflogs", REF_FILES))
         if (common_dir / "reftable").is_dir():

@@ -103,7 +103,8 @@ def _probe() -> Support:
         if _read("/proc/sys/user/max_user_namespaces") == "0":
             return Support(False, "user namespaces are turned off (sysctl user.max_user_namespaces=0)")
         if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-            return Support(False, "unprivileged user namespaces are turned off (sysctl kernel.unprivileged_userns_clone=0)")
+            return Support(False, "unprivileged user namespaces are turned off "
+                                  "(sysctl kernel.unprivileged_userns_clone=0)")
         if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
             return Support(False, "AppArmor restricts unprivileged user namespaces "
                                   "(sysctl kernel.apparmor_restrict_unprivileged_userns=1)")

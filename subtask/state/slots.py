@@ -52,7 +52,8 @@ class Slots:
     damaged: bool = False  # unreadable, or missing while other bookkeeping exists: rebuild it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": 1, "running": self.running, "queue": self.queue, **({"waiting": self.waiting} if self.waiting else {})}
+        return {"v": 1, "running": self.running, "queue": self.queue,
+                **({"waiting": self.waiting} if self.waiting else {})}
 
     def position(self, job: str) -> int | None:
         """1-based position in the queue, or None."""
@@ -79,7 +80,8 @@ def read(state_dir: Path) -> Slots:
     path = state_dir / SLOTS_FILE
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("running"), list) or not isinstance(data.get("queue"), list):
+        if not isinstance(data, dict) or not isinstance(data.get("running"), list) \
+                or not isinstance(data.get("queue"), list):
             raise ValueError("unexpected shape")
         running = [e for e in data["running"] if _valid(e)]
         queue = [e for e in data["queue"] if _valid(e)]

@@ -166,7 +166,8 @@ def verify_line(verify) -> str:
     if verify is None:
         return "not run"
     if verify.timed_out:
-        text = f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) at {short(verify.head)}"
+        text = (f"{verify.command} -> timed out after {duration(verify.seconds)} (--verify-timeout) "
+                f"at {short(verify.head)}")
     else:
         text = f"{verify.command} -> exit {verify.exit_code} in {duration(verify.seconds)} at {short(verify.head)}"
     if verify.checks_failed:
@@ -212,7 +213,8 @@ def judge_line(verify) -> str | None:
         if own.get("passed") is True:
             text += " · its own tests: passed"
         else:
-            text += " · its own tests: " + ("timed out" if own.get("timed_out") else f"failed (exit {own.get('exit_code')})")
+            text += " · its own tests: " + ("timed out" if own.get("timed_out") else
+                                            f"failed (exit {own.get('exit_code')})")
     return safe_line(text)
 
 
@@ -345,7 +347,8 @@ def landing_line(entry) -> str:
     verify = entry.verify
     if verify is not None:
         exit_text = "timed out" if verify.timed_out else f"exit {verify.exit_code}"
-        said = f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} in {duration(verify.seconds)}"
+        said = (f"verify {'passed' if verify.passed else 'failed'}: {verify.command} -> {exit_text} "
+                f"in {duration(verify.seconds)}")
         if verify.checks_failed:
             said += " · check " + ", ".join(verify.checks_failed) + " failed"
         if verify.reused:
@@ -354,7 +357,8 @@ def landing_line(entry) -> str:
         if entry.batch:
             said += f" · verified as part of batch {short(entry.batch)} (its last state {short(entry.batch_commit)})"
     else:
-        said = {"unverified": "nothing verified (--force)", "already": "already there"}.get(entry.outcome, entry.outcome)
+        said = {"unverified": "nothing verified (--force)",
+                "already": "already there"}.get(entry.outcome, entry.outcome)
     return safe_line(f"{built} · {said}" + (" · landed" if entry.landed else " · not landed"))
 
 
@@ -362,7 +366,8 @@ def group_place_line(place: dict) -> str:
     """A best-of-N member's place: `sg-1a2b3c4d · rank 2 of 3 · pick st-… · rule smallest`; a map
     member's: `sg-1a2b3c4d · job 2 of 4 · map done`."""
     if place.get("kind") == "map":
-        return safe_line(f"{place.get('group')} · job {place.get('index')} of {place.get('of')} · map {place.get('state')}")
+        return safe_line(f"{place.get('group')} · job {place.get('index')} of {place.get('of')} "
+                         f"· map {place.get('state')}")
     if place.get("pick"):
         outcome = "the pick" if place.get("pick") == place.get("member") else f"pick {place['pick']}"
     else:

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 
 
-MAP_HEADER = f"{'job':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
-TABLE_HEADER = f"{'rank':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  {'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}"
+MAP_HEADER = (f"{'job':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  "
+              f"{'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}")
+TABLE_HEADER = (f"{'rank':<4}  {'member':<11}  {'engine':<10}  {'model':<12}  {'state':<7}  "
+                f"{'verify':<6}  {'+/-':<11}  {'cost':>6}  {'time':>6}")
 
 
 def header(group) -> str:

@@ -114,7 +114,8 @@ def started_line(job, position: int) -> str:
     if placement(job.spec) is not None:
         state = f"submitted to ray as {ray_job_id(job.state.current)}"
     attempt = job.state.current.n
-    return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}" + (f" · attempt {attempt}" if attempt > 1 else ""))
+    return safe_line(f"{job.id} {state} · {job.spec.engine} · {where}"
+                     + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
 def left_out_lines(left_out) -> list[str]:
@@ -141,7 +142,8 @@ def left_out_lines(left_out) -> list[str]:
 def ended_lines(job, position: int | None = None) -> str:
     """`wait`'s answer for a job: its one line, and under it why verify failed when it did."""
     best = best_line(job)  # a verify loop that never passed: where it left the branch
-    return "\n".join([one_line(job, position), *([f"  {best}"] if best else []), *verify_tail(job.state.current.verify)])
+    return "\n".join([one_line(job, position), *([f"  {best}"] if best else []),
+                      *verify_tail(job.state.current.verify)])
 
 
 def stalled_hint(job) -> str:

@@ -63,7 +63,8 @@ def note_block(job, provenance=None, landed: str | None = None, from_head: str |
                                                       if attempt.n > 1 else ""))
     if attempt.stalled:
         lines.append(safe_line(stalled_text(attempt)
-                               + (" (subtask.stallAction stop ended it)" if attempt.stalled.get("action") == "stop" else "")))
+                               + (" (subtask.stallAction stop ended it)" if attempt.stalled.get("action") == "stop"
+                                  else "")))
     if tokens_text(attempt.tokens):
         lines.append(f"tokens:  {tokens_text(attempt.tokens)}")
     lines.append(f"changes: {changes_line(job.evidence)}")
@@ -151,7 +152,8 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     it moved after verify passed)."""
     spec = job.spec
     lines = [one_line(job, position), *moved_line(job, moved), ""]
-    lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else "task:\n" + indented(spec.task.strip()))
+    lines.append(f"task:      {spec.task.strip()}" if "\n" not in spec.task.strip() else
+                 "task:\n" + indented(spec.task.strip()))
     lines.append(f"engine:    {engine_line(job)}")
     routed = routing_text(job.spec.extra.get("routing"))
     if routed:
@@ -169,9 +171,10 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
     else:  # a node's worktree, in its own cache: nothing of it is here
         node = job.state.current.extra.get("node") or {}
         lines.append(safe_line(f"ran on:    ray {where.get('address')} as {ray_job_id(job.state.current)}"
-                               + (f" · node {node.get('host')}: {node.get('mirror')}" if isinstance(node, dict) and node else
-                                  " · no node has claimed it yet")))
-    lines.append(safe_line(f"isolation: {spec.isolation}" + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
+                               + (f" · node {node.get('host')}: {node.get('mirror')}"
+                                  if isinstance(node, dict) and node else " · no node has claimed it yet")))
+    lines.append(safe_line(f"isolation: {spec.isolation}"
+                           + (f" ({spec.isolation_source})" if spec.isolation_source else "")))
     if provenance is not None or mine is not None:
         lines.append(record_line(provenance, mine))
     if spec.verify:
@@ -246,7 +249,8 @@ def show_text(job, position: int | None = None, worktree_present: bool | None = 
                 lines.append(safe_line(f"  not granted (missing): {path}"))
             for path in iso.get("sockets") or []:
                 lines.append(safe_line(f"  socket: {path} (subtask.isolation.socket)"))
-            readable = [g.get("path") for g in iso.get("readable") or [] if g.get("why") not in ("system", "tools", "git dir")]
+            readable = [g.get("path") for g in iso.get("readable") or []
+                        if g.get("why") not in ("system", "tools", "git dir")]
             if readable:
                 lines.append(safe_line(f"  readable: {', '.join(str(p) for p in readable)}"))
             if iso.get("env_withheld"):
@@ -283,7 +287,8 @@ def record_line(provenance, mine: bool | None) -> str:
     parts = [provenance.words() if provenance is not None else "signature not checked"]
     if mine is not None:
         parts.append("started in this clone" if mine else
-                     "another clone's job: its record is a claim (merge re-runs its verify unless an allowed signer signed it)")
+                     "another clone's job: its record is a claim "
+                     "(merge re-runs its verify unless an allowed signer signed it)")
     return safe_line("record:    " + " · ".join(parts))
 
 

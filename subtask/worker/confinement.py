@@ -61,8 +61,9 @@ def confine(repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink,
             return None
         if not isinstance(exc, (isolation.IsolationError, OSError)):
             raise
-        lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=redact(f"isolation {job.spec.isolation}: {exc}"),
-                              error_kind="isolation", hint=ERROR_HINTS["isolation"], engine_may_have_spent=False)
+        lifecycle.end_attempt(repo, job_id, attempt_n, "failed",
+                              reason=redact(f"isolation {job.spec.isolation}: {exc}"), error_kind="isolation",
+                              hint=ERROR_HINTS["isolation"], engine_may_have_spent=False)
         return None
     phases.mark("confinement")
     return confinement

@@ -148,7 +148,8 @@ def build_evidence(repo: Repo, job: Job, head: str, outcome: Outcome, auto: dict
     base = work_base(job)
     commits, files, totals = diff_stats(repo, base, head)
     # Bounded, so a job that writes 100,000 files leaves a record every later `list` can read.
-    omitted, files, commits = max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES], commits[:MAX_EVIDENCE_FILES]
+    omitted, files, commits = (max(len(files) - MAX_EVIDENCE_FILES, 0), files[:MAX_EVIDENCE_FILES],
+                               commits[:MAX_EVIDENCE_FILES])
     commits, files, auto = redact_obj(commits), redact_obj(files), redact_obj(auto)  # the engine named them
     seen = [redact_obj(c) for c in outcome.commands]
     tests = [c for c in seen if _looks_like_test(c.get("command", ""))]

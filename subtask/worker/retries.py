@@ -326,7 +326,8 @@ def _leave_at_best(repo: Repo, job: Job, facts: Facts, plan: Plan, loop: list[At
     try:
         moved = admin is not None and _move_branch(repo, job, worktree, facts.head, head)
     except worktrees.MetadataChanged as exc:
-        plan.best["why"] += f"; the branch was left where it was: its verify changed its worktree's git metadata ({exc})"
+        plan.best["why"] += ("; the branch was left where it was: "
+                             f"its verify changed its worktree's git metadata ({exc})")
         return
     if moved:
         plan.best["moved_from"] = facts.head

@@ -62,7 +62,8 @@ def verify_work(repo: Repo, job: Job, worktree: Path, sink: EventSink, confineme
             judged_by = judge_of(repo, job, worktree, head, confinement.env)
             if (shadowing := judged_by.check()) is not None:
                 found = [*(found or []), shadowing]
-        sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else {"type": "state", "state": "finishing"})
+        sink({"type": "state", "state": "verifying", "command": job.spec.verify} if job.spec.verify else
+             {"type": "state", "state": "finishing"})
         # A stop ends verify too (its group is killed), and the attempt still records what the
         # work is: evidence, head pin, note. Ignoring it here left `stop` to SIGKILL the worker.
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -125,9 +126,9 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
                "tests": {"passed": counts.passed, "failed": counts.failed} if counts else None}
     verify.harness = judge.facts(own)
     # What it answers, so a landing of this very tree judged the same way runs nothing (verified.py).
-    verify.key = verified.key_of(repo, tree=tree, command=job.spec.verify, trusted=None if judge.own else work_base(job),
-                                 asked=job.spec.harness, confined=job.spec.isolation != "none",
-                                 network=job.spec.network)
+    verify.key = verified.key_of(repo, tree=tree, command=job.spec.verify,
+                                 trusted=None if judge.own else work_base(job), asked=job.spec.harness,
+                                 confined=job.spec.isolation != "none", network=job.spec.network)
     return verify
 
 

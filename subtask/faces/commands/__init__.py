@@ -83,7 +83,9 @@ def _start_params() -> list[Param]:
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("start", """Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch.
+    Command("start",
+            "Start a job in its own worktree and branch; print one line at once: its id, state, engine, branch."
+            """
 
     TASK is what the engine should do (for the shell engine: a bash script). Use - to read it from
     standard input. With --best-of N, start a group of N jobs and print the group id (sg-...).
@@ -124,7 +126,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             [Param("job_id", metavar="ID", required=True),
              Param("full", "--full", is_flag=True, help="the whole summary, not the first 10 lines"),
              Param("evidence", "--evidence", "--json", is_flag=True, help="print the evidence envelope as JSON")]),
-    Command("cleanup", """Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job.
+    Command("cleanup",
+            "Remove a finished job's worktree if it is clean, or (--merged) clean up after every landed job."
+            """
 
     Nothing unmerged is deleted: a dirty worktree is kept, and a branch is deleted only when its
     work is in the current branch (merged, fast-forwarded, squashed or rebased) and

@@ -14,5 +14,6 @@ def run(job_id: str | None, merged: bool, dry_run: bool, quiet: bool, as_json: b
     repo = output.repo()
     lines = api.cleanup_merged(repo, dry_run=dry_run).lines if merged else [api.cleanup(repo, job_id, dry_run=dry_run)]
     if not quiet:
-        output.emit_lines(lines, as_json, nothing="nothing to clean up: no landed jobs left anything" if merged else None,
+        output.emit_lines(lines, as_json,
+                          nothing="nothing to clean up: no landed jobs left anything" if merged else None,
                           dry_run=dry_run)

@@ -227,7 +227,8 @@ def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | Non
 
 @dataclass
 class Removal:
-    kind: str  # "removed" (or would be, on a dry run), "pruned" (a stale registration), "missing", "busy", "kept", "failed"
+    # "removed" (or would be, on a dry run), "pruned" (a stale registration), "missing", "busy", "kept", "failed"
+    kind: str
     why: str = ""
 
 
@@ -570,7 +571,8 @@ def _old_finished(repo: Repo, cutoff: float) -> list[Job]:
     tips = _job_ref_tips(repo)
     owned = ownership.owned_keys(repo)
     for entry in records.list_entries(repo):
-        if entry.get("state") not in ("done", "failed", "stopped") or (entry.get("ended") or entry.get("created") or 0) > cutoff:
+        if entry.get("state") not in ("done", "failed", "stopped") \
+                or (entry.get("ended") or entry.get("created") or 0) > cutoff:
             continue
         if entry["id"] not in owned:
             continue  # a teammate's record: nothing it names is this clone's to remove

@@ -1,16 +1,16 @@
 """`git subtask land`: many finished jobs landed in order, each verified on the commit that lands.
 
 Each job is integrated on the one before it, from the target's tip (`integrate.py`), and up to
-`--window` of those integrated states are verified at once, each in a scratch worktree (the
-window's rules: `landwindow.py`; a result already known for the same tree is reused:
-`verified.py`); each result is recorded in the job's record and note (this clone's jobs only),
-and the target moves, by compare-and-swap against the tip the states were built on, to the end of
-the verified prefix. A person committing meanwhile makes the states rebuild on their commit. The target's checkout, where it has one, is moved as `merge` moves it: under
-`merge.index_lock`, never when it has uncommitted changes, by `git merge --ff-only` (one git
-run moves the branch, the index and the files). With `atomic` the target moves once, to the
-last integrated commit, only if every job integrated and passed. `reconcile` answers a conflict
-with a reply to the job (its worktree moved onto the new tip; a shell job's task run again) and
-lands it once that reply passed its verify.
+`--window` of those integrated states are verified at once, each in a scratch worktree (the window's
+rules: `landwindow.py`; a result already known for the same tree is reused: `verified.py`); each
+result is recorded in the job's record and note (this clone's jobs only), and the target moves, by
+compare-and-swap against the tip the states were built on, to the end of the verified prefix. A
+person committing meanwhile makes the states rebuild on their commit. The target's checkout, where
+it has one, is moved as `merge` moves it: under `merge.index_lock`, never when it has uncommitted
+changes, by `git merge --ff-only` (one git run moves the branch, the index and the files). With
+`atomic` the target moves once, to the last integrated commit, only if every job integrated and
+passed. `reconcile` answers a conflict with a reply to the job (its worktree moved onto the new tip;
+a shell job's task run again) and lands it once that reply passed its verify.
 
 Invariants:
 - Never move the target but from the tip the landing was built on (compare-and-swap), because a

@@ -128,7 +128,8 @@ def _rerun_gate(repo: Repo, job: Job, head: str, why: str, vouched: bool) -> str
         raise SubtaskError("negative", f"{job.id}: verify failed when re-run here on {head[:7]} "
                            f"({rerun.result.command} -> {how}): not merging it"
                            + ("".join(f"\n  {line}" for line in tail)) + because,
-                           hint=f"git subtask verify {job.id} --run   (merge anyway: git subtask merge --force {job.id})")
+                           hint=f"git subtask verify {job.id} --run   "
+                                f"(merge anyway: git subtask merge --force {job.id})")
     return rerun.line(job.id)
 
 
@@ -282,11 +283,12 @@ def _check_gate(job: Job, head: str, claims: bool = True) -> None:
         return
     verify = attempt.verify
     if verify is not None and not verify.passed:
-        raise SubtaskError("negative", f"{job.id}: verify failed ({verify.command} -> exit {verify.exit_code}): not merging it",
+        raise SubtaskError("negative", f"{job.id}: verify failed ({verify.command} -> exit {verify.exit_code}): "
+                           "not merging it",
                            hint=f"git subtask result {job.id}   (merge anyway: git subtask merge --force {job.id})")
     if verify is not None and head != verify.head:
-        raise SubtaskError("negative", f"{job.id}: its branch moved to {head[:7]} after verify tested {verify.head[:7]}: "
-                           "the merged tree would be untested",
+        raise SubtaskError("negative", f"{job.id}: its branch moved to {head[:7]} after verify tested "
+                           f"{verify.head[:7]}: the merged tree would be untested",
                            hint=f"git subtask diff {job.id}   (merge anyway: git subtask merge --force {job.id})")
 
 

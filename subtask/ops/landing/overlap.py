@@ -166,7 +166,8 @@ def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
     for entry, blob in zip(ended, repo.objects.read([f"{e['tip']}:evidence.json" for e in ended]), strict=True):
         try:
             evidence = json.loads(blob[1]) if blob and blob[0] == "blob" else {}
-            names = {f["path"] for f in evidence.get("files") or [] if isinstance(f, dict) and isinstance(f.get("path"), str)}
+            names = {f["path"] for f in evidence.get("files") or []
+                     if isinstance(f, dict) and isinstance(f.get("path"), str)}
         except (ValueError, AttributeError, TypeError):
             continue
         if names:

@@ -88,8 +88,9 @@ class Judge:
         if self.own:
             return {"source": "job"}
         unused = self.comparison.unused() if self.comparison is not None else []
-        out: dict[str, Any] = {"source": self.source, "commit": self.commit, "tree": self.tree, "unused": unused[:MAX_UNUSED],
-               "files": self.comparison.trusted_files if self.comparison is not None else None}
+        out: dict[str, Any] = {"source": self.source, "commit": self.commit, "tree": self.tree,
+                               "unused": unused[:MAX_UNUSED],
+                               "files": self.comparison.trusted_files if self.comparison is not None else None}
         if self.ref:
             out["ref"] = self.ref
         if self.error:

@@ -97,7 +97,8 @@ def _pins(repo: Repo, job: Job, head: str, add) -> None:
             add(Finding(f"{which} pin", False, f"{name} is missing (the record says {want[:7]})"))
         else:
             add(Finding(f"{which} pin", ref.target == want,
-                        f"{name} is {ref.target[:7]}" + ("" if ref.target == want else f", the record says {want[:7]}")))
+                        f"{name} is {ref.target[:7]}"
+                        + ("" if ref.target == want else f", the record says {want[:7]}")))
 
 
 def _evidence(repo: Repo, job: Job, head: str, add) -> None:
@@ -157,7 +158,8 @@ def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: b
     rerun = verify_rerun.run(repo, job, head, trusted_record=trusted_record, reuse=reuse)
     here = "passed" if rerun.result.passed else ("timed out" if rerun.result.timed_out else
                                                  f"failed (exit {rerun.result.exit_code}"
-                                                 + "".join(f"; check {c} failed" for c in rerun.result.checks_failed or ())
+                                                 + "".join(f"; check {c} failed"
+                                                           for c in rerun.result.checks_failed or ())
                                                  + ")")
     claim = job.state.kept.verify
     if rerun.result.reused:

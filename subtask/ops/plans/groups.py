@@ -316,7 +316,8 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     (worktree.parent / ".tmp").mkdir(mode=0o700, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f"judge-{job.id}-", dir=worktree.parent / ".tmp"))
     # Its admin folder is the one git made for the member, never what its `.git` names (its verify may write it).
-    sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir, job.spec.network)
+    sandbox = isolation.outside_sandbox(repo, worktree, worktrees.expected_admin(repo, job.id), tmpdir,
+                                        job.spec.network)
     env.update(isolation.temp_env(tmpdir))
     env = sandbox.withhold(env) if sandbox is not None else env
     # Scored with the member's base's tests in place of its own, as its verify was (ops/landing/overlay.py).

@@ -247,7 +247,8 @@ def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
             raise
         attempt = job.state.current
         if attempt.state != WAITING or not ownership.owns(repo, job):
-            if attempt.state == "queued" and attempt.n == 1 and ownership.owns(repo, job) and not _in_slots(repo, job_id) \
+            if attempt.state == "queued" and attempt.n == 1 and ownership.owns(repo, job) \
+                    and not _in_slots(repo, job_id) \
                     and executors.of(job).runs_here:  # elsewhere, its executor's settle ends one never handed over
                 kept = True
                 _admit_and_spawn(repo, job, fd)  # its mover died between its record and its admission
@@ -271,7 +272,8 @@ def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
             a, b = integration.between
             shown = ", ".join(integration.conflicts[:CONFLICT_NAMES])
             more = len(integration.conflicts) - CONFLICT_NAMES
-            _end(repo, job, "failed", f"the heads of {a} and {b} conflict in {shown}" + (f" and {more} more" if more > 0 else ""),
+            _end(repo, job, "failed", f"the heads of {a} and {b} conflict in {shown}"
+                 + (f" and {more} more" if more > 0 else ""),
                  "conflict", "merge their branches by hand (git merge subtask/<id> ...), then start it from the "
                  "merge: git subtask start --base <commit> '...'")
             return "failed"
@@ -446,5 +448,6 @@ def stop_waiting(repo: Repo, job_id: str, reason: str = "stopped while waiting")
         if records.read(repo, job_id).state.current.state != WAITING:
             return False
         if time.monotonic() >= deadline:
-            raise SubtaskError("not_finished", f"{job_id} is being started by another process", hint=f"git subtask stop {job_id}")
+            raise SubtaskError("not_finished", f"{job_id} is being started by another process",
+                               hint=f"git subtask stop {job_id}")
         time.sleep(0.02)

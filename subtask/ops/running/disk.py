@@ -72,7 +72,8 @@ def usage(repo: Repo) -> DiskUsage:
         children = []
     for entry in children:
         path = Path(entry.path)
-        if is_job_id(entry.name) and entry.is_dir(follow_symlinks=False) and worktrees.created_here(repo, entry.name, path):
+        if is_job_id(entry.name) and entry.is_dir(follow_symlinks=False) \
+                and worktrees.created_here(repo, entry.name, path):
             found.jobs.append(_job(repo, entry.name, path, seen))
         elif entry.is_dir(follow_symlinks=False):
             found.other[entry.name] = sum(_walk(path, seen).values())

@@ -152,7 +152,8 @@ def start_handoffs(repo: Repo, handed: list[slots.HandOff]) -> None:
 
 
 def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: str | None = None,
-                error_kind: str | None = None, hint: str | None = None, engine_may_have_spent: bool | None = None) -> Job | None:
+                error_kind: str | None = None, hint: str | None = None,
+                engine_may_have_spent: bool | None = None) -> Job | None:
     """End attempt `attempt_n` of a job that no worker will finish (died, stopped, never spawned).
 
     Writes the terminal state once, closes the reservation once (whole reservation when the engine

@@ -131,7 +131,8 @@ def _run(repo: Repo, command: str, said: dict) -> None:
             words = out.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
     except OSError as exc:
         code, words = None, [str(exc)]
-    what = f"timed out after {NOTIFY_TIMEOUT:g}s" if timed_out else "failed to run" if code is None else f"exited {code}"
+    what = (f"timed out after {NOTIFY_TIMEOUT:g}s" if timed_out else "failed to run" if code is None else
+            f"exited {code}")
     warnings.warn(render.safe_line(f"subtask.notify {what} for {said['job']} ({said['event']})"
                                    + (f": {words[-1]}" if words else "")), stacklevel=2)
 

@@ -18,11 +18,12 @@ The rest are scored, each term shown (`routing explain`):
     score = weightPass * pass - weightCost * usd - weightTime * minutes + weightRoom * room
 
 `pass` is its jobs' pass rate in this repository's records (done, verify not failed), smoothed
-(passes + 1) / (ended + 2), so an engine with no history scores 0.5; `usd` its jobs' mean cost
-here (no history: its budget when paid, else 0); `minutes` their mean time from start to end (no
-history: 0); `room` the share of its `maxRunning` left (1 without one). The weights are
-`subtask.routing.weightPass`, `weightCost`, `weightTime` and `weightRoom`. The highest score wins; a tie goes to the earlier candidate. No
-candidate left: refused, naming each one's filter. The job's record keeps the choice and why.
+(passes + 1) / (ended + 2), so an engine with no history scores 0.5; `usd` its jobs' mean cost here
+(no history: its budget when paid, else 0); `minutes` their mean time from start to end (no history:
+0); `room` the share of its `maxRunning` left (1 without one). The weights are
+`subtask.routing.weightPass`, `weightCost`, `weightTime` and `weightRoom`. The highest score wins; a
+tie goes to the earlier candidate. No candidate left: refused, naming each one's filter. The job's
+record keeps the choice and why.
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ repository, shared through git):
 
 | client | scope | the server's entry | the guide (subtask/guide/SKILL.md) |
 |---|---|---|---|
-| claude | user | `claude mcp add -s user` when `claude` is on PATH, else `~/.claude.json` (`$CLAUDE_CONFIG_DIR/.claude.json`) `mcpServers.subtask` | `~/.claude/skills/git-subtask/SKILL.md` |
+| claude | user | `claude mcp add -s user` (1) | `~/.claude/skills/git-subtask/SKILL.md` |
 | claude | project | `<root>/.mcp.json` `mcpServers.subtask` | `<root>/.claude/skills/git-subtask/SKILL.md` |
-| codex | user | `~/.codex/config.toml` (`$CODEX_HOME`) `[mcp_servers.subtask]` | `~/.agents/skills/git-subtask/SKILL.md` |
+| codex | user | `~/.codex/config.toml` (2) `[mcp_servers.subtask]` | `~/.agents/skills/git-subtask/SKILL.md` |
 | codex | project | `<root>/.codex/config.toml` `[mcp_servers.subtask]` | `<root>/.agents/skills/git-subtask/SKILL.md` |
+
+(1) when `claude` is on PATH, else `~/.claude.json` (`$CLAUDE_CONFIG_DIR/.claude.json`)
+`mcpServers.subtask`. (2) `$CODEX_HOME/config.toml` when `$CODEX_HOME` is set.
 
 An install is planned first (nothing changed), shown, then applied; each step records what it
 added in `installs.json` (`$XDG_STATE_HOME/git-subtask`, default `~/.local/state/git-subtask`),
@@ -89,7 +92,8 @@ def server_config(client: str, scope: str, root: Path | None) -> Path:
 
 def guide_path(client: str, scope: str, root: Path | None) -> Path:
     if client == "claude":
-        base = (Path(os.environ["CLAUDE_CONFIG_DIR"]) if os.environ.get("CLAUDE_CONFIG_DIR") else Path.home() / ".claude") \
+        base = (Path(os.environ["CLAUDE_CONFIG_DIR"]) if os.environ.get("CLAUDE_CONFIG_DIR")
+                else Path.home() / ".claude") \
             if scope == "user" else _project_root(root) / ".claude"
     else:
         base = (Path.home() if scope == "user" else _project_root(root)) / ".agents"
@@ -268,7 +272,8 @@ def _json_install(client: str, scope: str, path: Path, value: dict) -> tuple[Ste
                            hint=f"fix it, then: git subtask install {client}") from None
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(data, dict) or ("mcpServers" in data and not isinstance(servers, dict)):
-        raise SubtaskError("fatal", f"{show_path(path)} does not hold an object with an mcpServers object: not changing it")
+        raise SubtaskError("fatal", f"{show_path(path)} does not hold an object with an mcpServers object: "
+                           "not changing it")
     if servers is not None and NAME in servers:
         return None, f"{where} is already there, not written by git subtask install: left as it is"
     made_parent = servers is None
@@ -387,7 +392,8 @@ def _toml_uninstall(record: dict, path: Path) -> tuple[Step | None, str | None]:
     added = record.get("added") or ""
     if not added or old.count(added) != 1:
         if TOML_BEGIN not in old:
-            return Step(record["client"], record["scope"], "toml", str(path), f"{where} is gone already", old, old), None
+            return Step(record["client"], record["scope"], "toml", str(path), f"{where} is gone already",
+                        old, old), None
         return None, f"{where} was changed since it was installed: left as it is (remove it by hand)"
     new = old.replace(added, "", 1)
     if record.get("created") and not new.strip():
@@ -433,7 +439,8 @@ def _claude_cli_install(scope: str, value: dict, cli: str) -> tuple[Step | None,
     except (ValueError, AttributeError):
         servers = {}
     if NAME in servers:
-        return None, f"{show_path(path)}: mcpServers.{NAME} is already there, not written by git subtask install: left as it is"
+        return None, (f"{show_path(path)}: mcpServers.{NAME} is already there, "
+                      "not written by git subtask install: left as it is")
     argv = [cli, "mcp", "add", "--scope", scope, NAME, "--", value["command"], *value["args"]]
     return Step("claude", scope, "claude-cli", str(path), f"run: claude mcp add --scope {scope} {NAME} -- "
                 f"{' '.join([value['command'], *value['args']])}", argv=argv,
@@ -447,8 +454,8 @@ def _claude_cli_uninstall(record: dict, cli: str | None) -> tuple[Step | None, s
     except (ValueError, AttributeError):
         servers = {}
     if NAME not in servers:
-        return Step("claude", record["scope"], "claude-cli", str(path), f"{show_path(path)}: mcpServers.{NAME} is gone already",
-                    argv=[]), None
+        return Step("claude", record["scope"], "claude-cli", str(path),
+                    f"{show_path(path)}: mcpServers.{NAME} is gone already", argv=[]), None
     value = record.get("value") or {}
     if servers[NAME].get("command") != value.get("command") or servers[NAME].get("args") != value.get("args"):
         return None, f"{show_path(path)}: mcpServers.{NAME} was changed since it was installed: left as it is"

@@ -108,8 +108,10 @@ def install(repo: Repo) -> HookStatus:
     folder.mkdir(parents=True, exist_ok=True)
     if hook.exists() or hook.is_symlink():
         if backup.exists() or backup.is_symlink():
-            raise SubtaskError("fatal", f"both {hook} and {backup} exist and neither is git-subtask's: not touching them",
-                               hint=f"merge them by hand, or add this line to {hook}: git-subtask cleanup --merged --quiet || true")
+            raise SubtaskError("fatal", f"both {hook} and {backup} exist and neither is git-subtask's: "
+                               "not touching them",
+                               hint=f"merge them by hand, or add this line to {hook}: "
+                                    "git-subtask cleanup --merged --quiet || true")
         os.rename(hook, backup)  # a rename keeps bytes, mode and symlinks exactly
     _write_hook(hook)
     return status(repo)

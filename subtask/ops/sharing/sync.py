@@ -65,7 +65,8 @@ class SyncResult:
     kept_local: list[str] = field(default_factory=list)  # refs that diverged (or could not be synced)
     older_here: list[str] = field(default_factory=list)  # push: the remote has a newer copy (not a conflict)
     ahead_here: list[str] = field(default_factory=list)  # pull: ours is newer (push shares it)
-    aside: dict[str, str] = field(default_factory=dict)  # pull: our job's ref -> where a teammate's commits on it were kept
+    # pull: our job's ref -> where a teammate's commits on it were kept
+    aside: dict[str, str] = field(default_factory=dict)
     notes: str = ""
     lines: list[str] = field(default_factory=list)
 
