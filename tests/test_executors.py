@@ -61,7 +61,7 @@ def test_a_new_executor_is_one_registry_entry_and_the_core_hands_it_its_jobs(rep
         return records.update(repo_, job_id, lambda job: setattr(job.state.current, "state", "stopped"))
 
     backend.submit, backend.stop = submit, stop
-    backend.settle_active = lambda repo_, entries: calls.append(f"settle {len(entries)}") or []
+    backend.collect_active = lambda repo_, entries: calls.append(f"collect {len(entries)}") or []
     monkeypatch.setitem(sys.modules, "fake_elsewhere", backend)
     monkeypatch.setitem(executors.REGISTRY, "fake", executors.Executor("fake", "fake_elsewhere", frozenset()))
     monkeypatch.chdir(repo)

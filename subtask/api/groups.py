@@ -54,7 +54,7 @@ class GroupStart:
 
 def start_group(repo: Repo, request: StartRequest) -> GroupStart:
     """Start a best-of-N group (`request.best_of`): N ordinary jobs at one task and base, admitted
-    and reserved all or none, and the group record that names them (the pick is `groups.settle`'s).
+    and reserved all or none, and the group record that names them (the pick is `groups.conclude`'s).
     `request.engine` and `.model` may name several, cycled over the members."""
     groups = _groups()
     how = request

@@ -203,7 +203,7 @@ def check_records(repo) -> Check:
     if orphaned:
         problems.append(f"{len(orphaned)} jobs are recorded running or queued with no live worker: "
                         f"{', '.join(orphaned[:5])}")
-        steps.append("git subtask wait <id>   # settles a job whose worker is gone")
+        steps.append("git subtask wait <id>   # ends a job whose worker is gone")
     if locked:
         problems.append(f"{len(locked)} records have a stale ref lock (a writer died): {', '.join(locked[:5])}")
         steps.append("git subtask list   # removes a stale lock once no worker of that job lives")
@@ -223,7 +223,7 @@ def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orp
         locked.append(job_id)
     if entry.get("state") in ("queued", "running"):
         if job_id in queued or liveness.is_held(repo.state_dir, job_id) or not executors.of_entry(entry).runs_here:
-            return  # a cluster runs it: no local worker (settled by list/wait from Ray's status)
+            return  # a cluster runs it: no local worker (brought home by list/wait from Ray's status)
         job = records.read(repo, job_id)
         if ownership.owns(repo, job) and not job.state.current.terminal:
             orphaned.append(job_id)

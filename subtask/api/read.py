@@ -50,8 +50,8 @@ def _positive(value, what: str, *, allow_none: bool = True, integer: bool = Fals
 def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
     ended (`waiting.advance`). Cheap: one read of the slots file, and nothing more is imported,
-    unless there is work (`slots.settled`)."""
-    if slots.settled(repo.state_dir):
+    unless there is work (`slots.nothing_to_sweep`)."""
+    if slots.nothing_to_sweep(repo.state_dir):
         return
     from subtask.ops.plans import waiting
     from subtask.ops.running import lifecycle
@@ -98,7 +98,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
     listed = records.list_entries(repo)
-    if _settle_elsewhere(repo, listed):
+    if _collect_ended_elsewhere(repo, listed):
         listed = records.list_entries(repo)
     swept: list[str] = []
     if _landed_sweep(repo, listed):
@@ -178,15 +178,15 @@ def branch_moved(repo: Repo, job: Job) -> str | None:
     return ref.target if ref is not None and ref.target != verify.head else None
 
 
-def _settle_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
+def _collect_ended_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
     """Bring home the active jobs run elsewhere that their executor says ended (one status request
     each; none active: no import of the executor)."""
-    settled = []
+    ended = []
     for executor in executors.elsewhere():
         active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]
         if active:
-            settled += executor.backend().settle_active(repo, active)
-    return settled
+            ended += executor.backend().collect_active(repo, active)
+    return ended
 
 
 def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
@@ -307,9 +307,9 @@ def _groups():
 
 
 def get_group(repo: Repo, gid_or_prefix: str):
-    """The group, settled if every member has ended (whoever looks first decides it)."""
+    """The group, concluded if every member has ended (whoever looks first decides it)."""
     sweep(repo)
-    return _groups().settle(repo, _groups().resolve(repo, gid_or_prefix))
+    return _groups().conclude(repo, _groups().resolve(repo, gid_or_prefix))
 
 
 @dataclass
@@ -336,7 +336,7 @@ def list_groups(repo: Repo, entries: list[dict]) -> dict[str, object]:
     if not any(e.get("group") for e in entries):
         return {}
     groups = _groups()
-    groups.settle_listed(repo, entries)
+    groups.conclude_listed(repo, entries)
     found = {}
     for gid in dict.fromkeys(e["group"] for e in entries if e.get("group")):
         try:

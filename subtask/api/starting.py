@@ -589,7 +589,7 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
             for launch in launches])
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            # Once the slot entry is on disk (whoever settles a crash from here drops them too), and
+            # Once the slot entry is on disk (whoever cleans up after a crash from here drops them too), and
             # before anyone can be handed the job (we hold its run-lock): whoever runs it uses these.
             kept = privatetext.keep(state_dir, job.id, attempt.n, **launch.as_written)
             tx.done("start_words_kept",

@@ -254,7 +254,7 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             sweep(repo)  # not queued and no worker: it died (end it), or its mover did (move it on)
             from subtask.ops.running import lifecycle
 
-            lifecycle.settle_orphan(repo, job_id)  # ... even when no slot entry is left to reap
+            lifecycle.end_orphan(repo, job_id)  # ... even when no slot entry is left to reap
         elif time.monotonic() >= next_fill:
             # Queued: fill idle slots now and then, with the settings as they are now (a fixed
             # maxRunning must take effect without another command).
@@ -293,7 +293,7 @@ def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
 
 @dataclass
 class GroupWait:
-    groups: list  # groups.Group, settled where their members ended
+    groups: list  # groups.Group, concluded where their members ended
     timed_out: bool
 
     @property
@@ -304,7 +304,7 @@ class GroupWait:
 
 def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_tick=None,
                 tick: float = 1.0) -> GroupWait:
-    """Block until every member of the groups has ended, then settle each group (exit 0: a passing pick)."""
+    """Block until every member of the groups has ended, then conclude each group (exit 0: a passing pick)."""
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
     pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
@@ -313,15 +313,15 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     while pending and not timed_out:
-        # Each end may decide a group (a first pass stops the rest): settle, then wait for the others.
+        # Each end may decide a group (a first pass stops the rest): conclude, then wait for the others.
         left = None if deadline is None else max(0.01, deadline - time.monotonic())
         # A stalled member does not end a group's wait: the group waits for its members' ends.
         timed_out = wait(repo, pending, timeout=left, any_=True, on_tick=on_tick, tick=tick, stalls=False).timed_out
         for group in found:
-            groups.settle(repo, group.id)
+            groups.conclude(repo, group.id)
         pending = [m for m in pending if not records.read(repo, m).state.current.terminal]
-    settled = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
-    return GroupWait(settled, timed_out and not all(g.terminal for g in settled))
+    concluded = [groups.conclude(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    return GroupWait(concluded, timed_out and not all(g.terminal for g in concluded))
 
 
 @dataclass
@@ -343,7 +343,7 @@ class MixedWait:
 def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
              on_tick=None, tick: float = 1.0, since: str | None = None) -> MixedWait:
     """`wait` for any mix of job ids and group ids (`sg-…`): until every job has ended (or
-    stalled) and every group is settled, or with `any_` until the first of them has. With
+    stalled) and every group is concluded, or with `any_` until the first of them has. With
     `since` (a cursor, `ops.feed`), jobs only: their events after it (`wait`)."""
     if not ids:
         raise SubtaskError("usage", "wait needs at least one job id")
@@ -364,7 +364,7 @@ def wait_ids(repo: Repo, ids: list[str], timeout: float | None = None, any_: boo
 def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | None, any_: bool,
                 on_tick, tick: float) -> MixedWait:
     """One `wait` on the jobs and the groups' unended members at a time, first answer first; each
-    answer settles the groups it may decide. A stalled job answers; a stalled member does not (a
+    answer concludes the groups it may decide. A stalled job answers; a stalled member does not (a
     group waits for its members' ends, as `wait_groups` does)."""
     groups = _groups()
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in jids))
@@ -374,15 +374,15 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
         records.read(repo, job_id)  # a damaged record is named now, not waited on
     deadline = None if timeout is None else time.monotonic() + _positive(timeout, "--timeout")
     answered: set[str] = set()
-    settled: set[str] = set()
+    concluded: set[str] = set()
     timed_out = False
     while True:
-        settled.update(g.id for g in found
-                       if g.id not in settled and groups.settle(repo, g.id).terminal)
-        if any_ and (answered or settled):
+        concluded.update(g.id for g in found
+                       if g.id not in concluded and groups.conclude(repo, g.id).terminal)
+        if any_ and (answered or concluded):
             break
         pending = [j for j in job_ids if j not in answered]
-        members = [m for g in found if g.id not in settled for m in g.members
+        members = [m for g in found if g.id not in concluded for m in g.members
                    if repo.git.references.get(records.record_ref(m)) is not None
                    and not records.read(repo, m).state.current.terminal]
         if not pending and not members:
@@ -397,7 +397,7 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
             break
     jobs = [records.read(repo, j) for j in job_ids]
     stalled = [j.id for j in jobs if j.id in answered and not j.state.current.terminal]
-    ended = [groups.settle(repo, g.id, wait_for_workers=not timed_out) for g in found]
+    ended = [groups.conclude(repo, g.id, wait_for_workers=not timed_out) for g in found]
     nothing = timed_out and not (any_ and (answered or any(g.terminal for g in ended)))
     jobs_part = WaitResult(jobs, nothing and len(answered) < len(job_ids), stalled)
     groups_part = GroupWait(ended, nothing and not all(g.terminal for g in ended))

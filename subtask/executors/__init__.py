@@ -1,5 +1,5 @@
 """The executors' backends: a module per executor that runs jobs away from this machine (`ray`),
-at the operations layer (they settle, sync and move groups on with `ops`).
+at the operations layer (they bring jobs home, sync and move groups on with `ops`).
 
 The registry of executors (which exist, what each can do, which runs a job) is data, in
 `subtask.model.executors`, so that `ops` may ask it without importing its backends: the two

@@ -6,7 +6,7 @@ reserves money here as for a local job, creates the branch, base pin and record,
 `git-subtask run-remote <id>` (`subtask/executors/remote.py`) with one `subtask_slot` custom
 resource: the cluster's slots bound how many run at once, and Ray queues the rest as PENDING (no
 local slot is held). The node pushes the branch, record chain, pins and note back; `wait`, `list`,
-`stop` and `pull` fetch them (`settle`).
+`stop` and `pull` fetch them (`collect`).
 
 Invariants:
 - Never import Ray outside this module, and only when a job runs on Ray, because `import ray`
@@ -16,7 +16,7 @@ Invariants:
   returns undoes every step, the refs pushed to the remote included (deleted with a lease on
   the exact commit pushed, never forced over anything else).
 - The record is created before the money is reserved, and the starter holds the job's run-lock
-  until the submission returned: a crash in between leaves a record that `settle` (which passes
+  until the submission returned: a crash in between leaves a record that `collect` (which passes
   over a job whose run-lock is held) ends as failed when Ray has no such job, charged nothing.
 - Never write the record of a job a node runs while Ray says it runs, because the node's record
   chain must arrive as a fast-forward; home writes it only after Ray says the job ended and the
@@ -185,7 +185,7 @@ def prepare(job: Job, where: Target) -> None:
 def start(repo: Repo, job: Job, paid: bool, where: Target) -> Job:
     """Create branch, base pin and record, reserve, push, submit; undo it all on any failure."""
     state_dir = repo.state_dir
-    lock_fd = liveness.acquire(state_dir, job.id, new=True)  # settle passes over a job whose start is under way
+    lock_fd = liveness.acquire(state_dir, job.id, new=True)  # collect passes over a job whose start is under way
     with Transaction() as tx:
         tx.then = lambda: liveness.drop(state_dir, job.id, lock_fd)
         if paid:
@@ -420,19 +420,19 @@ def log_tail(job: Job) -> str:
     return redact("\n".join(lines[-LOG_TAIL_LINES:]))
 
 
-def settle(repo: Repo, job_id: str, *, state: RayState | None = None, advance: bool = True) -> bool:
+def collect(repo: Repo, job_id: str, *, state: RayState | None = None, advance: bool = True) -> bool:
     """Bring a Ray job home once Ray says it ended; True when its attempt is now ended here.
 
     Fetches the node's refs; when no terminal record came, ends the attempt here with Ray's
     reason (stopped when Ray stopped it). Passes over a job whose run-lock is held (its start is
     under way, or another command is settling it). A job it brought home is then what a local
-    worker's end is (`came_home`): its group settled, the jobs waiting for it moved on
+    worker's end is (`came_home`): its group concluded, the jobs waiting for it moved on
     (`advance` False: the caller is moving them on).
     """
     job = records.read(repo, job_id)
     if job.state.current.terminal:
         return True
-    ended = _settle(repo, job_id, state)
+    ended = _collect(repo, job_id, state)
     if ended:
         came_home(repo, records.read(repo, job_id), advance=advance)
     return ended
@@ -440,7 +440,7 @@ def settle(repo: Repo, job_id: str, *, state: RayState | None = None, advance: b
 
 def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
     """What follows a job's end here as it follows a local worker's: a first pass stops the
-    group's other attempts, the group is settled, the jobs waiting for it move on."""
+    group's other attempts, the group is concluded, the jobs waiting for it move on."""
     from subtask.ops.plans import groups, waiting
 
     if job.spec.group:
@@ -450,14 +450,14 @@ def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
         waiting.advance_quietly(repo)
 
 
-def _settle(repo: Repo, job_id: str, state: RayState | None) -> bool:
+def _collect(repo: Repo, job_id: str, state: RayState | None) -> bool:
     fd = liveness.acquire(repo.state_dir, job_id, block=False)
     if fd is None:
         return False
     try:
         job = records.read(repo, job_id)
         if job.state.current.terminal:
-            return False  # settled by another command meanwhile: its wrap-up is that command's
+            return False  # brought home by another command meanwhile: its wrap-up is that command's
         state = state or ray_state(job)
         if state.status is None:  # Ray not reached (this machine offline?): what git already has
             if not _fetch_home(repo, job_id, quiet=True):
@@ -533,7 +533,7 @@ def _ended_copy(job: Job) -> Job:
     return ended
 
 
-def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
+def collect_active(repo: Repo, entries: list[dict]) -> list[str]:
     """Settle every active Ray job among list entries (one status request each); ids ended.
     An unreachable cluster is a warning, never a failed command."""
     ended, unreached = [], set()
@@ -549,7 +549,7 @@ def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
                 warnings.warn(f"could not ask the Ray cluster at {where['address']} about its jobs ({state.message}); "
                               "git subtask wait or pull brings them home", stacklevel=2)
                 continue
-            if settle(repo, job.id, state=state):
+            if collect(repo, job.id, state=state):
                 ended.append(job.id)
         except records.DamagedRecord:
             continue
@@ -558,7 +558,7 @@ def settle_active(repo: Repo, entries: list[dict]) -> list[str]:
 
 def watch(repo: Repo, job_id: str, cancel: threading.Event) -> None:
     """Until the job has ended here (or `cancel`): ask Ray at most once a second, woken early
-    when Ray closes the job's log stream (it does when the job ends), and settle at its end;
+    when Ray closes the job's log stream (it does when the job ends), and bring it home at its end;
     while Ray cannot be reached, look in git for the node's final push every few seconds."""
     next_git = 0.0
     job = records.read(repo, job_id)
@@ -572,7 +572,7 @@ def watch(repo: Repo, job_id: str, cancel: threading.Event) -> None:
         if state.status is not None or asked >= next_git:
             if state.status is None:
                 next_git = asked + GIT_FALLBACK_INTERVAL
-            if settle(repo, job_id, state=state):
+            if collect(repo, job_id, state=state):
                 return
         if ended.is_set():  # the stream closed and the job has not ended: no more early wake
             ended = threading.Event()
@@ -604,7 +604,7 @@ def _end_of(job: Job) -> threading.Event:
 
 
 def stop(repo: Repo, job_id: str) -> Job:
-    """Stop the Ray job (queued or running), wait for Ray to say it ended, then settle it."""
+    """Stop the Ray job (queued or running), wait for Ray to say it ended, then bring it home."""
     job = records.read(repo, job_id)
     where = _where(job)
     submission = ray_job_id(job.state.current)
@@ -630,8 +630,8 @@ def stop(repo: Repo, job_id: str) -> Job:
         raise SubtaskError("fatal", f"Ray did not end {submission} within {STOP_WAIT:g}s",
                            hint=f"ray job status {submission} --address {where['address']}")
     deadline = time.monotonic() + 10
-    while not settle(repo, job_id, state=state) and time.monotonic() < deadline:
-        time.sleep(0.05)  # another command holds its run-lock while it settles it
+    while not collect(repo, job_id, state=state) and time.monotonic() < deadline:
+        time.sleep(0.05)  # another command holds its run-lock while it brings it home
     return records.read(repo, job_id)
 
 

@@ -261,9 +261,9 @@ class Front:
             if jsonrpc.is_request(message):
                 self.unanswered[message["id"]] = self.unanswered.get(message["id"], 0) + 1
             elif message.get("method") == "notifications/cancelled" and isinstance(params, dict):
-                self._settle(params.get("requestId"))
+                self._count_answer(params.get("requestId"))
 
-    def _settle(self, ident: object) -> None:
+    def _count_answer(self, ident: object) -> None:
         if isinstance(ident, int | str) and self.unanswered.get(ident):
             self.unanswered[ident] -= 1
             if not self.unanswered[ident]:
@@ -296,7 +296,7 @@ class Front:
         self.write(text.encode())
         if reply is not None:
             with self.asked:
-                self._settle(reply.get("id"))
+                self._count_answer(reply.get("id"))
 
 
 class SdkInput:

@@ -311,7 +311,7 @@ def _build(repo: Repo, commit: str) -> Entry:
     try:
         faults.point("pool_building")
         worktrees.job_git(repo, admin, building, "read-tree", "--reset", "-u", "HEAD")
-        _settle_index(repo, admin, building)
+        _refresh_index(repo, admin, building)
         _drop_transient(admin)  # the reflog `worktree add` wrote: an entry holds git's own files only
         size, linked = measure(building)
         if linked:
@@ -326,7 +326,7 @@ def _build(repo: Repo, commit: str) -> Entry:
     return Entry(name, final, admin, commit, size, made)
 
 
-def _settle_index(repo: Repo, admin: Path, path: Path) -> None:
+def _refresh_index(repo: Repo, admin: Path, path: Path) -> None:
     """Refresh the index when its own second has passed already: a file written in the second
     git wrote the index is "racily clean", and the first status of the job that takes the entry
     would hash it again. Never waited for: a refill gets only a short grace after its job's work."""

@@ -61,11 +61,11 @@ class Elsewhere(Protocol):
     def stop(self, repo: Any, job_id: str) -> Any:
         """Ask it to stop the job there; the Job as recorded after."""
 
-    def settle(self, repo: Any, job_id: str, *, advance: bool = True) -> bool:
+    def collect(self, repo: Any, job_id: str, *, advance: bool = True) -> bool:
         """Bring the job home once it ended there; True when its attempt is now ended here
         (`advance` False: the caller moves on the jobs that wait for it)."""
 
-    def settle_active(self, repo: Any, entries: list[dict[str, Any]]) -> list[str]:
+    def collect_active(self, repo: Any, entries: list[dict[str, Any]]) -> list[str]:
         """Bring home the listed active jobs it says ended; their ids."""
 
     def bring_home(self, repo: Any, job: Any) -> None:

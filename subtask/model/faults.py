@@ -15,7 +15,7 @@ files not yet written), after_checkout, after_engine, after_verify, before_final
 after_final_record (worker); after_retry_reserved (a verify loop's retry: its slot entry renamed,
 its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck
 (cleanup, cleanup --merged, the sweep, gc: before each job's re-check under its run-lock, and after
-it with the lock held); before_group_decide (whoever settles a best-of group, once it saw every
+it with the lock held); before_group_decide (whoever concludes a best-of group, once it saw every
 member ended); wait_found_busy (wait, when an ended job it waits on is still held by its worker or a
 reply); before_advance, after_advance (a worker, its job ended and its slot freed, before and after
 it starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting,

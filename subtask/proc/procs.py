@@ -10,7 +10,7 @@ Invariants:
   fork and exec) sets PR_SET_PDEATHSIG to SIGKILL, and exits at once if that parent is already
   gone. Linux sends it when the *thread* that forked dies, so children are spawned only from a
   thread that lives as long as the worker (its main thread). It reaches the leader only; the
-  rest of the group is ended by whoever settles the dead worker (`lifecycle`, from `run/<id>.engine`).
+  rest of the group is ended by whoever ends the dead worker (`lifecycle`, from `run/<id>.engine`).
 - `child_setup` is the one place for code that must run in the child before exec.
 - SIGTERM and SIGINT handlers are held back while Popen runs, so an interrupt can never land
   after the fork but before we know the child's pid; it is raised right after, and ends the child.

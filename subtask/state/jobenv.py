@@ -16,7 +16,7 @@ Invariants:
   written atomically, 0600, in the 0700 state directory.
 - One file per job, for its current attempt: written right after the admission saved the slot
   entry, while the starter still holds the run-lock (so no one can be handed the job before the
-  file exists, and a crash from there on is settled by someone who drops it); removed when the
+  file exists, and a crash from there on is cleaned up by whoever ends it, who drops it); removed when the
   attempt ends (by the worker before it lets go of the run-lock, or by whoever ends an attempt no
   worker will finish), so a later reply writes its own.
 - A job without a file (written by an older version) runs with the environment of whoever runs

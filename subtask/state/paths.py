@@ -8,7 +8,7 @@ ports.json, ports.lock          each running attempt's ports (state/ports)
 notes.lock, worktree.lock, land.lock, clone-id.lock, index-<key>.lock, packed-<repo>.lock
 pool-fill.lock                  held by the one process filling the worktree pool (git/pool)
 notify.jsonl (.1), notify.lock   the events told to MCP clients (ops/notify)
-groups/<gid>.lock               a group's settle lock
+groups/<gid>.lock               a group's conclusion lock
 land-sweep.json, patch-ids.json, main-index/       caches of the sweep, landing and the worker
 logs/<id>.log                   a worker's stderr
 run/<id>.lock                   the run-lock, held (flock) for a worker's life (state/liveness)

@@ -13,8 +13,8 @@ Invariants:
   wildcards) before it is recorded; a range with a busy port is passed over.
 - Release exactly what was allocated, keyed by (job, attempt), so a stale release by an old
   attempt never frees a newer one's range; releasing twice is a no-op. The worker releases its
-  range when its attempt ends; whoever settles a dead worker releases it for it
-  (`lifecycle.settle_dead`).
+  range when its attempt ends; whoever ends a dead worker releases it for it
+  (`lifecycle.end_dead`).
 - A damaged file reads as holding nothing (with a warning): the binding check still keeps a range
   away from any port a job has actually bound.
 

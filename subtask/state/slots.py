@@ -16,7 +16,7 @@ Invariants:
   lent slot does not count against maxRunning, so a parent waiting on its child never deadlocks,
   and the child takes the lender's place if the lender ends first, so `taken` never grows.
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
-  one that takes that run-lock under the slots lock) settles it, and removes the entry only after.
+  one that takes that run-lock under the slots lock) ends it, and removes the entry only after.
 - A map member (`pool`, `pool_max`) takes a slot only while fewer than `pool_max` entries of its
   pool run; until then it waits in the queue without holding up the entries behind it.
 - `waiting` lists the jobs recorded `waiting` (subtask/plans.py) with the jobs they wait for
@@ -125,7 +125,7 @@ def save(state_dir: Path, slots: Slots) -> None:
 
     Not fsynced: it is a cache, and the records it caches are not fsynced either (libgit2 does not
     by default). A crash that loses the write loses every worker too, and the file is then either
-    the old one (its running entries' run-locks are free: settled as dead) or damaged (rebuilt).
+    the old one (its running entries' run-locks are free: ended as dead) or damaged (rebuilt).
     An fsync here ran under the slots lock, on each start and each end: 0.35 ms at the median but
     up to 16 ms beside ten checkouts, with every other start and hand-off queued behind it.
     """
@@ -174,7 +174,7 @@ def listed(slots: Slots) -> set[str]:
     return {e["job"] for e in slots.running + slots.queue + slots.waiting}
 
 
-def settled(state_dir: Path) -> bool:
+def nothing_to_sweep(state_dir: Path) -> bool:
     """True when a look without the slots lock finds nothing for a sweep to do: the file is
     whole, nothing is queued, every running entry's run-lock is held (its worker lives, or someone
     is settling it), and no waiting job's jobs have all ended. A reading command then takes no
@@ -300,10 +300,10 @@ def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
 def reap_dead(slots: Slots, state_dir: Path) -> list[HandOff]:
     """Take the run-lock of each running entry nobody holds (its worker is dead). Caller holds the lock.
 
-    The entries stay in the file until they are settled (`lifecycle.settle_reaped`): the taken
-    run-lock tells every other process that someone is settling them, and if the settler itself
+    The entries stay in the file until they are ended (`lifecycle.end_reaped`): the taken
+    run-lock tells every other process that someone is ending them, and if that process itself
     crashes the lock goes with it and the next command reaps them again, so a dead worker's money
-    is never forgotten between "removed from the slots" and "settled".
+    is never forgotten between "removed from the slots" and "ended".
     """
     reaped = []
     for entry in slots.running:

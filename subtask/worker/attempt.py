@@ -119,7 +119,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
         phases.mark("slot_hand_off")
-        start_waiters(repo, settle=False)  # before our run-lock goes: `wait` for us returns with them started
+        start_waiters(repo, conclude=False)  # before our run-lock goes: `wait` for us returns with them started
         refill.end()  # the pool refill beside the job ends with it: when no job runs, nothing runs
         phases.mark("refill_ended")
         liveness.release(lock_fd)
@@ -128,7 +128,7 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         phases.flush(job_id, attempt_n)
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
-        if member is not None:  # our note is written and our run-lock released: settle the group
+        if member is not None:  # our note is written and our run-lock released: conclude the group
             groups.after_member_ended(repo, member)
             start_waiters(repo)  # ... and start the jobs waiting for the group
         if not same_repo:
@@ -137,12 +137,12 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         jobenv.adopt(repo.state_dir, job_id)  # its starter's environment, not the previous job's
 
 
-def start_waiters(repo: Repo, settle: bool = True) -> None:
+def start_waiters(repo: Repo, conclude: bool = True) -> None:
     """Move on the jobs waiting for the one this worker just ended (`waiting.advance`); cheap when
-    none waits. Whatever fails here, the next command's sweep does it. `settle` False: a group they
-    wait for is not decided here (its judges would hold our run-lock; we settle it after it)."""
+    none waits. Whatever fails here, the next command's sweep does it. `conclude` False: a group they
+    wait for is not decided here (its judges would hold our run-lock; we conclude it after)."""
     faults.point("before_advance")
-    waiting.advance_quietly(repo, settle)
+    waiting.advance_quietly(repo, conclude)
     faults.point("after_advance")
 
 
@@ -154,7 +154,7 @@ def _run_current(repo: Repo, job_id: str) -> tuple[int, Job | None]:
     except SubtaskError:
         # Its `start` crashed after queueing it, before writing its record: nothing of it ran.
         # Release its reservation and drop its branch; the caller frees the slot.
-        lifecycle.settle_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
+        lifecycle.end_dead(repo, slots.make_entry(job_id, 1, repo.common_dir))
         return 1, None
     while True:
         attempt_n = _run_one(repo, job)

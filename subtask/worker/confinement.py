@@ -309,7 +309,7 @@ def release_namespace(repo: Repo, job: Job) -> None:
     """Give the attempt's ports back (once: a second release finds nothing)."""
     try:
         ports.release(repo.state_dir, job.id, job.state.current.n)
-    except Exception as exc:  # a dead worker's settle releases them otherwise
+    except Exception as exc:  # ending a dead worker releases them otherwise
         print(f"git-subtask: could not release the ports of {job.id}: {exc}", file=sys.stderr)
 
 

@@ -70,7 +70,7 @@ def finish_attempt(repo: Repo, worktree: Path, sink: EventSink, ran: EngineRun, 
     except BaseException:
         plan.undo()  # no record of the next attempt: its slot entry and money go back
         raise
-    retrying = plan.settle(job)
+    retrying = plan.confirm(job)
     privatetext.discard(state_dir, job_id, attempt_n)
     phases.mark("record")
     faults.point("after_final_record")

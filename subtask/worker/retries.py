@@ -20,8 +20,8 @@ Invariants:
 - Never reserve a retry's money before its slot entry is on disk, and never keep a slot entry or
   a reservation for a retry the record does not hold: the worker's own slot entry is renamed to
   the next attempt (slots lock, then ledger lock, as `start`), undone when the record could not
-  take it; a worker killed in between leaves an entry that `lifecycle.settle_dead` recognises (its
-  attempt is not in the record) and settles: the retry's reservation released, the attempt the
+  take it; a worker killed in between leaves an entry that `lifecycle.end_dead` recognises (its
+  attempt is not in the record) and ends: the retry's reservation released, the attempt the
   record holds ended.
 - The cap check counts the ending attempt at what it is about to be charged, not its whole
   reservation, so a retry fits exactly where a reply would.
@@ -98,7 +98,7 @@ class Plan:
         if self.next is not None:
             job.state.attempts.append(copy.deepcopy(self.next))
 
-    def settle(self, job: Job | None) -> bool:
+    def confirm(self, job: Job | None) -> bool:
         """After the final write: True when the record took the next attempt; else its slot
         entry and reservation are given back (also when the write failed: `job` None)."""
         if self.next is not None and job is not None and job.state.current.n == self.next.n:

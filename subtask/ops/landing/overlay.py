@@ -24,7 +24,7 @@ Invariants:
   (`<worktreeDir>/.harness/<id>/overlay/journal.json`, beside the job's moved files, outside
   the worktree and outside every sandbox's writable paths), and never leave it changed: the undo
   runs in `finally`, is idempotent, and runs again before the job's next attempt and when a
-  dead worker is settled (`restore_left`), so a killed worker never leaves the trusted tests for
+  dead worker is ended (`restore_left`), so a killed worker never leaves the trusted tests for
   the engine to see or the autocommit to commit.
 - Never read, write or move through a link below the worktree: a folder the job replaced by a
   link or a file is moved aside like any added file, so the trusted files land inside the worktree.

@@ -128,7 +128,7 @@ class Queue:
         try:
             while self.line and not self.result.stopped:
                 changed = self.plan()
-                changed = (self.settle_atomic() if self.opts.atomic else self.settle()) or changed
+                changed = (self.land_atomic() if self.opts.atomic else self.land_verified()) or changed
                 if not self.line or self.result.stopped:
                     break
                 if not changed and not self.wait_one():
@@ -437,7 +437,7 @@ class Queue:
 
     # ------------------------------------------------------------ landing
 
-    def settle(self) -> bool:
+    def land_verified(self) -> bool:
         """Land the verified prefix (one move of the target), report the failures that are final
         (every job ahead of them landed); True when anything changed."""
         changed = False
@@ -486,7 +486,7 @@ class Queue:
         out.state = "landed"
         self.finish_later(item, out, entry.built.commit, now_at)
 
-    def settle_atomic(self) -> bool:
+    def land_atomic(self) -> bool:
         """--atomic: nothing moves until every job integrated and passed; the first job (in line
         order) that did not breaks the queue, the rest are not reached."""
         for n, entry in enumerate(self.line):
@@ -574,7 +574,7 @@ class Queue:
         except SubtaskError as exc:
             _refused(out, exc)
             return False
-        out.job = item.job.id  # a group's pick, once settled
+        out.job = item.job.id  # a group's pick, once concluded
         return True
 
     def checks_of(self, item: Item) -> list[dict]:

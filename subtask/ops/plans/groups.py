@@ -13,8 +13,8 @@ Invariants:
   member end at once (its worker, a `wait`, a `list`): the first write wins, the other reads it.
   Facts (merged, superseded) are added to a terminal record; its pick and table never change.
 - The pick is a function of the members' final records and the judge's scores only: whoever sees
-  every member ended (`settle`) computes it under `groups/<gid>.lock`, so judges run once per
-  settle and a settle that dies (kill -9) leaves the group `running` for the next command to settle.
+  every member ended (`conclude`) computes it under `groups/<gid>.lock`, so judges run once per
+  group, and a conclusion that dies (kill -9) leaves the group `running` for the next command.
 - `--first-pass`: once one member has passed, whoever sees it stops the rest (queued ones first,
   so none is handed a slot meanwhile); their reservations close as any stopped job's do. The pick
   is then the passing member that ended first (ties to the earlier member).
@@ -64,7 +64,7 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 8
 TERMINAL = ("picked", "no_pick", "stopped", "done", "failed")  # done, failed: a map's ends
 KINDS = ("best_of", "map")
 MAX_MAP_JOBS = 1000
-SETTLE_LOCK_WAIT = 3600.0  # a settle holds the lock while judges run (each bounded by verifyTimeout)
+DECIDE_LOCK_WAIT = 3600.0  # a conclusion holds the lock while judges run (each bounded by verifyTimeout)
 
 
 def new_group_id() -> str:
@@ -393,7 +393,7 @@ def why_first(group: Group, row: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- settling
 
-def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
+def conclude(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
     """Decide the group if every member has ended (exactly once), stop the rest on a first pass,
     and complete the members' places. Cheap when there is nothing to do. Another clone's group is
     only read: its record and its members' are theirs to write (and its members not ours to stop)."""
@@ -414,11 +414,11 @@ def settle(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
 
 
 def _decide_once(repo: Repo, gid: str) -> Group:
-    lock = file_lock(paths.groups_dir(repo.state_dir) / f"{gid}.lock", timeout=SETTLE_LOCK_WAIT)
+    lock = file_lock(paths.groups_dir(repo.state_dir) / f"{gid}.lock", timeout=DECIDE_LOCK_WAIT)
     with lock:
         group, _tip = read(repo, gid)
         if group.terminal:
-            return group  # someone settled (or stopped) it while we waited for the lock
+            return group  # someone concluded (or stopped) it while we waited for the lock
         jobs = members(repo, group)
         if not all(map(_ended, jobs.values())):
             return group  # a reply started meanwhile
@@ -489,7 +489,7 @@ def stop_rest(repo: Repo, group: Group, jobs: dict[str, Job | None]) -> None:
 
 def after_member_ended(repo: Repo, job: Job, *, first_pass_only: bool = False) -> None:
     """A member's worker, once its attempt has ended: stop the rest on a first pass (while it
-    still holds its slot: `first_pass_only`), or settle the group (after it let go of its slot).
+    still holds its slot: `first_pass_only`), or conclude the group (after it let go of its slot).
     Never raises: the worker's own job is already recorded."""
     gid = job.spec.group
     if not gid:
@@ -500,14 +500,14 @@ def after_member_ended(repo: Repo, job: Job, *, first_pass_only: bool = False) -
             if group.first_pass and not group.terminal and passed(job):
                 stop_rest(repo, group, members(repo, group))
             return
-        settle(repo, gid)
-    except Exception as exc:  # the next command that looks at the group settles it
-        print(f"git-subtask: could not settle group {gid} yet: {exc}", file=sys.stderr)
+        conclude(repo, gid)
+    except Exception as exc:  # the next command that looks at the group concludes it
+        print(f"git-subtask: could not conclude group {gid} yet: {exc}", file=sys.stderr)
 
 
-def settle_listed(repo: Repo, entries: list[dict]) -> None:
+def conclude_listed(repo: Repo, entries: list[dict]) -> None:
     """Settle the groups of listed members whose members have all ended (a worker died, or a
-    settle was killed): `list` is one of the commands that notices."""
+    conclusion was killed): `list` is one of the commands that notices."""
     by_group: dict[str, list[dict]] = {}
     for entry in entries:
         if entry.get("group"):
@@ -521,7 +521,7 @@ def settle_listed(repo: Repo, entries: list[dict]) -> None:
             group = read(repo, gid)[0]
             if (ended and (not group.terminal or any(not e.get("placed") for e in listed))) or \
                     (one_passed and group.first_pass and not group.terminal):
-                settle(repo, gid)  # a first pass whose winner's worker died before it stopped the rest
+                conclude(repo, gid)  # a first pass whose winner's worker died before it stopped the rest
         except SubtaskError:
             continue
 
@@ -554,7 +554,7 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
           reverify: bool = False) -> tuple[Group, list[str]]:
     """Land the pick through the ordinary merge gate; supersede the others.
 
-    Another clone's group (pulled) is read, never settled or updated here, and its pick goes
+    Another clone's group (pulled) is read, never concluded or updated here, and its pick goes
     through the same gate as any job of theirs (its verify re-run unless an allowed signer
     signed the pick's record); its other members are left as they are.
     """
@@ -567,8 +567,8 @@ def merge(repo: Repo, gid: str, mode: str = "merge", force: bool = False,
 
 
 def picked(repo: Repo, gid: str) -> Group:
-    """The settled group, once it has a pick to land (`merge`, `land`); else why not."""
-    group = settle(repo, gid, wait_for_workers=True)
+    """The concluded group, once it has a pick to land (`merge`, `land`); else why not."""
+    group = conclude(repo, gid, wait_for_workers=True)
     if group.is_map:
         raise SubtaskError("usage", f"{gid} is a map: it has no pick to merge; merge its jobs one by one, or start "
                            "one job after the whole map (it starts from all their heads) and merge that",

@@ -24,7 +24,7 @@ Invariants:
 - Never take a waiting job's slot or money before its record says `queued`: a process killed
   before that leaves a `waiting` job (started again by the next command, its branch reused where
   it is still at the base), one killed after it a `queued` job whose `waiting` entry says its
-  admission is still to come (`move_on` completes it; `lifecycle.settle_orphan` leaves it alone).
+  admission is still to come (`move_on` completes it; `lifecycle.end_orphan` leaves it alone).
 - Never read "ended" from slots.json alone: it only says which waiting jobs to look at; the
   records say whether what they wait for ended, and how.
 """
@@ -103,7 +103,7 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
     if not attempt.terminal and not executors.of(job).runs_here:
         # Nothing here notices a job elsewhere end but a look there (one status request, at most
         # as often as `advance` runs); what it brings home is moved on by our caller, not by it.
-        executors.of(job).backend().settle(repo, job_id, advance=False)
+        executors.of(job).backend().collect(repo, job_id, advance=False)
         job = records.read(repo, job_id)
         attempt = job.state.current
     if not attempt.terminal:
@@ -116,11 +116,11 @@ def _job_dependency(repo: Repo, job_id: str) -> Dependency:
     return Dependency(job_id, True, job_passed(job), [_head(job)], words)
 
 
-def _group_dependency(repo: Repo, gid: str, settle: bool = True) -> Dependency:
+def _group_dependency(repo: Repo, gid: str, conclude: bool = True) -> Dependency:
     from subtask.ops.plans import groups
 
     try:
-        group = groups.settle(repo, gid) if settle else groups.read(repo, gid)[0]
+        group = groups.conclude(repo, gid) if conclude else groups.read(repo, gid)[0]
     except SubtaskError as exc:
         return Dependency(gid, True, words=f"{gid} cannot be read: {exc.message}")
     if not group.terminal:
@@ -137,10 +137,10 @@ def _group_dependency(repo: Repo, gid: str, settle: bool = True) -> Dependency:
                       f"{gid} ended {group.state}" + (f" ({group.reason})" if group.reason else ""))
 
 
-def dependencies(repo: Repo, job: Job, settle: bool = True) -> list[Dependency]:
-    """How each job or group `job` waits for ended (`settle`: decide a group whose jobs all ended,
+def dependencies(repo: Repo, job: Job, conclude: bool = True) -> list[Dependency]:
+    """How each job or group `job` waits for ended (`conclude`: decide a group whose jobs all ended,
     which may run its judges; else a group counts as ended once its record says so)."""
-    return [_group_dependency(repo, name, settle) if name.startswith("sg-") else _job_dependency(repo, name)
+    return [_group_dependency(repo, name, conclude) if name.startswith("sg-") else _job_dependency(repo, name)
             for name in job.spec.after or []]
 
 
@@ -186,10 +186,10 @@ def integrate(repo: Repo, heads: list[tuple[str, str]], for_job: str) -> Integra
 
 # ---------------------------------------------------------------- moving waiting jobs on
 
-def advance(repo: Repo, settle: bool = True) -> list[str]:
+def advance(repo: Repo, conclude: bool = True) -> list[str]:
     """Move on every waiting job of this repository none of whose jobs is listed in slots.json any
     more; repeat while that ends some (a chain of skips). Returns the ids moved on. Cheap when
-    nothing is waiting: one read of slots.json. `settle`: see `dependencies`."""
+    nothing is waiting: one read of slots.json. `conclude`: see `dependencies`."""
     moved: list[str] = []
     seen: set[str] = set()
     for _ in range(MAX_ROUNDS):
@@ -202,7 +202,7 @@ def advance(repo: Repo, settle: bool = True) -> list[str]:
         for job_id in ready:
             seen.add(job_id)
             try:
-                outcome = move_on(repo, job_id, settle)
+                outcome = move_on(repo, job_id, conclude)
             except Exception as exc:  # one broken job must not keep the others waiting
                 print(f"git-subtask: could not start waiting job {job_id} yet: {exc}", file=sys.stderr)
                 continue
@@ -211,10 +211,10 @@ def advance(repo: Repo, settle: bool = True) -> list[str]:
     return moved
 
 
-def advance_quietly(repo: Repo, settle: bool = True) -> None:
+def advance_quietly(repo: Repo, conclude: bool = True) -> None:
     """`advance` where nothing may fail (a worker's wrap-up): the next command tries again."""
     try:
-        advance(repo, settle)
+        advance(repo, conclude)
     except Exception as exc:
         print(f"git-subtask: could not move waiting jobs on yet: {exc}", file=sys.stderr)
 
@@ -228,7 +228,7 @@ def _try_lock(repo: Repo, job_id: str) -> int | None:
     return None
 
 
-def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
+def move_on(repo: Repo, job_id: str, conclude: bool = True) -> str:
     """Start, skip or fail one waiting job once what it waits for ended: "started", "skipped",
     "failed", "not yet", "busy" (someone else holds it), or "gone" (not waiting any more)."""
     fd = _try_lock(repo, job_id)
@@ -249,13 +249,13 @@ def move_on(repo: Repo, job_id: str, settle: bool = True) -> str:
         if attempt.state != WAITING or not ownership.owns(repo, job):
             if attempt.state == "queued" and attempt.n == 1 and ownership.owns(repo, job) \
                     and not _in_slots(repo, job_id) \
-                    and executors.of(job).runs_here:  # elsewhere, its executor's settle ends one never handed over
+                    and executors.of(job).runs_here:  # elsewhere, its executor's `collect` ends one
                 kept = True
                 _admit_and_spawn(repo, job, fd)  # its mover died between its record and its admission
                 return "started"
             forget(repo, job_id)
             return "gone"
-        found = dependencies(repo, job, settle)
+        found = dependencies(repo, job, conclude)
         if not all(d.ended for d in found):
             return "not yet"
         failed = [d for d in found if not d.passed]

@@ -5,10 +5,10 @@ that starts).
 Invariants (docs/architecture.md):
 - Lock order: slots, then ledger; nothing slow runs under either.
 - The slot entries are saved before the money is reserved, so a crash between the two leaves a
-  slot entry that recovery settles, never a reservation nobody knows about.
+  slot entry that recovery ends, never a reservation nobody knows about.
 - Several launches (a group) are reserved all or none: the cap is checked for their sum first.
 - A refusal keeps what the reap and fill of the same critical section did: the error carries them
-  (`admission`) for the caller to settle and hand on.
+  (`admission`) for the caller to undo or hand on.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ def admit(repo: Repo, launches: list, what: str | None = None
     Each launch has `job` (its current attempt is the one admitted) and `paid`.
 
     The slot entries are saved before the money is reserved, so a crash between the two leaves a
-    slot entry that recovery settles, never a reservation nobody knows about. Several launches (a
+    slot entry that recovery ends, never a reservation nobody knows about. Several launches (a
     group) are reserved all or none: the cap is checked for their sum before any row is written.
     A refusal (or any error) takes the entries back out but keeps what the reap and fill did; the
-    error then carries them as `admission`, for the caller to settle and hand on.
+    error then carries them as `admission`, for the caller to undo or hand on.
     """
     state_dir = repo.state_dir
     max_running = repo.config.integer("maxRunning")
@@ -80,7 +80,7 @@ def after_admission(repo: Repo, admission: tuple[list[slots.HandOff], list[slots
     """Settle the dead workers the admission reaped and spawn the workers it handed slots to."""
     dead, handed = admission
     lifecycle.start_handoffs(repo, handed)
-    lifecycle.settle_reaped(repo, dead)
+    lifecycle.end_reaped(repo, dead)
 
 
 def fill_after_queueing(repo: Repo) -> list[slots.HandOff]:

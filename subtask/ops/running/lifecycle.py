@@ -1,4 +1,4 @@
-"""Starting and ending attempts: spawn a worker, settle a dead one, hand slots on.
+"""Starting and ending attempts: spawn a worker, end a dead one, hand slots on.
 
 Shared by `api` (start, stop, reply, every command's recovery sweep) and `worker` (its own end
 and the hand-off to the next queued job), so each of these steps has exactly one implementation.
@@ -8,7 +8,7 @@ Invariants:
   compare-and-swap and never overwrites one; the ledger close that goes with it is idempotent.
   Together they make "charged once" hold however many processes notice a dead worker.
 - A dead worker's engine process group is killed (`end_orphaned_engine`) before its attempt is
-  settled and its slot freed, and only when the recorded group provably is that engine's (the
+  ended and its slot freed, and only when the recorded group provably is that engine's (the
   leader's start time is recorded with its pid).
 - A spawned worker inherits its run-lock fd; the spawner closes its copy without unlocking
   (unlocking would drop the worker's lock too: flock belongs to the shared file description).
@@ -180,7 +180,7 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         ended[:] = [job]
         return True
 
-    job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-settled
+    job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-written
     privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
     if job.state.attempts and job.state.current.n == attempt_n and job.state.current.terminal:
         # ... and so does its starter's environment (issue 11 item 8), also when its worker died
@@ -211,7 +211,7 @@ def reconcile(repo: Repo) -> list[str]:
         reaped = slots.reap_dead(current, state_dir)
         handed = slots.fill(current, state_dir, max_running)
     start_handoffs(repo, handed)
-    return settle_reaped(repo, reaped)
+    return end_reaped(repo, reaped)
 
 
 def nothing_to_reconcile(state_dir: Path) -> bool:
@@ -228,17 +228,17 @@ def nothing_to_reconcile(state_dir: Path) -> bool:
     return all(liveness.is_held(state_dir, entry["job"]) for entry in current.running)
 
 
-def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
+def end_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
     """Settle reaped dead entries (we hold their run-locks), then free their slots and hand them on.
 
     An entry whose record could not be written keeps its slot: the next command reaps it again,
-    so a slot is never freed before its job's record is settled.
+    so a slot is never freed before its job's record says it ended.
     """
     if not reaped:
         return []
     handed: list[slots.HandOff] = []
     try:
-        outcomes = [_settle_quietly(repo, r.entry) for r in reaped]
+        outcomes = [_end_quietly(repo, r.entry) for r in reaped]
         with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
             for r, outcome in zip(reaped, outcomes, strict=True):
                 if outcome is not None:
@@ -251,18 +251,18 @@ def settle_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
     return [r.entry["job"] for r, outcome in zip(reaped, outcomes, strict=True) if outcome]
 
 
-def _settle_quietly(repo: Repo, entry: dict) -> bool | None:
-    """`settle_dead`, or None when it could not be settled (one broken job must not keep the
-    others' slots; its own slot stays until a later command settles it)."""
+def _end_quietly(repo: Repo, entry: dict) -> bool | None:
+    """`end_dead`, or None when it could not be ended (one broken job must not keep the
+    others' slots; its own slot stays until a later command ends it)."""
     try:
-        return settle_dead(repo, entry)
+        return end_dead(repo, entry)
     except Exception as exc:
-        print(f"git-subtask: could not settle {entry['job']} yet (its slot is kept; the next command "
+        print(f"git-subtask: could not end {entry['job']} yet (its slot is kept; the next command "
               f"retries): {exc}", file=sys.stderr)
         return None
 
 
-def settle_dead(repo: Repo, entry: dict) -> bool:
+def end_dead(repo: Repo, entry: dict) -> bool:
     """Settle a slot entry whose worker is gone: end its attempt, close its reservation, drop orphans.
 
     Returns True when this call ended the attempt. Raises when the record cannot be written (the
@@ -275,7 +275,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
     rid = paths.reservation_id(job_id, attempt_n)
     if target is None:
         return False
-    # The engine dies before the attempt is settled and its slot freed: a dead worker's engine
+    # The engine dies before the attempt is ended and its slot freed: a dead worker's engine
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
     end_orphaned_engine(target.state_dir, job_id)
     ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
@@ -284,7 +284,7 @@ def settle_dead(repo: Repo, entry: dict) -> bool:
         recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
         # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
-        # Nothing more can be written to it, so it is settled as far as it can be: the slot goes.
+        # Nothing more can be written to it, so it is ended as far as it can be: the slot goes.
         ledger.close(target.state_dir, rid, None, reason="record damaged")
         print(f"git-subtask: {exc.message}; its slot is freed and its reservation charged", file=sys.stderr)
         return False
@@ -317,7 +317,7 @@ def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
     """A slot entry of an attempt the record does not hold: a verify loop's retry (subtask/
     retries.py) whose worker died after it renamed its slot entry and reserved the retry's money,
     before the record took it. Nothing of the retry ran: its money and words go, and what is
-    settled is the attempt the record holds (the one the dead worker was ending)."""
+    ended is the attempt the record holds (the one the dead worker was ending)."""
     ledger.close(repo.state_dir, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
     privatetext.discard(repo.state_dir, job.id, attempt_n)
     return job.state.current.n
@@ -354,9 +354,9 @@ def missing_after_end(repo: Repo, job: Job) -> list[str]:
     return missing
 
 
-def settle_orphan(repo: Repo, job_id: str) -> bool:
+def end_orphan(repo: Repo, job_id: str) -> bool:
     """Settle a job recorded queued or running that no slot entry, starter or worker holds (its
-    slot was freed without its record being settled). True if this call ended it."""
+    slot was freed without its record ending it). True if this call ended it."""
     fd = liveness.acquire(repo.state_dir, job_id, block=False)
     if fd is None:
         return False  # a worker or starter holds it: not an orphan
@@ -370,7 +370,7 @@ def settle_orphan(repo: Repo, job_id: str) -> bool:
         job = records.read(repo, job_id)
         if job.state.current.terminal or job.state.current.state == WAITING or not ownership.owns(repo, job):
             return False  # ended, waiting (rebuilt into the file by the next pass), or a teammate's record
-        return bool(_settle_quietly(repo, slots.make_entry(job_id, job.state.current.n, repo.common_dir)))
+        return bool(_end_quietly(repo, slots.make_entry(job_id, job.state.current.n, repo.common_dir)))
     finally:
         liveness.release(fd)
 

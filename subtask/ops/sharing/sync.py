@@ -172,17 +172,17 @@ def push(repo: Repo, remote: str = "origin", branches: bool = False) -> SyncResu
     notes_store.ensure_ref(repo.git)
     result = SyncResult(remote)
     specs = [RECORDS_SPEC, NOTES_SPEC] + ([BRANCHES_SPEC] if branches else [])
-    return _push_settled(repo, remote, specs, result)
+    return _push_until_taken(repo, remote, specs, result)
 
 
-def _push_settled(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> SyncResult:
-    """Push `specs` (never forced); settle what the remote refused and push that again."""
+def _push_until_taken(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> SyncResult:
+    """Push `specs` (never forced); resolve what the remote refused and push that again."""
     deadline = time.monotonic() + PUSH_PATIENCE_S
     round_ = 0
     while True:
         refused = _push(repo, remote, specs, result)
         passing = {ref: why for ref, why in refused.items() if TRANSIENT_REFUSAL.search(why)}
-        retry = _settle_refused(repo, remote, passing, result) if passing else set()
+        retry = _resolve_refused(repo, remote, passing, result) if passing else set()
         refused = {ref: why for ref, why in refused.items() if ref in retry or ref not in passing}
         if not retry or time.monotonic() >= deadline:
             break
@@ -219,7 +219,7 @@ def _push(repo: Repo, remote: str, specs: list[str], result: SyncResult) -> dict
     return refused
 
 
-def _settle_refused(repo: Repo, remote: str, refused: dict[str, str], result: SyncResult) -> set[str]:
+def _resolve_refused(repo: Repo, remote: str, refused: dict[str, str], result: SyncResult) -> set[str]:
     """Look at what the remote refused; returns the refs worth pushing again.
 
     The notes: theirs merged into ours, then pushed again (a fast-forward). A record, pin or branch
@@ -280,7 +280,7 @@ def push_job(repo: Repo, remote: str, job_id: str, notes: bool = True) -> SyncRe
     if notes:
         notes_store.ensure_ref(repo.git)
         specs.append(NOTES_SPEC)
-    return _push_settled(repo, remote, specs, SyncResult(remote))
+    return _push_until_taken(repo, remote, specs, SyncResult(remote))
 
 
 def fetch_job(repo: Repo, remote: str, job_id: str) -> SyncResult:
