@@ -35,7 +35,8 @@ def start_all(repo: Path, jobs: int, procs: int, seconds: float) -> tuple[float,
     t0 = time.time()
     children = [subprocess.Popen(["sh", "-c", script, str(k), *ST, "start", f"sleep {seconds}"], cwd=repo,
                                  stdout=subprocess.PIPE, text=True) for k in per_proc]
-    ids = [line.split()[0] for child in children for line in child.communicate()[0].splitlines() if line.startswith("st-")]
+    ids = [line.split()[0] for child in children for line in child.communicate()[0].splitlines()
+           if line.startswith("st-")]
     return t0, ids
 
 

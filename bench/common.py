@@ -32,7 +32,8 @@ def make_repo(path: Path, files: int = 2000, folders: int = 50, packed: bool = F
         folder.mkdir(exist_ok=True)
         (folder / f"mod{n:04d}.py").write_text(f"def f{n}():\n    return {n}\n")
     sh("git", "add", "-A", cwd=made)
-    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "generated", cwd=made)
+    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "generated",
+       cwd=made)
     if packed:
         sh("git", "clone", "-q", "--no-local", str(made), str(path))
     sh("git", "config", "subtask.engine", "shell", cwd=path)
@@ -80,8 +81,10 @@ def make_wheel_venv(where: Path, tree: Path | None = None) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     wheels = where / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "-w", str(wheels), str(tree or Path(__file__).resolve().parents[1])], check=True, stderr=subprocess.DEVNULL)
-    target = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                    "-w", str(wheels), str(tree or Path(__file__).resolve().parents[1])],
+                   check=True, stderr=subprocess.DEVNULL)
+    target = Path(subprocess.run([str(where / "bin" / "python"), "-c",
+                                  "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True, check=True).stdout.strip())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),

@@ -204,7 +204,8 @@ def initialize(tmp: Path, wheel: Path, peer_venv: Path, runs: int) -> dict:
     found = anyio.run(peer.initialize, {"ours": ours.params(), "peer": other.params()}, runs)
     row = {name: ms(values) for name, values in found.items()}
     row["ours/peer"] = round(row["ours"] / row["peer"], 2)
-    print(f"   mcp_initialize ours {row['ours']} peer {row['peer']}   ours/peer {row['ours/peer']} (<= 0.9)", flush=True)
+    print(f"   mcp_initialize ours {row['ours']} peer {row['peer']}   ours/peer {row['ours/peer']} (<= 0.9)",
+          flush=True)
     return row
 
 
@@ -298,7 +299,8 @@ def cli(tmp: Path, wheel: Path, env: dict, runs: int) -> dict:
     floor = row["python -c pass"]
     for name in READS:
         row[f"{name}/python"] = round(row[name] / floor, 2)
-        print(f"   {name:<8} {row[name]:>7} ms = {row[f'{name}/python']}x python -c pass ({floor} ms; <= 3)", flush=True)
+        print(f"   {name:<8} {row[name]:>7} ms = {row[f'{name}/python']}x python -c pass ({floor} ms; <= 3)",
+              flush=True)
     row["job/bare"] = round(row["start+wait+cleanup"] / row["bare git job"], 2)
     print(f"   start+wait+cleanup {row['start+wait+cleanup']} ms, bare git {row['bare git job']} ms: "
           f"{row['job/bare']}x (<= 4)", flush=True)
@@ -334,7 +336,8 @@ def big(tmp: Path, wheel: Path, env: dict, runs: int, files: int) -> dict:
         status = run(["git", "-C", str(worktree), "status", "--porcelain", "--untracked-files=all"], repo)
         branch = run(["git", "-C", str(worktree), "symbolic-ref", "HEAD"], repo).strip()
         at = run(["git", "-C", str(worktree), "rev-parse", "HEAD"], repo).strip()
-        clean.append(status == "" and branch == f"refs/heads/subtask/{job}" and at == run(["git", "rev-parse", "HEAD"], repo).strip())
+        clean.append(status == "" and branch == f"refs/heads/subtask/{job}"
+                     and at == run(["git", "rev-parse", "HEAD"], repo).strip())
         tool("cleanup", job)
     row = {k: ms(v) for k, v in samples.items()}
     row["start_engine/worktree_add"] = round(row["start_engine"] / row["worktree_add"], 2)

@@ -120,7 +120,8 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=400, help="test modules among the 2,000 files")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="subtask-harness-bench-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",) and not k.startswith("SUBTASK_")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONDONTWRITEBYTECODE",) and not k.startswith("SUBTASK_")}
     env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
     samples: dict[str, dict[str, list[float]]] = {
         s: {k: [] for k in ("today", "judged", "compare", "compare_cpu", "lay", "own")} for s in SCENARIOS}
@@ -139,7 +140,8 @@ def main() -> None:
                 if scenario == "clean":
                     for cache in tree.rglob("__pycache__"):
                         shutil.rmtree(cache)
-                compared, compared_cpu, laid, whole = judged(repo, tree, base, head, env, tmp / f"stash-{scenario}", tmp)
+                compared, compared_cpu, laid, whole = judged(repo, tree, base, head, env,
+                                                             tmp / f"stash-{scenario}", tmp)
                 row["compare"].append(compared)
                 row["compare_cpu"].append(compared_cpu)
                 row["lay"].append(laid)

@@ -130,7 +130,8 @@ def sandbox_phases(path: Path) -> list[float]:
 def start_to_wait(cli: tuple[list[str], dict], repo: Path, mode: str) -> float:
     command, env = cli
     t0 = time.perf_counter()
-    job = sh(*command, "start", "--engine", "shell", "--isolation", mode, "echo hi", cwd=repo, env=env).stdout.split()[0]
+    job = sh(*command, "start", "--engine", "shell", "--isolation", mode, "echo hi",
+             cwd=repo, env=env).stdout.split()[0]
     sh(*command, "wait", job, cwd=repo, env=env)
     return time.perf_counter() - t0
 

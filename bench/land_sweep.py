@@ -68,8 +68,8 @@ def main() -> None:
         sh("git", "config", "subtask.sweepInterval", "0", cwd=path)
         list_sweeping = median_ms(timed(lambda: sh("git", "subtask", "list", cwd=path), runs=5))
         result = {"jobs": JOBS, "upstream_commits": UPSTREAM, "cold_sweep_ms": cold, "warm_sweep_ms": warm,
-                  "throttled_noop_ms": throttled, "list_throttled_ms": list_cmd, "list_sweeping_every_time_ms": list_sweeping,
-                  "patch_id_cache_bytes": cache.stat().st_size}
+                  "throttled_noop_ms": throttled, "list_throttled_ms": list_cmd,
+                  "list_sweeping_every_time_ms": list_sweeping, "patch_id_cache_bytes": cache.stat().st_size}
         print(result)
         save("land_sweep", result)
 

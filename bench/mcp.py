@@ -44,7 +44,8 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 
 
 def make_repo(path: Path) -> Path:
-    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x")
+    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x",
+               GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x")
     for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "init"],
                  ["config", "subtask.engine", "shell"], ["config", "subtask.maxRunning", "10"]):
         subprocess.run(["git", "-C", str(path), *args], check=True, env=env)
@@ -53,7 +54,8 @@ def make_repo(path: Path) -> Path:
 
 def params(repo: Path, **extra_env: str) -> StdioServerParameters:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
-    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo), env=env)
+    return StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"],
+                                 cwd=str(repo), env=env)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -137,7 +139,8 @@ async def measure(repo: Path, calls: int, starts: int, startup_only: bool, plain
                        check=True)
         for _ in range(5):
             # The job writes the time it ends as its last act; wait's reply is timed against it.
-            _, line = await timed(client, "start", {"task": f"sleep 0.5; python3 -c 'import time; print(time.time())' > {marker}"})
+            _, line = await timed(client, "start",
+                                  {"task": f"sleep 0.5; python3 -c 'import time; print(time.time())' > {marker}"})
             await timed(client, "wait", {"ids": [line.split()[0]]})
             figures["wait_wake_ms"].append((time.time() - float(marker.read_text())) * 1000)
     return figures
@@ -152,7 +155,8 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="warm figures on the plain SDK path (SUBTASK_MCP_FRONT=0)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls, args.starts, args.startup_only, args.plain, args.spawns)
+        figures = anyio.run(measure, make_repo(Path(tmp)), args.calls, args.starts, args.startup_only, args.plain,
+                            args.spawns)
     rows = {name: {"p50": statistics.median(v), "p90": pct(v, 0.9), "max": max(v), "n": len(v)}
             for name, v in figures.items()}
     targets = {"status_ms": 20, "list_ms": 20, "wait_wake_ms": 100}
@@ -165,7 +169,8 @@ def main() -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"mcp-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"figures": rows, "raw": figures, "loadavg": os.getloadavg(), "python": sys.version.split()[0]}, indent=2))
+    path.write_text(json.dumps({"figures": rows, "raw": figures, "loadavg": os.getloadavg(),
+                                "python": sys.version.split()[0]}, indent=2))
     print(f"wrote {path.relative_to(ROOT)}")
 
 

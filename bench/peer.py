@@ -172,7 +172,8 @@ class Peer:
         self.repo, self.venv, self.home = repo, venv, home
         # Nothing of ours may leak in: the peer's import package is also called `subtask`.
         drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
-        self.env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SUBTASK_", "KIMI_", "XDG_"))}
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in drop and not k.startswith(("SUBTASK_", "KIMI_", "XDG_"))}
         self.env.update(HOME=str(home), PATH=f"{fakebin}{os.pathsep}{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
                         SUBTASK_MAX_RUNNING="10")
         self.cli = [str(venv / "bin" / "subtask")]
@@ -433,7 +434,8 @@ def main() -> None:
     parser.add_argument("--initialize-only", action="store_true",
                         help="only mcp_initialize (plus ours with SUBTASK_MCP_FRONT=0); prints, saves nothing")
     parser.add_argument("--e2e-only", action="store_true",
-                        help="only e2e_cli and e2e_recorded (ours, peer, limit) and ours' phases; prints, saves nothing")
+                        help="only e2e_cli and e2e_recorded (ours, peer, limit) and ours' phases; "
+                             "prints, saves nothing")
     parser.add_argument("--no-peer", action="store_true", help="with --e2e-only: ours and the limit only")
     parser.add_argument("--wheel", action="store_true",
                         help="run ours from a wheel of this checkout in a temp venv (as users install it)")
@@ -514,8 +516,9 @@ def main() -> None:
         init = anyio.run(initialize, {"ours": ours.params(), "peer": peer.params(),
                                       "peer_sdk": peer.params(sdk=True)}, args.runs)
         samples["mcp_initialize"] = {"ours": init["ours"], "peer": init["peer"]}
-        samples["start_many10+wait"] = {t: [a + b for a, b in zip(samples["start_many10"][t], samples["wait_all10"][t], strict=True)]
-                                        for t in ("ours", "peer")}
+        samples["start_many10+wait"] = {
+            t: [a + b for a, b in zip(samples["start_many10"][t], samples["wait_all10"][t], strict=True)]
+            for t in ("ours", "peer")}
         print(f"filling {args.history} finished jobs into each history ...", flush=True)
         t0 = time.perf_counter()
         ours.fill(args.history)
@@ -554,7 +557,8 @@ def main() -> None:
     for key, row in rows.items():
         verdict = "ok" if row["ratio"] <= row["target"] else "MISSED"
         limit_cell = f"   limit {row['limit_ms']} ms, ours/limit {row['ours_per_limit']}" if "limit_ms" in row else ""
-        print(f"{key:<20}{row['ours_ms']:>10}{row['peer_ms']:>10}{row['ratio']:>8}  <= {row['target']} {verdict}{limit_cell}")
+        print(f"{key:<20}{row['ours_ms']:>10}{row['peer_ms']:>10}{row['ratio']:>8}  "
+              f"<= {row['target']} {verdict}{limit_cell}")
     print_phases(breakdown)
     for key, value in info.items():
         print(f"{key}: {value}")

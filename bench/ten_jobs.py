@@ -122,7 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--files", type=int, default=2000)
-    parser.add_argument("--packed", action="store_true", help="the repository's objects in one pack, as a clone has them")
+    parser.add_argument("--packed", action="store_true",
+                        help="the repository's objects in one pack, as a clone has them")
     args = parser.parse_args()
     import anyio
 
@@ -137,7 +138,8 @@ def main() -> None:
     status_repo = make_repo(tmp / "status-repo", files=args.files)  # freshly committed: racily clean
     time.sleep(1.1)  # as a user starts jobs after a commit: a refresh made in that same second is racy itself
     statuses = status_cpu(status_repo, 9)
-    ours = P.Ours(make_repo(tmp / "repo", files=args.files, packed=args.packed), fakebin, P.make_wheel_venv(tmp / "venv"))
+    ours = P.Ours(make_repo(tmp / "repo", files=args.files, packed=args.packed), fakebin,
+                  P.make_wheel_venv(tmp / "venv"))
     figures, imported = anyio.run(rounds, ours, args.runs, tmp)
     imported = sorted(imported)
     medians = {k: median_ms(v) for k, v in figures.items()}

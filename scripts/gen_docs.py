@@ -32,7 +32,8 @@ SESSION = [
     ("git subtask start --engine shell --verify 'test -f hello.txt' 'echo hi > hello.txt'", True),
     ("git subtask wait $J1", True),
     ("git subtask wait --since 0 $J1", True),
-    ("git subtask start --engine shell 'echo fix > fix.txt; git add fix.txt; git commit -qm \"Fix the thing\"; echo Fixed it; echo STATUS: done'", True),
+    ("git subtask start --engine shell "
+     "'echo fix > fix.txt; git add fix.txt; git commit -qm \"Fix the thing\"; echo Fixed it; echo STATUS: done'", True),
     ("git subtask start --engine shell --verify false 'echo oops > oops.txt'", True),
     ("git subtask wait $J2 $J3", True),
     ("git subtask list", True),
@@ -47,9 +48,12 @@ SESSION = [
     ("git subtask merge $J3; echo \"exit $?\"", True),
     ("git subtask merge --squash --no-ff $J2; echo \"exit $?\"", True),
     ("git subtask merge $J2", True),
-    ("git subtask start --engine shell --verify 'grep -q hello greeting.txt' 'echo hello > greeting.txt && git add greeting.txt && git commit -qm \"Say hello\"'", True),
-    ("git subtask start --engine shell --verify 'grep -q hi greeting.txt' 'echo hi > greeting.txt && git add greeting.txt && git commit -qm \"Say hi\"'", True),
-    ("git subtask start --engine shell --verify 'test -f notes.txt' 'echo notes > notes.txt && git add notes.txt && git commit -qm \"Add notes\"'", True),
+    ("git subtask start --engine shell --verify 'grep -q hello greeting.txt' "
+     "'echo hello > greeting.txt && git add greeting.txt && git commit -qm \"Say hello\"'", True),
+    ("git subtask start --engine shell --verify 'grep -q hi greeting.txt' "
+     "'echo hi > greeting.txt && git add greeting.txt && git commit -qm \"Say hi\"'", True),
+    ("git subtask start --engine shell --verify 'test -f notes.txt' "
+     "'echo notes > notes.txt && git add notes.txt && git commit -qm \"Add notes\"'", True),
     ("git subtask wait $J4 $J5 $J6", True),
     ("git subtask list", True),
     ("git subtask land --dry-run $J4 $J5 $J6; echo \"exit $?\"", True),
@@ -75,7 +79,8 @@ ORCHESTRATION_SESSION = [
      "'while [ ! -e \"$GATE\" ]; do sleep 0.05; done; echo \"VERSION = 2\" > api.py'", True),
     ("git subtask start --engine shell --after $J1 --verify 'python3 -c \"import client\"' "
      "'echo \"from api import VERSION\" > client.py'", True),
-    ("git subtask start --engine shell --after $J2 'echo \"client speaks api $(grep -o [0-9] api.py)\" > DOCS.md'", True),
+    ("git subtask start --engine shell --after $J2 "
+     "'echo \"client speaks api $(grep -o [0-9] api.py)\" > DOCS.md'", True),
     ("git subtask list", True),
     ("touch \"$GATE\"; git subtask wait $J3", True),
     ("git subtask show $J3 | sed -n 1,7p", True),
@@ -83,8 +88,8 @@ ORCHESTRATION_SESSION = [
     ("git subtask start --engine shell 'while [ ! -e \"$GATE2\" ]; do sleep 0.05; done; exit 3'", True),
     ("git subtask start --engine shell --after $J4 'echo never'", True),
     ("touch \"$GATE2\"; git subtask wait $J5; echo \"exit $?\"", True),
-    ("mkdir src; for n in 1 2 3 4 5 6; do echo \"x = $n\" > src/m$n.py; done; git add src; git commit -qm 'six modules'",
-     True),
+    ("mkdir src; for n in 1 2 3 4 5 6; do echo \"x = $n\" > src/m$n.py; done; "
+     "git add src; git commit -qm 'six modules'", True),
     ("git subtask map 'src/*.py' 'for f in {files}; do echo \"# reviewed\" >> \"$f\"; done' --batch 2 "
      "--concurrency 2 --engine shell --verify 'grep -q reviewed src/*.py'", True),
     ("git subtask wait $G1", True),
@@ -99,7 +104,8 @@ ORCHESTRATION_SESSION = [
 # job ids in the order the replies named them, `$G1` the group's.
 MCP_SESSION = [
     ("start_many", {"tasks": [
-        {"task": "printf 'def add(a, b):\\n    return a + b\\n' > calc.py && git add calc.py && git commit -qm 'Add calc.add'",
+        {"task": "printf 'def add(a, b):\\n    return a + b\\n' > calc.py && git add calc.py "
+                 "&& git commit -qm 'Add calc.add'",
          "verify": "python3 -c 'import calc; assert calc.add(2, 3) == 5'"},
         {"task": "echo '# Usage' >> README.md", "verify": "grep -q Usage README.md"},
         {"task": "echo oops > oops.txt", "verify": "false"},
@@ -192,7 +198,8 @@ def session_blocks(session=None) -> list[tuple[str, str, bool]]:
             for n, one in reversed(list(enumerate(found, 1))):
                 full = "wait" in command or not command.startswith("git subtask") or kind == "G"
                 command = command.replace(f"${kind}{n}", one if full else one[:7])
-        proc = subprocess.run(["bash", "-c", f"{{ {command}; }} 2>&1"], cwd=repo, env=env, capture_output=True, text=True)
+        proc = subprocess.run(["bash", "-c", f"{{ {command}; }} 2>&1"], cwd=repo, env=env,
+                              capture_output=True, text=True)
         text = proc.stdout.rstrip()
         if command.startswith(("git subtask start", "git subtask map")) and proc.returncode == 0:
             named["G" if command.startswith("git subtask map") else "J"].append(text.split()[0])

@@ -303,7 +303,8 @@ class Cli:
 
     def ok(self, *args: str, **kwargs) -> str:
         proc = self(*args, **kwargs)
-        assert proc.returncode == 0, f"git subtask {' '.join(args)} exited {proc.returncode}: {proc.stderr}{proc.stdout}"
+        assert proc.returncode == 0, \
+            f"git subtask {' '.join(args)} exited {proc.returncode}: {proc.stderr}{proc.stdout}"
         return proc.stdout
 
     def json(self, *args: str, **kwargs):

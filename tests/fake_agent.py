@@ -2,7 +2,8 @@
 
 The task is `key=value` words: `file=NAME` (default work.txt), `sleep=SECONDS`, `cost=USD` (print
 `cost: $USD`; without it the cost is unknown and the worker charges the whole reservation) and
-`hold=PATH` (wait until PATH exists; with `hold_member=K` only in member K of a best-of group) and `log=PATH` (append `start|end <job> <time>` lines, for overlap and order checks).
+`hold=PATH` (wait until PATH exists; with `hold_member=K` only in member K of a best-of group) and
+`log=PATH` (append `start|end <job> <time>` lines, for overlap and order checks).
 """
 
 import os

@@ -4,7 +4,8 @@ codex is pointed at it through its own config (`CODEX_HOME/config.toml`: a custo
 `model_provider` whose `base_url` is this server and whose `env_key` names a fake key), the
 way a user with their own provider runs it. Each POST to `/v1/responses` is one model call;
 it is answered with the next scripted turn as a stream of server-sent events, each with the
-usage given (input and output tokens per call), so a test knows exactly what one attempt spent. Nothing here reaches the network: the server listens on 127.0.0.1 only.
+usage given (input and output tokens per call), so a test knows exactly what one attempt spent.
+Nothing here reaches the network: the server listens on 127.0.0.1 only.
 
 `codex_env` makes the CODEX_HOME and the environment for a run; `real_codex()` finds the
 binary or None (the tests that need it skip, saying so).

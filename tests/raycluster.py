@@ -183,7 +183,8 @@ def _wait_for_nodes(address: str, count: int, timeout: float, nodes: dict[str, s
     while time.monotonic() < deadline:
         _fail_if_exited(nodes)
         try:
-            with urllib.request.urlopen(f"{address}/api/v0/nodes?limit=100&timeout=10&detail=false", timeout=15) as resp:
+            with urllib.request.urlopen(f"{address}/api/v0/nodes?limit=100&timeout=10&detail=false",
+                                        timeout=15) as resp:
                 listed = json.load(resp)["data"]["result"]["result"]
             alive = [n for n in listed if n.get("state") == "ALIVE"]
         except (OSError, ValueError, KeyError, TypeError):

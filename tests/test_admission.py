@@ -113,7 +113,8 @@ def test_a_crash_at_any_step_leaks_no_slot_no_money_and_no_work(cli, repo):
         if point in ENGINE_RAN:  # the agent's commit and its worktree survive the crash
             assert (worktree / f"{point}.txt").exists(), point
             assert git(repo, "log", "--format=%s", "-1", f"subtask/{job['id']}") == f"agent wrote {point}.txt"
-    job_refs = {r.split("/")[2] for r in refs(repo, "refs/subtask")} | {r.split("/")[3] for r in refs(repo, "refs/heads/subtask")}
+    job_refs = ({r.split("/")[2] for r in refs(repo, "refs/subtask")}
+                | {r.split("/")[3] for r in refs(repo, "refs/heads/subtask")})
     assert job_refs == {j["id"] for j in jobs.values()}, "orphan refs were left behind"
     assert cli.json("spend")["committed_usd"] == pytest.approx(9.0)
 
@@ -288,7 +289,8 @@ def test_twelve_starts_at_once_never_run_more_than_two(cli, repo, tmp_path, cont
     use_paid_engine(repo, maxRunning="2")
     log = control_dir / "times.log"
     barrier = tmp_path / "go"
-    procs = [subprocess.Popen(barrier_argv(barrier, ["git", "subtask", "start", "--max-usd", "0", f"sleep=0.3 file=f{n} log={log}"]),
+    procs = [subprocess.Popen(barrier_argv(barrier, ["git", "subtask", "start", "--max-usd", "0",
+                                                     f"sleep=0.3 file=f{n} log={log}"]),
                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(12)]
     time.sleep(0.5)
     barrier.touch()

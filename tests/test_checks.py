@@ -54,7 +54,8 @@ def project(tmp_path) -> Path:
         "src/parse.py": "def parse(text):\n    return int(text) if text.strip() else None\n",
         "tests/test_parse.py": PY_TESTS,
         "web/app.test.ts": "test('adds', () => {\n  expect(add(1, 2)).toBe(3);\n});\nit(\"subtracts\", () => {});\n",
-        "go/calc_test.go": "package calc\n\nfunc TestAdd(t *testing.T) {\n\tif Add(1, 2) != 3 {\n\t\tt.Fatal(\"no\")\n\t}\n}\n",
+        "go/calc_test.go": "package calc\n\nfunc TestAdd(t *testing.T) {\n"
+                           "\tif Add(1, 2) != 3 {\n\t\tt.Fatal(\"no\")\n\t}\n}\n",
         "rust/src/lib.rs": "pub fn add(a: i32, b: i32) -> i32 { a + b }\n\n#[cfg(test)]\nmod tests {\n    #[test]\n"
                            "    fn adds() { assert_eq!(super::add(1, 2), 3); }\n}\n",
         "java/src/test/CalcTest.java": "class CalcTest {\n    @Test\n    public void adds() {\n"
@@ -83,7 +84,8 @@ def test_a_removed_test_function_is_named_in_every_language(project):
         "tests/test_parse.py": PY_TESTS.replace("    def test_spaces(self):\n        assert parse(\" 2 \") == 2\n", ""),
         "web/app.test.ts": "test('adds', () => {\n  expect(add(1, 2)).toBe(3);\n});\n",
         "go/calc_test.go": "package calc\n",
-        "rust/src/lib.rs": "pub fn add(a: i32, b: i32) -> i32 { a + b }\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn other() {}\n}\n",
+        "rust/src/lib.rs": "pub fn add(a: i32, b: i32) -> i32 { a + b }\n#[cfg(test)]\nmod tests {\n    #[test]\n"
+                           "    fn other() {}\n}\n",
         "java/src/test/CalcTest.java": "class CalcTest {\n}\n",
     }
     found = run(project, edits, [checks.NO_TEST_DELETION])["no-test-deletion"]["found"]
@@ -122,7 +124,8 @@ def test_an_added_suppression_fails_no_suppression_naming_file_and_line(project,
 
 ALIASED = {
     "import pytest as P": ("import pytest as P\n", "@P.mark.skip\ndef test_parse():\n"),
-    "from pytest import skip as later": ("from pytest import skip as later\n", "def test_parse():\n    later('soon')\n"),
+    "from pytest import skip as later": ("from pytest import skip as later\n",
+                                         "def test_parse():\n    later('soon')\n"),
     "from pytest import mark": ("from pytest import mark\n", "@mark.xfail\ndef test_parse():\n"),
     "from unittest import skip": ("import pytest\nfrom unittest import skip\n", "@skip('later')\ndef test_parse():\n"),
 }
@@ -136,7 +139,8 @@ def test_a_skip_spelled_through_an_alias_fails_no_suppression(project, alias):
     assert run(project, {"tests/test_parse.py": text}, [checks.NO_SUPPRESSION])["no-suppression"]["found"] == []
     text = text.replace("def test_parse():\n", skipping, 1)
     found = run(project, {"tests/test_parse.py": text}, [checks.NO_SUPPRESSION])["no-suppression"]["found"]
-    assert len(found) == 1 and found[0].startswith("tests/test_parse.py:") and "skip through an alias" in found[0], found
+    assert (len(found) == 1 and found[0].startswith("tests/test_parse.py:")
+            and "skip through an alias" in found[0]), found
 
 
 @pytest.mark.parametrize("path, text, label", [
@@ -209,7 +213,8 @@ def test_resolve_defaults_only_with_a_verify_and_none_drops_what_came_before():
 def test_a_bad_configured_check_names_the_setting():
     with pytest.raises(SubtaskError) as caught:
         checks.resolve(None, "no-test-deletion,nonsense", has_verify=True)
-    assert caught.value.kind == "fatal" and caught.value.message.startswith("git config subtask.git.checks: unknown check")
+    assert (caught.value.kind == "fatal"
+            and caught.value.message.startswith("git config subtask.git.checks: unknown check"))
 
 
 @pytest.mark.parametrize("value", ["no-such-check", "paths=", "paths=/etc/**", "paths=../x/**"])

@@ -74,7 +74,8 @@ def test_without_verify_the_order_of_edits_and_test_runs_decides():
         watch.see(event)
     found = claims.contradictions("Tests pass.", verify=None, checks_failed=[], files=[], files_complete=True,
                                   watch=watch.to_dict())
-    assert found == [{"claim": "Tests pass", "against": "no verify ran, and its last test command ran before its last edit"}]
+    assert found == [{"claim": "Tests pass",
+                      "against": "no verify ran, and its last test command ran before its last edit"}]
     watch.see({"type": "command", "command": "python -m pytest", "exit": 0})
     assert claims.contradictions("Tests pass.", verify=None, checks_failed=[], files=[], files_complete=True,
                                  watch=watch.to_dict()) == []

@@ -104,9 +104,11 @@ def run_bash_completion(cli: Cli, words: list[str], function: str) -> list[str]:
 def test_bash_completion_of_commands_options_and_job_ids(cli):
     job = cli.start("true")
     assert set(run_bash_completion(cli, ["git", "subtask", "st"], "_git_subtask")) == {"start", "status", "stop"}
-    assert set(run_bash_completion(cli, ["git-subtask", "st"], "_git_subtask_standalone")) == {"start", "status", "stop"}
+    assert set(run_bash_completion(cli, ["git-subtask", "st"], "_git_subtask_standalone")) == \
+        {"start", "status", "stop"}
     assert run_bash_completion(cli, ["git", "subtask", "wait", job[:5]], "_git_subtask") == [job]
-    assert "--verify-timeout" in run_bash_completion(cli, ["git-subtask", "start", "--verify"], "_git_subtask_standalone")
+    assert "--verify-timeout" in run_bash_completion(cli, ["git-subtask", "start", "--verify"],
+                                                     "_git_subtask_standalone")
 
 
 def test_bash_completion_through_gits_own_completion(cli):

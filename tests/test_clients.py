@@ -76,7 +76,8 @@ def test_install_then_uninstall_leaves_a_persons_configs_byte_identical(cli, rep
     servers = json.loads(claude.read_text())["mcpServers"]
     assert set(servers) == ({"mine", "subtask"} if scope == "user" else {"team-db", "subtask"})
     assert servers["subtask"]["type"] == "stdio"
-    assert servers["subtask"]["command"] == ("subtask-mcp" if scope == "project" else str(Path(BIN_DIR) / "subtask-mcp"))
+    assert servers["subtask"]["command"] == ("subtask-mcp" if scope == "project"
+                                             else str(Path(BIN_DIR) / "subtask-mcp"))
     toml = tomllib.loads(codex.read_text())
     assert set(toml["mcp_servers"]) == {"docs", "subtask"} and toml["profiles"]["fast"]["model"] == "o4-mini"
     assert "ANTHROPIC_API_KEY" in toml["mcp_servers"]["subtask"]["env_vars"]
@@ -116,7 +117,8 @@ def test_new_files_are_made_and_removed_with_their_folders(cli, repo, isolated_g
     listed = tree(home, repo)
     run(cli, home, "install", "all", "--scope", "project")
     assert json.loads((repo / ".mcp.json").read_text())["mcpServers"]["subtask"]["command"] == "subtask-mcp"
-    assert tomllib.loads((repo / ".codex" / "config.toml").read_text())["mcp_servers"]["subtask"]["command"] == "subtask-mcp"
+    assert tomllib.loads((repo / ".codex" / "config.toml").read_text())["mcp_servers"]["subtask"]["command"] == \
+        "subtask-mcp"
     run(cli, home, "uninstall", "all", "--scope", "project")
     assert tree(home, repo) == listed
 
@@ -127,7 +129,8 @@ def test_dry_run_shows_the_plan_and_changes_nothing(cli, repo, isolated_git):
     listed = tree(home, repo)
     shown = run(cli, home, "install", "all", "--dry-run").stdout
     assert "(dry run: nothing changes)" in shown.splitlines()[0]
-    assert "add ~/.claude.json: mcpServers.subtask" in shown and "add ~/.codex/config.toml: [mcp_servers.subtask]" in shown
+    assert ("add ~/.claude.json: mcpServers.subtask" in shown
+            and "add ~/.codex/config.toml: [mcp_servers.subtask]" in shown)
     assert {p: p.read_bytes() for p in before} == before and tree(home, repo) == listed
     plan = json.loads(run(cli, home, "install", "codex", "--dry-run", "--json").stdout)
     assert plan["v"] == 1 and plan["dry_run"] is True and [s["kind"] for s in plan["steps"]] == ["toml", "file"]
@@ -223,14 +226,16 @@ def test_doctor_checks_each_installed_client_with_a_real_handshake(cli, repo, is
     report = json.loads(cli("doctor", "--json", env=env(home)).stdout)
     check = next(c for c in report["checks"] if c["name"] == "mcp clients")
     assert check["status"] == "ok", check
-    assert "claude (user, ~/.claude.json)" in check["message"] and "codex (user, ~/.codex/config.toml)" in check["message"]
+    assert ("claude (user, ~/.claude.json)" in check["message"]
+            and "codex (user, ~/.codex/config.toml)" in check["message"])
     # An entry whose command no longer starts the server fails, with the command to fix it.
     config = home / ".claude.json"
     config.write_text(config.read_text().replace(str(Path(BIN_DIR) / "subtask-mcp"), "/bin/true"))
     report = json.loads(cli("doctor", "--json", env=env(home)).stdout)
     check = next(c for c in report["checks"] if c["name"] == "mcp clients")
     assert check["status"] == "fail" and "did not answer as git-subtask's server" in check["message"]
-    assert check["remediation"] == ["git subtask uninstall claude --scope user && git subtask install claude --scope user"]
+    assert check["remediation"] == [
+        "git subtask uninstall claude --scope user && git subtask install claude --scope user"]
 
 
 def test_the_guide_is_package_data_and_the_servers_instructions(cli):

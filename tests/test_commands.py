@@ -27,9 +27,9 @@ SURE = [
 ]
 UNSURE = [
     ["list", "-h"], ["list", "--help"], ["list", "--bogus"], ["list", "--limit", "0"], ["list", "-n5"],
-    ["list", "--json=yes"], ["list", "extra"], ["show"], ["show", "a", "b"], ["wait"], ["wait", "--timeout", "soon", "x"],
-    ["wait", "--timeout"], ["start"], ["start", "--pick", "best", "x"], ["start", "--best-of", "two", "x"],
-    ["cleanup", "-qn"], ["result", "-x", "st-1"],
+    ["list", "--json=yes"], ["list", "extra"], ["show"], ["show", "a", "b"], ["wait"],
+    ["wait", "--timeout", "soon", "x"], ["wait", "--timeout"], ["start"], ["start", "--pick", "best", "x"],
+    ["start", "--best-of", "two", "x"], ["cleanup", "-qn"], ["result", "-x", "st-1"],
 ]
 
 

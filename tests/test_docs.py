@@ -47,7 +47,8 @@ def test_the_mcp_tool_table_is_the_servers():
 @pytest.mark.slow
 def test_the_mcp_exchange_shows_what_the_server_answers():
     text = (ROOT / "docs" / "mcp.md").read_text()
-    assert gen_docs.normalize(gen_docs.generated(text, "exchange")) == gen_docs.normalize(gen_docs.mcp_exchange()), STALE
+    assert gen_docs.normalize(gen_docs.generated(text, "exchange")) == \
+        gen_docs.normalize(gen_docs.mcp_exchange()), STALE
 
 
 @pytest.mark.slow

@@ -75,6 +75,7 @@ def test_kimi_recipe_runs_print_mode_and_charges_the_reservation_it_cannot_read(
     shown = cli.json("show", job)
     attempt = shown["state_detail"]["attempts"][0]
     assert argvs(env, "kimi") == [["--print", "-p", "say 'hi' -- and $(nothing)"]]  # one argument, as written
-    assert attempt["outcome"] == "done" and attempt["cost"]["charged"] == 0.5 and attempt["cost"]["billing"] == "charged"
+    assert (attempt["outcome"] == "done" and attempt["cost"]["charged"] == 0.5
+            and attempt["cost"]["billing"] == "charged")
     assert shown["summary"].splitlines()[-2:] == ["Wrote the prompt to kimi.txt.", "STATUS: done"]
     assert "kimi.txt" in [f["path"] for f in shown["evidence"]["files"]]

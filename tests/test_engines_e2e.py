@@ -337,7 +337,8 @@ def test_real_codex_replies_are_each_charged_their_own_tokens(cli, repo, tmp_pat
     calls = []
     with FakeResponsesAPI(turns, usage=(100_000, 5_000)) as api:
         env = _real_codex_env(repo, tmp_path, api.url)
-        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", "--timeout", "100", env=env)
+        job = cli.start("write one.txt and commit it", "--engine", "codex", "--max-usd", "5", "--timeout", "100",
+                        env=env)
         cli.ok("wait", job, env=env, timeout=120)
         calls.append(len(api.requests))
         for message in ("now two.txt", "anything else?"):
@@ -682,9 +683,9 @@ def test_a_refusal_by_codexs_own_sandbox_is_in_the_evidence(cli, repo, tmp_path)
     no view of ours saw it), with who confined it."""
     refused = "touch: cannot touch '/var/tmp/x': Read-only file system"
     events = [{"type": "thread.started", "thread_id": "t1"},
-              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "touch /var/tmp/x",
-                                                  "aggregated_output": refused + "\n", "exit_code": 1,
-                                                  "status": "failed"}},
+              {"type": "item.completed", "item": {"id": "i1", "type": "command_execution",
+                                                  "command": "touch /var/tmp/x", "aggregated_output": refused + "\n",
+                                                  "exit_code": 1, "status": "failed"}},
               {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "No.\nSTATUS: blocked"}},
               {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 0, "output_tokens": 1}}]
     env = _fake_codex(repo, tmp_path, events)

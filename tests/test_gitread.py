@@ -31,7 +31,8 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     git(repo, "symbolic-ref", "refs/subtask/st-0000000d/record", "refs/heads/nowhere")  # dangling
     (repo / ".git/refs/subtask/st-0000000e").mkdir()
     (repo / ".git/refs/subtask/st-0000000e/record").write_text("12" * 20 + "\n")  # a missing object
-    readers = {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo))),
+    readers = {"git": gitobjects.GitObjects(repo / ".git"),
+               "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo))),
                "loose": gitobjects.GitObjects(repo / ".git", common_dir=repo / ".git")}
     specs = [tip, f"{tip}:spec.json", f"{tip}:nothere.json", blob, f"{blob}:spec.json", "12" * 20,
              f"{head}:sub", f"{head}:sub/f.txt", "HEAD", f"{tip}:spec.json\n{tip}", ""]
@@ -47,7 +48,8 @@ def test_both_readers_answer_every_question_alike(repo, cli):
     by_name = {ref.name: ref for ref in refs}
     assert by_name[record_ref(job)] == gitobjects.Ref(record_ref(job), tip)
     assert by_name["refs/subtask/st-0000000b/record"].target == blob
-    assert by_name["refs/subtask/st-0000000c/record"] == gitobjects.Ref("refs/subtask/st-0000000c/record", record_ref(job), True)
+    assert by_name["refs/subtask/st-0000000c/record"] == \
+        gitobjects.Ref("refs/subtask/st-0000000c/record", record_ref(job), True)
     assert "refs/subtask/st-0000000d/record" not in by_name and single[2] is None and single[3] is None
     assert by_name["refs/subtask/st-0000000e/record"].target == "12" * 20
     kinds = [None if answer is None else answer[0] for answer in read]

@@ -17,7 +17,8 @@ WHEN = 1_700_000_000  # a fixed time, so that both writers must make the very sa
 
 
 def writers(repo):
-    return {"git": gitobjects.GitObjects(repo / ".git"), "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
+    return {"git": gitobjects.GitObjects(repo / ".git"),
+            "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
 
 
 def test_both_writers_write_the_same_commit(repo):

@@ -192,7 +192,8 @@ def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_no
         (["--best-of", "1"], "from 2 to 8"), (["--best-of", "9"], "from 2 to 8"),
         (["--best-of", "2", "--engine", "shell,nosuch"], "unknown engine 'nosuch'"),
         (["--best-of", "2", "--pick", "cheapest", "--judge", "echo 1"], "--judge"),
-        (["--pick", "smallest"], "--best-of"), (["--best-of", "2", "--first-pass", "--judge", "echo 1"], "--first-pass"),
+        (["--pick", "smallest"], "--best-of"),
+        (["--best-of", "2", "--first-pass", "--judge", "echo 1"], "--first-pass"),
     ]
     for args, words in bad:
         proc = cli("start", *args, "true", "--verify", "true")
@@ -210,7 +211,8 @@ def test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_no
 @pytest.mark.stress
 def test_a_member_killed_mid_run_and_a_group_stopped_midway(cli, repo, tmp_path):
     gate = tmp_path / "gate"
-    task = f'if [ "$SUBTASK_GROUP_MEMBER" = 2 ]; then while [ ! -e {gate} ]; do sleep 0.02; done; fi; echo $SUBTASK_GROUP_MEMBER > m.txt'
+    task = (f'if [ "$SUBTASK_GROUP_MEMBER" = 2 ]; then while [ ! -e {gate} ]; do sleep 0.02; done; fi; '
+            'echo $SUBTASK_GROUP_MEMBER > m.txt')
     stop_task = f"while [ ! -e {gate} ]; do sleep 0.02; done"
     try:
         gid, members = started_group(cli.ok("start", "--best-of", "3", task, "--verify", "true"))
@@ -269,7 +271,8 @@ def test_settles_racing_at_the_last_member_decide_once_and_judge_once(cli, repo,
                                             f'echo "$SUBTASK_JOB_ID" >> {judged}; echo 1', env=hold(gates[0])))
         assert wait_until(lambda: Path(f"{gates[0]}.reached").exists(), timeout=60)
         for gate in gates[1:]:
-            racers.append(subprocess.Popen(["git", "subtask", "show", gid], cwd=repo, env=dict(os.environ, **hold(gate)),
+            racers.append(subprocess.Popen(["git", "subtask", "show", gid], cwd=repo,
+                                           env=dict(os.environ, **hold(gate)),
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         assert wait_until(lambda: all(Path(f"{g}.reached").exists() for g in gates), timeout=60)
     finally:
@@ -304,9 +307,9 @@ def test_a_stale_ref_lock_on_a_group_record_is_removed_and_the_group_still_settl
     contention", not `running` forever)."""
     git(repo, "config", "subtask.refLockStale", "1")
     go = tmp_path / "go"
-    gid, members = started_group(cli.ok("start", "--best-of", "2",
-                                        f"while [ ! -e '{go}' ]; do sleep 0.05; done; echo $SUBTASK_GROUP_MEMBER > m.txt",
-                                        "--verify", "true"))
+    gid, members = started_group(cli.ok(
+        "start", "--best-of", "2", f"while [ ! -e '{go}' ]; do sleep 0.05; done; echo $SUBTASK_GROUP_MEMBER > m.txt",
+        "--verify", "true"))
     common = (repo / git(repo, "rev-parse", "--git-common-dir")).resolve()
     lock = common / "refs" / "subtask" / "groups" / gid / "record.lock"
     try:

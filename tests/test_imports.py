@@ -36,10 +36,11 @@ OURS = {
     "subtask.git", "subtask.git.chains", "subtask.git.gitobjects", "subtask.git.gitrepo", "subtask.git.ownership",
     "subtask.git.records", "subtask.git.where_landed",
     "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.errors",
-    "subtask.model.executors", "subtask.model.faults", "subtask.model.job", "subtask.model.money", "subtask.proc", "subtask.proc.spawn",
+    "subtask.model.executors", "subtask.model.faults", "subtask.model.job", "subtask.model.money",
+    "subtask.proc", "subtask.proc.spawn",
     "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",
-    "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.group_pages", "subtask.words.formats",
-    "subtask.words.lines", "subtask.words.pages", "subtask.words.terminal",
+    "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.group_pages",
+    "subtask.words.formats", "subtask.words.lines", "subtask.words.pages", "subtask.words.terminal",
 }
 EXTRA = {
     "list": {"subtask.faces.commands.list", "subtask.ops", "subtask.ops.landing", "subtask.ops.landing.overlap"},

@@ -196,7 +196,8 @@ def test_a_reply_runs_confined_like_the_first_attempt(cli, repo, tmp_path):
     cli.ok("reply", job, f"rm '{decoy}'; echo rm=$?; touch /etc/reply-wrote; echo etc=$?")
     cli.ok("wait", job)
     assert decoy.exists() and outputs(repo, job)["rm"] != "0" and outputs(repo, job)["etc"] != "0"
-    assert evidence(cli, job)["attempt"] == 2 and "/etc/reply-wrote" in "".join(evidence(cli, job)["isolation"]["claimed"])
+    assert (evidence(cli, job)["attempt"] == 2
+            and "/etc/reply-wrote" in "".join(evidence(cli, job)["isolation"]["claimed"]))
 
 
 @needs_landlock
@@ -280,7 +281,8 @@ def test_a_confined_mode_asked_for_runs_the_job_in_namespaces_of_its_own(cli, re
 
 
 def test_isolation_that_cannot_be_enforced_is_refused_at_start(cli, repo):
-    for args, env in ((["--isolation", "worktree"], NO_LANDLOCK), (["--readonly", "--isolation", "readonly"], NO_LANDLOCK),
+    for args, env in ((["--isolation", "worktree"], NO_LANDLOCK),
+                      (["--readonly", "--isolation", "readonly"], NO_LANDLOCK),
                       (["--engine", "claude", "--isolation", "worktree"],
                        dict(NO_LANDLOCK, ANTHROPIC_API_KEY="sk-ant-fake-for-preflight"))):
         proc = cli("start", *args, "true", env=env)
@@ -320,7 +322,8 @@ def test_without_landlock_the_default_falls_back_to_none_and_says_why(cli, repo)
     job = cli.start("echo hi", env=NO_LANDLOCK)
     cli.ok("wait", job)
     spec = cli.json("show", job)["spec"]
-    assert spec["isolation"] == "none" and spec["isolation_source"].startswith("default: worktree isolation unavailable")
+    assert (spec["isolation"] == "none"
+            and spec["isolation_source"].startswith("default: worktree isolation unavailable"))
     doctor = json.loads(cli.ok("doctor", "--json", env=NO_LANDLOCK))
     check = next(c for c in doctor["checks"] if c["name"] == "isolation")
     assert check["status"] == "ok" and check["message"].startswith("note: engines run unconfined")

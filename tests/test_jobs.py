@@ -71,7 +71,8 @@ def test_wait_returns_once_the_worker_has_wrapped_up_so_the_note_and_cleanup_are
     assert cleaned.returncode == 0 and "later pass" not in cleaned.stdout + cleaned.stderr, cleaned
 
 
-def test_wait_on_an_ended_job_a_reply_is_starting_returns_without_waiting_for_the_reply(cli, repo, tmp_path, control_dir):
+def test_wait_on_an_ended_job_a_reply_is_starting_returns_without_waiting_for_the_reply(cli, repo, tmp_path,
+                                                                                        control_dir):
     """A reply's starter takes the run-lock before it appends its attempt: a wait that found the
     ended attempt and that lock held returns once the new attempt is there, not after it."""
     job = cli.start("true")
@@ -104,7 +105,8 @@ def test_wait_on_an_ended_job_a_reply_is_starting_returns_without_waiting_for_th
 def test_list_show_result_and_json(cli, repo):
     assert cli.json("list") == {"v": 1, "jobs": [], "more": 0}
     assert cli.ok("list") == ""
-    job = cli.start("printf 'line %s\\n' 1 2 3 4 5 6 7 8 9 10 11 12; echo done > out.txt", "--verify", "test -s out.txt")
+    job = cli.start("printf 'line %s\\n' 1 2 3 4 5 6 7 8 9 10 11 12; echo done > out.txt",
+                    "--verify", "test -s out.txt")
     cli.ok("wait", job)
     rows = cli.ok("list").splitlines()
     assert rows[0].startswith("ID")
@@ -161,7 +163,8 @@ def test_stop_ends_a_running_job_once_and_its_process_group(cli, repo, control_d
     child = host_pid(token)
     out = cli.ok("stop", job, env={"GIT_CONFIG_PARAMETERS": "'subtask.stopgrace=1'"})
     assert f"{job} stopped" in out
-    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], timeout=30)
+    assert wait_until(lambda: not Path(f"/proc/{child}").exists()
+                      or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], timeout=30)
     record = git(repo, "log", "--format=%s", f"refs/subtask/{job}/record")
     assert sum(1 for line in record.splitlines() if " stopped" in line or " failed" in line) == 1
     assert cli("stop", job).returncode == 1  # already ended: a negative answer
@@ -277,7 +280,8 @@ def test_secrets_printed_by_an_engine_are_redacted_everywhere(cli, repo, control
     secrets_file.write_text(f"using {key}\npassword=hunter2hunter2\n")
     job = cli.start(f"cat '{secrets_file}'; cat '{secrets_file}' >&2", "--verify", f"cat '{secrets_file}'; false")
     cli("wait", job)
-    everything = cli.ok("show", job, "--json") + cli("result", job).stdout + git(repo, "notes", "--ref=subtask", "show", "HEAD")
+    everything = (cli.ok("show", job, "--json") + cli("result", job).stdout
+                  + git(repo, "notes", "--ref=subtask", "show", "HEAD"))
     everything += (state_dir(repo) / "run" / f"{job}.events.jsonl").read_text()
     assert key not in everything and "hunter2hunter2" not in everything
     assert "[REDACTED]" in everything
@@ -301,7 +305,8 @@ def test_engine_timeout_ends_the_job_failed_with_kind_timeout(cli):
     assert "reply" in attempt["hint"]
 
 
-@pytest.mark.parametrize("engine_output", [b"\xff\xfe broken utf-8 \xc3\x28\n", "\ud800".encode("utf-8", "surrogatepass")])
+@pytest.mark.parametrize("engine_output", [b"\xff\xfe broken utf-8 \xc3\x28\n",
+                                           "\ud800".encode("utf-8", "surrogatepass")])
 def test_non_utf8_engine_output_never_breaks_the_record(cli, repo, control_dir, engine_output):
     script = control_dir / "emit.py"
     script.write_bytes(b"import sys; sys.stdout.buffer.write(" + repr(engine_output).encode() + b")")

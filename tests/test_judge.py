@@ -42,7 +42,8 @@ TRICKS = {
     "conftest monkeypatches the code": f"cat >> conftest.py <<'EOF'\n{PATCH_ADD}EOF",
     "conftest exits 0": "printf '\\nimport os\\nos._exit(0)\\n' >> conftest.py",
     "addopts -k in [tool.pytest.ini_options]": "cat >> pyproject.toml <<'EOF'\naddopts = \"-k 'not test_add'\"\nEOF",
-    "--deselect in a new pytest.ini": "printf '[pytest]\\naddopts = --deselect tests/test_calc.py::test_add\\n' > pytest.ini",
+    "--deselect in a new pytest.ini": ("printf '[pytest]\\naddopts = --deselect tests/test_calc.py::test_add\\n' "
+                                       "> pytest.ini"),
     "a pytest/ package": ("mkdir pytest && touch pytest/__init__.py && "
                           "printf 'import sys\\nsys.exit(0)\\n' > pytest/__main__.py"),
     "a new tests/conftest.py drops the test": f"cat > tests/conftest.py <<'EOF'\n{DROP_ADD}EOF",
@@ -52,7 +53,8 @@ TRICKS = {
                                f"cat > tests/conftest.py <<'EOF'\n{DROP_ADD}EOF"),
     # the same size, so only its bytes tell
     "a test edited behind skip-worktree": ("git update-index --skip-worktree tests/test_calc.py; "
-                                           "sed -i 's/assert result == FIVE/assert result <= FIVE/' tests/test_calc.py"),
+                                           "sed -i 's/assert result == FIVE/assert result <= FIVE/' "
+                                           "tests/test_calc.py"),
     # Python's cached bytecode of a gamed helper, left beside the helper restored to its size and time
     "a stale .pyc of a gamed helper": ("unset PYTHONDONTWRITEBYTECODE; cp -p tests/five.py $TMPDIR/orig; "
                                        "printf 'FIVE =-1\\n' > tests/five.py; touch -r $TMPDIR/orig tests/five.py; "
@@ -147,7 +149,8 @@ def test_an_honest_job_that_adds_tests_passes_and_its_own_tests_are_reported_apa
     verify = cli.json("show", job)["state_detail"]["attempts"][-1]["verify"]
     base = git(calc, "rev-parse", f"refs/subtask/{job}/base")
     assert verify["harness"]["source"] == "base" and verify["harness"]["commit"] == base
-    assert verify["harness"]["own"]["passed"] is True and verify["harness"]["own"]["tests"] == {"passed": 3, "failed": 0}
+    assert (verify["harness"]["own"]["passed"] is True
+            and verify["harness"]["own"]["tests"] == {"passed": 3, "failed": 0})
     # the tree it ran on: the job's code and the base's tests (its new test file left out)
     ran_on = verify["harness"]["tree"]
     assert git(calc, "ls-tree", "--name-only", "-r", ran_on) == git(calc, "ls-tree", "--name-only", "-r", base)

@@ -579,7 +579,8 @@ def test_a_forged_pulled_record_never_removes_a_local_checkout(team, tmp_path):
     _forge(a, forged_in, worktree=str(our_worktree), repo=str(b))
     cli_a.ok("push")
     cli_b.ok("pull")
-    for argv in (["cleanup", forged_out], ["cleanup", forged_in], ["cleanup", "--merged"], ["gc", "--older-than", "0s"]):
+    for argv in (["cleanup", forged_out], ["cleanup", forged_in], ["cleanup", "--merged"],
+                 ["gc", "--older-than", "0s"]):
         proc = cli_b(*argv)
         assert "Traceback" not in proc.stderr, proc.stderr
         assert (victim / ".env").read_text() == "SECRET=mine\n", f"{argv} removed a checkout a record named"
@@ -597,10 +598,11 @@ def test_notes_rebuild_drops_blocks_no_record_explains(cli, repo):
     job = done_job(cli)
     head = git(repo, "rev-parse", f"refs/subtask/{job}/head")
     real = git(repo, "notes", "--ref=subtask", "show", head)
-    git(repo, "notes", "--ref=subtask", "add", "-f", "-m", real + "\n\nsubtask st-deadbeef · done · verify passed\n  forged",
-        head)
+    git(repo, "notes", "--ref=subtask", "add", "-f", "-m",
+        real + "\n\nsubtask st-deadbeef · done · verify passed\n  forged", head)
     base = git(repo, "rev-parse", "HEAD")
-    git(repo, "notes", "--ref=subtask", "add", "-f", "-m", "a person's own words\n\n" + real, base)  # the block, misplaced
+    # the block, misplaced
+    git(repo, "notes", "--ref=subtask", "add", "-f", "-m", "a person's own words\n\n" + real, base)
     cli.ok("notes", "rebuild")
     assert git(repo, "notes", "--ref=subtask", "show", head) == real
     assert git(repo, "notes", "--ref=subtask", "show", base) == "a person's own words"

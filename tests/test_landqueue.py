@@ -48,7 +48,8 @@ def test_three_jobs_on_disjoint_files_land_in_order_each_verified_on_its_integra
     assert proc.stdout.count("  verify: test -f") == 3, "each verify ran confined, as a job's does"
     # In the order given: a, then b, then c on top, first-parent.
     subjects = git(repo, "log", "--first-parent", "--format=%s", f"{before}..main").splitlines()
-    assert [s.split(":")[0] for s in reversed(subjects)][-2:] == [f"Merge subtask {jobs[1]}", f"Merge subtask {jobs[2]}"]
+    assert [s.split(":")[0] for s in reversed(subjects)][-2:] == \
+        [f"Merge subtask {jobs[1]}", f"Merge subtask {jobs[2]}"]
     assert all((repo / f"{n}.txt").read_text() == f"{n}\n" for n in "abc") and clean(repo)
     for job in jobs:
         state = detail(cli, job)
@@ -224,8 +225,11 @@ def test_dry_run_says_the_order_files_overlap_and_predicted_conflicts_and_change
     b = finished(cli, "sed -i 's/one/Uno/' log.txt && git commit -qam 'spanish one'", "--verify", verify)
     c = finished(cli, ADD.format(name="c.txt", text="c"), "--verify", verify)
     git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")
-    everything = lambda: (git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),  # noqa: E731
-                          git(repo, "status", "--porcelain", "--ignored"), git(repo, "worktree", "list"))
+
+    def everything():
+        return (git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+                git(repo, "status", "--porcelain", "--ignored"), git(repo, "worktree", "list"))
+
     before = everything()
     proc = land(cli, "--dry-run", c, a, b)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one would conflict
@@ -443,7 +447,8 @@ TAMPER = ("printf 'HACKED\\n' > greeting.txt && git update-index --skip-worktree
 
 def test_what_a_failed_verify_left_in_the_scratch_never_reaches_the_next_jobs_verify(cli, repo):
     """A verify that fails may have changed the scratch worktree so that git no longer sees it
-    (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone): the next job gets a fresh checkout."""
+    (a tracked file rewritten and marked skip-worktree, which `checkout --force` leaves alone): the
+    next job gets a fresh checkout."""
     (repo / "greeting.txt").write_text("hello\n")
     git(repo, "add", "greeting.txt")
     git(repo, "commit", "-qm", "a greeting")
@@ -611,7 +616,8 @@ def test_a_failed_reconciliation_leaves_the_verified_head_pinned(cli, repo):
     git(repo, "add", "log.txt")
     git(repo, "commit", "-qm", "a log")
     a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
-    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify",
+                 "grep -q start log.txt && ! grep -q A log.txt")
     old = git(repo, "rev-parse", f"subtask/{b}")
     assert land(cli, a).returncode == 0
     proc = land(cli, "--reconcile", b, timeout=120)
@@ -651,7 +657,8 @@ def test_an_atomic_queue_whose_reconciliation_fails_records_the_conflict_once(cl
     git(repo, "add", "log.txt")
     git(repo, "commit", "-qm", "a log")
     a = finished(cli, APPEND.format(name="log.txt", text="A"), "--verify", "grep -q start log.txt")
-    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify", "grep -q start log.txt && ! grep -q A log.txt")
+    b = finished(cli, APPEND.format(name="log.txt", text="B"), "--verify",
+                 "grep -q start log.txt && ! grep -q A log.txt")
     before = git(repo, "rev-parse", "main")
     proc = land(cli, "--atomic", "--reconcile", a, b, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """The shape of the code: subtask's modules import in one direction, down the layers of
-docs/architecture.md ("Layout: the folders are the layers"), with no import cycle, counting imports inside functions too.
+docs/architecture.md ("Layout: the folders are the layers"), with no import cycle, counting imports
+inside functions too.
 
 A cycle (e.g. the worker importing `api`, which spawns workers) makes every module in it depend
 on every other: the worker would load the operations above it, and no layer could be read, tested

@@ -188,8 +188,9 @@ def test_land_sends_progress_of_its_window_as_wait_does(repo, how, tmp_path):
 def test_evidence_is_a_json_envelope(repo, how):
     async def main():
         async with connect(how, repo) as client:
-            job = job_id_in(await call(client, "start", {"task": "echo hi > a.txt && git add a.txt && git commit -qm 'Add a'",
-                                                         "verify": "true"}))
+            job = job_id_in(await call(client, "start",
+                                       {"task": "echo hi > a.txt && git add a.txt && git commit -qm 'Add a'",
+                                        "verify": "true"}))
             await call(client, "wait", {"ids": job})
             return job, json.loads(await call(client, "result", {"id": job, "evidence": True}))
 
@@ -542,7 +543,8 @@ def test_git_subtask_mcp_serves_the_same_tools(repo):
 
 
 def test_the_cli_does_not_import_the_mcp_sdk():
-    code = "import sys, subtask.faces.cli; sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)"
+    code = ("import sys, subtask.faces.cli; "
+            "sys.exit(1 if any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], env=server_env()).returncode == 0
 
 
@@ -730,7 +732,8 @@ def test_a_cache_made_with_another_sdk_is_never_served(monkeypatch):
 
 def test_the_front_end_loads_no_sdk():
     code = ("import sys, subtask.faces.mcp_server as m; m.load_cache(); "
-            "print(sorted({n.split('.')[0] for n in sys.modules} & {'mcp', 'mcp_types', 'pydantic', 'anyio', 'pygit2'}))")
+            "print(sorted({n.split('.')[0] for n in sys.modules} "
+            "& {'mcp', 'mcp_types', 'pydantic', 'anyio', 'pygit2'}))")
     proc = subprocess.run([sys.executable, "-c", code], env=server_env(), capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
@@ -749,7 +752,8 @@ def test_the_front_end_answers_initialize_without_threading_or_queue():
     assert modules in ("[]", "['_json']"), proc.stdout + proc.stderr  # `_json` only as `json`'s own accelerator
     from subtask.faces import mcp_server
 
-    assert reply == mcp_server.reply_line(1, mcp_server.load_cache()["results"]["2025-06-18"]["initialize"]).decode().strip()
+    assert reply == \
+        mcp_server.reply_line(1, mcp_server.load_cache()["results"]["2025-06-18"]["initialize"]).decode().strip()
 
 
 
@@ -802,13 +806,15 @@ def test_a_call_sent_with_initialize_is_served_by_the_sdk_with_progress(repo, tm
     gate = tmp_path / "gate"  # the job runs until wait has sent a progress notification
     session = Session(repo)
     session.send(INITIALIZE, INITIALIZED, request(2, "tools/list"),
-                 request(3, "tools/call", {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
+                 request(3, "tools/call",
+                         {"name": "start", "arguments": {"task": held(gate, "true"), "engine": "shell"}}))
     assert json.loads(session.reply(1))["result"]["serverInfo"]["name"] == "subtask"
     assert len(json.loads(session.reply(2))["result"]["tools"]) == len(TOOLS)
     started = json.loads(session.reply(3))["result"]
     assert not started.get("isError"), started
     job = job_id_in(started["content"][0]["text"])
-    session.send(request(4, "tools/call", {"name": "wait", "arguments": {"ids": [job]}, "_meta": {"progressToken": "w"}}))
+    session.send(request(4, "tools/call",
+                         {"name": "wait", "arguments": {"ids": [job]}, "_meta": {"progressToken": "w"}}))
     watchdog = threading.Timer(60, gate.touch)  # no progress ever: the job ends and the test fails
     watchdog.start()
     try:
@@ -1144,7 +1150,8 @@ def test_a_diff_is_bounded_and_says_what_it_left_out(repo, cli, monkeypatch):
     assert data["truncated"] is True and data["bytes"] > 100_000
     kept = data["text"]
     assert len(kept.encode()) <= 1000 and kept.endswith("\n")  # cut at a line end
-    assert text.splitlines()[-1] == f"(diff cut at {len(kept.encode()):,} of {data['bytes']:,} bytes: stat=true, or paths=[...])"
+    assert text.splitlines()[-1] == (f"(diff cut at {len(kept.encode()):,} of {data['bytes']:,} bytes: "
+                                     "stat=true, or paths=[...])")
 
 
 def test_merge_over_mcp_refuses_as_the_cli_does_and_changes_nothing(repo, cli, how):
@@ -1194,7 +1201,8 @@ def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
         answers[6],
         "error: land needs at least one job id (or best-of group id)",  # ids may be empty with first
     ]
-    assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\nhint: start takes: task (required), ")
+    assert answers[3].startswith("error: max_turns must be a whole number, not 2.5\n"
+                                 "hint: start takes: task (required), ")
     assert answers[4].startswith("error: pick must be one of smallest, cheapest, fastest, not 'best'\n")
     assert answers[6].startswith("error: start takes no 'verfiy'\n")
     for answer in answers:
@@ -1390,8 +1398,8 @@ def test_stop_cleanup_engines_and_a_groups_show_and_stop(repo, cli, how, tmp_pat
 def test_land_over_mcp_answers_the_clis_words_and_json_and_verifies_confined(repo, cli, how):
     """`land` runs `git-subtask land` as a child (a server with threads confines nothing), so its
     verifies on the integrated commits are confined as the CLI's; its refusals read as the CLI's."""
-    jobs = [cli.start(f"echo {n} > {n}.txt && git add {n}.txt && git commit -qm 'add {n}'", "--verify", f"test -f {n}.txt")
-            for n in ("one", "two")]
+    jobs = [cli.start(f"echo {n} > {n}.txt && git add {n}.txt && git commit -qm 'add {n}'",
+                      "--verify", f"test -f {n}.txt") for n in ("one", "two")]
     cli("wait", *jobs)
     expected_error = cli_error(cli, "land", "st-00000000")
 

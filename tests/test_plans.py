@@ -86,7 +86,8 @@ def test_a_failed_job_skips_its_chain_naming_the_reason_and_holds_nothing(cli, r
     assert waited.returncode == 1, waited.stdout + waited.stderr
     b_attempt, c_attempt = attempt_of(cli, b), attempt_of(cli, c)
     assert b_attempt["state"] == "skipped" and c_attempt["state"] == "skipped"
-    assert b_attempt["reason"].startswith(f"{a} ended failed") and "exited with code 3" in b_attempt["reason"], b_attempt
+    assert (b_attempt["reason"].startswith(f"{a} ended failed")
+            and "exited with code 3" in b_attempt["reason"]), b_attempt
     assert c_attempt["reason"].startswith(f"{b} ended skipped ({a} ended failed"), c_attempt
     assert f"skipped · {a} ended failed" in waited.stdout or "skipped" in waited.stdout, waited.stdout
     for job in (b, c):
@@ -432,7 +433,8 @@ def test_start_many_chains_items_by_id_and_refuses_circles(repo, monkeypatch):
             return client_id, api_id, docs_id
 
     client_id, api_id, docs_id = anyio.run(main)
-    assert set(git(repo, "ls-tree", "--name-only", f"subtask/{docs_id}").split()) >= {"api.txt", "client.txt", "docs.txt"}
+    assert set(git(repo, "ls-tree", "--name-only", f"subtask/{docs_id}").split()) >= \
+        {"api.txt", "client.txt", "docs.txt"}
 
 
 def test_map_over_mcp_and_wait_for_its_group(repo, monkeypatch):

@@ -25,8 +25,8 @@ server = socket.socket()
 server.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port another job holds fails here
 server.listen()
 with open(os.path.join("{control}", os.environ["SUBTASK_JOB_ID"]), "w") as out:
-    out.write(f"{{port}} {{os.environ['SUBTASK_PORTS']}} {{os.environ['TMPDIR']}} {{os.environ['COMPOSE_PROJECT_NAME']}} "
-              f"{{os.environ['SUBTASK_NAMESPACE']}}")
+    out.write(f"{{port}} {{os.environ['SUBTASK_PORTS']}} {{os.environ['TMPDIR']}} "
+              f"{{os.environ['COMPOSE_PROJECT_NAME']}} {{os.environ['SUBTASK_NAMESPACE']}}")
 while not os.path.exists("{gate}"):
     time.sleep(0.02)
 client = socket.create_connection(("127.0.0.1", port))  # our own server answers on our port

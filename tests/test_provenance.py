@@ -230,7 +230,8 @@ def test_a_forged_pass_on_a_teammates_job_fails_when_re_run_and_only_force_merge
     assert cli_b.json("show", theirs)["state_detail"]["attempts"][-1]["verify"]["passed"] is True  # the claim
     main = git(b, "rev-parse", "main")
     refused = cli_b("merge", theirs)
-    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, \
+        refused.stdout + refused.stderr
     assert "merge --force" in refused.stderr and git(b, "rev-parse", "main") == main
     assert cli_b("merge", "--force", theirs).returncode == 0 and (b / "x.txt").exists()
 
@@ -265,7 +266,8 @@ def test_a_teammates_job_pulled_without_its_branch_merges_from_its_head_pin_thro
     assert not refs(b, "refs/heads/subtask/")
     main, ran = git(b, "rev-parse", "main"), ran_verify(log)
     refused = cli_b("merge", forged)
-    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, \
+        refused.stdout + refused.stderr
     assert git(b, "rev-parse", "main") == main and ran_verify(log) == ran + 1
     refused = cli_b("merge", "--force", pinned)
     assert refused.returncode == 1 and f"not where its record leaves the job ({old[:7]})" in refused.stderr, \

@@ -386,8 +386,8 @@ def test_a_crash_at_any_step_leaves_no_kept_environment(cli, repo):
     from test_admission import START_POINTS, WORKER_POINTS
 
     use_paid_engine(repo, maxRunning="20")
-    procs = [subprocess.Popen(["git", "subtask", "start", "--max-usd", "1", f"file={point}.txt password=hunter2"], cwd=repo,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen(["git", "subtask", "start", "--max-usd", "1", f"file={point}.txt password=hunter2"],
+                              cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, SUBTASK_FAULT=point, SECRET_TOKEN="s3cr3t-77"))
              for point in START_POINTS + WORKER_POINTS]
     started = []

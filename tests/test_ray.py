@@ -142,7 +142,8 @@ def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(clust
                           timeout=RAY_WAIT, interval=0.5)
         assert _record(ours, queued)["state"] == "stopped"
         assert git(ours, "rev-parse", f"refs/heads/subtask/{queued}") == git(ours, "rev-parse", "HEAD")
-        assert git(remote, "rev-parse", f"refs/subtask/{queued}/record") == git(ours, "rev-parse", f"refs/subtask/{queued}/record")
+        assert git(remote, "rev-parse", f"refs/subtask/{queued}/record") == \
+            git(ours, "rev-parse", f"refs/subtask/{queued}/record")
         # the last job is not waited for (this machine could have been offline): `pull` brings it
         assert wait_until(lambda: _record(remote, jobs[5])["state"] == "done", timeout=RAY_WAIT, interval=0.5)
         assert _record(ours, jobs[5])["state"] != "done"

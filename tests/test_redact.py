@@ -103,8 +103,10 @@ def test_bearer_token():
     ("Authorization: Basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy"),
     ("authorization: basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy"),
     ("Proxy-Authorization: Basic YWxhZGRpbjpvcGVu", "YWxhZGRpbjpvcGVu"),
-    ("curl -H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'", "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"),
-    ('{"Authorization": "Digest username=x, response=6629fae49393a05397450978507c4ef1"}', "6629fae49393a05397450978507c4ef1"),
+    ("curl -H 'Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b'",
+     "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"),
+    ('{"Authorization": "Digest username=x, response=6629fae49393a05397450978507c4ef1"}',
+     "6629fae49393a05397450978507c4ef1"),
     ("Authorization: dXNlcjpodW50ZXIyMjIy", "dXNlcjpodW50ZXIyMjIy"),
 ])
 def test_authorization_headers_of_any_scheme(line, secret):

@@ -73,7 +73,8 @@ def test_a_job_carrying_six_secret_formats_leaves_none_in_git_or_any_output(cli,
 
 
 def test_a_key_streamed_line_by_line_is_redacted_in_events_record_and_summary(cli, repo):
-    script = "printf 'start\\n'; " + "; ".join(f"echo '{line}'; sleep 0.01" for line in PEM.splitlines()) + "; echo done"
+    script = ("printf 'start\\n'; " + "; ".join(f"echo '{line}'; sleep 0.01" for line in PEM.splitlines())
+              + "; echo done")
     job = cli.start(script)
     cli.ok("wait", job)
     events = repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl"

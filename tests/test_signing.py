@@ -25,7 +25,8 @@ def keys(tmp_path) -> dict[str, Path]:
     folder.mkdir()
     made = {}
     for name in ("alice", "mallory"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(folder / name)], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(folder / name)],
+                       check=True)
         made[name] = folder / name
     allowed = folder / "allowed_signers"
     allowed.write_text(f"alice@example.com {' '.join((folder / 'alice.pub').read_text().split()[:2])}\n")
@@ -240,5 +241,6 @@ def test_a_record_altered_after_signing_is_reported_bad_and_its_verify_not_trust
     assert shown["signature"]["status"] == "bad" and shown["state_detail"]["attempts"][-1]["verify"]["passed"]
     assert "BAD signature" in cli_b.ok("show", theirs)
     refused = cli_b("merge", theirs)
-    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "verify failed when re-run here" in refused.stderr, \
+        refused.stdout + refused.stderr
     assert "BAD signature" in refused.stderr

@@ -289,4 +289,5 @@ def test_each_attempt_records_when_its_worker_took_it(cli, repo, control_dir):
     cli.ok("wait", first, queued)
     for job in (first, queued):
         attempt = json.loads(cli.ok("show", job, "--json"))["state_detail"]["attempts"][-1]
-        assert attempt["queued_at"] <= attempt["started_at"] <= attempt["engine_started_at"] <= attempt["ended_at"], attempt
+        assert (attempt["queued_at"] <= attempt["started_at"] <= attempt["engine_started_at"]
+                <= attempt["ended_at"]), attempt

@@ -33,7 +33,8 @@ WAITER = textwrap.dedent("""
             print("held", round((cpu() - before) * 1000, 1), flush=True)
     except TimeoutError as exc:
         print("timeout", type(exc).__name__, flush=True)
-    print("alarm left", signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0))
+    print("alarm left", signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+          or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0))
 """)
 
 

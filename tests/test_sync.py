@@ -91,7 +91,8 @@ def test_a_record_that_differs_locally_is_never_overwritten(team):
     assert git(b, "rev-parse", f"refs/subtask/{shared}/record") == mine
     pushed = cli_b("push")
     assert pushed.returncode == 1 and f"not pushed: refs/subtask/{shared}/record" in pushed.stdout
-    assert git(remote, "rev-parse", f"refs/subtask/{shared}/record") == git(a, "rev-parse", f"refs/subtask/{shared}/record")
+    assert git(remote, "rev-parse", f"refs/subtask/{shared}/record") == \
+        git(a, "rev-parse", f"refs/subtask/{shared}/record")
     assert_only_fast_forwards(remote)
 
 
@@ -155,7 +156,8 @@ def test_an_older_copy_of_a_record_is_not_a_divergence(team):
     pushed = cli_b("push")
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     assert "not pushed" not in pushed.stdout and f"pushed refs/subtask/{mine}/record" in pushed.stdout
-    assert git(remote, "rev-parse", f"refs/subtask/{theirs}/record") == git(a, "rev-parse", f"refs/subtask/{theirs}/record")
+    assert git(remote, "rev-parse", f"refs/subtask/{theirs}/record") == \
+        git(a, "rev-parse", f"refs/subtask/{theirs}/record")
     update_record(b, mine)  # ahead again: a pull must not call that a divergence either
     pulled = cli_b("pull")
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
@@ -180,8 +182,9 @@ TEAMMATE_PUSHES = 3  # per trial: contention the test bounds, so every push has 
 
 def teammate_moving_notes(path, trial: int):
     """A teammate who adds a note and pushes it (again until the push lands), TEAMMATE_PUSHES times
-    in a row, so every push and pull of the trial has notes to merge. Bounded: against a teammate who never stops, no push that
-    is never forced can be sure of a turn (it would report what it kept, exit 1, after its patience)."""
+    in a row, so every push and pull of the trial has notes to merge. Bounded: against a teammate
+    who never stops, no push that is never forced can be sure of a turn (it would report what it
+    kept, exit 1, after its patience)."""
     first = trial * TEAMMATE_PUSHES
     return subprocess.Popen(["sh", "-c", TEAMMATE, "teammate", str(first), str(first + TEAMMATE_PUSHES)], cwd=path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -219,7 +222,8 @@ def test_syncs_at_once_in_one_clone_all_succeed(team):
         for args, proc in zip(commands, procs, strict=True):
             out, err = finish(proc, timeout=sync.PUSH_PATIENCE_S + 60)  # past push's own patience
             if proc.returncode != 0:
-                failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: {err.strip()} {out.strip()}")
+                failures.append(f"trial {trial}: {' '.join(args)} exited {proc.returncode}: "
+                                f"{err.strip()} {out.strip()}")
         finish(teammate, timeout=60)
     assert not failures, f"{len(failures)} of {len(commands) * RACE_TRIALS} commands failed:\n" + "\n".join(failures)
     # Then one more note of theirs and a new block of ours on the same commit: a real merge, and
@@ -250,7 +254,8 @@ def test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_updat
             cli_b.ok("push")
             pulled = cli_a("pull")
             if pulled.returncode != 0:
-                failures.append(f"trial {trial}: pull exited {pulled.returncode}: {pulled.stderr.strip()} {pulled.stdout.strip()}")
+                failures.append(f"trial {trial}: pull exited {pulled.returncode}: "
+                                f"{pulled.stderr.strip()} {pulled.stdout.strip()}")
     finally:
         stop.touch()
         out, err = writer.communicate(timeout=60)

@@ -46,8 +46,8 @@ def test_a_shell_job_that_passes_on_its_second_run_ends_done_after_two_attempts(
 
 
 def test_a_job_that_never_passes_ends_at_n_plus_1_attempts_with_the_best_on_its_branch(cli, repo):
-    verify = ('n=$(cat n.txt); case $n in 1) echo "2 passed, 3 failed in 0.1s";; 2) echo "4 passed, 1 failed in 0.1s";; '
-              '*) echo "1 passed, 4 failed in 0.1s";; esac; exit 1')
+    verify = ('n=$(cat n.txt); case $n in 1) echo "2 passed, 3 failed in 0.1s";; '
+              '2) echo "4 passed, 1 failed in 0.1s";; *) echo "1 passed, 4 failed in 0.1s";; esac; exit 1')
     job = cli.start(COUNTING, "--verify", verify, "--retries", "2")
     assert cli("wait", job).returncode == 1
     shown = cli.json("show", job)
@@ -228,12 +228,14 @@ def test_a_paid_retry_the_monthly_cap_cannot_hold_is_refused_with_nothing_reserv
     assert cli("wait", job).returncode == 1
     attempts = attempts_of(cli, job)
     assert len(attempts) == 1
-    assert attempts[0]["not_retried"].startswith("refused: reserving $3.00 for " + f"{job}.2 would exceed the monthly cap")
+    assert attempts[0]["not_retried"].startswith("refused: reserving $3.00 for "
+                                                 + f"{job}.2 would exceed the monthly cap")
     assert ledger_rids(repo) == {f"{job}.1": ["reserve", "close"]}
     assert ledger.open_reservations(open_repo(repo).state_dir) == []
     assert cli.json("spend")["committed_usd"] == pytest.approx(0.42)
     # ... but where the cap holds exactly what a reply would need, the retry runs
-    git(repo, "config", "subtask.monthlyCapUsd", "4.26")  # 0.42 spent before, 0.42 + 0.42 + 3: the second retry fits to the cent
+    # 0.42 spent before, 0.42 + 0.42 + 3: the second retry fits to the cent
+    git(repo, "config", "subtask.monthlyCapUsd", "4.26")
     job = cli.start("one more run", "--engine", "fakepaid", "--max-usd", "3", "--verify", "false", "--retries", "2")
     assert cli("wait", job).returncode == 1
     assert len(attempts_of(cli, job)) == 3
@@ -311,8 +313,10 @@ def test_mcp_start_takes_retries_and_checks_and_answers_like_the_cli(project, mo
     text = result.content[0].text
     assert "check paths=src/** failed: NOTES.md is outside src/**" in text
     assert "attempts: 1: failed · verify failed (check paths=src/**; 1 passed, 1 failed)" in text
-    assert "attempt 2 (retry 1): failed · verify failed (check paths=src/**; 2 passed, 0 failed)" in shown.content[0].text
-    assert bad.is_error and "error: retries must be a whole number from 0 to 5" in bad.content[0].text  # its parameter, never the flag
+    assert "attempt 2 (retry 1): failed · verify failed (check paths=src/**; 2 passed, 0 failed)" in \
+        shown.content[0].text
+    # its parameter, never the flag
+    assert bad.is_error and "error: retries must be a whole number from 0 to 5" in bad.content[0].text
 
 
 def test_a_re_run_verify_fails_on_the_recorded_checks_whatever_the_command_exits(project):

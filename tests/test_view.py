@@ -33,7 +33,8 @@ NAMESPACES = namespaces.support()
 needs_view = pytest.mark.skipif(not (LANDLOCK.available and NAMESPACES.available),
                                 reason=f"no confinement here: {LANDLOCK.reason or NAMESPACES.reason}")
 SSH = shutil.which("ssh-agent") and shutil.which("ssh-add") and shutil.which("ssh-keygen")
-needs_ssh = pytest.mark.skipif(not SSH, reason="no ssh-agent here (Debian: apt-get install openssh-client; .ci/run does)")
+needs_ssh = pytest.mark.skipif(not SSH,
+                               reason="no ssh-agent here (Debian: apt-get install openssh-client; .ci/run does)")
 
 # Secret texts no redaction pattern knows: only the view can keep them out.
 NETRC_SECRET = "amber-falcon-9137"
@@ -320,7 +321,8 @@ with isolation.confined(isolation.Sandbox(policy)):
     result = procs.run(["sh", "-c", "read -r inside outside count < /proc/self/uid_map; echo uid=$inside:$outside; "
                         "grep -q subtask-init /proc/1/cmdline; echo pid1=$?; touch /etc/x; echo etc=$?; "
                         f"cat {outside}; echo outside=$?; echo w > w.txt; echo worktree=$?; "
-                        "git add w.txt && git -c user.name=n -c user.email=e commit -qm w; echo commit=$?"], cwd=worktree)
+                        "git add w.txt && git -c user.name=n -c user.email=e commit -qm w; echo commit=$?"],
+                       cwd=worktree)
 print(result.stdout_tail + result.stderr_tail)
 """
 

@@ -98,7 +98,8 @@ def test_two_merge_modes_are_a_usage_error_and_change_nothing(cli, repo, flags):
     before = git(repo, "rev-parse", "main")
     proc = cli("merge", *flags, job)
     assert proc.returncode == 129
-    assert proc.stderr.splitlines()[0] == f"error: {flags[0]} and {flags[1]} cannot be used together: give one merge mode"
+    assert proc.stderr.splitlines()[0] == \
+        f"error: {flags[0]} and {flags[1]} cannot be used together: give one merge mode"
     assert proc.stderr.splitlines()[1] == "hint: git subtask merge [--squash | --no-ff | --ff-only] ID"
     assert git(repo, "rev-parse", "main") == before and git(repo, "rev-parse", "--verify", f"subtask/{job}")
 
