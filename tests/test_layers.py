@@ -240,3 +240,13 @@ def test_state_folder_names_are_spelled_only_in_state_paths():
                 if named == "state_dir":
                     spelled.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert not spelled, f"state-folder paths spelled outside subtask/state/paths.py: {spelled}"
+
+
+MAX_MODULE_LINES = 800
+
+
+def test_no_module_is_over_800_lines():
+    """A module a newcomer can read in one sitting: past 800 lines, split it by subject (issue 41)."""
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these by subject: {long}"
