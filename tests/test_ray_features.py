@@ -159,5 +159,29 @@ def test_retries_reply_after_best_of_and_map_run_on_the_cluster(cluster, tmp_pat
         assert ran["state"] == "done" and len(ran["members"]) == 2
         for member in ran["members"]:
             assert client.get_job_info(f"subtask-{member}-1").status.value == "SUCCEEDED"
+
+        # -- a failure after any step of a start handed to Ray (`executors/ray.start`, on the start
+        # transaction) undoes exactly what was done: here, on the remote, in the ledger; no Ray job
+        before = handed_over(ours, remote)
+        jobs_before = {j.job_id for j in client.list_jobs()}
+        for step in ("after_branch", "start_pinned", "start_job_recorded", "start_reserved", "start_pushed"):
+            failed = cli("start", "--engine", "agent", "--max-usd", "1", "more",
+                         env={"SUBTASK_FAULT_RAISE": step})
+            assert failed.returncode == 128 and f"injected fault at {step}" in failed.stderr, (step, failed.stderr)
+            assert handed_over(ours, remote) == before, step
+        assert {j.job_id for j in client.list_jobs()} == jobs_before
     finally:
         gate.touch()
+
+
+def handed_over(clone: Path, remote: Path) -> dict:
+    """What a start handed to Ray leaves: the clone's refs, the remote's, open reservations, slots."""
+    from subtask.git.gitrepo import open_repo
+    from subtask.state import ledger, slots
+
+    state_dir = open_repo(clone).state_dir
+    taken = slots.read(state_dir)
+    return {"refs": git(clone, "for-each-ref", "--format=%(refname) %(objectname)"),
+            "remote": git(remote, "for-each-ref", "--format=%(refname) %(objectname)"),
+            "reserved": sorted(r.rid for r in ledger.open_reservations(state_dir)),
+            "slots": (taken.running, taken.queue)}

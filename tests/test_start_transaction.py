@@ -2,8 +2,9 @@
 any of its steps, in start, a best-of group, a map, a reply and a job that waits, undoes exactly
 what was done. Afterwards the repository holds the refs it held before, no worktree, no slot,
 no queue entry, and the state folder the files it held before. So does a failure where a
-waiting job is moved on, and where the verify loop reserves its next attempt. (The Ray
-executor's hand-over runs on the same transaction; no fault is injected there yet.)"""
+waiting job is moved on, and where the verify loop reserves its next attempt. The Ray
+executor's hand-over, on the same transaction, is tested with the suite's cluster
+(tests/test_ray_features.py: here, on the remote, in the ledger, and no Ray job)."""
 
 from __future__ import annotations
 
