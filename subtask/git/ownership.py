@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import re
 
 from subtask.git.gitrepo import Repo, git
@@ -76,9 +77,7 @@ def ensure_clone_id(repo: Repo) -> str:
                 raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
                                    hint="git config --local --unset subtask.cloneId  "
                                         "(a new one is made at the next start)")
-            import secrets  # once per clone: never on a reading command's path
-
-            current = "c-" + secrets.token_hex(8)
+            current = "c-" + os.urandom(8).hex()
             local.set("subtask.cloneId", current)
     repo.config.remember("cloneId", current)
     return current

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import time
@@ -294,7 +293,7 @@ def _head_commit(repo: Repo) -> str:
 def _build(repo: Repo, commit: str) -> Entry:
     """One entry at `commit`: registered (under `worktree.lock`), its files written, its index
     refreshed once no file is racily clean, measured, marked, then moved into `.pool/`."""
-    name = f"pool-{secrets.token_hex(4)}"
+    name = f"pool-{os.urandom(4).hex()}"
     building = pool_dir(repo) / BUILDING / name
     final = pool_dir(repo) / name
     ensure_excluded(repo.common_dir)
@@ -478,7 +477,7 @@ def give_back(repo: Repo, job_id: str, path: Path, branch: str | None, base: str
     size, linked = measure(path) if ok else (0, True)
     if not ok or linked or sum(e.bytes for e in ready) + size > limit:
         return False, True
-    name = f"pool-{secrets.token_hex(4)}"
+    name = f"pool-{os.urandom(4).hex()}"
     final, new_admin = pool_dir(repo) / name, repo.common_dir / "worktrees" / name
     _write(admin / "HEAD", f"{commit}\n")
     _write(admin / MARKER, json.dumps({"v": 1, "commit": commit, "bytes": size, "made": time.time(),

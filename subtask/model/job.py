@@ -15,6 +15,7 @@ start failed) or `stopped`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -41,9 +42,7 @@ DEPTH_ENV = "SUBTASK_DEPTH"  # a worker's engine runs with its job's delegation 
 
 
 def new_job_id() -> str:
-    import secrets  # not at import: its random and hmac cost a reading command ~3 ms
-
-    return "st-" + secrets.token_hex(4)
+    return "st-" + os.urandom(4).hex()  # what secrets.token_hex does, without its imports (~3 ms)
 
 
 def is_job_id(text: str) -> bool:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import stat
 import subprocess
@@ -200,7 +199,7 @@ def overlaid(repo: Repo, judge: Judge, worktree: Path, stash: Path, tmpdir: Path
     if judge.own:
         yield {}
         return
-    fresh = Path(tmpdir) / f"verify-{secrets.token_hex(4)}"
+    fresh = Path(tmpdir) / f"verify-{os.urandom(4).hex()}"
     fresh.mkdir(mode=0o700)
     extra = {"TMPDIR": str(fresh), "TMP": str(fresh), "TEMP": str(fresh)}
     try:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,7 +150,7 @@ def scratch(repo: Repo, commit: str, name: str) -> Iterator[Path]:
 
 def add_scratch(repo: Repo, commit: str, name: str) -> Path:
     """`<worktreeDir>/<name>-<random>`, a worktree checked out detached at `commit`."""
-    path = repo.worktree_dir() / f"{name}-{secrets.token_hex(4)}"
+    path = repo.worktree_dir() / f"{name}-{os.urandom(4).hex()}"
     ensure_excluded(repo.common_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(repo.state_dir / paths.WORKTREE_LOCK):  # concurrent `worktree add` can fail (git 2.39)

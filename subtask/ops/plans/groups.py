@@ -35,7 +35,6 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 import sys
 import tempfile
@@ -68,7 +67,7 @@ DECIDE_LOCK_WAIT = 3600.0  # a conclusion holds the lock while judges run (each 
 
 
 def new_group_id() -> str:
-    return "sg-" + secrets.token_hex(4)
+    return "sg-" + os.urandom(4).hex()
 
 
 def group_ref(gid: str) -> str:
