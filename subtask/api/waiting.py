@@ -53,6 +53,8 @@ RECORD_LOOKS = 8  # `wait --since` reads the record refs every 8th look (2 s): w
 
 
 WRAP_UP_WAIT = 60.0  # seconds `wait` gives an ended job's worker to let go of it
+WRAP_UP_RECORD_LOOK = 0.1  # seconds between its looks for a reply's new attempt meanwhile
+QUEUED_LOOK = 0.25  # seconds between `wait`'s reads of a queued job's record (its run-lock: every 20 ms)
 
 
 def wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool = False,
@@ -255,13 +257,25 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             from subtask.ops.running import lifecycle
 
             lifecycle.end_orphan(repo, job_id)  # ... even when no slot entry is left to reap
-        elif time.monotonic() >= next_fill:
-            # Queued: fill idle slots now and then, with the settings as they are now (a fixed
-            # maxRunning must take effect without another command).
-            next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-            from subtask.ops.running import lifecycle
+        else:
+            if time.monotonic() >= next_fill:
+                # Queued: fill idle slots now and then, with the settings as they are now (a fixed
+                # maxRunning must take effect without another command).
+                next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
+                from subtask.ops.running import lifecycle
 
-            lifecycle.reconcile(open_repo(repo.root))
+                lifecycle.reconcile(open_repo(repo.root))
+            _until_held(state_dir, job_id, QUEUED_LOOK, cancel)
+            continue
+        time.sleep(0.02)
+
+
+def _until_held(state_dir: Path, job_id: str, seconds: float, cancel: threading.Event) -> None:
+    """Return once a worker holds the queued job's run-lock, or after `seconds`: a look at the
+    lock is a syscall, a look at the record git processes (50 a second each, on a loaded machine
+    they starved the workers a `wait` waited for)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and not cancel.is_set() and not liveness.is_held(state_dir, job_id):
         time.sleep(0.02)
 
 
@@ -284,10 +298,13 @@ def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
     deadline = time.monotonic() + WRAP_UP_WAIT
     if liveness.is_held(repo.state_dir, job.id):
         faults.point("wait_found_busy")
+    next_read = 0.0
     while liveness.is_held(repo.state_dir, job.id) and time.monotonic() < deadline and not cancel.is_set():
-        time.sleep(0.005)
-        if records.read(repo, job.id).state.current.n != job.state.current.n:
-            break
+        time.sleep(0.005)  # a look at the lock is a syscall; a look at the record, git processes:
+        if time.monotonic() >= next_read:  # every 5 ms they starved the worker on a loaded machine
+            next_read = time.monotonic() + WRAP_UP_RECORD_LOOK
+            if records.read(repo, job.id).state.current.n != job.state.current.n:
+                break
     return job
 
 
