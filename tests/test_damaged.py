@@ -157,13 +157,7 @@ def test_a_pulled_record_whose_evidence_lacks_fields_is_shown_without_a_crash(re
     evidence = json.loads(git(repo, "show", f"{tip}:evidence.json"))
     evidence["files"] = [{"path": "a"}, {"status": "M"}, "not-an-object", {"path": 7, "added": "x"}]
     evidence["commits"] = [{"subject": "no sha"}, 3]
-    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=json.dumps(evidence),
-                          capture_output=True, text=True, check=True).stdout.strip()
-    listing = git(repo, "ls-tree", tip).replace(git(repo, "rev-parse", f"{tip}:evidence.json"), blob)
-    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing + "\n", capture_output=True, text=True,
-                          check=True).stdout.strip()
-    forged = git(repo, "commit-tree", tree, "-p", tip, "-m", git(repo, "log", "-1", "--format=%B", tip))
-    git(repo, "update-ref", f"refs/subtask/{job}/record", forged)
+    forge_record_file(repo, job, tip, "evidence.json", evidence)
     for args in (("show", job), ("show", job, "--json"), ("result", job), ("result", job, "--evidence"),
                  ("list",), ("log", job), ("status",), ("notes", "rebuild")):
         proc = cli(*args)
@@ -198,15 +192,21 @@ def test_a_pulled_record_whose_verify_judge_is_not_a_name_is_shown_without_a_cra
     tip = git(repo, "rev-parse", f"refs/subtask/{job}/record")
     state = json.loads(git(repo, "show", f"{tip}:state.json"))
     state["attempts"][-1]["verify"]["harness"] = {"source": ["base"], "commit": 7}
-    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=json.dumps(state),
-                          capture_output=True, text=True, check=True).stdout.strip()
-    listing = git(repo, "ls-tree", tip).replace(git(repo, "rev-parse", f"{tip}:state.json"), blob)
-    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing + "\n", capture_output=True, text=True,
-                          check=True).stdout.strip()
-    forged = git(repo, "commit-tree", tree, "-p", tip, "-m", git(repo, "log", "-1", "--format=%B", tip))
-    git(repo, "update-ref", f"refs/subtask/{job}/record", forged)
+    forge_record_file(repo, job, tip, "state.json", state)
     for args in (("show", job), ("result", job)):
         proc = cli(*args)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, \
             (args, proc.stderr)
         assert "tests from ['base']" in proc.stdout, (args, proc.stdout)
+
+
+def forge_record_file(repo, job: str, tip: str, name: str, data: dict) -> None:
+    """A teammate's record as a pull may bring it: one more commit on the job's record chain in
+    which the file `name` holds `data` (JSON), the rest as at `tip`."""
+    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=json.dumps(data),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    listing = git(repo, "ls-tree", tip).replace(git(repo, "rev-parse", f"{tip}:{name}"), blob)
+    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing + "\n", capture_output=True, text=True,
+                          check=True).stdout.strip()
+    forged = git(repo, "commit-tree", tree, "-p", tip, "-m", git(repo, "log", "-1", "--format=%B", tip))
+    git(repo, "update-ref", f"refs/subtask/{job}/record", forged)

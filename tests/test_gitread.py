@@ -71,8 +71,10 @@ def test_a_ref_read_from_its_loose_file_is_what_git_says_packed_loose_or_linked(
     git(repo, "update-ref", "refs/heads/subtask/st-0000000a", second)  # loose now, packed still first
     git(repo, "update-ref", "-d", "refs/notes/subtask")
     git(tmp_path / "linked", "update-ref", "refs/worktree/mine", second)  # that worktree's own
+    (tmp_path / "elsewhere").write_text(first + "\n")  # a file a job wrote, its branch a link to it
+    (repo / ".git/refs/heads/subtask/st-0000000b").symlink_to(tmp_path / "elsewhere")
     names = ["refs/subtask/st-0000000a/record", "refs/heads/subtask/st-0000000a", "refs/notes/subtask",
-             "refs/worktree/mine", "refs/heads/x.lock", "refs/heads/../HEAD"]
+             "refs/worktree/mine", "refs/heads/x.lock", "refs/heads/../HEAD", "refs/heads/subtask/st-0000000b"]
     for where in (repo, tmp_path / "linked"):
         found = open_repo(where)
         objects = gitobjects.GitObjects(found.git_dir, common_dir=found.common_dir)  # as `Repo.objects` makes it

@@ -150,11 +150,12 @@ class GitObjects:
     def _loose_ref(self, name: str) -> Ref | None:
         if self._common_dir is None or not _SHARED_REF.fullmatch(name):
             return None
-        try:
-            with open(self._common_dir / name, "rb") as fh:
-                oid = fh.read(100).strip().decode("ascii", "replace")
-        except OSError:  # none (packed, deleted), or not a folder there (reftable)
+        try:  # a job may write its branch's file: a symlink there is git's to read, not ours
+            fd = os.open(self._common_dir / name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # none (packed, deleted), not a folder there (reftable), a symlink
             return None
+        with os.fdopen(fd, "rb") as fh:
+            oid = fh.read(100).strip().decode("ascii", "replace")
         return Ref(name, oid) if _OID.fullmatch(oid) else None
 
     def _for_each_ref(self, pattern: str) -> list[Ref]:

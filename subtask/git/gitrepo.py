@@ -4,7 +4,7 @@ The repository is found by `git rev-parse` and its `subtask.*` settings read by 
 (one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
 it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
-pay the library's import; the worker imports it in a background thread while git writes its
+pay the library's import; the worker imports it in a background thread from the start of its
 checkout (`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
 add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
 git commands must never trigger the user's hooks.

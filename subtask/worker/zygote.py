@@ -29,7 +29,8 @@ Invariants:
   failure that may leave the socket out of step (timeout, send or receive error) retires the
   zygote for good. A job never fails to start because of the zygote.
 
-Layer: just above `worker` (the MCP server starts it; `api` never imports it). It preloads the
+Layer: just above `worker` (the MCP server starts it through `api.start_fork_server`, which
+imports it only then: no CLI command loads it). It preloads the
 worker and what the worker imports, not `api`: a worker uses only the layers below it, so `api`
 in a worker's memory would be import time spent for nothing. It registers itself with
 `subtask.proc.spawn` (`use_fork_server`), which sits below the worker and so may not import it.
