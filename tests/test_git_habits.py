@@ -198,6 +198,36 @@ def test_wait_any_over_a_mix_returns_when_the_first_answers(cli, repo, control_d
         gate.touch()
 
 
+def test_wait_any_over_a_mix_sees_members_that_end_while_it_concludes(cli, repo, control_dir):
+    """The group's members ended after `wait` tried to conclude it and before it read them: it
+    then waited on the held job alone and hung (CI, twice). A member's end is never missed."""
+    gate, members_gate, hold = control_dir / "gate", control_dir / "members", control_dir / "hold"
+    job = cli.start(held(gate))
+    started = cli.ok("start", "--best-of", "2", f"{held(members_gate)}; echo $SUBTASK_GROUP_MEMBER > m.txt",
+                     "--verify", "true")
+    gid = started.split()[0]
+    members = json.loads(cli.ok("show", gid, "--json"))["members"]
+    waiter = subprocess.Popen(["git-subtask", "wait", "--any", job, gid, "--json"], cwd=repo, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, SUBTASK_FAULT_HOLD=f"wait_after_conclude:{hold}"))
+    try:
+        assert wait_until(lambda: Path(f"{hold}.reached").exists(), timeout=60), "wait never concluded"
+        members_gate.touch()
+        cli.ok("wait", *members, timeout=60)  # both members ended, after the conclusion was tried
+        hold.touch()
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 1, out + err  # the job still runs
+        data = json.loads(out)
+        assert not data["timed_out"] and data["groups"][0]["state"] == "picked", data
+    finally:
+        gate.touch()
+        members_gate.touch()
+        hold.touch()
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+
+
 # -- 4: a repository with no commits; read commands create nothing --
 
 READ_COMMANDS = [["list"], ["list", "--json"], ["status"], ["status", "--json"], ["spend"],

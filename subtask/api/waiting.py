@@ -394,14 +394,17 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
     concluded: set[str] = set()
     timed_out = False
     while True:
-        concluded.update(g.id for g in found
-                       if g.id not in concluded and groups.conclude(repo, g.id).terminal)
+        # The members are read before the groups are concluded: one that ends between the two is
+        # then seen by the conclusion, or waited on, never neither (`wait` hung on the jobs alone).
+        unended = {g.id: [m for m in g.members if repo.git.references.get(records.record_ref(m)) is not None
+                          and not records.read(repo, m).state.current.terminal]
+                   for g in found if g.id not in concluded}
+        concluded.update(gid for gid in unended if groups.conclude(repo, gid).terminal)
         if any_ and (answered or concluded):
             break
+        faults.point("wait_after_conclude")
         pending = [j for j in job_ids if j not in answered]
-        members = [m for g in found if g.id not in concluded for m in g.members
-                   if repo.git.references.get(records.record_ref(m)) is not None
-                   and not records.read(repo, m).state.current.terminal]
+        members = [m for gid, left in unended.items() if gid not in concluded for m in left]
         if not pending and not members:
             break
         left = None if deadline is None else max(0.01, deadline - time.monotonic())

@@ -16,13 +16,14 @@ after_final_record (worker); after_retry_reserved (a verify loop's retry: its sl
 its money reserved, its record not yet written); before_worktree_removal, after_removal_recheck
 (cleanup, cleanup --merged, the sweep, gc: before each job's re-check under its run-lock, and after
 it with the lock held); before_group_decide (whoever concludes a best-of group, once it saw every
-member ended); wait_found_busy (wait, when an ended job it waits on is still held by its worker or a
-reply); before_advance, after_advance (a worker, its job ended and its slot freed, before and after
-it starts the jobs waiting for it); before_leaving_waiting, after_leaving_waiting,
-after_launch_admit (whoever starts a waiting job: its branch made, its record moved to queued, its
-slot taken); pool_building (whoever fills the worktree pool: an entry registered under
-`.pool/.building/`, its files not yet written), pool_claiming (a worker taking a pooled worktree:
-its admin folder renamed to the job's, its folder not yet moved).
+member ended); wait_after_conclude (`wait` on jobs and groups, once it tried to conclude the groups,
+before it waits on their members); wait_found_busy (wait, when an ended job it waits on is still
+held by its worker or a reply); before_advance, after_advance (a worker, its job ended and its slot
+freed, before and after it starts the jobs waiting for it); before_leaving_waiting,
+after_leaving_waiting, after_launch_admit (whoever starts a waiting job: its branch made, its record
+moved to queued, its slot taken); pool_building (whoever fills the worktree pool: an entry
+registered under `.pool/.building/`, its files not yet written), pool_claiming (a worker taking a
+pooled worktree: its admin folder renamed to the job's, its folder not yet moved).
 """
 
 from __future__ import annotations
