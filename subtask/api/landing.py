@@ -2,8 +2,9 @@
 `merge` and `land`, and the flags that choose their mode.
 
 Invariants:
-- A diff or log a reply carries is cut at a line boundary within its byte limit
-  (`OUTPUT_LIMIT`, at most `MAX_OUTPUT_LIMIT`); the rest is counted, never kept.
+- Never put a whole diff or log in a reply unbounded (`max_bytes`, `OUTPUT_LIMIT` by default, at
+  most `MAX_OUTPUT_LIMIT`), because an agent's context is the budget: it is cut at a line boundary
+  within its byte limit, and what is left out is counted and said.
 - Review works after landing: a job's head is its branch tip while it exists, else its head pin.
 """
 

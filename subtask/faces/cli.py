@@ -8,6 +8,10 @@ code; click usage errors exit 129; anything unexpected is reported in one line (
 SUBTASK_DEBUG=1 for the traceback), never as a bare traceback.
 
 `api` loads each operation (and with it pygit2) on first use, so `--version` and `-h` stay instant.
+
+Invariants:
+- Never import `mcp` or `claude_agent_sdk` on the CLI's path, because each costs ~0.6 s
+  (`tests/test_layers.py` imports `subtask.faces.cli` and looks).
 """
 
 from __future__ import annotations

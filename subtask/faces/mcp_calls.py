@@ -9,15 +9,22 @@ Invariants:
   reads it too, and a job's text may come from a model or a teammate.
 - A `SubtaskError` becomes a tool error (isError) with the CLI's words: `error: ...` and `hint: ...`,
   each CLI flag that is a tool's parameter spelt as the parameter (`mcp_words`).
-- Every reply carries the CLI's words as text and the CLI's `--json` as structured content, with
-  the words in it too (`reply`, first): Claude Code shows a model the structured part instead of
-  the text when both are present. Tools declare no output schema (`structured_output=False`).
-- Argument mistakes (a wrong type, a missing or unknown argument) read like the CLI's usage
-  errors (`Server.call_tool`), never like pydantic's report; an unknown argument is refused,
-  never dropped.
+- Never give an MCP tool's reply words the CLI would not print, nor JSON its `--json` would not,
+  because an agent and a person must read the same answer: both come from one `replies.Reply`
+  (`tests/test_mcp.py::test_review_tools_answer_the_clis_words_and_json`). The structured content
+  carries the words too (`reply`, first), because Claude Code shows a model the structured part
+  instead of the text when both are present. Tools declare no output schema
+  (`structured_output=False`).
+- Never let an MCP argument error reach an agent as pydantic's report, nor drop an argument a tool
+  does not take, because a misspelt `verfiy` would start a job nobody checks: a wrong type, a
+  missing or unknown argument reads like the CLI's usage errors (`Server.call_tool`), and an
+  unknown argument is refused.
 - `PARAMETERS` holds every tool's parameters (`tool` adds each): register tools before answering.
 - Nothing here prints: stdout is the protocol's. `Attention` sends on the client's session only,
   and a failed send forgets the session, never ends a call.
+- Never spell a CLI flag in an MCP tool's words, because an agent calls tools: `--best-of` is
+  `best_of` there (`mcp_calls.mcp_words`; a whole `git subtask …` command in a hint stays one)
+  (`tests/test_mcp.py::test_argument_errors_name_the_tools_parameters_never_the_clis_flags`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ the same process. The server is still `subtask.faces.mcp_tools.server` (MCPServe
 progress notification and error comes from the SDK.
 
 Invariants:
-- Standard library only until the first `initialize` is answered (or found unanswerable), and
-  its public surface only (`json`, never CPython's private `_json`); `threading` and `queue`
-  come after the reply (tests/test_mcp.py).
+- Never import `threading`, `queue` or the SDK in the MCP front end before its first reply, and
+  never read messages through a private codec (CPython's `_json`), because the first reply is what
+  a client waits for (~5 ms for those two, the SDK ~0.6 s) and a private module changes without
+  notice: the front end uses the standard library alone, and its public `json` module
+  (tests/test_mcp.py).
 - The front end answers at most: the first line, when it is a plain `initialize` and the cache
   was made with the installed SDK; and, until the SDK reads its first line, list requests
   without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
@@ -27,22 +29,29 @@ Invariants:
   the protocol uses private duplicates (close-on-exec) that no child or stray print can reach.
 - A client that closes stdin before the SDK is up, with nothing asked of it but what the front
   end answered, gets a server that exits at once instead of after loading the SDK.
-- Every line is checked (`subtask.faces.jsonrpc.check`) before anything else: one that is not
-  a JSON-RPC message MCP reads (not JSON, a batch, an unusable id, params that are not an
-  object, ...) gets its JSON-RPC error from the front end at once, and the SDK never sees it: the
-  SDK would drop it in silence, leaving the client waiting, or run a request as a notification.
-  The SDK's own reader, stricter still, has the last word before it reads a line
-  (`mcp_tools.sdk_refusal`). `check` takes any bytes, however deep or broken (`json`'s
-  RecursionError included), so no line ends the reader thread, and the session goes on.
-- The SDK's input ends only once it answered every request it read (one the client cancelled
-  excepted) or the client stopped reading: at its end of input the SDK cancels what is under
-  way, and a client that sends a call and closes stdin must still get its answer.
+- Never let a line the SDK cannot read reach it unanswered, because its stdio transport drops it
+  in silence (the client waits forever) and runs a request with a null or fractional id as a
+  notification: every line is checked first (`jsonrpc.check`: not JSON, a batch, an unusable id,
+  params that are not an object get -32700, -32600, -32602 from the front end), then by the SDK's
+  own stricter reader (`mcp_tools.sdk_refusal`). `check` takes any bytes, however deep or broken
+  (`json`'s RecursionError included), so no line ends the reader thread, and the session goes on
+  (`tests/test_mcp.py::test_each_bad_line_gets_its_json_rpc_error_and_the_session_goes_on`).
+- Never end the SDK's input while it owes an answer, because at its end of input the SDK cancels
+  what is under way: the front end ends it once every request it read is answered (one the
+  client cancelled excepted) or the client stopped reading, so a call followed by end of input is
+  answered (`tests/test_mcp.py::test_a_call_*_end_of_input_*`).
 - SUBTASK_MCP_FRONT=0 (and any platform without POSIX descriptors) skips all of this: the SDK's
   own `MCPServer.run("stdio")`.
 - The workers' fork server (`subtask.worker.zygote`) is forked while the process has only its main
   thread: after the first reply, before the reader thread (or before the SDK, without the front
   end). Its fork costs ~1 ms; it imports the worker's modules only once the SDK is loaded (or at
   the first spawn), so they do not compete with the SDK's import for CPU at start-up.
+- Never serve an MCP tool call before pygit2 is loaded, because the server is long-lived and
+  starts jobs in bulk: through git, each start cost ~10 processes (branch, pins, record: ~20 ms of
+  CPU) on two cores that ten workers' checkouts already fill (`start_many10` 500–850 ms, 266–313 with
+  pygit2). `mcp_server.load_call_modules` imports it (and filelock) once the SDK is loaded, before the first call; the
+  cached `initialize` and `tools/list` replies do not wait for it
+  (`tests/test_git_calls.py::test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_repository`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ Ctrl-C exits 130, a closed pipe 0; anything unexpected is one line (SUBTASK_DEBU
 traceback), never a bare traceback.
 
 Standard library (and `model`) only: every command imports this first.
+
+Invariants:
+- Never print a "nothing here" line or a sweep report on stdout off a terminal (`on_terminal`,
+  `SUBTASK_TTY=1` forces it for tests), because scripts read these commands' output and must see
+  what they always saw; off a terminal they go to stderr (issue 31: a harness or an agent must
+  still learn that there was nothing, and what a read command's sweep removed).
 """
 
 from __future__ import annotations

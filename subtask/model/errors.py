@@ -3,6 +3,24 @@
 `SubtaskError` carries a kind, a message, an optional hint naming a real command, and git's exit
 code. Code anywhere raises it; the CLI prints it in one place, the MCP server turns it into a tool
 error with the same words. Exit codes follow git: 1 a defined negative answer, 128 fatal, 129 usage.
+
+Invariants:
+- Never set a signal handler outside the main thread (Python refuses it), because the MCP server
+  runs operations in worker threads; a half-done start is undone by `errors.undo_uninterrupted`,
+  which holds Ctrl-C off (blocked, so the git it runs inherits it blocked) only when it runs in the
+  main thread.
+- Never let a second SIGINT interrupt the unwinding of the first, because `git` passes the
+  terminal's Ctrl-C on to its child: it came out as `RuntimeError: release unlocked lock` or a
+  traceback (`interrupt_once`, set first thing by the console script and the CLI).
+- Never set SIGINT to `SIG_IGN` or `SIG_DFL` while a command runs (hold it off by blocking it in
+  the main thread, and by a handler that does nothing), because a SIGINT caught while the
+  disposition changes is reported by Python as `OSError: Signal 2 ignored due to race condition`
+  with a traceback (issue 38); and never let Python's finalization end an interrupted command
+  (`errors.exit_if_interrupted`: `os._exit(130)` once it has unwound), because it puts SIGINT back
+  to its default while it tears the modules down and git's copy of the Ctrl-C, caught there by one
+  of `wait`'s threads, killed the process. A KeyboardInterrupt Python swallows (raised in a weakref
+  callback: importlib's module locks) interrupts the main thread again, or `wait` waited on with
+  every later Ctrl-C ignored (`tests/test_git_habits.py::test_ctrl_c_*`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ Help texts name other options as `{best_of}`: each face spells them its own way 
 the command line, `best_of` over MCP).
 
 Standard library only: the CLI imports this on its hot path.
+
+Invariants:
+- Never declare a start option in a face, because the CLI, the MCP tool and `start_many` drifted
+  apart (MCP `start` lacked `verify_timeout` and `on`): a field of `StartRequest` is the option
+  everywhere (`tests/test_start_options.py`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,13 @@ and exits 129, as for any command (`tests/test_commands.py` holds the two parser
 answers).
 
 Standard library only, and nothing else of ours but `faces/output` once a command runs.
+
+Invariants:
+- Never let the registry's parser accept a command line click would refuse or read otherwise,
+  because the same command would then answer differently depending on whether it ran without
+  click: it reads only what it is sure of and leaves the rest (`-h`, an unknown option, a bad
+  value, a missing argument) to click, and both are built from one declaration
+  (`tests/test_commands.py` compares their answers).
 """
 
 from __future__ import annotations
