@@ -13,6 +13,11 @@ so imports the reading operations only, never what starts or lands a job (tests/
 
 Every command first sweeps for dead workers (cheap: it reads only the slots file), so a crash is
 noticed by the next command and its slot and reservation come back (`read.sweep`).
+
+Invariants:
+- Never name a module of `api/` as one of its operations (a `wait` module in `api/`), because importing
+  the submodule binds it as the package's attribute: `wait` became the module, and the MCP
+  `wait` tool failed with "'module' object is not callable" (hence `api/waiting.py`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,19 @@
 are what a reading command pays for (tests/test_imports.py holds each command to its budget).
 What only some calls need (the landed sweep, a remote executor, the overlap of changed files,
 signatures) is imported where it is needed.
+
+Invariants:
+- Never make the state folder in a read command (`list`, `status`, `spend`, the lazy sweep's
+  stamp, the ledger's lock), because a look must leave the repository as it found it (issue 38:
+  `list` in a fresh `git init` made `.git/subtask/`); without the folder no job ever ran here, so
+  there is nothing to sweep or count (`git_habits::test_read_commands_create_nothing`).
+- Never import on a reading command's path (`list`, `status`, `show`, `result`, `wait`) what
+  only some calls need, nor click, because the interpreter's own start is ~10 ms and every module
+  read and executed after it is the rest of the call (click alone was ~40 % of `--version`): what
+  only some calls need (the landed sweep, the reconcile of dead workers, groups, signatures,
+  another command's module) is looked for first (`slots.nothing_to_sweep`, `stamps.due`, a record
+  that says it is unsigned), and imported when there is work. `tests/test_imports.py` holds each
+  command to a budget of modules (`python -X importtime`).
 """
 
 from __future__ import annotations

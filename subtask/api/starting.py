@@ -3,13 +3,19 @@ the start transaction every way a job begins goes through (`_launch_all`: a job,
 attempt, a group's members), with the checks a start and a reply share.
 
 Invariants:
-- `start` changes nothing until its input is valid, and a failure (or Ctrl-C) at any step before
-  the worker is spawned undoes every earlier step: slot, reservation, branch, pins, record, lock.
+- Never change anything in `start` before all input is valid, because bad input must leave no
+  branch, ref, slot or reservation behind (tests: `test_bad_input_*`, `test_failure_at_each_start_step_*`);
+  a failure (or Ctrl-C) at any step before the worker is spawned undoes every earlier step: slot,
+  reservation, branch, pins, record, lock. Its base is resolved before the state folder is probed,
+  so a repository with no commits gets no `.git/subtask/` either.
 - Admission and reservation happen in one critical section: slots lock, then ledger lock; the
   slot entry is saved before the money is reserved, so no crash leaves a reservation unfindable.
 - What a caller writes reaches git only through `redact`: the task, a reply's message and the
   verify command are recorded redacted, and kept as written (for the engine) only in the state
   folder for the life of the attempt (`privatetext`).
+- Never take the delegation depth from the environment alone, because `env -u SUBTASK_DEPTH`
+  edits it: the job whose worktree is the cwd and the job whose engine's process group the command
+  is in count too (`delegation`).
 """
 
 from __future__ import annotations

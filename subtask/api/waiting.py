@@ -1,9 +1,13 @@
 """`wait`: block until jobs (or groups) end, waking on their run-locks, never by polling them.
 
 Invariants:
-- Never return on an ended record while the job's run-lock is still held (its worker's wrap-up:
-  note, reservation, slot), for at most WRAP_UP_WAIT.
-- Never let a watcher thread end without a report: any failure is handed to the waiting thread.
+- Never let `wait` return on an ended record while the job's run-lock is still held, because the
+  worker writes that record before its wrap-up (note, reservation, slot): `wait && git log
+  --notes=subtask` missed the note, and `wait && cleanup` answered "left for a later pass". A
+  reply's starter holds the same lock before it appends its attempt, so a new attempt ends that
+  wait too, and it never waits longer than `WRAP_UP_WAIT` (`tests/test_jobs.py`).
+- Never let one of `wait`'s watcher threads end without a report, because `wait` would wait for it
+  forever: any failure is handed to the waiting thread, which raises it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,16 @@ git commands must never trigger the user's hooks.
 Invariants:
 - The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
 - Worktrees never live below a `.git/` folder: Claude Code refuses to write there.
+- Never import pygit2 in a command that only reads (`list`, `status`, `show`, `result`, `wait`,
+  `spend`), nor in `start`, because its import is half of a reading command's CPU (~60 of ~120 ms)
+  and a third of `start`'s, which the user waits for twice (the prompt, then the worker it forks):
+  they read and write through `Repo.objects`, which asks git (`for-each-ref`, `cat-file --batch`,
+  `rev-parse`, `hash-object`/`mktree`/`commit-tree`, one `update-ref --stdin` per compare-and-swap)
+  until pygit2 is loaded. Both backends answer and write alike, to the commit id
+  (`tests/test_gitread.py`, `tests/test_gitwrite.py`, which also run those commands where pygit2
+  cannot be imported, or watch that `start` never imports it). The worker imports it in a
+  background thread while git writes its checkout, and joins that thread before it confines or
+  forks anything. Other writing commands import it on first use (`Repo.git`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,14 @@ Keys are given without the `subtask.` prefix (`config.get("maxRunning")`). The r
 own reading: includes, conditional includes, worktree config, GIT_CONFIG_* in the environment).
 The same process reads the settings git signs and verifies commits with (`user.signingKey`,
 `gpg.*`: `config.git("gpg.format")`), so knowing that no key is configured costs nothing.
+
+Invariants:
+- Never read a `subtask.*` setting that is not a row of `SETTINGS`, nor start before
+  `Config.require_valid` has checked every set one (start, best-of, map, reply), because a key
+  read elsewhere is one nobody checks or documents: `subtask.git.checks` was documented while the
+  code read `subtask.checks`, and `stallAfter -1` made a job that failed 0.2 s after `start` said
+  running (`Config.get` raises on a key outside the table; `tests/test_settings.py` scans the code
+  and starts with each bad value).
 """
 
 from __future__ import annotations
