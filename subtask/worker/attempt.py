@@ -13,11 +13,17 @@ repository, the worker runs it itself (no new process: hand-off costs no start-u
 Invariants:
 - Every attempt ends, whatever happens (`_run_one`): a stop is recorded `stopped`, a worker
   error `failed`; its one terminal state is written by compare-and-swap (`finish.finish`).
-- The run-lock is released last, after the final record, so a waiter that wakes reads the end.
+- Never release the run-lock before the final record is written, because waiters read the record
+  the moment they wake.
 - Every text from the engine or verify passes `redact` before it reaches the record, the note or
   the events file (`events`).
 - Each job runs with its starter's kept environment (`jobenv.adopt`), never with that of the
   worker that was handed its slot.
+- Never hand a forked worker a `Repo` its starter opened anywhere but at the main worktree,
+  because a linked worktree's settings may be its own. A worker forked from the starting process
+  takes the starter's open `Repo` (paths and settings, a pygit2 handle of its own), and a zygote's
+  child its `Repo.handover()` sent with the request, so neither asks git what the starter knew. A
+  fresh interpreter finds the repository anew.
 """
 
 from __future__ import annotations

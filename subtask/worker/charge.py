@@ -5,12 +5,28 @@ session is charged its own share of the session's running figures (`resume_point
 baseline, and the credit for what earlier attempts were charged without figures of their own).
 
 Invariants:
-- Never charge an engine that never started (`launched` False: no process of it ever ran).
-- Never charge a resumed attempt what its engine reported for the whole session: its report
-  minus the last recorded one, less what its attempts in between were charged without a
-  report (docs/architecture.md, worker/).
+- Never charge an engine that never started, because no process of it ever ran (`launched`
+  False): the worker counts it as started once `on_pid`/`on_launch` reports a process (a dead
+  worker is still charged on `engine_started_at`, since its engine may have run).
+- Never charge a resumed attempt what its engine reported for the session, because Claude Code
+  (`total_cost_usd`) and Codex (`turn.completed` usage) report a resumed session's running
+  totals: each attempt records the totals (`Attempt.totals`) and is charged its report minus the
+  last recorded one (from zero when no attempt of the session recorded one), less what its
+  attempts in between were charged without a report, the first one killed included (tests:
+  `engines_e2e::test_a_killed_first_attempt_is_credited_when_the_session_is_resumed`,
+  `engines_e2e::test_a_resumed_claude_session_is_charged_each_runs_own_share_exactly` (a fake CLI:
+  always runs), `engines_e2e::test_real_claude_code_cli_replies_are_each_charged_their_own_turns`,
+  `engines_e2e::test_real_codex_replies_are_each_charged_their_own_tokens`,
+  `engine_codex::test_recorded_real_run_and_resume_give_each_attempt_its_own_tokens`).
 - `charge_of` settles a copy exactly as `finish` will settle the record: the verify loop's cap
   check sees the charge the record gets.
+- Never take a figure below its baseline as a negative share, because it is no running total
+  (a new session, or per-run reporting): it is the attempt's own, whole.
+- Never charge an attempt whose engine saw no model answer and knows no cost, however it ended (a
+  timeout, an exit, a stall), because an API it could not reach billed nothing: `Outcome.billed
+  is False` settles at $0 (`not_billed`); an engine that cannot tell (`None`) is charged by the
+  usual rule (tests: `engines_e2e::test_a_codex_run_its_api_never_answered_is_charged_nothing_however_it_ended`,
+  `engines_e2e::test_a_claude_run_the_model_never_answered_is_charged_nothing_however_it_ended`).
 """
 
 from __future__ import annotations

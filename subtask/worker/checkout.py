@@ -7,17 +7,25 @@ gets the `.worktreeinclude` files copied from the main worktree and `subtask.set
 confined as the job is (`set_up_fresh`).
 
 Invariants:
-- Never write a worktree's files under `worktree.lock`: only the registration needs it, and
-  jobs started together check out in parallel.
-- Never run an engine in a registered worktree whose index git has not written (its files are
-  not all there, and the autocommit would record them deleted): `FilesCheckout` writes them again.
+- Never write a worktree's files under `worktree.lock`, because that serialized every job's
+  checkout (10 jobs started together checked out one after another); only the registration
+  (`git worktree add --no-checkout`) needs it. Never run an engine in a registered worktree whose
+  index git has not written, because its files are not all there and the autocommit would record
+  them deleted: `checkout.FilesCheckout` writes them again (issue 14).
 - A stop never cuts `git worktree add` half-way (`stop.stop_deferred`); only a worktree marked
   here (`worktrees.mark`) may ever be removed for the job.
-- Never copy a `.worktreeinclude` file git does not ignore (the autocommit would commit it), and
-  never through a symlink below the worktree (`copy_into`).
-- `subtask.setup` runs in the job's sandbox: the job may have rewritten the script it names.
+- Never copy a `.worktreeinclude` file that git does not ignore, because the autocommit would commit it.
+- Never run `subtask.setup` outside the job's sandbox, because the job may have rewritten the
+  script it names. The worker's own git commands (autocommit, evidence, notes) run unconfined,
+  but never on what a job could have chosen (`worktrees.job_git`).
 - No git process is left running on any way out (`FilesCheckout.finish`,
   `MainWorktreeStatus.lines`).
+- Never follow a symlink below a worktree when copying into it (`copy_into`), because the
+  job's base decides what the worktree holds and a symlinked folder would carry the copy out.
+- Never run git or build a sandbox for a worktree that already exists (a reply, a retry, an
+  attempt after a dead worker) before its metadata is checked (`begin_checkout`), because
+  the job wrote it: a change ends the attempt failed (kind `isolation`) with nothing run, and the
+  files checkout and the sandbox take the checked admin folder (`containment::test_a_reply_*`).
 """
 
 from __future__ import annotations

@@ -13,10 +13,20 @@ Invariants:
 - The attempt's ports are given back once, whatever ended it (`close`).
 - A confined job is not given host sockets or credentials (`withheld`), but its engine process
   its own credentials.
-- Never take the main worktree's status "after" while anything of the job may still run, and
-  never write the user's index to take it (a private copy that keeps the original's mtime,
-  `main_index_copy`).
+- Never take the main worktree's status "after" while anything of the job may still run, because
+  a change verify makes would go unreported: it is started after verify when there is one, and
+  right after the engine otherwise (beside the autocommit, which touches only the job's worktree).
+  Never leave the files checkout or a background status running on any way out of an attempt
+  (`FilesCheckout.finish`, `MainWorktreeStatus.lines` in `finally`/`close`).
 - `close` ends what the job left running, runs the teardown and leaves no git process behind.
+- Never write the user's index to take the main worktree's status, because the user's own git
+  commands may hold its lock at that moment (a status that refreshes takes it). The status goes
+  through a private copy (`main_index_copy`, `<state>/main-index/<ino>-<size>-<mtime_ns>`)
+  that git may refresh and keep; never give the copy a new mtime, because git trusts the stat
+  data of entries older than the index file, and a copy stamped later would hide a same-size
+  change made in the second the user's index was written (`tests/test_main_status.py`). Without
+  the copy (a split index, submodules, a failed copy), `--no-optional-locks` reads in place and
+  re-reads every racily clean file each time.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ nothing of the job left running (`run_engine_confined`).
 Invariants:
 - The engine gets the task as written (`privatetext`), while the record only ever holds it
   redacted; that private copy goes when the attempt ends (`finish.finish_attempt`).
-- Never start the engine before the main worktree's "before" status has ended: a status still
-  running into the engine's first writes would see them before as well as after.
+- Never start the engine before the main worktree's "before" status has ended, because a status
+  still running into the engine's first writes sees them before as well as after, and the change
+  goes unseen: the worker joins it after `record_engine_started` (it runs beside the checkout, so
+  this costs nothing but on a tiny repository).
 - An engine counts as started (and may be charged) once `on_pid`/`on_launch` reports a process.
 - A crash in the engine's own code is the attempt failed (kind `engine`), never a dead worker;
   a stop is `StopRequested`.

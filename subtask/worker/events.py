@@ -5,7 +5,10 @@ Invariants:
 - Every event passes `redact` before it is written or kept; streamed text (events with a
   `stream`: child output, verify output) through one `StreamRedactor` per stream, so a key
   printed over many lines is redacted whole, and a private key block is never kept.
-- Bounded (`EventSink`): a job printing 50 MB leaves ~1.3 MB of events.
+- Never keep a job's output unbounded in the state folder, because it shares a disk with every
+  other job's bookkeeping: events keep the first MiB and the last 256 KiB, with a `dropped`
+  event between (`EventSink`: a job printing 50 MB leaves ~1.3 MB of events), and evidence lists
+  1,000 files (totals exact).
 - A full disk loses events, never the job.
 """
 

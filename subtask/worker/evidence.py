@@ -4,13 +4,17 @@ attempt's evidence (`gather_evidence`): its diff against `work_base`, the comman
 verify, how it was confined, and what its summary claims that the evidence contradicts.
 
 Invariants:
-- Never read the record from the engine's output: what the engine says and what git shows are
-  kept apart, and evidence is computed from git.
+- Never read the record from the worker's engine output, because what the engine says and what
+  git shows are kept apart: evidence is computed from git.
 - The worker's git runs through the admin folder `checked_metadata` vouched for, never by
   discovery from the worktree's `.git` (the job may write it); the head is read from the
   branch, never the worktree's HEAD.
 - Never decide that a job left nothing uncommitted from git's status alone when libgit2 can say
-  so, and never skip git's status on libgit2's word for anything else (`worktree_untouched`).
+  so (`worktree_untouched`: nothing changed, untracked or even ignored, to the nanosecond),
+  because git 2.39 compares seconds and re-reads every file the checkout wrote in the index's own
+  second (~20 ms for 2,000); and never skip git's status on libgit2's word for anything else,
+  because git decides what the autocommit takes (filters, submodules, ignore rules)
+  (`tests/test_autocommit.py`, `tests/test_git_calls.py`).
 - Evidence is bounded (`MAX_EVIDENCE_FILES`), and all the engine named in it is redacted.
 """
 

@@ -5,8 +5,9 @@ the real charge, the note and the terminal event.
 Invariants:
 - Exactly one terminal state per attempt: the final write goes through `Attempt.finish`
   (`finish`), which never overwrites one, by compare-and-swap.
-- The head pin is written before the final record; a worker killed after the record and before
-  its note leaves its slot entry, and whoever reaps it completes the note (`lifecycle`).
+- Never write a terminal record before the head pin, because a worker killed between the two would
+  leave a finished job whose commits `git gc` may drop after a squash merge; a note missing after
+  a terminal record is completed by whoever reaps the dead worker's slot (`lifecycle.complete_ended`).
 - The attempt's end and the verify loop's next attempt are one record write (`retries.Plan.apply`
   inside `finish`); when that write fails, the plan is undone (its slot entry and money go back).
 - The private copies of the task and the verify command go once the final record is written.

@@ -14,19 +14,28 @@ its worker decides, before it writes the attempt's final record (`after_attempt`
   which; every attempt's head keeps a pin (`refs/subtask/<id>/attempts/<n>`), so no commit is lost.
 
 Invariants:
-- Never let anyone see the job ended between two attempts of a loop, because `wait`, a group's
-  pick and `merge` would take the failed attempt for the job's end: the attempt's end and the
-  next attempt are one record commit (`Plan.apply` runs inside the worker's final write).
-- Never reserve a retry's money before its slot entry is on disk, and never keep a slot entry or
-  a reservation for a retry the record does not hold: the worker's own slot entry is renamed to
-  the next attempt (slots lock, then ledger lock, as `start`), undone when the record could not
-  take it; a worker killed in between leaves an entry that `lifecycle.end_dead` recognises (its
-  attempt is not in the record) and ends: the retry's reservation released, the attempt the
-  record holds ended.
-- The cap check counts the ending attempt at what it is about to be charged, not its whole
-  reservation, so a retry fits exactly where a reply would.
-- Never move a branch but by compare-and-swap on the head the worker recorded, and only after
-  every attempt's head is pinned.
+- Never let a job look ended between two attempts of its verify loop, because `wait`, a group's
+  settling and `merge` act on the first terminal state they read: the attempt's final record and
+  the next attempt are one compare-and-swap (`Plan.apply` inside `finish.finish`) (tests:
+  `verify_loop::test_a_shell_job_that_passes_on_its_second_run_ends_done_after_two_attempts`).
+- Never reserve a retry's money before its slot entry says so, nor leave either when the record
+  did not take the retry, because a crash would leak a slot or money: the worker renames its own
+  slot entry (job, n) to (job, n+1) under the slots lock, saves it, then reserves under the ledger
+  lock (as `start`); a failed record write gives both back; a worker killed in between leaves an
+  entry whose attempt the record lacks, which `lifecycle.end_dead` ends (the retry's reservation
+  released, its words dropped, the recorded attempt ended) (test:
+  `verify_loop::test_a_worker_killed_after_reserving_a_retry_leaks_no_slot_and_no_money`).
+- Never check a retry against the cap with the ending attempt's whole reservation, because a
+  reply after it would not: the cap is raised by what that attempt's reservation holds beyond its
+  charge, so a retry fits exactly where a reply would (test:
+  `verify_loop::test_a_paid_retry_the_monthly_cap_cannot_hold_is_refused_with_nothing_reserved`).
+- Never move a job's branch back to a better attempt but by compare-and-swap on the head the
+  worker recorded, because a commit made meanwhile must survive; and only after every attempt's
+  head is pinned (`refs/subtask/<id>/attempts/<n>`), with its worktree's index and files (git
+  through the checked admin folder): a worktree left at the later attempt's files would be
+  committed back by the next reply's autocommit. The metadata is checked again for that move,
+  because the attempt's verify ran since the last check (a smudge filter it wrote ran
+  unconfined) (`verify_loop::test_the_branch_is_not_moved_back_*`).
 - Never decide on what the engine said (its summary, its STATUS line): only verify and the checks.
 """
 

@@ -5,9 +5,9 @@ judged by the trusted harness of its base laid over the worktree (docs/verify.md
 Invariants:
 - Verify gets its command as written (`privatetext`), while the record only ever holds it
   redacted; its output is redacted before it is kept.
-- Never ignore a stop while verify runs: it ends verify (its group is killed), and the attempt is
-  still recorded, `stopped`, with its evidence, head pin and note; a stopped attempt has no
-  verdict on its work.
+- Never ignore a stop while verify runs, because `stop` then SIGKILLed the worker and the
+  attempt lost its evidence, head pin and note: a stop ends verify (its group is killed) and the
+  attempt is recorded `stopped` with what the work is; a stopped attempt has no verdict on its work.
 - A job that changed the harness is judged by the trusted one; its own tests run again, apart,
   and are recorded apart.
 """

@@ -17,17 +17,26 @@ EOF and exits without touching the job, and the caller's fallback exec is then t
 Invariants:
 - Started only from a single-threaded process's main thread (PR_SET_PDEATHSIG is tied to the
   thread that forked); the zygote itself never starts a thread.
-- The zygote holds nothing of its parent's but this socket and stderr: fd 0 reads /dev/null,
-  fd 1 is stderr, every other fd is closed, so a client's pipes never stay open through it.
-  Each worker closes the zygote's socket at once, so only the zygote keeps it open.
+- Never let the zygote hold the server's pipes or outlive the server, because a client waits for
+  its pipes to close: it holds nothing of its parent's but this socket and stderr (fd 0 reads
+  /dev/null, fd 1 is stderr, every other fd is closed), and exits on the socket's EOF (or
+  PR_SET_PDEATHSIG). Each worker closes the zygote's socket at once, so only the zygote keeps it
+  open. It closes the run-lock and log fds it receives without unlocking.
 - It dies with its parent: end of input on the socket (or the parent-death signal) ends it.
   It reaps its children (SIGCHLD); they are reset to the default SIGCHLD and SIGINT handlers.
-- The zygote closes its copies of the run-lock and log fds without unlocking.
-- The worker runs with the caller's environment at request time (applied in the child), as an
-  exec'd worker would: SUBTASK_FAULT, SUBTASK_DEPTH and the rest behave alike on both paths.
-- Any failure makes the caller start a fresh interpreter instead (`spawn.start_worker`); a
-  failure that may leave the socket out of step (timeout, send or receive error) retires the
-  zygote for good. A job never fails to start because of the zygote.
+- Never run a zygote's worker with the zygote's own environment, because `SUBTASK_FAULT` and
+  `SUBTASK_DEPTH` must behave alike on every path: it runs with the spawner's environment at
+  request time (sent with the request, applied in the child), as an exec'd worker would, then
+  adopts the job's own kept environment (`jobenv`), as every worker does.
+- Never let the zygote decide alone that a worker runs, because the spawner may have given up
+  (timeout) and started a fresh interpreter instead: the zygote's child waits for a byte the
+  spawner writes only once it has the pid, and exits untouched on EOF. Any failure makes the
+  caller start a fresh interpreter instead (`spawn.start_worker`), never a failed start; a failure
+  that may leave the socket out of step (timeout, send or receive error) retires the zygote for good.
+- Never leave a module a worker imports out of the zygote's preload (`_preload`), because every
+  forked worker would import it again, ten at once on two cores (filelock alone: ~30 ms of CPU
+  each, 20 % of a worker's Python)
+  (`tests/test_zygote.py::test_a_worker_forked_by_the_zygote_imports_nothing`).
 
 Layer: just above `worker` (the MCP server starts it through `api.start_fork_server`, which
 imports it only then: no CLI command loads it). It preloads the
