@@ -9,8 +9,8 @@ local slot is held). The node pushes the branch, record chain, pins and note bac
 `stop` and `pull` fetch them (`collect`).
 
 Invariants:
-- Never import Ray outside this module, and only when a job runs on Ray, because `import ray`
-  costs about a second and the CLI's hot path must not pay it.
+- Never import Ray outside `subtask/executors/ray.py`, nor there unless a job runs on Ray, because
+  `import ray` costs about a second: the CLI's hot path (and every local job) must not pay it.
 - Nothing changes before the input is valid: Ray importable, the address answering, the remote
   accepting a dry-run push of the job's branch. A failure (or Ctrl-C) before the submission
   returns undoes every step, the refs pushed to the remote included (deleted with a lease on
@@ -18,12 +18,24 @@ Invariants:
 - The record is created before the money is reserved, and the starter holds the job's run-lock
   until the submission returned: a crash in between leaves a record that `collect` (which passes
   over a job whose run-lock is held) ends as failed when Ray has no such job, charged nothing.
-- Never write the record of a job a node runs while Ray says it runs, because the node's record
-  chain must arrive as a fast-forward; home writes it only after Ray says the job ended and the
-  node's last push was fetched (a node lost before its push: failed with Ray's reason).
+- Never write the record of a job a Ray node runs while Ray says it runs, because the node's
+  record chain must arrive home as a fast-forward; home writes it only after Ray says the job
+  ended and the node's last push was fetched (then: failed with Ray's reason, or stopped).
 - At most one status request per second per job while waiting.
-- `runtime_env` carries only the environment variables the job's engine needs (its credentials,
-  when set here) and the ones `git config subtask.ray.env` names; never this whole environment.
+- Never give a Ray job this machine's environment, because it is stored in the cluster's job
+  config: `runtime_env` carries the engine's own variables (when set here) and those
+  `subtask.ray.env` names, nothing else; the task as written never leaves this machine.
+- Never let a node reserve money or a slot (a verify loop's retry on Ray), because neither is
+  there: the loop's budgets are reserved at home with the job, in one reservation, and settled
+  per attempt when it comes home (`ray.reserve`, `ray.settle_money`); and never stop or end a
+  job that runs elsewhere through the local stop (a first pass, a group's stop), because its
+  node writes its record while it runs: `lifecycle.stop_job` hands it to its executor.
+- Never let a node run an attempt it has not claimed on the remote (a record commit naming the
+  node, pushed as a fast-forward of the queued record), and never end a queued Ray attempt at
+  home before the remote took that end the same way, because a `stop` races the node that Ray
+  gives the job to: the remote's ref lets exactly one of the two win.
+- Never hold a local slot for a Ray job, because the cluster's `subtask_slot`s bound it: a job
+  whose record says it runs on Ray is left out of `slots.json` rebuilds and of doctor's orphans.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ Invariants:
 - Note commits carry the fixed identity `git-subtask <git-subtask@localhost>`, and are signed by
   git (`gitobjects.commit_tree`) when the repository's config names a signing key and
   `subtask.sign` is not never (`config.signing_key_of`, read here from libgit2's config).
+- Never fast-forward the notes ref to a remote's commit that lacks a block of a job whose record
+  we hold, because a teammate's `git notes add -f` makes a descendant of our notes without our
+  blocks, and a push (which does not rebuild blocks from records, as pull does) would share the
+  loss: such a commit is merged like a diverged one, its own blocks winning (`notes_store.merge_ref`).
 
 Lock order: the file lock (outer, held for the whole read-modify-write and its retries), then the
 git ref lock (inner, held only for the instant of the swap). The file lock is a leaf: take no other

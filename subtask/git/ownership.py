@@ -18,9 +18,14 @@ verify is re-run by `merge`, their branches are left for `git branch -d`).
 Invariants:
 - Never decide ownership from a path (`spec.repo`, `spec.worktree`), because a pulled record can
   name ours.
-- A pull never changes a record or pin of a job this clone owns (`sync`); a teammate's commits on
-  it are kept under `refs/subtask-theirs/<remote>/<id>/<record|base|head>` (`aside_ref`), never
-  read as the job's state.
+- Never let `pull` move a record or pin of a job (or group) this clone started, because a
+  teammate's commit on it would become the job's state, verify, cost and note: `merge` landed a
+  forged "verify passed", `wait` returned a forged "failed" of a running job. The remote's copy
+  goes to `refs/subtask-theirs/<remote>/<id>/<which>`, reported by `pull`, `push` and `doctor`.
+  The one exception is a job placed on Ray, whose node writes its record.
+- Never write a teammate's record or group here (`merge` of their job records no landing, a
+  group of theirs is never concluded, stopped or marked merged), because the records would diverge
+  and the next pull could no longer take theirs.
 """
 
 from __future__ import annotations

@@ -10,6 +10,13 @@ A job started `--after` others begins `waiting` (no slot, no money, no branch ye
 first sees every job it waits for ended moves it on once (`subtask/plans.py`), to queued or
 running, or ends it: `skipped` (one of them did not pass), `failed` (their heads conflict, or the
 start failed) or `stopped`.
+
+Invariants:
+- Never count a reconciled job's work from `spec.base`, because its branch then holds the target's
+  commits too: it is counted from `state.rebased_onto` (its evidence, note, checks, squash
+  message, landed detection, "made no commits", `verify`'s recomputed evidence and re-run checks),
+  and one function, `work_base`, says where, which every one of those asks
+  (`landqueue::test_a_reconciled_job_is_checked_and_rechecked_from_where_it_was_moved`).
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ Invariants:
   are exact, and a row holds the exact amount as its JSON number. A row an earlier version wrote
   with float noise (0.13499999999999998) is read as the micro-dollar amount it meant.
 - Files are 0600, the state directory 0700 when this module creates it.
-- The ledger is a cache of what the records in git hold, plus the open reservations: a `mark` row
+- Never treat the ledger as the only copy of the month's spend, because a lost state directory
+  would reset it to $0: it is a cache of the records plus open reservations. A `mark` row
   (`{"op": "mark", "of": <git dir>}`) says this repository's records are in it; without it,
-  `subtask.ops.running.spending.sync_ledger` restores their rows (`restore`), so a lost state directory never
-  resets the month's committed spend to $0.
+  `subtask.ops.running.spending.sync_ledger` restores their rows (`restore`) from this clone's
+  records (never a teammate's pulled ones), never with a lock held while the records are read.
 
 Lock order: the admission critical section takes the slots lock, then `lock(state_dir)`; this
 module takes only the ledger lock and never another lock while holding it. Nothing slow (no

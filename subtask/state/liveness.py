@@ -15,6 +15,13 @@ Its worker may still hold the lock through the removed file: a missing file is "
 process has it open with its flock on it (`lost_holders`, from /proc), and only a command that
 found no such process makes the file again. Never call a job dead on a missing lock file alone,
 because its engine runs on and the sweeps would remove its worktree and branch under it.
+
+Invariants:
+- Never call a job dead on a missing run-lock file alone, because `rm -rf .git/subtask` removes
+  the file its worker still holds: `lost_holders` finds the holder of the removed file in /proc
+  (its open file and the flock on that inode), and only a command that found none makes the file
+  again; a start (`acquire(new=True)`) skips the look
+  (`test_week_one::test_a_running_job_survives_its_state_folder_being_removed`).
 """
 
 from __future__ import annotations

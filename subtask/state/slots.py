@@ -12,13 +12,16 @@ Invariants:
   that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
   still being written by its starter, which fills free slots itself when it lets go.
 - A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
-- A running job lends its slot to one of its own children at a time (`slot_of`, see `admit`): a
-  lent slot does not count against maxRunning, so a parent waiting on its child never deadlocks,
-  and the child takes the lender's place if the lender ends first, so `taken` never grows.
+- Never let a job's child wait behind the slot its parent holds, because the parent waiting on it
+  is a deadlock: a running job lends its slot (`slot_of`, see `admit`) to one child at a time; a
+  lent slot does not count against maxRunning, and the child takes the lender's place when it
+  ends first, so `taken` never grows.
 - A running entry whose run-lock nobody holds belongs to a dead worker; exactly one process (the
   one that takes that run-lock under the slots lock) ends it, and removes the entry only after.
-- A map member (`pool`, `pool_max`) takes a slot only while fewer than `pool_max` entries of its
-  pool run; until then it waits in the queue without holding up the entries behind it.
+- Never let a map's queued jobs hold up the queue, because `--concurrency` would then throttle
+  every job started after the map: a map member (`pool`, `pool_max`) takes a slot only while
+  fewer than `pool_max` entries of its pool run, and `fill` and `admit` pass over a queued entry
+  whose pool is full (FIFO among those that may run).
 - `waiting` lists the jobs recorded `waiting` (subtask/plans.py) with the jobs they wait for
   (`until`): no slot, nothing counted. It lets every command see, from this file alone, whether a
   waiting job may be ready (none of those jobs is listed here any more), without reading records.

@@ -2,21 +2,35 @@
 branch removed. Whether a job landed is landed.py's.
 
 Invariants:
-- Nothing unmerged is ever deleted. A job branch is deleted only when it has landed, by a
-  compare-and-swap on the exact tip that was found landed (so a commit added meanwhile keeps it),
-  never while a worktree has it checked out.
-- A worktree is removed only when it is clean (no changes, no untracked files) and its HEAD is a
-  commit the branch, the pins or the target keep alive; `git worktree remove` without `--force`
-  re-checks cleanliness itself.
-- Only this clone's jobs (`ownership.owns`: never `spec.repo`, a path any record can name) are
-  landed or cleaned here: a record pulled from a teammate is theirs to update, so records never
-  diverge by our sweep, and nothing it names is ours to remove.
+- Never delete a job branch unless its tip was found landed, and delete it by compare-and-swap on
+  that exact tip, because a commit added meanwhile must survive: nothing unmerged is ever deleted.
+- Never remove a worktree that is dirty, has untracked files, or whose HEAD no branch, pin or target
+  keeps, because it holds the only copy of work; `git worktree remove` without `--force` re-checks
+  cleanliness itself.
+- Never land or clean up a job this clone does not own (`ownership.owns`, never `spec.repo`, a path
+  any record can name), because updating a teammate's record makes the records diverge, and
+  nothing it names is ours to remove.
 - Records stay: landing, cleanup and gc only add facts (landed_in, worktree_removed,
   branch_deleted) to them.
-- Nothing is removed (worktree, branch) unless the job's run-lock is ours and the record re-read
-  under it shows the same, ended attempt (`quiet_job`); a busy job is left for a later pass.
-- A worktree is removed only when this clone's worker made it for this job
-  (`worktrees.created_here`): a record's paths are data, never authority.
+- Never remove a worktree or delete a branch without holding the job's run-lock and re-reading its
+  record under it (`cleanup.quiet_job`), because a reply may have started (its worker holds the
+  lock), be queued (a non-terminal attempt), or have added commits since the job was listed.
+- Never take a record's `spec.worktree` (or `spec.repo`) as the right to remove a path, because a
+  pulled record can name anything; remove only a worktree under `subtask.worktreeDir` whose admin
+  folder holds this job's marker (`worktrees.created_here`), written by this clone's worker; and
+  never start a reply whose recorded worktree is not `<worktreeDir>/<id>` or is marked for another
+  job (`worktrees.check_runnable`), because its engine would run in someone else's checkout.
+- Never delete a job branch that has commits beyond its base unless it landed; one with none
+  only under the job's run-lock, because a reply or a commit made meanwhile must keep it:
+  `cleanup ID` and `gc` delete one with none (a stopped or failed job that made no commit) under
+  the job's run-lock (`quiet_job`), never while a worktree has it checked out, and by
+  compare-and-swap on the empty tip they saw. The record and pins stay, and a `reply` recreates
+  the branch at the job's head (`landed.job_head`).
+- Never force `git worktree remove` for a job whose engine never ran but over what git's own
+  checkout stopped half-way leaves (`cleanup.checkout_leftovers`: tracked files missing and, while
+  there is no index, files byte for byte the commit's at their path), because a job that failed at
+  its setup has a whole checkout a person may have worked in: cleanup and gc removed their edits
+  with `--force` (`crashes::test_a_person_s_edits_in_the_worktree_of_a_job_whose_engine_never_ran_are_kept`).
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ request back and lands the job itself; so does it for a request taken by a queue
 before it answered (a landing is whole or absent whatever the kill, so landing it again is safe).
 
 Invariants:
-- Never land a job both ways: a request is either taken by the running queue (the rename
-  succeeded) or taken back by its requester under the land lock, never both (`take` is one
-  rename, and the requester only lands a request it took back itself, or one whose queue is gone:
-  the lock is free and no answer came).
+- Never let a job handed by `land --first` be landed both by the running queue and by its
+  requester, because it would be integrated twice: the queue takes a request by one rename
+  (`take`), and the requester lands only a request it took back under the land lock, or one whose
+  queue is gone (the lock is free and no answer came)
+  (`landwindow::test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running`).
 - Files are written atomically (temp + rename) and read as input: a request names a job id and
   nothing else is taken from it.
 """

@@ -7,8 +7,10 @@ result is what `git merge` would make; then the verify runs there, on that very 
 (`verify_rerun.run_in`: confined as a job's verify is).
 
 Invariants:
-- Never integrate in the user's checkout, because a conflict or a failed verify must leave it
-  untouched: only the ref moves later, by compare-and-swap, once the integrated commit passed.
+- Never let a landing move the target before the verify on its integrated commit passed, and never
+  integrate in the user's checkout, because a failing or conflicting job must leave both as they
+  were; a kill at any step leaves the target before or after a whole landing and the checkout clean
+  (`landqueue::test_killing_land_at_any_step_*`).
 - Never find the scratch's repository through its `.git` file or trust its admin folder's
   `HEAD`, because a verify (a job's command, or the job's code it runs) may rewrite them: our
   git runs with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` named (as `worktrees.job_git`

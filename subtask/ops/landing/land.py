@@ -13,21 +13,33 @@ passed. `reconcile` answers a conflict with a reply to the job (its worktree mov
 a shell job's task run again) and lands it once that reply passed its verify.
 
 Invariants:
-- Never move the target but from the tip the landing was built on (compare-and-swap), because a
-  commit made meanwhile by a person must stay: the landing is built again on top of it.
-- Never record a landing on a teammate's record (`ownership`): its verify runs here on the
-  integrated commit all the same (that is the re-run `merge` would do), and is reported only;
+- Never move the land target but by compare-and-swap against the tip a landing was built on
+  (`update-ref` old value, or `git merge --ff-only` in its checkout after checking HEAD there under
+  `index_lock`), because a commit a person made meanwhile must stay: the landing is built again on
+  top of it and verified again (test: `landqueue::test_a_commit_a_person_makes_on_main_during_the_queue_is_kept`).
+  The check there is of the branch checked out as well as its commit (one `git status`): a checkout
+  switched to another branch at the same commit stops the queue, because `merge --ff-only` moves
+  whatever is checked out
+  (`landqueue::test_a_branch_switched_to_in_the_target_checkout_during_the_queue_is_never_moved`).
+- Never write a teammate's record in `land` (`ownership`; a conflict is not reconciled either: the
+  branch is theirs), because the records would diverge; their verify runs on the integrated commit
+  all the same, which is the re-run `merge` would do for an unsigned record, and is reported only;
   one that lands is this clone's mark (`where_landed`), as after `merge`.
+- Never land a job without running its checks on its own change (`work_base`..head), `--force`
+  or not, a verify command or not, because `--force` skips the gate, not the checking of what
+  lands: a job that deleted its failing test passes every command. They run once per head
+  (`Queue.checks_of`), whatever the rebuilds
+  (`landqueue::test_a_forced_landing_of_a_job_with_no_verify_command_still_runs_its_checks`).
 - Never land a job with nothing to run on the integrated commit unless `force`, because landing
-  many is only worth more than merging them one by one if what lands is what was tested; and
-  never without its checks on its own change, `force` or not, a command or not (`checks_of`, once
-  per head), because a job that deleted its failing test would pass everything else.
-- A kill at any step leaves the target before or after a whole landing: the integrated commit
-  is built and verified off to the side, and the move is one ref update (or one `git merge
-  --ff-only` in the checkout). A landing that lands is recorded after its move, its verify and
-  `landed` in one write (while the next job verifies); one killed in between is found by
-  `cleanup --merged` or the next `land` (reachable, or patch-equivalent), its record then
-  lacking that verify. One that does not land is recorded at once.
+  many is only worth more than merging them one by one if what lands is what was tested.
+- Never record a landing that lands before its move, because the move is the commit point: a kill
+  at any step leaves the target before or after a whole landing (the integrated commit is built
+  and verified off to the side, and the move is one ref update, or one `git merge --ff-only` in
+  the checkout). It is recorded once, its verify and `landed` mark in one write, after the move
+  (off the critical path, while the next job verifies); one that does not land is recorded at
+  once. A kill between a move and its record leaves a landed job whose record lacks that verify:
+  `cleanup --merged` (or the next `land`, "already": reachable, or patch-equivalent) records it
+  as landed.
 
 Lock order: `land.lock` (one queue per repository), then a job's run-lock (held while it lands,
 so no reply starts meanwhile; let go while a reconciliation reply runs), then the target

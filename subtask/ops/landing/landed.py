@@ -9,8 +9,10 @@ commit's patch-id never changes. `merge` (merge.py), the landed sweep and cleanu
 and `land` read it.
 
 Invariants:
-- A branch is deleted only when it is `subtask/<id>` of a job this clone owns and points where
-  the record leaves the job (`why_not_deletable`), never a branch a record names.
+- Never delete a branch but `subtask/<id>` of a job this clone owns, and only where it points
+  where the record leaves the job (its head, or its base for no commit), because a pulled record
+  named `release` and `main` and `gc` deleted them (`landed.why_not_deletable`, every deleting
+  path: gc, cleanup, cleanup --merged, the sweep, the hook, a group's superseded members).
 """
 
 from __future__ import annotations

@@ -1,18 +1,29 @@
 """`git subtask merge`: one finished job merged into the current branch, behind its gate.
 
 Invariants:
-- `merge` takes a record's verify only from a record this clone wrote or one an allowed signer
-  signed (`trust_of`); otherwise it runs the verify here on the exact commit it then merges.
+- Never take a record's verify at its word in `merge` unless this clone wrote the record or an
+  allowed signer signed it (`trust_of`: git's `%G?` = `G` with this clone's
+  `gpg.ssh.allowedSignersFile` or keyring), because a record's word is what a gamed job would push:
+  any other has its verify run here on the exact commit, which is then what is merged (the record
+  tip and the branch re-checked under the merge's locks); `--force` is the only way past a
+  failure. A record with no verify command to run is refused, because nothing but its word says
+  it works.
 - `merge` takes a job whose branch is gone (a teammate's, pulled without it) from its head pin,
   only where the record leaves the job, through the same gate; a teammate's job that landed is
   this clone's mark (`where_landed`), never a write to its record.
-- `merge` never stashes or touches a dirty worktree; a conflict is aborted (`git merge --abort`,
-  or `git reset --merge` for a squash), leaving the worktree as it was.
-- Merges into one worktree are serialized (`index_lock`, keyed by the worktree's own git dir) and
-  hold the job's run-lock; a failed merge resets to the HEAD read under that lock, never when
-  HEAD has moved. A detached HEAD is never merged into, nor a land target.
+- Never stash or merge over a dirty worktree; abort a conflict fully (`git merge --abort`, or `git
+  reset --merge` for a squash), because the user's work comes first: the worktree is left as it was.
+- Never run two git-subtask merges into one worktree at once (`index_lock`, keyed by the
+  worktree's own git dir; the job's run-lock held too), because `merge --squash` then `commit` are
+  two git runs and another merge between them commits or resets the wrong index; a failed merge
+  resets to the HEAD read under that lock, and never when HEAD moved.
 - Nothing unmerged is ever deleted; records stay (cleanup.py's invariants hold for what a merge
   cleans up after itself).
+- Never let `merge` pretend: a job with no commits beyond its base is refused (exit 1, "nothing to
+  merge", not even `--force`) and never recorded as landed, because no work of it is in the target;
+  a merge git answered "Already up to date" says so and records where the target already had it.
+- Never merge into a detached HEAD, and never treat one as the land target, because no branch keeps
+  the result while the job's branch would be deleted as landed.
 """
 
 from __future__ import annotations

@@ -2,7 +2,18 @@
 integrated states verified at once, the target moved to the end of the verified prefix, each
 landing recorded and cleaned up after; a conflict answered by a reply (`--reconcile`), `--atomic`.
 The window's rules are window.py's; what a queue takes and answers, its target and its jobs,
-lineup.py's. Invariants: land.py's docstring.
+lineup.py's. The queue's other invariants are land.py's.
+
+Invariants:
+- Never judge a state `land --batch` verifies by the tests of a job inside the batch (the
+  harness comes from the target's tip), because that job was never verified on its own: its
+  weakened test would judge its own broken code. Without batches a state is judged by the state
+  it was built on, whose jobs each passed a verify of their own, or it is built again
+  (`judge::test_a_batch_is_judged_by_the_targets_tests_never_by_a_job_inside_it`).
+- Never record a landing a batch covered without that batch's tree and commit (`Landing.batch`,
+  `batch_commit`), because its own commit was never verified: the record must name the state that
+  vouches for it, and `show` says "verified as part of batch <tree>"
+  (`landwindow::test_a_job_landed_by_a_batch_says_so_in_its_record`).
 """
 
 from __future__ import annotations

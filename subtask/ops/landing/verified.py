@@ -22,14 +22,13 @@ A result already known for the same key is reused instead of run again, and reco
   index can be incomplete, never stale).
 
 Invariants:
-- Never reuse a result from a record no allowed signer vouches for, because a teammate's record
-  saying "passed" for a tree is what a job that gamed its tests would also push.
-- Never reuse a result that timed out or never ran (the harness could not be laid), because it
-  says nothing about the tree: a loaded machine or a missing file, not the code; nor one a
-  job's checks failed, because checks judge a change (base..head), not a tree.
-- Never key a result by less than all four parts, because a tree passing one command, or one
-  harness, says nothing of another: the key is recomputed by whoever looks it up, never read
-  from the result it would match.
+- Never reuse a verify result whose key differs in any of its four parts, nor one from a record
+  no allowed signer vouches for, nor one that timed out or never ran (the harness could not be
+  laid), because a tree passing one command, harness or environment says nothing of another,
+  and a teammate's unsigned "passed" is what a job that gamed its tests would push; the key is
+  recomputed by whoever looks it up, never read from the result it would match. A reused result
+  is recorded as reused (`VerifyResult.reused`), never as a run
+  (`landwindow::test_re_landing_an_unchanged_tree_runs_its_verify_zero_times_and_says_it_reused`).
 """
 
 from __future__ import annotations

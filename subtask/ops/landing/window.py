@@ -22,6 +22,14 @@ queue's.
 - **Landing.** The verified prefix (`verified_prefix`) ends at a passed probe with every state
   before it either passed or covered by that probe (a batch), and no failing job, unbuilt job or
   running probe before it.
+
+Invariants:
+- Never move the land target past a state that no passed verify answers (its own, or, with
+  `--batch`, that of a later state of its batch that passed), because with a window the answers
+  come out of order: the target moves only to the end of the verified prefix
+  (`window.verified_prefix`), and a failure takes its job out of the chain and builds the states after it
+  again, so every first-parent commit `land` adds passes its verify when checked alone
+  (`landwindow::test_twelve_jobs_with_a_bad_one_in_the_middle_land_the_other_eleven_each_verified`).
 """
 
 from __future__ import annotations

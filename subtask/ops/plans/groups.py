@@ -8,25 +8,35 @@ subject is the group's one-line status. Its members are ordinary jobs (`spec.gro
 (`state.group_place`: rank, pick, superseded), so its note says it and `notes rebuild` keeps it.
 
 Invariants:
-- Never update a group record but by compare-and-swap on the tip it was read at, and never
-  overwrite a terminal state (picked, no_pick, stopped), because two processes may see the last
-  member end at once (its worker, a `wait`, a `list`): the first write wins, the other reads it.
-  Facts (merged, superseded) are added to a terminal record; its pick and table never change.
+- Never decide a group but under `groups/<gid>.lock` with the record re-read there, nor
+  overwrite a terminal group state (picked, no_pick, stopped: compare-and-swap on the tip read),
+  because the last member's worker, a `wait` and a `list` may all see the last member end: one
+  decides, judges run once per passing member, the others read the pick (test:
+  `groups::test_settles_racing_at_the_last_member_decide_once_and_judge_once`). Facts (merged,
+  superseded) are added to a terminal record; its pick and table never change.
 - The pick is a function of the members' final records and the judge's scores only: whoever sees
   every member ended (`conclude`) computes it under `groups/<gid>.lock`, so judges run once per
   group, and a conclusion that dies (kill -9) leaves the group `running` for the next command.
-- `--first-pass`: once one member has passed, whoever sees it stops the rest (queued ones first,
-  so none is handed a slot meanwhile); their reservations close as any stopped job's do. The pick
-  is then the passing member that ended first (ties to the earlier member).
-- A member's place is written after the group record (`complete`), never by guessing; a member
-  whose worker still holds its run-lock is left for that worker, which completes its own place
-  once it has written its note (a place written before would be overwritten by that note).
+- Never hand a first-pass loser a slot, because its work is no longer wanted: once one member
+  has passed, whoever sees it (the winner's worker) stops the rest, queued ones first, before it
+  frees its own slot; their reservations close as any stopped job's do. The pick is then the
+  passing member that ended first (ties to the earlier member).
+- Never write a member's place (`state.group_place`) while its worker holds its run-lock, because
+  that worker's note write would then overwrite the note that says it: the place is written after
+  the group record (`complete`), never by guessing; the worker completes its own place after its
+  note, and `wait`/`merge`/`stop` of a group wait for the workers first.
 - A map group (`kind` "map") has no pick: once every member has ended it is `done` when each
   passed (done, and verify passed where it has one), else `failed`; decided once, like a pick.
   Its bound on running members lives in their slot entries (`slots` pools), not here.
 - Merging a group lands the pick through `merge.merge` (its gate); the others are superseded:
   their clean worktrees removed under their run-locks, their branches deleted only where the head
   pin keeps the branch tip (or the branch holds no commit), so every member's work stays reachable.
+- Never write the group record before its members' records, because a `list` in between would
+  see members without records as ended and decide the group while its start is still running; a
+  crash between the two leaves ordinary failed jobs and no group.
+- Never delete a superseded member's branch unless its head pin keeps the tip (or the branch
+  holds no commit beyond its base), because the pin is then all that keeps its work reachable; a
+  commit added after the job ended keeps the branch.
 """
 
 from __future__ import annotations

@@ -21,12 +21,18 @@ Invariants:
   from any state but `waiting` (the record update refuses any other), because the worker that
   ended the last job it waits for, a `list` and a `wait` may all see it ready at once: exactly
   one starts it (or skips it); the others find the lock busy or the record moved on.
-- Never take a waiting job's slot or money before its record says `queued`: a process killed
-  before that leaves a `waiting` job (started again by the next command, its branch reused where
-  it is still at the base), one killed after it a `queued` job whose `waiting` entry says its
-  admission is still to come (`move_on` completes it; `lifecycle.end_orphan` leaves it alone).
-- Never read "ended" from slots.json alone: it only says which waiting jobs to look at; the
-  records say whether what they wait for ended, and how.
+- Never take a waiting job's slot or money before its record says `queued` (its base written with
+  it), because a mover killed in between would leave a reservation for a job still waiting; a
+  mover killed before that leaves it waiting (its branch, still at the base, reused), one killed
+  after it a `queued` job whose `waiting` entry says its admission is still to come, which the
+  next `move_on` completes and `end_orphan` leaves alone
+  (`plans::test_a_mover_killed_while_starting_a_waiter_leaves_it_to_the_next_command`).
+- Never decide from slots.json that what a job waits for has ended, because a Ray job or another
+  clone's holds no slot here: the file only says which waiting jobs to look at; their records say
+  whether, and how, what they wait for ended.
+- Never give a waiting job a reservation id in its record before the ledger holds this
+  repository's mark, because a ledger rebuilt from the records would open that reservation and the
+  start's own would then be refused as a duplicate: `spending.sync_ledger` runs first.
 """
 
 from __future__ import annotations

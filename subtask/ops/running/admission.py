@@ -6,9 +6,14 @@ Invariants (docs/architecture.md):
 - Lock order: slots, then ledger; nothing slow runs under either.
 - The slot entries are saved before the money is reserved, so a crash between the two leaves a
   slot entry that recovery ends, never a reservation nobody knows about.
-- Several launches (a group) are reserved all or none: the cap is checked for their sum first.
-- A refusal keeps what the reap and fill of the same critical section did: the error carries them
-  (`admission`) for the caller to undo or hand on.
+- Never reserve a group's money one member at a time without checking the sum first, because a
+  refusal of the third would leave the first two reserved: all N budgets are checked against the
+  cap in the one admission critical section (`ledger.check_fits_locked`), then reserved; a refused
+  group leaves no ref, slot entry, ledger row or run-lock file (test:
+  `groups::test_a_paid_group_under_a_cap_that_fits_n_minus_1_budgets_is_refused_with_nothing_left`).
+- Never let a refused or failed admission throw away the reaps and fills done in the same critical
+  section, because those run-locks are already taken and those dead workers already removed; the
+  error carries them out (`admission`) to be undone or handed on.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ life. Because both sources only grow, every event after a position is read by th
 from it, and none twice: the new cursor stands exactly after the last event returned (a call
 returns at most `MAX_BYTES` of a job's events file, and says `more`). A partial last line is
 left for the next call.
+
+Invariants:
+- Never make a wait cursor from a time or from a record's current state, only from positions in
+  what is only ever appended to (the record chain's commit, the events file's byte offset),
+  because an event written in the second the cursor names, or a stall mark set and cleared
+  between two calls, would be missed (`feed.py`, `tests/test_feed.py`).
 """
 
 from __future__ import annotations

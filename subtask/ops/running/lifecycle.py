@@ -12,6 +12,17 @@ Invariants:
   leader's start time is recorded with its pid).
 - A spawned worker inherits its run-lock fd; the spawner closes its copy without unlocking
   (unlocking would drop the worker's lock too: flock belongs to the shared file description).
+- Never charge a dead worker's reservation on `running` alone, because `running` is recorded when
+  the job is admitted (or, for a queued one, when a worker takes it, while its checkout is
+  written); only `engine_started_at` (written just before the engine starts) means money may
+  have been spent.
+- Never free a dead worker's slot before its record says it ended, because nothing else would ever
+  notice a `running` record without a slot entry or a run-lock holder; an end that fails keeps
+  the entry for the next command (and `wait` ends a record no slot holds).
+- Never let a stop request or a pid file outlive its attempt, because a reply would be stopped
+  before it starts, and `stop` in a new worker's start-up gap would signal stale process groups.
+- Never drop a damaged record as an orphan, because it is what there is to inspect: a dead worker's
+  damaged record is kept, its reservation charged whole, its slot freed.
 """
 
 from __future__ import annotations

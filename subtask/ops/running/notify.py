@@ -19,8 +19,11 @@ after it lets go of the run-lock; `lifecycle.end_attempt` for every other end; a
 brings a cluster job's end home), and the worker's stall watch tells a stall mark it set.
 
 Invariants:
-- Never pass a job's words to the notify command as arguments or through a shell string,
-  because they come from models and teammates: the environment only.
+- Never tell an event (`subtask.notify`, an MCP log notification) from anywhere but the write
+  that made it (the terminal record's writer, the stall watch's mark), because every other
+  process that notices an end (a waiter, a sweep, a second `bring_home`) would tell it again;
+  and never put a job's words on the notify command's line, because a model wrote them
+  (`tests/test_notify.py`).
 - Never let a notify command change a job or fail a command, because it is a courtesy: every
   error here is a warning.
 """

@@ -24,6 +24,12 @@ The rest are scored, each term shown (`routing explain`):
 `subtask.routing.weightPass`, `weightCost`, `weightTime` and `weightRoom`. The highest score wins; a
 tie goes to the earlier candidate. No candidate left: refused, naming each one's filter. The job's
 record keeps the choice and why.
+
+Invariants:
+- Never let `--engine auto` choose an engine the person could not have named with `--engine`
+  (`routing.candidates`: `subtask.routing.engines`, else the engines known here), nor pass one
+  over silently, because a routed job must be the job the person would have started: the
+  record keeps the choice, the score and why each other candidate lost (`tests/test_routing.py`).
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ Invariants:
 - Never read records while holding the slots or ledger lock, because reading thousands of records
   is slow and every start passes through those locks: the charges are read first, and the ledger
   lock is held only to append what is still missing (idempotent: a second rebuild adds nothing).
-- Only this clone's records (`ownership`: the jobs whose record it created) are charged to this
-  clone's cap, because a teammate's pulled records are their spend, against their cap; never
-  decided by `spec.repo`, which a pulled record can set to our path.
+- Never charge a pulled record to this clone's cap, nor end it as a dead worker's job, because
+  it is a teammate's spend, against their cap, and their worker: both follow ownership
+  (`ownership`: the jobs whose record this clone created), never `spec.repo`, which a pulled
+  record can set to our path.
 - The charges of a record are cached by its tip (`<state>/spend-cache-<repo>.json`): a commit id
   never changes meaning, so the cache can be incomplete but never stale.
 """

@@ -11,12 +11,16 @@ worker records the attempt `stopped` with the stall as its reason.
 running -> done | failed | stopped, and only the worker ends an attempt.
 
 Invariants:
-- The watch writes the record only on a change (marked, cleared), by compare-and-swap on a
-  running attempt of its own number: never over a terminal state, never another attempt's.
-- The watch's thread never outlives the engine run: `__exit__` stops and joins it, so its last
-  record write lands before the worker's final one.
+- Never let the stall watch end an attempt or write over a terminal one, because exactly one
+  writer ends an attempt: it writes the record only on a change (marked, cleared), by
+  compare-and-swap on a running attempt of its own number, and with `stallAction stop` ends the
+  engine's process group, after which the worker records `stopped`; the watch's thread never
+  outlives the engine run (`__exit__` stops and joins it), so its last write lands before the
+  worker's final record.
 - No test waits for real time: the bound is configurable (fractions of a second) and a test makes
   the engine silent with a gate it controls; the bound then only bounds a failure.
+- Never count an engine's retries as progress, because codex retries an API it cannot reach for
+  as long as it takes ("Reconnecting..."): the stall watch ignores `retry` events.
 """
 
 from __future__ import annotations

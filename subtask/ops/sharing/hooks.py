@@ -5,11 +5,13 @@ that was there before (a user's own, or one written by pre-commit, husky or left
 hook calls first with the same arguments, passing its exit status through.
 
 Invariants:
-- The hooks folder is git's effective one (`core.hooksPath` honoured), computed WITHOUT the
-  hooks-off switch the tool uses for its own git commands: with it, git answers /dev/null.
+- Never compute the hooks path with `core.hooksPath=/dev/null` (the hooks-off switch the tool uses
+  for its own git commands), because git would answer `/dev/null`: the hooks folder is git's
+  effective one (`core.hooksPath` honoured).
 - Install is idempotent; uninstall restores exactly what was there, byte for byte and mode,
   because the old hook is moved (renamed), never rewritten.
-- A hook that is not ours is never overwritten or deleted.
+- Never overwrite a hook that is not ours (nor delete it); move it aside, because uninstall must
+  restore it byte for byte.
 - The hook never fails a merge, also when `git-subtask` is not on PATH; then it says so (on
   stderr), never silently doing nothing.
 """

@@ -16,16 +16,29 @@ Invariants:
 - Never a forced refspec, in either direction, and never a local ref moved except forward (CAS on
   the value compared), because a forced ref drops unpushed records and notes, and
   `receive.denyNonFastForwards` would not stop it (it guards refs/heads/ only).
-- Never call an older copy a divergence: only two chains that fork are one.
-- Never share a fixed scratch ref between syncs (the old `refs/notes/remotes/<remote>/subtask`),
-  because two syncs in one clone deleted and re-created it under each other (measured: a push
-  read it back as gone and crashed). The remote's notes are merged from the object id `ls-remote`
-  named, block by block (`notes_store.merge_ref`, no block lost), and pushed again as a fast-forward.
+- Never call an older copy of a ref a divergence, because a teammate's record that moved on since
+  the last pull is no conflict: `sync.compare` answers same / theirs newer / ours newer / diverged
+  (neither descends from the other), and only "diverged" is reported as kept (tests:
+  `sync::test_an_older_copy_of_a_record_is_not_a_divergence`).
+- Never move a local ref in `pull` except forward and by compare-and-swap on the value compared,
+  and never share a fixed scratch ref between syncs, because two syncs (or a sync and a running
+  job's record update) in one clone run at once (the old `refs/notes/remotes/<remote>/subtask` was
+  deleted and re-created by two syncs under each other, and a push read it back as gone and
+  crashed): the remote's notes are merged from the object id `ls-remote` named, fetched without
+  writing any ref (tests: `sync::test_syncs_at_once_in_one_clone_all_succeed`,
+  `sync::test_a_pull_racing_a_running_jobs_record_updates_succeeds_and_loses_no_update`).
 - Any pair of syncs may run at once in one clone (and with a running job writing its record):
   every local write is a CAS that re-compares on a race, and a push the remote refused for a
   passing reason (the ref moved, its lock was busy) is retried with growing, jittered back-off
   for up to `PUSH_PATIENCE_S`; a refusal for any other reason (a hook declined it) is reported
   at once, never retried.
+- Never retry a push the remote refused for a reason that does not pass (a hook declined it),
+  because retrying cannot change the answer; retry the ones that pass (the ref moved, its lock was
+  busy) with growing, jittered back-off for up to 60 s, because on a loaded machine a round is
+  slower than a teammate's push cycle and ten quick rounds all lost.
+- Never treat a fetched tip as complete because its object is present, because a concurrent fetch
+  writes loose objects one by one; only a finished `git fetch` (which checks connectivity) says the
+  history is here, so every tip that differs from our ref is fetched.
 """
 
 from __future__ import annotations
