@@ -10,6 +10,11 @@ Invariants:
   Exceptions are reserved for bugs; the worker turns them into `failed` with kind `engine`.
 - Every child process runs in its own process group (`subtask.proc.procs.run`) so `stop` and timeouts
   can end the whole tree.
+- Never pass a task to a child as one argv element the tool builds (`bash -c TASK`), because the
+  kernel caps an element at 128 KiB and the task limit is 1 MiB: engines take it from
+  `ctx.task_file()` (`privatetext`, 0600 in `run/`, gone with the attempt).
+- Never run a subprocess in `start`'s engine check, because `start` must stay fast: engines answer
+  `preflight()` from the environment and files; `probe()` (which runs `--version`) is for `engines`.
 """
 
 from __future__ import annotations

@@ -23,12 +23,18 @@ Invariants:
 - codex reports tokens, never dollars: `cost_usd` is None (the worker charges the reservation)
   unless per-million-token prices are configured. Its usage is the thread's running total: an
   attempt's own tokens are that total minus the one the last attempt recorded (`ctx.baseline`).
-- Under git-subtask's isolation codex's own sandbox cannot start (bubblewrap must write
-  /proc/self/uid_map, which Landlock refuses): that combination is refused, at start and here,
-  unless `subtask.engine.codex.sandbox = danger-full-access` leaves confinement to git-subtask.
+- Never run codex's own sandbox inside ours, because bubblewrap cannot write its uid map under
+  Landlock and every command fails while the job ends `done`: codex with `--isolation` is refused
+  at start (and by the engine, for a job recorded before) unless its sandbox is
+  `danger-full-access` (tests: `engines_e2e::test_codex_under_isolation_is_refused_at_start_with_the_reason`).
 - The sandbox stays on by default: `workspace-write` with the repository's git dir added as a
   writable root so the agent can commit; `read-only` for read-only jobs. Only an explicit
   `subtask.engine.codex.sandbox = danger-full-access` turns it off.
+- Never describe an engine's sandbox but from the setting that builds its argv
+  (`_sandbox_in_effect`), because `engines` said "writes limited to the worktree" while
+  `danger-full-access` had turned it off, and a job wrote in /var/tmp; nothing confining a job
+  (its own sandbox off, isolation none) is said at `start` in one line (tests:
+  `engines_e2e::test_engines_and_start_say_when_codex_runs_with_its_sandbox_off`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ Invariants:
   (a recipe may give the agent variables that way): that one must be on PATH.
 - `run` never raises for an agent failure: a bad template, a missing binary, a bad exit or a
   timeout come back as an Outcome with `error_kind` set.
+- Never charge a command engine's run for nothing unless it can tell, because a program may be
+  answered and print no cost (aider with an unpriced model): with `answerPattern` set, a run
+  whose output had no model answer (nor a cost) is `billed=False`; without one it cannot tell
+  (`None`) (tests: `engines_e2e::test_an_aider_that_never_reached_its_model_is_charged_nothing`).
 """
 
 from __future__ import annotations

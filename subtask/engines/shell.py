@@ -6,6 +6,10 @@ the kernel caps one argv element at 128 KiB, the task limit is 1 MiB.
 Free and deterministic: the quick start and the test engine. Output lines become events; the
 summary is the last lines of the output; a non-zero exit ends the attempt failed with that code.
 On reply the message is simply another script run in the same worktree.
+
+Invariants:
+- Never let a background process that holds stdout keep a shell job open, because the run would
+  never end: it ends `STDOUT_GRACE` (2 s) after the script exits.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ engine, verify, teardown), and the claude launcher, applies it between fork and 
 and a nice value or a hard limit cannot be taken back once given up.
 
 Invariants:
-- Never lend a job the context of whoever runs it: what cannot be applied (a hard limit or a nice
-  value only privilege could restore, a namespace no process holds any more, another mount or
-  pid namespace) is refused before anything of the attempt runs (`ContextError`), never skipped.
+- Never run a queued job with the nice value, limits, umask or namespaces of whoever hands it its
+  slot, because that is another job's context: they are kept beside its environment and applied
+  to each of its children; what cannot be applied (a hard limit or a nice value only privilege
+  could restore, a namespace no process holds any more, another mount or pid namespace) is
+  refused before anything of the attempt runs (`ContextError`), never skipped.
 - Between fork and exec only prepared calls run: namespace fds are opened, and every value is
   computed, in the parent (`prepare`); a failure in the child exits 126 with one line on stderr.
 - Namespaces are entered user first (the others then need the capabilities it gives), before

@@ -19,11 +19,20 @@ pre-exec hook `isolation` builds, or by its launcher for the claude SDK):
   (PR_SET_PDEATHSIG), and it dies with the worker (procs' parent-death signal).
 
 Invariants:
-- Never set a namespace up after Landlock is applied: a Landlock-confined process may not mount.
-  `Plan.prepare`'s function runs first, `landlock_restrict_self` last (in pid 1).
+- Never enter a namespace after Landlock is applied, because a Landlock-confined process may
+  not mount: the pre-exec hook enters the namespaces, builds the view, re-enters the working
+  directory by its path, forks pid 1, which mounts its `/proc`, gives up its capabilities, then
+  restricts itself (`Plan.prepare`'s function runs first, `landlock_restrict_self` last, in pid 1).
 - Between fork and exec only prepared calls run (ctypes functions and arguments built in the
   parent); a failure writes one line to stderr and exits 126, never an exec outside the sandbox.
 - `available()` answers from files and sysctls, never by starting a process: `start` asks it.
+- Never let pid 1's parent keep an fd it inherited, because Python's subprocess waits for its
+  error pipe to close (at exec, which that process never does): a job that filled its stdout pipe
+  before the spawner returned hung forever (`containment::test_a_job_printing_50_mb_*`).
+- Never make the engine pid 1 of its namespace, because the kernel drops a signal to a pid 1
+  that has no handler for it (and pid 1's parent ignores SIGTERM while it waits): `stop`,
+  timeouts and stalls would reach nothing but SIGKILL. Pid 1 is a small shell that passes TERM on
+  and gives the engine our stdin through fd 3 (`namespaces.INIT`).
 """
 
 from __future__ import annotations

@@ -31,6 +31,16 @@ Invariants:
   (its namespaces, then Landlock) and, given a pid namespace, run as pid 1 of it by `unshare --fork`.
 - A missing program is exit code 127 and a permission problem 126, as a shell would report;
   a missing working directory is a `SubtaskError`.
+- Never let an engine outlive its worker, because a dead worker's engine would run beside the job
+  that got its slot (two engines under `maxRunning=1`), keep spending after its reservation
+  closed, and commit after its job was recorded failed: `procs.child_setup_for` sets
+  PR_SET_PDEATHSIG in every child (Linux signals it when the spawning *thread* dies, so children
+  are spawned from the worker's main thread), and `lifecycle.end_dead` kills the recorded
+  engine group before it ends the attempt and frees the slot.
+- Never signal a recorded process group without proof that it is still the one recorded, because
+  pids are reused: the pid file keeps the engine leader's start time; a process with that pid and
+  another start time is left alone, and a group with no process of its pid can only be the old
+  group (the kernel gives no new process a pid still in use as a group id).
 """
 
 from __future__ import annotations

@@ -10,16 +10,21 @@ handed in:
   threaded face starts it.
 
 Invariants:
-- Fork only from a single-threaded process (a fork copies only the calling thread; a lock another
-  thread held would stay locked in the child); threaded callers ask the fork server, or exec.
+- Never fork a worker from a process that has other threads (the MCP server, `wait`'s watchers),
+  because a fork copies only the calling thread and a lock another thread held stays locked in the
+  child; such callers start a fresh interpreter instead. The single-threaded CLI forks, which
+  saves the worker ~0.1 s of start-up. The MCP server forks a zygote (`subtask/worker/zygote.py`) while
+  it still has one thread and has it fork the workers; the zygote never starts a thread.
 - Any failure of the fork server falls back to exec: a job never fails to start because of it.
 - The spawned worker inherits the run-lock fd; the caller keeps and closes its own copy.
-- No worker carries an attempt's run mark (`RUN_MARKER_ENV`) in its environment. A `start` run
-  inside a job's engine (a nested delegation) has its parent's: its worker would outlive that
-  command, be adopted by the parent's worker (their subreaper) and be ended with the parent's
-  leftovers (`procs.end_adopted`, `procs.end_marked` find them by that mark). A fork keeps the
-  environment block the process was started with (what /proc/<pid>/environ shows), whatever
-  `os.environ` says by then, so such a caller starts a fresh interpreter without the mark.
+- Never let a worker carry another attempt's run mark (`SUBTASK_RUN`, by which `procs.end_adopted`
+  and `procs.end_marked` end what an attempt left running), because a `start` inside a job's
+  engine has its parent's: the child's worker, orphaned once that command exits, is adopted by the
+  parent's worker (their subreaper) and was SIGKILLed with the parent's leftovers when the parent
+  ended first (`failed: worker died`). A caller that carries the mark, in `os.environ` or in the
+  environment block it was started with (which a fork copies, and /proc/<pid>/environ shows), starts
+  a fresh interpreter without it (`spawn.start_worker`), and `jobenv` never keeps it
+  (`queue_money::test_a_child_that_outlives_its_parent_runs_on_in_the_slot_it_was_lent`).
 - A child forked beside a job (`in_background`) leads a process group of its own and dies with
   its parent (PR_SET_PDEATHSIG); `end_background` returns only once nothing of that group runs.
 - Standard library only: the CLI and the MCP front end import this before anything heavy.

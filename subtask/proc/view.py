@@ -29,10 +29,15 @@ the job's output):
 A job that knows a path no one told us of finds nothing there, and that is not recorded.
 
 Invariants:
-- Never show a folder by carving it out of the host's view: whatever is added here is added by
-  name, and whatever is not named is absent (`test_view::*`).
+- Never show a confined job a folder by carving it out of the host's view, because a hole cut
+  in a whole machine loses to the next door: a unix socket is connected to through a read-only
+  mount, Landlock does not govern `connect()`, and a network namespace does not scope pathname
+  sockets. The view is an allowlist (`plan`): whatever is added here is added by name, and what
+  it does not name is absent (`test_view::*`,
+  `view::test_a_confined_job_reaches_no_host_socket_and_no_secret[allow|none]`).
 - Never bind the user's real HOME, `/run`, `/tmp` or the state folder into a view, because they
-  hold the sockets and secrets this view exists to keep out.
+  hold the agents, sockets and credentials the view exists to keep out; HOME is a private folder
+  holding only what the engine declares it needs.
 - Between fork and exec only prepared calls run (`Build`): every path, struct and function is
   made in the parent; a failure writes one line to stderr and exits 126, never an exec with
   less of a view.

@@ -27,6 +27,11 @@ Invariants:
   change made in the second the user's index was written (`tests/test_main_status.py`). Without
   the copy (a split index, submodules, a failed copy), `--no-optional-locks` reads in place and
   re-reads every racily clean file each time.
+- Never take a refusal for the evidence from what a job printed, because a job prints anything:
+  `evidence.isolation.refused` is what the view observed (decoys, stand-ins), output lines that read like
+  refusals are `evidence.isolation.claimed`.
+- Never run `subtask.teardown` outside the job's sandbox, because it is a command run on the job's
+  files with the job's environment, like setup (`ports::test_teardown_runs_confined_*`).
 """
 
 from __future__ import annotations
