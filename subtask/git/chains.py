@@ -15,6 +15,9 @@ Invariants:
 - The kinds keep their own serialisation (each file carries a `"v"` format version); this module
   only moves refs, and says which entity a ref belongs to (`KINDS`, `owner_of`): the one place
   a job's refs are told from a group's, so nobody parses ref names.
+- Never treat a held record ref lock as a lost race, nor keep one forever, because a kill -9
+  inside a ref update leaves a lock file no live process holds: it is waited for, and removed once
+  older than `subtask.refLockStale` when the job has no live worker but the caller.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ Which checks a job runs is decided at start (`resolve`) and recorded in its spec
 `--check`; `--check none` drops every check named before it.
 
 Invariants:
-- Never run git in a job's worktree to read its change (the job writes that worktree's git
-  metadata): the diff is read from the repository's objects, base..head, with pygit2.
+- Never read a job's change for the checks from its worktree, because the job writes that
+  worktree's git metadata: the diff base..head comes from the repository's objects (pygit2).
 - Never let a check's result come from the job's own words: only the diff decides.
 - Bounded: a change of many files reads at most `MAX_FILES` patches and `MAX_BLOB` bytes of a
   blob; what was not read is said (a check that could not look at everything says so, it does

@@ -27,6 +27,15 @@ Invariants:
 - A spec is a full object id, or `<full id>:<path>` (a file in a commit's tree); anything else is
   answered None without reaching git, because a spec is written to git's stdin line by line.
 - Never a dangling symbolic ref in `refs`: git's for-each-ref leaves them out, so pygit2 does too.
+- Never read a ref from its file but a shared one (`refs/heads`, `refs/tags`, `refs/notes`,
+  `refs/subtask*`) holding a plain object id in the common git dir, never through a symlink
+  (a job writes its branch's folder) (`GitObjects.ref`); anything
+  else is git's to answer, because a per-worktree ref lives in the worktree's own git dir, a
+  symbolic or packed one is not that file's content, and another ref backend (reftable) keeps no
+  such files (`tests/test_gitread.py::test_a_ref_read_from_its_loose_file_is_what_git_says_packed_loose_or_linked`).
+- Never let a failed signature lose a job's end, because only `start` may refuse, before anything
+  is left behind: under `subtask.sign=auto` (and for every write but a job's first record under
+  `always`) a commit git cannot sign is written unsigned, with a warning.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ git commands must never trigger the user's hooks.
 
 Invariants:
 - The state dir is `<git-common-dir>/subtask` (or `subtask.stateDir`), shared by all worktrees.
-- Worktrees never live below a `.git/` folder: Claude Code refuses to write there.
+- Never check a worktree out under a `.git/` folder, because Claude Code refuses to write there.
 - Never import pygit2 in a command that only reads (`list`, `status`, `show`, `result`, `wait`,
   `spend`), nor in `start`, because its import is half of a reading command's CPU (~60 of ~120 ms)
   and a third of `start`'s, which the user waits for twice (the prompt, then the worker it forks):
@@ -22,6 +22,8 @@ Invariants:
   cannot be imported, or watch that `start` never imports it). The worker imports it in a
   background thread while git writes its checkout, and joins that thread before it confines or
   forks anything. Other writing commands import it on first use (`Repo.git`).
+- Never run the tool's own git commands with the user's hooks, because a hook must not fire on
+  bookkeeping (`git` passes `core.hooksPath=/dev/null`).
 """
 
 from __future__ import annotations

@@ -19,10 +19,15 @@ writes tree objects); applying the comparison and running verify is `ops/judge.p
 
 Invariants:
 - Never decide that a harness file is unchanged from git's index or status, because the job
-  writes the index (skip-worktree bits, forged stat data): its bytes on disk are hashed and
-  compared with the trusted blob.
+  writes the index (`update-index --skip-worktree`, forged stat data): the bytes on disk are
+  hashed (`harness.compare`; `judge::test_a_job_that_games_the_tests_never_ends_verify_passed[a
+  test edited behind skip-worktree]`).
 - Never follow a symlink below the worktree: a folder the job replaced by a link is itself a
   difference (`blockers`), so nothing is ever read or written through it.
+- Never write or move through a link below the worktree when laying the harness, because a job
+  (or a commit checked out in a scratch) can make `tests` a link to any folder: a folder that is a
+  link or a file is moved aside first (`_Disk.blocker`;
+  `judge::test_a_job_that_replaces_the_tests_folder_by_a_link_*`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ Pure: it reads a tree's paths and a command line, never a file's contents, git o
 worktree.
 
 Invariants:
-- Never make a file the verify command only reads part of the harness (`grep -q hi out.txt`):
-  only a program it runs, or the script an interpreter is given, is (`command_files`).
+- Never make a file the verify command only reads part of the harness (`grep -q hi out.txt`),
+  because a job asked to write it would be judged on the base's copy: only a program the command
+  runs, or the script an interpreter is given, is (`command_files`).
 - A harness glob is relative to the repository's top: never absolute, never with `..`
   (`resolve` refuses one, as a usage error or, from git config, a fatal one).
 """

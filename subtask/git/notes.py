@@ -13,6 +13,16 @@ record explains: a note's block is data, a record is its only authority. The wri
 
 Never set `notes.rewriteRef` for this ref: a "verify passed" must not follow a rebase onto a tree
 that was never tested.
+
+Invariants:
+- Never put a job's block on a landed commit that carries the commit its block stands on (a
+  fast-forward, a merge commit), only on one that does not (a squash, a rebase: `landed_copy`),
+  because `git log --notes=subtask main` shows each commit it walks: a copy on a merge commit
+  showed the block twice, none on a squash commit showed it nowhere (`land::test_the_review_block_*`).
+- Never keep a note block that no record explains (`notes rebuild`), because blocks arrive by
+  `pull` and a block is data, not evidence.
+- Never use `cat_sort_uniq` for these notes, because it sorts lines and mixes two jobs' blocks;
+  `union` keeps blocks whole.
 """
 
 from __future__ import annotations

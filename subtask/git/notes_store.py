@@ -26,6 +26,8 @@ Invariants:
   we hold, because a teammate's `git notes add -f` makes a descendant of our notes without our
   blocks, and a push (which does not rebuild blocks from records, as pull does) would share the
   loss: such a commit is merged like a diverged one, its own blocks winning (`notes_store.merge_ref`).
+- Never update `refs/notes/subtask` without compare-and-swap under `notes.lock`, because concurrent
+  note writers lose notes silently.
 
 Lock order: the file lock (outer, held for the whole read-modify-write and its retries), then the
 git ref lock (inner, held only for the instant of the swap). The file lock is a leaf: take no other

@@ -16,8 +16,11 @@ Jobs started before clone identities existed have neither, and count as a teamma
 verify is re-run by `merge`, their branches are left for `git branch -d`).
 
 Invariants:
-- Never decide ownership from a path (`spec.repo`, `spec.worktree`), because a pulled record can
-  name ours.
+- Never decide that a job is this clone's from a path (`spec.repo`, `spec.worktree`) or from its
+  spec alone, because a pulled record names whatever its writer likes, our clone id included
+  (it travels in every record we push): a job is ours when its spec names our `subtask.cloneId`
+  *and* the local ref `refs/subtask-owned/<id>` is here, made in the same ref transaction as its
+  record and never pushed or pulled (tests: `provenance::*`).
 - Never let `pull` move a record or pin of a job (or group) this clone started, because a
   teammate's commit on it would become the job's state, verify, cost and note: `merge` landed a
   forged "verify passed", `wait` returned a forged "failed" of a running job. The remote's copy

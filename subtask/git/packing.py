@@ -10,9 +10,11 @@ it packs the loose objects that no pack holds yet into one new pack (libgit2's p
 in-process), and every checkout from then on reads them from it.
 
 Invariants:
-- Never delete or rewrite an object, a pack or an index: the loose copies stay (git gc prunes
-  them later), so nothing a running git reads goes away, and a failure leaves the repository
-  as it was (libgit2 writes the pack under a temporary name and renames it whole).
+- Never delete or rewrite an object or a pack (or an index) to speed a checkout up (this module
+  only adds one pack of the loose objects no pack holds; git gc prunes the loose copies later),
+  because a running git may be reading them, and on ext4 without a journal every inode freed makes
+  the next minute's file creations walk past it; a failed pack leaves the repository as it was
+  and the checkout reads the loose objects (`tests/test_packing.py`).
 - Never fail a job: any error skips the pack, with a line in the worker log, and the checkout
   reads the loose objects as before.
 - One packer at a time per repository (`packed-<repo>.lock`). A worker that finds the lock held

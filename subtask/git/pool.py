@@ -23,18 +23,27 @@ kept ready, `subtask.poolMaxBytes` how much disk they may take together.
   it is not pooled: the caller removes it. Never repaired.
 
 Invariants:
-- Never hand out an entry that is not `sound`, because a job's worktree must hold exactly its
-  base: an entry is sound only when its admin folder holds git's files, our marker and nothing
-  else, and its pointers, HEAD and commondir say what we wrote. A damaged one is removed.
-- Never hand out a worktree a job wrote without its index rebuilt and every file hashed, nor
-  with a file that has another link (`measure`), because a job writes its own admin folder: an
-  index that claims a changed file is clean, or a file linked to one the job keeps, would show
-  the next job what this one left.
-- Every entry is made complete before it is visible in `.pool/` (a rename), and every move of an
-  entry is ordered so that a process killed between two steps leaves debris that `sound`
-  refuses and the next filler removes, never a worktree handed out half-made.
+- Never hand out a pooled worktree that is not `pool.sound` (an admin folder holding git's files
+  and our marker only, its pointers, HEAD and commondir as we wrote them, an index), because the
+  job that takes it must hold exactly its base: a damaged entry is removed, never repaired
+  (`tests/test_pool.py::test_a_pooled_worktree_whose_admin_files_changed_is_discarded`).
+- Never put a job's worktree back in the pool without its metadata checked as issue 28 requires,
+  nothing in its admin folder but what git writes for commits, its index rebuilt from HEAD with
+  every tracked file hashed, every untracked and ignored file removed and no file with another
+  link, because the job wrote its admin folder and its index: a `MERGE_HEAD` it left would make
+  the next job's commit a merge of its work, and a changed file it hid from git
+  (`--skip-worktree`, a forged stat) would show the next job what it left
+  (`tests/test_pool.py::test_a_tracked_file_a_job_hid_from_git_is_never_pooled`,
+  `test_a_jobs_untracked_and_ignored_files_never_reach_the_next_job_from_the_pool`).
+- Never make a pool entry visible before it is complete, nor move one in an order a kill between
+  two steps turns into a worktree handed out half-made, because a job must get a whole one: built
+  under `.pool/.building/`, renamed into `.pool/` last; taken by renaming its admin folder first
+  (the claim) and its folder last; debris a kill leaves is refused by `sound`
+  (`tests/test_pool.py::test_killing_a_worker_during_refill_leaves_no_half_made_entry_that_is_handed_out`).
 - Nothing runs when no job runs: the pool is filled by a job's worker (or on request), never
   by a process of its own.
+- Never let a pool entry pass `subtask.poolMaxBytes`, nor refill at a priority below the job's,
+  because at nice 19 on a loaded machine (load 17) no refill ever finished between two jobs.
 """
 
 from __future__ import annotations

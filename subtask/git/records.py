@@ -18,6 +18,8 @@ Invariants:
   whose watcher died and that never returned). `read` raises `DamagedRecord` (a `SubtaskError`,
   exit 128) that names the ref and how to inspect it; listing skips such a record with a warning
   that says the same. Nothing here deletes a damaged ref: it is what there is to inspect.
+- Never key a cache by job id, only by an immutable object id (the list cache maps record tips to
+  entries), because then it can be incomplete but never stale, and needs no invalidation.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ Invariants:
   allowed-signers file, never from the record.
 - Never call a commit signed from what a record says: only the commit's own `gpgsig` header
   (`gitobjects.commit_signed`), which git then checks.
-- The answers are cached by commit id *and* a fingerprint of the trust settings
-  (`<state>/signatures-<repo>.json`): a commit never changes, and a changed allowed-signers file
-  or keyring makes a new fingerprint, so the cache is never stale (only incomplete).
+- Never cache a signature's verdict by commit alone, because it depends on this clone's allowed
+  signers and keyring: the cache (`<state>/signatures-<repo>.json`) is keyed by commit id *and* a
+  fingerprint of those files (`trust_fingerprint`), so a changed allowed-signers file or keyring
+  makes every verdict be asked again.
 """
 
 from __future__ import annotations

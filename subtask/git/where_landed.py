@@ -9,6 +9,9 @@ block read it beside the record.
 Invariants:
 - Never write a landed mark for a job this clone owns, because its record says where it landed.
 - A mark is made once (compare-and-swap from absent) and never moved: a job lands once.
+- Never record that a teammate's job landed in its record, nor in a ref that travels, because the
+  record is theirs and a pulled mark would let a teammate call a job landed here: the fact is the
+  local `refs/subtask-landed/<id>` (`where_landed`), read by `list`, `merge`'s gate and the notes.
 """
 
 from __future__ import annotations

@@ -14,17 +14,24 @@ Invariants:
   `git worktree remove`), never guessed at.
 - Never run a job's engine in a path outside the worktree folder, or in a worktree marked for
   another job (`check_runnable`, before a reply), because the path comes from the record.
-- Never run git on a job's worktree through discovery (its `.git` file, the admin folder's
-  `commondir`), because the job may write both, and the git it would find runs the programs its
-  config names (fsmonitor, hooks, filters) outside the job's sandbox: `check_metadata` first
-  compares every file git follows from the worktree to the repository with what git wrote when
-  the worktree was made (admin folder `<common>/worktrees/<id>`), and `job_git` then runs git
-  with `GIT_DIR`, `GIT_WORK_TREE` and `GIT_COMMON_DIR` set, fsmonitor and hooks off and no
-  recursion into submodules.
-- Never run our git while the admin folder holds a `config.worktree` git would read that git did
-  not write (`config_worktree_ours`), not even after a check, because a job's command may run
-  between the check and our git (a verify), and no `-c` turns off the filters such a file names:
-  `job_git` runs nothing then (exit 128).
+- Never run git on a job's worktree trusting its `.git` (nor through discovery), because the job
+  may write that file and its admin folder's `commondir`, `gitdir` and `HEAD`: git found through
+  them reads a repository the job made, whose config names programs (fsmonitor, hooks, filters)
+  git runs outside the sandbox, and a `HEAD` naming `refs/heads/main` makes the autocommit commit
+  there. The worker, `cleanup` and `gc` first compare those files with what git wrote
+  (`check_metadata`: admin folder `<common>/worktrees/<id>`), then run git with `GIT_DIR`,
+  `GIT_WORK_TREE` and `GIT_COMMON_DIR` set, fsmonitor and hooks off and no submodule recursion
+  (`job_git`); a job that changed them ends `failed` (kind `isolation`), its worktree kept
+  (tests: `containment::test_a_job_that_points_*`).
+- Never trust a check of a job's metadata past the next run of the job's code (a verify, a
+  landing's verify in a scratch), because that code may rewrite it: git that writes after a
+  verify checks again (the loop's move back, `land --reconcile`, a reused scratch:
+  `integrate.Scratch.tampered`), and `job_git` runs nothing (exit 128) while the admin folder holds
+  a config.worktree git would read that is not the copy git made of the main worktree's
+  (`config_worktree_ours`), not even after a check, because no `-c` turns off the filters it names.
+- Never forget more of git's worktree registrations than the job's own (`worktrees.drop_stale`,
+  never `git worktree prune` for one job), because another missing worktree may be on a disk
+  that is not mounted now.
 """
 
 from __future__ import annotations

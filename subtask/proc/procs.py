@@ -41,6 +41,12 @@ Invariants:
   pids are reused: the pid file keeps the engine leader's start time; a process with that pid and
   another start time is left alone, and a group with no process of its pid can only be the old
   group (the kernel gives no new process a pid still in use as a group id).
+- Never let our git read what a job wrote while a process of the job still runs, because a check
+  of its metadata followed by a rewrite before git reads it would defeat the check: a confined
+  job's engine runs in a pid namespace whose pid 1 ends with it (the kernel ends the rest), an
+  unconfined job's leftovers are ended by the worker as their subreaper (`procs.end_adopted`),
+  both before the autocommit; a dead worker's are ended by whoever ends it
+  (`procs.end_marked`, by the `SUBTASK_RUN` mark in their environment).
 """
 
 from __future__ import annotations

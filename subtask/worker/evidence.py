@@ -16,6 +16,8 @@ Invariants:
   because git decides what the autocommit takes (filters, submodules, ignore rules)
   (`tests/test_autocommit.py`, `tests/test_git_calls.py`).
 - Evidence is bounded (`MAX_EVIDENCE_FILES`), and all the engine named in it is redacted.
+- Never read a job's head from its worktree (`HEAD`, pygit2 opened on the worktree), only from its
+  branch ref in the repository (`evidence.branch_tip`), because the worktree's `HEAD` is the job's to write.
 """
 
 from __future__ import annotations

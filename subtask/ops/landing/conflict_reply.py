@@ -15,10 +15,11 @@ Invariants:
   (`refs/subtask/<id>/attempts/<n>`), because the reply's worker then moves the head pin, and a
   failed reply would leave the verified head to the reflog alone. It also stays in the record
   (its attempts, its landings); the job's work is counted from `state.rebased_onto` afterwards.
-- Never move the branch but by compare-and-swap from the head `land` read, and never reset a
-  worktree whose HEAD does not name the job's branch, because a verify runs after the worker's
-  last look at the metadata: a HEAD naming `release` had `reset --hard` move `release`, and a
-  commit made on the branch meanwhile was reset away.
+- Never move a job's branch in `land --reconcile` but by compare-and-swap from the head `land`
+  read, nor reset a worktree whose HEAD does not name the job's branch, because `reset` moves
+  whatever branch HEAD names, and a verify runs after the worker's last look at the metadata: a
+  HEAD naming `release` had `reset --hard` move `release`, and a commit made on the branch
+  meanwhile was reset away (`landqueue::test_reconcile_*`).
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ Invariants:
   tip and the branch re-checked under the merge's locks); `--force` is the only way past a
   failure. A record with no verify command to run is refused, because nothing but its word says
   it works.
-- `merge` takes a job whose branch is gone (a teammate's, pulled without it) from its head pin,
-  only where the record leaves the job, through the same gate; a teammate's job that landed is
-  this clone's mark (`where_landed`), never a write to its record.
+- Never merge a job's head pin in place of its missing branch (a teammate's, pulled without it)
+  unless the pin is where the record leaves the job, and never past the gate, because a pulled
+  pin is a teammate's word too (`provenance::test_a_teammates_job_pulled_without_its_branch_*`);
+  a teammate's job that landed is this clone's mark (`where_landed`), never a write to its record.
 - Never stash or merge over a dirty worktree; abort a conflict fully (`git merge --abort`, or `git
   reset --merge` for a squash), because the user's work comes first: the worktree is left as it was.
 - Never run two git-subtask merges into one worktree at once (`index_lock`, keyed by the

@@ -20,16 +20,28 @@ A file the job added that would shadow the test runner, the standard library or 
 distribution on the import path fails the `no-shadowing` check, which names it.
 
 Invariants:
-- Never change a worktree for a verdict before the journal that undoes it is on disk
-  (`<worktreeDir>/.harness/<id>/overlay/journal.json`, beside the job's moved files, outside
-  the worktree and outside every sandbox's writable paths), and never leave it changed: the undo
-  runs in `finally`, is idempotent, and runs again before the job's next attempt and when a
-  dead worker is ended (`restore_left`), so a killed worker never leaves the trusted tests for
-  the engine to see or the autocommit to commit.
+- Never change a worktree for a verdict before the journal that undoes it is on disk outside the
+  worktree and the sandbox (`<worktreeDir>/.harness/<id>/overlay/journal.json`), nor let the
+  change outlive the verify, because the engine of the next attempt would see the trusted tests
+  and the autocommit would commit them: undone in `finally`, and again by `restore_left` before
+  the next attempt and when a dead worker is settled
+  (`judge::test_a_worker_killed_during_its_verify_leaves_the_job_its_own_files`).
 - Never read, write or move through a link below the worktree: a folder the job replaced by a
   link or a file is moved aside like any added file, so the trusted files land inside the worktree.
 - Never take the journal's paths as they are: each must be relative, without `..`, and every
   folder on the way a real folder, because a job running unconfined could have written it.
+- Never judge a verify by a harness the job could have written (its tests, their configuration,
+  the verify script), because any test passes once the job may edit it (issue 39: 13 of 17 ways
+  of gaming a pytest suite passed the text checks): the worker, every re-run (`land`, `merge`,
+  `verify --run`) and best-of judges lay a trusted tree's harness over the code first
+  (`overlay.prepare`/`overlaid`); only `--harness job` in a record this clone trusts opts out, and
+  says so (tests: `judge::*`).
+- Never give a verify a fresh `PYTHONPYCACHEPREFIX`, nor move all of the bytecode beside the
+  tests aside, because each made a small verify several times slower: the first recompiled the
+  standard library and every installed package on each run (0.9 s to 4.8 s for one small test)
+  and the second had pytest rewrite every test again (a 2,000-file repository's verify 2.6 s to
+  5.2 s): only bytecode Python takes on trust (timestamp or unchecked `.pyc`) goes aside;
+  pytest's, checked against a hash of the trusted bytes, stays (bench/harness.py).
 """
 
 from __future__ import annotations
