@@ -14,6 +14,11 @@ Two readings of text, both pure (no git, no files):
 
 Invariant: never decide anything on a claim. What an engine says is shown beside the evidence,
 never used in its place (the state, the pick of a group, the verify loop read git and verify).
+
+Invariants:
+- Never decide on what an engine claims, because its summary is its word, not evidence: its
+  summary's "all tests pass" or files it names are compared with the evidence and shown
+  (`contradictions`), never used for the state, the loop or a pick.
 """
 
 from __future__ import annotations

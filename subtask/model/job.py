@@ -17,6 +17,8 @@ Invariants:
   message, landed detection, "made no commits", `verify`'s recomputed evidence and re-run checks),
   and one function, `work_base`, says where, which every one of those asks
   (`landqueue::test_a_reconciled_job_is_checked_and_rechecked_from_where_it_was_moved`).
+- Never overwrite a terminal state, because a stop races the worker's last write and several
+  processes may notice one dead worker; `Attempt.finish` refuses and records update by CAS.
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ micro-dollar (`usd`), adding amounts (`total`), writing them to JSON (`to_json`)
 (`text`).
 
 Invariants:
-- Amounts are never added, subtracted or compared as binary floats, because float noise shows
-  up as a cent: two attempts of $0.135 stored as 0.13499999999999998 each showed as $0.13 against
-  a job total of $0.27. A `Decimal` refuses arithmetic with a float (TypeError), so a float that
-  slipped past `usd` fails loudly instead of adding noise.
+- Never add, subtract or round dollars as binary floats, because the noise shows as a cent: two
+  attempts of $0.135 stored as 0.13499999999999998 showed as $0.13 + $0.13 under a job total of
+  $0.27. Every amount is a `Decimal` to the micro-dollar (`money.usd`) from where it enters (an
+  engine's report, a config value, a record or a ledger row: older float noise reads as what it
+  meant) to where it is shown exactly (`money.text`: $0.135), so shown rows add up to the shown
+  total; JSON holds the exact amount as a number (`money.to_json`), and a `Decimal` refuses
+  arithmetic with a float, so a missed conversion fails loudly (tests: `money::*`).
 - JSON holds dollars as numbers written from these decimals: at most six decimal places and well
   under 16 significant digits, so the text in a record or a ledger row is the exact amount, and
   the files keep the shape (and the `"v"`) they always had. A reader rounds any number it finds to

@@ -12,6 +12,11 @@ Invariants:
   mentions a secret without assigning one.
 - Exact values of secret-looking environment variables (default `os.environ`) are redacted
   wherever they appear, because no pattern can recognise an arbitrary password.
+- Never redact a stream one line at a time, because a private key spans lines and a token can
+  span reads: streams pass one `redact.StreamRedactor` each (`procs.run(redact=True)`, the
+  worker's event sink), and summaries and tails are built from what it released.
+- Never build a `StreamRedactor` per event (`dict.setdefault(key, StreamRedactor())` builds one
+  every call), because each one reads the environment's secret values: a 5 MB job took 47 s.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ Invariants:
   registered by the step that made the thing, after it made it, and the stack is emptied once run.
 - Every step is a fault point (`faults.point`, its name the step's), so a test can crash or fail
   a start after any step of any way a job begins (tests/test_start_transaction.py).
+- Never begin a job with a hand-written undo list, because five of them drifted apart (a group's
+  other members' slot entries were left behind on a failure, an undone reply left its record
+  two commits longer): every way a job begins runs its steps in one `transaction.Transaction`,
+  registering each undo as the step that made the thing completes
+  (`tests/test_start_transaction.py::test_a_failure_after_any_step_undoes_exactly_what_was_done`).
 """
 
 from __future__ import annotations

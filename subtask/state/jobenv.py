@@ -12,8 +12,9 @@ limits, the umask and the namespaces (by inode) of the command that started the 
 the job's processes by `proc/context` (issue 40): whoever hands it a slot does not lend it theirs.
 
 Invariants:
-- Never in git and never readable by others: the file may hold secrets (API keys, tokens); it is
-  written atomically, 0600, in the 0700 state directory.
+- Never put a job's environment in git or leave it readable by others, because it holds secrets:
+  0600 in the state directory, removed when the attempt ends (by the worker before it lets go of
+  the run-lock, or by `end_attempt`).
 - One file per job, for its current attempt: written right after the admission saved the slot
   entry, while the starter still holds the run-lock (so no one can be handed the job before the
   file exists, and a crash from there on is cleaned up by whoever ends it, who drops it); removed when the
@@ -21,6 +22,15 @@ Invariants:
   worker will finish), so a later reply writes its own.
 - A job without a file (written by an older version) runs with the environment of whoever runs
   it, as before; a file without a context, with the context of whoever runs it.
+- Never run a job with the environment of whoever hands it its slot, because that is another
+  job's (`AWS_PROFILE=prod` for a job started with `dev`): `start`/`reply` keep the starter's
+  environment in `run/<id>.env.json` once admitted (still holding the job's run-lock, so before
+  anyone can be handed it), and the worker adopts it as its whole
+  `os.environ` before it runs the job, on every path (in-process hand-off, exec, fork, zygote).
+- Never keep a job's private files (`run/<id>.env.json`, `run/<id>.<n>.private.json`) before its
+  slot entry is saved, because a crash before that point leaves nothing that would drop them;
+  from then on whoever ends the attempt drops both (test:
+  `queue_money::test_a_crash_at_any_step_leaves_no_kept_environment`).
 """
 
 from __future__ import annotations

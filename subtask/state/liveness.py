@@ -22,6 +22,10 @@ Invariants:
   (its open file and the flock on that inode), and only a command that found none makes the file
   again; a start (`acquire(new=True)`) skips the look
   (`test_week_one::test_a_running_job_survives_its_state_folder_being_removed`).
+- Never decide liveness from a pid, because pids are reused; a worker is alive while its run-lock
+  is held.
+- Never unlock a run-lock fd that was handed to a worker (only close it), because flock belongs to
+  the shared open file description: unlocking in the spawner would unlock the worker too.
 """
 
 from __future__ import annotations

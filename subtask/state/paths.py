@@ -18,6 +18,14 @@ run/<id>.<n>.private.json, .task, .verify.txt      an attempt's words as written
 
 Invariant: never build a state-folder path outside this module, because a second spelling of a
 name is a file one side writes and the other never reads (a stop marker nobody sees).
+
+Invariants:
+- Never build a state-folder path outside `state/paths.py`, because a second spelling of a name is
+  a file one side writes and the other never reads
+  (`test_layers.py::test_state_folder_names_are_spelled_only_in_state_paths`).
+- Never let two processes read-modify-write one pid file, because the starter records the worker it
+  forked while that worker may already be recording its engine: the engine's entry was dropped and
+  the reaper could not end its group. The worker's pid and the engine's group live in two files.
 """
 
 from __future__ import annotations

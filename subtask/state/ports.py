@@ -17,6 +17,10 @@ Invariants:
   (`lifecycle.end_dead`).
 - A damaged file reads as holding nothing (with a warning): the binding check still keeps a range
   away from any port a job has actually bound.
+- Never hand two running attempts overlapping ports, nor a port something has bound, because their
+  servers would collide: ranges are chosen and recorded in one step under `ports.lock`, every port
+  bound once first; a range is released by (job, attempt), once, by the worker or by whoever settles
+  its dead worker (`ports::test_a_dead_workers_ports_are_released_by_whoever_settles_it`).
 
 Standard library only; nothing slow runs under the lock (a bind is a system call).
 """

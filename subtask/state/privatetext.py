@@ -20,6 +20,9 @@ Invariants:
 - The task file is the same kind of file with the same life: written by the engine that needs it,
   removed with the attempt (`discard`), and by that engine once its run ends.
 - A missing or damaged file means the record's (redacted) text is used: a job never fails for it.
+- Never store a task, a reply or a verify command unredacted, because record objects are
+  world-readable and pushed; the engine gets the text as written from `privatetext`, which is
+  never in git and goes when the attempt ends (tests: `secrets::*`).
 """
 
 from __future__ import annotations

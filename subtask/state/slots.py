@@ -4,14 +4,17 @@
 the truth is the records plus the run-locks, and a damaged file is rebuilt from them.
 
 Invariants:
-- Lock order: slots, then ledger (`ledger.lock`). Nothing slow (git checkout, spawn, network) runs
-  while either is held.
-- An entry is an attempt (`job`, `attempt`), so a stale release by an old attempt's worker never
-  frees the slot of a newer attempt.
+- Never take the ledger lock before the slots lock (`ledger.lock`), and never run anything slow
+  under either (git checkout, spawn, network), because every start and every worker end passes
+  through them.
+- Never free a slot by job id alone, because a stale release by an old attempt's worker would free
+  the slot of the new attempt; slots are keyed by (job, attempt).
 - Whoever frees a slot hands it to the head of the queue in the same critical section and takes
   that job's run-lock there, so the next job never looks dead. A head whose run-lock is busy is
   still being written by its starter, which fills free slots itself when it lets go.
-- A missing or damaged file is rebuilt inside the transaction, never read as "nothing runs".
+- Never read a missing or damaged `slots.json` as "nothing runs" inside a transaction, because
+  saving that would forget running jobs and break the limit; `slots.transaction` requires a
+  `rebuild` from the records and run-locks.
 - Never let a job's child wait behind the slot its parent holds, because the parent waiting on it
   is a deadlock: a running job lends its slot (`slot_of`, see `admit`) to one child at a time; a
   lent slot does not count against maxRunning, and the child takes the lender's place when it
@@ -25,6 +28,13 @@ Invariants:
 - `waiting` lists the jobs recorded `waiting` (subtask/plans.py) with the jobs they wait for
   (`until`): no slot, nothing counted. It lets every command see, from this file alone, whether a
   waiting job may be ready (none of those jobs is listed here any more), without reading records.
+- Never take the slots lock or rewrite `slots.json` on a reading command when a look without the
+  lock finds nothing to reconcile (no queue, every running entry's run-lock held, the file whole),
+  because that cost every `list`/`status` a lock and an fsync; skipping is the same as a pass that
+  ran just before the look (`lifecycle.nothing_to_reconcile`, issue 14).
+- Never block on a queued job's run-lock while holding the slots lock, because its starter may
+  need the slots lock to undo (a deadlock); `fill` stops at a busy queue head (keeping FIFO) and
+  the starter fills free slots itself once it lets go.
 """
 
 from __future__ import annotations

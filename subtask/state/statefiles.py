@@ -3,6 +3,28 @@
 Every file is written to a temp file in the same folder, fsynced (but caches and pid files),
 then `os.replace`d, so a reader sees the old file or the new one, never half of one. Files are
 0600, folders 0700. The locks that guard them (`file_lock`) are flocks on private lock files.
+
+Invariants:
+- Never fsync a pid file (`<id>.pid`, `<id>.engine`) nor `slots.json`, because they only name live
+  processes and cache the records: a crash that loses the write ends those processes too. A lost
+  or empty pid file reads as no pids; `slots.json` caches the records and run-locks, which are not
+  fsynced either (libgit2's default), so the old file's running entries are ended as dead or a
+  damaged one is rebuilt; its fsync ran under the slots lock on every start and end, up to 16 ms
+  beside ten checkouts. The ledger, job environments and kept texts are fsynced.
+- Never reuse a lock instance (`filelock.FileLock`, the ledger's reentrant lock) across a fork,
+  because the child would count itself a holder of its parent's lock; the ledger's lock cache is
+  keyed by pid.
+- Never poll for one of our state locks where the waiter can sleep in the kernel, because jobs
+  that start together queue on the worktree, slots and notes locks on two cores, and every poll
+  takes CPU from the holder: filelock's retry every 2 ms cost a waiter ~60 ms of CPU a second
+  (~10 % of a core), filelock's default 50 ms left the lock idle up to 50 ms per hand-over (ten
+  holders of a 7 ms lock done after ~460 ms). `file_lock` waits in a blocking `flock` in a
+  single-threaded process (the worker, the CLI), bounded by an interval timer (the alarm must
+  interrupt that very `flock`, so never where another thread could take it), and retries every
+  2 ms elsewhere (the MCP server's threads) or where SIGALRM is already in use
+  (`tests/test_statefiles.py`, `bench/lock_wait.py`).
+- Never write a state file readable by others (0600 files, 0700 folders), because events and logs
+  may hold what redaction missed.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ Invariants:
   exact value, escaped (`json_text`).
 - A field that must stay on its line (a reason, a verify command, a file name) goes through
   `safe_line`, so it cannot start a line of its own, e.g. a forged `subtask st-…` note header.
+- Never print a job's text to a person without `words.safe` (CLI `echo`, the renderers, the MCP
+  `tool` wrapper), because tasks, summaries and file names come from models and teammates and a
+  terminal obeys escape sequences; JSON goes through `words.json_text`.
+- Never put words for a person in `model/`, nor import anything but `model/` from `words/`,
+  because every layer from `git/` (the notes, the record subjects) to the faces shows them: the
+  words sit just above the data they describe (`tests/test_layers.py` ALLOWED).
 """
 
 from subtask.words.fields import (

@@ -5,6 +5,10 @@ one-line status put together.
 Invariant: a part that may be shown alone returns text already through `terminal.safe_line`
 (`verify_line`, `judge_line`, `landing_line`, `attempt_brief`…); the rest are safe only inside
 the line or page that uses them (`lines`, `pages`), which pass the whole through `terminal`.
+
+Invariants:
+- Never show one attempt's cost as the job's, because `spend` counts every attempt: `list`, the
+  `show` header and the note's first line show the sum (`job_cost`).
 """
 
 from __future__ import annotations

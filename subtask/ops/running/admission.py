@@ -4,8 +4,10 @@ that starts).
 
 Invariants (docs/architecture.md):
 - Lock order: slots, then ledger; nothing slow runs under either.
-- The slot entries are saved before the money is reserved, so a crash between the two leaves a
-  slot entry that recovery ends, never a reservation nobody knows about.
+- Never reserve money before the slot entry is on disk, because a crash between the two would
+  leave a reservation nobody can find; a slot entry without a record is ended by the next
+  command (no run-lock holder) or by the worker handed its slot (tests:
+  `test_a_crash_at_any_step_leaks_no_slot_no_money_and_no_work`).
 - Never reserve a group's money one member at a time without checking the sum first, because a
   refusal of the third would leave the first two reserved: all N budgets are checked against the
   cap in the one admission critical section (`ledger.check_fits_locked`), then reserved; a refused
