@@ -82,3 +82,96 @@ def test_the_checker_finds_what_is_gone():
     assert missing("chains.cas_ref") is None and missing("chains.no_such_function") is not None
     assert missing("git/chains.py") is None and missing("git/no_such.py") == "no file git/no_such.py"
     assert missing("os.replace") is None  # not ours: not checked
+
+
+# The invariants: each bullet of the page's "Invariants" section is one rule, "Never X, because Y",
+# shortened, ending in the module whose docstring tells it whole: "... — `subtask/git/pool.py`".
+# Only "The whole house" (rules no one module keeps) may name none, and tells them whole.
+WHOLE_HOUSE = "The whole house"
+KEEPERS = re.compile(r" — ((?:`subtask/[\w/]+\.py`(?:, )?)+)$")
+BARE_TEST_REF = re.compile(r"(?<![\w/.`-])((?:tests/)?\w+(?:\.py)?::test_[\w*]*(?:\[[^\]\n]*\])?)")
+
+
+def invariants() -> list[tuple[str, str]]:
+    """(the heading it is under, its text in one line) for each bullet of the Invariants section."""
+    found: list[tuple[str, str]] = []
+    heading, inside = "", False
+    for line in PAGE.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            inside = line.startswith("## Invariants")
+        elif not inside:
+            continue
+        elif line.startswith("### "):
+            heading = line[4:]
+        elif line.startswith("- "):
+            found.append((heading, line[2:]))
+        elif line.startswith("  ") and found:
+            found[-1] = (heading, f"{found[-1][1]} {line.strip()}")
+    return found
+
+
+ASIDE = re.compile(r"\([^()]*\)")
+
+
+def words(text: str) -> str:
+    """Text compared as words: backticks, emphasis and asides in parentheses dropped (the page's
+    short line may leave out what the docstring spells out), any whitespace one space, lower case."""
+    text = text.replace("`", "").replace("*", "")
+    while (bare := ASIDE.sub("", text)) != text:
+        text = bare
+    return re.sub(r" ([,;:.])", r"\1", " ".join(text.split())).lower()
+
+
+def rule(bullet: str) -> str | None:
+    """A bullet's "Never X" (its words up to "because"), or None when it is not "Never X, because Y"."""
+    said = words(bullet)
+    never, because, _ = said.partition(" because ")
+    never = never.rstrip(" ,;:")
+    return never if because and never.startswith("never ") and len(never.split()) >= 4 else None
+
+
+@cache
+def docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+
+
+def unkept(heading: str, bullet: str) -> str | None:
+    """Why an invariant bullet is not kept (None: it is): not "Never X, because Y", no module named,
+    or a named module that is gone or whose docstring does not say "Never X"."""
+    if not (never := rule(bullet)):
+        return "is not 'Never X, because Y'"
+    if not (keepers := KEEPERS.search(bullet)):
+        return None if heading == WHOLE_HOUSE else "names no module (end it with ' — `subtask/…/module.py`')"
+    for name in CODE.findall(keepers.group(1)):
+        if not (path := ROOT / name).is_file():
+            return f"names {name}, which is not there"
+        if never not in words(docstring(path)):
+            return f"{name}'s docstring does not say {never!r}"
+    return None
+
+
+def test_every_invariant_is_told_whole_in_the_docstring_of_the_module_it_names():
+    bullets = invariants()
+    assert len(bullets) > 100, "the Invariants section was not found"
+    wrong = [f"{heading}: {bullet[:90]}…: {why}" for heading, bullet in bullets if (why := unkept(heading, bullet))]
+    assert wrong == [], "docs/architecture.md's invariants are not kept:\n" + "\n".join(wrong)
+
+
+def test_every_test_a_module_docstring_names_exists():
+    wrong = sorted({f"{path.relative_to(ROOT)}: `{ref}`: {why}" for path in python_files()
+                    if path.parts[len(ROOT.parts)] == "subtask"
+                    for ref in {*CODE.findall(docstring(path)), *BARE_TEST_REF.findall(docstring(path))}
+                    if TEST_REF.match(ref) and (why := missing(ref))})
+    assert wrong == [], "a module docstring names a test that is not there:\n" + "\n".join(wrong)
+
+
+def test_the_invariant_checker_finds_a_rule_gone_from_its_docstring():
+    kept = "Never let a line the SDK cannot read reach it unanswered, because it drops it"
+    kept += " — `subtask/faces/mcp_server.py`"
+    assert unkept("`faces/`", kept) is None
+    assert unkept("`faces/`", kept.replace("reach it", "reach the SDK")) is not None  # not what the docstring says
+    gone = "names subtask/faces/mcp_serve.py, which is not there"
+    assert unkept("`faces/`", kept.replace("mcp_server", "mcp_serve")) == gone
+    assert unkept("`faces/`", kept.partition(" — ")[0]).startswith("names no module")
+    assert unkept(WHOLE_HOUSE, kept.partition(" — ")[0]) is None
+    assert unkept("`faces/`", "Pid files are not fsynced, because") == "is not 'Never X, because Y'"
