@@ -32,6 +32,10 @@ Invariants:
 - Never forget more of git's worktree registrations than the job's own (`worktrees.drop_stale`,
   never `git worktree prune` for one job), because another missing worktree may be on a disk
   that is not mounted now.
+- Never take the admin folder to grant from the worktree's `.git`, because the job writes that
+  file (`gitdir: <repo>/.git` had a reply's sandbox grant the whole git dir): `isolation.build_policy`
+  and `isolation.outside_sandbox` are given it, `expected_admin` for a job, the one git made for a
+  scratch (`verify_rerun.scratch_admin`, asked before anything ran there).
 """
 
 from __future__ import annotations

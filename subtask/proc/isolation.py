@@ -22,10 +22,6 @@ any other branch, tag, remote ref, `packed-refs` or config; inside `objects/` a 
 objects as well as add them. See docs/security.md "Confinement".
 
 Invariants:
-- Never run an engine or verify less confined than `spec.isolation`, because the record would
-  claim a sandbox that was not there: the ruleset is built before the engine starts (a policy that
-  cannot be built ends the attempt, `IsolationError`, kind `isolation`), and a child whose
-  `landlock_restrict_self` fails exits 126 before exec.
 - Never downgrade an isolation that was asked for (`--isolation`, `subtask.isolation`), because
   the user chose it for a reason: `resolve` refuses at start (exit 128) when this machine or this
   engine cannot provide it. Only an engine's *default* falls back to `none`, and the spec records why.
@@ -35,36 +31,6 @@ Invariants:
 - Never grant a confined job a folder of the git dir its own commits do not need, because refs
   are files: `refs/heads/` writable means `main` movable. Granted: `objects/`,
   `worktrees/<name>/`, `refs/heads/subtask/`, `logs/refs/heads/subtask/` (docs/security.md).
-- Never take the admin folder to grant from the worktree's `.git`, because the job writes that
-  file (`gitdir: <repo>/.git` had a reply's sandbox grant the whole git dir): `build_policy` and
-  `outside_sandbox` are given it, `worktrees.expected_admin` for a job, the one git made for a
-  scratch (`verify_rerun.scratch_admin`, asked before anything ran there).
-- Never give an engine's private folder a shared `/tmp` name nor a place under `.git/`, because a
-  killed worker must leak at most one folder per job, inside the repository's worktree folder:
-  every engine's private folder (confined or not: part of its namespace, issue 34) is
-  `<worktreeDir>/.tmp/<id>` (0700), removed after the attempt and replaced by the next one.
-  Unconfined, it is `TMPDIR`; confined, it holds the view's private HOME, `/tmp` (`TMPDIR=/tmp`),
-  runtime dir and `/dev/shm`. `CLAUDE_CODE_TMPDIR` follows `TMPDIR` (`temp_env`), because Claude
-  Code reads it first: a person's own would send a confined job's Claude Code out of its sandbox,
-  and its per-folder temp dirs (never removed) to a shared place. The suite holds the same for its
-  own runs of the real CLI (`conftest.claude_code_temp`).
-- Never give a confined job's setup, verify or teardown the engine's credentials, nor any process
-  of it a variable naming a host socket, because the sandbox would hand out what its view keeps
-  out: the environment passes `view.withheld` (granted by name with `subtask.isolation.env`),
-  and the engine alone gets the keys it declares (`credential_env`).
-- Never start a confined verify while this process has another thread, because the sandbox is
-  process-wide while a child is spawned (`isolation.outside_sandbox` refuses to build one): the
-  queue's pipeline does its other work in the main thread while the verify runs (plain git, no
-  pre-exec hook), and the MCP `land` tool runs `git-subtask land` as a child process.
-- Never make a sandbox the process's active one outside the worker (`isolation.confined`),
-  because in a threaded process (the MCP server, `wait`'s watchers) every thread's children would
-  get it: a re-run verify or a judge hands its sandbox to `procs.run(sandbox=...)` for its one
-  child, so it is confined in any process (`groups::test_a_judge_runs_in_the_members_sandbox`
-  went unconfined when a threaded `wait` concluded the group).
-- Never run a command on a job's files outside its sandbox (`subtask.setup`, verify, the verify
-  `merge` re-runs, a best-of judge), because the job chose those files: setup may be a script it
-  rewrote on its branch (`containment::test_setup_runs_confined_*`,
-  `groups::test_a_judge_runs_in_the_members_sandbox`).
 """
 
 from __future__ import annotations

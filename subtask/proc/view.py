@@ -41,6 +41,10 @@ Invariants:
 - Between fork and exec only prepared calls run (`Build`): every path, struct and function is
   made in the parent; a failure writes one line to stderr and exits 126, never an exec with
   less of a view.
+- Never give a confined job's setup, verify or teardown the engine's credentials, nor any process
+  of it a variable naming a host socket, because the sandbox would hand out what its view keeps
+  out: the environment passes `withheld` (granted by name with `subtask.isolation.env`),
+  and the engine alone gets the keys it declares (`credential_env`).
 """
 
 from __future__ import annotations

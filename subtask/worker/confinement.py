@@ -32,6 +32,23 @@ Invariants:
   refusals are `evidence.isolation.claimed`.
 - Never run `subtask.teardown` outside the job's sandbox, because it is a command run on the job's
   files with the job's environment, like setup (`ports::test_teardown_runs_confined_*`).
+- Never give an engine's private folder a shared `/tmp` name nor a place under `.git/`, because a
+  killed worker must leak at most one folder per job, inside the repository's worktree folder:
+  every engine's private folder (confined or not: part of its namespace, issue 34) is
+  `<worktreeDir>/.tmp/<id>` (0700), removed after the attempt and replaced by the next one.
+  Unconfined, it is `TMPDIR`; confined, it holds the view's private HOME, `/tmp` (`TMPDIR=/tmp`),
+  runtime dir and `/dev/shm`. `CLAUDE_CODE_TMPDIR` follows `TMPDIR` (`isolation.temp_env`), because Claude
+  Code reads it first: a person's own would send a confined job's Claude Code out of its sandbox,
+  and its per-folder temp dirs (never removed) to a shared place. The suite holds the same for its
+  own runs of the real CLI (`conftest.claude_code_temp`).
+- Never run a command on a job's files outside its sandbox (`subtask.setup`, verify, the verify
+  `merge` re-runs, a best-of judge), because the job chose those files: setup may be a script it
+  rewrote on its branch (`containment::test_setup_runs_confined_*`,
+  `groups::test_a_judge_runs_in_the_members_sandbox`).
+- Never run an engine or verify less confined than `spec.isolation`, because the record would
+  claim a sandbox that was not there: the ruleset is built before the engine starts (a policy that
+  cannot be built ends the attempt, `isolation.IsolationError`, kind `isolation`), and a child whose
+  `landlock_restrict_self` fails exits 126 before exec.
 """
 
 from __future__ import annotations

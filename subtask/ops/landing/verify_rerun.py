@@ -27,6 +27,15 @@ Invariants:
 - Never pass a re-run on the command's exit alone: the checks the job recorded (`spec.checks`,
   subtask/checks.py) run on its work's base (`work_base`)..commit here too, because a record that claims a pass is what
   a job that deleted its failing test would also have.
+- Never start a confined verify while this process has another thread, because the sandbox is
+  process-wide while a child is spawned (`isolation.outside_sandbox` refuses to build one): the
+  queue's pipeline does its other work in the main thread while the verify runs (plain git, no
+  pre-exec hook), and the MCP `land` tool runs `git-subtask land` as a child process.
+- Never make a sandbox the process's active one outside the worker (`isolation.confined`),
+  because in a threaded process (the MCP server, `wait`'s watchers) every thread's children would
+  get it: a re-run verify or a judge hands its sandbox to `procs.run(sandbox=...)` for its one
+  child, so it is confined in any process (`groups::test_a_judge_runs_in_the_members_sandbox`
+  went unconfined when a threaded `wait` concluded the group).
 """
 
 from __future__ import annotations
