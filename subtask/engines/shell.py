@@ -10,6 +10,7 @@ On reply the message is simply another script run in the same worktree.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
@@ -28,8 +29,6 @@ class ShellEngine:
     default_isolation = "worktree"
 
     def probe(self) -> Probe:
-        import shutil  # `engines` and `doctor` probe; a start does not (`base.preflight`)
-
         bash = shutil.which("bash")
         version = None
         if bash:
