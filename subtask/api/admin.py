@@ -18,10 +18,12 @@ from pathlib import Path
 from subtask import executors
 from subtask.api.read import _groups, _positive, get, repo_at, sweep
 from subtask.api.starting import _sync_ledger
-from subtask.git import ownership, records
+from subtask.git import notes, notes_store, ownership, pool, records
 from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE
+from subtask.ops.landing import cleanup as landing_cleanup
+from subtask.ops.landing import landed
 from subtask.ops.running import spending
 from subtask.state import ledger
 
@@ -33,10 +35,8 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
     if not job.state.current.terminal:
         raise SubtaskError("not_finished", f"{job.id} is {job.state.current.state}; stop it or wait for it first",
                            hint=f"git subtask wait {job.id}")
-    from subtask.ops.landing import cleanup, landed
-
     path = Path(job.spec.worktree)
-    removal, branch = cleanup.clean_job(repo, job, landed.land_target(repo), dry_run=dry_run)
+    removal, branch = landing_cleanup.clean_job(repo, job, landed.land_target(repo), dry_run=dry_run)
     if removal.kind == "busy":
         raise SubtaskError("not_finished", f"{job.id}: keeping the worktree: {removal.why}",
                            hint=f"git subtask wait {job.id}")
@@ -52,7 +52,7 @@ def cleanup(repo: Repo, id_or_prefix: str, dry_run: bool = False) -> str:
             if removal.kind == "pruned" else "no worktree to remove")
     if branch.kind == "removed":
         gone = "would delete" if dry_run else "deleted"
-        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({cleanup.EMPTY_BRANCH}; record kept)"
+        return f"{job.id}: {tree}; {gone} branch {job.spec.branch} ({landing_cleanup.EMPTY_BRANCH}; record kept)"
     if removal.kind != "removed" or dry_run:
         return f"{job.id}: {tree}"
     kept = f"branch {job.spec.branch} and record kept" if job.spec.branch else "record kept"
@@ -82,8 +82,6 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
 
 def init(repo: Repo, display: bool = False) -> list[str]:
     """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
-    from subtask.git import notes, notes_store
-
     changed = notes.ensure_notes_config(repo)
     notes_store.ensure_ref(repo.git)
     ensure_excluded(repo.common_dir)
@@ -97,15 +95,11 @@ def init(repo: Repo, display: bool = False) -> list[str]:
 
 def notes_rebuild(repo: Repo) -> int:
     """Regenerate every job's note block from its record; idempotent. Returns blocks changed."""
-    from subtask.git import notes
-
     return notes.rebuild(repo)
 
 
 def cleanup_merged(repo: Repo, dry_run: bool = False):
-    from subtask.ops.landing import cleanup
-
-    return cleanup.cleanup_merged(repo, dry_run=dry_run)
+    return landing_cleanup.cleanup_merged(repo, dry_run=dry_run)
 
 
 def du(repo: Repo):
@@ -117,24 +111,18 @@ def du(repo: Repo):
 
 
 def gc(repo: Repo, dry_run: bool = False, older_than: str = "30d"):
-    from subtask.ops.landing import cleanup
-
     sweep(repo)
-    return cleanup.gc(repo, dry_run=dry_run, older_than=older_than)
+    return landing_cleanup.gc(repo, dry_run=dry_run, older_than=older_than)
 
 
 def pool_status(repo: Repo):
     """The worktree pool: its entries (commit, bytes), what `subtask.pool` and `poolMaxBytes` ask."""
-    from subtask.git import pool
-
     return pool.status(repo)
 
 
 def pool_fill(repo: Repo, count: int | None = None):
     """Fill the worktree pool now, in this process, to `count` entries (default `subtask.pool`)
     at the main worktree's HEAD; (the entries made, the pool after)."""
-    from subtask.git import pool
-
     if count is not None:
         count = _positive(count, "the number of worktrees", integer=True) if count != 0 else 0
     made = pool.fill(repo, count, wait=600.0)

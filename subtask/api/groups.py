@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,8 +113,6 @@ class MapStart(GroupStart):
 
 def map_files(repo: Repo, pattern: str, base: str) -> list[str]:
     """The files of `base` that git's glob `pattern` matches (from the top of the repository)."""
-    import tempfile
-
     if not isinstance(pattern, str) or not pattern.strip() or "\0" in pattern or "\n" in pattern:
         raise SubtaskError("usage", f"not a glob: {pattern!r}")
     with tempfile.TemporaryDirectory(prefix="subtask-map-") as scratch:  # the base's files, not the index's

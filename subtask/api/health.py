@@ -12,8 +12,16 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 
+from subtask import api
+from subtask.git import notes_store, ownership, pool, records
+from subtask.git.gitrepo import open_repo
 from subtask.model import executors
 from subtask.model.errors import SubtaskError
+from subtask.ops.running import lifecycle
+from subtask.ops.sharing import client_config, hooks
+from subtask.proc import isolation, namespaces
+from subtask.state import liveness, slots
+from subtask.words import short, size
 
 SCHEMA_VERSION = 1
 ORDER = {"ok": 0, "warn": 1, "fail": 2}
@@ -42,8 +50,6 @@ class Report:
 def doctor(path: str | os.PathLike | None = None) -> Report:
     checks = [check_git(), check_libgit2()]
     try:
-        from subtask.git.gitrepo import open_repo
-
         repo = open_repo(path)
     except Exception as exc:
         message = getattr(exc, "message", str(exc))
@@ -85,8 +91,6 @@ def check_libgit2() -> Check:
 def check_settings(repo) -> Check:
     """Every `subtask.*` key set here against the table of settings (`model/config.py`): a value
     it refuses fails (start refuses it too), a key it lacks or knows by an old name warns."""
-    from subtask import api
-
     problems = repo.config.problems(engine_plugins=api.engine_plugins())
     if not problems:
         return Check("settings", "ok", "every subtask.* setting is valid")
@@ -96,8 +100,6 @@ def check_settings(repo) -> Check:
 
 
 def check_hooks(repo) -> Check:
-    from subtask.ops.sharing import hooks
-
     state = hooks.status(repo)
     if state.installed:
         return Check("hooks", "ok", f"post-merge hook installed at {state.path}")
@@ -145,8 +147,6 @@ def check_state_dir(repo) -> Check:
 
 def check_damaged_records(repo) -> Check:
     """Every record ref holds a readable job record (reads each one: doctor is rare, so thorough)."""
-    from subtask.git import records
-
     ids = records.all_ids(repo)
     damaged = []
     for job_id in sorted(ids):
@@ -165,8 +165,6 @@ def check_damaged_records(repo) -> Check:
 
 
 def check_slots(repo) -> Check:
-    from subtask.state import liveness, slots
-
     current = slots.read(repo.state_dir)
     if current.damaged:
         return Check("slots", "warn", "slots.json is damaged; the next command rebuilds it", ["git subtask list"])
@@ -180,9 +178,6 @@ def check_slots(repo) -> Check:
 def check_records(repo) -> Check:
     """Records a dead process left half-done: a finished job without its head pin or note, a job
     recorded running or queued that no worker, starter or queue holds, a stale ref lock."""
-    from subtask.git import records
-    from subtask.state import slots
-
     current = slots.read(repo.state_dir)
     queued = {e["job"] for e in current.queue + current.waiting}  # a waiting entry: `plans` completes it
     incomplete: list[str] = []
@@ -213,10 +208,6 @@ def check_records(repo) -> Check:
 
 
 def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orphaned: list, locked: list) -> None:
-    from subtask.git import ownership, records
-    from subtask.ops.running import lifecycle
-    from subtask.state import liveness
-
     job_id = entry["id"]
     age = records.ref_lock_age(repo, records.record_ref(job_id))
     if age is not None and age >= repo.config.number("refLockStale"):
@@ -236,8 +227,6 @@ def _look_for_half_written(repo, entry: dict, queued: set, incomplete: list, orp
 def _maybe_incomplete(repo, entry: dict) -> bool:
     """A cheap first look (refs and one note read, no record read): could this finished job lack
     its pin or note? False only when the pin (or, with none, the base) carries the job's block."""
-    from subtask.git import notes_store, records
-
     pin = repo.git.references.get(records.pin_ref(entry["id"], "head"))
     target = str(pin.target) if pin is not None else entry.get("base")
     if not target:
@@ -249,8 +238,6 @@ def _maybe_incomplete(repo, entry: dict) -> bool:
 
 
 def check_worktrees(repo) -> Check:
-    from subtask.git import records
-
     root = repo.worktree_dir()
     ids = set(records.all_ids(repo))
     listed = subprocess.run(["git", "-C", str(repo.root), "worktree", "list", "--porcelain"],
@@ -275,9 +262,6 @@ def check_worktrees(repo) -> Check:
 
 
 def check_pool(repo) -> Check:
-    from subtask.git import pool
-    from subtask.words import short, size
-
     status = pool.status(repo)
     said = (f"{len(status.entries)} of {status.target} ready worktrees, {size(status.bytes)} of "
             f"{size(status.max_bytes)}" + (f", at {', '.join(sorted({short(e.commit) for e in status.entries}))}"
@@ -291,8 +275,6 @@ def check_pool(repo) -> Check:
 
 
 def check_engines(repo) -> Check:
-    from subtask import api
-
     probes = api.engines(repo)
     usable = [p.name for p in probes if p.usable]
     default = repo.config.get("engine")
@@ -305,9 +287,6 @@ def check_engines(repo) -> Check:
 
 def check_isolation(repo) -> Check:
     """What confinement each engine gets here, and what `subtask.isolation` asks for."""
-    from subtask import api
-    from subtask.proc import isolation, namespaces
-
     state = isolation.support()
     probes = [p for p in api.engines(repo) if p.confinement]
     per_engine = "; ".join(f"{p.name}: {p.confinement}" for p in probes)
@@ -348,8 +327,6 @@ def check_isolation(repo) -> Check:
 def check_provenance(repo) -> Check:
     """This clone's identity, how its records are signed, whose signatures it can check, and the
     teammates' commits on this clone's jobs that `pull` kept aside."""
-    from subtask.git import ownership
-
     clone = ownership.clone_id(repo)
     parts = [f"clone {clone}" if clone else "no clone id yet (made at the first start)"]
     mode, key = repo.config.sign_mode(), repo.config.signing_key()
@@ -383,8 +360,6 @@ def check_provenance(repo) -> Check:
 def check_clients(repo) -> Check:
     """Each MCP client `git subtask install` set up: its entry started as the client starts it,
     answering `initialize` and `tools/list` as this server (a real stdio handshake)."""
-    from subtask.ops.sharing import client_config
-
     found = client_config.installed()
     if not found:
         return Check("mcp clients", "ok", "none set up (git subtask install claude|codex registers the server)")

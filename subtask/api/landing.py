@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 
 from subtask.api.read import _positive, get, sweep
@@ -87,7 +88,6 @@ def _bounded(repo: Repo, job: Job, head: str, argv: list[str], limit: int | None
 def git_output(repo: Repo, argv: list[str], limit: int) -> tuple[str, bool, int]:
     """(text, truncated, bytes printed) of `git argv`: the first `limit` bytes, cut at a line end;
     the rest is read and counted, not kept."""
-    import subprocess
     import tempfile
 
     with tempfile.TemporaryFile() as errors, subprocess.Popen(

@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from subtask import executors
-from subtask.git import records, where_landed
+from subtask.git import ownership, records, where_landed
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
@@ -222,8 +223,6 @@ def _sweep_lines(repo: Repo, landed_ids: list[str]) -> list[str]:
 def record_facts(repo: Repo, job: Job) -> dict:
     """Who wrote a job's record, for `show`: its signature as git checks it here, and whether this
     clone started the job (`ownership`)."""
-    from subtask.git import ownership
-
     if job.signed:
         from subtask.git import signing
 
@@ -236,7 +235,7 @@ def record_facts(repo: Repo, job: Job) -> dict:
 def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
     """`list --json`: each entry's `signature` (as `record_facts`, one git run for every signed
     tip) and `mine`, from the clone id and one listing of ownership refs."""
-    from subtask.git import ownership, signing
+    from subtask.git import signing
     from subtask.model.provenance import UNSIGNED
 
     checked = signing.check(repo, [e["tip"] for e in entries if e.get("signed") and e.get("tip")])
@@ -288,7 +287,6 @@ def worker_log(repo: Repo, job_id: str) -> str | None:
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
     lines = _tail_lines(paths.run_file(repo.state_dir, job_id, "events.jsonl", make=False))
-    import json
 
     from subtask import words as render
 

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -34,11 +35,12 @@ from subtask.git import leftout, ownership, records
 from subtask.git.gitrepo import Repo, check_worktree_location, resolve_commit
 from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
-from subtask.model import faults, money
+from subtask.model import checknames, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     DEPTH_ENV,
     MAX_TASK_BYTES,
+    ON_FAIL,
     TERMINAL,
     WAITING,
     Attempt,
@@ -374,7 +376,6 @@ def routing_explain(repo: Repo, request: StartRequest):
 def _after(repo: Repo, request: StartRequest,
            on: executors.Executor) -> tuple[list[str] | None, list[str] | None, str | None]:
     """(after, until, on_fail) of a start: the ids it waits for, the jobs to see end, what a failure does."""
-    from subtask.model.job import ON_FAIL
     from subtask.ops.plans import waiting
 
     if request.after is not None and not isinstance(request.after, (str, list, tuple)):
@@ -445,7 +446,6 @@ def _verify_loop(repo: Repo, request: StartRequest, on: executors.Executor) -> t
     if not request.verify and not given:
         return retries, []  # nothing to check: no import of the checks on start's path
     from subtask.git import checks
-    from subtask.model import checknames
 
     if given is not None and not isinstance(given, list):
         raise SubtaskError("usage", f"checks must be a list of names, not {given!r}")
@@ -493,7 +493,6 @@ def _can_write_state(repo: Repo) -> bool:
     """Can this process make a file in the state folder's run/ (as `start` is about to)? False
     only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
     the write that follows, which says what it is."""
-    import errno
     import tempfile
 
     try:

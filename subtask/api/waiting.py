@@ -12,6 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import queue
 import threading
@@ -93,7 +95,6 @@ def _wait_since(repo: Repo, ids: list[str], since: str, **options) -> WaitResult
     if found.events or found.more:
         jobs = [records.read(repo, job_id) for job_id in job_ids]
         return WaitResult(jobs, timed_out=False, stalled=[], feed=found)
-    import itertools
 
     looks = itertools.count()  # the record refs every RECORD_LOOKS-th look, the events files every look
     result = _wait(repo, job_ids, wake=lambda: feed.grew(repo, job_ids, positions,
@@ -200,8 +201,6 @@ class _StallLook:
 
 def _last_stall_event(path: Path) -> str | None:
     """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
-    import json
-
     for line in reversed(_tail_lines(path)):
         if '"stall' not in line:
             continue

@@ -20,9 +20,12 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +42,7 @@ from subtask.engines.base import (
 from subtask.engines.base import totals as session_totals
 from subtask.model import money
 from subtask.model.redact import StreamRedactor
+from subtask.proc import isolation
 
 CLI_ENV = "SUBTASK_CLAUDE_CLI"
 
@@ -233,12 +237,6 @@ class _Launch:
     `isolation.launch_spec`). Only `ClaudeAgentOptions.cli_path`: no SDK internals."""
 
     def __init__(self, ctx: EngineContext, cli: str) -> None:
-        import shlex
-        import sys
-        import tempfile
-
-        from subtask.proc import isolation
-
         self.folder = Path(tempfile.mkdtemp(prefix=f"claude-{ctx.job_id}-", dir=ctx.private_dir))
         self.pid_file = self.folder / "pid"
         self.script = self.folder / "claude"

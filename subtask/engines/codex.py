@@ -44,6 +44,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -61,6 +62,7 @@ from subtask.engines.base import totals as session_totals
 from subtask.model import money
 from subtask.model.config import TRUE_WORDS
 from subtask.model.redact import StreamRedactor
+from subtask.proc import procs
 from subtask.proc.isolation import ACTIVE_ENV
 
 ConfigReader = Callable[[str], "str | None"]
@@ -124,8 +126,6 @@ def _has_credentials(env: Mapping[str, str]) -> bool:
 def _provider(env: Mapping[str, str]) -> dict[str, Any] | None:
     """The custom model provider codex's config.toml selects, or None (the built-in OpenAI one,
     or no readable config)."""
-    import tomllib
-
     try:
         with open(_codex_home(env) / "config.toml", "rb") as fh:
             codex_toml = tomllib.load(fh)
@@ -439,8 +439,6 @@ class CodexEngine:
     # -- run ----------------------------------------------------------------------------------
 
     def run(self, ctx: EngineContext) -> Outcome:
-        from subtask.proc import procs
-
         name = self._binary_name(ctx.config, ctx.env)
         binary = self._which(name, ctx.env)
         if binary is None:

@@ -45,6 +45,7 @@ from typing import Any
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
 from subtask.model import money
 from subtask.model.config import TRUE_WORDS, parse_argv
+from subtask.proc import procs
 
 ConfigReader = Callable[[str], "str | None"]
 
@@ -246,8 +247,6 @@ class CommandEngine:
 
     @staticmethod
     def _spawn(ctx: EngineContext, argv: list[str], output: _Output) -> Any:
-        from subtask.proc import procs
-
         return procs.run(argv, cwd=ctx.worktree, env=ctx.env, timeout=ctx.timeout,
                          on_stdout_line=output.on("stdout"), on_stderr_line=output.on("stderr"),
                          on_start=ctx.on_pid, redact=True)

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
@@ -32,8 +33,6 @@ class ShellEngine:
     default_isolation = "worktree"
 
     def probe(self) -> Probe:
-        import shutil  # `engines` and `doctor` probe; a start does not (`base.preflight`)
-
         bash = shutil.which("bash")
         version = None
         if bash:

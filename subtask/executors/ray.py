@@ -40,6 +40,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import os
 import re
@@ -48,21 +50,26 @@ import socket
 import sys
 import threading
 import time
+import urllib.request
 import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from subtask.engines import get_engine
+from subtask.engines.base import resumes
 from subtask.executors import placement, ray_job_id
-from subtask.git import records
+from subtask.git import notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import config, money
 from subtask.model.errors import SubtaskError
+from subtask.model.redact import redact
 from subtask.model.transaction import Transaction
+from subtask.ops.plans import groups, waiting
 from subtask.ops.running import lifecycle, notify, spending
 from subtask.ops.sharing import sync
-from subtask.state import ledger, liveness
+from subtask.state import jobenv, ledger, liveness, privatetext
 
 RESOURCE = "subtask_slot"
 STATUS_INTERVAL = 1.0  # seconds between status requests for one job (the promise: at most 1/s)
@@ -349,9 +356,6 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
     """End a queued attempt that no node has claimed: the stopped record is pushed first (a
     fast-forward of the queued one, never forced) and only then written here; False when the
     remote refused it (a node claimed the attempt first: Ray's stop ends it there)."""
-    from subtask.git import notes
-    from subtask.state import jobenv, privatetext
-
     fd = liveness.acquire(repo.state_dir, job_id, block=False)
     if fd is None:
         return False
@@ -422,8 +426,6 @@ def ray_state(job: Job) -> RayState:
 
 def log_tail(job: Job) -> str:
     """The last lines of the Ray job's log (the node's words on why it ended), redacted."""
-    from subtask.model.redact import redact
-
     try:
         text = client(_where(job)["address"]).get_job_logs(ray_job_id(job.state.current))
     except Exception:
@@ -453,8 +455,6 @@ def collect(repo: Repo, job_id: str, *, state: RayState | None = None, advance: 
 def came_home(repo: Repo, job: Job, *, advance: bool = True) -> None:
     """What follows a job's end here as it follows a local worker's: a first pass stops the
     group's other attempts, the group is concluded, the jobs waiting for it move on."""
-    from subtask.ops.plans import groups, waiting
-
     if job.spec.group:
         groups.after_member_ended(repo, job, first_pass_only=True)
         groups.after_member_ended(repo, job)
@@ -538,8 +538,6 @@ def _end_here(repo: Repo, job: Job, state: RayState) -> None:
 
 def _ended_copy(job: Job) -> Job:
     """`job` as if its current attempt had ended (for `settle_money` before the record says so)."""
-    import copy
-
     ended = copy.deepcopy(job)
     ended.state.current.state = "failed"
     return ended
@@ -599,8 +597,6 @@ def _end_of(job: Job) -> threading.Event:
     submission = ray_job_id(job.state.current)
 
     def follow() -> None:
-        import asyncio
-
         async def tail() -> None:
             async for _ in client(_where(job)["address"]).tail_job_logs(submission):
                 pass
@@ -741,9 +737,6 @@ def _push_record(repo: Repo, where: Target, job_id: str, quiet: bool = False) ->
 def _session_node(repo: Repo, job: Job) -> dict[str, float]:
     """For an engine that resumes its session (`resumes`), the resource that pins the reply to the
     node that holds that session (`node:<ip>`, as Ray names every node); {} when nothing is resumed."""
-    from subtask.engines import get_engine
-    from subtask.engines.base import resumes
-
     earlier = next((a for a in reversed(job.state.attempts) if a.session_id and ray_job_id(a)), None)
     if earlier is None or not resumes(get_engine(job.spec.engine, repo.config)):
         return {}
@@ -766,8 +759,6 @@ def _session_node(repo: Repo, job: Job) -> dict[str, float]:
 
 def _alive_nodes(address: str) -> dict[str, str]:
     """{node id: its ip} of the cluster's live nodes (the dashboard's state API)."""
-    import urllib.request
-
     url = f"{address.rstrip('/')}/api/v0/nodes?limit=10000&detail=true"
     try:
         with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT * 3) as resp:

@@ -24,7 +24,8 @@ import click
 
 from subtask import __version__, api  # api's names load on first use (api/__init__)
 from subtask.faces import commands, output
-from subtask.model.errors import EXIT_NEGATIVE, EXIT_USAGE, SubtaskError
+from subtask.model.errors import EXIT_NEGATIVE, EXIT_USAGE, SubtaskError, interrupt_once
+from subtask.model.start_options import MAP_OPTIONS, OPTIONS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -102,8 +103,6 @@ for _command in commands.COMMANDS.values():
 def start_options(command, options=None):
     """The options of `start` (or the given ones), from the one description of a start
     (`subtask.model.start_options`)."""
-    from subtask.model.start_options import OPTIONS
-
     for option in reversed(options or OPTIONS):
         if option.argument:
             command = click.argument(option.name, metavar=option.name.upper())(command)
@@ -124,8 +123,6 @@ def start_options(command, options=None):
 
 
 def _map_options(command):
-    from subtask.model.start_options import MAP_OPTIONS
-
     return start_options(command, MAP_OPTIONS)
 
 
@@ -730,7 +727,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI with git's exit codes and one error path (`output.guarded`)."""
     from subtask.faces import manpage
     from subtask.model import faults
-    from subtask.model.errors import interrupt_once
 
     interrupt_once()
     output.prepare()

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from subtask import __version__
+from subtask.model.config import documented
 
 NAME = "git-subtask - hand coding work to background agents, with every job kept in git"
 DESCRIPTION = """A person or a coding agent starts a job; a detached worker does it in its own git worktree and \
@@ -32,8 +33,6 @@ FILES = [("<git-common-dir>/subtask/", "slots.json, ledger.jsonl, run/<id>.lock,
 
 def settings() -> list[tuple[str, str]]:
     """The SETTINGS section: every row of the table of settings (`model/config.py`), in words."""
-    from subtask.model.config import documented
-
     return [(key, f"{meaning} ({kind}; default {default})".replace("`", ""))
             for key, kind, default, meaning in documented()]
 

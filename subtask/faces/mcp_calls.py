@@ -35,6 +35,9 @@ import os
 import re
 import sys
 import threading
+import time
+import traceback
+import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -193,8 +196,6 @@ def tool(name: str, *, read_only: bool = False, destructive: bool = False, title
                 if said is not None:
                     return _tool_error(_error_text(said))
                 if os.environ.get("SUBTASK_DEBUG"):
-                    import traceback
-
                     traceback.print_exc(file=sys.stderr)
                 return _tool_error(f"error: unexpected {type(exc).__name__}: {exc}")
             words = render.safe(reply.full_text())
@@ -262,8 +263,6 @@ class Attention:
                 self._thread.start()
 
     def _run(self) -> None:
-        import time
-
         while True:
             time.sleep(self.LOOK)
             with self._lock:
@@ -276,8 +275,6 @@ class Attention:
                     self._tell(line)
 
     def _tell(self, event: dict) -> None:
-        import warnings
-
         level = "info" if event.get("event") == "ended" and event.get("state") == "done" else "warning"
         data = {"message": render.safe_line(f"{event.get('event')}: {event.get('summary')}"),
                 **{k: event.get(k) for k in ("job", "event", "state", "reason", "attempt", "repo")}}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from subtask import api
 from subtask import words as render
 from subtask.faces import jsonrpc, replies
 from subtask.faces.mcp_calls import mcp_words, open_repo, server, tool
+from subtask.faces.mcp_versions import installed_versions
 from subtask.model import start_options
 from subtask.model.errors import SubtaskError
 from subtask.model.job import is_group_ref
@@ -427,8 +429,6 @@ def _land_in_child(repo: str | None, args: list[str], on_progress: Callable[[dic
     to `on_progress` as it comes. The child is told the repository (`SUBTASK_REPO`, which it reads
     before its working directory), so one this server was started with never wins over the call's
     `repo`."""
-    import subprocess
-
     where = open_repo(repo)
     cwd = str(where.workdir() or where.root)
     child = subprocess.Popen([sys.executable, "-m", "subtask", "land", *args], cwd=cwd, stdout=subprocess.PIPE,
@@ -560,8 +560,6 @@ def describe() -> dict:
     """What subtask/faces/mcp_cache.json holds: the SDK's own replies to `initialize` and to each list
     request it serves (no cursor), for every protocol version it negotiates through `initialize`."""
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
-
-    from subtask.faces.mcp_versions import installed_versions
 
     results: dict[str, dict[str, Any]] = {}
     for version in HANDSHAKE_PROTOCOL_VERSIONS:

@@ -8,6 +8,7 @@ lazily, never the other way). Standard library only: the front end imports this 
 from __future__ import annotations
 
 import os
+from importlib.machinery import PathFinder
 
 # Distributions whose versions shape the cached replies (pydantic generates the input schemas).
 SHAPED_BY = ("mcp", "mcp_types", "pydantic", "pydantic_core")
@@ -20,8 +21,6 @@ def installed_versions() -> dict[str, str] | None:
     importlib.util (~2 ms here, a tenth of the front end's time to its first reply): the path
     finder alone finds a top-level package as `find_spec` does.
     """
-    from importlib.machinery import PathFinder
-
     spec = PathFinder.find_spec("mcp")
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -32,6 +32,7 @@ from pathlib import Path
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JOB_ID_RE
+from subtask.state import liveness
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -110,8 +111,6 @@ def ref_lock_age(repo: Repo, name: str) -> float | None:
 def break_stale_lock(repo: Repo, owner: str, name: str) -> bool:
     """Remove the ref lock a dead writer left: older than `subtask.refLockStale`, and no live
     worker of `owner` (a job id; a group has none) other than ourselves."""
-    from subtask.state import liveness
-
     age = ref_lock_age(repo, name)
     if age is None or age < repo.config.number("refLockStale"):
         return False

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -125,8 +126,6 @@ def retry_hint(results: list[dict[str, Any]] | None, recorded: list[str]) -> str
     """What a person whose change means what the failed checks found runs next, keeping every other
     check: the paths it needed added to its `paths=` globs, only the failed named checks dropped
     (`--check none` then the rest: `none` alone would drop the others too)."""
-    import shlex
-
     failed_names = set(failed(results))
     outside = [p for r in results or () if isinstance(r, dict) and r.get("passed") is False
                for p in r.get("outside") or () if isinstance(p, str)]

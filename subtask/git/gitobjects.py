@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +127,6 @@ def _warn_unsigned(words: str) -> None:
     global _warned
     if not _warned:
         _warned = True
-        import sys
 
         print(f"git-subtask: warning: could not sign a commit, wrote it unsigned: {words}\nhint: {SIGN_HINT}",
               file=sys.stderr)

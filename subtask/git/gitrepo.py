@@ -35,8 +35,10 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from subtask.git import gitobjects
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.model.errors import SubtaskError
+from subtask.state import paths
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -71,8 +73,6 @@ class Repo:
     @property
     def objects(self) -> GitObjects | Pygit2Objects:
         """Refs and objects to read and write: in-process once pygit2 is loaded, through git before."""
-        from subtask.git import gitobjects
-
         sign = self.config.signing_key() is not None
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git, sign)
@@ -111,8 +111,6 @@ class Repo:
     def state_file(self, stem: str, suffix: str = ".json") -> Path:
         """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
         several repositories may share (`subtask.stateDir`)."""
-        from subtask.state import paths
-
         return paths.repo_file(self.state_dir, self.common_dir, stem, suffix)
 
     @property

@@ -32,7 +32,9 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 import os
 import re
 import stat
@@ -480,7 +482,6 @@ def _load(path: str, data: bytes | None) -> dict[str, Any] | None:
             import tomllib
 
             return tomllib.loads(text)
-        import json
 
         loaded = json.loads(text)
         return loaded if isinstance(loaded, dict) else None
@@ -495,8 +496,6 @@ def _composed(path: str, data: bytes, trusted: bytes, keys: tuple[str, ...]) -> 
     if mine is None or ours is None:
         return None
     if path.endswith(".json"):
-        import json
-
         composed = json.loads(json.dumps(mine))
         for key in keys:
             _put(composed, key, _dig(ours, key))
@@ -512,8 +511,6 @@ def _composed(path: str, data: bytes, trusted: bytes, keys: tuple[str, ...]) -> 
 
 def _without(obj: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """`obj` less `keys`, and less the tables that only held them."""
-    import copy
-
     out = copy.deepcopy(obj)
     for key in keys:
         _put(out, key, _MISSING)

@@ -35,6 +35,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from subtask.model.checknames import split
 from subtask.model.errors import SubtaskError
 
 DEFAULT = "default"
@@ -63,8 +64,6 @@ def resolve(given: Iterable[str] | None, configured: str | None) -> list[str]:
     """The harness a job records: `subtask.verify.harness` (else `default`), then each `--harness`
     value in order; `job` or `none` drops everything named before it. An empty list: judged by
     its own tests."""
-    from subtask.model.checknames import split
-
     chosen: list[str] = []
     for item in split(configured if configured is not None else DEFAULT):
         try:

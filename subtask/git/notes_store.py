@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from subtask.git.gitobjects import commit_tree
+from subtask.model.config import signing_key_of
 from subtask.model.errors import fatal
 from subtask.state.statefiles import file_lock
 
@@ -332,8 +334,6 @@ def _commit(repo: pygit2.Repository, tree: pygit2.Oid, parents: list[pygit2.Oid]
     """A notes commit, signed by git when a signing key is configured (see the invariants)."""
     import pygit2
 
-    from subtask.model.config import signing_key_of
-
     config = repo.config
 
     def read(key: str) -> str | None:
@@ -343,8 +343,6 @@ def _commit(repo: pygit2.Repository, tree: pygit2.Oid, parents: list[pygit2.Oid]
             return None
 
     if signing_key_of(read):
-        from subtask.git.gitobjects import commit_tree
-
         return pygit2.Oid(hex=commit_tree(repo.path, str(tree), [str(p) for p in parents], message, sign=True))
     sig = _signature()
     return repo.create_commit(None, sig, sig, message, tree, parents)

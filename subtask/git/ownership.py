@@ -36,9 +36,10 @@ from __future__ import annotations
 import os
 import re
 
-from subtask.git.gitrepo import Repo, git
+from subtask.git.gitrepo import Repo, git, pygit2_ready
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
+from subtask.state.statefiles import file_lock
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -73,7 +74,6 @@ def ensure_clone_id(repo: Repo) -> str:
     found = clone_id(repo)
     if found is not None:
         return found
-    from subtask.state.statefiles import file_lock
 
     repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with file_lock(repo.state_dir / paths.CLONE_ID_LOCK):
@@ -114,8 +114,6 @@ class _LocalConfig:
 
 
 def _local_config(repo: Repo) -> _LocalConfig:
-    from subtask.git.gitrepo import pygit2_ready
-
     if not pygit2_ready():
         return _LocalConfig(repo)
     import pygit2

@@ -37,6 +37,7 @@ from subtask.git.chains import ref_lock_age as ref_lock_age
 from subtask.git.gitobjects import Ref, RefUpdate, commit_message, commit_signed
 from subtask.git.gitrepo import Repo
 from subtask.git.ownership import owned_ref
+from subtask.model import money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     ACTIVE,
@@ -48,6 +49,7 @@ from subtask.model.job import (
     is_job_id,
     placement,
 )
+from subtask.state.statefiles import write_atomic
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -128,7 +130,6 @@ def status_line(job: Job) -> str:
 
 def list_entry(job: Job) -> dict[str, Any]:
     """The compact facts `list` needs, stored in the record commit message."""
-    from subtask.model import money
     from subtask.words import job_cost
 
     attempt = job.state.current
@@ -459,8 +460,6 @@ def _read_list_cache(repo: Repo) -> dict[str, dict[str, Any]]:
 
 def _write_list_cache(repo: Repo, entries: dict[str, dict[str, Any]]) -> None:
     """Best effort: a cache that cannot be written only costs the next `list` some reads."""
-    from subtask.state.statefiles import write_atomic
-
     try:
         write_atomic(_list_cache_path(repo),
                      json.dumps({"v": LIST_CACHE_VERSION, "entries": entries}, separators=(",", ":"),

@@ -34,6 +34,7 @@ from typing import Any
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.provenance import UNSIGNED, Provenance  # noqa: F401  (the names callers use)
+from subtask.state.statefiles import write_atomic
 
 STATUS = {"G": "good", "U": "untrusted", "B": "bad", "X": "expired", "Y": "expired", "R": "revoked",
           "E": "unverifiable", "N": "unsigned"}
@@ -135,8 +136,6 @@ def _read_cache(repo: Repo, fingerprint: str) -> dict[str, Any]:
 
 def _write_cache(repo: Repo, fingerprint: str, entries: dict[str, Any]) -> None:
     """Best effort: a cache that cannot be written costs the next look a git run."""
-    from subtask.state.statefiles import write_atomic
-
     try:
         write_atomic(_cache_path(repo), json.dumps({"v": 1, "trust": fingerprint, "entries": entries},
                                                    separators=(",", ":")).encode(), durable=False)

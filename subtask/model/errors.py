@@ -25,6 +25,12 @@ Invariants:
 
 from __future__ import annotations
 
+import _signal
+import _thread
+import errno
+import os
+import sys
+
 TYPE_CHECKING = False  # not `typing`'s: the console script imports this first, and typing costs ms
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,9 +72,6 @@ class SubtaskError(Exception):
 
 def from_os_error(exc: OSError) -> SubtaskError | None:
     """Words for an OSError a user can act on (a full or read-only disk), or None."""
-    import errno
-    import os
-
     where = os.fspath(exc.filename) if exc.filename is not None else None
     folder = os.path.dirname(where) if where else "the disk"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -102,8 +105,6 @@ def _block_sigint() -> set[int]:
     """Block SIGINT in this thread and return the mask it had. Blocked, never SIG_IGN: a SIGINT
     caught while the disposition changes is reported by Python as `OSError: Signal 2 ignored due
     to race condition`, a traceback (issue 38). A blocked one waits, and is dropped at exit."""
-    import _signal
-
     previous: set[int] = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
     return previous
 
@@ -119,10 +120,6 @@ def interrupt_once() -> None:
     switches to SIG_IGN). Main thread only (the only one that may set handlers); `_signal`, not
     `signal`: the console script calls this before it imports anything.
     """
-    import _signal
-    import _thread
-    import sys
-
     try:
         _signal.signal(_signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread: its Ctrl-C is not ours to handle
@@ -148,9 +145,6 @@ def _interrupt_main_soon() -> None:
     """A SIGINT to the main thread (this one), sent from another thread: it is handled once the
     hook has returned (else sent again), and it wakes a main thread blocked in a lock or a system
     call, which `_thread.interrupt_main` would not."""
-    import _signal
-    import _thread
-
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
     _thread.start_new_thread(_signal.pthread_kill, (_HOOK["main"], _signal.SIGINT))
 
@@ -169,8 +163,6 @@ def exit_if_interrupted() -> None:
     instead of letting it exit 130."""
     if not INTERRUPTED:
         return
-    import os
-    import sys
 
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import time
 
+from subtask.model.errors import SubtaskError
+
 FAULT_ENV = "SUBTASK_FAULT"
 PAUSE_ENV = "SUBTASK_FAULT_PAUSE"
 HOLD_ENV = "SUBTASK_FAULT_HOLD"
@@ -45,8 +47,6 @@ def point(name: str) -> None:
     if os.environ.get(FAULT_ENV) == name:
         os._exit(FAULT_EXIT)
     if os.environ.get(RAISE_ENV) == name:
-        from subtask.model.errors import SubtaskError  # only when a test asks for it
-
         raise SubtaskError("fatal", f"injected fault at {name}")
     pause = os.environ.get(PAUSE_ENV)
     if pause and pause.rpartition(":")[0] == name:

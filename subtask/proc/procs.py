@@ -51,6 +51,8 @@ Invariants:
 
 from __future__ import annotations
 
+import codecs
+import ctypes
 import errno
 import logging
 import os
@@ -67,7 +69,8 @@ from types import FrameType
 from typing import IO, Any
 
 from subtask.model.errors import SubtaskError
-from subtask.proc import spawn
+from subtask.model.redact import StreamRedactor
+from subtask.proc import context, isolation, spawn
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +133,6 @@ def _load_prctl():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
@@ -383,10 +384,6 @@ class _Reader(threading.Thread):
         super().__init__(name=name, daemon=True)
         self._redactor = None
         if redact:
-            import codecs
-
-            from subtask.model.redact import StreamRedactor
-
             self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self._redactor = StreamRedactor()
         self._pipe = pipe
@@ -510,8 +507,6 @@ def _child_setup(sandbox=None):
     """What every child runs before exec: die with its spawner, then (in a job) its starter's
     context (`proc/context`: nice value, limits, umask, namespaces) and its confinement, which
     makes its namespaces inside the starter's."""
-    from subtask.proc import context
-
     setup = child_setup_for(os.getpid())
     steps = [step for step in (context.child_call(), _confinement_hook(sandbox)) if step is not None]
     if not steps:
@@ -528,8 +523,6 @@ def _child_setup(sandbox=None):
 def _confinement_hook(sandbox=None) -> Callable[[], None] | None:
     """The pre-exec hook confining this child (namespaces, Landlock): in `sandbox` when given,
     else in the job isolation active in this process; None when there is none."""
-    from subtask.proc import isolation
-
     return isolation.child_hook(sandbox)
 
 
@@ -537,8 +530,6 @@ def _sandboxed(argv: list[str], cwd, env: dict | None, sandbox=None) -> list[str
     """argv as a job's sandbox runs it (through `unshare --fork` for a pid namespace of its own).
     A program that cannot be executed is refused here as execve would refuse it, because behind
     the wrapper its failure would look like a program that ran and exited 126 or 127."""
-    from subtask.proc import isolation
-
     wrapped = isolation.wrap_argv(argv, sandbox)
     if wrapped is not argv:
         check_executable(argv[0], cwd, env)

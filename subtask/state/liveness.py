@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import time
 from pathlib import Path
 
@@ -184,8 +185,6 @@ _scanned: list[Any] = [0.0, {}]  # (when, {removed lock file: [pids]})
 
 
 def _lost_locks() -> dict[str, list[int]]:
-    import time
-
     found: dict[str, list[int]]
     when, found = _scanned
     if time.monotonic() - when < LOST_SCAN_TTL:
@@ -236,8 +235,6 @@ def _listdir(path: str) -> list[str]:
 
 def wait_for_exit(pids: list[int]) -> None:
     """Block until every process in `pids` has exited (a pidfd each: no polling, no pid reuse)."""
-    import select
-
     for pid in pids:
         try:
             fd = os.pidfd_open(pid)

@@ -30,8 +30,11 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,8 +140,6 @@ class StateLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            import fcntl
-
             fcntl.flock(fd, fcntl.LOCK_UN)  # a forked child may share the fd: unlock for it too
             os.close(fd)
 
@@ -162,8 +163,6 @@ class _Expired(Exception):
 
 
 def _try_flock(fd: int) -> bool:
-    import fcntl
-
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -175,9 +174,6 @@ def _wait(fd: int, timeout: float) -> None:
     """Wait for the flock on `fd`: in the kernel where this thread may own SIGALRM (the only
     thread of the process, so the alarm interrupts this very `flock`; no handler or timer of
     anyone else's), else by retrying."""
-    import fcntl
-    import signal
-
     if timeout <= 0:
         raise _Expired()
     if not _single_threaded() or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) \
@@ -204,8 +200,6 @@ def _single_threaded() -> bool:
 
 
 def _poll(fd: int, timeout: float) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while not _try_flock(fd):
         if time.monotonic() >= deadline:

@@ -44,7 +44,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING
 from subtask.ops.plans import groups, waiting
 from subtask.ops.running import lifecycle
-from subtask.proc import spawn
+from subtask.proc import procs, spawn
 from subtask.state import jobenv, liveness, slots
 from subtask.worker import refill, retries
 from subtask.worker.checkout import set_up_fresh, set_up_worktree, worktree_path
@@ -226,7 +226,6 @@ def run_detached(job_id: str, repo_path, lock_fd: int) -> int:
     """The worker's life, in a forked child or a fresh interpreter (`main`)."""
     started_at = time.time()
     spawn.use_worker_main(run_detached)  # hand-offs to other repositories fork this worker again
-    from subtask.proc import procs
 
     procs.become_subreaper()  # a job's orphans are ours to end where no pid namespace does it
     liveness.close_others(lock_fd)  # forked from a holder of other run-locks: they are not ours

@@ -45,7 +45,7 @@ from subtask.model.job import work_base
 from subtask.model.redact import redact
 from subtask.ops.landing import overlay
 from subtask.ops.running import lifecycle
-from subtask.proc import isolation
+from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
 from subtask.worker import refill
@@ -238,7 +238,6 @@ def run_setup(repo: Repo, job: Job, worktree: Path, env: dict) -> str | None:
     command = repo.config.get("setup")
     if not command or not command.strip():
         return None
-    from subtask.proc import procs
 
     result = procs.run(["sh", "-c", command], cwd=worktree, env=env,
                        timeout=repo.config.number("setupTimeout"), tail_bytes=SETUP_TAIL_BYTES, redact=True)

@@ -70,7 +70,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, VerifyResult
 from subtask.model.redact import redact
 from subtask.ops.running import lifecycle
-from subtask.proc import context, isolation
+from subtask.proc import context, isolation, procs
 from subtask.proc import view as views
 from subtask.state import jobenv, paths, ports, privatetext
 from subtask.state.statefiles import open_private
@@ -120,7 +120,6 @@ class Confinement:
         self.env = engine_env(job, repo.state_dir)
         if confined:
             self.env[isolation.ACTIVE_ENV] = job.spec.isolation
-        from subtask.proc import procs
 
         self.env[procs.RUN_MARKER_ENV] = self.token = f"{job.id}.{job.state.current.n}.{os.getpid()}"
         self.worktree = worktree
@@ -211,8 +210,6 @@ class Confinement:
         its pid 1 exited; else they are orphans this worker (their subreaper) adopted. Then take
         what its view refused."""
         if not self.policy.plan.pid:
-            from subtask.proc import procs
-
             procs.end_adopted(self.token)
         self.observe()
 
@@ -356,7 +353,6 @@ def run_teardown(repo: Repo, job: Job, worktree: Path, confinement: Confinement)
     command = repo.config.get("teardown")
     if not command or not command.strip() or not worktree.is_dir():
         return
-    from subtask.proc import procs
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the attempt is ending: a stop must not cut it short
     try:

@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -37,9 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-from subtask.git import records
+from subtask.git import records, worktrees
 from subtask.git.gitrepo import Repo, git, open_repo
 from subtask.model.errors import SubtaskError
+from subtask.ops.landing import overlay
 from subtask.ops.running import lifecycle
 from subtask.ops.sharing import sync
 from subtask.state import liveness
@@ -69,8 +71,6 @@ def mirror(url: str) -> Repo:
 
 
 def _die_with_parent() -> None:
-    import ctypes
-
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
@@ -190,11 +190,8 @@ def _push_end(repo: Repo, url: str, job_id: str) -> int:
 def _drop_worktree(repo: Repo, job_id: str) -> None:
     """Everything of the job is on the remote now: its worktree on this node is only disk used
     (a reply to a job run on Ray is not supported). Only the worktree this node made for it."""
-    from subtask.git import worktrees
-
     path = repo.worktree_dir() / job_id
     if path.is_dir() and worktrees.created_here(repo, job_id, path):
         git(repo.root, "worktree", "remove", "--force", str(path), check=False)
-        from subtask.ops.landing import overlay
 
         overlay.forget(repo, job_id)

@@ -28,7 +28,7 @@ from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
 from subtask.ops.landing import overlay, verified
 from subtask.ops.running import lifecycle
-from subtask.proc import isolation
+from subtask.proc import isolation, procs
 from subtask.state import privatetext
 from subtask.worker.confinement import Confinement
 from subtask.worker.events import EventSink
@@ -133,8 +133,6 @@ def run_verify(repo: Repo, job: Job, worktree: Path, head: str, env: dict, judge
 
 
 def _verify_once(repo: Repo, job: Job, command: str, worktree: Path, env: dict) -> ProcResult:
-    from subtask.proc import procs
-
     # recorded as the attempt's child group, as the engine was: a dead worker's reaper ends it too
     return procs.run(["sh", "-c", command], cwd=worktree, env=env, timeout=job.spec.verify_timeout,
                      tail_bytes=VERIFY_TAIL_BYTES, stdout_grace=2.0, redact=True,

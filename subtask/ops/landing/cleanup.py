@@ -51,6 +51,7 @@ from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
+from subtask.ops.landing import overlay
 from subtask.ops.landing.landed import (
     PatchIds,
     Target,
@@ -190,8 +191,6 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
     checked the admin folder git reads, not the config of what it names."""
-    from subtask.ops.landing import overlay
-
     overlay.restore_left(repo, job.id)  # a killed verify's moved files go back before the worktree goes
     force = ["--force"] if checkout_leftovers(repo, job) else []
     pooled = touched = False

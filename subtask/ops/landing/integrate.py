@@ -40,7 +40,8 @@ from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git, tree_of
 from subtask.git.records import Job
 from subtask.model.job import work_base
-from subtask.ops.landing import merge
+from subtask.ops.landing import merge, verify_rerun
+from subtask.words import safe_line, task_title
 
 MODES = ("merge", "no-ff", "squash", "rebase")
 SCRATCH = ".land"
@@ -73,7 +74,6 @@ class Scratch:
                     self.git("clean", "-ffdxq").returncode == 0:
                 return self.path
         self.close()
-        from subtask.ops.landing import verify_rerun
 
         self.path = verify_rerun.add_scratch(self.repo, commit, f"{SCRATCH}/queue")
         self.admin = verify_rerun.scratch_admin(self.path)  # before anything ran there
@@ -111,8 +111,6 @@ class Scratch:
 
     def close(self) -> None:
         if self.path is not None:
-            from subtask.ops.landing import verify_rerun
-
             verify_rerun.remove_scratch(self.repo, self.path, self.admin)
         self.path = self.admin = None
         self.spoiled = False
@@ -241,8 +239,6 @@ def _failed(onto: str, proc) -> Built:
 def sides(repo: Repo, job: Job, head: str, onto: str, files: list[str]) -> dict[str, list[str]]:
     """Both sides of a conflict in `files`: the target's commits since the job's base that touched
     them, and the job's own (its summary first), a few lines each."""
-    from subtask.words import safe_line, task_title
-
     def commits(rev_range: str) -> list[str]:
         out = git(repo.root, "log", f"-{SIDE_COMMITS}", "--no-merges", "--format=%h %s", rev_range, "--", *files,
                   check=False).stdout

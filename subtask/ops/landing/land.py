@@ -68,7 +68,7 @@ from subtask.ops.landing.lineup import (
     tip,
 )
 from subtask.ops.landing.queue import Queue
-from subtask.state import liveness, paths
+from subtask.state import liveness, paths, slots
 from subtask.state.statefiles import LockTimeout, file_lock
 
 RUN_LOCK_WAIT = 3.0
@@ -211,7 +211,6 @@ def window_width(repo: Repo, asked: int | None) -> int:
     width = asked or repo.config.integer("land.window")
     if width:
         return min(width, MAX_WINDOW)
-    from subtask.state import slots
 
     running = len(slots.read(repo.state_dir).running)
     free = repo.config.integer("maxRunning") - running

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,8 +72,6 @@ def land_target(repo: Repo) -> Target | None:
 def _branch_target(repo: Repo, where: tuple[str, str]) -> Target | None:
     """The branch HEAD names there (`--git-dir`: this worktree's; `-C`: the main one's), unless
     HEAD is detached, the branch unborn, or it is a job's."""
-    import subprocess
-
     proc = subprocess.run(["git", *where, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, check=False)
     name = proc.stdout.strip()

@@ -37,15 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from subtask.git import notes, ownership, records, where_landed
+from subtask.git import notes, ownership, records, signing, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
+from subtask.ops.landing import verify_rerun
 from subtask.ops.landing.cleanup import finish_landed
 from subtask.ops.landing.landed import Target, branch_ref, merge_point, recorded_head
 from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock
+from subtask.words import task_title
 
 if TYPE_CHECKING:
     import pygit2
@@ -107,8 +109,6 @@ class Trust:
 
 
 def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
-    from subtask.git import signing
-
     if ownership.owns(repo, job):
         return Trust(not reverify, True, "", True)
     provenance = signing.check_one(repo, job.tip, job.signed)
@@ -124,8 +124,6 @@ def trust_of(repo: Repo, job: Job, reverify: bool = False) -> Trust:
 def _rerun_gate(repo: Repo, job: Job, head: str, why: str, vouched: bool) -> str:
     """Run the job's verify here on `head` (`reverify`); its line, or the refusal (saying `why`
     the record was not taken at its word) when it fails."""
-    from subtask.ops.landing import verify_rerun
-
     because = f"\n{why}" if why else ""
     if not job.spec.verify:
         raise SubtaskError("negative", f"{job.id}: its record names no verify command to run here, and nothing "
@@ -337,8 +335,6 @@ SUBTASK_ID = "Subtask-Id: "  # the trailer that names the job in a landing's com
 
 
 def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
-    from subtask.words import task_title
-
     if mode == "squash":
         return _squash_message(repo, job, head)
     return f"Merge subtask {job.id}: {task_title(job.spec.task, 60)}\n\n{SUBTASK_ID}{job.id}\n"
@@ -347,8 +343,6 @@ def merge_message(repo: Repo, job: Job, head: str, mode: str) -> str:
 def _squash_message(repo: Repo, job: Job, head: str) -> str:
     """One commit's message stays its own; several are named by the job's summary (else its task)
     and listed, oldest first, so the squash says what it holds."""
-    from subtask.words import task_title
-
     commits = _commits_since_base(repo, work_base(job), head)
     trailer = f"Squashed from subtask {job.id}.\n\n{SUBTASK_ID}{job.id}\n"
     if len(commits) == 1:

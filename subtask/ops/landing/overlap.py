@@ -11,12 +11,15 @@ same thing; otherwise a shared file is all that is said.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
+from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
+from subtask.state.statefiles import write_atomic
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 MAX_FILES = 200  # files kept per job for the comparison
@@ -159,8 +162,6 @@ def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
     """The files each job changed: a finished job's from its evidence (one batched read), a
     running one's from its branch's commits so far (never its worktree: a job's process may be
     writing it)."""
-    import json
-
     found: dict[str, set[str]] = {}
     ended = [e for e in jobs if e["state"] != "running" and e.get("tip")]
     for entry, blob in zip(ended, repo.objects.read([f"{e['tip']}:evidence.json" for e in ended]), strict=True):
@@ -186,8 +187,6 @@ def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
 
 
 def _read_behind(repo: Repo) -> dict[str, int]:
-    import json
-
     try:
         data = json.loads(repo.state_file(BEHIND_CACHE).read_text())
         return {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)} if data.get("v") == 1 else {}
@@ -197,10 +196,6 @@ def _read_behind(repo: Repo) -> dict[str, int]:
 
 def _write_behind(repo: Repo, cache: dict[str, int]) -> None:
     """Best effort, and bounded: a cache that cannot be written only costs the next `list` a git run."""
-    import json
-
-    from subtask.state.statefiles import write_atomic
-
     kept = dict(list(cache.items())[-2000:])
     try:
         write_atomic(repo.state_file(BEHIND_CACHE), json.dumps({"v": 1, "counts": kept}).encode(), durable=False)
@@ -259,7 +254,6 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
         group = item.group.id if item.group else None
         try:
             if item.group is not None:
-                from subtask.git import records
                 from subtask.ops.plans import groups
 
                 item.group, pick = groups.picked_with_pick(repo, item.group.id)

@@ -19,7 +19,7 @@ from subtask.git.gitrepo import Repo, diff_stats, tree_of
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.ops.landing import landed
+from subtask.ops.landing import landed, verify_rerun
 from subtask.words import judge_line
 
 
@@ -150,8 +150,6 @@ def _verify_claim(repo: Repo, job: Job, head: str, add) -> None:
 
 
 def _run(repo: Repo, job: Job, head: str, add, *, trusted_record: bool, reuse: bool) -> None:
-    from subtask.ops.landing import verify_rerun
-
     if not job.spec.verify:
         add(Finding("verify --run", None, "the record names no verify command"))
         return

@@ -41,7 +41,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from subtask.git import harness, harness_rule, records
+from subtask.git import harness, harness_rule, ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.model.job import VerifyResult
 from subtask.state.statefiles import open_private, write_atomic
@@ -166,8 +166,6 @@ class Known:
                                     float(entry.get("at") or 0), "this clone")
 
     def _load_records(self, by_key: dict[str, Found]) -> None:
-        from subtask.git import ownership
-
         index = _read_index(self.repo)
         fresh: dict[str, dict] = {}
         owned = ownership.owned_keys(self.repo)
@@ -213,8 +211,6 @@ def _signer(repo: Repo, job) -> str | None:
 
 def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:
     """The keyed results one record tip holds: its attempts' verifies and its landings'."""
-    from subtask.git import ownership
-
     try:
         job = records.read_commit(repo, tip, job_id)
     except Exception:

@@ -53,7 +53,7 @@ from subtask.git.gitrepo import Repo, ensure_excluded, git, tree_of
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
-from subtask.ops.landing import overlay
+from subtask.ops.landing import overlay, verified
 from subtask.proc import isolation, procs
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
@@ -97,8 +97,6 @@ def run(repo: Repo, job, head: str, *, trusted_record: bool = False, reuse: bool
     `trusted_record`: the record is this clone's or an allowed signer's (its opt-out holds);
     `reuse`: a result already known for the same key answers instead (`verified`), its checks
     run all the same. What runs here is kept for later lookups."""
-    from subtask.ops.landing import verified
-
     command = job.spec.verify
     if not command:
         raise SubtaskError("negative", f"{job.id} names no verify command to run", hint=f"git subtask show {job.id}")

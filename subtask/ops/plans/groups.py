@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from subtask import words as render
-from subtask.git import chains, ownership, records, worktrees
+from subtask.git import chains, notes, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import faults, money
@@ -61,7 +61,9 @@ from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base
 from subtask.model.redact import redact
+from subtask.ops.landing import overlay
 from subtask.ops.running import lifecycle
+from subtask.proc import isolation, procs
 from subtask.state import liveness, paths
 from subtask.state.statefiles import file_lock, write_json
 
@@ -313,8 +315,6 @@ JUDGE_TAIL_BYTES = 4096
 
 def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float | None, str | None]:
     """(score, None), or (None, why it has none): the judge's last line must be a number."""
-    from subtask.proc import isolation, procs
-
     worktree = Path(job.spec.worktree)
     if not worktree.is_dir():
         return None, "judge: no worktree to run in"
@@ -330,7 +330,7 @@ def run_judge(repo: Repo, group: Group, command: str, job: Job) -> tuple[float |
     env.update(isolation.temp_env(tmpdir))
     env = sandbox.withhold(env) if sandbox is not None else env
     # Scored with the member's base's tests in place of its own, as its verify was (ops/landing/overlay.py).
-    from subtask.ops.landing import landed, overlay
+    from subtask.ops.landing import landed
 
     head = landed.recorded_head(job)
     judge = overlay.prepare(repo, asked=job.spec.harness, command=command, trusted=work_base(job), source="base",
@@ -458,8 +458,6 @@ def place_of(group: Group, job_id: str) -> dict[str, Any]:
 
 def complete(repo: Repo, group: Group, *, wait_for_workers: bool = False) -> None:
     """Write each ended member's place into its record and note, where it is not there yet."""
-    from subtask.git import notes
-
     for job_id in group.members:
         # A run-lock this process holds (a merge or a land holds the pick's) is nobody's to wait
         # for: waiting on it stalled every landing of a group for the whole 30 s.

@@ -41,8 +41,10 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from subtask import words as render
+from subtask.engines import get_engine
 from subtask.git import ownership, records
 from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
@@ -51,7 +53,7 @@ from subtask.model import executors, faults, money
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.model.transaction import Transaction
-from subtask.ops.running import admission, lifecycle
+from subtask.ops.running import admission, lifecycle, spending
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 MAX_ROUNDS = 100  # passes of `advance`: each job it ends may let the next one in a chain move on
@@ -310,15 +312,12 @@ def _end(repo: Repo, job: Job, state: str, reason: str, kind: str | None, hint: 
 def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) -> bool:
     """Branch and base pin at `base`, the record `waiting -> queued` (the commit point), then the
     admission and the worker. True when `fd` was taken over (`_admit_and_spawn`)."""
-    from subtask.engines import get_engine
-
     paid = get_engine(job.spec.engine, repo.config).paid
     names = [d.name for d in found]
     base_ref = f"head of {names[0]}" if len(names) == 1 else f"heads of {', '.join(names)}"
     try:
         with Transaction() as tx:
             if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
-                from subtask.ops.running import spending
 
                 spending.sync_ledger(repo)
             branch = job.spec.branch
@@ -371,16 +370,10 @@ def _admit_and_spawn(repo: Repo, job: Job, fd: int) -> None:
     """Admit a job recorded `queued` that holds no slot yet (a slot, or the queue; its money),
     drop its `waiting` entry, spawn its worker when it got a slot. Takes `fd` over: hands it to
     the worker or releases it, whatever happens."""
-    from types import SimpleNamespace
-
-    from subtask.engines import get_engine
-
     try:
         rid = job.state.current.rid
         paid = bool(rid) and get_engine(job.spec.engine, repo.config).paid
         if paid:
-            from subtask.ops.running import spending
-
             spending.sync_ledger(repo)
             # A ledger rebuilt from the records since (a lost state folder) opened it already.
             paid = not any(r.rid == rid for r in ledger.open_reservations(repo.state_dir))

@@ -40,6 +40,7 @@ from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
 from subtask.model import executors, faults, money
 from subtask.model.job import WAITING
+from subtask.model.redact import redact
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
 from subtask.state.statefiles import open_private, write_json
@@ -173,8 +174,6 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
     """
     ended: list[Job] = []
     if reason:
-        from subtask.model.redact import redact
-
         reason = redact(reason)  # e.g. an exception's words, which may quote what the job held
 
     def change(job: Job) -> bool:

@@ -38,8 +38,11 @@ from dataclasses import dataclass, field
 
 from subtask.engines import configured_command_engines, engine_names, get_engine
 from subtask.engines.base import preflight
+from subtask.git import records
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
+from subtask.proc import isolation
+from subtask.state import ledger
 
 AUTO = "auto"
 FILTERS = ("installed", "authenticated", "isolation", "budget", "room")
@@ -108,8 +111,6 @@ def candidates(repo: Repo) -> list[str]:
 
 def route(repo: Repo, *, readonly: bool, isolation: str | None, max_usd: float | None) -> Routing:
     """Every candidate filtered and scored for a job asking for this isolation and budget."""
-    from subtask.git import records
-
     weights = {term: repo.config.number(key) for term, key in WEIGHTS.items()}
     entries = records.list_entries(repo)
     found = []
@@ -145,8 +146,6 @@ def _installed(engine) -> tuple[str, str] | None:
 
 
 def _isolation(repo: Repo, engine, readonly: bool, flag: str | None) -> tuple[str, str] | None:
-    from subtask.proc import isolation
-
     try:
         isolation.resolve(engine, readonly=readonly, flag=flag, configured=repo.config.get("isolation"))
     except SubtaskError as exc:
@@ -161,7 +160,6 @@ def _budget_usd(repo: Repo, max_usd: float | None) -> float:
 def _budget(repo: Repo, engine, max_usd: float | None, history: dict) -> tuple[str, str] | None:
     if not engine.paid:
         return None
-    from subtask.state import ledger
 
     usd = _budget_usd(repo, max_usd)
     cap = repo.config.number("maxJobUsd")

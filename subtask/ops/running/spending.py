@@ -37,6 +37,7 @@ from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.model import money
 from subtask.state import ledger
+from subtask.state.statefiles import write_atomic
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,6 @@ def _read_cache(repo: Repo) -> dict[str, list[dict]]:
 
 def _write_cache(repo: Repo, entries: dict[str, list[dict]]) -> None:
     """Best effort: a cache that cannot be written only costs the next reader some reads."""
-    from subtask.state.statefiles import write_atomic
-
     try:
         write_atomic(_cache_path(repo), json.dumps({"v": 1, "entries": entries}, separators=(",", ":"),
                                                    ensure_ascii=True).encode(), durable=False)

@@ -35,6 +35,7 @@ from typing import Any
 from subtask.git import records
 from subtask.git.gitrepo import Repo
 from subtask.ops.running import lifecycle, notify
+from subtask.proc import procs
 
 NOT_PROGRESS = ("retry",)  # events that say the engine is waiting, not working
 
@@ -143,8 +144,6 @@ class StallWatch:
         """End the engine's process group as a timeout would: the engine then reports what it saw
         (its cost and tokens so far). With no group recorded (it started none), the worker is
         interrupted the way `stop` interrupts it."""
-        from subtask.proc import procs
-
         pgid = lifecycle.read_pids(self.repo.state_dir, self.job_id).get("engine")
         if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp():
             procs.kill_group(pgid, self.grace)

@@ -43,11 +43,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from subtask.model.errors import SubtaskError
+from subtask.state.statefiles import ensure_dir, write_json
 
 CLIENTS = ("claude", "codex")
 SCOPES = ("user", "project")
@@ -134,8 +136,6 @@ def read_record() -> list[dict]:
 
 
 def write_record(installs: list[dict]) -> None:
-    from subtask.state.statefiles import write_json
-
     write_json(record_path(), {"v": 1, "installs": installs})
 
 
@@ -350,8 +350,6 @@ def _toml_block(value: dict) -> str:
 
 
 def _toml_install(client: str, scope: str, path: Path, value: dict) -> tuple[Step | None, str | None]:
-    import tomllib
-
     old = _read(path)
     where = f"{show_path(path)}: [mcp_servers.{NAME}]"
     before: dict = {}
@@ -548,7 +546,6 @@ def plan_uninstall(which: str, scope: str, root: Path | None) -> Plan:
 def _backup(path: Path) -> str | None:
     if not path.exists():
         return None
-    from subtask.state.statefiles import ensure_dir
 
     folder = ensure_dir(state_dir() / "backups")
     target = folder / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}.bak"
@@ -665,8 +662,6 @@ def _entry_now(kind: str, path: Path) -> dict | None:
         return None
     try:
         if kind == "toml":
-            import tomllib
-
             data = tomllib.loads(text).get("mcp_servers") or {}
         else:
             data = json.loads(text).get("mcpServers") or {}

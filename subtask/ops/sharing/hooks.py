@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,8 +86,6 @@ def status(repo: Repo) -> HookStatus:
     installed = _is_ours(hook)
     chained = backup if installed and backup.exists() else None
     if installed:
-        import shutil
-
         found = shutil.which("git-subtask")
         runs = (f"it runs {found} (git-subtask on PATH at merge time)" if found else
                 "but git-subtask is not on PATH here: a merge from here only warns")
