@@ -48,6 +48,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.api.admin", "subtask.ops.sharing.hooks"): "not loaded by cleanup",
     ("subtask.api.admin", "subtask.ops.sharing.sync"): "not loaded by cleanup",
     ("subtask.api.groups", "shlex"): "not loaded by start",
+    ("subtask.api.launching", "subtask.api.groups"): "one job: groups, landing, replying (~2 ms): --best-of only",
     ("subtask.api.landing", "subtask.api.waiting"): "not loaded by start, a click command",
     ("subtask.api.landing", "subtask.ops.landing.land"): "not loaded by start, a click command",
     ("subtask.api.landing", "subtask.ops.landing.landed"): "not loaded by start",

@@ -9,13 +9,17 @@ Invariants:
 
 from __future__ import annotations
 
-from subtask.api.groups import GroupStart, start_group
+from typing import TYPE_CHECKING
+
 from subtask.api.read import repo_at
 from subtask.api.starting import StartResult, _list, left_out, start
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
+
+if TYPE_CHECKING:
+    from subtask.api.groups import GroupStart
 
 
 def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> StartResult | GroupStart:
@@ -24,6 +28,8 @@ def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> Start
     call that starts many looks once)."""
     result: StartResult | GroupStart
     if request.best_of is not None:
+        from subtask.api.groups import start_group
+
         result = start_group(repo, request)
     else:
         given = [name for name in GROUP_ONLY if getattr(request, name)]
@@ -32,7 +38,7 @@ def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> Start
                                f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
                                hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
         result = start(repo, request)
-    base = result.group.base if isinstance(result, GroupStart) else result.job.spec.base
+    base = result.job.spec.base if isinstance(result, StartResult) else result.group.base
     result.left_out = left_out(repo, request, None if request.after else base, said)
     return result
 
@@ -137,7 +143,7 @@ def start_many(items: list, repo_for=repo_at) -> list[StartResult | GroupStart |
 
 
 def _started_id(result: StartResult | GroupStart) -> str:
-    return result.group.id if isinstance(result, GroupStart) else result.job.id
+    return result.job.id if isinstance(result, StartResult) else result.group.id
 
 
 def _dependency_order(waits: dict[int, list[int]]) -> list[int]:
