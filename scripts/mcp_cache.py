@@ -10,22 +10,17 @@ instructions or version, or the mcp/pydantic versions; tests/test_mcp.py fails u
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from subtask.faces import mcp_server
 from subtask.faces.mcp_tools import describe
 
 
-def render(cache: dict) -> str:
-    return json.dumps(cache, indent=1, ensure_ascii=False) + "\n"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed cache is stale")
     args = parser.parse_args()
-    text = render(describe())
+    text = mcp_server.pack(describe())
     if args.check:
         try:
             with open(mcp_server.CACHE, encoding="utf-8") as f:

@@ -700,7 +700,7 @@ def a_cache_for_the_installed_sdk(tmp_path_factory):
     from subtask.faces.mcp_tools import describe
 
     path = tmp_path_factory.mktemp("mcp-cache") / "mcp_cache.json"
-    path.write_text(json.dumps(describe()), encoding="utf-8")
+    path.write_text(mcp_server.pack(describe()), encoding="utf-8")
     saved = mcp_server.CACHE
     mcp_server.CACHE = os.environ["SUBTASK_MCP_CACHE"] = str(path)
     yield
@@ -720,9 +720,28 @@ def test_the_cached_description_is_what_the_sdk_says():
 
     if cached_sdk_versions() != installed_versions():
         pytest.skip(f"the cache was made with {cached_sdk_versions()}, this is {installed_versions()}")
-    assert json.loads(SHIPPED_CACHE.read_text(encoding="utf-8")) == describe(), \
+    assert mcp_server.unpack(SHIPPED_CACHE.read_text(encoding="utf-8")) == describe(), \
         "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
     assert mcp_server.load_cache() is not None
+
+
+def test_the_shipped_cache_holds_each_reply_once_and_compact():
+    """The front end parses the whole cache before its first reply: four protocol versions'
+    copies of the same tools/list, indented, were 246 KB and ~3 ms of the ~22 ms a client waited
+    for `initialize` (bench/peer.py --initialize-only)."""
+    text = SHIPPED_CACHE.read_text(encoding="utf-8")
+    assert text.count('"name":"start_many"') == 1, "a reply stored more than once"
+    assert "\n " not in text, "indented"
+
+
+def test_a_cache_of_the_earlier_format_or_damaged_is_not_served(tmp_path, monkeypatch):
+    from subtask.faces import mcp_server
+
+    shipped = mcp_server.unpack(SHIPPED_CACHE.read_text(encoding="utf-8"))
+    for text in (json.dumps(shipped, indent=1), mcp_server.pack(shipped)[:-100], "[]", '{"v": 2}'):
+        (tmp_path / "cache.json").write_text(text, encoding="utf-8")
+        monkeypatch.setattr(mcp_server, "CACHE", str(tmp_path / "cache.json"))
+        assert mcp_server.load_cache() is None, text[:80]
 
 
 def test_a_cache_made_with_another_sdk_is_never_served(monkeypatch):
