@@ -105,7 +105,7 @@ def pack(cache: dict) -> str:
     versions mostly share them), compact, one per line. The front end parses all of it before its
     first reply: four indented copies of the tools were 246 KB and ~3 ms of ~22."""
     bodies: list[str] = []
-    results = {}
+    results: dict[str, dict[str, int]] = {}
     for version, replies in cache["results"].items():
         results[version] = {}
         for method, result in replies.items():
