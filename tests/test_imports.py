@@ -115,3 +115,26 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
     assert over_budget("list", base | {"tempfile": "subtask.state.statefiles"})
     assert over_budget("list", base | {"tempfile": "shutil"}) == []  # the standard library's own
     assert over_budget("list", base) == []
+
+
+# What `start` of a shell job (the CLI's own process: its worker is a fork that goes on) must not
+# import: what only groups, landing or another command use, and what a call out of the standard
+# library answers as well (`platform`: ~1.5 ms and nine regular expressions, for os.uname()).
+NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging",
+                "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
+
+
+def test_start_imports_nothing_it_does_not_use(repo, cli):
+    code = ("import atexit, os, sys\n"
+            "pid = os.getpid()\n"
+            "said = lambda: os.getpid() == pid and os.write(2, ('MODULES ' + ' '.join(sys.modules)).encode())\n"
+            "atexit.register(said)\n"
+            "sys.argv = ['git-subtask', 'start', '--engine', 'shell', 'true']\n"
+            "from subtask.entry import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cli.ok("wait", proc.stdout.split()[0])
+    loaded = proc.stderr.rpartition("MODULES ")[2].split()
+    assert "subtask.api.starting" in loaded
+    assert [m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_AT_START)] == []

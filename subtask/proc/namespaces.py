@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import sys
 from dataclasses import dataclass
 
@@ -91,7 +90,7 @@ def _read(path: str) -> str | None:
 
 def _kernel_at_least(major: int, minor: int) -> bool:
     try:
-        numbers = platform.release().split("-")[0].split(".")
+        numbers = os.uname().release.split("-")[0].split(".")
         return (int(numbers[0]), int(numbers[1])) >= (major, minor)
     except (ValueError, IndexError):
         return False
@@ -103,9 +102,9 @@ def _probe() -> Support:
     if os.environ.get(ENV, "").strip() == "0":
         return Support(False, f"turned off by {ENV}=0")
     if views.syscall_number("pivot_root") is None:
-        return Support(False, f"pivot_root's number is unknown for {platform.machine()}")
+        return Support(False, f"pivot_root's number is unknown for {os.uname().machine}")
     if not _kernel_at_least(5, 12):
-        return Support(False, f"Linux {platform.release()} lacks mount_setattr (5.12+)")
+        return Support(False, f"Linux {os.uname().release} lacks mount_setattr (5.12+)")
     if not os.access("/bin/sh", os.X_OK):
         return Support(False, "/bin/sh is missing (pid 1 of a job's namespace is a small sh)")
     if os.geteuid() != 0:

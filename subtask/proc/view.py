@@ -52,7 +52,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import platform
 import re
 import stat
 import struct
@@ -540,7 +539,7 @@ class _PollFd(ctypes.Structure):
 
 
 def syscall_number(name: str) -> int | None:
-    return _SYSCALLS.get(platform.machine(), {}).get(name)
+    return _SYSCALLS.get(os.uname().machine, {}).get(name)
 
 
 class Build:
