@@ -8,6 +8,10 @@ Invariants:
   wait too, and it never waits longer than `WRAP_UP_WAIT` (`tests/test_jobs.py`).
 - Never let one of `wait`'s watcher threads end without a report, because `wait` would wait for it
   forever: any failure is handed to the waiting thread, which raises it.
+- Never read which of a group's members still run after concluding the group, because a member
+  that ends between the two is then neither concluded nor waited on: `wait --any JOB GROUP` hung
+  on the job alone (CI, twice); the members are read first
+  (`tests/test_git_habits.py::test_wait_any_over_a_mix_sees_members_that_end_while_it_concludes`).
 """
 
 from __future__ import annotations
