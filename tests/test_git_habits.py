@@ -211,11 +211,11 @@ def test_wait_any_over_a_mix_sees_members_that_end_while_it_concludes(cli, repo,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(os.environ, SUBTASK_FAULT_HOLD=f"wait_after_conclude:{hold}"))
     try:
-        assert wait_until(lambda: Path(f"{hold}.reached").exists(), timeout=60), "wait never concluded"
+        assert wait_until(lambda: Path(f"{hold}.reached").exists(), timeout=120), "wait never concluded"
         members_gate.touch()
-        cli.ok("wait", *members, timeout=60)  # both members ended, after the conclusion was tried
+        cli.ok("wait", *members, timeout=120)  # both members ended, after the conclusion was tried
         hold.touch()
-        out, err = waiter.communicate(timeout=60)
+        out, err = waiter.communicate(timeout=120)
         assert waiter.returncode == 1, out + err  # the job still runs
         data = json.loads(out)
         assert not data["timed_out"] and data["groups"][0]["state"] == "picked", data
