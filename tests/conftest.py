@@ -21,6 +21,12 @@ import pytest
 
 BIN_DIR = str(Path(sys.executable).parent)
 
+# Every process the tests start writes no bytecode, on any machine: a job or a verify that runs
+# Python in its worktree otherwise leaves `__pycache__/` there (the test repositories ignore
+# nothing), and the autocommit, "it changed nothing" and cleanup's "untracked files" then saw it.
+# CI sets this; a fresh machine (the README's command) may not, and three tests failed there.
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
 
 def pytest_configure(config):
     """Compile the package once: with PYTHONDONTWRITEBYTECODE set (as on CI), every CLI and worker
