@@ -116,6 +116,18 @@ def test_reading_commands_never_import_pygit2(repo, cli, no_pygit2):
     assert missing.returncode == 128 and "no job" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_waiting_on_a_group_and_a_job_never_imports_pygit2(repo, cli, no_pygit2):
+    """`wait` is a reading command with a group beside a job too: its members are read through
+    git, and it answers as it does with pygit2."""
+    job = cli.start("echo one > one.txt")
+    gid = cli.ok("start", "--best-of", "2", "echo $SUBTASK_GROUP_MEMBER > m.txt", "--verify", "true").split()[0]
+    cli.ok("wait", job, gid)
+    for args in (("wait", gid), ("wait", job, gid), ("wait", "--any", job, gid)):
+        guarded = cli(*args, env=no_pygit2)
+        assert guarded.returncode == 0 and "Traceback" not in guarded.stderr, (args, guarded.stderr)
+        assert ages(guarded.stdout) == ages(cli.ok(*args)), args
+
+
 def test_the_repository_is_found_as_git_finds_it(tmp_path):
     main = tmp_path / "work"
     git(tmp_path, "init", "-q", "--separate-git-dir", str(tmp_path / "store.git"), str(main))

@@ -331,7 +331,7 @@ def wait_groups(repo: Repo, gids: list[str], timeout: float | None = None, on_ti
     """Block until every member of the groups has ended, then conclude each group (exit 0: a passing pick)."""
     groups = _groups()
     found = [groups.read(repo, groups.resolve(repo, g))[0] for g in gids]
-    pending = [m for g in found for m in g.members if repo.git.references.get(records.record_ref(m)) is not None]
+    pending = [m for g in found for m in g.members if repo.objects.ref(records.record_ref(m)) is not None]
     if timeout is not None:
         timeout = _positive(timeout, "--timeout", zero=True)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -403,7 +403,7 @@ def _wait_mixed(repo: Repo, jids: list[str], gids: list[str], timeout: float | N
     while True:
         # The members are read before the groups are concluded: one that ends between the two is
         # then seen by the conclusion, or waited on, never neither (`wait` hung on the jobs alone).
-        unended = {g.id: [m for m in g.members if repo.git.references.get(records.record_ref(m)) is not None
+        unended = {g.id: [m for m in g.members if repo.objects.ref(records.record_ref(m)) is not None
                           and not records.read(repo, m).state.current.terminal]
                    for g in found if g.id not in concluded}
         concluded.update(gid for gid in unended if groups.conclude(repo, gid).terminal)
