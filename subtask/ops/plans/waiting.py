@@ -318,15 +318,14 @@ def _start(repo: Repo, job: Job, base: str, found: list[Dependency], fd: int) ->
     try:
         with Transaction() as tx:
             if paid:  # before its record names a reservation: a ledger rebuilt from records would open it
-
                 spending.sync_ledger(repo)
             branch = job.spec.branch
             made = branch is not None and _ensure_branch(repo, branch, base)
             tx.done("after_branch", (lambda: _delete_branch(repo, branch, base)) if branch and made else None)
-            pinned = repo.objects.ref(records.pin_ref(job.id, "base")) is None
+            new_pin = repo.objects.ref(records.pin_ref(job.id, "base")) is None  # undone only if made here
             records.set_pin(repo, job.id, "base", base)
             tx.done("before_leaving_waiting",
-                    (lambda: records.cas_ref(repo, records.pin_ref(job.id, "base"), base, None)) if pinned else None)
+                    (lambda: records.cas_ref(repo, records.pin_ref(job.id, "base"), base, None)) if new_pin else None)
 
             def leave_waiting(j: Job) -> bool:
                 attempt = j.state.current
