@@ -132,3 +132,43 @@ def test_a_second_holder_in_one_thread_gives_up_and_leaves_no_alarm(tmp_path):
             statefiles.file_lock(path, timeout=0.05).acquire()  # a second holder in this thread: waits, gives up
     assert signal.getsignal(signal.SIGALRM) == before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+# -- a state folder removed under a write (`rm -rf .git/subtask` while a job runs) --
+
+
+def test_a_write_whose_folder_is_removed_before_its_temp_file_is_made_still_lands(tmp_path, monkeypatch):
+    import shutil
+    import tempfile
+
+    folder = tmp_path / "state" / "jobs"
+    real_mkstemp = tempfile.mkstemp
+    removed = []
+
+    def removed_first(**kwargs):
+        if not removed:
+            removed.append(shutil.rmtree(tmp_path / "state"))
+        return real_mkstemp(**kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", removed_first)
+    statefiles.write_json(folder / "st-1.engine", {"v": 1, "engine": 42}, durable=False)
+    assert removed and (folder / "st-1.engine").read_text().startswith("{")
+    assert [p.name for p in folder.iterdir()] == ["st-1.engine"]  # no temp file left
+
+
+def test_a_write_whose_folder_is_removed_before_its_replace_still_lands(tmp_path, monkeypatch):
+    import shutil
+
+    folder = tmp_path / "state" / "jobs"
+    real_replace = statefiles.os.replace
+    removed = []
+
+    def removed_first(src, dst):
+        if not removed:
+            removed.append(shutil.rmtree(tmp_path / "state"))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(statefiles.os, "replace", removed_first)
+    statefiles.write_json(folder / "st-1.engine", {"v": 1, "engine": 42}, durable=False)
+    assert removed and (folder / "st-1.engine").read_text().startswith("{")
+    assert [p.name for p in folder.iterdir()] == ["st-1.engine"]

@@ -25,6 +25,10 @@ Invariants:
   (`tests/test_statefiles.py`, `bench/lock_wait.py`).
 - Never write a state file readable by others (0600 files, 0700 folders), because events and logs
   may hold what redaction missed.
+- Never fail a write because its folder went meanwhile, because `rm -rf .git/subtask` under a running
+  job then crashed its engine's start (the pid file's temp file had no folder): a folder removed
+  under a write is made again and the write done again (`_in_its_folder`;
+  `tests/test_statefiles.py`, `test_week_one::test_a_running_job_survives_its_state_folder_being_removed`).
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     from types import FrameType
-    from typing import NoReturn
+    from typing import NoReturn, TypeVar
+
+    T = TypeVar("T")
 
 
 def ensure_dir(path: Path) -> Path:
@@ -56,10 +62,27 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
+# `rm -rf .git/subtask` while a job runs may take the folder between a write's steps: again, this often.
+FOLDER_REMOVED_RETRIES = 3
+
+
+def _in_its_folder(path: Path, make: Callable[[], T]) -> T:
+    """`make()` once `path`'s folder exists; a folder removed under it is made again and `make`
+    run again, so a worker outlives its state folder being removed (`rm -rf`) mid-write."""
+    for attempt in range(FOLDER_REMOVED_RETRIES):
+        ensure_dir(path.parent)
+        try:
+            return make()
+        except FileNotFoundError:
+            if path.parent.is_dir():
+                raise
+    ensure_dir(path.parent)
+    return make()
+
+
 def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
     """An fd on a 0600 file (created if missing), in a private folder."""
-    ensure_dir(path.parent)
-    return os.open(path, flags, 0o600)
+    return _in_its_folder(path, lambda: os.open(path, flags, 0o600))
 
 
 @contextlib.contextmanager
@@ -75,8 +98,12 @@ def naming(path: Path) -> Iterator[None]:
 
 
 def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches)."""
-    ensure_dir(path.parent)
+    """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches). A folder
+    removed before its temp file is made, or before the replace, is made again and the write done again."""
+    _in_its_folder(path, lambda: _write_atomic_once(path, data, durable))
+
+
+def _write_atomic_once(path: Path, data: bytes, durable: bool) -> None:
     import tempfile  # a writer's: a reading command never pays its imports (shutil, random)
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
