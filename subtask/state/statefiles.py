@@ -69,7 +69,7 @@ FOLDER_REMOVED_RETRIES = 3
 def _in_its_folder(path: Path, make: Callable[[], T]) -> T:
     """`make()` once `path`'s folder exists; a folder removed under it is made again and `make`
     run again, so a worker outlives its state folder being removed (`rm -rf`) mid-write."""
-    for attempt in range(FOLDER_REMOVED_RETRIES):
+    for _ in range(FOLDER_REMOVED_RETRIES):
         ensure_dir(path.parent)
         try:
             return make()
