@@ -96,10 +96,10 @@ def test_a_crash_at_any_step_leaks_no_slot_no_money_and_no_work(cli, repo):
     jobs = check_books(cli, repo)
     by_point = {j["task"].split()[0].removeprefix("point="): j for j in jobs.values()}
     # no record yet: nothing may remain, not even a branch or a pin
-    for point in ("after_admit", "after_reserve", "after_branch"):
+    for point in ("after_admit", "after_reserve"):
         assert point not in by_point
-    # the record existed but no worker ever ran it
-    for point in ("after_record", "before_spawn"):
+    # the record existed (made with the branch, in one ref transaction) but no worker ever ran it
+    for point in ("after_branch", "after_record", "before_spawn"):
         assert by_point[point]["state"] == "failed", point
     for point in WORKER_POINTS:
         job = by_point[point]

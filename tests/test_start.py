@@ -168,6 +168,28 @@ def test_failure_at_each_start_step_undoes_every_earlier_step(cli, repo, point, 
     assert list((Path(git(repo, "rev-parse", "--absolute-git-dir")) / "subtask" / "run").glob("*.lock")) == []
 
 
+def test_a_starting_jobs_branch_never_exists_without_its_record(cli, repo, tmp_path):
+    """The branch, the base pin, the record and its ownership ref are one ref transaction: whoever
+    looks while a start is under way (a teammate's fetch, `gc`, a crash) sees all of them or none."""
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen([sys.executable, "-m", "subtask", "start", "--engine", "shell", "true"], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SUBTASK_FAULT_HOLD=f"after_branch:{gate}"))
+    try:
+        assert wait_until(lambda: Path(f"{gate}.reached").exists(), timeout=60), "start never reached after_branch"
+        branches = git(repo, "for-each-ref", "--format=%(refname)", "refs/heads/subtask/").split()
+        assert len(branches) == 1
+        job = branches[0].rpartition("/")[2]
+        made = set(git(repo, "for-each-ref", "--format=%(refname)", f"refs/subtask/{job}/",
+                       f"refs/subtask-owned/{job}").split())
+        assert {f"refs/subtask/{job}/record", f"refs/subtask/{job}/base"} <= made, made
+    finally:
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert cli("wait", job, "--timeout", "60").stdout.startswith(f"{job} done")
+
+
 @pytest.mark.parametrize("point", ["after_admit", "after_branch", "after_record"])
 def test_ctrl_c_during_start_leaves_nothing_behind(cli, repo, point, tmp_path):
     before = snapshot(repo)

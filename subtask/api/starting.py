@@ -606,11 +606,10 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
                         partial(ledger.close, state_dir, attempt.rid, 0.0, reason="start undone"))
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            if attempt.n == 1:  # its branch (none for a read-only job) and base pin: one ref transaction
+            if attempt.n == 1:  # its branch (none for a read-only job), pin and record: one ref transaction
                 branch = job.spec.branch if launch.branch_at is not None else None
-                records.create_start_refs(repo, job.id, branch, job.spec.base)
+                records.create_started(repo, job, branch)
                 tx.done("after_branch", partial(_drop_start_refs, repo, job.id, branch))
-                records.create(repo, job)  # undone with the refs: `records.delete` drops the record too
                 tx.done("start_job_recorded")
                 continue
             branch, at = job.spec.branch, launch.branch_at
@@ -686,7 +685,7 @@ def _drop_attempt(repo: Repo, job_id: str, n: int) -> None:
 
 
 def _drop_start_refs(repo: Repo, job_id: str, branch: str | None) -> None:
-    """Undo `records.create_start_refs` (and `records.create`): the branch, the pins, the record."""
+    """Undo `records.create_started`: the branch, the pins, the record and its ownership ref."""
     if branch is not None:
         _delete_branch(repo, branch)
     records.delete(repo, job_id)

@@ -183,14 +183,38 @@ def create(repo: Repo, job: Job, *, owned: bool = True) -> None:
     `owned`: with the ref that makes the job this clone's (`ownership.owned_ref`), in the same
     ref transaction, so no record of ours is ever without it, nor the ref without a record.
     """
-    # Under subtask.sign=always a record that cannot be signed is not started (start undoes it all).
-    tip = _write_commit(repo, job, None, must_sign=repo.config.sign_mode() == "always")
+    tip = _first_commit(repo, job)
     updates: list[RefUpdate] = [(record_ref(job.id), None, tip)]
     if owned:
         updates.append((owned_ref(job.id), None, tip))
     if repo.objects.update_refs(updates, "git-subtask: create") != "ok":
         raise SubtaskError("fatal", f"a record for {job.id} already exists")
     job.tip, job.signed = tip, repo.config.signing_key() is not None
+
+
+def create_started(repo: Repo, job: Job, branch: str | None) -> None:
+    """A new job's branch (None: a read-only job has none) and base pin at its base, its first record
+    and its ownership ref, in one ref transaction: all or none, so nobody ever sees a job's branch
+    without its record (a fatal error when any exists or is being written)."""
+    tip = _first_commit(repo, job)
+    base = job.spec.base
+    updates: list[RefUpdate] = [(pin_ref(job.id, "base"), None, base), (record_ref(job.id), None, tip),
+                                (owned_ref(job.id), None, tip)]
+    if branch is not None:
+        updates.insert(0, (f"refs/heads/{branch}", None, base))
+    outcome = repo.objects.update_refs(updates, f"branch: Created from {base}")
+    if outcome == "moved" and (branch is None or repo.objects.ref(f"refs/heads/{branch}") is None):
+        raise SubtaskError("fatal", f"a record for {job.id} already exists")
+    if outcome != "ok":
+        why = "already exists" if outcome == "moved" else "is locked by another git process"
+        raise SubtaskError("fatal", f"cannot create the branch {branch or pin_ref(job.id, 'base')}: it {why}",
+                           hint=f"git branch --list {branch}" if branch else None)
+    job.tip, job.signed = tip, repo.config.signing_key() is not None
+
+
+def _first_commit(repo: Repo, job: Job) -> str:
+    # Under subtask.sign=always a record that cannot be signed is not started (start undoes it all).
+    return _write_commit(repo, job, None, must_sign=repo.config.sign_mode() == "always")
 
 
 def read(repo: Repo, job_id: str) -> Job:
@@ -332,19 +356,6 @@ def create_branch(repo: Repo, branch: str, commit: str) -> None:
     if outcome != "ok":
         why = "already exists" if outcome == "moved" else "is locked by another git process"
         raise SubtaskError("fatal", f"cannot create the branch {branch}: it {why}", hint=f"git branch --list {branch}")
-
-
-def create_start_refs(repo: Repo, job_id: str, branch: str | None, base: str) -> None:
-    """A new job's branch (None: a read-only job has none) and base pin at `base`, in one ref
-    transaction: both or neither (a fatal error when either exists or is being written)."""
-    updates: list[tuple[str, str | None, str | None]] = [(pin_ref(job_id, "base"), None, base)]
-    if branch is not None:
-        updates.insert(0, (f"refs/heads/{branch}", None, base))
-    outcome = repo.objects.update_refs(updates, f"branch: Created from {base}")
-    if outcome != "ok":
-        why = "already exists" if outcome == "moved" else "is locked by another git process"
-        raise SubtaskError("fatal", f"cannot create the branch {branch or pin_ref(job_id, 'base')}: it {why}",
-                           hint=f"git branch --list {branch}" if branch else None)
 
 
 def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
