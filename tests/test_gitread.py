@@ -161,3 +161,53 @@ def test_a_job_looked_up_by_anything_but_an_id_is_a_usage_error(repo, cli):
         with pytest.raises(SubtaskError) as caught:
             api.get(found, bad)
         assert caught.value.kind in ("usage", "not_found"), (bad, caught.value.kind)
+
+
+def git_processes(cli, tmp_path, *args: str) -> list[str]:
+    """The git commands one `git subtask ARGS` ran (GIT_TRACE: one `built-in` line per git process)."""
+    trace = tmp_path / f"trace-{'-'.join(args)}"
+    trace.unlink(missing_ok=True)
+    cli.ok(*args, env={"GIT_TRACE": str(trace)})
+    return [line.split("built-in: ", 1)[1] for line in trace.read_text().splitlines() if "built-in: git" in line]
+
+
+# A reading command's git processes: each costs 2-4 ms, a third of what `list` does beside its imports.
+READ_BUDGET = {("list",): 4, ("status",): 3, ("show",): 3, ("result",): 3, ("wait",): 3}
+
+
+def test_reading_commands_run_few_git_processes(repo, cli, tmp_path):
+    """`list` reads the records and the landed marks in one listing, and HEAD's branch from its file."""
+    jobs = [cli.start(f"echo {n} > f{n}.txt") for n in range(2)]
+    cli.ok("wait", *jobs)
+    cli.ok("list")  # the list cache and the sweep's stamp, once
+    ran = {args: git_processes(cli, tmp_path, *args, *([jobs[0]] if args != ("list",) and args != ("status",) else []))
+           for args in READ_BUDGET}
+    over = {args: found for args, found in ran.items() if len(found) > READ_BUDGET[args]}
+    assert not over, over
+
+
+def test_heads_branch_read_from_its_file_is_what_git_says(repo, tmp_path):
+    """`Repo.head_ref` answers as `git symbolic-ref -q HEAD` for a branch, an unborn one, a detached
+    HEAD, a linked worktree's own HEAD, and a symlinked HEAD (git's to answer)."""
+    def says(git_dir) -> str | None:
+        proc = subprocess.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"],
+                              capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    linked = tmp_path / "linked"
+    git(repo, "worktree", "add", "-q", "-b", "side", str(linked))
+    main_git, linked_git = repo / ".git", repo / ".git" / "worktrees" / "linked"
+    shapes = {
+        "branch": lambda: None,
+        "detached": lambda: git(repo, "checkout", "-q", "--detach"),
+        "linked detached": lambda: git(linked, "checkout", "-q", "--detach"),
+        "unborn": lambda: git(repo, "symbolic-ref", "HEAD", "refs/heads/not-yet"),
+        "symlinked": lambda: (main_git / "HEAD").unlink() or (main_git / "HEAD").symlink_to("refs/heads/main"),
+    }
+    for shape, make in shapes.items():
+        make()
+        for opened in (repo, linked):
+            found = open_repo(opened)
+            assert found.head_ref() == says(found.git_dir), (shape, opened)
+            assert found.head_ref(main=True) == says(main_git), (shape, opened)
+    assert says(main_git) == "refs/heads/main" and says(linked_git) is None

@@ -111,15 +111,19 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     if state is not None and state not in (*LIST_STATES, "active", "ended"):
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
-    listed = records.list_entries(repo)
+    # The records and the landed marks, in one listing (None: listed again, each by itself).
+    refs: list | None = repo.objects.refs(records.PREFIX, where_landed.PREFIX)
+    listed = records.list_entries(repo, refs)
     if _collect_ended_elsewhere(repo, listed):
+        refs = None
         listed = records.list_entries(repo)
     swept: list[str] = []
     if _landed_sweep(repo, listed):
         before = {e["id"] for e in listed if e.get("landed")}
+        refs = None
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
         swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
-    where_landed.add_to_entries(repo, listed)  # a teammate's job landed here: its record cannot say so
+    where_landed.add_to_entries(repo, listed, refs)  # a teammate's job landed here: its record cannot say so
     current = slots.read(repo.state_dir)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT

@@ -59,6 +59,10 @@ _OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 _SHARED_REF = re.compile(r"(?!.*\.\.)(?!.*\.lock$)refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)"
                          r"(?:/(?!\.)[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*)+")
 
+# HEAD's file as git's files backend writes it: a branch's name, or a commit's id (detached).
+BRANCH_HEAD = re.compile(r"ref: (refs/heads/[^\s]+)\n?")
+DETACHED_HEAD = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?\n?")
+
 # The identity of every commit the tool writes for itself (records, notes, groups).
 TOOL_NAME, TOOL_EMAIL = "git-subtask", "git-subtask@localhost"
 
@@ -147,8 +151,9 @@ class GitObjects:
         self._sign = sign
         self._base = ["git", "--git-dir", str(git_dir)]
 
-    def refs(self, prefix: str) -> list[Ref]:
-        return self._for_each_ref(prefix)
+    def refs(self, *prefixes: str) -> list[Ref]:
+        """The refs under any of `prefixes` (each ending in `/`), in one listing."""
+        return self._for_each_ref(*prefixes)
 
     def ref(self, name: str) -> Ref | None:
         loose = self._loose_ref(name)
@@ -167,9 +172,9 @@ class GitObjects:
             oid = fh.read(100).strip().decode("ascii", "replace")
         return Ref(name, oid) if _OID.fullmatch(oid) else None
 
-    def _for_each_ref(self, pattern: str) -> list[Ref]:
+    def _for_each_ref(self, *patterns: str) -> list[Ref]:
         proc = subprocess.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",
-                               pattern], capture_output=True, stdin=subprocess.DEVNULL, check=False)
+                               *patterns], capture_output=True, stdin=subprocess.DEVNULL, check=False)
         found = []
         for line in proc.stdout.decode("utf-8", "surrogateescape").splitlines():
             name, target, symref = (line.split("\0") + ["", ""])[:3]
@@ -264,10 +269,10 @@ class Pygit2Objects:
         self._git = git
         self._sign = sign
 
-    def refs(self, prefix: str) -> list[Ref]:
+    def refs(self, *prefixes: str) -> list[Ref]:
         found = []
         for ref in self._git.references.iterator():
-            if ref.name.startswith(prefix):
+            if ref.name.startswith(prefixes):
                 found.extend(self._ref(ref))
         return found
 

@@ -108,6 +108,35 @@ class Repo:
             return None
         return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
 
+    def head_ref(self, main: bool = False) -> str | None:
+        """The branch ref HEAD names (`refs/heads/main`, maybe unborn), None when detached; this
+        worktree's HEAD, or with `main` the main worktree's. Read from HEAD's file when it names a
+        branch or a commit, as git's files backend writes it (whole, by rename); anything else (a
+        symlink, reftable's placeholder `refs/heads/.invalid`) is git's to answer (`symbolic-ref`)."""
+        git_dir = self.common_dir if main else self.git_dir
+        try:
+            fd = os.open(git_dir / "HEAD", os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as fh:
+                text = fh.read(4096).decode("utf-8", "surrogateescape")
+            if gitobjects.DETACHED_HEAD.fullmatch(text):
+                return None
+            named = gitobjects.BRANCH_HEAD.fullmatch(text)
+            if named and named.group(1) != "refs/heads/.invalid":
+                return named.group(1)
+        proc = subprocess.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, check=False)
+        if proc.returncode != 0:
+            return None
+        return proc.stdout.strip() or None
+
+    def head_branch(self) -> str | None:
+        """The short name of the branch this worktree's HEAD names (`main`); None when detached."""
+        ref = self.head_ref()
+        return ref.removeprefix("refs/heads/") if ref is not None and ref.startswith("refs/heads/") else None
+
     def state_file(self, stem: str, suffix: str = ".json") -> Path:
         """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
         several repositories may share (`subtask.stateDir`)."""
@@ -220,9 +249,10 @@ def resolve_commit(repo: Repo, rev: str) -> str:
 def _unborn_branch(repo: Repo) -> SubtaskError | None:
     """What to say when HEAD names a branch with no commits yet (a fresh `git init`, `checkout
     --orphan`): there is nothing to start from, and `git log` would only repeat it."""
-    head = git(repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
-    if not head or repo.objects.ref(f"refs/heads/{head}") is not None:
+    head_ref = repo.head_ref(main=True)
+    if head_ref is None or not head_ref.startswith("refs/heads/") or repo.objects.ref(head_ref) is not None:
         return None
+    head = head_ref.removeprefix("refs/heads/")
     branches = git(repo.root, "for-each-ref", "--count=1", "--format=x", "refs/heads/", check=False)
     if not branches.stdout.strip():
         return SubtaskError("fatal", "this repository has no commits yet: a job starts from one",

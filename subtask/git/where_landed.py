@@ -25,6 +25,8 @@ TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing 
 if TYPE_CHECKING:
     from typing import Any
 
+    from subtask.git.gitobjects import Ref
+
 PREFIX = "refs/subtask-landed/"
 
 
@@ -47,16 +49,18 @@ def commit_of(repo: Repo, job: Job) -> str | None:
     return str(found.target) if found is not None and not isinstance(found.target, str) else None
 
 
-def marks(repo: Repo) -> dict[str, str]:
-    """Job id -> the commit it landed in here, for every marked job (one listing)."""
-    return {r.name[len(PREFIX):]: r.target for r in repo.objects.refs(PREFIX) if not r.symbolic}
+def marks(repo: Repo, listed: list[Ref] | None = None) -> dict[str, str]:
+    """Job id -> the commit it landed in here, for every marked job (one listing; of `listed`,
+    the refs already listed under `PREFIX` and maybe others, when given)."""
+    refs = repo.objects.refs(PREFIX) if listed is None else listed
+    return {r.name[len(PREFIX):]: r.target for r in refs if r.name.startswith(PREFIX) and not r.symbolic}
 
 
-def add_to_entries(repo: Repo, entries: list[dict[str, Any]]) -> None:
+def add_to_entries(repo: Repo, entries: list[dict[str, Any]], listed: list[Ref] | None = None) -> None:
     """Set `landed` on the `list` entries of jobs marked landed here whose record does not say so."""
     if not any(not e.get("landed") for e in entries):
         return
-    found = marks(repo)
+    found = marks(repo, listed)
     for entry in entries:
         if not entry.get("landed") and entry.get("id") in found:
             entry["landed"] = found[entry["id"]]

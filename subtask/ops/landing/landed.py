@@ -18,7 +18,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,8 +59,8 @@ def land_target(repo: Repo) -> Target | None:
             raise SubtaskError("fatal", f"git config subtask.landTarget names no commit: {configured!r}",
                                hint="git config subtask.landTarget main")
         return Target(configured, commit)
-    for where in (("--git-dir", str(repo.git_dir)), ("-C", str(repo.root))):
-        target = _branch_target(repo, where)
+    for main in (False, True):
+        target = _branch_target(repo, main)
         if target is not None:
             return target
     # Detached (or unborn) everywhere: no branch keeps anything, so nothing counts as landed; a
@@ -69,14 +68,12 @@ def land_target(repo: Repo) -> Target | None:
     return None
 
 
-def _branch_target(repo: Repo, where: tuple[str, str]) -> Target | None:
-    """The branch HEAD names there (`--git-dir`: this worktree's; `-C`: the main one's), unless
-    HEAD is detached, the branch unborn, or it is a job's."""
-    proc = subprocess.run(["git", *where, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False)
-    name = proc.stdout.strip()
+def _branch_target(repo: Repo, main: bool) -> Target | None:
+    """The branch HEAD names (this worktree's, or with `main` the main one's), unless HEAD is
+    detached, the branch unborn, or it is a job's."""
+    name = repo.head_ref(main) or ""
     # A job branch is never a target: a job based on another would make it look landed.
-    if proc.returncode != 0 or not name.startswith("refs/heads/") or name.startswith("refs/heads/subtask/"):
+    if not name.startswith("refs/heads/") or name.startswith("refs/heads/subtask/"):
         return None
     ref = repo.objects.ref(name)
     return Target(name[len("refs/heads/"):], ref.target) if ref is not None and ref.target else None

@@ -176,9 +176,8 @@ def find_target(repo: Repo) -> Target:
             raise SubtaskError("fatal", f"git config subtask.landTarget names no local branch: {configured!r}",
                                hint="git config subtask.landTarget main")
     else:
-        proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-        name = proc.stdout.strip()
-        if proc.returncode != 0 or not name:
+        name = repo.head_branch() or ""
+        if not name:
             raise SubtaskError("fatal", "HEAD is detached: land moves a branch, and none is "
                                "checked out here",
                                hint="git switch main   (or: git config subtask.landTarget main)")

@@ -110,8 +110,7 @@ def target_tip(repo: Repo) -> tuple[str, str] | None:
     None when there is none (a detached HEAD)."""
     name = (repo.config.get("landTarget") or "").strip().removeprefix("refs/heads/")
     if not name:
-        proc = git(repo.workdir() or repo.root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-        name = proc.stdout.strip()
+        name = repo.head_branch() or ""
     ref = repo.objects.ref(f"refs/heads/{name}") if name and not name.startswith("subtask/") else None
     return (name, ref.target) if ref is not None else None
 
