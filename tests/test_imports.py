@@ -124,17 +124,41 @@ NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock",
                 "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
 
 
-def test_start_imports_nothing_it_does_not_use(repo, cli):
+def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
+    """The modules `git-subtask ARGV` had loaded when it exited (its own process, not a fork's), and its stdout."""
     code = ("import atexit, os, sys\n"
             "pid = os.getpid()\n"
             "said = lambda: os.getpid() == pid and os.write(2, ('MODULES ' + ' '.join(sys.modules)).encode())\n"
             "atexit.register(said)\n"
-            "sys.argv = ['git-subtask', 'start', '--engine', 'shell', 'true']\n"
+            f"sys.argv = ['git-subtask', *{argv!r}]\n"
             "from subtask.entry import main\n"
             "main()\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    cli.ok("wait", proc.stdout.split()[0])
-    loaded = proc.stderr.rpartition("MODULES ")[2].split()
+    return proc.stderr.rpartition("MODULES ")[2].split(), proc.stdout
+
+
+def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
+    return [m for m in loaded if any(m == n or m.startswith(n + ".") for n in names)]
+
+
+def test_start_imports_nothing_it_does_not_use(repo, cli):
+    loaded, out = modules_loaded_by(["start", "--engine", "shell", "true"], repo)
+    cli.ok("wait", out.split()[0])
     assert "subtask.api.starting" in loaded
-    assert [m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_AT_START)] == []
+    assert loaded_of(loaded, NOT_AT_START) == []
+
+
+# What `cleanup` of a finished job must not import: what starts a job (its admission, engines,
+# confinement), lands one, or another command uses.
+NOT_AT_CLEANUP = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "subtask.api.starting",
+                  "subtask.api.launching", "subtask.api.groups", "subtask.api.replying", "subtask.api.landing",
+                  "subtask.engines", "subtask.worker", "subtask.proc.isolation", "subtask.ops.running.admission")
+
+
+def test_cleanup_imports_nothing_it_does_not_use(finished):
+    repo, job = finished
+    loaded, out = modules_loaded_by(["cleanup", job], repo)
+    assert out.startswith(f"{job}: removed worktree")
+    assert "subtask.ops.landing.cleanup" in loaded
+    assert loaded_of(loaded, NOT_AT_CLEANUP) == []

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from subtask import executors
 from subtask.api.read import _groups, _positive, get, repo_at, sweep
-from subtask.api.starting import _sync_ledger
 from subtask.git import notes, notes_store, ownership, pool, records
 from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.model.errors import SubtaskError
@@ -76,7 +75,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
     sweep(repo)
     if all_clones:
         return spending.team_spend(repo, month)
-    _sync_ledger(repo)
+    spending.sync_ledger(repo)  # the ledger caches the records: restored from them when lost
     return ledger.summary(repo.state_dir, repo.config.number("monthlyCapUsd"), month)
 
 

@@ -29,7 +29,6 @@ from subtask.api.starting import (
     _names,
     _prepare,
     _Prepared,
-    _sync_ledger,
     default_engine,
     left_out,
 )
@@ -40,6 +39,7 @@ from subtask.model import money
 from subtask.model.errors import SubtaskError
 from subtask.model.redact import redact
 from subtask.model.start_options import StartRequest
+from subtask.ops.running import spending
 from subtask.state import ledger, liveness
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
                                                "model": models[k % len(models)]}),
                          group=gid, member=k + 1) for k in range(n)]
     if any(p.paid for p in prepared):
-        _sync_ledger(repo)
+        spending.sync_ledger(repo)
     first = prepared[0].job.spec
     group = groups.Group(id=gid, task=first.task, base=base, verify=first.verify or "", created_at=first.created_at,
                          members=[p.job.id for p in prepared], engines=[p.job.spec.engine for p in prepared],
@@ -161,7 +161,7 @@ def start_map(repo: Repo, pattern: str, request: StartRequest, *, batch: int = 1
         member.job.spec.concurrency = concurrency
         prepared.append(member)
     if any(p.paid for p in prepared):
-        _sync_ledger(repo)
+        spending.sync_ledger(repo)
     first = prepared[0].job.spec
     group = groups.Group(id=gid, task=redact(template), base=base, verify=first.verify or "",
                          created_at=first.created_at, members=[p.job.id for p in prepared],

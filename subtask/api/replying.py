@@ -22,7 +22,6 @@ from subtask.api.starting import (
     _default_timeout,
     _max_usd,
     _reserved_cost,
-    _sync_ledger,
 )
 from subtask.git import ownership, records, worktrees
 from subtask.git.gitrepo import Repo
@@ -30,7 +29,7 @@ from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, Attempt, now
 from subtask.model.redact import redact
-from subtask.ops.running import lifecycle
+from subtask.ops.running import lifecycle, spending
 from subtask.state import liveness, paths
 
 REPLY_LOCK_WAIT = 3.0
@@ -93,7 +92,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         finally:
             liveness.release(lock_fd)
     if engine.paid:
-        _sync_ledger(repo)
+        spending.sync_ledger(repo)
     # A branch that cleanup or gc deleted (no commits beyond its base, or landed) comes back where
     # the job's work ends, so the reply continues from it.
     branch_at = None

@@ -269,7 +269,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
         result = StartResult(job, 0, on=prepared.on.name)
     else:
         if prepared.paid:
-            _sync_ledger(repo)
+            spending.sync_ledger(repo)
         result = _admit_and_launch(repo, prepared.job, prepared.paid,
                                    branch_at=None if request.readonly else prepared.job.spec.base,
                                    lock_fd=liveness.acquire_new(repo.state_dir, prepared.job.id),
@@ -717,9 +717,3 @@ def engines(repo: Repo):
 
             probes.append(Probe(name, False, None, None, False, "unknown", detail=str(exc)))
     return probes
-
-
-def _sync_ledger(repo: Repo) -> None:
-    """The ledger is a cache of the records: restore it from them when it lacks this repository's
-    mark (a lost state directory), before any lock is taken (reading records is slow)."""
-    spending.sync_ledger(repo)
