@@ -24,6 +24,10 @@ Invariants:
   forks anything. Other writing commands import it on first use (`Repo.git`).
 - Never run the tool's own git commands with the user's hooks, because a hook must not fire on
   bookkeeping (`git` passes `core.hooksPath=/dev/null`).
+- Never read HEAD from its file but when it holds what git's files backend writes there (a
+  branch's name or a commit id), because a symlinked HEAD or reftable's placeholder
+  (`refs/heads/.invalid`) says something else: those go to `git symbolic-ref` (`Repo.head_ref`;
+  `tests/test_gitread.py::test_heads_branch_read_from_its_file_is_what_git_says`).
 """
 
 from __future__ import annotations
