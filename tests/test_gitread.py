@@ -177,6 +177,7 @@ READ_BUDGET = {("list",): 4, ("status",): 3, ("show",): 3, ("result",): 3, ("wai
 
 def test_reading_commands_run_few_git_processes(repo, cli, tmp_path):
     """`list` reads the records and the landed marks in one listing, and HEAD's branch from its file."""
+    git(repo, "config", "subtask.sweepInterval", "3600")  # the landed sweep, due once, not again mid-test
     jobs = [cli.start(f"echo {n} > f{n}.txt") for n in range(2)]
     cli.ok("wait", *jobs)
     cli.ok("list")  # the list cache and the sweep's stamp, once
