@@ -313,3 +313,25 @@ def test_each_attempt_records_when_its_worker_took_it(cli, repo, control_dir):
         attempt = json.loads(cli.ok("show", job, "--json"))["state_detail"]["attempts"][-1]
         assert (attempt["queued_at"] <= attempt["started_at"] <= attempt["engine_started_at"]
                 <= attempt["ended_at"]), attempt
+
+
+def test_a_start_whose_branch_or_record_exists_makes_none_of_its_refs(cli, repo):
+    """`records.create_started` is all or nothing, and says which name was taken."""
+    from subtask import api
+    from subtask.git import records
+    from subtask.model.errors import SubtaskError
+
+    done = cli.start("true")
+    cli.ok("wait", done)
+    found = api.repo_at(repo)
+    job = records.read(found, done)
+    job.spec.id, job.tip = "st-0000000f", None
+    git(repo, "branch", "subtask/st-0000000f")
+    before = refs(repo)
+    with pytest.raises(SubtaskError, match="cannot create the branch subtask/st-0000000f: it already exists"):
+        records.create_started(found, job, "subtask/st-0000000f")
+    assert refs(repo) == before
+    job.spec.id = done  # its record exists: a read-only start (no branch) of the same id
+    with pytest.raises(SubtaskError, match=f"a record for {done} already exists"):
+        records.create_started(found, job, None)
+    assert refs(repo) == before
