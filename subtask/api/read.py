@@ -30,6 +30,7 @@ from pathlib import Path
 
 from subtask import executors
 from subtask.git import ownership, records, where_landed
+from subtask.git.gitobjects import Ref
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
 from subtask.model.errors import SubtaskError
@@ -112,7 +113,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
     # The records and the landed marks, in one listing (None: listed again, each by itself).
-    refs: list | None = repo.objects.refs(records.PREFIX, where_landed.PREFIX)
+    refs: list[Ref] | None = repo.objects.refs(records.PREFIX, where_landed.PREFIX)
     listed = records.list_entries(repo, refs)
     if _collect_ended_elsewhere(repo, listed):
         refs = None

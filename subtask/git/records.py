@@ -20,6 +20,10 @@ Invariants:
   that says the same. Nothing here deletes a damaged ref: it is what there is to inspect.
 - Never key a cache by job id, only by an immutable object id (the list cache maps record tips to
   entries), because then it can be incomplete but never stale, and needs no invalidation.
+- Never make a new job's branch in a ref transaction of its own, because whoever looks between two
+  (a teammate's fetch, `gc`, a crash) sees a branch with no record: `create_started` makes the
+  branch, the base pin, the first record and its ownership ref in one
+  (`tests/test_start.py::test_a_starting_jobs_branch_never_exists_without_its_record`).
 """
 
 from __future__ import annotations
@@ -206,9 +210,7 @@ def create_started(repo: Repo, job: Job, branch: str | None) -> None:
     if outcome == "moved" and (branch is None or repo.objects.ref(f"refs/heads/{branch}") is None):
         raise SubtaskError("fatal", f"a record for {job.id} already exists")
     if outcome != "ok":
-        why = "already exists" if outcome == "moved" else "is locked by another git process"
-        raise SubtaskError("fatal", f"cannot create the branch {branch or pin_ref(job.id, 'base')}: it {why}",
-                           hint=f"git branch --list {branch}" if branch else None)
+        raise _branch_refused(branch or pin_ref(job.id, "base"), outcome, hint=branch is not None)
     job.tip, job.signed = tip, repo.config.signing_key() is not None
 
 
@@ -354,8 +356,14 @@ def create_branch(repo: Repo, branch: str, commit: str) -> None:
     """Create `refs/heads/<branch>` at `commit`; a fatal error if it exists or is being written."""
     outcome = chains.cas(repo, f"refs/heads/{branch}", None, commit, f"branch: Created from {commit}")
     if outcome != "ok":
-        why = "already exists" if outcome == "moved" else "is locked by another git process"
-        raise SubtaskError("fatal", f"cannot create the branch {branch}: it {why}", hint=f"git branch --list {branch}")
+        raise _branch_refused(branch, outcome)
+
+
+def _branch_refused(name: str, outcome: str, hint: bool = True) -> SubtaskError:
+    """The error of a branch (or pin) that could not be created: taken ("moved"), or locked."""
+    why = "already exists" if outcome == "moved" else "is locked by another git process"
+    return SubtaskError("fatal", f"cannot create the branch {name}: it {why}",
+                        hint=f"git branch --list {name}" if hint else None)
 
 
 def set_pin(repo: Repo, job_id: str, which: str, commit: str) -> None:
