@@ -146,18 +146,6 @@ def _fail_if_exited(nodes: dict[str, subprocess.Popen]) -> None:
             raise RuntimeError(f"`ray start` for the {name} exited with {proc.returncode}")
 
 
-def _wait_for_port(port: int, timeout: float, nodes: dict[str, subprocess.Popen]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _fail_if_exited(nodes)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listened on {port} within {timeout:g}s")
-
-
 def _wait_for_dashboard(port: int, timeout: float, nodes: dict[str, subprocess.Popen]) -> None:
     import urllib.request
 
@@ -195,12 +183,11 @@ def _wait_for_nodes(address: str, count: int, timeout: float, nodes: dict[str, s
     raise RuntimeError(f"{count} Ray nodes were not alive within {timeout:g}s")
 
 
-def keeper(base: Path) -> int:
+def keeper(base: Path, ray: str) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     signal.signal(signal.SIGTERM, lambda *_: (_kill_all(), os._exit(0)))
-    ray = str(Path(sys.executable).parent / "ray")
     gcs, dashboard = _free_port(), _free_port()
     head_temp, node2_temp = base / "h", base / "n2"
     # Each node works in its own cache folder (SUBTASK_RAY_CACHE); the console scripts of this
@@ -220,13 +207,16 @@ def keeper(base: Path) -> int:
             "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
             "--include-dashboard=true", f"--ray-client-server-port={_free_port()}",
             *_node_args(head_temp, {"subtask_slot": 2})])
-        _wait_for_port(gcs, 120, nodes)  # the second node joins while the head's dashboard starts
+        address = f"http://127.0.0.1:{dashboard}"
+        # The second node joins only once the head is listed alive: GCS listens before the head
+        # has registered itself, and a node that finds no head there gives up (under load, CI).
+        _wait_for_dashboard(dashboard, 120, nodes)
+        _wait_for_nodes(address, 1, 120, nodes)
         start_node("second node", "cache-node2", [
             f"--address=127.0.0.1:{gcs}",
             *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})])
-        _wait_for_dashboard(dashboard, 120, nodes)
-        _wait_for_nodes(f"http://127.0.0.1:{dashboard}", 2, 120, nodes)
-        print(json.dumps({"status": READY, "address": f"http://127.0.0.1:{dashboard}",
+        _wait_for_nodes(address, 2, 120, nodes)
+        print(json.dumps({"status": READY, "address": address,
                           "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
         for line in sys.stdin:
             word = line.split()
@@ -257,10 +247,12 @@ class Cluster:
         self.address: str = info["address"]
 
     @classmethod
-    def start(cls, env: dict | None = None) -> Cluster:
-        """Start a keeper and its two nodes (`env`: the nodes' environment, default this one's)."""
+    def start(cls, env: dict | None = None, ray: Path | None = None) -> Cluster:
+        """Start a keeper and its two nodes (`env`: the nodes' environment, default this one's;
+        `ray`: the `ray` command, default this interpreter's)."""
+        ray = ray or Path(sys.executable).parent / "ray"
         base = Path(tempfile.mkdtemp(prefix="strt", dir="/tmp"))  # short: Ray's unix socket paths
-        proc = subprocess.Popen([sys.executable, __file__, str(base)], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, __file__, str(base), str(ray)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
         line = proc.stdout.readline()
         info = json.loads(line) if line.strip() else {"status": "error", "error": "the keeper exited"}
@@ -294,4 +286,4 @@ class Cluster:
 
 
 if __name__ == "__main__":
-    sys.exit(keeper(Path(sys.argv[1])))
+    sys.exit(keeper(Path(sys.argv[1]), sys.argv[2]))

@@ -33,3 +33,79 @@ def test_a_nodes_worker_block_holds_none_of_its_ports_and_nothing_the_kernel_han
         assert not singles & set(block), (sorted(singles), block)
         assert block.stop <= ephemeral.start or block.start >= ephemeral.stop, (block, ephemeral)
         assert block.start >= 20000, f"{block} overlaps Ray's own worker ports 10002-19999"
+
+
+FAKE_RAY = r'''#!PYTHON
+"""A stand-in for `ray start --block`: a head whose GCS port listens before the head has
+registered itself (it registers when the test writes the file `go`, with the time since boot),
+and a second node that, like Ray's, gives up with exit 1 when it was started before the head
+registered (its own start time, from /proc, so no race of this fake decides it)."""
+import http.server, json, os, socket, sys, threading, time
+from pathlib import Path
+
+marks = Path(os.environ["FAKE_RAY_MARKS"])
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[2:] if "=" in a)
+registered = lambda: (marks / "go").exists()
+if "--head" not in sys.argv:
+    with open("/proc/self/stat") as fh:
+        started = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    ok = registered() and float((marks / "go").read_text()) < started
+    (marks / "node2-started").write_text("ok" if ok else "no head")
+    if not ok:
+        sys.exit("No node info found for head node in GCS.")
+    (marks / "node2-alive").touch()
+    time.sleep(3600)
+
+class Dashboard(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        if self.path.startswith("/api/v0/nodes"):
+            (marks / "polled").touch()
+            alive = ["head"] * registered() + ["node2"] * (marks / "node2-alive").exists()
+            body = {"data": {"result": {"result": [{"state": "ALIVE", "name": n} for n in alive]}}}
+        else:
+            body = {"version": "fake"}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+gcs = socket.create_server(("127.0.0.1", int(args["port"])))
+threading.Thread(target=lambda: [gcs.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()
+http.server.HTTPServer(("127.0.0.1", int(args["dashboard-port"])), Dashboard).serve_forever()
+'''
+
+
+def test_the_second_node_starts_only_once_the_head_has_registered(tmp_path):
+    """In one CI run the second node's `ray start` gave up ("No node info found for head node in
+    GCS"): it was started as soon as the head's GCS port listened, and the head, slow under load,
+    had not yet registered itself. The fake head here registers only when the test says so, and
+    the test says so only once the keeper has asked which nodes are alive (waiting, as it
+    should) or has started the second node (too early)."""
+    import os
+    import threading
+    import time
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    fake = tmp_path / "ray"
+    fake.write_text(FAKE_RAY.replace("PYTHON", sys.executable))
+    fake.chmod(0o755)
+
+    def register_the_head_when_the_keeper_has_moved() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (marks / "node2-started").exists() or (marks / "polled").exists():
+                break
+            time.sleep(0.05)
+        (marks / "go").write_text(str(time.clock_gettime(time.CLOCK_BOOTTIME)))
+
+    threading.Thread(target=register_the_head_when_the_keeper_has_moved, daemon=True).start()
+    cluster = raycluster.Cluster.start(env=dict(os.environ, FAKE_RAY_MARKS=str(marks)), ray=fake)
+    try:
+        assert (marks / "node2-started").read_text() == "ok"
+    finally:
+        cluster.stop()
