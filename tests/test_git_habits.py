@@ -311,6 +311,53 @@ def test_start_says_uncommitted_edits_and_a_subfolder_are_left_behind(cli, repo)
     assert "+hello" in shown and "unsaved" not in shown  # the job read README.md as committed
 
 
+def _children_named(name: str) -> set[int]:
+    """This process's children whose command is `name`, a zombie (ended, not reaped) included."""
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        for pid in Path(f"/proc/self/task/{task}/children").read_text().split():
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                    found.add(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def test_the_look_at_the_checkout_begins_before_the_start_and_a_refused_start_leaves_none(
+        repo, tmp_path, monkeypatch):
+    """git's status of the caller's checkout grows with the repository (~0.4 s at 50,000 files),
+    so it runs beside the start's own work; a start refused meanwhile ends and reaps it. Here a
+    `git` first on PATH holds every `status` until the test lets it go."""
+    import shutil
+
+    from subtask import api
+    from subtask.git.gitrepo import open_repo
+    from subtask.model.errors import SubtaskError
+
+    bin_dir, began, go = tmp_path / "bin", tmp_path / "status-began", tmp_path / "go"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(
+        f'#!/bin/sh\nfor a; do [ "$a" = status ] && {{ : > "{began}"; while [ ! -e "{go}" ]; '
+        f'do sleep 0.01; done; }}; done\nexec {shutil.which("git")} "$@"\n')
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    (repo / "README.md").write_text("my unsaved edit\n")
+    (repo / ".subtask").mkdir(exist_ok=True)
+    (repo / ".subtask" / "made-meanwhile").write_text("")  # ours, whatever info/exclude says yet
+    before = _children_named("git")
+    try:
+        with pytest.raises(SubtaskError, match="engine"):
+            api.launch(open_repo(repo), api.StartRequest(task="true", engine="no-such-engine"))
+        assert wait_until(began.exists)  # begun before the start's own checks
+        assert _children_named("git") - before == set()  # ended and reaped, held or not
+    finally:
+        go.touch()
+    started = api.launch(open_repo(repo), api.StartRequest(task="true"))
+    assert started.left_out.uncommitted == ["README.md"]
+    assert _children_named("git") - before == set()
+
+
 def test_start_says_the_bases_submodules_are_not_checked_out(cli, repo, tmp_path):
     from conftest import make_repo
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from subtask.api.read import repo_at
-from subtask.api.starting import StartResult, _list, left_out, start
+from subtask.api.starting import StartResult, _list, left_out, look_at_checkout, start
 from subtask.git.gitrepo import Repo
 from subtask.model.errors import SubtaskError
 from subtask.model.start_options import BY_NAME as START_OPTIONS
@@ -26,20 +26,25 @@ def launch(repo: Repo, request: StartRequest, said: dict | None = None) -> Start
     """What every face calls: a job (`start`), or with `best_of` a group of them (`start_group`);
     with what it leaves out of the caller's checkout (`said`: those already found, by base, so a
     call that starts many looks once)."""
-    result: StartResult | GroupStart
-    if request.best_of is not None:
-        from subtask.api.groups import start_group
+    given = [name for name in GROUP_ONLY if getattr(request, name)]
+    if given and request.best_of is None:
+        raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
+                           f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
+                           hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
+    look = None if said else look_at_checkout(repo, request)  # many starts: the first one looks
+    try:
+        result: StartResult | GroupStart
+        if request.best_of is not None:
+            from subtask.api.groups import start_group
 
-        result = start_group(repo, request)
-    else:
-        given = [name for name in GROUP_ONLY if getattr(request, name)]
-        if given:
-            raise SubtaskError("usage", f"{' and '.join(START_OPTIONS[n].flag for n in given)} "
-                               f"{'goes' if len(given) == 1 else 'go'} with --best-of N",
-                               hint="git subtask start --best-of 3 --verify 'pytest -q' ...")
-        result = start(repo, request)
-    base = result.job.spec.base if isinstance(result, StartResult) else result.group.base
-    result.left_out = left_out(repo, request, None if request.after else base, said)
+            result = start_group(repo, request)
+        else:
+            result = start(repo, request)
+        base = result.job.spec.base if isinstance(result, StartResult) else result.group.base
+        result.left_out = left_out(repo, request, None if request.after else base, said, look)
+    finally:
+        if look is not None:
+            look.end()
     return result
 
 

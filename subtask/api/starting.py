@@ -240,15 +240,28 @@ def _default_timeout(repo: Repo, engine) -> float | None:
     return (repo.config.number("defaultTimeout") or None) if engine.paid else None
 
 
+def look_at_checkout(repo: Repo, request: StartRequest) -> leftout.Look:
+    """The look at the checkout the start is run in, begun before the start's own work (git's
+    status, which grows with the repository, runs beside it); read by `left_out`."""
+    return leftout.Look(repo, from_checkout=not request.after and request.base in (None, "HEAD"))
+
+
 def left_out(repo: Repo, request: StartRequest, base: str | None,
-             said: dict | None = None) -> LeftOut:
+             said: dict | None = None, look: leftout.Look | None = None) -> LeftOut:
     """What a job from `base` does not see of the checkout the start was run in: found after it
-    started (a failed start has nothing to say), never a reason to refuse."""
+    started (a failed start has nothing to say), never a reason to refuse. `look`: one begun
+    before the start (`look_at_checkout`), ended here if not needed."""
     from_checkout = base is not None and request.base in (None, "HEAD")
     key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
     if said is not None and key in said:
+        if look is not None:
+            look.end()
         return said[key]
-    found = leftout.left_out(repo, base, from_checkout=from_checkout)
+    if look is None or look.from_checkout != from_checkout:
+        if look is not None:
+            look.end()
+        look = leftout.Look(repo, from_checkout=from_checkout)
+    found = look.found(base)
     if said is not None:
         said[key] = found
     return found

@@ -6,6 +6,13 @@ are not there. Each is a fact a person would otherwise find out from a job that 
 
 Read-only: `git --no-optional-locks status` (never refreshes the caller's index), one object read.
 Where pygit2 is loaded already (the MCP server), libgit2's status instead: no git process.
+
+Invariants:
+- The look at the checkout (`Look`) begins before the start's own work and is read after it, so
+  a status that grows with the repository (~0.4 s at 50,000 files) runs beside the start instead
+  of after it; a look that is not read (the start failed) is ended and reaped, never left running.
+- Our own folder (`/.subtask/`, where the job's worktree is being made while git looks) is never
+  an uncommitted change of the caller's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 from subtask.git.gitrepo import Repo
 
+OURS = ".subtask/"  # the folder of the jobs' worktrees (excluded, but a look may begin before that)
 _PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
 
 
@@ -34,29 +42,52 @@ class LeftOut:
                 "submodules": self.submodules}
 
 
-def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
-    """What a job starting from `base` leaves out of the checkout `repo` was opened in.
-    `from_checkout`: the base is that checkout's HEAD (so its uncommitted changes are what the
-    job misses); `base` None: not known yet (`--after`)."""
-    top = repo.workdir()
-    found = LeftOut(base=base or "")
-    if top is None:
-        return found
-    status = None
-    if from_checkout and "pygit2" in sys.modules:  # a server that has it: in-process, no git process
-        found.uncommitted = _changed_in_process(top)
-    elif from_checkout:  # beside the object read below: two small git processes at once
-        status = subprocess.Popen(
-            ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(top),
+class Look:
+    """A look at the checkout `repo` was opened in, begun now (git's status runs meanwhile) and
+    read by `found`; `end` stops one that will not be read. `from_checkout`: the job's base will be
+    that checkout's HEAD, so its uncommitted changes are what the job misses."""
+
+    def __init__(self, repo: Repo, *, from_checkout: bool):
+        self.repo, self.top, self.from_checkout = repo, repo.workdir(), from_checkout
+        self.status: subprocess.Popen[bytes] | None = None
+        self.uncommitted: list[str] = []
+        if self.top is None or not from_checkout:
+            return
+        if "pygit2" in sys.modules:  # a server that has it: in-process, no git process
+            self.uncommitted = _changed_in_process(self.top)
+            return
+        self.status = subprocess.Popen(
+            ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
              "status", "--porcelain=v1", "-z", "--untracked-files=normal"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    found.subfolder = _subfolder(repo.opened_at, top)
-    if base:
-        found.submodules = _submodules(repo, base)
-    if status is not None:
-        out = status.communicate()[0]
-        found.uncommitted = _changed_paths(out) if status.returncode == 0 else []
-    return found
+
+    def found(self, base: str | None) -> LeftOut:
+        """What a job from `base` leaves out (`base` None: not known yet, `--after`)."""
+        found = LeftOut(base=base or "")
+        if self.top is None:
+            return found
+        found.subfolder = _subfolder(self.repo.opened_at, self.top)
+        if base:
+            found.submodules = _submodules(self.repo, base)
+        if self.status is not None:
+            out = self.status.communicate()[0]
+            if self.status.returncode == 0:
+                self.uncommitted = _changed_paths(out)
+            self.status = None
+        found.uncommitted = [p for p in self.uncommitted if not p.startswith(OURS)]
+        return found
+
+    def end(self) -> None:
+        if self.status is not None:
+            self.status.kill()
+            self.status.communicate()
+            self.status = None
+
+
+def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
+    """What a job starting from `base` leaves out of the checkout `repo` was opened in, looked at
+    now (`Look`, to look while starting)."""
+    return Look(repo, from_checkout=from_checkout).found(base)
 
 
 def _subfolder(opened_at: Path | None, top: Path) -> str | None:
