@@ -250,16 +250,12 @@ def left_out(repo: Repo, request: StartRequest, base: str | None,
              said: dict | None = None, look: leftout.Look | None = None) -> LeftOut:
     """What a job from `base` does not see of the checkout the start was run in: found after it
     started (a failed start has nothing to say), never a reason to refuse. `look`: one begun
-    before the start (`look_at_checkout`), ended here if not needed."""
+    before the start (`look_at_checkout`; its caller ends it), read if it looked for this."""
     from_checkout = base is not None and request.base in (None, "HEAD")
     key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
     if said is not None and key in said:
-        if look is not None:
-            look.end()
         return said[key]
     if look is None or look.from_checkout != from_checkout:
-        if look is not None:
-            look.end()
         look = leftout.Look(repo, from_checkout=from_checkout)
     found = look.found(base)
     if said is not None:

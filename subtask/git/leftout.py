@@ -84,12 +84,6 @@ class Look:
             self.status = None
 
 
-def left_out(repo: Repo, base: str | None, *, from_checkout: bool) -> LeftOut:
-    """What a job starting from `base` leaves out of the checkout `repo` was opened in, looked at
-    now (`Look`, to look while starting)."""
-    return Look(repo, from_checkout=from_checkout).found(base)
-
-
 def _subfolder(opened_at: Path | None, top: Path) -> str | None:
     if opened_at is None:
         return None
