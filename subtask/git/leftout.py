@@ -8,11 +8,12 @@ Read-only: `git --no-optional-locks status` (never refreshes the caller's index)
 Where pygit2 is loaded already (the MCP server), libgit2's status instead: no git process.
 
 Invariants:
-- The look at the checkout (`Look`) begins before the start's own work and is read after it, so
-  a status that grows with the repository (~0.4 s at 50,000 files) runs beside the start instead
-  of after it; a look that is not read (the start failed) is ended and reaped, never left running.
-- Our own folder (`/.subtask/`, where the job's worktree is being made while git looks) is never
-  an uncommitted change of the caller's.
+- Never look at the caller's checkout after the start's own work, because git's status grows with
+  the repository (~0.4 s at 50,000 files): the look (`Look`) begins before the start and is read
+  after it, and a look that is not read (the start was refused) is ended and reaped, never left
+  running (`test_git_habits::test_a_refused_start_leaves_no_look_at_the_checkout_running`).
+- Never report our own folder (`.subtask/`) as the caller's uncommitted change, because the job's
+  worktree is being made there while git looks, before `info/exclude` may name it.
 """
 
 from __future__ import annotations
