@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class GroupStart:
+    """What `start_group` answers: the group's record and each member's start."""
+
     group: Group
     members: list[StartResult]
     left_out: LeftOut | None = None
@@ -108,6 +110,8 @@ def start_group(repo: Repo, request: StartRequest) -> GroupStart:
 
 @dataclass
 class MapStart(GroupStart):
+    """What `start_map` answers: a group's start, and the files each member was given."""
+
     batches: list[list[str]] = field(default_factory=list)
 
 

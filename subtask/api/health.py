@@ -29,6 +29,8 @@ ORDER = {"ok": 0, "warn": 1, "fail": 2}
 
 @dataclass
 class Check:
+    """One of `doctor`'s checks as it came out, with the commands that fix what it found."""
+
     name: str
     status: str  # ok | warn | fail
     message: str
@@ -37,6 +39,8 @@ class Check:
 
 @dataclass
 class Report:
+    """Everything `doctor` found; its status is the worst of its checks'."""
+
     checks: list[Check]
 
     @property

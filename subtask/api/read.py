@@ -97,6 +97,8 @@ LIST_STATES = (*ACTIVE, *TERMINAL)
 
 @dataclass
 class Listing:
+    """The entries `list` shows (`list_jobs`), and what its limit and filters left out."""
+
     jobs: list[dict]
     more: int  # jobs left out by the limit
     swept: list[str] = field(default_factory=list)  # lines: what this call's lazy sweep did

@@ -60,6 +60,8 @@ from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 @dataclass
 class StartResult:
+    """A job just started (or a reply's new attempt): its record and where it runs or waits."""
+
     job: Job
     position: int  # 0 = running now, n = position in the queue
     on: str = "local"  # its executor's name (elsewhere: queued there until a slot is free)
@@ -97,6 +99,8 @@ def current_depth() -> int:
 
 @dataclass
 class Delegation:
+    """How deep this command delegates, and the job it runs inside (`delegation`)."""
+
     depth: int
     parent: Job | None  # the running job this command runs inside, when one is known
 
@@ -289,6 +293,8 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
 
 @dataclass
 class _Prepared:
+    """A start made ready by `_prepare`: the job to record and what its launch needs; nothing changed yet."""
+
     job: Job
     paid: bool
     as_written: dict
@@ -564,6 +570,8 @@ def _admit_and_launch(repo: Repo, job: Job, paid: bool, *, branch_at: str | None
 
 @dataclass
 class _Launch:
+    """One job for `_launch_all` to admit, reserve, record and spawn: a start, a reply, a group's member."""
+
     job: Job
     paid: bool
     branch_at: str | None

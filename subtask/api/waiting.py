@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class WaitResult:
+    """What `wait` answers for jobs: each as it ended, or as it stands when the wait timed out."""
+
     jobs: list[Job]
     timed_out: bool
     stalled: list[str] = field(default_factory=list)  # running, but their engines went silent (`Attempt.stalled`)
@@ -317,6 +319,8 @@ def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
 
 @dataclass
 class GroupWait:
+    """What `wait` answers for groups (`wait_groups`): each as concluded once its members ended."""
+
     groups: list  # groups.Group, concluded where their members ended
     timed_out: bool
 

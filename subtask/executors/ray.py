@@ -89,6 +89,8 @@ ENGINE_ENV = {
 
 @dataclass
 class Target:
+    """The Ray cluster a job runs on and the remote its refs travel by, as `spec.executor` records it."""
+
     address: str  # the Ray dashboard / job server, http://head:8265
     remote: str  # the remote's name here (subtask.remote)
     url: str  # what nodes fetch from and push to
@@ -393,6 +395,8 @@ def _stop_unclaimed(repo: Repo, job_id: str, url: str) -> bool:
 
 @dataclass
 class RayState:
+    """What Ray says of a job's submission now (`ray_state`)."""
+
     status: str | None  # PENDING RUNNING SUCCEEDED FAILED STOPPED, "MISSING", or None: Ray not reached
     message: str = ""
     ran: bool = False  # an entrypoint was placed on a node (so the engine may have spent)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Reply:
+    """What one operation answers, the same for the CLI and the MCP tool (see the module docstring)."""
+
     text: str
     data: dict[str, Any]
     notes: list[str] = field(default_factory=list)

@@ -63,6 +63,8 @@ KINDS = (GROUP, JOB)  # the longer prefix first: a group's refs are under the jo
 
 @dataclass(frozen=True)
 class Owner:
+    """The entity a ref under `refs/subtask/` belongs to, and which of its refs it is (`owner_of`)."""
+
     kind: Kind
     id: str
     part: str  # "record", or a job's "base", "head", "attempts/<n>"

@@ -93,6 +93,8 @@ def resolve(given: Iterable[str] | None, configured: str | None, *, has_verify: 
 
 @dataclass
 class Result:
+    """One check's verdict on a job's diff, and what it found."""
+
     check: str
     passed: bool
     found: list[str] = field(default_factory=list)
@@ -143,6 +145,8 @@ def retry_hint(results: list[dict[str, Any]] | None, recorded: list[str]) -> str
 
 @dataclass
 class _File:
+    """One file of the change base..head, as `Change` reads it for the checks."""
+
     old_path: str | None  # None: added
     new_path: str | None  # None: deleted
     old: bytes | None = None

@@ -74,6 +74,8 @@ _MOVED = ("but expected", "already exists", "is missing", "unable to resolve")
 
 @dataclass(frozen=True)
 class Ref:
+    """One ref and what it points at, as either backend of `Repo.objects` reads it."""
+
     name: str
     target: str  # an object id; for a symbolic ref, the name of the ref it points at
     symbolic: bool = False

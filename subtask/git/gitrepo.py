@@ -58,6 +58,8 @@ EXCLUDE_LINE = "/.subtask/"
 
 @dataclass
 class Repo:
+    """A repository as `open_repo` found it; pygit2 is opened only when first asked for."""
+
     git_dir: Path  # this worktree's git dir (the main one's, or .git/worktrees/<name>)
     root: Path  # the main worktree
     common_dir: Path

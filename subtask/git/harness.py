@@ -139,6 +139,8 @@ class Put:
 
 @dataclass
 class Comparison:
+    """What `compare` found: where the job's worktree differs from the trusted tree in its harness."""
+
     trusted: str
     rule: Rule
     puts: list[Put] = field(default_factory=list)

@@ -98,6 +98,8 @@ def judged_by_job(harness: list[str] | None) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
+    """Which paths of one trusted tree are harness, whole or in part (`rule_for`)."""
+
     globs: tuple[str, ...]  # as shown: the globs, then the verify command's own files
     sections: dict[str, tuple[str, ...]]
     pattern: re.Pattern[str] = field(repr=False)

@@ -33,6 +33,8 @@ _PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
 
 @dataclass
 class LeftOut:
+    """What a job does not see of the checkout it was started from (see the module docstring)."""
+
     uncommitted: list[str] = field(default_factory=list)  # changed, staged or untracked paths
     subfolder: str | None = None  # where in the checkout it was started ("src/"); None: the top
     submodules: list[str] = field(default_factory=list)  # the base's submodule paths

@@ -77,6 +77,8 @@ JOB_MARKERS = {worktrees.MARKER, worktrees.PENDING_CHECKOUT}
 
 @dataclass(frozen=True)
 class Entry:
+    """One entry of the worktree pool: its folder, admin folder and the commit it holds."""
+
     name: str
     path: Path
     admin: Path
@@ -91,6 +93,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Status:
+    """The pool as `pool` shows it: its entries against the wanted count and the disk bound."""
+
     target: int  # subtask.pool
     max_bytes: int  # subtask.poolMaxBytes
     entries: list[Entry]

@@ -79,6 +79,8 @@ def branch_name(job_id: str) -> str:
 
 @dataclass
 class Job:
+    """A job as read from its record chain at one tip (`read`)."""
+
     spec: JobSpec
     state: JobState
     evidence: Evidence | None

@@ -48,6 +48,8 @@ class LazyPattern:
 
 @dataclass(frozen=True)
 class Counts:
+    """The passed and failed figures a test runner printed in its summary (`test_counts`)."""
+
     passed: int
     failed: int
 

@@ -74,6 +74,8 @@ class Elsewhere(Protocol):
 
 @dataclass(frozen=True)
 class Executor:
+    """One executor of the registry: where it runs jobs and what a job run by it may ask for."""
+
     name: str
     backend_module: str | None  # None: runs here (api's admission and spawn); else an `Elsewhere` module
     can: frozenset[str]  # the FEATURES a job run by it may ask for

@@ -182,6 +182,8 @@ class JobSpec(_Record):
 
 @dataclass
 class VerifyResult(_Record):
+    """What a job's verify found on one commit."""
+
     command: str
     exit_code: int | None
     seconds: float
@@ -243,6 +245,8 @@ class Cost(_Record):
 
 @dataclass
 class Attempt(_Record):
+    """One run of the job's engine: at its task (attempt 1) or at a reply, and how it ended."""
+
     n: int
     state: str  # waiting | queued | running | done | failed | stopped | skipped
     message: str  # the task (attempt 1) or the reply message
@@ -346,6 +350,8 @@ class Landing(_Record):
 
 @dataclass
 class JobState(_Record):
+    """Everything that changes in a job's record: its attempts and the facts added after them."""
+
     attempts: list[Attempt] = field(default_factory=list)
     worktree_removed: bool = False
     landed_in: str | None = None

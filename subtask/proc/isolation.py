@@ -141,6 +141,8 @@ class IsolationError(Exception):
 
 @dataclass(frozen=True)
 class Support:
+    """Whether Landlock can confine here: its ABI, or why not (`support`)."""
+
     abi: int  # 0 = no Landlock here
     reason: str  # why not, when abi < MIN_ABI
 
@@ -201,6 +203,8 @@ def engine_confinable(engine) -> bool:
 
 @dataclass(frozen=True)
 class Choice:
+    """The isolation mode a new job runs with, and where it came from (`resolve`)."""
+
     mode: str
     source: str  # flag | config | default
     note: str = ""  # why a default fell back to none
@@ -336,6 +340,8 @@ def describe(engine, configured: str | None = None) -> str:
 
 @dataclass
 class Grant:
+    """One path a run's Landlock rules let it use, with the rights given and why."""
+
     path: str
     why: str
     rights: int = ALL
@@ -347,6 +353,8 @@ class Grant:
 
 @dataclass
 class Policy:
+    """The confinement of one run (`build_policy`): its grants, its view and its namespaces."""
+
     mode: str
     grants: list[Grant] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # asked-for paths that do not exist (not granted)

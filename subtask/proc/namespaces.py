@@ -76,6 +76,8 @@ class _CapData(ctypes.Structure):
 
 @dataclass(frozen=True)
 class Support:
+    """Whether this machine lets a job run in namespaces of its own, or why not (`support`)."""
+
     available: bool
     reason: str  # why not, when unavailable
 

@@ -104,6 +104,8 @@ RO, RW, OPTIONAL, LINK = "ro", "rw", "ro?", "link"  # OPTIONAL: read-only, left 
 
 @dataclass(frozen=True)
 class Mount:
+    """One mount of the view: a host path bound where the job sees it, or a link."""
+
     kind: str  # RO | RW | OPTIONAL | LINK
     target: str  # where the job sees it
     source: str  # the host path bound there (LINK: the link's text)
@@ -115,6 +117,8 @@ class Mount:
 
 @dataclass(frozen=True)
 class Decoy:
+    """A listening socket where a host socket the job may know of would be (see the module docstring)."""
+
     shown: str  # the path the job would connect to
     host: str  # where the listening socket is made (in the private folders, else bound at `shown`)
 

@@ -69,6 +69,8 @@ class LedgerWarning(RuntimeWarning):
 
 @dataclass(frozen=True)
 class Reservation:
+    """One reserve row: money held for one attempt of a job, in the month it belongs to."""
+
     rid: str
     job: str
     attempt: int
@@ -108,6 +110,8 @@ class Spend:
 
 @dataclass(frozen=True)
 class _Close:
+    """One close row: what a reservation was charged, in the reservation's month."""
+
     rid: str
     usd_charged: Decimal
     month: str

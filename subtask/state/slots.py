@@ -59,6 +59,8 @@ SLOTS_FILE = paths.SLOTS_FILE
 
 @dataclass
 class Slots:
+    """What `slots.json` holds: a cache of the records and run-locks (see the module docstring)."""
+
     running: list[dict[str, Any]] = field(default_factory=list)
     queue: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[dict[str, Any]] = field(default_factory=list)  # {job, attempt, git_dir, until: [job ids], since}

@@ -240,6 +240,8 @@ def quiet_job(repo: Repo, job: Job, *, held: bool = False) -> Iterator[Job | Non
 
 @dataclass
 class Removal:
+    """What became of one worktree or branch a cleanup set out to remove."""
+
     # "removed" (or would be, on a dry run), "pruned" (a stale registration), "missing", "busy", "kept", "failed"
     kind: str
     why: str = ""

@@ -50,6 +50,8 @@ SIDE_COMMITS = 3  # commits named per side of a conflict
 
 @dataclass
 class Built:
+    """One landing as `integrate` built it in the scratch worktree, or why it was not built."""
+
     kind: str  # built | already (the tip has the job's work) | conflict | failed
     onto: str
     commit: str | None = None  # the integrated commit (the tip itself for "already")

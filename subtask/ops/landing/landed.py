@@ -42,6 +42,8 @@ MAX_FIRST_PARENT_STEPS = 1000
 
 @dataclass
 class Target:
+    """The land target as `land_target` finds it, and the commit it is at."""
+
     name: str  # branch name, or the commit id when HEAD is detached
     sha: str
 

@@ -37,6 +37,8 @@ Progress = Callable[[dict], None]
 
 @dataclass
 class Options:
+    """The options of one `land`, as `git subtask land` takes them."""
+
     mode: str = "merge"
     verify: str | None = None  # run on every integrated commit instead of each job's own
     atomic: bool = False
@@ -52,6 +54,8 @@ class Options:
 
 @dataclass
 class Target:
+    """The branch `land` moves, and the worktree that has it checked out (`find_target`)."""
+
     name: str  # the branch
     checkout: Path | None = None  # the worktree that has it checked out
     git_dir: Path | None = None  # that worktree's own git dir
@@ -119,6 +123,8 @@ class Outcome:
 
 @dataclass
 class LandResult:
+    """What one `land` answers: each job's outcome and how the queue went."""
+
     target: str
     before: str
     after: str

@@ -60,6 +60,8 @@ MERGE_MODES = ("merge", "squash", "no-ff", "ff-only")
 
 @dataclass
 class MergeResult:
+    """What `merge` answers for the job it merged."""
+
     job: Job
     mode: str
     commit: str

@@ -75,6 +75,8 @@ def behind(repo: Repo, base: str, tip: str) -> int | None:
 
 @dataclass
 class Pair:
+    """Two jobs that change files in common (`pairs`), and the files where their lines meet too."""
+
     a: str
     b: str
     files: list[str]
@@ -206,6 +208,8 @@ def _write_behind(repo: Repo, cache: dict[str, int]) -> None:
 
 @dataclass
 class Planned:
+    """What `land --dry-run` predicts for one job."""
+
     job: str
     group: str | None
     files: list[str]
@@ -222,6 +226,8 @@ class Planned:
 
 @dataclass
 class Plan:
+    """What `land --dry-run` predicts for a queue (`plan`), changing nothing."""
+
     target: str
     tip: str
     mode: str

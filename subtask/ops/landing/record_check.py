@@ -25,6 +25,8 @@ from subtask.words import judge_line
 
 @dataclass
 class Finding:
+    """One claim of a job's record checked against git, or a fact with no claim to check."""
+
     what: str
     ok: bool | None  # True: matches; False: does not; None: a fact, no claim to check
     detail: str
@@ -35,6 +37,8 @@ class Finding:
 
 @dataclass
 class Recheck:
+    """What `git subtask verify` found of one job's record against git (`recheck`)."""
+
     job_id: str
     findings: list[Finding] = field(default_factory=list)
 

@@ -109,6 +109,8 @@ def reusable_key(result: VerifyResult | None) -> str | None:
 
 @dataclass
 class Found:
+    """A verify result known for a key (`find`), with where it ran and who says so."""
+
     result: VerifyResult
     job: str  # the job whose run it was
     commit: str  # the commit it ran on

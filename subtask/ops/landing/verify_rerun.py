@@ -65,6 +65,8 @@ SCRATCH = ".verify"
 
 @dataclass
 class Rerun:
+    """A verify run again here on one commit, or answered by a known result (`run`)."""
+
     result: VerifyResult
     confined: bool
 

@@ -88,6 +88,8 @@ def group_ref(gid: str) -> str:
 
 @dataclass
 class Group(_Record):
+    """A group's record (`group.json`): its members, its rule and, once decided, its pick."""
+
     id: str
     task: str  # redacted, as the members' records hold it
     base: str

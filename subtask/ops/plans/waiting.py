@@ -90,6 +90,8 @@ def resolve_after(repo: Repo, names: list[str]) -> tuple[list[str], list[str]]:
 
 @dataclass
 class Dependency:
+    """One job or group a waiting job waits for, and how it ended if it has (`dependencies`)."""
+
     name: str  # a job id or a group id
     ended: bool
     passed: bool = False
@@ -156,6 +158,8 @@ def dependencies(repo: Repo, job: Job, conclude: bool = True) -> list[Dependency
 
 @dataclass
 class Integration:
+    """The base of a job that waits for several (`integrate`), or the heads that conflict."""
+
     base: str | None
     conflicts: list[str] = field(default_factory=list)
     between: tuple[str, str] = ("", "")  # whose heads conflict

@@ -33,6 +33,8 @@ CLASSES = ("tracked", "untracked", "ignored")
 
 @dataclass
 class JobDisk:
+    """One job's worktree on disk, and the objects only its refs keep (`du`)."""
+
     id: str
     state: str
     worktree: str
@@ -49,6 +51,8 @@ class JobDisk:
 
 @dataclass
 class DiskUsage:
+    """What `du` answers: every job's disk, the other folders, and what cleanup and gc would free."""
+
     jobs: list[JobDisk] = field(default_factory=list)
     other: dict[str, int] = field(default_factory=dict)  # folders in the worktree folder that are no job's
     frees: dict[str, dict] = field(default_factory=dict)  # "cleanup --merged", "gc": {"bytes", "jobs"}

@@ -47,12 +47,16 @@ _RECORD_KINDS = ("stalled", "stall_ended")  # the record says these (a stall mar
 
 @dataclass
 class Position:
+    """One job's part of a cursor: how far its record and its events file were read."""
+
     tip: str = ""  # the record commit last seen (a prefix of its id); "": none
     offset: int = 0  # bytes of the events file read
 
 
 @dataclass
 class Feed:
+    """What `wait --since` answers: the events after the cursor and the cursor after them (`collect`)."""
+
     events: list[dict] = field(default_factory=list)
     cursor: str = "0"
     more: bool = False  # a job has more events than one call returns: call again at once

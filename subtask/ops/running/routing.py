@@ -53,6 +53,8 @@ ENDED = ("done", "failed")  # a stopped or skipped job says nothing about its en
 
 @dataclass
 class Candidate:
+    """One engine `--engine auto` could choose: its score, or the filter that removed it."""
+
     name: str
     filter: str | None = None  # the filter that removed it
     why: str = ""  # in words
@@ -68,6 +70,8 @@ class Candidate:
 
 @dataclass
 class Routing:
+    """Every candidate of one `--engine auto` choice, filtered and scored (`route`)."""
+
     candidates: list[Candidate]
     weights: dict[str, float]
 

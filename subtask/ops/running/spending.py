@@ -66,6 +66,8 @@ class Charge:
 
 @dataclass
 class TeamSpend:
+    """One month's spend of every clone whose records are here (`team_spend`)."""
+
     month: str
     committed_usd: Decimal
     open_usd: Decimal

@@ -163,6 +163,8 @@ class Step:
 
 @dataclass
 class Plan:
+    """The steps of an install or uninstall, planned before anything changes, and what is left alone."""
+
     steps: list[Step]
     notes: list[str]  # what is left alone, and why
 
@@ -632,6 +634,8 @@ def uninstall(which: str, scope: str, root: Path | None, dry_run: bool = False, 
 
 @dataclass
 class Installed:
+    """One server entry `install` recorded, as the client's config holds it now (`installed`)."""
+
     client: str
     scope: str
     path: str

@@ -55,6 +55,8 @@ exit $status
 
 @dataclass
 class HookStatus:
+    """The post-merge hook as it stands (`status`, and after `install` or `uninstall`)."""
+
     installed: bool
     path: Path
     chained: Path | None  # the previous hook we call first

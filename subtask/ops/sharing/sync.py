@@ -71,6 +71,8 @@ SAME, THEIRS_NEWER, OURS_NEWER, DIVERGED = "same", "theirs newer", "ours newer",
 
 @dataclass
 class SyncResult:
+    """What a `push` or `pull` did, ref by ref."""
+
     remote: str
     new_jobs: list[str] = field(default_factory=list)  # pull: jobs that arrived
     new_groups: list[str] = field(default_factory=list)  # pull: groups that arrived
