@@ -49,8 +49,9 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "dataclasses", "decimal", "json", "pathlib", "signal", "subprocess"}
+DIRECT = {"__future__", "_sha1", "dataclasses", "decimal", "json", "pathlib", "signal", "subprocess"}
 DIRECT_EXTRA = {"wait": {"queue"}}
+RUN_TIME = "subtask (a function's import, at run time)"
 
 
 def import_tree(argv: list[str], cwd) -> dict[str, str | None]:
@@ -66,8 +67,12 @@ def import_tree(argv: list[str], cwd) -> dict[str, str | None]:
             name = line.split("|")[2]
             rows.append(((len(name) - len(name.lstrip())) // 2, name.strip()))
     parents: dict[str, str | None] = {}
+    ours_began = False
     for i, (depth, name) in enumerate(rows):
         parents[name] = next((rows[j][1] for j in range(i + 1, len(rows)) if rows[j][0] == depth - 1), None)
+        if parents[name] is None and ours_began:  # imported at depth 0 once ours run: by a function of ours
+            parents[name] = RUN_TIME
+        ours_began = ours_began or name.startswith("subtask")
     return parents
 
 

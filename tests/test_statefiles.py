@@ -172,3 +172,16 @@ def test_a_write_whose_folder_is_removed_before_its_replace_still_lands(tmp_path
     statefiles.write_json(folder / "st-1.engine", {"v": 1, "engine": 42}, durable=False)
     assert removed and (folder / "st-1.engine").read_text().startswith("{")
     assert [p.name for p in folder.iterdir()] == ["st-1.engine"]
+
+
+def test_a_repositorys_own_state_file_keeps_its_name(tmp_path):
+    """`repo_file` names a file by SHA-1 of the common git dir, without loading OpenSSL for it:
+    the name is what hashlib gives, so a verify-result index or a hotfix hand-off folder written
+    before is found again."""
+    import hashlib
+
+    from subtask.state import paths
+
+    common = tmp_path / "repo" / ".git"
+    key = hashlib.sha1(str(common).encode()).hexdigest()[:8]
+    assert paths.repo_file(tmp_path, common, "verified-index", ".json") == tmp_path / f"verified-index-{key}.json"

@@ -39,7 +39,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -789,18 +788,6 @@ def launch(args: list[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"{argv[0]}: {exc.strerror}\n")
         return 127 if isinstance(exc, FileNotFoundError) else 126
-
-
-# -- what the run's output tells about refused writes ---------------------------------------------
-
-_REFUSED_RE = re.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
-                         re.IGNORECASE)
-MAX_REFUSED = 20
-
-
-def looks_refused(text: str) -> bool:
-    """An output line that reports a refused access (how a confined write fails)."""
-    return bool(_REFUSED_RE.search(text or ""))
 
 
 if __name__ == "__main__":

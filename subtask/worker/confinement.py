@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,15 @@ from subtask.state.statefiles import open_private
 from subtask.worker import retries
 from subtask.worker.events import EventSink
 from subtask.worker.progress import setup_failed
+
+_REFUSED_RE = re.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
+                         re.IGNORECASE)
+MAX_REFUSED = 20  # claimed refusals kept per attempt
+
+
+def looks_refused(text: str) -> bool:
+    """An output line that reports a refused access (how a confined write fails)."""
+    return bool(_REFUSED_RE.search(text or ""))
 
 
 def confine(repo: Repo, job: Job, worktree: Path, admin: Path, sink: EventSink,
@@ -172,7 +182,7 @@ class Confinement:
                 self.note_claim(line)
 
     def note_claim(self, text: str) -> None:
-        if not isolation.looks_refused(text) or len(self.claimed) >= isolation.MAX_REFUSED:
+        if not looks_refused(text) or len(self.claimed) >= MAX_REFUSED:
             return
         line = redact(text.strip())[:300]
         self.claimed.append(line)
