@@ -355,6 +355,7 @@ def test_a_refused_start_leaves_no_look_at_the_checkout_running(
     started = api.launch(open_repo(repo), api.StartRequest(task="true"))
     assert started.left_out.uncommitted == ["README.md"]
     assert _children_named("git") - before == set()
+    subprocess.run(["git", "subtask", "wait", started.job.id], cwd=repo, capture_output=True, timeout=120)
 
 
 def test_start_says_the_bases_submodules_are_not_checked_out(cli, repo, tmp_path):
