@@ -366,6 +366,20 @@ def test_a_stop_whose_wrap_up_fails_still_ends_stopped(cli, repo):
     assert shown["state_detail"]["attempts"][-1]["reason"] == "stopped by request"
 
 
+def test_a_stop_that_breaks_the_setup_still_ends_stopped(cli, repo):
+    """`stop` writes its marker, then signals the worker's process group: a git of the worker's
+    setup (its checkout) can die of it before the worker itself sees the stop, and the attempt
+    ended `failed · setup` (CI, a stop through MCP right after the start). The end is the one the
+    user asked for. The setup command stands for that git: it asks for the job's stop, then fails."""
+    stop_file = state_dir(repo) / "run"
+    git(repo, "config", "subtask.setup", f"touch '{stop_file}'/$SUBTASK_JOB_ID.stop; exit 3")
+    job = cli.start("echo never > never.txt", "--isolation", "none")
+    cli("wait", job, "--timeout", "60")
+    shown = cli.json("show", job)
+    assert shown["state"] == "stopped", shown["state_detail"]
+    assert shown["state_detail"]["attempts"][-1]["reason"] == "stopped by request"
+
+
 SAY_CONTEXT = "echo nice=$(nice); echo fsize=$(ulimit -f); echo umask=$(umask); echo net=$(readlink /proc/self/ns/net)"
 
 

@@ -5,6 +5,9 @@ kind `setup`: nothing of the job ran, nothing is charged).
 Invariants:
 - Never a write to an attempt that ended (stopped in the spawn gap): each write is a
   compare-and-swap on the attempt's number and its not being terminal; None says it ended.
+- Never end an attempt `failed · setup` once a stop was asked for, because `stop` signals the
+  worker's process group after writing its marker, and a git of the setup can die of the signal
+  before the worker sees it (`test_jobs::test_a_stop_that_breaks_the_setup_still_ends_stopped`).
 - The worker waits out a held record lock until it is stale (`owner_lock_wait`): its own writes
   must not fail (a done job recorded failed) because some writer died holding that lock.
 """
@@ -68,5 +71,12 @@ def mark_engine_started(repo: Repo, job_id: str, attempt_n: int, taken_at: float
 
 
 def setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str, hint: str | None = None) -> None:
+    """End the attempt failed in its setup, or stopped when a stop was asked for meanwhile: `stop`
+    writes its marker before it signals the worker's process group, so a git of the setup can die
+    of the stop before the worker sees it."""
+    if lifecycle.stop_marker(repo.state_dir, job_id).exists():
+        lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request",
+                              engine_may_have_spent=False)
+        return
     lifecycle.end_attempt(repo, job_id, attempt_n, "failed", reason=reason, error_kind="setup",
                           hint=hint or ERROR_HINTS["setup"], engine_may_have_spent=False)
