@@ -88,8 +88,6 @@ def repo_file(state_dir: Path, common_dir: Path, stem: str, suffix: str) -> Path
     return state_dir / f"{stem}-{sha1(str(common_dir).encode()).hexdigest()[:8]}{suffix}"
 
 
-
-
 def notify_feed(state_dir: Path, old: bool = False) -> Path:
     """`notify.jsonl` (`.1`: the one it replaced): the events an MCP server tells its client (ops/notify)."""
     return state_dir / ("notify.jsonl.1" if old else "notify.jsonl")
