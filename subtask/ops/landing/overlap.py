@@ -100,7 +100,10 @@ def pairs(jobs: list[tuple[str, str, dict[str, list[tuple[int, int]]]]]) -> list
 
 # ---------------------------------------------------------------- marks in status and list
 
-BEHIND_CACHE = "behind"  # <state>/behind-<repo>.json: "base..tip" -> commits; a pair never changes its answer
+# <state>/behind-<repo>.json: "base..tip" -> commits, and a finished job's record tip -> the files
+# its evidence names; neither ever changes its answer (a tip is a commit: its tree is what it is).
+BEHIND_CACHE = "behind"
+CACHE_KEPT = 2000  # entries of each kind
 # Jobs that may still land: a failed or stopped one will not (merge refuses it), so its files
 # meeting another's, or its base being behind, is noise on every row it touches (issue 38).
 MAY_LAND = ("running", "done")
@@ -130,10 +133,10 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     # repository with thousands of old unlanded jobs does not read every evidence on each `list`.
     kept = {e["id"] for e in [e for e in jobs if e["state"] != "running"][:MAX_COMPARED]} | {e["id"] for e in shown}
     jobs = [e for e in jobs if e["state"] == "running" or e["id"] in kept]
-    files = _files_of(repo, jobs)
+    cache, known = _read_cache(repo)
+    fresh = (len(cache), len(known))
+    files = _files_of(repo, jobs, known)
     target = target_tip(repo)
-    cache = _read_behind(repo) if target else {}
-    fresh = len(cache)
     for entry in shown:
         mine = files.get(entry["id"]) if entry.get("state") in MAY_LAND else None
         if not mine:
@@ -155,25 +158,27 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
             marks["overlaps"] = overlaps
         if marks:
             entry["marks"] = marks
-    if len(cache) != fresh:
-        _write_behind(repo, cache)
+    if (len(cache), len(known)) != fresh:
+        _write_cache(repo, cache, known)
 
 
-def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
-    """The files each job changed: a finished job's from its evidence (one batched read), a
-    running one's from its branch's commits so far (never its worktree: a job's process may be
-    writing it)."""
+def _files_of(repo: Repo, jobs: list[dict], known: dict[str, list[str]]) -> dict[str, set[str]]:
+    """The files each job changed: a finished job's from its evidence (`known` by its record's
+    tip, else one batched read, added to `known`), a running one's from its branch's commits so
+    far (never its worktree: a job's process may be writing it)."""
     found: dict[str, set[str]] = {}
     ended = [e for e in jobs if e["state"] != "running" and e.get("tip")]
-    for entry, blob in zip(ended, repo.objects.read([f"{e['tip']}:evidence.json" for e in ended]), strict=True):
+    unread = [e for e in ended if e["tip"] not in known]
+    for entry, blob in zip(unread, repo.objects.read([f"{e['tip']}:evidence.json" for e in unread]), strict=True):
         try:
             evidence = json.loads(blob[1]) if blob and blob[0] == "blob" else {}
-            names = {f["path"] for f in evidence.get("files") or []
-                     if isinstance(f, dict) and isinstance(f.get("path"), str)}
+            known[entry["tip"]] = sorted({f["path"] for f in evidence.get("files") or []
+                                          if isinstance(f, dict) and isinstance(f.get("path"), str)})
         except (ValueError, AttributeError, TypeError):
             continue
-        if names:
-            found[entry["id"]] = names
+    for entry in ended:
+        if known.get(entry["tip"]):
+            found[entry["id"]] = set(known[entry["tip"]])
     running = [e for e in jobs if e["state"] == "running" and (e.get("onto") or e.get("base"))]
     if running:
         tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/subtask/")}
@@ -187,19 +192,25 @@ def _files_of(repo: Repo, jobs: list[dict]) -> dict[str, set[str]]:
     return found
 
 
-def _read_behind(repo: Repo) -> dict[str, int]:
+def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """(behind counts, files by record tip); empty for a cache that is missing or damaged."""
     try:
         data = json.loads(repo.state_file(BEHIND_CACHE).read_text())
-        return {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)} if data.get("v") == 1 else {}
+        if data.get("v") != 1:
+            return {}, {}
+        counts = {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)}
+        files = {k: v for k, v in (data.get("files") or {}).items()
+                 if isinstance(v, list) and all(isinstance(n, str) for n in v)}
+        return counts, files
     except (OSError, ValueError, AttributeError):
-        return {}
+        return {}, {}
 
 
-def _write_behind(repo: Repo, cache: dict[str, int]) -> None:
+def _write_cache(repo: Repo, cache: dict[str, int], known: dict[str, list[str]]) -> None:
     """Best effort, and bounded: a cache that cannot be written only costs the next `list` a git run."""
-    kept = dict(list(cache.items())[-2000:])
+    data = {"v": 1, "counts": dict(list(cache.items())[-CACHE_KEPT:]), "files": dict(list(known.items())[-CACHE_KEPT:])}
     try:
-        write_atomic(repo.state_file(BEHIND_CACHE), json.dumps({"v": 1, "counts": kept}).encode(), durable=False)
+        write_atomic(repo.state_file(BEHIND_CACHE), json.dumps(data).encode(), durable=False)
     except OSError:
         pass
 
