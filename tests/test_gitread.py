@@ -4,7 +4,6 @@ answers exactly as the in-process pygit2 reader does, and finds the repository a
 from __future__ import annotations
 
 import json
-
 import re
 import subprocess
 
