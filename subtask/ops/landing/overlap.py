@@ -133,9 +133,9 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     # repository with thousands of old unlanded jobs does not read every evidence on each `list`.
     kept = {e["id"] for e in [e for e in jobs if e["state"] != "running"][:MAX_COMPARED]} | {e["id"] for e in shown}
     jobs = [e for e in jobs if e["state"] == "running" or e["id"] in kept]
-    cache, known = _read_cache(repo)
-    fresh = (len(cache), len(known))
-    files = _files_of(repo, jobs, known)
+    counts, files_by_tip = _read_cache(repo)
+    fresh = (len(counts), len(files_by_tip))
+    files = _files_of(repo, jobs, files_by_tip)
     target = target_tip(repo)
     for entry in shown:
         mine = files.get(entry["id"]) if entry.get("state") in MAY_LAND else None
@@ -145,11 +145,11 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
         base = entry.get("onto") or entry.get("base")
         if target and entry.get("state") != "running" and base and base != target[1]:
             key = f"{base}..{target[1]}"
-            count = cache.get(key)
+            count = counts.get(key)
             if count is None:
                 count = behind(repo, base, target[1])
                 if count is not None:
-                    cache[key] = count
+                    counts[key] = count
             if count:
                 marks.update(behind=count, target=target[0])
         overlaps = {other: sorted(mine & theirs)[:5] for other, theirs in files.items()
@@ -158,27 +158,27 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
             marks["overlaps"] = overlaps
         if marks:
             entry["marks"] = marks
-    if (len(cache), len(known)) != fresh:
-        _write_cache(repo, cache, known)
+    if (len(counts), len(files_by_tip)) != fresh:
+        _write_cache(repo, counts, files_by_tip)
 
 
-def _files_of(repo: Repo, jobs: list[dict], known: dict[str, list[str]]) -> dict[str, set[str]]:
-    """The files each job changed: a finished job's from its evidence (`known` by its record's
-    tip, else one batched read, added to `known`), a running one's from its branch's commits so
-    far (never its worktree: a job's process may be writing it)."""
+def _files_of(repo: Repo, jobs: list[dict], files_by_tip: dict[str, list[str]]) -> dict[str, set[str]]:
+    """The files each job changed: a finished job's from its evidence (in `files_by_tip` by its
+    record's tip, else one batched read, added there), a running one's from its branch's commits
+    so far (never its worktree: a job's process may be writing it)."""
     found: dict[str, set[str]] = {}
     ended = [e for e in jobs if e["state"] != "running" and e.get("tip")]
-    unread = [e for e in ended if e["tip"] not in known]
+    unread = [e for e in ended if e["tip"] not in files_by_tip]
     for entry, blob in zip(unread, repo.objects.read([f"{e['tip']}:evidence.json" for e in unread]), strict=True):
         try:
             evidence = json.loads(blob[1]) if blob and blob[0] == "blob" else {}
-            known[entry["tip"]] = sorted({f["path"] for f in evidence.get("files") or []
-                                          if isinstance(f, dict) and isinstance(f.get("path"), str)})
+            files_by_tip[entry["tip"]] = sorted({f["path"] for f in evidence.get("files") or []
+                                                 if isinstance(f, dict) and isinstance(f.get("path"), str)})
         except (ValueError, AttributeError, TypeError):
             continue
     for entry in ended:
-        if known.get(entry["tip"]):
-            found[entry["id"]] = set(known[entry["tip"]])
+        if files_by_tip.get(entry["tip"]):
+            found[entry["id"]] = set(files_by_tip[entry["tip"]])
     running = [e for e in jobs if e["state"] == "running" and (e.get("onto") or e.get("base"))]
     if running:
         tips = {ref.name: ref.target for ref in repo.objects.refs("refs/heads/subtask/")}
@@ -206,9 +206,10 @@ def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]]]:
         return {}, {}
 
 
-def _write_cache(repo: Repo, cache: dict[str, int], known: dict[str, list[str]]) -> None:
+def _write_cache(repo: Repo, counts: dict[str, int], files_by_tip: dict[str, list[str]]) -> None:
     """Best effort, and bounded: a cache that cannot be written only costs the next `list` a git run."""
-    data = {"v": 1, "counts": dict(list(cache.items())[-CACHE_KEPT:]), "files": dict(list(known.items())[-CACHE_KEPT:])}
+    data = {"v": 1, "counts": dict(list(counts.items())[-CACHE_KEPT:]),
+            "files": dict(list(files_by_tip.items())[-CACHE_KEPT:])}
     try:
         write_atomic(repo.state_file(BEHIND_CACHE), json.dumps(data).encode(), durable=False)
     except OSError:
