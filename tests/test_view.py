@@ -70,11 +70,21 @@ class Host:
 
 
 def _agent(sock: Path, key: Path) -> subprocess.Popen:
+    """A real ssh-agent holding `key`, once it answers: its socket file is there (bind) a moment
+    before it listens, and `ssh-add` then fails with 2 ("could not open a connection")."""
+    env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
     proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    assert wait_until(sock.exists, timeout=30), "ssh-agent never made its socket"
-    subprocess.run(["ssh-add", "-q", str(key)], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
-                   check=True, capture_output=True)
+    try:
+        def answers() -> bool:
+            return subprocess.run(["ssh-add", "-l"], env=env, capture_output=True).returncode != 2
+
+        assert wait_until(answers, timeout=30, interval=0.05), "ssh-agent never answered on its socket"
+        subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
     return proc
 
 
@@ -171,6 +181,47 @@ def everything_kept(cli, repo: Path, job: str) -> str:
         outputs(repo, job), cli.ok("show", job), cli.ok("result", job, "--full"),
         cli.ok("result", job, "--evidence"),
     ])
+
+
+FAKE_AGENT = r'''#!/bin/sh
+# A stand-in for `ssh-agent -D -a SOCK`: like the real one between bind() and listen(), its
+# socket file is there before anything answers on it; it hands over to the real agent only
+# after an `ssh-add` has tried it (the log FAKE_SSH_TRIES), so no timing of ours decides it.
+python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$3"
+while [ ! -s "$FAKE_SSH_TRIES" ]; do sleep 0.01; done
+rm -f "$3"
+exec REAL_AGENT "$@"
+'''
+FAKE_ADD = r'''#!/bin/sh
+REAL_ADD "$@"; code=$?
+echo "$code" >> "$FAKE_SSH_TRIES"
+exit $code
+'''
+
+
+@needs_ssh
+def test_the_hosts_agent_is_given_its_key_only_once_it_answers(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("ssh-agent", FAKE_AGENT), ("ssh-add", FAKE_ADD)):
+        real = shutil.which(name)
+        (bin_dir / name).write_text(text.replace("REAL_AGENT", real).replace("REAL_ADD", real))
+        (bin_dir / name).chmod(0o755)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    tries = tmp_path / "tries"
+    monkeypatch.setenv("FAKE_SSH_TRIES", str(tries))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sock = tmp_path / "agent.sock"
+    agent = _agent(sock, key)
+    try:
+        assert "2" in tries.read_text().split(), "the agent answered at once: nothing was tried early"
+        listed = subprocess.run(["ssh-add", "-l"], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+                                capture_output=True, text=True)
+        assert listed.returncode == 0 and "ED25519" in listed.stdout, listed
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
 
 
 @needs_view
