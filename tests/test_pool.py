@@ -19,6 +19,7 @@ from conftest import Cli, git, make_repo, wait_until
 
 from subtask.git.gitrepo import open_repo
 from subtask.state import liveness
+from subtask.worker import refill
 
 POOL = Path(".subtask") / "worktrees" / ".pool"
 
@@ -76,6 +77,17 @@ def took_from_pool(repo: Path, job: str) -> bool:
         entry = json.loads(line)
         if entry["job"] == job:
             return "pool" in dict(entry["marks"])
+    raise AssertionError(f"{job}: no phase marks")
+
+
+def phase_took(repo: Path, job: str, name: str) -> float:
+    """Seconds the worker's phase `name` took (from the mark before it; `SUBTASK_PHASES`)."""
+    for line in (repo.parent / "phases.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["job"] == job:
+            marks = entry["marks"]
+            at = [n for n, _ in marks].index(name)
+            return marks[at][1] - marks[at - 1][1]
     raise AssertionError(f"{job}: no phase marks")
 
 
@@ -251,6 +263,37 @@ def test_wait_is_held_no_longer_than_the_refill_grace_and_nothing_of_the_refill_
     assert after["count"] == 1 and after["debris"] == 0  # the next filler removed what it left
     assert list((repo / POOL / ".building").iterdir()) == []
     assert "prunable" not in git(repo, "worktree", "list", "--porcelain")
+
+
+def test_a_short_job_that_leaves_the_pool_a_ready_worktree_refills_nothing(cli, repo, tmp_path):
+    """With a worktree still ready after its take, a job's refill waits `SUBTASK_REFILL_AFTER`
+    seconds of its run before it begins; a job over sooner refills nothing, so no refill holds
+    its `wait` nor writes files beside it (a refill that began would stop at the gate)."""
+    assert cli.json("pool", "fill")["count"] == 2
+    gate = tmp_path / "gate"
+    job = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}", "SUBTASK_REFILL_AFTER": "600",
+                                 "SUBTASK_PHASES": str(repo.parent / "phases.jsonl")})
+    assert cli("wait", job).returncode == 0
+    settle(repo, job)
+    assert took_from_pool(repo, job)
+    assert not Path(f"{gate}.reached").exists(), "a refill began beside a job that left the pool a worktree"
+    assert len(pooled(repo)) == 1 and cli.json("pool")["debris"] == 0
+    # Ended unbegun, at once: with the grace the phase lasts it whole (the refill sleeps on).
+    assert phase_took(repo, job, "refill_ended") < refill.GRACE
+
+
+def test_a_job_that_runs_past_the_deferral_refills_the_pool_beside_it(cli, repo, tmp_path):
+    assert cli.json("pool", "fill")["count"] == 2
+    held = tmp_path / "held"
+    job = cli.start(f"until [ -e {held} ]; do sleep 0.05; done", env={"SUBTASK_REFILL_AFTER": "0.2"})
+    try:
+        assert wait_until(lambda: cli.json("show", job)["state"] == "running", timeout=120)
+        assert wait_until(lambda: len(pooled(repo)) == 2, timeout=120), "the pool was not refilled beside the job"
+    finally:
+        held.touch()
+    assert cli("wait", job).returncode == 0
+    settle(repo, job)
+    assert len(pooled(repo)) == 2 and cli.json("pool")["debris"] == 0
 
 
 def test_a_stop_of_the_job_ends_its_refill_too(cli, repo, tmp_path):

@@ -234,16 +234,15 @@ def _write(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------- filling
 
-def wanted(repo: Repo) -> bool:
-    """Would a filler make an entry now? (Cheap: a look at the pool folder.)"""
+def shortfall(repo: Repo) -> tuple[int, int]:
+    """(entries ready, entries a filler would make now to reach `subtask.pool`). Cheap: a look at
+    the pool folder."""
     try:
         count = target(repo)
     except SubtaskError:
-        return False
-    if count <= 0:
-        return False
-    ready, _ = _scan(repo)
-    return len(ready) < count
+        return 0, 0
+    ready = len(_scan(repo)[0])
+    return ready, max(count - ready, 0)
 
 
 def fill(repo: Repo, count: int | None = None, commit: str | None = None, *, wait: float = 0.0,
