@@ -282,6 +282,24 @@ def test_a_short_job_that_leaves_the_pool_a_ready_worktree_refills_nothing(cli, 
     assert phase_took(repo, job, "refill_ended") < refill.GRACE
 
 
+def test_after_a_refill_ended_half_made_the_next_short_job_refills_nothing(cli, repo, tmp_path):
+    """A refill ended at the grace leaves debris: refills do not fit this repository's short jobs
+    (a slow disk, a big checkout), so the next job defers its refill even with the pool empty,
+    rather than hold its `wait` for a refill that is ended again."""
+    gate = tmp_path / "gate"
+    first = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{gate}"})
+    assert cli("wait", first).returncode == 0  # its refill, held at the gate, ended at the grace
+    settle(repo, first)
+    assert pooled(repo) == [] and cli.json("pool")["debris"] == 1
+    second_gate = tmp_path / "second-gate"
+    second = cli.start("true", env={"SUBTASK_FAULT_HOLD": f"pool_building:{second_gate}",
+                                    "SUBTASK_REFILL_AFTER": "600", "SUBTASK_PHASES": str(repo.parent / "phases.jsonl")})
+    assert cli("wait", second).returncode == 0
+    settle(repo, second)
+    assert not Path(f"{second_gate}.reached").exists(), "a refill began beside a short job again"
+    assert phase_took(repo, second, "refill_ended") < refill.GRACE
+
+
 def test_a_job_that_runs_past_the_deferral_refills_the_pool_beside_it(cli, repo, tmp_path):
     assert cli.json("pool", "fill")["count"] == 2
     held = tmp_path / "held"

@@ -234,17 +234,6 @@ def _write(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------- filling
 
-def shortfall(repo: Repo) -> tuple[int, int]:
-    """(entries ready, entries a filler would make now to reach `subtask.pool`). Cheap: a look at
-    the pool folder."""
-    try:
-        count = target(repo)
-    except SubtaskError:
-        return 0, 0
-    ready = len(_scan(repo)[0])
-    return ready, max(count - ready, 0)
-
-
 def fill(repo: Repo, count: int | None = None, commit: str | None = None, *, wait: float = 0.0,
          lock: StateLock | None = None) -> list[Entry]:
     """Make entries at `commit` (default: HEAD of the main worktree) until `count` (default

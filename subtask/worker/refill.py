@@ -14,7 +14,9 @@ Invariants:
   is served by that one and a short job would pay for the refill: its `wait` held up to `GRACE`,
   its disk written and then its half-made entry removed. Such a refill begins after the job ran
   `AFTER` seconds (most jobs of an agent run minutes, so it is done long before their end); a job
-  over sooner ends it unbegun, at once. Only a take that left the pool empty refills at once.
+  over sooner ends it unbegun, at once. Only a take that left the pool empty refills at once, and
+  only while no refill was ended half-made (its debris says refills do not fit this repository's
+  short jobs: a slow disk, a big checkout; the next refill that runs removes it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from subtask.git import pool
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
+from subtask.model.errors import SubtaskError
 from subtask.ops.running import lifecycle
 from subtask.proc import spawn
 from subtask.state import liveness
@@ -39,13 +42,19 @@ _unbegun_until: float | None = None  # until then (monotonic) this worker's refi
 def start(repo: Repo, job: Job) -> None:
     """Make the next job's worktree while this one runs: a forked child fills the pool at this
     job's base (`pool.fill`), unless the pool has what it should or is being filled; at once when
-    the pool is empty, else after the job ran `AFTER` seconds. The child holds `pool-fill.lock`
-    (taken before it fills: here, before the fork, when at once) and none of our run-locks."""
+    the pool is empty and the last refill was not ended half-made, else after the job ran `AFTER`
+    seconds. The child holds `pool-fill.lock` (taken before it fills: here, before the fork, when
+    at once) and none of our run-locks."""
     global _unbegun_until
-    ready, missing = pool.shortfall(repo)
-    if not missing:
+    try:
+        now = pool.status(repo)
+    except SubtaskError:  # a bad setting: `doctor` and the next command say so
         return
-    after = _after() if ready else 0.0
+    if len(now.entries) >= now.target:
+        return
+    # At once only when the take emptied the pool and no refill was ended half-made (debris):
+    # otherwise refills do not fit this repository's short jobs.
+    after = _after() if now.entries or now.debris else 0.0
     lock = None if after else pool.filler(repo)
     if lock is None and not after:
         return
