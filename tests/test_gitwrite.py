@@ -5,6 +5,7 @@ compare-and-swap answers."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pygit2
 import pytest
@@ -105,3 +106,21 @@ def test_start_never_imports_pygit2_and_its_job_runs_as_before(repo, cli, tmp_pa
     r = open_repo(repo)
     assert r.objects.ref(f"refs/subtask/{job}/base").target == git(repo, "rev-parse", "HEAD").strip()
     assert len(git(repo, "for-each-ref", "refs/subtask/").splitlines()) == 3 * 2 + 2  # 3 records, 3 bases, 2 heads
+
+
+def test_a_sha256_repository_is_refused_at_once_and_left_as_it_was(cli, tmp_path):
+    """pygit2's libgit2 reads SHA-1 objects only: a job started there failed only at its end
+    ("unknown object format"), its branch and record left behind."""
+    repo = tmp_path / "sha256"
+    subprocess.run(["git", "init", "-q", "--object-format=sha256", "-b", "main", str(repo)], check=True)
+    git(repo, "config", "user.name", "T")
+    git(repo, "config", "user.email", "t@example.com")
+    (repo / "README.md").write_text("hi\n")
+    git(repo, "add", "README.md")
+    git(repo, "commit", "-qm", "init")
+    before = git(repo, "for-each-ref"), sorted(p.name for p in (repo / ".git").iterdir())
+    for args in (("start", "--engine", "shell", "echo x > x.txt"), ("list",), ("pool", "fill")):
+        proc = cli(*args, cwd=repo)
+        assert proc.returncode == 128, (args, proc.stdout, proc.stderr)
+        assert "SHA-256" in proc.stderr and "Traceback" not in proc.stderr
+    assert (git(repo, "for-each-ref"), sorted(p.name for p in (repo / ".git").iterdir())) == before

@@ -166,7 +166,9 @@ class Repo:
 
 def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
     """The repository containing `path` (default: the current directory), found as git finds it
-    (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2."""
+    (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2. A SHA-256
+    repository is refused here, before anything is written: pygit2's libgit2 reads SHA-1 only, and
+    a job started there failed at its end with its branch and record left behind."""
     start = str(path or os.getcwd())
     if path is not None and not Path(start).exists():
         raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
@@ -188,6 +190,10 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
                                hint="run it inside a git work tree, or git init")
         raise SubtaskError("fatal", f"cannot open the repository at {start}: {why}")
     git_dir, common, bare = Path(lines[0]), Path(lines[1]).resolve(), lines[2] == "true"
+    if values.get("extensions.objectformat", "sha1").lower() != "sha1":
+        raise SubtaskError("fatal", f"{common} holds SHA-256 objects: git-subtask works in SHA-1 repositories "
+                                    "only (libgit2, which it reads records with, reads no other)",
+                           hint="run it in a SHA-1 clone of the work (git init --object-format=sha1)")
     if bare:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
