@@ -6,7 +6,8 @@ and a record commit, a third of its time. So `Repo.objects` hands out one of two
 same questions (the refs under a prefix, one ref, a batch of objects, the commit a revision names)
 and the same two writes (a commit of a flat tree of files; a compare-and-swap of several refs at
 once): `GitObjects` runs `for-each-ref`, `cat-file --batch`, `rev-parse`, `hash-object`, `mktree`,
-`commit-tree` and `update-ref --stdin`; `Pygit2Objects` asks the already loaded library in-process
+`commit-tree` and `update-ref --stdin` (writing the objects of a commit itself, `git/loose.py`,
+where git would write them alike); `Pygit2Objects` asks the already loaded library in-process
 (the worker, the MCP server, any command that has loaded it). Everything built on them (the
 record parser and writer, `list`) is one implementation.
 
@@ -47,6 +48,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from subtask.git import loose
 from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
@@ -147,11 +149,12 @@ class GitObjects:
     per-worktree ref) is asked of git. A `show` or `cleanup` reads a record's ref several times:
     each read was a `for-each-ref` process."""
 
-    def __init__(self, git_dir: Path, sign: bool = False, common_dir: Path | None = None):
+    def __init__(self, git_dir: Path, sign: bool = False, common_dir: Path | None = None, *, loose: bool = False):
         self._git_dir = git_dir
         self._common_dir = common_dir
         self._sign = sign
         self._base = ["git", "--git-dir", str(git_dir)]
+        self.loose = loose  # objects written in-process (`git/loose.py`; the caller checked `loose.usable`)
 
     def refs(self, *prefixes: str) -> list[Ref]:
         """The refs under any of `prefixes` (each ending in `/`), in one listing."""
@@ -208,6 +211,13 @@ class GitObjects:
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None, must_sign: bool = False) -> str:
+        if self.loose:
+            common = self._common_dir or self._git_dir
+            tree = loose.write_tree(common, files)
+            if self._sign or must_sign:
+                return commit_tree(self._git_dir, tree, parents, message, when=when, sign=self._sign,
+                                   must_sign=must_sign)
+            return loose.write_commit(common, tree, parents, message, f"{TOOL_NAME} <{TOOL_EMAIL}>", when)
         import tempfile  # only a writing command pays its import (shutil, random)
 
         with tempfile.TemporaryDirectory(prefix="subtask-blobs-") as tmp:

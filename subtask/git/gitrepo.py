@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from subtask.git import gitobjects
+from subtask.git import gitobjects, loose
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
@@ -82,7 +82,7 @@ class Repo:
         sign = self.config.signing_key() is not None
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git, sign)
-        return gitobjects.GitObjects(self.git_dir, sign, self.common_dir)
+        return gitobjects.GitObjects(self.git_dir, sign, self.common_dir, loose=loose.usable(self.config.git))
 
     def handover(self) -> dict[str, Any] | None:
         """This repository for a worker forked from another process (JSON, `from_handover`): the

@@ -580,8 +580,8 @@ class Config:
 
     def git(self, key: str) -> str | None:
         """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `user.name`,
-        `user.email`, `gpg.*`, `core.sharedRepository`, `extensions.objectFormat`), by its
-        lower-case name."""
+        `user.email`, `gpg.*`, `core.sharedRepository`, `core.fsync`, `core.fsyncObjectFiles`,
+        `extensions.objectFormat`), by its lower-case name."""
         return self._read(key)
 
     def remember(self, key: str, value: str) -> None:
@@ -737,10 +737,11 @@ class GitSettings:
         self._values[key] = value
 
 
-# Every `subtask.*` setting, those git signs commits with, and the two that say where and how
-# git writes objects (`git/loose.py`, `gitrepo.open_repo`): one process reads them all.
+# Every `subtask.*` setting, those git signs commits with, and those that say how git writes
+# objects (`git/loose.py`, `gitrepo.open_repo`): one process reads them all.
 SETTINGS_ARGS = ("config", "-z", "--get-regexp",
-                 r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$|^core\.sharedrepository$|^extensions\.objectformat$")
+                 r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$|^core\.(sharedrepository|fsync|fsyncobjectfiles)$"
+                 r"|^extensions\.objectformat$")
 
 
 # Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.

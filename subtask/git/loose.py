@@ -1,0 +1,100 @@
+"""Loose objects written as git writes them: the blobs, flat tree and commit of a record, in this
+process, for a command that has not loaded pygit2 (`GitObjects.write_commit`): three git
+processes fewer for every record a `start`, `cleanup` or `stop` writes.
+
+An object is `<kind> <size>\\0<content>`, named by its SHA-1 and kept zlib-compressed in
+`objects/<first 2 hex>/<other 38>` of the common git dir. A tree of files lists `100644 <name>\\0`
+and the 20 raw bytes of each blob's id, sorted by name; a commit is `tree`, `parent` lines, then
+`author` and `committer` (`name <email> <unix time> <+hhmm>`), a blank line and the message as
+given: what `git commit-tree` writes with `i18n.commitEncoding=UTF-8` (no encoding header).
+
+Invariants:
+- Never write an object where or how git would not: only in a SHA-1 repository (`open_repo`
+  refuses another), into `<common dir>/objects` (no `GIT_OBJECT_DIRECTORY`), with git's modes
+  (no `core.sharedRepository`) and git's default durability (no `core.fsync` or
+  `core.fsyncObjectFiles`), and never a signed commit; anything else is git's to write
+  (`usable` says so), because the next git must find the object as it would have written it
+  (`tests/test_loose.py::test_a_shared_repository_has_its_objects_written_by_git`).
+- An object is whole under its name or absent: its bytes go to a temporary file in its folder,
+  linked to its name (renamed where links are refused), the temporary file then removed; one
+  that exists is freshened (its mtime), as git does, so a `git gc --prune` racing the writer
+  does not take it for old and unreferenced.
+- The same files, message, parents and time make the commit id `git commit-tree` and pygit2
+  make (`tests/test_loose.py::test_the_loose_writer_writes_the_commit_git_and_pygit2_write`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# CPython's own SHA-1 where there is one: hashlib loads OpenSSL (see `state/paths.py`).
+try:
+    from _sha1 import sha1  # type: ignore[import-not-found]
+except ImportError:  # another interpreter
+    from hashlib import sha1
+
+# Settings under which git writes objects otherwise (`SETTINGS_ARGS` reads them).
+_GITS_OWN = ("core.sharedrepository", "core.fsync", "core.fsyncobjectfiles")
+
+
+def usable(read: Callable[[str], str | None]) -> bool:
+    """May this process write the repository's objects itself? (`read`: the git settings.)"""
+    if os.environ.get("GIT_OBJECT_DIRECTORY"):
+        return False
+    shared = (read("core.sharedrepository") or "").strip().lower()
+    if shared not in ("", "false", "umask", "no", "off", "0"):
+        return False
+    return not any(read(key) for key in _GITS_OWN[1:])
+
+
+def write_tree(common_dir: Path, files: list[tuple[str, bytes]]) -> str:
+    """The blobs of `files` and a tree of them (mode 100644 each); the tree's id."""
+    objects = common_dir / "objects"
+    entries = sorted((name.encode(), bytes.fromhex(_write(objects, b"blob", data))) for name, data in files)
+    return _write(objects, b"tree", b"".join(b"100644 " + name + b"\0" + oid for name, oid in entries))
+
+
+def write_commit(common_dir: Path, tree: str, parents: list[str], message: str, who: str,
+                 when: int | None = None) -> str:
+    """A commit of `tree` by `who` (`Name <email>`, as author and committer) at `when` (+0000), or
+    now at the local offset, as git dates one; its id."""
+    if when is None:
+        now = int(time.time())
+        minutes = time.localtime(now).tm_gmtoff // 60
+        stamp = f"{now} {'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
+    else:
+        stamp = f"{when} +0000"
+    head = "".join([f"tree {tree}\n", *(f"parent {p}\n" for p in parents),
+                    f"author {who} {stamp}\n", f"committer {who} {stamp}\n\n"])
+    return _write(common_dir / "objects", b"commit", (head + message).encode())
+
+
+def _write(objects: Path, kind: bytes, content: bytes) -> str:
+    import zlib  # a writer's only: the reading commands load this module (`usable`), not zlib
+
+    data = kind + b" " + str(len(content)).encode() + b"\0" + content
+    oid: str = sha1(data).hexdigest()
+    folder, path = objects / oid[:2], objects / oid[:2] / oid[2:]
+    try:
+        os.utime(path)
+        return oid  # there already: freshened
+    except OSError:
+        pass
+    folder.mkdir(exist_ok=True)
+    temporary = folder / f"tmp_obj_{os.urandom(6).hex()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(zlib.compress(data, 1))  # core.looseCompression's default: best speed
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another writer's, the same bytes
+        except OSError:
+            os.replace(temporary, path)  # a file system without hard links
+    finally:
+        temporary.unlink(missing_ok=True)
+    return oid

@@ -1,0 +1,97 @@
+"""Loose objects of our own (subtask/git/loose.py): a command without pygit2 writes a record's
+blobs, tree and commit in-process, byte for byte the objects `git hash-object`, `git mktree` and
+`git commit-tree` write, where git keeps them, as git leaves them; where git would write them
+otherwise (a shared repository, another object folder) git writes them."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+
+import pygit2
+import pytest
+from conftest import git
+
+from subtask.git import gitobjects, loose
+from subtask.git.gitrepo import open_repo
+
+WHEN = 1_700_000_000
+
+
+def test_the_loose_writer_writes_the_commit_git_and_pygit2_write(repo):
+    git(repo, "config", "i18n.commitEncoding", "ISO-8859-1")  # would change what commit-tree writes
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    files = [("spec.json", b'{"v": 1}\n'), ("summary.md", "r\u00e9sum\u00e9 \u2713\n".encode()), ("empty", b""),
+             ("a b", b"x"), ("B", b"y")]
+    message = "st-1 done \u00b7 caf\u00e9\n\nsubtask-list: {}\n"
+    writers = {"loose": gitobjects.GitObjects(repo / ".git", loose=True),
+               "git": gitobjects.GitObjects(repo / ".git"),
+               "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
+    other = git(repo, "commit-tree", "-m", "other", f"{parent}^{{tree}}").strip()
+    for parents in ([parent], [], [parent, other]):
+        made = {name: w.write_commit(files, message, parents, when=WHEN) for name, w in writers.items()}
+        assert made["loose"] == made["git"] == made["pygit2"], parents
+
+
+def test_loose_objects_are_written_as_git_writes_them(repo):
+    """Read-only files under `objects/xx/`, nothing left beside them, fsck clean; written again, an
+    object is freshened (git's protection against a `gc --prune` racing the writer); a commit
+    without a time has the current one, at the local offset, as git's."""
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    writer = gitobjects.GitObjects(repo / ".git", loose=True)
+    files = [("record.json", b'{"v": 1}\n'), ("a b", "\u00e9\n".encode())]
+    made = writer.write_commit(files, "one\n", [parent])
+    commit = pygit2.Repository(str(repo))[made]
+    assert abs(commit.commit_time - time.time()) < 600
+    offset = time.localtime(commit.commit_time).tm_gmtoff // 60
+    zone = f"{'-' if offset < 0 else '+'}{abs(offset) // 60:02d}{abs(offset) % 60:02d}"
+    assert git(repo, "cat-file", "-p", made).splitlines()[3] == \
+        f"committer git-subtask <git-subtask@localhost> {commit.commit_time} {zone}"
+    objects = repo / ".git" / "objects"
+    for oid in (made, str(commit.tree_id), *(str(e.id) for e in commit.tree)):
+        path = objects / oid[:2] / oid[2:]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o444 & ~_umask(), oid
+    assert [p for p in objects.glob("??/*") if len(p.name) != 38] == []  # no temporary file left
+    fsck = subprocess.run(["git", "-C", str(repo), "fsck", "--strict", "--no-dangling"], capture_output=True,
+                          text=True)
+    assert fsck.returncode == 0 and not fsck.stderr.strip(), fsck.stderr
+    path = objects / made[:2] / made[2:]
+    os.utime(path, (1, 1))
+    assert writer.write_commit(files, "one\n", [parent], when=commit.commit_time) == made
+    assert path.stat().st_mtime > 1
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("setting", [("core.sharedRepository", "group"), ("core.sharedRepository", "0640"),
+                                     ("core.fsync", "loose-object"), ("core.fsyncObjectFiles", "true")])
+def test_a_shared_repository_has_its_objects_written_by_git(repo, setting):
+    """Git gives a shared repository's objects other modes, and flushes them when told to: it
+    writes them then."""
+    git(repo, "config", *setting)
+    assert not loose.usable(open_repo(repo).config.git)
+    git(repo, "config", "--unset", setting[0])
+    assert loose.usable(open_repo(repo).config.git)
+
+
+def test_objects_go_through_git_when_the_environment_moves_them(repo, monkeypatch):
+    monkeypatch.setenv("GIT_OBJECT_DIRECTORY", str(repo / ".git" / "objects"))
+    assert not loose.usable(open_repo(repo).config.git)
+    monkeypatch.delenv("GIT_OBJECT_DIRECTORY")
+    assert loose.usable(open_repo(repo).config.git)
+
+
+def test_start_writes_its_record_with_no_hash_object_mktree_or_commit_tree(repo, cli, tmp_path):
+    trace = tmp_path / "trace"
+    job = cli.start("true", env={"GIT_TRACE": str(trace)})
+    cli.ok("wait", job)
+    ran = trace.read_text()
+    for command in ("hash-object", "mktree", "commit-tree"):
+        assert f"built-in: git {command}" not in ran, command
+    assert git(repo, "cat-file", "-t", f"refs/subtask/{job}/record").strip() == "commit"
