@@ -278,7 +278,7 @@ def clean_job(repo: Repo, job: Job, target: Target | None, *, dry_run: bool = Fa
 
 
 def _record_removals(repo: Repo, job_id: str, *, worktree: bool, branch: bool) -> None:
-    """What cleanup removed, in one record write (a write is five git processes without pygit2)."""
+    """What cleanup removed, in one record write (two git processes without pygit2: read, ref update)."""
     if not (worktree or branch):
         return
 
