@@ -36,18 +36,19 @@ try:
 except ImportError:  # another interpreter
     from hashlib import sha1
 
-# Settings under which git writes objects otherwise (`SETTINGS_ARGS` reads them).
-_GITS_OWN = ("core.sharedrepository", "core.fsync", "core.fsyncobjectfiles")
+# Set, git flushes loose objects as they are written: git writes them then (`SETTINGS_ARGS` reads them).
+_FLUSHED = ("core.fsync", "core.fsyncobjectfiles")
+# core.sharedRepository's values for a repository that is not shared (git's modes, the umask's).
+_NOT_SHARED = ("", "false", "umask", "no", "off", "0")
 
 
 def usable(read: Callable[[str], str | None]) -> bool:
     """May this process write the repository's objects itself? (`read`: the git settings.)"""
     if os.environ.get("GIT_OBJECT_DIRECTORY"):
         return False
-    shared = (read("core.sharedrepository") or "").strip().lower()
-    if shared not in ("", "false", "umask", "no", "off", "0"):
+    if (read("core.sharedrepository") or "").strip().lower() not in _NOT_SHARED:
         return False
-    return not any(read(key) for key in _GITS_OWN[1:])
+    return not any(read(key) for key in _FLUSHED)
 
 
 def write_tree(common_dir: Path, files: list[tuple[str, bytes]]) -> str:
