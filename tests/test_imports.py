@@ -154,6 +154,19 @@ def test_start_imports_nothing_it_does_not_use(repo, cli):
     assert loaded_of(loaded, NOT_AT_START) == []
 
 
+def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
+    """An agent starts jobs while others run: `start` then asks whether it runs inside one of them
+    (its ancestry), which must not load the process-management module and its `logging`."""
+    held = tmp_path / "held"
+    running = cli.start(f"until [ -e {held} ]; do sleep 0.05; done")
+    try:
+        loaded, out = modules_loaded_by(["start", "--engine", "shell", "true"], repo)
+    finally:
+        held.touch()
+    cli.ok("wait", out.split()[0], running)
+    assert loaded_of(loaded, (*NOT_AT_START, "subtask.proc.procs")) == []
+
+
 # What `cleanup` of a finished job must not import: what starts a job (its admission, engines,
 # confinement), lands one, or another command uses.
 NOT_AT_CLEANUP = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "subtask.api.starting",

@@ -70,7 +70,6 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.api.starting", "subtask.ops.plans.waiting"): "not loaded by a click command, cleanup",
     ("subtask.api.starting", "subtask.ops.running.routing"): "not loaded by start, a click command, cleanup",
     ("subtask.api.starting", "subtask.proc.isolation"): "not loaded by a click command, cleanup",
-    ("subtask.api.starting", "subtask.proc.procs"): "not loaded by start, a click command, cleanup",
     ("subtask.api.starting", "tempfile"): "not loaded by a click command",
     ("subtask.engines.shell", "subtask.proc.procs"): "not loaded by start",
     ("subtask.faces.cli", "subprocess"): "not loaded by the click CLI's import",

@@ -55,6 +55,7 @@ from subtask.model.redact import redact
 from subtask.model.start_options import StartRequest
 from subtask.model.transaction import Transaction
 from subtask.ops.running import admission, lifecycle, spending
+from subtask.proc import lineage
 from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
 
 
@@ -143,9 +144,7 @@ def _job_of_ancestry(repo: Repo) -> Job | None:
     running = [entry for entry in slots.read(repo.state_dir).running if lifecycle.in_repo(repo, entry)]
     if not running:
         return None  # no job runs: none can be an ancestor (and /proc need not be walked)
-    from subtask.proc import procs
-
-    mine = set(procs.ancestors()) | {os.getpgrp()}
+    mine = set(lineage.ancestors()) | {os.getpgrp()}
     for entry in running:
         if lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])

@@ -267,25 +267,6 @@ def become_subreaper() -> None:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def ancestors() -> list[int]:
-    """This process's ancestors as /proc numbers them (the machine's pids, also from inside a pid
-    namespace of a job's, whose own numbers stop at its pid 1)."""
-    found: list[int] = []
-    pid = "self"
-    while len(found) < 64:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rpartition(b")")[2].split()
-            parent = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            break
-        if parent <= 1:
-            break
-        found.append(parent)
-        pid = str(parent)
-    return found
-
-
 def _children(pid: int) -> list[int]:
     found: list[int] = []
     try:
