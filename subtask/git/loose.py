@@ -30,11 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# CPython's own SHA-1 where there is one: hashlib loads OpenSSL (see `state/paths.py`).
-try:
-    from _sha1 import sha1  # type: ignore[import-not-found]
-except ImportError:  # another interpreter
-    from hashlib import sha1
+from subtask.state.paths import sha1  # CPython's own SHA-1: hashlib would load OpenSSL
 
 # Set, git flushes loose objects as they are written: git writes them then (`SETTINGS_ARGS` reads them).
 _FLUSHED = ("core.fsync", "core.fsyncobjectfiles")

@@ -38,9 +38,9 @@ from subtask.state.statefiles import ensure_dir
 # (~3 ms, far more on a loaded machine), which `list` and `status` paid for `repo_file`'s names
 # alone. The same digest either way, so no file is ever renamed.
 try:
-    from _sha1 import sha1  # type: ignore[import-not-found]
+    from _sha1 import sha1 as sha1  # type: ignore[import-not-found]  # (loose.py uses it too)
 except ImportError:  # another interpreter
-    from hashlib import sha1
+    from hashlib import sha1 as sha1
 
 SLOTS_FILE, SLOTS_LOCK = "slots.json", "slots.lock"
 LEDGER_FILE, LEDGER_LOCK = "ledger.jsonl", "ledger.lock"
