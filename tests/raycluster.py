@@ -33,6 +33,8 @@ from pathlib import Path
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 READY = "ready"
+# How long the keeper waits for each step of the cluster coming up (seconds).
+PATIENCE = 120
 
 
 # ---------------------------------------------------------------- the keeper (its own process)
@@ -192,7 +194,11 @@ def keeper(base: Path, ray: str) -> int:
     head_temp, node2_temp = base / "h", base / "n2"
     # Each node works in its own cache folder (SUBTASK_RAY_CACHE); the console scripts of this
     # interpreter come first on PATH, as on a node where git-subtask is installed.
+    # Ray's dashboard gives its nine module processes 30 s each and itself 60 s, then exits 1: on
+    # a loaded machine (CI: -n 4 on 2 cores) that is too short, so Ray waits as long as we do.
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
+               RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=str(PATIENCE),
+               RAY_DASHBOARD_STARTUP_TIMEOUT_S=str(PATIENCE),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     logs = open(base / "cluster.log", "ab")
     try:
@@ -210,12 +216,12 @@ def keeper(base: Path, ray: str) -> int:
         address = f"http://127.0.0.1:{dashboard}"
         # The second node joins only once the head is listed alive: GCS listens before the head
         # has registered itself, and a node that finds no head there gives up (under load, CI).
-        _wait_for_dashboard(dashboard, 120, nodes)
-        _wait_for_nodes(address, 1, 120, nodes)
+        _wait_for_dashboard(dashboard, PATIENCE, nodes)
+        _wait_for_nodes(address, 1, PATIENCE, nodes)
         start_node("second node", "cache-node2", [
             f"--address=127.0.0.1:{gcs}",
             *_node_args(node2_temp, {"subtask_slot": 2, "subtask_node2": 2})])
-        _wait_for_nodes(address, 2, 120, nodes)
+        _wait_for_nodes(address, 2, PATIENCE, nodes)
         print(json.dumps({"status": READY, "address": address,
                           "gcs": f"127.0.0.1:{gcs}", "node2_temp": str(node2_temp)}), flush=True)
         for line in sys.stdin:

@@ -109,3 +109,37 @@ def test_the_second_node_starts_only_once_the_head_has_registered(tmp_path):
         assert (marks / "node2-started").read_text() == "ok"
     finally:
         cluster.stop()
+
+
+FAKE_LOADED_HEAD = r'''#!PYTHON
+"""A stand-in for `ray start --head --block` on a loaded machine: its dashboard's modules take
+`FAKE_RAY_TAKES` seconds to come up (said, not slept), and like Ray's dashboard it gives up with
+exit 1 when that is beyond its patience: RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT
+(Ray's default 30 s) for each module, RAY_DASHBOARD_STARTUP_TIMEOUT_S (60 s) for the whole."""
+import os, sys
+takes = float(os.environ["FAKE_RAY_TAKES"])
+module = float(os.environ.get("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", 30))
+startup = float(os.environ.get("RAY_DASHBOARD_STARTUP_TIMEOUT_S", 60))
+if takes > min(module, startup):
+    sys.exit(f"RuntimeError: Module MetricsHead failed to start. Timeout after {module} seconds.")
+sys.exit("the fake went as far as it could")
+'''
+
+
+def test_a_slow_head_has_as_long_as_the_keeper_waits_for_it(tmp_path):
+    """In one CI run (the oldest releases, -n 4 on 2 cores) the head's `ray start` exited 1:
+    "Module MetricsHead failed to start. Timeout after 30.0 seconds". Ray's dashboard starts nine
+    module processes and gives each 30 s, the whole 60 s, while the keeper would have waited
+    `raycluster.PATIENCE` for it. A head whose modules take most of that patience must not give
+    up before the keeper does."""
+    import os
+
+    fake = tmp_path / "ray"
+    fake.write_text(FAKE_LOADED_HEAD.replace("PYTHON", sys.executable))
+    fake.chmod(0o755)
+    env = dict(os.environ, FAKE_RAY_TAKES=str(raycluster.PATIENCE - 1))
+    try:
+        raycluster.Cluster.start(env=env, ray=fake)
+    except RuntimeError as exc:
+        said = str(exc)
+    assert "the fake went as far as it could" in said, said
