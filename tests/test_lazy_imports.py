@@ -80,6 +80,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.faces.cli", "subtask.model.faults"): "not loaded by the click CLI's import",
     ("subtask.faces.cli", "subtask.model.job"): "not loaded by the click CLI's import",
     ("subtask.faces.cli", "subtask.words"): "not loaded by a click command, the click CLI's import",
+    ("subtask.faces.jsonrpc", "json"): "not loaded by the MCP front end until its first reply (json loads re: ~9 ms)",
     ("subtask.faces.manpage", "html"): "not loaded by a click command",
     ("subtask.git.harness", "tomllib"): "not loaded by the worker, cleanup",
     ("subtask.git.harness_rule", "subtask.git.checks"): "not loaded by cleanup",

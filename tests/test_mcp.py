@@ -682,6 +682,12 @@ class Session:
 SHIPPED_CACHE = Path(WORKTREE) / "subtask" / "faces" / "mcp_cache.json"
 
 
+def parsed(cache: dict) -> dict:
+    """`mcp_server.unpack`'s cache with each result's JSON text read, as `describe()` gives it."""
+    return {**cache, "results": {version: {method: json.loads(text) for method, text in replies.items()}
+                                 for version, replies in cache["results"].items()}}
+
+
 def cached_sdk_versions() -> dict[str, str]:
     return json.loads(SHIPPED_CACHE.read_text(encoding="utf-8"))["sdk"]
 
@@ -720,7 +726,7 @@ def test_the_cached_description_is_what_the_sdk_says():
 
     if cached_sdk_versions() != installed_versions():
         pytest.skip(f"the cache was made with {cached_sdk_versions()}, this is {installed_versions()}")
-    assert mcp_server.unpack(SHIPPED_CACHE.read_text(encoding="utf-8")) == describe(), \
+    assert parsed(mcp_server.unpack(SHIPPED_CACHE.read_bytes())) == describe(), \
         "stale subtask/faces/mcp_cache.json: run python scripts/mcp_cache.py"
     assert mcp_server.load_cache() is not None
 
@@ -737,7 +743,7 @@ def test_the_shipped_cache_holds_each_reply_once_and_compact():
 def test_a_cache_of_the_earlier_format_or_damaged_is_not_served(tmp_path, monkeypatch):
     from subtask.faces import mcp_server
 
-    shipped = mcp_server.unpack(SHIPPED_CACHE.read_text(encoding="utf-8"))
+    shipped = parsed(mcp_server.unpack(SHIPPED_CACHE.read_bytes()))
     for text in (json.dumps(shipped, indent=1), mcp_server.pack(shipped)[:-100], "[]", '{"v": 2}'):
         (tmp_path / "cache.json").write_text(text, encoding="utf-8")
         monkeypatch.setattr(mcp_server, "CACHE", str(tmp_path / "cache.json"))
@@ -760,23 +766,25 @@ def test_the_front_end_loads_no_sdk():
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
-def test_the_front_end_answers_initialize_without_threading_or_queue():
-    """`threading` and `queue` (~5 ms) come after the first reply."""
+def test_the_front_end_answers_initialize_without_threading_queue_or_json():
+    """`threading` and `queue` (~5 ms) come after the first reply; so does `json`, which loads
+    `re` and `enum` (~9 ms of the ~10 ms the front end's imports cost before it answered:
+    mcp_initialize was 1.00 of the peer's)."""
     code = ("import sys\n"
             "before = set(sys.modules)\n"
             "import subtask.faces.mcp_server as m\n"
             "class W:\n    def write(self, data): sys.stdout.write(data.decode())\n"
             "m.Front(W(), m.load_cache())._answer_first(sys.stdin.buffer.readline())\n"
-            "print(sorted(n for n in set(sys.modules) - before if n.split('.')[0] in ('threading', 'queue', '_json')))")
+            "print(sorted(n for n in set(sys.modules) - before\n"
+            "             if n.split('.')[0] in ('threading', 'queue', '_json', 'json', 're', 'enum')))")
     line = json.dumps(INITIALIZE) + "\n"
     proc = subprocess.run([sys.executable, "-c", code], env=server_env(), input=line, capture_output=True, text=True)
     reply, modules = proc.stdout.splitlines()
-    assert modules in ("[]", "['_json']"), proc.stdout + proc.stderr  # `_json` only as `json`'s own accelerator
+    assert modules == "[]", proc.stdout + proc.stderr
     from subtask.faces import mcp_server
 
-    assert reply == \
-        mcp_server.reply_line(1, mcp_server.load_cache()["results"]["2025-06-18"]["initialize"]).decode().strip()
-
+    cached = json.loads(mcp_server.load_cache()["results"]["2025-06-18"]["initialize"])
+    assert json.loads(reply) == {"jsonrpc": "2.0", "id": 1, "result": cached}
 
 
 @pytest.mark.parametrize("version", ["2024-11-05", "2099-01-01"])
@@ -793,6 +801,23 @@ def test_front_end_replies_are_the_sdks_byte_for_byte(repo, version):
     assert answers[True] == answers[False]
     assert json.loads(answers[True][0])["result"]["protocolVersion"] == (version if version < "2099" else "2025-11-25")
     assert {t["name"] for t in json.loads(answers[True][1])["result"]["tools"]} == TOOLS
+
+
+def test_ids_the_front_end_writes_by_hand_are_what_json_would_write(repo):
+    """The front end writes its cached replies' ids itself (`json` is not loaded before its first
+    reply): a string id with quotes, escapes, control and non-ASCII characters comes back equal.
+    A lone surrogate (`"\\ud800"`) cannot be written as UTF-8: the front end leaves that request to
+    the SDK, and the session goes on (its reader thread once died on one)."""
+    odd = 'a "b" \\ c\n\t\x01 é ✳ 😀'
+    session = Session(repo)
+    session.send(initialize("2025-06-18", odd), INITIALIZED,
+                 b'{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}\n', request(3, "tools/list"))
+    assert json.loads(session.reply(odd))["id"] == odd
+    assert {t["name"] for t in json.loads(session.reply(3))["result"]["tools"]} == TOOLS
+    lone = [line for line in session.seen if json.loads(line).get("id") == "\ud800"] or [session.reply("\ud800")]
+    assert "Invalid JSON" in json.loads(lone[0])["error"]["message"]  # the SDK's (pydantic's) word
+    stderr = session.close()
+    assert "Traceback" not in stderr and "differs" not in stderr, stderr
 
 
 class FakeWire:

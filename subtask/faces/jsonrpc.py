@@ -22,8 +22,6 @@ Standard library only: the front end checks lines before it loads anything.
 
 from __future__ import annotations
 
-import json
-
 TYPE_CHECKING = False  # not `typing`'s: the front end checks lines before it loads anything
 if TYPE_CHECKING:
     from typing import TypeGuard
@@ -48,6 +46,8 @@ def _not_json(constant: str) -> object:
 
 def loads(data: bytes | str) -> object:
     """`json.loads`, strict: NaN and Infinity refused; too deep a nesting is a ValueError too."""
+    import json  # not at the top: the MCP front end's first reply is read without it (~9 ms)
+
     try:
         return json.loads(data, parse_constant=_not_json)
     except RecursionError:
@@ -55,6 +55,8 @@ def loads(data: bytes | str) -> object:
 
 
 def dumps(value: object, ensure_ascii: bool = True) -> str:
+    import json  # see `loads`
+
     return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii)
 
 

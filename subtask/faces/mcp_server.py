@@ -9,11 +9,14 @@ the same process. The server is still `subtask.faces.mcp_tools.server` (MCPServe
 progress notification and error comes from the SDK.
 
 Invariants:
-- Never import `threading`, `queue` or the SDK in the MCP front end before its first reply, and
-  never read messages through a private codec (CPython's `_json`), because the first reply is what
-  a client waits for (~5 ms for those two, the SDK ~0.6 s) and a private module changes without
-  notice: the front end uses the standard library alone, and its public `json` module
-  (tests/test_mcp.py).
+- Never import `threading`, `queue`, `json` or the SDK in the MCP front end before its first
+  reply, because the first reply is what a client waits for (~5 ms for the first two, `json` ~9 ms:
+  it loads `re` and `enum`; the SDK ~0.6 s), and never read messages through a private codec
+  (CPython's `_json`), because a private module changes without notice: the first line and the
+  cache's head are read by `quickjson` (no import; `json.loads`'s value or a refusal, and a line it
+  refuses is read by `json` after all), the cached results are spliced into the reply as their
+  JSON text, and the id is written by `id_text`
+  (tests/test_mcp.py::test_the_front_end_answers_initialize_without_threading_queue_or_json).
 - The front end answers at most: the first line, when it is a plain `initialize` and the cache
   was made with the installed SDK; and, until the SDK reads its first line, list requests
   without params (`tools/list` ...) on a session it initialized. Versions are negotiated as the
@@ -61,7 +64,7 @@ from __future__ import annotations
 import os
 import sys
 
-from subtask.faces import jsonrpc
+from subtask.faces import jsonrpc, quickjson
 from subtask.faces.mcp_versions import installed_versions
 
 TYPE_CHECKING = False  # not `typing`'s (see above)
@@ -102,8 +105,8 @@ def load_cache() -> dict | None:
 
 def pack(cache: dict) -> str:
     """The file's text for `mcp_tools.describe()`'s replies: each distinct result once (the protocol
-    versions mostly share them), compact, one per line. The front end parses all of it before its
-    first reply: four indented copies of the tools were 246 KB and ~3 ms of ~22."""
+    versions mostly share them), compact, one per line, after a head line that numbers them. The
+    front end reads the head before its first reply and takes the results as text, unparsed."""
     numbers: dict[str, int] = {}  # each distinct body, numbered in the order first met
     results = {version: {method: numbers.setdefault(jsonrpc.dumps(result, ensure_ascii=False), len(numbers))
                          for method, result in replies.items()}
@@ -112,13 +115,18 @@ def pack(cache: dict) -> str:
     return jsonrpc.dumps(head, ensure_ascii=False)[:-1] + ',"bodies":[\n' + ",\n".join(numbers) + "\n]}\n"
 
 
-def unpack(data: bytes | str) -> dict:
-    """`pack`'s text read back as `describe()` returned it (ValueError, KeyError, TypeError or
-    IndexError when it is not such a text)."""
-    packed = jsonrpc.loads(data)
+def unpack(data: bytes) -> dict:
+    """`pack`'s text read back as `describe()` returned it, each result as its JSON text, spliced
+    into replies unparsed (ValueError, KeyError, TypeError or IndexError when it is not such a
+    text). Without `json` (see `quickjson`): the head is one line, and each body one more."""
+    lines = data.split(b"\n")
+    head, suffix = lines[0], b',"bodies":['
+    if not head.endswith(suffix) or lines[-2:] != [b"]}", b""]:
+        raise ValueError("not a cache of this format")
+    packed = quickjson.loads(head[: -len(suffix)] + b"}")
     if not isinstance(packed, dict) or packed.get("v") != CACHE_FORMAT:
         raise ValueError("not a cache of this format")
-    bodies = packed["bodies"]
+    bodies = [line.removesuffix(b",").decode() for line in lines[1:-2]]
     results = {version: {method: bodies[n] for method, n in replies.items()}
                for version, replies in packed["results"].items()}
     return {"sdk": packed["sdk"], "latest": packed["latest"], "results": results}
@@ -126,12 +134,33 @@ def unpack(data: bytes | str) -> dict:
 
 # ---------------------------------------------------------------- reading messages
 
+def _quick_initialize(line: bytes) -> dict | None:
+    """The plain initialize `line` holds, read without `json`; None for anything else."""
+    try:
+        message = quickjson.loads(line)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) and is_plain_initialize(message) else None
+
+
+def answerable_id(ident: object) -> bool:
+    """An id the front end can write a reply for: an integer, or a string with no lone surrogate
+    (JSON's `"\\ud800"`), which no UTF-8 reply can carry."""
+    if isinstance(ident, str):
+        try:
+            ident.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    return isinstance(ident, int) and not isinstance(ident, bool)
+
+
 def is_plain_initialize(message: object) -> bool:
     """An initialize the SDK is sure to accept: the front end may answer it for the SDK."""
     if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0" and message.get("method") == "initialize"):
         return False
     ident, params = message.get("id"), message.get("params")
-    if isinstance(ident, bool) or not isinstance(ident, int | str) or not isinstance(params, dict):
+    if not answerable_id(ident) or not isinstance(params, dict):
         return False
     client, capabilities = params.get("clientInfo"), params.get("capabilities")
     return (isinstance(params.get("protocolVersion"), str) and isinstance(capabilities, dict)
@@ -142,10 +171,20 @@ def is_plain_initialize(message: object) -> bool:
             and isinstance(client.get("icons", []), list))
 
 
-def reply_line(ident: int | str, result: dict) -> bytes:
-    """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8)."""
-    body = {"jsonrpc": "2.0", "id": ident, "result": result}
-    return (jsonrpc.dumps(body, ensure_ascii=False) + "\n").encode()
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def id_text(ident: int | str) -> str:
+    """An id as `json.dumps(ident, ensure_ascii=False)` writes it (`json` costs ~9 ms to import)."""
+    if isinstance(ident, int):
+        return str(ident)
+    return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " else c) for c in ident) + '"'
+
+
+def reply_line(ident: int | str, result: str) -> bytes:
+    """A JSON-RPC reply laid out as the SDK writes it (pydantic's compact JSON, UTF-8), around a
+    cached result's JSON text."""
+    return f'{{"jsonrpc":"2.0","id":{id_text(ident)},"result":{result}}}\n'.encode()
 
 
 # ---------------------------------------------------------------- the pipes
@@ -197,7 +236,7 @@ class Front:
         # input. The message is None for the initialize answered here (the SDK's reply to it is
         # dropped).
         self.lines: queue.Queue[tuple[bytes, dict | None] | None]
-        self.replies: dict[str, dict] | None = None  # cached results for the session's version
+        self.replies: dict[str, str] | None = None  # cached results (JSON texts) for the session's version
         self.drop: tuple[int | str, bytes] | None = None  # (id, our reply) of the initialize we answered
         self.sdk_reading = False
         self.owed = True  # a queued line may need an answer from the SDK
@@ -225,7 +264,8 @@ class Front:
         for the SDK to read."""
         if not first:
             return [None]
-        message = self._checked(first)
+        # The usual first line is read without `json`; any other, `jsonrpc` checks with it.
+        message = (_quick_initialize(first) if self.cache is not None else None) or self._checked(first)
         if message is None:
             return []
         if self.cache is None or not is_plain_initialize(message):
@@ -269,7 +309,7 @@ class Front:
         method = message.get("method")
         result = self.replies.get(method) if isinstance(method, str) and method != "initialize" else None
         # Only params-less lists: a cursor, or a `_meta` (a 2026 envelope), is the SDK's to judge.
-        if result is None or message.get("params") not in (None, {}) or "id" not in message:
+        if result is None or message.get("params") not in (None, {}) or not answerable_id(message.get("id")):
             return False
         self.write(reply_line(message["id"], result))
         return True
