@@ -11,12 +11,12 @@ Invariants:
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
 
 from subtask.api.read import _positive, get, sweep
 from subtask.api.replying import reply
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
 

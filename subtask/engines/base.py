@@ -23,12 +23,13 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
 from subtask.model import money
+from subtask.model.dataclass import dataclass
 from subtask.words import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.

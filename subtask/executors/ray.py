@@ -52,7 +52,6 @@ import threading
 import time
 import urllib.request
 import warnings
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -63,6 +62,7 @@ from subtask.git import notes, records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import config, money
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.redact import redact
 from subtask.model.transaction import Transaction

@@ -26,10 +26,10 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.git.gitrepo import Repo
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JOB_ID_RE
 from subtask.state import liveness

@@ -40,11 +40,12 @@ import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from subtask.git.gitrepo import tree_of
 from subtask.git.harness_rule import JOB, Rule, judged_by_job, rule_for
+from subtask.model.dataclass import dataclass
 
 TYPE_CHECKING = False  # not `typing`'s: its names are for mypy only, never imported at run time
 if TYPE_CHECKING:

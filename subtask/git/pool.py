@@ -53,13 +53,13 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask import words as render
 from subtask.git import worktrees
 from subtask.git.gitrepo import NO_HOOKS, Repo, ensure_excluded
 from subtask.model import faults
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import LockTimeout, StateLock, file_lock

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.git import chains
@@ -42,6 +41,7 @@ from subtask.git.gitobjects import Ref, RefUpdate, commit_message, commit_signed
 from subtask.git.gitrepo import Repo
 from subtask.git.ownership import owned_ref
 from subtask.model import money
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     ACTIVE,

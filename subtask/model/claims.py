@@ -24,8 +24,9 @@ Invariants:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from subtask.model.dataclass import dataclass
 
 
 class LazyPattern:

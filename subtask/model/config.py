@@ -29,9 +29,9 @@ import json
 import math
 import re
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from subtask.model import checknames
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
 KINDS = ("int", "number", "flag", "words", "text", "path", "argv", "regex", "pattern", "checks",

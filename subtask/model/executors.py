@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
 
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JobLike, placement, ray_job_id, runs_remotely
 

@@ -27,10 +27,11 @@ import dataclasses
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from decimal import Decimal
 
 from subtask.model import money
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)

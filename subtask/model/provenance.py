@@ -6,7 +6,7 @@ importing the code that asks git about signatures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from subtask.model.dataclass import dataclass
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:

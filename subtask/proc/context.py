@@ -26,8 +26,9 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from subtask.model.dataclass import dataclass
 from subtask.state.jobenv import Context
 
 # setns(2) flags; the user namespace first (entering it lends the rights the others need).

@@ -40,8 +40,8 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from dataclasses import dataclass
 
+from subtask.model.dataclass import dataclass
 from subtask.proc import view as views
 
 ENV = "SUBTASK_NAMESPACES"  # tests: "0" pretends this machine offers none

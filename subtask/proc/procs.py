@@ -64,10 +64,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.redact import StreamRedactor
 from subtask.proc import context, isolation, spawn

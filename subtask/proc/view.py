@@ -57,8 +57,10 @@ import stat
 import struct
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from subtask.model.dataclass import dataclass
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 # Secret files of the system a root-run job could read as their owner: hidden behind stand-ins.

@@ -44,9 +44,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from subtask.model.dataclass import dataclass
 from subtask.state import liveness, paths
 from subtask.state.statefiles import StateLock, file_lock, write_json
 

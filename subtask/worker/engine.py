@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import signal
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
@@ -29,6 +28,7 @@ from subtask.engines.base import EngineContext, Outcome
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
+from subtask.model.dataclass import dataclass
 from subtask.ops.running import lifecycle
 from subtask.ops.running.stall import StallWatch
 from subtask.ops.running.stall import action_of as stall_action

@@ -23,7 +23,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.engines.base import Outcome
@@ -31,6 +30,7 @@ from subtask.git import checks, worktrees
 from subtask.git.gitrepo import Repo, author_signature, diff_stats, git
 from subtask.git.records import Job
 from subtask.model import claims, phases
+from subtask.model.dataclass import dataclass
 from subtask.model.job import Evidence, VerifyResult, work_base
 from subtask.model.redact import redact, redact_obj
 from subtask.worker import retries

@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from subtask.git import checks
 from subtask.git.gitrepo import Repo, tree_of
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
+from subtask.model.dataclass import dataclass
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact
 from subtask.ops.landing import overlay, verified

@@ -18,12 +18,12 @@ Invariants:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import write_json

@@ -33,13 +33,13 @@ import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from subtask.git import notes, ownership, records, signing, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
 from subtask.ops.landing import verify_rerun

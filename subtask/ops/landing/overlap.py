@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
 from subtask.state.statefiles import write_atomic

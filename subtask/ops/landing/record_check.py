@@ -12,11 +12,12 @@ Nothing here writes anything: no record, note, ref or pin (the scratch checkout 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from subtask.git import ownership, records, signing
 from subtask.git.gitrepo import Repo, diff_stats, tree_of
 from subtask.git.records import Job
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
 from subtask.ops.landing import landed, verify_rerun

@@ -39,10 +39,10 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import dataclass
 
 from subtask.git import harness, harness_rule, ownership, records
 from subtask.git.gitrepo import Repo
+from subtask.model.dataclass import dataclass
 from subtask.model.job import VerifyResult
 from subtask.state.statefiles import open_private, write_atomic
 

@@ -45,11 +45,11 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.git import checks, harness_rule
 from subtask.git.gitrepo import Repo, ensure_excluded, git, tree_of
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult, work_base
 from subtask.model.redact import redact

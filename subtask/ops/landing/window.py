@@ -35,8 +35,10 @@ Invariants:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from subtask.model.dataclass import dataclass
 
 BISECT = 2  # probes at once when a failed batch is cut: its three parts' first two ends
 

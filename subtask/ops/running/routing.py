@@ -34,12 +34,13 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from subtask.engines import configured_command_engines, engine_names, get_engine
 from subtask.engines.base import preflight
 from subtask.git import records
 from subtask.git.gitrepo import Repo
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.proc import isolation
 from subtask.state import ledger

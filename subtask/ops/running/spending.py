@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -36,6 +36,7 @@ from pathlib import Path
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.model import money
+from subtask.model.dataclass import dataclass
 from subtask.state import ledger
 from subtask.state.statefiles import write_atomic
 

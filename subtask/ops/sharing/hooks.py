@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from subtask.git.gitrepo import Repo
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
 HOOK_NAME = "post-merge"

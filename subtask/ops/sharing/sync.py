@@ -46,13 +46,14 @@ from __future__ import annotations
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import pygit2
 
 from subtask.git import chains, notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
 from subtask.model import executors
+from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
