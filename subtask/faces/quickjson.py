@@ -129,13 +129,9 @@ def _string(text: str, at: int) -> tuple[str, int]:
 
 
 def _object(text: str, at: int, depth: int) -> tuple[dict, int]:
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deeply: left to json")
     found: dict = {}
-    at = _skip(text, at)
-    if text[at:at + 1] == "}":
-        return found, at + 1
-    while True:
+    closed, at = _open(text, at, depth, "}")
+    while not closed:
         if text[at:at + 1] != '"':
             raise ValueError(f"expecting a key at {at}")
         key, at = _string(text, at + 1)
@@ -143,27 +139,33 @@ def _object(text: str, at: int, depth: int) -> tuple[dict, int]:
         if text[at:at + 1] != ":":
             raise ValueError(f"expecting ':' at {at}")
         found[key], at = _value(text, _skip(text, at + 1), depth)
-        at = _skip(text, at)
-        if text[at:at + 1] == "}":
-            return found, at + 1
-        if text[at:at + 1] != ",":
-            raise ValueError(f"expecting ',' or '}}' at {at}")
-        at = _skip(text, at + 1)
+        closed, at = _after_item(text, at, "}")
+    return found, at
 
 
 def _array(text: str, at: int, depth: int) -> tuple[list, int]:
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deeply: left to json")
     found: list = []
-    at = _skip(text, at)
-    if text[at:at + 1] == "]":
-        return found, at + 1
-    while True:
+    closed, at = _open(text, at, depth, "]")
+    while not closed:
         value, at = _value(text, at, depth)
         found.append(value)
-        at = _skip(text, at)
-        if text[at:at + 1] == "]":
-            return found, at + 1
-        if text[at:at + 1] != ",":
-            raise ValueError(f"expecting ',' or ']' at {at}")
-        at = _skip(text, at + 1)
+        closed, at = _after_item(text, at, "]")
+    return found, at
+
+
+def _open(text: str, at: int, depth: int, close: str) -> tuple[bool, int]:
+    """Past an object's or array's opening and the whitespace after it: (empty, where next)."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply: left to json")
+    at = _skip(text, at)
+    return (True, at + 1) if text[at:at + 1] == close else (False, at)
+
+
+def _after_item(text: str, at: int, close: str) -> tuple[bool, int]:
+    """Past an item's comma or the closing bracket, and the whitespace: (closed, where next)."""
+    at = _skip(text, at)
+    if text[at:at + 1] == close:
+        return True, at + 1
+    if text[at:at + 1] != ",":
+        raise ValueError(f"expecting ',' or '{close}' at {at}")
+    return False, _skip(text, at + 1)
