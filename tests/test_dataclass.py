@@ -80,6 +80,8 @@ def test_ours_behaves_as_the_standard_decorator():
             assert (our_a == our_b) == (std_a == std_b)
             assert (our_a == object()) == (std_a == object())
             assert (our_a != our_b) == (std_a != std_b)
+            std_sub, our_sub = type("Sub", (std_cls,), {}), type("Sub", (our_cls,), {})  # not data classes
+            assert (our_a == our_sub(*args)) == (std_a == std_sub(*args))
             assert seen(our_a, hash)[0] == seen(std_a, hash)[0]
             if seen(std_a, hash)[0] == "value":
                 assert (hash(our_a) == hash(our_b)) == (hash(std_a) == hash(std_b))
