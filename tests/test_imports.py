@@ -2,7 +2,8 @@
 
 A reading command (`list`, `status`, `show`, `result`, `wait`) runs under `python -X importtime`
 (the modules the interpreter reports loading, in the order and nesting it loaded them), and:
-- nothing of click, pygit2, the MCP SDK, the agent SDKs, Ray or filelock loads, nor any module
+- nothing of click, pygit2, the MCP SDK, the agent SDKs, Ray, filelock, `dataclasses` or
+  `inspect` (~7 ms together; subtask/model/dataclass.py makes our records) loads, nor any module
   of ours that starts, runs or lands a job, or signs (`FORBIDDEN`);
 - every module of ours it loads is in its budget (`OURS`, shared, plus `EXTRA` per command);
 - every module outside the package that a module of ours is the first to import is in
@@ -21,6 +22,7 @@ import pytest
 from conftest import git
 
 FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
+             "dataclasses", "inspect",
              "subtask.engines", "subtask.worker", "subtask.api.starting", "subtask.api.groups", "subtask.api.launching",
              "subtask.api.replying", "subtask.api.landing", "subtask.api.admin", "subtask.faces.cli",
              "subtask.faces.mcp_server", "subtask.faces.mcp_calls",
@@ -50,7 +52,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "_sha1", "dataclasses", "decimal", "json", "pathlib", "signal", "subprocess"}
+DIRECT = {"__future__", "_sha1", "decimal", "json", "pathlib", "signal", "subprocess"}
 DIRECT_EXTRA = {"wait": {"queue"}}
 RUN_TIME = "subtask (a function's import, at run time)"
 
@@ -126,7 +128,8 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
 # What `start` of a shell job (the CLI's own process: its worker is a fork that goes on) must not
 # import: what only groups, landing or another command use, and what a call out of the standard
 # library answers as well (`platform`: ~1.5 ms and nine regular expressions, for os.uname()).
-NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging",
+NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging", "dataclasses",
+                "inspect",
                 "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
 
 
@@ -170,7 +173,8 @@ def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
 
 # What `cleanup` of a finished job must not import: what starts a job (its admission, engines,
 # confinement), lands one, or another command uses.
-NOT_AT_CLEANUP = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "subtask.api.starting",
+NOT_AT_CLEANUP = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "dataclasses", "inspect",
+                  "subtask.api.starting",
                   "subtask.api.launching", "subtask.api.groups", "subtask.api.replying", "subtask.api.landing",
                   "subtask.engines", "subtask.worker", "subtask.proc.isolation", "subtask.ops.running.admission")
 
@@ -182,19 +186,3 @@ def test_cleanup_imports_nothing_it_does_not_use(finished):
     assert "subtask.ops.landing.cleanup" in loaded
     assert loaded_of(loaded, NOT_AT_CLEANUP) == []
 
-
-def test_every_data_class_has_a_docstring():
-    """Python 3.11's `dataclasses` makes a docstring up for a data class that has none, by calling
-    `inspect.signature` on it as the module is imported: 0.1-0.3 ms a class, paid by every
-    command for each of the 20-50 records it loads. A docstring of our own costs nothing."""
-    import ast
-    from pathlib import Path
-
-    package = Path(__file__).resolve().parent.parent / "subtask"
-    missing = []
-    for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.ClassDef) and ast.get_docstring(node) is None
-                    and any("dataclass" in ast.unparse(d) for d in node.decorator_list)):
-                missing.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name}")
-    assert missing == [], "data classes without a docstring:\n" + "\n".join(missing)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +35,7 @@ from subtask.git import ownership
 from subtask.git.gitrepo import Repo, git, resolve_commit
 from subtask.git.leftout import LeftOut
 from subtask.model import money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.redact import redact
 from subtask.model.start_options import StartRequest

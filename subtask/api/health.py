@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from dataclasses import asdict, field
 
 from subtask import api
 from subtask.git import notes_store, ownership, pool, records
 from subtask.git.gitrepo import open_repo
 from subtask.model import executors
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import asdict, dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.ops.running import lifecycle
 from subtask.ops.sharing import client_config, hooks

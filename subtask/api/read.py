@@ -25,7 +25,6 @@ import json
 import math
 import os
 import warnings
-from dataclasses import field
 from pathlib import Path
 
 from subtask import executors
@@ -33,7 +32,7 @@ from subtask.git import ownership, records, where_landed
 from subtask.git.gitobjects import Ref
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE, TERMINAL, is_job_id, job_passed  # noqa: F401  (api.job_passed)
 from subtask.state import paths, slots, stamps

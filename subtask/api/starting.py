@@ -24,7 +24,6 @@ import errno
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import field
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -36,7 +35,7 @@ from subtask.git.gitrepo import Repo, check_worktree_location, resolve_commit
 from subtask.git.leftout import LeftOut
 from subtask.git.records import Job, branch_name
 from subtask.model import checknames, faults, money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import (
     DEPTH_ENV,

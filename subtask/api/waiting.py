@@ -22,7 +22,6 @@ import os
 import queue
 import threading
 import time
-from dataclasses import field
 from pathlib import Path
 
 from subtask import executors
@@ -31,7 +30,7 @@ from subtask.git import records
 from subtask.git.gitrepo import Repo, open_repo
 from subtask.git.records import Job
 from subtask.model import faults
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, is_group_ref, job_passed
 from subtask.state import liveness, paths, slots

@@ -23,13 +23,12 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
 from subtask.model import money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.words import SUMMARY_MAX_LINES
 
 # Error kinds an engine may report, each with a hint that names a command that exists.

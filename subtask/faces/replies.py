@@ -13,11 +13,10 @@ members they name.
 from __future__ import annotations
 
 import time
-from dataclasses import field
 
 from subtask import api  # api's names load on first use (api/__init__)
 from subtask import words as render
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import VerifyResult
 from subtask.words import group_pages

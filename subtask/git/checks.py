@@ -39,7 +39,6 @@ import ast
 import re
 import shlex
 from collections.abc import Iterable
-from dataclasses import field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +53,7 @@ from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, 
     split,
 )
 from subtask.model.claims import LazyPattern
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 
 if TYPE_CHECKING:

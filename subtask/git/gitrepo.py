@@ -36,12 +36,11 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import field, replace
 from pathlib import Path
 
 from subtask.git import gitobjects, loose
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field, replace
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 

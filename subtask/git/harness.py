@@ -40,12 +40,11 @@ import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import field
 from pathlib import Path
 
 from subtask.git.gitrepo import tree_of
 from subtask.git.harness_rule import JOB, Rule, judged_by_job, rule_for
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 
 TYPE_CHECKING = False  # not `typing`'s: its names are for mypy only, never imported at run time
 if TYPE_CHECKING:

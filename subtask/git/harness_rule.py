@@ -32,11 +32,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Container, Iterable
-from dataclasses import field
 from pathlib import PurePosixPath
 
 from subtask.model.checknames import split
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 
 DEFAULT = "default"

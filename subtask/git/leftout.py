@@ -21,12 +21,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from subtask.git.gitrepo import Repo
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 
 OURS = ".subtask/"  # the folder of the jobs' worktrees (excluded, but a look may begin before that)
 _PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")

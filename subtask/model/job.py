@@ -23,19 +23,18 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
-from dataclasses import field
 from decimal import Decimal
 
 from subtask.model import money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field, fields
 from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    import dataclasses
     from typing import Any, ClassVar, Protocol, Self
 else:
     Protocol = object  # `JobLike` is documentation and a type, never a base at run time
@@ -85,7 +84,7 @@ class _Record:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": SCHEMA_VERSION}
-        for f in dataclasses.fields(self):
+        for f in fields(self):
             if f.name == "extra":
                 continue
             value = getattr(self, f.name)
@@ -103,7 +102,7 @@ class _Record:
     def from_dict(cls, data: dict[str, Any] | None) -> Self:
         data = dict(data or {})
         data.pop("v", None)
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for key, value in data.items():

@@ -21,10 +21,9 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import field, fields
 from typing import Any
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field, fields
 
 PICK_RULES = ("smallest", "cheapest", "fastest")
 ON_FAIL = ("skip", "run")  # model.ON_FAIL (this module imports nothing of ours: the CLI's hot path)

@@ -26,9 +26,8 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import field
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.state.jobenv import Context
 
 # setns(2) flags; the user namespace first (entering it lends the rights the others need).

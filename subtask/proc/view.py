@@ -57,10 +57,9 @@ import stat
 import struct
 import sys
 from collections.abc import Mapping
-from dataclasses import field
 from pathlib import Path
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 # Secret files of the system a root-run job could read as their owner: hidden behind stand-ins.

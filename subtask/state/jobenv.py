@@ -40,11 +40,10 @@ import os
 import resource
 import sys
 from collections.abc import Mapping
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.state import paths
 from subtask.state.statefiles import write_json
 

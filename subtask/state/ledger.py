@@ -38,14 +38,13 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from subtask.model import money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import naming

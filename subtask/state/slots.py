@@ -44,10 +44,9 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import field
 from pathlib import Path
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.state import liveness, paths
 from subtask.state.statefiles import StateLock, file_lock, write_json
 

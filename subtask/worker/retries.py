@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import field
 from decimal import Decimal
 from typing import Any
 
@@ -53,7 +52,7 @@ from subtask.git import checks, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import claims, faults, money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Attempt, Cost, VerifyResult, runs_remotely
 from subtask.model.transaction import Transaction

@@ -33,13 +33,12 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import field
 from pathlib import Path
 
 from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git, tree_of
 from subtask.git.records import Job
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.job import work_base
 from subtask.ops.landing import merge, verify_rerun
 from subtask.words import safe_line, task_title

@@ -6,13 +6,12 @@ each job's outcome, the target branch (found, read, and moved by compare-and-swa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import field
 from pathlib import Path
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Landing, VerifyResult, is_group_ref
 from subtask.ops.landing import (

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import field
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
 from subtask.state.statefiles import write_atomic

@@ -53,13 +53,12 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
-from dataclasses import field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from subtask.git import harness, harness_rule
 from subtask.git.gitrepo import Repo, tree_of
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.state.statefiles import write_atomic
 
 STASH = ".harness"  # <worktreeDir>/.harness/<id>/: a job's moved files and its setup snapshot

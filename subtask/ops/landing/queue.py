@@ -23,13 +23,12 @@ import queue as queue_module
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import field
 
 from subtask.git import checks, notes, records
 from subtask.git.gitrepo import Repo, tree_of
 from subtask.git.records import Job
 from subtask.model import faults, phases
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import Landing, VerifyResult, now, work_base
 from subtask.model.redact import redact

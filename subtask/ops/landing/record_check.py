@@ -12,12 +12,10 @@ Nothing here writes anything: no record, note, ref or pin (the scratch checkout 
 
 from __future__ import annotations
 
-from dataclasses import field
-
 from subtask.git import ownership, records, signing
 from subtask.git.gitrepo import Repo, diff_stats, tree_of
 from subtask.git.records import Job
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
 from subtask.ops.landing import landed, verify_rerun

@@ -35,10 +35,9 @@ Invariants:
 from __future__ import annotations
 
 import time
-from dataclasses import field
 from typing import Any
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 
 BISECT = 2  # probes at once when a failed batch is cut: its three parts' first two ends
 

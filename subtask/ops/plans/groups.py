@@ -48,7 +48,6 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from subtask.git import chains, notes, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import faults, money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
 from subtask.model.job import _Record, job_passed, now, work_base

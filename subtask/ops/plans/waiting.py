@@ -40,7 +40,6 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from dataclasses import field
 from types import SimpleNamespace
 
 from subtask import words as render
@@ -50,7 +49,7 @@ from subtask.git.gitobjects import commit_tree
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
 from subtask.model import executors, faults, money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING, Cost, job_passed, now
 from subtask.model.transaction import Transaction

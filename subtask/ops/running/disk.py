@@ -20,12 +20,11 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from dataclasses import field
 from pathlib import Path
 
 from subtask.git import records, worktrees
 from subtask.git.gitrepo import Repo
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.job import is_job_id
 from subtask.ops.landing import cleanup
 

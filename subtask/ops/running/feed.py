@@ -29,12 +29,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import field
 from pathlib import Path
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE, TERMINAL
 from subtask.ops.running import lifecycle

@@ -34,13 +34,11 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import field
-
 from subtask.engines import configured_command_engines, engine_names, get_engine
 from subtask.engines.base import preflight
 from subtask.git import records
 from subtask.git.gitrepo import Repo
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.proc import isolation
 from subtask.state import ledger

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.model import money
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import asdict, dataclass, field
 from subtask.state import ledger
 from subtask.state.statefiles import write_atomic
 

@@ -44,11 +44,10 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any
 
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import asdict, dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.state.statefiles import ensure_dir, write_json
 

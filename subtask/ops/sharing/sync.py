@@ -46,14 +46,13 @@ from __future__ import annotations
 import random
 import re
 import time
-from dataclasses import field
 
 import pygit2
 
 from subtask.git import chains, notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
 from subtask.model import executors
-from subtask.model.dataclass import dataclass
+from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 
 RECORDS_SPEC = "refs/subtask/*:refs/subtask/*"
