@@ -361,9 +361,8 @@ def test_the_spend_in_the_records_is_read_once_per_record_tip(cli, repo, monkeyp
 def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo, monkeypatch):
     """The records were read while the job ran; it ended (closing nothing: no ledger) before the
     restore appended its reservation: the restore closes it from its final record."""
-    import dataclasses
-
     from subtask.git.gitrepo import open_repo
+    from subtask.model.dataclass import replace
     from subtask.ops.running import spending
     from subtask.state import ledger
 
@@ -371,7 +370,7 @@ def test_a_job_that_ends_while_the_ledger_is_restored_is_not_left_open(cli, repo
     cli.ok("wait", cli.start("cost=0.5", "--max-usd", "1"), timeout=60)
     shutil.rmtree(state_dir(repo))
     handle = open_repo(repo)
-    stale = [dataclasses.replace(c, charged=None) for c in spending.record_charges(handle)]
+    stale = [replace(c, charged=None) for c in spending.record_charges(handle)]
     monkeypatch.setattr(spending, "record_charges", lambda _repo: stale)
     spending.sync_ledger(handle)
     spend = ledger.summary(handle.state_dir, 100.0)
