@@ -15,7 +15,6 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask import executors
 from subtask.api.landing import MAX_OUTPUT_LIMIT, OUTPUT_LIMIT, git_output
@@ -42,6 +41,7 @@ from subtask.model.start_options import StartRequest
 from subtask.ops.running import spending
 from subtask.state import ledger, liveness
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from subtask.ops.plans.groups import Group
 

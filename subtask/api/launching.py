@@ -9,8 +9,6 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from subtask.api.read import repo_at
 from subtask.api.starting import StartResult, _list, left_out, look_at_checkout, start
 from subtask.git.gitrepo import Repo
@@ -18,6 +16,7 @@ from subtask.model.errors import SubtaskError
 from subtask.model.start_options import BY_NAME as START_OPTIONS
 from subtask.model.start_options import GROUP_ONLY, StartRequest
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from subtask.api.groups import GroupStart
 

@@ -30,10 +30,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from subtask.git.gitrepo import Repo
 

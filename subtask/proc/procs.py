@@ -65,12 +65,15 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any
 
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.redact import StreamRedactor
 from subtask.proc import context, isolation, spawn
+
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from subtask.model import money
 from subtask.model.dataclass import dataclass, field
@@ -49,7 +48,10 @@ from subtask.model.errors import SubtaskError
 from subtask.state import paths
 from subtask.state.statefiles import naming
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
+    from typing import Any
+
     import filelock
 
 LEDGER_NAME = paths.LEDGER_FILE

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from subtask.state import paths
 from subtask.state.statefiles import write_atomic, write_json
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
+    from typing import Any
+
     from subtask.model.job import Attempt
 
 

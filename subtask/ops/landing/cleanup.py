@@ -42,7 +42,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask.git import notes, ownership, pool, records, worktrees
 from subtask.git.gitrepo import Repo, git
@@ -64,6 +63,7 @@ from subtask.ops.landing.landed import (
 )
 from subtask.state import liveness, paths, stamps
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     pass
 

@@ -34,7 +34,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from subtask.git import notes, ownership, records, signing, where_landed
 from subtask.git.gitrepo import Repo, git
@@ -49,6 +48,7 @@ from subtask.state import liveness, paths
 from subtask.state.statefiles import LockTimeout, file_lock
 from subtask.words import task_title
 
+TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     import pygit2
 
