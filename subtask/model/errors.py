@@ -156,6 +156,21 @@ def command_over() -> None:
     _block_sigint()
 
 
+def exit_at_once(code: object) -> None:
+    """Exit with `code` now, without Python's teardown, which frees every module's objects one by
+    one (~6 ms of a 45 ms reading command), once the standard streams are flushed. Returns (and
+    the caller exits the usual way) for an exit that carries a message, or when a stream cannot
+    be flushed: Python's own exit then says what it says."""
+    if code is not None and not isinstance(code, int):
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code or 0)
+
+
 def exit_if_interrupted() -> None:
     """End an interrupted command here (exit 130), its unwinding done, without Python's
     finalization: that puts SIGINT back to its default while it tears the modules down, so git's
