@@ -7,9 +7,11 @@ from the first line of `main` on: while the CLI is still being imported (the scr
 `from subtask.faces.cli import main` would print one), while the command runs, while it unwinds,
 and once it is over. Before that first line it is Python's own start-up (`site`), which no code
 of ours can reach. No process is left behind after a call (a warm command server used to be, on
-by default: it is gone, docs/architecture.md says why). A command of the registry exits without
-the interpreter's teardown (`errors.exit_at_once`: ~6 ms of a 45 ms `list`); it registers no exit
-work that this would skip (tests/test_imports.py holds that for each of them).
+by default: it is gone, docs/architecture.md says why).
+
+Invariant: never register exit work (`atexit`, a non-daemon thread) in a command of the registry,
+because it exits without the interpreter's teardown (`errors.exit_at_once`: ~6 ms of a 45 ms
+`list`) and that work would never run (tests/test_imports.py holds it for each command).
 """
 
 from __future__ import annotations
