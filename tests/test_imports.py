@@ -15,6 +15,7 @@ A module that leaves a budget lowers it: update the sets here in the same commit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -205,7 +206,9 @@ def exit_of(argv: list[str], cwd) -> tuple[str, str, int]:
             f"sys.argv = ['git-subtask', *{argv!r}]\n"
             "from subtask.entry import main\n"
             "main()\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # its output buffered, as a user's is
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
     said, fast, callbacks = proc.stderr.rpartition("FAST ")
     if not fast:
         return "normal", proc.stdout + proc.stderr, proc.returncode
