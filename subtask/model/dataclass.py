@@ -121,8 +121,6 @@ else:
         """What the class was made with (the standard library's `__dataclass_params__`)."""
 
         __slots__ = ("frozen",)
-        init = repr = eq = True
-        order = unsafe_hash = False
 
         def __init__(self, frozen):
             self.frozen = frozen
@@ -241,18 +239,19 @@ else:
             default_name = f"__dataclass_dflt_{f.name}__"
             if f.default_factory is not MISSING:
                 namespace[default_name] = f.default_factory
-                value = (f"{default_name}() if {f.name} is __dataclass_HAS_FACTORY__ else {f.name}" if f.init
-                         else f"{default_name}()")
-            elif f.init:
-                if f.default is not MISSING:
-                    namespace[default_name] = f.default
-                value = f.name
+                param = f"{f.name}=__dataclass_HAS_FACTORY__"
+                value = f"{default_name}() if {f.name} is __dataclass_HAS_FACTORY__ else {f.name}"
+                if not f.init:
+                    value = f"{default_name}()"
+            elif not f.init:
+                continue  # the class attribute is its default (or it has none)
+            elif f.default is not MISSING:
+                namespace[default_name] = f.default
+                param, value = f"{f.name}={default_name}", f.name
             else:
-                continue  # no default and not in __init__, or the class attribute is its default
+                param, value = f.name, f.name
             if f.init:
-                params.append(f.name if f.default is MISSING and f.default_factory is MISSING else
-                              f"{f.name}=__dataclass_HAS_FACTORY__" if f.default_factory is not MISSING else
-                              f"{f.name}={default_name}")
+                params.append(param)
             body.append(f"__dataclass_object_setattr__({self_name}, {f.name!r}, {value})" if frozen
                         else f"{self_name}.{f.name} = {value}")
         if hasattr(cls, "__post_init__"):
