@@ -55,22 +55,28 @@ PENDING_CHECKOUT = "subtask-checkout"
 
 
 def admin_dir(repo: Repo, path: Path) -> Path | None:
-    """The admin folder git keeps for the worktree checked out at `path`, or None if git has none."""
+    """The admin folder git keeps for the worktree checked out at `path`, or None if git has none.
+    Each registration is compared as git wrote it first, and resolved only if none matched (a
+    path given through a symlink): resolving is an `lstat` per component of every worktree."""
     try:
         wanted = path.resolve()
-        entries = list(os.scandir(repo.common_dir / "worktrees"))
+        admins = [Path(entry.path) for entry in os.scandir(repo.common_dir / "worktrees")]
     except OSError:
         return None
-    for entry in entries:
-        try:
-            gitdir = Path((Path(entry.path) / "gitdir").read_text().strip())
-        except OSError:
-            continue
-        if not gitdir.is_absolute():  # worktree.useRelativePaths
-            gitdir = Path(entry.path) / gitdir
-        if gitdir.name == ".git" and gitdir.parent.resolve() == wanted:
-            return Path(entry.path)
-    return None
+    registered = [(admin, folder) for admin in admins if (folder := _registered_at(admin)) is not None]
+    return next((admin for admin, folder in registered if folder == wanted), None) \
+        or next((admin for admin, folder in registered if folder.resolve() == wanted), None)
+
+
+def _registered_at(admin: Path) -> Path | None:
+    """The worktree folder an admin folder's `gitdir` names, as git wrote it (None: none)."""
+    try:
+        gitdir = Path((admin / "gitdir").read_text().strip())
+    except OSError:
+        return None
+    if not gitdir.is_absolute():  # worktree.useRelativePaths
+        gitdir = admin / gitdir
+    return gitdir.parent if gitdir.name == ".git" else None
 
 
 def mark(repo: Repo, job_id: str, path: Path) -> None:
@@ -300,11 +306,15 @@ def stale_admin(repo: Repo, job_id: str, path: Path) -> Path | None:
     (what `git worktree prune` would drop), when it is this clone's, for this job; else None."""
     if path.exists() or not under_worktree_folder(repo, path):
         return None
-    admin = admin_dir(repo, path)
+    admin = expected_admin(repo, job_id)  # where a job's worktree is registered (`mark` refuses any other)
     try:
-        return admin if admin is not None and (admin / MARKER).read_text().strip() == job_id else None
+        if (admin / MARKER).read_text().strip() != job_id:
+            return None
     except OSError:
         return None
+    folder = _registered_at(admin)
+    wanted = path.resolve()
+    return admin if folder is not None and (folder == wanted or folder.resolve() == wanted) else None
 
 
 def drop_stale(repo: Repo, job_id: str, path: Path) -> bool:
