@@ -173,7 +173,7 @@ def git_processes(cli, tmp_path, *args: str) -> list[str]:
 
 
 # A reading command's git processes: each costs 2-4 ms, a third of what `list` does beside its imports.
-READ_BUDGET = {("list",): 3, ("status",): 3, ("show",): 3, ("result",): 3, ("wait",): 3}
+READ_BUDGET = {("list",): 3, ("status",): 3, ("show",): 2, ("result",): 2, ("wait",): 2}
 
 
 def test_reading_commands_run_few_git_processes(repo, cli, tmp_path):

@@ -53,7 +53,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "_sha1", "decimal", "json", "pathlib", "signal", "subprocess"}
+DIRECT = {"__future__", "_sha1", "decimal", "json", "pathlib", "signal", "subprocess", "zlib"}
 DIRECT_EXTRA = {"wait": {"queue"}}
 RUN_TIME = "subtask (a function's import, at run time)"
 

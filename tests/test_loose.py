@@ -95,3 +95,60 @@ def test_start_writes_its_record_with_no_hash_object_mktree_or_commit_tree(repo,
     for command in ("hash-object", "mktree", "commit-tree"):
         assert f"built-in: git {command}" not in ran, command
     assert git(repo, "cat-file", "-t", f"refs/subtask/{job}/record").strip() == "commit"
+
+
+def _read_by(reader: gitobjects.GitObjects, specs: list[str], monkeypatch) -> tuple[list, int]:
+    """What `reader.read(specs)` answers, and how many git processes it ran for it."""
+    ran = []
+    real = subprocess.run
+    monkeypatch.setattr(gitobjects.subprocess, "run", lambda argv, *a, **k: (ran.append(argv), real(argv, *a, **k))[1])
+    found = reader.read(specs)
+    monkeypatch.setattr(gitobjects.subprocess, "run", real)
+    return found, len(ran)
+
+
+def test_a_records_loose_objects_are_read_without_git_and_answer_as_git_does(repo, monkeypatch):
+    """A record's commit and its files (`<commit>`, `<commit>:<name>`) are read from their loose
+    files, each checked against its name: what `git cat-file --batch` answers, with no process.
+    Anything else (a path in a folder, a name that is not there, an abbreviation) is git's."""
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    writer = gitobjects.GitObjects(repo / ".git", loose=True)
+    made = writer.write_commit([("state.json", b'{"v": 1}\n'), ("a b", "\u00e9\n".encode()), ("empty", b"")],
+                               "one\n", [parent])
+    reader = gitobjects.GitObjects(repo / ".git", common_dir=repo / ".git")
+    by_git = gitobjects.GitObjects(repo / ".git")  # no common dir: every read is git's
+    loose_specs = [made, f"{made}:state.json", f"{made}:a b", f"{made}:empty"]
+    found, processes = _read_by(reader, loose_specs, monkeypatch)
+    assert processes == 0
+    assert found == by_git.read(loose_specs) and all(found)
+    others = [f"{made}:nope", f"{made}:a", f"{parent}:README.md", made[:12], "HEAD", f"{made}:state.json/x"]
+    found, processes = _read_by(reader, [*loose_specs, *others], monkeypatch)
+    assert found == by_git.read([*loose_specs, *others]) and processes == 1
+
+
+def test_a_damaged_or_packed_loose_object_is_read_by_git(repo, monkeypatch):
+    """A job may write into `objects/`: a loose file whose content is not its name's is never
+    believed (git reads the spec and says what it says); an object packed away is git's."""
+    parent = git(repo, "rev-parse", "HEAD").strip()
+    writer = gitobjects.GitObjects(repo / ".git", loose=True)
+    made = writer.write_commit([("state.json", b'{"v": 1}\n')], "one\n", [parent])
+    reader = gitobjects.GitObjects(repo / ".git", common_dir=repo / ".git")
+    by_git = gitobjects.GitObjects(repo / ".git")
+    blob = git(repo, "rev-parse", f"{made}:state.json").strip()
+    path = repo / ".git" / "objects" / blob[:2] / blob[2:]
+    import zlib
+
+    path.chmod(0o644)
+    path.write_bytes(zlib.compress(b'blob 9\0{"v": 2}\n'))  # the same size, other content
+    found, processes = _read_by(reader, [f"{made}:state.json"], monkeypatch)
+    assert processes == 1 and found == by_git.read([f"{made}:state.json"])  # git's answer, whatever it is
+    path.write_bytes(b"not zlib at all")
+    assert _read_by(reader, [f"{made}:state.json"], monkeypatch)[1] == 1
+    path.unlink()
+    assert writer.write_commit([("state.json", b'{"v": 1}\n')], "one\n", [parent], when=None) != ""  # whole again
+    git(repo, "update-ref", "refs/subtask/keep", made)
+    git(repo, "gc", "-q", "--prune=now")  # everything packed
+    assert not path.exists()
+    found, processes = _read_by(reader, [made, f"{made}:state.json"], monkeypatch)
+    assert found == by_git.read([made, f"{made}:state.json"]) and found[1] == ("blob", b'{"v": 1}\n')
+    assert processes == 1

@@ -53,6 +53,8 @@ from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from typing import Literal
+
     import pygit2
 
 _OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
@@ -187,13 +189,41 @@ class GitObjects:
         return found
 
     def read(self, specs: list[str]) -> list[tuple[str, bytes] | None]:
+        """What `git cat-file --batch` answers for each spec (`<oid>` or `<oid>:<path>`); a
+        record's objects, loose, read here (`loose.read`), the rest by one `cat-file`."""
         asked = [spec for spec in specs if valid_spec(spec)]
         answers: dict[str, tuple[str, bytes] | None] = {}
-        if asked:
-            proc = subprocess.run([*self._base, "cat-file", "--batch"], input="".join(f"{s}\n" for s in asked).encode(),
+        if self._common_dir is not None and not os.environ.get("GIT_OBJECT_DIRECTORY"):
+            for spec in asked:
+                found = self._read_loose(self._common_dir, spec)
+                if found is not False:
+                    answers[spec] = found
+        rest = [spec for spec in asked if spec not in answers]
+        if rest:
+            proc = subprocess.run([*self._base, "cat-file", "--batch"], input="".join(f"{s}\n" for s in rest).encode(),
                                   capture_output=True, check=False)
-            answers = _parse_batch(asked, proc.stdout)
+            answers.update(_parse_batch(rest, proc.stdout))
         return [answers.get(spec) for spec in specs]
+
+    @staticmethod
+    def _read_loose(common: Path, spec: str) -> tuple[str, bytes] | None | Literal[False]:
+        """`<oid>`, or `<oid>:<name>` of a name in its tree (no folder), from loose objects: the
+        answer (None: no such name in that tree), or False when it is git's to give."""
+        oid, colon, name = spec.partition(":")
+        found = loose.read(common, oid) if len(oid) == 40 else None
+        if found is None or not colon:
+            return False if found is None else found
+        if not name or "/" in name or name in (".", ".."):
+            return False
+        if found[0] == "commit":
+            tree = loose.tree_of(found[1])
+            found = loose.read(common, tree) if tree else None
+        if found is None or found[0] != "tree":
+            return False
+        entry = loose.entry_of(found[1], name.encode())
+        if not isinstance(entry, str):
+            return entry
+        return loose.read(common, entry) or False
 
     def commit_of(self, rev: str) -> str | None:
         proc = subprocess.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],

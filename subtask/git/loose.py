@@ -1,6 +1,8 @@
 """Loose objects written as git writes them: the blobs, flat tree and commit of a record, in this
 process, for a command that has not loaded pygit2 (`GitObjects.write_commit`): three git
-processes fewer for every record a `start`, `cleanup` or `stop` writes.
+processes fewer for every record a `start`, `cleanup` or `stop` writes. And read back the same
+way (`read`, `GitObjects.read`): a `show`, `result`, `wait` or `cleanup`, and the worker, read a
+record without a `cat-file` process.
 
 An object is `<kind> <size>\\0<content>`, named by its SHA-1 and kept zlib-compressed in
 `objects/<first 2 hex>/<other 38>` of the common git dir. A tree of files lists `100644 <name>\\0`
@@ -21,21 +23,82 @@ Invariants:
   does not take it for old and unreferenced.
 - The same files, message, parents and time make the commit id `git commit-tree` and pygit2
   make (`tests/test_loose.py::test_the_loose_writer_writes_the_commit_git_and_pygit2_write`).
+- Never believe a loose file whose content is not its name's, because a job may write into
+  `objects/`: `read` hashes what it read and answers None (git's to read) when it differs, is
+  not a regular file, is damaged or is bigger than `MAX_READ`
+  (`tests/test_loose.py::test_a_damaged_or_packed_loose_object_is_read_by_git`).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from subtask.state.paths import sha1  # CPython's own SHA-1: hashlib would load OpenSSL
 
+TYPE_CHECKING = False  # not `typing`'s: the reading commands load this module
+if TYPE_CHECKING:
+    from typing import Literal
+
 # Set, git flushes loose objects as they are written: git writes them then (`SETTINGS_ARGS` reads them).
 _FLUSHED = ("core.fsync", "core.fsyncobjectfiles")
 # core.sharedRepository's values for a repository that is not shared (git's modes, the umask's).
 _NOT_SHARED = ("", "false", "umask", "no", "off", "0")
+
+
+MAX_READ = 64 << 20  # a record's files are small: a bigger object is git's to read
+KINDS = (b"blob", b"tree", b"commit", b"tag")
+
+
+def read(common_dir: Path, oid: str) -> tuple[str, bytes] | None:
+    """The object named `oid` (kind, content) from its loose file in `common_dir`, or None: not
+    loose here (packed, absent), or not to be believed (see the module's invariants)."""
+    import zlib  # a built-in module: no file to load
+
+    try:
+        fd = os.open(common_dir / "objects" / oid[:2] / oid[2:], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a fifo or a device there would hang or flood the reader
+        packed = fh.read(MAX_READ)
+    unpacker = zlib.decompressobj()
+    try:
+        data = unpacker.decompress(packed, MAX_READ + 64)
+    except zlib.error:
+        return None
+    header, nul, content = data.partition(b"\0")
+    kind, _, size = header.partition(b" ")
+    if not nul or unpacker.unconsumed_tail or not unpacker.eof or kind not in KINDS \
+            or size != str(len(content)).encode() or sha1(data).hexdigest() != oid:
+        return None
+    return kind.decode(), content
+
+
+def tree_of(commit: bytes) -> str | None:
+    """The tree a raw commit names (its first line), or None."""
+    first = commit[:46]
+    return first[5:45].decode() if first.startswith(b"tree ") and first.endswith(b"\n") else None
+
+
+def entry_of(tree: bytes, name: bytes) -> str | None | Literal[False]:
+    """The id of `name` in a raw tree, None when the tree has no such entry, or False when the
+    tree cannot be read here (damaged, or the entry is a submodule's commit): git's to answer."""
+    pos = 0
+    while pos < len(tree):
+        space = tree.find(b" ", pos)
+        nul = tree.find(b"\0", space + 1)
+        if space < 0 or nul < 0 or nul + 21 > len(tree):
+            return False
+        if tree[space + 1:nul] == name:
+            return False if tree[pos:space] == b"160000" else tree[nul + 1:nul + 21].hex()
+        pos = nul + 21
+    return None
 
 
 def usable(read: Callable[[str], str | None]) -> bool:
