@@ -23,7 +23,7 @@ Invariants:
   does not take it for old and unreferenced.
 - The same files, message, parents and time make the commit id `git commit-tree` and pygit2
   make (`tests/test_loose.py::test_the_loose_writer_writes_the_commit_git_and_pygit2_write`).
-- Never believe a loose file whose content is not its name's, because a job may write into
+- Never believe a loose object file whose content is not its name's, because a job may write into
   `objects/`: `read` hashes what it read and answers None (git's to read) when it differs, is
   not a regular file, is damaged or is bigger than `MAX_READ`
   (`tests/test_loose.py::test_a_damaged_or_packed_loose_object_is_read_by_git`).
