@@ -80,3 +80,20 @@ def test_a_jobs_worktree_removed_by_hand_is_found_stale_and_no_other(crowded, re
     (admin / "gitdir").write_text(f"{handle.worktree_dir() / 'elsewhere'}/.git\n")  # registered for another folder
     assert worktrees.stale_admin(handle, "st-0000abcd", path) is None
     assert len(resolved) <= 12, resolved
+
+
+def test_a_worktree_registered_under_its_own_name_is_found_without_reading_the_others(crowded, monkeypatch):
+    """git names a worktree's admin folder after its folder: that one is read first (`mark`,
+    `created_here`, the pool's checks), the others only when it is not the one."""
+    handle, path = crowded
+    read = []
+    real = worktrees._registered_at
+    monkeypatch.setattr(worktrees, "_registered_at", lambda admin: (read.append(admin.name), real(admin))[1])
+    worktrees.mark(handle, "st-0000abcd", path)
+    assert worktrees.created_here(handle, "st-0000abcd", path)
+    assert read == ["st-0000abcd", "st-0000abcd"]
+    moved = handle.worktree_dir() / "renamed"
+    subprocess.run(["git", "worktree", "move", str(path), str(moved)], cwd=handle.root, check=True)
+    read.clear()
+    assert worktrees.admin_dir(handle, moved) == handle.common_dir / "worktrees" / "st-0000abcd"  # found by the scan
+    assert len(read) > 40

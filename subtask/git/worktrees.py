@@ -56,16 +56,27 @@ PENDING_CHECKOUT = "subtask-checkout"
 
 def admin_dir(repo: Repo, path: Path) -> Path | None:
     """The admin folder git keeps for the worktree checked out at `path`, or None if git has none.
-    Each registration is compared as git wrote it first, and resolved only if none matched (a
-    path given through a symlink): resolving is an `lstat` per component of every worktree."""
+    git names it after the worktree's folder (a number added on a clash): that one is read first,
+    every other only when it is not the one. Registrations are compared as git wrote them, and
+    resolved only if none matched (a path given through a symlink): resolving is an `lstat` per
+    component of every worktree."""
     try:
         wanted = path.resolve()
+        named = repo.common_dir / "worktrees" / path.name
+        if path.name not in ("", ".", "..") and _registered_as(named, wanted):
+            return named
         admins = [Path(entry.path) for entry in os.scandir(repo.common_dir / "worktrees")]
     except OSError:
         return None
     registered = [(admin, folder) for admin in admins if (folder := _registered_at(admin)) is not None]
     return next((admin for admin, folder in registered if folder == wanted), None) \
         or next((admin for admin, folder in registered if folder.resolve() == wanted), None)
+
+
+def _registered_as(admin: Path, wanted: Path) -> bool:
+    """Does `admin` register the worktree folder `wanted` (resolved)?"""
+    folder = _registered_at(admin)
+    return folder is not None and (folder == wanted or folder.resolve() == wanted)
 
 
 def _registered_at(admin: Path) -> Path | None:
@@ -312,9 +323,7 @@ def stale_admin(repo: Repo, job_id: str, path: Path) -> Path | None:
             return None
     except OSError:
         return None
-    folder = _registered_at(admin)
-    wanted = path.resolve()
-    return admin if folder is not None and (folder == wanted or folder.resolve() == wanted) else None
+    return admin if _registered_as(admin, path.resolve()) else None
 
 
 def drop_stale(repo: Repo, job_id: str, path: Path) -> bool:
