@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+import zlib  # the reading commands read records with it (`read`)
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,8 +57,6 @@ KINDS = (b"blob", b"tree", b"commit", b"tag")
 def read(common_dir: Path, oid: str) -> tuple[str, bytes] | None:
     """The object named `oid` (kind, content) from its loose file in `common_dir`, or None: not
     loose here (packed, absent), or not to be believed (see the module's invariants)."""
-    import zlib  # a built-in module: no file to load
-
     try:
         fd = os.open(common_dir / "objects" / oid[:2] / oid[2:], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
                      | os.O_CLOEXEC)
@@ -133,8 +132,6 @@ def write_commit(common_dir: Path, tree: str, parents: list[str], message: str, 
 
 
 def _write(objects: Path, kind: bytes, content: bytes) -> str:
-    import zlib  # a writer's only: the reading commands load this module (`usable`), not zlib
-
     data = kind + b" " + str(len(content)).encode() + b"\0" + content
     oid: str = sha1(data).hexdigest()
     folder, path = objects / oid[:2], objects / oid[:2] / oid[2:]
