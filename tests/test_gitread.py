@@ -235,3 +235,15 @@ def test_lists_overlap_marks_survive_a_damaged_cache(repo, cli):
                     json.dumps({"v": 1, "files": {t: [7] for t in tips}}), json.dumps({"v": 2, "files": []})):
         cache.write_text(damaged)
         assert marks() == first, damaged
+
+
+def test_cleanup_reads_the_worktrees_head_once(repo, cli, tmp_path):
+    """`cleanup` checks the worktree holds no commit that no branch keeps, then gives it back to
+    the pool from that same commit: one `rev-parse` of its HEAD, not one for each."""
+    git(repo, "config", "subtask.pool", "2")
+    cli.ok("pool", "fill")  # one is taken, one left: a job this short refills nothing, so one has room
+    job = cli.start("true")
+    cli.ok("wait", job)
+    ran = git_processes(cli, tmp_path, "cleanup", job)
+    assert any("read-tree" in line for line in ran), ran  # given back to the pool, not removed
+    assert len([line for line in ran if line.startswith("git rev-parse") and "HEAD" in line]) == 1, ran

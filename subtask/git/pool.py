@@ -439,11 +439,12 @@ def empty(repo: Repo, dry_run: bool = False) -> list[str]:
 
 # ---------------------------------------------------------------- a job's worktree coming back
 
-def give_back(repo: Repo, job_id: str, path: Path, branch: str | None, base: str) -> tuple[bool, bool]:
-    """Put a finished job's worktree (checked clean by the caller, its run-lock held) into the
-    pool: (pooled, touched). Not pooled and not touched: the caller removes it as before. Touched
-    but not pooled (it failed a check after its index was rebuilt): the caller must force the
-    removal, nothing in it being work (the caller saw it clean)."""
+def give_back(repo: Repo, job_id: str, path: Path, branch: str | None, base: str, commit: str) -> tuple[bool, bool]:
+    """Put a finished job's worktree (checked clean by the caller at `commit`, its HEAD, its
+    run-lock held) into the pool: (pooled, touched). Not pooled and not touched: the caller
+    removes it as before. Touched but not pooled (it failed a check after its index was
+    rebuilt): the caller must force the removal, nothing in it being work (the caller saw it
+    clean)."""
     try:
         count = target(repo)
         limit = max_bytes(repo)
@@ -461,9 +462,7 @@ def give_back(repo: Repo, job_id: str, path: Path, branch: str | None, base: str
     names = set(os.listdir(admin))
     if names - GIT_OWN - GIT_TRANSIENT - JOB_MARKERS or worktrees.PENDING_CHECKOUT in names:
         return False, False
-    proc = worktrees.job_git(repo, admin, path, "rev-parse", "--verify", "HEAD^{commit}", check=False)
-    commit = proc.stdout.strip()
-    if proc.returncode != 0 or not commit:
+    if not commit:
         return False, False
     _drop_transient(admin)
     # The job wrote its index: rebuilt from the commit, every file is hashed against it.

@@ -84,35 +84,36 @@ class Sweep:
 
 # ---------------------------------------------------------------- cleaning one job
 
-def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str]:
-    """(True, "") when the job's worktree can go without losing anything; else (False, why).
+def worktree_removable(repo: Repo, job: Job, keepers: list[str]) -> tuple[bool, str, str]:
+    """(True, "", its HEAD's commit) when the job's worktree can go without losing anything; else
+    (False, why, "").
 
     Call it under the job's run-lock (`quiet_job`), so no worker starts in it meanwhile.
     """
     path = Path(job.spec.worktree)
     if not path.exists():
-        return False, "no worktree"
+        return False, "no worktree", ""
     if not worktrees.created_here(repo, job.id, path):
-        return False, worktrees.why_not_ours(repo, job.id, path)
+        return False, worktrees.why_not_ours(repo, job.id, path), ""
     if not ownership.owns(repo, job):
-        return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)"
+        return False, "the job is another clone's (a pulled record is a claim, not this clone's to clean up)", ""
     try:
         admin = worktrees.check_metadata(repo, job.id, path, job.spec.branch, job.spec.base, head=False)
     except worktrees.MetadataChanged as exc:
-        return False, f"its git metadata is not what git-subtask wrote ({exc}): left for you to inspect"
+        return False, f"its git metadata is not what git-subtask wrote ({exc}): left for you to inspect", ""
     status = worktrees.job_git(repo, admin, path, "status", "--porcelain", "--untracked-files=normal",
                                "--ignore-submodules=none", check=False)
     if status.returncode != 0:
-        return False, f"worktree {path} is not a readable git worktree"
+        return False, f"worktree {path} is not a readable git worktree", ""
     if status.stdout.strip() and not checkout_leftovers(repo, job):
-        return False, f"worktree {path} has uncommitted changes or untracked files"
-    proc = worktrees.job_git(repo, admin, path, "rev-parse", "HEAD", check=False)
+        return False, f"worktree {path} has uncommitted changes or untracked files", ""
+    proc = worktrees.job_git(repo, admin, path, "rev-parse", "--verify", "HEAD^{commit}", check=False)
     head = proc.stdout.strip()
-    if proc.returncode != 0:
-        return False, f"worktree {path} is not a readable git worktree"
+    if proc.returncode != 0 or not head:
+        return False, f"worktree {path} is not a readable git worktree", ""
     if not any(repo.objects.is_ancestor(head, k) for k in keepers if k):
-        return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps"
-    return True, ""
+        return False, f"worktree {path} has commits ({head[:7]}) that no branch keeps", ""
+    return True, "", head
 
 
 def never_ran(job: Job) -> bool:
@@ -186,7 +187,7 @@ def _as_committed(repo: Repo, admin: Path, path: Path, names: list[str], env: di
     return len(shas) == len(names) and all(sha in blobs.get(name, ()) for name, sha in zip(names, shas, strict=True))
 
 
-def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
+def remove_worktree(repo: Repo, job: Job, head: str, *, record: bool = True) -> bool:
     """`git worktree remove`, never forced but over what git's own checkout of a job whose engine
     never ran left (`checkout_leftovers`: stopped half-way, it reads as every file deleted); say
     so in the record. Its own status of the worktree runs with fsmonitor off: `worktree_removable`
@@ -195,7 +196,7 @@ def remove_worktree(repo: Repo, job: Job, *, record: bool = True) -> bool:
     force = ["--force"] if checkout_leftovers(repo, job) else []
     pooled = touched = False
     if not force:  # a clean, whole worktree: the next job's, when the pool has room (`pool.give_back`)
-        pooled, touched = pool.give_back(repo, job.id, Path(job.spec.worktree), job.spec.branch, job.spec.base)
+        pooled, touched = pool.give_back(repo, job.id, Path(job.spec.worktree), job.spec.branch, job.spec.base, head)
     if touched and not pooled:
         force = ["--force"]  # its index was rebuilt from HEAD: clean as the caller saw it, but git cannot tell
     removed = pooled or git(repo.root, "-c", "core.fsmonitor=false", "worktree", "remove", *force,
@@ -300,12 +301,12 @@ def _remove_worktree_locked(repo: Repo, job: Job, target: Target | None, dry_run
                 worktrees.drop_stale(repo, job.id, path)
             return Removal("pruned", "its folder was removed by hand")
         return Removal("missing", "no worktree")  # e.g. a concurrent gc removed it: fine
-    ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+    ok, why, head = worktree_removable(repo, job, keepers(repo, job, target))
     if not ok:
         return Removal("kept", why)
     if dry_run:
         return Removal("removed")
-    if not remove_worktree(repo, job, record=False):  # recorded with the branch's removal (`clean_job`)
+    if not remove_worktree(repo, job, head, record=False):  # recorded with the branch's removal (`clean_job`)
         return Removal("failed", f"git worktree remove {job.spec.worktree} failed")
     return Removal("removed")
 
@@ -395,11 +396,11 @@ def _finish_landed(repo: Repo, job: Job, head: str, landed: str, target: Target 
         if not dry_run:
             removed = worktrees.drop_stale(repo, job.id, path)
     elif path.exists():
-        ok, why = worktree_removable(repo, job, keepers(repo, job, target))
+        ok, why, worktree_head = worktree_removable(repo, job, keepers(repo, job, target))
         if ok:
             lines.append(f"{job.id}: {'would remove' if dry_run else 'removed'} worktree {path}")
             if not dry_run:
-                removed = remove_worktree(repo, job, record=False)  # recorded with the landing below
+                removed = remove_worktree(repo, job, worktree_head, record=False)  # recorded with the landing below
             if sweep is not None and (dry_run or removed):
                 sweep.removed[job.id] = str(path)
         else:

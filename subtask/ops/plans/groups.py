@@ -640,8 +640,8 @@ def supersede(repo: Repo, job: Job, target) -> list[str]:
         lines = [f"{job.id}: superseded"]
         path = Path(fresh.spec.worktree)
         if path.exists():
-            ok, why = cleanup.worktree_removable(repo, fresh, cleanup.keepers(repo, fresh, target))
-            if ok and cleanup.remove_worktree(repo, fresh):
+            ok, why, head = cleanup.worktree_removable(repo, fresh, cleanup.keepers(repo, fresh, target))
+            if ok and cleanup.remove_worktree(repo, fresh, head):
                 lines.append(f"{job.id}: removed worktree {path}")
             else:
                 lines.append(f"{job.id}: kept worktree: {why or 'git worktree remove failed'}")
