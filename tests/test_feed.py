@@ -88,9 +88,11 @@ def test_a_cursor_from_before_a_reply_sees_its_attempt(cli):
 
 def test_a_cursor_answers_a_timeout_with_no_event_and_the_same_cursor(cli, control_dir):
     gate = control_dir / "gate"
-    job = cli.start(held(gate, "true"))
+    job = cli.start(f"echo held; {held(gate, 'true')}")
     try:
-        assert wait_until(lambda: since(cli, "0", job)["events"])
+        # The engine's first line: every event of the job's start (its state, its isolation) is
+        # written before it, and none after it until the gate opens.
+        assert wait_until(lambda: "held" in words(since(cli, "0", job)["events"]))
         cursor = since(cli, "0", job, timeout=5)["cursor"]
         quiet = since(cli, cursor, job, timeout=0.3)
         assert quiet["timed_out"] is True and quiet["events"] == [] and quiet["cursor"] == cursor
