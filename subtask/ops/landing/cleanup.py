@@ -63,11 +63,6 @@ from subtask.ops.landing.landed import (
 )
 from subtask.state import liveness, paths, stamps
 
-TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
-if TYPE_CHECKING:
-    pass
-
-
 SWEEP_STAMP = paths.SWEEP_STAMP
 
 
