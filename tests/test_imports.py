@@ -114,6 +114,16 @@ def test_a_reading_command_imports_only_its_budget(finished, command):
     assert over_budget(command, parents) == []
 
 
+def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(repo):
+    """The landed sweep is due there (never stamped), but there is nothing to sweep: `list` and
+    `status` keep to their budget rather than load what lands jobs to find that out."""
+    for command in ("list", "status"):
+        parents = import_tree([command], repo)
+        assert f"subtask.faces.commands.{command}" in parents
+        assert over_budget(command, parents) == []
+    assert not (repo / ".git" / "subtask").exists(), "a read makes nothing"
+
+
 def test_the_budget_fails_a_heavy_import_on_the_reading_path():
     """The check itself: a module of ours that imports click, or pygit2 inside a function `list`
     calls, or one more of our modules or the standard library's, is named."""

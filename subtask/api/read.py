@@ -156,6 +156,8 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
 
 def _landed_sweep(repo: Repo, listed: list[dict]) -> bool:
     """The lazy landed sweep (`cleanup.maybe_sweep`) when it is due: True when a job landed."""
+    if not repo.state_dir.is_dir():
+        return False  # no job ever started here: nothing to sweep, and nothing to import for it
     try:
         if not stamps.due(repo.state_dir, paths.SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
