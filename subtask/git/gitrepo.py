@@ -4,8 +4,8 @@ The repository is found by `git rev-parse` and its `subtask.*` settings read by 
 (one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
 it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
-pay the library's import; the worker imports it in a background thread from the start of its
-checkout (`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
+pay the library's import; the worker imports it in a background thread once its engine runs
+(`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
 add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
 git commands must never trigger the user's hooks.
 
@@ -20,8 +20,12 @@ Invariants:
   until pygit2 is loaded. Both backends answer and write alike, to the commit id
   (`tests/test_gitread.py`, `tests/test_gitwrite.py`, which also run those commands where pygit2
   cannot be imported, or watch that `start` never imports it). The worker imports it in a
-  background thread while git writes its checkout, and joins that thread before it confines or
-  forks anything. Other writing commands import it on first use (`Repo.git`).
+  background thread while its engine runs (beside the checkout it held up every step on the
+  GIL), and uses it after the engine. Other writing commands import it on first use (`Repo.git`).
+- Never fork while the preload thread imports, because a child inherits its import locks held and
+  Python run before the child's exec (the confinement's `preexec_fn`) could wait on them forever:
+  every fork that runs Python in the child waits for it (`os.register_at_fork`,
+  `tests/test_gitwrite.py::test_a_fork_that_runs_python_in_the_child_waits_for_the_pygit2_preload`).
 - Never run the tool's own git commands with the user's hooks, because a hook must not fire on
   bookkeeping (`git` passes `core.hooksPath=/dev/null`).
 - Never read HEAD from its file but when it holds what git's files backend writes there (a
@@ -206,10 +210,12 @@ _preload: threading.Thread | None = None
 
 def preload_pygit2() -> None:
     """Import pygit2 in a background thread, for a process that will need it after a long wait
-    on git (the worker, during its checkout); until it is loaded, `Repo.objects` asks git."""
+    (the worker, while its engine runs); until it is loaded, `Repo.objects` asks git. A fork
+    waits for the import to end (see the module's invariants)."""
     global _preload
     if _preload is not None or sys.modules.get("pygit2") is not None:
         return
+    os.register_at_fork(before=finish_preload)
 
     def load() -> None:
         try:
@@ -229,8 +235,8 @@ def pygit2_ready() -> bool:
 
 
 def finish_preload() -> None:
-    """Wait for `preload_pygit2`: before this process forks, or confines a child it starts."""
-    if _preload is not None:
+    """Wait for `preload_pygit2` (before this process forks: `os.register_at_fork` calls it)."""
+    if _preload is not None and _preload is not threading.current_thread():
         _preload.join()
 
 

@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from subtask.git import harness, harness_rule, packing, pool, worktrees
-from subtask.git.gitrepo import Repo, ensure_excluded, finish_preload, git, preload_pygit2
+from subtask.git.gitrepo import Repo, ensure_excluded, git
 from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.job import work_base
@@ -255,15 +255,12 @@ def set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, P
     worktree's status is taken meanwhile too (once the job's own folder is registered and
     excluded: it then shows alike before and after the engine)."""
     job_id, attempt_n = job.id, job.state.current.n
-    # The rest of the attempt writes through pygit2: its import (~50 ms of CPU) overlaps the
-    # checkout's git processes from here. Started later, once git wrote the files, it held up a
-    # pooled start, where git writes next to nothing (phase `checkout`: 50-71 -> 17 ms; `pool`
-    # +10 ms, sharing the GIL with it).
-    preload_pygit2()
+    # pygit2 is imported once the engine runs (worker/engine.py): imported from here, beside the
+    # checkout, it shared the GIL with every step to the engine's start (a pooled start's steps
+    # took 45-60 ms instead of ~25 on 2 cores).
     try:
         worktree, admin, files = begin_checkout(repo, job)
     except worktrees.MetadataChanged as exc:
-        finish_preload()
         path = worktree_path(repo, job)
         lifecycle.end_attempt(repo, job_id, attempt_n, "failed", error_kind="isolation", engine_may_have_spent=False,
                               reason=redact(f"the job changed its worktree's git metadata, so git-subtask ran nothing "
@@ -272,14 +269,10 @@ def set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, P
                                    "to inspect (its git metadata names what the job chose: run no git there)")
         return None
     except Exception as exc:
-        finish_preload()
         # git's message on one line (it wraps its advice); the hint names the check-out, not subtask.setup
         setup_failed(repo, job_id, attempt_n, redact(f"could not check the worktree out: {' '.join(str(exc).split())}"),
                       hint=f"see what git has: git worktree list; then try again: git subtask reply {job_id} '...'")
         return None
-    except BaseException:  # a stop, an interrupt: whoever handles it may fork
-        finish_preload()
-        raise
     main_before = MainWorktreeStatus(repo)
     ready = None
     try:
@@ -287,7 +280,7 @@ def set_up_worktree(repo: Repo, job: Job, sink: EventSink) -> tuple[Job, Path, P
     finally:
         if not ready:
             main_before.lines()  # no git process is left behind
-    if ready:  # beside the job from here on; forked once the preload thread is done (one thread)
+    if ready:  # beside the job from here on
         refill.start(repo, job)
     return (ready, worktree, admin, main_before) if ready else None
 
@@ -302,7 +295,6 @@ def _finish_checkout(repo: Repo, job: Job, sink: EventSink, worktree: Path, file
         phases.mark("record_running")
     finally:
         unwritten = files.finish()
-        finish_preload()  # whatever happened: fork or confine only from a single-threaded process
     if running is None:
         return None
     if unwritten:

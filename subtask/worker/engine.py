@@ -25,7 +25,7 @@ from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import EngineContext, Outcome
-from subtask.git.gitrepo import Repo
+from subtask.git.gitrepo import Repo, finish_preload, preload_pygit2
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.dataclass import dataclass
@@ -51,6 +51,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     def on_pid(pid: int) -> None:
         launched.append(pid)
         lifecycle.record_engine(repo.state_dir, job.id, pid)
+        preload_pygit2()  # for the attempt's end, while the engine works (a fork waits for it)
 
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
@@ -130,6 +131,7 @@ def run_engine_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink,
     finally:
         confinement.end_leftovers()  # nothing of the job runs while our git reads what it wrote
         sink.flush()  # the output's tail, before the record takes its events tail
+    finish_preload()  # the attempt's end reads and writes through pygit2
     phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or stall.stopped or lifecycle.stop_marker(state_dir, job_id).exists()

@@ -107,9 +107,13 @@ def worktree_untouched(admin: Path) -> bool:
 
 
 def branch_tip(repo: Repo, job: Job) -> str:
-    """Where the job's branch points, read from the repository itself (pygit2: no subprocess on
-    the worker's end path), never through the worktree's HEAD, which the job may write."""
-    return str(repo.git.references[f"refs/heads/{job.spec.branch}"].target)
+    """Where the job's branch points, read from the repository itself (its loose ref, or pygit2
+    once the worker loaded it: no subprocess), never through the worktree's HEAD, which the job
+    may write. KeyError when the branch is gone."""
+    ref = repo.objects.ref(f"refs/heads/{job.spec.branch}")
+    if ref is None:
+        raise KeyError(job.spec.branch)
+    return ref.target
 
 
 def current_head(repo: Repo, job: Job) -> str:
