@@ -7,6 +7,8 @@ secret scanner would flag on push.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -367,3 +369,24 @@ def test_a_tail_cut_inside_a_key_loses_its_body_lines():
     out = redact(tail, NO_ENV)
     assert out == f"{MARKER}\nnext step ok"
     assert redact(out, NO_ENV) == out
+
+
+def test_a_text_without_a_secrets_shape_compiles_no_pattern_of_one():
+    """Every `start` redacts its task: compiling all twenty patterns cost it ~3 ms, when a task
+    such as `make test` holds the needle of none. A pattern is compiled the first time a text
+    holds its needle, and then redacts as before."""
+    script = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "real = re.compile\n"
+        "re.compile = lambda p, f=0: compiled.append(p) or real(p, f)\n"
+        "from subtask.model.redact import redact\n"
+        "assert redact('make test', env={}) == 'make test'\n"
+        "quiet = len(compiled)\n"
+        "assert redact('key sk-' + 'a' * 24, env={}) == 'key [REDACTED]'\n"
+        "print(quiet, len(compiled))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    quiet, after = map(int, proc.stdout.split())
+    assert quiet == 0, f"{quiet} patterns compiled for a text with no needle"
+    assert after == 1, "the one pattern whose needle it holds, and no other"
