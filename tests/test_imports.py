@@ -3,8 +3,10 @@
 A reading command (`list`, `status`, `show`, `result`, `wait`) runs under `python -X importtime`
 (the modules the interpreter reports loading, in the order and nesting it loaded them), and:
 - nothing of click, pygit2, the MCP SDK, the agent SDKs, Ray, filelock, `dataclasses` or
-  `inspect` (~7 ms together; subtask/model/dataclass.py makes our records) loads, nor any module
-  of ours that starts, runs or lands a job, or signs (`FORBIDDEN`);
+  `inspect` (~7 ms together; subtask/model/dataclass.py makes our records), nor `subprocess`
+  or `signal` (~4 ms with `threading`, `selectors` and `locale`: git runs through
+  subtask/git/pipes.py) loads, nor any module of ours that starts, runs or lands a job, or
+  signs (`FORBIDDEN`);
 - every module of ours it loads is in its budget (`OURS`, shared, plus `EXTRA` per command);
 - every module outside the package that a module of ours is the first to import is in
   `DIRECT`: a new `import x` on a reading path, in a module or inside a function it calls,
@@ -23,7 +25,7 @@ import pytest
 from conftest import git
 
 FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
-             "dataclasses", "inspect",
+             "dataclasses", "inspect", "subprocess", "signal",
              "subtask.engines", "subtask.worker", "subtask.api.starting", "subtask.api.groups", "subtask.api.launching",
              "subtask.api.replying", "subtask.api.landing", "subtask.api.admin", "subtask.faces.cli",
              "subtask.faces.mcp_server", "subtask.faces.mcp_calls",
@@ -37,6 +39,7 @@ OURS = {
     "subtask", "subtask.entry", "subtask.api", "subtask.api.read", "subtask.executors",
     "subtask.faces", "subtask.faces.commands", "subtask.faces.output", "subtask.faces.replies",
     "subtask.git", "subtask.git.chains", "subtask.git.gitobjects", "subtask.git.gitrepo", "subtask.git.loose",
+    "subtask.git.pipes",
     "subtask.git.ownership", "subtask.git.records", "subtask.git.where_landed",
     "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.dataclass",
     "subtask.model.errors", "subtask.model.executors", "subtask.model.faults", "subtask.model.job",
@@ -53,7 +56,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "_sha1", "decimal", "json", "pathlib", "signal", "subprocess", "zlib"}
+DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "json", "math", "pathlib", "select", "zlib"}
 DIRECT_EXTRA = {"wait": {"queue"}}
 RUN_TIME = "subtask (a function's import, at run time)"
 

@@ -87,7 +87,6 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.git.notes", "subtask.git.signing"): "not loaded by the worker, cleanup",
     ("subtask.git.records", "subtask.words"): "not loaded by a click command",
     ("subtask.git.worktrees", "shutil"): "not loaded by a click command",
-    ("subtask.model.errors", "signal"): "not loaded by the click CLI's import",
     ("subtask.ops.landing.verified", "subtask.git.signing"): "not loaded by the worker",
     ("subtask.ops.plans.groups", "subtask.ops.landing.cleanup"): "not loaded by the worker",
     ("subtask.ops.plans.groups", "subtask.ops.landing.landed"): "not loaded by the worker",

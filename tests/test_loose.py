@@ -100,10 +100,10 @@ def test_start_writes_its_record_with_no_hash_object_mktree_or_commit_tree(repo,
 def _read_by(reader: gitobjects.GitObjects, specs: list[str], monkeypatch) -> tuple[list, int]:
     """What `reader.read(specs)` answers, and how many git processes it ran for it."""
     ran = []
-    real = subprocess.run
-    monkeypatch.setattr(gitobjects.subprocess, "run", lambda argv, *a, **k: (ran.append(argv), real(argv, *a, **k))[1])
+    real = gitobjects.pipes.run
+    monkeypatch.setattr(gitobjects.pipes, "run", lambda argv, *a, **k: (ran.append(argv), real(argv, *a, **k))[1])
     found = reader.read(specs)
-    monkeypatch.setattr(gitobjects.subprocess, "run", real)
+    monkeypatch.setattr(gitobjects.pipes, "run", real)
     return found, len(ran)
 
 

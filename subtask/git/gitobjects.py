@@ -43,11 +43,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from subtask.git import loose
+from subtask.git import loose, pipes
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
@@ -114,6 +113,8 @@ def commit_tree(git_dir: str | Path, tree: str, parents: list[str], message: str
     env = dict(os.environ, GIT_AUTHOR_NAME=TOOL_NAME, GIT_AUTHOR_EMAIL=TOOL_EMAIL, GIT_COMMITTER_NAME=TOOL_NAME,
                GIT_COMMITTER_EMAIL=TOOL_EMAIL, **date)
     rest = [tree, *(arg for parent in parents for arg in ("-p", parent))]
+    import subprocess  # a writing command's (its environment): the reading ones spawn through `pipes`
+
     if sign or must_sign:
         proc = subprocess.run([*base, "-S", *rest], input=message, capture_output=True, text=True, env=env, check=False)
         if proc.returncode == 0:
@@ -180,10 +181,10 @@ class GitObjects:
         return Ref(name, oid) if _OID.fullmatch(oid) else None
 
     def _for_each_ref(self, *patterns: str) -> list[Ref]:
-        proc = subprocess.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",
-                               *patterns], capture_output=True, stdin=subprocess.DEVNULL, check=False)
+        out = pipes.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",
+                         *patterns])[1]
         found = []
-        for line in proc.stdout.decode("utf-8", "surrogateescape").splitlines():
+        for line in out.decode("utf-8", "surrogateescape").splitlines():
             name, target, symref = (line.split("\0") + ["", ""])[:3]
             found.append(Ref(name, symref, True) if symref else Ref(name, target))
         return found
@@ -200,9 +201,8 @@ class GitObjects:
                     answers[spec] = found
         rest = [spec for spec in asked if spec not in answers]
         if rest:
-            proc = subprocess.run([*self._base, "cat-file", "--batch"], input="".join(f"{s}\n" for s in rest).encode(),
-                                  capture_output=True, check=False)
-            answers.update(_parse_batch(rest, proc.stdout))
+            out = pipes.run([*self._base, "cat-file", "--batch"], input="".join(f"{s}\n" for s in rest).encode())[1]
+            answers.update(_parse_batch(rest, out))
         return [answers.get(spec) for spec in specs]
 
     @staticmethod
@@ -226,18 +226,15 @@ class GitObjects:
         return loose.read(common, entry) or False
 
     def commit_of(self, rev: str) -> str | None:
-        proc = subprocess.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-        commit = proc.stdout.strip()
-        return commit if proc.returncode == 0 and commit else None
+        code, out, _ = pipes.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"])
+        commit = out.decode("ascii", "replace").strip()
+        return commit if code == 0 and commit else None
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
         """Does `descendant` carry `ancestor` (itself included)? False when either is unknown."""
         if ancestor == descendant:
             return True
-        proc = subprocess.run([*self._base, "merge-base", "--is-ancestor", ancestor, descendant],
-                              capture_output=True, stdin=subprocess.DEVNULL, check=False)
-        return proc.returncode == 0
+        return pipes.run([*self._base, "merge-base", "--is-ancestor", ancestor, descendant])[0] == 0
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None, must_sign: bool = False) -> str:
@@ -270,6 +267,8 @@ class GitObjects:
                 lines.append(f"delete {name} {old}" if old else f"verify {name}")
             else:
                 lines.append(f"update {name} {new} {old}" if old else f"create {name} {new}")
+        import subprocess
+
         proc = subprocess.run([*self._base, "-c", "core.filesRefLockTimeout=0", "update-ref", "-m", message, "--stdin"],
                               input="".join(f"{line}\n" for line in lines), capture_output=True, text=True,
                               env=dict(os.environ, LC_ALL="C", LANGUAGE="C"), check=False)
@@ -278,6 +277,8 @@ class GitObjects:
         return "moved" if any(words in proc.stderr for words in _MOVED) else "locked"
 
     def _run(self, *args: str, input: str) -> str:
+        import subprocess
+
         proc = subprocess.run([*self._base, *args], input=input, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)

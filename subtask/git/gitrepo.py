@@ -37,12 +37,10 @@ Invariants:
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
-from subtask.git import gitobjects, loose
+from subtask.git import gitobjects, loose, pipes
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
 from subtask.model.dataclass import dataclass, field, replace
 from subtask.model.errors import SubtaskError
@@ -50,6 +48,8 @@ from subtask.state import paths
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    import subprocess
+    import threading
     from typing import Any
 
     import pygit2
@@ -136,11 +136,10 @@ class Repo:
             named = gitobjects.BRANCH_HEAD.fullmatch(text)
             if named and named.group(1) != "refs/heads/.invalid":
                 return named.group(1)
-        proc = subprocess.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, check=False)
-        if proc.returncode != 0:
+        code, out, _ = pipes.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"])
+        if code != 0:
             return None
-        return proc.stdout.strip() or None
+        return os.fsdecode(out).strip() or None
 
     def head_branch(self) -> str | None:
         """The short name of the branch this worktree's HEAD names (`main`); None when detached."""
@@ -178,17 +177,16 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
         raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
     # The settings are read beside the search, by a git that finds the same git dir: one git
     # process's time instead of two, one after the other.
-    settings = subprocess.Popen(["git", "-C", start, *SETTINGS_ARGS], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    # Both without `subprocess` (`pipes`): every command pays this, a reading one ~4 ms for it.
+    settings = pipes.start(["git", "-C", start, *SETTINGS_ARGS], stderr=False)
     try:
-        proc = subprocess.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir",
-                               "--git-common-dir", "--is-bare-repository"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, check=False)
+        code, out, err = pipes.run(["git", "-C", start, "rev-parse", "--path-format=absolute", "--git-dir",
+                                    "--git-common-dir", "--is-bare-repository"])
     finally:
-        values = parse_settings(settings.communicate()[0])
-    lines = proc.stdout.splitlines()
-    if proc.returncode != 0 or len(lines) != 3:
-        why = proc.stderr.strip().removeprefix("fatal: ")
+        values = parse_settings(settings.communicate()[1])
+    lines = os.fsdecode(out).splitlines()
+    if code != 0 or len(lines) != 3:
+        why = err.decode("utf-8", "replace").strip().removeprefix("fatal: ")
         if "not a git repository" in why or not why:
             raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
                                hint="run it inside a git work tree, or git init")
@@ -223,6 +221,8 @@ def preload_pygit2() -> None:
         except ImportError:
             pass  # `Repo.git` raises it again where it is needed, with its words
 
+    import threading
+
     _preload = threading.Thread(target=load, name="subtask-preload-pygit2", daemon=True)
     _preload.start()
 
@@ -236,8 +236,11 @@ def pygit2_ready() -> bool:
 
 def finish_preload() -> None:
     """Wait for `preload_pygit2` (before this process forks: `os.register_at_fork` calls it)."""
-    if _preload is not None and _preload is not threading.current_thread():
-        _preload.join()
+    if _preload is not None:
+        import threading
+
+        if _preload is not threading.current_thread():
+            _preload.join()
 
 
 def _main_worktree(common: Path, start: str) -> Path:
@@ -245,8 +248,7 @@ def _main_worktree(common: Path, start: str) -> Path:
         return common.parent
     # A separate git dir (`git init --separate-git-dir`, core.worktree): git knows no main
     # worktree for it (its `worktree list` names the git dir), so the worktree we are in is the root.
-    top = subprocess.run(["git", "-C", start, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, check=False).stdout.strip()
+    top = os.fsdecode(pipes.run(["git", "-C", start, "rev-parse", "--show-toplevel"])[1]).strip()
     return Path(top).resolve() if top else common.parent
 
 
@@ -285,6 +287,8 @@ def git(repo_root: Path | str, *args: str, check: bool = True, input: str | None
     """Run the git binary with hooks disabled; a failure is a fatal error with git's words.
     `own_group`: in a process group of its own, which a signal to the caller's group (`stop`'s
     SIGTERM to a worker) does not reach half-way through."""
+    import subprocess
+
     proc = subprocess.run(["git", *NO_HOOKS, "-C", str(repo_root), *args], capture_output=True,
                           text=True, input=input, timeout=timeout, check=False, env=env,
                           stdin=None if input is not None else subprocess.DEVNULL, start_new_session=own_group)

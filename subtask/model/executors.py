@@ -19,7 +19,6 @@ anything heavy is imported (the CLI's hot path never imports Ray).
 from __future__ import annotations
 
 import importlib
-import threading
 
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
@@ -27,6 +26,7 @@ from subtask.model.job import JobLike, placement, ray_job_id, runs_remotely
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    import threading
     from typing import Any, Protocol
 
     from subtask.model.config import Config

@@ -33,10 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,7 +88,14 @@ def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
 
 def _may_fork() -> bool:
     return (_worker_main is not None and os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork")
-            and threading.active_count() == 1)
+            and _one_thread())
+
+
+def _one_thread() -> bool:
+    """No thread but this one (none can exist while `threading` was never imported: a reading
+    command's, which does not import it, `subprocess` or `signal` for this module's sake)."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.active_count() == 1
 
 
 def _carries_run_mark() -> bool:
@@ -122,6 +126,8 @@ def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, r
 def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
     env = {k: v for k, v in os.environ.items() if k != RUN_MARKER_ENV}  # never a worker's (module docstring)
     env["SUBTASK_LOCK_FD"] = str(lock_fd)
+    import subprocess
+
     proc = subprocess.Popen(
         [sys.executable, "-m", EXEC_ENTRY, job_id, str(root)],
         stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, cwd=str(root),
@@ -133,6 +139,8 @@ def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
 def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
     main = _worker_main
     assert main is not None  # _may_fork checked
+    import signal  # here: a child imports nothing before it runs the worker
+
     sys.stdout.flush()  # or the child would write the parent's buffered output a second time
     sys.stderr.flush()
     pid = os.fork()
@@ -168,8 +176,10 @@ def in_background(work: Callable[[], object]) -> int | None:
     caller's priority: on a busy machine a niced child waited seconds behind everything else
     (measured: a pool refill at nice 19 never finished between two jobs at load 17), and on two
     cores it runs beside the job."""
-    if not hasattr(os, "fork") or threading.active_count() != 1:
+    if not hasattr(os, "fork") or not _one_thread():
         return None
+    import signal  # here: a child imports nothing before it runs its work
+
     sys.stdout.flush()  # or the child would write the parent's buffered output a second time
     sys.stderr.flush()
     parent = os.getpid()
@@ -203,6 +213,7 @@ def _die_with_parent() -> None:
     """SIGKILL when the parent's (single) thread exits; Linux only. (Not `procs`'s: it imports us.)"""
     if sys.platform == "linux":
         import ctypes
+        import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -245,6 +256,8 @@ def _reaped(pid: int, until: float | None) -> bool:
 
 def _kill_group(pgid: int) -> None:
     if pgid > 1 and pgid != os.getpgrp():
+        import signal
+
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

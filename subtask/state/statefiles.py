@@ -37,7 +37,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -203,6 +202,8 @@ def _wait(fd: int, timeout: float) -> None:
     anyone else's), else by retrying."""
     if timeout <= 0:
         raise _Expired()
+    import signal  # a lock that waits: not every command's import
+
     if not _single_threaded() or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) \
             or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
         return _poll(fd, timeout)
