@@ -22,7 +22,7 @@ Invariants:
   cannot be imported, or watch that `start` never imports it). The worker imports it in a
   background thread while its engine runs (beside the checkout it held up every step on the
   GIL), and uses it after the engine. Other writing commands import it on first use (`Repo.git`).
-- Never fork while the preload thread imports, because a child inherits its import locks held and
+- Never fork while pygit2's preload thread imports, because a child inherits its import locks held and
   Python run before the child's exec (the confinement's `preexec_fn`) could wait on them forever:
   every fork that runs Python in the child waits for it (`os.register_at_fork`,
   `tests/test_gitwrite.py::test_a_fork_that_runs_python_in_the_child_waits_for_the_pygit2_preload`).

@@ -10,10 +10,10 @@ Invariants:
   first), as `subprocess.run` does.
 - Never block on one pipe while the child blocks on another: stdin is written and stdout and
   stderr are read together (`poll`), so a child that fills one while we wait on the other goes on.
-- Never hand a child a descriptor of ours beyond its stdin, stdout and stderr: when this process
-  has one a child would inherit (made so on purpose: a worker's run-lock) or lacks one of its
-  own three, the command runs through `subprocess` (`close_fds`), so no git process holds a
-  lock of ours (`tests/test_pipes.py`).
+- Never hand a git child a descriptor of ours beyond its stdin, stdout and stderr, because a
+  worker's run-lock is inheritable on purpose and `wait` wakes when it is released: when this
+  process has a descriptor a child would inherit, or lacks one of its own three, the command
+  runs through `subprocess` (`close_fds`) (`tests/test_pipes.py`).
 """
 
 from __future__ import annotations

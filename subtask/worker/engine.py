@@ -10,11 +10,11 @@ Invariants:
   goes unseen: the worker joins it after `record_engine_started` (it runs beside the checkout, so
   this costs nothing but on a tiny repository).
 - An engine counts as started (and may be charged) once `on_pid`/`on_launch` reports a process.
-- Never import pygit2 before the engine runs, because the import (~50 ms of CPU, on a thread)
-  shared the GIL with every step to the engine's start and doubled them: the worker starts it
-  once the engine's first process is reported (`on_pid`), while the engine works, and waits for
-  it when the engine ends (a fork meanwhile waits for it too: `gitrepo.preload_pygit2`;
-  `tests/test_start.py::test_a_jobs_engine_starts_before_its_worker_imports_pygit2`).
+- Never import pygit2 in a worker before its engine runs, because the import (~50 ms of CPU, on
+  a thread) shared the GIL with every step to the engine's start and doubled them: the worker
+  starts it once the engine's first process is reported (`on_pid`), while the engine works, and
+  waits for it when the engine ends (a fork meanwhile waits for it too:
+  `gitrepo.preload_pygit2`; `tests/test_start.py::test_a_jobs_engine_starts_before_its_worker_imports_pygit2`).
 - A crash in the engine's own code is the attempt failed (kind `engine`), never a dead worker;
   a stop is `StopRequested`.
 - Nothing of the job runs when the step returns (`Confinement.end_leftovers`): the worker's git
