@@ -300,12 +300,14 @@ def test_after_a_refill_ended_half_made_the_next_short_job_refills_nothing(cli, 
     assert phase_took(repo, second, "refill_ended") < refill.GRACE
 
 
-def test_a_job_that_runs_past_the_deferral_refills_the_pool_beside_it(cli, repo, tmp_path):
+def test_a_job_that_runs_past_the_deferral_refills_the_pool_beside_it(cli, repo, tmp_path, control_dir):
     assert cli.json("pool", "fill")["count"] == 2
-    held = tmp_path / "held"
-    job = cli.start(f"until [ -e {held} ]; do sleep 0.05; done", env={"SUBTASK_REFILL_AFTER": "0.2"})
+    held, engine = tmp_path / "held", control_dir / "engine"
+    job = cli.start(f"touch {engine}; until [ -e {held} ]; do sleep 0.05; done", env={"SUBTASK_REFILL_AFTER": "0.2"})
     try:
-        assert wait_until(lambda: cli.json("show", job)["state"] == "running", timeout=120)
+        # Its engine runs once its worker took a pooled worktree ("running" is its starter's word,
+        # said before: the pool still held both, and the test went on before the take).
+        assert wait_until(engine.exists, timeout=120), "the job's engine never ran"
         assert wait_until(lambda: len(pooled(repo)) == 2, timeout=120), "the pool was not refilled beside the job"
     finally:
         held.touch()
