@@ -247,3 +247,67 @@ def test_cleanup_reads_the_worktrees_head_once(repo, cli, tmp_path):
     ran = git_processes(cli, tmp_path, "cleanup", job)
     assert any("read-tree" in line for line in ran), ran  # given back to the pool, not removed
     assert len([line for line in ran if line.startswith("git rev-parse") and "HEAD" in line]) == 1, ran
+
+
+def _listed(objects, prefixes, monkeypatch) -> tuple[list, int]:
+    """`objects.refs(*prefixes)` as (name, target, symbolic) rows, and how many git processes it ran."""
+    ran = []
+    real = gitobjects.pipes.run
+    monkeypatch.setattr(gitobjects.pipes, "run", lambda argv, *a, **k: (ran.append(argv), real(argv, *a, **k))[1])
+    try:
+        rows = [(r.name, r.target, r.symbolic) for r in objects.refs(*prefixes)]
+    finally:
+        monkeypatch.setattr(gitobjects.pipes, "run", real)
+    return rows, len(ran)
+
+
+def test_refs_listed_from_their_files_are_what_for_each_ref_lists(repo, tmp_path, monkeypatch):
+    """`GitObjects.refs` reads the loose ref files and packed-refs itself (`list` and `status`: one
+    git process less), and answers what `git for-each-ref` answers, or asks git: a ref packed,
+    loose over its packed value, deleted, being written (a `.lock` beside it), symbolic, a link,
+    naming a missing or a packed object, another ref backend."""
+    first = git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "second")
+    second = git(repo, "rev-parse", "HEAD")
+    prefixes = ("refs/subtask/", "refs/subtask-landed/")
+    found = open_repo(repo)
+    ours = gitobjects.GitObjects(found.git_dir, common_dir=found.common_dir)  # as `Repo.objects` makes it
+    by_git = gitobjects.GitObjects(found.git_dir)  # no common dir: every listing is git's
+
+    def same(expect_processes: int) -> list:
+        rows, processes = _listed(ours, prefixes, monkeypatch)
+        assert rows == _listed(by_git, prefixes, monkeypatch)[0]
+        assert processes == expect_processes, rows
+        return rows
+
+    assert same(0) == []
+    for name in ("refs/subtask/st-0000000a/record", "refs/subtask/st-0000000a/base", "refs/subtask-landed/st-0000000a",
+                 "refs/subtask/st-0000000b/record"):
+        git(repo, "update-ref", name, first)
+    git(repo, "pack-refs", "--all")
+    git(repo, "update-ref", "refs/subtask/st-0000000a/record", second)  # loose now, packed still `first`
+    git(repo, "update-ref", "-d", "refs/subtask/st-0000000b/record")  # gone from packed-refs
+    git(repo, "update-ref", "refs/subtask/st-0000000c/record", second)
+    (repo / ".git/refs/subtask/st-0000000c/base.lock").write_text(first + "\n")  # a ref being made
+    rows = same(0)
+    assert [(n, t) for n, t, _ in rows] == [("refs/subtask-landed/st-0000000a", first),
+                                            ("refs/subtask/st-0000000a/base", first),
+                                            ("refs/subtask/st-0000000a/record", second),
+                                            ("refs/subtask/st-0000000c/record", second)]
+    # Git's to answer from here on, and answered alike:
+    git(repo, "symbolic-ref", "refs/subtask/st-0000000d/record", "refs/subtask/st-0000000a/record")
+    same(1)
+    (repo / ".git/refs/subtask/st-0000000d/record").unlink()
+    (tmp_path / "elsewhere").write_text(first + "\n")  # a file a job wrote, a record a link to it
+    (repo / ".git/refs/subtask/st-0000000d/record").symlink_to(tmp_path / "elsewhere")
+    same(1)
+    (repo / ".git/refs/subtask/st-0000000d/record").unlink()
+    (repo / ".git/refs/subtask/st-0000000d/record").write_text("0" * 39 + "1\n")  # no such object: git's to say
+    same(1)
+    (repo / ".git/refs/subtask/st-0000000d/record").unlink()
+    same(0)
+    (repo / ".git/reftable").mkdir()  # another ref backend's folder: its refs are not these files
+    assert _listed(ours, prefixes, monkeypatch)[1] == 1
+    (repo / ".git/reftable").rmdir()
+    git(repo, "gc", "-q")  # every object packed: only git vouches for them
+    same(1)

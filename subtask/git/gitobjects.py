@@ -160,8 +160,36 @@ class GitObjects:
         self.loose = loose  # objects written in-process (`git/loose.py`; the caller checked `loose.usable`)
 
     def refs(self, *prefixes: str) -> list[Ref]:
-        """The refs under any of `prefixes` (each ending in `/`), in one listing."""
-        return self._for_each_ref(*prefixes)
+        """The refs under any of `prefixes` (each ending in `/`), in one listing: read from their
+        files when git's files backend keeps them plainly there (`_listed_from_files`), else
+        `git for-each-ref`'s."""
+        listed = self._listed_from_files(prefixes)
+        return listed if listed is not None else self._for_each_ref(*prefixes)
+
+    def _listed_from_files(self, prefixes: tuple[str, ...]) -> list[Ref] | None:
+        """What `for-each-ref` lists under `prefixes`, read as git's files backend reads it: the
+        loose refs first, then packed-refs for the names they do not have (so a `pack-refs`
+        meanwhile loses none), sorted by name. None, for git to answer, at anything else: another
+        ref backend, a link, a symbolic ref or an unexpected name or content, more than
+        `_LISTED_AT_MOST` files, or a ref naming an object that is not a loose file here (what a
+        ref to a missing object lists as is git's to say, and a packed object git's to vouch for)."""
+        common = self._common_dir
+        if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS) \
+                or os.path.lexists(common / "reftable") or not all(_SHARED_PREFIX.fullmatch(p) for p in prefixes):
+            return None
+        found: dict[str, str] = {}
+        left = [_LISTED_AT_MOST]
+        if not all(_read_loose_refs(common, prefix.rstrip("/"), found, left) for prefix in prefixes):
+            return None
+        packed = _read_packed_refs(common, prefixes)
+        if packed is None:
+            return None
+        for name, oid in packed.items():
+            found.setdefault(name, oid)
+        objects = common / "objects"
+        if not all(os.path.isfile(objects / oid[:2] / oid[2:]) for oid in set(found.values())):
+            return None
+        return [Ref(name, found[name]) for name in sorted(found)]
 
     def ref(self, name: str) -> Ref | None:
         loose = self._loose_ref(name)
@@ -284,6 +312,85 @@ class GitObjects:
             command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)
             raise SubtaskError("fatal", f"git {command} failed: {proc.stderr.strip()}")
         return proc.stdout
+
+
+_LISTED_AT_MOST = 512  # loose ref files read here; beyond, git's own listing is the faster
+# What moves refs or objects away from the files read here: git's to answer under them.
+_OTHER_REFS_OR_OBJECTS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE",
+                          "GIT_REF_PARANOIA")
+_SHARED_PREFIX = re.compile(r"refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)/"
+                            r"(?:[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*/)*")
+
+
+def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int]) -> bool:
+    """The loose refs in folder `top` and below into `found` (name: object id); False when one is
+    git's to read (`GitObjects._listed_from_files`). `left[0]`: how many files may still be read."""
+    if os.path.islink(common / top):
+        return False
+    folders = [top]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = list(os.scandir(common / folder))
+        except FileNotFoundError:
+            continue  # no ref under it (a missing folder, or one deleted meanwhile)
+        except OSError:
+            return False  # a file where a folder would be (reftable's placeholder), or unreadable
+        for entry in entries:
+            name = f"{folder}/{entry.name}"
+            if entry.is_symlink():
+                return False
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(name)
+                continue
+            if entry.name.endswith(".lock"):
+                continue  # a ref being written: git lists what the ref's own file (or packed-refs) says
+            left[0] -= 1
+            if left[0] < 0 or not _SHARED_REF.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                return False
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue  # deleted meanwhile (packed first, then removed: packed-refs says the rest)
+            except OSError:
+                return False
+            with os.fdopen(fd, "rb") as fh:
+                oid = fh.read(100).strip().decode("ascii", "replace")
+            if len(oid) != 40 or not _OID.fullmatch(oid):
+                return False  # symbolic, damaged, or another hash
+            found[name] = oid
+    return True
+
+
+def _read_packed_refs(common: Path, prefixes: tuple[str, ...]) -> dict[str, str] | None:
+    """packed-refs' refs under `prefixes` (name: object id), {} without the file; None when it
+    is git's to read (a link, too big, a line that is not `<id> <name>`, `^<peeled id>` or a
+    comment)."""
+    try:
+        fd = os.open(common / "packed-refs", os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return {}
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(_PACKED_AT_MOST + 1)
+    if len(data) > _PACKED_AT_MOST:
+        return None
+    packed: dict[str, str] = {}
+    for line in data.decode("utf-8", "surrogateescape").splitlines():
+        if line.startswith(("#", "^")):
+            continue
+        oid, space, name = line.partition(" ")
+        if not space or len(oid) != 40 or not _OID.fullmatch(oid):
+            return None
+        if name.startswith(prefixes):
+            if not _SHARED_REF.fullmatch(name):
+                return None
+            packed[name] = oid
+    return packed
+
+
+_PACKED_AT_MOST = 4 << 20
 
 
 def _parse_batch(asked: list[str], out: bytes) -> dict[str, tuple[str, bytes] | None]:
