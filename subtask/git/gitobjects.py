@@ -34,6 +34,12 @@ Invariants:
   else is git's to answer, because a per-worktree ref lives in the worktree's own git dir, a
   symbolic or packed one is not that file's content, and another ref backend (reftable) keeps no
   such files (`tests/test_gitread.py::test_a_ref_read_from_its_loose_file_is_what_git_says_packed_loose_or_linked`).
+- Never list refs from their files (`GitObjects.refs`) but as git's files backend reads them, the
+  loose ones first and then packed-refs for the names they lack, because a `pack-refs` meanwhile
+  moves refs from one to the other; and only where every listed ref is plain, under a shared
+  prefix, and names a loose object (what git lists for a ref to a missing object is git's to say),
+  with no reftable folder and no variable that moves refs or objects: anything else is
+  `for-each-ref`'s (`tests/test_gitread.py::test_refs_listed_from_their_files_are_what_for_each_ref_lists`).
 - Never let a failed signature lose a job's end, because only `start` may refuse, before anything
   is left behind: under `subtask.sign=auto` (and for every write but a job's first record under
   `always`) a commit git cannot sign is written unsigned, with a warning.
