@@ -57,7 +57,7 @@ EXTRA = {
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
 DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "json", "math", "pathlib", "select", "zlib"}
-DIRECT_EXTRA = {"wait": {"queue"}}
+DIRECT_EXTRA: dict[str, set[str]] = {}
 RUN_TIME = "subtask (a function's import, at run time)"
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import queue
-import threading
 import time
 from pathlib import Path
 
@@ -37,6 +35,9 @@ from subtask.state import liveness, paths, slots
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    import queue
+    import threading
+
     from subtask.ops.running.feed import Feed
 
 
@@ -118,6 +119,11 @@ def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool =
         timeout = _positive(timeout, "--timeout", zero=True)
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
     first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
+    if all(j.state.current.terminal and not liveness.is_held(repo.state_dir, j.id) for j in first_read):
+        return WaitResult(first_read, timed_out=False, stalled=[])  # all ended and let go of: no watcher needed
+    import queue  # a wait that blocks: its watchers are threads
+    import threading
+
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     ended: queue.Queue[tuple[str, Job | BaseException]] = queue.Queue()
