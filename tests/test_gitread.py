@@ -311,3 +311,20 @@ def test_refs_listed_from_their_files_are_what_for_each_ref_lists(repo, tmp_path
     (repo / ".git/reftable").rmdir()
     git(repo, "gc", "-q")  # every object packed: only git vouches for them
     same(1)
+
+
+def test_a_repository_with_many_refs_has_them_listed_by_git_having_read_none_itself(repo, monkeypatch):
+    """Past `_LISTED_AT_MOST` names git's own listing is the faster: it lists them, and no ref file
+    was opened here first."""
+    head = git(repo, "rev-parse", "HEAD")
+    many = gitobjects._LISTED_AT_MOST + 1
+    subprocess.run(["git", "update-ref", "--stdin"], cwd=repo, check=True, text=True,
+                   input="".join(f"create refs/subtask/st-{n:08x}/record {head}\n" for n in range(many)))
+    found = open_repo(repo)
+    ours = gitobjects.GitObjects(found.git_dir, common_dir=found.common_dir)
+    opened = []
+    real_open = gitobjects.os.open
+    monkeypatch.setattr(gitobjects.os, "open", lambda path, *a, **k: (opened.append(path), real_open(path, *a, **k))[1])
+    rows, processes = _listed(ours, ("refs/subtask/",), monkeypatch)
+    monkeypatch.setattr(gitobjects.os, "open", real_open)
+    assert processes == 1 and len(rows) == many and not [path for path in opened if "refs/" in str(path)]

@@ -177,7 +177,7 @@ class GitObjects:
         loose refs first, then packed-refs for the names they do not have (so a `pack-refs`
         meanwhile loses none), sorted by name. None, for git to answer, at anything else: another
         ref backend, a link, a symbolic ref or an unexpected name or content, more than
-        `_LISTED_AT_MOST` files, or a ref naming an object that is not a loose file here (what a
+        `_LISTED_AT_MOST` names, or a ref naming an object that is not a loose file here (what a
         ref to a missing object lists as is git's to say, and a packed object git's to vouch for)."""
         common = self._common_dir
         if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS) \
@@ -320,7 +320,7 @@ class GitObjects:
         return proc.stdout
 
 
-_LISTED_AT_MOST = 512  # loose ref files read here; beyond, git's own listing is the faster
+_LISTED_AT_MOST = 256  # names under the prefixes seen here; beyond, git's own listing is the faster
 # What moves refs or objects away from the files read here: git's to answer under them.
 _OTHER_REFS_OR_OBJECTS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE",
                           "GIT_REF_PARANOIA")
@@ -330,10 +330,12 @@ _SHARED_PREFIX = re.compile(r"refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)/
 
 def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int]) -> bool:
     """The loose refs in folder `top` and below into `found` (name: object id); False when one is
-    git's to read (`GitObjects._listed_from_files`). `left[0]`: how many files may still be read."""
+    git's to read (`GitObjects._listed_from_files`). `left[0]`: how many more names (files and
+    folders) may be seen: the names are all found before any file is read, so a repository with
+    more refs than that goes to git having read none of them."""
     if os.path.islink(common / top):
         return False
-    folders = [top]
+    folders, files = [top], []
     while folders:
         folder = folders.pop()
         try:
@@ -342,29 +344,31 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
             continue  # no ref under it (a missing folder, or one deleted meanwhile)
         except OSError:
             return False  # a file where a folder would be (reftable's placeholder), or unreadable
+        left[0] -= len(entries)
+        if left[0] < 0:
+            return False
         for entry in entries:
             name = f"{folder}/{entry.name}"
             if entry.is_symlink():
                 return False
             if entry.is_dir(follow_symlinks=False):
                 folders.append(name)
-                continue
-            if entry.name.endswith(".lock"):
-                continue  # a ref being written: git lists what the ref's own file (or packed-refs) says
-            left[0] -= 1
-            if left[0] < 0 or not _SHARED_REF.fullmatch(name) or not entry.is_file(follow_symlinks=False):
-                return False
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                continue  # deleted meanwhile (packed first, then removed: packed-refs says the rest)
-            except OSError:
-                return False
-            with os.fdopen(fd, "rb") as fh:
-                oid = fh.read(100).strip().decode("ascii", "replace")
-            if len(oid) != 40 or not _OID.fullmatch(oid):
-                return False  # symbolic, damaged, or another hash
-            found[name] = oid
+            elif not entry.name.endswith(".lock"):  # a ref being written: its own file (or packed-refs) says
+                if not _SHARED_REF.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                    return False
+                files.append((name, entry.path))
+    for name, path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # deleted meanwhile (packed first, then removed: packed-refs says the rest)
+        except OSError:
+            return False
+        with os.fdopen(fd, "rb") as fh:
+            oid = fh.read(100).strip().decode("ascii", "replace")
+        if len(oid) != 40 or not _OID.fullmatch(oid):
+            return False  # symbolic, damaged, or another hash
+        found[name] = oid
     return True
 
 
