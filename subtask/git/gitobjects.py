@@ -192,8 +192,7 @@ class GitObjects:
             return None
         for name, oid in packed.items():
             found.setdefault(name, oid)
-        objects = common / "objects"
-        if not all(os.path.isfile(objects / oid[:2] / oid[2:]) for oid in set(found.values())):
+        if not all(os.path.isfile(loose.path_of(common, oid)) for oid in set(found.values())):
             return None
         return [Ref(name, found[name]) for name in sorted(found)]
 
@@ -207,11 +206,9 @@ class GitObjects:
         if self._common_dir is None or not _SHARED_REF.fullmatch(name):
             return None
         try:  # a job may write its branch's file: a symlink there is git's to read, not ours
-            fd = os.open(self._common_dir / name, os.O_RDONLY | os.O_NOFOLLOW)
+            oid = _ref_file(self._common_dir / name)
         except OSError:  # none (packed, deleted), not a folder there (reftable), a symlink
             return None
-        with os.fdopen(fd, "rb") as fh:
-            oid = fh.read(100).strip().decode("ascii", "replace")
         return Ref(name, oid) if _OID.fullmatch(oid) else None
 
     def _for_each_ref(self, *patterns: str) -> list[Ref]:
@@ -359,17 +356,21 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
                 files.append((name, entry.path))
     for name, path in files:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            oid = _ref_file(path)
         except FileNotFoundError:
             continue  # deleted meanwhile (packed first, then removed: packed-refs says the rest)
         except OSError:
             return False
-        with os.fdopen(fd, "rb") as fh:
-            oid = fh.read(100).strip().decode("ascii", "replace")
         if len(oid) != 40 or not _OID.fullmatch(oid):
             return False  # symbolic, damaged, or another hash
         found[name] = oid
     return True
+
+
+def _ref_file(path: Path | str) -> str:
+    """A loose ref file's content, stripped; OSError when it is not there or is a link."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
+        return fh.read(100).strip().decode("ascii", "replace")
 
 
 def _read_packed_refs(common: Path, prefixes: tuple[str, ...]) -> dict[str, str] | None:

@@ -54,11 +54,16 @@ MAX_READ = 64 << 20  # a record's files are small: a bigger object is git's to r
 KINDS = (b"blob", b"tree", b"commit", b"tag")
 
 
+def path_of(common_dir: Path, oid: str) -> Path:
+    """Where git keeps the loose object `oid`: `objects/<first 2 hex>/<other 38>`."""
+    return common_dir / "objects" / oid[:2] / oid[2:]
+
+
 def read(common_dir: Path, oid: str) -> tuple[str, bytes] | None:
     """The object named `oid` (kind, content) from its loose file in `common_dir`, or None: not
     loose here (packed, absent), or not to be believed (see the module's invariants)."""
     try:
-        fd = os.open(common_dir / "objects" / oid[:2] / oid[2:], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(path_of(common_dir, oid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
                      | os.O_CLOEXEC)
     except OSError:
         return None
