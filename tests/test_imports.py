@@ -43,7 +43,7 @@ OURS = {
     "subtask.git.ownership", "subtask.git.records", "subtask.git.where_landed",
     "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.dataclass",
     "subtask.model.errors", "subtask.model.executors", "subtask.model.faults", "subtask.model.job",
-    "subtask.model.money",
+    "subtask.model.lazyre", "subtask.model.money",
     "subtask.proc", "subtask.proc.spawn",
     "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",
     "subtask.state.statefiles", "subtask.words", "subtask.words.fields", "subtask.words.group_pages",
@@ -115,6 +115,49 @@ def test_a_reading_command_imports_only_its_budget(finished, command):
     parents = import_tree(argv, repo)
     assert f"subtask.faces.commands.{command}" in parents  # the registry ran it, without click
     assert over_budget(command, parents) == []
+
+
+def patterns_compiled_by(argv: list[str], cwd) -> list[str]:
+    """The regular expressions code of ours compiled while `git-subtask ARGV` ran (its own
+    process), each as `module:line pattern`: every compile of a pattern not cached yet
+    (`re.compile`, `re.match` and the others go through `re._compile`), said of the first caller
+    outside `re` and `subtask.model.lazyre`."""
+    code = ("import os, re, sys\n"
+            "pid, found, real = os.getpid(), [], re._compile\n"
+            "def spy(pattern, flags):\n"
+            "    if (type(pattern), pattern, flags) not in re._cache:\n"
+            "        frame = sys._getframe(1)\n"
+            "        while frame.f_globals.get('__name__') in ('re', 'subtask.model.lazyre'):\n"
+            "            frame = frame.f_back\n"
+            "        name = frame.f_globals.get('__name__', '')\n"
+            "        if name.startswith('subtask'):\n"
+            "            found.append(f'{name}:{frame.f_lineno} {pattern!r}')\n"
+            "    return real(pattern, flags)\n"
+            "re._compile = spy\n"
+            "real_exit = os._exit\n"
+            "def said(status=0):\n"
+            "    if os.getpid() == pid:\n"
+            "        os.write(2, ('\\nPATTERNS ' + '\\t'.join(found)).encode())\n"
+            "os._exit = lambda status: (said(), real_exit(status))\n"
+            f"sys.argv = ['git-subtask', *{argv!r}]\n"
+            "from subtask.entry import main\n"
+            "try:\n"
+            "    main()\n"
+            "finally:\n"
+            "    said()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [p for p in proc.stderr.rpartition("PATTERNS ")[2].split("\t") if p]
+
+
+@pytest.mark.parametrize("command", sorted(EXTRA))
+def test_a_reading_command_compiles_no_pattern_of_its_own(finished, command):
+    """Compiling a pattern costs 0.05-0.3 ms: the ~20 that the modules of a reading path held
+    cost it ~1.5 ms of its ~25 ms budget. They are compiled on first use (`lazyre`), and what
+    a read checks on every call (object ids, ref names, job ids) is checked without one."""
+    repo, job = finished
+    argv = [command] if command in ("list", "status") else [command, job]
+    assert patterns_compiled_by(argv, repo) == []
 
 
 def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(repo):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field
 from subtask.words import SUMMARY_MAX_LINES
 
@@ -264,7 +264,7 @@ def delegation_protocol(ctx: EngineContext) -> str:
     return text + READONLY_PROTOCOL if ctx.readonly else text
 
 
-_STATUS_RE = re.compile(r"^\s*\**STATUS\**\s*:\s*\**\s*(done|partial|blocked)\b", re.IGNORECASE)
+_STATUS_RE = lazyre.compile(r"^\s*\**STATUS\**\s*:\s*\**\s*(done|partial|blocked)\b", re.IGNORECASE)
 
 
 def parse_status(text: str) -> str | None:

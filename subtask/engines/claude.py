@@ -40,7 +40,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.redact import StreamRedactor
 from subtask.proc import isolation
 
@@ -59,14 +59,14 @@ STDERR_TAIL_LINES = 40
 INPUT_REPR_MAX = 200
 
 # Claude Code's Bash tool starts a failed command's result with "Exit code N".
-_EXIT_CODE_RE = re.compile(r"^\s*(?:error:\s*)?exit code:?\s*(-?\d+)", re.IGNORECASE)
-_AUTH_RE = re.compile(
+_EXIT_CODE_RE = lazyre.compile(r"^\s*(?:error:\s*)?exit code:?\s*(-?\d+)", re.IGNORECASE)
+_AUTH_RE = lazyre.compile(
     r"invalid api key|please run /login|invalid auth token|not logged in|authentication[_ ]"
     r"(?:failed|error|required)|oauth token (?:has )?(?:expired|revoked)|unauthorized",
     re.IGNORECASE)
-_USAGE_RE = re.compile(
+_USAGE_RE = lazyre.compile(
     r"usage limit|limit reached|hit your (?:\w+ )?limit|credit balance|spend limit", re.IGNORECASE)
-_API_RE = re.compile(r"api error|overloaded|internal server error|connection error|econnrefused|"
+_API_RE = lazyre.compile(r"api error|overloaded|internal server error|connection error|econnrefused|"
                      r"rate.?limit|\b(?:http|status)\s*5\d\d\b", re.IGNORECASE)
 
 

@@ -59,7 +59,7 @@ from subtask.engines.base import (
     parse_status,
 )
 from subtask.engines.base import totals as session_totals
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.config import TRUE_WORDS
 from subtask.model.redact import StreamRedactor
 from subtask.proc import procs
@@ -89,9 +89,9 @@ UNCONFINED = ("codex runs with its own sandbox off (git config subtask.engine.co
 NOT_FOUND = ("codex not found: install it (npm i -g @openai/codex) or set"
              " git config subtask.engine.codex.path")
 
-_USAGE_LIMIT_RE = re.compile(
+_USAGE_LIMIT_RE = lazyre.compile(
     r"usage limit|rate limit|rate_limit|too many requests|\b429\b|quota|insufficient_quota", re.I)
-_AUTH_RE = re.compile(
+_AUTH_RE = lazyre.compile(
     r"\b40[13]\b|unauthori[sz]ed|authenticat|\bauth\b|\blog ?in\b|api[ _]key|credential", re.I)
 
 
@@ -107,7 +107,7 @@ def classify_error(message: str) -> str:
 NOT_LOGGED_IN = "not logged in: run `codex login`, or set OPENAI_API_KEY / CODEX_API_KEY"
 LOCAL_PROVIDERS = ("oss", "ollama", "lmstudio")  # codex's built-in providers that need no key
 COMMAND_OUTPUT_TAIL = 2000  # characters of a command's output kept in its event (refusals are read there)
-_RETRY_RE = re.compile(r"^\s*(reconnecting|retrying)\b", re.I)
+_RETRY_RE = lazyre.compile(r"^\s*(reconnecting|retrying)\b", re.I)
 
 
 def _has_credentials(env: Mapping[str, str]) -> bool:

@@ -42,7 +42,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.config import TRUE_WORDS, parse_argv
 from subtask.proc import procs
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 ConfigReader = Callable[[str], "str | None"]
 
-_PLACEHOLDER_RE = re.compile(r"\{(task|task_file|worktree|model|session)\}")
+_PLACEHOLDER_RE = lazyre.compile(r"\{(task|task_file|worktree|model|session)\}")
 _KEEP_LINES = 400  # enough output for a 10-line summary and a trailing STATUS line
 
 
@@ -282,9 +282,9 @@ class CommandEngine:
         return False if output.answer_re is not None else None
 
 
-_BLOCK_START = re.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")
-_BLOCK_MIDDLE = re.compile(r"^={7}\s*$")
-_BLOCK_END = re.compile(r"^>{7} (REPLACE|UPDATED)\s*$")
+_BLOCK_START = lazyre.compile(r"^<{7} (SEARCH|ORIGINAL)\s*$")
+_BLOCK_MIDDLE = lazyre.compile(r"^={7}\s*$")
+_BLOCK_END = lazyre.compile(r"^>{7} (REPLACE|UPDATED)\s*$")
 
 
 def without_edit_blocks(text: str) -> str:

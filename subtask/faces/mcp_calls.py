@@ -53,7 +53,7 @@ from pydantic import ValidationError
 from subtask import __version__, api
 from subtask import words as render
 from subtask.faces import replies
-from subtask.model import start_options
+from subtask.model import lazyre, start_options
 from subtask.model.errors import SubtaskError, from_os_error
 
 
@@ -154,8 +154,8 @@ def _error_text(exc: SubtaskError) -> str:
 
 # Every tool's parameters (`tool` adds each tool's), and a start_many item's fields.
 PARAMETERS: set[str] = {option.name for option in start_options.OPTIONS}
-_CLI_COMMAND = re.compile(r"git[ -]subtask(?: [^\s;()]+)*")
-_CLI_FLAG = re.compile(r"(?<![\w'\"-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)\b(?!-)")
+_CLI_COMMAND = lazyre.compile(r"git[ -]subtask(?: [^\s;()]+)*")
+_CLI_FLAG = lazyre.compile(r"(?<![\w'\"-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)\b(?!-)")
 
 
 def mcp_words(text: str) -> str:

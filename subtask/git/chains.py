@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subtask.git.gitrepo import Repo
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 from subtask.model.job import JOB_ID_RE
@@ -56,8 +57,8 @@ class Kind:
         return f"{self.prefix}{entity_id}/record"
 
 
-GROUP = Kind("group", "refs/subtask/groups/", re.compile(r"sg-[0-9a-f]{8}"), re.compile(r"record"))
-JOB = Kind("job", "refs/subtask/", JOB_ID_RE, re.compile(r"record|base|head|attempts/[0-9]+"))
+GROUP = Kind("group", "refs/subtask/groups/", lazyre.compile(r"sg-[0-9a-f]{8}"), lazyre.compile(r"record"))
+JOB = Kind("job", "refs/subtask/", JOB_ID_RE, lazyre.compile(r"record|base|head|attempts/[0-9]+"))
 KINDS = (GROUP, JOB)  # the longer prefix first: a group's refs are under the jobs' prefix too
 
 

@@ -41,6 +41,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from subtask.model import lazyre
 from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, for callers)
     DEFAULT,
     NAMED,
@@ -51,7 +52,6 @@ from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, 
     check_name,
     split,
 )
-from subtask.model.claims import LazyPattern
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 
@@ -239,7 +239,7 @@ def run(repo: Repo, base: str, head: str, checks: list[str] | None) -> list[dict
 # ---------------------------------------------------------------- no-test-deletion
 
 _JS_EXT = ("js", "jsx", "ts", "tsx", "mjs", "cjs", "mts", "cts")
-_TEST_NAME = LazyPattern(
+_TEST_NAME = lazyre.compile(
     r"(?:^|/)(?:test_[^/]*\.py|[^/]*_test\.py"
     r"|[^/]*\.(?:test|spec)\.(?:" + "|".join(_JS_EXT) + r")"
     r"|__tests__/[^/]*\.(?:" + "|".join(_JS_EXT) + r")"
@@ -252,12 +252,12 @@ def is_test_file(path: str | None) -> bool:
     return path is not None and _TEST_NAME.search(path) is not None
 
 
-_JS_TEST = LazyPattern(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*"
+_JS_TEST = lazyre.compile(r"\b(?:it|test)(?:\.(?:only|concurrent|each\s*\([^)]*\)))?\s*\(\s*"
                        r"(['\"`])((?:(?!\1).){1,200})\1")
-_GO_TEST = LazyPattern(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
-_RUST_TEST = LazyPattern(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
+_GO_TEST = lazyre.compile(r"^func\s+((?:Test|Benchmark|Example|Fuzz)\w*)\s*\(", re.MULTILINE)
+_RUST_TEST = lazyre.compile(r"#\[(?:[\w:]+::)?test(?:\([^)]*\))?\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?"
                         r"(?:async\s+)?fn\s+(\w+)")
-_JAVA_TEST = LazyPattern(r"@(?:Test|ParameterizedTest|RepeatedTest|TestFactory)\b(?:\s*\([^)]*\))?\s+"
+_JAVA_TEST = lazyre.compile(r"@(?:Test|ParameterizedTest|RepeatedTest|TestFactory)\b(?:\s*\([^)]*\))?\s+"
                         r"(?:@\w+(?:\([^)]*\))?\s+)*(?:(?:public|protected|private|static|final)\s+)*void\s+(\w+)\s*\(")
 
 
@@ -341,28 +341,28 @@ _PY = ("py", "pyi")
 _JS = (*_JS_EXT, "vue", "svelte")
 # (what a finding calls it, pattern, the file suffixes it is looked for in); matched on each added
 # and removed line: a marker a line only moved does not count
-_MARKERS: list[tuple[str, LazyPattern, tuple[str, ...]]] = [
-    ("@pytest.mark.skip", LazyPattern(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
-    ("@pytest.mark.xfail", LazyPattern(r"\bpytest\.mark\.xfail\b"), _PY),
-    ("pytest.skip()", LazyPattern(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
+_MARKERS: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
+    ("@pytest.mark.skip", lazyre.compile(r"\bpytest\.mark\.skip(?:if)?\b"), _PY),
+    ("@pytest.mark.xfail", lazyre.compile(r"\bpytest\.mark\.xfail\b"), _PY),
+    ("pytest.skip()", lazyre.compile(r"\bpytest\.(?:skip|xfail)\s*\("), _PY),
     ("@unittest.skip",
-     LazyPattern(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
-    ("# noqa", LazyPattern(r"#\s*noqa\b", re.IGNORECASE), _PY),
-    ("# type: ignore", LazyPattern(r"#\s*type:\s*ignore\b"), _PY),
-    ("# pyright: ignore", LazyPattern(r"#\s*pyright:\s*ignore\b"), _PY),
-    ("# pylint: disable", LazyPattern(r"#\s*pylint:\s*disable\b"), _PY),
-    ("eslint-disable", LazyPattern(r"\beslint-disable\b"), _JS),
-    ("@ts-ignore", LazyPattern(r"@ts-(?:ignore|nocheck|expect-error)\b"), _JS),
-    (".skip()", LazyPattern(r"\b(?:it|test|describe)\.(?:skip|todo)\s*\(|\bx(?:it|test|describe)\s*\("), _JS),
-    ("#[ignore]", LazyPattern(r"#\[ignore\b"), ("rs",)),
-    ("t.Skip", LazyPattern(r"\b\w+\.Skip(?:Now|f)?\s*\("), ("go",)),
-    ("//nolint", LazyPattern(r"//\s*nolint\b"), ("go",)),
-    ("@Disabled", LazyPattern(r"@(?:Disabled|Ignore)\b"), ("java", "kt")),
+     lazyre.compile(r"\bunittest\.skip(?:If|Unless)?\b|\bself\.skipTest\s*\(|@unittest\.expectedFailure"), _PY),
+    ("# noqa", lazyre.compile(r"#\s*noqa\b", re.IGNORECASE), _PY),
+    ("# type: ignore", lazyre.compile(r"#\s*type:\s*ignore\b"), _PY),
+    ("# pyright: ignore", lazyre.compile(r"#\s*pyright:\s*ignore\b"), _PY),
+    ("# pylint: disable", lazyre.compile(r"#\s*pylint:\s*disable\b"), _PY),
+    ("eslint-disable", lazyre.compile(r"\beslint-disable\b"), _JS),
+    ("@ts-ignore", lazyre.compile(r"@ts-(?:ignore|nocheck|expect-error)\b"), _JS),
+    (".skip()", lazyre.compile(r"\b(?:it|test|describe)\.(?:skip|todo)\s*\(|\bx(?:it|test|describe)\s*\("), _JS),
+    ("#[ignore]", lazyre.compile(r"#\[ignore\b"), ("rs",)),
+    ("t.Skip", lazyre.compile(r"\b\w+\.Skip(?:Now|f)?\s*\("), ("go",)),
+    ("//nolint", lazyre.compile(r"//\s*nolint\b"), ("go",)),
+    ("@Disabled", lazyre.compile(r"@(?:Disabled|Ignore)\b"), ("java", "kt")),
 ]
-_ASSERTION = LazyPattern(r"^\s*(?:assert\b|self\.assert\w*\s*\(|expect\s*\(|assert(?:_eq|_ne)?!\s*\(|"
+_ASSERTION = lazyre.compile(r"^\s*(?:assert\b|self\.assert\w*\s*\(|expect\s*\(|assert(?:_eq|_ne)?!\s*\(|"
                         r"assert\w*\s*\(|(?:t|b)\.(?:Error|Errorf|Fatal|Fatalf|Fail)\w*\s*\(|require\.\w+\s*\()")
-_COMMENT = LazyPattern(r"^\s*(?:#|//|/\*|\*)\s?")
-_NOOP_ASSERTIONS = LazyPattern(
+_COMMENT = lazyre.compile(r"^\s*(?:#|//|/\*|\*)\s?")
+_NOOP_ASSERTIONS = lazyre.compile(
     r"^\s*(?:assert\s+(?:True|1|not\s+(?:False|None|0))\s*(?:,.*)?$"
     r"|self\.assert(?:True|Equal)\s*\(\s*(?:True|1)\s*(?:,\s*(?:True|1)\s*)?\)"
     r"|expect\s*\(\s*(true|1)\s*\)\s*\.\s*(?:toBe|toEqual|toBeTruthy)\s*\(\s*(?:true|1)?\s*\)"
@@ -377,16 +377,16 @@ _NOOP_ASSERTIONS = LazyPattern(
 _HOOKS = ("collection_modifyitems", "ignore_collect", "deselected", "collect_file", "pycollect_makeitem",
           "runtest_protocol", "runtest_setup", "runtest_call", "runtest_makereport", "pyfunc_call",
           "report_teststatus")
-_CONFTEST_MARKERS: list[tuple[str, LazyPattern]] = [
-    *((f"pytest_{hook}", LazyPattern(rf"^\s*(?:async\s+)?def\s+pytest_{hook}\b")) for hook in _HOOKS),
-    ("os._exit", LazyPattern(r"\bos\._exit\s*\(")),
+_CONFTEST_MARKERS: list[tuple[str, re.Pattern[str]]] = [
+    *((f"pytest_{hook}", lazyre.compile(rf"^\s*(?:async\s+)?def\s+pytest_{hook}\b")) for hook in _HOOKS),
+    ("os._exit", lazyre.compile(r"\bos\._exit\s*\(")),
 ]
 _CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg", "pyproject.toml")
-_CONFIG_MARKERS: list[tuple[str, LazyPattern]] = [
-    ("--deselect", LazyPattern(r"--deselect\b")),
-    ("--ignore", LazyPattern(r"--ignore(?:-glob)?\b")),
-    ("-k", LazyPattern(r"(?:^|[\s\"'=\[,])-k(?=[\s=\"']|$)")),
-    ("-p no:", LazyPattern(r"-p\s*no:")),
+_CONFIG_MARKERS: list[tuple[str, re.Pattern[str]]] = [
+    ("--deselect", lazyre.compile(r"--deselect\b")),
+    ("--ignore", lazyre.compile(r"--ignore(?:-glob)?\b")),
+    ("-k", lazyre.compile(r"(?:^|[\s\"'=\[,])-k(?=[\s=\"']|$)")),
+    ("-p no:", lazyre.compile(r"-p\s*no:")),
 ]
 
 
@@ -475,11 +475,11 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join([node.id, *reversed(parts)])
 
 
-def _count(pattern: LazyPattern, lines: list[str]) -> int:
+def _count(pattern: re.Pattern[str], lines: list[str]) -> int:
     return sum(len(pattern.findall(line)) for line in lines)
 
 
-def _first_line(data: bytes | None, pattern: LazyPattern, added: list[str]) -> str:
+def _first_line(data: bytes | None, pattern: re.Pattern[str], added: list[str]) -> str:
     """`:12`, the line number in the new file of the first added line with the marker ("" if unknown)."""
     if data is None:
         return ""

@@ -48,7 +48,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -62,15 +61,34 @@ if TYPE_CHECKING:
 
     import pygit2
 
-_OID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
-# A ref every worktree shares, by a name git would store as a file of that path: no `.` part, no
-# `..`, no lock file (git-check-ref-format).
-_SHARED_REF = re.compile(r"(?!.*\.\.)(?!.*\.lock$)refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)"
-                         r"(?:/(?!\.)[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*)+")
+_HEX = "0123456789abcdef"
+_REF_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+@=,-"
+_SHARED_TOPS = ("heads", "tags", "notes", "subtask")
 
-# HEAD's file as git's files backend writes it: a branch's name, or a commit's id (detached).
-BRANCH_HEAD = re.compile(r"ref: (refs/heads/[^\s]+)\n?")
-DETACHED_HEAD = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?\n?")
+
+def is_oid(text: str) -> bool:
+    """A whole object id as git writes it: 40 (SHA-1) or 64 (SHA-256) lower-case hex digits."""
+    return len(text) in (40, 64) and not text.strip(_HEX)
+
+
+def _shared_ref(name: str, folder: bool = False) -> bool:
+    """A ref every worktree shares (`refs/heads|tags|notes|subtask|subtask-*/…`), by a name git
+    would store as a file of that path: no part empty or starting with `.`, no `..`, no lock
+    file, nothing but `[A-Za-z0-9_.+@=,-]` (git-check-ref-format, narrowed); `folder`: the name
+    of a folder of them, ending in `/`."""
+    if folder:
+        if not name.endswith("/"):
+            return False
+        name = name[:-1]
+    parts = name.split("/")
+    if len(parts) < (2 if folder else 3) or parts[0] != "refs" or ".." in name or name.endswith(".lock"):
+        return False
+    top = parts[1]
+    if top not in _SHARED_TOPS and not (top.startswith("subtask-") and len(top) > 8
+                                        and not top[8:].strip("abcdefghijklmnopqrstuvwxyz-")):
+        return False
+    return all(part and part[0] != "." and not part.strip(_REF_CHARS) for part in parts[2:])
+
 
 # The identity of every commit the tool writes for itself (records, notes, groups).
 TOOL_NAME, TOOL_EMAIL = "git-subtask", "git-subtask@localhost"
@@ -92,7 +110,7 @@ class Ref:
 
 def valid_spec(spec: str) -> bool:
     oid, _, path = spec.partition(":")
-    return bool(_OID.fullmatch(oid)) and "\n" not in path
+    return is_oid(oid) and "\n" not in path
 
 
 def commit_signed(raw: bytes) -> bool:
@@ -181,7 +199,7 @@ class GitObjects:
         ref to a missing object lists as is git's to say, and a packed object git's to vouch for)."""
         common = self._common_dir
         if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS) \
-                or os.path.lexists(common / "reftable") or not all(_SHARED_PREFIX.fullmatch(p) for p in prefixes):
+                or os.path.lexists(common / "reftable") or not all(_shared_ref(p, folder=True) for p in prefixes):
             return None
         found: dict[str, str] = {}
         left = [_LISTED_AT_MOST]
@@ -203,13 +221,13 @@ class GitObjects:
         return next((ref for ref in self._for_each_ref(name) if ref.name == name), None)
 
     def _loose_ref(self, name: str) -> Ref | None:
-        if self._common_dir is None or not _SHARED_REF.fullmatch(name):
+        if self._common_dir is None or not _shared_ref(name):
             return None
         try:  # a job may write its branch's file: a symlink there is git's to read, not ours
             oid = _ref_file(self._common_dir / name)
         except OSError:  # none (packed, deleted), not a folder there (reftable), a symlink
             return None
-        return Ref(name, oid) if _OID.fullmatch(oid) else None
+        return Ref(name, oid) if is_oid(oid) else None
 
     def _for_each_ref(self, *patterns: str) -> list[Ref]:
         out = pipes.run([*self._base, "for-each-ref", "--format=%(refname)%00%(objectname)%00%(symref)",
@@ -321,8 +339,6 @@ _LISTED_AT_MOST = 256  # names under the prefixes seen here; beyond, git's own l
 # What moves refs or objects away from the files read here: git's to answer under them.
 _OTHER_REFS_OR_OBJECTS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE",
                           "GIT_REF_PARANOIA")
-_SHARED_PREFIX = re.compile(r"refs/(?:heads|tags|notes|subtask|subtask-[a-z-]+)/"
-                            r"(?:[A-Za-z0-9_+@=,-][A-Za-z0-9_.+@=,-]*/)*")
 
 
 def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int]) -> bool:
@@ -351,7 +367,7 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
             if entry.is_dir(follow_symlinks=False):
                 folders.append(name)
             elif not entry.name.endswith(".lock"):  # a ref being written: its own file (or packed-refs) says
-                if not _SHARED_REF.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                if not _shared_ref(name) or not entry.is_file(follow_symlinks=False):
                     return False
                 files.append((name, entry.path))
     for name, path in files:
@@ -361,7 +377,7 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
             continue  # deleted meanwhile (packed first, then removed: packed-refs says the rest)
         except OSError:
             return False
-        if len(oid) != 40 or not _OID.fullmatch(oid):
+        if len(oid) != 40 or not is_oid(oid):
             return False  # symbolic, damaged, or another hash
         found[name] = oid
     return True
@@ -392,10 +408,10 @@ def _read_packed_refs(common: Path, prefixes: tuple[str, ...]) -> dict[str, str]
         if line.startswith(("#", "^")):
             continue
         oid, space, name = line.partition(" ")
-        if not space or len(oid) != 40 or not _OID.fullmatch(oid):
+        if not space or len(oid) != 40 or not is_oid(oid):
             return None
         if name.startswith(prefixes):
-            if not _SHARED_REF.fullmatch(name):
+            if not _shared_ref(name):
                 return None
             packed[name] = oid
     return packed

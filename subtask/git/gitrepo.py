@@ -131,11 +131,13 @@ class Repo:
         if fd >= 0:
             with os.fdopen(fd, "rb") as fh:
                 text = fh.read(4096).decode("utf-8", "surrogateescape")
-            if gitobjects.DETACHED_HEAD.fullmatch(text):
+            line = text.removesuffix("\n")
+            if gitobjects.is_oid(line):
                 return None
-            named = gitobjects.BRANCH_HEAD.fullmatch(text)
-            if named and named.group(1) != "refs/heads/.invalid":
-                return named.group(1)
+            branch = line.removeprefix("ref: ")
+            if branch.startswith("refs/heads/") and branch != line and branch.split() == [branch] \
+                    and branch not in ("refs/heads/", "refs/heads/.invalid"):
+                return branch
         code, out, _ = pipes.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"])
         if code != 0:
             return None

@@ -36,7 +36,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -44,6 +43,7 @@ from pathlib import Path
 
 from subtask.git.gitrepo import tree_of
 from subtask.git.harness_rule import JOB, Rule, judged_by_job, rule_for
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 
 TYPE_CHECKING = False  # not `typing`'s: its names are for mypy only, never imported at run time
@@ -538,7 +538,7 @@ def _put(obj: dict[str, Any], dotted: str, value: object) -> None:
         obj[last] = value
 
 
-_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_TABLE = lazyre.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 
 
 def _toml_blocks(text: str) -> list[tuple[str | None, list[str]]]:

@@ -18,12 +18,12 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from subtask.git.gitrepo import Repo
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 OURS = ".subtask/"  # the folder of the jobs' worktrees (excluded, but a look may begin before that)
-_PATH_LINE = re.compile(r"^\s*path\s*=\s*(.+?)\s*$")
+_PATH_LINE = lazyre.compile(r"^\s*path\s*=\s*(.+?)\s*$")
 
 
 @dataclass

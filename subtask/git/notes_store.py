@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from subtask.git.gitobjects import commit_tree
+from subtask.model import lazyre
 from subtask.model.config import signing_key_of
 from subtask.model.errors import fatal
+from subtask.model.job import is_job_id
 from subtask.state.statefiles import file_lock
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
@@ -62,10 +63,9 @@ NOTES_MESSAGE = "Notes added by git-subtask"
 SIGNATURE_NAME = "git-subtask"
 SIGNATURE_EMAIL = "git-subtask@localhost"
 
-JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
-_BLOCK_START_RE = re.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
+_BLOCK_START_RE = lazyre.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
 _BLOCK_PREFIX = "subtask st-"
-_HEX_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_HEX_RE = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 # pygit2.enums.FileMode.BLOB / TREE, as numbers: every function here is handed a pygit2 repository,
 # so the library is loaded by whoever calls; importing this module must not load it.
@@ -219,7 +219,7 @@ def _strip_lines(lines: list[str]) -> str:
 
 
 def _check_job_id(job_id: str) -> None:
-    if not JOB_ID_RE.fullmatch(job_id):
+    if not is_job_id(job_id):
         raise ValueError(f"bad job id {job_id!r}: expected st- and 8 hex digits")
 
 

@@ -34,10 +34,10 @@ Invariants:
 from __future__ import annotations
 
 import os
-import re
 
 from subtask.git.gitrepo import Repo, git, pygit2_ready
 from subtask.model.errors import SubtaskError
+from subtask.model.job import hex_named
 from subtask.state import paths
 from subtask.state.statefiles import file_lock
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 OWNED_PREFIX = "refs/subtask-owned/"
 THEIRS_PREFIX = "refs/subtask-theirs/"
-CLONE_ID_RE = re.compile(r"c-[0-9a-f]{16}")
 
 
 def owned_ref(key: str) -> str:
@@ -66,7 +65,7 @@ def aside_ref(remote: str, key: str, which: str) -> str:
 def clone_id(repo: Repo) -> str | None:
     """This clone's identity, or None before its first job."""
     value = (repo.config.get("cloneId") or "").strip()
-    return value if CLONE_ID_RE.fullmatch(value) else None
+    return value if hex_named(value, "c-", 16) else None
 
 
 def ensure_clone_id(repo: Repo) -> str:
@@ -80,7 +79,7 @@ def ensure_clone_id(repo: Repo) -> str:
         # Another process may have written it since our settings were read: read the file again.
         local = _local_config(repo)
         current = (local.get("subtask.cloneid") or "").strip()
-        if not CLONE_ID_RE.fullmatch(current):
+        if not hex_named(current, "c-", 16):
             if current:
                 raise SubtaskError("fatal", f"git config subtask.cloneId is not a clone id: {current!r}",
                                    hint="git config --local --unset subtask.cloneId  "

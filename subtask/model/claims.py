@@ -25,26 +25,12 @@ from __future__ import annotations
 
 import re
 
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from typing import Any
-
-
-class LazyPattern:
-    """A regular expression compiled when first used: `start`, the reading commands and every
-    worker import the modules that hold these patterns, most of them never match one, and
-    compiling them all cost each import several milliseconds."""
-
-    def __init__(self, pattern: str, flags: int = 0):
-        self._args = (pattern, flags)
-        self._compiled: re.Pattern[str] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._compiled is None:
-            self._compiled = re.compile(*self._args)
-        return getattr(self._compiled, name)
 
 
 # ---------------------------------------------------------------- test counts
@@ -61,15 +47,15 @@ class Counts:
         return f"{self.passed} passed, {self.failed} failed"
 
 
-_PYTEST = LazyPattern(r"(\d+) (passed|failed|errors?)\b")
-_PYTEST_LINE = LazyPattern(r"^[=\s]*(?:\d+ (?:passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)"
+_PYTEST = lazyre.compile(r"(\d+) (passed|failed|errors?)\b")
+_PYTEST_LINE = lazyre.compile(r"^[=\s]*(?:\d+ (?:passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)"
                           r"(?:, )?)+(?: in [\d.]+s)?", re.MULTILINE)
-_JEST = LazyPattern(r"^Tests:\s+(.*\btotal)\s*$", re.MULTILINE)
-_VITEST = LazyPattern(r"^\s*Tests\s+(.*?)\s*\(\d+\)\s*$", re.MULTILINE)
-_CARGO = LazyPattern(r"^test result: \w+\. (\d+) passed; (\d+) failed", re.MULTILINE)
-_UNITTEST_RAN = LazyPattern(r"^Ran (\d+) tests? in", re.MULTILINE)
-_UNITTEST_FAILED = LazyPattern(r"^FAILED \(([^)]*)\)", re.MULTILINE)
-_GO = LazyPattern(r"^\s*--- (PASS|FAIL): ", re.MULTILINE)
+_JEST = lazyre.compile(r"^Tests:\s+(.*\btotal)\s*$", re.MULTILINE)
+_VITEST = lazyre.compile(r"^\s*Tests\s+(.*?)\s*\(\d+\)\s*$", re.MULTILINE)
+_CARGO = lazyre.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed", re.MULTILINE)
+_UNITTEST_RAN = lazyre.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
+_UNITTEST_FAILED = lazyre.compile(r"^FAILED \(([^)]*)\)", re.MULTILINE)
+_GO = lazyre.compile(r"^\s*--- (PASS|FAIL): ", re.MULTILINE)
 
 
 def test_counts(output: str) -> Counts | None:
@@ -178,9 +164,10 @@ class Watch:
 
 # ---------------------------------------------------------------- claims
 
-_NOT = LazyPattern(r"\b(?:not|no|never|don't|doesn't|didn't|cannot|can't|couldn't|won't|isn't|aren't|fail\w*|still)\b"
+_NOT = lazyre.compile(
+    r"\b(?:not|no|never|don't|doesn't|didn't|cannot|can't|couldn't|won't|isn't|aren't|fail\w*|still)\b"
                    r"[^.;:\n]{0,20}$", re.IGNORECASE)
-_PASS_CLAIMS = LazyPattern(
+_PASS_CLAIMS = lazyre.compile(
     r"\b(?:all (?:the )?(?:\d+ )?(?:unit |existing |remaining )?tests?(?: now)? "
     r"(?:pass(?:es|ed)?|are passing|succeed(?:ed)?|are green)"
     r"|(?:the )?(?:unit |existing )?tests? (?:now )?(?:all )?(?:pass(?:es|ed)?|are passing|are green|succeed(?:ed)?)"
@@ -189,9 +176,10 @@ _PASS_CLAIMS = LazyPattern(
     r"|\d+ tests? pass(?:ed|ing)?(?:,? (?:and )?0 fail\w*)?(?=[\s.,;)]|$)"
     r"|verified (?:that )?(?:it|everything|the tests?) (?:works?|pass(?:es)?))",
     re.IGNORECASE)
-_CHANGE_VERBS = LazyPattern(r"\b(?:changed|modified|updated|edited|fixed|created|added|wrote|rewrote|refactored|"
+_CHANGE_VERBS = lazyre.compile(r"\b(?:changed|modified|updated|edited|fixed|created|added|wrote|rewrote|refactored|"
                            r"touched|renamed|moved|implemented|adjusted|patched)\b", re.IGNORECASE)
-_PATH = LazyPattern(r"`([^`\s]{1,200})`|(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.(?:py|pyi|js|jsx|ts|tsx|mjs|cjs|go|rs|"
+_PATH = lazyre.compile(
+    r"`([^`\s]{1,200})`|(?<![\w/.-])((?:[\w.-]+/)*[\w-][\w.-]*\.(?:py|pyi|js|jsx|ts|tsx|mjs|cjs|go|rs|"
                    r"java|kt|rb|php|c|h|cc|cpp|hpp|cs|swift|scala|sh|md|rst|txt|json|ya?ml|toml|cfg|ini|html|css|"
                    r"scss|sql|proto|lock))(?![\w/-])")
 MAX_CLAIMS = 4

@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Callable, Collection
 
-from subtask.model import checknames
+from subtask.model import checknames, lazyre
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import SubtaskError
 
@@ -357,7 +357,7 @@ for _key, _setting in SETTINGS.items():
     for _spelling in (_key, *_setting.old_names):
         _sub, _name = _parts(_spelling)
         if NAME in _sub:
-            _sub_re = re.compile(re.escape(_sub).replace(re.escape(NAME), r"[^.]+"))
+            _sub_re = lazyre.compile(re.escape(_sub).replace(re.escape(NAME), r"[^.]+"))
             _PATTERNS.append((_sub_re, _name, _key))
         else:
             _EXACT[(_sub, _name)] = _key

@@ -24,11 +24,10 @@ Invariants:
 from __future__ import annotations
 
 import os
-import re
 import time
 from decimal import Decimal
 
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field, fields
 from subtask.model.errors import SubtaskError
 
@@ -40,8 +39,7 @@ else:
     Protocol = object  # `JobLike` is documentation and a type, never a base at run time
 
 SCHEMA_VERSION = 1
-JOB_ID_RE = re.compile(r"st-[0-9a-f]{8}")
-ID_PREFIX_RE = re.compile(r"st-[0-9a-f]{0,8}|[0-9a-f]{1,8}")
+JOB_ID_RE = lazyre.compile(r"st-[0-9a-f]{8}")
 TERMINAL = ("done", "failed", "stopped", "skipped")
 WAITING = "waiting"  # recorded, waiting for other jobs to end (`JobSpec.after`); holds nothing
 ACTIVE = (WAITING, "queued", "running")
@@ -54,8 +52,17 @@ def new_job_id() -> str:
     return "st-" + os.urandom(4).hex()  # what secrets.token_hex does, without its imports (~3 ms)
 
 
+def hex_named(text: str, prefix: str, digits: int, at_least: int | None = None) -> bool:
+    """`text` is `prefix` and lower-case hex digits: `digits` of them, or with `at_least` from
+    that many to `digits` (what `JOB_ID_RE` matches, without compiling it on every command)."""
+    hexes = text[len(prefix):]
+    return text.startswith(prefix) and (at_least if at_least is not None else digits) <= len(hexes) <= digits \
+        and not hexes.strip("0123456789abcdef")
+
+
 def is_job_id(text: str) -> bool:
-    return JOB_ID_RE.fullmatch(text) is not None
+    """`st-` and 8 lower-case hex digits."""
+    return isinstance(text, str) and hex_named(text, "st-", 8)
 
 
 def is_group_ref(text: str) -> bool:
@@ -66,7 +73,8 @@ def is_group_ref(text: str) -> bool:
 def check_id_prefix(text: str) -> str:
     """A job id or a prefix of one, validated before any path or ref is built from it. Ids are
     lowercase hex; one typed (or copied) in capitals names the same job."""
-    if not isinstance(text, str) or ID_PREFIX_RE.fullmatch(text.lower()) is None:
+    if not isinstance(text, str) or not (hex_named(text.lower(), "st-", 8, at_least=0)
+                                         or hex_named(text.lower(), "", 8, at_least=1)):
         raise SubtaskError("usage", f"not a job id: {text!r} (ids look like st-1a2b3c4d; a unique prefix is enough)")
     text = text.lower()
     return text if text.startswith("st-") else "st-" + text

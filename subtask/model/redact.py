@@ -6,8 +6,8 @@ Invariants:
 - Idempotent: `redact(redact(x)) == redact(x)`; the marker itself matches no pattern.
 - Names survive, values do not: `password=hunter2` becomes `password=[REDACTED]`, quoted values
   keep their quotes (`"token": "[REDACTED]"`) so redacted JSON text stays JSON where it was.
-- Linear time: every pattern is compiled once at import, anchored on a literal prefix or a
-  word start, and every repetition that could backtrack is bounded.
+- Linear time: every pattern is compiled once (on first use, `lazyre.compile`), anchored on a
+  literal prefix or a word start, and every repetition that could backtrack is bounded.
 - Ordinary text is left alone: git shas, words such as "tokenizer" or "max_tokens", prose that
   mentions a secret without assigning one.
 - Exact values of secret-looking environment variables (default `os.environ`) are redacted
@@ -26,6 +26,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from subtask.model import lazyre
+
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from typing import Any
@@ -34,27 +36,6 @@ MARKER = "[REDACTED]"
 
 # -- token shapes: replaced whole ---------------------------------------------------------------
 
-class _Lazy:
-    """A regular expression compiled the first time it is used: most texts hold the needle of no
-    pattern (`_redact_with`), and compiling all twenty cost every `start` ~3 ms for its task."""
-
-    __slots__ = ("_source", "_flags", "_compiled")
-
-    def __init__(self, source: str, flags: int = 0):
-        self._source, self._flags = source, flags
-        self._compiled: re.Pattern[str] | None = None
-
-    def __getattr__(self, name: str) -> Any:  # sub, search, finditer, fullmatch
-        if self._compiled is None:
-            self._compiled = re.compile(self._source, self._flags)
-        return getattr(self._compiled, name)
-
-
-def _pattern(source: str, flags: int = 0) -> re.Pattern[str]:
-    """`re.compile`, deferred to the first use (answers what this module calls of a pattern)."""
-    return _Lazy(source, flags)  # type: ignore[return-value]
-
-
 # Word-start guard: the token must not be the tail of a longer identifier.
 _START = r"(?<![A-Za-z0-9_-])"
 _END = r"(?![A-Za-z0-9_-])"
@@ -62,49 +43,50 @@ _END = r"(?![A-Za-z0-9_-])"
 _TOKENS = [
     # PEM private keys, whole block. The body may not contain "-----", so a BEGIN without an END
     # stops scanning at the next armor line instead of running on: linear time.
-    _pattern(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----(?:[^-]|-(?!----)){0,16384}"
+    lazyre.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----(?:[^-]|-(?!----)){0,16384}"
                r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----"),
     # A private key cut short (e.g. by a log tail): its BEGIN line and the base64 that follows,
     # also when newlines are JSON-escaped ("\\n").
-    _pattern(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----[A-Za-z0-9+/=\r\n\t \\]{0,16384}"),
+    lazyre.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----[A-Za-z0-9+/=\r\n\t \\]{0,16384}"),
     # Anthropic (sk-ant-...) and OpenAI (sk-..., sk-proj-...) keys.
-    _pattern(_START + r"sk-[A-Za-z0-9_-]{20,}"),
+    lazyre.compile(_START + r"sk-[A-Za-z0-9_-]{20,}"),
     # GitHub tokens, classic and fine-grained.
-    _pattern(_START + r"gh[pousr]_[A-Za-z0-9]{20,}" + _END),
-    _pattern(_START + r"github_pat_[A-Za-z0-9_]{20,}"),
+    lazyre.compile(_START + r"gh[pousr]_[A-Za-z0-9]{20,}" + _END),
+    lazyre.compile(_START + r"github_pat_[A-Za-z0-9_]{20,}"),
     # AWS access key ids.
-    _pattern(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    lazyre.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
     # Google API keys.
-    _pattern(_START + r"AIza[0-9A-Za-z_-]{35}" + _END),
+    lazyre.compile(_START + r"AIza[0-9A-Za-z_-]{35}" + _END),
     # Slack tokens.
-    _pattern(_START + r"xox[baprs]-[0-9A-Za-z-]{10,}"),
+    lazyre.compile(_START + r"xox[baprs]-[0-9A-Za-z-]{10,}"),
     # JSON Web Tokens: header.payload.signature, the header being base64 of '{"'.
-    _pattern(_START + r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    lazyre.compile(_START + r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
 ]
 
 # The armor lines of a private key, for the stream state and for a block cut off at its start.
-_PEM_BEGIN = _pattern(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----")
-_PEM_END = _pattern(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PEM_BEGIN = lazyre.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PEM_END = lazyre.compile(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----")
 # A line of a key's body: base64, or an RFC 1421 header (Proc-Type, DEK-Info), or blank.
-_PEM_BODY_LINE = _pattern(r"[ \t]*(?:[A-Za-z0-9+/=]{1,256}|Proc-Type:[^\n]{0,200}|DEK-Info:[^\n]{0,200})?[ \t\r]*")
+_PEM_BODY_LINE = lazyre.compile(
+    r"[ \t]*(?:[A-Za-z0-9+/=]{1,256}|Proc-Type:[^\n]{0,200}|DEK-Info:[^\n]{0,200})?[ \t\r]*")
 
 # Replaced keeping a non-secret prefix (group 1).
 _PREFIXED = [
     # Slack incoming webhooks: the path is the credential.
-    _pattern(r"(https://hooks\.slack\.com/(?:services|workflows|triggers)/)[A-Za-z0-9_/-]+"),
+    lazyre.compile(r"(https://hooks\.slack\.com/(?:services|workflows|triggers)/)[A-Za-z0-9_/-]+"),
     # HTTP bearer tokens.
-    _pattern(r"(?i)(\bbearer[ \t]+)[A-Za-z0-9._~+/=-]{16,}"),
+    lazyre.compile(r"(?i)(\bbearer[ \t]+)[A-Za-z0-9._~+/=-]{16,}"),
     # Authorization headers of any scheme (Basic, Token, Digest, none): the scheme is kept, the
     # credentials go to the end of the line or the quoted value.
-    _pattern(r"(?i)(\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?![A-Za-z]{1,20}[ \t]+\[)"
+    lazyre.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?![A-Za-z]{1,20}[ \t]+\[)"
                r"(?:(?:basic|token|digest|bearer|negotiate|ntlm|apikey|key)[ \t]+)?)"
                r"(?!\[REDACTED\])[^\s\"'][^\n\"']{5,4096}"),
     # Credentials in URLs: scheme://user:password@host.
-    _pattern(r"(://[^/\s:@]{1,256}:)[^/\s@]{1,256}(?=@)"),
+    lazyre.compile(r"(://[^/\s:@]{1,256}:)[^/\s@]{1,256}(?=@)"),
     # `.netrc`'s `password X` (no `=`): after `machine`/`login`/`account NAME` or `default` on its
     # line, or alone on a line with its value (the file spread over lines). Prose ("your login
     # name and password") has neither shape.
-    _pattern(r"(?im)(^[ \t]*(?:(?:(?:machine|login|account)[ \t]+\S{1,256}[ \t]+|default[ \t]+){1,8}"
+    lazyre.compile(r"(?im)(^[ \t]*(?:(?:(?:machine|login|account)[ \t]+\S{1,256}[ \t]+|default[ \t]+){1,8}"
                r"password[ \t]+(?!\[REDACTED\])|password[ \t]+(?!\[REDACTED\])"
                r"(?=\S{1,4096}[ \t]*(?:$|(?:machine|login|account|default)[ \t]))))\S{1,4096}"),
 ]
@@ -119,14 +101,14 @@ _SECRET_KEYWORD = (
     r"(?:password|passwd|passphrase|token|secret|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|credentials?)"
 )
-_ASSIGNMENT = _pattern(
+_ASSIGNMENT = lazyre.compile(
     r"(?P<name>" + _SECRET_KEYWORD + r")"
     r"(?P<sep>[\"']?[ \t]*(?::=|[:=])(?!=)[ \t]*)"  # closing quote of a JSON/YAML key, then = or :
     r"(?P<value>\"(?:[^\"\\\n]|\\.){0,4096}\"|'[^'\n]{0,4096}'"
     r"|[\"']?[^\s\"'`,;&)\]}]{1,4096})",  # unquoted, or a quote never closed (a cut-off line)
     re.IGNORECASE,
 )
-_SECRET_KEY = _pattern(_SECRET_KEYWORD + r"\Z", re.IGNORECASE)  # dict keys, in redact_obj
+_SECRET_KEY = lazyre.compile(_SECRET_KEYWORD + r"\Z", re.IGNORECASE)  # dict keys, in redact_obj
 # Values that are plainly not secrets: JSON/YAML literals (redacting them would only break the
 # document) and the type in a code annotation such as `password: str`.
 _NOT_A_VALUE = frozenset({"null", "none", "true", "false", "nil", "undefined",
@@ -147,7 +129,7 @@ def _redact_assignment(match: re.Match[str]) -> str:
 
 # AUTH but not AUTHOR: GIT_AUTHOR_NAME holds a person's name, which logs must keep. A socket's
 # path is not a secret either (SSH_AUTH_SOCK): a confined job's evidence names the one it tried.
-_SECRET_ENV_NAME = _pattern(
+_SECRET_ENV_NAME = lazyre.compile(
     r"^(?!.*_SOCK(?:ET)?$).*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR))", re.IGNORECASE)
 _MIN_ENV_VALUE = 8
 

@@ -59,12 +59,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 # Secret files of the system a root-run job could read as their owner: hidden behind stand-ins.
 SECRET_SYSTEM = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssl/private")
-SECRET_SYSTEM_GLOBS = (("/etc/ssh", re.compile(r"ssh_host_.*_key\Z")),)
+SECRET_SYSTEM_GLOBS = (("/etc/ssh", lazyre.compile(r"ssh_host_.*_key\Z")),)
 # Where credentials live in a HOME: each that exists gets an empty stand-in in the private HOME
 # (a folder: its entries, one level, as empty files; its sockets as decoys).
 SECRET_HOME = (".ssh", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".gnupg", ".netrc",
@@ -93,8 +94,8 @@ MAX_OBSERVED = 50  # lines of accounting kept per run (a job that knocks 10,000 
 
 # A variable carries a credential when its name says so (the names `redact` treats as secret) or
 # its value is a URL with a password in it.
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)|COOKIE", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+_SECRET_NAME = lazyre.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH(?!OR)|COOKIE", re.IGNORECASE)
+_URL_PASSWORD = lazyre.compile(r"://[^/\s:@]+:[^/\s@]+@")
 _NOT_SECRET = frozenset({"XAUTHORITY"})
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -42,7 +41,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from subtask.model import money
+from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
@@ -61,7 +60,7 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 # The lock is held for a read and one append; a minute means a stuck holder, not contention.
 LOCK_TIMEOUT_S = 60.0
-_MONTH_RE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+_MONTH_RE = lazyre.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 _SPEND_HINT = "git subtask spend"
 
 

@@ -66,7 +66,7 @@ from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS
 from subtask.git.gitrepo import NO_HOOKS, Repo
 from subtask.git.records import Job
-from subtask.model import phases
+from subtask.model import lazyre, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import DEPTH_ENV, VerifyResult
 from subtask.model.redact import redact
@@ -79,7 +79,7 @@ from subtask.worker import retries
 from subtask.worker.events import EventSink
 from subtask.worker.progress import setup_failed
 
-_REFUSED_RE = re.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
+_REFUSED_RE = lazyre.compile(r"permission denied|operation not permitted|read-only file system|EACCES|EPERM|EROFS",
                          re.IGNORECASE)
 MAX_REFUSED = 20  # claimed refusals kept per attempt
 

@@ -36,7 +36,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -46,7 +45,7 @@ from pathlib import Path
 from subtask.git import notes, ownership, pool, records, worktrees
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
-from subtask.model import faults
+from subtask.model import faults, lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
@@ -529,7 +528,7 @@ def maybe_sweep(repo: Repo, entries: list[dict] | None = None) -> bool:
 
 # ---------------------------------------------------------------- gc
 
-_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_AGE_RE = lazyre.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
 
 

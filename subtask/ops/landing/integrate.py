@@ -30,7 +30,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 from subtask.git import worktrees
 from subtask.git.gitrepo import Repo, git, tree_of
 from subtask.git.records import Job
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.job import work_base
 from subtask.ops.landing import merge, verify_rerun
@@ -161,7 +161,7 @@ def build(repo: Repo, job: Job, head: str, onto: str, mode: str, scratch: Callab
 
 _SIGNS: dict[str, bool] = {}
 _IDENTITIES: dict[str, tuple | None] = {}
-_IDENT_RE = re.compile(r"^(.*) <([^<>]*)> \d+ ([+-])(\d\d)(\d\d)$")
+_IDENT_RE = lazyre.compile(r"^(.*) <([^<>]*)> \d+ ([+-])(\d\d)(\d\d)$")
 
 
 def _signs(repo: Repo) -> bool:

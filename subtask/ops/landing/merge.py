@@ -38,6 +38,7 @@ from pathlib import Path
 from subtask.git import notes, ownership, records, signing, where_landed
 from subtask.git.gitrepo import Repo, git
 from subtask.git.records import Job
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass
 from subtask.model.errors import EXIT_FATAL, SubtaskError
 from subtask.model.job import work_base
@@ -399,7 +400,7 @@ def _restore(workdir: Path, before: str) -> None:
         git(workdir, "reset", "--quiet", "--merge", before, check=False)
 
 
-IDENTITY_RE = re.compile(r"who you are|ident|auto-detect|no (?:name|email) was given", re.IGNORECASE)
+IDENTITY_RE = lazyre.compile(r"who you are|ident|auto-detect|no (?:name|email) was given", re.IGNORECASE)
 
 
 def _commit_squash(workdir: Path, job: Job, message: str, into: str, before: str) -> None:

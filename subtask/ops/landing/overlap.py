@@ -12,16 +12,16 @@ same thing; otherwise a shared file is all that is said.
 from __future__ import annotations
 
 import json
-import re
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo, git
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
 from subtask.state.statefiles import write_atomic
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+_HUNK = lazyre.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 MAX_FILES = 200  # files kept per job for the comparison
 
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -54,7 +53,7 @@ from subtask import words as render
 from subtask.git import chains, notes, ownership, records, worktrees
 from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
-from subtask.model import faults, money
+from subtask.model import faults, lazyre, money
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import TERMINAL as TERMINAL_JOB
@@ -71,7 +70,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 GROUP_ID_RE = chains.GROUP.id_re
-GROUP_PREFIX_RE = re.compile(r"sg-[0-9a-f]{0,8}")
+GROUP_PREFIX_RE = lazyre.compile(r"sg-[0-9a-f]{0,8}")
 GROUPS_PREFIX = chains.GROUP.prefix
 RULES = ("smallest", "cheapest", "fastest")
 MIN_MEMBERS, MAX_MEMBERS = 2, 8

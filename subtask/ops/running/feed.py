@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo
+from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE, TERMINAL
@@ -40,7 +40,7 @@ from subtask.ops.running import lifecycle
 
 MAX_BYTES = 256 << 10  # of one job's events file per call
 MAX_COMMITS = 10_000  # a record chain is walked at most this far back from its tip
-_PART = re.compile(r"(st-[0-9a-f]{8})\.([0-9a-f]{0,40})\.([0-9]{1,15})")
+_PART = lazyre.compile(r"(st-[0-9a-f]{8})\.([0-9a-f]{0,40})\.([0-9]{1,15})")
 TIP_CHARS = 12
 _RECORD_KINDS = ("stalled", "stall_ended")  # the record says these (a stall mark set, cleared)
 

@@ -51,7 +51,7 @@ import pygit2
 
 from subtask.git import chains, notes, notes_store, ownership, records
 from subtask.git.gitrepo import Repo, git
-from subtask.model import executors
+from subtask.model import executors, lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 
@@ -60,7 +60,7 @@ BRANCHES_SPEC = "refs/heads/subtask/*:refs/heads/subtask/*"
 NOTES_SPEC = f"{notes_store.NOTES_REF}:{notes_store.NOTES_REF}"
 PUSH_PATIENCE_S = 60.0  # retries of what the remote refused for a passing reason, for at most this
 # A refusal worth retrying: another push moved the ref, or held its lock, in between (git's words).
-TRANSIENT_REFUSAL = re.compile(r"fetch first|non-fast-forward|failed to update ref|failed to lock|"
+TRANSIENT_REFUSAL = lazyre.compile(r"fetch first|non-fast-forward|failed to update ref|failed to lock|"
                                r"cannot lock ref|incorrect old value|stale info")
 FETCH_ROUNDS = 3  # ls-remote + fetch again when the remote moved in between
 CAS_RETRIES = 50
