@@ -56,7 +56,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "json", "math", "pathlib", "select", "zlib"}
+DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "gc", "json", "math", "pathlib", "select", "zlib"}
 DIRECT_EXTRA: dict[str, set[str]] = {}
 RUN_TIME = "subtask (a function's import, at run time)"
 
@@ -117,28 +117,17 @@ def test_a_reading_command_imports_only_its_budget(finished, command):
     assert over_budget(command, parents) == []
 
 
-def patterns_compiled_by(argv: list[str], cwd) -> list[str]:
-    """The regular expressions code of ours compiled while `git-subtask ARGV` ran (its own
-    process), each as `module:line pattern`: every compile of a pattern not cached yet
-    (`re.compile`, `re.match` and the others go through `re._compile`), said of the first caller
-    outside `re` and `subtask.model.lazyre`."""
-    code = ("import os, re, sys\n"
-            "pid, found, real = os.getpid(), [], re._compile\n"
-            "def spy(pattern, flags):\n"
-            "    if (type(pattern), pattern, flags) not in re._cache:\n"
-            "        frame = sys._getframe(1)\n"
-            "        while frame.f_globals.get('__name__') in ('re', 'subtask.model.lazyre'):\n"
-            "            frame = frame.f_back\n"
-            "        name = frame.f_globals.get('__name__', '')\n"
-            "        if name.startswith('subtask'):\n"
-            "            found.append(f'{name}:{frame.f_lineno} {pattern!r}')\n"
-            "    return real(pattern, flags)\n"
-            "re._compile = spy\n"
-            "real_exit = os._exit\n"
-            "def said(status=0):\n"
+def spied(argv: list[str], cwd, spy: str) -> tuple[str, str]:
+    """Run `git-subtask ARGV` in a Python process that first runs `spy` (code that defines
+    `report()`, returning text): its stdout, and what `report()` said when the command exited
+    (its own process, not a fork's; a registry command's `os._exit` as well as a return)."""
+    code = ("import os, sys\n"
+            f"{spy}\n"
+            "pid, real_exit = os.getpid(), os._exit\n"
+            "def said():\n"
             "    if os.getpid() == pid:\n"
-            "        os.write(2, ('\\nPATTERNS ' + '\\t'.join(found)).encode())\n"
-            "os._exit = lambda status: (said(), real_exit(status))\n"
+            "        os.write(2, ('\\nSPIED ' + report()).encode())\n"
+            "os._exit = lambda status: (said(), real_exit(status))  # a registry command's exit (no atexit)\n"
             f"sys.argv = ['git-subtask', *{argv!r}]\n"
             "from subtask.entry import main\n"
             "try:\n"
@@ -147,7 +136,38 @@ def patterns_compiled_by(argv: list[str], cwd) -> list[str]:
             "    said()\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return [p for p in proc.stderr.rpartition("PATTERNS ")[2].split("\t") if p]
+    return proc.stdout, proc.stderr.rpartition("SPIED ")[2]
+
+
+def patterns_compiled_by(argv: list[str], cwd) -> list[str]:
+    """The regular expressions code of ours compiled while `git-subtask ARGV` ran, each as
+    `module:line pattern`: every compile of a pattern not cached yet (`re.compile`, `re.match`
+    and the others go through `re._compile`), said of the first caller outside `re` and
+    `subtask.model.lazyre`."""
+    spy = ("import re\n"
+           "found, real = [], re._compile\n"
+           "def spy(pattern, flags):\n"
+           "    if (type(pattern), pattern, flags) not in re._cache:\n"
+           "        frame = sys._getframe(1)\n"
+           "        while frame.f_globals.get('__name__') in ('re', 'subtask.model.lazyre'):\n"
+           "            frame = frame.f_back\n"
+           "        name = frame.f_globals.get('__name__', '')\n"
+           "        if name.startswith('subtask'):\n"
+           "            found.append(f'{name}:{frame.f_lineno} {pattern!r}')\n"
+           "    return real(pattern, flags)\n"
+           "re._compile = spy\n"
+           "report = lambda: '\\t'.join(found)\n")
+    return [p for p in spied(argv, cwd, spy)[1].split("\t") if p]
+
+
+def collections_in(argv: list[str], cwd) -> str:
+    """How many garbage collections of each generation ran while `git-subtask ARGV` ran."""
+    spy = ("import gc\n"
+           "runs = [0, 0, 0]\n"
+           "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.__setitem__(\n"
+           "    info['generation'], runs[info['generation']] + 1))\n"
+           "report = lambda: ' '.join(map(str, runs))\n")
+    return spied(argv, cwd, spy)[1]
 
 
 @pytest.mark.parametrize("command", sorted(EXTRA))
@@ -158,6 +178,16 @@ def test_a_reading_command_compiles_no_pattern_of_its_own(finished, command):
     repo, job = finished
     argv = [command] if command in ("list", "status") else [command, job]
     assert patterns_compiled_by(argv, repo) == []
+
+
+@pytest.mark.parametrize("command", sorted(EXTRA))
+def test_a_reading_command_runs_no_garbage_collection(finished, command):
+    """Python collects garbage every 700 new containers by default: importing a reading
+    command's ~100 modules ran 16 collections (~2 ms of ~27). The CLI raises the threshold
+    (`entry.GC_THRESHOLD`); a process that runs long (a worker, a `land`) still collects."""
+    repo, job = finished
+    argv = [command] if command in ("list", "status") else [command, job]
+    assert collections_in(argv, repo) == "0 0 0"
 
 
 def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(repo):
@@ -193,18 +223,8 @@ NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock",
 
 def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
     """The modules `git-subtask ARGV` had loaded when it exited (its own process, not a fork's), and its stdout."""
-    code = ("import atexit, os, sys\n"
-            "pid = os.getpid()\n"
-            "said = lambda: os.getpid() == pid and os.write(2, ('MODULES ' + ' '.join(sys.modules)).encode())\n"
-            "atexit.register(said)\n"
-            "real_exit = os._exit\n"
-            "os._exit = lambda status: (said(), real_exit(status))  # a registry command's exit (no atexit)\n"
-            f"sys.argv = ['git-subtask', *{argv!r}]\n"
-            "from subtask.entry import main\n"
-            "main()\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stderr.rpartition("MODULES ")[2].split(), proc.stdout
+    out, said = spied(argv, cwd, "report = lambda: ' '.join(sys.modules)")
+    return said.split(), out
 
 
 def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
