@@ -36,13 +36,13 @@ FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio",
              "subtask.proc.isolation")
 
 OURS = {
-    "subtask", "subtask.entry", "subtask.api", "subtask.api.read", "subtask.executors",
+    "subtask", "subtask.entry", "subtask.api", "subtask.api.read",
     "subtask.faces", "subtask.faces.commands", "subtask.faces.output", "subtask.faces.replies",
     "subtask.git", "subtask.git.chains", "subtask.git.gitobjects", "subtask.git.gitrepo", "subtask.git.loose",
     "subtask.git.pipes",
     "subtask.git.ownership", "subtask.git.records", "subtask.git.where_landed",
     "subtask.model", "subtask.model.checknames", "subtask.model.config", "subtask.model.dataclass",
-    "subtask.model.errors", "subtask.model.executors", "subtask.model.faults", "subtask.model.job",
+    "subtask.model.errors", "subtask.model.faults", "subtask.model.job",
     "subtask.model.lazyre", "subtask.model.money",
     "subtask.proc", "subtask.proc.spawn",
     "subtask.state", "subtask.state.liveness", "subtask.state.paths", "subtask.state.slots", "subtask.state.stamps",

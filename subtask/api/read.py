@@ -27,7 +27,6 @@ import os
 import warnings
 from pathlib import Path
 
-from subtask import executors
 from subtask.git import ownership, records, where_landed
 from subtask.git.gitobjects import Ref
 from subtask.git.gitrepo import Repo, open_repo
@@ -203,7 +202,11 @@ def branch_moved(repo: Repo, job: Job) -> str | None:
 
 def _collect_ended_elsewhere(repo: Repo, listed: list[dict]) -> list[str]:
     """Bring home the active jobs run elsewhere that their executor says ended (one status request
-    each; none active: no import of the executor)."""
+    each; none active: no import of the executors' registry, nor of an executor)."""
+    if not any(e.get("on") not in (None, "local") and e.get("state") in ("queued", "running") for e in listed):
+        return []
+    from subtask import executors
+
     ended = []
     for executor in executors.elsewhere():
         active = [e for e in listed if executors.of_entry(e) is executor and e.get("state") in ("queued", "running")]

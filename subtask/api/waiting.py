@@ -22,7 +22,6 @@ import os
 import time
 from pathlib import Path
 
-from subtask import executors
 from subtask.api.read import _groups, _positive, _tail_lines, latest_activity, sweep
 from subtask.git import records
 from subtask.git.gitrepo import Repo, open_repo
@@ -30,7 +29,7 @@ from subtask.git.records import Job
 from subtask.model import faults
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
-from subtask.model.job import WAITING, is_group_ref, job_passed
+from subtask.model.job import WAITING, is_group_ref, job_passed, runs_remotely
 from subtask.state import liveness, paths, slots
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
@@ -260,10 +259,13 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             else:
                 time.sleep(WAITING_LOOK)
             continue
-        executor, latest = executors.of(latest), None
-        if not executor.runs_here:
-            executor.backend().watch(repo, job_id, cancel)  # its executor's status (Ray: at most once a second)
+        if runs_remotely(latest):
+            from subtask import executors  # its executor's status (Ray: at most once a second)
+
+            executors.of(latest).backend().watch(repo, job_id, cancel)
+            latest = None
             continue
+        latest = None
         if liveness.is_held(state_dir, job_id):
             liveness.wait_released(state_dir, job_id)
             continue
