@@ -139,18 +139,17 @@ def test_a_second_holder_in_one_thread_gives_up_and_leaves_no_alarm(tmp_path):
 
 def test_a_write_whose_folder_is_removed_before_its_temp_file_is_made_still_lands(tmp_path, monkeypatch):
     import shutil
-    import tempfile
 
     folder = tmp_path / "state" / "jobs"
-    real_mkstemp = tempfile.mkstemp
+    real_new_file = statefiles._new_file_beside
     removed = []
 
-    def removed_first(**kwargs):
+    def removed_first(path):
         if not removed:
             removed.append(shutil.rmtree(tmp_path / "state"))
-        return real_mkstemp(**kwargs)
+        return real_new_file(path)
 
-    monkeypatch.setattr(tempfile, "mkstemp", removed_first)
+    monkeypatch.setattr(statefiles, "_new_file_beside", removed_first)
     statefiles.write_json(folder / "st-1.engine", {"v": 1, "engine": 42}, durable=False)
     assert removed and (folder / "st-1.engine").read_text().startswith("{")
     assert [p.name for p in folder.iterdir()] == ["st-1.engine"]  # no temp file left
@@ -185,3 +184,18 @@ def test_a_repositorys_own_state_file_keeps_its_name(tmp_path):
     common = tmp_path / "repo" / ".git"
     key = hashlib.sha1(str(common).encode()).hexdigest()[:8]
     assert paths.repo_file(tmp_path, common, "verified-index", ".json") == tmp_path / f"verified-index-{key}.json"
+
+
+def test_a_write_never_opens_a_temporary_name_someone_holds(tmp_path, monkeypatch):
+    """The temp file is created exclusively (O_EXCL, O_NOFOLLOW): a file or a link another
+    process put at the name it drew is never written through, another name is drawn."""
+    folder = tmp_path / "state"
+    folder.mkdir()
+    target, outside = folder / "slots.json", tmp_path / "outside"
+    drawn = iter([b"\0" * 6, b"\0" * 6, b"\1" * 6])
+    monkeypatch.setattr(statefiles.os, "urandom", lambda n: next(drawn))
+    (folder / f".slots.json.{'00' * 6}.tmp").symlink_to(outside)
+    statefiles.write_atomic(target, b"{}", durable=False)
+    assert target.read_bytes() == b"{}" and not outside.exists()
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in folder.iterdir()) == [f".slots.json.{'00' * 6}.tmp", "slots.json"]
