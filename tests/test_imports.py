@@ -225,10 +225,12 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
 
 # What `start` of a shell job (the CLI's own process: its worker is a fork that goes on) must not
 # import: what only groups, landing or another command use, what a call out of the standard
-# library answers as well (`platform`: ~1.5 ms and nine regular expressions, for os.uname()), and
-# what only a type checker needs (`typing`, ~3 ms; `dataclasses` with `inspect`, ~7 ms).
+# library answers as well (`platform`: ~1.5 ms and nine regular expressions, for os.uname()), what
+# only the worker it forks runs (`subprocess`, ~2 ms with `threading`, `selectors`, `locale`: its
+# git goes through subtask/git/pipes.py), what `tempfile` does without its `shutil` and `random`
+# (~2 ms), and what only a type checker needs (`typing`, ~3 ms; `dataclasses` with `inspect`, ~7 ms).
 NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging", "dataclasses",
-                "inspect", "typing",
+                "inspect", "typing", "subprocess", "tempfile",
                 "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
 
 
@@ -243,6 +245,9 @@ def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def test_start_imports_nothing_it_does_not_use(repo, cli):
+    """A start in a repository that ran a job before (the first start writes the clone's id and
+    the notes' merge setting once, through `git config`)."""
+    cli.ok("wait", cli.start("true"))
     loaded, out = modules_loaded_by(["start", "--engine", "shell", "true"], repo)
     cli.ok("wait", out.split()[0])
     assert "subtask.api.starting" in loaded

@@ -58,13 +58,26 @@ def test_a_descriptor_made_inheritable_never_reaches_the_child(tmp_path):
     """A worker's run-lock is inheritable on purpose (its engine's fork keeps it): a git process
     started beside it must not hold it, or `wait` would wake only when that git ends."""
     assert in_fresh_process(f"""
+import threading
 held = os.open({str(tmp_path / "lock")!r}, os.O_CREAT | os.O_RDWR)
 os.set_inheritable(held, True)
-code, out, _ = pipes.run(["sh", "-c", f"test -e /proc/self/fd/{{held}} && echo open || echo closed"])
+probe = ["sh", "-c", f"test -e /proc/self/fd/{{held}} && echo open || echo closed"]
+alone = pipes.start(probe)
+assert type(alone) is pipes.Running  # one thread: the spawn closes it in the child
+said = [alone.communicate()]
+gate = threading.Event()
+beside = threading.Thread(target=gate.wait)
+beside.start()
+try:
+    besides = pipes.start(probe)  # another thread could make one meanwhile: subprocess's close_fds
+    assert type(besides) is pipes._Popen
+    said.append(besides.communicate())
+finally:
+    gate.set()
+    beside.join()
 os.close(held)
-assert run(["sh", "-c", "echo fast"])[1] == b"fast\\n"  # with none left, the fast path again
-print(code, out.decode().strip())
-""") == "0 closed"
+print(*[(code, out.decode().strip()) for code, out, _ in said])
+""") == "(0, 'closed') (0, 'closed')"
 
 
 def test_a_process_without_its_own_stdin_still_runs_it():

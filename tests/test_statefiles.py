@@ -141,7 +141,7 @@ def test_a_write_whose_folder_is_removed_before_its_temp_file_is_made_still_land
     import shutil
 
     folder = tmp_path / "state" / "jobs"
-    real_new_file = statefiles._new_file_beside
+    real_new_file = statefiles.new_file_beside
     removed = []
 
     def removed_first(path):
@@ -149,7 +149,7 @@ def test_a_write_whose_folder_is_removed_before_its_temp_file_is_made_still_land
             removed.append(shutil.rmtree(tmp_path / "state"))
         return real_new_file(path)
 
-    monkeypatch.setattr(statefiles, "_new_file_beside", removed_first)
+    monkeypatch.setattr(statefiles, "new_file_beside", removed_first)
     statefiles.write_json(folder / "st-1.engine", {"v": 1, "engine": 42}, durable=False)
     assert removed and (folder / "st-1.engine").read_text().startswith("{")
     assert [p.name for p in folder.iterdir()] == ["st-1.engine"]  # no temp file left

@@ -56,7 +56,7 @@ from subtask.model.start_options import StartRequest
 from subtask.model.transaction import Transaction
 from subtask.ops.running import admission, lifecycle, spending
 from subtask.proc import lineage
-from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots
+from subtask.state import jobenv, ledger, liveness, paths, privatetext, slots, statefiles
 
 
 @dataclass
@@ -507,10 +507,8 @@ def _can_write_state(repo: Repo) -> bool:
     """Can this process make a file in the state folder's run/ (as `start` is about to)? False
     only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
     the write that follows, which says what it is."""
-    import tempfile
-
     try:
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=paths.run_dir(repo.state_dir))
+        fd, probe = statefiles.new_file_beside(paths.run_dir(repo.state_dir) / "probe")
     except OSError as exc:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
     os.close(fd)

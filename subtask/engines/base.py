@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -154,6 +153,8 @@ class EngineContext:
         `private_dir`, else the system's temp folder."""
         if self.write_task_file is not None:
             return self.write_task_file(self.task)
+        import tempfile  # an engine run on its own only: `start` never pays for it (shutil, random)
+
         fd, name = tempfile.mkstemp(prefix=f"task-{self.job_id}-", dir=self.private_dir)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
             out.write(self.task)

@@ -14,9 +14,6 @@ Invariants:
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
 
 # A script that leaves a background process holding stdout (`server &`) still ends.
@@ -33,6 +30,9 @@ class ShellEngine:
     default_isolation = "worktree"
 
     def probe(self) -> Probe:
+        import shutil  # `doctor`'s: a `start` never runs it (shutil: bz2, lzma; subprocess: threading,
+        import subprocess  # signal, locale)
+
         bash = shutil.which("bash")
         version = None
         if bash:

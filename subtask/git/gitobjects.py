@@ -316,23 +316,20 @@ class GitObjects:
                 lines.append(f"delete {name} {old}" if old else f"verify {name}")
             else:
                 lines.append(f"update {name} {new} {old}" if old else f"create {name} {new}")
-        import subprocess
-
-        proc = subprocess.run([*self._base, "-c", "core.filesRefLockTimeout=0", "update-ref", "-m", message, "--stdin"],
-                              input="".join(f"{line}\n" for line in lines), capture_output=True, text=True,
-                              env=dict(os.environ, LC_ALL="C", LANGUAGE="C"), check=False)
-        if proc.returncode == 0:
+        code, _, err = pipes.run([*self._base, "-c", "core.filesRefLockTimeout=0", "update-ref", "-m", message,
+                                  "--stdin"], input="".join(f"{line}\n" for line in lines).encode(),
+                                 env=dict(os.environ, LC_ALL="C", LANGUAGE="C"))
+        if code == 0:
             return "ok"
-        return "moved" if any(words in proc.stderr for words in _MOVED) else "locked"
+        refused = err.decode(errors="replace")
+        return "moved" if any(words in refused for words in _MOVED) else "locked"
 
     def _run(self, *args: str, input: str) -> str:
-        import subprocess
-
-        proc = subprocess.run([*self._base, *args], input=input, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
+        code, out, err = pipes.run([*self._base, *args], input=input.encode())
+        if code != 0:
             command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)
-            raise SubtaskError("fatal", f"git {command} failed: {proc.stderr.strip()}")
-        return proc.stdout
+            raise SubtaskError("fatal", f"git {command} failed: {err.decode(errors='replace').strip()}")
+        return out.decode()
 
 
 _LISTED_AT_MOST = 256  # names under the prefixes seen here; beyond, git's own listing is the faster

@@ -18,10 +18,10 @@ Invariants:
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+from subtask.git import pipes
 from subtask.git.gitrepo import Repo
 from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
@@ -55,17 +55,16 @@ class Look:
 
     def __init__(self, repo: Repo, *, from_checkout: bool):
         self.repo, self.top, self.from_checkout = repo, repo.workdir(), from_checkout
-        self.status: subprocess.Popen[bytes] | None = None
+        self.status: pipes.Running | pipes._Popen | None = None
         self.uncommitted: list[str] = []
         if self.top is None or not from_checkout:
             return
         if "pygit2" in sys.modules:  # a server that has it: in-process, no git process
             self.uncommitted = _changed_in_process(self.top)
             return
-        self.status = subprocess.Popen(
+        self.status = pipes.start(
             ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
-             "status", "--porcelain=v1", "-z", "--untracked-files=normal"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             "status", "--porcelain=v1", "-z", "--untracked-files=normal"], stderr=False)
 
     def found(self, base: str | None) -> LeftOut:
         """What a job from `base` leaves out (`base` None: not known yet, `--after`)."""
@@ -76,8 +75,8 @@ class Look:
         if base:
             found.submodules = _submodules(self.repo, base)
         if self.status is not None:
-            out = self.status.communicate()[0]
-            if self.status.returncode == 0:
+            code, out, _ = self.status.communicate()
+            if code == 0:
                 self.uncommitted = _changed_paths(out)
             self.status = None
         found.uncommitted = [p for p in self.uncommitted if not p.startswith(OURS)]

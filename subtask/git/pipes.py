@@ -1,8 +1,9 @@
 """A short git command run and read to its end without the `subprocess` module, for the calls
-every command makes first (`open_repo`'s `rev-parse` and `config`) and the reading commands'
-`for-each-ref` and `cat-file`. `subprocess` loads `threading`, `selectors`, `signal` and
-`locale` with it: ~4 ms of a reading command's ~30 (docs/benchmarks.md). Anything else (a
-timeout, a new session, a working directory) is `subprocess`'s, imported where it is used.
+every command makes first (`open_repo`'s `rev-parse` and `config`), the reading commands'
+`for-each-ref` and `cat-file`, and `start`'s look at the checkout (`leftout.Look`).
+`subprocess` loads `threading`, `selectors`, `signal` and `locale` with it: ~4 ms of a reading
+command's ~30 (docs/benchmarks.md). Anything else (a timeout, a new session, a working
+directory) is `subprocess`'s, imported where it is used.
 
 Invariants:
 - Never leave a child unreaped, nor a pipe of ours open: `start` closes its ends on every path,
@@ -11,15 +12,17 @@ Invariants:
 - Never block on one pipe while the child blocks on another: stdin is written and stdout and
   stderr are read together (`poll`), so a child that fills one while we wait on the other goes on.
 - Never hand a git child a descriptor of ours beyond its stdin, stdout and stderr, because a
-  worker's run-lock is inheritable on purpose and `wait` wakes when it is released: when this
-  process has a descriptor a child would inherit, or lacks one of its own three, the command
-  runs through `subprocess` (`close_fds`) (`tests/test_pipes.py`).
+  worker's run-lock is inheritable on purpose and `wait` wakes when it is released: the spawn
+  closes each one this process has (`start`, in the child: `POSIX_SPAWN_CLOSE`), which only a
+  process with one thread can list for sure; with another thread, or without one of its own
+  three, the command runs through `subprocess` (`close_fds`) (`tests/test_pipes.py`).
 """
 
 from __future__ import annotations
 
 import os
 import select
+import sys
 
 _CHUNK = 65536
 
@@ -35,18 +38,22 @@ class Running:
         try:
             out, err = self._drain()
         except BaseException:
-            import signal
-
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.kill()
             self._close()
             os.waitpid(self.pid, 0)
             raise
         self._close()
         _, status = os.waitpid(self.pid, 0)
         return os.waitstatus_to_exitcode(status), out, err
+
+    def kill(self) -> None:
+        """SIGKILL the child (`communicate` then reaps it)."""
+        import signal
+
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _drain(self) -> tuple[bytes, bytes]:
         chunks: dict[int, list[bytes]] = {self._stdout: []}
@@ -92,11 +99,13 @@ class Running:
         self._stdout = -1
 
 
-def start(argv: list[str], *, input: bytes | None = None, stderr: bool = True) -> Running | _Popen:
-    """Start `argv` (found on PATH) with our environment: stdin `input` (else /dev/null), stdout
-    and stderr (else /dev/null) piped to us. OSError when it cannot be run."""
-    if _inheritable_fds():
-        return _Popen(argv, input, stderr)
+def start(argv: list[str], *, input: bytes | None = None, stderr: bool = True,
+          env: dict[str, str] | None = None) -> Running | _Popen:
+    """Start `argv` (found on PATH) with our environment (or `env`): stdin `input` (else
+    /dev/null), stdout and stderr (else /dev/null) piped to us. OSError when it cannot be run."""
+    inherited = _inheritable_fds()
+    if inherited and not only_thread():  # another thread could make one between the listing and the spawn
+        return _Popen(argv, input, stderr, env)
     ours: list[int] = []  # our ends
     theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
@@ -118,13 +127,13 @@ def start(argv: list[str], *, input: bytes | None = None, stderr: bool = True) -
         if min(ours + theirs) <= 2:  # one of our own three is closed: dup2 onto it would keep CLOEXEC
             raise _Fallback
         actions = [(os.POSIX_SPAWN_DUP2, child_in, 0), (os.POSIX_SPAWN_DUP2, child_out, 1),
-                   (os.POSIX_SPAWN_DUP2, child_err, 2)]
-        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+                   (os.POSIX_SPAWN_DUP2, child_err, 2), *((os.POSIX_SPAWN_CLOSE, fd) for fd in inherited)]
+        pid = os.posix_spawnp(argv[0], argv, os.environ if env is None else env, file_actions=actions)
     except BaseException as exc:
         for fd in ours + theirs:
             os.close(fd)
         if isinstance(exc, _Fallback):
-            return _Popen(argv, input, stderr)
+            return _Popen(argv, input, stderr, env)
         raise
     for fd in theirs:
         os.close(fd)
@@ -133,9 +142,9 @@ def start(argv: list[str], *, input: bytes | None = None, stderr: bool = True) -
     return Running(pid, stdin, stdout, err_read, input or b"")
 
 
-def run(argv: list[str], *, input: bytes | None = None) -> tuple[int, bytes, bytes]:
-    """`start(argv, input=input).communicate()`: (exit code, stdout, stderr)."""
-    return start(argv, input=input).communicate()
+def run(argv: list[str], *, input: bytes | None = None, env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    """`start(argv, input=input, env=env).communicate()`: (exit code, stdout, stderr)."""
+    return start(argv, input=input, env=env).communicate()
 
 
 class _Fallback(Exception):
@@ -145,17 +154,27 @@ class _Fallback(Exception):
 class _Popen:
     """The same child through `subprocess`, for a process that has a descriptor to keep from it."""
 
-    def __init__(self, argv: list[str], input: bytes | None, stderr: bool):
+    def __init__(self, argv: list[str], input: bytes | None, stderr: bool, env: dict[str, str] | None):
         import subprocess
 
         self._input = input
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                                       stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE if stderr else subprocess.DEVNULL)
+                                      stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, env=env)
 
     def communicate(self) -> tuple[int, bytes, bytes]:
         out, err = self._proc.communicate(self._input)
         return self._proc.returncode, out, err or b""
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+
+def only_thread() -> bool:
+    """No thread but this one (none can exist while `threading` was never imported: a reading
+    command's, which does not import it, `subprocess` or `signal` for this module's sake)."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.active_count() == 1
 
 
 def _inheritable_fds() -> list[int]:

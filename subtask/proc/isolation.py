@@ -43,7 +43,6 @@ import shutil
 import signal
 import stat
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -538,6 +537,8 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
     children would get it). None only where the machine has no Landlock."""
     if not support().available:
         return None
+    import tempfile  # a verify run again, a judge: never a `start` (shutil, random)
+
     area = Path(tempfile.mkdtemp(prefix=f"{tmpdir.name}.view-", dir=tmpdir.parent))
     try:
         policy = build_policy("worktree", worktree=worktree, admin=admin, common_dir=repo.common_dir, has_branch=False,

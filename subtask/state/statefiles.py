@@ -104,7 +104,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
 
 
 def _write_atomic_once(path: Path, data: bytes, durable: bool) -> None:
-    fd, tmp = _new_file_beside(path)
+    fd, tmp = new_file_beside(path)
     try:
         with naming(path):
             _write_fd(fd, data, durable)
@@ -117,7 +117,7 @@ def _write_atomic_once(path: Path, data: bytes, durable: bool) -> None:
         raise
 
 
-def _new_file_beside(path: Path) -> tuple[int, str]:
+def new_file_beside(path: Path) -> tuple[int, str]:
     """A new 0600 file in `path`'s folder, open for writing, by a name no one held: what
     `tempfile.mkstemp` makes, without its imports (`shutil`, `bz2`, `lzma`, `random`: ~3 ms of the
     `list` that writes the listing's cache)."""
