@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import git
@@ -59,6 +60,7 @@ EXTRA = {
 DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "gc", "json", "math", "pathlib", "select", "zlib"}
 DIRECT_EXTRA: dict[str, set[str]] = {}
 RUN_TIME = "subtask (a function's import, at run time)"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def import_tree(argv: list[str], cwd) -> dict[str, str | None]:
@@ -117,10 +119,12 @@ def test_a_reading_command_imports_only_its_budget(finished, command):
     assert over_budget(command, parents) == []
 
 
-def spied(argv: list[str], cwd, spy: str) -> tuple[str, str]:
+def spied(argv: list[str], cwd, spy: str, bare: bool = False) -> tuple[str, str]:
     """Run `git-subtask ARGV` in a Python process that first runs `spy` (code that defines
     `report()`, returning text): its stdout, and what `report()` said when the command exited
-    (its own process, not a fork's; a registry command's `os._exit` as well as a return)."""
+    (its own process, not a fork's; a registry command's `os._exit` as well as a return).
+    `bare`: without `site` (`-S`), so nothing but the command loads a module (an editable
+    install's finder loads `contextlib`), the package found from this checkout."""
     code = ("import os, sys\n"
             f"{spy}\n"
             "pid, real_exit = os.getpid(), os._exit\n"
@@ -134,7 +138,9 @@ def spied(argv: list[str], cwd, spy: str) -> tuple[str, str]:
             "    main()\n"
             "finally:\n"
             "    said()\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)) if bare else None
+    proc = subprocess.run([sys.executable, *(["-S"] if bare else []), "-c", code], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout, proc.stderr.rpartition("SPIED ")[2]
 
@@ -242,6 +248,23 @@ def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
 
 def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
     return [m for m in loaded if any(m == n or m.startswith(n + ".") for n in names)]
+
+
+# What a reading command's process must not have loaded by its exit, whoever imported it (the
+# budget above sees only the modules ours were the first to import, and `-m subtask` loads
+# `contextlib` for `runpy`): a writer's temp files (`tempfile` with `shutil` and `random`, ~3 ms),
+# `subprocess` with `threading` and `signal` (~4 ms), `contextlib` (~0.3 ms).
+NOT_ON_A_READ = ("contextlib", "subprocess", "tempfile", "shutil", "random", "threading", "signal")
+
+
+@pytest.mark.parametrize("command", sorted(EXTRA))
+def test_a_reading_command_loads_none_of_what_writers_use(finished, cli, command):
+    repo, job = finished
+    cli.ok("wait", cli.start("true"))  # the next `list` or `status` writes the listing's cache
+    argv = [command] if command in ("list", "status") else [command, job]
+    loaded = spied(argv, repo, "report = lambda: ' '.join(sys.modules)", bare=True)[1].split()
+    assert f"subtask.faces.commands.{command}" in loaded
+    assert loaded_of(loaded, NOT_ON_A_READ) == []
 
 
 def test_start_imports_nothing_it_does_not_use(repo, cli):

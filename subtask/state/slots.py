@@ -42,8 +42,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from subtask.model.dataclass import dataclass, field
@@ -120,19 +119,34 @@ def _ids(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-@contextmanager
-def transaction(state_dir: Path, rebuild: Callable[[], Slots]) -> Iterator[Slots]:
-    """Hold the slots lock; yield the slots; save them on a clean exit.
+class transaction:  # noqa: N801  (read as a phrase: `with slots.transaction(...) as current:`)
+    """Hold the slots lock; give the slots; save them on a clean exit.
 
     `rebuild` (records + run-locks) replaces a damaged or deleted file; it is required, because
-    reading a damaged file as empty and saving that would forget every running job.
+    reading a damaged file as empty and saving that would forget every running job. A class, not
+    `contextlib.contextmanager`: a reading command imports this module and never loads
+    `contextlib` (~0.3 ms).
     """
-    with lock(state_dir):
-        slots = read(state_dir)
-        if slots.damaged:
-            slots = rebuild()
-        yield slots
-        save(state_dir, slots)
+
+    def __init__(self, state_dir: Path, rebuild: Callable[[], Slots]):
+        self.state_dir, self.rebuild, self.held = state_dir, rebuild, lock(state_dir)
+
+    def __enter__(self) -> Slots:
+        self.held.acquire()
+        try:
+            slots = read(self.state_dir)
+            self.slots = self.rebuild() if slots.damaged else slots
+        except BaseException:
+            self.held.release()
+            raise
+        return self.slots
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        try:
+            if kind is None:
+                save(self.state_dir, self.slots)
+        finally:
+            self.held.release()
 
 
 def save(state_dir: Path, slots: Slots) -> None:
