@@ -104,7 +104,7 @@ def start(argv: list[str], *, input: bytes | None = None, stderr: bool = True,
     """Start `argv` (found on PATH) with our environment (or `env`): stdin `input` (else
     /dev/null), stdout and stderr (else /dev/null) piped to us. OSError when it cannot be run."""
     inherited = _inheritable_fds()
-    if inherited and not only_thread():  # another thread could make one between the listing and the spawn
+    if inherited and not _one_thread():  # another thread could make one between the listing and the spawn
         return _Popen(argv, input, stderr, env)
     ours: list[int] = []  # our ends
     theirs: list[int] = []  # the child's ends, closed here once it has them
@@ -170,9 +170,9 @@ class _Popen:
         self._proc.kill()
 
 
-def only_thread() -> bool:
-    """No thread but this one (none can exist while `threading` was never imported: a reading
-    command's, which does not import it, `subprocess` or `signal` for this module's sake)."""
+def _one_thread() -> bool:
+    """No thread but this one (`proc/spawn` asks the same before it forks: neither imports the
+    other's folder)."""
     threading = sys.modules.get("threading")
     return threading is None or threading.active_count() == 1
 

@@ -38,8 +38,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from subtask.git import pipes
-
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
 RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt (`procs`)
 EXEC_ENTRY = "subtask.worker.attempt"  # `python -m subtask.worker.attempt JOB ROOT`, the run-lock in SUBTASK_LOCK_FD
@@ -90,7 +88,14 @@ def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: objec
 
 def _may_fork() -> bool:
     return (_worker_main is not None and os.environ.get(SPAWN_ENV) != "exec" and hasattr(os, "fork")
-            and pipes.only_thread())
+            and _one_thread())
+
+
+def _one_thread() -> bool:
+    """No thread but this one (none can exist while `threading` was never imported: a reading
+    command's, which does not import it, `subprocess` or `signal` for this module's sake)."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.active_count() == 1
 
 
 def _carries_run_mark() -> bool:
@@ -171,7 +176,7 @@ def in_background(work: Callable[[], object]) -> int | None:
     caller's priority: on a busy machine a niced child waited seconds behind everything else
     (measured: a pool refill at nice 19 never finished between two jobs at load 17), and on two
     cores it runs beside the job."""
-    if not hasattr(os, "fork") or not pipes.only_thread():
+    if not hasattr(os, "fork") or not _one_thread():
         return None
     import signal  # here: a child imports nothing before it runs its work
 
