@@ -17,6 +17,7 @@ A module that leaves a budget lowers it: update the sets here in the same commit
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -107,6 +108,7 @@ def finished(repo, cli):
     job = cli.start("echo hi > hi.txt")
     cli.ok("wait", job)
     cli.ok("list")
+    cli.ok("wait", cli.start("true"))  # ended since that look: the next `list` or `status` writes its cache
     return repo, job
 
 
@@ -145,69 +147,63 @@ def spied(argv: list[str], cwd, spy: str, bare: bool = False) -> tuple[str, str]
     return proc.stdout, proc.stderr.rpartition("SPIED ")[2]
 
 
-def patterns_compiled_by(argv: list[str], cwd) -> list[str]:
-    """The regular expressions code of ours compiled while `git-subtask ARGV` ran, each as
-    `module:line pattern`: every compile of a pattern not cached yet (`re.compile`, `re.match`
-    and the others go through `re._compile`), said of the first caller outside `re` and
-    `subtask.model.lazyre`."""
-    spy = ("import re\n"
-           "found, real = [], re._compile\n"
-           "def spy(pattern, flags):\n"
-           "    if (type(pattern), pattern, flags) not in re._cache:\n"
-           "        frame = sys._getframe(1)\n"
-           "        while frame.f_globals.get('__name__') in ('re', 'subtask.model.lazyre'):\n"
-           "            frame = frame.f_back\n"
-           "        name = frame.f_globals.get('__name__', '')\n"
-           "        if name.startswith('subtask'):\n"
-           "            found.append(f'{name}:{frame.f_lineno} {pattern!r}')\n"
-           "    return real(pattern, flags)\n"
-           "re._compile = spy\n"
-           "report = lambda: '\\t'.join(found)\n")
-    return [p for p in spied(argv, cwd, spy)[1].split("\t") if p]
+# What a reading command's process must not have loaded by its exit, whoever imported it (the
+# budget above sees only the modules ours were the first to import, and `-m subtask` loads
+# `contextlib` for `runpy`): a writer's temp files (`tempfile` with `shutil` and `random`, ~3 ms),
+# `subprocess` with `threading` and `signal` (~4 ms), `contextlib` (~0.3 ms).
+NOT_ON_A_READ = ("contextlib", "subprocess", "tempfile", "shutil", "random", "threading", "signal")
 
-
-def collections_in(argv: list[str], cwd) -> str:
-    """How many garbage collections of each generation ran while `git-subtask ARGV` ran."""
-    spy = ("import gc\n"
-           "runs = [0, 0, 0]\n"
-           "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.__setitem__(\n"
-           "    info['generation'], runs[info['generation']] + 1))\n"
-           "report = lambda: ' '.join(map(str, runs))\n")
-    return spied(argv, cwd, spy)[1]
-
-
-@pytest.mark.parametrize("command", sorted(EXTRA))
-def test_a_reading_command_compiles_no_pattern_of_its_own(finished, command):
-    """Compiling a pattern costs 0.05-0.3 ms: the ~20 that the modules of a reading path held
-    cost it ~1.5 ms of its ~25 ms budget. They are compiled on first use (`lazyre`), and what
-    a read checks on every call (object ids, ref names, job ids) is checked without one."""
-    repo, job = finished
-    argv = [command] if command in ("list", "status") else [command, job]
-    assert patterns_compiled_by(argv, repo) == []
+# Counted in a reading command's process: the regular expressions code of ours compiled (every
+# compile of a pattern not cached yet goes through `re._compile`; said of the first caller
+# outside `re` and `lazyre`), the garbage collections of each generation, the data classes whose
+# `__init__` was compiled, and the modules loaded by its exit.
+COSTS_SPY = """
+import gc, re
+import subtask.model.dataclass as made
+patterns, real_compile = [], re._compile
+def compile_spy(pattern, flags):
+    if (type(pattern), pattern, flags) not in re._cache:
+        frame = sys._getframe(1)
+        while frame.f_globals.get('__name__') in ('re', 'subtask.model.lazyre'):
+            frame = frame.f_back
+        name = frame.f_globals.get('__name__', '')
+        if name.startswith('subtask'):
+            patterns.append(f'{name}:{frame.f_lineno} {pattern!r}')
+    return real_compile(pattern, flags)
+re._compile = compile_spy
+collections = [0, 0, 0]
+gc.callbacks.append(lambda phase, info: phase == 'start' and collections.__setitem__(
+    info['generation'], collections[info['generation']] + 1))
+inits, real_init = [], made._compile_init
+made._compile_init = lambda cls, frozen: inits.append(cls.__qualname__) or real_init(cls, frozen)
+report = lambda: repr({'patterns': patterns, 'collections': collections, 'inits': inits,
+                       'modules': sorted(sys.modules)})
+"""
 
 
 @pytest.mark.parametrize("command", sorted(EXTRA))
-def test_a_reading_command_compiles_no_init(finished, command):
-    """A data class's `__init__` compiled from source costs ~0.1 ms: a read calls each of its
-    classes a few times, which a shared binder answers (`model/dataclass.py`); only the settings'
-    table's class, made 69 times at import, is compiled."""
+def test_a_reading_command_pays_for_no_work_it_does_not_do(finished, command):
+    """What a reading command costs beyond its imports, each seen red before it was mended:
+    - no regular expression of ours compiled (0.05-0.3 ms each: the ~20 its modules held were
+      ~1.4 ms of ~25): compiled on first use (`lazyre`), and what a read checks on every call
+      (object ids, ref names, job ids, text for a terminal) is checked without one;
+    - no garbage collection (Python's default, every 700 new containers, ran 16 while its ~100
+      modules were imported, ~2 ms): the CLI collects every `entry.GC_THRESHOLD`, so a process
+      that runs long still collects;
+    - no data class `__init__` compiled (~0.1 ms each, 7 in `list`): a class's first calls are
+      bound by a shared function (`model/dataclass.py`); only the settings' class, made 69
+      times at import, is compiled;
+    - none of what writers use (`NOT_ON_A_READ`), in a process without `site` (an editable
+      install's finder loads `contextlib`), also by the `list` or `status` that writes the
+      listing's cache (the `finished` fixture leaves a job ended since the last look)."""
     repo, job = finished
     argv = [command] if command in ("list", "status") else [command, job]
-    spy = ("import subtask.model.dataclass as made\n"
-           "compiled, real = [], made._compile_init\n"
-           "made._compile_init = lambda cls, frozen: compiled.append(cls.__qualname__) or real(cls, frozen)\n"
-           "report = lambda: ' '.join(compiled)\n")
-    assert spied(argv, repo, spy)[1].split() == ["Setting"]
-
-
-@pytest.mark.parametrize("command", sorted(EXTRA))
-def test_a_reading_command_runs_no_garbage_collection(finished, command):
-    """Python collects garbage every 700 new containers by default: importing a reading
-    command's ~100 modules ran 16 collections (~2 ms of ~27). The CLI raises the threshold
-    (`entry.GC_THRESHOLD`); a process that runs long (a worker, a `land`) still collects."""
-    repo, job = finished
-    argv = [command] if command in ("list", "status") else [command, job]
-    assert collections_in(argv, repo) == "0 0 0"
+    costs = ast.literal_eval(spied(argv, repo, COSTS_SPY, bare=True)[1])
+    assert f"subtask.faces.commands.{command}" in costs["modules"]
+    assert costs["patterns"] == []
+    assert costs["collections"] == [0, 0, 0]
+    assert costs["inits"] == ["Setting"]
+    assert loaded_of(costs["modules"], NOT_ON_A_READ) == []
 
 
 def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(repo):
@@ -218,17 +214,6 @@ def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(
         assert f"subtask.faces.commands.{command}" in parents
         assert over_budget(command, parents) == []
     assert not (repo / ".git" / "subtask").exists(), "a read makes nothing"
-
-
-def test_a_listing_that_writes_its_cache_keeps_its_budget(finished, cli):
-    """The first `list` after a job ended writes the listing's cache (`records.list_entries`):
-    written atomically without `tempfile`, which with `shutil`, `bz2`, `lzma` and `random` was
-    ~3 ms of that `list`."""
-    repo, _ = finished
-    cli.ok("wait", cli.start("true"))
-    for command in ("list", "status"):
-        parents = import_tree([command], repo)
-        assert over_budget(command, parents) == []
 
 
 def test_the_budget_fails_a_heavy_import_on_the_reading_path():
@@ -262,23 +247,6 @@ def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
 
 def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
     return [m for m in loaded if any(m == n or m.startswith(n + ".") for n in names)]
-
-
-# What a reading command's process must not have loaded by its exit, whoever imported it (the
-# budget above sees only the modules ours were the first to import, and `-m subtask` loads
-# `contextlib` for `runpy`): a writer's temp files (`tempfile` with `shutil` and `random`, ~3 ms),
-# `subprocess` with `threading` and `signal` (~4 ms), `contextlib` (~0.3 ms).
-NOT_ON_A_READ = ("contextlib", "subprocess", "tempfile", "shutil", "random", "threading", "signal")
-
-
-@pytest.mark.parametrize("command", sorted(EXTRA))
-def test_a_reading_command_loads_none_of_what_writers_use(finished, cli, command):
-    repo, job = finished
-    cli.ok("wait", cli.start("true"))  # the next `list` or `status` writes the listing's cache
-    argv = [command] if command in ("list", "status") else [command, job]
-    loaded = spied(argv, repo, "report = lambda: ' '.join(sys.modules)", bare=True)[1].split()
-    assert f"subtask.faces.commands.{command}" in loaded
-    assert loaded_of(loaded, NOT_ON_A_READ) == []
 
 
 def test_start_imports_nothing_it_does_not_use(repo, cli):
