@@ -272,6 +272,28 @@ def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
     assert loaded_of(loaded, (*NOT_AT_START, "subtask.proc.procs")) == []
 
 
+# What the worker of a plain job (no group, no verify, no harness; it changed no Python test
+# file) must not import after its fork from `start`: each is on its way to the engine, and on the
+# CPU of every job. A group's coordination (~11 ms), `logging` (~4 ms with `traceback`), OpenSSL's
+# `hashlib` (~3.5 ms: a verify's key, a harness), `tempfile` (~1.5 ms with `random`: a notify
+# command's output), `platform` (~1.4 ms: `os.uname` says the same). (pygit2 loads `ast`, `inspect`
+# and `typing` itself.)
+NOT_IN_A_PLAIN_WORKER = ("subtask.ops.plans.groups", "logging", "traceback", "hashlib", "_hashlib", "platform",
+                         "tempfile")
+
+
+def test_a_plain_jobs_worker_imports_nothing_it_does_not_use(repo, cli):
+    """What the forked worker imports is what Python reports under PYTHONPROFILEIMPORTTIME in its
+    log (its stderr): the modules `start` had not loaded."""
+    cli.ok("wait", cli.start("true"))  # the clone's first start writes its id and settings
+    job = cli.start("echo hi > hi.txt", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    cli.ok("wait", job)
+    log = (repo / ".git" / "subtask" / "logs" / f"{job}.log").read_text()
+    imported = [line.split("|")[2].strip() for line in log.splitlines() if line.startswith("import time:")]
+    assert "subtask.worker.attempt" in imported and "pygit2" in imported  # its fork's imports are there
+    assert [m for m in imported if m in NOT_IN_A_PLAIN_WORKER] == []
+
+
 # What `cleanup` of a finished job must not import: what starts a job (its admission, engines,
 # confinement), lands one, or another command uses.
 NOT_AT_CLEANUP = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "dataclasses", "inspect", "typing",

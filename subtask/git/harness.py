@@ -33,7 +33,6 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import stat
@@ -109,6 +108,8 @@ def digest(repo: Repo, trusted: str, asked: list[str] | None, command: str | Non
     if found is None:
         files = flatten(repo, trusted)
         rule = rule_for(asked, files, command)
+        import hashlib  # a harness's, when one is asked: OpenSSL's ~3 ms are no plain job's
+
         h = hashlib.sha256(repr(asked).encode())
         for path in sorted(files):
             if rule.matches(path) or rule.section_of(path) is not None:
@@ -301,6 +302,8 @@ class _Disk:
 
 def blob_id(data: bytes, hex_length: int = 40) -> str:
     """The object id git gives `data` as a blob (sha1, or sha256 in a repository that uses it)."""
+    import hashlib  # as above
+
     digest = hashlib.sha1() if hex_length == 40 else hashlib.sha256()
     digest.update(b"blob %d\0" % len(data))
     digest.update(data)

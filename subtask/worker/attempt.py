@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 from subtask import words as render
 from subtask.engines.base import ERROR_HINTS
@@ -42,7 +41,7 @@ from subtask.git.records import Job
 from subtask.model import faults, phases
 from subtask.model.errors import SubtaskError
 from subtask.model.job import WAITING
-from subtask.ops.plans import groups, waiting
+from subtask.ops.plans import waiting
 from subtask.ops.running import lifecycle
 from subtask.proc import procs, spawn
 from subtask.state import jobenv, liveness, slots
@@ -121,6 +120,8 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         member = ended if ended is not None and ended.spec.group else None
         if member is not None:  # first pass: the rest stop before our slot is handed to one of them
+            from subtask.ops.plans import groups  # a group member's only: ~11 ms of every worker's start
+
             groups.after_member_ended(repo, member, first_pass_only=True)
         phases.mark("wrap_up")
         handed = release_and_next(repo, job_id, attempt_n)
@@ -135,6 +136,8 @@ def serve(repo: Repo, job_id: str, lock_fd: int, started_at: float | None = None
         same_repo = [h for h in handed if lifecycle.in_repo(repo, h.entry)]
         lifecycle.start_handoffs(repo, [h for h in handed if h not in same_repo[:1]])
         if member is not None:  # our note is written and our run-lock released: conclude the group
+            from subtask.ops.plans import groups
+
             groups.after_member_ended(repo, member)
             start_waiters(repo)  # ... and start the jobs waiting for the group
         if not same_repo:
@@ -185,6 +188,8 @@ def _run_one(repo: Repo, job: Job) -> int:
     except StopRequested:
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")
     except Exception as exc:
+        import traceback  # a crash's: ~3 ms of every worker's start otherwise
+
         traceback.print_exc()
         if lifecycle.stop_marker(repo.state_dir, job_id).exists():
             # Stopped mid-wrap-up (a killed git leaves a broken index.lock behind): the end is

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import signal
-import traceback
 from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
@@ -77,6 +76,8 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     except StopRequested:
         raise
     except Exception as exc:
+        import traceback  # a crash's only
+
         traceback.print_exc()
         outcome = Outcome(False, error_kind="engine", error=f"the {job.spec.engine} engine crashed: {exc}")
     outcome.launched = bool(launched)

@@ -33,10 +33,8 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import subprocess
 import time
 
@@ -64,7 +62,8 @@ def fingerprint(repo: Repo, *, confined: bool, network: str) -> str:
     cache_key = (str(repo.root), command, confined, network)
     found = _FINGERPRINTS.get(cache_key)
     if found is None:
-        facts = {"v": 1, "system": platform.system(), "machine": platform.machine(), "confined": confined,
+        system = os.uname()  # what platform.system() and .machine() read, without its ~1.4 ms
+        facts = {"v": 1, "system": system.sysname, "machine": system.machine, "confined": confined,
                  "network": network}
         if command:
             facts["fingerprint"] = _fingerprint_output(repo, command)
@@ -93,6 +92,8 @@ def key_of(repo: Repo, *, tree: str, command: str, trusted: str | None, asked: l
 
 
 def _digest(obj) -> str:
+    import hashlib  # a verify's key: OpenSSL's ~3.5 ms are no worker's without one
+
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -34,7 +34,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -112,6 +111,8 @@ def _feed(repo: Repo, said: dict) -> None:
 
 
 def _run(repo: Repo, command: str, said: dict) -> None:
+    import tempfile  # a notify command's run only: every worker imports this module
+
     env = {k: v for k, v in os.environ.items() if k not in _PRIVATE}
     timed_out = False
     env.update(SUBTASK_JOB_ID=said["job"], SUBTASK_EVENT=said["event"], SUBTASK_STATE=said["state"],
