@@ -328,3 +328,43 @@ def test_a_repository_with_many_refs_has_them_listed_by_git_having_read_none_its
     rows, processes = _listed(ours, ("refs/subtask/",), monkeypatch)
     monkeypatch.setattr(gitobjects.os, "open", real_open)
     assert processes == 1 and len(rows) == many and not [path for path in opened if "refs/" in str(path)]
+
+
+def test_head_resolved_from_its_files_is_what_rev_parse_says(repo, tmp_path, monkeypatch):
+    """`commit_of("HEAD")` (a start's base) reads HEAD's file, its branch's loose ref and the
+    commit's loose object, as git does, with no git process; anything else (a packed branch, a
+    packed commit, an unborn branch, a symlinked HEAD, a branch at a tag object) is git's."""
+    from subtask.git import pipes
+
+    def says(git_dir) -> str | None:
+        proc = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--verify", "--quiet", "HEAD^{commit}"],
+                              capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    ran: list[list[str]] = []
+    real_run = pipes.run
+    monkeypatch.setattr(pipes, "run", lambda argv, **kw: ran.append(argv) or real_run(argv, **kw))
+    main_git = repo / ".git"
+
+    def commit_of_head():
+        found = open_repo(repo)  # through git, as a CLI command reads (pygit2 is loaded in this process)
+        return gitobjects.GitObjects(found.git_dir, False, found.common_dir).commit_of("HEAD")
+
+    assert commit_of_head() == says(main_git)
+    ran.clear()
+    assert commit_of_head() == says(main_git)  # a branch, loose, at a loose commit
+    git(repo, "checkout", "-q", "--detach")
+    assert commit_of_head() == says(main_git)
+    assert [argv for argv in ran if "rev-parse" in argv and "--verify" in argv] == []
+    git(repo, "checkout", "-q", "main")
+    git(repo, "tag", "-a", "-m", "t", "v1")
+    shapes = {
+        "packed branch": lambda: git(repo, "pack-refs", "--all"),
+        "packed objects": lambda: git(repo, "gc", "-q"),
+        "unborn": lambda: git(repo, "symbolic-ref", "HEAD", "refs/heads/not-yet"),
+        "tag object": lambda: git(repo, "symbolic-ref", "HEAD", "refs/tags/v1"),
+        "symlinked": lambda: (main_git / "HEAD").unlink() or (main_git / "HEAD").symlink_to("refs/heads/main"),
+    }
+    for shape, make in shapes.items():
+        make()
+        assert commit_of_head() == says(main_git), shape

@@ -275,9 +275,32 @@ class GitObjects:
         return loose.read(common, entry) or False
 
     def commit_of(self, rev: str) -> str | None:
+        if rev == "HEAD":
+            found = self._head_commit_from_files()
+            if found is not None:
+                return found
         code, out, _ = pipes.run([*self._base, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"])
         commit = out.decode("ascii", "replace").strip()
         return commit if code == 0 and commit else None
+
+    def _head_commit_from_files(self) -> str | None:
+        """The commit HEAD names, as git's files backend has it: HEAD's file (a commit's id, or
+        a branch whose loose ref holds one) and that commit's loose object; None, for git to
+        say, at anything else (a packed branch or commit, an unborn branch, a link, a tag)."""
+        common = self._common_dir
+        if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS):
+            return None
+        try:
+            line = _ref_file(self._git_dir / "HEAD")
+        except OSError:
+            return None
+        if not is_oid(line):
+            branch = self._loose_ref(line.removeprefix("ref: ")) if line.startswith("ref: refs/heads/") else None
+            if branch is None:
+                return None
+            line = branch.target
+        found = loose.read(common, line) if len(line) == 40 else None
+        return line if found is not None and found[0] == "commit" else None
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
         """Does `descendant` carry `ancestor` (itself included)? False when either is unknown."""
