@@ -104,6 +104,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.ops.running.lifecycle", "subtask.proc.procs"): "not loaded by start, a click command, cleanup",
     ("subtask.ops.running.lifecycle", "subtask.words"): "not loaded by a click command",
     ("subtask.proc.isolation", "subtask.proc.context"): "not loaded by start",
+    ("subtask.proc.isolation", "shutil"): "not loaded by start (a sandbox's own folder removed)",
     ("subtask.proc.isolation", "tempfile"): "not loaded by start, the worker (a verify run again, a judge)",
     ("subtask.state.ports", "socket"): "not loaded by start, a click command, cleanup",
     ("subtask.worker.attempt", "subtask.ops.plans.groups"): "not loaded by the worker (a group member's only)",

@@ -39,7 +39,6 @@ import ctypes
 import errno
 import json
 import os
-import shutil
 import signal
 import stat
 import sys
@@ -548,6 +547,8 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
         plan_namespaces(policy, network=network, asked=False)
         return Sandbox(policy, owns=area, granted=configured_names(repo.config))
     except BaseException:
+        import shutil  # as tempfile above: a verify's, not a start's (bz2, lzma)
+
         shutil.rmtree(area, ignore_errors=True)
         raise
 
@@ -648,6 +649,8 @@ class Sandbox:
             self.fd = None
         self.accounting.close()
         if self._owns is not None:
+            import shutil  # only a sandbox that owns a folder (a verify's, a judge's)
+
             shutil.rmtree(self._owns, ignore_errors=True)
             self._owns = None
 
