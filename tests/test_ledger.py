@@ -433,3 +433,22 @@ def test_eight_processes_racing_for_the_cap_get_exactly_seven(tmp_path: Path) ->
     assert s.per_engine == {"e": {"committed": 49.0, "open": 0.0}}
     assert [r["op"] for r in rows(state_dir)].count("close") == 7
     assert len(rows(state_dir)) == 14  # refusals and repeated closes write nothing
+
+
+def test_an_attempts_ledger_month_is_its_utc_month_whatever_the_local_zone(monkeypatch):
+    """`spending.month_of` reads the month of a timestamp in UTC (without `datetime`): the last
+    second of a month and the first of the next, a leap day, in a zone far from UTC."""
+    import time
+    from datetime import UTC, datetime
+
+    from subtask.ops.running import spending
+
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: local dates run a day ahead
+    time.tzset()
+    try:
+        for stamp in ("2026-01-31T23:59:59", "2026-02-01T00:00:00", "2028-02-29T12:00:00", "2026-12-31T23:59:59"):
+            moment = datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+            assert spending.month_of(moment) == datetime.fromtimestamp(moment, UTC).strftime("%Y-%m") == stamp[:7]
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -37,7 +37,6 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from subtask.state.statefiles import naming
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
+    from datetime import datetime
     from typing import Any
 
     import filelock
@@ -202,6 +202,8 @@ def _ensure_state_dir(state_dir: Path) -> None:
 # ---------------------------------------------------------------- time and validation
 
 def _utc(now: datetime | None) -> datetime:
+    from datetime import UTC, datetime  # a charge's or a reservation's: a free job's start never loads it
+
     if now is None:
         return datetime.now(UTC)
     if now.tzinfo is None:
