@@ -535,7 +535,8 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
     children would get it). None only where the machine has no Landlock."""
     if not support().available:
         return None
-    import tempfile  # a verify run again, a judge: never a `start` (shutil, random)
+    import shutil  # a verify run again, a judge: never a `start` (bz2, lzma, random)
+    import tempfile
 
     area = Path(tempfile.mkdtemp(prefix=f"{tmpdir.name}.view-", dir=tmpdir.parent))
     try:
@@ -546,8 +547,6 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
         plan_namespaces(policy, network=network, asked=False)
         return Sandbox(policy, owns=area, granted=configured_names(repo.config))
     except BaseException:
-        import shutil  # as tempfile above: a verify's, not a start's (bz2, lzma)
-
         shutil.rmtree(area, ignore_errors=True)
         raise
 
@@ -654,13 +653,11 @@ class Sandbox:
             self._owns = None
 
 
-class confined:  # noqa: N801  (read as a phrase: `with confined(sandbox):`)
-    """While active, every child `procs` starts in this process runs in the sandbox. A class, not
-    `contextlib.contextmanager`: `start` loads this module and never `contextlib`."""
+class confined:  # noqa: N801  (a phrase: `with confined(sandbox):`; a class: `start` needs no contextlib)
+    """While active, every child `procs` starts in this process runs in the sandbox."""
 
     def __init__(self, sandbox: Sandbox):
-        self.sandbox, self.entered = sandbox, False
-        self.previous: Sandbox | None = None
+        self.sandbox, self.entered, self.previous = sandbox, False, _active
 
     def __enter__(self) -> None:
         global _active
