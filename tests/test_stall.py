@@ -76,6 +76,9 @@ def test_a_silent_engine_is_marked_stalled_and_wait_returns_naming_it(cli, repo,
         assert attempt["state"] == "running" and attempt["stalled"]["action"] == "mark"
     finally:
         gate.touch()
+    # `wait` answers at once while the job is still marked stalled: only once its engine spoke
+    # again (the worker clears the mark on its next event) does `wait` wait for its end.
+    assert wait_until(lambda: "stalled" not in cli.json("status", job)["jobs"][0])
     assert "done" in cli.ok("wait", job, timeout=60)  # it spoke again: no longer stalled, and it ended
     shown = cli.json("show", job)
     assert shown["state_detail"]["attempts"][0]["stalled"] is None
