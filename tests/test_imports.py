@@ -206,6 +206,21 @@ def test_a_reading_command_pays_for_no_work_it_does_not_do(finished, command):
     assert loaded_of(costs["modules"], NOT_ON_A_READ) == []
 
 
+def test_list_reads_the_record_refs_and_no_pin(finished, cli):
+    """`list` needs each job's record (and the landed marks), not its pins (`base`, `head`,
+    `attempts/<n>`): reading them was three ref files (and three object checks) of every four."""
+    repo, _ = finished
+    spy = ("import subtask.git.gitobjects as objects\n"
+           "read, real = [], objects._ref_file\n"
+           "objects._ref_file = lambda path: read.append(str(path)) or real(path)\n"
+           "report = lambda: ' '.join(read)\n")
+    out, said = spied(["list"], repo, spy)
+    assert out.count(" done ") >= 2
+    read = said.split()
+    assert [p for p in read if p.endswith("/record")], read
+    assert [p for p in read if p.endswith(("/base", "/head")) or "/attempts/" in p] == []
+
+
 def test_listing_a_repository_where_no_job_ever_started_imports_no_landing_code(repo):
     """The landed sweep is due there (never stamped), but there is nothing to sweep: `list` and
     `status` keep to their budget rather than load what lands jobs to find that out."""

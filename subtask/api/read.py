@@ -114,7 +114,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         raise SubtaskError("usage", f"unknown state '{state}' ({', '.join(LIST_STATES)}, active, ended)")
     sweep(repo)
     # The records and the landed marks, in one listing (None: listed again, each by itself).
-    refs: list[Ref] | None = repo.objects.refs(records.PREFIX, where_landed.PREFIX)
+    refs: list[Ref] | None = repo.objects.refs(records.PREFIX, where_landed.PREFIX, wanted=_listed_by_list)
     listed = records.list_entries(repo, refs)
     if _collect_ended_elsewhere(repo, listed):
         refs = None
@@ -151,6 +151,12 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
     _mark_moved(repo, entries)
     _mark_overlap(repo, entries, listed)
     return Listing(entries, more, swept, hidden)
+
+
+def _listed_by_list(name: str) -> bool:
+    """The refs `list` reads: each record (a job's or a group's) and the landed marks, none of
+    the pins (`base`, `head`, `attempts/<n>`: three of each job's four ref files)."""
+    return not name.startswith(records.PREFIX) or name.endswith("/record")
 
 
 def _landed_sweep(repo: Repo, listed: list[dict]) -> bool:

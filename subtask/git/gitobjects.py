@@ -57,6 +57,7 @@ from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Literal
 
     import pygit2
@@ -183,14 +184,16 @@ class GitObjects:
         self._base = ["git", "--git-dir", str(git_dir)]
         self.loose = loose  # objects written in-process (`git/loose.py`; the caller checked `loose.usable`)
 
-    def refs(self, *prefixes: str) -> list[Ref]:
+    def refs(self, *prefixes: str, wanted: Callable[[str], bool] | None = None) -> list[Ref]:
         """The refs under any of `prefixes` (each ending in `/`), in one listing: read from their
         files when git's files backend keeps them plainly there (`_listed_from_files`), else
-        `git for-each-ref`'s."""
-        listed = self._listed_from_files(prefixes)
+        `git for-each-ref`'s. `wanted`: the names the caller needs; others may be left out (a
+        file listing reads none of them, git's lists them all)."""
+        listed = self._listed_from_files(prefixes, wanted)
         return listed if listed is not None else self._for_each_ref(*prefixes)
 
-    def _listed_from_files(self, prefixes: tuple[str, ...]) -> list[Ref] | None:
+    def _listed_from_files(self, prefixes: tuple[str, ...], wanted: Callable[[str], bool] | None = None,
+                           ) -> list[Ref] | None:
         """What `for-each-ref` lists under `prefixes`, read as git's files backend reads it: the
         loose refs first, then packed-refs for the names they do not have (so a `pack-refs`
         meanwhile loses none), sorted by name. None, for git to answer, at anything else: another
@@ -203,13 +206,14 @@ class GitObjects:
             return None
         found: dict[str, str] = {}
         left = [_LISTED_AT_MOST]
-        if not all(_read_loose_refs(common, prefix.rstrip("/"), found, left) for prefix in prefixes):
+        if not all(_read_loose_refs(common, prefix.rstrip("/"), found, left, wanted) for prefix in prefixes):
             return None
         packed = _read_packed_refs(common, prefixes)
         if packed is None:
             return None
         for name, oid in packed.items():
-            found.setdefault(name, oid)
+            if wanted is None or wanted(name):
+                found.setdefault(name, oid)
         if not all(os.path.isfile(loose.path_of(common, oid)) for oid in set(found.values())):
             return None
         return [Ref(name, found[name]) for name in sorted(found)]
@@ -361,7 +365,8 @@ _OTHER_REFS_OR_OBJECTS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTOR
                           "GIT_REF_PARANOIA")
 
 
-def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int]) -> bool:
+def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int],
+                     wanted: Callable[[str], bool] | None = None) -> bool:
     """The loose refs in folder `top` and below into `found` (name: object id); False when one is
     git's to read (`GitObjects._listed_from_files`). `left[0]`: how many more names (files and
     folders) may be seen: the names are all found before any file is read, so a repository with
@@ -392,6 +397,8 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
                     return False
                 files.append((name, entry.path))
     for name, path in files:
+        if wanted is not None and not wanted(name):
+            continue  # the caller does not need it: its file is not read
         try:
             oid = _ref_file(path)
         except FileNotFoundError:
@@ -467,8 +474,8 @@ class Pygit2Objects:
         self._git = git
         self._sign = sign
 
-    def refs(self, *prefixes: str) -> list[Ref]:
-        found = []
+    def refs(self, *prefixes: str, wanted: Callable[[str], bool] | None = None) -> list[Ref]:
+        found = []  # `wanted` is a file listing's saving: every ref under the prefixes is listed here
         for ref in self._git.references.iterator():
             if ref.name.startswith(prefixes):
                 found.extend(self._ref(ref))
