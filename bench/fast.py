@@ -84,8 +84,8 @@ class Tool:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for line in reversed(self.phases.read_text().splitlines() if self.phases.exists() else []):
-                entry = json.loads(line)
-                if entry["job"] == job:
+                entry = _entry(line)
+                if entry is not None and entry["job"] == job:
                     return entry
             time.sleep(0.01)
         raise RuntimeError(f"{job}: no phase marks")
@@ -114,6 +114,14 @@ class Tool:
 
     def fill(self) -> None:
         self("pool", "fill")
+
+
+def _entry(line: str) -> dict | None:
+    """A worker's phase entry; None for a line a worker is still writing (read half-way)."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def worktree_add(repo: Path, n: int) -> float:
@@ -150,7 +158,7 @@ class SettledOurs(peer.Ours):
         phases = Path(self.env["SUBTASK_PHASES"])
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            lines = [json.loads(line) for line in phases.read_text().splitlines()] if phases.exists() else []
+            lines = [e for line in phases.read_text().splitlines() if (e := _entry(line))] if phases.exists() else []
             pid = next((e["pid"] for e in lines if e["job"] == job), None)
             if pid is not None:
                 try:
