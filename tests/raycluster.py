@@ -39,10 +39,19 @@ PATIENCE = 120
 
 # ---------------------------------------------------------------- the keeper (its own process)
 
+_handed_out: set[int] = set()  # by `_free_port`: the kernel may offer a closed one again
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that this keeper has not handed out before (two Ray components given the
+    same port: the node is refused)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def _worker_port_candidates(size: int) -> range:

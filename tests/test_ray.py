@@ -236,3 +236,32 @@ def test_start_on_ray_refuses_what_cannot_work_and_changes_nothing(tmp_path, rep
     refused(128, "cannot reach the Ray cluster at http://127.0.0.1:9")
     # --on wins over the config, and a local job never imports Ray (the fake one would fail it)
     assert cli("start", "--on", "local", "echo hi > hi.txt", env={"PYTHONPATH": str(no_ray)}).returncode == 0
+
+
+def test_the_test_clusters_ports_are_never_handed_out_twice(monkeypatch):
+    """The keeper asks the kernel for a free port per Ray component (port 0, then closed): the
+    kernel may hand the same one out again, and Ray then refuses the node ("port 44515 ... used by
+    other components", seen in CI). A port the keeper handed out is never handed out again."""
+    import raycluster
+
+    offered = iter([44515, 44515, 44515, 44516])
+
+    class Probe:
+        def __init__(self, *args):
+            self.port = next(offered)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(raycluster.socket, "socket", Probe)
+    monkeypatch.setattr(raycluster, "_handed_out", set())
+    assert [raycluster._free_port(), raycluster._free_port()] == [44515, 44516]
