@@ -110,12 +110,14 @@ def test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_rep
 WORKTREE_STATUS = ("status", "--porcelain", "--untracked-files=all")
 
 
-def test_a_job_that_leaves_its_worktree_as_checked_out_asks_git_for_no_status_of_it(cli, repo, git_log):
-    """libgit2 sees nothing changed (it stats each file against the index to the nanosecond), so
-    no `git status` re-reads every file the checkout wrote in the same second (25-35 ms per 2,000)."""
+def test_a_judged_job_that_leaves_its_worktree_as_checked_out_asks_git_for_no_status_of_it(cli, repo, git_log):
+    """A worker that loaded libgit2 for its judge asks it whether the job changed anything (it
+    stats each file against the index to the nanosecond), so no `git status` re-reads every file
+    the checkout wrote in the same second (25-35 ms per 2,000). (A plain job's worker loads no
+    libgit2 for this: tests/test_worker_git.py.)"""
     def run_job(task: str) -> None:
         console = [str(Path(sys.executable).parent / "git-subtask")]  # not `git subtask`: see above
-        job = subprocess.run([*console, "start", task], cwd=repo, check=True,
+        job = subprocess.run([*console, "start", task, "--verify", "true"], cwd=repo, check=True,
                              capture_output=True, text=True, timeout=60).stdout.split()[0]
         cli.ok("wait", job)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pygit2
 import pytest
@@ -125,33 +124,3 @@ def test_a_sha256_repository_is_refused_at_once_and_left_as_it_was(cli, tmp_path
         assert proc.returncode == 128, (args, proc.stdout, proc.stderr)
         assert "SHA-256" in proc.stderr and "Traceback" not in proc.stderr
     assert (git(repo, "for-each-ref"), sorted(p.name for p in (repo / ".git").iterdir())) == before
-
-
-PRELOAD_THEN_FORK = """
-import os, subprocess, sys, threading
-sys.path.insert(0, sys.argv[1])  # a pygit2 whose import waits for a gate file
-from subtask.git import gitrepo
-gate, began = sys.argv[2], sys.argv[3]
-gitrepo.preload_pygit2()
-while not os.path.exists(began):
-    pass
-threading.Timer(1.0, lambda: open(gate, "w").close()).start()
-subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # Python code between fork and exec
-print("loaded" if getattr(sys.modules["pygit2"], "LOADED", False) else "still importing")
-"""
-
-
-def test_a_fork_that_runs_python_in_the_child_waits_for_the_pygit2_preload(tmp_path):
-    """A child forked while the preload thread imports inherits its import locks held: Python run
-    between fork and exec (a `preexec_fn`: the confinement's) could wait on them forever. The
-    fork waits for the import to end (`os.register_at_fork`), wherever it is started from."""
-    fake = tmp_path / "fake" / "pygit2"
-    fake.mkdir(parents=True)
-    gate, began = tmp_path / "gate", tmp_path / "began"
-    (fake / "__init__.py").write_text(
-        f"import os, time\nopen({str(began)!r}, 'w').close()\n"
-        f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\nLOADED = True\n")
-    proc = subprocess.run([sys.executable, "-c", PRELOAD_THEN_FORK, str(fake.parent), str(gate), str(began)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "loaded", "the fork did not wait for the preload"

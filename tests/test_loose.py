@@ -152,3 +152,26 @@ def test_a_damaged_or_packed_loose_object_is_read_by_git(repo, monkeypatch):
     found, processes = _read_by(reader, [made, f"{made}:state.json"], monkeypatch)
     assert found == by_git.read([made, f"{made}:state.json"]) and found[1] == ("blob", b'{"v": 1}\n')
     assert processes == 1
+
+
+def test_a_tree_written_here_is_the_one_git_mktree_writes(repo):
+    """Folders sort as their name and `/` (after `a.b`, before `a0`), and every backend's
+    `write_object` names the tree git's `mktree` names, which reads back entry for entry."""
+    blob = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=b"x\n",
+                          capture_output=True, check=True).stdout.decode().strip()
+    inner = subprocess.run(["git", "-C", str(repo), "mktree"], input=f"100644 blob {blob}\tf\n".encode(),
+                           capture_output=True, check=True).stdout.decode().strip()
+    entries = [(b"100644", b"a.b", blob), (loose.FOLDER_MODE, b"a", inner), (b"100755", b"a0", blob),
+               (b"100644", b"a-b", blob), (loose.FOLDER_MODE, b"Z", inner), (b"120000", b"link", blob)]
+    listing = "".join(f"{mode.decode().zfill(6)} {'tree' if mode == loose.FOLDER_MODE else 'blob'} {oid}\t{name.decode()}\n"
+                      for mode, name, oid in entries)
+    want = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing.encode(), capture_output=True,
+                          check=True).stdout.decode().strip()
+    writers = {"loose": gitobjects.GitObjects(repo / ".git", common_dir=repo / ".git", loose=True),
+               "git": gitobjects.GitObjects(repo / ".git"),
+               "pygit2": gitobjects.Pygit2Objects(pygit2.Repository(str(repo)))}
+    for name, writer in writers.items():
+        assert writer.write_object("tree", loose.tree_bytes(entries)) == want, name
+    read = loose.read(repo / ".git", want)
+    assert read is not None and sorted(loose.tree_entries(read[1])) == sorted(entries)
+    assert [name for _, name, _ in loose.tree_entries(read[1])] == [b"Z", b"a-b", b"a.b", b"a", b"a0", b"link"]

@@ -299,32 +299,6 @@ def test_the_worker_writes_its_phase_marks_only_when_asked(cli, repo, tmp_path):
     assert times == sorted(times)
 
 
-def test_a_jobs_engine_starts_before_its_worker_imports_pygit2(cli, repo, tmp_path):
-    """pygit2 (~50 ms of CPU, on a thread) is the worker's for after its engine: imported while
-    the engine runs, not beside the checkout, where it held up every step to the engine's start
-    on the GIL (the pool's take, the records, the confinement). Its import begins after the
-    worker's mark `record_engine_started`; the job ends as before."""
-    marks_file, watch = tmp_path / "phases.jsonl", tmp_path / "pygit2-began"
-    site = tmp_path / "watch-site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys, time\n"
-        "class _Watch:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'pygit2':\n"
-        f"            open({str(watch)!r}, 'a').write(repr(time.time()) + '\\n')\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, _Watch())\n")
-    job = cli.start("echo x > x.txt", env={"SUBTASK_PHASES": str(marks_file), "PYTHONPATH": str(site)})
-    assert cli("wait", job).returncode == 0
-    assert wait_until(lambda: marks_file.exists() and marks_file.read_text().endswith("\n"))
-    marks = dict(json.loads(marks_file.read_text().splitlines()[0])["marks"])
-    began = min(float(t) for t in watch.read_text().split())
-    assert began > marks["record_engine_started"], f"pygit2 began {marks['record_engine_started'] - began:.3f} s before"
-    assert json.loads(cli.ok("show", job, "--json"))["state"] == "done"
-    assert git(repo, "show", f"subtask/{job}:x.txt") == "x"
-
-
 def test_each_attempt_records_when_its_worker_took_it(cli, repo, control_dir):
     """A started job's worker writes nothing before its engine starts (its starter recorded it
     running), yet the time it took the job is recorded, as for one handed a slot from the queue."""

@@ -82,7 +82,7 @@ def spend(repo: Repo, month: str | None = None, all_clones: bool = False):
 def init(repo: Repo, display: bool = False) -> list[str]:
     """Set the repository up: notes merge strategy, notes ref, and (`display`) notes in plain `git log`."""
     changed = notes.ensure_notes_config(repo)
-    notes_store.ensure_ref(repo.git)
+    notes_store.ensure_ref(repo.objects)
     ensure_excluded(repo.common_dir)
     if display:
         shown = git(repo.root, "config", "--get-all", "notes.displayRef", check=False).stdout.split()

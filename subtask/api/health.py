@@ -236,7 +236,7 @@ def _maybe_incomplete(repo, entry: dict) -> bool:
     if not target:
         return True
     try:
-        return entry["id"] not in notes_store.read_blocks(repo.git, target)
+        return entry["id"] not in notes_store.read_blocks(repo.objects, target)
     except Exception:
         return True
 

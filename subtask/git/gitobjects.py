@@ -314,13 +314,27 @@ class GitObjects:
 
     def write_commit(self, files: list[tuple[str, bytes]], message: str, parents: list[str],
                      when: int | None = None, must_sign: bool = False) -> str:
+        tree = loose.write_tree(self._common_dir or self._git_dir, files) if self.loose else self._tree_of_files(files)
+        return self.commit(tree, parents, message, when, must_sign)
+
+    def commit(self, tree: str, parents: list[str], message: str, when: int | None = None,
+               must_sign: bool = False) -> str:
+        """A commit of `tree` with the tool's identity, signed as the module's invariants say."""
+        if self.loose and not (self._sign or must_sign):
+            return loose.write_commit(self._common_dir or self._git_dir, tree, parents, message,
+                                      f"{TOOL_NAME} <{TOOL_EMAIL}>", when)
+        return commit_tree(self._git_dir, tree, parents, message, when=when, sign=self._sign, must_sign=must_sign)
+
+    def write_object(self, kind: str, data: bytes) -> str:
+        """One object of `kind` (blob, tree, commit) holding `data`; its id."""
         if self.loose:
-            common = self._common_dir or self._git_dir
-            tree = loose.write_tree(common, files)
-            if self._sign or must_sign:
-                return commit_tree(self._git_dir, tree, parents, message, when=when, sign=self._sign,
-                                   must_sign=must_sign)
-            return loose.write_commit(common, tree, parents, message, f"{TOOL_NAME} <{TOOL_EMAIL}>", when)
+            return loose.write_object(self._common_dir or self._git_dir, kind, data)
+        code, out, err = pipes.run([*self._base, "hash-object", "-w", "-t", kind, "--stdin"], input=data)
+        if code != 0:
+            raise SubtaskError("fatal", f"git hash-object failed: {err.decode(errors='replace').strip()}")
+        return out.decode().strip()
+
+    def _tree_of_files(self, files: list[tuple[str, bytes]]) -> str:
         import tempfile  # only a writing command pays its import (shutil, random)
 
         with tempfile.TemporaryDirectory(prefix="subtask-blobs-") as tmp:
@@ -331,10 +345,8 @@ class GitObjects:
                     fh.write(data)
             blobs = self._run("hash-object", "-w", "--no-filters", "--stdin-paths",
                               input="".join(f"{p}\n" for p in paths)).split()
-        tree = self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n"
-                                                 for (name, _), oid in zip(files, blobs, strict=True)))
-        return commit_tree(self._git_dir, tree.strip(), parents, message, when=when, sign=self._sign,
-                           must_sign=must_sign)
+        return self._run("mktree", input="".join(f"100644 blob {oid}\t{name}\n"
+                                                 for (name, _), oid in zip(files, blobs, strict=True))).strip()
 
     def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
         lines = []
@@ -545,12 +557,24 @@ class Pygit2Objects:
         builder = git.TreeBuilder()
         for name, data in files:
             builder.insert(name, git.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
+        return self.commit(str(builder.write()), parents, message, when, must_sign)
+
+    def commit(self, tree: str, parents: list[str], message: str, when: int | None = None,
+               must_sign: bool = False) -> str:
+        import pygit2
+
         if self._sign or must_sign:
-            return commit_tree(git.path, str(builder.write()), parents, message, when=when, sign=self._sign,
+            return commit_tree(self._git.path, tree, parents, message, when=when, sign=self._sign,
                                must_sign=must_sign)
         sig = (pygit2.Signature(TOOL_NAME, TOOL_EMAIL) if when is None else
                pygit2.Signature(TOOL_NAME, TOOL_EMAIL, when, 0))
-        return str(git.create_commit(None, sig, sig, message, builder.write(), [pygit2.Oid(hex=p) for p in parents]))
+        return str(self._git.create_commit(None, sig, sig, message, pygit2.Oid(hex=tree),
+                                           [pygit2.Oid(hex=p) for p in parents]))
+
+    def write_object(self, kind: str, data: bytes) -> str:
+        import pygit2
+
+        return str(self._git.write(pygit2.enums.ObjectType[kind.upper()], data))
 
     def update_refs(self, updates: list[RefUpdate], message: str = "git-subtask") -> str:
         import pygit2

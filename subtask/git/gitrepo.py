@@ -4,8 +4,8 @@ The repository is found by `git rev-parse` and its `subtask.*` settings read by 
 (one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
 it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
-pay the library's import; the worker imports it in a background thread once its engine runs
-(`preload_pygit2`). Porcelain that libgit2 does not do as git does (`worktree
+pay the library's import, nor does a plain job's worker (its end's diff is git's, `diff_stats`).
+Porcelain that libgit2 does not do as git does (`worktree
 add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
 git commands must never trigger the user's hooks.
 
@@ -19,13 +19,9 @@ Invariants:
   `rev-parse`, `hash-object`/`mktree`/`commit-tree`, one `update-ref --stdin` per compare-and-swap)
   until pygit2 is loaded. Both backends answer and write alike, to the commit id
   (`tests/test_gitread.py`, `tests/test_gitwrite.py`, which also run those commands where pygit2
-  cannot be imported, or watch that `start` never imports it). The worker imports it in a
-  background thread while its engine runs (beside the checkout it held up every step on the
-  GIL), and uses it after the engine. Other writing commands import it on first use (`Repo.git`).
-- Never fork while pygit2's preload thread imports, because a child inherits its import locks held and
-  Python run before the child's exec (the confinement's `preexec_fn`) could wait on them forever:
-  every fork that runs Python in the child waits for it (`os.register_at_fork`,
-  `tests/test_gitwrite.py::test_a_fork_that_runs_python_in_the_child_waits_for_the_pygit2_preload`).
+  cannot be imported, or watch that `start` never imports it). A worker imports it only for
+  what libgit2 alone does for it (a judge's harness, the checks' diff; `worker/engine.py`).
+  Other writing commands import it on first use (`Repo.git`).
 - Never run the tool's own git commands with the user's hooks, because a hook must not fire on
   bookkeeping (`git` passes `core.hooksPath=/dev/null`).
 - Never read HEAD from its file but when it holds what git's files backend writes there (a
@@ -49,7 +45,6 @@ from subtask.state import paths
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     import subprocess
-    import threading
     from typing import Any
 
     import pygit2
@@ -205,44 +200,9 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
                 opened_at=Path(start).resolve())
 
 
-_preload: threading.Thread | None = None
-
-
-def preload_pygit2() -> None:
-    """Import pygit2 in a background thread, for a process that will need it after a long wait
-    (the worker, while its engine runs); until it is loaded, `Repo.objects` asks git. A fork
-    waits for the import to end (see the module's invariants)."""
-    global _preload
-    if _preload is not None or sys.modules.get("pygit2") is not None:
-        return
-    os.register_at_fork(before=finish_preload)
-
-    def load() -> None:
-        try:
-            import pygit2  # noqa: F401
-        except ImportError:
-            pass  # `Repo.git` raises it again where it is needed, with its words
-
-    import threading
-
-    _preload = threading.Thread(target=load, name="subtask-preload-pygit2", daemon=True)
-    _preload.start()
-
-
 def pygit2_ready() -> bool:
-    """pygit2 is imported, and no thread of ours is still importing it."""
-    if _preload is not None and _preload.is_alive():
-        return False
+    """pygit2 is imported (by whatever needed it first): `Repo.objects` then asks it, in-process."""
     return sys.modules.get("pygit2") is not None
-
-
-def finish_preload() -> None:
-    """Wait for `preload_pygit2` (before this process forks: `os.register_at_fork` calls it)."""
-    if _preload is not None:
-        import threading
-
-        if _preload is not threading.current_thread():
-            _preload.join()
 
 
 def _main_worktree(common: Path, start: str) -> Path:
@@ -320,14 +280,16 @@ def check_worktree_location(path: Path) -> None:
                            hint="git config subtask.worktreeDir <a folder outside .git>")
 
 
-def author_signature(repo: Repo) -> pygit2.Signature:
-    """The user's identity for commits of their work, with a fallback that never fails."""
-    import pygit2
+FALLBACK_AUTHOR = ("git-subtask worker", "git-subtask@localhost")
 
-    try:
-        return repo.git.default_signature
-    except (KeyError, pygit2.GitError):
-        return pygit2.Signature("git-subtask worker", "git-subtask@localhost")
+
+def author_identity(repo: Repo) -> tuple[str, str]:
+    """The user's name and email for commits of their work (`user.name`, `user.email`, as
+    libgit2's default signature reads them), with a fallback that never fails."""
+    name, email = ((repo.config.git(key) or "").strip() for key in ("user.name", "user.email"))
+    if not name or not email or any(c in name + email for c in "<>\n"):
+        return FALLBACK_AUTHOR
+    return name, email
 
 
 def tree_of(repo: Repo, commit: str) -> str:
@@ -337,32 +299,50 @@ def tree_of(repo: Repo, commit: str) -> str:
     return str(repo.git[commit].peel(pygit2.Commit).tree_id)
 
 
+# What the evidence's diff is, whatever the user's diff settings: no external diff or textconv,
+# git's default algorithm, no order file, renames as `diff.renames` says (as libgit2 found them).
+DIFF_ARGS = ("diff", "--no-ext-diff", "--no-textconv", "--no-color", "--diff-algorithm=myers", "-O/dev/null",
+             "--raw", "--numstat", "-z")
+
+
 def diff_stats(repo: Repo, base: str,
                head: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
-    """Commits (sha, subject) and changed files (path, status, +/-) of base..head, and totals."""
-    import pygit2
-
-    commits = []
+    """Commits (sha, subject; children before parents) and changed files (path, status, +/-;
+    a binary file's lines count 0) of base..head, and totals: two git processes, no libgit2."""
+    commits: list[dict[str, Any]] = []
+    files: list[dict[str, Any]] = []
     if base != head:
-        walker = repo.git.walk(head, pygit2.enums.SortMode.TOPOLOGICAL)
-        walker.hide(base)
-        for commit in walker:
-            commits.append({"sha": str(commit.id), "subject": commit.message.splitlines()[0] if commit.message else ""})
-    files = []
-    added = deleted = 0
-    if base != head:
-        diff = repo.git.diff(repo.git[base].peel(pygit2.Commit), repo.git[head].peel(pygit2.Commit))
-        diff.find_similar()
-        for patch in diff:
-            if patch is None:  # libgit2 makes none for a delta it skips (unmodified)
-                continue
-            delta = patch.delta
-            _, plus, minus = patch.line_stats
-            entry = {"path": delta.new_file.path, "status": delta.status_char(), "added": plus, "deleted": minus}
-            if delta.old_file.path != delta.new_file.path:
-                entry["old_path"] = delta.old_file.path
-            files.append(entry)
-            added += plus
-            deleted += minus
-    totals = {"commits": len(commits), "files": len(files), "added": added, "deleted": deleted}
+        listed = pipes.run(["git", "--git-dir", str(repo.git_dir), "rev-list", "--topo-order", f"{base}..{head}"])
+        shas = os.fsdecode(listed[1]).split()
+        for sha, found in zip(shas, repo.objects.read(shas), strict=True):
+            message = gitobjects.commit_message(found[1]).decode("utf-8", "replace") if found else ""
+            commits.append({"sha": sha, "subject": message.splitlines()[0] if message else ""})
+        files = _changed_files(pipes.run(["git", *NO_HOOKS, "-C", str(repo.root), *DIFF_ARGS, base, head])[1])
+    totals = {"commits": len(commits), "files": len(files), "added": sum(f["added"] for f in files),
+              "deleted": sum(f["deleted"] for f in files)}
     return commits, files, totals
+
+
+def _changed_files(out: bytes) -> list[dict[str, Any]]:
+    """The files of `git diff --raw --numstat -z`: each raw entry (`:modes ids STATUS`, its path,
+    a rename's or copy's new path), then each numstat entry in the same order."""
+    fields = out.decode("utf-8", "replace").split("\0")
+    raw, pos = [], 0
+    while pos < len(fields) and fields[pos].startswith(":"):
+        status = fields[pos].split()[-1][:1]
+        paths = fields[pos + 1:pos + (3 if status in "RC" else 2)]
+        raw.append((status, paths))
+        pos += len(paths) + 1
+    files = []
+    for status, paths in raw:
+        plus, minus, named = fields[pos].split("\t")
+        pos += 1 if named else 3  # a rename's numstat names no path on its line: both follow
+        entry: dict[str, Any] = {"path": paths[-1], "status": status, "added": _lines(plus), "deleted": _lines(minus)}
+        if len(paths) == 2:
+            entry["old_path"] = paths[0]
+        files.append(entry)
+    return files
+
+
+def _lines(counted: str) -> int:
+    return int(counted) if counted.isdigit() else 0  # "-": a binary file

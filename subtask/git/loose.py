@@ -106,6 +106,32 @@ def entry_of(tree: bytes, name: bytes) -> str | None | Literal[False]:
     return None
 
 
+FOLDER_MODE = b"40000"  # a tree's entry for a folder, as git writes it (no leading zero)
+
+
+def tree_entries(tree: bytes) -> list[tuple[bytes, bytes, str]] | None:
+    """Each entry of a raw tree as (mode, name, id), in its order; None when it is damaged."""
+    entries, pos = [], 0
+    while pos < len(tree):
+        space = tree.find(b" ", pos)
+        nul = tree.find(b"\0", space + 1)
+        if space < 0 or nul < 0 or nul + 21 > len(tree):
+            return None
+        entries.append((tree[pos:space], tree[space + 1:nul], tree[nul + 1:nul + 21].hex()))
+        pos = nul + 21
+    return entries
+
+
+def tree_bytes(entries: list[tuple[bytes, bytes, str]]) -> bytes:
+    """A raw tree of (mode, name, id) entries in git's order, where a folder sorts as its name
+    followed by `/` (git's fsck calls any other order a broken tree)."""
+    def key(entry: tuple[bytes, bytes, str]) -> bytes:
+        mode, name, _ = entry
+        return name + b"/" if mode == FOLDER_MODE else name
+
+    return b"".join(mode + b" " + name + b"\0" + bytes.fromhex(oid) for mode, name, oid in sorted(entries, key=key))
+
+
 def usable(read: Callable[[str], str | None]) -> bool:
     """May this process write the repository's objects itself? (`read`: the git settings.)"""
     if os.environ.get("GIT_OBJECT_DIRECTORY"):
@@ -135,6 +161,11 @@ def write_commit(common_dir: Path, tree: str, parents: list[str], message: str, 
     head = "".join([f"tree {tree}\n", *(f"parent {p}\n" for p in parents),
                     f"author {who} {stamp}\n", f"committer {who} {stamp}\n\n"])
     return _write(common_dir / "objects", b"commit", (head + message).encode())
+
+
+def write_object(common_dir: Path, kind: str, content: bytes) -> str:
+    """One object of `kind` (blob, tree, commit) holding `content`; its id."""
+    return _write(common_dir / "objects", kind.encode(), content)
 
 
 def _write(objects: Path, kind: bytes, content: bytes) -> str:

@@ -64,16 +64,13 @@ def previous_targets(job: Job) -> set[str]:
 def landed_copy(repo: Repo, job: Job, landed_in: str | None) -> str | None:
     """The commit the job landed in when it does not carry the commit its block stands on (a new
     commit: squash, rebase); None when it does, or the job has not landed."""
-    import pygit2
-
     head = target_commit(job)
     if not landed_in or landed_in == head:
         return None
-    try:
-        carried = repo.git.descendant_of(landed_in, head)
-    except (KeyError, ValueError, pygit2.GitError):  # a commit this clone lacks: no block to put there
-        return None
-    return None if carried else landed_in
+    objects = repo.objects
+    if any(found is None or found[0] != "commit" for found in objects.read([landed_in, head])):
+        return None  # a commit this clone lacks: no block to put there
+    return None if objects.is_ancestor(head, landed_in) else landed_in
 
 
 def blocks_of(repo: Repo, job: Job, provenance: Provenance | None = None,
@@ -96,10 +93,11 @@ def write_for_job(repo: Repo, job: Job) -> None:
 
         provenance = signing.check_one(repo, job.tip, job.signed)
     items = blocks_of(repo, job, provenance, where_landed.commit_of(repo, job))
-    notes_store.set_blocks_bulk(repo.git, items, lock_path(repo))
+    objects = repo.objects
+    notes_store.set_blocks_bulk(objects, items, lock_path(repo))
     for old in previous_targets(job) - {commit for commit, _, _ in items}:
-        if job.id in notes_store.read_blocks(repo.git, old):
-            notes_store.remove_block(repo.git, old, job.id, lock_path(repo))
+        if job.id in notes_store.read_blocks(objects, old):
+            notes_store.remove_block(objects, old, job.id, lock_path(repo))
 
 
 def rebuild(repo: Repo) -> int:
@@ -136,7 +134,7 @@ def rebuild(repo: Repo) -> int:
         allowed = places[job_id]
         return allowed is None or commit in allowed
 
-    return notes_store.rewrite_blocks(repo.git, items, explained, lock_path(repo))
+    return notes_store.rewrite_blocks(repo.objects, items, explained, lock_path(repo))
 
 
 NOTES_MERGE_STRATEGY = "union"
@@ -152,11 +150,8 @@ def ensure_notes_config(repo: Repo) -> list[str]:
     `git subtask notes rebuild` rewrites it from the record. `notes.rewriteRef` is never set: a
     "verify passed" must not follow a rebase onto a tree that was never tested.
     """
-    try:
-        repo.git.config["notes.subtask.mergeStrategy"]
+    if repo.config.git("notes.subtask.mergestrategy") is not None:
         return []
-    except KeyError:
-        pass
     # Best effort: many first jobs may finish at once and race for .git/config's lock; one wins.
     written = git(repo.root, "config", "--local", "notes.subtask.mergeStrategy", NOTES_MERGE_STRATEGY, check=False)
     return [f"notes.subtask.mergeStrategy = {NOTES_MERGE_STRATEGY}"] if written.returncode == 0 else []

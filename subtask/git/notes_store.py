@@ -1,7 +1,10 @@
 """Review blocks in git notes at refs/notes/subtask, written without losing anyone's note.
 
 Owns: the ref `refs/notes/subtask`, its notes commits and trees, the text format of a note, and
-the file lock whose path the caller passes in (e.g. `<state_dir>/notes.lock`).
+the file lock whose path the caller passes in (e.g. `<state_dir>/notes.lock`). It reads and writes
+through a repository's `objects` (`gitobjects`: git's processes and loose objects written here, or
+a loaded pygit2), so a worker writes its job's note without importing libgit2; the trees are read
+and written here, in git's format (`loose.tree_entries`, `loose.tree_bytes`).
 
 Note format: a note on a commit holds optional human text at the top, then one block per job.
 A block starts with a line `subtask st-xxxxxxxx · ...` and runs until the next line starting with
@@ -21,7 +24,9 @@ Invariants:
 - Writing text that is already there creates no notes commit.
 - Note commits carry the fixed identity `git-subtask <git-subtask@localhost>`, and are signed by
   git (`gitobjects.commit_tree`) when the repository's config names a signing key and
-  `subtask.sign` is not never (`config.signing_key_of`, read here from libgit2's config).
+  `subtask.sign` is not never (`config.signing_key_of`: the `objects` were made to sign).
+- Both backends of `objects` write the same notes commits and trees
+  (`tests/test_notes_store.py` runs every test on each).
 - Never fast-forward the notes ref to a remote's commit that lacks a block of a job whose record
   we hold, because a teammate's `git notes add -f` makes a descendant of our notes without our
   blocks, and a push (which does not rebuild blocks from records, as pull does) would share the
@@ -42,21 +47,17 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from subtask.git.gitobjects import commit_tree
+from subtask.git import loose
 from subtask.model import lazyre
-from subtask.model.config import signing_key_of
 from subtask.model.errors import fatal
 from subtask.model.job import is_job_id
 from subtask.state.statefiles import file_lock
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
-    from typing import cast
+    from subtask.git.gitobjects import GitObjects, Pygit2Objects
 
-    import pygit2
-else:
-    def cast(_type: object, value: object) -> object:
-        return value  # what typing.cast does at run time
+    Objects = GitObjects | Pygit2Objects
 
 NOTES_REF = "refs/notes/subtask"
 NOTES_MESSAGE = "Notes added by git-subtask"
@@ -67,10 +68,7 @@ _BLOCK_START_RE = lazyre.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
 _BLOCK_PREFIX = "subtask st-"
 _HEX_RE = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
-# pygit2.enums.FileMode.BLOB / TREE, as numbers: every function here is handed a pygit2 repository,
-# so the library is loaded by whoever calls; importing this module must not load it.
-_MODE_BLOB = 0o100644
-_MODE_TREE = 0o040000
+_MODE_BLOB = b"100644"
 
 # Retry budget for the compare-and-swap; the file lock makes contention rare, so these are only
 # hit when someone outside git-subtask writes the ref at the same time, or a stale .lock is left.
@@ -81,102 +79,96 @@ _FILE_LOCK_TIMEOUT_S = 120.0
 
 # commit hex -> new note text, or None to delete the note.
 Edits = dict[str, "str | None"]
-
-
-class _TipMoved(Exception):
-    """Raised inside a ref transaction to abort it without committing."""
+# A notes tree as read: entry name -> (mode, object id).
+Tree = dict[bytes, tuple[bytes, str]]
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def ensure_ref(repo: pygit2.Repository) -> None:
+def ensure_ref(objects: Objects) -> None:
     """Create refs/notes/subtask as an empty notes commit if missing; safe to race."""
-    import pygit2
-
-    if _tip(repo) is not None:
+    if _tip(objects) is not None:
         return
-    commit = _commit_tree(repo, repo.TreeBuilder().write(), None)
+    commit = _commit_tree(objects, objects.write_object("tree", b""), None)
     # An empty commit on a missing ref: the same CAS as any write, expecting "absent".
     # If someone else created the ref first, the swap fails and there is nothing left to do.
     for delay in _backoff():
-        try:
-            if _swap(repo, None, commit):
-                return
-        except pygit2.GitError:
-            pass  # ref lock busy: another creator is mid-swap
-        if _tip(repo) is not None:
+        if _swap(objects, None, commit) == "ok" or _tip(objects) is not None:
             return
         time.sleep(delay)
 
 
-def read_note(repo: pygit2.Repository, commit_oid: str) -> str | None:
+def read_note(objects: Objects, commit_oid: str) -> str | None:
     """The whole note text on `commit_oid`, or None when it has no note."""
-    tip = _tip(repo)
+    tip = _tip(objects)
     if tip is None:
         return None
-    return _read_text(repo, repo[tip].tree, _hex(repo, commit_oid))
+    return _read_text(objects, _root(objects, tip), _hex(objects, commit_oid))
 
 
-def read_blocks(repo: pygit2.Repository, commit_oid: str) -> dict[str, str]:
+def read_blocks(objects: Objects, commit_oid: str) -> dict[str, str]:
     """Job id -> block text (no trailing newline) for the note on `commit_oid`."""
-    text = read_note(repo, commit_oid)
+    text = read_note(objects, commit_oid)
     return {} if text is None else parse_note(text)[1]
 
 
 def set_block(
-    repo: pygit2.Repository, commit_oid: str, job_id: str, block: str,
+    objects: Objects, commit_oid: str, job_id: str, block: str,
     lock_path: str | os.PathLike[str],
 ) -> None:
     """Add or replace `job_id`'s block on `commit_oid`; other blocks and human text stay."""
-    set_blocks_bulk(repo, [(commit_oid, job_id, block)], lock_path)
+    set_blocks_bulk(objects, [(commit_oid, job_id, block)], lock_path)
 
 
 def remove_block(
-    repo: pygit2.Repository, commit_oid: str, job_id: str, lock_path: str | os.PathLike[str]
+    objects: Objects, commit_oid: str, job_id: str, lock_path: str | os.PathLike[str]
 ) -> None:
     """Drop `job_id`'s block from `commit_oid`; the note goes away when nothing remains."""
     _check_job_id(job_id)
-    target = _hex(repo, commit_oid)
-    _update(repo, lock_path, lambda tree: _plan(repo, tree, {target: {job_id: None}}))
+    target = _hex(objects, commit_oid)
+    _update(objects, lock_path, lambda tree: _plan(objects, tree, {target: {job_id: None}}))
 
 
 def set_blocks_bulk(
-    repo: pygit2.Repository,
+    objects: Objects,
     items: Iterable[tuple[str, str, str]],
     lock_path: str | os.PathLike[str],
 ) -> int:
     """Write many (commit, job id, block) in one notes commit; returns how many blocks changed."""
-    wanted: dict[str, dict[str, str | None]] = {}
-    for commit_oid, job_id, block in items:
-        wanted.setdefault(_hex(repo, commit_oid), {})[job_id] = normalize_block(job_id, block)
+    wanted = _wanted(objects, items)
     if not wanted:
         return 0
-    return _update(repo, lock_path, lambda tree: _plan(repo, tree, wanted))
+    return _update(objects, lock_path, lambda tree: _plan(objects, tree, wanted))
 
 
 def rewrite_blocks(
-    repo: pygit2.Repository,
+    objects: Objects,
     items: Iterable[tuple[str, str, str]],
     keep: Callable[[str, str], bool],
     lock_path: str | os.PathLike[str],
 ) -> int:
     """Like `set_blocks_bulk`, and in the same notes commit drop every other block for which
     `keep(commit hex, job id)` is false (human text stays). Returns how many blocks changed."""
-    wanted: dict[str, dict[str, str | None]] = {}
-    for commit_oid, job_id, block in items:
-        wanted.setdefault(_hex(repo, commit_oid), {})[job_id] = normalize_block(job_id, block)
+    wanted = _wanted(objects, items)
 
-    def plan(tree: pygit2.Tree | None) -> tuple[Edits, int]:
+    def plan(tree: Tree | None) -> tuple[Edits, int]:
         edits = {commit: dict(jobs) for commit, jobs in wanted.items()}
         if tree is not None:
-            for commit_hex in _all_notes(repo, tree):
-                for job_id in parse_note(_read_text(repo, tree, commit_hex) or "")[1]:
+            for commit_hex in _all_notes(objects, tree):
+                for job_id in parse_note(_read_text(objects, tree, commit_hex) or "")[1]:
                     if job_id not in edits.get(commit_hex, {}) and not keep(commit_hex, job_id):
                         edits.setdefault(commit_hex, {})[job_id] = None
-        return _plan(repo, tree, edits)
+        return _plan(objects, tree, edits)
 
-    return _update(repo, lock_path, plan)
+    return _update(objects, lock_path, plan)
+
+
+def _wanted(objects: Objects, items: Iterable[tuple[str, str, str]]) -> dict[str, dict[str, str | None]]:
+    wanted: dict[str, dict[str, str | None]] = {}
+    for commit_oid, job_id, block in items:
+        wanted.setdefault(_hex(objects, commit_oid), {})[job_id] = normalize_block(job_id, block)
+    return wanted
 
 
 # --------------------------------------------------------------------------- note text
@@ -226,14 +218,12 @@ def _check_job_id(job_id: str) -> None:
 # --------------------------------------------------------------------------- planning edits
 
 
-def _plan(
-    repo: pygit2.Repository, tree: pygit2.Tree | None, wanted: dict[str, dict[str, str | None]]
-) -> tuple[Edits, int]:
+def _plan(objects: Objects, tree: Tree | None, wanted: dict[str, dict[str, str | None]]) -> tuple[Edits, int]:
     """From the notes tree at the tip, the new note texts and the number of blocks changed."""
     edits: Edits = {}
     changed = 0
     for commit_hex, jobs in wanted.items():
-        old_text = _read_text(repo, tree, commit_hex) if tree is not None else None
+        old_text = _read_text(objects, tree, commit_hex) if tree is not None else None
         preamble, blocks = parse_note(old_text or "")
         n = _apply_jobs(blocks, jobs)
         if n:
@@ -259,29 +249,20 @@ def _apply_jobs(blocks: dict[str, str], jobs: dict[str, str | None]) -> int:
 # --------------------------------------------------------------------------- read-modify-write
 
 
-def _update(
-    repo: pygit2.Repository,
-    lock_path: str | os.PathLike[str],
-    plan: Callable[[pygit2.Tree | None], tuple[Edits, int]],
-) -> int:
+def _update(objects: Objects, lock_path: str | os.PathLike[str],
+            plan: Callable[[Tree | None], tuple[Edits, int]]) -> int:
     """Under the file lock, CAS-loop: read tip, plan edits on it, commit, swap; return count."""
-    import pygit2
-
     with file_lock(Path(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
-            tip = _tip(repo)
-            tree = repo[tip].tree if tip is not None else None
+            tip = _tip(objects)
+            tree = _root(objects, tip) if tip is not None else None
             edits, changed = plan(tree)
             if not edits:
                 return 0
-            new_tree = _edit_notes_tree(repo, tree, edits)
-            commit = _commit_tree(repo, new_tree, tip)
-            try:
-                if _swap(repo, tip, commit):
-                    return changed
-            except pygit2.GitError:
-                pass  # ref lock busy (a `git notes` run, or a stale .lock): retry
-            time.sleep(delay)
+            commit = _commit_tree(objects, _edit_notes_tree(objects, tree, edits), tip)
+            if _swap(objects, tip, commit) == "ok":
+                return changed
+            time.sleep(delay)  # moved (re-read, re-apply), or the ref lock is busy (a `git notes` run, a stale .lock)
     raise AssertionError("unreachable: _backoff raises when the deadline passes")
 
 
@@ -298,165 +279,137 @@ def _backoff() -> Iterable[float]:
     )
 
 
-def _swap(repo: pygit2.Repository, expected: pygit2.Oid | None, new: pygit2.Oid) -> bool:
-    """Point the ref at `new` iff it still points at `expected`; GitError if the lock is busy."""
-    try:
-        with repo.transaction() as txn:
-            txn.lock_ref(NOTES_REF)
-            # Re-read under git's ref lock: nobody (git-subtask or git) can move it now.
-            if _tip(repo) != expected:
-                raise _TipMoved
-            _set_target(txn, new)
-    except _TipMoved:
-        return False
-    return True
+def _swap(objects: Objects, expected: str | None, new: str) -> str:
+    """Point the ref at `new` iff it still points at `expected`, checked under git's ref lock:
+    "ok", "moved" or "locked" (another writer holds it)."""
+    return objects.update_refs([(NOTES_REF, expected, new)], message=f"notes: {NOTES_MESSAGE}")
 
 
-def _set_target(txn: pygit2.transaction.ReferenceTransaction, new: pygit2.Oid) -> None:
-    reflog_message = f"notes: {NOTES_MESSAGE}"
-    try:
-        txn.set_target(NOTES_REF, new, _signature(), reflog_message)
-    except TypeError:
-        # pygit2 1.21 hands Signature._pointer (bytes) to cffi and fails before touching the ref;
-        # fall back to the repository identity (or libgit2's "unknown") for the reflog line only.
-        txn.set_target(NOTES_REF, new, None, reflog_message)
+def _tip(objects: Objects) -> str | None:
+    ref = objects.ref(NOTES_REF)
+    return None if ref is None or ref.symbolic else ref.target  # (only `_swap` writes it, with a commit id)
 
 
-def _tip(repo: pygit2.Repository) -> pygit2.Oid | None:
-    ref = repo.references.get(NOTES_REF)
-    # (a direct ref: only `_set_target` writes it, with a commit id)
-    return None if ref is None else cast("pygit2.Oid", ref.target)
+def _root(objects: Objects, commit: str) -> Tree:
+    """The notes tree of a notes commit."""
+    read = _read_tree(objects, _tree_id(objects, commit))
+    if read is None:
+        raise _unreadable(commit)
+    return read
 
 
-def _commit_tree(
-    repo: pygit2.Repository, tree: pygit2.Oid, parent: pygit2.Oid | None
-) -> pygit2.Oid:
+def _tree_id(objects: Objects, commit: str) -> str:
+    found = objects.read([commit])[0]
+    tree = loose.tree_of(found[1]) if found is not None and found[0] == "commit" else None
+    if tree is None:
+        raise _unreadable(commit)
+    return tree
+
+
+def _unreadable(commit: str) -> Exception:
+    return fatal(f"{NOTES_REF} names {commit[:12]}, which is not a readable notes commit",
+                 hint=f"git log -1 {NOTES_REF}; git fsck")
+
+
+def _read_tree(objects: Objects, oid: str) -> Tree | None:
+    found = objects.read([oid])[0]
+    entries = loose.tree_entries(found[1]) if found is not None and found[0] == "tree" else None
+    return None if entries is None else {name: (mode, entry) for mode, name, entry in entries}
+
+
+def _commit_tree(objects: Objects, tree: str, parent: str | None) -> str:
     """A notes commit on `tree`; no ref is touched here (the swap does that)."""
-    return _commit(repo, tree, [] if parent is None else [parent], NOTES_MESSAGE + "\n")
+    return objects.commit(tree, [] if parent is None else [parent], NOTES_MESSAGE + "\n")
 
 
-def _commit(repo: pygit2.Repository, tree: pygit2.Oid, parents: list[pygit2.Oid], message: str) -> pygit2.Oid:
-    """A notes commit, signed by git when a signing key is configured (see the invariants)."""
-    import pygit2
-
-    config = repo.config
-
-    def read(key: str) -> str | None:
-        try:
-            return config[key]
-        except (KeyError, ValueError):
-            return None
-
-    if signing_key_of(read):
-        return pygit2.Oid(hex=commit_tree(repo.path, str(tree), [str(p) for p in parents], message, sign=True))
-    sig = _signature()
-    return repo.create_commit(None, sig, sig, message, tree, parents)
-
-
-def _signature() -> pygit2.Signature:
-    import pygit2
-
-    # Fixed identity so notes work on machines without user.name; stamped with the current time.
-    return pygit2.Signature(SIGNATURE_NAME, SIGNATURE_EMAIL)
-
-
-def _hex(repo: pygit2.Repository, commit_oid: str | pygit2.Oid) -> str:
-    """Full lowercase hex of a commit; abbreviations and revisions are resolved."""
-    import pygit2
-
+def _hex(objects: Objects, commit_oid: str) -> str:
+    """Full lowercase hex of a commit; abbreviations and revisions are resolved (KeyError: none)."""
     text = str(commit_oid).strip().lower()
     if _HEX_RE.fullmatch(text):
         return text
-    return str(repo.revparse_single(str(commit_oid)).peel(pygit2.Commit).id)
+    found = objects.commit_of(str(commit_oid))
+    if found is None:
+        raise KeyError(commit_oid)
+    return found
 
 
 # --------------------------------------------------------------------------- notes tree
 
 
-def _note_paths(
-    tree: pygit2.Tree, commit_hex: str, prefix: tuple[str, ...] = ()
-) -> list[tuple[str, ...]]:
+def _note_paths(objects: Objects, tree: Tree, commit_hex: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every path holding a note for `commit_hex`, in any fanout (git concatenates duplicates)."""
-    done = sum(len(part) for part in prefix)
-    rest = commit_hex[done:]
+    rest = commit_hex[sum(len(part) for part in prefix):]
     found: list[tuple[str, ...]] = []
-    if rest in tree and tree[rest].type_str == "blob":
+    entry = tree.get(rest.encode())
+    if entry is not None and entry[0] != loose.FOLDER_MODE:
         found.append(prefix + (rest,))
-    fan = rest[:2]
-    if len(rest) > 2 and fan in tree and tree[fan].type_str == "tree":
-        found += _note_paths(cast("pygit2.Tree", tree / fan), commit_hex, prefix + (fan,))
+    fan = tree.get(rest[:2].encode())
+    if len(rest) > 2 and fan is not None and fan[0] == loose.FOLDER_MODE:
+        below = _read_tree(objects, fan[1])
+        if below is not None:
+            found += _note_paths(objects, below, commit_hex, prefix + (rest[:2],))
     return found
 
 
-def _read_text(repo: pygit2.Repository, tree: pygit2.Tree, commit_hex: str) -> str | None:
-    paths = _note_paths(tree, commit_hex)
+def _read_text(objects: Objects, tree: Tree, commit_hex: str) -> str | None:
+    paths = _note_paths(objects, tree, commit_hex)
     if not paths:
         return None
-    # Blob bytes, not Note.message: surrogateescape keeps non-UTF-8 notes byte-exact on rewrite.
-    blobs = [cast("pygit2.Blob", repo[_entry(tree, path).id]) for path in paths]  # (found so)
-    texts = [blob.data.decode("utf-8", "surrogateescape") for blob in blobs]
-    return "\n".join(texts)
+    # Blob bytes, decoded with surrogateescape: a non-UTF-8 note stays byte-exact on rewrite.
+    blobs = objects.read([_entry(objects, tree, path) for path in paths])
+    return "\n".join(blob[1].decode("utf-8", "surrogateescape") for blob in blobs if blob is not None)
 
 
-def _entry(tree: pygit2.Tree, path: tuple[str, ...]) -> pygit2.Object:
+def _entry(objects: Objects, tree: Tree, path: tuple[str, ...]) -> str:
     for part in path[:-1]:
-        tree = cast("pygit2.Tree", tree / part)  # (`_note_paths` found trees there)
-    return tree / path[-1]
+        tree = _read_tree(objects, tree[part.encode()][1]) or {}  # (`_note_paths` found trees there)
+    return tree[path[-1].encode()][1]
 
 
-def _edit_notes_tree(repo: pygit2.Repository, tree: pygit2.Tree | None, edits: Edits) -> pygit2.Oid:
+def _edit_notes_tree(objects: Objects, tree: Tree | None, edits: Edits) -> str:
     """Root tree after `edits`; old copies of each note are removed, new ones go to ab/cdef..."""
-    changes: dict[tuple[str, ...], pygit2.Oid | None] = {}
+    changes: dict[tuple[str, ...], str | None] = {}
     for commit_hex, text in edits.items():
-        for path in _note_paths(tree, commit_hex) if tree is not None else []:
+        for path in _note_paths(objects, tree, commit_hex) if tree is not None else []:
             changes[path] = None
         if text is not None:
-            blob = repo.create_blob(text.encode("utf-8", "surrogateescape"))
+            blob = objects.write_object("blob", text.encode("utf-8", "surrogateescape"))
             changes[(commit_hex[:2], commit_hex[2:])] = blob
-    root = _edit_tree(repo, tree, changes)
-    return root if root is not None else repo.TreeBuilder().write()
+    root = _edit_tree(objects, tree, changes)
+    return root if root is not None else objects.write_object("tree", b"")
 
 
-def _edit_tree(
-    repo: pygit2.Repository,
-    tree: pygit2.Tree | None,
-    changes: dict[tuple[str, ...], pygit2.Oid | None],
-) -> pygit2.Oid | None:
+def _edit_tree(objects: Objects, tree: Tree | None, changes: dict[tuple[str, ...], str | None]) -> str | None:
     """Apply path -> blob (None deletes) below `tree`; only touched subtrees are rewritten.
 
     Returns None for a tree left empty, so emptied fanout directories disappear as in git.
     """
-    builder = repo.TreeBuilder(tree) if tree is not None else repo.TreeBuilder()
-    nested: dict[str, dict[tuple[str, ...], pygit2.Oid | None]] = {}
+    entries = dict(tree or {})
+    nested: dict[str, dict[tuple[str, ...], str | None]] = {}
     for path, blob in changes.items():
         if len(path) > 1:
             nested.setdefault(path[0], {})[path[1:]] = blob
         elif blob is None:
-            _remove(builder, path[0])
+            entries.pop(path[0].encode(), None)
         else:
-            builder.insert(path[0], blob, _MODE_BLOB)
+            entries[path[0].encode()] = (_MODE_BLOB, blob)
     for name, sub_changes in nested.items():
-        old = builder.get(name)
-        is_tree = old is not None and old.type_str == "tree"
-        sub_tree = cast("pygit2.Tree", repo[old.id]) if old is not None and is_tree else None
-        sub = _edit_tree(repo, sub_tree, sub_changes)
-        _remove(builder, name)
+        old = entries.pop(name.encode(), None)
+        sub_tree = _read_tree(objects, old[1]) if old is not None and old[0] == loose.FOLDER_MODE else None
+        sub = _edit_tree(objects, sub_tree, sub_changes)
         if sub is not None:
-            builder.insert(name, sub, _MODE_TREE)
-    return builder.write() if len(builder) else None
-
-
-def _remove(builder: pygit2.TreeBuilder, name: str) -> None:
-    if builder.get(name) is not None:
-        builder.remove(name)
+            entries[name.encode()] = (loose.FOLDER_MODE, sub)
+    if not entries:
+        return None
+    return objects.write_object("tree", loose.tree_bytes([(mode, name, oid) for name, (mode, oid) in entries.items()]))
 
 
 # --------------------------------------------------------------------------- merging a remote's notes
 
 
 def merge_ref(
-    repo: pygit2.Repository,
-    other: str | pygit2.Oid,
+    objects: Objects,
+    other: str,
     lock_path: str | os.PathLike[str],
     prefer_local: Callable[[str], bool] = lambda job_id: True,
 ) -> str:
@@ -471,68 +424,61 @@ def merge_ref(
     `git notes add -f` replaced the note): then it is merged too, its version of a block winning.
     Returns "up to date", "fast-forward" or "merged".
     """
-    import pygit2
-
-    other_oid = pygit2.Oid(hex=str(other))
+    other = str(other)
     with file_lock(Path(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
-            tip = _tip(repo)
-            if tip == other_oid or (tip is not None and repo.descendant_of(tip, other_oid)):
+            tip = _tip(objects)
+            if tip is not None and objects.is_ancestor(other, tip):
                 return "up to date"
             if tip is None:
-                new, how = other_oid, "fast-forward"
-            elif not repo.descendant_of(other_oid, tip):
-                new, how = _merge_commit(repo, tip, other_oid, prefer_local), "merged"
-            elif _drops_blocks(repo, tip, other_oid, prefer_local):
+                new, how = other, "fast-forward"
+            elif not objects.is_ancestor(tip, other):
+                new, how = _merge_commit(objects, tip, other, prefer_local), "merged"
+            elif _drops_blocks(objects, tip, other, prefer_local):
                 # Newer than ours, but rewritten there (`git notes add -f`) without blocks of jobs
                 # we hold: those come back; where both sides have a block, the newer one's stays.
-                new, how = _merge_commit(repo, tip, other_oid, lambda job_id: False), "merged"
+                new, how = _merge_commit(objects, tip, other, lambda job_id: False), "merged"
             else:
-                new, how = other_oid, "fast-forward"
-            try:
-                if _swap(repo, tip, new):
-                    return how
-            except pygit2.GitError:
-                pass
+                new, how = other, "fast-forward"
+            if _swap(objects, tip, new) == "ok":
+                return how
             time.sleep(delay)
     raise AssertionError("unreachable: _backoff raises when the deadline passes")
 
 
-def _drops_blocks(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,
-                  ours_to_keep: Callable[[str], bool]) -> bool:
+def _drops_blocks(objects: Objects, tip: str, other: str, ours_to_keep: Callable[[str], bool]) -> bool:
     """Does some note of `tip` hold a block of a job `ours_to_keep` names that the same commit's
     note in `other` lacks?"""
-    local_tree, other_tree = repo[tip].tree, repo[other].tree
-    other_notes = _all_notes(repo, other_tree)
-    for commit_hex, local_blob in _all_notes(repo, local_tree).items():
+    local_tree, other_tree = _root(objects, tip), _root(objects, other)
+    other_notes = _all_notes(objects, other_tree)
+    for commit_hex, local_blob in _all_notes(objects, local_tree).items():
         if other_notes.get(commit_hex) == local_blob:
             continue
-        ours = parse_note(_read_text(repo, local_tree, commit_hex) or "")[1]
-        theirs = parse_note(_read_text(repo, other_tree, commit_hex) or "")[1] if commit_hex in other_notes else {}
+        ours = parse_note(_read_text(objects, local_tree, commit_hex) or "")[1]
+        theirs = parse_note(_read_text(objects, other_tree, commit_hex) or "")[1] if commit_hex in other_notes else {}
         if any(ours_to_keep(job_id) for job_id in set(ours) - set(theirs)):
             return True
     return False
 
 
-def _merge_commit(repo: pygit2.Repository, tip: pygit2.Oid, other: pygit2.Oid,
-                  prefer_local: Callable[[str], bool]) -> pygit2.Oid:
-    local_tree, other_tree = repo[tip].tree, repo[other].tree
-    local_notes, other_notes = _all_notes(repo, local_tree), _all_notes(repo, other_tree)
+def _merge_commit(objects: Objects, tip: str, other: str, prefer_local: Callable[[str], bool]) -> str:
+    local_tree, other_tree = _root(objects, tip), _root(objects, other)
+    local_notes, other_notes = _all_notes(objects, local_tree), _all_notes(objects, other_tree)
     edits: Edits = {}
     for commit_hex, other_blob in other_notes.items():
         local_blob = local_notes.get(commit_hex)
         if local_blob == other_blob:
             continue
-        other_text = _read_text(repo, other_tree, commit_hex) or ""
+        other_text = _read_text(objects, other_tree, commit_hex) or ""
         if local_blob is None:
             edits[commit_hex] = other_text
             continue
-        local_text = _read_text(repo, local_tree, commit_hex) or ""
+        local_text = _read_text(objects, local_tree, commit_hex) or ""
         merged = _merge_text(local_text, other_text, prefer_local)
         if merged != local_text:
             edits[commit_hex] = merged
-    tree = _edit_notes_tree(repo, local_tree, edits) if edits else local_tree.id
-    return _commit(repo, tree, [tip, other], "Notes merged by git-subtask\n")
+    tree = _edit_notes_tree(objects, local_tree, edits) if edits else _tree_id(objects, tip)
+    return objects.commit(tree, [tip, other], "Notes merged by git-subtask\n")
 
 
 def _merge_text(local: str, other: str, prefer_local: Callable[[str], bool]) -> str | None:
@@ -547,13 +493,15 @@ def _merge_text(local: str, other: str, prefer_local: Callable[[str], bool]) -> 
     return render_note("\n".join(pre_lines).strip("\n"), blocks)
 
 
-def _all_notes(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = "") -> dict[str, pygit2.Oid]:
+def _all_notes(objects: Objects, tree: Tree, prefix: str = "") -> dict[str, str]:
     """commit hex -> note blob id, over any fanout."""
-    found: dict[str, pygit2.Oid] = {}
-    for entry in tree:
-        name = prefix + str(entry.name)  # (an entry of a tree has one)
-        if entry.type_str == "tree":
-            found.update(_all_notes(repo, cast("pygit2.Tree", repo[entry.id]), name))
-        elif _HEX_RE.fullmatch(name):
-            found[name] = entry.id
+    found: dict[str, str] = {}
+    for name, (mode, oid) in tree.items():
+        text = prefix + name.decode("utf-8", "surrogateescape")
+        if mode == loose.FOLDER_MODE:
+            below = _read_tree(objects, oid)
+            if below is not None:
+                found.update(_all_notes(objects, below, text))
+        elif _HEX_RE.fullmatch(text):
+            found[text] = oid
     return found

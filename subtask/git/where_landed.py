@@ -45,8 +45,8 @@ def commit_of(repo: Repo, job: Job) -> str | None:
     """The commit the job landed in: its record's word, else this clone's mark."""
     if job.state.landed_in:
         return job.state.landed_in
-    found = repo.git.references.get(ref(job.id))  # in-process: every caller has pygit2 open
-    return str(found.target) if found is not None and not isinstance(found.target, str) else None
+    found = repo.objects.ref(ref(job.id))
+    return found.target if found is not None and not found.symbolic else None
 
 
 def marks(repo: Repo, listed: list[Ref] | None = None) -> dict[str, str]:

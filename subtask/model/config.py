@@ -581,7 +581,7 @@ class Config:
     def git(self, key: str) -> str | None:
         """A setting outside `subtask.*` that `SETTINGS_ARGS` reads (`user.signingKey`, `user.name`,
         `user.email`, `gpg.*`, `core.sharedRepository`, `core.fsync`, `core.fsyncObjectFiles`,
-        `extensions.objectFormat`), by its lower-case name."""
+        `extensions.objectFormat`, `notes.subtask.mergeStrategy`), by its lower-case name."""
         return self._read(key)
 
     def remember(self, key: str, value: str) -> None:
@@ -738,10 +738,11 @@ class GitSettings:
 
 
 # Every `subtask.*` setting, those git signs commits with, and those that say how git writes
-# objects (`git/loose.py`, `gitrepo.open_repo`): one process reads them all.
+# objects (`git/loose.py`, `gitrepo.open_repo`), and how our notes merge (`notes.ensure_notes_config`):
+# one process reads them all.
 SETTINGS_ARGS = ("config", "-z", "--get-regexp",
                  r"^(subtask|gpg)\.|^user\.(signingkey|name|email)$|^core\.(sharedrepository|fsync|fsyncobjectfiles)$"
-                 r"|^extensions\.objectformat$")
+                 r"|^extensions\.objectformat$|^notes\.subtask\.mergestrategy$")
 
 
 # Keys that may be given many times (`git config --add`): every value is kept, for `get_all`.
@@ -758,10 +759,15 @@ def parse_settings(out: bytes) -> dict[str, str]:
         key, _, value = item.partition("\n")
         if key:
             values[key] = value
-            if key in MULTI_VALUED:
+            if key in MULTI_VALUED or _an_engines_excludes(key):
                 kept = values.get(_ALL + key)
                 values[_ALL + key] = value if kept is None else kept + "\0" + value
     return values
+
+
+def _an_engines_excludes(key: str) -> bool:
+    """`subtask.engine.<name>.exclude`, given once per pattern (`worker/evidence.engine_excludes`)."""
+    return key.startswith("subtask.engine.") and key.endswith(".exclude")
 
 
 def _canonical(key: str) -> str:

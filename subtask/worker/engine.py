@@ -10,11 +10,11 @@ Invariants:
   goes unseen: the worker joins it after `record_engine_started` (it runs beside the checkout, so
   this costs nothing but on a tiny repository).
 - An engine counts as started (and may be charged) once `on_pid`/`on_launch` reports a process.
-- Never import pygit2 in a worker before its engine runs, because the import (~50 ms of CPU, on
-  a thread) shared the GIL with every step to the engine's start and doubled them: the worker
-  starts it once the engine's first process is reported (`on_pid`), while the engine works, and
-  waits for it when the engine ends (a fork meanwhile waits for it too:
-  `gitrepo.preload_pygit2`; `tests/test_start.py::test_a_jobs_engine_starts_before_its_worker_imports_pygit2`).
+- Never import pygit2 in a worker but for what only libgit2 does here (a judge's harness, the
+  checks' diff), because its import (~50 ms of CPU) was most of a short job's end, and a preload
+  on a thread shared the GIL with the engine's start and held every fork: the attempt's end
+  (autocommit, evidence, record, note) is git's processes and objects written in this process
+  (`tests/test_worker_git.py`, `tests/test_imports.py::test_a_plain_jobs_worker_imports_nothing_it_does_not_use`).
 - A crash in the engine's own code is the attempt failed (kind `engine`), never a dead worker;
   a stop is `StopRequested`.
 - Nothing of the job runs when the step returns (`Confinement.end_leftovers`): the worker's git
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from subtask.engines import get_engine, settings_reader
 from subtask.engines.base import EngineContext, Outcome
-from subtask.git.gitrepo import Repo, finish_preload, preload_pygit2
+from subtask.git.gitrepo import Repo
 from subtask.git.records import Job
 from subtask.model import claims, faults, phases
 from subtask.model.dataclass import dataclass
@@ -55,7 +55,6 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
     def on_pid(pid: int) -> None:
         launched.append(pid)
         lifecycle.record_engine(repo.state_dir, job.id, pid)
-        preload_pygit2()  # for the attempt's end, while the engine works (a fork waits for it)
 
     ctx = EngineContext(
         job_id=job.id, attempt=attempt.n, task=privatetext.message(repo.state_dir, job.id, attempt),
@@ -137,7 +136,6 @@ def run_engine_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink,
     finally:
         confinement.end_leftovers()  # nothing of the job runs while our git reads what it wrote
         sink.flush()  # the output's tail, before the record takes its events tail
-    finish_preload()  # the attempt's end reads and writes through pygit2
     phases.mark("engine")
     faults.point("after_engine")
     stopped = stopped or stall.stopped or lifecycle.stop_marker(state_dir, job_id).exists()

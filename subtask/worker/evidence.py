@@ -9,11 +9,13 @@ Invariants:
 - The worker's git runs through the admin folder `checked_metadata` vouched for, never by
   discovery from the worktree's `.git` (the job may write it); the head is read from the
   branch, never the worktree's HEAD.
-- Never decide that a job left nothing uncommitted from git's status alone when libgit2 can say
-  so (`worktree_untouched`: nothing changed, untracked or even ignored, to the nanosecond),
-  because git 2.39 compares seconds and re-reads every file the checkout wrote in the index's own
-  second (~20 ms for 2,000); and never skip git's status on libgit2's word for anything else,
-  because git decides what the autocommit takes (filters, submodules, ignore rules)
+- Never import libgit2 only to ask whether a job left anything uncommitted, because its import
+  (~50 ms of CPU) costs more than git's status of a pooled worktree, whose files are older than its
+  index. Where the worker loaded it already (a judge's harness needed it), it asks it first
+  (`worktree_untouched`: nothing changed, untracked or even ignored, to the nanosecond), because
+  git 2.39 compares seconds and re-reads every file the checkout wrote in the index's own second
+  (~20 ms for 2,000). Never skip git's status on libgit2's word for anything else, because git
+  decides what the autocommit takes (filters, submodules, ignore rules)
   (`tests/test_autocommit.py`, `tests/test_git_calls.py`).
 - Evidence is bounded (`MAX_EVIDENCE_FILES`), and all the engine named in it is redacted.
 - Never read a job's head from its worktree (`HEAD`, pygit2 opened on the worktree), only from its
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from subtask.engines.base import Outcome
 from subtask.git import checks, worktrees
-from subtask.git.gitrepo import Repo, author_signature, diff_stats, git
+from subtask.git.gitrepo import Repo, author_identity, diff_stats, pygit2_ready
 from subtask.git.records import Job
 from subtask.model import claims, phases
 from subtask.model.dataclass import dataclass
@@ -55,7 +57,7 @@ def metadata_changed(exc: worktrees.MetadataChanged) -> Outcome:
 def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict | None:
     """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was.
     git runs through the admin folder `checked_metadata` vouched for, never by discovery."""
-    if admin is None or worktree_untouched(admin):
+    if admin is None or (pygit2_ready() and worktree_untouched(admin)):
         return None
     keep_out = engine_excludes(repo, job.spec.engine)
     status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
@@ -64,11 +66,11 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
         return None
     files = [line[3:] for line in status.splitlines() if line.strip()]
     worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors", *keep_out)
-    sig = author_signature(repo)
+    name, email = author_identity(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
                f"Subtask-Id: {job.id}\n")
-    env = dict(os.environ, GIT_AUTHOR_NAME=sig.name, GIT_AUTHOR_EMAIL=sig.email,
-               GIT_COMMITTER_NAME=sig.name, GIT_COMMITTER_EMAIL=sig.email)
+    env = dict(os.environ, GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email, GIT_COMMITTER_NAME=name,
+               GIT_COMMITTER_EMAIL=email)
     worktrees.job_git(repo, admin, worktree, "commit", "--quiet", "--no-verify", "-F", "-", input=message, env=env)
     return {"sha": branch_tip(repo, job), "files": files[:200]}
 
@@ -76,14 +78,7 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
 def engine_excludes(repo: Repo, engine: str) -> list[str]:
     """The pathspec that keeps an engine's own files (`git config --add subtask.engine.<name>.exclude
     PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
-    key = f"subtask.engine.{engine}.exclude"
-    try:
-        values: list[str | None] = list(repo.git.config.get_multivar(key))
-    except (KeyError, ValueError):
-        return []
-    except RuntimeError:  # pygit2 < 1.20 on an `exclude` with no `=`: git's own reading
-        values = list(git(repo.root, "config", "--get-all", key, check=False).stdout.splitlines())
-    patterns = [p.strip() for p in values if p and p.strip()]  # None: `exclude` with no `=`
+    patterns = [p.strip() for p in repo.config.get_all(f"engine.{engine}.exclude") if p.strip()]
     return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
 
 

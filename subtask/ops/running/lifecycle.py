@@ -359,7 +359,7 @@ def missing_after_end(repo: Repo, job: Job) -> list[str]:
     if head and head != job.spec.base and (pin is None or str(pin.target) != head):
         missing.append("head pin")
     block = notes_store.normalize_block(job.id, note_block(job))
-    if notes_store.read_blocks(repo.git, notes.target_commit(job)).get(job.id) != block:
+    if notes_store.read_blocks(repo.objects, notes.target_commit(job)).get(job.id) != block:
         missing.append("note")
     return missing
 

@@ -176,7 +176,7 @@ def _fetched_tips(repo: Repo, remote: str, patterns: list[str]) -> dict[str, str
 
 def _merge_notes(repo: Repo, theirs: str) -> str:
     ids = set(records.all_ids(repo))
-    return notes_store.merge_ref(repo.git, theirs, notes.lock_path(repo), prefer_local=lambda j: j in ids)
+    return notes_store.merge_ref(repo.objects, theirs, notes.lock_path(repo), prefer_local=lambda j: j in ids)
 
 
 # ---------------------------------------------------------------- push
@@ -184,7 +184,7 @@ def _merge_notes(repo: Repo, theirs: str) -> str:
 def push(repo: Repo, remote: str = "origin", branches: bool = False) -> SyncResult:
     """Push records, pins and notes (and job branches) without force; merge notes on a race."""
     _check_remote(repo, remote)
-    notes_store.ensure_ref(repo.git)
+    notes_store.ensure_ref(repo.objects)
     result = SyncResult(remote)
     specs = [RECORDS_SPEC, NOTES_SPEC] + ([BRANCHES_SPEC] if branches else [])
     return _push_until_taken(repo, remote, specs, result)
@@ -293,7 +293,7 @@ def push_job(repo: Repo, remote: str, job_id: str, notes: bool = True) -> SyncRe
     specs += [f"{ref.name}:{ref.name}" for ref in repo.objects.refs(records.pin_ref(job_id, "attempts/"))
               if not ref.symbolic]  # a verify loop's attempts, each kept whatever the loop did with the branch
     if notes:
-        notes_store.ensure_ref(repo.git)
+        notes_store.ensure_ref(repo.objects)
         specs.append(NOTES_SPEC)
     return _push_until_taken(repo, remote, specs, SyncResult(remote))
 
