@@ -163,7 +163,8 @@ def test_a_tree_written_here_is_the_one_git_mktree_writes(repo):
                            capture_output=True, check=True).stdout.decode().strip()
     entries = [(b"100644", b"a.b", blob), (loose.FOLDER_MODE, b"a", inner), (b"100755", b"a0", blob),
                (b"100644", b"a-b", blob), (loose.FOLDER_MODE, b"Z", inner), (b"120000", b"link", blob)]
-    listing = "".join(f"{mode.decode().zfill(6)} {'tree' if mode == loose.FOLDER_MODE else 'blob'} {oid}\t{name.decode()}\n"
+    kind = {loose.FOLDER_MODE: "tree"}
+    listing = "".join(f"{mode.decode().zfill(6)} {kind.get(mode, 'blob')} {oid}\t{name.decode()}\n"
                       for mode, name, oid in entries)
     want = subprocess.run(["git", "-C", str(repo), "mktree"], input=listing.encode(), capture_output=True,
                           check=True).stdout.decode().strip()

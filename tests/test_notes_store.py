@@ -123,8 +123,8 @@ def test_set_block_visible_to_git_cli(store, repo: pygit2.Repository, repo_dir: 
     assert notes_store.read_note(store, head(repo_dir, "HEAD~1")) is None
 
 
-def test_note_commit_signature_and_message(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_note_commit_signature_and_message(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     notes_store.set_block(store, head(repo_dir), job(1), block(job(1)), lock)
     commit = repo[notes_tip(repo)]
@@ -137,8 +137,8 @@ def test_note_commit_signature_and_message(store,
     assert len(commit.parents) == 1
 
 
-def test_two_jobs_same_commit_and_replace_one(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_two_jobs_same_commit_and_replace_one(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     c = head(repo_dir)
     notes_store.set_block(store, c, job(2), block(job(2), "second"), lock)
@@ -154,8 +154,8 @@ def test_two_jobs_same_commit_and_replace_one(store,
     }
 
 
-def test_block_with_blank_lines_round_trips(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_block_with_blank_lines_round_trips(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     c = head(repo_dir)
     text = block(job(1), "para one\n\npara two")
@@ -180,8 +180,8 @@ def test_human_note_preserved(store, repo: pygit2.Repository, repo_dir: Path, lo
     assert git(repo_dir, "notes", "--ref=subtask", "show", c) == "human text\n"
 
 
-def test_remove_block_deletes_note_when_empty(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_remove_block_deletes_note_when_empty(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     c = head(repo_dir)
     notes_store.set_block(store, c, job(1), block(job(1)), lock)
@@ -201,8 +201,8 @@ def test_remove_block_deletes_note_when_empty(store,
     assert notes_tip(repo) == tip
 
 
-def test_fanout_written_and_readable_by_git(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_fanout_written_and_readable_by_git(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     c = head(repo_dir)
     notes_store.set_block(store, c, job(1), block(job(1)), lock)
@@ -236,8 +236,8 @@ def test_reads_git_fanout_layout(store, repo: pygit2.Repository, repo_dir: Path,
     assert len(git(repo_dir, "notes", "--ref=subtask", "list").splitlines()) == 300
 
 
-def test_idempotent_set_makes_no_commit(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_idempotent_set_makes_no_commit(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     c = head(repo_dir)
     notes_store.set_block(store, c, job(1), block(job(1)), lock)
@@ -277,8 +277,8 @@ def test_revisions_resolved(store, repo: pygit2.Repository, repo_dir: Path, lock
         (job(1), f"{block(job(1))}\nsubtask st-00000002 · smuggled"),  # would split on read
     ],
 )
-def test_bad_blocks_rejected(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path, job_id: str, text: str
+def test_bad_blocks_rejected(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path, job_id: str, text: str
 ) -> None:
     with pytest.raises(ValueError):
         notes_store.set_block(store, head(repo_dir), job_id, text, lock)
@@ -307,8 +307,8 @@ def test_set_block_without_ensure_ref(repo_dir: Path, lock: Path, backend: str) 
 # --------------------------------------------------------------------------- races
 
 
-def test_cas_retries_when_external_writer_moves_ref(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
+def test_cas_retries_when_external_writer_moves_ref(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plain `git notes add` lands between our read and our swap: we retry and keep both."""
     ours, theirs = head(repo_dir), head(repo_dir, "HEAD~1")
@@ -329,8 +329,8 @@ def test_cas_retries_when_external_writer_moves_ref(store,
     assert git(repo_dir, "notes", "--ref=subtask", "show", ours) == block(job(1)) + "\n"
 
 
-def test_cas_same_commit_race_merges_blocks(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
+def test_cas_same_commit_race_merges_blocks(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The external writer touches the very note we are rewriting; both texts survive."""
     c = head(repo_dir)
@@ -361,8 +361,8 @@ def test_waits_for_busy_ref_lock(store, repo: pygit2.Repository, repo_dir: Path,
     assert notes_store.read_blocks(store, head(repo_dir)) == {job(1): block(job(1))}
 
 
-def test_stale_ref_lock_gives_fatal_error(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
+def test_stale_ref_lock_gives_fatal_error(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(notes_store, "_CAS_DEADLINE_S", 0.2)
     (repo_dir / ".git" / "refs" / "notes" / "subtask.lock").write_text("")
@@ -451,8 +451,8 @@ def test_concurrent_ensure_ref(repo_dir: Path, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- merging a remote's notes
 
 
-def test_a_newer_remote_note_that_dropped_our_block_does_not_drop_it_here(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_a_newer_remote_note_that_dropped_our_block_does_not_drop_it_here(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     """A teammate fetched our notes and replaced the note with `git notes add -f`: their tip descends
     from ours, yet a fast-forward to it would lose our block. Theirs wins where both have a block."""
@@ -473,8 +473,8 @@ def test_a_newer_remote_note_that_dropped_our_block_does_not_drop_it_here(store,
     assert repo.descendant_of(notes_tip(repo), theirs)  # pushing it is a fast-forward
 
 
-def test_a_newer_remote_note_that_keeps_our_blocks_is_a_fast_forward(store, 
-    repo: pygit2.Repository, repo_dir: Path, lock: Path
+def test_a_newer_remote_note_that_keeps_our_blocks_is_a_fast_forward(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
 ) -> None:
     target = head(repo_dir)
     notes_store.set_block(store, target, job(1), block(job(1)), lock)
