@@ -295,10 +295,9 @@ def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
 # CPU of every job. A group's coordination (~11 ms), `logging` (~4 ms with `traceback`), OpenSSL's
 # `hashlib` (~3.5 ms: a verify's key, a harness), `tempfile` (~1.5 ms with `random`: a notify
 # command's output), `platform` (~1.4 ms: `os.uname` says the same), pygit2 (~50 ms of CPU, with
-# `ast`, `inspect` and `typing`: its end's git is a few small processes and objects written here),
-# `socket` (~3.7 ms, its enums: the kernel lists the ports in use, `ports.bound_ports`).
+# `ast`, `inspect` and `typing`: its end's git is a few small processes and objects written here).
 NOT_IN_A_PLAIN_WORKER = ("subtask.ops.plans.groups", "logging", "traceback", "hashlib", "_hashlib", "platform",
-                         "tempfile", "pygit2", "socket")
+                         "tempfile", "pygit2")
 
 
 def test_a_plain_jobs_worker_imports_nothing_it_does_not_use(repo, cli):

@@ -134,33 +134,3 @@ def test_teardown_runs_confined_with_the_jobs_names_when_the_attempt_ends(cli, r
     assert not escape.exists()  # confined like the job: the main worktree is not its to write
     log = subprocess.run(["git", "subtask", "show", ok, "--log"], cwd=repo, capture_output=True, text=True).stdout
     assert "teardown" in log and "Read-only file system" in log, log  # its failure is said in the worker log
-
-
-def test_a_port_a_socket_listens_on_or_is_connected_from_is_passed_over(tmp_path):
-    """What the kernel lists (/proc/net/tcp, tcp6) is what a server would collide with: a port
-    listened on (IPv4, IPv6) or the local end of a connection. (A socket bound and not yet
-    listening is not listed: a server's moment between the two calls.)"""
-    if ports.bound_ports() is None:
-        pytest.skip("this kernel lists no sockets in /proc/net/tcp")
-    held = []
-    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        sock = socket.socket(family)
-        try:
-            sock.bind((address, 0))
-        except OSError:
-            sock.close()
-            continue  # no IPv6 here
-        sock.listen()
-        held.append(sock)
-    held.append(socket.create_connection(held[0].getsockname()[:2]))
-    try:
-        taken = [sock.getsockname()[1] for sock in held]
-        listed = ports.bound_ports()
-        assert listed is not None and set(taken) <= listed
-        assert all(not ports.port_free(port) for port in taken)  # a bind says the same
-        for port in taken:
-            first = ports.allocate(tmp_path, f"st-{port:08x}", 1, port, 1)
-            assert first > port
-    finally:
-        for sock in held:
-            sock.close()

@@ -8,26 +8,21 @@ server each start it on a port of their own.
 Invariants:
 - Never hand out a range that overlaps one held here, because two running jobs would then start
   their servers on the same port: ranges are chosen and recorded under `ports.lock`, in one step.
-- Never hand out a port a socket on this machine listens on or is connected from, because a range
-  free here may be in use by a program we know nothing of: every port of a range is looked up
-  among the kernel's TCP sockets (`bound_ports`: /proc/net/tcp and tcp6 list each one listening,
-  connected or closing, IPv4 and IPv6; not one only bound, a server's moment before it listens)
-  or, where the kernel lists none or the port is privileged, bound once (TCP, IPv4 and IPv6
-  wildcards) before it is recorded; a range with a busy port is passed over. (The list, not a bind
-  per port: `socket`'s import alone was ~3.7 ms of every worker on its way to the engine.)
+- Never hand out a port something on this machine has bound, because a range free here may be in
+  use by a program we know nothing of: every port of a range is bound once (TCP, IPv4 and IPv6
+  wildcards) before it is recorded; a range with a busy port is passed over.
 - Release exactly what was allocated, keyed by (job, attempt), so a stale release by an old
   attempt never frees a newer one's range; releasing twice is a no-op. The worker releases its
   range when its attempt ends; whoever ends a dead worker releases it for it
   (`lifecycle.end_dead`).
-- A damaged file reads as holding nothing (with a warning): the check of what is in use still
-  keeps a range away from any port a job's server holds.
+- A damaged file reads as holding nothing (with a warning): the binding check still keeps a range
+  away from any port a job has actually bound.
 - Never hand two running attempts overlapping ports, nor a port something has bound, because their
   servers would collide: ranges are chosen and recorded in one step under `ports.lock`, every port
-  looked up among the kernel's sockets (or bound) first; a range is released by (job, attempt),
-  once, by the worker or by whoever settles its dead worker
-  (`ports::test_a_dead_workers_ports_are_released_by_whoever_settles_it`).
+  bound once first; a range is released by (job, attempt), once, by the worker or by whoever settles
+  its dead worker (`ports::test_a_dead_workers_ports_are_released_by_whoever_settles_it`).
 
-Standard library only; nothing slow runs under the lock (a read of the kernel's list, a bind: system calls).
+Standard library only; nothing slow runs under the lock (a bind is a system call).
 """
 
 from __future__ import annotations
@@ -100,40 +95,8 @@ def port_free(port: int) -> bool:
     return True
 
 
-PRIVILEGED_BELOW = 1024  # a port below it may be refused to a bind with no socket on it: bound to see
-
-
-def bound_ports() -> set[int] | None:
-    """The local port of every TCP socket of this network namespace, IPv4 and IPv6, as the kernel
-    lists them (/proc/net/tcp, tcp6); None where it lists none (not Linux)."""
-    found: set[int] = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name, "rb") as listing:
-                lines = listing.read().splitlines()[1:]
-        except FileNotFoundError:
-            if name.endswith("6"):
-                continue  # no IPv6 on this machine
-            return None
-        except OSError:
-            return None
-        for line in lines:
-            fields = line.split()  # `sl local_address rem_address st ...`; local_address is `HEXIP:HEXPORT`
-            if len(fields) > 3:
-                found.add(int(fields[1].rpartition(b":")[2], 16))
-    return found
-
-
-def free_now() -> Callable[[int], bool]:
-    """Is a port free now? The kernel's list of sockets answers, where it keeps one."""
-    bound = bound_ports()
-    if bound is None:
-        return port_free
-    return lambda port: port not in bound and (port >= PRIVILEGED_BELOW or port_free(port))
-
-
 def allocate(state_dir: Path, job: str, attempt: int, base: int, count: int,
-             is_free: Callable[[int], bool] | None = None) -> int:
+             is_free: Callable[[int], bool] = port_free) -> int:
     """The first port of `count` consecutive ones from `base` up, none held here nor bound on this
     machine, recorded for (job, attempt). The same attempt asking again gets its range back."""
     if base < 1 or count < 1 or base + count - 1 > LAST_PORT:
@@ -145,7 +108,6 @@ def allocate(state_dir: Path, job: str, attempt: int, base: int, count: int,
         if mine is not None:
             return int(mine["first"])  # (`_valid`: an int)
         first = base
-        is_free = is_free or free_now()
         while first + count - 1 <= LAST_PORT:
             clash = next((e for e in entries if first < e["first"] + e["count"] and e["first"] < first + count), None)
             if clash is not None:
