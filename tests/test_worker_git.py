@@ -34,8 +34,8 @@ def without_pygit2(tmp_path):
     return {"PYTHONPATH": str(site)}
 
 
-def ended(cli, repo, task: str, env: dict) -> dict:
-    job = cli.start(task, env=env)
+def ended(cli, repo, task: str, env: dict, *args: str) -> dict:
+    job = cli.start(task, *args, env=env)
     cli("wait", job, env=env)
     shown = cli.json("show", job)
     log = (repo / ".git" / "subtask" / "logs" / f"{job}.log").read_text()
@@ -180,3 +180,88 @@ def test_the_diff_is_what_libgit2_said_of_it(repo):
     assert totals == {"commits": 3, "files": len(want_files), "added": sum(f["added"] for f in want_files),
                       "deleted": sum(f["deleted"] for f in want_files)}
     assert {f["path"]: f["status"] for f in files}["src/moved.py"] == "R"
+
+
+def test_a_judged_jobs_worker_needs_no_libgit2_either(tmp_path, without_pygit2):
+    """The judge (the base's harness over the job's code, the overlaid tree verify ran on) and the
+    text checks read and write git's objects without libgit2: a job that games its tests still
+    fails its verify, one that deletes a test fails its check, an honest fix passes."""
+    from conftest import Cli
+    from test_judge import FIX, TRICKS, VERIFY, calc_repo
+
+    calc = calc_repo(tmp_path / "calc")
+    cli = Cli(calc)
+    gamed = ended(cli, calc, TRICKS["conftest drops the test"], without_pygit2, "--verify", VERIFY, "--check", "none")
+    verify = gamed["state_detail"]["attempts"][-1]["verify"]
+    assert verify["passed"] is False
+    ran_on, base = verify["harness"]["tree"], verify["harness"]["commit"]  # the base's conftest over the job's
+    assert git(calc, "rev-parse", f"{ran_on}:conftest.py") == git(calc, "rev-parse", f"{base}:conftest.py")
+    theirs = git(calc, "rev-parse", f"subtask/{gamed['id']}:conftest.py")
+    assert git(calc, "rev-parse", f"{ran_on}:conftest.py") != theirs
+    deleted = ended(cli, calc, f"{FIX}; sed -i '/def test_zero/,$d' tests/test_calc.py", without_pygit2,
+                    "--verify", VERIFY)
+    checked = deleted["state_detail"]["attempts"][-1]
+    assert checked["verify"]["passed"] is False, checked
+    assert [c["check"] for c in checked["checks"] if not c["passed"]] == ["no-test-deletion"], checked["checks"]
+    honest = ended(cli, calc, f"{FIX}; printf 'from calc import add\\n\\n\\ndef test_one():\\n"
+                              "    assert add(1, 1) == 2\\n' > tests/test_more.py", without_pygit2, "--verify", VERIFY)
+    assert honest["state"] == "done" and honest["state_detail"]["attempts"][-1]["verify"]["passed"] is True
+
+
+def libgit2_change(path, base: str, head: str) -> list[tuple]:
+    """What the checks read of base..head while they read it with libgit2: each file's paths, the
+    lines it added and removed, and its blobs."""
+    import pygit2
+
+    repository = pygit2.Repository(str(path))
+    diff = repository.diff(repository[base].peel(pygit2.Commit), repository[head].peel(pygit2.Commit))
+    diff.find_similar()
+    files = []
+    for patch in diff:
+        delta = patch.delta
+        status = delta.status_char()
+        old, new = (None if status == "A" else delta.old_file.path), (None if status == "D" else delta.new_file.path)
+        added, removed, old_data, new_data = [], [], None, None
+        if not delta.is_binary:
+            for hunk in patch.hunks:
+                for line in hunk.lines:
+                    (added if line.origin == "+" else removed if line.origin == "-" else []).append(line.content)
+            old_data = repository[delta.old_file.id].data if old is not None else None
+            new_data = repository[delta.new_file.id].data if new is not None else None
+        files.append((old, new, added, removed, old_data, new_data))
+    return files
+
+
+def test_the_checks_read_the_change_libgit2_read(repo):
+    """Added, changed (a last line without its newline), renamed and changed, deleted, binary, a
+    file turned into a link, a mode change, a path that is not ASCII, CRLF lines."""
+    from subtask.git.checks import Change
+    from subtask.git.gitrepo import open_repo
+
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.py").write_text("".join(f"def test_{i}():\n    assert {i}\n" for i in range(30)))
+    (repo / "gone.py").write_text("x = 1\n")
+    (repo / "link_me").write_text("was a file\n")
+    (repo / "tool.sh").write_text("echo\n")
+    (repo / "dos.txt").write_bytes(b"one\r\ntwo\r\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "before")
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "mv", "tests/test_a.py", "tests/test_b.py")
+    text = (repo / "tests" / "test_b.py").read_text().replace("    assert 3\n", "    pass  # noqa\n")
+    (repo / "tests" / "test_b.py").write_text(text + "def test_last():\n    assert True")
+    git(repo, "rm", "-q", "gone.py")
+    (repo / "link_me").unlink()
+    (repo / "link_me").symlink_to("tool.sh")
+    (repo / "tool.sh").chmod(0o755)
+    (repo / "blob.bin").write_bytes(bytes(range(256)))
+    (repo / "caf\u00e9.py").write_text("import pytest\n\n@pytest.mark.skip\ndef test_x():\n    pass\n")
+    (repo / "dos.txt").write_bytes(b"one\r\nTWO\r\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "after")
+    head = git(repo, "rev-parse", "HEAD")
+
+    change = Change(open_repo(repo), base, head)
+    ours = [(f.old_path, f.new_path, f.added, f.removed, f.old, f.new) for f in change.files]
+    assert ours == libgit2_change(repo, base, head)
+    assert change.unread == 0 and ("tests/test_a.py", "tests/test_b.py") in [f[:2] for f in ours]

@@ -26,7 +26,7 @@ Which checks a job runs is decided at start (`resolve`) and recorded in its spec
 
 Invariants:
 - Never read a job's change for the checks from its worktree, because the job writes that
-  worktree's git metadata: the diff base..head comes from the repository's objects (pygit2).
+  worktree's git metadata: the diff base..head comes from the repository's objects (git's diff).
 - Never let a check's result come from the job's own words: only the diff decides.
 - Bounded: a change of many files reads at most `MAX_FILES` patches and `MAX_BLOB` bytes of a
   blob; what was not read is said (a check that could not look at everything says so, it does
@@ -41,6 +41,8 @@ import shlex
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
+from subtask.git import pipes
+from subtask.git.gitrepo import DIFF, NO_HOOKS
 from subtask.model import lazyre
 from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, for callers)
     DEFAULT,
@@ -58,8 +60,6 @@ from subtask.model.errors import SubtaskError
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from typing import Any
-
-    import pygit2
 
     from subtask.git.gitrepo import Repo
 
@@ -158,40 +158,37 @@ class _File:
 
 
 class Change:
-    """The change base..head as the checks need it, read from git objects."""
+    """The change base..head as the checks need it, read from git objects: one `git diff` (each
+    file's status and ids, then its patch with no context: the lines added and removed) and one
+    read of the blobs (no libgit2: a judged job's worker runs these)."""
 
     def __init__(self, repo: Repo, base: str, head: str):
         self.files: list[_File] = []
         self.unread = 0  # files past MAX_FILES: not looked at
         if base == head:
             return
-        import pygit2  # (loaded: `repo.git` is a pygit2 repository)
-
-        git = repo.git
-        diff = git.diff(git[base].peel(pygit2.Commit), git[head].peel(pygit2.Commit))
-        diff.find_similar()
-        for index, patch in enumerate(diff):
-            if index >= MAX_FILES:
-                self.unread += 1
-                continue
-            if patch is None:  # libgit2 makes none for a delta it skips (unmodified)
-                continue
-            delta = patch.delta
-            status = delta.status_char()
-            entry = _File(None if status == "A" else delta.old_file.path,
-                          None if status == "D" else delta.new_file.path)
-            if not delta.is_binary:
-                for hunk in patch.hunks:
-                    for line in hunk.lines:
-                        if line.origin == "+":
-                            entry.added.append(line.content)
-                        elif line.origin == "-":
-                            entry.removed.append(line.content)
-                if entry.old_path is not None:
-                    entry.old = _blob(git, delta.old_file.id)
-                if entry.new_path is not None:
-                    entry.new = _blob(git, delta.new_file.id)
-            self.files.append(entry)
+        argv = ["git", *NO_HOOKS, "-C", str(repo.root), *DIFF, "--raw", "--no-abbrev", "-z", "-p", "--unified=0"]
+        raw, _, patch = pipes.run([*argv, base, head])[1].partition(b"\0\0diff --git ")
+        sections = iter(f"diff --git {patch.decode('utf-8', 'replace')}".split("\ndiff --git ")) if patch else iter(())
+        wanted: list[tuple[_File, str, str]] = []  # (file, its old blob's id, its new one's)
+        for status, paths, old_id, new_id in _raw_entries(raw):
+            halves = [(status, paths, old_id, new_id, next(sections, ""))]
+            if status == "T":  # a file that became a link (or the reverse): two files, its new one first
+                gone, made = halves[0][4], next(sections, "")
+                halves = [("A", paths, ZERO, new_id, made), ("D", paths, old_id, ZERO, gone)]
+            for half, named, old, new, lines in halves:
+                if len(self.files) >= MAX_FILES:
+                    self.unread += 1
+                    continue
+                entry = _File(None if half == "A" else named[0], None if half == "D" else named[-1])
+                if _patch_lines(lines, entry):
+                    wanted += [(entry, old, new)]
+                self.files.append(entry)
+        ids = [oid for _, old, new in wanted for oid in (old, new) if oid != ZERO]
+        blobs = dict(zip(ids, repo.objects.read(ids), strict=True))
+        for entry, old, new in wanted:
+            entry.old = _blob(blobs.get(old)) if entry.old_path is not None else None
+            entry.new = _blob(blobs.get(new)) if entry.new_path is not None else None
 
     def paths(self) -> list[str]:
         seen: list[str] = []
@@ -202,15 +199,41 @@ class Change:
         return seen
 
 
-def _blob(git: pygit2.Repository, oid: pygit2.Oid) -> bytes | None:
-    import pygit2
+ZERO = "0" * 40
 
-    try:
-        obj = git[oid]
-    except (KeyError, ValueError):
-        return None
+
+def _raw_entries(raw: bytes) -> list[tuple[str, list[str], str, str]]:
+    """(status letter, its paths: one, or a rename's or copy's two, old blob id, new one) of each
+    entry of `git diff --raw -z`."""
+    fields = raw.decode("utf-8", "replace").split("\0")
+    found, pos = [], 0
+    while pos < len(fields) and fields[pos].startswith(":"):
+        _, _, old_id, new_id, status = fields[pos].split()
+        count = 2 if status[0] in "RC" else 1
+        found.append((status[0], fields[pos + 1:pos + 1 + count], old_id, new_id))
+        pos += 1 + count
+    return found
+
+
+def _patch_lines(section: str, entry: _File) -> bool:
+    """The lines one file's patch adds and removes, into `entry` (each with its newline, but the
+    last of a file that ends without one); False for a binary file (no lines, no blobs read)."""
+    lines = section.split("\n")
+    hunks = False
+    for n, line in enumerate(lines[1:], 1):
+        if not hunks:
+            if line.startswith("Binary files ") or line == "GIT binary patch":
+                return False
+            hunks = line.startswith("@@")
+        elif line[:1] in "+-" and line:
+            ends = not (n + 1 < len(lines) and lines[n + 1].startswith("\\"))
+            (entry.added if line[0] == "+" else entry.removed).append(line[1:] + ("\n" if ends else ""))
+    return True
+
+
+def _blob(found: tuple[str, bytes] | None) -> bytes | None:
     # A submodule's entry names a commit (here, when this repository holds it): no file to read.
-    return obj.data if isinstance(obj, pygit2.Blob) and obj.size <= MAX_BLOB else None
+    return found[1] if found is not None and found[0] == "blob" and len(found[1]) <= MAX_BLOB else None
 
 
 def run(repo: Repo, base: str, head: str, checks: list[str] | None) -> list[dict[str, Any]]:

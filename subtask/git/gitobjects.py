@@ -57,7 +57,7 @@ from subtask.model.errors import SubtaskError
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Literal
 
     import pygit2
@@ -369,6 +369,41 @@ class GitObjects:
             command = next(arg for arg in args if not arg.startswith("-") and "=" not in arg)
             raise SubtaskError("fatal", f"git {command} failed: {err.decode(errors='replace').strip()}")
         return out.decode()
+
+
+def read_tree(objects: GitObjects | Pygit2Objects, tree: str) -> dict[bytes, tuple[bytes, str]] | None:
+    """A tree's entries, name -> (mode as git writes it, object id); None when it is not a readable tree."""
+    found = objects.read([tree])[0]
+    entries = loose.tree_entries(found[1]) if found is not None and found[0] == "tree" else None
+    return None if entries is None else {name: (mode, oid) for mode, name, oid in entries}
+
+
+def edit_tree(objects: GitObjects | Pygit2Objects, tree: str | None,
+              changes: Mapping[str, tuple[str, int] | None]) -> str | None:
+    """`tree` (None: an empty one) with each path (`a/b/c`) set to (object id, mode) or removed
+    (None), by either backend; only the trees on a changed path are written. None when nothing is
+    left (a folder emptied goes, as in git)."""
+    entries = read_tree(objects, tree) if tree is not None else {}
+    if entries is None:
+        raise SubtaskError("fatal", f"tree {tree} cannot be read", hint="git fsck")
+    below: dict[bytes, dict[str, tuple[str, int] | None]] = {}
+    for path, value in changes.items():
+        name, _, rest = path.partition("/")
+        key = name.encode("utf-8", "surrogateescape")
+        if rest:
+            below.setdefault(key, {})[rest] = value
+        elif value is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = (f"{value[1]:o}".encode(), value[0])
+    for key, inner in below.items():
+        old = entries.pop(key, None)
+        made = edit_tree(objects, old[1] if old is not None and old[0] == loose.FOLDER_MODE else None, inner)
+        if made is not None:
+            entries[key] = (loose.FOLDER_MODE, made)
+    if not entries:
+        return None
+    return objects.write_object("tree", loose.tree_bytes([(mode, name, oid) for name, (mode, oid) in entries.items()]))
 
 
 _LISTED_AT_MOST = 256  # names under the prefixes seen here; beyond, git's own listing is the faster

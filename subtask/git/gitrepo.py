@@ -293,16 +293,23 @@ def author_identity(repo: Repo) -> tuple[str, str]:
 
 
 def tree_of(repo: Repo, commit: str) -> str:
-    """The id of the tree a commit (its id, or a name git resolves to one) holds."""
-    import pygit2
-
-    return str(repo.git[commit].peel(pygit2.Commit).tree_id)
+    """The id of the tree a commit (its id, or a name git resolves to one) holds; KeyError when
+    there is no such commit."""
+    objects = repo.objects
+    found = objects.read([commit])[0] if gitobjects.is_oid(commit) else None
+    if found is None or found[0] != "commit":  # a name, a tag: git peels it to its commit
+        named = objects.commit_of(commit)
+        found = objects.read([named])[0] if named is not None else None
+    tree = loose.tree_of(found[1]) if found is not None and found[0] == "commit" else None
+    if tree is None:
+        raise KeyError(commit)
+    return tree
 
 
 # What the evidence's diff is, whatever the user's diff settings: no external diff or textconv,
 # git's default algorithm, no order file, renames as `diff.renames` says (as libgit2 found them).
-DIFF_ARGS = ("diff", "--no-ext-diff", "--no-textconv", "--no-color", "--diff-algorithm=myers", "-O/dev/null",
-             "--raw", "--numstat", "-z")
+DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color", "--diff-algorithm=myers", "-O/dev/null")
+DIFF_ARGS = (*DIFF, "--raw", "--numstat", "-z")
 
 
 def diff_stats(repo: Repo, base: str,

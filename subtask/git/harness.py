@@ -40,6 +40,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from subtask.git import gitobjects, pipes
+from subtask.git.gitobjects import edit_tree
 from subtask.git.gitrepo import tree_of
 from subtask.git.harness_rule import JOB, Rule, judged_by_job, rule_for
 from subtask.model import lazyre
@@ -48,8 +50,6 @@ from subtask.model.dataclass import dataclass, field
 TYPE_CHECKING = False  # not `typing`'s: its names are for mypy only, never imported at run time
 if TYPE_CHECKING:
     from typing import Any
-
-    import pygit2
 
     from subtask.git.gitrepo import Repo
 
@@ -70,24 +70,32 @@ IMPORT_DIRS = ("", "src")  # where `python -m pytest` and a src layout import fr
 
 # ---------------------------------------------------------------- the trusted tree
 
-def flatten(repo: Repo, commit: str) -> dict[str, tuple[str, pygit2.Object]]:
-    """Every blob of `commit`'s tree: {path: (oid, its entry: `mode_of`)} (submodules left out)."""
-    import pygit2
+Blob = tuple[str, int, int]  # a blob of a tree as `flatten` lists it: (object id, mode, size in bytes)
+_FLAT: dict[str, dict[str, Blob]] = {}  # the last trees flattened, by commit id: a worker asks thrice
+_FLAT_KEPT = 4
 
-    git = repo.git
-    found: dict[str, tuple[str, pygit2.Object]] = {}
-    stack = [(git[commit].tree, "")]
-    while stack:
-        tree, prefix = stack.pop()
-        for entry in tree:
-            kind = entry.type_str  # a str: `filemode` builds an enum per entry (~2 us each)
-            name = entry.name
-            if name is None:  # never for a tree's entry (pygit2 types the name of any object)
-                continue
-            if kind == "tree":
-                stack.append((git[entry.id].peel(pygit2.Tree), f"{prefix}{name}/"))
-            elif kind == "blob":
-                found[prefix + name] = (str(entry.id), entry)
+
+def flatten(repo: Repo, commit: str) -> dict[str, Blob]:
+    """Every blob of `commit`'s tree (links too): {path: Blob} (submodules left out), as one
+    `git ls-tree -r -l` lists them (no libgit2: a judged job's worker reads its harness through
+    git, as a plain one does its end)."""
+    found = _FLAT.get(commit)
+    if found is not None:
+        return found
+    code, out, err = pipes.run(["git", "--git-dir", str(repo.git_dir), "ls-tree", "-r", "-l", "-z", "--full-tree",
+                                commit])
+    if code != 0:
+        raise KeyError(f"{commit}: {err.decode(errors='replace').strip()}")
+    found = {}
+    for entry in out.split(b"\0"):
+        meta, tab, path = entry.partition(b"\t")
+        fields = meta.split()
+        if tab and len(fields) == 4 and fields[1] == b"blob":
+            found[path.decode("utf-8", "surrogateescape")] = (fields[2].decode(), int(fields[0], 8), int(fields[3]))
+    if gitobjects.is_oid(commit):
+        while len(_FLAT) >= _FLAT_KEPT:
+            _FLAT.pop(next(iter(_FLAT)))
+        _FLAT[commit] = found
     return found
 
 
@@ -113,15 +121,10 @@ def digest(repo: Repo, trusted: str, asked: list[str] | None, command: str | Non
         h = hashlib.sha256(repr(asked).encode())
         for path in sorted(files):
             if rule.matches(path) or rule.section_of(path) is not None:
-                oid, entry = files[path]
-                h.update(f"\n{path}\0{oid}\0{mode_of(entry):o}".encode())
+                oid, mode, _ = files[path]
+                h.update(f"\n{path}\0{oid}\0{mode:o}".encode())
         found = _DIGESTS[cache_key] = h.hexdigest()
     return found
-
-
-def mode_of(value: int | pygit2.Object) -> int:
-    """A `flatten` entry's mode (its tree entry's, read only for the paths that need it)."""
-    return value if isinstance(value, int) else int(value.filemode)
 
 
 # ---------------------------------------------------------------- the comparison
@@ -184,17 +187,16 @@ def compare(repo: Repo, trusted: str, worktree: Path, asked: list[str] | None, c
     rule = rule_for(asked, files, command)
     found = Comparison(trusted, rule)
     disk = _Disk(worktree)
-    head_tree = repo.git[head].tree if head else None
-    odb = repo.git.odb
+    committed = flatten(repo, head) if head else None
     harness_dirs: set[str] = set()  # folders holding harness files: their bytecode is looked at
-    for path, (oid, entry) in files.items():
+    for path, (oid, mode, size) in files.items():
         if rule.matches(path):
             found.trusted_files += 1
             harness_dirs.add(path.rpartition("/")[0])
-            _compare_file(odb, disk, path, oid, mode_of(entry), found)
+            _compare_file(repo, disk, path, oid, mode, size, found)
         elif (section := rule.section_of(path)) is not None:
             found.trusted_files += 1
-            _compare_section(repo, disk, path, oid, mode_of(entry), section, found)
+            _compare_section(repo, disk, path, oid, mode, section, found)
     kept = kept or {}
     for path in disk.files():
         if path in files:
@@ -204,7 +206,7 @@ def compare(repo: Repo, trusted: str, worktree: Path, asked: list[str] | None, c
             continue
         found.aside.append(path)
         harness_dirs.add(path.rpartition("/")[0])
-        if head_tree is None or not _in_tree(head_tree, path):
+        if committed is None or path not in committed:
             found.uncommitted.add(path)
     found.quiet = _caches_aside(disk, harness_dirs)
     # a harness file the job added is out of the verdict's way already (moved aside)
@@ -310,7 +312,7 @@ def blob_id(data: bytes, hex_length: int = 40) -> str:
     return digest.hexdigest()
 
 
-def _compare_file(odb: pygit2.Odb, disk: _Disk, path: str, oid: str, mode: int,
+def _compare_file(repo: Repo, disk: _Disk, path: str, oid: str, mode: int, size: int,
                   found: Comparison) -> None:
     blocker = disk.blocker(path)
     if blocker is not None:
@@ -324,8 +326,8 @@ def _compare_file(odb: pygit2.Odb, disk: _Disk, path: str, oid: str, mode: int,
         return
     if mode == 0o120000:  # a link in the trusted tree: the same link, pointing at the same name
         try:
-            same = kind == "link" and os.readlink(disk.root / path).encode() == odb.read(oid)[1]
-        except (OSError, KeyError):
+            same = kind == "link" and os.fsencode(os.readlink(disk.root / path)) == _read(repo, oid)
+        except OSError:
             same = False
         if not same:
             found.puts.append(Put(path, oid, mode, "changed"))
@@ -334,7 +336,7 @@ def _compare_file(odb: pygit2.Odb, disk: _Disk, path: str, oid: str, mode: int,
     if info is None or bool(info.st_mode & 0o100) != (mode == 0o100755):
         found.puts.append(Put(path, oid, mode, "changed"))
         return
-    if info.st_size != _blob_size(odb, oid):
+    if info.st_size != size:
         found.puts.append(Put(path, oid, mode, "changed"))
         return
     data = disk.read(path)
@@ -406,14 +408,6 @@ def snapshot(repo: Repo, trusted: str, worktree: Path, asked: list[str] | None,
     return kept
 
 
-def _in_tree(tree: pygit2.Tree, path: str) -> bool:
-    try:
-        tree[path]
-    except KeyError:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------- files of which a part is harness
 
 def _compare_section(repo: Repo, disk: _Disk, path: str, oid: str, mode: int, keys: tuple[str, ...],
@@ -423,11 +417,11 @@ def _compare_section(repo: Repo, disk: _Disk, path: str, oid: str, mode: int, ke
     if kind in ("missing", "blocked"):
         if blocker is not None and blocker not in found.blockers:
             found.blockers.append(blocker)
-        if _section(path, repo.git[oid].read_raw(), keys) is not None:
+        if _section(path, _read(repo, oid), keys) is not None:
             found.puts.append(Put(path, oid, mode, "deleted", section=_section_name(keys)))
         return
     data = disk.read(path) if kind == "file" else None
-    trusted = repo.git[oid].read_raw()
+    trusted = _read(repo, oid)
     if data is not None and blob_id(data, len(oid)) == oid:
         return
     ours = _section(path, trusted, keys)
@@ -635,60 +629,25 @@ def overlaid_tree(repo: Repo, head: str, found: Comparison) -> str:
     """The tree of `head` with the trusted harness in place of the job's: the trusted blobs
     written back, the harness files it added taken out (what verify ran on, as far as git
     tracks it). Writes the tree objects; the head's own tree when nothing differs."""
-    git = repo.git
-    tree = git[head].tree
+    objects = repo.objects
+    tree = tree_of(repo, head)
+    committed = flatten(repo, head)
     changes: dict[str, tuple[str, int] | None] = {}
     for put in found.puts:
-        oid = str(git.create_blob(put.content)) if put.content is not None else put.oid
+        oid = objects.write_object("blob", put.content) if put.content is not None else put.oid
         changes[put.path] = (oid, put.mode)
     for path in found.aside:
         if path not in found.uncommitted:
             changes[path] = None
     for path in found.blockers:
-        if _in_tree(tree, path):
+        if path in committed:
             changes[path] = None
     if not changes:
-        return str(tree.id)
-    return str(_rebuilt(git, tree, changes))
+        return tree
+    return edit_tree(objects, tree, changes) or objects.write_object("tree", b"")
 
 
-def _rebuilt(git: pygit2.Repository, tree: pygit2.Tree | None,
-             changes: dict[str, tuple[str, int] | None]) -> pygit2.Oid:
-    """`tree` (or None: empty) with each path set to (oid, mode) or removed (None); the new tree's id."""
-    import pygit2
-
-    here: dict[str, tuple[str, int] | None] = {}
-    below: dict[str, dict[str, tuple[str, int] | None]] = {}
-    for path, value in changes.items():
-        name, _, rest = path.partition("/")
-        if rest:
-            below.setdefault(name, {})[rest] = value
-        else:
-            here[name] = value
-    builder = git.TreeBuilder(tree) if tree is not None else git.TreeBuilder()
-    for name, value in here.items():
-        if value is None:
-            if builder.get(name) is not None:
-                builder.remove(name)
-        else:
-            builder.insert(name, pygit2.Oid(hex=value[0]), value[1])
-    for name, sub in below.items():
-        existing = builder.get(name)  # None when absent, whatever pygit2's stub says
-        is_tree = existing is not None and existing.filemode == 0o040000
-        subtree = git[existing.id].peel(pygit2.Tree) if is_tree else None
-        oid = _rebuilt(git, subtree, sub)
-        if len(git[oid].peel(pygit2.Tree)) == 0:
-            if builder.get(name) is not None:
-                builder.remove(name)
-        else:
-            builder.insert(name, oid, 0o040000)
-    return builder.write()
-
-
-def _blob_size(odb: pygit2.Odb, oid: str) -> int:
-    """A blob's size from its header (pygit2 >= 1.20), else from the object read whole; -1 when
-    the object is not there."""
-    try:
-        return odb.read_header(oid)[1] if hasattr(odb, "read_header") else len(odb.read(oid)[1])
-    except (KeyError, ValueError):
-        return -1
+def _read(repo: Repo, oid: str) -> bytes:
+    """A blob's bytes (b"" when it cannot be read: what differs from anything on disk)."""
+    found = repo.objects.read([oid])[0]
+    return found[1] if found is not None else b""

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from subtask.git import loose
+from subtask.git.gitobjects import edit_tree, read_tree
 from subtask.model import lazyre
 from subtask.model.errors import fatal
 from subtask.model.job import is_job_id
@@ -68,7 +69,7 @@ _BLOCK_START_RE = lazyre.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
 _BLOCK_PREFIX = "subtask st-"
 _HEX_RE = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
-_MODE_BLOB = b"100644"
+_MODE_BLOB = 0o100644
 
 # Retry budget for the compare-and-swap; the file lock makes contention rare, so these are only
 # hit when someone outside git-subtask writes the ref at the same time, or a stale .lock is left.
@@ -104,7 +105,7 @@ def read_note(objects: Objects, commit_oid: str) -> str | None:
     tip = _tip(objects)
     if tip is None:
         return None
-    return _read_text(objects, _root(objects, tip), _hex(objects, commit_oid))
+    return _read_text(objects, _root(objects, tip)[1], _hex(objects, commit_oid))
 
 
 def read_blocks(objects: Objects, commit_oid: str) -> dict[str, str]:
@@ -255,11 +256,11 @@ def _update(objects: Objects, lock_path: str | os.PathLike[str],
     with file_lock(Path(lock_path), timeout=_FILE_LOCK_TIMEOUT_S):
         for delay in _backoff():
             tip = _tip(objects)
-            tree = _root(objects, tip) if tip is not None else None
+            root, tree = _root(objects, tip) if tip is not None else (None, None)
             edits, changed = plan(tree)
             if not edits:
                 return 0
-            commit = _commit_tree(objects, _edit_notes_tree(objects, tree, edits), tip)
+            commit = _commit_tree(objects, _edit_notes_tree(objects, root, tree, edits), tip)
             if _swap(objects, tip, commit) == "ok":
                 return changed
             time.sleep(delay)  # moved (re-read, re-apply), or the ref lock is busy (a `git notes` run, a stale .lock)
@@ -290,12 +291,13 @@ def _tip(objects: Objects) -> str | None:
     return None if ref is None or ref.symbolic else ref.target  # (only `_swap` writes it, with a commit id)
 
 
-def _root(objects: Objects, commit: str) -> Tree:
-    """The notes tree of a notes commit."""
-    read = _read_tree(objects, _tree_id(objects, commit))
+def _root(objects: Objects, commit: str) -> tuple[str, Tree]:
+    """The notes tree of a notes commit: its id, and its entries."""
+    tree = _tree_id(objects, commit)
+    read = read_tree(objects, tree)
     if read is None:
         raise _unreadable(commit)
-    return read
+    return tree, read
 
 
 def _tree_id(objects: Objects, commit: str) -> str:
@@ -309,12 +311,6 @@ def _tree_id(objects: Objects, commit: str) -> str:
 def _unreadable(commit: str) -> Exception:
     return fatal(f"{NOTES_REF} names {commit[:12]}, which is not a readable notes commit",
                  hint=f"git log -1 {NOTES_REF}; git fsck")
-
-
-def _read_tree(objects: Objects, oid: str) -> Tree | None:
-    found = objects.read([oid])[0]
-    entries = loose.tree_entries(found[1]) if found is not None and found[0] == "tree" else None
-    return None if entries is None else {name: (mode, entry) for mode, name, entry in entries}
 
 
 def _commit_tree(objects: Objects, tree: str, parent: str | None) -> str:
@@ -345,7 +341,7 @@ def _note_paths(objects: Objects, tree: Tree, commit_hex: str, prefix: tuple[str
         found.append(prefix + (rest,))
     fan = tree.get(rest[:2].encode())
     if len(rest) > 2 and fan is not None and fan[0] == loose.FOLDER_MODE:
-        below = _read_tree(objects, fan[1])
+        below = read_tree(objects, fan[1])
         if below is not None:
             found += _note_paths(objects, below, commit_hex, prefix + (rest[:2],))
     return found
@@ -362,46 +358,22 @@ def _read_text(objects: Objects, tree: Tree, commit_hex: str) -> str | None:
 
 def _entry(objects: Objects, tree: Tree, path: tuple[str, ...]) -> str:
     for part in path[:-1]:
-        tree = _read_tree(objects, tree[part.encode()][1]) or {}  # (`_note_paths` found trees there)
+        tree = read_tree(objects, tree[part.encode()][1]) or {}  # (`_note_paths` found trees there)
     return tree[path[-1].encode()][1]
 
 
-def _edit_notes_tree(objects: Objects, tree: Tree | None, edits: Edits) -> str:
-    """Root tree after `edits`; old copies of each note are removed, new ones go to ab/cdef..."""
-    changes: dict[tuple[str, ...], str | None] = {}
+def _edit_notes_tree(objects: Objects, root: str | None, tree: Tree | None, edits: Edits) -> str:
+    """Root tree (`root`, read as `tree`) after `edits`; old copies of each note are removed, new
+    ones go to ab/cdef..."""
+    changes: dict[str, tuple[str, int] | None] = {}
     for commit_hex, text in edits.items():
         for path in _note_paths(objects, tree, commit_hex) if tree is not None else []:
-            changes[path] = None
+            changes["/".join(path)] = None
         if text is not None:
             blob = objects.write_object("blob", text.encode("utf-8", "surrogateescape"))
-            changes[(commit_hex[:2], commit_hex[2:])] = blob
-    root = _edit_tree(objects, tree, changes)
-    return root if root is not None else objects.write_object("tree", b"")
-
-
-def _edit_tree(objects: Objects, tree: Tree | None, changes: dict[tuple[str, ...], str | None]) -> str | None:
-    """Apply path -> blob (None deletes) below `tree`; only touched subtrees are rewritten.
-
-    Returns None for a tree left empty, so emptied fanout directories disappear as in git.
-    """
-    entries = dict(tree or {})
-    nested: dict[str, dict[tuple[str, ...], str | None]] = {}
-    for path, blob in changes.items():
-        if len(path) > 1:
-            nested.setdefault(path[0], {})[path[1:]] = blob
-        elif blob is None:
-            entries.pop(path[0].encode(), None)
-        else:
-            entries[path[0].encode()] = (_MODE_BLOB, blob)
-    for name, sub_changes in nested.items():
-        old = entries.pop(name.encode(), None)
-        sub_tree = _read_tree(objects, old[1]) if old is not None and old[0] == loose.FOLDER_MODE else None
-        sub = _edit_tree(objects, sub_tree, sub_changes)
-        if sub is not None:
-            entries[name.encode()] = (loose.FOLDER_MODE, sub)
-    if not entries:
-        return None
-    return objects.write_object("tree", loose.tree_bytes([(mode, name, oid) for name, (mode, oid) in entries.items()]))
+            changes[f"{commit_hex[:2]}/{commit_hex[2:]}"] = (blob, _MODE_BLOB)
+    made = edit_tree(objects, root, changes)
+    return made if made is not None else objects.write_object("tree", b"")
 
 
 # --------------------------------------------------------------------------- merging a remote's notes
@@ -449,7 +421,7 @@ def merge_ref(
 def _drops_blocks(objects: Objects, tip: str, other: str, ours_to_keep: Callable[[str], bool]) -> bool:
     """Does some note of `tip` hold a block of a job `ours_to_keep` names that the same commit's
     note in `other` lacks?"""
-    local_tree, other_tree = _root(objects, tip), _root(objects, other)
+    local_tree, other_tree = _root(objects, tip)[1], _root(objects, other)[1]
     other_notes = _all_notes(objects, other_tree)
     for commit_hex, local_blob in _all_notes(objects, local_tree).items():
         if other_notes.get(commit_hex) == local_blob:
@@ -462,7 +434,7 @@ def _drops_blocks(objects: Objects, tip: str, other: str, ours_to_keep: Callable
 
 
 def _merge_commit(objects: Objects, tip: str, other: str, prefer_local: Callable[[str], bool]) -> str:
-    local_tree, other_tree = _root(objects, tip), _root(objects, other)
+    (root, local_tree), other_tree = _root(objects, tip), _root(objects, other)[1]
     local_notes, other_notes = _all_notes(objects, local_tree), _all_notes(objects, other_tree)
     edits: Edits = {}
     for commit_hex, other_blob in other_notes.items():
@@ -477,7 +449,7 @@ def _merge_commit(objects: Objects, tip: str, other: str, prefer_local: Callable
         merged = _merge_text(local_text, other_text, prefer_local)
         if merged != local_text:
             edits[commit_hex] = merged
-    tree = _edit_notes_tree(objects, local_tree, edits) if edits else _tree_id(objects, tip)
+    tree = _edit_notes_tree(objects, root, local_tree, edits) if edits else root
     return objects.commit(tree, [tip, other], "Notes merged by git-subtask\n")
 
 
@@ -499,7 +471,7 @@ def _all_notes(objects: Objects, tree: Tree, prefix: str = "") -> dict[str, str]
     for name, (mode, oid) in tree.items():
         text = prefix + name.decode("utf-8", "surrogateescape")
         if mode == loose.FOLDER_MODE:
-            below = _read_tree(objects, oid)
+            below = read_tree(objects, oid)
             if below is not None:
                 found.update(_all_notes(objects, below, text))
         elif _HEX_RE.fullmatch(text):
