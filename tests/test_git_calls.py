@@ -105,25 +105,3 @@ def test_a_start_over_mcp_costs_the_server_no_git_process_beyond_finding_the_rep
     assert servers, "the shim saw no git call of the server: the test measures nothing"
     by_server = [line for line in git_log.read_text().splitlines() if line.split()[0] in servers]
     assert [line for line in by_server if " ".join(FIND_REPO) not in line and " ".join(READ_SETTINGS) not in line] == []
-
-
-WORKTREE_STATUS = ("status", "--porcelain", "--untracked-files=all")
-
-
-def test_a_judged_job_that_leaves_its_worktree_as_checked_out_asks_git_for_no_status_of_it(cli, repo, git_log):
-    """A worker that loaded libgit2 for its judge asks it whether the job changed anything (it
-    stats each file against the index to the nanosecond), so no `git status` re-reads every file
-    the checkout wrote in the same second (25-35 ms per 2,000). (A plain job's worker loads no
-    libgit2 for this: tests/test_worker_git.py.)"""
-    def run_job(task: str) -> None:
-        console = [str(Path(sys.executable).parent / "git-subtask")]  # not `git subtask`: see above
-        job = subprocess.run([*console, "start", task, "--verify", "true"], cwd=repo, check=True,
-                             capture_output=True, text=True, timeout=60).stdout.split()[0]
-        cli.ok("wait", job)
-
-    run_job("echo new > new.txt")
-    assert calls(git_log, WORKTREE_STATUS), "the shim saw no status of a changed worktree: the test measures nothing"
-    git_log.unlink()
-    run_job("true")
-    assert calls(git_log, ("read-tree",)), "the shim saw no checkout: the test measures nothing"
-    assert calls(git_log, WORKTREE_STATUS) == []

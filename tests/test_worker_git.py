@@ -265,3 +265,15 @@ def test_the_checks_read_the_change_libgit2_read(repo):
     ours = [(f.old_path, f.new_path, f.added, f.removed, f.old, f.new) for f in change.files]
     assert ours == libgit2_change(repo, base, head)
     assert change.unread == 0 and ("tests/test_a.py", "tests/test_b.py") in [f[:2] for f in ours]
+
+
+def test_a_worker_packs_loose_objects_without_libgit2(tmp_path, without_pygit2):
+    """The packer of a base's many loose objects (before its checkout reads them) is git's too."""
+    from conftest import Cli
+    from test_packing import many_files_repo, packed_objects, packs, tree_objects
+
+    big = many_files_repo(tmp_path / "big")
+    cli = Cli(big)
+    shown = ended(cli, big, "true", without_pygit2)
+    assert shown["state"] == "done"
+    assert len(packs(big)) == 1 and tree_objects(big) <= packed_objects(packs(big)[0])

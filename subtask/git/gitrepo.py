@@ -4,7 +4,7 @@ The repository is found by `git rev-parse` and its `subtask.*` settings read by 
 (one process each, ~2 ms, side by side), and pygit2 is imported only when a command first needs
 it (`Repo.git`): records, pins and branches are read and written through `Repo.objects`
 (subtask/gitobjects.py), by git until pygit2 is loaded, so `start` and the reading commands never
-pay the library's import, nor does a plain job's worker (its end's diff is git's, `diff_stats`).
+pay the library's import, nor does a job's worker (its diff is git's, `diff_stats`).
 Porcelain that libgit2 does not do as git does (`worktree
 add/remove`, `gc --auto`, `merge`) runs the git binary with hooks disabled, because the tool's own
 git commands must never trigger the user's hooks.
@@ -19,9 +19,8 @@ Invariants:
   `rev-parse`, `hash-object`/`mktree`/`commit-tree`, one `update-ref --stdin` per compare-and-swap)
   until pygit2 is loaded. Both backends answer and write alike, to the commit id
   (`tests/test_gitread.py`, `tests/test_gitwrite.py`, which also run those commands where pygit2
-  cannot be imported, or watch that `start` never imports it). A worker imports it only for
-  what libgit2 alone does for it (a judge's harness, the checks' diff; `worker/engine.py`).
-  Other writing commands import it on first use (`Repo.git`).
+  cannot be imported, or watch that `start` never imports it). A worker never imports it
+  (`worker/engine.py`). Other writing commands import it on first use (`Repo.git`).
 - Never run the tool's own git commands with the user's hooks, because a hook must not fire on
   bookkeeping (`git` passes `core.hooksPath=/dev/null`).
 - Never read HEAD from its file but when it holds what git's files backend writes there (a

@@ -6,8 +6,8 @@ has its objects loose when it was committed here rather than fetched: a generate
 tree, a fresh `git init` of an existing project. `git gc --auto` packs them only past 6,700,
 and never for a checkout. So before a worker writes a new worktree's files, when the repository
 holds `subtask.packLooseObjects` (1,024) more loose objects than when it was last packed here,
-it packs the loose objects that no pack holds yet into one new pack (libgit2's pack builder,
-in-process), and every checkout from then on reads them from it.
+it packs the loose objects that no pack holds yet into one new pack (`git pack-objects
+--incremental`: the worker loads no libgit2), and every checkout from then on reads them from it.
 
 Invariants:
 - Never delete or rewrite an object or a pack (or an index) to speed a checkout up (this module
@@ -20,8 +20,8 @@ Invariants:
 - One packer at a time per repository (`packed-<repo>.lock`). A worker that finds the lock held
   waits for it, because the pack is what its own checkout wants, but at most PACK_WAIT; the lock
   guards nothing else.
-- Whether to pack is decided from a sample of git's fan-out folders (as `git gc --auto` decides),
-  without loading pygit2: the common case, nothing to pack, costs a few directory reads.
+- Whether to pack is decided from a sample of git's fan-out folders (as `git gc --auto` decides):
+  the common case, nothing to pack, costs a few directory reads.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import os
 import sys
 from pathlib import Path
 
+from subtask.git import pipes
 from subtask.state.statefiles import LockTimeout, file_lock, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
@@ -104,15 +105,21 @@ def _pack_when_grown(repo: Repo) -> bool:
 
 
 def _write_pack(repo: Repo, objects: Path) -> bool:
-    """One pack of the loose objects that no pack holds yet; False when there were none."""
-    import pygit2
-
-    in_packs = pygit2.OdbBackendPack(str(objects))
-    builder = pygit2.PackBuilder(repo.git)
-    for oid in pygit2.OdbBackendLoose(str(objects), 0, False):
-        if not in_packs.exists(oid):
-            builder.add(oid)
-    if len(builder) == 0:
+    """One pack of the loose objects that no pack holds yet (`git pack-objects --incremental`,
+    given every loose object's name, leaves out what a pack has); False when there were none."""
+    names = []
+    for n in range(256):
+        folder = f"{n:02x}"
+        try:
+            with os.scandir(objects / folder) as entries:
+                names += [folder + entry.name for entry in entries if len(entry.name) == 38]  # not tmp_obj_*
+        except OSError:
+            continue
+    if not names:
         return False
-    builder.write(str(objects / "pack"))
-    return True
+    argv = ["git", "--git-dir", str(repo.common_dir), "pack-objects", "--incremental", "--quiet", "--non-empty",
+            str(objects / "pack" / "pack")]
+    code, out, err = pipes.run(argv, input="".join(f"{name}\n" for name in names).encode())
+    if code != 0:
+        raise OSError(f"git pack-objects: {err.decode(errors='replace').strip()}")
+    return bool(out.strip())

@@ -10,11 +10,13 @@ Invariants:
   goes unseen: the worker joins it after `record_engine_started` (it runs beside the checkout, so
   this costs nothing but on a tiny repository).
 - An engine counts as started (and may be charged) once `on_pid`/`on_launch` reports a process.
-- Never import pygit2 in a worker but for what only libgit2 does here (a judge's harness, the
-  checks' diff), because its import (~50 ms of CPU) was most of a short job's end, and a preload
-  on a thread shared the GIL with the engine's start and held every fork: the attempt's end
-  (autocommit, evidence, record, note) is git's processes and objects written in this process
-  (`tests/test_worker_git.py`, `tests/test_imports.py::test_a_plain_jobs_worker_imports_nothing_it_does_not_use`).
+- Never import pygit2 in a worker, because its import (~50 ms of CPU) was most of a short job's
+  end and came before a judged job's engine (its harness), and a preload on a thread shared the
+  GIL with the engine's start and held every fork: the worker's git (the harness, the checks'
+  diff, the autocommit, the evidence, the record, the note) is git's processes and objects written
+  in this process (`tests/test_worker_git.py`, with pygit2 unimportable;
+  `tests/test_imports.py::test_a_plain_jobs_worker_imports_nothing_it_does_not_use`). A worker
+  the MCP server's zygote forks has it loaded already, and `Repo.objects` then asks it in-process.
 - A crash in the engine's own code is the attempt failed (kind `engine`), never a dead worker;
   a stop is `StopRequested`.
 - Nothing of the job runs when the step returns (`Confinement.end_leftovers`): the worker's git

@@ -9,14 +9,11 @@ Invariants:
 - The worker's git runs through the admin folder `checked_metadata` vouched for, never by
   discovery from the worktree's `.git` (the job may write it); the head is read from the
   branch, never the worktree's HEAD.
-- Never import libgit2 only to ask whether a job left anything uncommitted, because its import
-  (~50 ms of CPU) costs more than git's status of a pooled worktree, whose files are older than its
-  index. Where the worker loaded it already (a judge's harness needed it), it asks it first
-  (`worktree_untouched`: nothing changed, untracked or even ignored, to the nanosecond), because
-  git 2.39 compares seconds and re-reads every file the checkout wrote in the index's own second
-  (~20 ms for 2,000). Never skip git's status on libgit2's word for anything else, because git
-  decides what the autocommit takes (filters, submodules, ignore rules)
-  (`tests/test_autocommit.py`, `tests/test_git_calls.py`).
+- Never ask libgit2 whether a job left anything uncommitted, because its import (~50 ms of CPU)
+  costs more than git's status of a pooled worktree, whose files are older than its index (~4 ms
+  for 2,000; ~14 ms when the pool filled it in the same second: git 2.39 compares seconds and
+  re-reads those files), and git decides what the autocommit takes (filters, submodules, ignore
+  rules) (`tests/test_autocommit.py`, `tests/test_worker_git.py`).
 - Evidence is bounded (`MAX_EVIDENCE_FILES`), and all the engine named in it is redacted.
 - Never read a job's head from its worktree (`HEAD`, pygit2 opened on the worktree), only from its
   branch ref in the repository (`evidence.branch_tip`), because the worktree's `HEAD` is the job's to write.
@@ -29,7 +26,7 @@ from pathlib import Path
 
 from subtask.engines.base import Outcome
 from subtask.git import checks, worktrees
-from subtask.git.gitrepo import Repo, author_identity, diff_stats, pygit2_ready
+from subtask.git.gitrepo import Repo, author_identity, diff_stats
 from subtask.git.records import Job
 from subtask.model import claims, phases
 from subtask.model.dataclass import dataclass
@@ -57,7 +54,7 @@ def metadata_changed(exc: worktrees.MetadataChanged) -> Outcome:
 def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict | None:
     """Commit whatever the engine left uncommitted, with a Subtask-Id trailer; say what it was.
     git runs through the admin folder `checked_metadata` vouched for, never by discovery."""
-    if admin is None or (pygit2_ready() and worktree_untouched(admin)):
+    if admin is None:
         return None
     keep_out = engine_excludes(repo, job.spec.engine)
     status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
@@ -80,25 +77,6 @@ def engine_excludes(repo: Repo, engine: str) -> list[str]:
     PATTERN`: aider's chat history and tags cache) out of what the worker commits; [] for none."""
     patterns = [p.strip() for p in repo.config.get_all(f"engine.{engine}.exclude") if p.strip()]
     return ["--", ".", *(f":(exclude){p}" for p in patterns)] if patterns else []
-
-
-def worktree_untouched(admin: Path) -> bool:
-    """True only when libgit2 finds nothing in the worktree but what its index and HEAD hold: no
-    change, no untracked file, not even an ignored one; then git's status is empty too, and is
-    not asked. libgit2 compares timestamps to the nanosecond where this git (2.39, built without
-    USE_NSEC) compares seconds, so it is the stricter of the two; git, unsure of every file
-    written in the index's own second, reads each one again (25-35 ms of CPU for a 2,000-file
-    checkout that the engine left as it was, against 10-14 for libgit2's stat). False, so git
-    decides, for anything else: a change, submodules (their own status rules), any error."""
-    try:
-        import pygit2
-
-        repository = pygit2.Repository(str(admin))
-        if (Path(repository.workdir) / ".gitmodules").exists():
-            return False
-        return not repository.status(untracked_files="all", ignored=True)
-    except Exception:
-        return False
 
 
 def branch_tip(repo: Repo, job: Job) -> str:
