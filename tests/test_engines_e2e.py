@@ -639,7 +639,7 @@ def test_real_codex_pointed_at_a_closed_port_is_charged_nothing(cli, repo, tmp_p
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = _real_codex_env(repo, tmp_path, f"http://127.0.0.1:{port}/v1")
-    job = cli.start("write one.txt", "--engine", "codex", "--max-usd", "1", "--timeout", "8", env=env)
+    job = cli.start("write one.txt", "--engine", "codex", "--max-usd", "1", "--timeout", "3", env=env)
     assert cli("wait", job, env=env, timeout=120).returncode == 1
     attempt = cli.json("show", job)["state_detail"]["attempts"][0]
     assert attempt["state"] == "failed", attempt
