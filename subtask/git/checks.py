@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 from subtask.git import pipes
-from subtask.git.gitrepo import DIFF, NO_HOOKS
+from subtask.git.gitrepo import DIFF, NO_HOOKS, raw_entries
 from subtask.model import lazyre
 from subtask.model.checknames import (  # noqa: F401  (the names, spelled once, for callers)
     DEFAULT,
@@ -171,7 +171,7 @@ class Change:
         raw, _, patch = pipes.run([*argv, base, head])[1].partition(b"\0\0diff --git ")
         sections = iter(f"diff --git {patch.decode('utf-8', 'replace')}".split("\ndiff --git ")) if patch else iter(())
         wanted: list[tuple[_File, str, str]] = []  # (file, its old blob's id, its new one's)
-        for status, paths, old_id, new_id in _raw_entries(raw):
+        for status, paths, old_id, new_id in raw_entries(raw.decode("utf-8", "replace").split("\0"))[0]:
             halves = [(status, paths, old_id, new_id, next(sections, ""))]
             if status == "T":  # a file that became a link (or the reverse): two files, its new one first
                 gone, made = halves[0][4], next(sections, "")
@@ -200,19 +200,6 @@ class Change:
 
 
 ZERO = "0" * 40
-
-
-def _raw_entries(raw: bytes) -> list[tuple[str, list[str], str, str]]:
-    """(status letter, its paths: one, or a rename's or copy's two, old blob id, new one) of each
-    entry of `git diff --raw -z`."""
-    fields = raw.decode("utf-8", "replace").split("\0")
-    found, pos = [], 0
-    while pos < len(fields) and fields[pos].startswith(":"):
-        _, _, old_id, new_id, status = fields[pos].split()
-        count = 2 if status[0] in "RC" else 1
-        found.append((status[0], fields[pos + 1:pos + 1 + count], old_id, new_id))
-        pos += 1 + count
-    return found
 
 
 def _patch_lines(section: str, entry: _File) -> bool:

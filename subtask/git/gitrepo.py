@@ -329,23 +329,35 @@ def diff_stats(repo: Repo, base: str,
     return commits, files, totals
 
 
-def _changed_files(out: bytes) -> list[dict[str, Any]]:
-    """The files of `git diff --raw --numstat -z`: each raw entry (`:modes ids STATUS`, its path,
-    a rename's or copy's new path), then each numstat entry in the same order."""
-    fields = out.decode("utf-8", "replace").split("\0")
-    raw, pos = [], 0
+RawEntry = tuple[str, list[str], str, str]  # status letter, its paths (a rename's or copy's two), old id, new id
+
+
+def raw_entries(fields: list[str]) -> tuple[list[RawEntry], int]:
+    """The entries of `git diff --raw -z` at the start of `fields` (its output split at NULs):
+    each `:modes ids STATUS` and its path (a rename's or copy's two paths); and the index of the
+    first field after them (a numstat's or a patch's)."""
+    found: list[RawEntry] = []
+    pos = 0
     while pos < len(fields) and fields[pos].startswith(":"):
-        status = fields[pos].split()[-1][:1]
-        paths = fields[pos + 1:pos + (3 if status in "RC" else 2)]
-        raw.append((status, paths))
-        pos += len(paths) + 1
+        _, _, old_id, new_id, status = fields[pos].split()
+        count = 2 if status[0] in "RC" else 1
+        found.append((status[0], fields[pos + 1:pos + 1 + count], old_id, new_id))
+        pos += 1 + count
+    return found, pos
+
+
+def _changed_files(out: bytes) -> list[dict[str, Any]]:
+    """The files of `git diff --raw --numstat -z`: each raw entry, then each numstat entry in the
+    same order."""
+    fields = out.decode("utf-8", "replace").split("\0")
+    raw, pos = raw_entries(fields)
     files = []
-    for status, paths in raw:
-        plus, minus, named = fields[pos].split("\t")
-        pos += 1 if named else 3  # a rename's numstat names no path on its line: both follow
-        entry: dict[str, Any] = {"path": paths[-1], "status": status, "added": _lines(plus), "deleted": _lines(minus)}
-        if len(paths) == 2:
-            entry["old_path"] = paths[0]
+    for status, named, _, _ in raw:
+        plus, minus, counted = fields[pos].split("\t")
+        pos += 1 if counted else 3  # a rename's numstat names no path on its line: both follow
+        entry: dict[str, Any] = {"path": named[-1], "status": status, "added": _lines(plus), "deleted": _lines(minus)}
+        if len(named) == 2:
+            entry["old_path"] = named[0]
         files.append(entry)
     return files
 
