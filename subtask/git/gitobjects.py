@@ -371,6 +371,12 @@ class GitObjects:
         return out.decode()
 
 
+def tree_of_commit(objects: GitObjects | Pygit2Objects, commit: str) -> str | None:
+    """The id of the tree the commit `commit` (an object id) holds; None when it is no readable commit."""
+    found = objects.read([commit])[0]
+    return loose.tree_of(found[1]) if found is not None and found[0] == "commit" else None
+
+
 def read_tree(objects: GitObjects | Pygit2Objects, tree: str) -> dict[bytes, tuple[bytes, str]] | None:
     """A tree's entries, name -> (mode as git writes it, object id); None when it is not a readable tree."""
     found = objects.read([tree])[0]

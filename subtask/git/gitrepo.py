@@ -295,11 +295,10 @@ def tree_of(repo: Repo, commit: str) -> str:
     """The id of the tree a commit (its id, or a name git resolves to one) holds; KeyError when
     there is no such commit."""
     objects = repo.objects
-    found = objects.read([commit])[0] if gitobjects.is_oid(commit) else None
-    if found is None or found[0] != "commit":  # a name, a tag: git peels it to its commit
+    tree = gitobjects.tree_of_commit(objects, commit) if gitobjects.is_oid(commit) else None
+    if tree is None:  # a name, a tag: git peels it to its commit
         named = objects.commit_of(commit)
-        found = objects.read([named])[0] if named is not None else None
-    tree = loose.tree_of(found[1]) if found is not None and found[0] == "commit" else None
+        tree = gitobjects.tree_of_commit(objects, named) if named is not None else None
     if tree is None:
         raise KeyError(commit)
     return tree

@@ -4,7 +4,7 @@ Owns: the ref `refs/notes/subtask`, its notes commits and trees, the text format
 the file lock whose path the caller passes in (e.g. `<state_dir>/notes.lock`). It reads and writes
 through a repository's `objects` (`gitobjects`: git's processes and loose objects written here, or
 a loaded pygit2), so a worker writes its job's note without importing libgit2; the trees are read
-and written here, in git's format (`loose.tree_entries`, `loose.tree_bytes`).
+and edited in git's format by `gitobjects.read_tree` and `gitobjects.edit_tree`.
 
 Note format: a note on a commit holds optional human text at the top, then one block per job.
 A block starts with a line `subtask st-xxxxxxxx · ...` and runs until the next line starting with
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from subtask.git import loose
-from subtask.git.gitobjects import edit_tree, read_tree
+from subtask.git.gitobjects import edit_tree, read_tree, tree_of_commit
 from subtask.model import lazyre
 from subtask.model.errors import fatal
 from subtask.model.job import is_job_id
@@ -62,8 +62,6 @@ if TYPE_CHECKING:
 
 NOTES_REF = "refs/notes/subtask"
 NOTES_MESSAGE = "Notes added by git-subtask"
-SIGNATURE_NAME = "git-subtask"
-SIGNATURE_EMAIL = "git-subtask@localhost"
 
 _BLOCK_START_RE = lazyre.compile(r"subtask (st-[0-9a-f]{8})(?![0-9a-zA-Z_-])")
 _BLOCK_PREFIX = "subtask st-"
@@ -301,8 +299,7 @@ def _root(objects: Objects, commit: str) -> tuple[str, Tree]:
 
 
 def _tree_id(objects: Objects, commit: str) -> str:
-    found = objects.read([commit])[0]
-    tree = loose.tree_of(found[1]) if found is not None and found[0] == "commit" else None
+    tree = tree_of_commit(objects, commit)
     if tree is None:
         raise _unreadable(commit)
     return tree
