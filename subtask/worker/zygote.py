@@ -278,7 +278,7 @@ def _preload() -> None:
     import subprocess  # noqa: F401
 
     import filelock  # noqa: F401  (the ledger's lock: a paid job's worker closes its reservation, ~30 ms each)
-    import pygit2  # noqa: F401
+    import pygit2  # noqa: F401  (no worker imports it; its forks find it loaded and read refs in-process)
 
     from subtask.engines import command, shell  # noqa: F401
     from subtask.git import signing  # noqa: F401  (a signed job's note says whose)
