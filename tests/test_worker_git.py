@@ -277,3 +277,13 @@ def test_a_worker_packs_loose_objects_without_libgit2(tmp_path, without_pygit2):
     shown = ended(cli, big, "true", without_pygit2)
     assert shown["state"] == "done"
     assert len(packs(big)) == 1 and tree_objects(big) <= packed_objects(packs(big)[0])
+
+
+def test_a_file_named_with_a_tab_or_a_newline_is_counted_as_any_other(repo, cli, without_pygit2):
+    """git's -z output is split at NULs; a name the job chose may hold any other byte."""
+    task = "printf 'x\\n' > \"$(printf 'tab\\there.txt')\" && printf 'y\\n' > \"$(printf 'new\\nline.txt')\""
+    shown = ended(cli, repo, task, without_pygit2)
+    assert shown["state"] == "done", shown
+    files = {f["path"]: (f["status"], f["added"]) for f in evidence(shown)["files"]}
+    assert files == {"tab\there.txt": ("A", 1), "new\nline.txt": ("A", 1)}
+    assert sorted(evidence(shown)["autocommit"]["files"]) == ["new\nline.txt", "tab\there.txt"]

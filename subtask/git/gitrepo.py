@@ -352,7 +352,7 @@ def _changed_files(out: bytes) -> list[dict[str, Any]]:
     raw, pos = raw_entries(fields)
     files = []
     for status, named, _, _ in raw:
-        plus, minus, counted = fields[pos].split("\t")
+        plus, minus, counted = fields[pos].split("\t", 2)  # a path may hold a tab
         pos += 1 if counted else 3  # a rename's numstat names no path on its line: both follow
         entry: dict[str, Any] = {"path": named[-1], "status": status, "added": _lines(plus), "deleted": _lines(minus)}
         if len(named) == 2:

@@ -77,7 +77,7 @@ class Look:
         if self.status is not None:
             code, out, _ = self.status.communicate()
             if code == 0:
-                self.uncommitted = _changed_paths(out)
+                self.uncommitted = porcelain_paths(out.decode("utf-8", "surrogateescape"))
             self.status = None
         found.uncommitted = [p for p in self.uncommitted if not p.startswith(OURS)]
         return found
@@ -107,9 +107,9 @@ def _submodules(repo: Repo, base: str) -> list[str]:
     return [m.group(1) for line in text.splitlines() if (m := _PATH_LINE.match(line))]
 
 
-def _changed_paths(out: bytes) -> list[str]:
+def porcelain_paths(out: str) -> list[str]:
     """The paths of `git status --porcelain=v1 -z`: `XY path`, a rename's old path after it."""
-    paths, fields = [], out.decode("utf-8", "surrogateescape").split("\0")
+    paths, fields = [], out.split("\0")
     skip = False
     for entry in fields:
         if skip:

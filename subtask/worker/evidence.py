@@ -27,6 +27,7 @@ from pathlib import Path
 from subtask.engines.base import Outcome
 from subtask.git import checks, worktrees
 from subtask.git.gitrepo import Repo, author_identity, diff_stats
+from subtask.git.leftout import porcelain_paths
 from subtask.git.records import Job
 from subtask.model import claims, phases
 from subtask.model.dataclass import dataclass
@@ -57,11 +58,11 @@ def autocommit(repo: Repo, job: Job, worktree: Path, admin: Path | None) -> dict
     if admin is None:
         return None
     keep_out = engine_excludes(repo, job.spec.engine)
-    status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "--untracked-files=all",
+    status = worktrees.job_git(repo, admin, worktree, "status", "--porcelain", "-z", "--untracked-files=all",
                                "--ignore-submodules=all", *keep_out).stdout
-    if not status.strip():
+    files = porcelain_paths(status)  # a name may hold a newline: -z, never a quoted line
+    if not files:
         return None
-    files = [line[3:] for line in status.splitlines() if line.strip()]
     worktrees.job_git(repo, admin, worktree, "add", "-A", "--ignore-errors", *keep_out)
     name, email = author_identity(repo)
     message = (f"subtask {job.id}: work left uncommitted by the {job.spec.engine} engine\n\n"
