@@ -234,7 +234,8 @@ def libgit2_change(path, base: str, head: str) -> list[tuple]:
 
 def test_the_checks_read_the_change_libgit2_read(repo):
     """Added, changed (a last line without its newline), renamed and changed, deleted, binary, a
-    file turned into a link, a mode change, a path that is not ASCII, CRLF lines."""
+    file turned into a link, a mode change, a path that is not ASCII or holds a tab and a newline,
+    CRLF lines."""
     from subtask.git.checks import Change
     from subtask.git.gitrepo import open_repo
 
@@ -257,6 +258,7 @@ def test_the_checks_read_the_change_libgit2_read(repo):
     (repo / "blob.bin").write_bytes(bytes(range(256)))
     (repo / "caf\u00e9.py").write_text("import pytest\n\n@pytest.mark.skip\ndef test_x():\n    pass\n")
     (repo / "dos.txt").write_bytes(b"one\r\nTWO\r\n")
+    (repo / "a\ttab and\na newline.py").write_text("def test_odd():\n    pass\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "after")
     head = git(repo, "rev-parse", "HEAD")
