@@ -484,3 +484,24 @@ def test_a_newer_remote_note_that_keeps_our_blocks_is_a_fast_forward(
     repo.references.create(NOTES_REF, ours, force=True)
     assert notes_store.merge_ref(store, theirs, lock) == "fast-forward"
     assert notes_tip(repo) == theirs
+
+
+def test_a_notes_folder_written_with_a_zero_padded_mode_is_still_a_folder(
+    store, repo: pygit2.Repository, repo_dir: Path, lock: Path
+) -> None:
+    """A notes tree from another tool may write a folder's mode `040000` (git's fsck warns, git reads
+    it): the note below it is read, kept and rewritten, never dropped with its folder."""
+    target = head(repo_dir)
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo_dir, input=block(job(1)).encode(),
+                          capture_output=True, check=True).stdout.decode().strip()
+    inner = subprocess.run(["git", "mktree"], cwd=repo_dir, input=f"100644 blob {blob}\t{target[2:]}\n".encode(),
+                           capture_output=True, check=True).stdout.decode().strip()
+    padded = b"040000 " + target[:2].encode() + b"\0" + bytes.fromhex(inner)
+    root = subprocess.run(["git", "hash-object", "-w", "--literally", "-t", "tree", "--stdin"], cwd=repo_dir,
+                          input=padded, capture_output=True, check=True).stdout.decode().strip()
+    commit = git(repo_dir, "commit-tree", root, "-m", "notes by another tool").strip()
+    git(repo_dir, "update-ref", NOTES_REF, commit)
+    assert notes_store.read_blocks(store, target) == {job(1): block(job(1))}
+    notes_store.set_block(store, target, job(2), block(job(2)), lock)
+    assert notes_store.read_blocks(store, target) == {job(1): block(job(1)), job(2): block(job(2))}
+    assert git(repo_dir, "notes", "--ref=subtask", "show", target) == f"{block(job(1))}\n\n{block(job(2))}\n"

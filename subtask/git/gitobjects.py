@@ -404,7 +404,7 @@ def edit_tree(objects: GitObjects | Pygit2Objects, tree: str | None,
             entries[key] = (f"{value[1]:o}".encode(), value[0])
     for key, inner in below.items():
         old = entries.pop(key, None)
-        made = edit_tree(objects, old[1] if old is not None and old[0] == loose.FOLDER_MODE else None, inner)
+        made = edit_tree(objects, old[1] if old is not None and loose.is_folder(old[0]) else None, inner)
         if made is not None:
             entries[key] = (loose.FOLDER_MODE, made)
     if not entries:

@@ -109,6 +109,11 @@ def entry_of(tree: bytes, name: bytes) -> str | None | Literal[False]:
 FOLDER_MODE = b"40000"  # a tree's entry for a folder, as git writes it (no leading zero)
 
 
+def is_folder(mode: bytes) -> bool:
+    """Does a tree entry's mode name a folder (as git writes it, or zero-padded, as a tool may)?"""
+    return mode.lstrip(b"0") == FOLDER_MODE
+
+
 def tree_entries(tree: bytes) -> list[tuple[bytes, bytes, str]] | None:
     """Each entry of a raw tree as (mode, name, id), in its order; None when it is damaged."""
     entries, pos = [], 0
@@ -127,7 +132,7 @@ def tree_bytes(entries: list[tuple[bytes, bytes, str]]) -> bytes:
     followed by `/` (git's fsck calls any other order a broken tree)."""
     def key(entry: tuple[bytes, bytes, str]) -> bytes:
         mode, name, _ = entry
-        return name + b"/" if mode == FOLDER_MODE else name
+        return name + b"/" if is_folder(mode) else name
 
     return b"".join(mode + b" " + name + b"\0" + bytes.fromhex(oid) for mode, name, oid in sorted(entries, key=key))
 

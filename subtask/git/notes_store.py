@@ -334,10 +334,10 @@ def _note_paths(objects: Objects, tree: Tree, commit_hex: str, prefix: tuple[str
     rest = commit_hex[sum(len(part) for part in prefix):]
     found: list[tuple[str, ...]] = []
     entry = tree.get(rest.encode())
-    if entry is not None and entry[0] != loose.FOLDER_MODE:
+    if entry is not None and not loose.is_folder(entry[0]):
         found.append(prefix + (rest,))
     fan = tree.get(rest[:2].encode())
-    if len(rest) > 2 and fan is not None and fan[0] == loose.FOLDER_MODE:
+    if len(rest) > 2 and fan is not None and loose.is_folder(fan[0]):
         below = read_tree(objects, fan[1])
         if below is not None:
             found += _note_paths(objects, below, commit_hex, prefix + (rest[:2],))
@@ -467,7 +467,7 @@ def _all_notes(objects: Objects, tree: Tree, prefix: str = "") -> dict[str, str]
     found: dict[str, str] = {}
     for name, (mode, oid) in tree.items():
         text = prefix + name.decode("utf-8", "surrogateescape")
-        if mode == loose.FOLDER_MODE:
+        if loose.is_folder(mode):
             below = read_tree(objects, oid)
             if below is not None:
                 found.update(_all_notes(objects, below, text))
