@@ -329,34 +329,28 @@ def _hex(objects: Objects, commit_oid: str) -> str:
 # --------------------------------------------------------------------------- notes tree
 
 
-def _note_paths(objects: Objects, tree: Tree, commit_hex: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every path holding a note for `commit_hex`, in any fanout (git concatenates duplicates)."""
-    rest = commit_hex[sum(len(part) for part in prefix):]
-    found: list[tuple[str, ...]] = []
+def _note_paths(objects: Objects, tree: Tree, commit_hex: str, prefix: str = "") -> list[tuple[str, str]]:
+    """(path, blob id) of every note for `commit_hex`, in any fanout (git concatenates duplicates)."""
+    rest = commit_hex[len(prefix.replace("/", "")):]  # the hex its folders have not taken
+    found: list[tuple[str, str]] = []
     entry = tree.get(rest.encode())
     if entry is not None and not loose.is_folder(entry[0]):
-        found.append(prefix + (rest,))
+        found.append((prefix + rest, entry[1]))
     fan = tree.get(rest[:2].encode())
     if len(rest) > 2 and fan is not None and loose.is_folder(fan[0]):
         below = read_tree(objects, fan[1])
         if below is not None:
-            found += _note_paths(objects, below, commit_hex, prefix + (rest[:2],))
+            found += _note_paths(objects, below, commit_hex, f"{prefix}{rest[:2]}/")
     return found
 
 
 def _read_text(objects: Objects, tree: Tree, commit_hex: str) -> str | None:
-    paths = _note_paths(objects, tree, commit_hex)
-    if not paths:
+    notes = _note_paths(objects, tree, commit_hex)
+    if not notes:
         return None
     # Blob bytes, decoded with surrogateescape: a non-UTF-8 note stays byte-exact on rewrite.
-    blobs = objects.read([_entry(objects, tree, path) for path in paths])
+    blobs = objects.read([blob for _, blob in notes])
     return "\n".join(blob[1].decode("utf-8", "surrogateescape") for blob in blobs if blob is not None)
-
-
-def _entry(objects: Objects, tree: Tree, path: tuple[str, ...]) -> str:
-    for part in path[:-1]:
-        tree = read_tree(objects, tree[part.encode()][1]) or {}  # (`_note_paths` found trees there)
-    return tree[path[-1].encode()][1]
 
 
 def _edit_notes_tree(objects: Objects, root: str | None, tree: Tree | None, edits: Edits) -> str:
@@ -364,8 +358,8 @@ def _edit_notes_tree(objects: Objects, root: str | None, tree: Tree | None, edit
     ones go to ab/cdef..."""
     changes: dict[str, tuple[str, int] | None] = {}
     for commit_hex, text in edits.items():
-        for path in _note_paths(objects, tree, commit_hex) if tree is not None else []:
-            changes["/".join(path)] = None
+        for path, _ in _note_paths(objects, tree, commit_hex) if tree is not None else []:
+            changes[path] = None
         if text is not None:
             blob = objects.write_object("blob", text.encode("utf-8", "surrogateescape"))
             changes[f"{commit_hex[:2]}/{commit_hex[2:]}"] = (blob, _MODE_BLOB)
