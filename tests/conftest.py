@@ -375,15 +375,19 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> bool
 
 
 def processes_with(token: str) -> list[int]:
-    """The pids whose command line holds `token` (a gate path a test's job waits on, say)."""
+    """The pids whose command line holds `token` (a gate path a test's job waits on, say), but
+    git-subtask's own: the worker is forked from `start` and keeps its argv, the job's task
+    included, while it finishes its bookkeeping after the job ended."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if token.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
-                pass
+                continue
+            ours = any(os.path.basename(word) == b"git-subtask" for word in argv[:2])
+            if not ours and any(token.encode() in word for word in argv):
+                found.append(int(entry))
     return found
 
 

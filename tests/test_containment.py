@@ -283,6 +283,20 @@ def orphan(gate: str) -> str:
             f"git add late.txt; git commit -qm late' </dev/null >/dev/null 2>&1 &")
 
 
+def test_the_leftover_detector_sees_the_jobs_processes_and_not_its_worker(cli, repo, tmp_path):
+    """The worker is forked from `start` and keeps its argv (the task, the gate's path with it) while
+    it finishes after the job ended: the detector the tests below use must not take it for a child
+    of the job that outlived it (a loaded machine saw it so)."""
+    hold = tmp_path / "hold"
+    job = cli.start(f"""sh -c 'while [ ! -e "{hold}" ]; do sleep 0.05; done'""", "--isolation", "none")
+    try:
+        worker = running_pids(repo, job)["worker"]
+        assert wait_until(lambda: processes_with(str(hold)), timeout=60), "the job's sh -c was never seen"
+        assert worker not in processes_with(str(hold))
+    finally:
+        hold.touch()
+
+
 @pytest.mark.parametrize("isolation_mode", ["worktree", "none"])
 def test_no_child_of_a_job_outlives_it(cli, repo, leftovers, isolation_mode):
     """Case 5: a child started with setsid kept running after the job ended done, beside the next

@@ -165,6 +165,7 @@ import os, sys, threading
 sys.path.insert(0, sys.argv[1])
 from subtask.proc import procs
 mode, marker = sys.argv[2], sys.argv[3]
+from pathlib import Path
 
 def spawn():
     if mode == "procs":
@@ -173,7 +174,7 @@ def spawn():
         import anyio
         from types import SimpleNamespace
         from subtask.engines import claude
-        launch = claude._Launch(SimpleNamespace(job_id="t", private_dir=None), "sh")
+        launch = claude._Launch(SimpleNamespace(job_id="t", private_dir=Path(marker).parent), "sh")  # not /tmp
         async def main():
             proc = await anyio.open_process([str(launch.script), "-c", f"echo $$ > {marker}; exec sleep 60"])
             await proc.wait()
