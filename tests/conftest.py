@@ -165,16 +165,18 @@ def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
         (path / name).write_text(text)
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "initial commit")
-    git(path, "config", "subtask.engine", "shell")
-    no_pool(path)
+    shell_engine_and_no_pool(path)
     return path
 
 
-def no_pool(path: Path) -> None:
-    """No worktree pool: jobs check out their own, as before it existed. Tests compare what git
-    lists before and after a job, and a pool refill beside the job adds a worktree (or, ended at
-    the job's end, debris); tests/test_pool.py tests the pool, on by default."""
-    git(path, "config", "subtask.pool", "0")
+def shell_engine_and_no_pool(path: Path) -> None:
+    """The shell engine by default, and no worktree pool: jobs check out their own, as before it
+    existed. Tests compare what git lists before and after a job, and a pool refill beside the job
+    adds a worktree (or, ended at the job's end, debris); tests/test_pool.py tests the pool, on by
+    default. Written as `git config` writes them, without two more git processes per repository
+    (the suite makes a thousand)."""
+    with open(path / ".git" / "config", "a", encoding="utf-8") as config:
+        config.write("[subtask]\n\tengine = shell\n\tpool = 0\n")
 
 
 def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
@@ -189,8 +191,7 @@ def make_team(tmp_path: Path) -> tuple[Path, list[tuple[Path, Cli]]]:
     for name in ("a", "b"):
         path = tmp_path / name
         git(tmp_path, "clone", "-q", str(remote), str(path))
-        git(path, "config", "subtask.engine", "shell")
-        no_pool(path)
+        shell_engine_and_no_pool(path)
         clones.append((path, Cli(path)))
     return remote, clones
 
