@@ -10,6 +10,7 @@ or changed without the rest. Keep LAYERS and the picture in docs/architecture.md
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,17 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
+    """Each module's imports (a fresh copy: a test may add edges to its own)."""
+    return {name: set(deps) for name, deps in _graph(_stamp()).items()}
+
+
+def _stamp() -> tuple:
+    """What the package's files are now: the graph is parsed again only when one changed."""
+    return tuple(sorted((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in modules().values()))
+
+
+@functools.cache
+def _graph(stamp: tuple) -> dict[str, set[str]]:
     mods = modules()
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
 
