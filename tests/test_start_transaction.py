@@ -4,7 +4,7 @@ what was done. Afterwards the repository holds the refs it held before, no workt
 no queue entry, and the state folder the files it held before. So does a failure where a
 waiting job is moved on, and where the verify loop reserves its next attempt. The Ray
 executor's hand-over, on the same transaction, is tested with the suite's cluster
-(tests/test_ray_features.py: here, on the remote, in the ledger, and no Ray job)."""
+(tests/test_ray.py: here, on the remote, in the ledger, and no Ray job)."""
 
 from __future__ import annotations
 
