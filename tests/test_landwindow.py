@@ -258,6 +258,37 @@ def test_land_first_puts_a_job_at_the_head_of_a_queue_that_is_already_running(cl
     assert not list(hotfix.folder(open_repo(repo)).glob("*")), "no request is left behind"
 
 
+def _entry(name: str, onto: str | None, passed: bool | None = None):
+    """A line entry of the window's rules (no git): built onto `onto` as commit `name`+"-state",
+    its verify answered `passed` (None: no probe started)."""
+    from types import SimpleNamespace
+
+    from subtask.ops.landing import window
+
+    item = SimpleNamespace(command="make test", timeout=None)
+    built = None if onto is None else SimpleNamespace(onto=onto, commit=f"{name}-state", kind="built")
+    entry = window.Entry(item, SimpleNamespace(job=name), built=built)
+    if passed is not None:
+        entry.probe = window.Probe("key", rerun=SimpleNamespace(result=SimpleNamespace(passed=passed)))
+    return entry
+
+
+def test_a_job_put_ahead_of_built_states_lands_nothing_built_without_it():
+    """`land --first` puts a job at the head of a line whose states were built (and verified)
+    without it. Seen under load: the hotfix built onto the tip, then the job behind it answered
+    passed before the states behind it were found stale: the target moved to the state of the
+    job behind it, built on the old tip, and the hotfix was said landed but was not in it."""
+    from subtask.ops.landing import window
+
+    hotfix, a, b = _entry("hotfix", None), _entry("a", "tip", passed=True), _entry("b", "a-state", passed=True)
+    assert window.stale([hotfix, a, b], "tip") == [a, b], "built without the job ahead: built again"
+    hotfix.built = _entry("hotfix", "tip").built  # built, its verify not started (the window is full)
+    assert window.stale([hotfix, a, b], "tip") == [a, b]
+    assert window.verified_prefix([hotfix, a, b]) is None, "a's passed state does not hold the hotfix"
+    a.built, a.probe = _entry("a-again", "hotfix-state").built, None  # built again on it, not verified yet
+    assert window.verified_prefix([hotfix, a, b]) is None, "b's passed state was built on a's old one"
+
+
 def test_land_first_with_no_queue_running_lands_that_job_first(cli, repo):
     a, b = finished_jobs(cli, ["a.txt", "b.txt"])
     before = git(repo, "rev-parse", "main")

@@ -24,6 +24,10 @@ queue's.
   running probe before it.
 
 Invariants:
+- Never land a prefix whose states are not each built on the one before it, because a state
+  built before a job was put ahead of it (`land --first`) does not hold that job: moved to it,
+  the target would lose the job that was said landed (`verified_prefix` stops at such a state,
+  `stale` builds it again) (`landwindow::test_a_job_put_ahead_of_built_states_lands_nothing_built_without_it`).
 - Never move the land target past a state that no passed verify answers (its own, or, with
   `--batch`, that of a later state of its batch that passed), because with a window the answers
   come out of order: the target moves only to the end of the verified prefix
@@ -105,12 +109,15 @@ class Entry:
 
 def stale(line: list[Entry], tip: str) -> list[Entry]:
     """The built entries whose state no longer is tip + the chain ahead of them (a job ahead left
-    or rejoined the chain, or the target moved), in line order."""
-    found, at = [], tip
+    or rejoined the chain, a job was put ahead of them by `land --first`, or the target moved), in
+    line order. One built behind an unbuilt one is stale whatever it was built on: no state holds
+    the job ahead yet."""
+    found, at, gap = [], tip, False
     for entry in line:
         if entry.built is None:
-            break
-        if entry.onto != at:
+            gap = True
+            continue
+        if gap or entry.onto != at:
             found.append(entry)
             continue
         if entry.in_chain:
@@ -185,10 +192,11 @@ def culprit(line: list[Entry], entry: Entry) -> bool:
 def verified_prefix(line: list[Entry]) -> int | None:
     """The index of the last entry of the prefix that may land (see the module docstring): a
     passed probe, or an entry with nothing to verify right after the prefix."""
-    last = -1
+    last, at = -1, None
     for n, entry in enumerate(line):
-        if not entry.in_chain:
-            break
+        if not entry.in_chain or (at is not None and entry.onto != at):
+            break  # a failing job, or a state not built on the one before it (`stale` has not run)
+        at = entry.built.commit
         if not entry.needs_verify:
             if last == n - 1:
                 last = n  # its state is the one before it
