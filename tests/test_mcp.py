@@ -1499,3 +1499,37 @@ def test_mcp_list_says_what_its_sweep_removed(repo, cli):
     listed = anyio.run(main)
     assert f"found 1 landed job: {job}" in listed, listed
     assert not git(repo, "branch", "--list", f"subtask/{job}")
+
+
+GC_SPY = """import atexit, gc, os
+counts = [0, 0, 0]
+def _count(phase, info):
+    if phase == "start":
+        counts[info["generation"]] += 1
+gc.callbacks.append(_count)
+atexit.register(lambda: open(os.environ["GC_SPY_LOG"], "w").write(f"{counts} {gc.get_freeze_count()}"))
+"""
+
+
+def test_the_server_loads_the_sdk_without_walking_it_again_and_again(repo, tmp_path):
+    """The SDK's import makes ~300,000 objects: at Python's default pace (a collection every 700)
+    the server ran ~400 collections while loading it, one of them over everything (~25 ms of a
+    ~450 ms load, before its first call is served). It loads at the CLI's pace, then freezes what
+    it loaded: a long-lived server's later full collections never walk the SDK again."""
+    (tmp_path / "sitecustomize.py").write_text(GC_SPY)
+    log = tmp_path / "gc.log"
+    env = dict(server_env(), GC_SPY_LOG=str(log))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    params = StdioServerParameters(command=sys.executable, args=["-m", "subtask.faces.mcp_server"], cwd=str(repo),
+                                   env=env)
+
+    async def main():
+        async with Client(params, mode="legacy") as client:
+            await client.list_tools()
+            await call(client, "list")
+
+    anyio.run(main)
+    assert wait_until(log.exists, timeout=30), "the server never exited"
+    (young, middle, full), frozen = eval(log.read_text().rpartition(" ")[0]), int(log.read_text().rpartition(" ")[2])
+    assert (middle, full) == (0, 0) and young < 20, (young, middle, full)
+    assert frozen > 50_000, frozen  # the SDK's and the tools' objects (~100,000)

@@ -49,6 +49,12 @@ Invariants:
   thread: after the first reply, before the reader thread (or before the SDK, without the front
   end). Its fork costs ~1 ms; it imports the worker's modules only once the SDK is loaded (or at
   the first spawn), so they do not compete with the SDK's import for CPU at start-up.
+- Never load the SDK at Python's default collection pace, nor leave it to later collections,
+  because its import makes ~300,000 objects: a collection every 700 new ones was ~400 collections
+  while it loaded, one over everything (~25 ms before the first call is served), and every later
+  full collection of the long-lived server walked it all again. The server collects every
+  `GC_THRESHOLD` and freezes what it loaded (`gc.freeze`)
+  (`tests/test_mcp.py::test_the_server_loads_the_sdk_without_walking_it_again_and_again`).
 - Never serve an MCP tool call before pygit2 is loaded, because the server is long-lived and
   starts jobs in bulk: through git, each start cost ~10 processes (branch, pins, record: ~20 ms of
   CPU) on two cores that ten workers' checkouts already fill (`start_many10` 500–850 ms, 266–313 with
@@ -61,6 +67,7 @@ from __future__ import annotations
 
 # Not `typing` (2-3 ms: annotations stay strings, and `object` serves for Any), nor, before the
 # first reply, `threading` and `queue` (~5 ms).
+import gc
 import os
 import sys
 
@@ -432,6 +439,9 @@ class SdkOutput:
 
 # ---------------------------------------------------------------- entry point
 
+GC_THRESHOLD = 50_000  # new containers between two collections, as the CLI's (subtask/entry.py)
+
+
 def serve_sdk(front: Front) -> None:
     """Load the SDK and the tools, then serve every queued and further line with them."""
     from subtask.model import faults
@@ -443,6 +453,7 @@ def serve_sdk(front: Front) -> None:
 
     preload_zygote()
     load_call_modules()
+    gc.freeze()  # loaded for the server's life: no later collection walks it again
     anyio.run(serve, SdkInput(front), SdkOutput(front))
 
 
@@ -452,6 +463,7 @@ def serve_plain() -> None:
 
     preload_zygote()
     load_call_modules()
+    gc.freeze()
     server.run("stdio")
 
 
@@ -498,6 +510,7 @@ def main() -> None:
     """Serve on stdio until the client closes the pipe, or a Ctrl-C ends it (130, quietly)."""
     from subtask.model import errors
 
+    gc.set_threshold(GC_THRESHOLD)
     errors.interrupt_once()
     try:
         wire = claim_wire()
