@@ -80,7 +80,8 @@ def graph() -> dict[str, set[str]]:
 
 def _stamp() -> tuple:
     """What the package's files are now: the graph is parsed again only when one changed."""
-    return tuple(sorted((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in modules().values()))
+    return tuple(sorted((str(path), seen.st_mtime_ns, seen.st_size)
+                        for path in modules().values() for seen in [path.stat()]))
 
 
 @functools.cache
