@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -447,3 +448,62 @@ def test_a_queued_job_whose_starters_namespace_is_gone_fails_and_says_why(cli, r
     attempt = cli.json("show", queued)["state_detail"]["attempts"][0]
     assert attempt["state"] == "failed" and "net namespace is gone" in attempt["reason"], attempt
     assert not ran.exists()
+
+
+def _a_network_namespace_numbered(number: str, deadline: float = 60.0) -> subprocess.Popen | None:
+    """A process holding a new network namespace that the kernel gave `number` again (it hands out
+    the lowest free one once a namespace is torn down), or None once another process holds that
+    number (another test's sandbox took it first) or the deadline passed."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        holder = subprocess.Popen(["unshare", "-n", "sh", "-c", "readlink /proc/self/ns/net; exec cat"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if holder.stdout.readline().strip() == number:
+            return holder
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        if _holders_of(number):
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def _holders_of(number: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == number:
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_queued_job_never_enters_a_namespace_that_was_given_its_starters_number(cli, repo, control_dir):
+    """A namespace's number is reused as soon as it is torn down: a process found in a namespace
+    numbered as the starter's was, once its starter has gone, may be in another job's sandbox.
+    The job fails as its starter's namespace is gone; it never runs in that other one."""
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of the starter's own needs root here (unshare -n)")
+    git(repo, "config", "subtask.maxRunning", "1")
+    go, ran = control_dir / "go", control_dir / "ran"
+    holder = cli.start(f"while [ ! -e '{go}' ]; do sleep 0.05; done")
+    starter = f"readlink /proc/self/ns/net; exec git subtask start 'touch {ran}'"
+    out = subprocess.run(["unshare", "-n", "sh", "-c", starter], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout
+    number, started = out.splitlines()[:2]
+    assert "queued" in started, out
+    queued = started.split()[0]
+    impostor = _a_network_namespace_numbered(number)
+    try:
+        if impostor is None and not _holders_of(number):
+            pytest.skip(f"the kernel did not give {number} out again within a minute")
+        go.touch()
+        assert cli("wait", holder, queued, timeout=120).returncode == 1
+        attempt = cli.json("show", queued)["state_detail"]["attempts"][0]
+        assert attempt["state"] == "failed" and "net namespace is gone" in attempt["reason"], attempt
+        assert not ran.exists()
+    finally:
+        if impostor is not None:
+            impostor.stdin.close()
+            impostor.wait(timeout=30)

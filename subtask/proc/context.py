@@ -13,6 +13,9 @@ Invariants:
   to each of its children; what cannot be applied (a hard limit or a nice value only privilege
   could restore, a namespace no process holds any more, another mount or pid namespace) is
   refused before anything of the attempt runs (`ContextError`), never skipped.
+- Never take a namespace from a process found by its number alone, because the kernel gives a
+  torn-down namespace's number to the next one made (another job's sandbox): only the starter's
+  lineage, each process known by pid and start time, lends it; none left, the job fails.
 - Between fork and exec only prepared calls run: namespace fds are opened, and every value is
   computed, in the parent (`prepare`); a failure in the child exits 126 with one line on stderr.
 - Namespaces are entered user first (the others then need the capabilities it gives), before
@@ -28,7 +31,7 @@ import sys
 from collections.abc import Callable
 
 from subtask.model.dataclass import dataclass, field
-from subtask.state.jobenv import Context
+from subtask.state.jobenv import Context, own_namespaces, process_identity
 
 # setns(2) flags; the user namespace first (entering it lends the rights the others need).
 _ENTERABLE = {"user": 0x10000000, "net": 0x40000000, "uts": 0x04000000, "ipc": 0x08000000,
@@ -151,7 +154,7 @@ def _prepare_nice(context: Context, prepared: Prepared) -> None:
 
 
 def _prepare_namespaces(context: Context, prepared: Prepared) -> None:
-    ours = Context.capture().namespaces
+    ours = own_namespaces()
     for kind, inode in context.namespaces.items():
         if kind not in ours or ours[kind] == inode:
             continue
@@ -162,33 +165,34 @@ def _prepare_namespaces(context: Context, prepared: Prepared) -> None:
         theirs = context.namespaces.get(kind)
         if theirs is None or kind not in ours or ours[kind] == theirs:
             continue
-        fd = _open_namespace(kind, theirs)
+        fd = _open_namespace(kind, theirs, context.lineage)
         if fd is None:
-            raise ContextError(f"its starter's {kind} namespace is gone (no process is left in it)")
+            raise ContextError(f"its starter's {kind} namespace is gone (neither its starter nor an ancestor of it is left in it)")
         prepared.namespace_fds.append((fd, flag))
 
 
-def _open_namespace(kind: str, inode: int) -> int | None:
-    """An fd of the namespace `kind` numbered `inode`, opened through a live process in it (ours
-    to see: ours or, as root, anyone's); None when none is left. Only asked when it differs from
-    ours, which a job whose worker its starter forked never does."""
-    uid = os.getuid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+def _open_namespace(kind: str, inode: int, lineage: list[tuple[int, int]]) -> int | None:
+    """An fd of the namespace `kind` numbered `inode`, opened through a live process of the
+    starter's lineage still in it; None when none is. Only asked when it differs from ours, which
+    a job whose worker its starter forked never does."""
+    for pid, started in lineage:
+        if not _same_process(pid, started):
             continue
-        path = f"/proc/{entry.name}/ns/{kind}"
         try:
-            if uid and entry.stat().st_uid != uid:
-                continue
-            if os.stat(path).st_ino != inode:
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue  # gone meanwhile, or not ours to see
-        if os.fstat(fd).st_ino == inode:
+        # Still that process once the fd is open (a pid is reused; with its start time, never):
+        # the fd is of the namespace it was in, which a number only matches if it is the starter's.
+        if _same_process(pid, started) and os.fstat(fd).st_ino == inode:
             return fd
         os.close(fd)
     return None
+
+
+def _same_process(pid: int, started: int) -> bool:
+    identity = process_identity(pid)
+    return identity is not None and identity[1] == started
 
 
 # The prepared context of the attempt this worker runs now: every child `procs` starts gets it.

@@ -10,6 +10,9 @@ before it runs the job: the engine, setup, verify and the worker's own git calls
 The rest of what a process inherits is kept beside it (`Context`): the nice value, the resource
 limits, the umask and the namespaces (by inode) of the command that started the job, applied to
 the job's processes by `proc/context` (issue 40): whoever hands it a slot does not lend it theirs.
+With them, the starter's lineage (itself and its ancestors, each by pid and start time): the only
+processes a namespace is ever taken from, because the kernel gives a torn-down namespace's
+number to the next one made (another job's sandbox, a minute later).
 
 Invariants:
 - Never put a job's environment in git or leave it readable by others, because it holds secrets:
@@ -64,6 +67,9 @@ RLIMITS = tuple(name for name in ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLI
                                   "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_STACK")
                 if hasattr(resource, name))
 NAMESPACES = ("user", "mnt", "pid", "net", "uts", "ipc", "cgroup", "time")
+# How many of the starter's ancestors may hold its namespaces for it: a shell in a container, the
+# agent that runs it, the terminal's; a namespace none of them is left in is gone for the job.
+LINEAGE_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -74,34 +80,66 @@ class Context:
     umask: int
     rlimits: dict[str, tuple[int, int]] = field(default_factory=dict)  # RLIMIT_X -> (soft, hard)
     namespaces: dict[str, int] = field(default_factory=dict)  # kind -> inode of /proc/self/ns/<kind>
+    # The starter and its ancestors, (pid, start time in clock ticks): who may still hold its namespaces.
+    lineage: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def capture(cls) -> Context:
-        """This process's (a few syscalls: no process is started)."""
+        """This process's (a few syscalls and reads of /proc: no process is started)."""
         mask = os.umask(0o022)
         os.umask(mask)
         rlimits = {name: resource.getrlimit(getattr(resource, name)) for name in RLIMITS}
-        spaces = {}
-        for kind in NAMESPACES:
-            try:
-                spaces[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
-            except OSError:
-                pass  # not on this kernel (time: 5.6+), or no /proc
-        return cls(os.getpriority(os.PRIO_PROCESS, 0), mask, rlimits, spaces)
+        return cls(os.getpriority(os.PRIO_PROCESS, 0), mask, rlimits, own_namespaces(), _lineage())
 
     def to_json(self) -> dict[str, Any]:
         return {"nice": self.nice, "umask": self.umask, "rlimits": {k: list(v) for k, v in self.rlimits.items()},
-                "namespaces": self.namespaces}
+                "namespaces": self.namespaces, "lineage": [list(each) for each in self.lineage]}
 
     @classmethod
     def from_json(cls, data: Any) -> Context | None:  # read from a file: anything
-        """The kept context, or None when it is missing or damaged (the worker's own then applies)."""
+        """The kept context, or None when it is missing or damaged (the worker's own then applies).
+        One kept without a lineage (an older version's) has no process left to take a namespace from."""
         try:
             rlimits = {str(k): (int(v[0]), int(v[1])) for k, v in data["rlimits"].items()}
             spaces = {str(k): int(v) for k, v in data["namespaces"].items()}
-            return cls(int(data["nice"]), int(data["umask"]), rlimits, spaces)
+            lineage = [(int(pid), int(started)) for pid, started in data.get("lineage", [])]
+            return cls(int(data["nice"]), int(data["umask"]), rlimits, spaces, lineage)
         except (TypeError, KeyError, ValueError, IndexError, AttributeError):
             return None
+
+
+def own_namespaces() -> dict[str, int]:
+    """This process's namespaces: kind -> inode."""
+    spaces = {}
+    for kind in NAMESPACES:
+        try:
+            spaces[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
+        except OSError:
+            pass  # not on this kernel (time: 5.6+), or no /proc
+    return spaces
+
+
+def process_identity(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, or None: a pid is reused, a pid
+    with its start time never is."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()  # the name before it may hold anything
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _lineage() -> list[tuple[int, int]]:
+    lineage: list[tuple[int, int]] = []
+    pid = os.getpid()
+    while pid > 1 and len(lineage) < LINEAGE_DEPTH:
+        identity = process_identity(pid)
+        if identity is None:
+            break
+        lineage.append((pid, identity[1]))
+        pid = identity[0]
+    return lineage
 
 
 def env_file(state_dir: Path, job_id: str) -> Path:
