@@ -167,7 +167,8 @@ def _prepare_namespaces(context: Context, prepared: Prepared) -> None:
             continue
         fd = _open_namespace(kind, theirs, context.lineage)
         if fd is None:
-            raise ContextError(f"its starter's {kind} namespace is gone (neither its starter nor an ancestor of it is left in it)")
+            raise ContextError(f"its starter's {kind} namespace is gone (neither its starter nor an "
+                               "ancestor of it is left in it)")
         prepared.namespace_fds.append((fd, flag))
 
 
