@@ -226,9 +226,13 @@ def gate_folder(repo: Path) -> Path:
 def host_pid(token: str, timeout: float = 30.0) -> int:
     """The pid, as this machine numbers it, of the process whose command line holds `token` (a
     job's process runs in a pid namespace with a /proc of its own: it cannot say its pid here).
-    Give it as an argument of the process, e.g. `sh -c '...' TOKEN` (its `$0`)."""
-    assert wait_until(lambda: processes_with(token), timeout=timeout), f"no process holds {token}"
-    return min(processes_with(token))
+    Give it as an argument of the process, e.g. `sh -c '...' TOKEN` (its `$0`): only a process
+    with the whole token as one argument is it, never one whose task merely holds the token (the
+    sandbox's launcher of the job's shell, which execs on into another program)."""
+    found: list[int] = []
+    assert wait_until(lambda: found.extend(processes_with(token, whole=True)) or found, timeout=timeout), \
+        f"no process holds {token}"
+    return min(found)
 
 
 def grant_writable(path: Path) -> Path:
@@ -375,10 +379,10 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> bool
     return False
 
 
-def processes_with(token: str) -> list[int]:
-    """The pids whose command line holds `token` (a gate path a test's job waits on, say), but
-    git-subtask's own: the worker is forked from `start` and keeps its argv, the job's task
-    included, while it finishes its bookkeeping after the job ended."""
+def processes_with(token: str, *, whole: bool = False) -> list[int]:
+    """The pids whose command line holds `token` (a gate path a test's job waits on, say; `whole`:
+    as one whole argument), but git-subtask's own: the worker is forked from `start` and keeps its
+    argv, the job's task included, while it finishes its bookkeeping after the job ended."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -387,7 +391,8 @@ def processes_with(token: str) -> list[int]:
             except OSError:
                 continue
             ours = any(os.path.basename(word) == b"git-subtask" for word in argv[:2])
-            if not ours and any(token.encode() in word for word in argv):
+            wanted = token.encode()
+            if not ours and any(word == wanted if whole else wanted in word for word in argv):
                 found.append(int(entry))
     return found
 
