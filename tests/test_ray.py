@@ -3,11 +3,10 @@
 One cluster for the module (`tests/raycluster.py`: a keeper process that starts a head with
 `subtask_slot: 2` and a second node with `subtask_slot: 2` and `subtask_node2: 2`, each in its own
 temp dir and cache folder, and takes every process it started down at the end, even when the test
-process dies). Its scenarios run on one xdist worker (`xdist_group`, the suite runs with
-`--dist loadgroup`), so the suite starts one cluster (~7 s of CPU, ~1 GB of memory), and in the
-order they are written here: everything a local job can ask for first, then the scenario that
-loses the second node. A bare remote on local disk carries the jobs; clone b starts them, clone a
-is the teammate.
+process dies). Its scenarios are the steps of one test, so a run starts one cluster (~7 s of
+CPU, ~1 GB of memory) and runs them in order: everything a local job can ask for first, then the
+scenario that loses the second node. A bare remote on local disk carries the jobs; clone b starts
+them, clone a is the teammate.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from raycluster import Cluster  # noqa: E402
 
 RAY_WAIT = float(os.environ.get("SUBTASK_TEST_RAY_WAIT", 180))  # only bounds a failure (slow CI)
-pytestmark = pytest.mark.xdist_group("ray-cluster")
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +129,19 @@ def open_reservations(clone: Path, job: str) -> list[str]:
     return [r.rid for r in ledger.open_reservations(open_repo(clone).state_dir) if r.job == job]
 
 
-@pytest.mark.slow
-def test_retries_reply_after_best_of_and_map_run_on_the_cluster(cluster, tmp_path):
+def test_a_ray_cluster_runs_every_kind_of_job_on_both_nodes_and_outlives_losing_one(cluster, tmp_path):
+    """The module's scenarios, in the order they must run on its one cluster: every kind of job
+    first, then the jobs spread over both nodes, the second node lost last."""
+    for step in ("kinds", "nodes"):
+        (tmp_path / step).mkdir()
+    _every_kind_of_job(cluster, tmp_path / "kinds")
+    _jobs_on_both_nodes_come_home_and_a_lost_node_fails_its_own(cluster, tmp_path / "nodes")
+
+
+def _every_kind_of_job(cluster, tmp_path: Path) -> None:
     """Everything a local job can ask for: `--retries` (the loop runs on the node, its money held at
     home), `reply`, `--after`, `--best-of` and `map`; what cannot work there (`map --concurrency`,
-    `--judge`) is refused in tests/test_executors.py. Before the scenario that loses a node."""
+    `--judge`) is refused in tests/test_executors.py."""
     remote, [(_teammate, _), (ours, cli)] = make_team(tmp_path)
     git(ours, "config", "subtask.executor", "ray")
     git(ours, "config", "subtask.ray.address", cluster.address)
@@ -255,7 +261,9 @@ def handed_over(clone: Path, remote: Path) -> dict:
             "slots": (taken.running, taken.queue)}
 
 
-def test_jobs_run_on_both_nodes_of_a_ray_cluster_and_come_home_through_git(cluster, tmp_path):
+def _jobs_on_both_nodes_come_home_and_a_lost_node_fails_its_own(cluster, tmp_path: Path) -> None:
+    """Six jobs, at most two per node at once, come home through git; then the second node is
+    lost, its job fails saying so, and the survivor ends done."""
     remote, [(teammate, teammate_cli), (ours, cli)] = make_team(tmp_path)
     git(ours, "config", "subtask.executor", "ray")
     git(ours, "config", "subtask.ray.address", cluster.address)
@@ -425,3 +433,15 @@ def test_the_test_clusters_ports_are_never_handed_out_twice(monkeypatch):
     monkeypatch.setattr(raycluster.socket, "socket", Probe)
     monkeypatch.setattr(raycluster, "_handed_out", set())
     assert [raycluster._free_port(), raycluster._free_port()] == [44515, 44516]
+
+
+def test_one_test_takes_the_cluster_so_a_run_starts_one():
+    """pytest-xdist hands tests to its workers one by one (`--dist loadgroup` no longer groups
+    them under pytest 9.2, pytest-xdist#1386), and each worker that runs a test taking the module's
+    cluster starts one: two such tests were two clusters at once on two cores (~13 s of start, ~1
+    GB each). So the scenarios are steps of one test, in the order they must run."""
+    import inspect
+
+    takers = [name for name, function in globals().items()
+              if name.startswith("test_") and "cluster" in inspect.signature(function).parameters]
+    assert len(takers) == 1, takers
