@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import git, kill_worker_and_engine, make_repo, wait_until
 
-# Plugins of this suite's venv (ray, pytest-git) would cost each run a second or more.
+# Plugins of this suite's venv (ray's, xdist, anyio) would cost each run a second or more.
 VERIFY = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:randomly"
 
 CALC = "def add(a, b):\n    return a - b\n"  # the bug
