@@ -383,7 +383,7 @@ def processes_with(token: str, *, whole: bool = False) -> list[int]:
     """The pids whose command line holds `token` (a gate path a test's job waits on, say; `whole`:
     as one whole argument), but git-subtask's own: the worker is forked from `start` and keeps its
     argv, the job's task included, while it finishes its bookkeeping after the job ended."""
-    found = []
+    found, wanted = [], token.encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -391,7 +391,6 @@ def processes_with(token: str, *, whole: bool = False) -> list[int]:
             except OSError:
                 continue
             ours = any(os.path.basename(word) == b"git-subtask" for word in argv[:2])
-            wanted = token.encode()
             if not ours and any(word == wanted if whole else wanted in word for word in argv):
                 found.append(int(entry))
     return found

@@ -12,7 +12,7 @@ limits, the umask and the namespaces (by inode) of the command that started the 
 the job's processes by `proc/context` (issue 40): whoever hands it a slot does not lend it theirs.
 With them, the starter's lineage (itself and its ancestors, each by pid and start time): the only
 processes a namespace is ever taken from, because the kernel gives a torn-down namespace's
-number to the next one made (another job's sandbox, a minute later).
+number to the next one made (another job's sandbox, at once).
 
 Invariants:
 - Never put a job's environment in git or leave it readable by others, because it holds secrets:
