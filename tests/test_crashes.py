@@ -162,10 +162,10 @@ def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
 
 SPAWN_AND_DIE = r"""
 import os, sys, threading
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from subtask.proc import procs
 mode, marker = sys.argv[2], sys.argv[3]
-from pathlib import Path
 
 def spawn():
     if mode == "procs":
