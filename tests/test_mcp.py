@@ -88,6 +88,12 @@ def how(request, repo, monkeypatch) -> str:
     return request.param
 
 
+# A test of a tool's words and JSON only, which no transport changes: in-process alone (a stdio
+# server costs ~0.65 s of CPU). The stdio twins above keep what the wire does: progress, a call
+# answered while another blocks, errors that leave the server serving.
+words_only = pytest.mark.parametrize("how", ["inproc"], indirect=True)
+
+
 # --------------------------------------------------------------------------- the tools
 
 def test_tools_are_listed_with_annotations(repo, how):
@@ -185,6 +191,7 @@ def test_land_sends_progress_of_its_window_as_wait_does(repo, how, tmp_path):
     assert any(all(job in p[2] for job in jobs) and "(window 2)" in p[2] for p in progress), progress
 
 
+@words_only
 def test_evidence_is_a_json_envelope(repo, how):
     async def main():
         async with connect(how, repo) as client:
@@ -1146,6 +1153,7 @@ def test_an_agent_delegates_reviews_and_lands_over_mcp_with_no_cli_call(repo):
     assert git(repo, "rev-parse", "--verify", "-q", f"subtask/{ids[2]}")  # left: its branch stays
 
 
+@words_only
 def test_review_tools_answer_the_clis_words_and_json(repo, cli, how):
     """show, result, diff, log, spend, list, status: the text is what the CLI prints, the structured
     content what its --json prints."""
@@ -1202,6 +1210,7 @@ def test_a_diff_is_bounded_and_says_what_it_left_out(repo, cli, monkeypatch):
                                      "stat=true, or paths=[...])")
 
 
+@words_only
 def test_merge_over_mcp_refuses_as_the_cli_does_and_changes_nothing(repo, cli, how):
     failed = cli.start("echo x > x.txt", "--verify", "false")
     empty = cli.start("true")
@@ -1223,6 +1232,7 @@ def test_merge_over_mcp_refuses_as_the_cli_does_and_changes_nothing(repo, cli, h
     assert git(repo, "rev-parse", "main~1") == before and (repo / "x.txt").exists()
 
 
+@words_only
 def test_argument_errors_read_like_the_cli_never_like_pydantic(repo, how):
     async def main():
         async with connect(how, repo) as client:
@@ -1331,6 +1341,7 @@ def test_argument_errors_name_the_tools_parameters_never_the_clis_flags(repo, cl
     assert second.startswith("2. error: retries needs verify")
 
 
+@words_only
 def test_a_land_that_lands_nothing_is_an_error_as_a_merge_of_the_same_job_is(repo, cli, how):
     """Every job refused or failed: `land` exits 1 as `merge` does, and over MCP both are tool
     errors naming why. A land that landed some is an answer (ok false), and a dry run is a plan."""
@@ -1383,6 +1394,7 @@ def test_wait_with_timeout_zero_answers_the_current_states_at_once(repo, cli, ho
     assert done.startswith(f"{ended} done") and done_data["timed_out"] is False
 
 
+@words_only
 def test_list_folds_a_group_as_the_cli_does(repo, cli, how):
     started = cli.ok("start", "--best-of", "2", "--verify", "true", "echo $SUBTASK_GROUP_MEMBER > m.txt")
     gid = started.split()[0]
