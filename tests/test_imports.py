@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import git
 
+from subtask.proc import isolation
+
 FORBIDDEN = ("click", "pygit2", "mcp", "mcp_types", "claude_agent_sdk", "anyio", "pydantic", "ray", "filelock",
              "dataclasses", "inspect", "subprocess", "signal",
              "subtask.engines", "subtask.worker", "subtask.api.starting", "subtask.api.groups", "subtask.api.launching",
@@ -256,6 +258,11 @@ NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock",
                 "inspect", "typing", "subprocess", "tempfile", "shutil", "datetime", "threading",
                 "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
 
+# What only the worker's confinement uses (~2.4 ms): `ctypes` for the kernel's calls and the view
+# it builds. `start` only chooses a job's isolation: Landlock's presence, as this boot's first
+# probe found it (proc/isolation.py `support_seen`), and the namespaces' (a few files read).
+KERNEL_INTERFACES = ("ctypes", "subtask.proc.view")
+
 
 def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
     """The modules `git-subtask ARGV` had loaded when it exited (its own process, not a fork's), and its stdout."""
@@ -275,6 +282,8 @@ def test_start_imports_nothing_it_does_not_use(repo, cli):
     cli.ok("wait", out.split()[0])
     assert "subtask.api.starting" in loaded
     assert loaded_of(loaded, NOT_AT_START) == []
+    if isolation.support().available:  # a start here trusts this boot's earlier probe of Landlock
+        assert loaded_of(loaded, KERNEL_INTERFACES) == []
 
 
 def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):

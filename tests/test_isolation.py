@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from subtask.proc import isolation, namespaces, procs
+from subtask.proc import isolation, landlock, namespaces, procs
 from tests.conftest import git, refs, wait_until
 
 LANDLOCK = isolation.support()
 needs_landlock = pytest.mark.skipif(not LANDLOCK.available, reason=f"no usable Landlock here: {LANDLOCK.reason}")
-NO_LANDLOCK = {isolation.ABI_ENV: "0"}
+NO_LANDLOCK = {landlock.ABI_ENV: "0"}
 NAMESPACES = namespaces.support()
 needs_namespaces = pytest.mark.skipif(
     not NAMESPACES.available, reason=f"no user/mount/pid namespaces here: {NAMESPACES.reason}")
@@ -96,6 +96,46 @@ def test_a_confined_job_writes_only_its_worktree_and_its_branch(cli, repo, hosti
     assert "sandbox: worktree (Landlock ABI" in note and "claimed" in note and "main worktree unchanged" in note
     events = (repo / ".git" / "subtask" / "run" / f"{job}.events.jsonl").read_text()
     assert '"type": "isolation"' in events and "decoy.txt" in events
+
+
+def seen_record(repo: Path) -> Path:
+    return repo / ".git" / "subtask" / "landlock.json"
+
+
+@needs_landlock
+def test_start_records_this_boots_landlock_and_a_damaged_record_is_probed_again(cli, repo):
+    """`start` chooses a job's isolation from this boot's first probe of Landlock (no `ctypes` on
+    its path); a record it cannot read is only a cache: the kernel is asked again."""
+    cli.ok("wait", cli.start("true"))
+    seen = json.loads(seen_record(repo).read_text())
+    assert seen["v"] == 1 and seen["abi"] == LANDLOCK.abi and seen["boot"].split()[1] == os.uname().release
+    assert seen_record(repo).stat().st_mode & 0o777 == 0o600
+    for damaged in ("{not json", json.dumps({"v": 1, "boot": "another boot", "abi": 99}),
+                    json.dumps({"v": 1, "boot": seen["boot"], "abi": "7"})):
+        seen_record(repo).write_text(damaged)
+        job = cli.start("true")
+        cli.ok("wait", job)
+        assert evidence(cli, job)["isolation"]["mode"] == "worktree"
+        assert json.loads(seen_record(repo).read_text()) == seen
+
+
+@needs_landlock
+@pytest.mark.skipif(LANDLOCK.abi < isolation.SCOPED_ABI, reason="signals are scoped from Landlock ABI 6")
+def test_a_forged_record_of_this_boots_landlock_never_weakens_a_jobs_confinement(cli, repo, hostile):
+    """The record says what `start` may choose; the worker confines from the kernel's own answer.
+    Written by anyone to claim an older Landlock (no scoped signals or abstract sockets), it still
+    leaves the job's processes unable to signal anything outside their sandbox."""
+    cli.ok("wait", cli.start("true"))
+    seen = json.loads(seen_record(repo).read_text())
+    seen_record(repo).write_text(json.dumps({"v": 1, "boot": seen["boot"], "abi": landlock.MIN_ABI}))
+    _decoy, _home, script = hostile
+    job = cli.start(script)
+    cli.ok("wait", job)
+    assert outputs(repo, job)["signal-worker"] != "0"
+    iso = evidence(cli, job)["isolation"]
+    assert (iso["mode"], iso["signals"], iso["abstract_sockets"]) == (
+        "worktree", "only inside the sandbox", "only inside the sandbox"), iso
+    assert f"Landlock ABI {LANDLOCK.abi}" in iso["enforced_by"]
 
 
 def test_the_main_worktree_is_compared_after_verify_as_well_as_after_the_engine(cli, repo):

@@ -490,7 +490,7 @@ def _harness(repo: Repo, request: StartRequest) -> list[str] | None:
 
 def _isolation(repo: Repo, engine, request: StartRequest):
     """The confinement the job's engine gets; what was asked and cannot be enforced is refused."""
-    from subtask.proc import isolation
+    from subtask.proc import isolation, landlock
 
     confined_as = os.environ.get(isolation.ACTIVE_ENV, "none")
     if confined_as != "none" or not _can_write_state(repo):
@@ -500,7 +500,7 @@ def _isolation(repo: Repo, engine, request: StartRequest):
         raise SubtaskError("fatal", f"this process runs confined ({said}), so it cannot start jobs",
                            hint="start the job that delegates with --isolation none")
     return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
-                             configured=repo.config.get("isolation"))
+                             configured=repo.config.get("isolation"), landlock=landlock.support_seen(repo.state_dir))
 
 
 def _can_write_state(repo: Repo) -> bool:

@@ -11,9 +11,10 @@ Modes (`JobSpec.isolation`, `--isolation`, `git config subtask.isolation`):
 
 Reading and executing are never restricted, and the network is left as it is.
 
-How: a Landlock ruleset that handles only write-type rights is built in the parent (the worker)
-while `confined(policy)` is active; `procs` asks `child_hook()` for a pre-exec hook, and the
-child calls prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self on that ruleset just before exec.
+How: a Landlock ruleset that handles only write-type rights is built in the parent (the worker;
+`proc/landlock.py` speaks to the kernel) while `confined(policy)` is active; `procs` asks
+`child_hook()` for a pre-exec hook, and the child calls prctl(PR_SET_NO_NEW_PRIVS) and
+landlock_restrict_self on that ruleset just before exec.
 Landlock is inherited by every descendant and cannot be lifted.
 
 What Landlock cannot express (path hierarchies, no per-name rules inside a folder): any file in
@@ -36,24 +37,24 @@ Invariants:
 from __future__ import annotations
 
 import _thread
-import ctypes
-import errno
 import json
 import os
 import signal
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
-from subtask.proc import namespaces
-from subtask.proc import view as views
+from subtask.proc import landlock, namespaces
+from subtask.proc.landlock import ALL, DEVICE, OBJECTS, REF_FILES, SCOPED_ABI, IsolationError, Support, support
+
+TYPE_CHECKING = False  # not `typing`'s: `start` imports this module to choose a job's isolation
+if TYPE_CHECKING:
+    from subtask.proc import view as views
+_PR_SET_PDEATHSIG = 1
 
 MODES = ("none", "worktree", "readonly")
-MIN_ABI = 3  # ABI 2 adds REFER (git renames objects across folders), ABI 3 TRUNCATE (truncate(2))
-ABI_ENV = "SUBTASK_LANDLOCK_ABI"  # tests: pretend the kernel offers at most this ABI (0 = none)
 NAMESPACES_ENV = namespaces.ENV  # tests: "0" pretends this machine offers no namespaces
 ACTIVE_ENV = "SUBTASK_ISOLATION"  # set for confined engines: nested `start` says why it cannot work
 WRITABLE_KEY = "isolation.writable"  # subtask.isolation.writable, and so on
@@ -61,127 +62,9 @@ READABLE_KEY = "isolation.readable"
 SOCKET_KEY = "isolation.socket"
 ENV_KEY = "isolation.env"
 
-# -- the kernel interface -------------------------------------------------------------------------
-
-_SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446), "arm64": (444, 445, 446)}
-_CREATE_RULESET_VERSION = 1
-_RULE_PATH_BENEATH = 1
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_PDEATHSIG = 1
-
-EXECUTE = 1 << 0
-WRITE_FILE = 1 << 1
-READ_FILE = 1 << 2
-READ_DIR = 1 << 3
-REMOVE_DIR = 1 << 4
-REMOVE_FILE = 1 << 5
-MAKE_CHAR = 1 << 6
-MAKE_DIR = 1 << 7
-MAKE_REG = 1 << 8
-MAKE_SOCK = 1 << 9
-MAKE_FIFO = 1 << 10
-MAKE_BLOCK = 1 << 11
-MAKE_SYM = 1 << 12
-REFER = 1 << 13  # ABI 2
-TRUNCATE = 1 << 14  # ABI 3
-
-# What we handle: every write-type right, so whatever no rule grants is denied. Reads are not handled.
-HANDLED = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
-           | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM | REFER | TRUNCATE)
-FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # the only rights a rule on a file may carry
-ALL = HANDLED & ~(MAKE_CHAR | MAKE_BLOCK)
-OBJECTS = MAKE_REG | MAKE_DIR | WRITE_FILE | REMOVE_FILE | REFER  # add objects (temp file, link, unlink)
-REF_FILES = MAKE_REG | WRITE_FILE | REMOVE_FILE | TRUNCATE  # <ref>.lock, then rename onto <ref>
-DEVICE = WRITE_FILE | TRUNCATE
-
 # Not /dev/pts or /dev/ptmx: a job could write to your open terminals (grant them if tests need ptys).
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")
 DEVICE_DIRS = ("/dev/shm",)
-
-
-# ABI 6: no connection to an abstract unix socket (a name, no file: no view can hide one) made
-# outside the sandbox, and no signal to a process outside it (the worker, your editor).
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
-SCOPE_SIGNAL = 1 << 1
-SCOPED_ABI = 6
-
-
-class _RulesetAttr(ctypes.Structure):
-    # Below ABI 6 only the first field is passed (the kernel accepts a shorter, older struct).
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-if _libc is not None:
-    _libc.syscall.restype = ctypes.c_long
-    _libc.prctl.restype = ctypes.c_int
-
-
-def _linux_libc() -> ctypes.CDLL:
-    """The C library, on Linux: the only system these calls are made on (`landlock_abi` and
-    `namespaces.available` say no elsewhere, before any of them)."""
-    if _libc is None:
-        raise IsolationError(f"confinement needs Linux, not {sys.platform}")
-    return _libc
-
-
-class IsolationError(Exception):
-    """The policy could not be built: the engine must not run."""
-
-
-@dataclass(frozen=True)
-class Support:
-    """Whether Landlock can confine here: its ABI, or why not (`support`)."""
-
-    abi: int  # 0 = no Landlock here
-    reason: str  # why not, when abi < MIN_ABI
-
-    @property
-    def available(self) -> bool:
-        return self.abi >= MIN_ABI
-
-    def describe(self) -> str:
-        if self.available:
-            return f"Landlock ABI {self.abi}"
-        return self.reason
-
-
-def _kernel_abi() -> tuple[int, str]:
-    if _libc is None:
-        return 0, f"Landlock is Linux-only (this is {sys.platform})"
-    numbers = _SYSCALLS.get(os.uname().machine)
-    if numbers is None:
-        return 0, f"Landlock syscall numbers unknown for {os.uname().machine}"
-    abi = _libc.syscall(ctypes.c_long(numbers[0]), None, ctypes.c_long(0), ctypes.c_long(_CREATE_RULESET_VERSION))
-    if abi < 0:
-        err = ctypes.get_errno()
-        why = {errno.ENOSYS: "the kernel has no Landlock (Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK)",
-               errno.EOPNOTSUPP: "Landlock is disabled at boot (add landlock to the lsm= kernel parameter)"}
-        return 0, why.get(err, f"landlock_create_ruleset failed: {os.strerror(err)}")
-    return int(abi), ""
-
-
-_support_cache: Support | None = None
-
-
-def support() -> Support:
-    """What this machine can enforce (asked once per process; costs one syscall)."""
-    global _support_cache
-    if _support_cache is None:
-        abi, reason = _kernel_abi()
-        cap = os.environ.get(ABI_ENV)
-        if cap is not None and cap.strip().isdigit() and int(cap) < abi:
-            abi, reason = int(cap), f"Landlock ABI capped at {cap} by {ABI_ENV}"
-        if 0 < abi < MIN_ABI:
-            reason = f"Landlock ABI {abi} is too old: git-subtask needs ABI {MIN_ABI} (Linux 6.2+)"
-        _support_cache = Support(abi, reason)
-    return _support_cache
 
 
 # -- which mode a job gets ------------------------------------------------------------------------
@@ -216,21 +99,24 @@ def check_mode(value: str | None, where: str) -> str | None:
     return mode
 
 
-def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None) -> Choice:
-    """The mode a new job runs with. Asked for (flag, then config) and not possible: refused."""
+def resolve(engine, *, readonly: bool, flag: str | None, configured: str | None,
+            landlock: Support | None = None) -> Choice:
+    """The mode a new job runs with. Asked for (flag, then config) and not possible: refused.
+    `landlock`: what confines writes here, when the caller knows (`support_seen`); else `support()`."""
+    landlock = landlock if landlock is not None else support()
     asked = check_mode(flag, "--isolation")
     source = "flag"
     if asked is None:
         asked, source = check_mode(configured, "git config subtask.isolation"), "config"
     if asked is not None:
         if asked != "none":
-            _require(engine, asked, source)
+            _require(engine, asked, source, landlock)
         return Choice(asked, source)
     mode = engine_default(engine)
     if mode == "worktree" and readonly:
         mode = "readonly"
-    if mode != "none" and not support().available:
-        return Choice("none", "default", f"{mode} isolation unavailable here: {support().reason}")
+    if mode != "none" and not landlock.available:
+        return Choice("none", "default", f"{mode} isolation unavailable here: {landlock.reason}")
     if mode != "none" and not namespaces.support().available:
         return Choice(mode, "default", f"{PARTIAL}: {namespaces.support().reason}")
     return Choice(mode, "default")
@@ -240,14 +126,14 @@ PARTIAL = ("writes only (Landlock): the job sees the whole machine (no view of i
            "the worktree and children that outlive the job are not confined here")
 
 
-def _require(engine, mode: str, source: str) -> None:
+def _require(engine, mode: str, source: str, landlock: Support) -> None:
     how = "--isolation" if source == "flag" else "git config subtask.isolation"
     if not engine_confinable(engine):
         raise SubtaskError("fatal", f"the {engine.name} engine cannot be confined by git-subtask ({how} {mode}): "
                            "its processes are not started through git-subtask; it keeps its own sandbox",
                            hint=f"git subtask start --isolation none --engine {engine.name} ...")
-    if not support().available:
-        raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: {support().reason}",
+    if not landlock.available:
+        raise SubtaskError("fatal", f"{how} {mode} cannot be enforced on this machine: {landlock.reason}",
                            hint="git subtask doctor; or run unconfined on purpose: --isolation none")
     refusal = getattr(engine, "confinement_refusal", None)
     reason = refusal(mode) if callable(refusal) else None
@@ -411,6 +297,8 @@ def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
             raise IsolationError(f"namespaces unavailable here: {ns.reason}")
         policy.children = "ended by the worker when the attempt ends (subreaper); not if the worker is killed"
         return
+    from subtask.proc import view as views  # the worker's: `start` only chooses
+
     inputs = policy.inputs if policy.mode != "none" else None
     confined = inputs is not None
     try:
@@ -486,6 +374,8 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
                 policy.grants.append(Grant(str(folder), "git: job branches and their reflogs", REF_FILES))
         if (common_dir / "reftable").is_dir():
             policy.grants.append(Grant(str(common_dir / "reftable"), "git: reftable (every ref: not protected)"))
+    from subtask.proc import view as views  # the worker's: `start` only chooses
+
     private = views.Private(Path(tmpdir))
     private.make()
     policy.grants += [Grant(tmpdir, "private temp dir (TMPDIR)"),
@@ -497,8 +387,8 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
         if os.path.exists(path):
             policy.grants.append(Grant(path, "device", DEVICE if path in DEVICE_FILES else ALL))
     writable: list[tuple[str, str]] = []
-    for why, paths in (("engine", engine_extra), ("subtask." + WRITABLE_KEY, extra)):
-        for path in paths:
+    for why, asked_for in (("engine", engine_extra), ("subtask." + WRITABLE_KEY, extra)):
+        for path in asked_for:
             if os.path.exists(path):
                 policy.grants.append(Grant(path, why))
                 writable.append((path, why))
@@ -554,63 +444,6 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
 # -- applying it ----------------------------------------------------------------------------------
 
 
-def _syscall(index: int, *args) -> int:
-    number = _SYSCALLS[os.uname().machine][index]
-    result = _linux_libc().syscall(ctypes.c_long(number), *args)
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(result)
-
-
-def _handled(abi: int) -> int:
-    handled = HANDLED
-    if abi < 2:
-        handled &= ~REFER
-    if abi < 3:
-        handled &= ~TRUNCATE
-    return handled
-
-
-def build_ruleset(policy: Policy) -> int:
-    """A Landlock ruleset fd (close-on-exec) holding the policy's grants."""
-    state = support()
-    if not state.available:
-        raise IsolationError(f"isolation {policy.mode} cannot be enforced: {state.reason}")
-    handled = _handled(state.abi)
-    scoped = state.abi >= SCOPED_ABI
-    attr = _RulesetAttr(handled, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET if scoped else 0)
-    size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
-    try:
-        fd = _syscall(0, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    except OSError as exc:
-        raise IsolationError(f"landlock_create_ruleset: {exc.strerror}") from exc
-    try:
-        for grant in policy.grants:
-            _add_rule(fd, grant, handled)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _add_rule(ruleset: int, grant: Grant, handled: int) -> None:
-    try:
-        path_fd = os.open(grant.path, os.O_PATH | os.O_CLOEXEC)
-    except OSError as exc:
-        raise IsolationError(f"cannot grant {grant.path}: {exc.strerror}") from exc
-    try:
-        rights = grant.rights & handled
-        if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
-            rights &= FILE_RIGHTS
-        beneath = _PathBeneath(rights, path_fd)
-        _syscall(1, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(beneath), ctypes.c_uint32(0))
-    except OSError as exc:
-        raise IsolationError(f"landlock_add_rule {grant.path}: {exc.strerror}") from exc
-    finally:
-        os.close(path_fd)
-
-
 # Process-wide, not per thread: a worker runs one engine at a time, and an engine that starts its
 # children from another thread must not escape.
 _active: Sandbox | None = None
@@ -627,7 +460,9 @@ class Sandbox:
         self.policy = policy
         self.plan = policy.plan
         self._owns = owns  # a private folder this sandbox removes when closed
-        self.fd: int | None = build_ruleset(policy) if policy.mode != "none" else None
+        self.fd: int | None = landlock.ruleset(policy.mode, policy.grants) if policy.mode != "none" else None
+        from subtask.proc import view as views  # the worker's: `start` only chooses
+
         self.accounting = views.Accounting(policy.view if owns is None else None)
 
     @property
@@ -638,6 +473,8 @@ class Sandbox:
         """`env` without what a confined process is not given (host sockets, credentials)."""
         if self.mode == "none":
             return env
+        from subtask.proc import view as views
+
         withheld = set(views.withheld(env, self.granted))
         return {k: v for k, v in env.items() if k not in withheld}
 
@@ -673,15 +510,6 @@ class confined:  # noqa: N801  (a phrase: `with confined(sandbox):`; a class: `s
                 _active = self.previous
 
 
-def _restrict_self_call(fd: int):
-    """`landlock_restrict_self(fd)` after PR_SET_NO_NEW_PRIVS, made ready to call in a forked child."""
-    prctl, syscall = _linux_libc().prctl, _linux_libc().syscall
-    no_new_privs = (ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0), ctypes.c_ulong(0))
-    restrict = (ctypes.c_long(_SYSCALLS[os.uname().machine][2]), ctypes.c_long(fd), ctypes.c_long(0))
-    return lambda: prctl(*no_new_privs) == 0 and syscall(*restrict) == 0
-
-
 def child_hook(sandbox: Sandbox | None = None) -> Callable[[], None] | None:
     """The pre-exec hook for a child started now in `sandbox` (else the active one), or None when
     nothing is to be confined."""
@@ -690,7 +518,7 @@ def child_hook(sandbox: Sandbox | None = None) -> Callable[[], None] | None:
         return None
     # Everything the child needs is made here, in the parent: between fork and exec it only calls.
     enter = sandbox.plan.prepare() if sandbox.plan.active else None
-    restrict = _restrict_self_call(sandbox.fd) if sandbox.fd is not None else None
+    restrict = landlock.restrict_self_call(sandbox.fd) if sandbox.fd is not None else None
     write, exit_ = os.write, os._exit
     message = b"git-subtask: could not confine this process (Landlock); it was not started\n"
 
@@ -751,8 +579,10 @@ def launch(args: list[str]) -> int:
         return 129
     argv = args[1:]
     if "parent" in options:
-        _linux_libc().prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0), ctypes.c_ulong(0))
+        import ctypes
+
+        landlock.linux_libc().prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                            ctypes.c_ulong(0), ctypes.c_ulong(0))
         if str(os.getppid()) != options["parent"]:
             return 126  # the parent died before the signal was armed
     if options.get("session"):
@@ -777,14 +607,14 @@ def launch(args: list[str]) -> int:
         try:
             policy = Policy(spec["mode"], [Grant(path, "", rights) for path, rights in spec["grants"]],
                             plan=namespaces.Plan.from_json(spec["plan"]))
-            fd = build_ruleset(policy) if policy.mode != "none" else None
+            fd = landlock.ruleset(policy.mode, policy.grants) if policy.mode != "none" else None
         except (OSError, ValueError, KeyError, TypeError, IsolationError) as exc:
             sys.stderr.write(f"git-subtask: could not confine this process ({exc}); it was not started\n")
             return 126
         if policy.plan.active:
             policy.plan.prepare()()  # exits 126 with a message when it cannot
         if fd is not None:
-            if not _restrict_self_call(fd)():
+            if not landlock.restrict_self_call(fd)():
                 sys.stderr.write("git-subtask: could not confine this process (Landlock); it was not started\n")
                 return 126
             os.close(fd)

@@ -37,12 +37,15 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
 from subtask.model.dataclass import dataclass
-from subtask.proc import view as views
+from subtask.proc import syscalls
+
+TYPE_CHECKING = False  # not `typing`'s: `start` imports this module to ask `support()`
+if TYPE_CHECKING:
+    from subtask.proc import view as views
 
 ENV = "SUBTASK_NAMESPACES"  # tests: "0" pretends this machine offers none
 
@@ -64,14 +67,6 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # in the namespace.
 INIT = ('trap \'kill -TERM "$c" 2>/dev/null\' TERM INT HUP; exec 3<&0; "$@" <&3 3<&- & c=$!; exec 3<&-; '
         'while :; do wait "$c"; s=$?; kill -0 "$c" 2>/dev/null || exit "$s"; done')
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 @dataclass(frozen=True)
@@ -103,7 +98,7 @@ def _probe() -> Support:
         return Support(False, f"namespaces are Linux-only (this is {sys.platform})")
     if os.environ.get(ENV, "").strip() == "0":
         return Support(False, f"turned off by {ENV}=0")
-    if views.syscall_number("pivot_root") is None:
+    if syscalls.number("pivot_root") is None:
         return Support(False, f"pivot_root's number is unknown for {os.uname().machine}")
     if not _kernel_at_least(5, 12):
         return Support(False, f"Linux {os.uname().release} lacks mount_setattr (5.12+)")
@@ -168,6 +163,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict) -> Plan:
+        from subtask.proc import view as views  # the worker's and a launcher's: `start` only chooses
+
         view = data.get("view")
         return cls(pid=bool(data.get("pid")), view=views.View.from_json(view) if isinstance(view, dict) else None,
                    network=bool(data.get("network", True)))
@@ -175,6 +172,17 @@ class Plan:
     def prepare(self):
         """The function that enters the namespaces, every argument made here, in the parent. With
         a pid namespace it returns only in pid 1; its parent waits for pid 1 and exits as it did."""
+        import ctypes  # the worker's and a launcher's: `start` only chooses (~1.3 ms)
+
+        from subtask.proc import view as views
+
+        class CapHeader(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class CapData(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
         libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
@@ -192,12 +200,12 @@ class Plan:
         ctypes.memmove(ctypes.addressof(lo) + 16, ctypes.byref(ctypes.c_short(_IFF_UP)), 2)
         socket_, ioctl = libc.socket, libc.ioctl
         lo_up, pid_ns = not self.network, self.pid
-        pidfd_nr = ctypes.c_long(views.syscall_number("pidfd_open") or -1)
-        close_range_nr = ctypes.c_long(views.syscall_number("close_range") or -1)
+        pidfd_nr = ctypes.c_long(syscalls.number("pidfd_open") or -1)
+        close_range_nr = ctypes.c_long(syscalls.number("close_range") or -1)
         status = ctypes.c_int(0)
         parent_gone = (ctypes.c_int * 2)()  # a pollfd: fd, events | revents << 16
-        cap_header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-        cap_data = (_CapData * 2)()
+        cap_header = CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+        cap_data = (CapData * 2)()
 
         def fail(what: bytes) -> None:
             write(2, b"git-subtask: could not set up the job's sandbox (" + what + b": errno %d); "

@@ -61,6 +61,7 @@ from pathlib import Path
 
 from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
+from subtask.proc.syscalls import number as syscall_number
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
 # Secret files of the system a root-run job could read as their owner: hidden behind stand-ins.
@@ -524,9 +525,6 @@ _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 _MNT_DETACH = 2
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 1
-_NEW = {"mount_setattr": 442, "pidfd_open": 434, "close_range": 436}  # one number on every arch
-_SYSCALLS = {"x86_64": {"pivot_root": 155, **_NEW}, "aarch64": {"pivot_root": 41, **_NEW},
-             "arm64": {"pivot_root": 41, **_NEW}}
 _AF_UNIX, _SOCK_STREAM, _SOCK_NONBLOCK, _SOCK_CLOEXEC = 1, 1, 0o4000, 0o2000000
 _O_WRONLY, _O_CREAT, _O_APPEND, _O_CLOEXEC, _O_RDONLY = 0o1, 0o100, 0o2000, 0o2000000, 0
 
@@ -542,10 +540,6 @@ class _SockaddrUn(ctypes.Structure):
 
 class _PollFd(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
-
-
-def syscall_number(name: str) -> int | None:
-    return _SYSCALLS.get(os.uname().machine, {}).get(name)
 
 
 class Build:

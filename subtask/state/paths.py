@@ -10,6 +10,7 @@ pool-fill.lock                  held by the one process filling the worktree poo
 notify.jsonl (.1), notify.lock   the events told to MCP clients (ops/notify)
 groups/<gid>.lock               a group's conclusion lock
 land-sweep.json, patch-ids.json, main-index/       caches of the sweep, landing and the worker
+landlock.json                   this boot's Landlock, as `start` first found it (proc/isolation)
 logs/<id>.log                   a worker's stderr
 run/<id>.lock                   the run-lock, held (flock) for a worker's life (state/liveness)
 run/<id>.pid, .stop, .engine, .events.jsonl, .env.json; run/<gid>.judge.json
@@ -48,6 +49,7 @@ PORTS_FILE, PORTS_LOCK = "ports.json", "ports.lock"
 NOTES_LOCK, WORKTREE_LOCK, LAND_LOCK, CLONE_ID_LOCK = "notes.lock", "worktree.lock", "land.lock", "clone-id.lock"
 POOL_FILL_LOCK = "pool-fill.lock"
 SWEEP_STAMP, PATCH_ID_CACHE, MAIN_INDEX_COPIES = "land-sweep.json", "patch-ids.json", "main-index"
+LANDLOCK_SEEN = "landlock.json"
 
 
 def reservation_id(job_id: str, attempt: int) -> str:
