@@ -52,7 +52,6 @@ from subtask.proc.landlock import ALL, DEVICE, OBJECTS, REF_FILES, SCOPED_ABI, I
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module to choose a job's isolation
 if TYPE_CHECKING:
     from subtask.proc import view as views
-_PR_SET_PDEATHSIG = 1
 
 MODES = ("none", "worktree", "readonly")
 NAMESPACES_ENV = namespaces.ENV  # tests: "0" pretends this machine offers no namespaces
@@ -61,6 +60,7 @@ WRITABLE_KEY = "isolation.writable"  # subtask.isolation.writable, and so on
 READABLE_KEY = "isolation.readable"
 SOCKET_KEY = "isolation.socket"
 ENV_KEY = "isolation.env"
+_PR_SET_PDEATHSIG = 1  # prctl: the signal a launcher gets when its parent dies
 
 # Not /dev/pts or /dev/ptmx: a job could write to your open terminals (grant them if tests need ptys).
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random", "/dev/urandom")

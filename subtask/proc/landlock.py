@@ -3,8 +3,8 @@
 call a forked child makes to restrict itself (`restrict_self_call`). `proc/isolation.py` decides
 what a run may write; this module only speaks to the kernel.
 
-`ctypes` is imported by the functions that make a kernel call, never at this module's import:
-`start` imports it to choose a job's isolation (~1.3 ms it does not need, `support_seen`).
+`ctypes` (~1.3 ms) is imported by the functions that make a kernel call, never at this
+module's import: `start` imports the module only to choose a job's isolation (`support_seen`).
 
 Invariants:
 - Never build a ruleset from a record of the kernel's answer, because anyone who can write the
@@ -95,8 +95,8 @@ def _structs() -> tuple:
 
 
 def linux_libc() -> ctypes.CDLL:
-    """The C library, on Linux: the only system these calls are made on (`landlock_abi` and
-    `namespaces.available` say no elsewhere, before any of them)."""
+    """The C library, on Linux: the only system these calls are made on (`support` and
+    `namespaces.support` say no elsewhere, before any of them)."""
     global _LIBC
     if sys.platform != "linux":
         raise IsolationError(f"confinement needs Linux, not {sys.platform}")
