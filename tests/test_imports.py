@@ -256,7 +256,8 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
 # (`contextlib`, ~0.3 ms, left too; an editable install's finder loads it at the interpreter's start.)
 NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging", "dataclasses",
                 "inspect", "typing", "subprocess", "tempfile", "shutil", "datetime", "threading",
-                "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli")
+                "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli",
+                "subtask.ops.plans")
 
 # What only the worker's confinement uses (~2.4 ms): `ctypes` for the kernel's calls and the view
 # it builds. `start` only chooses a job's isolation: Landlock's presence, as this boot's first

@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -185,8 +184,10 @@ def support_seen(state_dir: Path) -> Support:
     abi, _ = raw = _kernel_abi()
     _support_cache = _capped(*raw)
     if boot and abi >= MIN_ABI and state_dir.is_dir():
-        with contextlib.suppress(OSError):  # a cache: the next start probes again
+        try:  # not `contextlib` (~0.4 ms of a start)
             statefiles.write_json(record, {"v": 1, "boot": boot, "abi": abi}, durable=False)
+        except OSError:
+            pass  # a cache: the next start probes again
     return _support_cache
 
 
