@@ -329,6 +329,31 @@ def test_list_survives_a_damaged_cache_and_sees_every_change(cli, repo):
     assert states == {job: "done", other: "failed"}
 
 
+def test_list_writes_its_caches_only_when_that_spares_more_than_it_costs(cli, repo):
+    """A cache file written (a new inode, ~0.8 ms) costs more than the few record reads it would
+    spare the next `list` (~0.05 ms each): the listing's and the overlap marks' caches are written
+    by the first `list`, then again once `records.CACHE_WORTH` records are new to them."""
+    from subtask.git.records import CACHE_WORTH
+
+    jobs = [cli.start("echo a > a.txt")]
+    cli.ok("wait", jobs[0])
+    cli.ok("list")
+    caches = sorted(state_dir(repo).glob("list-cache-*.json")) + sorted(state_dir(repo).glob("behind-*.json"))
+    assert len(caches) == 2, caches
+    written = [(c.stat().st_ino, c.read_bytes()) for c in caches]
+    while len(jobs) < CACHE_WORTH:
+        jobs.append(cli.start(f"echo {len(jobs)} > a.txt"))
+        cli.ok("wait", jobs[-1])
+        shown = cli.json("list")["jobs"]
+        assert [j["id"] for j in shown] == jobs[::-1]  # every new job listed, with its marks
+        assert len(shown[0]["marks"]["overlaps"]) == len(jobs) - 1
+        assert [(c.stat().st_ino, c.read_bytes()) for c in caches] == written
+    jobs.append(cli.start("echo last > a.txt"))
+    cli.ok("wait", jobs[-1])
+    cli.ok("list")
+    assert all(c.stat().st_ino != ino for c, (ino, _) in zip(caches, written, strict=True))
+
+
 def test_wait_on_a_queued_job_sees_a_raised_max_running_without_another_command(cli, repo):
     git(repo, "config", "subtask.maxRunning", "1")
     go = repo.parent / "go"

@@ -414,6 +414,9 @@ def resolve(repo: Repo, text: str) -> str:
 
 
 LIST_CACHE_VERSION = 2  # 2: entries say whether their tip is signed
+# A cache file written (a new inode: ~0.8 ms on a busy ext4) pays for itself once it spares this
+# many object reads (~0.05-0.1 ms each): fewer new records are read again by the next look instead.
+CACHE_WORTH = 8
 
 
 def _list_cache_path(repo: Repo) -> Path:
@@ -426,9 +429,10 @@ def list_entries(repo: Repo, listed: list[Ref] | None = None) -> list[dict[str, 
 
     Each entry comes from the record tip's message (one object read, no trees), or from
     `<state>/list-cache-<repo>.json`, which maps record tips to their entries: a tip never changes
-    meaning, so the cache cannot be stale, only incomplete. 10,000 jobs list in ~0.05 s warm.
+    meaning, so the cache cannot be stale, only incomplete. It is written when there is none, and
+    when `CACHE_WORTH` tips were new to it; fewer are read again. 10,000 jobs list in ~0.05 s warm.
     """
-    cached = _read_list_cache(repo)
+    cached, cache_there = _read_list_cache(repo)
     refs = record_refs(repo, listed)
     unread = [ref.target for _, ref in refs if not ref.symbolic and ref.target not in cached]
     messages = dict(zip(unread, repo.objects.read(unread), strict=True))
@@ -442,7 +446,7 @@ def list_entries(repo: Repo, listed: list[Ref] | None = None) -> list[dict[str, 
                 warnings.warn(f"{job_id}: skipping its damaged record ({exc}); {inspect_hint(job_id)}", stacklevel=2)
                 continue
         fresh[ref.target] = entry
-    if fresh.keys() != cached.keys():
+    if len(unread) >= CACHE_WORTH or (not cache_there and fresh):
         _write_list_cache(repo, fresh)
     entries = [dict(entry, tip=tip) for tip, entry in fresh.items()]
     entries.sort(key=lambda e: e.get("created") or 0, reverse=True)
@@ -471,13 +475,14 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict[s
     return entry
 
 
-def _read_list_cache(repo: Repo) -> dict[str, dict[str, Any]]:
+def _read_list_cache(repo: Repo) -> tuple[dict[str, dict[str, Any]], bool]:
+    """(the cached entries by record tip, whether a cache of this version was there to read)."""
     try:
         data = json.loads(_list_cache_path(repo).read_bytes())
         entries = data.get("entries") if isinstance(data, dict) and data.get("v") == LIST_CACHE_VERSION else None
-        return entries if isinstance(entries, dict) else {}
+        return (entries, True) if isinstance(entries, dict) else ({}, False)
     except (OSError, ValueError):
-        return {}
+        return {}, False
 
 
 def _write_list_cache(repo: Repo, entries: dict[str, dict[str, Any]]) -> None:

@@ -133,8 +133,8 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
     # repository with thousands of old unlanded jobs does not read every evidence on each `list`.
     kept = {e["id"] for e in [e for e in jobs if e["state"] != "running"][:MAX_COMPARED]} | {e["id"] for e in shown}
     jobs = [e for e in jobs if e["state"] == "running" or e["id"] in kept]
-    counts, files_by_tip = _read_cache(repo)
-    fresh = (len(counts), len(files_by_tip))
+    counts, files_by_tip, cache_there = _read_cache(repo)
+    known = (len(counts), len(files_by_tip))
     files = _files_of(repo, jobs, files_by_tip)
     target = target_tip(repo)
     for entry in shown:
@@ -158,7 +158,9 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
             marks["overlaps"] = overlaps
         if marks:
             entry["marks"] = marks
-    if (len(counts), len(files_by_tip)) != fresh:
+    # A count is a git run; a job's files, one object read: a new file is worth those (records.CACHE_WORTH).
+    counted, read = len(counts) - known[0], len(files_by_tip) - known[1]
+    if counted or read >= records.CACHE_WORTH or (not cache_there and read):
         _write_cache(repo, counts, files_by_tip)
 
 
@@ -192,18 +194,19 @@ def _files_of(repo: Repo, jobs: list[dict], files_by_tip: dict[str, list[str]]) 
     return found
 
 
-def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """(behind counts, files by record tip); empty for a cache that is missing or damaged."""
+def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]], bool]:
+    """(behind counts, files by record tip, whether a cache was there to read); empty for a
+    cache that is missing or damaged."""
     try:
         data = json.loads(repo.state_file(BEHIND_CACHE).read_text())
         if data.get("v") != 1:
-            return {}, {}
+            return {}, {}, False
         counts = {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)}
         files = {k: v for k, v in (data.get("files") or {}).items()
                  if isinstance(v, list) and all(isinstance(n, str) for n in v)}
-        return counts, files
+        return counts, files, True
     except (OSError, ValueError, AttributeError):
-        return {}, {}
+        return {}, {}, False
 
 
 def _write_cache(repo: Repo, counts: dict[str, int], files_by_tip: dict[str, list[str]]) -> None:
