@@ -310,7 +310,7 @@ def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
 # command's output), `platform` (~1.4 ms: `os.uname` says the same), pygit2 (~50 ms of CPU, with
 # `ast`, `inspect` and `typing`: its end's git is a few small processes and objects written here).
 NOT_IN_A_PLAIN_WORKER = ("subtask.ops.plans.groups", "logging", "traceback", "hashlib", "_hashlib", "platform",
-                         "tempfile", "pygit2")
+                         "tempfile", "pygit2", "socket")
 
 
 def test_a_plain_jobs_worker_imports_nothing_it_does_not_use(repo, cli):

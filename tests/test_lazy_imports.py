@@ -114,7 +114,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.proc.namespaces", "ctypes"): "not loaded by start (the worker's namespaces)",
     ("subtask.proc.namespaces", "subtask.proc.view"): "not loaded by start (the worker's view of a job)",
     ("subtask.state.ledger", "datetime"): "not loaded by start (a charge's or a reservation's time)",
-    ("subtask.state.ports", "socket"): "not loaded by start, a click command, cleanup",
+    ("subtask.state.ports", "_socket"): "not loaded by start, a click command, cleanup",
     ("subtask.worker.attempt", "subtask.ops.plans.groups"): "not loaded by the worker (a group member's only)",
     ("subtask.worker.attempt", "traceback"): "not loaded by the worker (a crash's only)",
     ("subtask.worker.engine", "traceback"): "not loaded by the worker (an engine's crash only)",
