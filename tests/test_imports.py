@@ -308,9 +308,11 @@ def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
 # CPU of every job. A group's coordination (~11 ms), `logging` (~4 ms with `traceback`), OpenSSL's
 # `hashlib` (~3.5 ms: a verify's key, a harness), `tempfile` (~1.5 ms with `random`: a notify
 # command's output), `platform` (~1.4 ms: `os.uname` says the same), pygit2 (~50 ms of CPU, with
-# `ast`, `inspect` and `typing`: its end's git is a few small processes and objects written here).
+# `ast`, `inspect` and `typing`: its end's git is a few small processes and objects written here),
+# `socket` (~2.6 ms of enums: its ports are checked through `_socket`), `ast` alone (~0.8 ms: the
+# checks read Python tests with it, and a plain job runs none).
 NOT_IN_A_PLAIN_WORKER = ("subtask.ops.plans.groups", "logging", "traceback", "hashlib", "_hashlib", "platform",
-                         "tempfile", "pygit2", "socket")
+                         "tempfile", "pygit2", "socket", "ast")
 
 
 def test_a_plain_jobs_worker_imports_nothing_it_does_not_use(repo, cli):

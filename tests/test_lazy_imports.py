@@ -85,6 +85,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.faces.cli", "subtask.words"): "not loaded by a click command, the click CLI's import",
     ("subtask.faces.jsonrpc", "json"): "not loaded by the MCP front end until its first reply (json loads re: ~9 ms)",
     ("subtask.faces.manpage", "html"): "not loaded by a click command",
+    ("subtask.git.checks", "ast"): "not loaded by the worker of a plain job (no verify: no checks run)",
     ("subtask.git.harness", "hashlib"): "not loaded by the worker (a harness asked for, a blob's id)",
     ("subtask.git.harness", "tomllib"): "not loaded by the worker, cleanup",
     ("subtask.git.harness_rule", "subtask.git.checks"): "not loaded by cleanup",
