@@ -158,7 +158,8 @@ def mark(repo: Repo, shown: list[dict], listed: list[dict]) -> None:
             marks["overlaps"] = overlaps
         if marks:
             entry["marks"] = marks
-    # A count is a git run; a job's files, one object read: a new file is worth those (records.CACHE_WORTH).
+    # A count is a git run; a job's files, its evidence read from its tip: a new file is worth the
+    # first at once, the second once there are `records.CACHE_WORTH` of them.
     counted, read = len(counts) - known[0], len(files_by_tip) - known[1]
     if counted or read >= records.CACHE_WORTH or (not cache_there and read):
         _write_cache(repo, counts, files_by_tip)
