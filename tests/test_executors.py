@@ -73,3 +73,34 @@ def test_a_new_executor_is_one_registry_entry_and_the_core_hands_it_its_jobs(rep
     assert entry["on"] == "fake"
     assert api.stop(here, started.job.id).state.current.state == "stopped"
     assert calls[0] == "submit" and "stop" in calls
+
+
+class _Answering:
+    """A job client that answers every status request with the error `text` (as Ray's SDK raises
+    an HTTP error: `RuntimeError("Request failed with status code 404: ...")`)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def get_job_info(self, submission_id: str):
+        raise RuntimeError(self.text)
+
+
+@pytest.mark.parametrize(("answer", "status"), [
+    ("Request failed with status code 404: Job subtask-st-00000001-1 does not exist.", "MISSING"),
+    ("Request failed with status code 404: 404: Not Found.", None),  # another server at the address
+    ("Request failed with status code 500: actor not found while the dashboard restarts.", None),
+])
+def test_a_ray_job_is_lost_only_when_ray_says_it_has_no_such_job(monkeypatch, answer, status):
+    """Home ends a job whose Ray answer is MISSING ("Ray lost it": failed). Only Ray's own words
+    for a job it does not have say so; any other error (a proxy's or another server's 404, a
+    dashboard restarting) is Ray not reached: the job is left as it is, and asked again later."""
+    pytest.importorskip("ray.job_submission")
+    from subtask.executors import ray as ray_executor
+
+    monkeypatch.setattr(ray_executor, "client", lambda address: _Answering(answer))
+    attempt = types.SimpleNamespace(extra={"ray_job": "subtask-st-00000001-1"})
+    job = types.SimpleNamespace(spec=types.SimpleNamespace(extra={"executor": {"kind": "ray", "address": "http://a:1"}}),
+                                state=types.SimpleNamespace(current=attempt))
+    assert ray_executor.ray_state(job).status == status
+

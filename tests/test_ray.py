@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,13 @@ def _every_kind_of_job(cluster, tmp_path: Path) -> None:
     agent_settings(cluster.home, ["--file", str(cluster.home / ".gitconfig")], script)  # the nodes' (their HOME)
     gate = tmp_path / "gate"
     try:
+        # -- a job Ray does not have is MISSING by Ray's own words (test_executors: no other words are)
+        from subtask.executors import ray as ray_executor
+
+        unknown = types.SimpleNamespace(
+            spec=types.SimpleNamespace(extra={"executor": {"kind": "ray", "address": cluster.address}}),
+            state=types.SimpleNamespace(current=types.SimpleNamespace(extra={"ray_job": "subtask-st-0000dead-1"})))
+        assert ray_executor.ray_state(unknown).status == "MISSING"
         # -- --retries: the node runs the loop; home sees one job end, every attempt pinned
         retried = cli.start('if [ -n "$SUBTASK_RETRY" ]; then echo ok > ok.txt; else echo first > first.txt; fi',
                             "--retries", "2", "--verify", "test -f ok.txt")

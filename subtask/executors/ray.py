@@ -421,9 +421,9 @@ def ray_state(job: Job) -> RayState:
         return RayState(None, exc.message)
     except Exception as exc:
         text = _first_line(exc)
-        if "does not exist" in text or "not found" in text.lower():
+        if f"{submission} does not exist" in text:  # Ray's own words (its job API's 404), no one else's
             return RayState("MISSING", f"Ray has no job {submission}")
-        return RayState(None, text)
+        return RayState(None, text)  # a proxy's or another server's 404, a dashboard restarting: asked again later
     status = str(getattr(info.status, "value", info.status))
     return RayState(status, (info.message or "").strip(), ran=bool(getattr(info, "driver_node_id", None)))
 
