@@ -31,12 +31,13 @@ CASES = [(way, step) for way, (steps, _) in WAYS.items() for step in steps]
 
 def what_is_there(repo: Path) -> dict:
     """What a start leaves behind: refs, worktrees, slots, the state folder's files (not its
-    caches of what no job changes: the listing's, and this boot's Landlock, `landlock.json`)."""
+    caches of what no job changes: the listing's, this boot's Landlock, `landlock.json`, and the
+    copy of the user's index its look at the checkout refreshes, `main-index/`)."""
     state = repo / ".git" / "subtask"
     slots = json.loads((state / "slots.json").read_text()) if (state / "slots.json").exists() else {}
     files = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file()
                    and p.suffix != ".log" and p.name not in ("list-cache.json", "slots.json", "landlock.json")
-                   and not p.name.endswith(".lock"))
+                   and not p.name.endswith(".lock") and p.parent.name != "main-index")
     return {"refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/subtask", "refs/heads",
                         "refs/notes"),
             "worktrees": git(repo, "worktree", "list", "--porcelain").count("worktree "),

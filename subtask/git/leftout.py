@@ -4,7 +4,8 @@ A job runs in its own worktree, checked out from a commit at the top of the repo
 submodules: the caller's uncommitted changes, the folder they stood in and the base's submodules
 are not there. Each is a fact a person would otherwise find out from a job that "ignored" them.
 
-Read-only: `git --no-optional-locks status` (never refreshes the caller's index), one object read.
+Read-only: git's status never refreshes the caller's index (it refreshes a private copy of the
+main worktree's, `index_copy.py`, or reads in place with `--no-optional-locks`), one object read.
 Where pygit2 is loaded already (the MCP server), libgit2's status instead: no git process.
 
 Invariants:
@@ -18,11 +19,13 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from subtask.git import pipes
 from subtask.git.gitrepo import Repo
+from subtask.git.index_copy import main_index_copy
 from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 
@@ -62,9 +65,15 @@ class Look:
         if "pygit2" in sys.modules:  # a server that has it: in-process, no git process
             self.uncommitted = _changed_in_process(self.top)
             return
+        # The main worktree's through a private copy of its index that git may refresh (an agent
+        # that committed in the same second left every file racily clean: each look re-read them);
+        # another worktree's, or without a copy, read in place.
+        copy = main_index_copy(self.repo) if self.top == self.repo.root else None
+        env = dict(os.environ, GIT_INDEX_FILE=str(copy)) if copy else None
+        locks = ["-c", "core.sharedRepository=0600"] if copy else ["--no-optional-locks"]
         self.status = pipes.start(
-            ["git", "--no-optional-locks", "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
-             "status", "--porcelain=v1", "-z", "--untracked-files=normal"], stderr=False)
+            ["git", *locks, "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
+             "status", "--porcelain=v1", "-z", "--untracked-files=normal"], stderr=False, env=env)
 
     def found(self, base: str | None) -> LeftOut:
         """What a job from `base` leaves out (`base` None: not known yet, `--after`)."""

@@ -53,7 +53,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -65,6 +64,7 @@ from pathlib import Path
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS
 from subtask.git.gitrepo import NO_HOOKS, Repo
+from subtask.git.index_copy import main_index_copy
 from subtask.git.records import Job
 from subtask.model import lazyre, phases
 from subtask.model.errors import SubtaskError
@@ -73,8 +73,7 @@ from subtask.model.redact import redact
 from subtask.ops.running import lifecycle
 from subtask.proc import context, isolation, procs
 from subtask.proc import view as views
-from subtask.state import jobenv, paths, ports, privatetext
-from subtask.state.statefiles import open_private
+from subtask.state import jobenv, ports, privatetext
 from subtask.worker import retries
 from subtask.worker.events import EventSink
 from subtask.worker.progress import setup_failed
@@ -408,43 +407,3 @@ class MainWorktreeStatus:
         return self._lines
 
 
-MAIN_INDEX_COPIES = paths.MAIN_INDEX_COPIES
-
-
-def main_index_copy(repo: Repo) -> Path | None:
-    """A private copy of the main worktree's index for its status to refresh, or None (read it in
-    place). Each copy is of one version of the index (named by its inode, size and mtime) and
-    keeps that version's mtime, so git judges its racily clean entries as it would the
-    original's, until git itself rewrites the copy. None unless the main worktree's index is
-    `<root>/.git/index` (a separate git dir may have other worktrees' roots here), for a split
-    index (git would write a shared index of ours into .git), with submodules (their status would
-    refresh their own index), and whenever copying fails."""
-    if repo.common_dir != repo.root / ".git" or (repo.root / ".gitmodules").exists() or _split_index(repo.common_dir):
-        return None
-    folder = repo.state_dir / MAIN_INDEX_COPIES
-    try:
-        with open(repo.common_dir / "index", "rb") as source:
-            info = os.fstat(source.fileno())
-            copy = folder / f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
-            if copy.exists():
-                return copy
-            tmp = folder / f".{copy.name}.{os.getpid()}"
-            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), "wb") as out:
-                shutil.copyfileobj(source, out)
-            os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns))
-            os.replace(tmp, copy)
-    except OSError:
-        return None
-    for other in folder.iterdir():  # earlier versions, and their lock files
-        if other.name != copy.name and not other.name.startswith(f".{copy.name}."):
-            with contextlib.suppress(OSError):
-                other.unlink()
-    return copy
-
-
-def _split_index(common: Path) -> bool:
-    try:
-        with os.scandir(common) as entries:  # not Path.glob: ~2 ms a call in a busy worker
-            return any(entry.name.startswith("sharedindex.") for entry in entries)
-    except OSError:
-        return True

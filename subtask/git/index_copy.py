@@ -1,0 +1,68 @@
+"""A private copy of the main worktree's index, for a status of the user's checkout that git may
+refresh without writing the user's index (`main_index_copy`).
+
+`git status --no-optional-locks` never writes the index, so while the user's index has racily
+clean entries (files written in the same second as the index: an agent's commit just before its
+`start`, a checkout) every such status re-reads all of those files. Through the copy git keeps
+its refresh there, and judges the copy as it would the original.
+
+Invariants:
+- Never write the user's index to take their checkout's status, because the user's own git
+  commands may hold its lock at that moment (a status that refreshes takes it).
+- Never give the copy a new mtime, because git trusts the stat data of entries older than the
+  index file, and a copy stamped later would hide a same-size change made in the second the
+  user's index was written (`tests/test_main_status.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from subtask.state import paths
+from subtask.state.statefiles import open_private
+
+TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
+if TYPE_CHECKING:
+    from subtask.git.gitrepo import Repo
+
+
+def main_index_copy(repo: Repo) -> Path | None:
+    """A private copy of the main worktree's index for its status to refresh, or None (read it in
+    place). Each copy is of one version of the index (named by its inode, size and mtime) and
+    keeps that version's mtime, so git judges its racily clean entries as it would the
+    original's, until git itself rewrites the copy. None unless the main worktree's index is
+    `<root>/.git/index` (a separate git dir may have other worktrees' roots here), for a split
+    index (git would write a shared index of ours into .git), with submodules (their status would
+    refresh their own index), and whenever copying fails."""
+    if repo.common_dir != repo.root / ".git" or (repo.root / ".gitmodules").exists() or _split_index(repo.common_dir):
+        return None
+    folder = repo.state_dir / paths.MAIN_INDEX_COPIES
+    try:
+        with open(repo.common_dir / "index", "rb") as source:
+            info = os.fstat(source.fileno())
+            copy = folder / f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
+            if copy.exists():
+                return copy
+            tmp = folder / f".{copy.name}.{os.getpid()}"
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), "wb") as out:
+                out.write(source.read())  # not `shutil` (~1.4 ms of a start with `bz2`, `lzma`)
+            os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns))
+            os.replace(tmp, copy)
+    except OSError:
+        return None
+    for other in folder.iterdir():  # earlier versions, and their lock files
+        if other.name != copy.name and not other.name.startswith(f".{copy.name}."):
+            try:
+                other.unlink()
+            except OSError:
+                pass  # another process removed it first
+    return copy
+
+
+def _split_index(common: Path) -> bool:
+    try:
+        with os.scandir(common) as entries:  # not Path.glob: ~2 ms a call in a busy worker
+            return any(entry.name.startswith("sharedindex.") for entry in entries)
+    except OSError:
+        return True
