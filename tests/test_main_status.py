@@ -103,14 +103,19 @@ def test_a_split_index_or_submodules_are_read_in_place(repo, tmp_path):
     assert copies(repo) == []
 
 
-def test_starts_look_at_the_checkout_keeps_its_refresh_in_the_copy_and_misses_no_change(repo):
+def test_starts_look_at_the_checkout_keeps_its_refresh_in_the_copy_and_misses_no_change(repo, monkeypatch):
     """`start` looks at the caller's checkout for what the job will not see (subtask/git/leftout.py)
     through the same private copy: an agent that commits and starts a job in the same second left
     every committed file racily clean, and each start's look re-read them all (5-10 ms of a start
-    at 2,000 files). A change of the same size in that second is still seen."""
+    at 2,000 files). A change of the same size in that second is still seen. (Through git, as the
+    CLI's `start` looks: a process that loaded pygit2 asks libgit2 in-process.)"""
+    import sys
+
     from subtask.git import leftout
 
+    monkeypatch.delitem(sys.modules, "pygit2", raising=False)
     at = racy_repo(repo)
+    (repo / ".git" / "subtask").mkdir()  # as a job run here before left it
     index = repo / ".git" / "index"
     before = index.read_bytes()
     (repo / "f3.txt").write_text("XXXX\n")  # as long as "0003\n", and as old: only its content differs

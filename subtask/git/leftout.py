@@ -66,9 +66,11 @@ class Look:
             self.uncommitted = _changed_in_process(self.top)
             return
         # The main worktree's through a private copy of its index that git may refresh (an agent
-        # that committed in the same second left every file racily clean: each look re-read them);
+        # that committed in the same second left every file racily clean: each look re-read them),
+        # once a job has run here (a refused first start makes nothing, not even the state folder);
         # another worktree's, or without a copy, read in place.
-        copy = main_index_copy(self.repo) if self.top == self.repo.root else None
+        here = self.top == self.repo.root and self.repo.state_dir.is_dir()
+        copy = main_index_copy(self.repo) if here else None
         env = dict(os.environ, GIT_INDEX_FILE=str(copy)) if copy else None
         locks = ["-c", "core.sharedRepository=0600"] if copy else ["--no-optional-locks"]
         self.status = pipes.start(
