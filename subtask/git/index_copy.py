@@ -1,5 +1,7 @@
-"""A private copy of the main worktree's index, for a status of the user's checkout that git may
-refresh without writing the user's index (`main_index_copy`).
+"""The main worktree's status without writing the user's index: the options and environment of
+such a git status (`status_args`), through a private copy of the index (`main_index_copy`) that
+git may refresh. `start`'s look at the caller's checkout and the worker's status before and after
+a job both take it so.
 
 `git status --no-optional-locks` never writes the index, so while the user's index has racily
 clean entries (files written in the same second as the index: an agent's commit just before its
@@ -7,8 +9,11 @@ clean entries (files written in the same second as the index: an agent's commit 
 its refresh there, and judges the copy as it would the original.
 
 Invariants:
-- Never write the user's index to take their checkout's status, because the user's own git
-  commands may hold its lock at that moment (a status that refreshes takes it).
+- Never write the user's index to take the main worktree's status, because the user's own git
+  commands may hold its lock at that moment (a status that refreshes takes it). The status goes
+  through the copy (`<state>/main-index/<ino>-<size>-<mtime_ns>`), written 0600 by git too
+  (`core.sharedRepository`); without it (a split index, submodules, a failed copy),
+  `--no-optional-locks` reads in place and re-reads every racily clean file each time.
 - Never give the copy a new mtime, because git trusts the stat data of entries older than the
   index file, and a copy stamped later would hide a same-size change made in the second the
   user's index was written (`tests/test_main_status.py`).
@@ -25,6 +30,16 @@ from subtask.state.statefiles import open_private
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
 if TYPE_CHECKING:
     from subtask.git.gitrepo import Repo
+
+
+def status_args(repo: Repo) -> tuple[list[str], dict[str, str] | None]:
+    """(git's options, its environment or None: ours) for a status of the main worktree that
+    writes only the private copy, else nothing."""
+    copy = main_index_copy(repo)
+    if copy is None:
+        return ["--no-optional-locks"], None
+    # git rewrites the copy with the umask's mode; the state folder's files are the owner's alone
+    return ["-c", "core.sharedRepository=0600"], dict(os.environ, GIT_INDEX_FILE=str(copy))
 
 
 def main_index_copy(repo: Repo) -> Path | None:

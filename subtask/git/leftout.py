@@ -19,13 +19,11 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from subtask.git import pipes
+from subtask.git import index_copy, pipes
 from subtask.git.gitrepo import Repo
-from subtask.git.index_copy import main_index_copy
 from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 
@@ -70,11 +68,9 @@ class Look:
         # once a job has run here (a refused first start makes nothing, not even the state folder);
         # another worktree's, or without a copy, read in place.
         here = self.top == self.repo.root and self.repo.state_dir.is_dir()
-        copy = main_index_copy(self.repo) if here else None
-        env = dict(os.environ, GIT_INDEX_FILE=str(copy)) if copy else None
-        locks = ["-c", "core.sharedRepository=0600"] if copy else ["--no-optional-locks"]
+        options, env = index_copy.status_args(self.repo) if here else (["--no-optional-locks"], None)
         self.status = pipes.start(
-            ["git", *locks, "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
+            ["git", *options, "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
              "status", "--porcelain=v1", "-z", "--untracked-files=normal"], stderr=False, env=env)
 
     def found(self, base: str | None) -> LeftOut:

@@ -181,8 +181,8 @@ def support_seen(state_dir: Path) -> Support:
     seen = _seen_abi(record, boot) if boot else None
     if seen is not None:
         return _capped(seen, "")
-    abi, _ = raw = _kernel_abi()
-    _support_cache = _capped(*raw)
+    abi, reason = _kernel_abi()
+    _support_cache = _capped(abi, reason)
     if boot and abi >= MIN_ABI and state_dir.is_dir():
         try:  # not `contextlib` (~0.4 ms of a start)
             statefiles.write_json(record, {"v": 1, "boot": boot, "abi": abi}, durable=False)
@@ -209,7 +209,6 @@ def _seen_abi(record: Path, boot: str) -> int | None:
         return None
     abi = seen.get("abi") if isinstance(seen, dict) and seen.get("boot") == boot else None
     return abi if type(abi) is int and abi >= MIN_ABI else None
-
 
 
 # -- a ruleset, built in the parent and applied in the child --------------------------------------
@@ -240,13 +239,13 @@ def _handled(abi: int) -> int:
 def ruleset(mode: str, grants: Sequence) -> int:
     """A Landlock ruleset fd (close-on-exec) holding `grants` (each a `path` and its `rights`), for
     a run of isolation `mode`, from the kernel's own answer (`support`), never a record of it."""
+    import ctypes
+
     state = support()
     if not state.available:
         raise IsolationError(f"isolation {mode} cannot be enforced: {state.reason}")
     handled = _handled(state.abi)
     scoped = state.abi >= SCOPED_ABI
-    import ctypes
-
     ruleset_attr, _ = _structs()
     attr = ruleset_attr(handled, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET if scoped else 0)
     size = ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64)
@@ -264,6 +263,8 @@ def ruleset(mode: str, grants: Sequence) -> int:
 
 
 def _add_rule(ruleset: int, grant, handled: int) -> None:
+    import ctypes
+
     try:
         path_fd = os.open(grant.path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
@@ -272,8 +273,6 @@ def _add_rule(ruleset: int, grant, handled: int) -> None:
         rights = grant.rights & handled
         if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
             rights &= FILE_RIGHTS
-        import ctypes
-
         _, path_beneath = _structs()
         beneath = path_beneath(rights, path_fd)
         _syscall(1, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(beneath), ctypes.c_uint32(0))

@@ -19,14 +19,8 @@ Invariants:
   Never leave the files checkout or a background status running on any way out of an attempt
   (`FilesCheckout.finish`, `MainWorktreeStatus.lines` in `finally`/`close`).
 - `close` ends what the job left running, runs the teardown and leaves no git process behind.
-- Never write the user's index to take the main worktree's status, because the user's own git
-  commands may hold its lock at that moment (a status that refreshes takes it). The status goes
-  through a private copy (`main_index_copy`, `<state>/main-index/<ino>-<size>-<mtime_ns>`)
-  that git may refresh and keep; never give the copy a new mtime, because git trusts the stat
-  data of entries older than the index file, and a copy stamped later would hide a same-size
-  change made in the second the user's index was written (`tests/test_main_status.py`). Without
-  the copy (a split index, submodules, a failed copy), `--no-optional-locks` reads in place and
-  re-reads every racily clean file each time.
+- The main worktree's status never writes the user's index: it goes through the private copy
+  `git/index_copy.py` keeps, as that module's invariants say.
 - Never take a refusal for the evidence from what a job printed, because a job prints anything:
   `evidence.isolation.refused` is what the view observed (decoys, stand-ins), output lines that read like
   refusals are `evidence.isolation.claimed`.
@@ -63,8 +57,8 @@ from pathlib import Path
 
 from subtask.engines import get_engine
 from subtask.engines.base import ERROR_HINTS
+from subtask.git import index_copy
 from subtask.git.gitrepo import NO_HOOKS, Repo
-from subtask.git.index_copy import main_index_copy
 from subtask.git.records import Job
 from subtask.model import lazyre, phases
 from subtask.model.errors import SubtaskError
@@ -386,17 +380,14 @@ class MainWorktreeStatus:
     background from its start until `lines` is first asked (the worker's own work overlaps it).
     Lines, not -z: git quotes odd paths (control characters too), and a rename stays one entry.
 
-    Through a private copy of the main index when there is one (`main_index_copy`), which git may
-    refresh and keep; else with `--no-optional-locks`, which refreshes nothing: while the user's
-    index has racily clean entries, every such status re-reads all of their files."""
+    Through a private copy of the main index when there is one (`git/index_copy.py`), which git
+    may refresh and keep; else with `--no-optional-locks`, which refreshes nothing: while the
+    user's index has racily clean entries, every such status re-reads all of their files."""
 
     def __init__(self, repo: Repo):
         self._lines: list[str] | None = None
-        copy = main_index_copy(repo)
-        env = dict(os.environ, GIT_INDEX_FILE=str(copy)) if copy else None
-        # git rewrites the copy with the umask's mode; the state folder's files are the owner's alone
-        locks = ("-c", "core.sharedRepository=0600") if copy else ("--no-optional-locks",)
-        self._proc = subprocess.Popen(["git", *NO_HOOKS, "-C", str(repo.root), *locks, "status", "--porcelain"],
+        options, env = index_copy.status_args(repo)
+        self._proc = subprocess.Popen(["git", *NO_HOOKS, "-C", str(repo.root), *options, "status", "--porcelain"],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       text=True, env=env)
 
