@@ -60,7 +60,7 @@ EXTRA = {
     "result": {"subtask.faces.commands.result"},
     "wait": {"subtask.faces.commands.wait", "subtask.api.waiting"},
 }
-DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "gc", "json", "math", "pathlib", "select", "zlib"}
+DIRECT = {"__future__", "_sha1", "collections", "decimal", "fcntl", "gc", "json", "math", "select", "zlib"}
 DIRECT_EXTRA: dict[str, set[str]] = {}
 RUN_TIME = "subtask (a function's import, at run time)"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -155,8 +155,10 @@ def spied(argv: list[str], cwd, spy: str, bare: bool = False) -> tuple[str, str]
 # What a reading command's process must not have loaded by its exit, whoever imported it (the
 # budget above sees only the modules ours were the first to import, and `-m subtask` loads
 # `contextlib` for `runpy`): a writer's temp files (`tempfile` with `shutil` and `random`, ~3 ms),
-# `subprocess` with `threading` and `signal` (~4 ms), `contextlib` (~0.3 ms).
-NOT_ON_A_READ = ("contextlib", "subprocess", "tempfile", "shutil", "random", "threading", "signal")
+# `subprocess` with `threading` and `signal` (~4 ms), `contextlib` (~0.3 ms), `pathlib` (~3 ms with
+# `urllib.parse`, `ipaddress` and `fnmatch`: a reading command joins its paths as text).
+NOT_ON_A_READ = ("contextlib", "subprocess", "tempfile", "shutil", "random", "threading", "signal", "pathlib",
+                 "urllib")
 
 # Counted in a reading command's process: the regular expressions code of ours compiled (every
 # compile of a pattern not cached yet goes through `re._compile`; said of the first caller

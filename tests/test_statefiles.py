@@ -183,7 +183,7 @@ def test_a_repositorys_own_state_file_keeps_its_name(tmp_path):
 
     common = tmp_path / "repo" / ".git"
     key = hashlib.sha1(str(common).encode()).hexdigest()[:8]
-    assert paths.repo_file(tmp_path, common, "verified-index", ".json") == tmp_path / f"verified-index-{key}.json"
+    assert paths.repo_file(tmp_path, common, "verified-index", ".json") == str(tmp_path / f"verified-index-{key}.json")
 
 
 def test_a_write_never_opens_a_temporary_name_someone_holds(tmp_path, monkeypatch):

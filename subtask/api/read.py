@@ -25,7 +25,6 @@ import json
 import math
 import os
 import warnings
-from pathlib import Path
 
 from subtask.git import ownership, records, where_landed
 from subtask.git.gitobjects import Ref
@@ -35,6 +34,10 @@ from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import ACTIVE, TERMINAL, is_job_id, job_passed  # noqa: F401  (api.job_passed)
 from subtask.state import paths, slots, stamps
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from subtask.state.statefiles import StrPath
 
 
 def repo_at(path: str | os.PathLike | None = None) -> Repo:
@@ -65,7 +68,7 @@ def sweep(repo: Repo) -> None:
     """Notice dead workers (and hand their slots on), and move on the waiting jobs whose jobs
     ended (`waiting.advance`). Cheap: one read of the slots file, and nothing more is imported,
     unless there is work (`slots.nothing_to_sweep`)."""
-    if slots.nothing_to_sweep(repo.state_dir):
+    if slots.nothing_to_sweep(repo.state_dir_str):
         return
     from subtask.ops.plans import waiting
     from subtask.ops.running import lifecycle
@@ -85,7 +88,7 @@ def get(repo: Repo, id_or_prefix: str) -> Job:
 
 
 def queue_position(repo: Repo, job_id: str) -> int | None:
-    return slots.read(repo.state_dir).position(job_id)
+    return slots.read(repo.state_dir_str).position(job_id)
 
 
 DEFAULT_LIST_LIMIT = 50
@@ -126,7 +129,7 @@ def list_jobs(repo: Repo, state: str | None = None, include_all: bool = False, l
         listed = records.list_entries(repo)  # the sweep marked some jobs landed
         swept = _sweep_lines(repo, [e["id"] for e in listed if e.get("landed") and e["id"] not in before])
     where_landed.add_to_entries(repo, listed, refs)  # a teammate's job landed here: its record cannot say so
-    current = slots.read(repo.state_dir)
+    current = slots.read(repo.state_dir_str)
     if limit is None and not include_all:
         limit = DEFAULT_LIST_LIMIT
     entries: list[dict] = []
@@ -161,10 +164,10 @@ def _listed_by_list(name: str) -> bool:
 
 def _landed_sweep(repo: Repo, listed: list[dict]) -> bool:
     """The lazy landed sweep (`cleanup.maybe_sweep`) when it is due: True when a job landed."""
-    if not repo.state_dir.is_dir():
+    if not os.path.isdir(repo.state_dir_str):
         return False  # no job ever started here: nothing to sweep, and nothing to import for it
     try:
-        if not stamps.due(repo.state_dir, paths.SWEEP_STAMP, repo.config.number("sweepInterval")):
+        if not stamps.due(repo.state_dir_str, paths.SWEEP_STAMP, repo.config.number("sweepInterval")):
             return False
     except SubtaskError:
         pass  # a bad sweepInterval: the sweep's own reading of it says so
@@ -269,7 +272,7 @@ def add_record_facts(repo: Repo, entries: list[dict]) -> list[dict]:
 
 def worktree_present(job: Job) -> bool:
     """Whether the job's worktree is on disk (a read-only job's goes when it ends; cleanup removes others)."""
-    return Path(job.spec.worktree).is_dir()
+    return os.path.isdir(job.spec.worktree)
 
 
 def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int | None, str | None, dict]]:
@@ -289,7 +292,7 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
                 jobs.append(records.read(repo, entry["id"]))
             except records.DamagedRecord as exc:  # the others still show
                 warnings.warn(f"{exc.message}; {exc.hint}", stacklevel=2)
-    current = slots.read(repo.state_dir)
+    current = slots.read(repo.state_dir_str)
     return [(job, current.position(job.id), None if job.state.current.terminal else latest_activity(repo, job.id),
              marks.get(job.id) or {}) for job in jobs]
 
@@ -297,14 +300,15 @@ def status(repo: Repo, id_or_prefix: str | None = None) -> list[tuple[Job, int |
 def worker_log(repo: Repo, job_id: str) -> str | None:
     """The text of the job's worker log (`show --log`), None when there is none."""
     try:
-        return paths.log_file(repo.state_dir, job_id).read_text(errors="replace")
+        with open(paths.log_file(repo.state_dir_str, job_id), errors="replace") as fh:
+            return fh.read()
     except FileNotFoundError:
         return None
 
 
 def latest_activity(repo: Repo, job_id: str) -> str | None:
     """The last thing the job did, from its events file (e.g. "running: pytest -q")."""
-    lines = _tail_lines(paths.run_file(repo.state_dir, job_id, "events.jsonl", make=False))
+    lines = _tail_lines(paths.run_file(repo.state_dir_str, job_id, "events.jsonl", make=False))
 
     from subtask import words as render
 
@@ -319,7 +323,7 @@ def latest_activity(repo: Repo, job_id: str) -> str | None:
     return None
 
 
-def _tail_lines(path: Path, size: int = 4096) -> list[str]:
+def _tail_lines(path: str, size: int = 4096) -> list[str]:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -437,14 +441,14 @@ def engine_names(repo: Repo) -> list[str]:
     return names(configured_command_engines([e.name for e in repo.git.config]))
 
 
-def notify_feed_end(state_dir: Path) -> tuple[int, int]:
+def notify_feed_end(state_dir: StrPath) -> tuple[int, int]:
     """Where the job events an MCP client is told of (`ops/running/notify`) end now."""
     from subtask.ops.running import notify
 
     return notify.feed_end(state_dir)
 
 
-def notify_feed_since(state_dir: Path, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
+def notify_feed_since(state_dir: StrPath, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
     """The job events told since `position`, and the position after them."""
     from subtask.ops.running import notify
 

@@ -508,7 +508,7 @@ def _can_write_state(repo: Repo) -> bool:
     only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
     the write that follows, which says what it is."""
     try:
-        fd, probe = statefiles.new_file_beside(paths.run_dir(repo.state_dir) / "probe")
+        fd, probe = statefiles.new_file_beside(os.path.join(paths.run_dir(repo.state_dir), "probe"))
     except OSError as exc:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
     os.close(fd)

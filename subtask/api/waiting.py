@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import time
-from pathlib import Path
 
 from subtask.api.read import _groups, _positive, _tail_lines, latest_activity, sweep
 from subtask.git import records
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     import threading
 
     from subtask.ops.running.feed import Feed
+    from subtask.state.statefiles import StrPath
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _wait(repo: Repo, ids: list[str], timeout: float | None = None, any_: bool =
         timeout = _positive(timeout, "--timeout", zero=True)
     job_ids = list(dict.fromkeys(records.resolve(repo, i) for i in ids))
     first_read = [records.read(repo, job_id) for job_id in job_ids]  # a damaged record is named now, not waited on
-    if all(j.state.current.terminal and not liveness.is_held(repo.state_dir, j.id) for j in first_read):
+    if all(j.state.current.terminal and not liveness.is_held(repo.state_dir_str, j.id) for j in first_read):
         return WaitResult(first_read, timed_out=False, stalled=[])  # all ended and let go of: no watcher needed
     import queue  # a wait that blocks: its watchers are threads
     import threading
@@ -192,7 +192,7 @@ class _StallLook:
         for job_id, seen in self.sizes.items():
             if job_id in done:
                 continue
-            path = paths.run_file(self.repo.state_dir, job_id, "events.jsonl", make=False)
+            path = paths.run_file(self.repo.state_dir_str, job_id, "events.jsonl", make=False)
             try:
                 size = os.stat(path).st_size
             except OSError:
@@ -210,7 +210,7 @@ class _StallLook:
         return changed
 
 
-def _last_stall_event(path: Path) -> str | None:
+def _last_stall_event(path: str) -> str | None:
     """"stalled" or "stall_ended", whichever the events file's tail says last (None: neither)."""
     for line in reversed(_tail_lines(path)):
         if '"stall' not in line:
@@ -238,7 +238,7 @@ def _watch_one(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event
 
 
 def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threading.Event) -> None:
-    state_dir, job_id = repo.state_dir, job.id
+    state_dir, job_id = repo.state_dir_str, job.id
     next_fill = 0.0
     latest: Job | None = job  # as `wait` read it; read again at each later look
     while not cancel.is_set():
@@ -252,7 +252,7 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
             latest = None
             if time.monotonic() >= next_fill:
                 next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
-                sweep(open_repo(repo.root))
+                sweep(open_repo(repo.root_str))
             running = _running_dependency(state_dir, job_id)
             if running is not None:
                 liveness.wait_released(state_dir, running)  # in the kernel until its worker lets go
@@ -281,13 +281,13 @@ def _watch_until_ended(repo: Repo, job: Job, ended: queue.Queue, cancel: threadi
                 next_fill = time.monotonic() + QUEUED_FILL_INTERVAL
                 from subtask.ops.running import lifecycle
 
-                lifecycle.reconcile(open_repo(repo.root))
+                lifecycle.reconcile(open_repo(repo.root_str))
             _until_held(state_dir, job_id, QUEUED_LOOK, cancel)
             continue
         time.sleep(0.02)
 
 
-def _until_held(state_dir: Path, job_id: str, seconds: float, cancel: threading.Event) -> None:
+def _until_held(state_dir: StrPath, job_id: str, seconds: float, cancel: threading.Event) -> None:
     """Return once a worker holds the queued job's run-lock, or after `seconds`: a look at the
     lock is a syscall, a look at the record git processes (50 a second each, on a loaded machine
     they starved the workers a `wait` waited for)."""
@@ -296,7 +296,7 @@ def _until_held(state_dir: Path, job_id: str, seconds: float, cancel: threading.
         time.sleep(0.02)
 
 
-def _running_dependency(state_dir: Path, job_id: str) -> str | None:
+def _running_dependency(state_dir: StrPath, job_id: str) -> str | None:
     """A job the waiting `job_id` waits for whose worker runs now (its run-lock is held), if any."""
     for entry in slots.read(state_dir).waiting:
         if entry["job"] == job_id:
@@ -313,10 +313,10 @@ def _after_wrap_up(repo: Repo, job: Job, cancel: threading.Event) -> Job:
     a new attempt ends the wait, and so does WRAP_UP_WAIT, so a stuck holder never keeps us.
     """
     deadline = time.monotonic() + WRAP_UP_WAIT
-    if liveness.is_held(repo.state_dir, job.id):
+    if liveness.is_held(repo.state_dir_str, job.id):
         faults.point("wait_found_busy")
     next_read = 0.0
-    while liveness.is_held(repo.state_dir, job.id) and time.monotonic() < deadline and not cancel.is_set():
+    while liveness.is_held(repo.state_dir_str, job.id) and time.monotonic() < deadline and not cancel.is_set():
         time.sleep(0.005)  # a look at the lock is a syscall; a look at the record, git processes:
         if time.monotonic() >= next_read:  # every 5 ms they starved the worker on a loaded machine
             next_read = time.monotonic() + WRAP_UP_RECORD_LOOK

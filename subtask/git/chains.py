@@ -22,11 +22,11 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from subtask.git.gitrepo import Repo
 from subtask.model import lazyre
@@ -99,14 +99,14 @@ def cas(repo: Repo, name: str, old: str | None, new: str | None, message: str) -
 # A ref lock is held for the instant of one update; one older than `subtask.refLockStale` seconds
 # was left by a writer that died inside its update (kill -9).
 
-def ref_lock_path(repo: Repo, name: str) -> Path:
-    return repo.common_dir / f"{name}.lock"
+def ref_lock_path(repo: Repo, name: str) -> str:
+    return os.path.join(repo.common_dir_str, f"{name}.lock")
 
 
 def ref_lock_age(repo: Repo, name: str) -> float | None:
     """Seconds since the ref's lock file was made, or None when there is none."""
     try:
-        return max(time.time() - ref_lock_path(repo, name).stat().st_mtime, 0.0)
+        return max(time.time() - os.stat(ref_lock_path(repo, name)).st_mtime, 0.0)
     except OSError:
         return None
 
@@ -117,10 +117,10 @@ def break_stale_lock(repo: Repo, owner: str, name: str) -> bool:
     age = ref_lock_age(repo, name)
     if age is None or age < repo.config.number("refLockStale"):
         return False
-    if not liveness.owns(owner) and liveness.is_held(repo.state_dir, owner):
+    if not liveness.owns(owner) and liveness.is_held(repo.state_dir_str, owner):
         return False  # its worker is alive: it breaks the lock itself when it needs to
     try:
-        ref_lock_path(repo, name).unlink()
+        os.unlink(ref_lock_path(repo, name))
     except FileNotFoundError:
         return True
     except OSError:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from subtask.git import loose, pipes
 from subtask.model.dataclass import dataclass
@@ -61,6 +60,8 @@ if TYPE_CHECKING:
     from typing import Literal
 
     import pygit2
+
+    from subtask.state.statefiles import StrPath
 
 _HEX = "0123456789abcdef"
 _REF_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+@=,-"
@@ -129,7 +130,7 @@ SIGN_HINT = ("git signs these commits as it signs yours (git config user.signing
              "try: git commit --allow-empty -S -m test   (or: git config subtask.sign never)")
 
 
-def commit_tree(git_dir: str | Path, tree: str, parents: list[str], message: str, *, when: int | None = None,
+def commit_tree(git_dir: StrPath, tree: str, parents: list[str], message: str, *, when: int | None = None,
                 sign: bool = False, must_sign: bool = False) -> str:
     """`git commit-tree` of `tree` with the tool's identity: signed by git when `sign` (see the
     module's invariants for what a failed signature does)."""
@@ -177,7 +178,7 @@ class GitObjects:
     per-worktree ref) is asked of git. A `show` or `cleanup` reads a record's ref several times:
     each read was a `for-each-ref` process."""
 
-    def __init__(self, git_dir: Path, sign: bool = False, common_dir: Path | None = None, *, loose: bool = False):
+    def __init__(self, git_dir: StrPath, sign: bool = False, common_dir: StrPath | None = None, *, loose: bool = False):
         self._git_dir = git_dir
         self._common_dir = common_dir
         self._sign = sign
@@ -202,7 +203,8 @@ class GitObjects:
         ref to a missing object lists as is git's to say, and a packed object git's to vouch for)."""
         common = self._common_dir
         if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS) \
-                or os.path.lexists(common / "reftable") or not all(_shared_ref(p, folder=True) for p in prefixes):
+                or os.path.lexists(os.path.join(common, "reftable")) \
+                or not all(_shared_ref(p, folder=True) for p in prefixes):
             return None
         found: dict[str, str] = {}
         left = [_LISTED_AT_MOST]
@@ -228,7 +230,7 @@ class GitObjects:
         if self._common_dir is None or not _shared_ref(name):
             return None
         try:  # a job may write its branch's file: a symlink there is git's to read, not ours
-            oid = _ref_file(self._common_dir / name)
+            oid = _ref_file(os.path.join(self._common_dir, name))
         except OSError:  # none (packed, deleted), not a folder there (reftable), a symlink
             return None
         return Ref(name, oid) if is_oid(oid) else None
@@ -259,7 +261,7 @@ class GitObjects:
         return [answers.get(spec) for spec in specs]
 
     @staticmethod
-    def _read_loose(common: Path, spec: str) -> tuple[str, bytes] | None | Literal[False]:
+    def _read_loose(common: StrPath, spec: str) -> tuple[str, bytes] | None | Literal[False]:
         """`<oid>`, or `<oid>:<name>` of a name in its tree (no folder), from loose objects: the
         answer (None: no such name in that tree), or False when it is git's to give."""
         oid, colon, name = spec.partition(":")
@@ -295,7 +297,7 @@ class GitObjects:
         if common is None or any(os.environ.get(name) for name in _OTHER_REFS_OR_OBJECTS):
             return None
         try:
-            line = _ref_file(self._git_dir / "HEAD")
+            line = _ref_file(os.path.join(self._git_dir, "HEAD"))
         except OSError:
             return None
         if not is_oid(line):
@@ -418,7 +420,7 @@ _OTHER_REFS_OR_OBJECTS = ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTOR
                           "GIT_REF_PARANOIA")
 
 
-def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[int],
+def _read_loose_refs(common: StrPath, top: str, found: dict[str, str], left: list[int],
                      wanted: Callable[[str], bool] | None = None) -> bool:
     """The loose refs in folder `top` and below into `found` (name: object id); False when one is
     git's to read (`GitObjects._listed_from_files`). `left[0]`: how many more names (files and
@@ -464,18 +466,18 @@ def _read_loose_refs(common: Path, top: str, found: dict[str, str], left: list[i
     return True
 
 
-def _ref_file(path: Path | str) -> str:
+def _ref_file(path: StrPath) -> str:
     """A loose ref file's content, stripped; OSError when it is not there or is a link."""
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
         return fh.read(100).strip().decode("ascii", "replace")
 
 
-def _read_packed_refs(common: Path, prefixes: tuple[str, ...]) -> dict[str, str] | None:
+def _read_packed_refs(common: StrPath, prefixes: tuple[str, ...]) -> dict[str, str] | None:
     """packed-refs' refs under `prefixes` (name: object id), {} without the file; None when it
     is git's to read (a link, too big, a line that is not `<id> <name>`, `^<peeled id>` or a
     comment)."""
     try:
-        fd = os.open(common / "packed-refs", os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(common, "packed-refs"), os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return {}
     except OSError:

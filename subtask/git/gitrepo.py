@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from subtask.git import gitobjects, loose, pipes
 from subtask.model.config import SETTINGS_ARGS, Config, GitSettings, parse_settings
@@ -44,6 +43,7 @@ from subtask.state import paths
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     import subprocess
+    from pathlib import Path
     from typing import Any
 
     import pygit2
@@ -58,12 +58,30 @@ EXCLUDE_LINE = "/.subtask/"
 class Repo:
     """A repository as `open_repo` found it; pygit2 is opened only when first asked for."""
 
-    git_dir: Path  # this worktree's git dir (the main one's, or .git/worktrees/<name>)
-    root: Path  # the main worktree
-    common_dir: Path
+    # Paths as text, as git gave them; `git_dir`, `root`, `common_dir` and `opened_at` are the same
+    # as `Path`s. A reading command joins the text (`os.path`) and never imports pathlib.
+    git_dir_str: str  # this worktree's git dir (the main one's, or .git/worktrees/<name>)
+    root_str: str  # the main worktree
+    common_dir_str: str
     config: Config
     _git: pygit2.Repository | None = field(default=None, repr=False)
-    opened_at: Path | None = None  # the folder it was found from (a command's working directory)
+    opened_at_str: str | None = None  # the folder it was found from (a command's working directory)
+
+    @property
+    def git_dir(self) -> Path:
+        return _path(self.git_dir_str)
+
+    @property
+    def root(self) -> Path:
+        return _path(self.root_str)
+
+    @property
+    def common_dir(self) -> Path:
+        return _path(self.common_dir_str)
+
+    @property
+    def opened_at(self) -> Path | None:
+        return None if self.opened_at_str is None else _path(self.opened_at_str)
 
     @property
     def git(self) -> pygit2.Repository:
@@ -71,7 +89,7 @@ class Repo:
         if self._git is None:
             import pygit2
 
-            self._git = pygit2.Repository(str(self.git_dir))
+            self._git = pygit2.Repository(self.git_dir_str)
         return self._git
 
     @property
@@ -80,21 +98,21 @@ class Repo:
         sign = self.config.signing_key() is not None
         if self._git is not None or pygit2_ready():
             return gitobjects.Pygit2Objects(self.git, sign)
-        return gitobjects.GitObjects(self.git_dir, sign, self.common_dir, loose=loose.usable(self.config.git))
+        return gitobjects.GitObjects(self.git_dir_str, sign, self.common_dir_str, loose=loose.usable(self.config.git))
 
     def handover(self) -> dict[str, Any] | None:
         """This repository for a worker forked from another process (JSON, `from_handover`): the
         paths and settings git gave us; None unless opened at the main worktree (a linked
         worktree's settings may be its own) and read through git."""
         settings = self.config.settings()
-        if settings is None or self.git_dir.resolve() != self.common_dir:
+        if settings is None or os.path.realpath(self.git_dir_str) != self.common_dir_str:
             return None
-        return {"v": 1, "git_dir": str(self.git_dir), "root": str(self.root), "common_dir": str(self.common_dir),
+        return {"v": 1, "git_dir": self.git_dir_str, "root": self.root_str, "common_dir": self.common_dir_str,
                 "settings": settings}
 
     @classmethod
     def from_handover(cls, data: dict[str, Any]) -> Repo:
-        return cls(Path(data["git_dir"]), Path(data["root"]), Path(data["common_dir"]),
+        return cls(str(data["git_dir"]), str(data["root"]), str(data["common_dir"]),
                    Config(GitSettings(dict(data["settings"]))))
 
     def for_thread(self) -> Repo:
@@ -104,10 +122,10 @@ class Repo:
 
     def workdir(self) -> Path | None:
         """The top of the worktree this repository was opened in (as pygit2's `workdir`)."""
-        if self.git_dir.resolve() == self.common_dir:
+        if os.path.realpath(self.git_dir_str) == self.common_dir_str:
             return self.root
         try:  # a linked worktree's git dir names its `.git` file in `gitdir`
-            dot_git = Path((self.git_dir / "gitdir").read_text().strip())
+            dot_git = _path((self.git_dir / "gitdir").read_text().strip())
         except OSError:
             return None
         return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
@@ -117,9 +135,9 @@ class Repo:
         worktree's HEAD, or with `main` the main worktree's. Read from HEAD's file when it names a
         branch or a commit, as git's files backend writes it (whole, by rename); anything else (a
         symlink, reftable's placeholder `refs/heads/.invalid`) is git's to answer (`symbolic-ref`)."""
-        git_dir = self.common_dir if main else self.git_dir
+        git_dir = self.common_dir_str if main else self.git_dir_str
         try:
-            fd = os.open(git_dir / "HEAD", os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(os.path.join(git_dir, "HEAD"), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             fd = -1
         if fd >= 0:
@@ -132,7 +150,7 @@ class Repo:
             if branch.startswith("refs/heads/") and branch != line and branch.split() == [branch] \
                     and branch not in ("refs/heads/", "refs/heads/.invalid"):
                 return branch
-        code, out, _ = pipes.run(["git", "--git-dir", str(git_dir), "symbolic-ref", "-q", "HEAD"])
+        code, out, _ = pipes.run(["git", "--git-dir", git_dir, "symbolic-ref", "-q", "HEAD"])
         if code != 0:
             return None
         return os.fsdecode(out).strip() or None
@@ -142,24 +160,25 @@ class Repo:
         ref = self.head_ref()
         return ref.removeprefix("refs/heads/") if ref is not None and ref.startswith("refs/heads/") else None
 
-    def state_file(self, stem: str, suffix: str = ".json") -> Path:
+    def state_file(self, stem: str, suffix: str = ".json") -> str:
         """`<state>/<stem>-<repo><suffix>`: a file of this repository's own in a state folder that
         several repositories may share (`subtask.stateDir`)."""
-        return paths.repo_file(self.state_dir, self.common_dir, stem, suffix)
+        return paths.repo_file(self.state_dir_str, self.common_dir_str, stem, suffix)
 
     @property
     def state_dir(self) -> Path:
+        return _path(self.state_dir_str)
+
+    @property
+    def state_dir_str(self) -> str:
         configured = self.config.get("stateDir")
-        path = Path(os.path.expanduser(configured)) if configured else self.common_dir / "subtask"
-        if not path.is_absolute():
-            path = self.root / path
-        return path
+        return os.path.join(self.root_str, os.path.expanduser(configured)) if configured \
+            else os.path.join(self.common_dir_str, "subtask")
 
     def worktree_dir(self) -> Path:
         configured = self.config.get("worktreeDir")
         if configured:
-            path = Path(os.path.expanduser(configured))
-            return path if path.is_absolute() else self.root / path
+            return self.root / os.path.expanduser(configured)  # an absolute one replaces the root
         return self.root / ".subtask" / "worktrees"
 
 
@@ -168,8 +187,8 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
     (`git rev-parse`: GIT_DIR, ceilings, safe.directory), without loading pygit2. A SHA-256
     repository is refused here, before anything is written: pygit2's libgit2 reads SHA-1 only, and
     a job started there failed at its end with its branch and record left behind."""
-    start = str(path or os.getcwd())
-    if path is not None and not Path(start).exists():
+    start = os.fspath(path or os.getcwd())
+    if path is not None and not os.path.exists(start):
         raise SubtaskError("fatal", f"not a git repository: {start} does not exist")
     # The settings are read beside the search, by a git that finds the same git dir: one git
     # process's time instead of two, one after the other.
@@ -187,7 +206,7 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
             raise SubtaskError("fatal", f"not a git repository (or any of the parent directories): {start}",
                                hint="run it inside a git work tree, or git init")
         raise SubtaskError("fatal", f"cannot open the repository at {start}: {why}")
-    git_dir, common, bare = Path(lines[0]), Path(lines[1]).resolve(), lines[2] == "true"
+    git_dir, common, bare = lines[0], os.path.realpath(lines[1]), lines[2] == "true"
     if values.get("extensions.objectformat", "sha1").lower() != "sha1":
         raise SubtaskError("fatal", f"{common} holds SHA-256 objects: git-subtask works in SHA-1 repositories "
                                     "only (libgit2, which it reads records with, reads no other)",
@@ -196,7 +215,13 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
         raise SubtaskError("fatal", f"this operation must be run in a work tree, and {start} is a bare repository",
                            hint="clone it first: git clone <bare> <dir>")
     return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)),
-                opened_at=Path(start).resolve())
+                opened_at_str=os.path.realpath(start))
+
+
+def _path(text: str) -> Path:
+    from pathlib import Path  # here: a reading command never imports pathlib (~3 ms of its ~24)
+
+    return Path(text)
 
 
 def pygit2_ready() -> bool:
@@ -204,13 +229,13 @@ def pygit2_ready() -> bool:
     return sys.modules.get("pygit2") is not None
 
 
-def _main_worktree(common: Path, start: str) -> Path:
-    if common.name == ".git":
-        return common.parent
+def _main_worktree(common: str, start: str) -> str:
+    if os.path.basename(common) == ".git":
+        return os.path.dirname(common)
     # A separate git dir (`git init --separate-git-dir`, core.worktree): git knows no main
     # worktree for it (its `worktree list` names the git dir), so the worktree we are in is the root.
     top = os.fsdecode(pipes.run(["git", "-C", start, "rev-parse", "--show-toplevel"])[1]).strip()
-    return Path(top).resolve() if top else common.parent
+    return os.path.realpath(top) if top else os.path.dirname(common)
 
 
 def resolve_commit(repo: Repo, rev: str) -> str:

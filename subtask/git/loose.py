@@ -36,13 +36,14 @@ import stat
 import time
 import zlib  # the reading commands read records with it (`read`)
 from collections.abc import Callable
-from pathlib import Path
 
 from subtask.state.paths import sha1  # CPython's own SHA-1: hashlib would load OpenSSL
 
 TYPE_CHECKING = False  # not `typing`'s: the reading commands load this module
 if TYPE_CHECKING:
     from typing import Literal
+
+    from subtask.state.statefiles import StrPath
 
 # Set, git flushes loose objects as they are written: git writes them then (`SETTINGS_ARGS` reads them).
 _FLUSHED = ("core.fsync", "core.fsyncobjectfiles")
@@ -54,13 +55,13 @@ MAX_READ = 64 << 20  # a record's files are small: a bigger object is git's to r
 KINDS = (b"blob", b"tree", b"commit", b"tag")
 
 
-def path_of(common_dir: Path, oid: str) -> str:
+def path_of(common_dir: StrPath, oid: str) -> str:
     """Where git keeps the loose object `oid`: `objects/<first 2 hex>/<other 38>` (a string: a
     listing checks one per ref, and a `Path` join costs ~4 us each)."""
     return f"{os.fspath(common_dir)}/objects/{oid[:2]}/{oid[2:]}"
 
 
-def read(common_dir: Path, oid: str) -> tuple[str, bytes] | None:
+def read(common_dir: StrPath, oid: str) -> tuple[str, bytes] | None:
     """The object named `oid` (kind, content) from its loose file in `common_dir`, or None: not
     loose here (packed, absent), or not to be believed (see the module's invariants)."""
     try:
@@ -146,14 +147,14 @@ def usable(read: Callable[[str], str | None]) -> bool:
     return not any(read(key) for key in _FLUSHED)
 
 
-def write_tree(common_dir: Path, files: list[tuple[str, bytes]]) -> str:
+def write_tree(common_dir: StrPath, files: list[tuple[str, bytes]]) -> str:
     """The blobs of `files` and a tree of them (mode 100644 each); the tree's id."""
-    objects = common_dir / "objects"
+    objects = os.path.join(common_dir, "objects")
     entries = sorted((name.encode(), bytes.fromhex(_write(objects, b"blob", data))) for name, data in files)
     return _write(objects, b"tree", b"".join(b"100644 " + name + b"\0" + oid for name, oid in entries))
 
 
-def write_commit(common_dir: Path, tree: str, parents: list[str], message: str, who: str,
+def write_commit(common_dir: StrPath, tree: str, parents: list[str], message: str, who: str,
                  when: int | None = None) -> str:
     """A commit of `tree` by `who` (`Name <email>`, as author and committer) at `when` (+0000), or
     now at the local offset, as git dates one; its id."""
@@ -165,25 +166,29 @@ def write_commit(common_dir: Path, tree: str, parents: list[str], message: str, 
         stamp = f"{when} +0000"
     head = "".join([f"tree {tree}\n", *(f"parent {p}\n" for p in parents),
                     f"author {who} {stamp}\n", f"committer {who} {stamp}\n\n"])
-    return _write(common_dir / "objects", b"commit", (head + message).encode())
+    return _write(os.path.join(common_dir, "objects"), b"commit", (head + message).encode())
 
 
-def write_object(common_dir: Path, kind: str, content: bytes) -> str:
+def write_object(common_dir: StrPath, kind: str, content: bytes) -> str:
     """One object of `kind` (blob, tree, commit) holding `content`; its id."""
-    return _write(common_dir / "objects", kind.encode(), content)
+    return _write(os.path.join(common_dir, "objects"), kind.encode(), content)
 
 
-def _write(objects: Path, kind: bytes, content: bytes) -> str:
+def _write(objects: StrPath, kind: bytes, content: bytes) -> str:
     data = kind + b" " + str(len(content)).encode() + b"\0" + content
     oid: str = sha1(data).hexdigest()
-    folder, path = objects / oid[:2], objects / oid[:2] / oid[2:]
+    folder = os.path.join(objects, oid[:2])
+    path = os.path.join(folder, oid[2:])
     try:
         os.utime(path)
         return oid  # there already: freshened
     except OSError:
         pass
-    folder.mkdir(exist_ok=True)
-    temporary = folder / f"tmp_obj_{os.urandom(6).hex()}"
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        pass
+    temporary = os.path.join(folder, f"tmp_obj_{os.urandom(6).hex()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -195,5 +200,8 @@ def _write(objects: Path, kind: bytes, content: bytes) -> str:
         except OSError:
             os.replace(temporary, path)  # a file system without hard links
     finally:
-        temporary.unlink(missing_ok=True)
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
     return oid

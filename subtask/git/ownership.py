@@ -103,13 +103,13 @@ class _LocalConfig:
                 return self.cfg[key]
             except KeyError:
                 return None
-        return git(self.repo.root, "config", "--local", "--get", key, check=False).stdout.strip() or None
+        return git(self.repo.root_str, "config", "--local", "--get", key, check=False).stdout.strip() or None
 
     def set(self, key: str, value: str) -> None:
         if self.cfg is not None:
             self.cfg[key] = value
         else:
-            git(self.repo.root, "config", "--local", key, value)
+            git(self.repo.root_str, "config", "--local", key, value)
 
 
 def _local_config(repo: Repo) -> _LocalConfig:
@@ -125,7 +125,7 @@ def started_here(repo: Repo, key: str) -> bool:
 
     A loose ref file answers without a git process (what `show` would otherwise pay); a packed
     or otherwise stored ref is asked of git."""
-    if (repo.common_dir / owned_ref(key)).is_file():
+    if os.path.isfile(os.path.join(repo.common_dir_str, owned_ref(key))):
         return True
     return repo.objects.ref(owned_ref(key)) is not None
 

@@ -58,7 +58,7 @@ def estimate_loose(objects: Path) -> int:
 def state_file(repo: Repo) -> Path:
     """`packed-<repo>.json`: {"v": 1, "loose": the estimate when this repository was last packed};
     one per repository (several may share a state folder), and so is the lock beside it."""
-    return repo.state_file("packed")
+    return Path(repo.state_file("packed"))
 
 
 def _last_packed(repo: Repo) -> int:

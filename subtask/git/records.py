@@ -29,9 +29,9 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 from subtask.git import chains
 from subtask.git.chains import LOCK_WAIT as LOCK_WAIT  # the names callers use
@@ -225,12 +225,17 @@ def read(repo: Repo, job_id: str) -> Job:
     """The job at the tip of its record; `DamagedRecord` when the ref holds something else."""
     ref = repo.objects.ref(record_ref(job_id))
     if ref is None:
-        if (repo.common_dir / record_ref(job_id)).is_file():
+        if _ref_file_there(repo, record_ref(job_id)):
             raise DamagedRecord(job_id, f"its ref file {record_ref(job_id)} holds no object id")
-        raise SubtaskError("not_found", f"no job {job_id} in {repo.root}", hint="git subtask list --all")
+        raise SubtaskError("not_found", f"no job {job_id} in {repo.root_str}", hint="git subtask list --all")
     if ref.symbolic:
         raise DamagedRecord(job_id, f"{ref.name} is a symbolic ref to {ref.target}")
     return read_commit(repo, ref.target, job_id)
+
+
+def _ref_file_there(repo: Repo, ref: str) -> bool:
+    """A loose ref file at `ref`'s name, whatever it holds (git's refs may not list a damaged one)."""
+    return os.path.isfile(os.path.join(repo.common_dir_str, ref))
 
 
 def read_commit(repo: Repo, tip: str, job_id: str | None = None) -> Job:
@@ -402,7 +407,7 @@ def resolve(repo: Repo, text: str) -> str:
     """The job id a full id or a unique prefix names."""
     prefix = check_id_prefix(text)
     if is_job_id(prefix) and (repo.objects.ref(record_ref(prefix)) is not None
-                              or (repo.common_dir / record_ref(prefix)).is_file()):  # damaged: `read` says so
+                              or _ref_file_there(repo, record_ref(prefix))):  # damaged: `read` says so
         return prefix
     matches = sorted(i for i in all_ids(repo) if i.startswith(prefix))
     if not matches:
@@ -419,7 +424,7 @@ LIST_CACHE_VERSION = 2  # 2: entries say whether their tip is signed
 CACHE_WORTH = 8
 
 
-def _list_cache_path(repo: Repo) -> Path:
+def _list_cache_path(repo: Repo) -> str:
     return repo.state_file("list-cache")
 
 
@@ -478,7 +483,8 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict[s
 def _read_list_cache(repo: Repo) -> tuple[dict[str, dict[str, Any]], bool]:
     """(the cached entries by record tip, whether a cache of this version was there to read)."""
     try:
-        data = json.loads(_list_cache_path(repo).read_bytes())
+        with open(_list_cache_path(repo), "rb") as fh:
+            data = json.loads(fh.read())
         entries = data.get("entries") if isinstance(data, dict) and data.get("v") == LIST_CACHE_VERSION else None
         return (entries, True) if isinstance(entries, dict) else ({}, False)
     except (OSError, ValueError):

@@ -123,7 +123,7 @@ def trust_fingerprint(repo: Repo) -> str:
 
 
 def _cache_path(repo: Repo) -> Path:
-    return repo.state_file("signatures")
+    return Path(repo.state_file("signatures"))
 
 
 def _read_cache(repo: Repo, fingerprint: str) -> dict[str, Any]:

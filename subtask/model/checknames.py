@@ -9,8 +9,6 @@ written: in `start --check`, in `git config subtask.git.checks`, in a job's spec
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
 from subtask.model.errors import SubtaskError
 
 NO_TEST_DELETION = "no-test-deletion"
@@ -44,7 +42,7 @@ def check_name(item: str, given_as: str = "--check ") -> str:
         return item
     if item.startswith(PATHS):
         glob = item[len(PATHS):].strip()
-        if not glob or glob.startswith("/") or "\0" in glob or ".." in PurePosixPath(glob).parts:
+        if not glob or glob.startswith("/") or "\0" in glob or ".." in glob.split("/"):
             raise SubtaskError("usage", f"{given_as}{item!r}: give a glob relative to the "
                                "repository's top, e.g. paths=src/** or paths=**/*.md")
         return PATHS + glob

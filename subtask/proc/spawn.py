@@ -36,7 +36,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from subtask.state.statefiles import StrPath
 
 SPAWN_ENV = "SUBTASK_SPAWN"  # "exec": always start the worker as a fresh interpreter
 RUN_MARKER_ENV = "SUBTASK_RUN"  # `<job>.<attempt>.<worker pid>` in every process of an attempt (`procs`)
@@ -68,7 +71,7 @@ def fork_server():
     return server
 
 
-def start_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object = None) -> int:
+def start_worker(root: StrPath, job_id: str, lock_fd: int, log_fd: int, repo: object = None) -> int:
     """Start the detached worker for `job_id` in `root`, its output on `log_fd`; its pid.
 
     A single-threaded caller that was handed a worker main forks: the child already has every
@@ -112,7 +115,7 @@ def _carries_run_mark() -> bool:
     return block.startswith(mark) or b"\0" + mark in block
 
 
-def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
+def _zygote_or_exec_worker(root: StrPath, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
     server = fork_server() if os.environ.get(SPAWN_ENV) != "exec" else None
     if server is not None:
         try:
@@ -123,7 +126,7 @@ def _zygote_or_exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, r
     return _exec_worker(root, job_id, lock_fd, log_fd)
 
 
-def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
+def _exec_worker(root: StrPath, job_id: str, lock_fd: int, log_fd: int) -> int:
     env = {k: v for k, v in os.environ.items() if k != RUN_MARKER_ENV}  # never a worker's (module docstring)
     env["SUBTASK_LOCK_FD"] = str(lock_fd)
     import subprocess
@@ -136,7 +139,7 @@ def _exec_worker(root: Path, job_id: str, lock_fd: int, log_fd: int) -> int:
     return proc.pid
 
 
-def _fork_worker(root: Path, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
+def _fork_worker(root: StrPath, job_id: str, lock_fd: int, log_fd: int, repo: object) -> int:
     main = _worker_main
     assert main is not None  # _may_fork checked
     import signal  # here: a child imports nothing before it runs the worker

@@ -143,7 +143,7 @@ def _lineage() -> list[tuple[int, int]]:
 
 
 def env_file(state_dir: Path, job_id: str) -> Path:
-    return paths.run_file(state_dir, job_id, "env.json")
+    return Path(paths.run_file(state_dir, job_id, "env.json"))
 
 
 def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None,

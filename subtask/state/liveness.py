@@ -34,7 +34,6 @@ import fcntl
 import os
 import select
 import time
-from pathlib import Path
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
@@ -43,8 +42,10 @@ TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing 
 if TYPE_CHECKING:
     from typing import Any
 
+    from subtask.state.statefiles import StrPath
 
-def lock_path(state_dir: Path, job_id: str) -> Path:
+
+def lock_path(state_dir: StrPath, job_id: str) -> str:
     return paths.run_file(state_dir, job_id, "lock")
 
 
@@ -80,13 +81,13 @@ def disown(fd: int | None) -> None:
         _owned.pop(fd, None)
 
 
-def acquire(state_dir: Path, job_id: str, *, block: bool = True, new: bool = False) -> int | None:
+def acquire(state_dir: StrPath, job_id: str, *, block: bool = True, new: bool = False) -> int | None:
     """Open and exclusively lock the job's run-lock; returns the fd (inheritable), or None if held.
 
     `new`: the job is being started now, so no process can hold its lock through a removed file
     (the check costs a look at every process: a start must not pay it)."""
     path = lock_path(state_dir, job_id)
-    if not new and not path.exists():
+    if not new and not os.path.exists(path):
         while holders := lost_holders(state_dir, job_id):
             if not block:
                 return None
@@ -103,14 +104,14 @@ def acquire(state_dir: Path, job_id: str, *, block: bool = True, new: bool = Fal
     return fd
 
 
-def acquire_new(state_dir: Path, job_id: str) -> int:
+def acquire_new(state_dir: StrPath, job_id: str) -> int:
     """The run-lock of a job being started now (`acquire(new=True)`: it blocks until it has it)."""
     fd = acquire(state_dir, job_id, new=True)
     assert fd is not None  # a blocking acquire returns only with the lock
     return fd
 
 
-def acquire_within(state_dir: Path, job_id: str, seconds: float) -> int:
+def acquire_within(state_dir: StrPath, job_id: str, seconds: float) -> int:
     """The job's run-lock for a short operation on a finished job (a reply, a merge, a landing): a
     gc or cleanup holds it only briefly, so wait up to `seconds`; past that the job is busy."""
     deadline = time.monotonic() + seconds
@@ -132,13 +133,16 @@ def release(fd: int | None) -> None:
         os.close(fd)
 
 
-def drop(state_dir: Path, job_id: str, fd: int | None) -> None:
+def drop(state_dir: StrPath, job_id: str, fd: int | None) -> None:
     """A start undone: its run-lock let go and its file removed (no job of that id exists)."""
     release(fd)
-    lock_path(state_dir, job_id).unlink(missing_ok=True)
+    try:
+        os.unlink(lock_path(state_dir, job_id))
+    except FileNotFoundError:
+        pass
 
 
-def is_held(state_dir: Path, job_id: str) -> bool:
+def is_held(state_dir: StrPath, job_id: str) -> bool:
     """True while some process holds the job's run-lock exclusively (its worker, or its starter)."""
     path = paths.run_file(state_dir, job_id, "lock", make=False)
     try:
@@ -154,7 +158,7 @@ def is_held(state_dir: Path, job_id: str) -> bool:
     return False
 
 
-def wait_released(state_dir: Path, job_id: str) -> None:
+def wait_released(state_dir: StrPath, job_id: str) -> None:
     """Block until no process holds the job's run-lock exclusively."""
     path = paths.run_file(state_dir, job_id, "lock", make=False)
     try:
@@ -169,14 +173,15 @@ def wait_released(state_dir: Path, job_id: str) -> None:
         os.close(fd)
 
 
-def lost_holders(state_dir: Path, job_id: str) -> list[int]:
+def lost_holders(state_dir: StrPath, job_id: str) -> list[int]:
     """The processes that hold `job_id`'s run-lock through a file no longer at its path (its
     folder was removed under a running job): each has the removed file open, and /proc/locks
     shows a flock on that very inode. Reads every process's open files (~30 ms for 150
     processes), at most once per `LOST_SCAN_TTL`: only for a missing lock file, which a job that
     ran here never has otherwise."""
     probe = paths.run_file(state_dir, job_id, "lock", make=False)
-    gone = f"{os.path.realpath(probe.parent)}/{probe.name} (deleted)"
+    folder, name = os.path.split(probe)
+    gone = f"{os.path.realpath(folder)}/{name} (deleted)"
     return _lost_locks().get(gone, [])
 
 

@@ -31,9 +31,13 @@ Invariants:
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from subtask.state.statefiles import ensure_dir
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from subtask.state.statefiles import StrPath
 
 # hashlib's SHA-1 from CPython's own module where there is one: `hashlib` loads OpenSSL's libcrypto
 # (~3 ms, far more on a loaded machine), which `list` and `status` paid for `repo_file`'s names
@@ -57,47 +61,47 @@ def reservation_id(job_id: str, attempt: int) -> str:
     return f"{job_id}.{int(attempt)}"
 
 
-def run_dir(state_dir: Path) -> Path:
-    return ensure_dir(state_dir / "run")
+def run_dir(state_dir: StrPath) -> str:
+    return ensure_dir(os.path.join(state_dir, "run"))
 
 
-def logs_dir(state_dir: Path) -> Path:
-    return ensure_dir(state_dir / "logs")
+def logs_dir(state_dir: StrPath) -> str:
+    return ensure_dir(os.path.join(state_dir, "logs"))
 
 
-def groups_dir(state_dir: Path) -> Path:
-    return ensure_dir(state_dir / "groups")
+def groups_dir(state_dir: StrPath) -> str:
+    return ensure_dir(os.path.join(state_dir, "groups"))
 
 
-def run_file(state_dir: Path, job_id: str, kind: str, *, make: bool = True) -> Path:
+def run_file(state_dir: StrPath, job_id: str, kind: str, *, make: bool = True) -> str:
     """`run/<id>.<kind>`: lock, pid, stop, engine, events.jsonl, env.json. `make=False` for a
     probe that must not create the folder."""
-    return (run_dir(state_dir) if make else state_dir / "run") / f"{job_id}.{kind}"
+    return os.path.join(run_dir(state_dir) if make else os.path.join(state_dir, "run"), f"{job_id}.{kind}")
 
 
-def attempt_file(state_dir: Path, job_id: str, attempt: int, kind: str) -> Path:
+def attempt_file(state_dir: StrPath, job_id: str, attempt: int, kind: str) -> str:
     """`run/<id>.<n>.<kind>`: private.json, task, verify.txt."""
-    return run_dir(state_dir) / f"{job_id}.{int(attempt)}.{kind}"
+    return os.path.join(run_dir(state_dir), f"{job_id}.{int(attempt)}.{kind}")
 
 
-def index_lock(state_dir: Path, key: str) -> Path:
+def index_lock(state_dir: StrPath, key: str) -> str:
     """`index-<key>.lock`: one checkout's index, held while a merge or a landing moves it."""
-    return state_dir / f"index-{key}.lock"
+    return os.path.join(state_dir, f"index-{key}.lock")
 
 
-def repo_file(state_dir: Path, common_dir: Path, stem: str, suffix: str) -> Path:
+def repo_file(state_dir: StrPath, common_dir: StrPath, stem: str, suffix: str) -> str:
     """`<stem>-<repo><suffix>`: a file of one repository's own in a state folder several may share."""
-    return state_dir / f"{stem}-{sha1(str(common_dir).encode()).hexdigest()[:8]}{suffix}"
+    return os.path.join(state_dir, f"{stem}-{sha1(os.fspath(common_dir).encode()).hexdigest()[:8]}{suffix}")
 
 
-def notify_feed(state_dir: Path, old: bool = False) -> Path:
+def notify_feed(state_dir: StrPath, old: bool = False) -> str:
     """`notify.jsonl` (`.1`: the one it replaced): the events an MCP server tells its client (ops/notify)."""
-    return state_dir / ("notify.jsonl.1" if old else "notify.jsonl")
+    return os.path.join(state_dir, "notify.jsonl.1" if old else "notify.jsonl")
 
 
-def notify_lock(state_dir: Path) -> Path:
-    return state_dir / "notify.lock"
+def notify_lock(state_dir: StrPath) -> str:
+    return os.path.join(state_dir, "notify.lock")
 
 
-def log_file(state_dir: Path, job_id: str) -> Path:
-    return logs_dir(state_dir) / f"{job_id}.log"
+def log_file(state_dir: StrPath, job_id: str) -> str:
+    return os.path.join(logs_dir(state_dir), f"{job_id}.log")

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 
 def path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return paths.attempt_file(state_dir, job_id, attempt, "private.json")
+    return Path(paths.attempt_file(state_dir, job_id, attempt, "private.json"))
 
 
 def keep(state_dir: Path, job_id: str, attempt: int, *, message: str, stored_message: str,
@@ -79,7 +79,7 @@ def verify(state_dir: Path, job_id: str, attempt_n: int, recorded: str | None) -
 
 
 def task_file_path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return paths.attempt_file(state_dir, job_id, attempt, "task")
+    return Path(paths.attempt_file(state_dir, job_id, attempt, "task"))
 
 
 def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
@@ -92,7 +92,7 @@ def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
 def verify_output_path(state_dir: Path, job_id: str, attempt: int) -> Path:
     """A retry's file of what verify said about the attempt before it (`SUBTASK_VERIFY_OUTPUT`,
     docs/verify.md): the same kind of file, with the same life, as the task file."""
-    return paths.attempt_file(state_dir, job_id, attempt, "verify.txt")
+    return Path(paths.attempt_file(state_dir, job_id, attempt, "verify.txt"))
 
 
 def keep_verify_output(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:

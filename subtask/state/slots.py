@@ -40,10 +40,10 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 from subtask.model.dataclass import dataclass, field
 from subtask.state import liveness, paths
@@ -52,6 +52,8 @@ from subtask.state.statefiles import StateLock, file_lock, write_json
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    from subtask.state.statefiles import StrPath
 
 SLOTS_FILE = paths.SLOTS_FILE
 
@@ -85,15 +87,16 @@ class HandOff:
     fd: int
 
 
-def lock(state_dir: Path) -> StateLock:
-    return file_lock(state_dir / paths.SLOTS_LOCK)
+def lock(state_dir: StrPath) -> StateLock:
+    return file_lock(os.path.join(state_dir, paths.SLOTS_LOCK))
 
 
-def read(state_dir: Path) -> Slots:
+def read(state_dir: StrPath) -> Slots:
     """The slots file as it is (no lock); a damaged one reads as empty with `damaged` set."""
-    path = state_dir / SLOTS_FILE
+    path = os.path.join(state_dir, SLOTS_FILE)
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
         if not isinstance(data, dict) or not isinstance(data.get("running"), list) \
                 or not isinstance(data.get("queue"), list):
             raise ValueError("unexpected shape")
@@ -105,7 +108,7 @@ def read(state_dir: Path) -> Slots:
     except FileNotFoundError:
         # Missing while the lock file exists means it was deleted, not never made: a running job
         # may be listed nowhere else, so have it rebuilt rather than read as "nothing runs".
-        return Slots(damaged=(state_dir / paths.SLOTS_LOCK).exists())
+        return Slots(damaged=os.path.exists(os.path.join(state_dir, paths.SLOTS_LOCK)))
     except (ValueError, OSError) as exc:
         warnings.warn(f"{path} is damaged ({exc}); rebuilding it from the records and run-locks", stacklevel=2)
         return Slots(damaged=True)
@@ -128,7 +131,7 @@ class transaction:  # noqa: N801  (read as a phrase: `with slots.transaction(...
     `contextlib` (~0.3 ms).
     """
 
-    def __init__(self, state_dir: Path, rebuild: Callable[[], Slots]):
+    def __init__(self, state_dir: StrPath, rebuild: Callable[[], Slots]):
         self.state_dir, self.rebuild, self.held = state_dir, rebuild, lock(state_dir)
 
     def __enter__(self) -> Slots:
@@ -149,7 +152,7 @@ class transaction:  # noqa: N801  (read as a phrase: `with slots.transaction(...
             self.held.release()
 
 
-def save(state_dir: Path, slots: Slots) -> None:
+def save(state_dir: StrPath, slots: Slots) -> None:
     """Write the slots file now. Caller holds the lock (the transaction saves again at its end).
 
     Not fsynced: it is a cache, and the records it caches are not fsynced either (libgit2 does not
@@ -158,10 +161,10 @@ def save(state_dir: Path, slots: Slots) -> None:
     An fsync here ran under the slots lock, on each start and each end: 0.35 ms at the median but
     up to 16 ms beside ten checkouts, with every other start and hand-off queued behind it.
     """
-    write_json(state_dir / SLOTS_FILE, slots.to_dict(), durable=False)
+    write_json(os.path.join(state_dir, SLOTS_FILE), slots.to_dict(), durable=False)
 
 
-def make_entry(job: str, attempt: int, git_dir: Path, parent: str | None = None, pool: str | None = None,
+def make_entry(job: str, attempt: int, git_dir: StrPath, parent: str | None = None, pool: str | None = None,
                pool_max: int | None = None) -> dict[str, Any]:
     entry = {"job": job, "attempt": attempt, "git_dir": str(git_dir), "since": time.time()}
     if parent:
@@ -186,7 +189,7 @@ def _next_eligible(slots: Slots) -> dict[str, Any] | None:
 
 # Waiting jobs (subtask/plans.py): recorded, holding nothing, until the jobs in `until` end.
 
-def add_waiting(slots: Slots, job: str, git_dir: Path, until: list[str]) -> None:
+def add_waiting(slots: Slots, job: str, git_dir: StrPath, until: list[str]) -> None:
     slots.waiting = [e for e in slots.waiting if e["job"] != job]
     slots.waiting.append({"job": job, "attempt": 1, "git_dir": str(git_dir), "until": list(until),
                           "since": time.time()})
@@ -203,13 +206,14 @@ def listed(slots: Slots) -> set[str]:
     return {e["job"] for e in slots.running + slots.queue + slots.waiting}
 
 
-def nothing_to_sweep(state_dir: Path) -> bool:
+def nothing_to_sweep(state_dir: StrPath) -> bool:
     """True when a look without the slots lock finds nothing for a sweep to do: the file is
     whole, nothing is queued, every running entry's run-lock is held (its worker lives, or someone
     is settling it), and no waiting job's jobs have all ended. A reading command then takes no
     lock, rewrites nothing and imports nothing more (`ops.lifecycle.reconcile`, `ops.plans.advance`
     do the rest). Skipping is the same as a sweep that ran just before this look."""
-    if not (state_dir / SLOTS_FILE).exists() and not (state_dir / paths.SLOTS_LOCK).exists():
+    if not os.path.exists(os.path.join(state_dir, SLOTS_FILE)) \
+            and not os.path.exists(os.path.join(state_dir, paths.SLOTS_LOCK)):
         return True
     with warnings.catch_warnings():  # a damaged file is said once, by the locked pass that rebuilds it
         warnings.simplefilter("ignore")
@@ -279,7 +283,7 @@ def remove(slots: Slots, job: str, attempt: int) -> bool:
     return len(slots.running) + len(slots.queue) != before
 
 
-def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
+def fill(slots: Slots, state_dir: StrPath, max_running: int) -> list[HandOff]:
     """Move queued attempts into free slots, taking each one's run-lock. Caller holds the lock.
 
     Stops at a queue head whose run-lock is busy: its starter is still writing its branch and
@@ -315,7 +319,7 @@ def fill(slots: Slots, state_dir: Path, max_running: int) -> list[HandOff]:
     return handed
 
 
-def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
+def _try_lock(state_dir: StrPath, job: str, tries: int = 5) -> int | None:
     # A liveness probe holds a shared lock for microseconds; a starter holds it for many
     # milliseconds. A few quick tries tell the two apart.
     for _ in range(tries):
@@ -326,7 +330,7 @@ def _try_lock(state_dir: Path, job: str, tries: int = 5) -> int | None:
     return None
 
 
-def reap_dead(slots: Slots, state_dir: Path) -> list[HandOff]:
+def reap_dead(slots: Slots, state_dir: StrPath) -> list[HandOff]:
     """Take the run-lock of each running entry nobody holds (its worker is dead). Caller holds the lock.
 
     The entries stay in the file until they are ended (`lifecycle.end_reaped`): the taken

@@ -6,25 +6,30 @@ Standard library only: every reading command looks here before it imports what t
 from __future__ import annotations
 
 import json
+import os
 import time
-from pathlib import Path
+
+TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
+if TYPE_CHECKING:
+    from subtask.state.statefiles import StrPath
 
 
-def last(state_dir: Path, name: str) -> float:
+def last(state_dir: StrPath, name: str) -> float:
     """When `name` (a file name of `paths`) was last stamped; 0 when never, or unreadable."""
     try:
-        value = json.loads((state_dir / name).read_text()).get("t", 0)
+        with open(os.path.join(state_dir, name), "rb") as fh:
+            value = json.loads(fh.read()).get("t", 0)
     except (OSError, ValueError, AttributeError):
         return 0.0
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
-def due(state_dir: Path, name: str, interval: float) -> bool:
+def due(state_dir: StrPath, name: str, interval: float) -> bool:
     """Has `interval` seconds passed since `name` was stamped?"""
     return time.time() - last(state_dir, name) >= interval
 
 
-def stamp(state_dir: Path, name: str) -> None:
+def stamp(state_dir: StrPath, name: str) -> None:
     from subtask.state.statefiles import write_json
 
-    write_json(state_dir / name, {"v": 1, "t": time.time()})
+    write_json(os.path.join(state_dir, name), {"v": 1, "t": time.time()})

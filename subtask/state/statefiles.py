@@ -39,23 +39,28 @@ import json
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import FrameType
-    from typing import NoReturn, TypeVar
+    from typing import NoReturn, TypeAlias, TypeVar
 
     T = TypeVar("T")
+    P = TypeVar("P", str, Path)
+    # A path as text or a `Path`: the state folder's names are joined as text (`paths`), so a
+    # reading command never imports pathlib (~3 ms of its ~24).
+    StrPath: TypeAlias = "str | os.PathLike[str]"
 
 
-def ensure_dir(path: Path) -> Path:
+def ensure_dir(path: P) -> P:
     """Make `path` (and any missing parents) private folders; existing folders are left alone."""
-    if not path.is_dir():
-        if not path.parent.is_dir():
-            ensure_dir(path.parent)
+    if not os.path.isdir(path):
+        parent = os.path.dirname(os.fspath(path).rstrip(os.sep)) or "."
+        if not os.path.isdir(parent):
+            ensure_dir(parent)
         try:
-            path.mkdir(mode=0o700)
+            os.mkdir(path, 0o700)
         except FileExistsError:
             pass
     return path
@@ -65,21 +70,22 @@ def ensure_dir(path: Path) -> Path:
 FOLDER_REMOVED_RETRIES = 3
 
 
-def _in_its_folder(path: Path, make: Callable[[], T]) -> T:
+def _in_its_folder(path: StrPath, make: Callable[[], T]) -> T:
     """`make()` once `path`'s folder exists; a folder removed under it is made again and `make`
     run again, so a worker outlives its state folder being removed (`rm -rf`) mid-write."""
+    folder = os.path.dirname(os.fspath(path)) or "."
     for _ in range(FOLDER_REMOVED_RETRIES):
-        ensure_dir(path.parent)
+        ensure_dir(folder)
         try:
             return make()
         except FileNotFoundError:
-            if path.parent.is_dir():
+            if os.path.isdir(folder):
                 raise
-    ensure_dir(path.parent)
+    ensure_dir(folder)
     return make()
 
 
-def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+def open_private(path: StrPath, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
     """An fd on a 0600 file (created if missing), in a private folder."""
     return _in_its_folder(path, lambda: os.open(path, flags, 0o600))
 
@@ -89,7 +95,7 @@ class naming:  # noqa: N801  (a context manager read as a phrase: `with naming(p
     left" must say where (`errors.from_os_error`). A class, not `contextlib.contextmanager`: a
     reading command that imports this module never loads `contextlib` (~0.3 ms)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: StrPath):
         self.path = path
 
     def __enter__(self) -> None:
@@ -100,13 +106,13 @@ class naming:  # noqa: N801  (a context manager read as a phrase: `with naming(p
             raise type(exc)(exc.errno, exc.strerror, os.fspath(self.path)) from exc
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def write_atomic(path: StrPath, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data` atomically; `durable=False` skips the fsync (for caches). A folder
     removed before its temp file is made, or before the replace, is made again and the write done again."""
     _in_its_folder(path, lambda: _write_atomic_once(path, data, durable))
 
 
-def _write_atomic_once(path: Path, data: bytes, durable: bool) -> None:
+def _write_atomic_once(path: StrPath, data: bytes, durable: bool) -> None:
     fd, tmp = new_file_beside(path)
     try:
         with naming(path):
@@ -120,17 +126,18 @@ def _write_atomic_once(path: Path, data: bytes, durable: bool) -> None:
         raise
 
 
-def new_file_beside(path: Path) -> tuple[int, str]:
+def new_file_beside(path: StrPath) -> tuple[int, str]:
     """A new 0600 file in `path`'s folder, open for writing, by a name no one held: what
     `tempfile.mkstemp` makes, without its imports (`shutil`, `bz2`, `lzma`, `random`: ~3 ms of the
     `list` that writes the listing's cache)."""
+    folder, name = os.path.split(os.fspath(path))
     for _ in range(_NAMES_TRIED):
-        tmp = os.path.join(path.parent, f".{path.name}.{os.urandom(6).hex()}.tmp")
+        tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), tmp
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, "no unused temporary file name", os.fspath(path.parent))
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", folder)
 
 
 _NAMES_TRIED = 100  # tempfile's TMP_MAX is 10,000; 48 random bits collide far less often than its 8 letters
@@ -145,7 +152,7 @@ def _write_fd(fd: int, data: bytes, durable: bool) -> None:
             os.fsync(fh.fileno())
 
 
-def write_json(path: Path, obj: object, *, durable: bool = True) -> None:
+def write_json(path: StrPath, obj: object, *, durable: bool = True) -> None:
     write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode(), durable=durable)
 
 
@@ -165,7 +172,7 @@ class StateLock:
     with other threads, a SIGALRM handler or timer already in use) it retries every 2 ms. Not reentrant:
     one instance, one holder."""
 
-    def __init__(self, path: Path, timeout: float):
+    def __init__(self, path: StrPath, timeout: float):
         self.path, self.timeout = path, timeout
         self._fd: int | None = None
 
@@ -253,7 +260,7 @@ def _poll(fd: int, timeout: float) -> None:
         time.sleep(LOCK_POLL_SECONDS)
 
 
-def file_lock(path: Path, timeout: float = 60.0) -> StateLock:
+def file_lock(path: StrPath, timeout: float = 60.0) -> StateLock:
     """The state lock at `path` (a private file, created when missing): `with file_lock(p):`, or
     `acquire()` / `release()`; raises LockTimeout after `timeout` seconds. Every lock here is
     held for milliseconds: nothing slow runs under one."""

@@ -69,7 +69,7 @@ def run_engine(repo: Repo, job: Job, worktree: Path, sink, env: dict | None = No
         config=settings_reader(engine, repo.config),
         on_pid=on_pid,
         on_launch=launched.append,
-        private_dir=paths.run_dir(repo.state_dir),
+        private_dir=Path(paths.run_dir(repo.state_dir)),
         write_task_file=functools.partial(privatetext.task_file, repo.state_dir, job.id, attempt.n),
     )
     try:

@@ -36,7 +36,7 @@ REQUEST, TAKEN, DONE = ".json", ".taken", ".done.json"
 
 
 def folder(repo: Repo) -> Path:
-    return repo.state_file(FOLDER, "")
+    return Path(repo.state_file(FOLDER, ""))
 
 
 def ask(repo: Repo, job_id: str) -> None:

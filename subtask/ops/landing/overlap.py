@@ -29,7 +29,7 @@ def changes(repo: Repo, base: str, head: str) -> dict[str, list[tuple[int, int]]
     """The files base..head changes, each with the base's line ranges its hunks replace
     ((start, count); count 0 for lines inserted after `start`). A binary or mode-only change has
     no hunks (an empty list): its name comes from the `diff --git` line, which every change has."""
-    out = git(repo.root, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",
+    out = git(repo.root_str, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",
               "--dst-prefix=b/", base, head, check=False).stdout
     files: dict[str, list[tuple[int, int]]] = {}
     current = None
@@ -69,7 +69,7 @@ def hunks_meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
 
 def behind(repo: Repo, base: str, tip: str) -> int | None:
     """How many commits `tip` has that `base` has not (None when git cannot say)."""
-    proc = git(repo.root, "rev-list", "--count", f"{base}..{tip}", check=False)
+    proc = git(repo.root_str, "rev-list", "--count", f"{base}..{tip}", check=False)
     return int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
 
 
@@ -189,7 +189,7 @@ def _files_of(repo: Repo, jobs: list[dict], files_by_tip: dict[str, list[str]]) 
             tip = tips.get(f"refs/heads/subtask/{entry['id']}")
             base = entry.get("onto") or entry["base"]
             if tip and tip != base:
-                out = git(repo.root, "diff", "--name-only", "--no-renames", base, tip, check=False).stdout
+                out = git(repo.root_str, "diff", "--name-only", "--no-renames", base, tip, check=False).stdout
                 if out.strip():
                     found[entry["id"]] = set(out.split("\n")) - {""}
     return found
@@ -199,7 +199,8 @@ def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]], bool]
     """(behind counts, files by record tip, whether a cache was there to read); empty for a
     cache that is missing or damaged."""
     try:
-        data = json.loads(repo.state_file(BEHIND_CACHE).read_text())
+        with open(repo.state_file(BEHIND_CACHE), "rb") as fh:
+            data = json.loads(fh.read())
         if data.get("v") != 1:
             return {}, {}, False
         counts = {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)}
@@ -295,7 +296,8 @@ def plan(repo: Repo, asked: list[str], opts) -> Plan:
 
 def _predict(repo: Repo, entry: Planned, item, chain: str, opts) -> str:
     """Merge the job onto `chain` without a worktree; the commit the next job would build on."""
-    proc = git(repo.root, "merge-tree", "--write-tree", "--name-only", "--no-messages", chain, item.head, check=False)
+    proc = git(repo.root_str, "merge-tree", "--write-tree", "--name-only", "--no-messages", chain, item.head,
+               check=False)
     lines = proc.stdout.splitlines()
     if proc.returncode == 1:
         entry.would, entry.conflicts = "conflict", [f for f in dict.fromkeys(lines[1:]) if f]
@@ -305,15 +307,15 @@ def _predict(repo: Repo, entry: Planned, item, chain: str, opts) -> str:
         entry.would, entry.how = "refused", f"git merge-tree failed: {proc.stderr.strip()}"
         return chain
     tree = lines[0]
-    if git(repo.root, "merge-base", "--is-ancestor", item.head, chain, check=False).returncode == 0:
+    if git(repo.root_str, "merge-base", "--is-ancestor", item.head, chain, check=False).returncode == 0:
         entry.would = "already"
         return chain
-    ff = opts.mode == "merge" and git(repo.root, "merge-base", "--is-ancestor", chain, item.head,
+    ff = opts.mode == "merge" and git(repo.root_str, "merge-base", "--is-ancestor", chain, item.head,
                                       check=False).returncode == 0
     entry.how = "fast-forward" if ff else opts.mode
     if ff:
         return item.head
     parents = ["-p", chain] + (["-p", item.head] if opts.mode in ("merge", "no-ff") else [])
-    made = git(repo.root, "commit-tree", "--no-gpg-sign", tree, *parents, "-m", f"land --dry-run: {item.job.id}",
+    made = git(repo.root_str, "commit-tree", "--no-gpg-sign", tree, *parents, "-m", f"land --dry-run: {item.job.id}",
                check=False).stdout.strip()
     return made or chain  # (no identity to write a commit with: the next job is predicted on the tip)

@@ -230,7 +230,8 @@ def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:
 
 def _read_index(repo: Repo) -> dict[str, dict]:
     try:
-        data = json.loads(repo.state_file(INDEX).read_bytes())
+        with open(repo.state_file(INDEX), "rb") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return {}
     tips = data.get("tips") if isinstance(data, dict) and data.get("v") == INDEX_VERSION else None
@@ -248,13 +249,14 @@ def _write_index(repo: Repo, tips: dict[str, dict]) -> None:
 
 # ---------------------------------------------------------------- this clone's runs
 
-def _log_path(repo: Repo):
+def _log_path(repo: Repo) -> str:
     return repo.state_file(LOG, ".jsonl")
 
 
 def _log_lines(repo: Repo) -> list[str]:
     try:
-        return _log_path(repo).read_text(encoding="utf-8", errors="replace").splitlines()
+        with open(_log_path(repo), encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
     except OSError:
         return []
 
@@ -272,7 +274,7 @@ def remember(repo: Repo, result: VerifyResult, job: str) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-        if path.stat().st_size > LOG_KEEP * 2 * 1500:
+        if os.stat(path).st_size > LOG_KEEP * 2 * 1500:
             lines = _log_lines(repo)
             if len(lines) > LOG_KEEP * 2:
                 write_atomic(path, ("\n".join(lines[-LOG_KEEP:]) + "\n").encode(), durable=False)

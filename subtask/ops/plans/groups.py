@@ -226,7 +226,7 @@ def keep_judge(repo: Repo, gid: str, command: str | None) -> None:
 
 
 def _judge_file(repo: Repo, gid: str) -> Path:
-    return paths.run_file(repo.state_dir, gid, "judge.json")
+    return Path(paths.run_file(repo.state_dir, gid, "judge.json"))
 
 
 def _judge_as_written(repo: Repo, group: Group) -> str:
@@ -427,7 +427,7 @@ def conclude(repo: Repo, gid: str, *, wait_for_workers: bool = False) -> Group:
 
 
 def _decide_once(repo: Repo, gid: str) -> Group:
-    lock = file_lock(paths.groups_dir(repo.state_dir) / f"{gid}.lock", timeout=DECIDE_LOCK_WAIT)
+    lock = file_lock(Path(paths.groups_dir(repo.state_dir)) / f"{gid}.lock", timeout=DECIDE_LOCK_WAIT)
     with lock:
         group, _tip = read(repo, gid)
         if group.terminal:

@@ -49,23 +49,23 @@ WORKER_DIED = "worker died"
 
 
 def logs_dir(repo: Repo) -> Path:
-    return paths.logs_dir(repo.state_dir)
+    return Path(paths.logs_dir(repo.state_dir))
 
 
 def pid_file(state_dir: Path, job_id: str) -> Path:
-    return paths.run_file(state_dir, job_id, "pid")
+    return Path(paths.run_file(state_dir, job_id, "pid"))
 
 
 def stop_marker(state_dir: Path, job_id: str) -> Path:
-    return paths.run_file(state_dir, job_id, "stop")
+    return Path(paths.run_file(state_dir, job_id, "stop"))
 
 
 def events_file(state_dir: Path, job_id: str) -> Path:
-    return paths.run_file(state_dir, job_id, "events.jsonl")
+    return Path(paths.run_file(state_dir, job_id, "events.jsonl"))
 
 
 def engine_file(state_dir: Path, job_id: str) -> Path:
-    return paths.run_file(state_dir, job_id, "engine")
+    return Path(paths.run_file(state_dir, job_id, "engine"))
 
 
 def _read_json(path: Path) -> dict:

@@ -36,7 +36,6 @@ import signal
 import subprocess
 import time
 import warnings
-from pathlib import Path
 
 from subtask import words as render
 from subtask.git.gitrepo import Repo
@@ -46,6 +45,10 @@ from subtask.state.statefiles import file_lock, open_private
 
 NOTIFY_TIMEOUT = 30.0
 FEED_MAX = 1 << 20
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from subtask.state.statefiles import StrPath
+
 EVENTS = ("ended", "verify_failed", "needs_reply", "stalled")
 _PRIVATE = ("SUBTASK_LOCK_FD", "SUBTASK_RUN")  # a worker's own marks, never a hook's
 
@@ -150,7 +153,7 @@ def _kill_group(pid: int) -> None:
 
 # ---------------------------------------------------------------- the feed, read (an MCP server tails it)
 
-def feed_end(state_dir: Path) -> tuple[int, int]:
+def feed_end(state_dir: StrPath) -> tuple[int, int]:
     """Where the state folder's notify.jsonl ends now, as (inode, offset): (0, 0) for none yet."""
     try:
         found = os.stat(paths.notify_feed(state_dir))
@@ -159,7 +162,7 @@ def feed_end(state_dir: Path) -> tuple[int, int]:
     return (found.st_ino, found.st_size)
 
 
-def feed_since(state_dir: Path, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
+def feed_since(state_dir: StrPath, position: tuple[int, int]) -> tuple[list[dict], tuple[int, int]]:
     """The events added to a state folder's notify.jsonl since `position` (inode, offset, as
     `feed_end` or this gave it), the rest of the rotated file first, and the new position."""
     inode, offset = position
@@ -181,7 +184,7 @@ def feed_since(state_dir: Path, position: tuple[int, int]) -> tuple[list[dict], 
     return found + lines, (inode, offset)
 
 
-def _feed_read(path: Path, offset: int) -> tuple[list[dict], int]:
+def _feed_read(path: str, offset: int) -> tuple[list[dict], int]:
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)

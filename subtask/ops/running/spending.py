@@ -142,7 +142,7 @@ def _charges_of(job: records.Job) -> list[dict]:
 
 
 def _cache_path(repo: Repo) -> Path:
-    return repo.state_file("spend-cache")
+    return Path(repo.state_file("spend-cache"))
 
 
 def _read_cache(repo: Repo) -> dict[str, list[dict]]:
