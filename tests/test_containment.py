@@ -485,6 +485,7 @@ def test_a_confined_job_that_unsets_its_isolation_variable_still_gets_the_docume
     assert len(cli.json("list", "--all")["jobs"]) == 1
 
 
+@pytest.mark.early
 @pytest.mark.slow
 def test_a_job_printing_50_mb_keeps_a_bounded_events_file(cli, repo):
     """Events keep a head and a tail, and say how much was dropped between them."""
@@ -497,6 +498,7 @@ def test_a_job_printing_50_mb_keeps_a_bounded_events_file(cli, repo):
     assert "the-end" in text and '"type": "dropped"' in text
 
 
+@pytest.mark.early
 @pytest.mark.slow
 def test_a_job_writing_100000_files_keeps_a_bounded_evidence_with_exact_totals(cli, repo):
     job = cli.start("mkdir many && cd many && seq 1 100000 | xargs touch")

@@ -343,6 +343,7 @@ def _landed(repo: Path, job: str) -> bool:
     return bool(json.loads(git(repo, "show", f"refs/subtask/{job}/record:state.json")).get("landed_in"))
 
 
+@pytest.mark.early
 @pytest.mark.stress
 def test_two_merges_at_once_into_one_worktree_are_serialized(cli, repo):
     """Issue 11.1: `merge --squash A & merge --no-ff B` broke the main worktree in 2 of 15 trials.

@@ -130,6 +130,7 @@ def open_reservations(clone: Path, job: str) -> list[str]:
     return [r.rid for r in ledger.open_reservations(open_repo(clone).state_dir) if r.job == job]
 
 
+@pytest.mark.early
 def test_a_ray_cluster_runs_every_kind_of_job_on_both_nodes_and_outlives_losing_one(cluster, tmp_path):
     """The module's scenarios, in the order they must run on its one cluster: every kind of job
     first, then the jobs spread over both nodes, the second node lost last."""
@@ -454,3 +455,15 @@ def test_one_test_takes_the_cluster_so_a_run_starts_one():
     takers = [name for name, function in globals().items()
               if name.startswith("test_") and "cluster" in inspect.signature(function).parameters]
     assert len(takers) == 1, takers
+
+
+def test_the_clusters_minute_starts_with_the_run(request):
+    """The cluster's test is the run's longest (~70 s with its cluster's start): marked `early`,
+    it is collected among the first `-n 4` tests (tests/conftest.py) and starts at once on a worker
+    of its own; collected where its file falls, two thirds of the way, the run ended waiting for
+    it alone."""
+    cluster_test = test_a_ray_cluster_runs_every_kind_of_job_on_both_nodes_and_outlives_losing_one
+    assert [m.name for m in getattr(cluster_test, "pytestmark", [])].count("early") == 1
+    early = [item.get_closest_marker("early") is not None for item in request.session.items]
+    assert early == sorted(early, reverse=True), "every early test is collected before the others"
+    assert early.count(True) <= 5, "a few, so each gets a worker of its own at the start"

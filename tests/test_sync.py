@@ -207,6 +207,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
 PULL_TRIALS = 4
 
 
+@pytest.mark.early
 @pytest.mark.stress
 def test_syncs_at_once_in_one_clone_all_succeed(team):
     """Every pair at once (push/pull, pull/pull, push/push) while a teammate moves the notes."""
