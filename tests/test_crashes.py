@@ -148,7 +148,7 @@ def test_the_reaper_never_signals_a_reused_process_group(cli, repo, tmp_path):
         os.kill(pids["worker"], signal.SIGKILL)
         assert wait_until(lambda: not alive(pids["engine"]), timeout=30)
         # Pretend the engine's pid was reused by `stranger`: the record says pgid X, X is alive.
-        path = lifecycle.engine_file(state_dir(repo), a)
+        path = Path(lifecycle.engine_file(state_dir(repo), a))
         recorded = json.loads(path.read_text())
         recorded["engine"] = stranger.pid
         path.write_text(json.dumps(recorded))

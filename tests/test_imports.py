@@ -262,7 +262,7 @@ def test_the_budget_fails_a_heavy_import_on_the_reading_path():
 NOT_AT_START = ("click", "pygit2", "mcp", "claude_agent_sdk", "ray", "filelock", "platform", "logging", "dataclasses",
                 "inspect", "typing", "subprocess", "tempfile", "shutil", "datetime", "threading",
                 "subtask.api.groups", "subtask.api.landing", "subtask.api.replying", "subtask.faces.cli",
-                "subtask.ops.plans")
+                "subtask.ops.plans", "pathlib", "urllib")
 
 # What only the worker's confinement uses (~2.4 ms): `ctypes` for the kernel's calls and the view
 # it builds. `start` only chooses a job's isolation: Landlock's presence, as this boot's first
@@ -271,8 +271,9 @@ KERNEL_INTERFACES = ("ctypes", "subtask.proc.view")
 
 
 def modules_loaded_by(argv: list[str], cwd) -> tuple[list[str], str]:
-    """The modules `git-subtask ARGV` had loaded when it exited (its own process, not a fork's), and its stdout."""
-    out, said = spied(argv, cwd, "report = lambda: ' '.join(sys.modules)")
+    """The modules `git-subtask ARGV` had loaded when it exited (its own process, not a fork's), and
+    its stdout; without `site`, whose editable install's finder loads `pathlib` and `contextlib`."""
+    out, said = spied(argv, cwd, "report = lambda: ' '.join(sys.modules)", bare=True)
     return said.split(), out
 
 

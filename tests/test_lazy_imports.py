@@ -106,6 +106,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("subtask.ops.running.lifecycle", "subtask.words"): "not loaded by a click command",
     ("subtask.ops.running.notify", "tempfile"): "not loaded by the worker (a notify command's run only)",
     ("subtask.ops.running.spending", "datetime"): "not loaded by start (a paid job's reservation)",
+    ("subtask.proc.isolation", "pathlib"): "not loaded by start (~3 ms with urllib.parse: the worker's view of a job)",
     ("subtask.proc.isolation", "ctypes"): "not loaded by start (a launcher's parent-death signal)",
     ("subtask.proc.isolation", "shutil"): "not loaded by start (a sandbox's own folder removed)",
     ("subtask.proc.isolation", "subtask.proc.context"): "not loaded by start",

@@ -288,6 +288,8 @@ def test_the_worker_writes_its_phase_marks_only_when_asked(cli, repo, tmp_path):
     assert cli("wait", job).returncode == 0
     quiet = cli.start("true")
     assert cli("wait", quiet).returncode == 0
+    # The worker writes its marks after letting go of the run-lock, which is what `wait` waits for.
+    assert wait_until(lambda: marks_file.exists() and marks_file.read_text().endswith("\n"), timeout=30)
     [line] = marks_file.read_text().splitlines()
     entry = json.loads(line)
     names = [name for name, _ in entry["marks"]]

@@ -104,6 +104,8 @@ def test_a_worker_forked_by_the_zygote_imports_nothing(repo, tmp_path):
         assert server.wait(job).startswith(f"{job} done")
     finally:
         server.close()
+    # The worker writes its marks after letting go of the run-lock, which is what `wait` waits for.
+    assert wait_until(lambda: marks_file.exists() and marks_file.read_text().endswith("\n"), timeout=30)
     [entry] = [json.loads(line) for line in marks_file.read_text().splitlines()]
     assert entry["imported"] == [], " ".join(entry["imported"])
 

@@ -85,7 +85,7 @@ def reply(repo: Repo, id_or_prefix: str, message: str, *, max_usd: float | None 
         liveness.release(lock_fd)
         raise
     # The stop of an earlier attempt must not end this one before it starts.
-    lifecycle.stop_marker(repo.state_dir, job_id).unlink(missing_ok=True)
+    lifecycle.clear_stop(repo.state_dir_str, job_id)
     if not executor.runs_here:
         try:
             return StartResult(executor.backend().reply(repo, job, attempt, engine.paid), 0, on=executor.name)

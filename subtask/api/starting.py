@@ -26,7 +26,6 @@ import sys
 from collections.abc import Callable
 from decimal import Decimal
 from functools import partial
-from pathlib import Path
 
 from subtask import executors
 from subtask.api.read import _positive, queue_position
@@ -126,11 +125,12 @@ def _job_of_cwd(repo: Repo) -> Job | None:
     workdir = repo.workdir()
     if workdir is None:
         return None
-    here = workdir.resolve()
-    if here == repo.root.resolve() or not is_job_id(here.name):
+    here = os.path.realpath(workdir)
+    name = os.path.basename(here)
+    if here == os.path.realpath(repo.root_str) or not is_job_id(name):
         return None
-    job = _job_or_none(repo, here.name)
-    return job if job is not None and Path(job.spec.worktree).resolve() == here else None
+    job = _job_or_none(repo, name)
+    return job if job is not None and os.path.realpath(job.spec.worktree) == here else None
 
 
 def _job_of_env(repo: Repo) -> Job | None:
@@ -141,12 +141,12 @@ def _job_of_env(repo: Repo) -> Job | None:
 def _job_of_ancestry(repo: Repo) -> Job | None:
     """The running job whose engine (its recorded process) this process descends from, or whose
     engine's process group it is in."""
-    running = [entry for entry in slots.read(repo.state_dir).running if lifecycle.in_repo(repo, entry)]
+    running = [entry for entry in slots.read(repo.state_dir_str).running if lifecycle.in_repo(repo, entry)]
     if not running:
         return None  # no job runs: none can be an ancestor (and /proc need not be walked)
     mine = set(lineage.ancestors()) | {os.getpgrp()}
     for entry in running:
-        if lifecycle.read_pids(repo.state_dir, entry["job"]).get("engine") in mine:
+        if lifecycle.read_pids(repo.state_dir_str, entry["job"]).get("engine") in mine:
             return _job_or_none(repo, entry["job"])
     return None
 
@@ -255,7 +255,7 @@ def left_out(repo: Repo, request: StartRequest, base: str | None,
     started (a failed start has nothing to say), never a reason to refuse. `look`: one begun
     before the start (`look_at_checkout`; its caller ends it), read if it looked for this."""
     from_checkout = base is not None and request.base in (None, "HEAD")
-    key = (str(repo.common_dir), str(repo.opened_at), base, from_checkout)
+    key = (repo.common_dir_str, str(repo.opened_at_str), base, from_checkout)
     if said is not None and key in said:
         return said[key]
     if look is None or look.from_checkout != from_checkout:
@@ -284,7 +284,7 @@ def start(repo: Repo, request: StartRequest) -> StartResult:
             spending.sync_ledger(repo)
         result = _admit_and_launch(repo, prepared.job, prepared.paid,
                                    branch_at=None if request.readonly else prepared.job.spec.base,
-                                   lock_fd=liveness.acquire_new(repo.state_dir, prepared.job.id),
+                                   lock_fd=liveness.acquire_new(repo.state_dir_str, prepared.job.id),
                                    as_written=prepared.as_written)
     result.warnings = prepared.warnings
     return result
@@ -335,7 +335,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     sockets = _sockets(repo) if choice.mode != "none" else None
     after, until, on_fail = _after(repo, request, on)
     job_id = new_job_id()
-    worktree = repo.worktree_dir() / job_id
+    worktree = os.path.join(repo.worktree_dir_str(), job_id)
     check_worktree_location(worktree)
     created = now()
     if repo.config.sign_mode() == "always":
@@ -347,7 +347,7 @@ def _prepare(repo: Repo, request: StartRequest, *, group: str | None = None, mem
     base_ref = f"after {', '.join(after)}" if after else request.base or "HEAD"
     spec = JobSpec(id=job_id, task=stored_task, engine=engine_name, base_ref=base_ref, base=base,
                    branch=None if request.readonly else branch_name(job_id), worktree=str(worktree),
-                   repo=str(repo.root), created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
+                   repo=repo.root_str, created_at=created, verify=stored_verify, verify_timeout=verify_timeout,
                    timeout=timeout, max_usd=max_usd if engine.paid else None, max_turns=max_turns,
                    model=_one_name(request.model, "--model"), readonly=bool(request.readonly), depth=delegated.depth,
                    parent=parent.id if parent is not None else None,
@@ -417,7 +417,7 @@ def _start_waiting(repo: Repo, prepared: _Prepared) -> StartResult:
     record; nothing reserved, no branch. Then move it on at once if what it waits for has ended."""
     from subtask.ops.plans import waiting
 
-    job, state_dir = prepared.job, repo.state_dir
+    job, state_dir = prepared.job, repo.state_dir_str
 
     def forget_waiting() -> None:
         waiting.forget(repo, job.id)
@@ -500,7 +500,8 @@ def _isolation(repo: Repo, engine, request: StartRequest):
         raise SubtaskError("fatal", f"this process runs confined ({said}), so it cannot start jobs",
                            hint="start the job that delegates with --isolation none")
     return isolation.resolve(engine, readonly=bool(request.readonly), flag=request.isolation,
-                             configured=repo.config.get("isolation"), landlock=landlock.support_seen(repo.state_dir))
+                             configured=repo.config.get("isolation"),
+                             landlock=landlock.support_seen(repo.state_dir_str))
 
 
 def _can_write_state(repo: Repo) -> bool:
@@ -508,7 +509,7 @@ def _can_write_state(repo: Repo) -> bool:
     only for the refusals a sandbox gives (a read-only mount, Landlock); anything else is left to
     the write that follows, which says what it is."""
     try:
-        fd, probe = statefiles.new_file_beside(os.path.join(paths.run_dir(repo.state_dir), "probe"))
+        fd, probe = statefiles.new_file_beside(os.path.join(paths.run_dir(repo.state_dir_str), "probe"))
     except OSError as exc:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS)
     os.close(fd)
@@ -527,7 +528,7 @@ def _sockets(repo: Repo) -> list[str] | None:
     as its spec records them."""
     from subtask.proc import isolation
 
-    return isolation.configured_paths(repo.config, repo.root, isolation.SOCKET_KEY) or None
+    return isolation.configured_paths(repo.config, repo.root_str, isolation.SOCKET_KEY) or None
 
 
 def _one_name(value, what: str) -> str | None:
@@ -585,7 +586,7 @@ def _launch_all(repo: Repo, launches: list[_Launch], *, what: str | None = None,
     (so nobody ever reads a group whose members do not exist yet). A member whose worker cannot
     be spawned after another's was is left to the sweep, which ends it failed ("worker died").
     """
-    state_dir = repo.state_dir
+    state_dir = repo.state_dir_str
     handed: list[slots.HandOff] = []
     dead: list[slots.HandOff] = []
     spawned: list[_Launch] = []

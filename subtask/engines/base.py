@@ -23,7 +23,6 @@ import os
 import re
 from collections.abc import Callable
 from decimal import Decimal
-from pathlib import Path
 
 from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field
@@ -31,6 +30,7 @@ from subtask.words import SUMMARY_MAX_LINES
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Protocol
 else:
     Protocol = object  # `Engine` is documentation and a type, never checked at run time
@@ -145,9 +145,9 @@ class EngineContext:
     # import `state`): a private folder (0700) for a launcher's files, and the writer of the
     # attempt's private task file (removed when the attempt ends).
     private_dir: Path | None = None
-    write_task_file: Callable[[str], Path] | None = None
+    write_task_file: Callable[[str], str] | None = None
 
-    def task_file(self) -> Path:
+    def task_file(self) -> str:
         """The task in a private file (0600): an argv element holds at most 128 KiB, a task up to
         1 MiB. Without the worker's writer (an engine run on its own), a temporary file in
         `private_dir`, else the system's temp folder."""
@@ -158,7 +158,7 @@ class EngineContext:
         fd, name = tempfile.mkstemp(prefix=f"task-{self.job_id}-", dir=self.private_dir)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
             out.write(self.task)
-        return Path(name)
+        return name
 
 
 @dataclass

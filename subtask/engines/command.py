@@ -228,7 +228,10 @@ class CommandEngine:
             result = self._spawn(ctx, argv, output)
         finally:
             if task_file is not None:
-                task_file.unlink(missing_ok=True)
+                try:
+                    os.unlink(task_file)
+                except FileNotFoundError:
+                    pass
         return self._outcome(ctx, result, output)
 
     def _choose_template(self, ctx: EngineContext) -> tuple[list[str] | None, str]:

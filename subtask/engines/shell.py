@@ -14,6 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
+import os
+
 from subtask.engines.base import EngineContext, Outcome, Probe, last_lines, parse_status
 
 # A script that leaves a background process holding stdout (`server &`) still ends.
@@ -69,7 +71,10 @@ class ShellEngine:
                 redact=True,  # the summary and every event are built from redacted lines
             )
         finally:
-            task_file.unlink(missing_ok=True)
+            try:
+                os.unlink(task_file)
+            except FileNotFoundError:
+                pass
         text = "\n".join(output)
         summary = last_lines(text)
         commands = [{"command": ctx.task, "exit": result.exit_code}]

@@ -125,15 +125,16 @@ class Repo:
         own pygit2 handle (pygit2 objects are never shared), so no git process finds it again."""
         return replace(self, _git=None)
 
-    def workdir(self) -> Path | None:
+    def workdir(self) -> str | None:
         """The top of the worktree this repository was opened in (as pygit2's `workdir`)."""
         if os.path.realpath(self.git_dir_str) == self.common_dir_str:
-            return self.root
+            return self.root_str
         try:  # a linked worktree's git dir names its `.git` file in `gitdir`
-            dot_git = _path((self.git_dir / "gitdir").read_text().strip())
+            with open(os.path.join(self.git_dir_str, "gitdir")) as fh:
+                dot_git = path_text(os.path.join(self.git_dir_str, fh.read().strip()))
         except OSError:
             return None
-        return (dot_git if dot_git.is_absolute() else self.git_dir / dot_git).parent
+        return os.path.dirname(dot_git)
 
     def head_ref(self, main: bool = False) -> str | None:
         """The branch ref HEAD names (`refs/heads/main`, maybe unborn), None when detached; this
@@ -177,14 +178,18 @@ class Repo:
     @property
     def state_dir_str(self) -> str:
         configured = self.config.get("stateDir")
-        return os.path.join(self.root_str, os.path.expanduser(configured)) if configured \
+        # an absolute one replaces the root
+        return path_text(os.path.join(self.root_str, os.path.expanduser(configured))) if configured \
             else os.path.join(self.common_dir_str, "subtask")
 
     def worktree_dir(self) -> Path:
+        return _path(self.worktree_dir_str())
+
+    def worktree_dir_str(self) -> str:
         configured = self.config.get("worktreeDir")
         if configured:
-            return self.root / os.path.expanduser(configured)  # an absolute one replaces the root
-        return self.root / ".subtask" / "worktrees"
+            return path_text(os.path.join(self.root_str, os.path.expanduser(configured)))
+        return os.path.join(self.root_str, ".subtask", "worktrees")
 
 
 def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
@@ -221,6 +226,14 @@ def open_repo(path: str | os.PathLike[str] | None = None) -> Repo:
                            hint="clone it first: git clone <bare> <dir>")
     return Repo(git_dir, _main_worktree(common, start), common, Config(GitSettings(values)),
                 opened_at_str=os.path.realpath(start))
+
+
+def path_text(text: str) -> str:
+    """`str(Path(text))` without pathlib: repeated slashes made one, `.` parts and a trailing slash
+    dropped, `..` kept (a link may lead elsewhere than the text says)."""
+    kept = [part for part in text.split("/") if part not in ("", ".")]
+    lead = "//" if text.startswith("//") and not text.startswith("///") else "/" if text.startswith("/") else ""
+    return lead + "/".join(kept) if kept or lead else "."
 
 
 def _path(text: str) -> Path:
@@ -302,8 +315,8 @@ def ensure_excluded(common_dir: Path) -> None:
         fh.write(("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n")
 
 
-def check_worktree_location(path: Path) -> None:
-    if ".git" in path.parts:
+def check_worktree_location(path: str) -> None:
+    if ".git" in path.split(os.sep):
         raise SubtaskError("usage", f"worktree directory {path} is below a .git folder, "
                            "where Claude Code refuses to write",
                            hint="git config subtask.worktreeDir <a folder outside .git>")

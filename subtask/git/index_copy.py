@@ -22,7 +22,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from subtask.state import paths
 from subtask.state.statefiles import open_private
@@ -42,7 +41,7 @@ def status_args(repo: Repo) -> tuple[list[str], dict[str, str] | None]:
     return ["-c", "core.sharedRepository=0600"], dict(os.environ, GIT_INDEX_FILE=str(copy))
 
 
-def main_index_copy(repo: Repo) -> Path | None:
+def main_index_copy(repo: Repo) -> str | None:
     """A private copy of the main worktree's index for its status to refresh, or None (read it in
     place). Each copy is of one version of the index (named by its inode, size and mtime) and
     keeps that version's mtime, so git judges its racily clean entries as it would the
@@ -50,32 +49,35 @@ def main_index_copy(repo: Repo) -> Path | None:
     `<root>/.git/index` (a separate git dir may have other worktrees' roots here), for a split
     index (git would write a shared index of ours into .git), with submodules (their status would
     refresh their own index), and whenever copying fails."""
-    if repo.common_dir != repo.root / ".git" or (repo.root / ".gitmodules").exists() or _split_index(repo.common_dir):
+    common, root = repo.common_dir_str, repo.root_str
+    if common != os.path.join(root, ".git") or os.path.exists(os.path.join(root, ".gitmodules")) \
+            or _split_index(common):
         return None
-    folder = repo.state_dir / paths.MAIN_INDEX_COPIES
+    folder = os.path.join(repo.state_dir_str, paths.MAIN_INDEX_COPIES)
     try:
-        with open(repo.common_dir / "index", "rb") as source:
+        with open(os.path.join(common, "index"), "rb") as source:
             info = os.fstat(source.fileno())
-            copy = folder / f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
-            if copy.exists():
+            name = f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
+            copy = os.path.join(folder, name)
+            if os.path.exists(copy):
                 return copy
-            tmp = folder / f".{copy.name}.{os.getpid()}"
+            tmp = os.path.join(folder, f".{name}.{os.getpid()}")
             with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC), "wb") as out:
                 out.write(source.read())  # not `shutil` (~1.4 ms of a start with `bz2`, `lzma`)
             os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns))
             os.replace(tmp, copy)
     except OSError:
         return None
-    for other in folder.iterdir():  # earlier versions, and their lock files
-        if other.name != copy.name and not other.name.startswith(f".{copy.name}."):
+    for other in os.listdir(folder):  # earlier versions, and their lock files
+        if other != name and not other.startswith(f".{name}."):
             try:
-                other.unlink()
+                os.unlink(os.path.join(folder, other))
             except OSError:
                 pass  # another process removed it first
     return copy
 
 
-def _split_index(common: Path) -> bool:
+def _split_index(common: str) -> bool:
     try:
         with os.scandir(common) as entries:  # not Path.glob: ~2 ms a call in a busy worker
             return any(entry.name.startswith("sharedindex.") for entry in entries)

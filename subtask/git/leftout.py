@@ -19,8 +19,8 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
 from subtask.git import index_copy, pipes
 from subtask.git.gitrepo import Repo
@@ -67,10 +67,10 @@ class Look:
         # that committed in the same second left every file racily clean: each look re-read them),
         # once a job has run here (a refused first start makes nothing, not even the state folder);
         # another worktree's, or without a copy, read in place.
-        here = self.top == self.repo.root and self.repo.state_dir.is_dir()
+        here = self.top == self.repo.root_str and os.path.isdir(self.repo.state_dir_str)
         options, env = index_copy.status_args(self.repo) if here else (["--no-optional-locks"], None)
         self.status = pipes.start(
-            ["git", *options, "-c", "core.hooksPath=/dev/null", "-C", str(self.top),
+            ["git", *options, "-c", "core.hooksPath=/dev/null", "-C", self.top,
              "status", "--porcelain=v1", "-z", "--untracked-files=normal"], stderr=False, env=env)
 
     def found(self, base: str | None) -> LeftOut:
@@ -78,7 +78,7 @@ class Look:
         found = LeftOut(base=base or "")
         if self.top is None:
             return found
-        found.subfolder = _subfolder(self.repo.opened_at, self.top)
+        found.subfolder = _subfolder(self.repo.opened_at_str, self.top)
         if base:
             found.submodules = _submodules(self.repo, base)
         if self.status is not None:
@@ -96,14 +96,14 @@ class Look:
             self.status = None
 
 
-def _subfolder(opened_at: Path | None, top: Path) -> str | None:
+def _subfolder(opened_at: str | None, top: str) -> str | None:
     if opened_at is None:
         return None
-    try:
-        inside = opened_at.resolve().relative_to(top.resolve())
-    except ValueError:
+    top = os.path.realpath(top)
+    inside = os.path.realpath(opened_at)
+    if inside == top or not inside.startswith(top.rstrip("/") + "/"):
         return None
-    return f"{inside.as_posix()}/" if inside.parts else None
+    return inside[len(top.rstrip("/")) + 1:] + "/"
 
 
 def _submodules(repo: Repo, base: str) -> list[str]:
@@ -129,13 +129,13 @@ def porcelain_paths(out: str) -> list[str]:
     return paths
 
 
-def _changed_in_process(top: Path) -> list[str]:
+def _changed_in_process(top: str) -> list[str]:
     """The paths `git status --untracked-files=normal` names, read by libgit2 (which, unasked,
     writes no index)."""
     import pygit2
 
     try:
-        flags = pygit2.Repository(str(top)).status(untracked_files="normal", ignored=False)
+        flags = pygit2.Repository(top).status(untracked_files="normal", ignored=False)
     except (pygit2.GitError, ValueError):
         return []
     return sorted(path for path, flag in flags.items()

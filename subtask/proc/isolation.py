@@ -42,7 +42,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
@@ -51,6 +50,8 @@ from subtask.proc.landlock import ALL, DEVICE, OBJECTS, REF_FILES, SCOPED_ABI, I
 
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module to choose a job's isolation
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from subtask.proc import view as views
 
 MODES = ("none", "worktree", "readonly")
@@ -314,7 +315,7 @@ def plan_namespaces(policy: Policy, *, network: str, asked: bool) -> None:
                        else "ended by the worker when the attempt ends (subreaper); not if the worker is killed")
 
 
-def configured_paths(config, root: Path, key: str) -> list[str]:
+def configured_paths(config, root: str | os.PathLike[str], key: str) -> list[str]:
     """Every value of `git config subtask.<key>` (`isolation.writable`, `isolation.readable`,
     `isolation.socket`): `~` and `$VARS` expanded, relative to `root`."""
     paths = [os.path.expanduser(os.path.expandvars(v.strip())) for v in config.get_all(key) if v.strip()]
@@ -374,6 +375,8 @@ def build_policy(mode: str, *, worktree: Path, admin: Path, common_dir: Path, ha
                 policy.grants.append(Grant(str(folder), "git: job branches and their reflogs", REF_FILES))
         if (common_dir / "reftable").is_dir():
             policy.grants.append(Grant(str(common_dir / "reftable"), "git: reftable (every ref: not protected)"))
+    from pathlib import Path
+
     from subtask.proc import view as views  # the worker's: `start` only chooses
 
     private = views.Private(Path(tmpdir))
@@ -427,6 +430,7 @@ def outside_sandbox(repo, worktree: Path, admin: Path, tmpdir: Path, network: st
         return None
     import shutil  # a verify run again, a judge: never a `start` (bz2, lzma, random)
     import tempfile
+    from pathlib import Path
 
     area = Path(tempfile.mkdtemp(prefix=f"{tmpdir.name}.view-", dir=tmpdir.parent))
     try:

@@ -21,7 +21,6 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from subtask.model.dataclass import dataclass
 from subtask.proc import syscalls
@@ -30,6 +29,8 @@ from subtask.state import paths, statefiles
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
 if TYPE_CHECKING:
     import ctypes
+
+    from subtask.state.statefiles import StrPath
 
 MIN_ABI = 3  # ABI 2 adds REFER (git renames objects across folders), ABI 3 TRUNCATE (truncate(2))
 ABI_ENV = "SUBTASK_LANDLOCK_ABI"  # tests: pretend the kernel offers at most this ABI (0 = none)
@@ -167,7 +168,7 @@ def _capped(abi: int, reason: str) -> Support:
     return Support(abi, reason)
 
 
-def support_seen(state_dir: Path) -> Support:
+def support_seen(state_dir: StrPath) -> Support:
     """`support()` as this boot's first probe recorded it in `state_dir`, for `start`'s choice of
     a job's isolation without `ctypes` (~1.3 ms of a start); else probed, and recorded when
     Landlock is there. Only that answer is kept, and only for the boot and kernel that gave it,
@@ -177,13 +178,13 @@ def support_seen(state_dir: Path) -> Support:
     if _support_cache is not None:
         return _support_cache
     boot = _this_boot()
-    record = state_dir / paths.LANDLOCK_SEEN
+    record = os.path.join(state_dir, paths.LANDLOCK_SEEN)
     seen = _seen_abi(record, boot) if boot else None
     if seen is not None:
         return _capped(seen, "")
     abi, reason = _kernel_abi()
     _support_cache = _capped(abi, reason)
-    if boot and abi >= MIN_ABI and state_dir.is_dir():
+    if boot and abi >= MIN_ABI and os.path.isdir(state_dir):
         try:  # not `contextlib` (~0.4 ms of a start)
             statefiles.write_json(record, {"v": 1, "boot": boot, "abi": abi}, durable=False)
         except OSError:
@@ -200,7 +201,7 @@ def _this_boot() -> str | None:
         return None
 
 
-def _seen_abi(record: Path, boot: str) -> int | None:
+def _seen_abi(record: str, boot: str) -> int | None:
     """The ABI recorded for this boot, or None (none recorded, another boot's, damaged)."""
     try:
         with open(record, encoding="utf-8") as fh:

@@ -43,15 +43,16 @@ import os
 import resource
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from subtask.model.dataclass import dataclass, field
 from subtask.state import paths
-from subtask.state.statefiles import write_json
+from subtask.state.statefiles import remove_file, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from typing import Any
+
+    from subtask.state.statefiles import StrPath
 
 # Per-process plumbing, never part of a job's environment: the run-lock fd a worker is handed, and
 # the run mark of the attempt whose engine the starter runs in (`procs.RUN_MARKER_ENV`: a nested
@@ -142,11 +143,11 @@ def _lineage() -> list[tuple[int, int]]:
     return lineage
 
 
-def env_file(state_dir: Path, job_id: str) -> Path:
-    return Path(paths.run_file(state_dir, job_id, "env.json"))
+def env_file(state_dir: StrPath, job_id: str) -> str:
+    return paths.run_file(state_dir, job_id, "env.json")
 
 
-def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None,
+def save(state_dir: StrPath, job_id: str, environ: Mapping[str, str] | None = None,
          context: Context | None = None) -> None:
     """Keep the starter's environment and context (default: this process's) for the worker that
     runs the job."""
@@ -155,10 +156,11 @@ def save(state_dir: Path, job_id: str, environ: Mapping[str, str] | None = None,
     write_json(env_file(state_dir, job_id), {"v": 1, "env": env, "context": context.to_json()})
 
 
-def _read(state_dir: Path, job_id: str) -> dict[str, Any] | None:
+def _read(state_dir: StrPath, job_id: str) -> dict[str, Any] | None:
     path = env_file(state_dir, job_id)
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -168,7 +170,7 @@ def _read(state_dir: Path, job_id: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("v") == 1 else None
 
 
-def load(state_dir: Path, job_id: str) -> dict[str, str] | None:
+def load(state_dir: StrPath, job_id: str) -> dict[str, str] | None:
     """The kept environment, or None when there is none (or it is damaged: warned)."""
     data = _read(state_dir, job_id)
     env = data.get("env") if data is not None else None
@@ -177,13 +179,13 @@ def load(state_dir: Path, job_id: str) -> dict[str, str] | None:
     return env
 
 
-def load_context(state_dir: Path, job_id: str) -> Context | None:
+def load_context(state_dir: StrPath, job_id: str) -> Context | None:
     """The kept context of the job's starter, or None (none kept: the worker's own applies)."""
     data = _read(state_dir, job_id)
     return Context.from_json(data.get("context")) if data is not None else None
 
 
-def adopt(state_dir: Path, job_id: str) -> bool:
+def adopt(state_dir: StrPath, job_id: str) -> bool:
     """Make the job's kept environment this process's whole environment, and its starter's umask
     this process's (the checkout's files get the modes they would have). False if none was kept."""
     data = _read(state_dir, job_id)
@@ -199,5 +201,5 @@ def adopt(state_dir: Path, job_id: str) -> bool:
     return True
 
 
-def drop(state_dir: Path, job_id: str) -> None:
-    env_file(state_dir, job_id).unlink(missing_ok=True)
+def drop(state_dir: StrPath, job_id: str) -> None:
+    remove_file(env_file(state_dir, job_id))

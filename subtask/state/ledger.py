@@ -37,7 +37,6 @@ import os
 import warnings
 from collections.abc import Callable, Iterable
 from decimal import Decimal
-from pathlib import Path
 
 from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field
@@ -51,6 +50,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     import filelock
+
+    from subtask.state.statefiles import StrPath
 
 LEDGER_NAME = paths.LEDGER_FILE
 LOCK_NAME = paths.LEDGER_LOCK
@@ -136,12 +137,12 @@ class _State:
 
 # ---------------------------------------------------------------- paths and the lock
 
-def ledger_path(state_dir: Path) -> Path:
-    return Path(state_dir) / LEDGER_NAME
+def ledger_path(state_dir: StrPath) -> str:
+    return os.path.join(state_dir, LEDGER_NAME)
 
 
-def lock_path(state_dir: Path) -> Path:
-    return Path(state_dir) / LOCK_NAME
+def lock_path(state_dir: StrPath) -> str:
+    return os.path.join(state_dir, LOCK_NAME)
 
 
 # One FileLock per lock path per process: the same instance is reentrant in one thread, so a
@@ -152,11 +153,11 @@ _locks: dict[str, filelock.FileLock] = {}
 _locks_guard = _thread.allocate_lock()  # threading.Lock, without importing `threading` (~0.5 ms of a start)
 
 
-def lock(state_dir: Path) -> filelock.FileLock:
+def lock(state_dir: StrPath) -> filelock.FileLock:
     """The ledger lock (a `filelock.FileLock`). Use this instance so nesting stays reentrant."""
     import filelock
 
-    _ensure_state_dir(Path(state_dir))
+    _ensure_state_dir(state_dir)
     # Keyed by pid too: filelock refuses an instance inherited across a fork (the worker is
     # forked from the CLI), so a forked child builds its own.
     key = f"{os.getpid()}:{os.path.abspath(lock_path(state_dir))}"
@@ -172,7 +173,7 @@ class _held:  # noqa: N801  (read as a phrase: `with _held(state_dir):`)
     """The ledger's lock, held for a `with`; one stuck past `LOCK_TIMEOUT_S` is a fatal error. A
     class, not `contextlib.contextmanager`: `start` loads this module and never `contextlib`."""
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: StrPath):
         self.state_dir = state_dir
 
     def __enter__(self) -> None:
@@ -192,11 +193,11 @@ class _held:  # noqa: N801  (read as a phrase: `with _held(state_dir):`)
         self.held.release()
 
 
-def _ensure_state_dir(state_dir: Path) -> None:
-    if state_dir.is_dir():
+def _ensure_state_dir(state_dir: StrPath) -> None:
+    if os.path.isdir(state_dir):
         return
     try:
-        state_dir.mkdir(mode=DIR_MODE, parents=True)
+        os.makedirs(state_dir, mode=DIR_MODE)
     except FileExistsError:
         return  # another process won the race; it set the mode
     # mkdir's mode is filtered by umask; state may hold job names and costs, so make it exact.
@@ -290,9 +291,14 @@ def _parse_line(raw: bytes) -> Reservation | _Close | str:
     return "bad" if parsed is None else parsed
 
 
-def _read_state(path: Path) -> _State:
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _read_state(path: str) -> _State:
     try:
-        data = path.read_bytes()
+        data = _read_bytes(path)
     except FileNotFoundError:
         return _State()
     state = _State()
@@ -317,7 +323,7 @@ def _read_state(path: Path) -> _State:
     return state
 
 
-def _warn_skipped(path: Path, skipped: dict[str, int], first: int) -> None:
+def _warn_skipped(path: str, skipped: dict[str, int], first: int) -> None:
     # One warning per read, not per line; identical messages are shown once by `warnings`.
     parts = []
     if skipped["bad"]:
@@ -333,7 +339,7 @@ def _warn_skipped(path: Path, skipped: dict[str, int], first: int) -> None:
 
 # ---------------------------------------------------------------- writing
 
-def _append(path: Path, row: dict[str, Any]) -> None:
+def _append(path: str, row: dict[str, Any]) -> None:
     data = (json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
@@ -364,7 +370,7 @@ def _tighten_mode(fd: int, st_mode: int) -> None:
 # ---------------------------------------------------------------- public API
 
 def reserve(
-    state_dir: Path,
+    state_dir: StrPath,
     *,
     job: str,
     attempt: int,
@@ -374,13 +380,13 @@ def reserve(
     now: datetime | None = None,
 ) -> Reservation:
     """Reserve `usd` for one attempt of a job this month, or refuse if it would break the cap."""
-    with _held(Path(state_dir)):
+    with _held(state_dir):
         return reserve_locked(state_dir, job=job, attempt=attempt, engine=engine,
                               usd=usd, cap_usd=cap_usd, now=now)
 
 
 def reserve_locked(
-    state_dir: Path,
+    state_dir: StrPath,
     *,
     job: str,
     attempt: int,
@@ -390,7 +396,6 @@ def reserve_locked(
     now: datetime | None = None,
 ) -> Reservation:
     """`reserve` for a caller already holding `lock(state_dir)` (the admission critical section)."""
-    state_dir = Path(state_dir)
     if not lock(state_dir).is_locked:
         raise RuntimeError("reserve_locked called without holding ledger.lock(state_dir)")
     amount, cap = _check_reserve_args(job, attempt, engine, usd, cap_usd)
@@ -410,7 +415,7 @@ def reserve_locked(
     return res
 
 
-def check_fits_locked(state_dir: Path, amounts: Iterable[object], cap_usd: object, *, what: str,
+def check_fits_locked(state_dir: StrPath, amounts: Iterable[object], cap_usd: object, *, what: str,
                       now: datetime | None = None) -> None:
     """Refuse, before any row is written, reservations that together would break the cap.
 
@@ -418,7 +423,6 @@ def check_fits_locked(state_dir: Path, amounts: Iterable[object], cap_usd: objec
     leave the first ones' rows behind when a later one is refused. The caller holds
     `lock(state_dir)` and then reserves each with `reserve_locked`, which re-checks.
     """
-    state_dir = Path(state_dir)
     if not lock(state_dir).is_locked:
         raise RuntimeError("check_fits_locked called without holding ledger.lock(state_dir)")
     cap = _money_arg(cap_usd, "the monthly cap")
@@ -463,7 +467,7 @@ def _charge(reserved: Decimal, cost: object, charge_all: bool) -> Decimal:
 
 
 def close(
-    state_dir: Path,
+    state_dir: StrPath,
     rid: str,
     cost: object,
     *,
@@ -476,7 +480,6 @@ def close(
     `close(rid, 0.0)` releases it. An unknown cost (None, NaN, inf, negative) or `charge_all`
     charges the whole reservation; a known cost is capped at the reservation.
     """
-    state_dir = Path(state_dir)
     with _held(state_dir):
         state = _read_state(ledger_path(state_dir))
         res = state.reservations.get(rid)
@@ -493,17 +496,16 @@ def close(
 
 
 def summary(
-    state_dir: Path,
+    state_dir: StrPath,
     cap_usd: object,
     month: str | None = None,
     *,
     now: datetime | None = None,
 ) -> Spend:
     """Spend for `month` (default: the current UTC month) against `cap_usd`."""
-    state_dir = Path(state_dir)
     cap = _money_arg(cap_usd, "the monthly cap")
     month = check_month(month) if month is not None else _month_of(_utc(now))
-    if state_dir.is_dir():
+    if os.path.isdir(state_dir):
         with _held(state_dir):
             state = _read_state(ledger_path(state_dir))
     else:
@@ -535,9 +537,8 @@ def _per_engine(state: _State, month: str) -> dict[str, dict[str, Decimal]]:
             for e in engines}
 
 
-def open_reservations(state_dir: Path) -> list[Reservation]:
+def open_reservations(state_dir: StrPath) -> list[Reservation]:
     """Every reservation not yet closed, in any month, oldest first."""
-    state_dir = Path(state_dir)
     with _held(state_dir):
         return _read_state(ledger_path(state_dir)).open()
 
@@ -548,16 +549,16 @@ def _mark_needle(of: str) -> bytes:
     return b'"op":"mark","of":' + json.dumps(of).encode()
 
 
-def has_mark(state_dir: Path, of: str) -> bool:
+def has_mark(state_dir: StrPath, of: str) -> bool:
     """Does the ledger say the records of `of` are in it? A byte scan, no lock: rows are appended
     whole, and a missed mark only costs an idempotent `restore`."""
     try:
-        return _mark_needle(of) in ledger_path(state_dir).read_bytes()
+        return _mark_needle(of) in _read_bytes(ledger_path(state_dir))
     except FileNotFoundError:
         return False
 
 
-def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: datetime | None = None) -> int:
+def restore(state_dir: StrPath, of: str, charges: list[dict[str, Any]], *, now: datetime | None = None) -> int:
     """Append the rows the ledger lacks for these paid attempts (from the records), then the mark.
 
     Each charge: rid, job, attempt, engine, month, reserved, charged (None: not ended). A missing
@@ -565,12 +566,11 @@ def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: dat
     an ended attempt's missing close is closed at what its record says it was charged. Rows the
     ledger already has are kept as they are. Returns the rows added.
     """
-    state_dir = Path(state_dir)
     at = _utc(now).isoformat()
     added = 0
     with _held(state_dir):
         path = ledger_path(state_dir)
-        if _mark_needle(of) in (path.read_bytes() if path.exists() else b""):
+        if _mark_needle(of) in (_read_bytes(path) if os.path.exists(path) else b""):
             return 0  # another process restored it meanwhile
         state = _read_state(path)
         for c in charges:
@@ -588,7 +588,7 @@ def restore(state_dir: Path, of: str, charges: list[dict[str, Any]], *, now: dat
                                "usd_charged": money.to_json(min(charged, reserved)),
                                "observed": None, "month": month, "at": at, "reason": "restored from the record"})
                 added += 1
-        if added or path.exists():
+        if added or os.path.exists(path):
             # No ledger and nothing to restore: leave no file (a refused start changes nothing);
             # the next look at the records is cheap, and finds the same nothing or real rows.
             _append(path, {"v": ROW_VERSION, "op": "mark", "of": of, "at": at})

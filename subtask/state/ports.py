@@ -28,10 +28,10 @@ Standard library only; nothing slow runs under the lock (a bind is a system call
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
@@ -41,19 +41,22 @@ TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker r
 if TYPE_CHECKING:
     from typing import Any
 
+    from subtask.state.statefiles import StrPath
+
 PORTS_FILE = paths.PORTS_FILE
 LAST_PORT = 65535
 
 
-def lock(state_dir: Path) -> StateLock:
-    return file_lock(state_dir / paths.PORTS_LOCK)
+def lock(state_dir: StrPath) -> StateLock:
+    return file_lock(os.path.join(state_dir, paths.PORTS_LOCK))
 
 
-def held(state_dir: Path) -> list[dict[str, Any]]:
+def held(state_dir: StrPath) -> list[dict[str, Any]]:
     """The ranges held now: {job, attempt, first, count, since} (no lock; a damaged file reads as none)."""
-    path = state_dir / PORTS_FILE
+    path = os.path.join(state_dir, PORTS_FILE)
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
         entries = data.get("held") if isinstance(data, dict) else None
         if not isinstance(entries, list):
             raise ValueError("no list of held ranges")
@@ -70,8 +73,8 @@ def _valid(entry: object) -> bool:
             and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("first", "count")))
 
 
-def _save(state_dir: Path, entries: list[dict[str, Any]]) -> None:
-    write_json(state_dir / PORTS_FILE, {"v": 1, "held": entries}, durable=False)
+def _save(state_dir: StrPath, entries: list[dict[str, Any]]) -> None:
+    write_json(os.path.join(state_dir, PORTS_FILE), {"v": 1, "held": entries}, durable=False)
 
 
 def port_free(port: int) -> bool:
@@ -98,7 +101,7 @@ def port_free(port: int) -> bool:
     return True
 
 
-def allocate(state_dir: Path, job: str, attempt: int, base: int, count: int,
+def allocate(state_dir: StrPath, job: str, attempt: int, base: int, count: int,
              is_free: Callable[[int], bool] = port_free) -> int:
     """The first port of `count` consecutive ones from `base` up, none held here nor bound on this
     machine, recorded for (job, attempt). The same attempt asking again gets its range back."""
@@ -126,9 +129,9 @@ def allocate(state_dir: Path, job: str, attempt: int, base: int, count: int,
                        hint="lower subtask.portsPerJob, or move subtask.portBase")
 
 
-def release(state_dir: Path, job: str, attempt: int) -> bool:
+def release(state_dir: StrPath, job: str, attempt: int) -> bool:
     """Give back the range of (job, attempt); False when it held none (released already)."""
-    if not (state_dir / PORTS_FILE).exists():
+    if not os.path.exists(os.path.join(state_dir, PORTS_FILE)):
         return False
     with lock(state_dir):
         entries = held(state_dir)

@@ -28,23 +28,23 @@ Invariants:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from subtask.state import paths
-from subtask.state.statefiles import write_atomic, write_json
+from subtask.state.statefiles import remove_file, write_atomic, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
     from typing import Any
 
     from subtask.model.job import Attempt
+    from subtask.state.statefiles import StrPath
 
 
-def path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return Path(paths.attempt_file(state_dir, job_id, attempt, "private.json"))
+def path(state_dir: StrPath, job_id: str, attempt: int) -> str:
+    return paths.attempt_file(state_dir, job_id, attempt, "private.json")
 
 
-def keep(state_dir: Path, job_id: str, attempt: int, *, message: str, stored_message: str,
+def keep(state_dir: StrPath, job_id: str, attempt: int, *, message: str, stored_message: str,
          verify: str | None = None, stored_verify: str | None = None) -> bool:
     """Keep the texts as written when the record holds them changed; True if a file was written."""
     texts = {}
@@ -58,50 +58,51 @@ def keep(state_dir: Path, job_id: str, attempt: int, *, message: str, stored_mes
     return True
 
 
-def _load(state_dir: Path, job_id: str, attempt: int) -> dict[str, Any]:
+def _load(state_dir: StrPath, job_id: str, attempt: int) -> dict[str, Any]:
     try:
-        data = json.loads(path(state_dir, job_id, attempt).read_bytes())
+        with open(path(state_dir, job_id, attempt), "rb") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def message(state_dir: Path, job_id: str, attempt: Attempt) -> str:
+def message(state_dir: StrPath, job_id: str, attempt: Attempt) -> str:
     """What the engine is given: the attempt's message as written, else as recorded."""
     text = _load(state_dir, job_id, attempt.n).get("message")
     return text if isinstance(text, str) else attempt.message
 
 
-def verify(state_dir: Path, job_id: str, attempt_n: int, recorded: str | None) -> str | None:
+def verify(state_dir: StrPath, job_id: str, attempt_n: int, recorded: str | None) -> str | None:
     """The verify command this attempt runs: as written for it, else as recorded."""
     text = _load(state_dir, job_id, attempt_n).get("verify") if recorded else None
     return text if isinstance(text, str) else recorded
 
 
-def task_file_path(state_dir: Path, job_id: str, attempt: int) -> Path:
-    return Path(paths.attempt_file(state_dir, job_id, attempt, "task"))
+def task_file_path(state_dir: StrPath, job_id: str, attempt: int) -> str:
+    return paths.attempt_file(state_dir, job_id, attempt, "task")
 
 
-def task_file(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
+def task_file(state_dir: StrPath, job_id: str, attempt: int, text: str) -> str:
     """The task as given to the engine, in a private file (0600) beside the repository."""
     target = task_file_path(state_dir, job_id, attempt)
     write_atomic(target, text.encode("utf-8", "surrogateescape"), durable=False)
     return target
 
 
-def verify_output_path(state_dir: Path, job_id: str, attempt: int) -> Path:
+def verify_output_path(state_dir: StrPath, job_id: str, attempt: int) -> str:
     """A retry's file of what verify said about the attempt before it (`SUBTASK_VERIFY_OUTPUT`,
     docs/verify.md): the same kind of file, with the same life, as the task file."""
-    return Path(paths.attempt_file(state_dir, job_id, attempt, "verify.txt"))
+    return paths.attempt_file(state_dir, job_id, attempt, "verify.txt")
 
 
-def keep_verify_output(state_dir: Path, job_id: str, attempt: int, text: str) -> Path:
+def keep_verify_output(state_dir: StrPath, job_id: str, attempt: int, text: str) -> str:
     target = verify_output_path(state_dir, job_id, attempt)
     write_atomic(target, text.encode("utf-8", "replace"), durable=False)
     return target
 
 
-def discard(state_dir: Path, job_id: str, attempt: int) -> None:
-    path(state_dir, job_id, attempt).unlink(missing_ok=True)
-    task_file_path(state_dir, job_id, attempt).unlink(missing_ok=True)
-    verify_output_path(state_dir, job_id, attempt).unlink(missing_ok=True)
+def discard(state_dir: StrPath, job_id: str, attempt: int) -> None:
+    for name in (path(state_dir, job_id, attempt), task_file_path(state_dir, job_id, attempt),
+                 verify_output_path(state_dir, job_id, attempt)):
+        remove_file(name)

@@ -206,14 +206,19 @@ def listed(slots: Slots) -> set[str]:
     return {e["job"] for e in slots.running + slots.queue + slots.waiting}
 
 
+def never_made(state_dir: StrPath) -> bool:
+    """No slots file and no lock for one: no job ever ran from this state folder."""
+    return not os.path.exists(os.path.join(state_dir, SLOTS_FILE)) \
+        and not os.path.exists(os.path.join(state_dir, paths.SLOTS_LOCK))
+
+
 def nothing_to_sweep(state_dir: StrPath) -> bool:
     """True when a look without the slots lock finds nothing for a sweep to do: the file is
     whole, nothing is queued, every running entry's run-lock is held (its worker lives, or someone
     is settling it), and no waiting job's jobs have all ended. A reading command then takes no
     lock, rewrites nothing and imports nothing more (`ops.lifecycle.reconcile`, `ops.plans.advance`
     do the rest). Skipping is the same as a sweep that ran just before this look."""
-    if not os.path.exists(os.path.join(state_dir, SLOTS_FILE)) \
-            and not os.path.exists(os.path.join(state_dir, paths.SLOTS_LOCK)):
+    if never_made(state_dir):
         return True
     with warnings.catch_warnings():  # a damaged file is said once, by the locked pass that rebuilds it
         warnings.simplefilter("ignore")

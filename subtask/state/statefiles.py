@@ -152,6 +152,14 @@ def _write_fd(fd: int, data: bytes, durable: bool) -> None:
             os.fsync(fh.fileno())
 
 
+def remove_file(path: StrPath) -> None:
+    """`path` removed; already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def write_json(path: StrPath, obj: object, *, durable: bool = True) -> None:
     write_atomic(path, (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode(), durable=durable)
 

@@ -62,7 +62,7 @@ def run_attempt(repo: Repo, job: Job) -> None:
     if job.state.current.terminal or job.state.current.state == WAITING:
         return  # ended; or still waiting (`plans` starts it), never a worker's to run
     state_dir = repo.state_dir
-    if lifecycle.stop_marker(state_dir, job_id).exists():
+    if lifecycle.stop_asked(state_dir, job_id):
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped before it started",
                               engine_may_have_spent=False)
         return
@@ -191,7 +191,7 @@ def _run_one(repo: Repo, job: Job) -> int:
         import traceback  # a crash's: ~3 ms of every worker's start otherwise
 
         traceback.print_exc()
-        if lifecycle.stop_marker(repo.state_dir, job_id).exists():
+        if lifecycle.stop_asked(repo.state_dir, job_id):
             # Stopped mid-wrap-up (a killed git leaves a broken index.lock behind): the end is
             # the one the user asked for, and the error stays in this log.
             lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request")

@@ -140,7 +140,7 @@ def run_engine_confined(repo: Repo, job: Job, worktree: Path, sink: EventSink,
         sink.flush()  # the output's tail, before the record takes its events tail
     phases.mark("engine")
     faults.point("after_engine")
-    stopped = stopped or stall.stopped or lifecycle.stop_marker(state_dir, job_id).exists()
+    stopped = stopped or stall.stopped or lifecycle.stop_asked(state_dir, job_id)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rest is quick bookkeeping; let it finish
     if stopped or not outcome.ok or not job.spec.verify:
         confinement.look_after()  # nothing confined runs any more

@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from subtask.git import records
 from subtask.model.redact import Redactor, StreamRedactor
@@ -37,7 +36,7 @@ class EventSink:
     HEAD_BYTES = 1 << 20
     TAIL_BYTES = 256 << 10
 
-    def __init__(self, path: Path, attempt: int):
+    def __init__(self, path: str, attempt: int):
         self.path = path
         self.attempt = attempt
         self.tail: list[str] = []

@@ -66,7 +66,7 @@ def finish_attempt(repo: Repo, worktree: Path, sink: EventSink, ran: EngineRun, 
     try:
         job = finish(repo, job_id, attempt_n, state, outcome, evidence, verify, head, sink,
                      stop_reason=(stall.reason if stall.stopped
-                                  and not lifecycle.stop_marker(state_dir, job_id).exists() else None),
+                                  and not lifecycle.stop_asked(state_dir, job_id) else None),
                      then=then)
     except BaseException:
         plan.undo()  # no record of the next attempt: its slot entry and money go back

@@ -74,7 +74,7 @@ def setup_failed(repo: Repo, job_id: str, attempt_n: int, reason: str, hint: str
     """End the attempt failed in its setup, or stopped when a stop was asked for meanwhile: `stop`
     writes its marker before it signals the worker's process group, so a git of the setup can die
     of the stop before the worker sees it."""
-    if lifecycle.stop_marker(repo.state_dir, job_id).exists():
+    if lifecycle.stop_asked(repo.state_dir, job_id):
         lifecycle.end_attempt(repo, job_id, attempt_n, "stopped", reason="stopped by request",
                               engine_may_have_spent=False)
         return

@@ -150,7 +150,7 @@ def _restore_and_die_with_parent() -> None:
     _die_with_parent()
 
 
-def _echo_new_events(path: Path, offset: int) -> tuple[int, bool]:
+def _echo_new_events(path: str, offset: int) -> tuple[int, bool]:
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)

@@ -42,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import os
 import time
 from decimal import Decimal
 
@@ -163,7 +164,7 @@ def _why_not(repo: Repo, job: Job, facts: Facts, used: int) -> str | None:
         return "it changed nothing"
     if used >= job.spec.retries:
         return f"no retries left ({job.spec.retries} used)"
-    if lifecycle.stop_marker(repo.state_dir, job.id).exists():
+    if lifecycle.stop_asked(repo.state_dir, job.id):
         return "a stop was asked"
     return None
 
@@ -298,8 +299,8 @@ def env_for(state_dir, job: Job) -> dict[str, str]:
         return {}
     env = {RETRY_ENV: str(attempt.retry)}
     path = privatetext.verify_output_path(state_dir, job.id, attempt.n)
-    if path.exists():
-        env[VERIFY_OUTPUT_ENV] = str(path)
+    if os.path.exists(path):
+        env[VERIFY_OUTPUT_ENV] = path
     return env
 
 

@@ -75,7 +75,7 @@ def verify_work(repo: Repo, job: Job, worktree: Path, sink: EventSink, confineme
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             confinement.end_leftovers()
-        if lifecycle.stop_marker(state_dir, job_id).exists():
+        if lifecycle.stop_asked(state_dir, job_id):
             stopped, verify = True, None  # ended by the stop: no verdict on the work
         faults.point("after_verify")
     phases.mark("verify")

@@ -38,7 +38,7 @@ def admit(repo: Repo, launches: list, what: str | None = None
     A refusal (or any error) takes the entries back out but keeps what the reap and fill did; the
     error then carries them as `admission`, for the caller to undo or hand on.
     """
-    state_dir = repo.state_dir
+    state_dir = repo.state_dir_str
     max_running = repo.config.integer("maxRunning")
     failure: BaseException | None = None
     reserved: list[str] = []
@@ -48,7 +48,7 @@ def admit(repo: Repo, launches: list, what: str | None = None
         positions = []
         for launch in launches:
             job, attempt = launch.job, launch.job.state.current
-            entry = slots.make_entry(job.id, attempt.n, repo.common_dir, parent=job.spec.parent,
+            entry = slots.make_entry(job.id, attempt.n, repo.common_dir_str, parent=job.spec.parent,
                                      pool=job.spec.group if job.spec.concurrency else None,
                                      pool_max=job.spec.concurrency)
             positions.append(slots.admit(current, entry, max_running))
@@ -96,10 +96,10 @@ def fill_after_queueing(repo: Repo) -> list[slots.HandOff]:
     While it was writing the branch and record it held that lock, and `slots.fill` stops at a busy
     queue head; a slot freed meanwhile would otherwise sit idle until the next command.
     """
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
-        return slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
+    with slots.transaction(repo.state_dir_str, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+        return slots.fill(current, repo.state_dir_str, repo.config.integer("maxRunning"))
 
 
 def unadmit(repo: Repo, job_id: str, attempt_n: int) -> None:
-    with slots.transaction(repo.state_dir, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
+    with slots.transaction(repo.state_dir_str, rebuild=lambda: lifecycle.rebuild_slots(repo)) as current:
         slots.remove(current, job_id, attempt_n)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from subtask.git import records
 from subtask.git.gitrepo import Repo
@@ -219,7 +218,7 @@ def _committed_at(raw: bytes) -> float:
 
 # ---------------------------------------------------------------- the events file
 
-def _file_events(path: Path, offset: int) -> tuple[list[dict], int, bool]:
+def _file_events(path: str, offset: int) -> tuple[list[dict], int, bool]:
     """The events file's lines after `offset` (whole lines only, at most MAX_BYTES), without the
     ones the record says too; the new offset; whether more is there."""
     try:

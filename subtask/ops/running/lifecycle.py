@@ -33,55 +33,60 @@ import signal
 import sys
 import time
 import warnings
-from pathlib import Path
 
 from subtask.git import ownership, records
-from subtask.git.gitrepo import Repo, open_repo
+from subtask.git.gitrepo import Repo, open_repo, path_text
 from subtask.git.records import Job
 from subtask.model import executors, faults, money
 from subtask.model.job import WAITING
 from subtask.model.redact import redact
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
-from subtask.state.statefiles import open_private, write_json
+from subtask.state.statefiles import open_private, remove_file, write_json
+
+TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
+if TYPE_CHECKING:
+
+    from subtask.state.statefiles import StrPath
 
 WORKER_DIED = "worker died"
 
 
-def logs_dir(repo: Repo) -> Path:
-    return Path(paths.logs_dir(repo.state_dir))
+def logs_dir(repo: Repo) -> str:
+    return paths.logs_dir(repo.state_dir_str)
 
 
-def pid_file(state_dir: Path, job_id: str) -> Path:
-    return Path(paths.run_file(state_dir, job_id, "pid"))
+def pid_file(state_dir: StrPath, job_id: str) -> str:
+    return paths.run_file(state_dir, job_id, "pid")
 
 
-def stop_marker(state_dir: Path, job_id: str) -> Path:
-    return Path(paths.run_file(state_dir, job_id, "stop"))
+def stop_marker(state_dir: StrPath, job_id: str) -> str:
+    return paths.run_file(state_dir, job_id, "stop")
 
 
-def events_file(state_dir: Path, job_id: str) -> Path:
-    return Path(paths.run_file(state_dir, job_id, "events.jsonl"))
+def events_file(state_dir: StrPath, job_id: str) -> str:
+    return paths.run_file(state_dir, job_id, "events.jsonl")
 
 
-def engine_file(state_dir: Path, job_id: str) -> Path:
-    return Path(paths.run_file(state_dir, job_id, "engine"))
+def engine_file(state_dir: StrPath, job_id: str) -> str:
+    return paths.run_file(state_dir, job_id, "engine")
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: str) -> dict:
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def read_pids(state_dir: Path, job_id: str) -> dict:
+def read_pids(state_dir: StrPath, job_id: str) -> dict:
     """The attempt's worker pid (`<id>.pid`) and engine group (`<id>.engine`), merged."""
     return {**_read_json(pid_file(state_dir, job_id)), **_read_json(engine_file(state_dir, job_id))}
 
 
-def record_pid(state_dir: Path, job_id: str, **pids: int | None) -> None:
+def record_pid(state_dir: StrPath, job_id: str, **pids: int | None) -> None:
     """Write the worker's pid and the engine's group each to its own file. One file per writer:
     the starter records the worker it forked while that worker may already be recording its
     engine, and a read-modify-write of one shared file dropped the engine's entry. Neither is
@@ -97,18 +102,27 @@ def record_pid(state_dir: Path, job_id: str, **pids: int | None) -> None:
         write_json(engine_file(state_dir, job_id), {"v": 1, **engine}, durable=False)
 
 
-def reset_pids(state_dir: Path, job_id: str, worker: int) -> None:
+def reset_pids(state_dir: StrPath, job_id: str, worker: int) -> None:
     """Start a new attempt's pids with only its worker: no earlier engine group may be signalled."""
-    engine_file(state_dir, job_id).unlink(missing_ok=True)
+    remove_file(engine_file(state_dir, job_id))
     write_json(pid_file(state_dir, job_id), {"v": 1, "worker": worker}, durable=False)  # replaced, never missing
 
 
-def remove_pids(state_dir: Path, job_id: str) -> None:
-    engine_file(state_dir, job_id).unlink(missing_ok=True)
-    pid_file(state_dir, job_id).unlink(missing_ok=True)
+def remove_pids(state_dir: StrPath, job_id: str) -> None:
+    remove_file(engine_file(state_dir, job_id))
+    remove_file(pid_file(state_dir, job_id))
 
 
-def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
+def stop_asked(state_dir: StrPath, job_id: str) -> bool:
+    """Has `stop` marked this job (its marker file is there)?"""
+    return os.path.exists(stop_marker(state_dir, job_id))
+
+
+def clear_stop(state_dir: StrPath, job_id: str) -> None:
+    remove_file(stop_marker(state_dir, job_id))
+
+
+def record_engine(state_dir: StrPath, job_id: str, pid: int) -> None:
     """Remember the attempt's child group (the engine's, then verify's) and its leader's start
     time (which proves, later, that a process with that pid is still the leader, not a reused pid)."""
     from subtask.proc import procs
@@ -116,7 +130,7 @@ def record_engine(state_dir: Path, job_id: str, pid: int) -> None:
     record_pid(state_dir, job_id, engine=pid, engine_started=procs.start_time(pid))
 
 
-def end_orphaned_engine(state_dir: Path, job_id: str) -> None:
+def end_orphaned_engine(state_dir: StrPath, job_id: str) -> None:
     """End the engine process group a dead worker left behind. The caller holds the job's
     run-lock, so no live worker owns that group; the recorded start time guards against reuse."""
     from subtask.proc import procs
@@ -136,13 +150,13 @@ def spawn_worker(repo: Repo, job_id: str, lock_fd: int) -> int:
     """
     # A previous attempt's pids must not survive: `stop` in this worker's start-up gap would
     # signal groups whose ids may belong to unrelated processes by now.
-    remove_pids(repo.state_dir, job_id)
-    log_fd = open_private(paths.log_file(repo.state_dir, job_id))
+    remove_pids(repo.state_dir_str, job_id)
+    log_fd = open_private(paths.log_file(repo.state_dir_str, job_id))
     try:
-        pid = spawn.start_worker(repo.root, job_id, lock_fd, log_fd, repo)
+        pid = spawn.start_worker(repo.root_str, job_id, lock_fd, log_fd, repo)
     finally:
         os.close(log_fd)
-    record_pid(repo.state_dir, job_id, worker=pid)
+    record_pid(repo.state_dir_str, job_id, worker=pid)
     return pid
 
 
@@ -191,16 +205,16 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
         return True
 
     job = records.update(repo, job_id, change)  # raises if it cannot be written: never half-written
-    privatetext.discard(repo.state_dir, job_id, attempt_n)  # ended, now or before: its words go
+    privatetext.discard(repo.state_dir_str, job_id, attempt_n)  # ended, now or before: its words go
     if job.state.attempts and job.state.current.n == attempt_n and job.state.current.terminal:
         # ... and so does its starter's environment (issue 11 item 8), also when its worker died
         # between its final record and dropping it; a newer attempt (a reply) keeps its own.
-        jobenv.drop(repo.state_dir, job_id)
+        jobenv.drop(repo.state_dir_str, job_id)
     if not ended:
         return None
     attempt = job.state.current
     if attempt.rid:
-        ledger.close(repo.state_dir, attempt.rid, attempt.cost.charged, reason=reason or state)
+        ledger.close(repo.state_dir_str, attempt.rid, attempt.cost.charged, reason=reason or state)
     from subtask.git import notes
     from subtask.ops.running import notify
 
@@ -211,8 +225,8 @@ def end_attempt(repo: Repo, job_id: str, attempt_n: int, state: str, *, reason: 
 
 def reconcile(repo: Repo) -> list[str]:
     """Notice dead workers and idle slots; end their attempts; hand slots on. Returns ended ids."""
-    state_dir = repo.state_dir
-    if not (state_dir / paths.SLOTS_FILE).exists() and not (state_dir / paths.SLOTS_LOCK).exists():
+    state_dir = repo.state_dir_str
+    if slots.never_made(state_dir):
         return []
     if nothing_to_reconcile(state_dir):
         return []
@@ -224,7 +238,7 @@ def reconcile(repo: Repo) -> list[str]:
     return end_reaped(repo, reaped)
 
 
-def nothing_to_reconcile(state_dir: Path) -> bool:
+def nothing_to_reconcile(state_dir: StrPath) -> bool:
     """True when a look without the slots lock finds nothing for `reconcile` to do: the file is
     whole, nothing is queued, and every running entry's run-lock is held (its worker lives, or
     someone is settling it). Reading commands then neither take the lock nor rewrite the file.
@@ -249,11 +263,11 @@ def end_reaped(repo: Repo, reaped: list[slots.HandOff]) -> list[str]:
     handed: list[slots.HandOff] = []
     try:
         outcomes = [_end_quietly(repo, r.entry) for r in reaped]
-        with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+        with slots.transaction(repo.state_dir_str, rebuild=lambda: rebuild_slots(repo)) as current:
             for r, outcome in zip(reaped, outcomes, strict=True):
                 if outcome is not None:
                     slots.remove(current, r.entry["job"], r.entry["attempt"])
-            handed = slots.fill(current, repo.state_dir, repo.config.integer("maxRunning"))
+            handed = slots.fill(current, repo.state_dir_str, repo.config.integer("maxRunning"))
     finally:
         for r in reaped:
             liveness.release(r.fd)
@@ -287,27 +301,27 @@ def end_dead(repo: Repo, entry: dict) -> bool:
         return False
     # The engine dies before the attempt is ended and its slot freed: a dead worker's engine
     # must not run on beside the job that gets the slot, nor commit after the job is recorded.
-    end_orphaned_engine(target.state_dir, job_id)
-    ports.release(target.state_dir, job_id, attempt_n)  # a dead worker's range: nobody else frees it
+    end_orphaned_engine(target.state_dir_str, job_id)
+    ports.release(target.state_dir_str, job_id, attempt_n)  # a dead worker's range: nobody else frees it
     _undo_overlay(target, job_id)
     try:
         recorded = records.read(target, job_id)
     except records.DamagedRecord as exc:
         # Kept for the user to inspect (never dropped as an orphan); its engine may have spent.
         # Nothing more can be written to it, so it is ended as far as it can be: the slot goes.
-        ledger.close(target.state_dir, rid, None, reason="record damaged")
+        ledger.close(target.state_dir_str, rid, None, reason="record damaged")
         print(f"git-subtask: {exc.message}; its slot is freed and its reservation charged", file=sys.stderr)
         return False
     except Exception:
         _drop_orphan_refs(target, job_id)
-        jobenv.drop(target.state_dir, job_id)
-        privatetext.discard(target.state_dir, job_id, attempt_n)
-        ledger.close(target.state_dir, rid, 0.0, reason="start did not finish")
+        jobenv.drop(target.state_dir_str, job_id)
+        privatetext.discard(target.state_dir_str, job_id, attempt_n)
+        ledger.close(target.state_dir_str, rid, 0.0, reason="start did not finish")
         return False
     if recorded.state.attempts and recorded.state.current.n < attempt_n:
         attempt_n = _retry_never_recorded(target, recorded, attempt_n)
-        ports.release(target.state_dir, job_id, attempt_n)
-    if stop_marker(target.state_dir, job_id).exists():
+        ports.release(target.state_dir_str, job_id, attempt_n)
+    if stop_asked(target.state_dir_str, job_id):
         # `stop` killed it (or it died while being stopped): that is the end the user asked for.
         job = end_attempt(target, job_id, attempt_n, "stopped", reason="stopped by request")
     else:
@@ -319,7 +333,7 @@ def end_dead(repo: Repo, entry: dict) -> bool:
     for attempt in latest.state.attempts:
         if attempt.n == attempt_n and attempt.rid:
             charged = attempt.cost.charged if attempt.terminal else None
-            ledger.close(target.state_dir, attempt.rid, charged, reason=WORKER_DIED)
+            ledger.close(target.state_dir_str, attempt.rid, charged, reason=WORKER_DIED)
     return job is not None
 
 
@@ -328,8 +342,8 @@ def _retry_never_recorded(repo: Repo, job: Job, attempt_n: int) -> int:
     retries.py) whose worker died after it renamed its slot entry and reserved the retry's money,
     before the record took it. Nothing of the retry ran: its money and words go, and what is
     ended is the attempt the record holds (the one the dead worker was ending)."""
-    ledger.close(repo.state_dir, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
-    privatetext.discard(repo.state_dir, job.id, attempt_n)
+    ledger.close(repo.state_dir_str, paths.reservation_id(job.id, attempt_n), 0.0, reason="retry did not start")
+    privatetext.discard(repo.state_dir_str, job.id, attempt_n)
     return job.state.current.n
 
 
@@ -367,11 +381,11 @@ def missing_after_end(repo: Repo, job: Job) -> list[str]:
 def end_orphan(repo: Repo, job_id: str) -> bool:
     """Settle a job recorded queued or running that no slot entry, starter or worker holds (its
     slot was freed without its record ending it). True if this call ended it."""
-    fd = liveness.acquire(repo.state_dir, job_id, block=False)
+    fd = liveness.acquire(repo.state_dir_str, job_id, block=False)
     if fd is None:
         return False  # a worker or starter holds it: not an orphan
     try:
-        with slots.transaction(repo.state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
+        with slots.transaction(repo.state_dir_str, rebuild=lambda: rebuild_slots(repo)) as current:
             listed = job_id in slots.listed(current)
         if listed:
             # the sweep (a running entry), a hand-off (a queued one) or `plans.move_on` (a waiting
@@ -416,7 +430,7 @@ def _drop_orphan_refs(repo: Repo, job_id: str) -> None:
 
 def in_repo(repo: Repo, entry: dict) -> bool:
     """Does this slot entry belong to `repo`? (A shared stateDir holds several repositories' jobs.)"""
-    return Path(entry["git_dir"]) == repo.common_dir
+    return path_text(str(entry["git_dir"])) == repo.common_dir_str
 
 
 def repo_of(repo: Repo, entry: dict) -> Repo | None:
@@ -432,7 +446,7 @@ def entry_repo(repo: Repo, entry: dict) -> Repo:
     """`repo_of`, raising when the other repository cannot be opened."""
     if in_repo(repo, entry):
         return repo
-    return open_repo(Path(entry["git_dir"]))
+    return open_repo(str(entry["git_dir"]))
 
 
 def rebuild_slots(repo: Repo) -> slots.Slots:
@@ -450,7 +464,7 @@ def rebuild_slots(repo: Repo) -> slots.Slots:
         item = slots.make_entry(entry["id"], entry.get("attempt", 1), repo.common_dir,
                                 pool=entry.get("group") if concurrency else None, pool_max=concurrency)
         item["since"] = entry.get("created") or time.time()
-        if entry["state"] == "running" or liveness.is_held(repo.state_dir, entry["id"]):
+        if entry["state"] == "running" or liveness.is_held(repo.state_dir_str, entry["id"]):
             rebuilt.running.append(item)
         else:
             rebuilt.queue.append(item)
@@ -469,7 +483,7 @@ def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> 
     if not executor.runs_here:  # its node writes its record while it runs: its executor stops it
         executor.backend().stop(repo, job_id)
         return True
-    state_dir = repo.state_dir
+    state_dir = repo.state_dir_str
     with slots.transaction(state_dir, rebuild=lambda: rebuild_slots(repo)) as current:
         was_queued = current.position(job_id) is not None and not liveness.is_held(state_dir, job_id)
         if was_queued:
@@ -484,7 +498,7 @@ def stop_job(repo: Repo, job_id: str, *, reason: str = "stopped by request") -> 
     return True
 
 
-def signal_job(state_dir: Path, job_id: str, sig: int) -> None:
+def signal_job(state_dir: StrPath, job_id: str, sig: int) -> None:
     """Signal the worker's and the engine's process groups, and the pool refill's beside the job
     (`worker/refill.py`), only while the job's run-lock is held."""
     if not liveness.is_held(state_dir, job_id):
@@ -499,7 +513,7 @@ def signal_job(state_dir: Path, job_id: str, sig: int) -> None:
                 pass
 
 
-def wait_lock_released(state_dir: Path, job_id: str, timeout: float) -> bool:
+def wait_lock_released(state_dir: StrPath, job_id: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while liveness.is_held(state_dir, job_id):
         if time.monotonic() >= deadline:
@@ -510,8 +524,8 @@ def wait_lock_released(state_dir: Path, job_id: str, timeout: float) -> bool:
 
 def stop_running(repo: Repo, job_id: str, grace: float) -> None:
     """SIGTERM the job's process groups, SIGKILL after `grace`; returns once the worker is gone."""
-    state_dir = repo.state_dir
-    stop_marker(state_dir, job_id).touch(mode=0o600)
+    state_dir = repo.state_dir_str
+    os.close(open_private(stop_marker(state_dir, job_id), os.O_WRONLY | os.O_CREAT))
     signal_job(state_dir, job_id, signal.SIGTERM)
     if not wait_lock_released(state_dir, job_id, grace):
         signal_job(state_dir, job_id, signal.SIGKILL)

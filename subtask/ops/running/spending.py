@@ -30,7 +30,6 @@ import json
 import time
 import warnings
 from decimal import Decimal
-from pathlib import Path
 
 from subtask.git import ownership, records
 from subtask.git.gitrepo import Repo
@@ -141,13 +140,14 @@ def _charges_of(job: records.Job) -> list[dict]:
     return out
 
 
-def _cache_path(repo: Repo) -> Path:
-    return Path(repo.state_file("spend-cache"))
+def _cache_path(repo: Repo) -> str:
+    return repo.state_file("spend-cache")
 
 
 def _read_cache(repo: Repo) -> dict[str, list[dict]]:
     try:
-        data = json.loads(_cache_path(repo).read_bytes())
+        with open(_cache_path(repo), "rb") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return {}
     entries = data.get("entries") if isinstance(data, dict) and data.get("v") == 1 else None
