@@ -21,11 +21,12 @@ Invariants:
   (`tests/test_gitread.py`, `tests/test_gitwrite.py`, which also run those commands where pygit2
   cannot be imported, or watch that `start` never imports it). A worker never imports it
   (`worker/engine.py`). Other writing commands import it on first use (`Repo.git`).
-- Never build a `Path` on a reading command's path, because importing pathlib (with `urllib.parse`,
-  `ipaddress` and `fnmatch`) is ~3 ms of a ~23 ms `list`: `Repo` keeps its paths as text
-  (`root_str`, `state_dir_str`), `root`, `git_dir`, `common_dir` and `state_dir` are `Path`s made
-  on first use for every other caller, and the state folder's names are joined as text
-  (`state/paths.py` returns `str`; `tests/test_imports.py` `NOT_ON_A_READ`).
+- Never build a `Path` on a reading command's path nor in `start`'s own process, because importing
+  pathlib (with `urllib.parse`, `ipaddress` and `fnmatch`) is ~3 ms of a ~23 ms `list` and of a
+  ~32 ms start: `Repo` keeps its paths as text (`root_str`, `state_dir_str`, `worktree_dir_str()`),
+  `root`, `git_dir`, `common_dir` and `state_dir` are `Path`s made on first use for every other
+  caller, and the state folder's names are joined as text (`state/paths.py` returns `str`); the
+  worker imports pathlib after its fork (`tests/test_imports.py`: `NOT_ON_A_READ`, `NOT_AT_START`).
 - Never run the tool's own git commands with the user's hooks, because a hook must not fire on
   bookkeeping (`git` passes `core.hooksPath=/dev/null`).
 - Never read HEAD from its file but when it holds what git's files backend writes there (a

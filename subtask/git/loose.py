@@ -38,6 +38,7 @@ import zlib  # the reading commands read records with it (`read`)
 from collections.abc import Callable
 
 from subtask.state.paths import sha1  # CPython's own SHA-1: hashlib would load OpenSSL
+from subtask.state.statefiles import remove_file
 
 TYPE_CHECKING = False  # not `typing`'s: the reading commands load this module
 if TYPE_CHECKING:
@@ -200,8 +201,5 @@ def _write(objects: StrPath, kind: bytes, content: bytes) -> str:
         except OSError:
             os.replace(temporary, path)  # a file system without hard links
     finally:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
+        remove_file(temporary)
     return oid

@@ -53,7 +53,7 @@ from subtask.model.job import (
     is_job_id,
     placement,
 )
-from subtask.state.statefiles import write_atomic
+from subtask.state.statefiles import read_bytes, write_atomic
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -483,8 +483,7 @@ def _list_line(ref: Ref, found: tuple[str, bytes] | None, job_id: str) -> dict[s
 def _read_list_cache(repo: Repo) -> tuple[dict[str, dict[str, Any]], bool]:
     """(the cached entries by record tip, whether a cache of this version was there to read)."""
     try:
-        with open(_list_cache_path(repo), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(_list_cache_path(repo)))
         entries = data.get("entries") if isinstance(data, dict) and data.get("v") == LIST_CACHE_VERSION else None
         return (entries, True) if isinstance(entries, dict) else ({}, False)
     except (OSError, ValueError):

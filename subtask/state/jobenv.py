@@ -46,7 +46,7 @@ from collections.abc import Mapping
 
 from subtask.model.dataclass import dataclass, field
 from subtask.state import paths
-from subtask.state.statefiles import remove_file, write_json
+from subtask.state.statefiles import read_bytes, remove_file, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
@@ -159,8 +159,7 @@ def save(state_dir: StrPath, job_id: str, environ: Mapping[str, str] | None = No
 def _read(state_dir: StrPath, job_id: str) -> dict[str, Any] | None:
     path = env_file(state_dir, job_id)
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

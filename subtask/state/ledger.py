@@ -42,7 +42,7 @@ from subtask.model import lazyre, money
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
-from subtask.state.statefiles import naming
+from subtask.state.statefiles import naming, read_bytes
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
@@ -291,14 +291,9 @@ def _parse_line(raw: bytes) -> Reservation | _Close | str:
     return "bad" if parsed is None else parsed
 
 
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
 def _read_state(path: str) -> _State:
     try:
-        data = _read_bytes(path)
+        data = read_bytes(path)
     except FileNotFoundError:
         return _State()
     state = _State()
@@ -553,7 +548,7 @@ def has_mark(state_dir: StrPath, of: str) -> bool:
     """Does the ledger say the records of `of` are in it? A byte scan, no lock: rows are appended
     whole, and a missed mark only costs an idempotent `restore`."""
     try:
-        return _mark_needle(of) in _read_bytes(ledger_path(state_dir))
+        return _mark_needle(of) in read_bytes(ledger_path(state_dir))
     except FileNotFoundError:
         return False
 
@@ -570,7 +565,7 @@ def restore(state_dir: StrPath, of: str, charges: list[dict[str, Any]], *, now: 
     added = 0
     with _held(state_dir):
         path = ledger_path(state_dir)
-        if _mark_needle(of) in (_read_bytes(path) if os.path.exists(path) else b""):
+        if _mark_needle(of) in (read_bytes(path) if os.path.exists(path) else b""):
             return 0  # another process restored it meanwhile
         state = _read_state(path)
         for c in charges:

@@ -37,6 +37,7 @@ import time
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
+from subtask.state.statefiles import remove_file
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -136,10 +137,7 @@ def release(fd: int | None) -> None:
 def drop(state_dir: StrPath, job_id: str, fd: int | None) -> None:
     """A start undone: its run-lock let go and its file removed (no job of that id exists)."""
     release(fd)
-    try:
-        os.unlink(lock_path(state_dir, job_id))
-    except FileNotFoundError:
-        pass
+    remove_file(lock_path(state_dir, job_id))
 
 
 def is_held(state_dir: StrPath, job_id: str) -> bool:

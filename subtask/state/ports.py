@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from subtask.model.errors import SubtaskError
 from subtask.state import paths
-from subtask.state.statefiles import StateLock, file_lock, write_json
+from subtask.state.statefiles import StateLock, file_lock, read_bytes, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
@@ -55,8 +55,7 @@ def held(state_dir: StrPath) -> list[dict[str, Any]]:
     """The ranges held now: {job, attempt, first, count, since} (no lock; a damaged file reads as none)."""
     path = os.path.join(state_dir, PORTS_FILE)
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(path))
         entries = data.get("held") if isinstance(data, dict) else None
         if not isinstance(entries, list):
             raise ValueError("no list of held ranges")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 
 from subtask.state import paths
-from subtask.state.statefiles import remove_file, write_atomic, write_json
+from subtask.state.statefiles import read_bytes, remove_file, write_atomic, write_json
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
@@ -60,8 +60,7 @@ def keep(state_dir: StrPath, job_id: str, attempt: int, *, message: str, stored_
 
 def _load(state_dir: StrPath, job_id: str, attempt: int) -> dict[str, Any]:
     try:
-        with open(path(state_dir, job_id, attempt), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(path(state_dir, job_id, attempt)))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

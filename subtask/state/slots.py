@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 from subtask.model.dataclass import dataclass, field
 from subtask.state import liveness, paths
-from subtask.state.statefiles import StateLock, file_lock, write_json
+from subtask.state.statefiles import StateLock, file_lock, read_bytes, write_json
 
 TYPE_CHECKING = False  # not `typing`'s: a reading command never imports typing (tests/test_imports.py)
 if TYPE_CHECKING:
@@ -95,8 +95,7 @@ def read(state_dir: StrPath) -> Slots:
     """The slots file as it is (no lock); a damaged one reads as empty with `damaged` set."""
     path = os.path.join(state_dir, SLOTS_FILE)
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(path))
         if not isinstance(data, dict) or not isinstance(data.get("running"), list) \
                 or not isinstance(data.get("queue"), list):
             raise ValueError("unexpected shape")

@@ -152,6 +152,12 @@ def _write_fd(fd: int, data: bytes, durable: bool) -> None:
             os.fsync(fh.fileno())
 
 
+def read_bytes(path: StrPath) -> bytes:
+    """The whole file (`Path.read_bytes` without pathlib)."""
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def remove_file(path: StrPath) -> None:
     """`path` removed; already gone is fine."""
     try:

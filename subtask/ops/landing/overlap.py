@@ -19,7 +19,7 @@ from subtask.model import lazyre
 from subtask.model.dataclass import dataclass, field
 from subtask.model.errors import SubtaskError
 from subtask.model.job import work_base
-from subtask.state.statefiles import write_atomic
+from subtask.state.statefiles import read_bytes, write_atomic
 
 _HUNK = lazyre.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 MAX_FILES = 200  # files kept per job for the comparison
@@ -199,8 +199,7 @@ def _read_cache(repo: Repo) -> tuple[dict[str, int], dict[str, list[str]], bool]
     """(behind counts, files by record tip, whether a cache was there to read); empty for a
     cache that is missing or damaged."""
     try:
-        with open(repo.state_file(BEHIND_CACHE), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(repo.state_file(BEHIND_CACHE)))
         if data.get("v") != 1:
             return {}, {}, False
         counts = {k: v for k, v in data.get("counts", {}).items() if isinstance(v, int)}

@@ -42,7 +42,7 @@ from subtask.git import harness, harness_rule, ownership, records
 from subtask.git.gitrepo import Repo
 from subtask.model.dataclass import dataclass
 from subtask.model.job import VerifyResult
-from subtask.state.statefiles import open_private, write_atomic
+from subtask.state.statefiles import open_private, read_bytes, write_atomic
 
 LOG = "verified"  # <state>/verified-<repo>.jsonl: this clone's runs
 INDEX = "verified-index"  # <state>/verified-index-<repo>.json: keyed results of record tips
@@ -230,8 +230,7 @@ def _index_entry(repo: Repo, job_id: str, tip: str, owned: set[str]) -> dict:
 
 def _read_index(repo: Repo) -> dict[str, dict]:
     try:
-        with open(repo.state_file(INDEX), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(repo.state_file(INDEX)))
     except (OSError, ValueError):
         return {}
     tips = data.get("tips") if isinstance(data, dict) and data.get("v") == INDEX_VERSION else None

@@ -42,7 +42,7 @@ from subtask.model.job import WAITING
 from subtask.model.redact import redact
 from subtask.proc import spawn
 from subtask.state import jobenv, ledger, liveness, paths, ports, privatetext, slots
-from subtask.state.statefiles import open_private, remove_file, write_json
+from subtask.state.statefiles import open_private, read_bytes, remove_file, write_json
 
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
 if TYPE_CHECKING:
@@ -74,8 +74,7 @@ def engine_file(state_dir: StrPath, job_id: str) -> str:
 
 def _read_json(path: str) -> dict:
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(path))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}

@@ -36,7 +36,7 @@ from subtask.git.gitrepo import Repo
 from subtask.model import money
 from subtask.model.dataclass import asdict, dataclass, field
 from subtask.state import ledger
-from subtask.state.statefiles import write_atomic
+from subtask.state.statefiles import read_bytes, write_atomic
 
 TYPE_CHECKING = False  # not `typing`'s (~3 ms to import): only a type checker reads what it guards
 if TYPE_CHECKING:
@@ -146,8 +146,7 @@ def _cache_path(repo: Repo) -> str:
 
 def _read_cache(repo: Repo) -> dict[str, list[dict]]:
     try:
-        with open(_cache_path(repo), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_bytes(_cache_path(repo)))
     except (OSError, ValueError):
         return {}
     entries = data.get("entries") if isinstance(data, dict) and data.get("v") == 1 else None
