@@ -329,23 +329,27 @@ def _build(repo: Repo, commit: str) -> Entry:
 def _refresh_index(repo: Repo, admin: Path, path: Path) -> None:
     """Leave no file "racily clean": git takes a file written in its index's second for one, and
     the first status of the job that takes the entry (its autocommit's) would read every such file
-    again (~10 ms at 2,000 files). While that second lasts, the files' times are set back
-    `SETTLE_BACK` seconds; then the index is refreshed (each file read once, here, in the
-    background of a job), so it records them as they are, written before it. Never waited for: a
-    refill gets only a short grace after its job's work."""
+    again (~10 ms at 2,000 files, all written in one second). Those files' times are set back
+    `SETTLE_BACK` seconds, then the index is refreshed: each of them read once, here, in the
+    background of a job, and recorded as written before the index. Never waited for: a refill gets
+    only a short grace after its job's work."""
     try:
-        written = (admin / "index").stat().st_mtime
+        second = int((admin / "index").stat().st_mtime)
     except OSError:
         return
-    if time.time() < int(written) + 1:
-        back = time.time_ns() - SETTLE_BACK * 1_000_000_000
-        for folder, _dirs, files in os.walk(path):
-            for name in files:
-                os.utime(os.path.join(folder, name), ns=(back, back), follow_symlinks=False)
+    back = time.time_ns() - SETTLE_BACK * 1_000_000_000
+    folders = [str(path)]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif int(entry.stat(follow_symlinks=False).st_mtime) >= second:
+                    os.utime(entry.path, ns=(back, back), follow_symlinks=False)
     worktrees.job_git(repo, admin, path, "update-index", "-q", "--refresh", check=False)
 
 
-SETTLE_BACK = 2  # seconds: before the index's second, whenever within it the files were written
+SETTLE_BACK = 2  # seconds: before the index's second, whenever within it a file was written
 
 
 def _drop_transient(admin: Path) -> None:
