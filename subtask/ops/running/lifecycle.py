@@ -46,7 +46,6 @@ from subtask.state.statefiles import open_private, read_bytes, remove_file, writ
 
 TYPE_CHECKING = False  # not `typing`'s: `start` imports this module
 if TYPE_CHECKING:
-
     from subtask.state.statefiles import StrPath
 
 WORKER_DIED = "worker died"
