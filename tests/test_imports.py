@@ -293,6 +293,14 @@ def test_start_imports_nothing_it_does_not_use(repo, cli):
         assert loaded_of(loaded, KERNEL_INTERFACES) == []
 
 
+def test_the_first_start_in_a_clone_builds_no_path_either(repo, cli):
+    """The first start also makes the clone's id (the state folder, a lock): as text too."""
+    loaded, out = modules_loaded_by(["start", "--engine", "shell", "true"], repo)
+    cli.ok("wait", out.split()[0])
+    assert "subtask.api.starting" in loaded
+    assert loaded_of(loaded, ("pathlib", "urllib")) == []
+
+
 def test_a_start_beside_a_running_job_imports_nothing_more(repo, cli, tmp_path):
     """An agent starts jobs while others run: `start` then asks whether it runs inside one of them
     (its ancestry), which must not load the process-management module and its `logging`."""

@@ -137,6 +137,11 @@ class Repo:
             return None
         return os.path.dirname(dot_git)
 
+    def has_ref_file(self, ref: str) -> bool:
+        """A loose ref file at `ref`'s name in the common git dir, whatever it holds (git's listing
+        leaves out a damaged one): no git process."""
+        return os.path.isfile(os.path.join(self.common_dir_str, ref))
+
     def head_ref(self, main: bool = False) -> str | None:
         """The branch ref HEAD names (`refs/heads/main`, maybe unborn), None when detached; this
         worktree's HEAD, or with `main` the main worktree's. Read from HEAD's file when it names a

@@ -185,10 +185,7 @@ def _write(objects: StrPath, kind: bytes, content: bytes) -> str:
         return oid  # there already: freshened
     except OSError:
         pass
-    try:
-        os.mkdir(folder)
-    except FileExistsError:
-        pass
+    os.makedirs(folder, exist_ok=True)
     temporary = os.path.join(folder, f"tmp_obj_{os.urandom(6).hex()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
     try:

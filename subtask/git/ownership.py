@@ -74,8 +74,8 @@ def ensure_clone_id(repo: Repo) -> str:
     if found is not None:
         return found
 
-    repo.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with file_lock(repo.state_dir / paths.CLONE_ID_LOCK):
+    os.makedirs(repo.state_dir_str, mode=0o700, exist_ok=True)
+    with file_lock(os.path.join(repo.state_dir_str, paths.CLONE_ID_LOCK)):
         # Another process may have written it since our settings were read: read the file again.
         local = _local_config(repo)
         current = (local.get("subtask.cloneid") or "").strip()
@@ -125,7 +125,7 @@ def started_here(repo: Repo, key: str) -> bool:
 
     A loose ref file answers without a git process (what `show` would otherwise pay); a packed
     or otherwise stored ref is asked of git."""
-    if os.path.isfile(os.path.join(repo.common_dir_str, owned_ref(key))):
+    if repo.has_ref_file(owned_ref(key)):
         return True
     return repo.objects.ref(owned_ref(key)) is not None
 

@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Callable
 
@@ -225,17 +224,12 @@ def read(repo: Repo, job_id: str) -> Job:
     """The job at the tip of its record; `DamagedRecord` when the ref holds something else."""
     ref = repo.objects.ref(record_ref(job_id))
     if ref is None:
-        if _ref_file_there(repo, record_ref(job_id)):
+        if repo.has_ref_file(record_ref(job_id)):
             raise DamagedRecord(job_id, f"its ref file {record_ref(job_id)} holds no object id")
         raise SubtaskError("not_found", f"no job {job_id} in {repo.root_str}", hint="git subtask list --all")
     if ref.symbolic:
         raise DamagedRecord(job_id, f"{ref.name} is a symbolic ref to {ref.target}")
     return read_commit(repo, ref.target, job_id)
-
-
-def _ref_file_there(repo: Repo, ref: str) -> bool:
-    """A loose ref file at `ref`'s name, whatever it holds (git's refs may not list a damaged one)."""
-    return os.path.isfile(os.path.join(repo.common_dir_str, ref))
 
 
 def read_commit(repo: Repo, tip: str, job_id: str | None = None) -> Job:
@@ -407,7 +401,7 @@ def resolve(repo: Repo, text: str) -> str:
     """The job id a full id or a unique prefix names."""
     prefix = check_id_prefix(text)
     if is_job_id(prefix) and (repo.objects.ref(record_ref(prefix)) is not None
-                              or _ref_file_there(repo, record_ref(prefix))):  # damaged: `read` says so
+                              or repo.has_ref_file(record_ref(prefix))):  # damaged: `read` says so
         return prefix
     matches = sorted(i for i in all_ids(repo) if i.startswith(prefix))
     if not matches:
